@@ -1,0 +1,33 @@
+// engine/dtype.h - element types of weight tensors, and dequantization.
+//
+// Values equal GGML's type numbers so GGUF tensor types map directly.
+// Quantized types are stored in blocks along the innermost dimension.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    PG_DTYPE_F32 = 0,
+    PG_DTYPE_F16 = 1,
+    PG_DTYPE_Q4_0 = 2,
+    PG_DTYPE_Q4_1 = 3,
+    PG_DTYPE_Q8_0 = 8,
+    PG_DTYPE_Q4_K = 12,
+    PG_DTYPE_Q5_K = 13,
+    PG_DTYPE_Q6_K = 14,
+    PG_DTYPE_BF16 = 30,
+    PG_DTYPE_COUNT = 31
+} pg_dtype;
+
+// Elements per block (1 for plain types); 0 for an unknown type.
+int pg_dtype_block_elems(int dtype);
+// Bytes per block; 0 for an unknown type.
+size_t pg_dtype_block_bytes(int dtype);
+// Name for messages ("q4_1"), or "unknown".
+const char *pg_dtype_name(int dtype);
+// Bytes of a row of `n` elements; 0 when `n` is not a multiple of the block
+// size or the type is unknown.
+size_t pg_dtype_row_bytes(int dtype, int64_t n);
+
+// Dequantizes `n` elements (a multiple of the block size) from `src` to f32.
+void pg_dequantize_row(int dtype, const void *src, float *dst, int64_t n);
