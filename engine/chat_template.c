@@ -1,0 +1,203 @@
+// engine/chat_template.c - native rendering of the common chat templates.
+#include "engine/chat_template.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+
+struct pg_chat_template {
+    pg_chat_family family;
+    char *default_system;   // ChatML: system prompt added when none is given
+};
+
+const char *pg_chat_family_name(pg_chat_family f) {
+    switch (f) {
+    case PG_CHAT_CHATML: return "chatml";
+    case PG_CHAT_LLAMA3: return "llama3";
+    case PG_CHAT_LLAMA2: return "llama2";
+    case PG_CHAT_MISTRAL: return "mistral";
+    }
+    return "unknown";
+}
+
+// SmolLM2-style ChatML templates insert a fixed system turn when the first
+// message is not a system message; find its text in the template source:
+// the literal between "<|im_start|>system\n" and "<|im_end|>".
+static char *chatml_default_system(const char *text) {
+    if (!strstr(text, "!= 'system'") && !strstr(text, "!= \"system\"")) return NULL;
+    const char *key = "<|im_start|>system\\n";
+    const char *p = strstr(text, key);
+    size_t klen = strlen(key);
+    if (!p) {
+        key = "<|im_start|>system\n";
+        p = strstr(text, key);
+        klen = strlen(key);
+    }
+    if (!p) return NULL;
+    p += klen;
+    const char *e = strstr(p, "<|im_end|>");
+    if (!e || memchr(p, '{', (size_t)(e - p)) || memchr(p, '\'', (size_t)(e - p))) return NULL;
+    char *s = pg_xmalloc((size_t)(e - p) + 1);
+    memcpy(s, p, (size_t)(e - p));
+    s[e - p] = 0;
+    return s;
+}
+
+int pg_chat_template_parse(const char *text, pg_chat_template **out) {
+    *out = NULL;
+    pg_chat_family f;
+    if (!strcmp(text, "chatml") || strstr(text, "<|im_start|>")) {
+        f = PG_CHAT_CHATML;
+    } else if (!strcmp(text, "llama3") || strstr(text, "<|start_header_id|>")) {
+        f = PG_CHAT_LLAMA3;
+    } else if (!strcmp(text, "llama2") || strstr(text, "<<SYS>>")) {
+        f = PG_CHAT_LLAMA2;
+    } else if (!strcmp(text, "mistral") || strstr(text, "[INST]")) {
+        f = PG_CHAT_MISTRAL;
+    } else {
+        return pg_err_set(PG_EUNSUPP,
+                          "chat template not recognised (supported families: chatml, llama3, "
+                          "llama2, mistral; pass one with --chat-template NAME or FILE)");
+    }
+    pg_chat_template *t = pg_xcalloc(1, sizeof *t);
+    t->family = f;
+    if (f == PG_CHAT_CHATML) t->default_system = chatml_default_system(text);
+    *out = t;
+    return 0;
+}
+
+void pg_chat_template_free(pg_chat_template *t) {
+    if (!t) return;
+    free(t->default_system);
+    free(t);
+}
+
+pg_chat_family pg_chat_template_family(const pg_chat_template *t) { return t->family; }
+
+// --- a growable string -----------------------------------------------------------
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+} sbuf;
+
+static void sb_add(sbuf *b, const char *s) {
+    size_t n = strlen(s);
+    if (b->len + n + 1 > b->cap) {
+        b->cap = (b->len + n + 1) * 2;
+        b->p = pg_xrealloc(b->p, b->cap);
+    }
+    memcpy(b->p + b->len, s, n + 1);
+    b->len += n;
+}
+
+// Trims leading and trailing whitespace (Llama templates apply `| trim`).
+static void sb_add_trimmed(sbuf *b, const char *s) {
+    while (*s == ' ' || *s == '\n' || *s == '\t' || *s == '\r') s++;
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == ' ' || s[n - 1] == '\n' || s[n - 1] == '\t' || s[n - 1] == '\r')) n--;
+    char *tmp = pg_xmalloc(n + 1);
+    memcpy(tmp, s, n);
+    tmp[n] = 0;
+    sb_add(b, tmp);
+    free(tmp);
+}
+
+static int check_roles(const pg_chat_msg *m, int n) {
+    for (int i = 0; i < n; i++) {
+        if (!m[i].role || !m[i].content) return pg_err_set(PG_EINVAL, "message %d has no role or content", i);
+        if (strcmp(m[i].role, "system") && strcmp(m[i].role, "user") && strcmp(m[i].role, "assistant"))
+            return pg_err_set(PG_EINVAL, "message %d has unknown role '%s'", i, m[i].role);
+    }
+    return 0;
+}
+
+static void render_chatml(const pg_chat_template *t, const pg_chat_msg *m, int n, bool gen, sbuf *b) {
+    for (int i = 0; i < n; i++) {
+        if (i == 0 && strcmp(m[0].role, "system") && t->default_system) {
+            sb_add(b, "<|im_start|>system\n");
+            sb_add(b, t->default_system);
+            sb_add(b, "<|im_end|>\n");
+        }
+        sb_add(b, "<|im_start|>");
+        sb_add(b, m[i].role);
+        sb_add(b, "\n");
+        sb_add(b, m[i].content);
+        sb_add(b, "<|im_end|>\n");
+    }
+    if (gen) sb_add(b, "<|im_start|>assistant\n");
+}
+
+static void render_llama3(const pg_chat_msg *m, int n, bool gen, sbuf *b) {
+    for (int i = 0; i < n; i++) {
+        sb_add(b, "<|start_header_id|>");
+        sb_add(b, m[i].role);
+        sb_add(b, "<|end_header_id|>\n\n");
+        sb_add_trimmed(b, m[i].content);
+        sb_add(b, "<|eot_id|>");
+    }
+    if (gen) sb_add(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+// Llama-2 and Mistral: user/assistant alternate; a leading system message
+// goes into the first user turn (Llama-2 inside <<SYS>>, Mistral as text).
+static int render_inst(pg_chat_family f, const pg_chat_msg *m, int n, sbuf *b) {
+    const char *system = NULL;
+    int start = 0;
+    if (n > 0 && !strcmp(m[0].role, "system")) {
+        system = m[0].content;
+        start = 1;
+    }
+    int turn = 0;
+    for (int i = start; i < n; i++, turn++) {
+        const char *want = turn % 2 == 0 ? "user" : "assistant";
+        if (strcmp(m[i].role, want))
+            return pg_err_set(PG_EINVAL, "%s template needs alternating user/assistant messages "
+                              "(message %d is '%s')", pg_chat_family_name(f), i, m[i].role);
+        if (turn % 2 == 0) {
+            if (turn > 0) sb_add(b, "<s>");
+            sb_add(b, "[INST] ");
+            if (turn == 0 && system) {
+                sb_add(b, f == PG_CHAT_LLAMA2 ? "<<SYS>>\n" : "");
+                sb_add_trimmed(b, system);
+                sb_add(b, f == PG_CHAT_LLAMA2 ? "\n<</SYS>>\n\n" : "\n\n");
+            }
+            sb_add_trimmed(b, m[i].content);
+            sb_add(b, " [/INST]");
+        } else {
+            sb_add(b, " ");
+            sb_add_trimmed(b, m[i].content);
+            sb_add(b, " </s>");
+        }
+    }
+    return 0;
+}
+
+int pg_chat_template_apply(const pg_chat_template *t, const pg_chat_msg *msgs, int n, bool gen,
+                           char **out) {
+    *out = NULL;
+    PG_TRY(check_roles(msgs, n));
+    for (int i = 1; i < n; i++)
+        if (!strcmp(msgs[i].role, "system") && t->family != PG_CHAT_CHATML && t->family != PG_CHAT_LLAMA3)
+            return pg_err_set(PG_EINVAL, "%s template allows a system message only first",
+                              pg_chat_family_name(t->family));
+    sbuf b = {0};
+    sb_add(&b, "");
+    switch (t->family) {
+    case PG_CHAT_CHATML: render_chatml(t, msgs, n, gen, &b); break;
+    case PG_CHAT_LLAMA3: render_llama3(msgs, n, gen, &b); break;
+    case PG_CHAT_LLAMA2:
+    case PG_CHAT_MISTRAL: {
+        int rc = render_inst(t->family, msgs, n, &b);
+        if (rc < 0) {
+            free(b.p);
+            return rc;
+        }
+        break;
+    }
+    }
+    *out = b.p;
+    return 0;
+}

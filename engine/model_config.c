@@ -1,0 +1,293 @@
+// engine/model_config.c - model architecture from GGUF metadata or config.json.
+#include "engine/model_config.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/file.h"
+#include "engine/gguf.h"
+
+// --- GGUF ------------------------------------------------------------------------
+
+static int gguf_int(const gguf_file *f, const char *arch, const char *suffix, int64_t *out,
+                    bool required) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int rc = gguf_get_i64(f, key, out);
+    if (rc == PG_ENOTFOUND && !required) return 0;
+    if (rc < 0) return pg_err_set(rc, "%s: metadata %s: %s", f->path, key, pg_err_msg());
+    return 0;
+}
+
+static int gguf_float(const gguf_file *f, const char *arch, const char *suffix, float *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    double v;
+    int rc = gguf_get_f64(f, key, &v);
+    if (rc == PG_ENOTFOUND) return 0;
+    if (rc < 0) return pg_err_set(rc, "%s: metadata %s: %s", f->path, key, pg_err_msg());
+    *out = (float)v;
+    return 0;
+}
+
+static void config_defaults(pg_model_config *c) {
+    memset(c, 0, sizeof *c);
+    c->rms_eps = 1e-5f;
+    c->rope_theta = 10000.0f;
+    c->bos_id = -1;
+    c->max_pos = 2048;
+}
+
+int pg_config_from_gguf(const gguf_file *f, pg_model_config *c) {
+    config_defaults(c);
+    char *arch = NULL;
+    int rc = gguf_get_str(f, "general.architecture", &arch);
+    if (rc < 0) return pg_err_set(PG_EFORMAT, "%s: no general.architecture", f->path);
+    if (strcmp(arch, "llama") && strcmp(arch, "mistral")) {
+        rc = pg_err_set(PG_EUNSUPP, "%s: architecture '%s' is not supported (llama family only)",
+                        f->path, arch);
+        free(arch);
+        return rc;
+    }
+    snprintf(c->arch, sizeof c->arch, "%s", arch);
+    char *name = NULL;
+    if (gguf_get_str(f, "general.name", &name) == 0) snprintf(c->name, sizeof c->name, "%s", name);
+    free(name);
+
+    int64_t v;
+    struct {
+        const char *key;
+        int32_t *dst;
+        bool required;
+    } ints[] = {
+        {"embedding_length", &c->hidden, true},
+        {"block_count", &c->n_layers, true},
+        {"attention.head_count", &c->n_heads, true},
+        {"attention.head_count_kv", &c->n_kv_heads, false},
+        {"feed_forward_length", &c->ffn, true},
+        {"context_length", &c->max_pos, false},
+        {"rope.dimension_count", &c->rope_dim, false},
+        {"vocab_size", &c->vocab_size, false},
+        {"attention.key_length", &c->head_dim, false},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        v = -1;
+        rc = gguf_int(f, arch, ints[i].key, &v, ints[i].required);
+        if (rc < 0) goto out;
+        if (v > INT32_MAX || v < -1) {
+            rc = pg_err_set(PG_EFORMAT, "%s: %s.%s = %lld is out of range", f->path, arch,
+                            ints[i].key, (long long)v);
+            goto out;
+        }
+        if (v >= 0) *ints[i].dst = (int32_t)v;
+    }
+    if ((rc = gguf_float(f, arch, "attention.layer_norm_rms_epsilon", &c->rms_eps)) < 0) goto out;
+    if ((rc = gguf_float(f, arch, "rope.freq_base", &c->rope_theta)) < 0) goto out;
+    float factor = 0;
+    if ((rc = gguf_float(f, arch, "rope.scaling.factor", &factor)) < 0) goto out;
+    char *stype = NULL;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    if (gguf_get_str(f, key, &stype) == 0 && !strcmp(stype, "linear") && factor > 0) {
+        c->rope_scaling = PG_ROPE_SCALING_LINEAR;
+        c->rope_factor = factor;
+    }
+    free(stype);
+    if (c->n_kv_heads == 0) c->n_kv_heads = c->n_heads;
+    if (c->vocab_size == 0) {
+        const gguf_kv *toks = gguf_find_kv(f, "tokenizer.ggml.tokens");
+        if (toks && toks->type == GGUF_TYPE_ARRAY && toks->arr_count <= INT32_MAX)
+            c->vocab_size = (int32_t)toks->arr_count;
+    }
+    if (c->head_dim == 0 && c->n_heads > 0) c->head_dim = c->hidden / c->n_heads;
+    if (c->rope_dim == 0) c->rope_dim = c->head_dim;
+    // No separate output.weight means the LM head is the embedding (tied).
+    c->tie_embeddings = gguf_find_tensor(f, "output.weight") == NULL;
+    int64_t id;
+    if (gguf_get_i64(f, "tokenizer.ggml.bos_token_id", &id) == 0) c->bos_id = (int32_t)id;
+    if (gguf_get_i64(f, "tokenizer.ggml.eos_token_id", &id) == 0) c->eos_ids[c->n_eos++] = (int32_t)id;
+    // Chat models often end turns with a separate end-of-turn token.
+    if (gguf_get_i64(f, "tokenizer.ggml.eot_token_id", &id) == 0 &&
+        (c->n_eos == 0 || c->eos_ids[0] != (int32_t)id))
+        c->eos_ids[c->n_eos++] = (int32_t)id;
+    rc = pg_config_validate(c);
+    if (rc < 0) pg_err_wrap(rc, "%s: ", f->path);
+out:
+    free(arch);
+    return rc;
+}
+
+// --- Hugging Face config.json ----------------------------------------------------
+
+static int json_int(const cJSON *o, const char *key, int32_t *dst, bool required, const char *path) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!it || cJSON_IsNull(it)) {
+        if (required) return pg_err_set(PG_EFORMAT, "%s: missing \"%s\"", path, key);
+        return 0;
+    }
+    if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) || it->valuedouble < 0 ||
+        it->valuedouble > INT32_MAX)
+        return pg_err_set(PG_EFORMAT, "%s: \"%s\" must be a non-negative integer", path, key);
+    *dst = (int32_t)it->valuedouble;
+    return 0;
+}
+
+static int json_float(const cJSON *o, const char *key, float *dst, const char *path) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!it || cJSON_IsNull(it)) return 0;
+    if (!cJSON_IsNumber(it)) return pg_err_set(PG_EFORMAT, "%s: \"%s\" must be a number", path, key);
+    *dst = (float)it->valuedouble;
+    return 0;
+}
+
+// eos_token_id may be an integer or a list of integers.
+static void json_eos(const cJSON *o, pg_model_config *c) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, "eos_token_id");
+    if (cJSON_IsNumber(it)) {
+        c->n_eos = 1;
+        c->eos_ids[0] = it->valueint;
+    } else if (cJSON_IsArray(it)) {
+        c->n_eos = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, it) if (cJSON_IsNumber(e) && c->n_eos < PG_MAX_EOS_IDS)
+            c->eos_ids[c->n_eos++] = e->valueint;
+    }
+}
+
+static int load_json(const char *path, cJSON **out) {
+    char *text;
+    size_t len;
+    PG_TRY(pg_read_file(path, 16u << 20, &text, &len));
+    *out = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!*out || !cJSON_IsObject(*out)) {
+        cJSON_Delete(*out);
+        *out = NULL;
+        return pg_err_set(PG_EFORMAT, "%s: not a JSON object", path);
+    }
+    return 0;
+}
+
+int pg_config_from_hf_dir(const char *dir, pg_model_config *c) {
+    config_defaults(c);
+    char *path = pg_path_join(dir, "config.json");
+    cJSON *j = NULL;
+    int rc = load_json(path, &j);
+    if (rc < 0) goto out;
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+    const cJSON *a0 = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
+    const char *arch = cJSON_IsString(a0) ? a0->valuestring : "LlamaForCausalLM";
+    if (strcmp(arch, "LlamaForCausalLM") && strcmp(arch, "MistralForCausalLM")) {
+        rc = pg_err_set(PG_EUNSUPP, "%s: architecture %s is not supported (llama family only)", path, arch);
+        goto out;
+    }
+    snprintf(c->arch, sizeof c->arch, "llama");
+    const char *base = strrchr(dir, '/');
+    snprintf(c->name, sizeof c->name, "%s", base && base[1] ? base + 1 : dir);
+    if ((rc = json_int(j, "vocab_size", &c->vocab_size, true, path)) < 0 ||
+        (rc = json_int(j, "hidden_size", &c->hidden, true, path)) < 0 ||
+        (rc = json_int(j, "num_hidden_layers", &c->n_layers, true, path)) < 0 ||
+        (rc = json_int(j, "num_attention_heads", &c->n_heads, true, path)) < 0 ||
+        (rc = json_int(j, "num_key_value_heads", &c->n_kv_heads, false, path)) < 0 ||
+        (rc = json_int(j, "head_dim", &c->head_dim, false, path)) < 0 ||
+        (rc = json_int(j, "intermediate_size", &c->ffn, true, path)) < 0 ||
+        (rc = json_int(j, "max_position_embeddings", &c->max_pos, false, path)) < 0 ||
+        (rc = json_float(j, "rms_norm_eps", &c->rms_eps, path)) < 0 ||
+        (rc = json_float(j, "rope_theta", &c->rope_theta, path)) < 0)
+        goto out;
+    if (c->n_kv_heads == 0) c->n_kv_heads = c->n_heads;
+    if (c->head_dim == 0 && c->n_heads > 0) c->head_dim = c->hidden / c->n_heads;
+    c->rope_dim = c->head_dim;
+    const cJSON *tie = cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings");
+    c->tie_embeddings = cJSON_IsTrue(tie);
+    const cJSON *bos = cJSON_GetObjectItemCaseSensitive(j, "bos_token_id");
+    if (cJSON_IsNumber(bos)) c->bos_id = bos->valueint;
+    json_eos(j, c);
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    if (cJSON_IsObject(rs)) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+        if (!cJSON_IsString(t)) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
+        const char *type = cJSON_IsString(t) ? t->valuestring : "";
+        if ((rc = json_float(rs, "factor", &c->rope_factor, path)) < 0) goto out;
+        if (!strcmp(type, "llama3")) {
+            c->rope_scaling = PG_ROPE_SCALING_LLAMA3;
+            c->rope_low_freq_factor = 1.0f;
+            c->rope_high_freq_factor = 4.0f;
+            c->rope_orig_max_pos = 8192;
+            if ((rc = json_float(rs, "low_freq_factor", &c->rope_low_freq_factor, path)) < 0 ||
+                (rc = json_float(rs, "high_freq_factor", &c->rope_high_freq_factor, path)) < 0 ||
+                (rc = json_int(rs, "original_max_position_embeddings", &c->rope_orig_max_pos, false, path)) < 0)
+                goto out;
+        } else if (!strcmp(type, "linear")) {
+            c->rope_scaling = PG_ROPE_SCALING_LINEAR;
+        } else if (strcmp(type, "default") && type[0]) {
+            rc = pg_err_set(PG_EUNSUPP, "%s: rope_scaling type '%s' is not supported", path, type);
+            goto out;
+        }
+    }
+    cJSON_Delete(j);
+    j = NULL;
+    // generation_config.json is optional: it overrides eos ids and gives
+    // default sampling parameters.
+    free(path);
+    path = pg_path_join(dir, "generation_config.json");
+    if (pg_file_exists(path)) {
+        if ((rc = load_json(path, &j)) < 0) goto out;
+        json_eos(j, c);
+        json_float(j, "temperature", &c->default_temperature, path);
+        json_float(j, "top_p", &c->default_top_p, path);
+        json_int(j, "top_k", &c->default_top_k, false, path);
+    }
+    rc = pg_config_validate(c);
+    if (rc < 0) pg_err_wrap(rc, "%s: ", dir);
+out:
+    cJSON_Delete(j);
+    free(path);
+    return rc;
+}
+
+int pg_config_validate(const pg_model_config *c) {
+    if (c->hidden <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 ||
+        c->ffn <= 0 || c->vocab_size <= 0 || c->head_dim <= 0)
+        return pg_err_set(PG_EFORMAT, "model shape has a zero dimension");
+    if (c->n_heads % c->n_kv_heads)
+        return pg_err_set(PG_EFORMAT, "%d attention heads are not a multiple of %d KV heads",
+                          c->n_heads, c->n_kv_heads);
+    if (c->head_dim % 2 || c->head_dim > 512)
+        return pg_err_set(PG_EUNSUPP, "head dimension %d is not supported", c->head_dim);
+    if (c->rope_dim != c->head_dim)
+        return pg_err_set(PG_EUNSUPP, "partial rotary embedding (%d of %d) is not supported",
+                          c->rope_dim, c->head_dim);
+    if (c->n_layers > 1024 || c->hidden > 65536 || c->ffn > 1 << 20 || c->vocab_size > 1 << 22)
+        return pg_err_set(PG_EFORMAT, "model shape is implausibly large");
+    if (!(c->rms_eps > 0) || !(c->rope_theta > 0))
+        return pg_err_set(PG_EFORMAT, "rms_norm_eps and rope_theta must be positive");
+    return 0;
+}
+
+void pg_config_rope_inv_freq(const pg_model_config *c, float *inv_freq) {
+    int32_t half = c->rope_dim / 2;
+    for (int32_t i = 0; i < half; i++) {
+        double f = 1.0 / pow((double)c->rope_theta, (2.0 * i) / c->rope_dim);
+        if (c->rope_scaling == PG_ROPE_SCALING_LINEAR && c->rope_factor > 0) {
+            f /= c->rope_factor;
+        } else if (c->rope_scaling == PG_ROPE_SCALING_LLAMA3) {
+            // Llama 3.1: keep high frequencies, divide low ones by `factor`,
+            // interpolate smoothly in between.
+            double low_wl = c->rope_orig_max_pos / c->rope_low_freq_factor;
+            double high_wl = c->rope_orig_max_pos / c->rope_high_freq_factor;
+            double wl = 2.0 * M_PI / f;
+            if (wl > low_wl) {
+                f /= c->rope_factor;
+            } else if (wl >= high_wl) {
+                double smooth = (c->rope_orig_max_pos / wl - c->rope_low_freq_factor) /
+                                (c->rope_high_freq_factor - c->rope_low_freq_factor);
+                f = (1 - smooth) * f / c->rope_factor + smooth * f;
+            }
+        }
+        inv_freq[i] = (float)f;
+    }
+}

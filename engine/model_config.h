@@ -1,0 +1,50 @@
+// engine/model_config.h - the architecture of a Llama-family model.
+//
+// Filled from GGUF metadata (llama.* keys) or a Hugging Face config.json
+// (plus generation_config.json); everything the forward pass and the memory
+// planner need to know about shapes lives here.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+struct gguf_file;
+
+#define PG_MAX_EOS_IDS 8
+
+typedef enum { PG_ROPE_SCALING_NONE = 0, PG_ROPE_SCALING_LLAMA3 = 1, PG_ROPE_SCALING_LINEAR = 2 } pg_rope_scaling;
+
+typedef struct pg_model_config {
+    char arch[32];          // "llama" (also mistral, qwen2-style without bias)
+    char name[128];         // for logs and /v1/models
+    int32_t vocab_size;
+    int32_t hidden;         // model dimension
+    int32_t n_layers;
+    int32_t n_heads;
+    int32_t n_kv_heads;
+    int32_t head_dim;
+    int32_t ffn;            // intermediate size of the MLP
+    int32_t max_pos;        // max_position_embeddings / context_length
+    float rms_eps;
+    float rope_theta;
+    int32_t rope_dim;       // rotated dimensions (= head_dim for Llama)
+    pg_rope_scaling rope_scaling;
+    float rope_factor;
+    float rope_low_freq_factor, rope_high_freq_factor;
+    int32_t rope_orig_max_pos;
+    bool tie_embeddings;    // LM head shares the token embedding
+    int32_t bos_id;         // -1 when none
+    int32_t n_eos;
+    int32_t eos_ids[PG_MAX_EOS_IDS];
+    // Generation defaults (generation_config.json), 0/neg when unset.
+    float default_temperature, default_top_p;
+    int32_t default_top_k;
+} pg_model_config;
+
+int pg_config_from_gguf(const struct gguf_file *f, pg_model_config *c);
+// `dir` holds config.json and optionally generation_config.json.
+int pg_config_from_hf_dir(const char *dir, pg_model_config *c);
+// Checks shapes are consistent (heads divide hidden, GQA ratio integral...).
+int pg_config_validate(const pg_model_config *c);
+// Fills inv_freq[rope_dim / 2] with the rotary inverse frequencies,
+// including Llama-3 frequency scaling when configured.
+void pg_config_rope_inv_freq(const pg_model_config *c, float *inv_freq);

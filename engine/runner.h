@@ -1,0 +1,31 @@
+// engine/runner.h - executes a scheduler batch plan on a backend.
+//
+// The runner owns the KV memory (device cache plus the host swap mirror),
+// the activation workspace and the sampler. It needs nothing but the plan:
+// it performs the plan's block moves, runs one forward over every scheduled
+// token, and samples for the sequences that ask for it.
+#pragma once
+#include <stdint.h>
+
+#include "engine/llama.h"
+#include "scheduler/plan.h"
+
+typedef struct pg_runner pg_runner;
+
+typedef struct pg_runner_config {
+    int32_t n_blocks;       // device KV blocks (block 0 is the pool's null block)
+    int32_t n_host_blocks;  // host swap blocks (0 = no swap space)
+    int32_t block_size;     // tokens per block
+} pg_runner_config;
+
+// `model` and `be` are borrowed and must outlive the runner.
+int pg_runner_create(const pg_llama *model, pg_backend *be, const pg_runner_config *cfg,
+                     pg_runner **out);
+void pg_runner_free(pg_runner *r);
+
+// Runs one step. `out->outs` points into runner memory, valid until the next
+// call. Fails only on an invalid plan (token or block id out of range).
+int pg_runner_execute(pg_runner *r, const pg_batch_plan *plan, pg_step_output *out);
+
+// Bytes of KV memory per block (device) for planning the pool size.
+size_t pg_runner_kv_bytes_per_block(const pg_llama *model, int32_t block_size);

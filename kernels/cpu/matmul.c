@@ -1,0 +1,279 @@
+// kernels/cpu/matmul.c - out = x . W^T for weights in any storage type.
+//
+// Two paths, chosen by the number of activation rows m:
+//  - m small (decode): each weight row is dequantized block by block in
+//    registers and dotted with all m activation rows at once, so the weights
+//    (the dominant memory traffic) are read exactly once;
+//  - m large (prefill): panels of 64 weight rows are dequantized to f32 in
+//    per-thread scratch and multiplied with single-threaded OpenBLAS sgemm,
+//    the panels spread over the thread pool.
+#include <cblas.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/half.h"
+#include "engine/dtype.h"
+#include "kernels/cpu/cpu_backend.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define HAVE_AVX2 1
+#endif
+
+#define FUSED_MAX_M 8      // rows of x handled by the fused path
+#define ROWS_PER_TASK 16   // fused path: weight rows per task
+#define PANEL_ROWS 64      // sgemm path: weight rows dequantized per task
+
+// --- block layouts (GGML) ----------------------------------------------------
+
+typedef struct {
+    uint16_t d;
+    int8_t qs[32];
+} blk_q8_0;
+typedef struct {
+    uint16_t d;
+    uint8_t qs[16];
+} blk_q4_0;
+typedef struct {
+    uint16_t d, m;
+    uint8_t qs[16];
+} blk_q4_1;
+
+// --- fused dot products --------------------------------------------------------
+
+#ifdef HAVE_AVX2
+static inline float hsum8(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+// 16 bytes of 4-bit values -> 32 floats in element order (low nibbles are
+// elements 0..15, high nibbles 16..31), offset by `bias`.
+static inline void unpack_q4(const uint8_t *qs, __m256 bias, __m256 v[4]) {
+    __m128i raw = _mm_loadu_si128((const __m128i *)qs);
+    __m128i lo = _mm_and_si128(raw, _mm_set1_epi8(0x0f));
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0f));
+    v[0] = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), bias);
+    v[1] = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), bias);
+    v[2] = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), bias);
+    v[3] = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), bias);
+}
+
+static inline void unpack_q8(const int8_t *qs, __m256 v[4]) {
+    for (int k = 0; k < 4; k++)
+        v[k] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * k))));
+}
+
+// acc[i] += scale * dot(v, x[i][0:32])
+static inline void fma_block(const __m256 v[4], __m256 scale, const float *x, int64_t m,
+                             int64_t ld, __m256 *acc) {
+    for (int64_t i = 0; i < m; i++) {
+        const float *xi = x + i * ld;
+        __m256 s = _mm256_mul_ps(v[0], _mm256_loadu_ps(xi));
+        s = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(xi + 8), s);
+        s = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(xi + 16), s);
+        s = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(xi + 24), s);
+        acc[i] = _mm256_fmadd_ps(scale, s, acc[i]);
+    }
+}
+
+// F16C scalar conversion (x86-64-v3 has it); the portable one branches.
+static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+// `xsum[i][b]` is the sum of x row i over block b, precomputed once per
+// matmul: the block minimum multiplies it.
+static void dot_q4_1(const blk_q4_1 *w, int64_t nb, const float *x, int64_t m, int64_t ld,
+                     const float *xsum, float *out, int64_t os) {
+    __m256 acc[FUSED_MAX_M];
+    float msum[FUSED_MAX_M] = {0};
+    for (int64_t i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();
+    __m256 v[4];
+    for (int64_t b = 0; b < nb; b++) {
+        unpack_q4(w[b].qs, _mm256_setzero_ps(), v);
+        fma_block(v, _mm256_set1_ps(f16(w[b].d)), x + b * 32, m, ld, acc);
+        float mn = f16(w[b].m);
+        for (int64_t i = 0; i < m; i++) msum[i] += mn * xsum[i * nb + b];
+    }
+    for (int64_t i = 0; i < m; i++) out[i * os] = hsum8(acc[i]) + msum[i];
+}
+
+static void dot_q4_0(const blk_q4_0 *w, int64_t nb, const float *x, int64_t m, int64_t ld,
+                     float *out, int64_t os) {
+    __m256 acc[FUSED_MAX_M];
+    for (int64_t i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();
+    __m256 v[4];
+    for (int64_t b = 0; b < nb; b++) {
+        unpack_q4(w[b].qs, _mm256_set1_ps(-8.0f), v);
+        fma_block(v, _mm256_set1_ps(f16(w[b].d)), x + b * 32, m, ld, acc);
+    }
+    for (int64_t i = 0; i < m; i++) out[i * os] = hsum8(acc[i]);
+}
+
+static void dot_q8_0(const blk_q8_0 *w, int64_t nb, const float *x, int64_t m, int64_t ld,
+                     float *out, int64_t os) {
+    __m256 acc[FUSED_MAX_M];
+    for (int64_t i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();
+    __m256 v[4];
+    for (int64_t b = 0; b < nb; b++) {
+        unpack_q8(w[b].qs, v);
+        fma_block(v, _mm256_set1_ps(f16(w[b].d)), x + b * 32, m, ld, acc);
+    }
+    for (int64_t i = 0; i < m; i++) out[i * os] = hsum8(acc[i]);
+}
+
+// Plain types: 8 elements at a time, converted to f32 in registers.
+static inline __m256 load8(int dtype, const void *w, int64_t j) {
+    switch (dtype) {
+    case PG_DTYPE_F32: return _mm256_loadu_ps((const float *)w + j);
+    case PG_DTYPE_F16:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + j)));
+    default: // BF16: shift into the high half of an f32
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + j))), 16));
+    }
+}
+
+static void dot_plain(int dtype, const void *w, int64_t cols, const float *x, int64_t m, int64_t ld,
+                      float *out, int64_t os) {
+    __m256 acc[FUSED_MAX_M];
+    for (int64_t i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= cols; j += 8) {
+        __m256 wv = load8(dtype, w, j);
+        for (int64_t i = 0; i < m; i++) acc[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * ld + j), acc[i]);
+    }
+    float tail[FUSED_MAX_M] = {0};
+    if (j < cols) {
+        float buf[8];
+        for (int64_t t = j; t < cols; t++) {
+            pg_dequantize_row(dtype, (const char *)w + (size_t)t * pg_dtype_block_bytes(dtype), buf, 1);
+            for (int64_t i = 0; i < m; i++) tail[i] += buf[0] * x[i * ld + t];
+        }
+    }
+    for (int64_t i = 0; i < m; i++) out[i * os] = hsum8(acc[i]) + tail[i];
+}
+#endif // HAVE_AVX2
+
+// Any type: dequantize the row, then dot. The reference for the fast paths.
+static void dot_generic(int dtype, const void *wrow, int64_t cols, const float *x, int64_t m,
+                        int64_t ld, float *out, int64_t os) {
+    float buf[256];
+    int be = pg_dtype_block_elems(dtype);
+    int64_t chunk = be >= 256 ? be : (256 / be) * be;
+    size_t bb = pg_dtype_block_bytes(dtype);
+    double acc[FUSED_MAX_M] = {0};
+    for (int64_t j = 0; j < cols; j += chunk) {
+        int64_t n = cols - j < chunk ? cols - j : chunk;
+        pg_dequantize_row(dtype, (const char *)wrow + (size_t)(j / be) * bb, buf, n);
+        for (int64_t i = 0; i < m; i++) {
+            float s = 0;
+            for (int64_t t = 0; t < n; t++) s += buf[t] * x[i * ld + j + t];
+            acc[i] += s;
+        }
+    }
+    for (int64_t i = 0; i < m; i++) out[i * os] = (float)acc[i];
+}
+
+// Sums of each x row over 32-element blocks: xsum[i][b] (Q4_1's minimum term).
+static void block_sums(const float *x, int64_t m, int64_t ld, int64_t cols, float *xsum) {
+    int64_t nb = cols / 32;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t b = 0; b < nb; b++) {
+            float s = 0;
+            for (int t = 0; t < 32; t++) s += x[i * ld + b * 32 + t];
+            xsum[i * nb + b] = s;
+        }
+}
+
+static void dot_rows(int dtype, const void *wrow, int64_t cols, const float *x, int64_t m,
+                     int64_t ld, const float *xsum, float *out, int64_t os) {
+    for (int64_t i0 = 0; i0 < m; i0 += FUSED_MAX_M) {
+        int64_t mm = m - i0 < FUSED_MAX_M ? m - i0 : FUSED_MAX_M;
+        const float *xi = x + i0 * ld;
+        float *oi = out + i0 * os;
+#ifdef HAVE_AVX2
+        switch (dtype) {
+        case PG_DTYPE_Q4_1: dot_q4_1(wrow, cols / 32, xi, mm, ld, xsum + i0 * (cols / 32), oi, os); continue;
+        case PG_DTYPE_Q4_0: dot_q4_0(wrow, cols / 32, xi, mm, ld, oi, os); continue;
+        case PG_DTYPE_Q8_0: dot_q8_0(wrow, cols / 32, xi, mm, ld, oi, os); continue;
+        case PG_DTYPE_F32:
+        case PG_DTYPE_F16:
+        case PG_DTYPE_BF16: dot_plain(dtype, wrow, cols, xi, mm, ld, oi, os); continue;
+        default: break;
+        }
+#endif
+        dot_generic(dtype, wrow, cols, xi, mm, ld, oi, os);
+    }
+}
+
+void pg_cpu_dot_rows(int dtype, const void *wrow, int64_t cols, const float *x, int64_t m,
+                     int64_t ld, float *out, int64_t os) {
+    float *xsum = NULL;
+    if (dtype == PG_DTYPE_Q4_1) {
+        xsum = pg_xmalloc(sizeof(float) * (size_t)(m * (cols / 32) + 1));
+        block_sums(x, m, ld, cols, xsum);
+    }
+    dot_rows(dtype, wrow, cols, x, m, ld, xsum, out, os);
+    free(xsum);
+}
+
+// --- the parallel matmul ---------------------------------------------------------
+
+typedef struct {
+    pg_cpu_ctx *c;
+    float *out;
+    int64_t ldo;
+    const float *x;
+    int64_t m;
+    const pg_weight *w;
+    const float *xsum; // [m][cols / 32] for Q4_1
+} mm_job;
+
+static void fused_task(void *ctx, int64_t t, int thread) {
+    mm_job *j = ctx;
+    const pg_weight *w = j->w;
+    int64_t r0 = t * ROWS_PER_TASK, r1 = r0 + ROWS_PER_TASK < w->rows ? r0 + ROWS_PER_TASK : w->rows;
+    for (int64_t r = r0; r < r1; r++)
+        dot_rows(w->dtype, (const char *)w->data + (size_t)r * w->row_bytes, w->cols, j->x, j->m,
+                 w->cols, j->xsum, j->out + r, j->ldo);
+}
+
+static void panel_task(void *ctx, int64_t t, int thread) {
+    mm_job *j = ctx;
+    const pg_weight *w = j->w;
+    int64_t r0 = t * PANEL_ROWS, n = w->rows - r0 < PANEL_ROWS ? w->rows - r0 : PANEL_ROWS;
+    const float *panel;
+    if (w->dtype == PG_DTYPE_F32) {
+        panel = (const float *)((const char *)w->data + (size_t)r0 * w->row_bytes);
+    } else {
+        float *s = pg_cpu_scratch(j->c, thread, (size_t)n * (size_t)w->cols);
+        for (int64_t r = 0; r < n; r++)
+            pg_dequantize_row(w->dtype, (const char *)w->data + (size_t)(r0 + r) * w->row_bytes,
+                              s + r * w->cols, w->cols);
+        panel = s;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->m, (int)n, (int)w->cols, 1.0f, j->x,
+                (int)w->cols, panel, (int)w->cols, 0.0f, j->out + r0, (int)j->ldo);
+}
+
+void pg_cpu_matmul(pg_backend *b, float *out, int64_t ldo, const float *x, int64_t m,
+                   const pg_weight *w) {
+    pg_cpu_ctx *c = pg_cpu(b);
+    mm_job j = {c, out, ldo, x, m, w, NULL};
+    if (m <= FUSED_MAX_M) {
+        float xsum[FUSED_MAX_M * 1024];
+        float *xs = NULL;
+        if (w->dtype == PG_DTYPE_Q4_1) {
+            size_t n = (size_t)(m * (w->cols / 32));
+            xs = n <= sizeof xsum / sizeof xsum[0] ? xsum : pg_xmalloc(n * sizeof(float));
+            block_sums(x, m, w->cols, w->cols, xs);
+            j.xsum = xs;
+        }
+        pg_pool_run(c->pool, (w->rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK, fused_task, &j);
+        if (xs && xs != xsum) free(xs);
+    } else
+        pg_pool_run(c->pool, (w->rows + PANEL_ROWS - 1) / PANEL_ROWS, panel_task, &j);
+}

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Runs every test of paged and prints `N passed, N failed` last.
+
+  unit:NAME      build/tests/test_* (cmocka), one entry per binary
+  asan:NAME      the same under AddressSanitizer + UBSan (build/asan/tests)
+  fuzz:NAME      each fuzz target replays its corpus and mutates for a few
+                 seconds (build/fuzz/fuzz_*, ASan build)
+  integ:NAME     tests/integration/test_*.py and test_*.sh: the real binary,
+                 the real model, real sockets
+
+Usage: tests/run_all.py [-k SUBSTRING] [--fuzz-seconds N] [--no-asan]
+Exits non-zero when any test fails. Run by deploy/quickstart.sh test.
+"""
+import argparse
+import glob
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(name, cmd, timeout, env=None):
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=timeout, env=env)
+        ok, out = p.returncode == 0, p.stdout.decode(errors="replace")
+        # Exit code 77 is the conventional "skipped" (automake, meson).
+        status = "skip" if p.returncode == 77 else ("pass" if ok else "fail")
+    except subprocess.TimeoutExpired as e:
+        status, out = "fail", (e.stdout or b"").decode(errors="replace") + f"\nTIMEOUT after {timeout}s"
+    dt = time.time() - t0
+    print(f"{status.upper():4} {name} ({dt:.1f}s)", flush=True)
+    if status == "fail":
+        print("\n".join("    | " + l for l in out.rstrip().splitlines()[-60:]), flush=True)
+    elif status == "skip":
+        last = out.strip().splitlines()[-1] if out.strip() else ""
+        print(f"    | {last}", flush=True)
+    return status
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-k", default="", help="only tests whose name contains this")
+    ap.add_argument("--fuzz-seconds", type=int, default=int(os.environ.get("PAGED_FUZZ_SECONDS", "10")))
+    ap.add_argument("--no-asan", action="store_true")
+    args = ap.parse_args()
+
+    tests = [("build:ninja-fresh", [sys.executable, "tools/gen_build.py", "--check"], 60)]
+    for b in sorted(glob.glob(os.path.join(ROOT, "build/tests/test_*"))):
+        if not b.endswith(".d"):
+            tests.append((f"unit:{os.path.basename(b)}", [b], 600))
+    if not args.no_asan:
+        for b in sorted(glob.glob(os.path.join(ROOT, "build/asan/tests/test_*"))):
+            if not b.endswith(".d"):
+                tests.append((f"asan:{os.path.basename(b)}", [b], 900))
+    for b in sorted(glob.glob(os.path.join(ROOT, "build/fuzz/fuzz_*"))):
+        name = os.path.basename(b)
+        corpus = os.path.join(ROOT, "tests/fuzz/corpus", name[len("fuzz_"):])
+        cmd = [b, "-t", str(args.fuzz_seconds)] + ([corpus] if os.path.isdir(corpus) else [])
+        tests.append((f"fuzz:{name}", cmd, args.fuzz_seconds + 120))
+    for t in sorted(glob.glob(os.path.join(ROOT, "tests/integration/test_*"))):
+        if t.endswith(".py"):
+            tests.append((f"integ:{os.path.basename(t)}", [sys.executable, t], 1800))
+        elif t.endswith(".sh"):
+            tests.append((f"integ:{os.path.basename(t)}", ["bash", t], 1800))
+
+    env = dict(os.environ)
+    env.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
+    env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
+    counts = {"pass": 0, "fail": 0, "skip": 0}
+    failed = []
+    for name, cmd, timeout in tests:
+        if args.k not in name:
+            continue
+        s = run(name, cmd, timeout, env)
+        counts[s] += 1
+        if s == "fail":
+            failed.append(name)
+    if failed:
+        print("failed: " + " ".join(failed))
+    print(f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped")
+    return 1 if counts["fail"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
