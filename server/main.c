@@ -1,3 +1,32 @@
-// server/main.c - CLI entry point (placeholder until the CLI lands).
+// server/main.c - the paged binary: `paged serve` and `paged generate`.
 #include <stdio.h>
-int main(void) { puts("paged"); return 0; }
+#include <string.h>
+
+#include "server/commands.h"
+
+#ifndef PAGED_VERSION
+#define PAGED_VERSION "0.1.0"
+#endif
+
+static const char *usage =
+    "paged " PAGED_VERSION " - an LLM inference server\n"
+    "usage: paged <command> [options]\n"
+    "  serve      run the OpenAI-compatible HTTP server\n"
+    "  generate   generate text from the command line\n"
+    "  version    print the version\n"
+    "Run `paged <command> --help` for the options of a command.\n";
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        fputs(usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "serve")) return cmd_serve(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version")) {
+        puts("paged " PAGED_VERSION);
+        return 0;
+    }
+    fprintf(stderr, "paged: unknown command '%s'\n%s", argv[1], usage);
+    return 2;
+}

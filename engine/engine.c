@@ -1,0 +1,464 @@
+// engine/engine.c - the engine thread.
+#include "engine/engine.h"
+
+#include <cjson/cJSON.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "common/err.h"
+#include "common/file.h"
+#include "common/log.h"
+#include "engine/gguf.h"
+#include "engine/runner.h"
+
+#define DEFAULT_CPU_KV_BYTES ((int64_t)2 << 30)
+
+// A submission: a new request, an abort or an early finish of one sequence.
+typedef enum { SUB_ADD, SUB_ABORT, SUB_FINISH_SEQ } sub_kind;
+
+typedef struct sub {
+    sub_kind kind;
+    int64_t id;
+    int32_t seq_index;
+    pg_gen_request req;   // SUB_ADD: prompt points to memory owned by the sub
+    struct sub *next;
+} sub;
+
+// Per live request on the engine side: the submitter's pointer.
+typedef struct live {
+    int64_t id;
+    void *user;
+    struct live *next;
+} live;
+
+#define LIVE_BUCKETS 1024
+
+struct pg_engine {
+    pg_engine_config cfg;
+    pg_llama *model;
+    pg_backend *backend;
+    pg_tokenizer *tok;
+    pg_chat_template *chat;
+    pg_runner *runner;
+    sched *sched;
+    int32_t max_model_len;
+    int32_t kv_blocks;
+
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool stop;
+    sub *subs_head, *subs_tail;  // guarded by mu
+    int64_t next_id;             // guarded by mu
+
+    // Events published by the engine thread, drained by pg_engine_poll.
+    pthread_mutex_t ev_mu;
+    pg_gen_event *events;
+    int n_events, cap_events, ev_head;
+    pg_engine_notify_fn notify;
+    void *notify_ctx;
+
+    live *live[LIVE_BUCKETS];    // engine thread only
+
+    pthread_mutex_t stats_mu;
+    pg_engine_stats stats;
+};
+
+void pg_engine_config_default(pg_engine_config *c) {
+    memset(c, 0, sizeof *c);
+    c->device = "cpu";
+    sched_config_default(&c->sched);
+}
+
+// --- live request map (engine thread) --------------------------------------------
+
+static void live_put(pg_engine *e, int64_t id, void *user) {
+    live *l = pg_xmalloc(sizeof *l);
+    l->id = id;
+    l->user = user;
+    l->next = e->live[id % LIVE_BUCKETS];
+    e->live[id % LIVE_BUCKETS] = l;
+}
+
+static void *live_get(pg_engine *e, int64_t id, bool remove) {
+    for (live **p = &e->live[id % LIVE_BUCKETS]; *p; p = &(*p)->next) {
+        if ((*p)->id != id) continue;
+        live *l = *p;
+        void *user = l->user;
+        if (remove) {
+            *p = l->next;
+            free(l);
+        }
+        return user;
+    }
+    return NULL;
+}
+
+// --- events ---------------------------------------------------------------------
+
+static void publish(pg_engine *e, const pg_gen_event *evs, int n) {
+    if (n == 0) return;
+    pthread_mutex_lock(&e->ev_mu);
+    if (e->ev_head > 0 && e->ev_head == e->n_events) e->n_events = e->ev_head = 0;
+    if (e->n_events + n > e->cap_events) {
+        // Compact, then grow.
+        memmove(e->events, e->events + e->ev_head, sizeof(pg_gen_event) * (size_t)(e->n_events - e->ev_head));
+        e->n_events -= e->ev_head;
+        e->ev_head = 0;
+        if (e->n_events + n > e->cap_events) {
+            e->cap_events = (e->n_events + n) * 2;
+            e->events = pg_xrealloc(e->events, sizeof(pg_gen_event) * (size_t)e->cap_events);
+        }
+    }
+    memcpy(e->events + e->n_events, evs, sizeof(pg_gen_event) * (size_t)n);
+    e->n_events += n;
+    pthread_mutex_unlock(&e->ev_mu);
+    if (e->notify) e->notify(e->notify_ctx);
+}
+
+int pg_engine_poll(pg_engine *e, pg_gen_event *out, int cap) {
+    pthread_mutex_lock(&e->ev_mu);
+    int n = e->n_events - e->ev_head;
+    if (n > cap) n = cap;
+    memcpy(out, e->events + e->ev_head, sizeof(pg_gen_event) * (size_t)n);
+    e->ev_head += n;
+    pthread_mutex_unlock(&e->ev_mu);
+    return n;
+}
+
+static void reject(pg_engine *e, const sub *s, int code, const char *msg) {
+    pg_gen_event ge;
+    memset(&ge, 0, sizeof ge);
+    ge.ev.req_id = s->id;
+    ge.ev.finish = SCHED_FINISH_ERROR;
+    ge.ev.stop_token = -1;
+    ge.ev.req_finished = true;
+    ge.ev.usage.prompt_tokens = s->req.n_prompt;
+    ge.user = s->req.user;
+    ge.error_code = code;
+    snprintf(ge.error, sizeof ge.error, "%s", msg);
+    publish(e, &ge, 1);
+}
+
+// --- the engine thread -------------------------------------------------------------
+
+static void apply_submissions(pg_engine *e, sub *list) {
+    while (list) {
+        sub *s = list;
+        list = s->next;
+        if (s->kind == SUB_ADD) {
+            sched_request r = {.id = s->id, .prompt = s->req.prompt, .n_prompt = s->req.n_prompt,
+                               .sp = &s->req.sp, .priority = s->req.priority,
+                               .arrival_ns = pg_now_ns(),
+                               .eos_id = e->model->cfg.n_eos ? e->model->cfg.eos_ids[0] : -1};
+            int rc = sched_add_request(e->sched, &r);
+            if (rc < 0)
+                reject(e, s, rc, pg_err_msg());
+            else
+                live_put(e, s->id, s->req.user);
+            free((void *)s->req.prompt);
+        } else if (s->kind == SUB_ABORT) {
+            sched_abort(e->sched, s->id); // unknown id: already finished, harmless
+        } else {
+            sched_finish_seq(e->sched, s->id, s->seq_index, SCHED_FINISH_STOP);
+        }
+        free(s);
+    }
+}
+
+static void *engine_main(void *arg) {
+    pg_engine *e = arg;
+    pg_gen_event *out = NULL;
+    int cap_out = 0;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->stop && !e->subs_head && !sched_has_work(e->sched))
+            pthread_cond_wait(&e->cv, &e->mu);
+        if (e->stop) {
+            pthread_mutex_unlock(&e->mu);
+            break;
+        }
+        sub *list = e->subs_head;
+        e->subs_head = e->subs_tail = NULL;
+        pthread_mutex_unlock(&e->mu);
+        apply_submissions(e, list);
+
+        const pg_batch_plan *plan;
+        if (sched_step(e->sched, &plan) < 0) {
+            PG_LOGE("scheduler: %s", pg_err_msg());
+            continue;
+        }
+        int64_t t0 = pg_now_ns();
+        pg_step_output so = {0, NULL};
+        const pg_step_output *sop = &so;
+        if (plan->n_seqs > 0 && pg_runner_execute(e->runner, plan, &so) < 0) {
+            PG_LOGE("step failed: %s", pg_err_msg());
+            sop = NULL; // every request of the plan finishes with an error
+        }
+        int64_t t1 = pg_now_ns();
+        sched_events evs;
+        if (sched_update(e->sched, sop, &evs) < 0) PG_LOGE("scheduler update: %s", pg_err_msg());
+        if (evs.n > cap_out) {
+            cap_out = evs.n * 2;
+            out = pg_xrealloc(out, sizeof(pg_gen_event) * (size_t)cap_out);
+        }
+        for (int i = 0; i < evs.n; i++) {
+            memset(&out[i], 0, sizeof out[i]);
+            out[i].ev = evs.ev[i];
+            out[i].user = live_get(e, evs.ev[i].req_id, evs.ev[i].req_finished);
+            if (evs.ev[i].finish == SCHED_FINISH_ERROR) {
+                out[i].error_code = PG_EINVAL;
+                snprintf(out[i].error, sizeof out[i].error, "the model step failed");
+            }
+        }
+        publish(e, out, evs.n);
+
+        pthread_mutex_lock(&e->stats_mu);
+        sched_stats_get(e->sched, &e->stats.sched);
+        if (plan->n_seqs > 0) {
+            e->stats.steps++;
+            e->stats.busy_seconds += (double)(t1 - t0) * 1e-9;
+            e->stats.tokens_sampled += so.n;
+            e->stats.prompt_tokens_computed += plan->n_tokens;
+        }
+        pthread_mutex_unlock(&e->stats_mu);
+    }
+    free(out);
+    return NULL;
+}
+
+static void enqueue(pg_engine *e, sub *s) {
+    pthread_mutex_lock(&e->mu);
+    if (e->subs_tail)
+        e->subs_tail->next = s;
+    else
+        e->subs_head = s;
+    e->subs_tail = s;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+int64_t pg_engine_submit(pg_engine *e, const pg_gen_request *req) {
+    sub *s = pg_xcalloc(1, sizeof *s);
+    s->kind = SUB_ADD;
+    s->req = *req;
+    int32_t *ids = pg_xmalloc(sizeof(int32_t) * (size_t)(req->n_prompt > 0 ? req->n_prompt : 1));
+    if (req->n_prompt > 0) memcpy(ids, req->prompt, sizeof(int32_t) * (size_t)req->n_prompt);
+    s->req.prompt = ids;
+    pthread_mutex_lock(&e->mu);
+    s->id = e->next_id++;
+    pthread_mutex_unlock(&e->mu);
+    int64_t id = s->id;
+    enqueue(e, s);
+    return id;
+}
+
+void pg_engine_abort(pg_engine *e, int64_t id) {
+    sub *s = pg_xcalloc(1, sizeof *s);
+    s->kind = SUB_ABORT;
+    s->id = id;
+    enqueue(e, s);
+}
+
+void pg_engine_finish_seq(pg_engine *e, int64_t id, int32_t seq_index) {
+    sub *s = pg_xcalloc(1, sizeof *s);
+    s->kind = SUB_FINISH_SEQ;
+    s->id = id;
+    s->seq_index = seq_index;
+    enqueue(e, s);
+}
+
+// --- set-up --------------------------------------------------------------------------
+
+static int load_tokenizer(pg_engine *e) {
+    const char *path = e->cfg.model_path;
+    if (pg_is_dir(path)) {
+        char *tj = pg_path_join(path, "tokenizer.json");
+        char *tc = pg_path_join(path, "tokenizer_config.json");
+        int rc = pg_tokenizer_from_hf(tj, pg_file_exists(tc) ? tc : NULL, &e->tok);
+        free(tj);
+        free(tc);
+        return rc;
+    }
+    gguf_file *f;
+    PG_TRY(gguf_open(path, &f));
+    int rc = pg_tokenizer_from_gguf(f, &e->tok);
+    gguf_close(f);
+    return rc;
+}
+
+// tokenizer_config.json "chat_template": a string, or a list of
+// {name, template} where the one named "default" wins.
+static char *hf_chat_template(const char *dir) {
+    char *path = pg_path_join(dir, "tokenizer_config.json"), *text = NULL, *result = NULL;
+    size_t len;
+    if (pg_read_file(path, 64u << 20, &text, &len) == 0) {
+        cJSON *j = cJSON_ParseWithLength(text, len);
+        const cJSON *ct = cJSON_GetObjectItemCaseSensitive(j, "chat_template");
+        if (cJSON_IsString(ct)) {
+            result = pg_xstrdup(ct->valuestring);
+        } else if (cJSON_IsArray(ct)) {
+            const cJSON *it;
+            cJSON_ArrayForEach(it, ct) {
+                const cJSON *name = cJSON_GetObjectItemCaseSensitive(it, "name");
+                const cJSON *tmpl = cJSON_GetObjectItemCaseSensitive(it, "template");
+                if (cJSON_IsString(tmpl) && (!result || (cJSON_IsString(name) && !strcmp(name->valuestring, "default")))) {
+                    free(result);
+                    result = pg_xstrdup(tmpl->valuestring);
+                }
+            }
+        }
+        cJSON_Delete(j);
+    }
+    free(text);
+    free(path);
+    return result;
+}
+
+// The chat template text: --chat-template (a family name or a file), else
+// the model's own (GGUF metadata or tokenizer_config.json).
+static int load_chat_template(pg_engine *e) {
+    const char *want = e->cfg.chat_template;
+    char *text = NULL;
+    size_t len;
+    int rc = 0;
+    if (want && pg_file_exists(want)) {
+        PG_TRY(pg_read_file(want, 1 << 20, &text, &len));
+    } else if (want) {
+        text = pg_xstrdup(want);
+    } else if (!pg_is_dir(e->cfg.model_path)) {
+        gguf_file *f;
+        PG_TRY(gguf_open(e->cfg.model_path, &f));
+        if (gguf_get_str(f, "tokenizer.chat_template", &text) < 0) text = NULL;
+        gguf_close(f);
+    } else {
+        text = hf_chat_template(e->cfg.model_path);
+    }
+    if (!text) return 0; // no template: chat requests get a clear error later
+    rc = pg_chat_template_parse(text, &e->chat);
+    if (rc < 0 && !want) {
+        // The model's own template is unknown: chat is unavailable, text
+        // completion still works.
+        PG_LOGW("chat template of %s not recognised; /v1/chat/completions disabled (%s)",
+                e->cfg.model_path, pg_err_msg());
+        rc = 0;
+    }
+    free(text);
+    return rc;
+}
+
+int pg_engine_create(const pg_engine_config *cfg, pg_engine_notify_fn notify, void *notify_ctx,
+                     pg_engine **out) {
+    *out = NULL;
+    pg_engine *e = pg_xcalloc(1, sizeof *e);
+    e->cfg = *cfg;
+    e->notify = notify;
+    e->notify_ctx = notify_ctx;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    pthread_mutex_init(&e->ev_mu, NULL);
+    pthread_mutex_init(&e->stats_mu, NULL);
+    int rc;
+    const char *dev = cfg->device ? cfg->device : "cpu";
+    if (strcmp(dev, "cpu") && strcmp(dev, "auto")) {
+        rc = pg_err_set(PG_EUNSUPP, "device '%s' is not available in this build (cpu only)", dev);
+        goto fail;
+    }
+    if ((rc = pg_llama_load(cfg->model_path, &e->model)) < 0) goto fail;
+    if ((rc = load_tokenizer(e)) < 0) goto fail;
+    if ((rc = load_chat_template(e)) < 0) goto fail;
+    if ((rc = pg_backend_cpu_create(cfg->n_threads, &e->backend)) < 0) goto fail;
+
+    const pg_model_config *mc = &e->model->cfg;
+    sched_config sc = cfg->sched;
+    if (sc.block_size <= 0) sc.block_size = 16;
+    e->max_model_len = cfg->max_model_len > 0 ? cfg->max_model_len : mc->max_pos;
+    if (e->max_model_len > mc->max_pos)
+        PG_LOGW("max model length %d is beyond the model's %d positions", e->max_model_len, mc->max_pos);
+    size_t per_block = pg_runner_kv_bytes_per_block(e->model, sc.block_size);
+    int64_t kv_bytes = cfg->kv_cache_bytes > 0 ? cfg->kv_cache_bytes : DEFAULT_CPU_KV_BYTES;
+    e->kv_blocks = cfg->kv_blocks > 0 ? cfg->kv_blocks : (int32_t)(kv_bytes / (int64_t)per_block);
+    int32_t host_blocks = cfg->swap_bytes > 0 ? (int32_t)(cfg->swap_bytes / (int64_t)per_block) : 0;
+    if (sc.preemption_mode == SCHED_PREEMPT_SWAP && host_blocks == 0) host_blocks = e->kv_blocks;
+    // A pool that cannot hold one sequence of the full model length is a
+    // configuration error, reported with what would fit.
+    int32_t need = (e->max_model_len + sc.block_size - 1) / sc.block_size + 1;
+    if (e->kv_blocks < need) {
+        rc = pg_err_set(PG_EINVAL,
+                        "KV cache of %d blocks (%d tokens) cannot hold one sequence of max model "
+                        "length %d; lower --max-model-len to %d or give the cache at least %zu MiB",
+                        e->kv_blocks, (e->kv_blocks - 1) * sc.block_size, e->max_model_len,
+                        (e->kv_blocks - 1) * sc.block_size, ((size_t)need * per_block) >> 20);
+        goto fail;
+    }
+    sc.num_blocks = e->kv_blocks;
+    sc.num_host_blocks = host_blocks;
+    sc.max_model_len = e->max_model_len;
+    pg_runner_config rcfg = {e->kv_blocks, host_blocks, sc.block_size};
+    if ((rc = pg_runner_create(e->model, e->backend, &rcfg, &e->runner)) < 0) goto fail;
+    if ((rc = sched_create(&sc, &e->sched)) < 0) goto fail;
+    e->cfg.sched = sc;
+    e->stats.kv_blocks = e->kv_blocks;
+    e->stats.block_size = sc.block_size;
+    e->stats.kv_bytes = (int64_t)per_block * e->kv_blocks;
+    e->stats.weight_bytes = (int64_t)e->model->weight_bytes;
+    sched_stats_get(e->sched, &e->stats.sched);
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        rc = pg_err_set(PG_ENOMEM, "cannot start the engine thread");
+        goto fail;
+    }
+    *out = e;
+    return 0;
+fail:
+    pg_engine_destroy(e);
+    return rc;
+}
+
+void pg_engine_destroy(pg_engine *e) {
+    if (!e) return;
+    if (e->thread) {
+        pthread_mutex_lock(&e->mu);
+        e->stop = true;
+        pthread_cond_signal(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    for (sub *s = e->subs_head; s;) {
+        sub *n = s->next;
+        if (s->kind == SUB_ADD) free((void *)s->req.prompt);
+        free(s);
+        s = n;
+    }
+    for (int i = 0; i < LIVE_BUCKETS; i++)
+        for (live *l = e->live[i]; l;) {
+            live *n = l->next;
+            free(l);
+            l = n;
+        }
+    sched_destroy(e->sched);
+    pg_runner_free(e->runner);
+    if (e->backend) e->backend->destroy(e->backend);
+    pg_chat_template_free(e->chat);
+    pg_tokenizer_free(e->tok);
+    pg_llama_free(e->model);
+    free(e->events);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->ev_mu);
+    pthread_mutex_destroy(&e->stats_mu);
+    free(e);
+}
+
+const pg_tokenizer *pg_engine_tokenizer(const pg_engine *e) { return e->tok; }
+const pg_chat_template *pg_engine_chat_template(const pg_engine *e) { return e->chat; }
+const pg_model_config *pg_engine_model_config(const pg_engine *e) { return &e->model->cfg; }
+int32_t pg_engine_max_model_len(const pg_engine *e) { return e->max_model_len; }
+const char *pg_engine_device_name(const pg_engine *e) { return e->backend->name; }
+
+void pg_engine_stats_get(pg_engine *e, pg_engine_stats *out) {
+    pthread_mutex_lock(&e->stats_mu);
+    *out = e->stats;
+    pthread_mutex_unlock(&e->stats_mu);
+}

@@ -1,0 +1,181 @@
+// server/cli_flags.c - engine flags shared by the subcommands.
+#include "server/cli_flags.h"
+
+#include <errno.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "common/file.h"
+
+const char *cli_engine_flags_help =
+    "Model and device:\n"
+    "  --model PATH                  GGUF file or Hugging Face model directory\n"
+    "                                (default: the bundled SmolLM2-135M-Instruct Q4_1)\n"
+    "  --device cpu|cuda|auto        compute device (default auto: CPU when no GPU)\n"
+    "  --threads N                   CPU threads (default: all cores)\n"
+    "  --chat-template NAME|FILE     chatml, llama3, llama2, mistral, or a Jinja file\n"
+    "KV cache and scheduling:\n"
+    "  --kv-cache-memory BYTES       KV cache size, e.g. 2G (default 2G on CPU)\n"
+    "  --kv-blocks N                 KV cache size in blocks (overrides the above)\n"
+    "  --block-size N                tokens per KV block (default 16)\n"
+    "  --swap-space BYTES            host swap space for preempted requests\n"
+    "  --preemption-mode MODE        recompute (default) or swap\n"
+    "  --max-model-len N             prompt + output limit (default: the model's)\n"
+    "  --max-num-seqs N              sequences per step (default 256)\n"
+    "  --max-num-batched-tokens N    tokens per step (default 2048)\n"
+    "  --no-chunked-prefill          run each prompt in one step\n"
+    "  --no-prefix-caching           disable automatic prefix caching\n"
+    "  --scheduling-policy P         fcfs (default) or priority\n"
+    "  --max-waiting N               queued requests before 503 (default 0: unlimited)\n";
+
+int cli_parse_bytes(const char *s, int64_t *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || !(v >= 0) || !isfinite(v))
+        return pg_err_set(PG_EINVAL, "'%s' is not a size", s);
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
+    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+    case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (*end == 'i' || *end == 'B') end++;
+    if (*end == 'B') end++;
+    if (*end || v * mul > 9e18) return pg_err_set(PG_EINVAL, "'%s' is not a size", s);
+    *out = (int64_t)(v * mul);
+    return 0;
+}
+
+int cli_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi)
+        return pg_err_set(PG_EINVAL, "'%s' is not an integer in [%lld, %lld]", s, (long long)lo,
+                          (long long)hi);
+    *out = v;
+    return 0;
+}
+
+int cli_parse_float(const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end || errno || !(v >= lo && v <= hi))
+        return pg_err_set(PG_EINVAL, "'%s' is not a number in [%g, %g]", s, lo, hi);
+    *out = v;
+    return 0;
+}
+
+int cli_engine_flag(pg_engine_config *c, int argc, char **argv, int *i) {
+    const char *f = argv[*i];
+    bool has_value = *i + 1 < argc;
+    const char *v = has_value ? argv[*i + 1] : NULL;
+    int64_t n;
+#define NEED_VALUE()                                                                   \
+    do {                                                                               \
+        if (!has_value) return pg_err_set(PG_EINVAL, "%s needs a value", f);           \
+        (*i)++;                                                                        \
+    } while (0)
+#define INT_FLAG(name, lo, hi, dst)                                                    \
+    if (!strcmp(f, name)) {                                                            \
+        NEED_VALUE();                                                                  \
+        if (cli_parse_int(v, lo, hi, &n) < 0) return pg_err_wrap(PG_EINVAL, "%s: ", f); \
+        dst = (int32_t)n;                                                              \
+        return 1;                                                                      \
+    }
+    if (!strcmp(f, "--model")) {
+        NEED_VALUE();
+        c->model_path = v;
+        return 1;
+    }
+    if (!strcmp(f, "--device")) {
+        NEED_VALUE();
+        if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto"))
+            return pg_err_set(PG_EINVAL, "--device must be cpu, cuda or auto");
+        c->device = v;
+        return 1;
+    }
+    if (!strcmp(f, "--chat-template")) {
+        NEED_VALUE();
+        c->chat_template = v;
+        return 1;
+    }
+    INT_FLAG("--threads", 0, 1024, c->n_threads)
+    INT_FLAG("--kv-blocks", 2, INT32_MAX, c->kv_blocks)
+    INT_FLAG("--block-size", 1, 1024, c->sched.block_size)
+    INT_FLAG("--max-model-len", 1, INT32_MAX, c->max_model_len)
+    INT_FLAG("--max-num-seqs", 1, 65536, c->sched.max_num_seqs)
+    INT_FLAG("--max-num-batched-tokens", 1, INT32_MAX, c->sched.max_num_batched_tokens)
+    INT_FLAG("--max-waiting", 0, INT32_MAX, c->sched.max_waiting)
+    if (!strcmp(f, "--kv-cache-memory") || !strcmp(f, "--swap-space")) {
+        NEED_VALUE();
+        int64_t b;
+        if (cli_parse_bytes(v, &b) < 0) return pg_err_wrap(PG_EINVAL, "%s: ", f);
+        if (!strcmp(f, "--kv-cache-memory"))
+            c->kv_cache_bytes = b;
+        else
+            c->swap_bytes = b;
+        return 1;
+    }
+    if (!strcmp(f, "--preemption-mode")) {
+        NEED_VALUE();
+        if (!strcmp(v, "recompute"))
+            c->sched.preemption_mode = SCHED_PREEMPT_RECOMPUTE;
+        else if (!strcmp(v, "swap"))
+            c->sched.preemption_mode = SCHED_PREEMPT_SWAP;
+        else
+            return pg_err_set(PG_EINVAL, "--preemption-mode must be recompute or swap");
+        return 1;
+    }
+    if (!strcmp(f, "--scheduling-policy")) {
+        NEED_VALUE();
+        if (!strcmp(v, "fcfs"))
+            c->sched.policy = SCHED_POLICY_FCFS;
+        else if (!strcmp(v, "priority"))
+            c->sched.policy = SCHED_POLICY_PRIORITY;
+        else
+            return pg_err_set(PG_EINVAL, "--scheduling-policy must be fcfs or priority");
+        return 1;
+    }
+    if (!strcmp(f, "--no-prefix-caching")) {
+        c->sched.enable_prefix_caching = false;
+        return 1;
+    }
+    if (!strcmp(f, "--enable-prefix-caching")) {
+        c->sched.enable_prefix_caching = true;
+        return 1;
+    }
+    if (!strcmp(f, "--no-chunked-prefill")) {
+        c->sched.enable_chunked_prefill = false;
+        return 1;
+    }
+#undef INT_FLAG
+#undef NEED_VALUE
+    return 0;
+}
+
+const char *cli_default_model(void) {
+    static char path[4096];
+    const char *env = getenv("PAGED_MODEL");
+    if (env && *env) return env;
+    const char *rel = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        // <root>/build/paged -> <root>/models/...
+        char *dir = dirname(exe);
+        snprintf(path, sizeof path, "%s/../%s", dir, rel);
+        if (pg_file_exists(path)) return path;
+    }
+    return rel;
+}

@@ -1,0 +1,6 @@
+// server/commands.h - the subcommands of the paged binary.
+#pragma once
+
+// Each takes the arguments after the subcommand name and returns the exit code.
+int cmd_generate(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
