@@ -23,11 +23,17 @@ typedef enum {
 int pg_dtype_block_elems(int dtype);
 // Bytes per block; 0 for an unknown type.
 size_t pg_dtype_block_bytes(int dtype);
-// Name for messages ("q4_1"), or "unknown".
+// Name for messages ("q4_1", GGML's spelling, e.g. "q4_K"), or "unknown".
+// GGML types that are known but not supported here (e.g. 6, "q5_0") also
+// have their name; pg_dtype_block_elems() == 0 is the test for support.
 const char *pg_dtype_name(int dtype);
-// Bytes of a row of `n` elements; 0 when `n` is not a multiple of the block
-// size or the type is unknown.
+// Bytes of a row of `n` elements; 0 when `n` is negative or not a multiple
+// of the block size, the type is unknown, or the size overflows size_t
+// (also 0 for n == 0).
 size_t pg_dtype_row_bytes(int dtype, int64_t n);
 
 // Dequantizes `n` elements (a multiple of the block size) from `src` to f32.
+// `src` needs no alignment (blocks are packed). Bit-identical to GGML's
+// reference dequantizers. A type without a dequantizer or a bad `n` is a
+// caller bug and aborts (PG_CHECK); the readers validate both at open.
 void pg_dequantize_row(int dtype, const void *src, float *dst, int64_t n);

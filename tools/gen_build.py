@@ -58,7 +58,7 @@ def generate():
     w("clang = clang")
     w("incs = -I. -I/usr/share/include/llhttp -I/usr/include/x86_64-linux-gnu/openblas-pthread")
     w("# x86-64-v3 (AVX2, FMA, F16C) is the baseline; anything wider is dispatched at run time.")
-    w("cflags = -std=c11 -D_GNU_SOURCE -O2 -g -march=x86-64-v3 -pthread -Wall -Wextra -Wno-unused-parameter -Wshadow -Wvla -fno-strict-aliasing $incs")
+    w("cflags = -std=c11 -D_GNU_SOURCE -O2 -g -march=x86-64-v3 -pthread -Wall -Wextra -Wno-unused-parameter -Wshadow -Wvla -Werror=implicit-function-declaration -Werror=incompatible-pointer-types -fno-strict-aliasing $incs")
     w("asanflags = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined")
     w("libs = -luv -lcjson -lopenblas -lpcre2-8 -lxxhash -lm -lpthread -ldl")
     w("cudalibs = $$(tools/cuda_libs.sh)")
@@ -179,12 +179,16 @@ def generate():
             lso = f"build/libfuzzer/obj/{os.path.splitext(ls)[0]}.o"
             lib_objs.append(lso)
         lb = f"build/fuzz/libfuzzer_{name[len('fuzz_'):]}"
-        w(f"build {lb}: clang_link {lo} {' '.join(lib_objs)}")
+        # Linked through an archive so that only the objects a target needs
+        # are pulled in (server objects would need llhttp, which is not
+        # built with clang).
+        w(f"build {lb}: clang_link {lo} build/libfuzzer/libpaged.a")
         libfuzzer_bins.append(lb)
     if fuzz_targets:
         for ls in lib_srcs:
             lso = f"build/libfuzzer/obj/{os.path.splitext(ls)[0]}.o"
             w(f"build {lso}: clang_cc {ls}")
+        w(f"build build/libfuzzer/libpaged.a: ar {' '.join(lib_objs)}")
 
     bench_bins = []
     for s in bench_srcs:
