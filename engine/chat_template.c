@@ -141,35 +141,56 @@ static void render_llama3(const pg_chat_msg *m, int n, bool gen, sbuf *b) {
     if (gen) sb_add(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
-// Llama-2 and Mistral: user/assistant alternate; a leading system message
-// goes into the first user turn (Llama-2 inside <<SYS>>, Mistral as text).
+// Removes trailing whitespace from the buffer (Jinja's strip() on a turn).
+static void sb_rtrim(sbuf *b, size_t from) {
+    while (b->len > from && (b->p[b->len - 1] == ' ' || b->p[b->len - 1] == '\n' ||
+                             b->p[b->len - 1] == '\t' || b->p[b->len - 1] == '\r'))
+        b->p[--b->len] = 0;
+}
+
+// Llama-2 (Hugging Face's template): user/assistant alternate; a leading
+// system message is wrapped in <<SYS>> inside the first user turn, and the
+// turn as a whole is stripped; every user turn but the first starts with
+// BOS. Mistral (v0.1 template): no system role, "[INST] u [/INST]a</s>".
 static int render_inst(pg_chat_family f, const pg_chat_msg *m, int n, sbuf *b) {
     const char *system = NULL;
     int start = 0;
     if (n > 0 && !strcmp(m[0].role, "system")) {
+        if (f == PG_CHAT_MISTRAL)
+            return pg_err_set(PG_EINVAL, "the mistral template supports only user and assistant roles");
         system = m[0].content;
         start = 1;
     }
-    int turn = 0;
-    for (int i = start; i < n; i++, turn++) {
+    for (int i = start, turn = 0; i < n; i++, turn++) {
         const char *want = turn % 2 == 0 ? "user" : "assistant";
         if (strcmp(m[i].role, want))
             return pg_err_set(PG_EINVAL, "%s template needs alternating user/assistant messages "
                               "(message %d is '%s')", pg_chat_family_name(f), i, m[i].role);
-        if (turn % 2 == 0) {
+        if (f == PG_CHAT_LLAMA2 && turn % 2 == 0) {
             if (turn > 0) sb_add(b, "<s>");
             sb_add(b, "[INST] ");
+            size_t from = b->len;
             if (turn == 0 && system) {
-                sb_add(b, f == PG_CHAT_LLAMA2 ? "<<SYS>>\n" : "");
-                sb_add_trimmed(b, system);
-                sb_add(b, f == PG_CHAT_LLAMA2 ? "\n<</SYS>>\n\n" : "\n\n");
+                sb_add(b, "<<SYS>>\n");
+                sb_add(b, system);
+                sb_add(b, "\n<</SYS>>\n\n");
+                sb_add(b, m[i].content);
+            } else {
+                sb_add_trimmed(b, m[i].content);
             }
-            sb_add_trimmed(b, m[i].content);
+            sb_rtrim(b, from);
             sb_add(b, " [/INST]");
-        } else {
+        } else if (f == PG_CHAT_LLAMA2) {
             sb_add(b, " ");
             sb_add_trimmed(b, m[i].content);
             sb_add(b, " </s>");
+        } else if (turn % 2 == 0) {
+            sb_add(b, "[INST] ");
+            sb_add(b, m[i].content);
+            sb_add(b, " [/INST]");
+        } else {
+            sb_add(b, m[i].content);
+            sb_add(b, "</s>");
         }
     }
     return 0;
