@@ -49,8 +49,10 @@ setup_venv() {
     if [ ! -x "$VENV/bin/python3" ]; then
         python3 -m venv "$VENV"
     fi
-    if ! "$VENV/bin/python3" -c "import openai" 2>/dev/null; then
-        "$VENV/bin/pip" install -q --disable-pip-version-check openai
+    # openai: the official SDK as a test client; gguf + numpy: llama.cpp's
+    # reader, used by tests to write Hugging Face copies of the model.
+    if ! "$VENV/bin/python3" -c "import openai, gguf, numpy" 2>/dev/null; then
+        "$VENV/bin/pip" install -q --disable-pip-version-check openai gguf numpy
     fi
 }
 
