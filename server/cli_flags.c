@@ -172,6 +172,9 @@ const char *cli_default_model(void) {
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {
         exe[n] = 0;
+        // A binary replaced while running reads as "<path> (deleted)".
+        char *del = strstr(exe, " (deleted)");
+        if (del) *del = 0;
         // <root>/build/paged -> <root>/models/...
         char *dir = dirname(exe);
         snprintf(path, sizeof path, "%s/../%s", dir, rel);
