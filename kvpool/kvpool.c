@@ -1,0 +1,675 @@
+// kvpool/kvpool.c - block pool: free list, ref counts, prefix cache, swap.
+//
+// Data structures (all O(1) per block operation):
+//   - blocks[]: per device block its ref count, free-list links and its
+//     prefix-cache hash; blocks[num_blocks] is the free list's sentinel.
+//   - map: open addressing (linear probing, backward-shift deletion) from a
+//     128-bit hash to the block id holding it; at most one block per hash.
+//   - host blocks: ref counts and a stack of free ids.
+//   - scratch arrays (one int per block, all zero between calls) for the
+//     de-duplicating passes of kvp_grow_cost and the swaps.
+#include "kvpool/kvpool.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "common/err.h"
+
+// Parent of a sequence's first block.
+static const kvp_hash ROOT_HASH = {0x9e3779b97f4a7c15ull, 0x6a09e667f3bcc909ull};
+
+typedef struct blk {
+    int32_t ref;  // tables holding the block
+    int32_t prev; // free-list links, valid while ref == 0 (not block 0)
+    int32_t next;
+    bool hashed; // `hash` is in the prefix-cache map, pointing here
+    kvp_hash hash;
+} blk;
+
+typedef struct map_slot {
+    uint64_t lo, hi;
+    int32_t id; // block id, -1 when the slot is empty
+} map_slot;
+
+struct kvp_pool {
+    kvp_config cfg;
+    int32_t bs;            // cfg.block_size
+    int32_t n;             // cfg.num_blocks
+    blk *blocks;           // [n + 1], blocks[n] = free-list sentinel
+    int32_t n_free;        // blocks in the free list
+    int32_t n_cached_free; // hashed blocks in the free list
+    int32_t n_host;        // cfg.num_host_blocks
+    int32_t *host_ref;     // [n_host]
+    int32_t *host_stack;   // [n_host] free host ids, top = host_stack[n_host_free - 1]
+    int32_t n_host_free;
+    map_slot *map; // [map_mask + 1]
+    uint64_t map_mask;
+    int32_t map_n;         // occupied slots (= hashed blocks)
+    int32_t *dev_scratch;  // [n]      zero between calls
+    int32_t *host_scratch; // [n_host] zero between calls
+    unsigned char *hbuf;   // [16 + 4 * bs] hash input: parent hash, token ids
+    int64_t prefix_queries, prefix_hits, evictions;
+};
+
+// ---------------------------------------------------------------------------
+// Free list (doubly linked through blocks[], sentinel at index n)
+
+static void fl_unlink(kvp_pool *p, int32_t b) {
+    blk *x = &p->blocks[b];
+    p->blocks[x->prev].next = x->next;
+    p->blocks[x->next].prev = x->prev;
+}
+
+static void fl_insert_after(kvp_pool *p, int32_t at, int32_t b) {
+    blk *x = &p->blocks[b];
+    x->prev = at;
+    x->next = p->blocks[at].next;
+    p->blocks[x->next].prev = b;
+    p->blocks[at].next = b;
+}
+
+static void fl_push_tail(kvp_pool *p, int32_t b) { fl_insert_after(p, p->blocks[p->n].prev, b); }
+static void fl_push_head(kvp_pool *p, int32_t b) { fl_insert_after(p, p->n, b); }
+
+// ---------------------------------------------------------------------------
+// Prefix-cache map
+
+static uint64_t map_slot_of(const kvp_pool *p, kvp_hash h) { return h.lo & p->map_mask; }
+
+// Block id holding `h`, or -1.
+static int32_t map_find(const kvp_pool *p, kvp_hash h) {
+    for (uint64_t i = map_slot_of(p, h);; i = (i + 1) & p->map_mask) {
+        const map_slot *s = &p->map[i];
+        if (s->id < 0) return -1;
+        if (s->lo == h.lo && s->hi == h.hi) return s->id;
+    }
+}
+
+static void map_insert(kvp_pool *p, kvp_hash h, int32_t id) {
+    uint64_t i = map_slot_of(p, h);
+    while (p->map[i].id >= 0) i = (i + 1) & p->map_mask;
+    p->map[i] = (map_slot){h.lo, h.hi, id};
+    p->map_n++;
+}
+
+// Removes `h` (which must be present), shifting later probes back so that
+// no tombstones are needed.
+static void map_remove(kvp_pool *p, kvp_hash h) {
+    uint64_t i = map_slot_of(p, h);
+    while (!(p->map[i].lo == h.lo && p->map[i].hi == h.hi)) {
+        PG_CHECK(p->map[i].id >= 0);
+        i = (i + 1) & p->map_mask;
+    }
+    for (uint64_t j = (i + 1) & p->map_mask;; j = (j + 1) & p->map_mask) {
+        if (p->map[j].id < 0) break;
+        uint64_t home = p->map[j].lo & p->map_mask;
+        // Entry j may move to the hole i if its home is not in (i, j].
+        bool stays = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
+        if (stays) continue;
+        p->map[i] = p->map[j];
+        i = j;
+    }
+    p->map[i].id = -1;
+    p->map_n--;
+}
+
+// ---------------------------------------------------------------------------
+// Hashing
+
+static kvp_hash hash_block(kvp_pool *p, kvp_hash parent, const int32_t *tokens) {
+    memcpy(p->hbuf, &parent.lo, 8);
+    memcpy(p->hbuf + 8, &parent.hi, 8);
+    memcpy(p->hbuf + 16, tokens, sizeof(int32_t) * (size_t)p->bs);
+    XXH128_hash_t h = XXH3_128bits(p->hbuf, 16 + sizeof(int32_t) * (size_t)p->bs);
+    return (kvp_hash){h.low64, h.high64};
+}
+
+// Extends t->hashes to cover the first `n_blocks` full blocks of `tokens`.
+static void ensure_hashes(kvp_pool *p, kvp_table *t, const int32_t *tokens, int32_t n_blocks) {
+    if (t->n_hashes >= n_blocks) return;
+    if (n_blocks > t->hash_cap) {
+        int32_t cap = t->hash_cap ? t->hash_cap : 8;
+        while (cap < n_blocks) cap *= 2;
+        t->hashes = pg_xrealloc(t->hashes, sizeof(kvp_hash) * (size_t)cap);
+        t->hash_cap = cap;
+    }
+    for (int32_t i = t->n_hashes; i < n_blocks; i++) {
+        kvp_hash parent = i ? t->hashes[i - 1] : ROOT_HASH;
+        t->hashes[i] = hash_block(p, parent, tokens + (size_t)i * (size_t)p->bs);
+    }
+    t->n_hashes = n_blocks;
+}
+
+// Enters block b (held) under hash h, unless h is cached already (another
+// block computed the same content) or b already has a hash.
+static void cache_offer(kvp_pool *p, int32_t b, kvp_hash h) {
+    blk *x = &p->blocks[b];
+    if (x->hashed || map_find(p, h) >= 0) return;
+    map_insert(p, h, b);
+    x->hashed = true;
+    x->hash = h;
+}
+
+// ---------------------------------------------------------------------------
+// Device and host block primitives
+
+// Pops the free-list head (evicting its cached hash) with ref 1.
+static int32_t block_alloc(kvp_pool *p) {
+    int32_t b = p->blocks[p->n].next;
+    PG_CHECK(b != p->n);
+    fl_unlink(p, b);
+    p->n_free--;
+    blk *x = &p->blocks[b];
+    if (x->hashed) {
+        map_remove(p, x->hash);
+        x->hashed = false;
+        p->n_cached_free--;
+        p->evictions++;
+    }
+    x->ref = 1;
+    return b;
+}
+
+// Adds an owner to block b, taking it out of the free list if needed.
+static void block_incref(kvp_pool *p, int32_t b) {
+    blk *x = &p->blocks[b];
+    if (x->ref == 0) {
+        fl_unlink(p, b);
+        p->n_free--;
+        if (x->hashed) p->n_cached_free--;
+    }
+    x->ref++;
+}
+
+static void block_decref(kvp_pool *p, int32_t b) {
+    blk *x = &p->blocks[b];
+    PG_CHECK(b > 0 && x->ref > 0);
+    if (--x->ref > 0) return;
+    p->n_free++;
+    if (x->hashed) {
+        p->n_cached_free++;
+        fl_push_tail(p, b); // keep for reuse as long as possible (LRU)
+    } else {
+        fl_push_head(p, b); // nothing worth keeping: hand out first
+    }
+}
+
+static int32_t host_alloc(kvp_pool *p) {
+    PG_CHECK(p->n_host_free > 0);
+    int32_t h = p->host_stack[--p->n_host_free];
+    p->host_ref[h] = 1;
+    return h;
+}
+
+static void host_decref(kvp_pool *p, int32_t h) {
+    PG_CHECK(h >= 0 && h < p->n_host && p->host_ref[h] > 0);
+    if (--p->host_ref[h] == 0) p->host_stack[p->n_host_free++] = h;
+}
+
+static void moves_push(kvp_moves *m, int32_t from, int32_t to) {
+    if (m->n == m->cap) {
+        m->cap = m->cap ? m->cap * 2 : 16;
+        m->v = pg_xrealloc(m->v, sizeof(kvp_move) * (size_t)m->cap);
+    }
+    m->v[m->n++] = (kvp_move){from, to};
+}
+
+static void table_reserve(kvp_table *t, int32_t n_blocks) {
+    if (n_blocks <= t->cap) return;
+    int32_t cap = t->cap ? t->cap : 4;
+    while (cap < n_blocks) cap *= 2;
+    t->blocks = pg_xrealloc(t->blocks, sizeof(int32_t) * (size_t)cap);
+    t->cap = cap;
+}
+
+static int32_t cdiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
+
+// ---------------------------------------------------------------------------
+// Pool
+
+void kvp_config_default(kvp_config *c) {
+    memset(c, 0, sizeof *c);
+    c->block_size = 16;
+    c->enable_prefix_caching = true;
+}
+
+int kvp_create(const kvp_config *cfg, kvp_pool **out) {
+    *out = NULL;
+    if (cfg->num_blocks < 2)
+        return pg_err_set(PG_EINVAL, "kvpool: num_blocks %d < 2 (block 0 is reserved)",
+                          cfg->num_blocks);
+    if (cfg->block_size < 1 || cfg->block_size > 4096)
+        return pg_err_set(PG_EINVAL, "kvpool: block_size %d out of [1, 4096]", cfg->block_size);
+    if (cfg->num_host_blocks < 0)
+        return pg_err_set(PG_EINVAL, "kvpool: num_host_blocks %d < 0", cfg->num_host_blocks);
+    if (cfg->num_blocks > (1 << 30) || cfg->num_host_blocks > (1 << 30))
+        return pg_err_set(PG_EINVAL, "kvpool: too many blocks");
+
+    kvp_pool *p = pg_xcalloc(1, sizeof *p);
+    p->cfg = *cfg;
+    p->bs = cfg->block_size;
+    p->n = cfg->num_blocks;
+    p->n_host = cfg->num_host_blocks;
+    p->blocks = pg_xcalloc((size_t)p->n + 1, sizeof(blk));
+    p->dev_scratch = pg_xcalloc((size_t)p->n, sizeof(int32_t));
+    p->host_ref = pg_xcalloc((size_t)p->n_host, sizeof(int32_t));
+    p->host_stack = pg_xcalloc((size_t)p->n_host, sizeof(int32_t));
+    p->host_scratch = pg_xcalloc((size_t)p->n_host, sizeof(int32_t));
+    p->hbuf = pg_xmalloc(16 + sizeof(int32_t) * (size_t)p->bs);
+
+    // Free list 1, 2, ..., n-1 so that allocation hands out ascending ids.
+    blk *s = &p->blocks[p->n];
+    s->prev = s->next = p->n;
+    for (int32_t b = 1; b < p->n; b++) fl_push_tail(p, b);
+    p->n_free = p->n - 1;
+    // Host stack: top is 0, so host ids also come out ascending.
+    for (int32_t i = 0; i < p->n_host; i++) p->host_stack[i] = p->n_host - 1 - i;
+    p->n_host_free = p->n_host;
+
+    uint64_t slots = 16;
+    while (slots < 2 * (uint64_t)p->n) slots *= 2;
+    p->map = pg_xmalloc(sizeof(map_slot) * slots);
+    for (uint64_t i = 0; i < slots; i++) p->map[i].id = -1;
+    p->map_mask = slots - 1;
+    *out = p;
+    return 0;
+}
+
+void kvp_destroy(kvp_pool *p) {
+    if (!p) return;
+    free(p->blocks);
+    free(p->dev_scratch);
+    free(p->host_ref);
+    free(p->host_stack);
+    free(p->host_scratch);
+    free(p->hbuf);
+    free(p->map);
+    free(p);
+}
+
+int32_t kvp_block_size(const kvp_pool *p) { return p->bs; }
+int32_t kvp_num_usable(const kvp_pool *p) { return p->n - 1; }
+int32_t kvp_num_free(const kvp_pool *p) { return p->n_free; }
+int32_t kvp_num_host_free(const kvp_pool *p) { return p->n_host_free; }
+int32_t kvp_num_host_blocks(const kvp_pool *p) { return p->n_host; }
+bool kvp_prefix_caching(const kvp_pool *p) { return p->cfg.enable_prefix_caching; }
+
+int32_t kvp_block_ref(const kvp_pool *p, int32_t id) {
+    PG_CHECK(id >= 0 && id < p->n);
+    return p->blocks[id].ref;
+}
+
+int32_t kvp_host_ref(const kvp_pool *p, int32_t id) {
+    PG_CHECK(id >= 0 && id < p->n_host);
+    return p->host_ref[id];
+}
+
+bool kvp_block_cached(const kvp_pool *p, int32_t id) {
+    PG_CHECK(id >= 0 && id < p->n);
+    return p->blocks[id].hashed;
+}
+
+void kvp_stats_get(const kvp_pool *p, kvp_stats *o) {
+    memset(o, 0, sizeof *o);
+    o->num_blocks = p->n - 1;
+    o->num_free = p->n_free;
+    o->num_used = p->n - 1 - p->n_free;
+    o->num_cached = p->map_n;
+    o->num_cached_free = p->n_cached_free;
+    o->usage = (double)o->num_used / (double)o->num_blocks;
+    o->num_host_blocks = p->n_host;
+    o->num_host_free = p->n_host_free;
+    o->host_usage = p->n_host ? (double)(p->n_host - p->n_host_free) / p->n_host : 0.0;
+    o->prefix_queries = p->prefix_queries;
+    o->prefix_hits = p->prefix_hits;
+    o->evictions = p->evictions;
+}
+
+// ---------------------------------------------------------------------------
+// Tables
+
+void kvp_table_init(kvp_table *t) { memset(t, 0, sizeof *t); }
+
+void kvp_table_fini(kvp_table *t) {
+    PG_CHECK(t->n_blocks == 0);
+    free(t->blocks);
+    free(t->hashes);
+    memset(t, 0, sizeof *t);
+}
+
+int32_t kvp_table_lookup(kvp_pool *p, kvp_table *t, const int32_t *tokens, int32_t n_tokens) {
+    if (!p->cfg.enable_prefix_caching || t->n_blocks > 0 || n_tokens <= 0) return 0;
+    int32_t max_blocks = (n_tokens - 1) / p->bs;
+    ensure_hashes(p, t, tokens, max_blocks);
+    int32_t hits = 0;
+    while (hits < max_blocks && map_find(p, t->hashes[hits]) >= 0) hits++;
+    return hits;
+}
+
+void kvp_note_lookup(kvp_pool *p, int32_t n_query_tokens, int32_t n_hit_tokens) {
+    if (!p->cfg.enable_prefix_caching) return;
+    p->prefix_queries += n_query_tokens;
+    p->prefix_hits += n_hit_tokens;
+}
+
+// Walks the batch like kvp_grow would, counting consumed free blocks in
+// *cost; `reset` clears the scratch marks left by a counting pass instead.
+static void grow_walk(const kvp_pool *p, const kvp_grow_item *items, int32_t n, int32_t *cost,
+                      bool reset) {
+    const int32_t bs = p->bs;
+    for (int32_t i = 0; i < n; i++) {
+        const kvp_table *t = items[i].t;
+        int32_t n_tok = t->n_tokens, n_blk = t->n_blocks;
+        if (items[i].n_hits > 0) {
+            PG_CHECK(t->n_blocks == 0 && !t->swapped && items[i].n_hits <= t->n_hashes);
+            for (int32_t j = 0; j < items[i].n_hits; j++) {
+                int32_t b = map_find(p, t->hashes[j]);
+                PG_CHECK(b > 0);
+                if (reset) {
+                    p->dev_scratch[b] = 0;
+                } else if (p->dev_scratch[b]++ == 0 && p->blocks[b].ref == 0) {
+                    (*cost)++; // leaves the free list
+                }
+            }
+            n_tok = items[i].n_hits * bs;
+            n_blk = items[i].n_hits;
+        }
+        if (items[i].n_new <= 0) continue;
+        if (n_tok % bs != 0) {
+            // Partial tail: the k-th writer copies while others still hold it.
+            int32_t tail = t->blocks[n_blk - 1];
+            int32_t *scratch = t->swapped ? p->host_scratch : p->dev_scratch;
+            int32_t ref = t->swapped ? p->host_ref[tail] : p->blocks[tail].ref;
+            if (reset) {
+                scratch[tail] = 0;
+            } else if (++scratch[tail] < ref) {
+                (*cost)++;
+            }
+        }
+        if (!reset) *cost += cdiv(n_tok + items[i].n_new, bs) - n_blk;
+    }
+}
+
+int32_t kvp_grow_cost(const kvp_pool *p, const kvp_grow_item *items, int32_t n) {
+    int32_t cost = 0;
+    grow_walk(p, items, n, &cost, false);
+    grow_walk(p, items, n, NULL, true);
+    return cost;
+}
+
+int kvp_grow(kvp_pool *p, const kvp_grow_item *items, int32_t n, kvp_moves *copies) {
+    int32_t cost = kvp_grow_cost(p, items, n);
+    if (cost > p->n_free) return PG_ENOSPC;
+    const int32_t bs = p->bs;
+    // Adopt all hits first so that no allocation below can evict them.
+    for (int32_t i = 0; i < n; i++) {
+        kvp_table *t = items[i].t;
+        if (items[i].n_hits <= 0) continue;
+        table_reserve(t, items[i].n_hits);
+        for (int32_t j = 0; j < items[i].n_hits; j++) {
+            int32_t b = map_find(p, t->hashes[j]);
+            block_incref(p, b);
+            t->blocks[j] = b;
+        }
+        t->n_blocks = t->n_cached = items[i].n_hits;
+        t->n_tokens = items[i].n_hits * bs;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        kvp_table *t = items[i].t;
+        int32_t n_new = items[i].n_new;
+        PG_CHECK(!t->swapped && n_new >= 0);
+        if (n_new == 0) continue;
+        if (t->n_tokens % bs != 0) {
+            int32_t tail = t->blocks[t->n_blocks - 1];
+            if (p->blocks[tail].ref > 1) { // copy on write
+                int32_t nb = block_alloc(p);
+                moves_push(copies, tail, nb);
+                block_decref(p, tail);
+                t->blocks[t->n_blocks - 1] = nb;
+            }
+        }
+        int32_t need = cdiv(t->n_tokens + n_new, bs);
+        table_reserve(t, need);
+        while (t->n_blocks < need) t->blocks[t->n_blocks++] = block_alloc(p);
+        t->n_tokens += n_new;
+    }
+    return 0;
+}
+
+void kvp_table_commit(kvp_pool *p, kvp_table *t, const int32_t *tokens, int32_t n_computed) {
+    if (!p->cfg.enable_prefix_caching) return;
+    PG_CHECK(!t->swapped && n_computed <= t->n_tokens);
+    int32_t n_full = n_computed / p->bs;
+    if (n_full <= t->n_cached) return;
+    ensure_hashes(p, t, tokens, n_full);
+    for (int32_t i = t->n_cached; i < n_full; i++) cache_offer(p, t->blocks[i], t->hashes[i]);
+    t->n_cached = n_full;
+}
+
+// Gives dst the hashes of src's full blocks inside their common first
+// n_common_tokens (dst's own are kept where it has more), so that dst can
+// re-offer the blocks it takes over without their tokens.
+static void inherit_hashes(const kvp_pool *p, const kvp_table *src, kvp_table *dst,
+                           int32_t n_common_tokens) {
+    int32_t nh = n_common_tokens / p->bs;
+    if (nh > src->n_hashes) nh = src->n_hashes;
+    if (nh <= dst->n_hashes) return;
+    if (nh > dst->hash_cap) {
+        dst->hashes = pg_xrealloc(dst->hashes, sizeof(kvp_hash) * (size_t)nh);
+        dst->hash_cap = nh;
+    }
+    memcpy(dst->hashes, src->hashes, sizeof(kvp_hash) * (size_t)nh);
+    dst->n_hashes = nh;
+}
+
+void kvp_table_fork(kvp_pool *p, const kvp_table *src, kvp_table *dst, int32_t n_common_tokens) {
+    PG_CHECK(dst != src && dst->n_blocks == 0);
+    table_reserve(dst, src->n_blocks);
+    for (int32_t i = 0; i < src->n_blocks; i++) {
+        int32_t b = src->blocks[i];
+        if (src->swapped) {
+            p->host_ref[b]++;
+        } else {
+            block_incref(p, b);
+        }
+        dst->blocks[i] = b;
+    }
+    dst->n_blocks = src->n_blocks;
+    dst->n_tokens = src->n_tokens;
+    dst->n_cached = src->n_cached;
+    dst->swapped = src->swapped;
+    inherit_hashes(p, src, dst, n_common_tokens);
+}
+
+void kvp_table_move_blocks(kvp_pool *p, kvp_table *dst, kvp_table *src, int32_t n_common_tokens) {
+    PG_CHECK(dst != src && dst->n_blocks == 0);
+    inherit_hashes(p, src, dst, n_common_tokens);
+    int32_t *blocks = dst->blocks, cap = dst->cap;
+    dst->blocks = src->blocks;
+    dst->cap = src->cap;
+    dst->n_blocks = src->n_blocks;
+    dst->n_tokens = src->n_tokens;
+    dst->n_cached = src->n_cached;
+    dst->swapped = src->swapped;
+    src->blocks = blocks;
+    src->cap = cap;
+    src->n_blocks = src->n_tokens = src->n_cached = 0;
+    src->swapped = false;
+}
+
+void kvp_table_release(kvp_pool *p, kvp_table *t) {
+    for (int32_t i = t->n_blocks - 1; i >= 0; i--) {
+        if (t->swapped) {
+            host_decref(p, t->blocks[i]);
+        } else {
+            block_decref(p, t->blocks[i]);
+        }
+    }
+    t->n_blocks = t->n_tokens = t->n_cached = 0;
+    t->swapped = false;
+}
+
+// ---------------------------------------------------------------------------
+// Swap
+
+// Distinct blocks of `tables` in one space (scratch marks are cleared).
+static int32_t distinct_blocks(const kvp_pool *p, kvp_table *const *tables, int32_t n, bool host) {
+    int32_t *scratch = host ? p->host_scratch : p->dev_scratch, count = 0;
+    for (int32_t i = 0; i < n; i++) {
+        PG_CHECK(tables[i]->n_blocks == 0 || tables[i]->swapped == host);
+        for (int32_t j = 0; j < tables[i]->n_blocks; j++)
+            if (scratch[tables[i]->blocks[j]]++ == 0) count++;
+    }
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t j = 0; j < tables[i]->n_blocks; j++) scratch[tables[i]->blocks[j]] = 0;
+    return count;
+}
+
+int32_t kvp_swap_out_cost(const kvp_pool *p, kvp_table *const *tables, int32_t n) {
+    return distinct_blocks(p, tables, n, false);
+}
+
+int32_t kvp_swap_in_cost(const kvp_pool *p, kvp_table *const *tables, int32_t n) {
+    return distinct_blocks(p, tables, n, true);
+}
+
+// Moves `tables` from one space to the other. `to_host` selects direction.
+static void swap_tables(kvp_pool *p, kvp_table *const *tables, int32_t n, kvp_moves *moves,
+                        bool to_host) {
+    int32_t *map = to_host ? p->dev_scratch : p->host_scratch; // old id -> new id + 1
+    int32_t first = moves->n;
+    // Pass 1: a new block per distinct old block, extra refs for sharing.
+    for (int32_t i = 0; i < n; i++) {
+        kvp_table *t = tables[i];
+        for (int32_t j = 0; j < t->n_blocks; j++) {
+            int32_t b = t->blocks[j];
+            if (map[b] == 0) {
+                int32_t nb = to_host ? host_alloc(p) : block_alloc(p);
+                map[b] = nb + 1;
+                moves_push(moves, b, nb);
+            } else if (to_host) {
+                p->host_ref[map[b] - 1]++;
+            } else {
+                p->blocks[map[b] - 1].ref++;
+            }
+        }
+    }
+    // Pass 2: drop the old refs tail first and rewrite the tables.
+    for (int32_t i = 0; i < n; i++) {
+        kvp_table *t = tables[i];
+        for (int32_t j = t->n_blocks - 1; j >= 0; j--) {
+            int32_t b = t->blocks[j];
+            if (to_host) {
+                block_decref(p, b);
+            } else {
+                host_decref(p, b);
+            }
+            t->blocks[j] = map[b] - 1;
+        }
+        t->swapped = to_host;
+    }
+    for (int32_t k = first; k < moves->n; k++) map[moves->v[k].from] = 0;
+    if (to_host) return;
+    // Back on the device: what was cached before is cacheable again.
+    for (int32_t i = 0; i < n; i++) {
+        kvp_table *t = tables[i];
+        PG_CHECK(t->n_cached <= t->n_hashes || t->n_cached == 0);
+        for (int32_t j = 0; j < t->n_cached; j++) cache_offer(p, t->blocks[j], t->hashes[j]);
+    }
+}
+
+int kvp_swap_out(kvp_pool *p, kvp_table *const *tables, int32_t n, kvp_moves *moves) {
+    if (kvp_swap_out_cost(p, tables, n) > p->n_host_free) return PG_ENOSPC;
+    swap_tables(p, tables, n, moves, true);
+    return 0;
+}
+
+int kvp_swap_in(kvp_pool *p, kvp_table *const *tables, int32_t n, kvp_moves *moves) {
+    if (kvp_swap_in_cost(p, tables, n) > p->n_free) return PG_ENOSPC;
+    swap_tables(p, tables, n, moves, false);
+    return 0;
+}
+
+// ---------------------------------------------------------------------------
+// Moves lists and checks
+
+void kvp_moves_fini(kvp_moves *m) {
+    free(m->v);
+    memset(m, 0, sizeof *m);
+}
+
+int kvp_check(const kvp_pool *p, const int32_t *dev_owners, const int32_t *host_owners) {
+    int rc = 0;
+    unsigned char *seen = pg_xcalloc((size_t)(p->n > p->n_host ? p->n : p->n_host) + 1, 1);
+    if (p->blocks[0].ref != 0 || dev_owners[0] != 0) {
+        rc = pg_err_set(PG_EINVAL, "kvpool: null block 0 is owned");
+        goto done;
+    }
+    int32_t n_zero = 0, n_hashed = 0, n_hashed_free = 0;
+    for (int32_t b = 1; b < p->n; b++) {
+        const blk *x = &p->blocks[b];
+        if (x->ref != dev_owners[b]) {
+            rc = pg_err_set(PG_EINVAL, "kvpool: block %d ref %d but %d owners", b, x->ref,
+                            dev_owners[b]);
+            goto done;
+        }
+        n_zero += x->ref == 0;
+        if (x->hashed) {
+            n_hashed++;
+            n_hashed_free += x->ref == 0;
+            if (map_find(p, x->hash) != b) {
+                rc = pg_err_set(PG_EINVAL, "kvpool: block %d hash not mapped to it", b);
+                goto done;
+            }
+        }
+    }
+    int32_t walked = 0;
+    for (int32_t b = p->blocks[p->n].next; b != p->n; b = p->blocks[b].next) {
+        if (b <= 0 || b > p->n || seen[b] || p->blocks[b].ref != 0 || walked > p->n) {
+            rc = pg_err_set(PG_EINVAL, "kvpool: free list corrupt at block %d", b);
+            goto done;
+        }
+        if (p->blocks[p->blocks[b].next].prev != b) {
+            rc = pg_err_set(PG_EINVAL, "kvpool: free list back link broken at %d", b);
+            goto done;
+        }
+        seen[b] = 1;
+        walked++;
+    }
+    if (walked != p->n_free || n_zero != p->n_free) {
+        rc = pg_err_set(PG_EINVAL, "kvpool: %d blocks in free list, %d with ref 0, n_free %d",
+                        walked, n_zero, p->n_free);
+        goto done;
+    }
+    if (n_hashed != p->map_n || n_hashed_free != p->n_cached_free) {
+        rc = pg_err_set(PG_EINVAL, "kvpool: %d hashed (%d free) but map %d (%d free)", n_hashed,
+                        n_hashed_free, p->map_n, p->n_cached_free);
+        goto done;
+    }
+    memset(seen, 0, (size_t)(p->n > p->n_host ? p->n : p->n_host) + 1);
+    int32_t host_zero = 0;
+    for (int32_t h = 0; h < p->n_host; h++) {
+        int32_t owners = host_owners ? host_owners[h] : 0;
+        if (p->host_ref[h] != owners) {
+            rc = pg_err_set(PG_EINVAL, "kvpool: host block %d ref %d but %d owners", h,
+                            p->host_ref[h], owners);
+            goto done;
+        }
+        host_zero += owners == 0;
+    }
+    for (int32_t i = 0; i < p->n_host_free; i++) {
+        int32_t h = p->host_stack[i];
+        if (h < 0 || h >= p->n_host || seen[h] || p->host_ref[h] != 0) {
+            rc = pg_err_set(PG_EINVAL, "kvpool: host free stack corrupt at %d", h);
+            goto done;
+        }
+        seen[h] = 1;
+    }
+    if (host_zero != p->n_host_free)
+        rc = pg_err_set(PG_EINVAL, "kvpool: %d host blocks unowned, %d free", host_zero,
+                        p->n_host_free);
+done:
+    free(seen);
+    return rc;
+}

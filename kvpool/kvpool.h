@@ -1,0 +1,219 @@
+// kvpool/kvpool.h - KV block pool bookkeeping: block numbers, never memory.
+//
+// The pool hands out device block ids 1..num_blocks-1 (block 0 is the null
+// block, never handed out) and host (swap) block ids 0..num_host_blocks-1.
+// The runner owns the memory those ids index; the pool only counts owners.
+//
+// Device blocks
+//   - ref counts: a block's ref is the number of block tables holding it.
+//     A block with ref 0 sits in the free list (allocatable).
+//   - free list: doubly linked, LRU order. Allocation pops the head. A freed
+//     block that carries a prefix-cache hash is appended at the tail (kept
+//     for reuse as long as possible); one without a hash is pushed at the
+//     head (nothing to keep). Tables are freed tail first, so of a freed
+//     sequence the head blocks (shared prompts) are evicted last.
+//   - prefix cache (automatic prefix caching, vLLM style): a FULL block of a
+//     sequence is keyed by h_i = XXH3_128(h_{i-1} || its block_size token
+//     ids), h_{-1} a fixed constant. A block is offered to the cache only
+//     once its tokens were computed (kvp_table_commit, after the forward),
+//     so a same-step lookup can never read a block still being written.
+//     Cached blocks whose ref drops to 0 stay findable until the free list
+//     hands them out again (eviction = popping a hashed block).
+//   - allocation is all or nothing: kvp_grow() either performs every
+//     growth in its batch or returns PG_ENOSPC and changes nothing.
+//
+// Block tables (kvp_table): one per sequence, covering positions
+// [0, n_tokens). Sharing (parallel sampling, prefix hits) is by ref count;
+// writing into a shared partial tail block first copies it (copy on write)
+// into a fresh block and reports the copy as a move for the runner.
+//
+// Swap: kvp_swap_out() / kvp_swap_in() move whole tables between device
+// and host ids, keeping sibling sharing, and report (from, to) moves.
+//
+// Not thread-safe: one thread (the engine loop) owns a pool.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct kvp_pool kvp_pool;
+
+typedef struct kvp_config {
+    int32_t num_blocks;         // device blocks including the null block 0 (>= 2)
+    int32_t num_host_blocks;    // host swap blocks (0 = no swap space)
+    int32_t block_size;         // tokens per block (default 16)
+    bool enable_prefix_caching; // default true
+} kvp_config;
+
+// A 128-bit chained block hash.
+typedef struct kvp_hash {
+    uint64_t lo, hi;
+} kvp_hash;
+
+// A block move planned for the runner: copy block `from` into block `to`.
+typedef struct kvp_move {
+    int32_t from, to;
+} kvp_move;
+
+// A growable list of moves, owned by the caller (kvp_moves_fini frees it).
+typedef struct kvp_moves {
+    kvp_move *v; // [n]
+    int32_t n, cap;
+} kvp_moves;
+
+// The block table of one sequence. Initialise with kvp_table_init, release
+// its blocks with kvp_table_release and its memory with kvp_table_fini.
+// Fields are read-only outside kvpool.
+typedef struct kvp_table {
+    int32_t *blocks;  // [n_blocks] device block ids (host ids while swapped)
+    int32_t n_blocks; // = ceil(n_tokens / block_size)
+    int32_t cap;      // allocated length of blocks
+    int32_t n_tokens; // positions [0, n_tokens) have a slot
+    int32_t n_cached; // blocks [0, n_cached) were offered to the prefix cache
+    bool swapped;     // blocks[] are host ids
+    kvp_hash *hashes; // [n_hashes] chained hashes of the sequence's full
+    int32_t n_hashes; //   blocks, from its token ids; kept across release
+    int32_t hash_cap; //   (tokens never change) so re-admission is cheap
+} kvp_table;
+
+// One growth in a kvp_grow batch: adopt `n_hits` cached blocks found by
+// kvp_table_lookup (only on an empty table), then add `n_new` token slots.
+typedef struct kvp_grow_item {
+    kvp_table *t;
+    int32_t n_hits;
+    int32_t n_new;
+} kvp_grow_item;
+
+typedef struct kvp_stats {
+    int32_t num_blocks;      // usable device blocks (excludes the null block)
+    int32_t num_free;        // allocatable now (includes evictable cached)
+    int32_t num_used;        // ref > 0
+    int32_t num_cached;      // blocks holding a prefix-cache hash
+    int32_t num_cached_free; // cached with ref 0 (evictable)
+    double usage;            // num_used / num_blocks, 0..1
+    int32_t num_host_blocks;
+    int32_t num_host_free;
+    double host_usage;      // 0..1 (0 when there is no swap space)
+    int64_t prefix_queries; // tokens looked up in the prefix cache
+    int64_t prefix_hits;    // of those, tokens found cached
+    int64_t evictions;      // cached blocks handed out again
+} kvp_stats;
+
+// Fills `c` with defaults: block_size 16, prefix caching on, no host blocks,
+// num_blocks 0 (the caller must set it).
+void kvp_config_default(kvp_config *c);
+
+// Creates a pool. Fails with PG_EINVAL on a bad config.
+int kvp_create(const kvp_config *cfg, kvp_pool **out);
+
+// Frees the pool. Tables still holding blocks must not be used afterwards.
+void kvp_destroy(kvp_pool *p);
+
+int32_t kvp_block_size(const kvp_pool *p);
+// Usable device blocks: num_blocks - 1.
+int32_t kvp_num_usable(const kvp_pool *p);
+// Device blocks allocatable now, including evictable cached blocks.
+int32_t kvp_num_free(const kvp_pool *p);
+int32_t kvp_num_host_free(const kvp_pool *p);
+int32_t kvp_num_host_blocks(const kvp_pool *p);
+bool kvp_prefix_caching(const kvp_pool *p);
+
+// Snapshot of the counters.
+void kvp_stats_get(const kvp_pool *p, kvp_stats *out);
+
+// Device ref count of block `id` (for tests and invariant checks).
+int32_t kvp_block_ref(const kvp_pool *p, int32_t id);
+// Host ref count of host block `id`.
+int32_t kvp_host_ref(const kvp_pool *p, int32_t id);
+// Whether device block `id` is in the prefix cache.
+bool kvp_block_cached(const kvp_pool *p, int32_t id);
+
+// ---------------------------------------------------------------------------
+// Tables
+
+void kvp_table_init(kvp_table *t);
+
+// Frees the table's memory. The table must hold no blocks (release first).
+void kvp_table_fini(kvp_table *t);
+
+// Longest cached prefix of the sequence `tokens[0..n_tokens)`, in blocks,
+// capped so that at least the last token is left to compute (a hit never
+// covers all n_tokens: the last position's logits are needed). Computes and
+// keeps the chained hashes it needs in `t`. Returns 0 when caching is off or
+// the table already holds blocks. Changes no ref count and no statistic:
+// pass the result to kvp_grow (nothing may allocate in between) and, once
+// the lookup is acted on, report it with kvp_note_lookup.
+int32_t kvp_table_lookup(kvp_pool *p, kvp_table *t, const int32_t *tokens, int32_t n_tokens);
+
+// Adds a lookup to the prefix-cache statistics (vLLM counts tokens: the
+// query is the sequence's length, the hit the cached prefix).
+void kvp_note_lookup(kvp_pool *p, int32_t n_query_tokens, int32_t n_hit_tokens);
+
+// Free device blocks the batch would consume: new blocks, copy-on-write
+// copies and cached hits taken out of the free list. Exact, also when
+// several items write into the same shared tail block (the last writer
+// keeps the original). Items on swapped tables are costed as if swapped in
+// first (the swap-in itself is counted by kvp_swap_in_cost). Pure.
+int32_t kvp_grow_cost(const kvp_pool *p, const kvp_grow_item *items, int32_t n);
+
+// Performs the batch: for each item adopts its hits, copies a shared partial
+// tail block before the first write into it (appending (old, new) to
+// `copies`), and allocates blocks for the new slots. All or nothing: when
+// kvp_grow_cost > kvp_num_free returns PG_ENOSPC and changes nothing.
+// Tables must be on the device. Each table appears at most once.
+int kvp_grow(kvp_pool *p, const kvp_grow_item *items, int32_t n, kvp_moves *copies);
+
+// Records that positions [0, n_computed) of the sequence now hold computed
+// KV for `tokens`: full blocks not yet offered are keyed and entered in the
+// prefix cache (a block whose hash is already cached elsewhere stays
+// private). No-op when caching is off. Call after the forward that wrote
+// them, never before.
+void kvp_table_commit(kvp_pool *p, kvp_table *t, const int32_t *tokens, int32_t n_computed);
+
+// Makes `dst` (holding no blocks) share every block of `src` (refs + 1),
+// device or host alike. The sequences must agree on their first
+// `n_common_tokens` tokens; dst inherits the hashes of the full blocks
+// inside that prefix.
+void kvp_table_fork(kvp_pool *p, const kvp_table *src, kvp_table *dst, int32_t n_common_tokens);
+
+// Moves the blocks of `src` into `dst`, which holds none; `src` ends up
+// empty. For handing a prompt's table to another sequence of the same
+// prompt: they agree on their first `n_common_tokens` tokens (which must
+// cover the blocks src offered to the cache), whose hashes dst inherits.
+void kvp_table_move_blocks(kvp_pool *p, kvp_table *dst, kvp_table *src, int32_t n_common_tokens);
+
+// Drops the table's blocks, tail first (device or host). Keeps the hashes.
+void kvp_table_release(kvp_pool *p, kvp_table *t);
+
+// ---------------------------------------------------------------------------
+// Swap
+
+// Host blocks needed to swap out `tables` (distinct device blocks; blocks
+// shared between these tables are copied once).
+int32_t kvp_swap_out_cost(const kvp_pool *p, kvp_table *const *tables, int32_t n);
+
+// Moves `tables` (all on the device) to host blocks: appends a
+// (device, host) move per distinct block to `moves`, drops the device refs
+// (tail first) and leaves the tables swapped with the same sharing.
+// PG_ENOSPC (nothing changed) when the host has too few free blocks.
+int kvp_swap_out(kvp_pool *p, kvp_table *const *tables, int32_t n, kvp_moves *moves);
+
+// Device blocks needed to swap `tables` back in.
+int32_t kvp_swap_in_cost(const kvp_pool *p, kvp_table *const *tables, int32_t n);
+
+// Moves swapped `tables` back to fresh device blocks: appends a
+// (host, device) move per distinct block, frees the host blocks and offers
+// the blocks that were cached before the swap to the prefix cache again.
+// PG_ENOSPC (nothing changed) when the device has too few free blocks.
+int kvp_swap_in(kvp_pool *p, kvp_table *const *tables, int32_t n, kvp_moves *moves);
+
+// ---------------------------------------------------------------------------
+// Moves lists and checks
+
+void kvp_moves_fini(kvp_moves *m);
+
+// Verifies the pool against the owners the caller counted:
+// dev_owners[id] (num_blocks entries) and host_owners[id] (num_host_blocks
+// entries, may be NULL when there is none) must equal the ref counts, and the
+// free list, free counts and prefix-cache map must be consistent. Returns 0,
+// or PG_EINVAL with the first mismatch in pg_err_msg(). O(blocks).
+int kvp_check(const kvp_pool *p, const int32_t *dev_owners, const int32_t *host_owners);

@@ -1,0 +1,90 @@
+// scheduler/plan.h - the contract between the scheduler and the runner.
+//
+// The scheduler produces a pg_batch_plan each step and consumes a
+// pg_step_output; it knows nothing of tensors. The runner (engine/) needs
+// nothing but the plan to execute a step. All pointers in a plan are owned
+// by the scheduler and stay valid until sched_update() for that step.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#define PG_MAX_LOGPROBS 20
+#define PG_MAX_STOP_IDS 64
+
+// Sampling parameters of one request (vLLM's names and defaults).
+typedef struct pg_sampling_params {
+    float temperature;        // 0 = greedy
+    float top_p;              // 1 = off
+    int32_t top_k;            // 0 or -1 = off
+    float min_p;              // 0 = off
+    float repetition_penalty; // 1 = off; over prompt and output tokens
+    float presence_penalty;   // 0 = off; over output tokens
+    float frequency_penalty;  // 0 = off; over output tokens
+    uint64_t seed;            // used when has_seed
+    bool has_seed;
+    int32_t n;                // parallel samples
+    int32_t max_tokens;
+    int32_t min_tokens;       // EOS and stop ids are masked until reached
+    bool ignore_eos;
+    int32_t logprobs;         // -1 = none, 0..PG_MAX_LOGPROBS top entries
+    int32_t n_stop_ids;
+    int32_t stop_ids[PG_MAX_STOP_IDS];
+} pg_sampling_params;
+
+// Fills `p` with the defaults: temperature 1, top_p 1, top_k off, n 1,
+// max_tokens 16, logprobs -1, no penalties, no seed.
+void pg_sampling_params_default(pg_sampling_params *p);
+
+// One sequence scheduled in a step: a prefill chunk or one decode token.
+typedef struct pg_plan_seq {
+    int64_t seq_id;
+    const int32_t *tokens;     // [n_tokens] token ids to run this step
+    int32_t n_tokens;
+    int32_t start_pos;         // position of tokens[0] (= computed tokens)
+    const int32_t *block_table;// [n_blocks] KV block ids covering
+    int32_t n_blocks;          //   positions [0, start_pos + n_tokens)
+    bool sample;               // sample a token after the last position
+    // For sampling (valid when sample): the parameters, the whole token
+    // history (prompt then output) for penalties, and how many tokens this
+    // sequence has sampled so far (the seeded RNG's counter).
+    const pg_sampling_params *sp;
+    const int32_t *history;    // [n_history]
+    int32_t n_history;
+    int32_t n_prompt;          // history[0..n_prompt) is the prompt
+    int32_t n_generated;
+    uint64_t rng_seed;         // per-sequence seed (request seed, or random)
+    bool mask_eos;             // min_tokens not reached: EOS/stop ids banned
+    int32_t eos_id;            // -1 when none
+} pg_plan_seq;
+
+// A block move: from -> to (device<->host swaps, or device copy for COW).
+typedef struct {
+    int32_t from, to;
+} pg_block_move;
+
+typedef struct pg_batch_plan {
+    int32_t n_seqs;
+    pg_plan_seq *seqs;         // [n_seqs]
+    int32_t n_tokens;          // sum of seqs[i].n_tokens
+    // Moves to perform before the forward, in this order: swap-out
+    // (device -> host), swap-in (host -> device), copies (device -> device).
+    int32_t n_swap_out, n_swap_in, n_copies;
+    const pg_block_move *swap_out;
+    const pg_block_move *swap_in;
+    const pg_block_move *copies;
+} pg_batch_plan;
+
+// What the runner returns for each sequence with sample = true.
+typedef struct pg_seq_output {
+    int64_t seq_id;
+    int32_t token;
+    float logprob;             // log-softmax of the sampled token (raw logits)
+    int32_t n_top;             // sp->logprobs entries when requested
+    int32_t top_ids[PG_MAX_LOGPROBS];
+    float top_logprobs[PG_MAX_LOGPROBS];
+} pg_seq_output;
+
+typedef struct pg_step_output {
+    int32_t n;
+    pg_seq_output *outs;       // [n], in plan order of the sampled sequences
+} pg_step_output;

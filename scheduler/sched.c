@@ -1,0 +1,1084 @@
+// scheduler/sched.c - continuous-batching scheduler.
+//
+// Containers (a request is in exactly one of them while live):
+//   waiting  binary heap by key, holds no blocks (new or recompute-preempted)
+//   swapped  binary heap by key, holds host blocks
+//   running  array sorted by key, holds device blocks
+// key = (priority under the priority policy else 0, arrival_ns, admission
+// counter): the head of a heap is served first, the tail of `running` is the
+// preemption victim. Requests are also indexed by id (open-addressing map)
+// for abort.
+//
+// Per step (sched_step): running requests in key order get their tokens
+// (preempting from the tail when the pool is out of blocks); then, if nothing
+// was preempted, swapped requests come back (head first, stop at the first
+// that does not fit), and once none is swapped, waiting ones are admitted
+// (same head-of-line rule, so nobody is overtaken forever). All plan memory
+// stays put until sched_update: token arrays grow only in sched_update
+// (after the runner is done with the plan) and block tables only inside
+// sched_step.
+#include "scheduler/sched.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "common/err.h"
+
+typedef enum { RQ_WAITING, RQ_RUNNING, RQ_SWAPPED, RQ_FINISHED } rq_state;
+
+struct req;
+
+typedef struct seq {
+    struct req *owner;
+    int32_t index;      // in the request, 0..n-1
+    int64_t seq_id;     // owner id * SCHED_MAX_N + index
+    int32_t *hist;      // [hist_cap] prompt then output; grows only in
+    int32_t n_hist;     //   sched_update, when no plan points into it
+    int32_t hist_cap;   //   (<= n_prompt + max_tokens)
+    int32_t n_computed; // positions with KV written (table.n_tokens outside a step)
+    int32_t n_sched;    // tokens in the plan in flight
+    uint64_t rng_seed;
+    kvp_table table;
+    sched_finish_reason finish;  // NONE while live
+    sched_finish_reason pending; // finish asked for while in flight
+    int32_t stop_token;
+    bool ev_end;                 // ended since its request's events were last emitted
+    const pg_seq_output *ev_out; // token sampled in this update, or NULL
+} seq;
+
+typedef struct req {
+    int64_t id;
+    pg_sampling_params sp;
+    int32_t prio;       // key: priority (priority policy) or 0
+    int64_t arrival_ns; // key
+    uint64_t order;     // key: admission counter
+    int32_t eos_id;     // -1 when none or ignore_eos
+    int32_t n_prompt;
+    int32_t n;      // sequences
+    int32_t n_live; // not finished
+    int32_t lead;   // sequence computing the prompt before the fork
+    bool forked;    // live sequences hold their own tables
+    rq_state state;
+    int32_t qpos;          // index in its heap or in running[]
+    bool in_flight;        // has entries in the plan in flight
+    bool abort_pending;    // aborted while in flight
+    bool usage_cached_set; // cached_tokens recorded (first admission)
+    sched_usage usage;
+    seq seqs[]; // [n]
+} req;
+
+typedef struct rheap {
+    req **v; // [n]
+    int32_t n, cap;
+} rheap;
+
+typedef struct idmap {
+    int64_t *keys; // [mask + 1]
+    req **vals;    // [mask + 1], NULL = empty slot
+    uint64_t mask;
+    int32_t n;
+} idmap;
+
+typedef struct evbuf {
+    sched_event *v; // [n]
+    int32_t n, cap;
+} evbuf;
+
+typedef struct budget {
+    int32_t tokens, seqs;
+} budget;
+
+struct sched {
+    sched_config cfg;
+    kvp_pool *pool;
+    int32_t bs;
+    idmap ids;
+    rheap waiting, swapped;
+    req **run; // [n_run] running, sorted by key
+    int32_t n_run, run_cap;
+    int32_t running_seqs; // live sequences of running requests
+    uint64_t order;       // next admission counter
+    uint64_t rng;         // seeds for unseeded requests
+    int64_t now;          // clock at the start of the current call
+    // The plan in flight and its scratch.
+    bool in_flight;
+    bool preempted; // this step preempted someone
+    pg_batch_plan plan;
+    pg_plan_seq *pseqs; // [max_num_seqs]
+    seq **pref;         // [max_num_seqs] plan entry -> sequence
+    req **preq;         // [max_num_seqs] distinct requests, plan order
+    int32_t n_preq;
+    kvp_moves copies, swap_out, swap_in;
+    pg_block_move *mv; // [mv_cap] plan's moves: swap-out, swap-in, copies
+    int32_t mv_cap;
+    kvp_grow_item items[SCHED_MAX_N];
+    seq *iseq[SCHED_MAX_N]; // items[i] belongs to iseq[i]
+    kvp_table *tabs[SCHED_MAX_N];
+    // Events.
+    evbuf ev, pending;
+    req **dead; // [n_dead] finished during sched_update, freed at its end
+    int32_t n_dead, dead_cap;
+    sched_stats st; // counters (the queue sizes are filled on demand)
+};
+
+// ---------------------------------------------------------------------------
+// Small helpers
+
+static int64_t sched_clock(const sched *s) {
+    return s->cfg.now_ns ? s->cfg.now_ns(s->cfg.now_ctx) : pg_now_ns();
+}
+
+static uint64_t mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static int32_t cdiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
+
+static void *grow_array(void *v, int32_t *cap, int32_t need, size_t elem) {
+    if (need <= *cap) return v;
+    int32_t c = *cap ? *cap : 16;
+    while (c < need) c *= 2;
+    *cap = c;
+    return pg_xrealloc(v, elem * (size_t)c);
+}
+
+// True when a is served before b.
+static bool req_before(const req *a, const req *b) {
+    if (a->prio != b->prio) return a->prio < b->prio;
+    if (a->arrival_ns != b->arrival_ns) return a->arrival_ns < b->arrival_ns;
+    return a->order < b->order;
+}
+
+// ---------------------------------------------------------------------------
+// Heaps (indexed: req->qpos is the position, for O(log n) removal)
+
+static void heap_set(rheap *h, int32_t i, req *r) {
+    h->v[i] = r;
+    r->qpos = i;
+}
+
+static void heap_up(rheap *h, int32_t i) {
+    req *r = h->v[i];
+    while (i > 0) {
+        int32_t parent = (i - 1) / 2;
+        if (!req_before(r, h->v[parent])) break;
+        heap_set(h, i, h->v[parent]);
+        i = parent;
+    }
+    heap_set(h, i, r);
+}
+
+static void heap_down(rheap *h, int32_t i) {
+    req *r = h->v[i];
+    for (;;) {
+        int32_t c = 2 * i + 1;
+        if (c >= h->n) break;
+        if (c + 1 < h->n && req_before(h->v[c + 1], h->v[c])) c++;
+        if (!req_before(h->v[c], r)) break;
+        heap_set(h, i, h->v[c]);
+        i = c;
+    }
+    heap_set(h, i, r);
+}
+
+static void heap_push(rheap *h, req *r) {
+    h->v = grow_array(h->v, &h->cap, h->n + 1, sizeof(req *));
+    h->v[h->n] = r;
+    heap_up(h, h->n++);
+}
+
+static void heap_remove(rheap *h, req *r) {
+    int32_t i = r->qpos;
+    PG_CHECK(i >= 0 && i < h->n && h->v[i] == r);
+    req *last = h->v[--h->n];
+    if (i == h->n) return;
+    heap_set(h, i, last);
+    heap_down(h, i);
+    heap_up(h, last->qpos);
+}
+
+// ---------------------------------------------------------------------------
+// Running array (sorted by key)
+
+static void run_insert(sched *s, req *r) {
+    s->run = grow_array(s->run, &s->run_cap, s->n_run + 1, sizeof(req *));
+    int32_t lo = 0, hi = s->n_run; // first position whose request is after r
+    while (lo < hi) {
+        int32_t mid = (lo + hi) / 2;
+        if (req_before(s->run[mid], r)) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    memmove(s->run + lo + 1, s->run + lo, sizeof(req *) * (size_t)(s->n_run - lo));
+    s->run[lo] = r;
+    s->n_run++;
+    for (int32_t i = lo; i < s->n_run; i++) s->run[i]->qpos = i;
+}
+
+static void run_remove(sched *s, req *r) {
+    int32_t i = r->qpos;
+    PG_CHECK(i >= 0 && i < s->n_run && s->run[i] == r);
+    memmove(s->run + i, s->run + i + 1, sizeof(req *) * (size_t)(s->n_run - i - 1));
+    s->n_run--;
+    for (int32_t j = i; j < s->n_run; j++) s->run[j]->qpos = j;
+}
+
+// ---------------------------------------------------------------------------
+// Id map (linear probing, backward-shift deletion)
+
+static req *idmap_get(const idmap *m, int64_t id) {
+    if (!m->n) return NULL;
+    for (uint64_t i = mix64((uint64_t)id) & m->mask;; i = (i + 1) & m->mask) {
+        if (!m->vals[i]) return NULL;
+        if (m->keys[i] == id) return m->vals[i];
+    }
+}
+
+static void idmap_put_raw(idmap *m, int64_t id, req *r) {
+    uint64_t i = mix64((uint64_t)id) & m->mask;
+    while (m->vals[i]) i = (i + 1) & m->mask;
+    m->keys[i] = id;
+    m->vals[i] = r;
+    m->n++;
+}
+
+static void idmap_put(idmap *m, int64_t id, req *r) {
+    if (!m->vals || (uint64_t)(m->n + 1) * 2 > m->mask + 1) {
+        uint64_t old_slots = m->vals ? m->mask + 1 : 0, slots = old_slots ? old_slots * 2 : 64;
+        int64_t *keys = m->keys;
+        req **vals = m->vals;
+        m->keys = pg_xcalloc(slots, sizeof(int64_t));
+        m->vals = pg_xcalloc(slots, sizeof(req *));
+        m->mask = slots - 1;
+        m->n = 0;
+        for (uint64_t i = 0; i < old_slots; i++)
+            if (vals[i]) idmap_put_raw(m, keys[i], vals[i]);
+        free(keys);
+        free(vals);
+    }
+    idmap_put_raw(m, id, r);
+}
+
+static void idmap_del(idmap *m, int64_t id) {
+    uint64_t i = mix64((uint64_t)id) & m->mask;
+    while (m->keys[i] != id || !m->vals[i]) {
+        PG_CHECK(m->vals[i]);
+        i = (i + 1) & m->mask;
+    }
+    for (uint64_t j = (i + 1) & m->mask; m->vals[j]; j = (j + 1) & m->mask) {
+        uint64_t home = mix64((uint64_t)m->keys[j]) & m->mask;
+        bool stays = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
+        if (stays) continue;
+        m->keys[i] = m->keys[j];
+        m->vals[i] = m->vals[j];
+        i = j;
+    }
+    m->vals[i] = NULL;
+    m->n--;
+}
+
+// ---------------------------------------------------------------------------
+// Requests and events
+
+static void req_free(sched *s, req *r) {
+    for (int32_t i = 0; i < r->n; i++) {
+        kvp_table_release(s->pool, &r->seqs[i].table);
+        kvp_table_fini(&r->seqs[i].table);
+        free(r->seqs[i].hist);
+    }
+    free(r);
+}
+
+// Index of the request's first live sequence (the prompt's owner before the fork).
+static int32_t first_live(const req *r) {
+    for (int32_t i = 0; i < r->n; i++)
+        if (r->seqs[i].finish == SCHED_FINISH_NONE) return i;
+    return -1;
+}
+
+// Tokens the lead must compute before sampling (n > 1: all but the last
+// prompt token, which each forked sequence computes itself).
+static int32_t lead_target(const req *r) {
+    return r->n_live >= 2 ? r->n_prompt - 1 : r->seqs[r->lead].n_hist;
+}
+
+static void usage_fill(const req *r, sched_usage *u) {
+    *u = r->usage;
+    u->completion_tokens = 0;
+    for (int32_t i = 0; i < r->n; i++) u->completion_tokens += r->seqs[i].n_hist - r->n_prompt;
+}
+
+// Emits, in index order, an event for every sequence of r that got a token
+// or ended since the last call; the last one carries req_finished when the
+// request is over.
+static void emit_events(sched *s, evbuf *b, req *r) {
+    int32_t first = b->n;
+    if (r->n_live == 0 && !r->usage.finish_ns) r->usage.finish_ns = s->now;
+    for (int32_t i = 0; i < r->n; i++) {
+        seq *q = &r->seqs[i];
+        if (!q->ev_end && !q->ev_out) continue;
+        b->v = grow_array(b->v, &b->cap, b->n + 1, sizeof(sched_event));
+        sched_event *e = &b->v[b->n++];
+        memset(e, 0, sizeof *e);
+        e->req_id = r->id;
+        e->seq_index = i;
+        if (q->ev_out) {
+            e->has_token = true;
+            e->out = *q->ev_out;
+            e->out.seq_id = q->seq_id;
+        }
+        e->n_generated = q->n_hist - r->n_prompt;
+        e->finish = q->ev_end ? q->finish : SCHED_FINISH_NONE;
+        e->stop_token = q->ev_end ? q->stop_token : -1;
+        q->ev_end = false;
+        q->ev_out = NULL;
+    }
+    if (b->n == first) return;
+    sched_usage u;
+    usage_fill(r, &u);
+    for (int32_t k = first; k < b->n; k++) b->v[k].usage = u;
+    b->v[b->n - 1].req_finished = r->n_live == 0;
+}
+
+// Ends live sequence q of r: blocks back to the pool now. Before the fork,
+// the lead hands the prompt's blocks to the next live sequence.
+static void seq_end(sched *s, req *r, seq *q, sched_finish_reason reason, int32_t stop_token) {
+    PG_CHECK(q->finish == SCHED_FINISH_NONE && reason != SCHED_FINISH_NONE);
+    q->finish = reason;
+    q->stop_token = stop_token;
+    q->pending = SCHED_FINISH_NONE;
+    q->ev_end = true;
+    r->n_live--;
+    if (r->state == RQ_RUNNING) s->running_seqs--;
+    if (!r->forked && q->index == r->lead && r->n_live > 0) {
+        seq *nl = &r->seqs[first_live(r)];
+        kvp_table_move_blocks(s->pool, &nl->table, &q->table, r->n_prompt);
+        nl->n_computed = q->n_computed;
+        r->lead = nl->index;
+    }
+    kvp_table_release(s->pool, &q->table);
+    q->n_computed = 0;
+    if (reason == SCHED_FINISH_ABORT && r->n_live == 0) s->st.n_aborted++;
+}
+
+// Takes a request with no live sequence out of its container (running only
+// when `unlink_running`; sched_update compacts running itself) and the map.
+static void req_unlink(sched *s, req *r, bool unlink_running) {
+    PG_CHECK(r->n_live == 0);
+    if (r->state == RQ_WAITING) heap_remove(&s->waiting, r);
+    if (r->state == RQ_SWAPPED) heap_remove(&s->swapped, r);
+    if (r->state == RQ_RUNNING && unlink_running) run_remove(s, r);
+    r->state = RQ_FINISHED;
+    idmap_del(&s->ids, r->id);
+    s->st.n_finished++;
+}
+
+// Ends sequences of a request that is not in flight (abort / finish_seq):
+// events go to the pending list, the request is freed when it is over.
+static void end_now(sched *s, req *r, int32_t only_index, sched_finish_reason reason) {
+    s->now = sched_clock(s);
+    for (int32_t i = 0; i < r->n; i++)
+        if ((only_index < 0 || i == only_index) && r->seqs[i].finish == SCHED_FINISH_NONE)
+            seq_end(s, r, &r->seqs[i], reason, -1);
+    emit_events(s, &s->pending, r);
+    if (r->n_live == 0) {
+        req_unlink(s, r, true);
+        req_free(s, r);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Preemption
+
+// Live sequences' tables of r into s->tabs; returns the count.
+static int32_t live_tables(sched *s, req *r) {
+    int32_t k = 0;
+    for (int32_t i = 0; i < r->n; i++)
+        if (r->seqs[i].finish == SCHED_FINISH_NONE) s->tabs[k++] = &r->seqs[i].table;
+    return k;
+}
+
+// Preempts v, the tail of running: swap to host when asked and room is
+// there, else drop its blocks for recompute.
+static void preempt(sched *s, req *v) {
+    PG_CHECK(s->n_run > 0 && s->run[s->n_run - 1] == v && !v->in_flight);
+    s->n_run--;
+    s->running_seqs -= v->n_live;
+    s->preempted = true;
+    v->usage.n_preemptions++;
+    if (s->cfg.preemption_mode == SCHED_PREEMPT_SWAP) {
+        int32_t k = live_tables(s, v), before = s->swap_out.n;
+        if (kvp_swap_out(s->pool, s->tabs, k, &s->swap_out) == 0) {
+            s->st.n_swap_out_blocks += s->swap_out.n - before;
+            s->st.n_preempt_swap++;
+            v->state = RQ_SWAPPED;
+            heap_push(&s->swapped, v);
+            return;
+        }
+    }
+    for (int32_t i = 0; i < v->n; i++) {
+        kvp_table_release(s->pool, &v->seqs[i].table);
+        v->seqs[i].n_computed = 0;
+    }
+    v->forked = false;
+    v->lead = first_live(v);
+    v->state = RQ_WAITING;
+    heap_push(&s->waiting, v);
+    s->st.n_preempt_recompute++;
+}
+
+// ---------------------------------------------------------------------------
+// Planning one request
+
+// Forks the lead's blocks into every live sequence once the lead has
+// computed the prompt but its last token (n > 1 only).
+static void maybe_fork(sched *s, req *r) {
+    if (r->forked || r->n_live < 2) return;
+    seq *lead = &r->seqs[r->lead];
+    if (lead->n_computed != r->n_prompt - 1) return;
+    for (int32_t i = 0; i < r->n; i++) {
+        seq *q = &r->seqs[i];
+        if (q == lead || q->finish != SCHED_FINISH_NONE) continue;
+        kvp_table_fork(s->pool, &lead->table, &q->table, r->n_prompt);
+        q->n_computed = lead->n_computed;
+    }
+    r->forked = true;
+}
+
+// Tokens to schedule for a sequence with `rem` pending under `left`.
+static int32_t chunk_len(const sched *s, int32_t rem, int32_t left) {
+    if (rem <= 0 || left <= 0) return 0;
+    if (!s->cfg.enable_chunked_prefill) return rem <= left ? rem : 0;
+    int32_t th = s->cfg.long_prefill_token_threshold;
+    if (th > 0 && rem > th) rem = th;
+    return rem < left ? rem : left;
+}
+
+// Fills s->items / s->iseq with r's work this step under *b (not spent):
+// the lead's next chunk before the fork (after `lead_hits` cached blocks),
+// else one entry per live sequence. Returns the item count; *n_tok the tokens.
+static int32_t build_items(sched *s, req *r, const budget *b, int32_t lead_hits, int32_t *n_tok) {
+    int32_t n = 0, left = b->tokens, seqs = b->seqs;
+    if (!r->forked) {
+        seq *q = &r->seqs[r->lead];
+        int32_t done = lead_hits ? lead_hits * s->bs : q->n_computed;
+        int32_t c = seqs > 0 ? chunk_len(s, lead_target(r) - done, left) : 0;
+        if (c > 0) {
+            s->items[n] = (kvp_grow_item){&q->table, lead_hits, c};
+            s->iseq[n++] = q;
+            left -= c;
+        }
+    } else {
+        for (int32_t i = 0; i < r->n && seqs > 0 && left > 0; i++) {
+            seq *q = &r->seqs[i];
+            if (q->finish != SCHED_FINISH_NONE) continue;
+            int32_t c = chunk_len(s, q->n_hist - q->n_computed, left);
+            if (c <= 0) continue;
+            s->items[n] = (kvp_grow_item){&q->table, 0, c};
+            s->iseq[n++] = q;
+            left -= c;
+            seqs--;
+        }
+    }
+    *n_tok = b->tokens - left;
+    return n;
+}
+
+// Adds the grown items of r to the plan and spends the budget.
+static void commit_items(sched *s, req *r, int32_t n, int32_t n_tok, budget *b) {
+    const pg_sampling_params *sp = &r->sp;
+    for (int32_t i = 0; i < n; i++) {
+        seq *q = s->iseq[i];
+        int32_t c = s->items[i].n_new;
+        q->n_computed = q->table.n_tokens - c; // includes adopted prefix hits
+        q->n_sched = c;
+        int32_t k = s->plan.n_seqs++;
+        PG_CHECK(k < s->cfg.max_num_seqs);
+        s->pref[k] = q;
+        int32_t n_gen = q->n_hist - r->n_prompt;
+        s->pseqs[k] = (pg_plan_seq){
+            .seq_id = q->seq_id,
+            .tokens = q->hist + q->n_computed,
+            .n_tokens = c,
+            .start_pos = q->n_computed,
+            .block_table = q->table.blocks,
+            .n_blocks = q->table.n_blocks,
+            .sample = q->n_computed + c == q->n_hist,
+            .sp = sp,
+            .history = q->hist,
+            .n_history = q->n_hist,
+            .n_prompt = r->n_prompt,
+            .n_generated = n_gen,
+            .rng_seed = q->rng_seed,
+            .mask_eos = n_gen < sp->min_tokens,
+            .eos_id = r->eos_id,
+        };
+    }
+    s->plan.n_tokens += n_tok;
+    b->tokens -= n_tok;
+    b->seqs -= n;
+    s->preq[s->n_preq++] = r;
+    r->in_flight = true;
+    if (!r->usage.first_scheduled_ns) r->usage.first_scheduled_ns = s->now;
+}
+
+// Running request r: plans its work, preempting the tail of running until
+// the blocks fit. Returns true when r itself had to go (it was the tail).
+static bool schedule_running(sched *s, req *r, budget *b) {
+    maybe_fork(s, r);
+    int32_t n_tok, n = build_items(s, r, b, 0, &n_tok);
+    if (n == 0) return false;
+    int32_t copies_before = s->copies.n;
+    while (kvp_grow(s->pool, s->items, n, &s->copies) == PG_ENOSPC) {
+        req *victim = s->run[s->n_run - 1];
+        preempt(s, victim);
+        if (victim == r) return true;
+    }
+    s->st.n_cow_copies += s->copies.n - copies_before;
+    commit_items(s, r, n, n_tok, b);
+    return false;
+}
+
+// Head of swapped: brings it back with this step's work when everything
+// fits. Returns false (nothing changed but a possible fork) otherwise.
+static bool admit_swapped(sched *s, req *r, budget *b) {
+    if (s->running_seqs + r->n_live > s->cfg.max_num_seqs) return false;
+    maybe_fork(s, r);
+    int32_t n_tok, n = build_items(s, r, b, 0, &n_tok);
+    if (n == 0) return false;
+    int32_t k = live_tables(s, r);
+    int32_t cost = kvp_swap_in_cost(s->pool, s->tabs, k) + kvp_grow_cost(s->pool, s->items, n);
+    if (cost > kvp_num_free(s->pool)) return false;
+    int32_t moves_before = s->swap_in.n, copies_before = s->copies.n;
+    PG_CHECK(kvp_swap_in(s->pool, s->tabs, k, &s->swap_in) == 0);
+    PG_CHECK(kvp_grow(s->pool, s->items, n, &s->copies) == 0);
+    s->st.n_swap_in_blocks += s->swap_in.n - moves_before;
+    s->st.n_cow_copies += s->copies.n - copies_before;
+    heap_remove(&s->swapped, r);
+    r->state = RQ_RUNNING;
+    run_insert(s, r);
+    s->running_seqs += r->n_live;
+    commit_items(s, r, n, n_tok, b);
+    return true;
+}
+
+// Head of waiting: adopts its cached prefix and plans its first chunk when
+// the blocks fit. Returns false (nothing changed) otherwise.
+static bool admit_waiting(sched *s, req *r, budget *b) {
+    if (s->running_seqs + r->n_live > s->cfg.max_num_seqs) return false;
+    maybe_fork(s, r); // a one-token prompt forks at once (no blocks yet)
+    int32_t hits = 0;
+    seq *lead = &r->seqs[r->lead];
+    if (!r->forked) hits = kvp_table_lookup(s->pool, &lead->table, lead->hist, lead_target(r));
+    int32_t n_tok, n = build_items(s, r, b, hits, &n_tok);
+    if (n == 0) return false;
+    int32_t copies_before = s->copies.n;
+    if (kvp_grow(s->pool, s->items, n, &s->copies) == PG_ENOSPC) return false;
+    s->st.n_cow_copies += s->copies.n - copies_before;
+    if (!r->forked) kvp_note_lookup(s->pool, lead_target(r), hits * s->bs);
+    if (!r->usage_cached_set) {
+        r->usage.cached_tokens = hits * s->bs;
+        r->usage_cached_set = true;
+    }
+    heap_remove(&s->waiting, r);
+    r->state = RQ_RUNNING;
+    run_insert(s, r);
+    s->running_seqs += r->n_live;
+    commit_items(s, r, n, n_tok, b);
+    return true;
+}
+
+// ---------------------------------------------------------------------------
+// Step and update
+
+static void copy_moves(pg_block_move *dst, const kvp_moves *m) {
+    for (int32_t i = 0; i < m->n; i++) dst[i] = (pg_block_move){m->v[i].from, m->v[i].to};
+}
+
+int sched_step(sched *s, const pg_batch_plan **out) {
+    *out = NULL;
+    if (s->in_flight) return pg_err_set(PG_EINVAL, "sched_step: the previous plan was not updated");
+    s->now = sched_clock(s);
+    s->plan.n_seqs = s->plan.n_tokens = 0;
+    s->n_preq = 0;
+    s->copies.n = s->swap_out.n = s->swap_in.n = 0;
+    s->preempted = false;
+    budget b = {s->cfg.max_num_batched_tokens, s->cfg.max_num_seqs};
+
+    for (int32_t i = 0; i < s->n_run && b.tokens > 0; i++)
+        if (schedule_running(s, s->run[i], &b)) break;
+    if (!s->preempted) {
+        while (s->swapped.n > 0 && b.tokens > 0 && b.seqs > 0)
+            if (!admit_swapped(s, s->swapped.v[0], &b)) break;
+        while (s->swapped.n == 0 && s->waiting.n > 0 && b.tokens > 0 && b.seqs > 0)
+            if (!admit_waiting(s, s->waiting.v[0], &b)) break;
+    }
+
+    int32_t n_mv = s->swap_out.n + s->swap_in.n + s->copies.n;
+    s->mv = grow_array(s->mv, &s->mv_cap, n_mv, sizeof(pg_block_move));
+    copy_moves(s->mv, &s->swap_out);
+    copy_moves(s->mv + s->swap_out.n, &s->swap_in);
+    copy_moves(s->mv + s->swap_out.n + s->swap_in.n, &s->copies);
+    pg_batch_plan *p = &s->plan;
+    p->seqs = s->pseqs;
+    p->n_swap_out = s->swap_out.n;
+    p->n_swap_in = s->swap_in.n;
+    p->n_copies = s->copies.n;
+    p->swap_out = s->mv;
+    p->swap_in = s->mv + s->swap_out.n;
+    p->copies = s->mv + s->swap_out.n + s->swap_in.n;
+    s->in_flight = true;
+    s->st.n_steps++;
+    *out = p;
+    return 0;
+}
+
+// Stop rules after a sequence sampled `tok` (vLLM's check_stop order).
+static sched_finish_reason check_stop(const sched *s, const req *r, const seq *q, int32_t tok,
+                                      int32_t *stop_token) {
+    int32_t n_out = q->n_hist - r->n_prompt;
+    *stop_token = -1;
+    if (n_out >= r->sp.min_tokens) {
+        if (r->eos_id >= 0 && tok == r->eos_id) {
+            *stop_token = tok;
+            return SCHED_FINISH_STOP;
+        }
+        for (int32_t i = 0; i < r->sp.n_stop_ids; i++) {
+            if (tok == r->sp.stop_ids[i]) {
+                *stop_token = tok;
+                return SCHED_FINISH_STOP;
+            }
+        }
+    }
+    if (n_out >= r->sp.max_tokens || q->n_hist >= s->cfg.max_model_len) return SCHED_FINISH_LENGTH;
+    return SCHED_FINISH_NONE;
+}
+
+// Whether `out` answers the plan: one output per sampling entry, in order.
+static int check_output(const sched *s, const pg_step_output *out) {
+    int32_t k = 0;
+    for (int32_t i = 0; i < s->plan.n_seqs; i++) {
+        if (!s->pseqs[i].sample) continue;
+        if (k >= out->n || out->outs[k].seq_id != s->pseqs[i].seq_id)
+            return pg_err_set(PG_EINVAL, "sched_update: output %d does not answer seq %lld", k,
+                              (long long)s->pseqs[i].seq_id);
+        k++;
+    }
+    if (k != out->n)
+        return pg_err_set(PG_EINVAL, "sched_update: %d outputs for %d sampled sequences", out->n,
+                          k);
+    return 0;
+}
+
+int sched_update(sched *s, const pg_step_output *out, sched_events *evs) {
+    evs->n = 0;
+    evs->ev = NULL;
+    if (!s->in_flight) return pg_err_set(PG_EINVAL, "sched_update: no plan in flight");
+    s->now = sched_clock(s);
+    s->ev.n = 0;
+    s->ev.v = grow_array(s->ev.v, &s->ev.cap, s->pending.n, sizeof(sched_event));
+    if (s->pending.n) memcpy(s->ev.v, s->pending.v, sizeof(sched_event) * (size_t)s->pending.n);
+    s->ev.n = s->pending.n;
+    s->pending.n = 0;
+
+    int rc = out ? check_output(s, out) : 0;
+    bool failed = !out || rc < 0;
+    int32_t k = 0;
+    for (int32_t i = 0; i < s->plan.n_seqs; i++) {
+        seq *q = s->pref[i];
+        req *r = q->owner;
+        int32_t n_sched = q->n_sched;
+        q->n_sched = 0;
+        const pg_seq_output *o = NULL;
+        if (s->pseqs[i].sample && !failed) o = &out->outs[k++];
+        if (failed || r->abort_pending) continue;
+        q->n_computed += n_sched;
+        kvp_table_commit(s->pool, &q->table, q->hist, q->n_computed);
+        if (!o || q->pending != SCHED_FINISH_NONE) continue;
+        PG_CHECK(q->n_hist < r->n_prompt + r->sp.max_tokens);
+        if (q->n_hist == q->hist_cap) { // no plan points into hist now
+            int32_t cap =
+                q->hist_cap + (q->hist_cap - r->n_prompt > 16 ? q->hist_cap - r->n_prompt : 16);
+            if (cap > r->n_prompt + r->sp.max_tokens) cap = r->n_prompt + r->sp.max_tokens;
+            q->hist = pg_xrealloc(q->hist, sizeof(int32_t) * (size_t)cap);
+            q->hist_cap = cap;
+        }
+        q->hist[q->n_hist++] = o->token;
+        q->ev_out = o;
+        if (!r->usage.first_token_ns) r->usage.first_token_ns = s->now;
+        int32_t stop_token;
+        sched_finish_reason fin = check_stop(s, r, q, o->token, &stop_token);
+        if (fin != SCHED_FINISH_NONE) seq_end(s, r, q, fin, stop_token);
+    }
+
+    s->n_dead = 0;
+    for (int32_t j = 0; j < s->n_preq; j++) {
+        req *r = s->preq[j];
+        r->in_flight = false;
+        for (int32_t i = 0; i < r->n; i++) {
+            seq *q = &r->seqs[i];
+            if (q->finish != SCHED_FINISH_NONE) continue;
+            if (failed) {
+                seq_end(s, r, q, SCHED_FINISH_ERROR, -1);
+            } else if (r->abort_pending) {
+                seq_end(s, r, q, SCHED_FINISH_ABORT, -1);
+            } else if (q->pending != SCHED_FINISH_NONE) {
+                seq_end(s, r, q, q->pending, -1);
+            }
+        }
+        emit_events(s, &s->ev, r);
+        if (r->n_live == 0) {
+            req_unlink(s, r, false);
+            s->dead = grow_array(s->dead, &s->dead_cap, s->n_dead + 1, sizeof(req *));
+            s->dead[s->n_dead++] = r;
+        }
+    }
+    if (s->n_dead) {
+        int32_t w = 0;
+        for (int32_t i = 0; i < s->n_run; i++) {
+            req *r = s->run[i];
+            if (r->state != RQ_RUNNING) continue;
+            r->qpos = w;
+            s->run[w++] = r;
+        }
+        s->n_run = w;
+        for (int32_t i = 0; i < s->n_dead; i++) req_free(s, s->dead[i]);
+        s->n_dead = 0;
+    }
+    s->in_flight = false;
+    s->plan.n_seqs = 0;
+    evs->n = s->ev.n;
+    evs->ev = s->ev.v;
+    return rc;
+}
+
+// ---------------------------------------------------------------------------
+// Public API
+
+void sched_config_default(sched_config *c) {
+    memset(c, 0, sizeof *c);
+    c->block_size = 16;
+    c->enable_prefix_caching = true;
+    c->max_num_batched_tokens = 2048;
+    c->max_num_seqs = 256;
+    c->enable_chunked_prefill = true;
+    c->policy = SCHED_POLICY_FCFS;
+    c->preemption_mode = SCHED_PREEMPT_RECOMPUTE;
+}
+
+int sched_create(const sched_config *cfg, sched **out) {
+    *out = NULL;
+    if (cfg->max_model_len < 1)
+        return pg_err_set(PG_EINVAL, "scheduler: max_model_len %d < 1", cfg->max_model_len);
+    if (cfg->max_num_batched_tokens < 1)
+        return pg_err_set(PG_EINVAL, "scheduler: max_num_batched_tokens %d < 1",
+                          cfg->max_num_batched_tokens);
+    if (cfg->max_num_seqs < 1 || cfg->max_num_seqs > (1 << 20))
+        return pg_err_set(PG_EINVAL, "scheduler: max_num_seqs %d out of range", cfg->max_num_seqs);
+    if (cfg->long_prefill_token_threshold < 0)
+        return pg_err_set(PG_EINVAL, "scheduler: long_prefill_token_threshold < 0");
+    if (cfg->policy != SCHED_POLICY_FCFS && cfg->policy != SCHED_POLICY_PRIORITY)
+        return pg_err_set(PG_EINVAL, "scheduler: unknown policy %d", (int)cfg->policy);
+    if (cfg->preemption_mode != SCHED_PREEMPT_RECOMPUTE &&
+        cfg->preemption_mode != SCHED_PREEMPT_SWAP)
+        return pg_err_set(PG_EINVAL, "scheduler: unknown preemption mode %d",
+                          (int)cfg->preemption_mode);
+    kvp_config kc;
+    kvp_config_default(&kc);
+    kc.num_blocks = cfg->num_blocks;
+    kc.num_host_blocks = cfg->num_host_blocks;
+    kc.block_size = cfg->block_size;
+    kc.enable_prefix_caching = cfg->enable_prefix_caching;
+    kvp_pool *pool;
+    int rc = kvp_create(&kc, &pool);
+    if (rc < 0) return pg_err_wrap(rc, "scheduler: ");
+    sched *s = pg_xcalloc(1, sizeof *s);
+    s->cfg = *cfg;
+    s->pool = pool;
+    s->bs = cfg->block_size;
+    s->rng = cfg->seed;
+    s->pseqs = pg_xcalloc((size_t)cfg->max_num_seqs, sizeof(pg_plan_seq));
+    s->pref = pg_xcalloc((size_t)cfg->max_num_seqs, sizeof(seq *));
+    s->preq = pg_xcalloc((size_t)cfg->max_num_seqs, sizeof(req *));
+    s->plan.seqs = s->pseqs;
+    *out = s;
+    return 0;
+}
+
+void sched_destroy(sched *s) {
+    if (!s) return;
+    for (uint64_t i = 0; s->ids.vals && i <= s->ids.mask; i++)
+        if (s->ids.vals[i]) req_free(s, s->ids.vals[i]);
+    free(s->ids.keys);
+    free(s->ids.vals);
+    free(s->waiting.v);
+    free(s->swapped.v);
+    free(s->run);
+    free(s->pseqs);
+    free(s->pref);
+    free(s->preq);
+    kvp_moves_fini(&s->copies);
+    kvp_moves_fini(&s->swap_out);
+    kvp_moves_fini(&s->swap_in);
+    free(s->mv);
+    free(s->ev.v);
+    free(s->pending.v);
+    free(s->dead);
+    kvp_destroy(s->pool);
+    free(s);
+}
+
+// KV blocks r needs at its longest: the shared prompt blocks once, then
+// every sequence's own up to prompt + max_tokens - 1 positions (the last
+// sampled token is never run).
+static int64_t blocks_needed(int32_t bs, int32_t n_prompt, int32_t max_tokens, int32_t n) {
+    int64_t shared = (n_prompt - 1) / bs;
+    int64_t per_seq = cdiv(n_prompt + max_tokens - 1, bs) - shared;
+    return shared + (int64_t)n * per_seq;
+}
+
+// Validates `in` against limits that do not change; 0 or PG_EINVAL.
+static int validate_request(const sched *s, const sched_request *in) {
+    const sched_config *c = &s->cfg;
+    if (!in->prompt || !in->sp) return pg_err_set(PG_EINVAL, "request: missing prompt or params");
+    const pg_sampling_params *sp = in->sp;
+    if (in->id < 0 || in->id >= SCHED_MAX_REQ_ID)
+        return pg_err_set(PG_EINVAL, "request: id %lld out of [0, 2^54)", (long long)in->id);
+    if (idmap_get(&s->ids, in->id))
+        return pg_err_set(PG_EINVAL, "request: id %lld is already live", (long long)in->id);
+    if (in->n_prompt < 1) return pg_err_set(PG_EINVAL, "request: empty prompt");
+    for (int32_t i = 0; i < in->n_prompt; i++)
+        if (in->prompt[i] < 0)
+            return pg_err_set(PG_EINVAL, "request: prompt token %d is negative", i);
+    if (sp->n < 1 || sp->n > SCHED_MAX_N || sp->n > c->max_num_seqs)
+        return pg_err_set(PG_EINVAL, "request: n = %d out of [1, %d]", sp->n,
+                          c->max_num_seqs < SCHED_MAX_N ? c->max_num_seqs : SCHED_MAX_N);
+    if (sp->max_tokens < 1) return pg_err_set(PG_EINVAL, "request: max_tokens must be >= 1");
+    if (sp->min_tokens < 0 || sp->min_tokens > sp->max_tokens)
+        return pg_err_set(PG_EINVAL, "request: min_tokens %d out of [0, max_tokens %d]",
+                          sp->min_tokens, sp->max_tokens);
+    if (sp->n_stop_ids < 0 || sp->n_stop_ids > PG_MAX_STOP_IDS)
+        return pg_err_set(PG_EINVAL, "request: %d stop token ids (at most %d)", sp->n_stop_ids,
+                          PG_MAX_STOP_IDS);
+    if (sp->logprobs < -1 || sp->logprobs > PG_MAX_LOGPROBS)
+        return pg_err_set(PG_EINVAL, "request: logprobs %d out of [-1, %d]", sp->logprobs,
+                          PG_MAX_LOGPROBS);
+    if ((int64_t)in->n_prompt + sp->max_tokens > c->max_model_len)
+        return pg_err_set(PG_EINVAL,
+                          "request: this model's maximum context length is %d tokens, but %d "
+                          "were requested (%d in the prompt, %d for the completion)",
+                          c->max_model_len, in->n_prompt + sp->max_tokens, in->n_prompt,
+                          sp->max_tokens);
+    int64_t need = blocks_needed(s->bs, in->n_prompt, sp->max_tokens, sp->n);
+    if (need > kvp_num_usable(s->pool))
+        return pg_err_set(PG_EINVAL,
+                          "request: needs %lld KV blocks (%d prompt + %d completion tokens, n = "
+                          "%d) but the whole cache holds %d blocks of %d tokens",
+                          (long long)need, in->n_prompt, sp->max_tokens, sp->n,
+                          kvp_num_usable(s->pool), s->bs);
+    if (!c->enable_chunked_prefill && in->n_prompt + sp->max_tokens - 1 > c->max_num_batched_tokens)
+        return pg_err_set(PG_EINVAL,
+                          "request: %d prompt + %d completion tokens exceed one step's %d "
+                          "tokens and chunked prefill is off",
+                          in->n_prompt, sp->max_tokens, c->max_num_batched_tokens);
+    return 0;
+}
+
+int sched_add_request(sched *s, const sched_request *in) {
+    int rc = validate_request(s, in);
+    if (rc < 0) {
+        s->st.n_rejected++;
+        return rc;
+    }
+    if (s->cfg.max_waiting > 0 && s->waiting.n + s->swapped.n >= s->cfg.max_waiting) {
+        s->st.n_rejected++;
+        return pg_err_set(PG_ENOSPC, "request: queue full (%d waiting)", s->cfg.max_waiting);
+    }
+    const pg_sampling_params *sp = in->sp;
+    int32_t n = sp->n;
+    // Output room grows by doubling: a long max_tokens costs nothing upfront.
+    int32_t cap = in->n_prompt + (sp->max_tokens < 16 ? sp->max_tokens : 16);
+    req *r = pg_xcalloc(1, sizeof(req) + sizeof(seq) * (size_t)n);
+    r->id = in->id;
+    r->sp = *sp;
+    r->prio = s->cfg.policy == SCHED_POLICY_PRIORITY ? in->priority : 0;
+    r->arrival_ns = in->arrival_ns;
+    r->order = s->order++;
+    r->eos_id = sp->ignore_eos ? -1 : in->eos_id;
+    r->n_prompt = in->n_prompt;
+    r->n = r->n_live = n;
+    r->usage.prompt_tokens = in->n_prompt;
+    r->usage.arrival_ns = in->arrival_ns;
+    uint64_t seed = sp->has_seed ? sp->seed : mix64(s->rng++);
+    for (int32_t i = 0; i < n; i++) {
+        seq *q = &r->seqs[i];
+        q->owner = r;
+        q->index = i;
+        q->seq_id = in->id * SCHED_MAX_N + i;
+        q->hist = pg_xmalloc(sizeof(int32_t) * (size_t)cap);
+        q->hist_cap = cap;
+        memcpy(q->hist, in->prompt, sizeof(int32_t) * (size_t)in->n_prompt);
+        q->n_hist = in->n_prompt;
+        q->rng_seed = seed + (uint64_t)i; // vLLM: child seed = seed + index
+        q->stop_token = -1;
+        kvp_table_init(&q->table);
+    }
+    r->state = RQ_WAITING;
+    heap_push(&s->waiting, r);
+    idmap_put(&s->ids, r->id, r);
+    s->st.n_admitted++;
+    return 0;
+}
+
+int sched_abort(sched *s, int64_t id) {
+    req *r = idmap_get(&s->ids, id);
+    if (!r) return pg_err_set(PG_ENOTFOUND, "abort: no live request %lld", (long long)id);
+    if (r->in_flight) {
+        r->abort_pending = true;
+        return 0;
+    }
+    end_now(s, r, -1, SCHED_FINISH_ABORT);
+    return 0;
+}
+
+int sched_finish_seq(sched *s, int64_t id, int32_t seq_index, sched_finish_reason reason) {
+    req *r = idmap_get(&s->ids, id);
+    if (!r) return pg_err_set(PG_ENOTFOUND, "finish: no live request %lld", (long long)id);
+    if (seq_index < 0 || seq_index >= r->n)
+        return pg_err_set(PG_EINVAL, "finish: request %lld has no sequence %d", (long long)id,
+                          seq_index);
+    if (reason == SCHED_FINISH_NONE || reason > SCHED_FINISH_ERROR)
+        return pg_err_set(PG_EINVAL, "finish: bad reason %d", (int)reason);
+    seq *q = &r->seqs[seq_index];
+    if (q->finish != SCHED_FINISH_NONE || q->pending != SCHED_FINISH_NONE)
+        return pg_err_set(PG_EINVAL, "finish: sequence %d of %lld already finished", seq_index,
+                          (long long)id);
+    if (r->in_flight) {
+        q->pending = reason;
+        return 0;
+    }
+    end_now(s, r, seq_index, reason);
+    return 0;
+}
+
+bool sched_has_work(const sched *s) {
+    return s->n_run > 0 || s->waiting.n > 0 || s->swapped.n > 0 || s->pending.n > 0;
+}
+
+void sched_stats_get(const sched *s, sched_stats *o) {
+    *o = s->st;
+    o->n_running = s->n_run;
+    o->n_waiting = s->waiting.n;
+    o->n_swapped = s->swapped.n;
+    o->n_running_seqs = s->running_seqs;
+    kvp_stats_get(s->pool, &o->kv);
+}
+
+const kvp_pool *sched_pool(const sched *s) { return s->pool; }
+
+// ---------------------------------------------------------------------------
+// Invariant check
+
+static int check_req(const sched *s, const req *r, int32_t *dev, int32_t *host) {
+    int32_t live = 0;
+    for (int32_t i = 0; i < r->n; i++) {
+        const seq *q = &r->seqs[i];
+        const kvp_table *t = &q->table;
+        if (q->finish == SCHED_FINISH_NONE) live++;
+        if (t->n_blocks != cdiv(t->n_tokens, s->bs))
+            return pg_err_set(PG_EINVAL, "seq %lld: %d blocks for %d tokens", (long long)q->seq_id,
+                              t->n_blocks, t->n_tokens);
+        if (t->n_tokens != q->n_computed + q->n_sched)
+            return pg_err_set(PG_EINVAL, "seq %lld: table covers %d, computed %d + %d",
+                              (long long)q->seq_id, t->n_tokens, q->n_computed, q->n_sched);
+        if (q->n_computed > q->n_hist || q->n_hist > r->n_prompt + r->sp.max_tokens)
+            return pg_err_set(PG_EINVAL, "seq %lld: bad lengths", (long long)q->seq_id);
+        if (t->n_blocks && q->finish != SCHED_FINISH_NONE)
+            return pg_err_set(PG_EINVAL, "seq %lld: finished but holds blocks",
+                              (long long)q->seq_id);
+        if (t->n_blocks && !r->forked && i != r->lead)
+            return pg_err_set(PG_EINVAL, "seq %lld: holds blocks before the fork",
+                              (long long)q->seq_id);
+        if (t->n_blocks && r->state == RQ_WAITING)
+            return pg_err_set(PG_EINVAL, "seq %lld: waiting but holds blocks",
+                              (long long)q->seq_id);
+        if (t->n_blocks && t->swapped != (r->state == RQ_SWAPPED))
+            return pg_err_set(PG_EINVAL, "seq %lld: blocks on the wrong side",
+                              (long long)q->seq_id);
+        for (int32_t j = 0; j < t->n_blocks; j++) {
+            if (t->swapped) {
+                host[t->blocks[j]]++;
+            } else {
+                dev[t->blocks[j]]++;
+            }
+        }
+    }
+    if (live != r->n_live || live == 0)
+        return pg_err_set(PG_EINVAL, "request %lld: %d live sequences, counted %d",
+                          (long long)r->id, r->n_live, live);
+    if (r->seqs[r->lead].finish != SCHED_FINISH_NONE && !r->forked)
+        return pg_err_set(PG_EINVAL, "request %lld: finished lead", (long long)r->id);
+    return 0;
+}
+
+int sched_check(const sched *s) {
+    const kvp_pool *p = s->pool;
+    int32_t nb = kvp_num_usable(p) + 1, nh = kvp_num_host_blocks(p);
+    int32_t *dev = pg_xcalloc((size_t)nb, sizeof(int32_t));
+    int32_t *host = pg_xcalloc((size_t)(nh ? nh : 1), sizeof(int32_t));
+    int rc = 0, n_live_reqs = 0, run_seqs = 0;
+    for (uint64_t i = 0; s->ids.vals && i <= s->ids.mask; i++) {
+        const req *r = s->ids.vals[i];
+        if (!r) continue;
+        n_live_reqs++;
+        if ((rc = check_req(s, r, dev, host)) < 0) goto done;
+        const rheap *h = r->state == RQ_WAITING   ? &s->waiting
+                         : r->state == RQ_SWAPPED ? &s->swapped
+                                                  : NULL;
+        if (r->state == RQ_RUNNING) {
+            if (r->qpos < 0 || r->qpos >= s->n_run || s->run[r->qpos] != r) {
+                rc =
+                    pg_err_set(PG_EINVAL, "request %lld not at its running slot", (long long)r->id);
+                goto done;
+            }
+            run_seqs += r->n_live;
+        } else if (!h || r->qpos < 0 || r->qpos >= h->n || h->v[r->qpos] != r) {
+            rc = pg_err_set(PG_EINVAL, "request %lld not in its queue", (long long)r->id);
+            goto done;
+        }
+    }
+    if (n_live_reqs != s->n_run + s->waiting.n + s->swapped.n) {
+        rc = pg_err_set(PG_EINVAL, "%d live requests but %d + %d + %d queued", n_live_reqs,
+                        s->n_run, s->waiting.n, s->swapped.n);
+        goto done;
+    }
+    for (int32_t i = 1; i < s->n_run; i++) {
+        if (!req_before(s->run[i - 1], s->run[i])) {
+            rc = pg_err_set(PG_EINVAL, "running not sorted at %d", i);
+            goto done;
+        }
+    }
+    const rheap *heaps[2] = {&s->waiting, &s->swapped};
+    for (int32_t k = 0; k < 2; k++)
+        for (int32_t i = 1; i < heaps[k]->n; i++)
+            if (req_before(heaps[k]->v[i], heaps[k]->v[(i - 1) / 2])) {
+                rc = pg_err_set(PG_EINVAL, "heap order broken at %d", i);
+                goto done;
+            }
+    if (run_seqs != s->running_seqs || run_seqs > s->cfg.max_num_seqs) {
+        rc = pg_err_set(PG_EINVAL, "running sequences %d, counted %d, cap %d", s->running_seqs,
+                        run_seqs, s->cfg.max_num_seqs);
+        goto done;
+    }
+    rc = kvp_check(p, dev, host);
+done:
+    free(dev);
+    free(host);
+    return rc;
+}

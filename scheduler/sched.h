@@ -1,0 +1,194 @@
+// scheduler/sched.h - continuous-batching scheduler (vLLM v1 style).
+//
+// The engine thread drives it:
+//
+//     sched_add_request / sched_abort / sched_finish_seq   (any time)
+//     sched_step(s, &plan)          -> pg_batch_plan for the runner
+//     runner executes plan          -> pg_step_output
+//     sched_update(s, &out, &ev)    -> per-sequence token / finish events
+//
+// Model: a request has n sequences (parallel sampling). Each sequence has a
+// token history (prompt then output) and a count of computed tokens (KV
+// written). There are no prefill/decode phases: every step spends a token
+// budget (max_num_batched_tokens) and a sequence cap (max_num_seqs) on the
+// running requests first (in priority order), then on swapped requests
+// (swap-in), then on waiting ones; a sequence gets as many tokens as
+// remain to compute, or a chunk (chunked prefill). A chunk that does not
+// reach the end of the history does not sample.
+//
+// Parallel sampling: the request's first live sequence (the lead) computes
+// the prompt but its last token; then the request forks: every live
+// sequence shares the lead's blocks, computes the last prompt token itself
+// and samples with its own seed (request seed + index). The shared partial
+// block is copied on write.
+//
+// Preemption: when a running request cannot get blocks, the running request
+// with the largest (priority, arrival) key is preempted - by recompute
+// (blocks dropped; history = prompt + output is recomputed later, generation
+// then continues where it stopped) or by swap (blocks copied to host). A
+// swapped request returns before any waiting request is admitted; no request
+// is admitted or swapped in during a step that preempted.
+//
+// Ids: seq_id = request id * SCHED_MAX_N + sequence index.
+//
+// Not thread-safe: every call from one thread (the engine loop).
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvpool/kvpool.h"
+#include "scheduler/plan.h"
+
+#define SCHED_MAX_N      256 // sequences per request (seq_id encoding)
+#define SCHED_MAX_REQ_ID ((int64_t)1 << 54)
+
+typedef struct sched sched;
+
+typedef enum sched_policy {
+    SCHED_POLICY_FCFS = 0,     // by arrival time
+    SCHED_POLICY_PRIORITY = 1, // by (priority, arrival); lower priority value first
+} sched_policy;
+
+typedef enum sched_preempt_mode {
+    SCHED_PREEMPT_RECOMPUTE = 0, // drop the blocks, recompute later (default)
+    SCHED_PREEMPT_SWAP = 1,      // copy the blocks to host; recompute when host is full
+} sched_preempt_mode;
+
+typedef struct sched_config {
+    int32_t num_blocks;                   // device KV blocks incl. the null block 0
+    int32_t num_host_blocks;              // host swap blocks (0 = none)
+    int32_t block_size;                   // tokens per block (16)
+    bool enable_prefix_caching;           // true
+    int32_t max_num_batched_tokens;       // token budget per step (2048)
+    int32_t max_num_seqs;                 // sequences per step, and live sequences running (256)
+    int32_t max_model_len;                // prompt + max_tokens limit (required, > 0)
+    bool enable_chunked_prefill;          // true; off: a sequence's pending tokens go in one step
+    int32_t long_prefill_token_threshold; // > 0: cap a prefill chunk at this many tokens
+    sched_policy policy;                  // FCFS
+    sched_preempt_mode preemption_mode;   // RECOMPUTE
+    int32_t max_waiting;                  // waiting + swapped requests admitted (0 = unlimited)
+    uint64_t seed;                        // seeds requests that bring none
+    int64_t (*now_ns)(void *ctx);         // clock for timestamps (NULL = pg_now_ns)
+    void *now_ctx;
+} sched_config;
+
+// A request as submitted. Everything is copied.
+typedef struct sched_request {
+    int64_t id;                   // caller's, unique among live requests, [0, 2^54)
+    const int32_t *prompt;        // [n_prompt] token ids
+    int32_t n_prompt;             // >= 1
+    const pg_sampling_params *sp; // n, max_tokens, min_tokens, stop ids, seed, ...
+    int32_t priority;             // lower = served first (priority policy only)
+    int64_t arrival_ns;           // same clock as sched_config.now_ns
+    int32_t eos_id;               // -1 when none
+} sched_request;
+
+typedef enum sched_finish_reason {
+    SCHED_FINISH_NONE = 0, // still running
+    SCHED_FINISH_STOP,     // EOS, a stop token id, or sched_finish_seq (stop string)
+    SCHED_FINISH_LENGTH,   // max_tokens or max_model_len reached
+    SCHED_FINISH_ABORT,    // sched_abort (client gone)
+    SCHED_FINISH_ERROR,    // the step failed (sched_update with no output)
+} sched_finish_reason;
+
+// Per request counts and times, final in the event with req_finished.
+typedef struct sched_usage {
+    int32_t prompt_tokens;
+    int32_t completion_tokens; // over all sequences
+    int32_t cached_tokens;     // prompt tokens found in the prefix cache at first admission
+    int32_t n_preemptions;
+    int64_t arrival_ns;
+    int64_t first_scheduled_ns; // 0 = never scheduled
+    int64_t first_token_ns;     // 0 = no token yet
+    int64_t finish_ns;          // 0 = running
+} sched_usage;
+
+// One event: a sequence got a token and/or finished.
+typedef struct sched_event {
+    int64_t req_id;
+    int32_t seq_index;          // 0 .. n-1
+    bool has_token;             // `out` holds a new token (token, logprob, top logprobs)
+    pg_seq_output out;          // copy of the runner's output for this sequence
+    int32_t n_generated;        // output tokens of this sequence so far
+    sched_finish_reason finish; // NONE while the sequence runs
+    int32_t stop_token;         // EOS / stop id that finished it (token included above), or -1
+    bool req_finished;          // last event of the request: usage is final
+    sched_usage usage;          // the request's usage so far
+} sched_event;
+
+// Events of one sched_update, grouped by request, sequence index ascending.
+// The array is owned by the scheduler and valid until the next sched_update.
+typedef struct sched_events {
+    int32_t n;
+    const sched_event *ev; // [n]
+} sched_events;
+
+typedef struct sched_stats {
+    int32_t n_running, n_waiting, n_swapped; // requests
+    int32_t n_running_seqs;                  // live sequences of running requests
+    int64_t n_steps;
+    int64_t n_admitted, n_rejected, n_finished, n_aborted;
+    int64_t n_preempt_recompute, n_preempt_swap;
+    int64_t n_swap_out_blocks, n_swap_in_blocks, n_cow_copies;
+    kvp_stats kv; // device/host usage, prefix hits
+} sched_stats;
+
+// Defaults (vLLM's where they exist): block_size 16, prefix caching on,
+// 2048 batched tokens, 256 seqs, chunked prefill on, FCFS, recompute.
+// num_blocks and max_model_len are left 0: the caller sets them.
+void sched_config_default(sched_config *c);
+
+// Creates a scheduler and its block pool. PG_EINVAL on a bad config.
+int sched_create(const sched_config *cfg, sched **out);
+
+// Frees everything, live requests included (no events).
+void sched_destroy(sched *s);
+
+// Admits a request to the waiting queue. Returns 0, or a negative code with
+// the reason in pg_err_msg(): PG_EINVAL for a request that can never run
+// (bad parameters, prompt + max_tokens beyond max_model_len, more KV blocks
+// than the whole pool, a prompt that does not fit one step with chunked
+// prefill off, a duplicate id), PG_ENOSPC when the queue is full
+// (max_waiting).
+int sched_add_request(sched *s, const sched_request *req);
+
+// Aborts request `id` wherever it is. Its blocks return to the pool now, or
+// - if it is in the plan in flight - at the next sched_update (which drops
+// its output). Its finish events (ABORT) come with the next sched_update.
+// PG_ENOTFOUND if no live request has this id (already finished: harmless).
+int sched_abort(sched *s, int64_t id);
+
+// Finishes one sequence of a request early with `reason` (a stop string
+// matched: SCHED_FINISH_STOP), same timing rules as sched_abort. The request
+// finishes when its last sequence does. PG_ENOTFOUND / PG_EINVAL on unknown
+// request or index, or an already finished sequence.
+int sched_finish_seq(sched *s, int64_t id, int32_t seq_index, sched_finish_reason reason);
+
+// Plans the next step. *plan is owned by the scheduler, valid until
+// sched_update; it may have n_seqs 0 (still pass it to sched_update: the
+// runner may be skipped, with an empty output). PG_EINVAL if the previous
+// plan was not updated.
+int sched_step(sched *s, const pg_batch_plan **plan);
+
+// Consumes the runner's output for the plan in flight: advances computed
+// tokens, appends sampled tokens, applies stop rules, frees finished
+// requests, and returns this step's events (and those of aborts since the
+// last update) in *ev. `out` NULL means the step failed: every request in
+// the plan finishes with SCHED_FINISH_ERROR. An output that does not match
+// the plan (count or seq ids) is treated the same and returns PG_EINVAL;
+// the scheduler stays consistent either way.
+int sched_update(sched *s, const pg_step_output *out, sched_events *ev);
+
+// Whether a step would do anything: live requests or undelivered events.
+bool sched_has_work(const sched *s);
+
+void sched_stats_get(const sched *s, sched_stats *out);
+
+// The block pool (read-only use: stats, tests).
+const kvp_pool *sched_pool(const sched *s);
+
+// Verifies every invariant: each block's ref count equals the tables that
+// hold it, free lists and prefix-cache map are consistent, queues and
+// request states agree, running sequences within max_num_seqs. 0 or
+// PG_EINVAL with the first violation. O(blocks + requests); for tests.
+int sched_check(const sched *s);

@@ -1,0 +1,838 @@
+// tests/unit/test_kvpool.c - block pool: exact block ids for allocation
+// order, sharing, copy-on-write, prefix hits, eviction order and swap plans
+// (in the spirit of vLLM's tests/v1/core/test_prefix_caching.py).
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/err.h"
+#include "kvpool/kvpool.h"
+
+// ---------------------------------------------------------------------------
+// Helpers
+
+static kvp_pool *make_pool(int32_t n_blocks, int32_t n_host, int32_t bs, bool caching) {
+    kvp_config c;
+    kvp_config_default(&c);
+    c.num_blocks = n_blocks;
+    c.num_host_blocks = n_host;
+    c.block_size = bs;
+    c.enable_prefix_caching = caching;
+    kvp_pool *p = NULL;
+    assert_int_equal(kvp_create(&c, &p), 0);
+    return p;
+}
+
+// Grows one table by n tokens (must succeed).
+static void grow(kvp_pool *p, kvp_table *t, int32_t n, kvp_moves *copies) {
+    kvp_grow_item it = {t, 0, n};
+    assert_int_equal(kvp_grow(p, &it, 1, copies), 0);
+}
+
+static void assert_blocks(const kvp_table *t, const int32_t *want, int32_t n) {
+    assert_int_equal(t->n_blocks, n);
+    for (int32_t i = 0; i < n; i++) {
+        if (t->blocks[i] != want[i]) fail_msg("block %d is %d, want %d", i, t->blocks[i], want[i]);
+    }
+}
+#define ASSERT_BLOCKS(t, ...)                                                                      \
+    do {                                                                                           \
+        const int32_t want_[] = {__VA_ARGS__};                                                     \
+        assert_blocks((t), want_, (int32_t)(sizeof want_ / sizeof want_[0]));                      \
+    } while (0)
+
+static void assert_moves(const kvp_moves *m, const int32_t *pairs, int32_t n) {
+    assert_int_equal(m->n, n);
+    for (int32_t i = 0; i < n; i++) {
+        if (m->v[i].from != pairs[2 * i] || m->v[i].to != pairs[2 * i + 1])
+            fail_msg("move %d is %d->%d, want %d->%d", i, m->v[i].from, m->v[i].to, pairs[2 * i],
+                     pairs[2 * i + 1]);
+    }
+}
+#define ASSERT_MOVES(m, ...)                                                                       \
+    do {                                                                                           \
+        const int32_t want_[] = {__VA_ARGS__};                                                     \
+        assert_moves((m), want_, (int32_t)(sizeof want_ / sizeof want_[0] / 2));                   \
+    } while (0)
+
+// Checks the pool against the owners counted from `tables`.
+static void check_pool(const kvp_pool *p, kvp_table **tables, int32_t n) {
+    int32_t nb = kvp_num_usable(p) + 1, nh = kvp_num_host_blocks(p);
+    int32_t *dev = calloc((size_t)nb, sizeof(int32_t));
+    int32_t *host = calloc((size_t)(nh ? nh : 1), sizeof(int32_t));
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t j = 0; j < tables[i]->n_blocks; j++) {
+            if (tables[i]->swapped) {
+                host[tables[i]->blocks[j]]++;
+            } else {
+                dev[tables[i]->blocks[j]]++;
+            }
+        }
+    int rc = kvp_check(p, dev, host);
+    if (rc) fail_msg("%s", pg_err_msg());
+    free(dev);
+    free(host);
+}
+
+static void seq_tokens(int32_t *tok, int32_t n, int32_t base) {
+    for (int32_t i = 0; i < n; i++) tok[i] = base + i;
+}
+
+// ---------------------------------------------------------------------------
+// Allocation
+
+static void test_config_rejected(void **state) {
+    (void)state;
+    kvp_config c;
+    kvp_config_default(&c);
+    kvp_pool *p = NULL;
+    c.num_blocks = 1;
+    assert_int_equal(kvp_create(&c, &p), PG_EINVAL);
+    assert_null(p);
+    c.num_blocks = 8;
+    c.block_size = 0;
+    assert_int_equal(kvp_create(&c, &p), PG_EINVAL);
+    c.block_size = 16;
+    c.num_host_blocks = -1;
+    assert_int_equal(kvp_create(&c, &p), PG_EINVAL);
+}
+
+static void test_alloc_ascending_skips_null_block(void **state) {
+    (void)state;
+    kvp_pool *p = make_pool(10, 0, 4, true);
+    assert_int_equal(kvp_num_usable(p), 9);
+    assert_int_equal(kvp_num_free(p), 9);
+    kvp_moves cp = {0};
+    kvp_table a;
+    kvp_table_init(&a);
+    grow(p, &a, 10, &cp); // 10 tokens -> 3 blocks
+    ASSERT_BLOCKS(&a, 1, 2, 3);
+    assert_int_equal(a.n_tokens, 10);
+    grow(p, &a, 2, &cp); // fills block 3, no new block
+    ASSERT_BLOCKS(&a, 1, 2, 3);
+    grow(p, &a, 1, &cp);
+    ASSERT_BLOCKS(&a, 1, 2, 3, 4);
+    assert_int_equal(kvp_num_free(p), 5);
+    assert_int_equal(cp.n, 0);
+    assert_int_equal(kvp_block_ref(p, 0), 0);
+    kvp_table *ts[] = {&a};
+    check_pool(p, ts, 1);
+    kvp_table_release(p, &a);
+    assert_int_equal(kvp_num_free(p), 9);
+    check_pool(p, ts, 1);
+    kvp_table_fini(&a);
+    kvp_moves_fini(&cp);
+    kvp_destroy(p);
+}
+
+static void test_alloc_all_or_nothing(void **state) {
+    (void)state;
+    kvp_pool *p = make_pool(5, 0, 4, false); // 4 usable
+    kvp_moves cp = {0};
+    kvp_table a, b, c;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    kvp_table_init(&c);
+    grow(p, &a, 12, &cp);
+    ASSERT_BLOCKS(&a, 1, 2, 3);
+    kvp_grow_item two[] = {{&b, 0, 4}, {&c, 0, 4}};
+    assert_int_equal(kvp_grow_cost(p, two, 2), 2);
+    assert_int_equal(kvp_grow(p, two, 2, &cp), PG_ENOSPC);
+    assert_int_equal(b.n_blocks + c.n_blocks, 0); // nothing happened
+    assert_int_equal(b.n_tokens, 0);
+    assert_int_equal(kvp_num_free(p), 1);
+    assert_int_equal(kvp_grow(p, two, 1, &cp), 0); // one fits
+    ASSERT_BLOCKS(&b, 4);
+    assert_int_equal(kvp_num_free(p), 0);
+    kvp_table *ts[] = {&a, &b, &c};
+    check_pool(p, ts, 3);
+    for (int i = 0; i < 3; i++) {
+        kvp_table_release(p, ts[i]);
+        kvp_table_fini(ts[i]);
+    }
+    kvp_moves_fini(&cp);
+    kvp_destroy(p);
+}
+
+// Without caching, freed blocks are pushed at the head: the next
+// allocation reuses the most recently freed, the table's head first.
+static void test_release_uncached_reused_first(void **state) {
+    (void)state;
+    kvp_pool *p = make_pool(10, 0, 4, false);
+    kvp_moves cp = {0};
+    kvp_table a, b;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    grow(p, &a, 12, &cp);
+    ASSERT_BLOCKS(&a, 1, 2, 3);
+    kvp_table_release(p, &a); // tail first: 3, 2, 1 each pushed at the head
+    grow(p, &b, 16, &cp);
+    ASSERT_BLOCKS(&b, 1, 2, 3, 4);
+    kvp_table_release(p, &b);
+    kvp_table_fini(&a);
+    kvp_table_fini(&b);
+    kvp_moves_fini(&cp);
+    kvp_destroy(p);
+}
+
+// ---------------------------------------------------------------------------
+// Prefix caching
+
+static void test_prefix_hit_shares_full_blocks(void **state) {
+    (void)state;
+    kvp_pool *p = make_pool(11, 0, 4, true);
+    kvp_moves cp = {0};
+    int32_t ta[14], tb[14];
+    seq_tokens(ta, 14, 100);
+    memcpy(tb, ta, sizeof ta);
+    tb[12] = 7; // differs in the 4th block only
+    kvp_table a, b;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    assert_int_equal(kvp_table_lookup(p, &a, ta, 14), 0);
+    grow(p, &a, 14, &cp);
+    ASSERT_BLOCKS(&a, 1, 2, 3, 4);
+    // Not committed yet: nothing findable (the forward has not run).
+    assert_int_equal(kvp_table_lookup(p, &b, tb, 14), 0);
+    kvp_table_commit(p, &a, ta, 14);
+    assert_int_equal(a.n_cached, 3);
+    assert_true(kvp_block_cached(p, 1) && kvp_block_cached(p, 3));
+    assert_false(kvp_block_cached(p, 4)); // partial
+    int32_t hits = kvp_table_lookup(p, &b, tb, 14);
+    assert_int_equal(hits, 3);
+    kvp_note_lookup(p, 14, hits * 4);
+    kvp_grow_item it = {&b, hits, 14 - 12};
+    assert_int_equal(kvp_grow_cost(p, &it, 1), 1); // hits are in use: only the new block
+    assert_int_equal(kvp_grow(p, &it, 1, &cp), 0);
+    ASSERT_BLOCKS(&b, 1, 2, 3, 5);
+    assert_int_equal(b.n_tokens, 14);
+    assert_int_equal(b.n_cached, 3);
+    assert_int_equal(kvp_block_ref(p, 1), 2);
+    assert_int_equal(kvp_block_ref(p, 3), 2);
+    assert_int_equal(kvp_block_ref(p, 4), 1);
+    kvp_stats st;
+    kvp_stats_get(p, &st);
+    assert_int_equal(st.prefix_queries, 14);
+    assert_int_equal(st.prefix_hits, 12);
+    assert_int_equal(st.num_cached, 3);
+    assert_int_equal(st.num_used, 5);
+    kvp_table *ts[] = {&a, &b};
+    check_pool(p, ts, 2);
+    kvp_table_release(p, &a);
+    kvp_table_release(p, &b);
+    check_pool(p, ts, 2);
+    kvp_table_fini(&a);
+    kvp_table_fini(&b);
+    kvp_moves_fini(&cp);
+    kvp_destroy(p);
+}
+
+// A prompt of exactly k full cached blocks hits only k - 1: the last token
+// must be computed to get logits.
+static void test_prefix_hit_never_whole_prompt(void **state) {
+    (void)state;
+    kvp_pool *p = make_pool(11, 0, 4, true);
+    kvp_moves cp = {0};
+    int32_t t[12];
+    seq_tokens(t, 12, 5);
+    kvp_table a, b;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    grow(p, &a, 12, &cp);
+    kvp_table_commit(p, &a, t, 12);
+    assert_int_equal(a.n_cached, 3);
+    assert_int_equal(kvp_table_lookup(p, &b, t, 12), 2);
+    assert_int_equal(kvp_table_lookup(p, &b, t, 13), 3); // 13 tokens: 3 full blocks may hit
+    assert_int_equal(kvp_table_lookup(p, &b, t, 1), 0);
+    kvp_table_release(p, &a);
+    kvp_table_fini(&a);
+    kvp_table_fini(&b);
+    kvp_moves_fini(&cp);
+    kvp_destroy(p);
+}
+
+// Freed cached blocks stay findable; eviction takes the free list's head:
+// uncached blocks first, then cached ones tail block first (LRU), so a
+// prefix's head survives longest.
+static void test_freed_cached_blocks_lru_eviction(void **state) {
+    (void)state;
+    kvp_pool *p = make_pool(8, 0, 4, true); // usable 1..7
+    kvp_moves cp = {0};
+    int32_t t[14];
+    seq_tokens(t, 14, 40);
+    kvp_table a, b, c;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    kvp_table_init(&c);
+    grow(p, &a, 14, &cp);
+    ASSERT_BLOCKS(&a, 1, 2, 3, 4);
+    kvp_table_commit(p, &a, t, 14);
+    kvp_table_release(p, &a);
+    // Free list now: 4 (uncached, head), 5, 6, 7, then 3, 2, 1 (cached, LRU).
+    kvp_stats st;
+    kvp_stats_get(p, &st);
+    assert_int_equal(st.num_free, 7);
+    assert_int_equal(st.num_cached_free, 3);
+    // A hit on freed blocks takes them out of the free list: cost counts them.
+    int32_t hits = kvp_table_lookup(p, &b, t, 14);
+    assert_int_equal(hits, 3);
+    kvp_grow_item it = {&b, hits, 2};
+    assert_int_equal(kvp_grow_cost(p, &it, 1), 4);
+    assert_int_equal(kvp_grow(p, &it, 1, &cp), 0);
+    ASSERT_BLOCKS(&b, 1, 2, 3, 4);
+    kvp_table_release(p, &b);
+    // Eviction: 6 blocks -> 4, 5, 6, 7, then 3 and 2 (evicted), 1 stays cached.
+    grow(p, &c, 24, &cp);
+    ASSERT_BLOCKS(&c, 4, 5, 6, 7, 3, 2);
+    assert_true(kvp_block_cached(p, 1));
+    assert_false(kvp_block_cached(p, 2));
+    assert_false(kvp_block_cached(p, 3));
+    kvp_stats_get(p, &st);
+    assert_int_equal(st.evictions, 2);
+    assert_int_equal(st.num_cached, 1);
+    assert_int_equal(kvp_table_lookup(p, &b, t, 14), 1); // only the head block survives
+    kvp_table *ts[] = {&a, &b, &c};
+    check_pool(p, ts, 3);
+    kvp_table_release(p, &c);
+    kvp_table_fini(&a);
+    kvp_table_fini(&b);
+    kvp_table_fini(&c);
+    kvp_moves_fini(&cp);
+    kvp_destroy(p);
+}
+
+// Two sequences compute the same block concurrently: the first commit
+// caches it, the second block stays private and is reused first when freed.
+static void test_duplicate_content_stays_private(void **state) {
+    (void)state;
+    kvp_pool *p = make_pool(8, 0, 4, true);
+    kvp_moves cp = {0};
+    int32_t t[8];
+    seq_tokens(t, 8, 9);
+    kvp_table a, b, c;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    kvp_table_init(&c);
+    grow(p, &a, 8, &cp);
+    grow(p, &b, 8, &cp);
+    ASSERT_BLOCKS(&a, 1, 2);
+    ASSERT_BLOCKS(&b, 3, 4);
+    kvp_table_commit(p, &a, t, 8);
+    kvp_table_commit(p, &b, t, 8);
+    assert_true(kvp_block_cached(p, 1) && kvp_block_cached(p, 2));
+    assert_false(kvp_block_cached(p, 3) || kvp_block_cached(p, 4));
+    kvp_table_release(p, &b); // uncached: to the head
+    grow(p, &c, 4, &cp);
+    ASSERT_BLOCKS(&c, 3);
+    kvp_table *ts[] = {&a, &b, &c};
+    check_pool(p, ts, 3);
+    kvp_table_release(p, &a);
+    kvp_table_release(p, &c);
+    kvp_table_fini(&a);
+    kvp_table_fini(&b);
+    kvp_table_fini(&c);
+    kvp_moves_fini(&cp);
+    kvp_destroy(p);
+}
+
+static void test_prefix_caching_off(void **state) {
+    (void)state;
+    kvp_pool *p = make_pool(8, 0, 4, false);
+    kvp_moves cp = {0};
+    int32_t t[9];
+    seq_tokens(t, 9, 1);
+    kvp_table a, b;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    grow(p, &a, 9, &cp);
+    kvp_table_commit(p, &a, t, 9);
+    assert_false(kvp_block_cached(p, 1));
+    assert_int_equal(kvp_table_lookup(p, &b, t, 9), 0);
+    kvp_note_lookup(p, 9, 0);
+    kvp_stats st;
+    kvp_stats_get(p, &st);
+    assert_int_equal(st.num_cached, 0);
+    assert_int_equal(st.prefix_queries, 0);
+    kvp_table_release(p, &a);
+    kvp_table_fini(&a);
+    kvp_table_fini(&b);
+    kvp_moves_fini(&cp);
+    kvp_destroy(p);
+}
+
+// Same tokens at a different position (another parent) hash differently.
+static void test_hash_is_chained(void **state) {
+    (void)state;
+    kvp_pool *p = make_pool(8, 0, 4, true);
+    kvp_moves cp = {0};
+    int32_t ta[9] = {1, 2, 3, 4, 5, 6, 7, 8, 0};
+    int32_t tb[9] = {9, 9, 9, 9, 5, 6, 7, 8, 0};
+    kvp_table a, b;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    grow(p, &a, 8, &cp);
+    kvp_table_commit(p, &a, ta, 8);
+    assert_int_equal(kvp_table_lookup(p, &b, tb, 9), 0); // block 2 equal, parent not
+    assert_int_equal(b.n_hashes, 2);
+    assert_true(a.hashes[1].lo != b.hashes[1].lo || a.hashes[1].hi != b.hashes[1].hi);
+    kvp_table_release(p, &a);
+    kvp_table_fini(&a);
+    kvp_table_fini(&b);
+    kvp_moves_fini(&cp);
+    kvp_destroy(p);
+}
+
+// ---------------------------------------------------------------------------
+// Sharing and copy on write
+
+static void test_fork_cow_on_shared_partial_block(void **state) {
+    (void)state;
+    kvp_pool *p = make_pool(10, 0, 4, true);
+    kvp_moves cp = {0};
+    int32_t t[6];
+    seq_tokens(t, 6, 0);
+    kvp_table a, b, c;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    kvp_table_init(&c);
+    grow(p, &a, 6, &cp);
+    ASSERT_BLOCKS(&a, 1, 2);
+    kvp_table_commit(p, &a, t, 6);
+    kvp_table_fork(p, &a, &b, 6);
+    kvp_table_fork(p, &a, &c, 6);
+    ASSERT_BLOCKS(&b, 1, 2);
+    assert_int_equal(b.n_tokens, 6);
+    assert_int_equal(b.n_cached, 1);
+    assert_int_equal(b.n_hashes, 1);
+    assert_int_equal(kvp_block_ref(p, 2), 3);
+    // All three write position 6: two copies, the last writer keeps block 2.
+    kvp_grow_item it[] = {{&a, 0, 1}, {&b, 0, 1}, {&c, 0, 1}};
+    assert_int_equal(kvp_grow_cost(p, it, 3), 2);
+    assert_int_equal(kvp_grow(p, it, 3, &cp), 0);
+    ASSERT_MOVES(&cp, 2, 3, 2, 4);
+    ASSERT_BLOCKS(&a, 1, 3);
+    ASSERT_BLOCKS(&b, 1, 4);
+    ASSERT_BLOCKS(&c, 1, 2);
+    assert_int_equal(kvp_block_ref(p, 1), 3);
+    assert_int_equal(kvp_block_ref(p, 2), 1);
+    kvp_table *ts[] = {&a, &b, &c};
+    check_pool(p, ts, 3);
+    // Now private: further writes copy nothing.
+    cp.n = 0;
+    kvp_grow_item it2[] = {{&a, 0, 3}, {&c, 0, 3}};
+    assert_int_equal(kvp_grow_cost(p, it2, 2), 2); // each crosses into a new block
+    assert_int_equal(kvp_grow(p, it2, 2, &cp), 0);
+    assert_int_equal(cp.n, 0);
+    ASSERT_BLOCKS(&a, 1, 3, 5);
+    ASSERT_BLOCKS(&c, 1, 2, 6);
+    check_pool(p, ts, 3);
+    for (int i = 0; i < 3; i++) {
+        kvp_table_release(p, ts[i]);
+        kvp_table_fini(ts[i]);
+    }
+    check_pool(p, ts, 3);
+    kvp_moves_fini(&cp);
+    kvp_destroy(p);
+}
+
+// Only some holders write this step: each of them copies.
+static void test_cow_partial_writers(void **state) {
+    (void)state;
+    kvp_pool *p = make_pool(10, 0, 4, false);
+    kvp_moves cp = {0};
+    kvp_table a, b, c;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    kvp_table_init(&c);
+    grow(p, &a, 3, &cp);
+    kvp_table_fork(p, &a, &b, 3);
+    kvp_table_fork(p, &a, &c, 3);
+    kvp_grow_item it[] = {{&b, 0, 1}, {&c, 0, 1}};
+    assert_int_equal(kvp_grow_cost(p, it, 2), 2);
+    assert_int_equal(kvp_grow(p, it, 2, &cp), 0);
+    ASSERT_MOVES(&cp, 1, 2, 1, 3);
+    ASSERT_BLOCKS(&a, 1);
+    ASSERT_BLOCKS(&b, 2);
+    ASSERT_BLOCKS(&c, 3);
+    kvp_table *ts[] = {&a, &b, &c};
+    check_pool(p, ts, 3);
+    for (int i = 0; i < 3; i++) {
+        kvp_table_release(p, ts[i]);
+        kvp_table_fini(ts[i]);
+    }
+    kvp_moves_fini(&cp);
+    kvp_destroy(p);
+}
+
+// A fork on a block boundary shares full blocks only: no copy at all.
+static void test_fork_on_block_boundary_no_copy(void **state) {
+    (void)state;
+    kvp_pool *p = make_pool(10, 0, 4, false);
+    kvp_moves cp = {0};
+    kvp_table a, b;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    grow(p, &a, 8, &cp);
+    kvp_table_fork(p, &a, &b, 8);
+    kvp_grow_item it[] = {{&a, 0, 1}, {&b, 0, 1}};
+    assert_int_equal(kvp_grow_cost(p, it, 2), 2);
+    assert_int_equal(kvp_grow(p, it, 2, &cp), 0);
+    assert_int_equal(cp.n, 0);
+    ASSERT_BLOCKS(&a, 1, 2, 3);
+    ASSERT_BLOCKS(&b, 1, 2, 4);
+    kvp_table_release(p, &a);
+    kvp_table_release(p, &b);
+    kvp_table_fini(&a);
+    kvp_table_fini(&b);
+    kvp_moves_fini(&cp);
+    kvp_destroy(p);
+}
+
+// A copy needs a free block too: with none left, nothing happens.
+static void test_cow_needs_room(void **state) {
+    (void)state;
+    kvp_pool *p = make_pool(3, 0, 4, false); // blocks 1, 2
+    kvp_moves cp = {0};
+    kvp_table a, b;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    grow(p, &a, 6, &cp);
+    kvp_table_fork(p, &a, &b, 6);
+    assert_int_equal(kvp_num_free(p), 0);
+    kvp_grow_item it = {&b, 0, 1};
+    assert_int_equal(kvp_grow(p, &it, 1, &cp), PG_ENOSPC);
+    assert_int_equal(cp.n, 0);
+    ASSERT_BLOCKS(&b, 1, 2);
+    assert_int_equal(b.n_tokens, 6);
+    kvp_table_release(p, &b);
+    it.t = &a; // sole owner now: in place
+    assert_int_equal(kvp_grow(p, &it, 1, &cp), 0);
+    assert_int_equal(cp.n, 0);
+    kvp_table_release(p, &a);
+    kvp_table_fini(&a);
+    kvp_table_fini(&b);
+    kvp_moves_fini(&cp);
+    kvp_destroy(p);
+}
+
+static void test_move_blocks(void **state) {
+    (void)state;
+    kvp_pool *p = make_pool(6, 0, 4, false);
+    kvp_moves cp = {0};
+    kvp_table a, b;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    grow(p, &a, 5, &cp);
+    kvp_table_move_blocks(p, &b, &a, 5);
+    assert_int_equal(a.n_blocks, 0);
+    assert_int_equal(a.n_tokens, 0);
+    ASSERT_BLOCKS(&b, 1, 2);
+    assert_int_equal(b.n_tokens, 5);
+    kvp_table *ts[] = {&a, &b};
+    check_pool(p, ts, 2);
+    kvp_table_release(p, &b);
+    kvp_table_fini(&a);
+    kvp_table_fini(&b);
+    kvp_moves_fini(&cp);
+    kvp_destroy(p);
+}
+
+// ---------------------------------------------------------------------------
+// Swap
+
+static void test_swap_out_and_in_plans(void **state) {
+    (void)state;
+    kvp_pool *p = make_pool(10, 6, 4, false);
+    kvp_moves cp = {0}, mv = {0};
+    kvp_table a, b;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    grow(p, &a, 6, &cp);          // a: 1 2
+    kvp_table_fork(p, &a, &b, 6); // b shares 1 2
+    grow(p, &b, 3, &cp);          // b copies 2 -> 3, then 4
+    ASSERT_MOVES(&cp, 2, 3);
+    ASSERT_BLOCKS(&b, 1, 3, 4);
+    kvp_table *ts[] = {&a, &b};
+    assert_int_equal(kvp_swap_out_cost(p, ts, 2), 4); // 1 is shared: copied once
+    assert_int_equal(kvp_swap_out(p, ts, 2, &mv), 0);
+    ASSERT_MOVES(&mv, 1, 0, 2, 1, 3, 2, 4, 3);
+    assert_true(a.swapped && b.swapped);
+    ASSERT_BLOCKS(&a, 0, 1);
+    ASSERT_BLOCKS(&b, 0, 2, 3);
+    assert_int_equal(kvp_host_ref(p, 0), 2);
+    assert_int_equal(kvp_num_free(p), 9);
+    assert_int_equal(kvp_num_host_free(p), 2);
+    check_pool(p, ts, 2);
+    // Freed device blocks were pushed at the head (a: 2; b: 4, 3, 1), so the
+    // swap-in gets 1, 3, 4, 2 for host blocks 0, 1, 2, 3.
+    mv.n = 0;
+    assert_int_equal(kvp_swap_in_cost(p, ts, 2), 4);
+    assert_int_equal(kvp_swap_in(p, ts, 2, &mv), 0);
+    ASSERT_MOVES(&mv, 0, 1, 1, 3, 2, 4, 3, 2);
+    assert_false(a.swapped || b.swapped);
+    ASSERT_BLOCKS(&a, 1, 3);
+    ASSERT_BLOCKS(&b, 1, 4, 2);
+    assert_int_equal(kvp_block_ref(p, 1), 2);
+    assert_int_equal(kvp_num_host_free(p), 6);
+    check_pool(p, ts, 2);
+    kvp_table_release(p, &a);
+    kvp_table_release(p, &b);
+    kvp_table_fini(&a);
+    kvp_table_fini(&b);
+    kvp_moves_fini(&cp);
+    kvp_moves_fini(&mv);
+    kvp_destroy(p);
+}
+
+static void test_swap_all_or_nothing(void **state) {
+    (void)state;
+    kvp_pool *p = make_pool(6, 2, 4, false);
+    kvp_moves cp = {0}, mv = {0};
+    kvp_table a, b;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    grow(p, &a, 12, &cp); // 3 blocks > 2 host blocks
+    kvp_table *ta[] = {&a};
+    assert_int_equal(kvp_swap_out(p, ta, 1, &mv), PG_ENOSPC);
+    assert_int_equal(mv.n, 0);
+    assert_false(a.swapped);
+    ASSERT_BLOCKS(&a, 1, 2, 3);
+    kvp_table_release(p, &a);
+    grow(p, &a, 8, &cp);
+    assert_int_equal(kvp_swap_out(p, ta, 1, &mv), 0);
+    grow(p, &b, 20, &cp); // the device fills up: 5 blocks
+    assert_int_equal(kvp_num_free(p), 0);
+    assert_int_equal(kvp_swap_in(p, ta, 1, &mv), PG_ENOSPC);
+    assert_true(a.swapped);
+    kvp_table *ts[] = {&a, &b};
+    check_pool(p, ts, 2);
+    kvp_table_release(p, &b);
+    kvp_table_release(p, &a); // releasing a swapped table frees host blocks
+    assert_int_equal(kvp_num_host_free(p), 2);
+    check_pool(p, ts, 2);
+    kvp_table_fini(&a);
+    kvp_table_fini(&b);
+    kvp_moves_fini(&cp);
+    kvp_moves_fini(&mv);
+    kvp_destroy(p);
+}
+
+// Blocks cached before a swap-out are findable again after the swap-in,
+// under their new ids (unless the cache still holds the old copy).
+static void test_swap_in_reoffers_cached_blocks(void **state) {
+    (void)state;
+    kvp_pool *p = make_pool(6, 4, 4, true);
+    kvp_moves cp = {0}, mv = {0};
+    int32_t t[10];
+    seq_tokens(t, 10, 3);
+    kvp_table a, b, c;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    kvp_table_init(&c);
+    grow(p, &a, 10, &cp);
+    kvp_table_commit(p, &a, t, 10); // 1, 2 cached
+    kvp_table *ta[] = {&a};
+    assert_int_equal(kvp_swap_out(p, ta, 1, &mv), 0);
+    grow(p, &b, 20, &cp); // uses every device block: evicts 1 and 2
+    ASSERT_BLOCKS(&b, 3, 4, 5, 2, 1);
+    assert_int_equal(kvp_block_cached(p, 1) || kvp_block_cached(p, 2), false);
+    kvp_table_release(p, &b);
+    mv.n = 0;
+    assert_int_equal(kvp_swap_in(p, ta, 1, &mv), 0);
+    // b was freed tail first, each block pushed at the head: 3 4 5 2 1.
+    ASSERT_MOVES(&mv, 0, 3, 1, 4, 2, 5);
+    ASSERT_BLOCKS(&a, 3, 4, 5);
+    assert_true(kvp_block_cached(p, 3) && kvp_block_cached(p, 4));
+    assert_false(kvp_block_cached(p, 5));
+    assert_int_equal(kvp_table_lookup(p, &c, t, 10), 2);
+    kvp_table *ts[] = {&a, &b, &c};
+    check_pool(p, ts, 3);
+    kvp_table_release(p, &a);
+    kvp_table_fini(&a);
+    kvp_table_fini(&b);
+    kvp_table_fini(&c);
+    kvp_moves_fini(&cp);
+    kvp_moves_fini(&mv);
+    kvp_destroy(p);
+}
+
+// Growth cost of swapped tables = what it will be after the swap-in.
+static void test_grow_cost_on_swapped_tables(void **state) {
+    (void)state;
+    kvp_pool *p = make_pool(10, 6, 4, false);
+    kvp_moves cp = {0}, mv = {0};
+    kvp_table a, b;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    grow(p, &a, 6, &cp);
+    kvp_table_fork(p, &a, &b, 6);
+    kvp_table *ts[] = {&a, &b};
+    assert_int_equal(kvp_swap_out(p, ts, 2, &mv), 0);
+    kvp_grow_item it[] = {{&a, 0, 1}, {&b, 0, 1}};
+    int32_t cost = kvp_grow_cost(p, it, 2);
+    assert_int_equal(cost, 1);
+    assert_int_equal(kvp_swap_in_cost(p, ts, 2), 2);
+    assert_int_equal(kvp_swap_in(p, ts, 2, &mv), 0);
+    assert_int_equal(kvp_grow_cost(p, it, 2), cost);
+    check_pool(p, ts, 2);
+    kvp_table_release(p, &a);
+    kvp_table_release(p, &b);
+    kvp_table_fini(&a);
+    kvp_table_fini(&b);
+    kvp_moves_fini(&cp);
+    kvp_moves_fini(&mv);
+    kvp_destroy(p);
+}
+
+// ---------------------------------------------------------------------------
+// Statistics and random operations
+
+static void test_stats_usage(void **state) {
+    (void)state;
+    kvp_pool *p = make_pool(11, 4, 4, true);
+    kvp_moves cp = {0};
+    kvp_table a;
+    kvp_table_init(&a);
+    grow(p, &a, 20, &cp);
+    kvp_stats st;
+    kvp_stats_get(p, &st);
+    assert_int_equal(st.num_blocks, 10);
+    assert_int_equal(st.num_used, 5);
+    assert_int_equal(st.num_free, 5);
+    assert_true(st.usage > 0.499 && st.usage < 0.501);
+    assert_int_equal(st.num_host_blocks, 4);
+    assert_int_equal(st.num_host_free, 4);
+    assert_true(st.host_usage == 0.0);
+    kvp_table_release(p, &a);
+    kvp_table_fini(&a);
+    kvp_moves_fini(&cp);
+    kvp_destroy(p);
+}
+
+static uint64_t rng_next(uint64_t *s) {
+    *s += 0x9e3779b97f4a7c15ull;
+    uint64_t z = *s;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// Random grow / commit / fork / release / swap on a tiny pool, checking
+// ref counts against owners and the free list / cache map after each op.
+static void test_random_ops_keep_invariants(void **state) {
+    (void)state;
+    enum { NT = 12, MAXTOK = 64 };
+    kvp_pool *p = make_pool(24, 12, 4, true);
+    kvp_moves cp = {0}, mv = {0};
+    kvp_table t[NT];
+    int32_t tok[NT][MAXTOK];
+    int32_t computed[NT] = {0};
+    kvp_table *ts[NT];
+    for (int i = 0; i < NT; i++) {
+        kvp_table_init(&t[i]);
+        ts[i] = &t[i];
+        for (int j = 0; j < MAXTOK; j++) tok[i][j] = (i % 3) * 1000 + j; // 3 shared contents
+    }
+    uint64_t rng = 42;
+    int64_t n_hits = 0, n_cow = 0, n_swaps = 0;
+    for (int step = 0; step < 20000; step++) {
+        int i = (int)(rng_next(&rng) % NT);
+        kvp_table *x = &t[i];
+        switch (rng_next(&rng) % 6) {
+        case 0: { // grow (with a lookup when empty)
+            if (x->swapped) break;
+            int32_t n = 1 + (int32_t)(rng_next(&rng) % 9);
+            if (x->n_tokens + n > MAXTOK) break;
+            int32_t hits = x->n_blocks ? 0 : kvp_table_lookup(p, x, tok[i], x->n_tokens + n);
+            if (hits * 4 > x->n_tokens + n - 1) fail_msg("hit covers the whole sequence");
+            kvp_grow_item it = {x, hits, x->n_tokens + n - hits * 4 - x->n_tokens};
+            if (kvp_grow(p, &it, 1, &cp) == 0) {
+                computed[i] = hits * 4;
+                n_hits += hits;
+                n_cow += cp.n;
+            }
+            break;
+        }
+        case 1: // commit what was grown
+            if (!x->swapped) {
+                kvp_table_commit(p, x, tok[i], x->n_tokens);
+                computed[i] = x->n_tokens;
+            }
+            break;
+        case 2: { // fork into an empty table with the same content class
+            int j = (int)(rng_next(&rng) % NT);
+            if (j != i && t[j].n_blocks == 0 && j % 3 == i % 3 && x->n_tokens <= MAXTOK) {
+                kvp_table_fork(p, x, &t[j], x->n_tokens);
+                computed[j] = computed[i];
+            }
+            break;
+        }
+        case 3:
+            kvp_table_release(p, x);
+            computed[i] = 0;
+            break;
+        case 4:
+            if (x->n_blocks && !x->swapped) n_swaps += kvp_swap_out(p, &x, 1, &mv) == 0;
+            break;
+        case 5:
+            if (x->n_blocks && x->swapped) kvp_swap_in(p, &x, 1, &mv);
+            break;
+        }
+        // Hash entries must always come from the table's own tokens.
+        if (x->n_hashes > 0) {
+            int32_t b = x->n_hashes - 1;
+            kvp_table probe;
+            kvp_table_init(&probe);
+            (void)kvp_table_lookup(p, &probe, tok[i], (b + 1) * 4 + 1);
+            if (probe.hashes[b].lo != x->hashes[b].lo) fail_msg("hash %d of table %d stale", b, i);
+            kvp_table_fini(&probe);
+        }
+        check_pool(p, ts, NT);
+        cp.n = mv.n = 0;
+    }
+    for (int i = 0; i < NT; i++) {
+        kvp_table_release(p, &t[i]);
+        kvp_table_fini(&t[i]);
+    }
+    kvp_stats st;
+    kvp_stats_get(p, &st);
+    // The walk did reach the interesting paths.
+    assert_true(n_hits > 100 && n_cow > 20 && n_swaps > 100 && st.evictions > 100);
+    assert_int_equal(st.num_free, 23);
+    assert_int_equal(st.num_host_free, 12);
+    kvp_moves_fini(&cp);
+    kvp_moves_fini(&mv);
+    kvp_destroy(p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config_rejected),
+        cmocka_unit_test(test_alloc_ascending_skips_null_block),
+        cmocka_unit_test(test_alloc_all_or_nothing),
+        cmocka_unit_test(test_release_uncached_reused_first),
+        cmocka_unit_test(test_prefix_hit_shares_full_blocks),
+        cmocka_unit_test(test_prefix_hit_never_whole_prompt),
+        cmocka_unit_test(test_freed_cached_blocks_lru_eviction),
+        cmocka_unit_test(test_duplicate_content_stays_private),
+        cmocka_unit_test(test_prefix_caching_off),
+        cmocka_unit_test(test_hash_is_chained),
+        cmocka_unit_test(test_fork_cow_on_shared_partial_block),
+        cmocka_unit_test(test_cow_partial_writers),
+        cmocka_unit_test(test_fork_on_block_boundary_no_copy),
+        cmocka_unit_test(test_cow_needs_room),
+        cmocka_unit_test(test_move_blocks),
+        cmocka_unit_test(test_swap_out_and_in_plans),
+        cmocka_unit_test(test_swap_all_or_nothing),
+        cmocka_unit_test(test_swap_in_reoffers_cached_blocks),
+        cmocka_unit_test(test_grow_cost_on_swapped_tables),
+        cmocka_unit_test(test_stats_usage),
+        cmocka_unit_test(test_random_ops_keep_invariants),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
