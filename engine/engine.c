@@ -370,6 +370,7 @@ int pg_engine_create(const pg_engine_config *cfg, pg_engine_notify_fn notify, vo
     if ((rc = load_tokenizer(e)) < 0) goto fail;
     if ((rc = load_chat_template(e)) < 0) goto fail;
     if ((rc = pg_backend_cpu_create(cfg->n_threads, &e->backend)) < 0) goto fail;
+    e->backend->matmul_mode = cfg->matmul_mode;
 
     const pg_model_config *mc = &e->model->cfg;
     sched_config sc = cfg->sched;

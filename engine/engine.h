@@ -24,6 +24,7 @@ typedef struct pg_engine_config {
     const char *chat_template;   // NULL = the model's; a family name or a file
     const char *device;          // "cpu" (default), "cuda", "auto"
     int n_threads;               // CPU backend threads (0 = all)
+    pg_matmul_mode matmul_mode;  // CPU: exact f32 or llama.cpp-style quantized activations
     int64_t kv_cache_bytes;      // device KV memory (0 = default)
     int32_t kv_blocks;           // overrides kv_cache_bytes when > 0
     int64_t swap_bytes;          // host swap space (0 = none)

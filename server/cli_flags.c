@@ -18,6 +18,8 @@ const char *cli_engine_flags_help =
     "                                (default: the bundled SmolLM2-135M-Instruct Q4_1)\n"
     "  --device cpu|cuda|auto        compute device (default auto: CPU when no GPU)\n"
     "  --threads N                   CPU threads (default: all cores)\n"
+    "  --matmul-mode MODE            CPU products with GGUF block weights: default,\n"
+    "                                quant (8-bit activations, as llama.cpp), exact (f32)\n"
     "  --chat-template NAME|FILE     chatml, llama3, llama2, mistral, or a Jinja file\n"
     "KV cache and scheduling:\n"
     "  --kv-cache-memory BYTES       KV cache size, e.g. 2G (default 2G on CPU)\n"
@@ -102,6 +104,11 @@ int cli_engine_flag(pg_engine_config *c, int argc, char **argv, int *i) {
         if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto"))
             return pg_err_set(PG_EINVAL, "--device must be cpu, cuda or auto");
         c->device = v;
+        return 1;
+    }
+    if (!strcmp(f, "--matmul-mode")) {
+        NEED_VALUE();
+        if (pg_matmul_mode_parse(v, &c->matmul_mode) < 0) return pg_err_wrap(PG_EINVAL, "%s: ", f);
         return 1;
     }
     if (!strcmp(f, "--chat-template")) {

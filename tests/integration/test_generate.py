@@ -59,7 +59,7 @@ def test_hf_directory_matches_gguf():
             if dtype == "f32":
                 # f32 copies of the dequantized weights: the exact CPU path
                 # on the GGUF must produce the same tokens.
-                rc2, out2, err2 = generate("--model", MODEL, "--cpu-exact", *args)
+                rc2, out2, err2 = generate("--model", MODEL, "--matmul-mode", "exact", *args)
                 assert rc2 == 0, err2
                 assert out == out2, (out, out2)
             shutil.rmtree(d)
