@@ -406,6 +406,13 @@ int pg_engine_create(const pg_engine_config *cfg, pg_engine_notify_fn notify, vo
     e->stats.kv_bytes = (int64_t)per_block * e->kv_blocks;
     e->stats.weight_bytes = (int64_t)e->model->weight_bytes;
     sched_stats_get(e->sched, &e->stats.sched);
+    PG_LOGI("model %s (%s): %d layers, hidden %d, %d/%d heads, vocab %d; weights %.1f MiB",
+            mc->name[0] ? mc->name : cfg->model_path, mc->arch, mc->n_layers, mc->hidden, mc->n_heads,
+            mc->n_kv_heads, mc->vocab_size, (double)e->model->weight_bytes / (1 << 20));
+    PG_LOGI("KV cache on %s: %d blocks x %d tokens = %d tokens (%.1f MiB, f32); swap %d blocks; "
+            "max model length %d",
+            e->backend->name, e->kv_blocks - 1, sc.block_size, (e->kv_blocks - 1) * sc.block_size,
+            (double)e->stats.kv_bytes / (1 << 20), host_blocks, e->max_model_len);
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         rc = pg_err_set(PG_ENOMEM, "cannot start the engine thread");
         goto fail;
