@@ -16,10 +16,11 @@
 #include "engine/dtype.h"
 #include "engine/gguf.h"
 #include "engine/llama.h"
+#include "engine/llama_load_int.h"
 
 // --- ownership helpers ------------------------------------------------------------
 
-static void *own(pg_llama *m, void *p) {
+void *pg_llama_own(pg_llama *m, void *p) {
     if (m->n_owned == m->cap_owned) {
         m->cap_owned = m->cap_owned ? 2 * m->cap_owned : 64;
         m->owned = pg_xrealloc(m->owned, sizeof(void *) * (size_t)m->cap_owned);
@@ -64,7 +65,7 @@ static int gguf_vector(pg_llama *m, const gguf_file *f, const char *name, int64_
         *out = w.data;
         return 0;
     }
-    float *v = own(m, pg_xmalloc(sizeof(float) * (size_t)n));
+    float *v = pg_llama_own(m, pg_xmalloc(sizeof(float) * (size_t)n));
     pg_dequantize_row(w.dtype, w.data, v, n);
     *out = v;
     return 0;
@@ -73,7 +74,7 @@ static int gguf_vector(pg_llama *m, const gguf_file *f, const char *name, int64_
 // Undoes llama.cpp's Q/K row interleaving head by head (see the file comment).
 static void unpermute_rows(pg_llama *m, pg_weight *w, int32_t n_heads) {
     int64_t hd = w->rows / n_heads, half = hd / 2;
-    char *dst = own(m, pg_xmalloc(w->row_bytes * (size_t)w->rows));
+    char *dst = pg_llama_own(m, pg_xmalloc(w->row_bytes * (size_t)w->rows));
     const char *src = w->data;
     for (int64_t h = 0; h < n_heads; h++)
         for (int64_t i = 0; i < half; i++)
@@ -85,7 +86,7 @@ static void unpermute_rows(pg_llama *m, pg_weight *w, int32_t n_heads) {
 
 static void close_gguf(void *p) { gguf_close(p); }
 
-static void linear_from(pg_linear *lin, int n, const pg_weight *parts) {
+void pg_linear_init(pg_linear *lin, int n, const pg_weight *parts) {
     lin->n_parts = n;
     lin->out_features = 0;
     for (int i = 0; i < n; i++) {
@@ -122,14 +123,14 @@ static int load_gguf(const char *path, pg_llama *m) {
         PG_TRY(gguf_weight(f, T("attn_v.weight"), kv_dim, c->hidden, &w[2]));
         unpermute_rows(m, &w[0], c->n_heads);
         unpermute_rows(m, &w[1], c->n_kv_heads);
-        linear_from(&L->qkv, 3, w);
+        pg_linear_init(&L->qkv, 3, w);
         PG_TRY(gguf_weight(f, T("attn_output.weight"), c->hidden, q_dim, &w[0]));
-        linear_from(&L->o, 1, w);
+        pg_linear_init(&L->o, 1, w);
         PG_TRY(gguf_weight(f, T("ffn_gate.weight"), c->ffn, c->hidden, &w[0]));
         PG_TRY(gguf_weight(f, T("ffn_up.weight"), c->ffn, c->hidden, &w[1]));
-        linear_from(&L->gate_up, 2, w);
+        pg_linear_init(&L->gate_up, 2, w);
         PG_TRY(gguf_weight(f, T("ffn_down.weight"), c->hidden, c->ffn, &w[0]));
-        linear_from(&L->down, 1, w);
+        pg_linear_init(&L->down, 1, w);
     }
 #undef T
     m->inv_freq = pg_xmalloc(sizeof(float) * (size_t)(c->head_dim / 2));

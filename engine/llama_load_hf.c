@@ -7,6 +7,7 @@
 #include "common/err.h"
 #include "engine/dtype.h"
 #include "engine/llama.h"
+#include "engine/llama_load_int.h"
 #include "engine/safetensors.h"
 
 int pg_llama_load_hf(const char *dir, pg_llama *m);
@@ -38,24 +39,10 @@ static int st_vector(pg_llama *m, const pg_st_model *st, const char *dir, const 
     if ((int64_t)t->n_elems != n)
         return pg_err_set(PG_EFORMAT, "%s: tensor '%s' has %llu elements, expected %lld", dir, name,
                           (unsigned long long)t->n_elems, (long long)n);
-    float *v = pg_xmalloc(sizeof(float) * (size_t)n);
+    float *v = pg_llama_own(m, pg_xmalloc(sizeof(float) * (size_t)n));
     pg_dequantize_row(t->dtype, t->data, v, n); // handles unaligned data
-    if (m->n_owned == m->cap_owned) {
-        m->cap_owned = m->cap_owned ? 2 * m->cap_owned : 64;
-        m->owned = pg_xrealloc(m->owned, sizeof(void *) * (size_t)m->cap_owned);
-    }
-    m->owned[m->n_owned++] = v;
     *out = v;
     return 0;
-}
-
-static void linear_of(pg_linear *lin, int n, const pg_weight *parts) {
-    lin->n_parts = n;
-    lin->out_features = 0;
-    for (int i = 0; i < n; i++) {
-        lin->parts[i] = parts[i];
-        lin->out_features += parts[i].rows;
-    }
 }
 
 int pg_llama_load_hf(const char *dir, pg_llama *m) {
@@ -85,14 +72,14 @@ int pg_llama_load_hf(const char *dir, pg_llama *m) {
         PG_TRY(st_weight(st, dir, T("self_attn.q_proj.weight"), q_dim, c->hidden, &w[0]));
         PG_TRY(st_weight(st, dir, T("self_attn.k_proj.weight"), kv_dim, c->hidden, &w[1]));
         PG_TRY(st_weight(st, dir, T("self_attn.v_proj.weight"), kv_dim, c->hidden, &w[2]));
-        linear_of(&L->qkv, 3, w);
+        pg_linear_init(&L->qkv, 3, w);
         PG_TRY(st_weight(st, dir, T("self_attn.o_proj.weight"), c->hidden, q_dim, &w[0]));
-        linear_of(&L->o, 1, w);
+        pg_linear_init(&L->o, 1, w);
         PG_TRY(st_weight(st, dir, T("mlp.gate_proj.weight"), c->ffn, c->hidden, &w[0]));
         PG_TRY(st_weight(st, dir, T("mlp.up_proj.weight"), c->ffn, c->hidden, &w[1]));
-        linear_of(&L->gate_up, 2, w);
+        pg_linear_init(&L->gate_up, 2, w);
         PG_TRY(st_weight(st, dir, T("mlp.down_proj.weight"), c->hidden, c->ffn, &w[0]));
-        linear_of(&L->down, 1, w);
+        pg_linear_init(&L->down, 1, w);
     }
 #undef T
     m->inv_freq = pg_xmalloc(sizeof(float) * (size_t)(c->head_dim / 2));
