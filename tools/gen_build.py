@@ -11,10 +11,15 @@ Conventions the generator relies on (docs/build.md):
       where nvcc exists, an empty object elsewhere (the CPU build still links)
   tests/unit/test_*.c -> build/tests/test_* (cmocka), and the same under
       AddressSanitizer + UBSan as build/asan/tests/test_* (`ninja asan`)
+  server/main.c -> build/paged, and build/asan/paged (ASan + UBSan, `ninja asan`)
   tests/fuzz/fuzz_*.c -> build/fuzz/fuzz_* (standalone replay + mutation
       driver, gcc) and build/fuzz/libfuzzer_* (clang -fsanitize=fuzzer,
       `ninja fuzz-libfuzzer`)
   bench/*.c -> build/bench/*
+  tests/gpu/test_*.cu, bench/bench_cuda_*.cu -> build/gpu/* (standalone GPU
+      programs: nvcc links them with the CUDA archive, common/err.o and, for
+      tests, engine/sampler.o, and only libcublasLt dynamically; without nvcc
+      they are stubs that print "skipped" and exit 77)
 """
 import os
 import sys
@@ -48,6 +53,7 @@ def generate():
     test_support = [s for s in sources("tests/unit") if not os.path.basename(s).startswith("test_")]
     fuzz_targets = sources("tests/fuzz", prefix="fuzz_")
     bench_srcs = sources("bench")
+    gpu_prog_srcs = sources("tests/gpu", ".cu", prefix="test_") + sources("bench", ".cu", prefix="bench_cuda_")
 
     out = []
     w = out.append
@@ -75,7 +81,12 @@ def generate():
     w("  description = CC $out")
     w("rule nvcc")
     w("  command = tools/nvcc_or_stub.sh $in $out")
+    w("  depfile = $out.d")
+    w("  deps = gcc")
     w("  description = NVCC $out")
+    w("rule nvcc_link")
+    w("  command = tools/nvcc_or_stub.sh --link $out $in")
+    w("  description = NVCC-LINK $out")
     w("rule ar")
     w("  command = rm -f $out && ar crs $out $in")
     w("  description = AR $out")
@@ -139,6 +150,14 @@ def generate():
     w(f"build build/paged: link {main_o} {libs['rel']} {cuda_lib}")
     w(f"  cudaobjs = {cuda_lib}")
     defaults.append("build/paged")
+    # The same binary under AddressSanitizer + UBSan, for the server's HTTP
+    # edge-case tests (PAGED_BIN=build/asan/paged); CPU only.
+    asan_main_o = obj("server/main.c", "asan")
+    w(f"build {asan_main_o}: cc server/main.c")
+    w("  extra = $asanflags")
+    w(f"build build/asan/paged: link {asan_main_o} {libs['asan']} {cuda_lib}")
+    w("  extra = $asanflags")
+    w(f"  cudaobjs = {cuda_lib}")
 
     test_bins = {"rel": [], "asan": []}
     for variant, extra in variants.items():
@@ -201,11 +220,26 @@ def generate():
         bench_bins.append(b)
     defaults += bench_bins
 
+    # Standalone GPU test and benchmarks (tests/gpu/run_gpu_tests.sh runs them).
+    gpu_bins = []
+    for s in gpu_prog_srcs:
+        name = os.path.splitext(os.path.basename(s))[0]
+        o = obj(s, "rel").replace(".o", ".cu.o")
+        w(f"build {o}: nvcc {s} | tools/nvcc_or_stub.sh")
+        support = [obj("common/err.c", "rel")]
+        if s.startswith("tests/"):
+            support.append(obj("engine/sampler.c", "rel"))
+        b = f"build/gpu/{name}"
+        w(f"build {b}: nvcc_link {o} {cuda_lib} {' '.join(support)} | tools/nvcc_or_stub.sh")
+        gpu_bins.append(b)
+    defaults += gpu_bins
+
     w("")
-    w(f"build asan: phony {' '.join(test_bins['asan'] + fuzz_bins)}")
+    w(f"build asan: phony build/asan/paged {' '.join(test_bins['asan'] + fuzz_bins)}")
     w(f"build fuzz: phony {' '.join(fuzz_bins)}")
+    w(f"build gpu: phony {' '.join(gpu_bins)}")
     w(f"build fuzz-libfuzzer: phony {' '.join(libfuzzer_bins)}")
-    w(f"build all: phony {' '.join(defaults + test_bins['asan'] + fuzz_bins)}")
+    w(f"build all: phony {' '.join(defaults + ['build/asan/paged'] + test_bins['asan'] + fuzz_bins)}")
     w(f"default {' '.join(defaults)}")
     return "\n".join(out) + "\n"
 

@@ -2,14 +2,36 @@
 # Compiles one CUDA source for Hopper (sm_90a) where nvcc exists; elsewhere
 # writes an empty object so the CPU-only build links unchanged. The CUDA
 # backend registers itself only when its objects are real (kernels/kernels.h).
+# Writes the header dependencies to $out.d (ninja's depfile) either way.
+#
+#   nvcc_or_stub.sh IN.cu OUT.o               compile
+#   nvcc_or_stub.sh --link OUT IN.o IN.a ...  link a standalone GPU program
+#       (static CUDA runtime, cuBLASLt, static libstdc++); without nvcc, OUT
+#       is a script that says so and exits 77 (skipped).
 set -e
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+if [ "$1" = "--link" ]; then
+    out=$2
+    shift 2
+    mkdir -p "$(dirname "$out")"
+    if [ -x "$NVCC" ]; then
+        CUDA=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
+        exec "$NVCC" -o "$out" "$@" -cudart static -L"$CUDA/lib64" -lcublasLt \
+            -Xcompiler -static-libstdc++,-static-libgcc -Xlinker -rpath,"$CUDA/lib64" \
+            -Xlinker -rpath,/usr/local/cuda/lib64 -lpthread -ldl -lrt
+    fi
+    echo "skipped: no nvcc, $out is a stub" >&2
+    printf '#!/bin/sh\necho "skipped: %s was built without nvcc"\nexit 77\n' "$out" >"$out"
+    chmod +x "$out"
+    exit 0
+fi
 in=$1 out=$2
 mkdir -p "$(dirname "$out")"
-NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 if [ -x "$NVCC" ]; then
-    exec "$NVCC" -std=c++17 -O3 -g -lineinfo -I. \
+    exec "$NVCC" -std=c++17 -O3 -g -lineinfo -I. -MD -MF "$out.d" \
         -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80 \
         -Xcompiler -fPIC,-Wall -c "$in" -o "$out"
 fi
 echo "nvcc not found: $in skipped (CPU-only build)" >&2
+printf '%s: %s\n' "$out" "$in" >"$out.d"
 printf '' | gcc -x c -c - -o "$out"

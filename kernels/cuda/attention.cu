@@ -1,0 +1,1446 @@
+// kernels/cuda/attention.cu - paged attention over the bf16 KV cache.
+//
+// Versions (the CPU reference is kernels/cpu/attention.c; the test
+// tests/gpu/test_cuda_kernels.cu compares both against fp64):
+//   v1  decode on CUDA cores: one CTA per (sequence, query head), warps
+//       stride over keys with an online softmax each, merged at the end.
+//       Each query head re-reads its KV head (G times the bytes), no split.
+//       The baseline and the fallback of nothing; kept for the benchmark.
+//   v2  FlashAttention-2 on tensor cores (mma.sync m16n8k16 bf16 -> fp32),
+//       one kernel template for decode and prefill. A CTA owns a tile of
+//       rows packed as (query position, head of the GQA group), so one
+//       KV tile in shared memory serves every query head of the group, and
+//       a range of KV tiles (all of them, or one split of flash decoding).
+//       KV tiles of 64 keys stream through a 2-stage cp.async pipeline of
+//       16-byte loads (zero-filled past the end), XOR-swizzled so ldmatrix
+//       is free of bank conflicts. S = Q K^T and O += P V in registers, P
+//       re-packed from the S accumulators as the A operand (no smem trip).
+//       decode  (NT = 2): 16 rows; the 4 warps split each 64-key tile
+//               (16 keys each) and merge their (m, l, O) at the end;
+//               split-K over CTAs + split_reduce_kernel for long contexts.
+//       prefill (NT = 8): 64 rows, one 16-row group per warp, each warp
+//               walks all 64 keys of the tile; causal mask per row.
+#include <math.h>
+
+#include <atomic>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace {
+
+constexpr int KT = 64;        // keys per KV tile
+// Defaults, from the H200 measurements in docs/cuda_kernels.md: decode v2
+// (v3 measured at ~53% of read bandwidth against v2's 85-97%), prefill v2.
+constexpr int DECODE_DEFAULT_VERSION = 2;
+constexpr int PREFILL_DEFAULT_VERSION = 2;
+constexpr int NTHREADS = 128; // 4 warps
+// Pipeline depth: decode streams KV and keeps two tiles in flight per CTA;
+// prefill reuses each tile for 64 rows and keeps registers for the math.
+__host__ __device__ constexpr int attn_stages(int nt) { return nt == 2 ? 3 : 2; }
+// Resident CTAs per SM asked of the compiler (caps registers at 168 / 255).
+__host__ __device__ constexpr int attn_min_blocks(int nt) { return nt == 2 ? 2 : 2; }
+
+// --- PTX wrappers ------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// 16 bytes global -> shared, bypassing L1; zero-fills when !valid.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
+                                        uint32_t &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
+                                          uint32_t &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+// c[4] += A(16x16, a[4]) * B(16x8, b0 b1), bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// --- v2: tensor-core paged attention -------------------------------------------------
+
+struct AttnParams {
+    bf16 *out;                 // [n_tokens][n_heads][HD]
+    const bf16 *q;             // [n_tokens][q_stride]
+    int64_t q_stride;
+    const bf16 *k_cache, *v_cache;
+    const int32_t *block_tables;
+    int64_t bt_stride;
+    const int32_t *seq_lens;   // decode: keys per sequence (query row s)
+    const int32_t *cu_q;       // prefill: [n_seqs + 1] query row starts
+    const int32_t *start_pos;  // prefill: position of each sequence's first query
+    int n_heads, n_kv, group, bs_shift;
+    float scale_log2;          // softmax scale * log2(e): exp2 throughout
+    int tiles_per_split;       // KV tiles per split when gridDim.z > 1
+    float *part_o;             // [n_tokens][n_heads][max_splits][HD] normalized partial O
+    float *part_lse;           // [n_tokens][n_heads][max_splits] log2-sum-exp of the split
+    int max_splits;
+};
+
+template <int HD, int NT>
+__host__ __device__ constexpr int attn_smem_bytes() {
+    return attn_stages(NT) * 2 * KT * HD * (int)sizeof(bf16);
+}
+
+template <int HD, int NT>
+__global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_kernel(const AttnParams p) {
+    constexpr int CPR = HD / 8;  // 16-byte chunks per key row
+    constexpr int TG = 8 / NT;   // warps splitting the keys of a tile
+    constexpr int RG = 4 / TG;   // 16-row groups per CTA
+    constexpr int ROWS = 16 * RG;
+    constexpr int KSTEPS = HD / 16;
+    constexpr int ONT = HD / 8;  // n-tiles of the output
+    constexpr int STAGES = attn_stages(NT);
+    static_assert(HD == 64 || HD == 128, "head_dim");
+    static_assert(KT * CPR % NTHREADS == 0, "tile load");
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    bf16 *smem = reinterpret_cast<bf16 *>(smem_raw);
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int rg = warp / TG, tg = warp % TG;
+    const int seq = blockIdx.x / p.n_kv, kvh = blockIdx.x % p.n_kv;
+    const int G = p.group;
+    int q_start, n_q, kv_total;
+    if (p.cu_q) {
+        q_start = p.cu_q[seq];
+        n_q = p.cu_q[seq + 1] - q_start;
+        kv_total = p.start_pos[seq] + n_q;
+    } else {
+        q_start = seq;
+        n_q = 1;
+        kv_total = p.seq_lens[seq];
+    }
+    const int rows_total = n_q * G;
+    // Prefill: the last row tiles attend to the most keys; start them first
+    // so the long CTAs do not form the tail of the grid.
+    const int row_tile = TG == 1 ? (int)(gridDim.y - 1 - blockIdx.y) : (int)blockIdx.y;
+    const int row0 = row_tile * ROWS;
+    if (row0 >= rows_total) return;
+    const int last_row = min(row0 + ROWS, rows_total) - 1;
+    // Keys this CTA needs: up to the position of its last row (causal).
+    const int kv_end = kv_total - n_q + last_row / G + 1;
+    const int n_tiles = kv_end > 0 ? (kv_end + KT - 1) / KT : 0;
+    int t_begin = 0, t_end = n_tiles;
+    const bool split = gridDim.z > 1;
+    if (n_tiles == 0) { // no keys (a decode sequence of length 0): zero rows, never NaN
+        if (!split)
+            for (int idx = threadIdx.x; idx < ROWS * HD; idx += NTHREADS) {
+                int r = row0 + idx / HD;
+                if (r < rows_total)
+                    p.out[((size_t)(q_start + r / G) * p.n_heads + kvh * G + r % G) * HD + idx % HD] =
+                        __float2bfloat16(0.0f);
+            }
+        return; // split: the reduce writes zeros for a sequence with no splits
+    }
+    if (split) {
+        t_begin = blockIdx.z * p.tiles_per_split;
+        t_end = min(n_tiles, t_begin + p.tiles_per_split);
+        if (t_begin >= t_end) return; // the reduce counts this sequence's splits itself
+    }
+
+    // This thread's two rows of the mma fragments, their positions and q.
+    int pos[2];
+    bool row_ok[2];
+    uint32_t qa[KSTEPS][4];
+    {
+        const bf16 *qp[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int r = row0 + rg * 16 + lane / 4 + 8 * i;
+            row_ok[i] = r < rows_total;
+            int rr = row_ok[i] ? r : last_row;
+            int qi = rr / G, g = rr % G;
+            pos[i] = kv_total - n_q + qi;
+            qp[i] = p.q + (size_t)(q_start + qi) * p.q_stride + (size_t)(kvh * G + g) * HD;
+        }
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; kk++) {
+            int c = kk * 16 + (lane % 4) * 2;
+            qa[kk][0] = row_ok[0] ? *reinterpret_cast<const uint32_t *>(qp[0] + c) : 0u;
+            qa[kk][1] = row_ok[1] ? *reinterpret_cast<const uint32_t *>(qp[1] + c) : 0u;
+            qa[kk][2] = row_ok[0] ? *reinterpret_cast<const uint32_t *>(qp[0] + c + 8) : 0u;
+            qa[kk][3] = row_ok[1] ? *reinterpret_cast<const uint32_t *>(qp[1] + c + 8) : 0u;
+        }
+    }
+
+    const int32_t *bt = p.block_tables + (size_t)seq * p.bt_stride;
+    const int bs_mask = (1 << p.bs_shift) - 1;
+    auto load_tile = [&](int tile, int st) {
+        bf16 *ks = smem + st * 2 * KT * HD, *vs = ks + KT * HD;
+#pragma unroll
+        for (int i = 0; i < KT * CPR / NTHREADS; i++) {
+            int chunk = threadIdx.x + i * NTHREADS;
+            int r = chunk / CPR, c = chunk % CPR;
+            int t = tile * KT + r;
+            bool valid = t < kv_end;
+            const bf16 *kp = p.k_cache, *vp = p.v_cache;
+            if (valid) {
+                int64_t slot = ((int64_t)bt[t >> p.bs_shift] << p.bs_shift) + (t & bs_mask);
+                size_t off = ((size_t)slot * p.n_kv + kvh) * HD + c * 8;
+                kp += off;
+                vp += off;
+            }
+            int so = r * HD + ((c ^ (r & 7)) * 8);
+            cp_async16(smem_u32(ks + so), kp, valid);
+            cp_async16(smem_u32(vs + so), vp, valid);
+        }
+    };
+
+    float o[ONT][4];
+#pragma unroll
+    for (int n = 0; n < ONT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    const int tok0 = tg * NT * 8; // this warp's keys within a tile
+
+    // Multistage pipeline: STAGES - 1 tiles in flight while one is used.
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; i++) {
+        if (t_begin + i < t_end) load_tile(t_begin + i, i);
+        cp_async_commit();
+    }
+    for (int tile = t_begin; tile < t_end; tile++) {
+        const int it = tile - t_begin;
+        cp_async_wait<STAGES - 2>(); // this thread's copies of `tile` landed
+        __syncthreads();             // everyone's did; the stage read last iteration is free
+        if (tile + STAGES - 1 < t_end) load_tile(tile + STAGES - 1, (it + STAGES - 1) % STAGES);
+        cp_async_commit();
+        const bf16 *ks = smem + (it % STAGES) * 2 * KT * HD, *vs = ks + KT * HD;
+
+        // S = Q K^T for 16 rows x NT*8 keys.
+        float s[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; kk += 2) {
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                int r = tok0 + j * 8 + (lane & 7);
+                int c = kk * 2 + (lane >> 3);
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4(smem_u32(ks + r * HD + ((c ^ (r & 7)) * 8)), b0, b1, b2, b3);
+                mma_bf16(s[j], qa[kk], b0, b1);
+                mma_bf16(s[j], qa[kk + 1], b2, b3);
+            }
+        }
+
+        // Online softmax (base 2). Keys past a row's position get -inf.
+        const int tbase = tile * KT + tok0;
+        const bool need_mask = tbase + NT * 8 - 1 > min(pos[0], pos[1]);
+        float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = s[j][e] * p.scale_log2;
+                if (need_mask) {
+                    int t = tbase + j * 8 + (lane % 4) * 2 + (e & 1);
+                    if (t > pos[e >> 1]) v = -INFINITY;
+                }
+                s[j][e] = v;
+                tmax[e >> 1] = fmaxf(tmax[e >> 1], v);
+            }
+        }
+        float m_use[2], corr[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 1));
+            tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 2));
+            float m_new = fmaxf(m[i], tmax[i]);
+            m_use[i] = m_new == -INFINITY ? 0.0f : m_new; // all masked so far: exp2 -> 0, not NaN
+            corr[i] = exp2f(m[i] - m_use[i]);
+            m[i] = m_new;
+            l[i] *= corr[i];
+        }
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float pv = exp2f(s[j][e] - m_use[e >> 1]);
+                s[j][e] = pv;
+                l[e >> 1] += pv;
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < ONT; n++) {
+            o[n][0] *= corr[0];
+            o[n][1] *= corr[0];
+            o[n][2] *= corr[1];
+            o[n][3] *= corr[1];
+        }
+
+        // O += P V: P from the S accumulators, V^T fragments by ldmatrix.trans.
+#pragma unroll
+        for (int k2 = 0; k2 < NT / 2; k2++) {
+            uint32_t a[4] = {pack_bf16(s[2 * k2][0], s[2 * k2][1]), pack_bf16(s[2 * k2][2], s[2 * k2][3]),
+                             pack_bf16(s[2 * k2 + 1][0], s[2 * k2 + 1][1]),
+                             pack_bf16(s[2 * k2 + 1][2], s[2 * k2 + 1][3])};
+            int r = tok0 + k2 * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+            for (int c = 0; c < HD / 16; c++) {
+                int ch = 2 * c + (lane >> 4);
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4_t(smem_u32(vs + r * HD + ((ch ^ (r & 7)) * 8)), b0, b1, b2, b3);
+                mma_bf16(o[2 * c], a, b0, b1);
+                mma_bf16(o[2 * c + 1], a, b2, b3);
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
+
+    auto out_index = [&](int r) { // row -> (token, head) offset in units of HD
+        int qi = r / G, g = r % G;
+        return (size_t)(q_start + qi) * p.n_heads + kvh * G + g;
+    };
+
+    if constexpr (TG == 1) {
+        // Each warp owns its rows: normalize and store from the fragments.
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            if (!row_ok[i]) continue;
+            int r = row0 + rg * 16 + lane / 4 + 8 * i;
+            float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+            size_t oi = out_index(r);
+            if (!split) {
+                bf16 *op = p.out + oi * HD;
+#pragma unroll
+                for (int n = 0; n < ONT; n++) {
+                    int c = n * 8 + (lane % 4) * 2;
+                    *reinterpret_cast<__nv_bfloat162 *>(op + c) =
+                        __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+                }
+            } else {
+                size_t pi = oi * p.max_splits + blockIdx.z;
+                float *pp = p.part_o + pi * HD;
+#pragma unroll
+                for (int n = 0; n < ONT; n++) {
+                    int c = n * 8 + (lane % 4) * 2;
+                    *reinterpret_cast<float2 *>(pp + c) = make_float2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+                }
+                if (lane % 4 == 0) p.part_lse[pi] = l[i] > 0.0f ? m[i] + log2f(l[i]) : -INFINITY;
+            }
+        }
+    } else {
+        // The TG warps hold partial (m, l, O) of the same 16 rows over
+        // different keys: merge them through shared memory (the pipeline
+        // has drained; the loop's last barrier ordered every smem read).
+        constexpr int RS = HD + 8; // padded row stride (floats)
+        float *red = reinterpret_cast<float *>(smem_raw); // [TG][16][RS]
+        float *sm_m = red + TG * 16 * RS;                  // [TG][16]
+        float *sm_l = sm_m + TG * 16;                      // [TG][16]
+        float *sm_lse = sm_l + TG * 16;                    // [16]
+        static_assert(TG * 16 * RS * 4 + (2 * TG + 1) * 16 * 4 <= attn_smem_bytes<HD, NT>(), "merge smem");
+        __syncthreads();
+        if (lane % 4 == 0) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                sm_m[tg * 16 + lane / 4 + 8 * i] = m[i];
+                sm_l[tg * 16 + lane / 4 + 8 * i] = l[i];
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int rl = lane / 4 + 8 * i;
+            float ms = -INFINITY;
+#pragma unroll
+            for (int w = 0; w < TG; w++) ms = fmaxf(ms, sm_m[w * 16 + rl]);
+            float ls = 0.0f;
+#pragma unroll
+            for (int w = 0; w < TG; w++) {
+                float mw = sm_m[w * 16 + rl];
+                ls += mw == -INFINITY ? 0.0f : exp2f(mw - ms) * sm_l[w * 16 + rl];
+            }
+            float f = (m[i] == -INFINITY || ls == 0.0f) ? 0.0f : exp2f(m[i] - ms) / ls;
+            float *rp = red + (tg * 16 + rl) * RS;
+#pragma unroll
+            for (int n = 0; n < ONT; n++) {
+                int c = n * 8 + (lane % 4) * 2;
+                *reinterpret_cast<float2 *>(rp + c) = make_float2(o[n][2 * i] * f, o[n][2 * i + 1] * f);
+            }
+            if (tg == 0 && lane % 4 == 0) sm_lse[rl] = ls > 0.0f ? ms + log2f(ls) : -INFINITY;
+        }
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < 16 * HD / 2; idx += NTHREADS) {
+            int rl = idx / (HD / 2), c = (idx % (HD / 2)) * 2;
+            int r = row0 + rl;
+            if (r >= rows_total) continue;
+            float2 acc = make_float2(0.0f, 0.0f);
+#pragma unroll
+            for (int w = 0; w < TG; w++) {
+                float2 v = *reinterpret_cast<const float2 *>(red + (w * 16 + rl) * RS + c);
+                acc.x += v.x;
+                acc.y += v.y;
+            }
+            size_t oi = out_index(r);
+            if (!split) {
+                *reinterpret_cast<__nv_bfloat162 *>(p.out + oi * HD + c) = __floats2bfloat162_rn(acc.x, acc.y);
+            } else {
+                size_t pi = oi * p.max_splits + blockIdx.z;
+                *reinterpret_cast<float2 *>(p.part_o + pi * HD + c) = acc;
+                if (c == 0) p.part_lse[pi] = sm_lse[rl];
+            }
+        }
+    }
+}
+
+// Combines the splits of each (sequence, head): out = sum_s w_s O_s / sum_s w_s
+// with w_s = 2^(lse_s - max lse). One CTA of HD/2 threads per row.
+template <int HD>
+__global__ void split_reduce_kernel(bf16 *out, const float *part_o, const float *part_lse,
+                                    const int32_t *seq_lens, int n_heads, int max_splits,
+                                    int tiles_per_split) {
+    const int row = blockIdx.x, s = row / n_heads;
+    const int len = seq_lens[s];
+    const int n_tiles = len > 0 ? (len + KT - 1) / KT : 0;
+    const int ns = (n_tiles + tiles_per_split - 1) / tiles_per_split;
+    const float *lse = part_lse + (size_t)row * max_splits;
+    float mx = -INFINITY;
+    for (int i = 0; i < ns; i++) mx = fmaxf(mx, lse[i]);
+    const int c = threadIdx.x * 2;
+    float2 acc = make_float2(0.0f, 0.0f);
+    float wsum = 0.0f;
+    for (int i = 0; i < ns; i++) {
+        float w = lse[i] == -INFINITY ? 0.0f : exp2f(lse[i] - mx);
+        float2 v = *reinterpret_cast<const float2 *>(part_o + ((size_t)row * max_splits + i) * HD + c);
+        acc.x += w * v.x;
+        acc.y += w * v.y;
+        wsum += w;
+    }
+    float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+    *reinterpret_cast<__nv_bfloat162 *>(out + (size_t)row * HD + c) = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
+}
+
+// --- prefill v2: 32 rows per warp ------------------------------------------------------
+//
+// The 64-row prefill CTA (one 16-row m-tile per warp) reads every K and V
+// fragment from shared memory for one mma: ldmatrix traffic, not the
+// tensor cores, bounds it. Here each warp owns two m-tiles (32 rows, 128 per
+// CTA), so each K/V fragment feeds two mma; q stays in shared memory (its
+// fragments are re-read per k-step: registers go to the two S and O tiles).
+
+template <int HD>
+__host__ __device__ constexpr int pf2_smem_bytes() {
+    return (128 + 2 * 2 * KT) * HD * (int)sizeof(bf16); // q tile + 2 stages of K, V
+}
+
+template <int HD>
+__global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const AttnParams p) {
+    constexpr int CPR = HD / 8;
+    constexpr int KSTEPS = HD / 16;
+    constexpr int NT = KT / 8;
+    constexpr int ONT = HD / 8;
+    constexpr int ROWS = 128;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    bf16 *qs = reinterpret_cast<bf16 *>(smem_raw);
+    bf16 *stages = qs + ROWS * HD;
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int seq = blockIdx.x / p.n_kv, kvh = blockIdx.x % p.n_kv;
+    const int G = p.group;
+    const int q_start = p.cu_q[seq], n_q = p.cu_q[seq + 1] - q_start, kv_total = p.start_pos[seq] + n_q;
+    const int rows_total = n_q * G;
+    const int row0 = (int)(gridDim.y - 1 - blockIdx.y) * ROWS; // long (late) row tiles first
+    if (row0 >= rows_total) return;
+    const int last_row = min(row0 + ROWS, rows_total) - 1;
+    const int kv_end = kv_total - n_q + last_row / G + 1;
+    const int n_tiles = kv_end > 0 ? (kv_end + KT - 1) / KT : 0;
+
+    // q tile: rows past the end zero-filled.
+#pragma unroll
+    for (int i = 0; i < ROWS * CPR / NTHREADS; i++) {
+        int chunk = threadIdx.x + i * NTHREADS;
+        int r = chunk / CPR, c = chunk % CPR;
+        int gr = row0 + r;
+        bool valid = gr < rows_total;
+        const bf16 *src = valid ? p.q + (size_t)(q_start + gr / G) * p.q_stride + (size_t)(kvh * G + gr % G) * HD + c * 8
+                                : p.q;
+        cp_async16(smem_u32(qs + r * HD + ((c ^ (r & 7)) * 8)), src, valid);
+    }
+    // Rows of this thread: row0 + warp*32 + mt*16 + lane/4 + 8i; positions are
+    // recomputed where needed (diagonal tiles), registers go to S and O.
+    auto row_pos = [&](int mt, int i) {
+        int r = min(row0 + warp * 32 + mt * 16 + lane / 4 + 8 * i, last_row);
+        return kv_total - n_q + r / G;
+    };
+    const int min_pos = row_pos(0, 0); // the smallest row of the thread
+
+    const int32_t *bt = p.block_tables + (size_t)seq * p.bt_stride;
+    const int bs_mask = (1 << p.bs_shift) - 1;
+    auto load_tile = [&](int tile, int st) {
+        bf16 *ks = stages + st * 2 * KT * HD, *vs = ks + KT * HD;
+#pragma unroll
+        for (int i = 0; i < KT * CPR / NTHREADS; i++) {
+            int chunk = threadIdx.x + i * NTHREADS;
+            int r = chunk / CPR, c = chunk % CPR;
+            int t = tile * KT + r;
+            bool valid = t < kv_end;
+            const bf16 *kp = p.k_cache, *vp = p.v_cache;
+            if (valid) {
+                int64_t slot = ((int64_t)bt[t >> p.bs_shift] << p.bs_shift) + (t & bs_mask);
+                size_t off = ((size_t)slot * p.n_kv + kvh) * HD + c * 8;
+                kp += off;
+                vp += off;
+            }
+            int so = r * HD + ((c ^ (r & 7)) * 8);
+            cp_async16(smem_u32(ks + so), kp, valid);
+            cp_async16(smem_u32(vs + so), vp, valid);
+        }
+    };
+
+    float o[2][ONT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int n = 0; n < ONT; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
+    float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}}, l[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+
+    if (n_tiles > 0) load_tile(0, 0);
+    cp_async_commit(); // the q tile rides with the first KV tile
+    for (int tile = 0; tile < n_tiles; tile++) {
+        cp_async_wait<0>();
+        __syncthreads();
+        if (tile + 1 < n_tiles) load_tile(tile + 1, (tile + 1) & 1);
+        cp_async_commit();
+        const bf16 *ks = stages + (tile & 1) * 2 * KT * HD, *vs = ks + KT * HD;
+
+        float sc[2][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int j = 0; j < NT; j++) sc[mt][j][0] = sc[mt][j][1] = sc[mt][j][2] = sc[mt][j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; kk += 2) {
+            uint32_t qa[2][2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int d = 0; d < 2; d++) {
+                    int r = warp * 32 + mt * 16 + (lane & 15), c = (kk + d) * 2 + (lane >> 4);
+                    ldsm_x4(smem_u32(qs + r * HD + ((c ^ (r & 7)) * 8)), qa[mt][d][0], qa[mt][d][1], qa[mt][d][2],
+                            qa[mt][d][3]);
+                }
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                int r = j * 8 + (lane & 7);
+                int c = kk * 2 + (lane >> 3);
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4(smem_u32(ks + r * HD + ((c ^ (r & 7)) * 8)), b0, b1, b2, b3);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma_bf16(sc[mt][j], qa[mt][0], b0, b1);
+                    mma_bf16(sc[mt][j], qa[mt][1], b2, b3);
+                }
+            }
+        }
+
+        const bool need_mask = tile * KT + KT - 1 > min_pos;
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+            float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float v = sc[mt][j][e] * p.scale_log2;
+                    sc[mt][j][e] = v;
+                }
+            }
+            if (need_mask) {
+                const int p0 = row_pos(mt, 0), p1 = row_pos(mt, 1);
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        if (tile * KT + j * 8 + (lane % 4) * 2 + (e & 1) > ((e >> 1) ? p1 : p0)) sc[mt][j][e] = -INFINITY;
+            }
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) tmax[e >> 1] = fmaxf(tmax[e >> 1], sc[mt][j][e]);
+            float m_use[2], corr[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 1));
+                tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 2));
+                float m_new = fmaxf(m[mt][i], tmax[i]);
+                m_use[i] = m_new == -INFINITY ? 0.0f : m_new;
+                corr[i] = exp2f(m[mt][i] - m_use[i]);
+                m[mt][i] = m_new;
+                l[mt][i] *= corr[i];
+            }
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float pv = exp2f(sc[mt][j][e] - m_use[e >> 1]);
+                    sc[mt][j][e] = pv;
+                    l[mt][e >> 1] += pv;
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < ONT; n++) {
+                o[mt][n][0] *= corr[0];
+                o[mt][n][1] *= corr[0];
+                o[mt][n][2] *= corr[1];
+                o[mt][n][3] *= corr[1];
+            }
+        }
+
+#pragma unroll
+        for (int k2 = 0; k2 < NT / 2; k2++) {
+            uint32_t a[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                a[mt][0] = pack_bf16(sc[mt][2 * k2][0], sc[mt][2 * k2][1]);
+                a[mt][1] = pack_bf16(sc[mt][2 * k2][2], sc[mt][2 * k2][3]);
+                a[mt][2] = pack_bf16(sc[mt][2 * k2 + 1][0], sc[mt][2 * k2 + 1][1]);
+                a[mt][3] = pack_bf16(sc[mt][2 * k2 + 1][2], sc[mt][2 * k2 + 1][3]);
+            }
+            int r = k2 * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+            for (int c = 0; c < HD / 16; c++) {
+                int ch = 2 * c + (lane >> 4);
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4_t(smem_u32(vs + r * HD + ((ch ^ (r & 7)) * 8)), b0, b1, b2, b3);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma_bf16(o[mt][2 * c], a[mt], b0, b1);
+                    mma_bf16(o[mt][2 * c + 1], a[mt], b2, b3);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float lt_ = l[mt][i];
+            lt_ += __shfl_xor_sync(0xffffffffu, lt_, 1);
+            lt_ += __shfl_xor_sync(0xffffffffu, lt_, 2);
+            const int r = row0 + warp * 32 + mt * 16 + lane / 4 + 8 * i;
+            if (r >= rows_total) continue;
+            const float inv = lt_ > 0.0f ? 1.0f / lt_ : 0.0f;
+            bf16 *op = p.out + ((size_t)(q_start + r / G) * p.n_heads + kvh * G + r % G) * HD;
+#pragma unroll
+            for (int n = 0; n < ONT; n++) {
+                int c = n * 8 + (lane % 4) * 2;
+                *reinterpret_cast<__nv_bfloat162 *>(op + c) =
+                    __floats2bfloat162_rn(o[mt][n][2 * i] * inv, o[mt][n][2 * i + 1] * inv);
+            }
+        }
+}
+
+// --- v3: persistent, tile-balanced decode ------------------------------------------------
+//
+// v2 launches one CTA per (sequence, KV head, split); at batch 16 x 4096
+// that is ~8 waves of short CTAs, each paying the latency of its first
+// block-table read and KV tile before streaming. v3 launches exactly the
+// CTAs that fit at once (2 per SM) and gives each an equal share of the
+// flattened list of KV tiles (sequence-major, then KV head, then tile):
+// a CTA streams its range through one 3-stage cp.async pipeline that runs
+// across (sequence, head) boundaries, so it starts once and all CTAs end
+// together. A range cuts the tile list into segments; a segment that is a
+// whole (sequence, head) writes the output, others write a partial
+// (O / l, lse) to slot item + CTA (unique: both grow along the list) and
+// decode_v3_reduce_kernel combines them. The warps split head_dim for P V
+// instead of keys (each computes the full S = Q K^T for the tile, cheap at
+// 16 rows), so no cross-warp merge and no shared memory outside the
+// pipeline. q rows are cp.async'ed into the stage with the first tile of a
+// segment (zero rows past the GQA group).
+
+constexpr int V3_MAX_SEQS = 512;
+constexpr int V3_STAGES = 3;
+constexpr int V3_P_BYTES = ((V3_MAX_SEQS + 1) * 4 + 127) / 128 * 128; // tile prefix, 128-byte aligned stages after it
+constexpr int V3_MIN_TILES = 2; // tiles per CTA at least (tiny batches launch fewer CTAs)
+
+struct DecodeV3Params {
+    bf16 *out;
+    const bf16 *q;
+    int64_t q_stride;
+    const bf16 *k_cache, *v_cache;
+    const int32_t *block_tables;
+    int64_t bt_stride;
+    const int32_t *seq_lens;
+    int n_seqs, n_heads, n_kv, group, bs_shift;
+    float scale_log2;
+    float *part_o;            // [(n_seqs * n_kv + gridDim.x) * group][HD]
+    float *part_lse;          // [(n_seqs * n_kv + gridDim.x) * group]
+    int32_t *seq_tile_start;  // [n_seqs + 1]: first tile of each sequence (written by CTA 0)
+};
+
+template <int HD>
+__host__ __device__ constexpr int v3_stage_elems() {
+    return (2 * KT + 16) * HD; // K tile, V tile, 16 q rows
+}
+template <int HD>
+__host__ __device__ constexpr int v3_smem_bytes() {
+    return V3_P_BYTES + V3_STAGES * v3_stage_elems<HD>() * (int)sizeof(bf16);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(NTHREADS, 2) paged_decode_v3_kernel(const DecodeV3Params p) {
+    constexpr int CPR = HD / 8;
+    constexpr int KSTEPS = HD / 16;
+    constexpr int NT = KT / 8;     // n-tiles of S per tile (all 64 keys in every warp)
+    constexpr int DW = HD / 4;     // output dims per warp
+    constexpr int DNT = DW / 8;    // output n-tiles per warp
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    int32_t *P = reinterpret_cast<int32_t *>(smem_raw); // [n_seqs + 1] tile prefix
+    bf16 *stages = reinterpret_cast<bf16 *>(smem_raw + V3_P_BYTES);
+    __shared__ int32_t warp_sums[NTHREADS / 32];
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int n_seqs = p.n_seqs, n_kv = p.n_kv, G = p.group;
+
+    // Tile prefix over sequences: sequence s owns tiles [P[s], P[s+1]),
+    // n_kv * ceil(len / KT) of them, KV head major within the sequence.
+    int carry = 0;
+    for (int base = 0; base < n_seqs; base += NTHREADS) {
+        const int s = base + tid;
+        int len = s < n_seqs ? p.seq_lens[s] : 0;
+        int v = len > 0 ? n_kv * ((len + KT - 1) / KT) : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, v, o);
+            if (lane >= o) v += y;
+        }
+        if (lane == 31) warp_sums[warp] = v;
+        __syncthreads();
+        int before = carry;
+        for (int w = 0; w < warp; w++) before += warp_sums[w];
+        if (s < n_seqs) P[s + 1] = before + v;
+        for (int w = 0; w < NTHREADS / 32; w++) carry += warp_sums[w];
+        __syncthreads();
+    }
+    if (tid == 0) P[0] = 0;
+    __syncthreads();
+    if (blockIdx.x == 0)
+        for (int s = tid; s <= n_seqs; s += NTHREADS) p.seq_tile_start[s] = P[s];
+    const int T = P[n_seqs];
+    const int per = (T + gridDim.x - 1) / gridDim.x;
+    const int g0 = blockIdx.x * per, g1 = min(T, g0 + per);
+    if (g0 >= g1) return;
+
+    // Tile g -> (sequence, KV head, tile within the sequence, tiles per head).
+    auto locate_tile = [&](int g, int &s, int &kvh, int &lt, int &nt) {
+        int lo = 0, hi = n_seqs - 1;
+        while (lo < hi) {
+            int mid = (lo + hi + 1) >> 1;
+            if (P[mid] <= g) lo = mid;
+            else hi = mid - 1;
+        }
+        s = lo;
+        nt = (P[s + 1] - P[s]) / n_kv;
+        int r = g - P[s];
+        kvh = r / nt;
+        lt = r % nt;
+    };
+
+    const int bs_mask = (1 << p.bs_shift) - 1;
+    auto load_tile = [&](int g, int st) {
+        int s, kvh, lt, nt;
+        locate_tile(g, s, kvh, lt, nt);
+        const int len = p.seq_lens[s];
+        const int32_t *bt = p.block_tables + (size_t)s * p.bt_stride;
+        bf16 *ks = stages + st * v3_stage_elems<HD>(), *vs = ks + KT * HD, *qs = vs + KT * HD;
+#pragma unroll
+        for (int i = 0; i < KT * CPR / NTHREADS; i++) {
+            int chunk = tid + i * NTHREADS;
+            int r = chunk / CPR, c = chunk % CPR;
+            int t = lt * KT + r;
+            bool valid = t < len;
+            const bf16 *kp = p.k_cache, *vp = p.v_cache;
+            if (valid) {
+                int64_t slot = ((int64_t)bt[t >> p.bs_shift] << p.bs_shift) + (t & bs_mask);
+                size_t off = ((size_t)slot * n_kv + kvh) * HD + c * 8;
+                kp += off;
+                vp += off;
+            }
+            int so = r * HD + ((c ^ (r & 7)) * 8);
+            cp_async16(smem_u32(ks + so), kp, valid);
+            cp_async16(smem_u32(vs + so), vp, valid);
+        }
+        if (lt == 0 || g == g0) { // first tile of a segment: its q rows
+#pragma unroll
+            for (int i = 0; i < 16 * CPR / NTHREADS; i++) {
+                int chunk = tid + i * NTHREADS;
+                int r = chunk / CPR, c = chunk % CPR;
+                bool valid = r < G;
+                const bf16 *qp = valid ? p.q + (size_t)s * p.q_stride + (size_t)(kvh * G + r) * HD + c * 8 : p.q;
+                cp_async16(smem_u32(qs + r * HD + ((c ^ (r & 7)) * 8)), qp, valid);
+            }
+        }
+    };
+
+    uint32_t qa[KSTEPS][4];
+    float o[DNT][4];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+#pragma unroll
+    for (int i = 0; i < V3_STAGES - 1; i++) {
+        if (g0 + i < g1) load_tile(g0 + i, i);
+        cp_async_commit();
+    }
+    for (int g = g0; g < g1; g++) {
+        const int it = g - g0;
+        cp_async_wait<V3_STAGES - 2>();
+        __syncthreads();
+        if (g + V3_STAGES - 1 < g1) load_tile(g + V3_STAGES - 1, (it + V3_STAGES - 1) % V3_STAGES);
+        cp_async_commit();
+        const bf16 *ks = stages + (it % V3_STAGES) * v3_stage_elems<HD>(), *vs = ks + KT * HD, *qs = vs + KT * HD;
+        int s, kvh, lt, nt;
+        locate_tile(g, s, kvh, lt, nt);
+        const int len = p.seq_lens[s];
+
+        if (lt == 0 || g == g0) { // a new segment: fresh state, q fragments from smem
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; kk++) {
+                int r = lane & 15, c = kk * 2 + (lane >> 4);
+                ldsm_x4(smem_u32(qs + r * HD + ((c ^ (r & 7)) * 8)), qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3]);
+            }
+#pragma unroll
+            for (int n = 0; n < DNT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+            m[0] = m[1] = -INFINITY;
+            l[0] = l[1] = 0.0f;
+        }
+
+        // S = Q K^T: 16 rows x 64 keys (every warp the whole tile).
+        float sc[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < KSTEPS; kk += 2) {
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                int r = j * 8 + (lane & 7);
+                int c = kk * 2 + (lane >> 3);
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4(smem_u32(ks + r * HD + ((c ^ (r & 7)) * 8)), b0, b1, b2, b3);
+                mma_bf16(sc[j], qa[kk], b0, b1);
+                mma_bf16(sc[j], qa[kk + 1], b2, b3);
+            }
+        }
+        const bool need_mask = (lt + 1) * KT > len;
+        float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = sc[j][e] * p.scale_log2;
+                if (need_mask && lt * KT + j * 8 + (lane % 4) * 2 + (e & 1) >= len) v = -INFINITY;
+                sc[j][e] = v;
+                tmax[e >> 1] = fmaxf(tmax[e >> 1], v);
+            }
+        }
+        float m_use[2], corr[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 1));
+            tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 2));
+            float m_new = fmaxf(m[i], tmax[i]);
+            m_use[i] = m_new == -INFINITY ? 0.0f : m_new;
+            corr[i] = exp2f(m[i] - m_use[i]);
+            m[i] = m_new;
+            l[i] *= corr[i];
+        }
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float pv = exp2f(sc[j][e] - m_use[e >> 1]);
+                sc[j][e] = pv;
+                l[e >> 1] += pv;
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < DNT; n++) {
+            o[n][0] *= corr[0];
+            o[n][1] *= corr[0];
+            o[n][2] *= corr[1];
+            o[n][3] *= corr[1];
+        }
+        // O[:, warp's dims] += P V[:, warp's dims].
+#pragma unroll
+        for (int k2 = 0; k2 < NT / 2; k2++) {
+            uint32_t a[4] = {pack_bf16(sc[2 * k2][0], sc[2 * k2][1]), pack_bf16(sc[2 * k2][2], sc[2 * k2][3]),
+                             pack_bf16(sc[2 * k2 + 1][0], sc[2 * k2 + 1][1]),
+                             pack_bf16(sc[2 * k2 + 1][2], sc[2 * k2 + 1][3])};
+            int r = k2 * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+            for (int c = 0; c < DW / 16; c++) {
+                int ch = warp * (DW / 8) + 2 * c + (lane >> 4);
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4_t(smem_u32(vs + r * HD + ((ch ^ (r & 7)) * 8)), b0, b1, b2, b3);
+                mma_bf16(o[2 * c], a, b0, b1);
+                mma_bf16(o[2 * c + 1], a, b2, b3);
+            }
+        }
+
+        // End of a segment: the output, or a partial for the reduce.
+        if (lt == nt - 1 || g == g1 - 1) {
+            const int first = P[s] + kvh * nt; // the (sequence, head)'s first tile
+            const bool whole = first / per == (first + nt - 1) / per;
+            const int seg = s * n_kv + kvh + blockIdx.x;
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int row = lane / 4 + 8 * i;
+                float lt_ = l[i];
+                lt_ += __shfl_xor_sync(0xffffffffu, lt_, 1);
+                lt_ += __shfl_xor_sync(0xffffffffu, lt_, 2);
+                if (row >= G) continue;
+                const float inv = lt_ > 0.0f ? 1.0f / lt_ : 0.0f;
+                if (whole) {
+                    bf16 *op = p.out + ((size_t)s * p.n_heads + kvh * G + row) * HD;
+#pragma unroll
+                    for (int n = 0; n < DNT; n++) {
+                        int c = warp * DW + n * 8 + (lane % 4) * 2;
+                        *reinterpret_cast<__nv_bfloat162 *>(op + c) =
+                            __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+                    }
+                } else {
+                    float *pp = p.part_o + ((size_t)seg * G + row) * HD;
+#pragma unroll
+                    for (int n = 0; n < DNT; n++) {
+                        int c = warp * DW + n * 8 + (lane % 4) * 2;
+                        *reinterpret_cast<float2 *>(pp + c) = make_float2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+                    }
+                    if (warp == 0 && lane % 4 == 0)
+                        p.part_lse[(size_t)seg * G + row] = lt_ > 0.0f ? m[i] + log2f(lt_) : -INFINITY;
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+}
+
+// Combines the segments of each (sequence, head) that spans CTAs, and
+// zeroes the rows of sequences with no keys. One CTA of HD/2 threads per
+// (sequence, query head).
+template <int HD>
+__global__ void decode_v3_reduce_kernel(bf16 *out, const float *part_o, const float *part_lse,
+                                        const int32_t *seq_lens, const int32_t *seq_tile_start, int n_seqs,
+                                        int n_heads, int n_kv, int n_ctas) {
+    const int row = blockIdx.x, s = row / n_heads, h = row % n_heads;
+    const int G = n_heads / n_kv, kvh = h / G, g = h % G;
+    const int c = threadIdx.x * 2;
+    const int len = seq_lens[s];
+    const int nt = len > 0 ? (len + KT - 1) / KT : 0;
+    if (nt == 0) {
+        *reinterpret_cast<__nv_bfloat162 *>(out + (size_t)row * HD + c) = __floats2bfloat162_rn(0.0f, 0.0f);
+        return;
+    }
+    const int T = seq_tile_start[n_seqs];
+    const int per = (T + n_ctas - 1) / n_ctas;
+    const int first = seq_tile_start[s] + kvh * nt;
+    const int c0 = first / per, c1 = (first + nt - 1) / per;
+    if (c0 == c1) return; // one segment: written by the attention kernel
+    const int item = s * n_kv + kvh;
+    float mx = -INFINITY;
+    for (int cta = c0; cta <= c1; cta++) mx = fmaxf(mx, part_lse[(size_t)(item + cta) * G + g]);
+    float2 acc = make_float2(0.0f, 0.0f);
+    float wsum = 0.0f;
+    for (int cta = c0; cta <= c1; cta++) {
+        size_t seg = (size_t)(item + cta) * G + g;
+        float lse = part_lse[seg];
+        float w = lse == -INFINITY ? 0.0f : exp2f(lse - mx);
+        float2 v = *reinterpret_cast<const float2 *>(part_o + seg * HD + c);
+        acc.x += w * v.x;
+        acc.y += w * v.y;
+        wsum += w;
+    }
+    float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+    *reinterpret_cast<__nv_bfloat162 *>(out + (size_t)row * HD + c) = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
+}
+
+// --- v1: CUDA cores, one CTA per (sequence, query head) --------------------------------
+
+template <int HD>
+__global__ void __launch_bounds__(NTHREADS)
+paged_decode_v1_kernel(bf16 *out, const bf16 *q, int64_t q_stride, const bf16 *k_cache,
+                       const bf16 *v_cache, const int32_t *block_tables, int64_t bt_stride,
+                       const int32_t *seq_lens, int n_heads, int n_kv, int bs_shift, float scale) {
+    constexpr int EPL = HD / 32; // elements per lane
+    const int s = blockIdx.x, h = blockIdx.y;
+    const int kvh = h / (n_heads / n_kv);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int len = seq_lens[s];
+    const int32_t *bt = block_tables + (size_t)s * bt_stride;
+    float qv[EPL], acc[EPL];
+    const bf16 *qp = q + (size_t)s * q_stride + (size_t)h * HD + lane * EPL;
+#pragma unroll
+    for (int e = 0; e < EPL; e++) {
+        qv[e] = __bfloat162float(qp[e]) * scale;
+        acc[e] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int t = warp; t < len; t += NTHREADS / 32) {
+        int64_t slot = ((int64_t)bt[t >> bs_shift] << bs_shift) + (t & ((1 << bs_shift) - 1));
+        size_t off = ((size_t)slot * n_kv + kvh) * HD + lane * EPL;
+        float d = 0.0f;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) d += qv[e] * __bfloat162float(k_cache[off + e]);
+#pragma unroll
+        for (int x = 16; x > 0; x >>= 1) d += __shfl_xor_sync(0xffffffffu, d, x);
+        float m_new = fmaxf(m, d);
+        float corr = expf(m - m_new), pw = expf(d - m_new);
+        l = l * corr + pw;
+#pragma unroll
+        for (int e = 0; e < EPL; e++) acc[e] = acc[e] * corr + pw * __bfloat162float(v_cache[off + e]);
+        m = m_new;
+    }
+    __shared__ float sm_m[NTHREADS / 32], sm_l[NTHREADS / 32];
+    __shared__ float sm_o[NTHREADS / 32][HD];
+    if (lane == 0) {
+        sm_m[warp] = m;
+        sm_l[warp] = l;
+    }
+#pragma unroll
+    for (int e = 0; e < EPL; e++) sm_o[warp][lane * EPL + e] = acc[e];
+    __syncthreads();
+    float ms = -INFINITY;
+    for (int w = 0; w < NTHREADS / 32; w++) ms = fmaxf(ms, sm_m[w]);
+    for (int c = threadIdx.x; c < HD; c += NTHREADS) {
+        float num = 0.0f, den = 0.0f;
+        for (int w = 0; w < NTHREADS / 32; w++) {
+            float f = sm_m[w] == -INFINITY ? 0.0f : expf(sm_m[w] - ms);
+            num += f * sm_o[w][c];
+            den += f * sm_l[w];
+        }
+        out[((size_t)s * n_heads + h) * HD + c] = __float2bfloat16(den > 0.0f ? num / den : 0.0f);
+    }
+}
+
+// --- planning and launchers ---------------------------------------------------------------
+
+int log2_exact(int x) {
+    if (x <= 0 || (x & (x - 1))) return -1;
+    int s = 0;
+    while ((1 << s) < x) s++;
+    return s;
+}
+
+
+// Raises the kernel's dynamic shared memory limit, once per device (the
+// attribute belongs to the device's context).
+template <int HD, int NT> int set_smem_attr() {
+    static std::atomic<uint64_t> done{0};
+    int dev = 0;
+    PG_CUDA_TRY(cudaGetDevice(&dev));
+    uint64_t bit = 1ull << (dev & 63);
+    if (done.load(std::memory_order_acquire) & bit) return 0;
+    PG_CUDA_TRY(cudaFuncSetAttribute(paged_attn_mma_kernel<HD, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     attn_smem_bytes<HD, NT>()));
+    done.fetch_or(bit, std::memory_order_release);
+    return 0;
+}
+
+// CTAs of the decode kernel resident per SM (the same on every device of
+// one kind; computed once).
+template <int HD> int decode_ctas_per_sm() {
+    static const int n = [] {
+        int v = 0;
+        if (set_smem_attr<HD, 2>() < 0 ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, paged_attn_mma_kernel<HD, 2>, NTHREADS,
+                                                          attn_smem_bytes<HD, 2>()) != cudaSuccess ||
+            v < 1)
+            v = 1;
+        return v;
+    }();
+    return n;
+}
+
+struct SplitPlan {
+    int n_splits;        // grid z
+    int tiles_per_split; // KV tiles of 64 keys per split
+};
+
+// Enough CTAs for about eight waves, splits of at least MIN_TILES tiles
+// (the partial O written per split stays under ~2% of the KV bytes read).
+constexpr int MIN_TILES = 4;
+constexpr int MAX_SPLITS = 256;
+
+SplitPlan plan_decode(int n_seqs, int n_kv, int row_tiles, int max_seq_len, int sms, int ctas_per_sm) {
+    SplitPlan pl = {1, 1 << 30};
+    const int max_tiles = max_seq_len > 0 ? (max_seq_len + KT - 1) / KT : 1;
+    const int64_t base = (int64_t)n_seqs * n_kv * row_tiles;
+    const int64_t target = (int64_t)sms * ctas_per_sm * 8;
+    int splits = (int)((target + base - 1) / base);
+    int cap = max_tiles / MIN_TILES;
+    if (splits > cap) splits = cap;
+    if (splits > MAX_SPLITS) splits = MAX_SPLITS;
+    if (splits <= 1) return pl;
+    pl.tiles_per_split = (max_tiles + splits - 1) / splits;
+    pl.n_splits = (max_tiles + pl.tiles_per_split - 1) / pl.tiles_per_split;
+    return pl;
+}
+
+size_t split_ws_bytes(int n_seqs, int n_heads, int head_dim, int n_splits) {
+    return (size_t)n_seqs * n_heads * n_splits * (size_t)(head_dim + 1) * sizeof(float) + 256;
+}
+
+int check_common(const void *out, const void *q, const void *k_cache, const void *v_cache,
+                 pg_kv_shape kv, const int32_t *block_tables, int32_t n_seqs, int32_t n_heads,
+                 int64_t q_stride) {
+    PG_ARG(out && q && k_cache && v_cache && block_tables, "attention: null pointer");
+    PG_ARG(n_seqs >= 0 && n_heads > 0 && kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0,
+           "attention: %d query heads over %d KV heads", n_heads, kv.n_kv_heads);
+    if (kv.head_dim != 64 && kv.head_dim != 128)
+        return pg_err_set(PG_EUNSUPP, "attention: head_dim %d (built: 64, 128)", kv.head_dim);
+    if (log2_exact(kv.block_size) < 3)
+        return pg_err_set(PG_EUNSUPP, "attention: block_size %d (a power of two >= 8)", kv.block_size);
+    PG_ARG(q_stride >= (int64_t)n_heads * kv.head_dim && q_stride % 2 == 0,
+           "attention: q_stride %lld", (long long)q_stride);
+    return 0;
+}
+
+template <int HD>
+int launch_decode_v2(void *out, const void *q, int64_t q_stride, const void *k_cache,
+                     const void *v_cache, pg_kv_shape kv, const int32_t *block_tables,
+                     int32_t bt_stride, const int32_t *seq_lens, int32_t n_seqs, int32_t n_heads,
+                     float scale, int32_t max_seq_len, void *workspace, size_t workspace_bytes,
+                     cudaStream_t st) {
+    PG_TRY((set_smem_attr<HD, 2>()));
+    const int G = n_heads / kv.n_kv_heads;
+    const int row_tiles = (G + 15) / 16;
+    SplitPlan pl = plan_decode(n_seqs, kv.n_kv_heads, row_tiles, max_seq_len, pg_cuda_sm_count(),
+                               decode_ctas_per_sm<HD>());
+    // A smaller workspace makes fewer, longer splits.
+    while (pl.n_splits > 1 && (!workspace || split_ws_bytes(n_seqs, n_heads, HD, pl.n_splits) > workspace_bytes)) {
+        int max_tiles = (max_seq_len + KT - 1) / KT;
+        int splits = pl.n_splits / 2;
+        pl.tiles_per_split = (max_tiles + splits - 1) / splits;
+        pl.n_splits = splits > 1 ? (max_tiles + pl.tiles_per_split - 1) / pl.tiles_per_split : 1;
+    }
+    AttnParams p = {};
+    p.out = (bf16 *)out;
+    p.q = (const bf16 *)q;
+    p.q_stride = q_stride;
+    p.k_cache = (const bf16 *)k_cache;
+    p.v_cache = (const bf16 *)v_cache;
+    p.block_tables = block_tables;
+    p.bt_stride = bt_stride;
+    p.seq_lens = seq_lens;
+    p.n_heads = n_heads;
+    p.n_kv = kv.n_kv_heads;
+    p.group = G;
+    p.bs_shift = log2_exact(kv.block_size);
+    p.scale_log2 = scale * 1.4426950408889634f;
+    p.tiles_per_split = pl.tiles_per_split;
+    p.max_splits = pl.n_splits;
+    if (pl.n_splits > 1) {
+        uintptr_t base = ((uintptr_t)workspace + 255) & ~(uintptr_t)255;
+        p.part_o = (float *)base;
+        p.part_lse = p.part_o + (size_t)n_seqs * n_heads * pl.n_splits * HD;
+    }
+    dim3 grid((unsigned)(n_seqs * kv.n_kv_heads), (unsigned)row_tiles, (unsigned)pl.n_splits);
+    paged_attn_mma_kernel<HD, 2><<<grid, NTHREADS, attn_smem_bytes<HD, 2>(), st>>>(p);
+    PG_CUDA_LAUNCHED("paged_attn_mma_kernel<decode>");
+    if (pl.n_splits > 1) {
+        split_reduce_kernel<HD><<<n_seqs * n_heads, HD / 2, 0, st>>>((bf16 *)out, p.part_o, p.part_lse, seq_lens,
+                                                                     n_heads, pl.n_splits, pl.tiles_per_split);
+        PG_CUDA_LAUNCHED("split_reduce_kernel");
+    }
+    return 0;
+}
+
+// v3's dynamic shared memory limit, once per device.
+template <int HD> int v3_set_smem_attr() {
+    static std::atomic<uint64_t> done{0};
+    int dev = 0;
+    PG_CUDA_TRY(cudaGetDevice(&dev));
+    uint64_t bit = 1ull << (dev & 63);
+    if (done.load(std::memory_order_acquire) & bit) return 0;
+    PG_CUDA_TRY(cudaFuncSetAttribute(paged_decode_v3_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     v3_smem_bytes<HD>()));
+    done.fetch_or(bit, std::memory_order_release);
+    return 0;
+}
+
+template <int HD> int v3_ctas_per_sm() {
+    static const int n = [] {
+        int v = 0;
+        if (v3_set_smem_attr<HD>() < 0 ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, paged_decode_v3_kernel<HD>, NTHREADS,
+                                                          v3_smem_bytes<HD>()) != cudaSuccess ||
+            v < 1)
+            v = 1;
+        return v;
+    }();
+    return n;
+}
+
+// CTAs of a v3 launch: all that fit at once, fewer for tiny batches.
+int v3_ctas(int n_seqs, int n_kv, int max_seq_len, int head_dim) {
+    const int64_t tiles = (int64_t)n_seqs * n_kv * (max_seq_len > 0 ? (max_seq_len + KT - 1) / KT : 1);
+    const int64_t full = (int64_t)pg_cuda_sm_count() * (head_dim == 64 ? v3_ctas_per_sm<64>() : v3_ctas_per_sm<128>());
+    int64_t c = (tiles + V3_MIN_TILES - 1) / V3_MIN_TILES;
+    if (c > full) c = full;
+    return (int)(c < 1 ? 1 : c);
+}
+
+size_t v3_ws_bytes(int n_seqs, int n_kv, int group, int head_dim, int n_ctas) {
+    const size_t segs = (size_t)n_seqs * n_kv + n_ctas;
+    return 256 + ((size_t)(n_seqs + 1) * 4 + 255) / 256 * 256 + segs * group * (size_t)head_dim * 4 + segs * group * 4 + 256;
+}
+
+// v3 when it applies (GQA group <= 16, <= 512 sequences, enough workspace);
+// returns 1 when it did not launch, so the caller falls back to v2.
+template <int HD>
+int launch_decode_v3(void *out, const void *q, int64_t q_stride, const void *k_cache, const void *v_cache,
+                     pg_kv_shape kv, const int32_t *block_tables, int32_t bt_stride, const int32_t *seq_lens,
+                     int32_t n_seqs, int32_t n_heads, float scale, int32_t max_seq_len, void *workspace,
+                     size_t workspace_bytes, cudaStream_t st) {
+    const int G = n_heads / kv.n_kv_heads;
+    if (G > 16 || n_seqs > V3_MAX_SEQS || !workspace) return 1;
+    PG_TRY(v3_set_smem_attr<HD>());
+    const int C = v3_ctas(n_seqs, kv.n_kv_heads, max_seq_len, HD);
+    if (v3_ws_bytes(n_seqs, kv.n_kv_heads, G, HD, C) > workspace_bytes) return 1;
+    const size_t segs = (size_t)n_seqs * kv.n_kv_heads + C;
+    uintptr_t base = ((uintptr_t)workspace + 255) & ~(uintptr_t)255;
+    DecodeV3Params p = {};
+    p.seq_tile_start = (int32_t *)base;
+    p.part_o = (float *)(base + ((size_t)(n_seqs + 1) * 4 + 255) / 256 * 256);
+    p.part_lse = p.part_o + segs * G * HD;
+    p.out = (bf16 *)out;
+    p.q = (const bf16 *)q;
+    p.q_stride = q_stride;
+    p.k_cache = (const bf16 *)k_cache;
+    p.v_cache = (const bf16 *)v_cache;
+    p.block_tables = block_tables;
+    p.bt_stride = bt_stride;
+    p.seq_lens = seq_lens;
+    p.n_seqs = n_seqs;
+    p.n_heads = n_heads;
+    p.n_kv = kv.n_kv_heads;
+    p.group = G;
+    p.bs_shift = log2_exact(kv.block_size);
+    p.scale_log2 = scale * 1.4426950408889634f;
+    paged_decode_v3_kernel<HD><<<C, NTHREADS, v3_smem_bytes<HD>(), st>>>(p);
+    PG_CUDA_LAUNCHED("paged_decode_v3_kernel");
+    decode_v3_reduce_kernel<HD><<<n_seqs * n_heads, HD / 2, 0, st>>>((bf16 *)out, p.part_o, p.part_lse, seq_lens,
+                                                                     p.seq_tile_start, n_seqs, n_heads,
+                                                                     kv.n_kv_heads, C);
+    PG_CUDA_LAUNCHED("decode_v3_reduce_kernel");
+    return 0;
+}
+
+template <int HD>
+int launch_decode_v1(void *out, const void *q, int64_t q_stride, const void *k_cache,
+                     const void *v_cache, pg_kv_shape kv, const int32_t *block_tables,
+                     int32_t bt_stride, const int32_t *seq_lens, int32_t n_seqs, int32_t n_heads,
+                     float scale, cudaStream_t st) {
+    dim3 grid((unsigned)n_seqs, (unsigned)n_heads);
+    paged_decode_v1_kernel<HD><<<grid, NTHREADS, 0, st>>>((bf16 *)out, (const bf16 *)q, q_stride,
+                                                          (const bf16 *)k_cache, (const bf16 *)v_cache,
+                                                          block_tables, bt_stride, seq_lens, n_heads,
+                                                          kv.n_kv_heads, log2_exact(kv.block_size), scale);
+    PG_CUDA_LAUNCHED("paged_decode_v1_kernel");
+    return 0;
+}
+
+template <int HD>
+int launch_prefill(void *out, const void *q, int64_t q_stride, const void *k_cache,
+                   const void *v_cache, pg_kv_shape kv, const int32_t *block_tables,
+                   int32_t bt_stride, const int32_t *cu_q, const int32_t *start_pos, int32_t n_seqs,
+                   int32_t n_heads, float scale, int32_t max_q_len, cudaStream_t st) {
+    PG_TRY((set_smem_attr<HD, 8>()));
+    const int G = n_heads / kv.n_kv_heads;
+    AttnParams p = {};
+    p.out = (bf16 *)out;
+    p.q = (const bf16 *)q;
+    p.q_stride = q_stride;
+    p.k_cache = (const bf16 *)k_cache;
+    p.v_cache = (const bf16 *)v_cache;
+    p.block_tables = block_tables;
+    p.bt_stride = bt_stride;
+    p.cu_q = cu_q;
+    p.start_pos = start_pos;
+    p.n_heads = n_heads;
+    p.n_kv = kv.n_kv_heads;
+    p.group = G;
+    p.bs_shift = log2_exact(kv.block_size);
+    p.scale_log2 = scale * 1.4426950408889634f;
+    p.tiles_per_split = 1 << 30;
+    p.max_splits = 1;
+    const int64_t row_tiles = ((int64_t)max_q_len * G + 63) / 64;
+    PG_ARG(row_tiles <= 65535, "prefill attention: max_q_len %d too large for one launch", max_q_len);
+    dim3 grid((unsigned)(n_seqs * kv.n_kv_heads), (unsigned)row_tiles, 1);
+    paged_attn_mma_kernel<HD, 8><<<grid, NTHREADS, attn_smem_bytes<HD, 8>(), st>>>(p);
+    PG_CUDA_LAUNCHED("paged_attn_mma_kernel<prefill>");
+    return 0;
+}
+
+template <int HD>
+int launch_prefill_v2(void *out, const void *q, int64_t q_stride, const void *k_cache, const void *v_cache,
+                      pg_kv_shape kv, const int32_t *block_tables, int32_t bt_stride, const int32_t *cu_q,
+                      const int32_t *start_pos, int32_t n_seqs, int32_t n_heads, float scale, int32_t max_q_len,
+                      cudaStream_t st) {
+    static std::atomic<uint64_t> done{0};
+    int dev = 0;
+    PG_CUDA_TRY(cudaGetDevice(&dev));
+    if (!(done.load(std::memory_order_acquire) & (1ull << (dev & 63)))) {
+        PG_CUDA_TRY(cudaFuncSetAttribute(paged_prefill_v2_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         pf2_smem_bytes<HD>()));
+        done.fetch_or(1ull << (dev & 63), std::memory_order_release);
+    }
+    const int G = n_heads / kv.n_kv_heads;
+    AttnParams p = {};
+    p.out = (bf16 *)out;
+    p.q = (const bf16 *)q;
+    p.q_stride = q_stride;
+    p.k_cache = (const bf16 *)k_cache;
+    p.v_cache = (const bf16 *)v_cache;
+    p.block_tables = block_tables;
+    p.bt_stride = bt_stride;
+    p.cu_q = cu_q;
+    p.start_pos = start_pos;
+    p.n_heads = n_heads;
+    p.n_kv = kv.n_kv_heads;
+    p.group = G;
+    p.bs_shift = log2_exact(kv.block_size);
+    p.scale_log2 = scale * 1.4426950408889634f;
+    const int64_t row_tiles = ((int64_t)max_q_len * G + 127) / 128;
+    PG_ARG(row_tiles <= 65535, "prefill attention: max_q_len %d too large for one launch", max_q_len);
+    dim3 grid((unsigned)(n_seqs * kv.n_kv_heads), (unsigned)row_tiles, 1);
+    paged_prefill_v2_kernel<HD><<<grid, NTHREADS, pf2_smem_bytes<HD>(), st>>>(p);
+    PG_CUDA_LAUNCHED("paged_prefill_v2_kernel");
+    return 0;
+}
+
+} // namespace
+
+// --- C API -------------------------------------------------------------------------------
+
+extern "C" int pg_cuda_paged_decode_attention_v(int version, void *out, const void *q, int64_t q_stride,
+                                                const void *k_cache, const void *v_cache, pg_kv_shape kv,
+                                                const int32_t *block_tables, int32_t bt_stride,
+                                                const int32_t *seq_lens, int32_t n_seqs, int32_t n_heads,
+                                                float scale, int32_t max_seq_len, void *workspace,
+                                                size_t workspace_bytes, void *stream) {
+    PG_TRY(check_common(out, q, k_cache, v_cache, kv, block_tables, n_seqs, n_heads, q_stride));
+    PG_ARG(seq_lens, "decode attention: null seq_lens");
+    PG_ARG(max_seq_len >= 0, "decode attention: max_seq_len %d", max_seq_len);
+    if (n_seqs == 0) return 0;
+    cudaStream_t st = pg_stream(stream);
+    if (version == 1)
+        return kv.head_dim == 64
+                   ? launch_decode_v1<64>(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride,
+                                          seq_lens, n_seqs, n_heads, scale, st)
+                   : launch_decode_v1<128>(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride,
+                                           seq_lens, n_seqs, n_heads, scale, st);
+    PG_ARG(version == 2 || version == 3, "decode attention: no version %d", version);
+    if (version == 3) {
+        int rc = kv.head_dim == 64 ? launch_decode_v3<64>(out, q, q_stride, k_cache, v_cache, kv, block_tables,
+                                                          bt_stride, seq_lens, n_seqs, n_heads, scale, max_seq_len,
+                                                          workspace, workspace_bytes, st)
+                                   : launch_decode_v3<128>(out, q, q_stride, k_cache, v_cache, kv, block_tables,
+                                                           bt_stride, seq_lens, n_seqs, n_heads, scale, max_seq_len,
+                                                           workspace, workspace_bytes, st);
+        if (rc <= 0) return rc; // launched, or failed; 1: not applicable, v2 below
+    }
+    return kv.head_dim == 64
+               ? launch_decode_v2<64>(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride, seq_lens,
+                                      n_seqs, n_heads, scale, max_seq_len, workspace, workspace_bytes, st)
+               : launch_decode_v2<128>(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride, seq_lens,
+                                       n_seqs, n_heads, scale, max_seq_len, workspace, workspace_bytes, st);
+}
+
+extern "C" int pg_cuda_paged_decode_attention(void *out, const void *q, int64_t q_stride,
+                                              const void *k_cache, const void *v_cache, pg_kv_shape kv,
+                                              const int32_t *block_tables, int32_t bt_stride,
+                                              const int32_t *seq_lens, int32_t n_seqs, int32_t n_heads,
+                                              float scale, int32_t max_seq_len, void *workspace,
+                                              size_t workspace_bytes, void *stream) {
+    return pg_cuda_paged_decode_attention_v(DECODE_DEFAULT_VERSION, out, q, q_stride, k_cache, v_cache, kv, block_tables,
+                                            bt_stride, seq_lens, n_seqs, n_heads, scale, max_seq_len,
+                                            workspace, workspace_bytes, stream);
+}
+
+extern "C" size_t pg_cuda_decode_workspace_size(int32_t max_seqs, int32_t n_heads, int32_t n_kv_heads,
+                                                int32_t head_dim, int32_t max_seq_len) {
+    if (max_seqs <= 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads) return 0;
+    const int G = n_heads / n_kv_heads, row_tiles = (G + 15) / 16;
+    const int sms = pg_cuda_sm_count();
+    const int cps = head_dim == 64 ? decode_ctas_per_sm<64>() : decode_ctas_per_sm<128>();
+    size_t best = 0;
+    if (G <= 16) // v3 at the largest batch it takes (its need grows with the batch)
+        for (int n : {max_seqs < V3_MAX_SEQS ? max_seqs : V3_MAX_SEQS}) {
+            size_t b = v3_ws_bytes(n, n_kv_heads, G, head_dim, v3_ctas(n, n_kv_heads, max_seq_len, head_dim));
+            if (b > best) best = b;
+        }
+    for (int n = 1; n <= max_seqs; n++) {
+        SplitPlan pl = plan_decode(n, n_kv_heads, row_tiles, max_seq_len, sms, cps);
+        if (pl.n_splits > 1) {
+            size_t b = split_ws_bytes(n, n_heads, head_dim, pl.n_splits);
+            if (b > best) best = b;
+        }
+    }
+    return best;
+}
+
+extern "C" int pg_cuda_paged_prefill_attention_v(int version, void *out, const void *q, int64_t q_stride,
+                                                 const void *k_cache, const void *v_cache, pg_kv_shape kv,
+                                                 const int32_t *block_tables, int32_t bt_stride,
+                                                 const int32_t *cu_q, const int32_t *start_pos, int32_t n_seqs,
+                                                 int32_t n_heads, float scale, int32_t max_q_len, void *stream) {
+    PG_TRY(check_common(out, q, k_cache, v_cache, kv, block_tables, n_seqs, n_heads, q_stride));
+    PG_ARG(cu_q && start_pos, "prefill attention: null cu_q or start_pos");
+    PG_ARG(version == 1 || version == 2, "prefill attention: no version %d", version);
+    if (n_seqs == 0 || max_q_len <= 0) return 0;
+    cudaStream_t st = pg_stream(stream);
+    if (version == 2)
+        return kv.head_dim == 64 ? launch_prefill_v2<64>(out, q, q_stride, k_cache, v_cache, kv, block_tables,
+                                                         bt_stride, cu_q, start_pos, n_seqs, n_heads, scale,
+                                                         max_q_len, st)
+                                 : launch_prefill_v2<128>(out, q, q_stride, k_cache, v_cache, kv, block_tables,
+                                                          bt_stride, cu_q, start_pos, n_seqs, n_heads, scale,
+                                                          max_q_len, st);
+    return kv.head_dim == 64
+               ? launch_prefill<64>(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride, cu_q,
+                                    start_pos, n_seqs, n_heads, scale, max_q_len, st)
+               : launch_prefill<128>(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride, cu_q,
+                                     start_pos, n_seqs, n_heads, scale, max_q_len, st);
+}
+
+extern "C" int pg_cuda_paged_prefill_attention(void *out, const void *q, int64_t q_stride,
+                                               const void *k_cache, const void *v_cache, pg_kv_shape kv,
+                                               const int32_t *block_tables, int32_t bt_stride,
+                                               const int32_t *cu_q, const int32_t *start_pos, int32_t n_seqs,
+                                               int32_t n_heads, float scale, int32_t max_q_len, void *stream) {
+    return pg_cuda_paged_prefill_attention_v(PREFILL_DEFAULT_VERSION, out, q, q_stride, k_cache, v_cache, kv,
+                                             block_tables, bt_stride, cu_q, start_pos, n_seqs, n_heads, scale,
+                                             max_q_len, stream);
+}

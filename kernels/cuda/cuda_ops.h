@@ -1,0 +1,239 @@
+// kernels/cuda/cuda_ops.h - the CUDA kernels of the backend, as a C ABI.
+//
+// Every launcher takes device pointers, sizes and a stream (a cudaStream_t
+// passed as void *, so C11 code includes this header without CUDA headers;
+// NULL is the legacy default stream). A launcher only enqueues work: it
+// returns 0, or a negative PG_E* code (common/err.h) after pg_err_set():
+//   PG_EINVAL  bad argument (null pointer, negative size, workspace too small)
+//   PG_EUNSUPP valid but not built (head_dim other than 64/128, block size
+//              not a power of two)
+//   PG_EIO     a CUDA or cuBLAS call failed (launch error, sticky device
+//              error); the message names the call.
+// Launchers never synchronize and never exit(). Errors of a kernel that
+// fail asynchronously surface at the caller's next synchronization.
+//
+// Numbers: activations, the KV cache and weights are bf16 (stored as
+// uint16_t bit patterns, __nv_bfloat16 on the device); every kernel
+// accumulates in fp32 (the sampler's sums in fp64).
+//
+// Layouts (row-major, innermost last):
+//   q            [n_tokens][q_stride]: head h at q + t*q_stride + h*head_dim,
+//                so q may be a column range of a fused QKV row
+//   attn out     [n_tokens][n_heads][head_dim] contiguous
+//   KV cache     one tensor per layer for K and one for V:
+//                [n_blocks][block_size][n_kv_heads][head_dim] (pg_kv_shape);
+//                token `pos` of a sequence lives in slot
+//                block_table[pos / block_size] * block_size + pos % block_size
+//   block tables [n_seqs][bt_stride] int32 (rows padded; entries past a
+//                sequence's length are never read)
+// Query head h reads KV head h / (n_heads / n_kv_heads).
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" { // the project's C headers carry no guards of their own
+#endif
+
+#include "common/err.h"
+#include "kernels/kernels.h" // pg_kv_shape
+
+// Element types of pg_cuda_sample's logits and the conversion kernels.
+enum { PG_CUDA_F32 = 0, PG_CUDA_BF16 = 1 };
+
+// --- device ---------------------------------------------------------------------
+
+// The number of CUDA devices the runtime sees; 0 without a driver or a
+// device (never fails).
+int pg_cuda_device_count(void);
+
+// Fills `name` (NUL-terminated, at most `cap` bytes) with the current
+// device's name, multiprocessor count, memory and compute capability.
+int pg_cuda_device_describe(char *name, size_t cap);
+
+// --- attention --------------------------------------------------------------------
+
+// Paged decode attention: one query token per sequence (the last of its
+// context). out[s][n_heads][head_dim] from q row s; sequence s attends to
+// its seq_lens[s] (>= 1) keys, causally complete. FlashAttention-2 style
+// on tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate, online softmax):
+// one CTA reads each KV tile once for all query heads of a GQA group, with
+// 16-byte cp.async loads; long contexts are split over CTAs (flash
+// decoding) and combined by a second kernel through `workspace`.
+// head_dim 64 or 128; block_size a power of two >= 8; any GQA ratio.
+// `max_seq_len` (host) bounds seq_lens and fixes the split plan; the plan
+// needs pg_cuda_decode_workspace_size(n_seqs, ...) bytes of workspace (0
+// when no split is chosen). A smaller workspace makes fewer splits (never
+// an error), so a workspace sized for the largest batch serves any batch.
+int pg_cuda_paged_decode_attention(void *out, const void *q, int64_t q_stride,
+                                   const void *k_cache, const void *v_cache, pg_kv_shape kv,
+                                   const int32_t *block_tables, int32_t bt_stride,
+                                   const int32_t *seq_lens, int32_t n_seqs, int32_t n_heads,
+                                   float scale, int32_t max_seq_len, void *workspace,
+                                   size_t workspace_bytes, void *stream);
+
+// Bytes of workspace the decode plan wants for any batch of up to
+// `max_seqs` sequences of up to `max_seq_len` tokens on the current device.
+size_t pg_cuda_decode_workspace_size(int32_t max_seqs, int32_t n_heads, int32_t n_kv_heads,
+                                     int32_t head_dim, int32_t max_seq_len);
+
+// The same contract through numbered versions, for tests and benchmarks:
+// 1 = CUDA cores, one CTA per (sequence, query head), no GQA sharing, no
+// split (the simple baseline); 2 = the tensor-core split-K kernel above (the
+// default); 3 = persistent tile-balanced variant (correct, measured slower:
+// docs/cuda_kernels.md; falls back to 2 when the GQA group exceeds 16, the
+// batch exceeds 512 or the workspace is short).
+int pg_cuda_paged_decode_attention_v(int version, void *out, const void *q, int64_t q_stride,
+                                     const void *k_cache, const void *v_cache, pg_kv_shape kv,
+                                     const int32_t *block_tables, int32_t bt_stride,
+                                     const int32_t *seq_lens, int32_t n_seqs, int32_t n_heads,
+                                     float scale, int32_t max_seq_len, void *workspace,
+                                     size_t workspace_bytes, void *stream);
+
+// Paged prefill attention for chunked prefill, variable length, causal,
+// one launch: sequence s owns query rows [cu_q[s], cu_q[s+1]) at positions
+// start_pos[s] + i and attends to keys [0, start_pos[s] + i] through its
+// block table (earlier chunks and this chunk, already written to the cache
+// by pg_cuda_rope_kv_write). cu_q and start_pos are device arrays of
+// n_seqs + 1 and n_seqs; `max_q_len` (host) bounds cu_q[s+1] - cu_q[s].
+// Rows (query, head of the GQA group) are packed 64 to a CTA; tensor cores
+// (mma.sync m16n8k16 bf16), fp32 accumulate. A decode sequence (one query)
+// is a valid member of the batch. head_dim 64 or 128.
+int pg_cuda_paged_prefill_attention(void *out, const void *q, int64_t q_stride,
+                                    const void *k_cache, const void *v_cache, pg_kv_shape kv,
+                                    const int32_t *block_tables, int32_t bt_stride,
+                                    const int32_t *cu_q, const int32_t *start_pos, int32_t n_seqs,
+                                    int32_t n_heads, float scale, int32_t max_q_len, void *stream);
+
+// The same through numbered versions (tests, benchmarks): 1 = 64 rows per
+// CTA, one 16-row m-tile per warp, q fragments in registers; 2 = 128 rows
+// per CTA, two m-tiles per warp sharing each K/V fragment, q in shared memory.
+int pg_cuda_paged_prefill_attention_v(int version, void *out, const void *q, int64_t q_stride,
+                                      const void *k_cache, const void *v_cache, pg_kv_shape kv,
+                                      const int32_t *block_tables, int32_t bt_stride,
+                                      const int32_t *cu_q, const int32_t *start_pos, int32_t n_seqs,
+                                      int32_t n_heads, float scale, int32_t max_q_len, void *stream);
+
+// --- element-wise -------------------------------------------------------------------
+
+// RoPE (rotate-half, as Hugging Face Llama) fused with the KV-cache write.
+// For token i < m at position pos[i]: every head of q (row i at q + i*q_stride,
+// n_heads x head_dim) and of k (row at k + i*k_stride, n_kv x head_dim) is
+// rotated in place with angles pos[i] * inv_freq[j] (fp32, inv_freq device
+// [head_dim/2]); then rotated k and v (row at v + i*v_stride) are written to
+// slot slots[i] of the caches. slots[i] < 0 skips the write (padding).
+int pg_cuda_rope_kv_write(void *q, int64_t q_stride, void *k, int64_t k_stride, const void *v,
+                          int64_t v_stride, const int32_t *pos, const int32_t *slots, int32_t m,
+                          int32_t n_heads, const float *inv_freq, void *k_cache, void *v_cache,
+                          pg_kv_shape kv, void *stream);
+
+// Fused residual add + RMSNorm over rows of `dim`:
+//   if residual: x[i] = bf16(x[i] + residual[i])  (x is the residual stream)
+//   out[i] = bf16(x[i] * rsqrt(mean(x[i]^2) + eps) * w)
+// w is bf16 [dim]. out may equal x (then x keeps the normalized value).
+int pg_cuda_add_rmsnorm(void *out, void *x, const void *residual, const void *w, int64_t m,
+                        int64_t dim, float eps, void *stream);
+
+// out[m][ffn] = silu(gate_up[m][0:ffn]) * gate_up[m][ffn:2ffn] (a fused
+// [gate|up] row, as the fused gate/up GEMM writes it).
+int pg_cuda_silu_mul(void *out, const void *gate_up, int64_t m, int64_t ffn, void *stream);
+
+// Row gather: out[i][0:dim] = table[ids[i]][0:dim] for i < m; an id outside
+// [0, n_rows) gives a zero row. Embedding lookup, and the gather of the
+// last hidden state of each sampled sequence before the LM head.
+int pg_cuda_embed(void *out, const void *table, const int32_t *ids, int64_t m, int64_t dim,
+                  int64_t n_rows, void *stream);
+
+// Copy-on-write block copies for all layers at once: for each pair p <
+// n_pairs and layer l < n_layers, block pairs[2p] -> pairs[2p+1] of
+// k_caches[l] and of v_caches[l]. k_caches, v_caches: device arrays of
+// n_layers device pointers; pairs: device int32 [n_pairs][2] (the layout of
+// pg_block_move); block_bytes = block_size * n_kv_heads * head_dim * 2.
+// The pairs are copied in parallel: a destination must not be the source
+// of another pair of the same call (copy-on-write targets are fresh blocks).
+int pg_cuda_copy_blocks(void *const *k_caches, void *const *v_caches, int32_t n_layers,
+                        const int32_t *pairs, int32_t n_pairs, int64_t block_bytes, void *stream);
+
+// out[n] = bf16(in[n]) (round to nearest even; NaN stays NaN).
+int pg_cuda_f32_to_bf16(void *out, const float *in, int64_t n, void *stream);
+// out[n] = f32(in[n]) (exact).
+int pg_cuda_bf16_to_f32(float *out, const void *in, int64_t n, void *stream);
+
+// --- GEMM (cuBLASLt) ----------------------------------------------------------------
+
+// A cuBLASLt handle and a cache of matmul descriptors and heuristic picks
+// per shape. Use one per thread (or per stream); not thread-safe.
+typedef struct pg_cuda_gemm pg_cuda_gemm;
+
+// The workspace cuBLASLt is given in the benchmarks and tests (32 MiB, as
+// NVIDIA recommends for Hopper); any size works, larger allows more algos.
+#define PG_CUDA_GEMM_WORKSPACE ((size_t)32 << 20)
+
+int pg_cuda_gemm_create(pg_cuda_gemm **out);
+void pg_cuda_gemm_destroy(pg_cuda_gemm *g);
+
+// out[i][j] = sum_k x[i][k] * w[j][k] (+ out[i][j] when `accumulate`) for
+// i < m, j < n: bf16 x [m][ldx], bf16 w [n][k] (a weight matrix as stored:
+// one row per output feature), bf16 out [m][ldo] (so several weights can
+// fill column ranges of one output, and `accumulate` adds into the residual
+// stream). fp32 accumulate. The first call for a shape asks cuBLASLt's
+// heuristic; later calls reuse the cached descriptors and algorithm.
+// workspace: device memory of workspace_bytes, used by this stream only.
+int pg_cuda_gemm_bf16(pg_cuda_gemm *g, void *out, int64_t ldo, const void *x, int64_t ldx,
+                      const void *w, int64_t m, int64_t n, int64_t k, int accumulate,
+                      void *workspace, size_t workspace_bytes, void *stream);
+
+// --- sampling -----------------------------------------------------------------------
+
+#define PG_CUDA_MAX_LOGPROBS 20
+
+// Per-sequence sampling parameters, a device array [n] built by the host
+// each step (the semantics of engine/sampler.c, field by field).
+typedef struct pg_cuda_sample_params {
+    float temperature;        // <= 0: greedy
+    float top_p;              // 1 = off
+    float min_p;              // 0 = off
+    float repetition_penalty; // 1 = off; over prompt and output tokens
+    float presence_penalty;   // 0 = off; over output tokens
+    float frequency_penalty;  // 0 = off; over output tokens
+    int32_t top_k;            // 0 or -1 = off; 1 = greedy
+    int32_t logprobs;         // -1: none; 0..20: logprob of the token + that many top entries
+    uint64_t seed;            // per-sequence RNG seed (pg_plan_seq.rng_seed)
+    int32_t n_generated;      // RNG counter: tokens this sequence has sampled so far
+    int32_t hist_offset;      // history (prompt then output) at tokens[hist_offset ..
+    int32_t n_history;        //   + n_history)
+    int32_t n_prompt;         // the first n_prompt of it are the prompt
+    int32_t ban_offset;       // token ids set to -inf: tokens[ban_offset .. + n_ban)
+    int32_t n_ban;            //   (EOS and stop ids while min_tokens is not reached)
+} pg_cuda_sample_params;
+
+// Per-sequence result, a device array [n]; the host copies back these few
+// hundred bytes per sequence, never the logits.
+typedef struct pg_cuda_sample_out {
+    int32_t token;
+    float logprob; // log-softmax of the raw logits at `token` (0 when logprobs < 0)
+    int32_t n_top; // min(logprobs, 20) entries, most likely first, ties by lower id
+    int32_t top_ids[PG_CUDA_MAX_LOGPROBS];
+    float top_logprobs[PG_CUDA_MAX_LOGPROBS];
+} pg_cuda_sample_out;
+
+// Device workspace for n sequences over a vocabulary of `vocab`.
+size_t pg_cuda_sample_workspace_size(int32_t n, int32_t vocab);
+
+// Samples one token per row of logits [n][ld_logits] (PG_CUDA_F32 or
+// PG_CUDA_BF16; the first `vocab` columns are used; they are not modified),
+// with engine/sampler.c's rules and order: logprobs from the raw logits;
+// then repetition/presence/frequency penalties, banned ids, greedy when
+// temperature <= 0 or top_k == 1; else temperature, a window of 30 nats,
+// top-k, top-p, min-p over the candidates sorted by logit (ties by lower id)
+// and a draw u = pg_sampler_uniform(seed, n_generated) walked down that
+// order. Given the same fp32 logits it returns the CPU sampler's token
+// (differences only when u falls within ~1e-12 of a boundary).
+// tokens: device int32 holding every sequence's history and ban list.
+int pg_cuda_sample(pg_cuda_sample_out *out, const void *logits, int logits_dtype, int64_t ld_logits,
+                   int32_t n, int32_t vocab, const pg_cuda_sample_params *params,
+                   const int32_t *tokens, void *workspace, size_t workspace_bytes, void *stream);
+
+#ifdef __cplusplus
+}
+#endif

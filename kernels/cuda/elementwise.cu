@@ -1,0 +1,351 @@
+// kernels/cuda/elementwise.cu - RoPE + KV write, residual add + RMSNorm,
+// SiLU*mul, row gather, block copies and dtype conversion.
+//
+// All are memory-bound: 16-byte loads and stores where the row length
+// allows (a multiple of 8 bf16), fp32 arithmetic, one pass over the data.
+// CPU references: kernels/cpu/cpu_backend.c (same formulas in f32).
+#include <math.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace {
+
+// 8 bf16 in 16 bytes <-> 8 floats.
+__device__ __forceinline__ void unpack8(const uint4 &u, float f[8]) {
+    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = __bfloat1622float2(h[i]);
+        f[2 * i] = v.x;
+        f[2 * i + 1] = v.y;
+    }
+}
+__device__ __forceinline__ uint4 pack8(const float f[8]) {
+    uint4 u;
+    __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    return u;
+}
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+// --- RoPE fused with the cache write ---------------------------------------------------
+
+// One CTA per token. cos/sin of pos * inv_freq[j] are computed once per
+// token into shared memory (sincosf: exact range reduction, positions reach
+// 1e5 radians), then each thread rotates a pair of pairs (j, j+1) and
+// (j + half, j + 1 + half) of one head of q or k.
+__global__ void rope_kv_write_kernel(bf16 *q, int64_t q_stride, bf16 *k, int64_t k_stride, const bf16 *v,
+                                     int64_t v_stride, const int32_t *pos, const int32_t *slots,
+                                     int n_heads, int n_kv, int hd, const float *inv_freq, bf16 *k_cache,
+                                     bf16 *v_cache) {
+    extern __shared__ float cs[]; // [half] cos, [half] sin
+    const int i = blockIdx.x, half = hd / 2;
+    const float pf = (float)pos[i];
+    for (int j = threadIdx.x; j < half; j += blockDim.x) {
+        float a = pf * inv_freq[j];
+        float sn, cn;
+        sincosf(a, &sn, &cn);
+        cs[j] = cn;
+        cs[half + j] = sn;
+    }
+    __syncthreads();
+    const int slot = slots[i];
+    const int pairs = half / 2; // bf16x2 units per half-head
+    const int n_items = (n_heads + n_kv) * pairs;
+    for (int it = threadIdx.x; it < n_items; it += blockDim.x) {
+        int h = it / pairs, j = (it % pairs) * 2;
+        bool is_q = h < n_heads;
+        bf16 *x = is_q ? q + (size_t)i * q_stride + (size_t)h * hd : k + (size_t)i * k_stride + (size_t)(h - n_heads) * hd;
+        float2 x0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(x + j));
+        float2 x1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(x + j + half));
+        float c0 = cs[j], c1 = cs[j + 1], s0 = cs[half + j], s1 = cs[half + j + 1];
+        __nv_bfloat162 y0 = __floats2bfloat162_rn(x0.x * c0 - x1.x * s0, x0.y * c1 - x1.y * s1);
+        __nv_bfloat162 y1 = __floats2bfloat162_rn(x1.x * c0 + x0.x * s0, x1.y * c1 + x0.y * s1);
+        *reinterpret_cast<__nv_bfloat162 *>(x + j) = y0;
+        *reinterpret_cast<__nv_bfloat162 *>(x + j + half) = y1;
+        if (!is_q && slot >= 0) {
+            bf16 *c = k_cache + ((size_t)slot * n_kv + (h - n_heads)) * hd;
+            *reinterpret_cast<__nv_bfloat162 *>(c + j) = y0;
+            *reinterpret_cast<__nv_bfloat162 *>(c + j + half) = y1;
+        }
+    }
+    if (slot < 0) return;
+    // v: a straight copy of the token's n_kv * hd values.
+    const int n_v = n_kv * hd;
+    const bf16 *vs = v + (size_t)i * v_stride;
+    bf16 *vd = v_cache + (size_t)slot * n_v;
+    if ((n_v % 8) == 0 && ((uintptr_t)vs & 15) == 0 && ((uintptr_t)vd & 15) == 0) {
+        for (int e = threadIdx.x * 8; e < n_v; e += blockDim.x * 8)
+            *reinterpret_cast<uint4 *>(vd + e) = *reinterpret_cast<const uint4 *>(vs + e);
+    } else {
+        for (int e = threadIdx.x; e < n_v; e += blockDim.x) vd[e] = vs[e];
+    }
+}
+
+// --- residual add + RMSNorm ------------------------------------------------------------
+
+__device__ __forceinline__ float block_sum(float v, float *sh) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = (blockDim.x + 31) / 32;
+    __syncthreads(); // sh may be in use by a previous call
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    float t = 0.0f;
+    for (int w = 0; w < nw; w++) t += sh[w];
+    return t;
+}
+
+// One CTA per row; each thread keeps VPT 16-byte vectors of the row in
+// registers between the sum of squares and the scaling (one read of x).
+template <int VPT>
+__global__ void add_rmsnorm_vec_kernel(bf16 *out, bf16 *x, const bf16 *residual, const bf16 *w, int dim,
+                                       float eps) {
+    __shared__ float sh[32];
+    const size_t row = blockIdx.x;
+    const int nvec = dim / 8;
+    uint4 *xr = reinterpret_cast<uint4 *>(x + row * dim);
+    const uint4 *rr = residual ? reinterpret_cast<const uint4 *>(residual + row * dim) : nullptr;
+    float vals[VPT][8];
+    float ss = 0.0f;
+#pragma unroll
+    for (int u = 0; u < VPT; u++) {
+        int vi = threadIdx.x + u * blockDim.x;
+        if (vi < nvec) {
+            unpack8(xr[vi], vals[u]);
+            if (rr) {
+                float r[8];
+                unpack8(rr[vi], r);
+#pragma unroll
+                for (int e = 0; e < 8; e++) vals[u][e] += r[e];
+                uint4 nx = pack8(vals[u]);
+                xr[vi] = nx;
+                unpack8(nx, vals[u]); // the norm sees the stored (rounded) residual
+            }
+#pragma unroll
+            for (int e = 0; e < 8; e++) ss += vals[u][e] * vals[u][e];
+        }
+    }
+    const float tot = block_sum(ss, sh);
+    const float rs = 1.0f / sqrtf(tot / (float)dim + eps);
+    const uint4 *wr = reinterpret_cast<const uint4 *>(w);
+    uint4 *orow = reinterpret_cast<uint4 *>(out + row * dim);
+#pragma unroll
+    for (int u = 0; u < VPT; u++) {
+        int vi = threadIdx.x + u * blockDim.x;
+        if (vi < nvec) {
+            float wf[8], o[8];
+            unpack8(wr[vi], wf);
+#pragma unroll
+            for (int e = 0; e < 8; e++) o[e] = vals[u][e] * rs * wf[e];
+            orow[vi] = pack8(o);
+        }
+    }
+}
+
+// Any dim: scalar, two passes over the row.
+__global__ void add_rmsnorm_scalar_kernel(bf16 *out, bf16 *x, const bf16 *residual, const bf16 *w, int dim,
+                                          float eps) {
+    __shared__ float sh[32];
+    const size_t row = blockIdx.x;
+    bf16 *xr = x + row * dim;
+    float ss = 0.0f;
+    for (int e = threadIdx.x; e < dim; e += blockDim.x) {
+        float v = __bfloat162float(xr[e]);
+        if (residual) {
+            bf16 nb = __float2bfloat16(v + __bfloat162float(residual[row * dim + e]));
+            xr[e] = nb;
+            v = __bfloat162float(nb);
+        }
+        ss += v * v;
+    }
+    const float rs = 1.0f / sqrtf(block_sum(ss, sh) / (float)dim + eps);
+    for (int e = threadIdx.x; e < dim; e += blockDim.x)
+        out[row * dim + e] = __float2bfloat16(__bfloat162float(xr[e]) * rs * __bfloat162float(w[e]));
+}
+
+// --- SiLU * mul -------------------------------------------------------------------------
+
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
+
+__global__ void silu_mul_vec_kernel(bf16 *out, const bf16 *gate_up, int64_t m, int64_t ffn) {
+    const int64_t nvec = ffn / 8, total = m * nvec;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t row = i / nvec, c = i % nvec;
+        const uint4 *g4 = reinterpret_cast<const uint4 *>(gate_up + row * 2 * ffn);
+        float g[8], u[8], o[8];
+        unpack8(g4[c], g);
+        unpack8(g4[nvec + c], u);
+#pragma unroll
+        for (int e = 0; e < 8; e++) o[e] = silu(g[e]) * u[e];
+        reinterpret_cast<uint4 *>(out + row * ffn)[c] = pack8(o);
+    }
+}
+
+__global__ void silu_mul_scalar_kernel(bf16 *out, const bf16 *gate_up, int64_t m, int64_t ffn) {
+    const int64_t total = m * ffn;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t row = i / ffn, c = i % ffn;
+        float g = __bfloat162float(gate_up[row * 2 * ffn + c]), u = __bfloat162float(gate_up[row * 2 * ffn + ffn + c]);
+        out[i] = __float2bfloat16(silu(g) * u);
+    }
+}
+
+// --- row gather -------------------------------------------------------------------------
+
+__global__ void embed_kernel(bf16 *out, const bf16 *table, const int32_t *ids, int64_t dim, int64_t n_rows,
+                             bool vec) {
+    const int64_t i = blockIdx.x;
+    const int32_t id = ids[i];
+    bf16 *o = out + i * dim;
+    const bool ok = id >= 0 && id < n_rows;
+    const bf16 *t = table + (ok ? (int64_t)id : 0) * dim;
+    if (vec) {
+        const uint4 z = make_uint4(0, 0, 0, 0);
+        for (int64_t e = threadIdx.x; e < dim / 8; e += blockDim.x)
+            reinterpret_cast<uint4 *>(o)[e] = ok ? reinterpret_cast<const uint4 *>(t)[e] : z;
+    } else {
+        for (int64_t e = threadIdx.x; e < dim; e += blockDim.x) o[e] = ok ? t[e] : __float2bfloat16(0.0f);
+    }
+}
+
+// --- block copies (copy-on-write) --------------------------------------------------------
+
+// grid (n_pairs, n_layers, 2): one CTA copies one block of one layer's K or V.
+__global__ void copy_blocks_kernel(void *const *k_caches, void *const *v_caches, const int32_t *pairs,
+                                   int64_t block_bytes) {
+    const int p = blockIdx.x, layer = blockIdx.y;
+    char *base = (char *)(blockIdx.z == 0 ? k_caches[layer] : v_caches[layer]);
+    const int64_t from = pairs[2 * p], to = pairs[2 * p + 1];
+    const uint4 *src = reinterpret_cast<const uint4 *>(base + from * block_bytes);
+    uint4 *dst = reinterpret_cast<uint4 *>(base + to * block_bytes);
+    for (int64_t e = threadIdx.x; e < block_bytes / 16; e += blockDim.x) dst[e] = src[e];
+}
+
+// --- conversions --------------------------------------------------------------------------
+
+__global__ void f32_to_bf16_kernel(bf16 *out, const float *in, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = __float2bfloat16(in[i]);
+}
+__global__ void bf16_to_f32_kernel(float *out, const bf16 *in, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = __bfloat162float(in[i]);
+}
+
+unsigned grid_for(int64_t items, int threads) {
+    int64_t b = (items + threads - 1) / threads;
+    int64_t cap = (int64_t)pg_cuda_sm_count() * 16;
+    if (b > cap) b = cap;
+    return (unsigned)(b < 1 ? 1 : b);
+}
+
+} // namespace
+
+// --- C API -------------------------------------------------------------------------------
+
+extern "C" int pg_cuda_rope_kv_write(void *q, int64_t q_stride, void *k, int64_t k_stride, const void *v,
+                                     int64_t v_stride, const int32_t *pos, const int32_t *slots, int32_t m,
+                                     int32_t n_heads, const float *inv_freq, void *k_cache, void *v_cache,
+                                     pg_kv_shape kv, void *stream) {
+    PG_ARG(q && k && v && pos && slots && inv_freq && k_cache && v_cache, "rope_kv_write: null pointer");
+    PG_ARG(m >= 0 && n_heads > 0 && kv.n_kv_heads > 0, "rope_kv_write: m %d, heads %d/%d", m, n_heads, kv.n_kv_heads);
+    if (kv.head_dim % 4 != 0) return pg_err_set(PG_EUNSUPP, "rope_kv_write: head_dim %d (a multiple of 4)", kv.head_dim);
+    PG_ARG(q_stride >= (int64_t)n_heads * kv.head_dim && k_stride >= (int64_t)kv.n_kv_heads * kv.head_dim &&
+               v_stride >= (int64_t)kv.n_kv_heads * kv.head_dim && q_stride % 2 == 0 && k_stride % 2 == 0,
+           "rope_kv_write: strides q %lld k %lld v %lld", (long long)q_stride, (long long)k_stride, (long long)v_stride);
+    if (m == 0) return 0;
+    rope_kv_write_kernel<<<m, 128, kv.head_dim * sizeof(float), pg_stream(stream)>>>(
+        (bf16 *)q, q_stride, (bf16 *)k, k_stride, (const bf16 *)v, v_stride, pos, slots, n_heads, kv.n_kv_heads,
+        kv.head_dim, inv_freq, (bf16 *)k_cache, (bf16 *)v_cache);
+    PG_CUDA_LAUNCHED("rope_kv_write_kernel");
+    return 0;
+}
+
+extern "C" int pg_cuda_add_rmsnorm(void *out, void *x, const void *residual, const void *w, int64_t m,
+                                   int64_t dim, float eps, void *stream) {
+    PG_ARG(out && x && w, "add_rmsnorm: null pointer");
+    PG_ARG(m >= 0 && dim > 0 && dim <= (1 << 20), "add_rmsnorm: m %lld dim %lld", (long long)m, (long long)dim);
+    if (m == 0) return 0;
+    cudaStream_t st = pg_stream(stream);
+    const int64_t nvec = dim / 8;
+    const bool vec = dim % 8 == 0 && aligned16(out) && aligned16(x) && aligned16(w) &&
+                     (!residual || aligned16(residual)) && nvec <= 4 * 1024;
+    if (vec) {
+        int vpt = nvec <= 1024 ? 1 : nvec <= 2048 ? 2 : 4;
+        int threads = (int)((nvec + vpt - 1) / vpt);
+        threads = (threads + 31) / 32 * 32;
+        if (vpt == 1)
+            add_rmsnorm_vec_kernel<1><<<(unsigned)m, threads, 0, st>>>((bf16 *)out, (bf16 *)x, (const bf16 *)residual,
+                                                                      (const bf16 *)w, (int)dim, eps);
+        else if (vpt == 2)
+            add_rmsnorm_vec_kernel<2><<<(unsigned)m, threads, 0, st>>>((bf16 *)out, (bf16 *)x, (const bf16 *)residual,
+                                                                      (const bf16 *)w, (int)dim, eps);
+        else
+            add_rmsnorm_vec_kernel<4><<<(unsigned)m, threads, 0, st>>>((bf16 *)out, (bf16 *)x, (const bf16 *)residual,
+                                                                      (const bf16 *)w, (int)dim, eps);
+    } else {
+        add_rmsnorm_scalar_kernel<<<(unsigned)m, 256, 0, st>>>((bf16 *)out, (bf16 *)x, (const bf16 *)residual,
+                                                             (const bf16 *)w, (int)dim, eps);
+    }
+    PG_CUDA_LAUNCHED("add_rmsnorm_kernel");
+    return 0;
+}
+
+extern "C" int pg_cuda_silu_mul(void *out, const void *gate_up, int64_t m, int64_t ffn, void *stream) {
+    PG_ARG(out && gate_up, "silu_mul: null pointer");
+    PG_ARG(m >= 0 && ffn > 0, "silu_mul: m %lld ffn %lld", (long long)m, (long long)ffn);
+    if (m == 0) return 0;
+    cudaStream_t st = pg_stream(stream);
+    if (ffn % 8 == 0 && aligned16(out) && aligned16(gate_up))
+        silu_mul_vec_kernel<<<grid_for(m * ffn / 8, 256), 256, 0, st>>>((bf16 *)out, (const bf16 *)gate_up, m, ffn);
+    else
+        silu_mul_scalar_kernel<<<grid_for(m * ffn, 256), 256, 0, st>>>((bf16 *)out, (const bf16 *)gate_up, m, ffn);
+    PG_CUDA_LAUNCHED("silu_mul_kernel");
+    return 0;
+}
+
+extern "C" int pg_cuda_embed(void *out, const void *table, const int32_t *ids, int64_t m, int64_t dim,
+                             int64_t n_rows, void *stream) {
+    PG_ARG(out && table && ids, "embed: null pointer");
+    PG_ARG(m >= 0 && dim > 0 && n_rows > 0, "embed: m %lld dim %lld rows %lld", (long long)m, (long long)dim,
+           (long long)n_rows);
+    if (m == 0) return 0;
+    bool vec = dim % 8 == 0 && aligned16(out) && aligned16(table);
+    int threads = vec ? (dim / 8 >= 256 ? 256 : (int)((dim / 8 + 31) / 32 * 32)) : 256;
+    embed_kernel<<<(unsigned)m, threads, 0, pg_stream(stream)>>>((bf16 *)out, (const bf16 *)table, ids, dim, n_rows,
+                                                                vec);
+    PG_CUDA_LAUNCHED("embed_kernel");
+    return 0;
+}
+
+extern "C" int pg_cuda_copy_blocks(void *const *k_caches, void *const *v_caches, int32_t n_layers,
+                                   const int32_t *pairs, int32_t n_pairs, int64_t block_bytes, void *stream) {
+    PG_ARG(k_caches && v_caches && pairs, "copy_blocks: null pointer");
+    PG_ARG(n_layers >= 0 && n_pairs >= 0 && n_layers <= 65535, "copy_blocks: %d layers, %d pairs", n_layers, n_pairs);
+    PG_ARG(block_bytes > 0 && block_bytes % 16 == 0, "copy_blocks: block_bytes %lld (a multiple of 16)",
+           (long long)block_bytes);
+    if (n_layers == 0 || n_pairs == 0) return 0;
+    dim3 grid((unsigned)n_pairs, (unsigned)n_layers, 2);
+    copy_blocks_kernel<<<grid, 256, 0, pg_stream(stream)>>>(k_caches, v_caches, pairs, block_bytes);
+    PG_CUDA_LAUNCHED("copy_blocks_kernel");
+    return 0;
+}
+
+extern "C" int pg_cuda_f32_to_bf16(void *out, const float *in, int64_t n, void *stream) {
+    PG_ARG(out && in && n >= 0, "f32_to_bf16: bad arguments");
+    if (n == 0) return 0;
+    f32_to_bf16_kernel<<<grid_for(n, 256), 256, 0, pg_stream(stream)>>>((bf16 *)out, in, n);
+    PG_CUDA_LAUNCHED("f32_to_bf16_kernel");
+    return 0;
+}
+
+extern "C" int pg_cuda_bf16_to_f32(float *out, const void *in, int64_t n, void *stream) {
+    PG_ARG(out && in && n >= 0, "bf16_to_f32: bad arguments");
+    if (n == 0) return 0;
+    bf16_to_f32_kernel<<<grid_for(n, 256), 256, 0, pg_stream(stream)>>>(out, (const bf16 *)in, n);
+    PG_CUDA_LAUNCHED("bf16_to_f32_kernel");
+    return 0;
+}

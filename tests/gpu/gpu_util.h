@@ -1,0 +1,128 @@
+// tests/gpu/gpu_util.h - host helpers shared by the GPU test and benchmarks
+// (C++ compiled by nvcc; header-only).
+#pragma once
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+extern "C" {
+#include "kernels/cuda/cuda_ops.h"
+}
+
+// A CUDA runtime call that must succeed: a failure here is a broken device
+// or a test bug, so it aborts with the call and the reason.
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            abort();                                                                               \
+        }                                                                                          \
+    } while (0)
+
+// A pg_cuda_* launcher that must succeed.
+#define PK(call)                                                                              \
+    do {                                                                                      \
+        int rc_ = (call);                                                                     \
+        if (rc_ != 0) {                                                                       \
+            fprintf(stderr, "%s:%d: %s: rc %d: %s\n", __FILE__, __LINE__, #call, rc_, pg_err_msg()); \
+            abort();                                                                          \
+        }                                                                                     \
+    } while (0)
+
+// bf16 <-> f32 on the host, round to nearest even (as __float2bfloat16).
+static inline uint16_t f2bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+static inline float bf2f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// xorshift64*: fast, seeded, good enough for test data.
+struct Rng {
+    uint64_t s;
+    explicit Rng(uint64_t seed) : s(seed * 0x9e3779b97f4a7c15ull + 1) {}
+    uint64_t next() {
+        s ^= s >> 12;
+        s ^= s << 25;
+        s ^= s >> 27;
+        return s * 0x2545f4914f6cdd1dull;
+    }
+    double uni() { return (double)(next() >> 11) * (1.0 / 9007199254740992.0); } // [0, 1)
+    float sym() { return (float)(2.0 * uni() - 1.0); }                            // [-1, 1)
+    int below(int n) { return (int)(uni() * n); }
+    double normal() {
+        double u1 = uni(), u2 = uni();
+        if (u1 < 1e-300) u1 = 1e-300;
+        return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+    }
+};
+
+static inline void fill_bf16(std::vector<uint16_t> &v, Rng &r, float scale) {
+    for (auto &x : v) x = f2bf(r.sym() * scale);
+}
+
+// Runs f(i) for i < n on all host cores (the references are fp64 loops).
+template <typename F> static void parallel_for(int64_t n, F f) {
+    unsigned nt = std::thread::hardware_concurrency();
+    if (nt < 1) nt = 1;
+    if (nt > 64) nt = 64;
+    std::atomic<int64_t> next{0};
+    std::vector<std::thread> th;
+    for (unsigned t = 0; t < nt; t++)
+        th.emplace_back([&] {
+            for (int64_t i; (i = next.fetch_add(1)) < n;) f(i);
+        });
+    for (auto &t : th) t.join();
+}
+
+// A device buffer that frees itself.
+struct DBuf {
+    void *p = nullptr;
+    size_t n = 0;
+    DBuf() {}
+    explicit DBuf(size_t bytes) { alloc(bytes); }
+    void alloc(size_t bytes) {
+        if (p) CK(cudaFree(p));
+        n = bytes;
+        CK(cudaMalloc(&p, bytes ? bytes : 1));
+    }
+    ~DBuf() {
+        if (p) cudaFree(p);
+    }
+    DBuf(const DBuf &) = delete;
+    DBuf &operator=(const DBuf &) = delete;
+    template <typename T> T *as() const { return (T *)p; }
+    template <typename T> void up(const std::vector<T> &v) {
+        if (n < v.size() * sizeof(T)) alloc(v.size() * sizeof(T));
+        CK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    template <typename T> void down(std::vector<T> &v) const {
+        CK(cudaMemcpy(v.data(), p, v.size() * sizeof(T), cudaMemcpyDeviceToHost));
+    }
+};
+
+// ||a - b|| / ||b||, NaN when any output is NaN (so a NaN never passes).
+static inline double rel_err(const std::vector<double> &out, const std::vector<double> &ref) {
+    double d = 0, r = 0;
+    for (size_t i = 0; i < out.size(); i++) {
+        if (!(out[i] == out[i])) return NAN;
+        d += (out[i] - ref[i]) * (out[i] - ref[i]);
+        r += ref[i] * ref[i];
+    }
+    return r > 0 ? sqrt(d / r) : sqrt(d);
+}
