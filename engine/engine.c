@@ -11,9 +11,13 @@
 #include "common/file.h"
 #include "common/log.h"
 #include "engine/gguf.h"
+#include "engine/llama_dummy.h"
 #include "engine/runner.h"
+#include "engine/runner_cuda.h"
 
 #define DEFAULT_CPU_KV_BYTES ((int64_t)2 << 30)
+#define DEFAULT_GPU_MEMORY_UTILIZATION 0.9
+#define DEFAULT_GPU_SWAP_BYTES ((int64_t)4 << 30) // --preemption-mode swap without --swap-space (vLLM's)
 
 // A submission: a new request, an abort or an early finish of one sequence.
 typedef enum { SUB_ADD, SUB_ABORT, SUB_FINISH_SEQ } sub_kind;
@@ -41,7 +45,8 @@ struct pg_engine {
     pg_backend *backend;
     pg_tokenizer *tok;
     pg_chat_template *chat;
-    pg_runner *runner;
+    pg_runner *runner;           // CPU
+    pg_cuda_runner *cuda;        // GPU (then runner and backend are NULL)
     sched *sched;
     int32_t max_model_len;
     int32_t kv_blocks;
@@ -104,7 +109,8 @@ static void publish(pg_engine *e, const pg_gen_event *evs, int n) {
     if (e->ev_head > 0 && e->ev_head == e->n_events) e->n_events = e->ev_head = 0;
     if (e->n_events + n > e->cap_events) {
         // Compact, then grow.
-        memmove(e->events, e->events + e->ev_head, sizeof(pg_gen_event) * (size_t)(e->n_events - e->ev_head));
+        if (e->n_events > e->ev_head)  // (events is NULL before the first publish)
+            memmove(e->events, e->events + e->ev_head, sizeof(pg_gen_event) * (size_t)(e->n_events - e->ev_head));
         e->n_events -= e->ev_head;
         e->ev_head = 0;
         if (e->n_events + n > e->cap_events) {
@@ -113,6 +119,8 @@ static void publish(pg_engine *e, const pg_gen_event *evs, int n) {
         }
     }
     memcpy(e->events + e->n_events, evs, sizeof(pg_gen_event) * (size_t)n);
+    int64_t now = pg_now_ns();
+    for (int i = 0; i < n; i++) e->events[e->n_events + i].publish_ns = now;
     e->n_events += n;
     pthread_mutex_unlock(&e->ev_mu);
     if (e->notify) e->notify(e->notify_ctx);
@@ -122,7 +130,7 @@ int pg_engine_poll(pg_engine *e, pg_gen_event *out, int cap) {
     pthread_mutex_lock(&e->ev_mu);
     int n = e->n_events - e->ev_head;
     if (n > cap) n = cap;
-    memcpy(out, e->events + e->ev_head, sizeof(pg_gen_event) * (size_t)n);
+    if (n > 0) memcpy(out, e->events + e->ev_head, sizeof(pg_gen_event) * (size_t)n);
     e->ev_head += n;
     pthread_mutex_unlock(&e->ev_mu);
     return n;
@@ -190,10 +198,19 @@ static void *engine_main(void *arg) {
             PG_LOGE("scheduler: %s", pg_err_msg());
             continue;
         }
+        // Snapshot now too, so /metrics shows the requests of a long step
+        // as running while it executes.
+        pthread_mutex_lock(&e->stats_mu);
+        sched_stats_get(e->sched, &e->stats.sched);
+        pthread_mutex_unlock(&e->stats_mu);
         int64_t t0 = pg_now_ns();
         pg_step_output so = {0, NULL};
         const pg_step_output *sop = &so;
-        if (plan->n_seqs > 0 && pg_runner_execute(e->runner, plan, &so) < 0) {
+        // A plan may hold only block moves (a swap-out with nothing
+        // scheduled): those run too.
+        bool run = plan->n_seqs > 0 || plan->n_swap_out > 0 || plan->n_swap_in > 0 || plan->n_copies > 0;
+        if (run && (e->cuda ? pg_cuda_runner_execute(e->cuda, plan, &so)
+                            : pg_runner_execute(e->runner, plan, &so)) < 0) {
             PG_LOGE("step failed: %s", pg_err_msg());
             sop = NULL; // every request of the plan finishes with an error
         }
@@ -272,8 +289,39 @@ void pg_engine_finish_seq(pg_engine *e, int64_t id, int32_t seq_index) {
 
 // --- set-up --------------------------------------------------------------------------
 
+static bool is_dummy(const pg_engine_config *c) { return c->load_format && !strcmp(c->load_format, "dummy"); }
+
+// Where the tokenizer (and the model's chat template) come from: --tokenizer,
+// else the model file or directory; NULL for a dummy model without one.
+static const char *tokenizer_source(const pg_engine *e) {
+    if (e->cfg.tokenizer) return e->cfg.tokenizer;
+    return is_dummy(&e->cfg) ? NULL : e->cfg.model_path;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcmp(s + n - m, suffix);
+}
+
 static int load_tokenizer(pg_engine *e) {
-    const char *path = e->cfg.model_path;
+    const char *path = tokenizer_source(e);
+    if (!path) {
+        // A dummy model without --tokenizer: bytes plus placeholder ids
+        // (benchmarks send token ids; generated ids print as <tN>).
+        PG_LOGW("no --tokenizer for the dummy model: using a synthetic byte-level tokenizer over its %d ids",
+                e->model->cfg.vocab_size);
+        return pg_tokenizer_synthetic_bytes(e->model->cfg.vocab_size, &e->tok);
+    }
+    if (ends_with(path, ".json") && !pg_is_dir(path)) { // a tokenizer.json file
+        char *dir = pg_xstrdup(path);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = 0;
+        char *tc = pg_path_join(slash ? dir : ".", "tokenizer_config.json");
+        int rc = pg_tokenizer_from_hf(path, pg_file_exists(tc) ? tc : NULL, &e->tok);
+        free(tc);
+        free(dir);
+        return rc;
+    }
     if (pg_is_dir(path)) {
         char *tj = pg_path_join(path, "tokenizer.json");
         char *tc = pg_path_join(path, "tokenizer_config.json");
@@ -328,13 +376,15 @@ static int load_chat_template(pg_engine *e) {
         PG_TRY(pg_read_file(want, 1 << 20, &text, &len));
     } else if (want) {
         text = pg_xstrdup(want);
-    } else if (!pg_is_dir(e->cfg.model_path)) {
+    } else if (!tokenizer_source(e) || ends_with(tokenizer_source(e), ".json")) {
+        text = NULL; // a dummy model, or a bare tokenizer.json: no template
+    } else if (!pg_is_dir(tokenizer_source(e))) {
         gguf_file *f;
-        PG_TRY(gguf_open(e->cfg.model_path, &f));
+        PG_TRY(gguf_open(tokenizer_source(e), &f));
         if (gguf_get_str(f, "tokenizer.chat_template", &text) < 0) text = NULL;
         gguf_close(f);
     } else {
-        text = hf_chat_template(e->cfg.model_path);
+        text = hf_chat_template(tokenizer_source(e));
     }
     if (!text) return 0; // no template: chat requests get a clear error later
     rc = pg_chat_template_parse(text, &e->chat);
@@ -342,7 +392,7 @@ static int load_chat_template(pg_engine *e) {
         // The model's own template is unknown: chat is unavailable, text
         // completion still works.
         PG_LOGW("chat template of %s not recognised; /v1/chat/completions disabled (%s)",
-                e->cfg.model_path, pg_err_msg());
+                tokenizer_source(e), pg_err_msg());
         rc = 0;
     }
     free(text);
@@ -362,15 +412,42 @@ int pg_engine_create(const pg_engine_config *cfg, pg_engine_notify_fn notify, vo
     pthread_mutex_init(&e->stats_mu, NULL);
     int rc;
     const char *dev = cfg->device ? cfg->device : "cpu";
-    if (strcmp(dev, "cpu") && strcmp(dev, "auto")) {
-        rc = pg_err_set(PG_EUNSUPP, "device '%s' is not available in this build (cpu only)", dev);
+    bool use_cuda = false;
+    if (!strcmp(dev, "cuda") || !strcmp(dev, "auto")) {
+        char why[160] = "";
+        int n_gpu = pg_cuda_runner_probe(why, sizeof why);
+        if (n_gpu > 0) {
+            use_cuda = true;
+        } else if (!strcmp(dev, "cuda")) {
+            rc = pg_err_set(PG_EUNSUPP, "--device cuda: %s", why);
+            goto fail;
+        } else {
+            PG_LOGI("--device auto: %s; running on the CPU", why);
+        }
+    } else if (strcmp(dev, "cpu")) {
+        rc = pg_err_set(PG_EUNSUPP, "device '%s' is not known (cpu, cuda, auto)", dev);
         goto fail;
     }
-    if ((rc = pg_llama_load(cfg->model_path, &e->model)) < 0) goto fail;
+    if (cfg->load_format && strcmp(cfg->load_format, "auto") && !is_dummy(cfg)) {
+        rc = pg_err_set(PG_EINVAL, "load format '%s' is not known (auto, dummy)", cfg->load_format);
+        goto fail;
+    }
+    if (is_dummy(cfg)) {
+        if (!use_cuda) {
+            rc = pg_err_set(PG_EUNSUPP, "--load-format dummy generates its weights on the GPU; it needs "
+                            "--device cuda (or auto with a GPU)");
+            goto fail;
+        }
+        if ((rc = pg_llama_dummy(cfg->hf_config, &e->model)) < 0) goto fail;
+    } else if ((rc = pg_llama_load(cfg->model_path, &e->model)) < 0) {
+        goto fail;
+    }
     if ((rc = load_tokenizer(e)) < 0) goto fail;
     if ((rc = load_chat_template(e)) < 0) goto fail;
-    if ((rc = pg_backend_cpu_create(cfg->n_threads, &e->backend)) < 0) goto fail;
-    e->backend->matmul_mode = cfg->matmul_mode;
+    if (!use_cuda) {
+        if ((rc = pg_backend_cpu_create(cfg->n_threads, &e->backend)) < 0) goto fail;
+        e->backend->matmul_mode = cfg->matmul_mode;
+    }
 
     const pg_model_config *mc = &e->model->cfg;
     sched_config sc = cfg->sched;
@@ -378,11 +455,48 @@ int pg_engine_create(const pg_engine_config *cfg, pg_engine_notify_fn notify, vo
     e->max_model_len = cfg->max_model_len > 0 ? cfg->max_model_len : mc->max_pos;
     if (e->max_model_len > mc->max_pos)
         PG_LOGW("max model length %d is beyond the model's %d positions", e->max_model_len, mc->max_pos);
-    size_t per_block = pg_runner_kv_bytes_per_block(e->model, sc.block_size);
-    int64_t kv_bytes = cfg->kv_cache_bytes > 0 ? cfg->kv_cache_bytes : DEFAULT_CPU_KV_BYTES;
-    e->kv_blocks = cfg->kv_blocks > 0 ? cfg->kv_blocks : (int32_t)(kv_bytes / (int64_t)per_block);
+    size_t per_block;
+    int64_t kv_bytes;
+    pg_cuda_mem_stats gm;
+    memset(&gm, 0, sizeof gm);
+    if (use_cuda) {
+        // Weights and workspace first (the profiling step measures the
+        // workspace), then the KV pool from what the utilization leaves.
+        pg_cuda_runner_config cc = {
+            .device = 0, .block_size = sc.block_size, .max_num_seqs = sc.max_num_seqs,
+            .max_num_batched_tokens = sc.max_num_batched_tokens, .max_model_len = e->max_model_len,
+            .dummy_weights = is_dummy(cfg), .dummy_seed = 0x5eedull, .dummy_std = 0.02f,
+        };
+        if ((rc = pg_cuda_runner_create(e->model, &cc, &e->cuda)) < 0) goto fail;
+        pg_cuda_runner_mem(e->cuda, &gm);
+        per_block = pg_cuda_runner_kv_bytes_per_block(mc, sc.block_size);
+        double util = cfg->gpu_memory_utilization > 0 ? cfg->gpu_memory_utilization : DEFAULT_GPU_MEMORY_UTILIZATION;
+        // Everything in use now (weights, workspace, context, other
+        // processes) counts against the utilization budget, as in vLLM.
+        int64_t budget = (int64_t)(util * (double)gm.total) - (gm.total - gm.free);
+        kv_bytes = cfg->kv_cache_bytes > 0 ? cfg->kv_cache_bytes : budget;
+        if (kv_bytes < (int64_t)per_block * 2) {
+            rc = pg_err_set(PG_ENOMEM,
+                            "no device memory left for the KV cache: %.2f GiB total, %.2f GiB in use after the "
+                            "weights (%.2f GiB) and workspace (%.2f GiB) at --gpu-memory-utilization %.2f; raise "
+                            "it, or lower --max-num-batched-tokens / --max-num-seqs",
+                            (double)gm.total / (1 << 30), (double)(gm.total - gm.free) / (1 << 30),
+                            (double)gm.weights / (1 << 30), (double)gm.workspace / (1 << 30), util);
+            goto fail;
+        }
+    } else {
+        per_block = pg_runner_kv_bytes_per_block(e->model, sc.block_size);
+        kv_bytes = cfg->kv_cache_bytes > 0 ? cfg->kv_cache_bytes : DEFAULT_CPU_KV_BYTES;
+    }
+    int64_t kv_blocks64 = cfg->kv_blocks > 0 ? cfg->kv_blocks : kv_bytes / (int64_t)per_block;
+    e->kv_blocks = kv_blocks64 > INT32_MAX ? INT32_MAX : (int32_t)kv_blocks64;
     int32_t host_blocks = cfg->swap_bytes > 0 ? (int32_t)(cfg->swap_bytes / (int64_t)per_block) : 0;
-    if (sc.preemption_mode == SCHED_PREEMPT_SWAP && host_blocks == 0) host_blocks = e->kv_blocks;
+    if (sc.preemption_mode == SCHED_PREEMPT_SWAP && host_blocks == 0) {
+        host_blocks = e->kv_blocks;
+        // On the GPU the device pool is far larger than sensible pinned memory.
+        if (use_cuda && (int64_t)host_blocks * (int64_t)per_block > DEFAULT_GPU_SWAP_BYTES)
+            host_blocks = (int32_t)(DEFAULT_GPU_SWAP_BYTES / (int64_t)per_block);
+    }
     // A pool that cannot hold one sequence of the full model length is a
     // configuration error, reported with what would fit.
     int32_t need = (e->max_model_len + sc.block_size - 1) / sc.block_size + 1;
@@ -397,22 +511,51 @@ int pg_engine_create(const pg_engine_config *cfg, pg_engine_notify_fn notify, vo
     sc.num_blocks = e->kv_blocks;
     sc.num_host_blocks = host_blocks;
     sc.max_model_len = e->max_model_len;
-    pg_runner_config rcfg = {e->kv_blocks, host_blocks, sc.block_size};
-    if ((rc = pg_runner_create(e->model, e->backend, &rcfg, &e->runner)) < 0) goto fail;
+    if (use_cuda) {
+        if ((rc = pg_cuda_runner_alloc_kv(e->cuda, e->kv_blocks, host_blocks)) < 0) goto fail;
+        pg_cuda_runner_mem(e->cuda, &gm);
+    } else {
+        pg_runner_config rcfg = {e->kv_blocks, host_blocks, sc.block_size};
+        if ((rc = pg_runner_create(e->model, e->backend, &rcfg, &e->runner)) < 0) goto fail;
+    }
     if ((rc = sched_create(&sc, &e->sched)) < 0) goto fail;
     e->cfg.sched = sc;
     e->stats.kv_blocks = e->kv_blocks;
     e->stats.block_size = sc.block_size;
     e->stats.kv_bytes = (int64_t)per_block * e->kv_blocks;
     e->stats.weight_bytes = (int64_t)e->model->weight_bytes;
+    if (use_cuda) {
+        e->stats.on_gpu = true;
+        e->stats.weight_bytes = gm.weights;
+        e->stats.kv_bytes = gm.kv;
+        e->stats.workspace_bytes = gm.workspace;
+        e->stats.graph_bytes = gm.graphs;
+        e->stats.other_bytes = gm.other;
+        e->stats.gpu_total_bytes = gm.total;
+        e->stats.gpu_free_bytes = gm.free;
+        e->stats.host_swap_bytes = gm.host_swap;
+    }
     sched_stats_get(e->sched, &e->stats.sched);
     PG_LOGI("model %s (%s): %d layers, hidden %d, %d/%d heads, vocab %d; weights %.1f MiB",
             mc->name[0] ? mc->name : cfg->model_path, mc->arch, mc->n_layers, mc->hidden, mc->n_heads,
             mc->n_kv_heads, mc->vocab_size, (double)e->model->weight_bytes / (1 << 20));
-    PG_LOGI("KV cache on %s: %d blocks x %d tokens = %d tokens (%.1f MiB, f32); swap %d blocks; "
-            "max model length %d",
-            e->backend->name, e->kv_blocks - 1, sc.block_size, (e->kv_blocks - 1) * sc.block_size,
-            (double)e->stats.kv_bytes / (1 << 20), host_blocks, e->max_model_len);
+    if (use_cuda) {
+        const double G = 1 << 30;
+        PG_LOGI("device %s", gm.device);
+        PG_LOGI("device memory: total %.2f GiB = weights %.2f + KV cache %.2f + workspace %.2f (profiled at "
+                "%d tokens / %d sequences; buffers %.2f) + graphs %.2f + other %.2f + free %.2f GiB",
+                gm.total / G, gm.weights / G, gm.kv / G, gm.workspace / G, sc.max_num_batched_tokens,
+                sc.max_num_seqs, gm.workspace_buffers / G, gm.graphs / G, gm.other / G, gm.free / G);
+        PG_LOGI("KV cache on cuda: %d blocks x %d tokens = %lld tokens (%.2f GiB, bf16, %zu KiB per block); "
+                "swap %d blocks (%.2f GiB pinned); max model length %d",
+                e->kv_blocks - 1, sc.block_size, (long long)(e->kv_blocks - 1) * sc.block_size, gm.kv / G,
+                per_block >> 10, host_blocks, gm.host_swap / G, e->max_model_len);
+    } else {
+        PG_LOGI("KV cache on %s: %d blocks x %d tokens = %d tokens (%.1f MiB, f32); swap %d blocks; "
+                "max model length %d",
+                e->backend->name, e->kv_blocks - 1, sc.block_size, (e->kv_blocks - 1) * sc.block_size,
+                (double)e->stats.kv_bytes / (1 << 20), host_blocks, e->max_model_len);
+    }
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         rc = pg_err_set(PG_ENOMEM, "cannot start the engine thread");
         goto fail;
@@ -447,6 +590,7 @@ void pg_engine_destroy(pg_engine *e) {
         }
     sched_destroy(e->sched);
     pg_runner_free(e->runner);
+    pg_cuda_runner_free(e->cuda);
     if (e->backend) e->backend->destroy(e->backend);
     pg_chat_template_free(e->chat);
     pg_tokenizer_free(e->tok);
@@ -463,7 +607,7 @@ const pg_tokenizer *pg_engine_tokenizer(const pg_engine *e) { return e->tok; }
 const pg_chat_template *pg_engine_chat_template(const pg_engine *e) { return e->chat; }
 const pg_model_config *pg_engine_model_config(const pg_engine *e) { return &e->model->cfg; }
 int32_t pg_engine_max_model_len(const pg_engine *e) { return e->max_model_len; }
-const char *pg_engine_device_name(const pg_engine *e) { return e->backend->name; }
+const char *pg_engine_device_name(const pg_engine *e) { return e->cuda ? "cuda" : e->backend->name; }
 
 void pg_engine_stats_get(pg_engine *e, pg_engine_stats *out) {
     pthread_mutex_lock(&e->stats_mu);

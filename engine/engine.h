@@ -30,6 +30,13 @@ typedef struct pg_engine_config {
     int64_t swap_bytes;          // host swap space (0 = none)
     int32_t max_model_len;       // 0 = the model's context length
     sched_config sched;          // block size, budgets, policy, preemption
+    // GPU (device "cuda", or "auto" when a GPU is found).
+    double gpu_memory_utilization; // share of device memory for weights, workspace and KV (0 = 0.9)
+    const char *load_format;     // NULL or "auto": weights from model_path; "dummy": random
+                                 //   weights generated on the GPU, shape from hf_config
+    const char *hf_config;       // config.json (file or directory) for load_format "dummy"
+    const char *tokenizer;       // tokenizer source (GGUF file, HF directory or tokenizer.json);
+                                 //   NULL = the model's (dummy: a synthetic byte-level one)
 } pg_engine_config;
 
 void pg_engine_config_default(pg_engine_config *c);
@@ -51,6 +58,7 @@ typedef struct pg_gen_event {
     void *user;
     int error_code;
     char error[256];
+    int64_t publish_ns;          // pg_now_ns() when the engine published it (latency metrics)
 } pg_gen_event;
 
 typedef void (*pg_engine_notify_fn)(void *ctx);
@@ -89,5 +97,11 @@ typedef struct pg_engine_stats {
     int64_t kv_bytes, weight_bytes, workspace_bytes;
     int64_t steps, prompt_tokens_computed, tokens_sampled;
     double busy_seconds;
+    // Device memory at start-up, bytes (GPU only; 0 on the CPU): the card's
+    // total, what was left free, CUDA graphs, and other (CUDA context,
+    // libraries, other processes); weights, KV and workspace are above.
+    bool on_gpu;
+    int64_t gpu_total_bytes, gpu_free_bytes, graph_bytes, other_bytes;
+    int64_t host_swap_bytes;     // pinned host memory of the swap space
 } pg_engine_stats;
 void pg_engine_stats_get(pg_engine *e, pg_engine_stats *out);

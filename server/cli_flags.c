@@ -21,8 +21,16 @@ const char *cli_engine_flags_help =
     "  --matmul-mode MODE            CPU products with GGUF block weights: default,\n"
     "                                quant (8-bit activations, as llama.cpp), exact (f32)\n"
     "  --chat-template NAME|FILE     chatml, llama3, llama2, mistral, or a Jinja file\n"
+    "  --tokenizer PATH              tokenizer from a GGUF file, HF directory or tokenizer.json\n"
+    "                                (default: the model's)\n"
+    "  --load-format auto|dummy      dummy: random weights generated on the GPU, shape from\n"
+    "                                --hf-config (no checkpoint needed; GPU only)\n"
+    "  --hf-config PATH              config.json (or its directory) for --load-format dummy\n"
+    "  --gpu-memory-utilization F    share of GPU memory for weights, workspace and KV cache\n"
+    "                                (default 0.9); the KV cache gets what is left\n"
     "KV cache and scheduling:\n"
-    "  --kv-cache-memory BYTES       KV cache size, e.g. 2G (default 2G on CPU)\n"
+    "  --kv-cache-memory BYTES       KV cache size, e.g. 2G (default 2G on CPU; on the GPU,\n"
+    "                                what --gpu-memory-utilization leaves)\n"
     "  --kv-blocks N                 KV cache size in blocks (overrides the above)\n"
     "  --block-size N                tokens per KV block (default 16)\n"
     "  --swap-space BYTES            host swap space for preempted requests\n"
@@ -114,6 +122,30 @@ int cli_engine_flag(pg_engine_config *c, int argc, char **argv, int *i) {
     if (!strcmp(f, "--chat-template")) {
         NEED_VALUE();
         c->chat_template = v;
+        return 1;
+    }
+    if (!strcmp(f, "--tokenizer")) {
+        NEED_VALUE();
+        c->tokenizer = v;
+        return 1;
+    }
+    if (!strcmp(f, "--hf-config")) {
+        NEED_VALUE();
+        c->hf_config = v;
+        return 1;
+    }
+    if (!strcmp(f, "--load-format")) {
+        NEED_VALUE();
+        if (strcmp(v, "auto") && strcmp(v, "dummy"))
+            return pg_err_set(PG_EINVAL, "--load-format must be auto or dummy");
+        c->load_format = v;
+        return 1;
+    }
+    if (!strcmp(f, "--gpu-memory-utilization")) {
+        NEED_VALUE();
+        double u;
+        if (cli_parse_float(v, 0.01, 1.0, &u) < 0) return pg_err_wrap(PG_EINVAL, "%s: ", f);
+        c->gpu_memory_utilization = u;
         return 1;
     }
     INT_FLAG("--threads", 0, 1024, c->n_threads)

@@ -22,7 +22,8 @@ static const char *usage =
     "Generation:\n"
     "  --prompt TEXT                 the prompt (streamed completion on stdout)\n"
     "  --prompts-file FILE           one prompt per line, or JSON lines with \"prompt\"\n"
-    "                                and per-prompt sampling fields; all run concurrently\n"
+    "                                (or \"prompt_ids\": token ids, as benchmarks send) and\n"
+    "                                per-prompt sampling fields; all run concurrently\n"
     "  --chat                        apply the model's chat template (a user message)\n"
     "  --system TEXT                 system message for --chat\n"
     "  --max-tokens N                tokens to generate (default 128)\n"
@@ -99,6 +100,7 @@ static void append(job *j, const char *s, int n) {
 }
 
 static int encode_job(pg_engine *e, job *j, const char *system) {
+    if (j->ids) return 0; // "prompt_ids": already token ids
     const pg_tokenizer *tok = pg_engine_tokenizer(e);
     char *text = j->text;
     char *rendered = NULL;
@@ -136,12 +138,35 @@ static int parse_json_prompt(const char *line, job *j) {
     }
     int rc = 0;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "prompt");
-    if (!cJSON_IsString(p)) {
-        rc = pg_err_set(PG_EINVAL, "\"prompt\" must be a string");
-        goto out;
-    }
-    j->text = pg_xstrdup(p->valuestring);
+    const cJSON *pids = cJSON_GetObjectItemCaseSensitive(o, "prompt_ids");
     const cJSON *it;
+    if (cJSON_IsArray(pids)) {
+        // Token ids as given (no BOS added, no template); ids outside the
+        // vocabulary are rejected by the engine.
+        int n = cJSON_GetArraySize(pids), k = 0;
+        if (n <= 0) {
+            rc = pg_err_set(PG_EINVAL, "\"prompt_ids\" is empty");
+            goto out;
+        }
+        j->ids = pg_xmalloc(sizeof(int32_t) * (size_t)n);
+        cJSON_ArrayForEach(it, pids) {
+            if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble > INT32_MAX ||
+                it->valuedouble != (double)(int32_t)it->valuedouble) {
+                rc = pg_err_set(PG_EINVAL, "\"prompt_ids\" must hold non-negative integers");
+                goto out;
+            }
+            j->ids[k++] = (int32_t)it->valuedouble;
+        }
+        j->n_ids = n;
+        char label[64];
+        snprintf(label, sizeof label, "<%d token ids>", n);
+        j->text = pg_xstrdup(cJSON_IsString(p) ? p->valuestring : label);
+    } else if (!cJSON_IsString(p)) {
+        rc = pg_err_set(PG_EINVAL, "\"prompt\" must be a string (or \"prompt_ids\" a list of token ids)");
+        goto out;
+    } else {
+        j->text = pg_xstrdup(p->valuestring);
+    }
 #define NUM(key, dst)                                                         \
     if ((it = cJSON_GetObjectItemCaseSensitive(o, key)) && cJSON_IsNumber(it)) \
         dst = it->valuedouble;
@@ -221,6 +246,9 @@ static void print_json_result(const job *j, int index) {
     if (u->first_token_ns)
         cJSON_AddNumberToObject(o, "ttft_ms", (double)(u->first_token_ns - u->arrival_ns) / 1e6);
     if (u->finish_ns) cJSON_AddNumberToObject(o, "total_ms", (double)(u->finish_ns - u->arrival_ns) / 1e6);
+    if (u->finish_ns && u->first_token_ns && u->completion_tokens > 1)
+        cJSON_AddNumberToObject(o, "tpot_ms", (double)(u->finish_ns - u->first_token_ns) / 1e6 /
+                                                  (u->completion_tokens - 1));
     char *s = cJSON_PrintUnformatted(o);
     puts(s);
     free(s);

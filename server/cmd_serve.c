@@ -1,9 +1,363 @@
-// server/cmd_serve.c - `paged serve` (the HTTP server lands with the server issue).
+// server/cmd_serve.c - `paged serve`: flags, the loop, signals, start-up
+// line and graceful shutdown.
+//
+// One libuv loop thread runs HTTP, validation, tokenization, detokenization
+// and stop strings; the engine thread runs the model. The engine's notify
+// callback is uv_async_send; the async callback drains every event.
+//
+// SIGTERM / SIGINT: stop accepting, answer new requests 503, let running
+// requests finish for up to --shutdown-timeout seconds, then abort what is
+// left, close everything and exit 0. A second signal skips the wait.
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
 
+#include "common/clock.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "server/app.h"
+#include "server/cli_flags.h"
 #include "server/commands.h"
+#include "server/gen_job.h"
+
+static const char *usage =
+    "usage: paged serve [options]\n"
+    "Run the OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions,\n"
+    "/v1/models, /tokenize, /detokenize, /health, /version, /metrics).\n"
+    "Server:\n"
+    "  --host HOST                   address to bind (default 127.0.0.1)\n"
+    "  --port N                      port (default 8000)\n"
+    "  --api-key KEY                 require Authorization: Bearer KEY on every route but\n"
+    "                                /health (default: $PAGED_API_KEY; none when unset)\n"
+    "  --served-model-name NAME      the model id clients use (default: the model file name)\n"
+    "  --shutdown-timeout S          on SIGTERM/SIGINT, seconds running requests may take\n"
+    "                                to finish before they are aborted (default 30)\n"
+    "HTTP limits:\n"
+    "  --max-request-line BYTES      request URL (default 8K) -> 414\n"
+    "  --max-header-bytes BYTES      header block (default 64K) -> 431\n"
+    "  --max-headers N               header count (default 100) -> 431\n"
+    "  --max-body-bytes BYTES        request body (default 2M) -> 413\n"
+    "  --header-timeout S            headers must arrive within S seconds (default 30) -> 408\n"
+    "  --body-timeout S              body must arrive within S seconds of the headers\n"
+    "                                (default 60) -> 408\n"
+    "  --keep-alive-timeout S        idle keep-alive connections close after S (default 75)\n"
+    "  --write-timeout S             a client that reads nothing for S seconds while output\n"
+    "                                is pending is dropped (default 60)\n"
+    "  --max-output-buffer BYTES     unsent output per connection before the client is\n"
+    "                                dropped (default 4M; reading stops at 256K)\n"
+    "  --max-connections N           open connections (default 4096)\n"
+    "Request limits:\n"
+    "  --max-n N                     n per request (default 128, at most --max-num-seqs)\n"
+    "  --max-sequences N             prompts x n per request (default 256)\n"
+    "  --max-stop-strings N          stop strings per request (default 16)\n"
+    "  --max-stop-string-bytes N     bytes per stop string (default 256)\n"
+    "  --max-logprobs N              logprobs / top_logprobs cap (default 20)\n"
+    "  --default-max-tokens N        chat max_tokens when a request sets none: the rest of\n"
+    "                                the context, capped at N (default 4096; 0 = no cap)\n";
+
+typedef struct serve {
+    srv_app app;
+    uv_signal_t sigterm, sigint;
+    uv_timer_t drain_timer;
+    uint64_t drain_deadline_ms;   // when running requests are aborted
+    uint64_t abort_deadline_ms;   // when we stop waiting for the aborts
+    double shutdown_timeout_s;
+    bool aborted, finishing;
+    int signals;
+} serve;
+
+// --- engine wake-ups ---------------------------------------------------------------
+
+static void on_engine_notify(void *ctx) {
+    srv_app *a = ctx;
+    uv_async_send(&a->async);  // the one thread-safe libuv call
+}
+
+static void on_async(uv_async_t *h) {
+    srv_app *a = h->data;
+    if (a->engine) app_drain_events(a);
+}
+
+// --- HTTP hooks --------------------------------------------------------------------
+
+static void on_error_body(int status, const char *msg, sbuf *out, void *ctx) {
+    api_error e;
+    api_err(&e, status, NULL, "%s", msg);
+    api_error_json(&e, out);
+}
+
+static void on_response(const char *route, int status, void *ctx) {
+    srv_app *a = ctx;
+    srv_metrics_http(&a->metrics, route, status);
+}
+
+// --- shutdown ---------------------------------------------------------------------
+
+static void on_handle_closed(uv_handle_t *h) {}
+
+static void close_engine(srv_app *a);
+
+static void on_http_closed(void *arg) {
+    serve *s = arg;
+    srv_app *a = &s->app;
+    a->http = NULL;
+    // Tokenizations on the thread pool use the engine's tokenizer: the
+    // engine goes when the last one is done.
+    if (a->n_tokenizing > 0)
+        a->on_tokenize_idle = close_engine;
+    else
+        close_engine(a);
+}
+
+static void close_engine(srv_app *a) {
+    serve *s = (serve *)a;  // app is the first member
+    a->on_tokenize_idle = NULL;
+    // The engine thread is joined before the async handle it wakes goes away.
+    pg_engine_destroy(a->engine);
+    a->engine = NULL;
+    gen_free_all(a);
+    uv_close((uv_handle_t *)&a->async, on_handle_closed);
+    uv_close((uv_handle_t *)&s->sigterm, on_handle_closed);
+    uv_close((uv_handle_t *)&s->sigint, on_handle_closed);
+    uv_close((uv_handle_t *)&s->drain_timer, on_handle_closed);
+}
+
+static void finish(serve *s) {
+    if (s->finishing) return;
+    s->finishing = true;
+    uv_timer_stop(&s->drain_timer);
+    PG_LOGI("paged serve: stopped");
+    srv_http_close(s->app.http, on_http_closed, s);
+}
+
+static void on_drain_tick(uv_timer_t *t) {
+    serve *s = t->data;
+    srv_app *a = &s->app;
+    uint64_t now = uv_now(a->loop);
+    if (a->n_jobs == 0 && a->n_tokenizing == 0 && srv_http_num_connections(a->http) == 0) {
+        finish(s);
+        return;
+    }
+    if (!s->aborted && now >= s->drain_deadline_ms) {
+        PG_LOGW("paged serve: shutdown timeout: aborting %d running requests", a->n_jobs);
+        s->aborted = true;
+        gen_abort_all(a);
+        s->abort_deadline_ms = now + 5000;
+    }
+    if (s->aborted && (now >= s->abort_deadline_ms || a->n_jobs == 0)) finish(s);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+    serve *s = h->data;
+    srv_app *a = &s->app;
+    if (s->finishing) return;
+    if (++s->signals == 1) {
+        PG_LOGI("paged serve: %s: draining %d requests (up to %.0f s)", strsignal(signum), a->n_jobs,
+                s->shutdown_timeout_s);
+        a->draining = true;
+        srv_http_drain(a->http);
+        s->drain_deadline_ms = uv_now(a->loop) + (uint64_t)(s->shutdown_timeout_s * 1000);
+        uv_timer_start(&s->drain_timer, on_drain_tick, 0, 20);
+    } else if (!s->aborted) {
+        PG_LOGW("paged serve: second signal: aborting %d requests", a->n_jobs);
+        s->drain_deadline_ms = uv_now(a->loop);
+    }
+}
+
+// --- flags ------------------------------------------------------------------------
+
+typedef struct serve_flags {
+    const char *host;
+    int port;
+    const char *api_key;
+    const char *served_name;
+    double shutdown_timeout;
+    srv_http_limits http;
+    api_limits api;
+} serve_flags;
+
+static int parse_seconds(const char *v, uint64_t *ms) {
+    double d;
+    PG_TRY(cli_parse_float(v, 0.001, 1e7, &d));
+    *ms = (uint64_t)(d * 1000);
+    return 0;
+}
+
+// Returns 1 when argv[*i] was a serve flag, 0 when unknown, < 0 on a bad value.
+static int serve_flag(serve_flags *f, int argc, char **argv, int *i) {
+    const char *name = argv[*i];
+    const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+    int64_t n, b;
+#define IS(s) (!strcmp(name, s))
+    if (!(IS("--host") || IS("--port") || IS("--api-key") || IS("--served-model-name") ||
+          IS("--shutdown-timeout") || IS("--max-request-line") || IS("--max-header-bytes") ||
+          IS("--max-headers") || IS("--max-body-bytes") || IS("--header-timeout") ||
+          IS("--body-timeout") || IS("--keep-alive-timeout") || IS("--write-timeout") ||
+          IS("--max-output-buffer") || IS("--max-connections") || IS("--max-n") ||
+          IS("--max-sequences") || IS("--max-stop-strings") || IS("--max-stop-string-bytes") ||
+          IS("--max-logprobs") || IS("--default-max-tokens")))
+        return 0;
+    if (!v) return pg_err_set(PG_EINVAL, "%s needs a value", name);
+    (*i)++;
+    int rc = 0;
+    if (IS("--host")) f->host = v;
+    else if (IS("--port")) rc = cli_parse_int(v, 0, 65535, &n), f->port = (int)n;
+    else if (IS("--api-key")) f->api_key = v;
+    else if (IS("--served-model-name")) f->served_name = v;
+    else if (IS("--shutdown-timeout")) rc = cli_parse_float(v, 0, 1e6, &f->shutdown_timeout);
+    else if (IS("--max-request-line")) rc = cli_parse_bytes(v, &b), f->http.max_request_line = (size_t)b;
+    else if (IS("--max-header-bytes")) rc = cli_parse_bytes(v, &b), f->http.max_header_bytes = (size_t)b;
+    else if (IS("--max-headers")) rc = cli_parse_int(v, 1, 100000, &n), f->http.max_headers = (int)n;
+    else if (IS("--max-body-bytes")) rc = cli_parse_bytes(v, &b), f->http.max_body = (size_t)b;
+    else if (IS("--header-timeout")) rc = parse_seconds(v, &f->http.header_timeout_ms);
+    else if (IS("--body-timeout")) rc = parse_seconds(v, &f->http.body_timeout_ms);
+    else if (IS("--keep-alive-timeout")) rc = parse_seconds(v, &f->http.keepalive_timeout_ms);
+    else if (IS("--write-timeout")) rc = parse_seconds(v, &f->http.write_timeout_ms);
+    else if (IS("--max-output-buffer")) rc = cli_parse_bytes(v, &b), f->http.out_max = (size_t)b;
+    else if (IS("--max-connections")) rc = cli_parse_int(v, 1, 1000000, &n), f->http.max_connections = (int)n;
+    else if (IS("--max-n")) rc = cli_parse_int(v, 1, SCHED_MAX_N, &n), f->api.max_n = (int32_t)n;
+    else if (IS("--max-sequences")) rc = cli_parse_int(v, 1, 1 << 20, &n), f->api.max_seqs = (int32_t)n;
+    else if (IS("--max-stop-strings")) rc = cli_parse_int(v, 0, 1024, &n), f->api.max_stop = (int32_t)n;
+    else if (IS("--max-stop-string-bytes")) rc = cli_parse_int(v, 1, 1 << 16, &n), f->api.max_stop_len = (int32_t)n;
+    else if (IS("--max-logprobs")) rc = cli_parse_int(v, 0, PG_MAX_LOGPROBS, &n), f->api.max_logprobs = (int32_t)n;
+    else if (IS("--default-max-tokens")) rc = cli_parse_int(v, 0, INT32_MAX, &n), f->api.default_max_tokens = (int32_t)n;
+#undef IS
+    if (rc < 0) return pg_err_wrap(PG_EINVAL, "%s: ", name);
+    return 1;
+}
+
+// "models/SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct.Q4_1"
+static char *default_served_name(const char *path) {
+    size_t len = strlen(path);
+    while (len > 1 && path[len - 1] == '/') len--;
+    const char *base = path;
+    for (size_t i = 0; i < len; i++)
+        if (path[i] == '/') base = path + i + 1;
+    size_t n = (size_t)(path + len - base);
+    if (n > 5 && !strncmp(base + n - 5, ".gguf", 5)) n -= 5;
+    char *s = pg_xmalloc(n + 1);
+    memcpy(s, base, n);
+    s[n] = 0;
+    return s;
+}
+
+static uint64_t random_salt(void) {
+    uint64_t v = 0;
+    FILE *f = fopen("/dev/urandom", "rb");
+    if (!f || fread(&v, sizeof v, 1, f) != 1) v = (uint64_t)pg_now_ns() ^ ((uint64_t)getpid() << 32);
+    if (f) fclose(f);
+    return v;
+}
+
+// --- the command ------------------------------------------------------------------------
 
 int cmd_serve(int argc, char **argv) {
-    fprintf(stderr, "paged serve: the HTTP server is not built yet; use `paged generate`\n");
-    return 2;
+    pg_engine_config cfg;
+    pg_engine_config_default(&cfg);
+    cfg.model_path = cli_default_model();
+    serve_flags f = {.host = "127.0.0.1", .port = 8000, .shutdown_timeout = 30};
+    srv_http_limits_default(&f.http);
+    api_limits_default(&f.api);
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("%s%s", usage, cli_engine_flags_help);
+            return 0;
+        }
+        int r = cli_engine_flag(&cfg, argc, argv, &i);
+        if (r == 0) r = serve_flag(&f, argc, argv, &i);
+        if (r == 0) r = pg_err_set(PG_EINVAL, "unknown flag: %s", argv[i]);
+        if (r < 0) {
+            fprintf(stderr, "paged serve: %s (see --help)\n", pg_err_msg());
+            return 2;
+        }
+    }
+    if (!f.api_key) {
+        const char *env = getenv("PAGED_API_KEY");
+        if (env && *env) f.api_key = env;
+    }
+    signal(SIGPIPE, SIG_IGN);  // a closed socket is an error return, not a signal
+
+    serve *s = pg_xcalloc(1, sizeof *s);
+    srv_app *a = &s->app;
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    a->loop = &loop;
+    s->shutdown_timeout_s = f.shutdown_timeout;
+    uv_async_init(&loop, &a->async, on_async);
+    a->async.data = a;
+
+    double t0 = pg_now_s();
+    if (pg_engine_create(&cfg, on_engine_notify, a, &a->engine) < 0) {
+        fprintf(stderr, "paged serve: %s\n", pg_err_msg());
+        uv_close((uv_handle_t *)&a->async, NULL);
+        uv_run(&loop, UV_RUN_DEFAULT);
+        uv_loop_close(&loop);
+        free(s);
+        return 1;
+    }
+    a->tok = pg_engine_tokenizer(a->engine);
+    a->chat = pg_engine_chat_template(a->engine);
+    a->model_path = pg_xstrdup(cfg.model_path);
+    a->served_name = f.served_name ? pg_xstrdup(f.served_name) : default_served_name(cfg.model_path);
+    if (f.api_key) {
+        a->api_key = pg_xstrdup(f.api_key);
+        a->api_key_len = strlen(f.api_key);
+    }
+    a->created = (int64_t)time(NULL);
+    a->id_salt = random_salt();
+    a->lim = f.api;
+    const pg_model_config *mc = pg_engine_model_config(a->engine);
+    int32_t vocab = pg_tokenizer_vocab_size(a->tok);
+    a->lim.vocab_size = mc->vocab_size > 0 && mc->vocab_size < vocab ? mc->vocab_size : vocab;
+    a->lim.max_model_len = pg_engine_max_model_len(a->engine);
+    int32_t max_seqs = cfg.sched.max_num_seqs > 0 ? cfg.sched.max_num_seqs : 256;
+    if (a->lim.max_n > max_seqs) a->lim.max_n = max_seqs;
+    if (a->lim.max_n > SCHED_MAX_N) a->lim.max_n = SCHED_MAX_N;
+    a->lim.allow_priority = cfg.sched.policy == SCHED_POLICY_PRIORITY;
+    srv_metrics_init(&a->metrics, a->served_name, a->lim.max_model_len);
+
+    srv_http_handlers h = {.on_request = srv_route, .error_body = on_error_body,
+                           .on_response = on_response, .ctx = a};
+    int rc = 0;
+    if (srv_http_start(&loop, f.host, f.port, &f.http, &h, &a->http) < 0) {
+        fprintf(stderr, "paged serve: %s\n", pg_err_msg());
+        rc = 1;
+        pg_engine_destroy(a->engine);
+        a->engine = NULL;
+        uv_close((uv_handle_t *)&a->async, NULL);
+        uv_run(&loop, UV_RUN_DEFAULT);
+        goto out;
+    }
+    uv_signal_init(&loop, &s->sigterm);
+    uv_signal_init(&loop, &s->sigint);
+    uv_timer_init(&loop, &s->drain_timer);
+    s->sigterm.data = s->sigint.data = s->drain_timer.data = s;
+    uv_signal_start(&s->sigterm, on_signal, SIGTERM);
+    uv_signal_start(&s->sigint, on_signal, SIGINT);
+
+    pg_engine_stats st;
+    pg_engine_stats_get(a->engine, &st);
+    int64_t kv_tokens = (int64_t)(st.kv_blocks - 1) * st.block_size;
+    PG_LOGI("paged serve: model %s (%s), device %s, KV cache %d blocks x %d tokens = %lld tokens "
+            "(%.0f MiB), max model len %d, loaded in %.2f s; listening on http://%s%s%s:%d%s",
+            a->served_name, cfg.model_path, pg_engine_device_name(a->engine), st.kv_blocks - 1,
+            st.block_size, (long long)kv_tokens, (double)st.kv_bytes / (1 << 20), a->lim.max_model_len,
+            pg_now_s() - t0, strchr(f.host, ':') ? "[" : "", f.host, strchr(f.host, ':') ? "]" : "", srv_http_port(a->http),
+            a->api_key ? " (API key required)" : "");
+    fflush(stderr);
+
+    uv_run(&loop, UV_RUN_DEFAULT);
+out:
+    srv_metrics_free(&a->metrics);
+    if (uv_loop_close(&loop) != 0) PG_LOGW("paged serve: handles left open at exit");
+    free(a->evbuf);
+    free(a->served_name);
+    free(a->model_path);
+    free(a->api_key);
+    free(s);
+    return rc;
 }

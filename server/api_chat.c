@@ -1,0 +1,202 @@
+// server/api_chat.c - POST /v1/chat/completions.
+//
+// Messages are rendered with the model's chat template (engine/
+// chat_template.h), tokenized, and generated as one engine request with n
+// sequences.
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "server/app.h"
+#include "server/gen_job.h"
+#include "server/sse.h"
+
+// --- formatting ---------------------------------------------------------------------
+
+static cJSON *token_bytes_json(const pg_tokenizer *tok, int32_t id) {
+    char small[256];
+    int n = pg_tokenizer_token_bytes(tok, id, small, sizeof small);
+    char *buf = small;
+    if (n > (int)sizeof small) {
+        buf = pg_xmalloc((size_t)n);
+        n = pg_tokenizer_token_bytes(tok, id, buf, n);
+    }
+    cJSON *arr = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber((unsigned char)buf[i]));
+    if (buf != small) free(buf);
+    return arr;
+}
+
+static cJSON *entry_json(const pg_tokenizer *tok, int32_t id, float lp, sbuf *t) {
+    cJSON *o = cJSON_CreateObject();
+    sbuf_reset(t);
+    gen_token_text(tok, id, t);
+    cJSON_AddStringToObject(o, "token", sbuf_str(t));
+    cJSON_AddNumberToObject(o, "logprob", gen_logprob(lp));
+    cJSON_AddItemToObject(o, "bytes", token_bytes_json(tok, id));
+    return o;
+}
+
+// {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}
+static cJSON *logprobs_json(gen_job *j, gen_choice *c) {
+    if (j->p.logprobs < 0) return cJSON_CreateNull();
+    const pg_tokenizer *tok = j->app->tok;
+    cJSON *o = cJSON_CreateObject();
+    cJSON *content = cJSON_AddArrayToObject(o, "content");
+    sbuf t = {0};
+    for (int k = 0; k < c->n_lps; k++) {
+        const pg_seq_output *so = &c->lps[k];
+        cJSON *e = entry_json(tok, so->token, so->logprob, &t);
+        cJSON *tops = cJSON_AddArrayToObject(e, "top_logprobs");
+        int n_top = so->n_top < j->p.logprobs ? so->n_top : j->p.logprobs;
+        for (int i = 0; i < n_top; i++)
+            cJSON_AddItemToArray(tops, entry_json(tok, so->top_ids[i], so->top_logprobs[i], &t));
+        cJSON_AddItemToArray(content, e);
+    }
+    sbuf_free(&t);
+    return o;
+}
+
+static void add_finish(gen_job *j, const gen_choice *c, cJSON *ch, const char *finish) {
+    if (!finish) {
+        cJSON_AddNullToObject(ch, "finish_reason");
+        return;
+    }
+    cJSON_AddStringToObject(ch, "finish_reason", finish);
+    if (c->stop_string >= 0) {
+        cJSON_AddStringToObject(ch, "stop_reason", j->p.stop[c->stop_string]);
+        return;
+    }
+    const pg_sampling_params *sp = &c->sub->sp;
+    for (int i = 0; c->stop_token >= 0 && i < sp->n_stop_ids; i++)
+        if (sp->stop_ids[i] == c->stop_token) {
+            cJSON_AddNumberToObject(ch, "stop_reason", c->stop_token);
+            return;
+        }
+    cJSON_AddNullToObject(ch, "stop_reason");
+}
+
+static void stream_start(gen_job *j) {
+    // OpenAI sends the role first, one chunk per choice.
+    for (int i = 0; i < j->n_choices; i++) {
+        cJSON *o = gen_chunk_new(j);
+        cJSON *chs = cJSON_AddArrayToObject(o, "choices");
+        cJSON *ch = cJSON_CreateObject();
+        cJSON_AddNumberToObject(ch, "index", j->choices[i].index);
+        cJSON *d = cJSON_AddObjectToObject(ch, "delta");
+        cJSON_AddStringToObject(d, "role", "assistant");
+        cJSON_AddStringToObject(d, "content", "");
+        cJSON_AddNullToObject(ch, "logprobs");
+        cJSON_AddNullToObject(ch, "finish_reason");
+        cJSON_AddItemToArray(chs, ch);
+        sse_send_json(j->req, o);
+        cJSON_Delete(o);
+    }
+}
+
+static void stream_chunk(gen_job *j, gen_choice *c, const char *finish) {
+    cJSON *o = gen_chunk_new(j);
+    cJSON *chs = cJSON_AddArrayToObject(o, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddNumberToObject(ch, "index", c->index);
+    cJSON *d = cJSON_AddObjectToObject(ch, "delta");
+    if (c->delta.len > 0 || !finish) cJSON_AddStringToObject(d, "content", sbuf_str(&c->delta));
+    cJSON_AddItemToObject(ch, "logprobs", logprobs_json(j, c));
+    add_finish(j, c, ch, finish);
+    cJSON_AddItemToArray(chs, ch);
+    sse_send_json(j->req, o);
+    cJSON_Delete(o);
+}
+
+static void full_response(gen_job *j, sbuf *out) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", j->id);
+    cJSON_AddStringToObject(o, "object", "chat.completion");
+    cJSON_AddNumberToObject(o, "created", (double)j->created);
+    cJSON_AddStringToObject(o, "model", j->app->served_name);
+    cJSON *chs = cJSON_AddArrayToObject(o, "choices");
+    for (int i = 0; i < j->n_choices; i++) {
+        gen_choice *c = &j->choices[i];
+        cJSON *ch = cJSON_CreateObject();
+        cJSON_AddNumberToObject(ch, "index", c->index);
+        cJSON *m = cJSON_AddObjectToObject(ch, "message");
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddStringToObject(m, "content", sbuf_str(&c->text));
+        cJSON_AddItemToObject(ch, "logprobs", logprobs_json(j, c));
+        add_finish(j, c, ch, c->finish_reason);
+        cJSON_AddItemToArray(chs, ch);
+    }
+    cJSON_AddItemToObject(o, "usage", gen_usage_json(j));
+    char *s = cJSON_PrintUnformatted(o);
+    sbuf_puts(out, s);
+    free(s);
+    cJSON_Delete(o);
+}
+
+static const gen_ops CHAT_OPS = {
+    .chunk_object = "chat.completion.chunk",
+    .stream_start = stream_start,
+    .stream_chunk = stream_chunk,
+    .full_response = full_response,
+};
+
+// --- the route ----------------------------------------------------------------------
+
+typedef struct chat_pending {
+    api_params p;
+    char *prompt;          // the rendered conversation
+    size_t len;
+} chat_pending;
+
+static void chat_tokenized(srv_app *a, srv_req *r, void *ctx, int32_t **ids, const int32_t *counts,
+                           const api_error *err) {
+    chat_pending *c = ctx;
+    api_error e;
+    if (!r) goto out;  // the client left
+    if (err) {
+        app_send_error(r, err);
+        goto out;
+    }
+    if (api_check_length(&a->lim, API_CHAT, counts[0], &c->p, &e) < 0) {
+        app_send_error(r, &e);
+        goto out;
+    }
+    pg_sampling_params sp = c->p.sp;
+    gen_job *j = gen_job_new(a, r, API_CHAT, &CHAT_OPS, &c->p, 1, "chatcmpl-");
+    gen_job_set_prompt(j, 0, ids[0], counts[0], NULL, &sp);
+    ids[0] = NULL;
+    gen_job_start(j);
+out:
+    if (ids) free(ids[0]);
+    api_params_free(&c->p);
+    free(c->prompt);
+    free(c);
+}
+
+void api_chat_completions(srv_app *a, srv_req *r) {
+    api_error e;
+    cJSON *body = NULL;
+    chat_pending *c = pg_xcalloc(1, sizeof *c);
+    api_messages msgs = {0};
+    bool gen_prompt = true;
+    if (api_parse_body(r->body, r->body_len, &body, &e) < 0) goto fail;
+    if (api_parse_params(body, API_CHAT, &a->lim, &c->p, &e) < 0) goto fail;
+    if (app_check_model(a, c->p.model, &e) < 0) goto fail;
+    if (api_parse_messages(body, &msgs, &e) < 0) goto fail;
+    if (api_get_bool(body, "add_generation_prompt", &gen_prompt, &e) < 0) goto fail;
+    if (app_render_chat(a, &msgs, gen_prompt, &c->prompt, &e) < 0) goto fail;
+    api_messages_free(&msgs);
+    cJSON_Delete(body);
+    c->len = strlen(c->prompt);
+    app_tokenize_async(a, r, (const char *const *)&c->prompt, &c->len, 1, pg_tokenizer_add_bos(a->tok),
+                       "messages", chat_tokenized, c);
+    return;
+fail:
+    app_send_error(r, &e);
+    api_messages_free(&msgs);
+    api_params_free(&c->p);
+    free(c->prompt);
+    free(c);
+    cJSON_Delete(body);
+}

@@ -1,0 +1,133 @@
+// server/api_common.h - request validation and OpenAI-style errors, shared
+// by the completion and chat routes.
+//
+// Everything here is pure (no engine, no sockets): a JSON body goes in,
+// sampling parameters or an api_error with its HTTP status come out. The
+// routes run these checks before anything is tokenized, allocated for the
+// engine or queued. tests/unit/test_api_validate.c drives them directly.
+#pragma once
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/chat_template.h"
+#include "scheduler/plan.h"
+#include "server/sbuf.h"
+
+// --- errors --------------------------------------------------------------------
+
+typedef struct api_error {
+    int status;            // HTTP status (400, 404, 413, 503 ...)
+    char param[64];        // the offending field, "" for none
+    char message[512];
+} api_error;
+
+// Sets `e` and returns -1, so a check reads `return api_err(e, 400, "n", "...")`.
+int api_err(api_error *e, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+// OpenAI's error "type" for a status: invalid_request_error (4xx),
+// authentication_error (401), not_found_error (404), server_error (5xx).
+const char *api_error_type(int status);
+
+// {"error": {"message": ..., "type": ..., "param": ..., "code": status}}
+void api_error_json(const api_error *e, sbuf *out);
+
+// --- limits and parameters -----------------------------------------------------
+
+typedef struct api_limits {
+    int32_t vocab_size;          // token ids must be in [0, vocab_size)
+    int32_t max_model_len;       // prompt + max_tokens
+    int32_t max_n;               // n per request
+    int32_t max_seqs;            // prompts * n per request
+    int32_t max_stop;            // stop strings per request
+    int32_t max_stop_len;        // bytes per stop string
+    int32_t max_logprobs;        // completions logprobs / chat top_logprobs (<= PG_MAX_LOGPROBS)
+    int32_t default_max_tokens;  // cap on the default when a chat request gives none (0 = none)
+    bool allow_priority;         // priority scheduling is on (otherwise priority must be 0)
+} api_limits;
+
+void api_limits_default(api_limits *l);
+
+typedef enum { API_COMPLETION = 0, API_CHAT = 1 } api_kind;
+
+// The parsed fields of a completion or chat request, apart from the prompt.
+typedef struct api_params {
+    pg_sampling_params sp;
+    bool max_tokens_set;         // max_tokens / max_completion_tokens given
+    bool stream, include_usage;
+    bool echo;                   // completions
+    int32_t logprobs;            // -1 = none; completions: top-N, chat: top_logprobs
+    bool skip_special_tokens;    // default true
+    bool include_stop_str;       // include_stop_str_in_output
+    int32_t priority;
+    int n_stop;
+    char **stop;                 // [n_stop] owned
+    size_t *stop_lens;           // [n_stop] owned
+    char *model;                 // owned; NULL when absent
+} api_params;
+
+// Parses every field but the prompt/messages from `body` (an object),
+// checking types, ranges and combinations. On error fills `e` (status 400)
+// and returns -1, leaving `p` freed. Token-id fields are checked against
+// lim->vocab_size.
+int api_parse_params(const cJSON *body, api_kind kind, const api_limits *lim, api_params *p,
+                     api_error *e);
+void api_params_free(api_params *p);
+
+// Sets the default max_tokens (completions: 16; chat: the rest of the
+// context, capped at lim->default_max_tokens) and checks prompt + max_tokens
+// against the model length, and min_tokens against max_tokens. Call once
+// per prompt with a copy of the params when prompts differ in length.
+int api_check_length(const api_limits *lim, api_kind kind, int32_t n_prompt, api_params *p,
+                     api_error *e);
+
+// --- prompts (completions) -----------------------------------------------------
+
+typedef struct api_prompt {
+    char *text;                  // owned; NULL for a token-id prompt
+    size_t text_len;
+    int32_t *ids;                // owned; token ids (given, or filled by the route)
+    int32_t n_ids;
+} api_prompt;
+
+// "prompt": a string, a list of strings, a list of token ids, or a list of
+// lists of token ids. Ids are checked against the vocabulary; the count of
+// prompts times n against lim->max_seqs.
+int api_parse_prompts(const cJSON *body, const api_limits *lim, int32_t n, api_prompt **out,
+                      int *n_out, api_error *e);
+void api_prompts_free(api_prompt *ps, int n);
+
+// --- messages (chat) -----------------------------------------------------------
+
+typedef struct api_messages {
+    pg_chat_msg *msgs;           // [n] role and content point into owned storage
+    int n;
+    char **owned;                // [n] content strings
+} api_messages;
+
+// "messages": a non-empty list of {role, content}; role system, developer
+// (as system), user or assistant; content a string, null (assistant), or a
+// list of {"type": "text", "text": ...} parts (joined with "\n").
+int api_parse_messages(const cJSON *body, api_messages *out, api_error *e);
+void api_messages_free(api_messages *m);
+
+// --- bodies --------------------------------------------------------------------
+
+// Appends s[0..n) as a JSON string literal (quotes included; control
+// characters escaped; the bytes are expected to be UTF-8).
+void api_json_string(sbuf *out, const char *s, size_t n);
+
+// Whether s[0..n) is well-formed UTF-8 (no overlongs, surrogates or > U+10FFFF).
+bool api_utf8_valid(const char *s, size_t n);
+
+// Checks UTF-8, parses with cJSON_ParseWithLength and requires an object.
+int api_parse_body(const char *body, size_t len, cJSON **out, api_error *e);
+
+// Reads an optional integral JSON number in [lo, hi] (null/absent leaves *out
+// unchanged). -1 with `e` set on a wrong type, a fraction, NaN/Inf or range.
+int api_get_int(const cJSON *obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                bool *present, api_error *e);
+// Optional boolean (null/absent leaves *out unchanged).
+int api_get_bool(const cJSON *obj, const char *key, bool *out, api_error *e);

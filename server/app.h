@@ -1,0 +1,87 @@
+// server/app.h - the state of `paged serve` shared by the routes.
+//
+// One srv_app lives on the loop thread. It owns the HTTP server, the async
+// handle the engine wakes, the live generation jobs and the metrics. The
+// engine is reached only through pg_engine_submit / abort / finish_seq /
+// poll.
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "engine/engine.h"
+#include "server/api_common.h"
+#include "server/http_conn.h"
+#include "server/serve_metrics.h"
+
+struct gen_job;
+
+typedef struct srv_app {
+    uv_loop_t *loop;
+    pg_engine *engine;
+    const pg_tokenizer *tok;
+    const pg_chat_template *chat;  // NULL: /v1/chat/completions answers 400
+    srv_http *http;
+    uv_async_t async;              // woken by the engine's notify callback
+    api_limits lim;
+    char *served_name;             // the model id clients name
+    char *model_path;
+    char *api_key;                 // NULL: no authentication
+    size_t api_key_len;
+    int64_t created;               // unix time at start (for /v1/models)
+    bool draining;                 // SIGTERM: new requests get 503
+    struct gen_job *jobs;          // live generation jobs (doubly linked)
+    int n_jobs;
+    int n_tokenizing;              // tokenizations running on the thread pool
+    void (*on_tokenize_idle)(struct srv_app *a);  // called when n_tokenizing drops to 0
+    uint64_t next_id;              // for response ids
+    uint64_t id_salt;
+    srv_metrics metrics;
+    pg_gen_event *evbuf;           // poll buffer
+    int evcap;
+} srv_app;
+
+// Routes a complete request (auth, 404, 405, 503 while draining).
+void srv_route(srv_req *r, void *app);
+
+// Responses with a JSON body.
+void app_send_json(srv_req *r, int status, const char *json, size_t len);
+void app_send_error(srv_req *r, const api_error *e);
+void app_send_error_msg(srv_req *r, int status, const char *param, const char *msg);
+
+// Tokenizes texts[0..n) (BOS when `add_bos` and the model has one, special
+// tokens parsed). Small inputs are encoded at once, large ones on libuv's
+// thread pool so the loop never stalls. `cb` runs on the loop thread exactly
+// once, maybe before this returns:
+//   - r NULL: the client left meanwhile (ids NULL); free ctx, answer nothing;
+//   - err set (400, e.g. a text that can never fit the model): ids NULL;
+//   - else ids[i] (malloc'd: the callback keeps or frees each) and counts[i].
+// The arrays themselves are freed after cb returns. `texts`, `lens` and
+// `param` must stay valid until cb (they belong to ctx).
+typedef void (*app_tok_cb)(srv_app *a, srv_req *r, void *ctx, int32_t **ids, const int32_t *counts,
+                           const api_error *err);
+void app_tokenize_async(srv_app *a, srv_req *r, const char *const *texts, const size_t *lens, int n,
+                        bool add_bos, const char *param, app_tok_cb cb, void *ctx);
+
+// Renders chat messages with the model's template (400 without one).
+int app_render_chat(srv_app *a, const api_messages *m, bool add_generation_prompt, char **out,
+                    api_error *e);
+
+// Checks the "model" field against the served name (404 when unknown).
+int app_check_model(srv_app *a, const char *model, api_error *e);
+
+// "cmpl-..." style ids: prefix + 24 hex digits, unique per process.
+void app_new_id(srv_app *a, const char *prefix, char *out, size_t cap);
+
+// Route handlers.
+void api_completions(srv_app *a, srv_req *r);
+void api_chat_completions(srv_app *a, srv_req *r);
+void api_models(srv_app *a, srv_req *r);
+void api_tokenize(srv_app *a, srv_req *r);
+void api_detokenize(srv_app *a, srv_req *r);
+void api_health(srv_app *a, srv_req *r);
+void api_version(srv_app *a, srv_req *r);
+void api_metrics(srv_app *a, srv_req *r);
+
+// Drains every pending engine event (the async callback).
+void app_drain_events(srv_app *a);

@@ -1,0 +1,122 @@
+// server/gen_job.h - one HTTP generation request in flight: its engine
+// submissions, per-choice detokenization and stop strings, and the response
+// (streamed or whole).
+//
+// A job submits one engine request per prompt (each with n sequences) and
+// registers a gen_sub as that request's pg_gen_request.user. Engine events
+// come back on the loop thread (app_drain_events -> gen_on_event), in order
+// per request, ending with one req_finished event per engine request.
+//
+// Ownership: the app owns live jobs. A job is freed when both (a) every
+// engine request has delivered its final event and (b) it no longer holds
+// the HTTP request (its response ended, or the client went away and the
+// connection called on_abort, which aborts the engine requests). Nothing
+// the engine may still name (the gen_sub pointers) is freed before (a).
+#pragma once
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "server/api_common.h"
+#include "server/app.h"
+#include "server/sbuf.h"
+#include "server/stop_strings.h"
+
+typedef struct gen_job gen_job;
+typedef struct gen_sub gen_sub;
+
+// One output sequence (an OpenAI "choice").
+typedef struct gen_choice {
+    int index;                 // choice index in the response: prompt * n + sequence
+    gen_sub *sub;
+    int32_t seq;               // sequence index within the engine request
+    pg_detok detok;
+    stop_matcher stop;
+    sbuf text;                 // whole output (non-streamed responses)
+    sbuf delta;                // output of the current event (streamed)
+    pg_seq_output *lps;        // logprobs not yet emitted (all, when not streaming)
+    int n_lps, cap_lps;
+    int64_t fmt_offset;        // formatter state (completions text_offset)
+    int32_t n_tokens;          // tokens accepted into the output
+    bool finished;
+    const char *finish_reason; // "stop", "length", "abort", "error"
+    int stop_string;           // index into params.stop that matched, or -1
+    int32_t stop_token;        // EOS / stop token id that ended it, or -1
+    int64_t first_token_ns, last_token_ns;
+} gen_choice;
+
+// One engine request: one prompt with n sequences.
+struct gen_sub {
+    gen_job *job;
+    int index;                 // prompt index
+    int64_t engine_id;
+    bool live;                 // submitted, final event not yet received
+    bool got_token;
+    int32_t *ids;              // prompt token ids (owned)
+    int32_t n_ids;
+    char *text;                // prompt text for echo (owned, may be NULL)
+    pg_sampling_params sp;
+    sched_usage usage;         // final in the req_finished event
+};
+
+// How a route formats its output.
+typedef struct gen_ops {
+    const char *chunk_object;  // "text_completion" / "chat.completion.chunk"
+    // Streamed: after the event-stream headers (chat: role chunks;
+    // completions: echoed prompts).
+    void (*stream_start)(gen_job *j);
+    // Streamed: one chunk for choice `c` with c->delta and c->lps[0..n_lps);
+    // `finish` is the finish reason when the choice ended with this chunk.
+    void (*stream_chunk)(gen_job *j, gen_choice *c, const char *finish);
+    // Whole response body (200) once every choice has finished.
+    void (*full_response)(gen_job *j, sbuf *out);
+} gen_ops;
+
+struct gen_job {
+    srv_app *app;
+    srv_req *req;              // NULL once the response ended or the client left
+    const gen_ops *ops;
+    api_kind kind;
+    api_params p;
+    char id[64];
+    int64_t created;           // unix seconds
+    int64_t arrival_ns;
+    gen_sub *subs;             // [n_subs]
+    int n_subs, n_live;
+    gen_choice *choices;       // [n_subs * p.sp.n]
+    int n_choices;
+    bool headers_sent, failed;
+    gen_job *prev, *next;      // the app's live jobs
+};
+
+// A new job for `r` with `n_prompts` prompts; takes `p` (its contents are
+// moved, *p is zeroed). Prompts are set with gen_job_set_prompt before start.
+gen_job *gen_job_new(srv_app *a, srv_req *r, api_kind kind, const gen_ops *ops, api_params *p,
+                     int n_prompts, const char *id_prefix);
+// Prompt i: takes `ids` and `text` (may be NULL); `sp` is its parameters
+// (max_tokens resolved for this prompt's length).
+void gen_job_set_prompt(gen_job *j, int i, int32_t *ids, int32_t n_ids, char *text,
+                        const pg_sampling_params *sp);
+// Frees a job that was never started (validation failed after creation).
+void gen_job_discard(gen_job *j);
+// Submits every prompt and hands the job to the app.
+void gen_job_start(gen_job *j);
+
+// One engine event (loop thread).
+void gen_on_event(srv_app *a, const pg_gen_event *ev);
+
+// Aborts every engine request of every live job (shutdown timeout).
+void gen_abort_all(srv_app *a);
+// Frees every job, live or not: only after the engine is destroyed and the
+// connections are closed (end of shutdown).
+void gen_free_all(srv_app *a);
+
+// A streamed chunk object with id, object, created and model set.
+cJSON *gen_chunk_new(const gen_job *j);
+
+// {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details"}
+cJSON *gen_usage_json(const gen_job *j);
+
+// A token's text for logprobs: its bytes, with ill-formed UTF-8 replaced by U+FFFD.
+void gen_token_text(const pg_tokenizer *t, int32_t id, sbuf *out);
+// vLLM clamps -inf logprobs to -9999.
+double gen_logprob(float lp);

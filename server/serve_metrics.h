@@ -1,0 +1,38 @@
+// server/serve_metrics.h - the metrics `paged serve` exposes on /metrics.
+//
+// vLLM's names under a `paged:` prefix (vllm:num_requests_running ->
+// paged:num_requests_running), with the same model_name label, so existing
+// dashboards port by a prefix change. Gauges are refreshed from the
+// engine's statistics at each scrape; counters and histograms are updated
+// as requests finish. Full list: docs/server.md.
+#pragma once
+#include "engine/engine.h"
+#include "server/metrics.h"
+
+typedef struct srv_metrics {
+    met_registry *reg;
+    // gauges
+    met_child *running, *waiting, *swapped, *kv_usage, *gpu_usage, *host_kv_usage, *prefix_hit_rate;
+    met_child *kv_blocks_total, *kv_blocks_used, *kv_blocks_cached, *block_size;
+    met_child *mem_weights, *mem_kv, *mem_workspace;
+    met_child *connections, *jobs;
+    // counters
+    met_child *prompt_tokens, *generation_tokens, *preemptions, *prefix_queries, *prefix_hits;
+    met_family *success;       // {model_name, finished_reason}
+    met_family *http;          // {handler, status}
+    // histograms
+    met_child *ttft, *tpot, *itl, *e2e, *queue, *prefill, *decode, *prompt_len, *gen_len;
+    met_child *frontend;       // engine publish -> chunk queued on the socket, per token
+    const char *model_name;
+} srv_metrics;
+
+void srv_metrics_init(srv_metrics *m, const char *model_name, int32_t max_model_len);
+void srv_metrics_free(srv_metrics *m);
+
+// Refreshes the gauges and engine-side counters before a scrape.
+void srv_metrics_refresh(srv_metrics *m, const pg_engine_stats *st, int n_connections, int n_jobs);
+
+// One request finished with `reason` ("stop", "length", "abort", "error").
+void srv_metrics_finished(srv_metrics *m, const char *reason);
+// One HTTP response (or 499: client gone before a response).
+void srv_metrics_http(srv_metrics *m, const char *handler, int status);

@@ -1,0 +1,323 @@
+"""Helpers for the `paged serve` integration tests.
+
+Each test starts build/paged serve (or $PAGED_BIN, e.g. build/asan/paged) on
+a free port with the default model, waits for /health, runs its checks and
+always stops the server (Server is a context manager). Exit code 77 means
+"skipped" to tests/run_all.py.
+"""
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODEL = os.environ.get("PAGED_MODEL") or os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+# Small enough for several servers in a row, big enough for every test:
+# 2048-token context, 256 MiB of KV cache (f32 on CPU: ~5800 tokens).
+DEFAULT_ARGS = ["--max-model-len", "2048", "--kv-cache-memory", "256M"]
+
+
+def skip(msg):
+    print(f"SKIP: {msg}", flush=True)
+    sys.exit(77)
+
+
+def binary():
+    b = os.environ.get("PAGED_BIN") or os.path.join(ROOT, "build", "paged")
+    if not os.path.isabs(b):
+        b = os.path.join(ROOT, b)
+    return b
+
+
+def require_model_and_binary():
+    if not os.path.exists(binary()):
+        skip(f"{binary()} is not built")
+    if not os.path.exists(MODEL):
+        skip(f"the default model {MODEL} is missing (deploy/quickstart.sh setup)")
+
+
+def require_openai():
+    """Imports openai, re-running this script with the repository's .venv
+    python when the current one lacks it."""
+    try:
+        import openai  # noqa: F401
+        return
+    except ImportError:
+        pass
+    venv = os.path.join(ROOT, ".venv", "bin", "python3")
+    if os.path.exists(venv) and os.path.realpath(sys.executable) != os.path.realpath(venv):
+        os.execv(venv, [venv] + sys.argv)
+    skip("the openai package is not installed (deploy/quickstart.sh setup creates .venv)")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """build/paged serve on a free port; stopped (SIGTERM, then SIGKILL) on exit."""
+
+    def __init__(self, *args, env=None, ready_timeout=120, default_args=True):
+        self.port = free_port()
+        self.args = list(args)
+        self.env = dict(os.environ)
+        self.env.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
+        self.env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
+        if env:
+            self.env.update(env)
+        self.ready_timeout = ready_timeout
+        self.default_args = default_args
+        self.proc = None
+        self.returncode = None
+        self.logf = tempfile.NamedTemporaryFile(prefix="paged-serve-", suffix=".log", delete=False)
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self):
+        cmd = [binary(), "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", str(self.port)]
+        if self.default_args:
+            cmd += DEFAULT_ARGS
+        cmd += self.args
+        self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT, env=self.env,
+                                     cwd=ROOT)
+        deadline = time.time() + self.ready_timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"paged serve exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                st, _, _ = request(self.port, "GET", "/health", timeout=2)
+                if st == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"paged serve not healthy after {self.ready_timeout}s:\n{self.log()}")
+
+    def log(self):
+        with open(self.logf.name, errors="replace") as f:
+            return f.read()
+
+    def signal(self, sig=signal.SIGTERM):
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout):
+        self.returncode = self.proc.wait(timeout=timeout)
+        return self.returncode
+
+    def stop(self, timeout=60):
+        """SIGTERM and wait; returns the exit code (SIGKILL after `timeout`)."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.returncode = self.proc.returncode
+        return self.returncode
+
+    def check_clean_exit(self):
+        """The server exited 0 and (under ASan) reported nothing."""
+        log = self.log()
+        assert self.returncode == 0, f"exit code {self.returncode}\n{log[-6000:]}"
+        for bad in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
+            assert bad not in log, f"{bad} in the server log:\n{log[-12000:]}"
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        if exc[0] is None:
+            self.check_clean_exit()
+        else:
+            sys.stderr.write(f"--- server log ({self.logf.name}) ---\n{self.log()[-6000:]}\n")
+        os.unlink(self.logf.name)
+        return False
+
+
+# --- HTTP -------------------------------------------------------------------------
+
+
+def request(port, method, path, body=None, headers=None, timeout=60):
+    """One request on a fresh connection: (status, headers dict, body bytes)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
+            headers = dict(headers or {}, **{"Content-Type": "application/json"})
+        c.request(method, path, body=body, headers=headers or {})
+        r = c.getresponse()
+        data = r.read()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, data
+    finally:
+        c.close()
+
+
+def post(port, path, obj, headers=None, timeout=120):
+    """POST JSON; returns (status, parsed JSON or None)."""
+    st, _, data = request(port, "POST", path, obj, headers, timeout)
+    try:
+        return st, json.loads(data) if data else None
+    except ValueError:
+        return st, data
+
+
+def sse_stream(port, path, obj, timeout=120):
+    """POST a streaming request; returns (status, list of parsed events, saw_done)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request("POST", path, body=json.dumps(obj), headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            return r.status, [json.loads(r.read())], False
+        assert r.getheader("Content-Type", "").startswith("text/event-stream"), r.getheaders()
+        events, done = [], False
+        for line in r:
+            line = line.decode().rstrip("\n")
+            if not line:
+                continue
+            assert line.startswith("data: "), line
+            payload = line[6:]
+            if payload == "[DONE]":
+                done = True
+                continue
+            assert not done, "data after [DONE]"
+            events.append(json.loads(payload))
+        return r.status, events, done
+    finally:
+        c.close()
+
+
+def metrics(port, headers=None):
+    """Parses /metrics into {"name{labels}": value}."""
+    st, _, data = request(port, "GET", "/metrics", headers=headers)
+    assert st == 200, st
+    out = {}
+    for line in data.decode().splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        key, _, val = line.rpartition(" ")
+        out[key] = float(val)
+    return out
+
+
+def metric(m, name, **labels):
+    """Sum of the samples of `name` whose labels include `labels`."""
+    total, found = 0.0, False
+    for key, v in m.items():
+        n, _, rest = key.partition("{")
+        if n != name:
+            continue
+        if all(f'{k}="{val}"' in rest for k, val in labels.items()):
+            total += v
+            found = True
+    assert found, f"metric {name} {labels} not found"
+    return total
+
+
+def wait_idle(port, timeout=60):
+    """Waits until no request runs or waits and no KV block is held by a
+    request (blocks kept by the prefix cache are free); returns the metrics."""
+    deadline = time.time() + timeout
+    while True:
+        m = metrics(port)
+        busy = (metric(m, "paged:num_requests_running") + metric(m, "paged:num_requests_waiting") +
+                metric(m, "paged:kv_cache_blocks", state="used") + metric(m, "paged:http_requests_in_progress"))
+        if busy == 0:
+            return m
+        if time.time() > deadline:
+            raise AssertionError(f"server not idle after {timeout}s: " +
+                                 str({k: v for k, v in m.items() if "requests" in k or "blocks" in k}))
+        time.sleep(0.2)
+
+
+# --- raw sockets ---------------------------------------------------------------------
+
+
+def connect(port, timeout=30):
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def read_response(sock, buf=b""):
+    """Reads one HTTP/1.1 response from `sock` (Content-Length, chunked or
+    close-delimited). Returns (status, headers, body, leftover bytes)."""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed before a response head: {buf!r}")
+        buf += chunk
+    head, _, buf = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    status = int(parts[1])
+    headers = {}
+    for l in lines[1:]:
+        k, _, v = l.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    if status == 100:
+        return read_response(sock, buf)
+    if "content-length" in headers:
+        n = int(headers["content-length"])
+        while len(buf) < n:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed inside a body")
+            buf += chunk
+        return status, headers, buf[:n], buf[n:]
+    if headers.get("transfer-encoding") == "chunked":
+        body = b""
+        while True:
+            while b"\r\n" not in buf:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise ConnectionError("closed inside chunked body")
+                buf += chunk
+            size_line, _, buf = buf.partition(b"\r\n")
+            size = int(size_line.split(b";")[0], 16)
+            while len(buf) < size + 2:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise ConnectionError("closed inside a chunk")
+                buf += chunk
+            if size == 0:
+                return status, headers, body, buf[2:]
+            body += buf[:size]
+            buf = buf[size + 2:]
+    body = buf
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return status, headers, body, b""
+        body += chunk
+
+
+def error_of(body):
+    """The OpenAI error object of a JSON error body (asserting its shape)."""
+    j = json.loads(body) if isinstance(body, (bytes, str)) else body
+    assert set(j) == {"error"}, j
+    e = j["error"]
+    assert set(e) == {"message", "type", "param", "code"}, e
+    assert isinstance(e["message"], str) and e["message"], e
+    return e
+
+
+def run_checks(checks):
+    """Runs (name, fn) pairs, printing each; stops at the first failure."""
+    for name, fn in checks:
+        t0 = time.time()
+        fn()
+        print(f"ok   {name} ({time.time() - t0:.1f}s)", flush=True)

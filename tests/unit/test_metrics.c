@@ -1,0 +1,181 @@
+// tests/unit/test_metrics.c - the Prometheus registry renders the text
+// format exactly (labels, escaping, cumulative buckets), rejects bad names,
+// and the serve metrics carry vLLM's names under `paged:`.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "server/metrics.h"
+#include "server/serve_metrics.h"
+
+static char *render(met_registry *r) {
+    sbuf b = {0};
+    met_render(r, &b);
+    return sbuf_steal(&b, NULL);
+}
+
+static void test_counter_and_gauge_text(void **state) {
+    met_registry *r = met_registry_create();
+    met_family *c = met_counter(r, "paged:prompt_tokens_total", "Prompt tokens.", NULL);
+    met_family *g = met_gauge(r, "paged:num_requests_running", "Running.", "model_name");
+    assert_non_null(c);
+    assert_non_null(g);
+    met_inc0(c, 5);
+    met_inc0(c, 2);
+    met_set(met_child1(g, "m"), 3);
+    met_set(met_child1(g, "m"), 1.5);
+    char *t = render(r);
+    assert_string_equal(t,
+                        "# HELP paged:prompt_tokens_total Prompt tokens.\n"
+                        "# TYPE paged:prompt_tokens_total counter\n"
+                        "paged:prompt_tokens_total 7\n"
+                        "# HELP paged:num_requests_running Running.\n"
+                        "# TYPE paged:num_requests_running gauge\n"
+                        "paged:num_requests_running{model_name=\"m\"} 1.5\n");
+    free(t);
+    met_registry_free(r);
+}
+
+static void test_labels_escaped_and_children_distinct(void **state) {
+    met_registry *r = met_registry_create();
+    met_family *f = met_counter(r, "x_total", "help with \\ and\nnewline", "handler,status");
+    met_inc(met_child_get(f, (const char *[]){"/a", "200"}), 1);
+    met_inc(met_child_get(f, (const char *[]){"/a", "404"}), 1);
+    met_inc(met_child_get(f, (const char *[]){"/a", "200"}), 1);
+    met_inc(met_child_get(f, (const char *[]){"q\"b\\s\nn", "500"}), 1);
+    char *t = render(r);
+    assert_non_null(strstr(t, "# HELP x_total help with \\\\ and\\nnewline\n"));
+    assert_non_null(strstr(t, "x_total{handler=\"/a\",status=\"200\"} 2\n"));
+    assert_non_null(strstr(t, "x_total{handler=\"/a\",status=\"404\"} 1\n"));
+    assert_non_null(strstr(t, "x_total{handler=\"q\\\"b\\\\s\\nn\",status=\"500\"} 1\n"));
+    assert_true(met_value(met_child_get(f, (const char *[]){"/a", "200"})) == 2);
+    free(t);
+    met_registry_free(r);
+}
+
+static void test_histogram_cumulative_buckets(void **state) {
+    met_registry *r = met_registry_create();
+    const double b[] = {0.1, 1, 10};
+    met_family *h = met_histogram(r, "lat_seconds", "Latency.", NULL, b, 3);
+    assert_non_null(h);
+    met_observe0(h, 0.0625);
+    met_observe0(h, 0.1);  // le is inclusive
+    met_observe0(h, 5);
+    met_observe0(h, 100);
+    char *t = render(r);
+    assert_string_equal(t,
+                        "# HELP lat_seconds Latency.\n"
+                        "# TYPE lat_seconds histogram\n"
+                        "lat_seconds_bucket{le=\"0.1\"} 2\n"
+                        "lat_seconds_bucket{le=\"1\"} 2\n"
+                        "lat_seconds_bucket{le=\"10\"} 3\n"
+                        "lat_seconds_bucket{le=\"+Inf\"} 4\n"
+                        "lat_seconds_sum 105.1625\n"
+                        "lat_seconds_count 4\n");
+    assert_true(met_value(met_child_get(h, NULL)) == 4);
+    free(t);
+    met_registry_free(r);
+}
+
+static void test_histogram_with_labels_puts_le_last(void **state) {
+    met_registry *r = met_registry_create();
+    const double b[] = {1};
+    met_family *h = met_histogram(r, "h", "", "model_name", b, 1);
+    met_observe(met_child1(h, "m"), 0.5);
+    char *t = render(r);
+    assert_non_null(strstr(t, "h_bucket{model_name=\"m\",le=\"1\"} 1\n"));
+    assert_non_null(strstr(t, "h_bucket{model_name=\"m\",le=\"+Inf\"} 1\n"));
+    assert_non_null(strstr(t, "h_sum{model_name=\"m\"} 0.5\n"));
+    free(t);
+    met_registry_free(r);
+}
+
+static void test_bad_definitions_rejected(void **state) {
+    met_registry *r = met_registry_create();
+    assert_null(met_counter(r, "1abc", "", NULL));
+    assert_null(met_counter(r, "a-b", "", NULL));
+    assert_null(met_gauge(r, "ok", "", "bad:label"));
+    const double unsorted[] = {2, 1};
+    assert_null(met_histogram(r, "h", "", NULL, unsorted, 2));
+    const double one[] = {1};
+    assert_null(met_histogram(r, "h", "", "le", one, 1));
+    char *t = render(r);
+    assert_string_equal(t, "");
+    free(t);
+    met_registry_free(r);
+}
+
+// The families dashboards built for vLLM look for, under `paged:`.
+static void test_serve_metrics_use_vllm_names(void **state) {
+    srv_metrics m;
+    srv_metrics_init(&m, "tiny", 8192);
+    pg_engine_stats st;
+    memset(&st, 0, sizeof st);
+    st.sched.n_running = 2;
+    st.sched.n_waiting = 3;
+    st.sched.kv.usage = 0.25;
+    st.sched.kv.num_blocks = 100;
+    st.sched.kv.num_used = 25;
+    st.sched.kv.prefix_queries = 10;
+    st.sched.kv.prefix_hits = 4;
+    st.sched.n_preempt_recompute = 1;
+    st.sched.n_preempt_swap = 2;
+    st.block_size = 16;
+    st.weight_bytes = 1000;
+    srv_metrics_refresh(&m, &st, 5, 1);
+    srv_metrics_finished(&m, "stop");
+    srv_metrics_http(&m, "/health", 200);
+    met_observe(m.ttft, 0.2);
+    sbuf b = {0};
+    met_render(m.reg, &b);
+    const char *t = sbuf_str(&b);
+    const char *want[] = {
+        "paged:num_requests_running{model_name=\"tiny\"} 2\n",
+        "paged:num_requests_waiting{model_name=\"tiny\"} 3\n",
+        "paged:num_requests_swapped{model_name=\"tiny\"} 0\n",
+        "paged:gpu_cache_usage_perc{model_name=\"tiny\"} 0.25\n",
+        "paged:kv_cache_usage_perc{model_name=\"tiny\"} 0.25\n",
+        "paged:cpu_cache_usage_perc{model_name=\"tiny\"} 0\n",
+        "paged:gpu_prefix_cache_hit_rate{model_name=\"tiny\"} 0.4\n",
+        "paged:kv_cache_blocks{model_name=\"tiny\",state=\"used\"} 25\n",
+        "paged:device_memory_bytes{model_name=\"tiny\",category=\"weights\"} 1000\n",
+        "paged:num_preemptions_total{model_name=\"tiny\"} 3\n",
+        "# TYPE paged:prompt_tokens_total counter\n",
+        "# TYPE paged:generation_tokens_total counter\n",
+        "paged:request_success_total{model_name=\"tiny\",finished_reason=\"stop\"} 1\n",
+        "paged:request_success_total{model_name=\"tiny\",finished_reason=\"length\"} 0\n",
+        "paged:http_requests_total{handler=\"/health\",status=\"200\"} 1\n",
+        "paged:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.25\"} 1\n",
+        "# TYPE paged:time_per_output_token_seconds histogram\n",
+        "# TYPE paged:inter_token_latency_seconds histogram\n",
+        "# TYPE paged:e2e_request_latency_seconds histogram\n",
+        "# TYPE paged:request_queue_time_seconds histogram\n",
+        "# TYPE paged:request_prompt_tokens histogram\n",
+        "# TYPE paged:request_generation_tokens histogram\n",
+        "paged:request_prompt_tokens_bucket{model_name=\"tiny\",le=\"5000\"} 0\n",
+        "# TYPE paged:prefix_cache_hits_total counter\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(t, want[i])) fail_msg("missing: %s", want[i]);
+    // 1-2-5 length buckets stop at the model length.
+    assert_null(strstr(t, "paged:request_prompt_tokens_bucket{model_name=\"tiny\",le=\"10000\"}"));
+    sbuf_free(&b);
+    srv_metrics_free(&m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_counter_and_gauge_text),
+        cmocka_unit_test(test_labels_escaped_and_children_distinct),
+        cmocka_unit_test(test_histogram_cumulative_buckets),
+        cmocka_unit_test(test_histogram_with_labels_puts_le_last),
+        cmocka_unit_test(test_bad_definitions_rejected),
+        cmocka_unit_test(test_serve_metrics_use_vllm_names),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
