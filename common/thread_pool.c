@@ -10,6 +10,7 @@
 #include "common/thread_pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <unistd.h>
@@ -26,6 +27,11 @@
 // Spins this many times (tens of microseconds) before sleeping: long enough
 // to bridge the gap between two matrix products of one forward pass.
 #define SPIN_ITERS 20000
+// Every this many spins a waiting thread yields its core: when the machine
+// has more runnable threads than cores (other processes, the server's own
+// threads), the thread that the spinner waits for may be queued behind it
+// on the same core, and a pure spin would burn that core's time slice.
+#define YIELD_EVERY 64
 #define TAG_SHIFT 40
 #define INDEX_MASK ((UINT64_C(1) << TAG_SHIFT) - 1)
 
@@ -75,7 +81,10 @@ static void *worker_main(void *arg) {
         int spins = 0;
         while ((gen = atomic_load(&p->generation)) == seen) {
             if (++spins < SPIN_ITERS) {
-                cpu_relax();
+                if (spins % YIELD_EVERY == 0)
+                    sched_yield();
+                else
+                    cpu_relax();
                 continue;
             }
             pthread_mutex_lock(&p->mu);
@@ -155,5 +164,10 @@ void pg_pool_run(pg_pool *p, int64_t n_tasks, pg_pool_fn fn, void *ctx) {
         pthread_mutex_unlock(&p->mu);
     }
     run_tasks(p, gen, 0);
-    while (atomic_load(&p->done) < n_tasks) cpu_relax();
+    for (unsigned spins = 1; atomic_load(&p->done) < n_tasks; spins++) {
+        if (spins % YIELD_EVERY == 0)
+            sched_yield();
+        else
+            cpu_relax();
+    }
 }

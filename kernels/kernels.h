@@ -43,6 +43,30 @@ typedef struct pg_kv_shape {
 
 typedef struct pg_backend pg_backend;
 
+// The CPU backend's numerics (CUDA ignores the choice for now).
+typedef enum {
+    // The backend's choice. CPU: PG_MATMUL_QUANT_ACT.
+    PG_MATMUL_DEFAULT = 0,
+    // The reference: f32 products of the dequantized weights with the f32
+    // activations, f32 attention over the f32 KV cache, libm exp.
+    PG_MATMUL_EXACT = 1,
+    // llama.cpp-compatible (its CPU backend, AVX2 build, no flash
+    // attention): activations quantized per 32-element block to 8 bits (Q8_1
+    // for Q4_1 weights, Q8_0 for Q4_0/Q8_0) and multiplied with integer dot
+    // products; RMSNorm, RoPE, softmax and SwiGLU with ggml's rounding and
+    // its vectorized exp; K, V, Q and the attention probabilities rounded to
+    // fp16 as in llama.cpp's f16 KV cache (kernels/cpu/llama_compat.h). On
+    // the default model the logits are bit-identical to llama.cpp's (they
+    // differ from the exact mode's by 1-9%). Weight types without an
+    // integer kernel (K-quants, f16, bf16, f32) keep f32 products.
+    PG_MATMUL_QUANT_ACT = 2,
+} pg_matmul_mode;
+
+// "default", "exact", "quant" (for flags and logs); "unknown" otherwise.
+const char *pg_matmul_mode_name(pg_matmul_mode mode);
+// Parses one of those names; PG_EINVAL (with a message) for anything else.
+int pg_matmul_mode_parse(const char *name, pg_matmul_mode *out);
+
 struct pg_backend {
     const char *name;  // "cpu", "cuda"
     void *ctx;         // backend state (thread pool, streams, handles)
@@ -86,6 +110,11 @@ struct pg_backend {
                         const int32_t *from, const int32_t *to, int32_t n);
 
     void (*destroy)(pg_backend *b);
+
+    // Read by every op call; set it before the first forward of a sequence
+    // (the KV cache written under one mode is read under the same one). A
+    // backend without the choice ignores it. Zero (calloc) is the default.
+    pg_matmul_mode matmul_mode;
 };
 
 // The CPU backend with `n_threads` threads (0 = all online CPUs).

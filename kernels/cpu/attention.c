@@ -1,16 +1,29 @@
 // kernels/cpu/attention.c - causal attention over the paged KV cache.
 //
-// The reference implementation: each task is one (sequence, query head,
-// chunk of queries); keys are visited block by block through the block
-// table with an online softmax over chunks of positions, in f32.
+// Each task is one (sequence, query head, chunk of queries); keys are
+// visited through the block table. Two numerics:
+//  - exact (PG_MATMUL_EXACT): the reference, an online softmax over chunks
+//    of positions in f32;
+//  - llama.cpp-compatible (the other modes, kernels/cpu/llama_compat.h):
+//    llama.cpp's attention without flash attention over an f16 KV cache -
+//    q rounded to fp16 (K and V were rounded when written), scores as 8-lane
+//    fma chains over head dimensions taken in llama.cpp's interleaved-pair
+//    order, a two-pass softmax with ggml's expf, probabilities rounded to
+//    fp16, and each output dimension as 8-lane fma chains over positions.
 #include <math.h>
 #include <string.h>
 
 #include "common/err.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/llama_compat.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define HAVE_AVX2 1
+#endif
 
 #define Q_PER_TASK 16
-#define KEY_CHUNK 256
+#define KEY_CHUNK  256
 
 typedef struct {
     float *out;
@@ -21,6 +34,8 @@ typedef struct {
     const float *k_cache, *v_cache;
     pg_kv_shape kv;
     const int64_t *task_start; // [n_seqs + 1] first task index of each sequence
+    pg_cpu_ctx *c;             // per-thread scratch (compat scores)
+    bool compat;               // llama.cpp-compatible numerics
 } attn_job;
 
 static inline const float *kv_row(const float *cache, pg_kv_shape kv, const int32_t *table,
@@ -66,6 +81,159 @@ static void attend_one(const attn_job *j, const pg_attn_seq *s, int32_t h, int32
     for (int32_t e = 0; e < hd; e++) out[e] = acc[e] * inv;
 }
 
+// --- llama.cpp-compatible attention -------------------------------------------------
+//
+// llama.cpp's GGUF stores Q and K rows with each rotary pair adjacent
+// (dimension g of a head is rotate-half dimension g/2 for even g and
+// hd/2 + g/2 for odd g), and its dot products run over that order in 8
+// lanes of consecutive dimensions. The compatible RoPE/cache write
+// (cpu_backend.c) therefore stores K in that order; q is permuted here.
+// One task handles the query heads that share a KV head, so each K and V
+// row is loaded once for all of them.
+
+#define MAX_GROUP 64 // query heads per KV head (scratch and the q16 copy)
+
+#ifdef HAVE_AVX2
+// scores[g * stride] = hsum8(8-lane fma chain of k . q16[g]) * scale for the
+// G heads of a group; G is a constant at every call site.
+static inline __attribute__((always_inline)) void scores_avx2(const int G, const float *k,
+                                                              const float *q16, int32_t hd,
+                                                              float scale, float *scores,
+                                                              size_t stride) {
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
+    for (int32_t c = 0; c < hd; c += 8) {
+        const __m256 kc = _mm256_loadu_ps(k + c);
+#pragma GCC unroll 8
+        for (int g = 0; g < G; g++)
+            acc[g] = _mm256_fmadd_ps(kc, _mm256_loadu_ps(q16 + (size_t)g * hd + c), acc[g]);
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < G; g++) {
+        __m128 r = _mm_add_ps(_mm256_extractf128_ps(acc[g], 1), _mm256_castps256_ps128(acc[g]));
+        r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+        r = _mm_add_ss(r, _mm_movehdup_ps(r));
+        scores[(size_t)g * stride] = _mm_cvtss_f32(r) * scale;
+    }
+}
+#endif
+
+static void attend_group_compat(const attn_job *j, const pg_attn_seq *s, int32_t kvh, int32_t qi,
+                                int thread) {
+    const int32_t hd = j->kv.head_dim, half = hd / 2, G = j->n_heads / j->kv.n_kv_heads;
+    const int32_t n_keys = s->start_pos + qi + 1;
+    const int64_t row = (int64_t)(s->q_start + qi) * j->n_heads + (int64_t)kvh * G; // first head
+    // Scratch: q in llama.cpp's order rounded to fp16, the scores of every
+    // head of the group (then their probabilities), the value rows.
+    const size_t n_p = ((size_t)n_keys + 7) & ~(size_t)7;
+    float *q16 =
+        pg_cpu_scratch(j->c, thread, (size_t)G * hd + (size_t)G * n_p + 2 * (size_t)n_keys + 8);
+    float *p = q16 + (size_t)G * hd;
+    const float **vrow = (const float **)(void *)(p + (size_t)G * n_p +
+                                                  ((uintptr_t)(p + (size_t)G * n_p) % 8 ? 1 : 0));
+    for (int32_t g = 0; g < G; g++) {
+        const float *q = j->q + (row + g) * hd;
+        for (int32_t d = 0; d < hd; d++)
+            q16[g * hd + d] = pg_lc_f16(q[d % 2 ? half + d / 2 : d / 2]);
+    }
+    // Scores: per head, 8-lane fma chains over the dimensions (tinyBLAS's
+    // f16 gemm), the lanes summed like ggml's hsum.
+    for (int32_t t = 0; t < n_keys; t++) {
+        const float *k = kv_row(j->k_cache, j->kv, s->block_table, t, kvh);
+        vrow[t] = kv_row(j->v_cache, j->kv, s->block_table, t, kvh);
+#ifdef HAVE_AVX2
+        // The cache streams from DRAM at long contexts: fetch a few rows ahead.
+        if (t + 4 < n_keys) {
+            const char *kn = (const char *)kv_row(j->k_cache, j->kv, s->block_table, t + 4, kvh);
+            const char *vn = (const char *)kv_row(j->v_cache, j->kv, s->block_table, t + 4, kvh);
+            for (int32_t o = 0; o < hd * (int32_t)sizeof(float); o += 64) {
+                _mm_prefetch(kn + o, _MM_HINT_T0);
+                _mm_prefetch(vn + o, _MM_HINT_T0);
+            }
+        }
+        switch (G) { // a constant group size keeps the accumulators in registers
+        case 1:
+            scores_avx2(1, k, q16, hd, j->scale, p + t, n_p);
+            break;
+        case 2:
+            scores_avx2(2, k, q16, hd, j->scale, p + t, n_p);
+            break;
+        case 3:
+            scores_avx2(3, k, q16, hd, j->scale, p + t, n_p);
+            break;
+        case 4:
+            scores_avx2(4, k, q16, hd, j->scale, p + t, n_p);
+            break;
+        case 5:
+            scores_avx2(5, k, q16, hd, j->scale, p + t, n_p);
+            break;
+        case 6:
+            scores_avx2(6, k, q16, hd, j->scale, p + t, n_p);
+            break;
+        case 7:
+            scores_avx2(7, k, q16, hd, j->scale, p + t, n_p);
+            break;
+        case 8:
+            scores_avx2(8, k, q16, hd, j->scale, p + t, n_p);
+            break;
+        default:
+            for (int32_t g0 = 0; g0 < G; g0 += 8) {
+                int32_t n = G - g0 < 8 ? G - g0 : 8;
+                for (int32_t g = 0; g < n; g++)
+                    scores_avx2(1, k, q16 + (size_t)(g0 + g) * hd, hd, j->scale,
+                                p + (size_t)(g0 + g) * n_p + t, n_p);
+            }
+        }
+#else
+        for (int32_t g = 0; g < G; g++) {
+            float a[8] = {0};
+            for (int32_t d = 0; d < hd; d++) a[d % 8] = fmaf(k[d], q16[g * hd + d], a[d % 8]);
+            p[g * n_p + t] = pg_lc_hsum8(a) * j->scale;
+        }
+#endif
+    }
+    for (int32_t g = 0; g < G; g++) {
+        float *pg = p + g * n_p;
+        pg_lc_softmax_row(pg, pg, n_keys);
+        for (int32_t t = 0; t < n_keys; t++) pg[t] = pg_lc_f16(pg[t]);
+    }
+    // out[e] = sum over positions t of v[t][e] * p[t]: lane t % 8 of an fma
+    // chain per dimension, the lanes summed like ggml's hsum.
+    for (int32_t g = 0; g < G; g++) {
+        const float *pg = p + g * n_p;
+        float *out = j->out + (row + g) * hd;
+#ifdef HAVE_AVX2
+        for (int32_t e0 = 0; e0 < hd; e0 += 8) {
+            __m256 acc[8];
+#pragma GCC unroll 8
+            for (int l = 0; l < 8; l++) acc[l] = _mm256_setzero_ps();
+            int32_t t0 = 0;
+            for (; t0 + 8 <= n_keys; t0 += 8)
+#pragma GCC unroll 8
+                for (int l = 0; l < 8; l++)
+                    acc[l] = _mm256_fmadd_ps(_mm256_loadu_ps(vrow[t0 + l] + e0),
+                                             _mm256_broadcast_ss(pg + t0 + l), acc[l]);
+#pragma GCC unroll 8
+            for (int l = 0; l < 8; l++)
+                if (t0 + l < n_keys)
+                    acc[l] = _mm256_fmadd_ps(_mm256_loadu_ps(vrow[t0 + l] + e0),
+                                             _mm256_broadcast_ss(pg + t0 + l), acc[l]);
+            __m256 r = _mm256_add_ps(
+                _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
+                _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
+            _mm256_storeu_ps(out + e0, r);
+        }
+#else
+        for (int32_t e = 0; e < hd; e++) {
+            float a[8] = {0};
+            for (int32_t t = 0; t < n_keys; t++) a[t % 8] = fmaf(vrow[t][e], pg[t], a[t % 8]);
+            out[e] = pg_lc_hsum8(a);
+        }
+#endif
+    }
+}
+
 static void attn_task(void *ctx, int64_t t, int thread) {
     const attn_job *j = ctx;
     int32_t si = 0;
@@ -73,21 +241,32 @@ static void attn_task(void *ctx, int64_t t, int thread) {
     const pg_attn_seq *s = &j->seqs[si];
     int64_t local = t - j->task_start[si];
     int32_t n_chunks = (s->n_q + Q_PER_TASK - 1) / Q_PER_TASK;
+    // h: the query head, or in the compatible mode the KV head.
     int32_t h = (int32_t)(local / n_chunks), c = (int32_t)(local % n_chunks);
     int32_t q1 = (c + 1) * Q_PER_TASK < s->n_q ? (c + 1) * Q_PER_TASK : s->n_q;
-    for (int32_t qi = c * Q_PER_TASK; qi < q1; qi++) attend_one(j, s, h, qi);
+    for (int32_t qi = c * Q_PER_TASK; qi < q1; qi++) {
+        if (j->compat)
+            attend_group_compat(j, s, h, qi, thread);
+        else
+            attend_one(j, s, h, qi);
+    }
 }
 
 void pg_cpu_attention(pg_backend *b, float *out, const float *q, const pg_attn_seq *seqs,
                       int32_t n_seqs, int32_t n_heads, float scale, const float *k_cache,
                       const float *v_cache, pg_kv_shape kv) {
     PG_CHECK(kv.head_dim <= 512 && n_heads % kv.n_kv_heads == 0);
+    const bool compat =
+        pg_cpu_attention_compat(b, kv.head_dim) && n_heads / kv.n_kv_heads <= MAX_GROUP;
+    const int32_t units = compat ? kv.n_kv_heads : n_heads; // tasks per chunk of queries
     int64_t stack_starts[65];
-    int64_t *starts = n_seqs < 65 ? stack_starts : pg_xmalloc(sizeof(int64_t) * (size_t)(n_seqs + 1));
+    int64_t *starts =
+        n_seqs < 65 ? stack_starts : pg_xmalloc(sizeof(int64_t) * (size_t)(n_seqs + 1));
     starts[0] = 0;
     for (int32_t i = 0; i < n_seqs; i++)
-        starts[i + 1] = starts[i] + (int64_t)n_heads * ((seqs[i].n_q + Q_PER_TASK - 1) / Q_PER_TASK);
-    attn_job j = {out, q, seqs, n_seqs, n_heads, scale, k_cache, v_cache, kv, starts};
+        starts[i + 1] = starts[i] + (int64_t)units * ((seqs[i].n_q + Q_PER_TASK - 1) / Q_PER_TASK);
+    attn_job j = {out,     q,       seqs, n_seqs, n_heads,   scale,
+                  k_cache, v_cache, kv,   starts, pg_cpu(b), compat};
     pg_pool_run(pg_cpu(b)->pool, starts[n_seqs], attn_task, &j);
     if (starts != stack_starts) free(starts);
 }

@@ -6,6 +6,7 @@
 #include "common/err.h"
 #include "engine/dtype.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/llama_compat.h"
 
 // OpenBLAS is called from inside our own pool's tasks, so it must not start
 // threads of its own.
@@ -20,6 +21,30 @@ float *pg_cpu_scratch(pg_cpu_ctx *c, int t, size_t n) {
     return c->scratch[t];
 }
 
+// --- matmul modes ----------------------------------------------------------------
+
+const char *pg_matmul_mode_name(pg_matmul_mode mode) {
+    switch (mode) {
+    case PG_MATMUL_DEFAULT:
+        return "default";
+    case PG_MATMUL_EXACT:
+        return "exact";
+    case PG_MATMUL_QUANT_ACT:
+        return "quant";
+    }
+    return "unknown";
+}
+
+int pg_matmul_mode_parse(const char *name, pg_matmul_mode *out) {
+    static const pg_matmul_mode modes[] = {PG_MATMUL_DEFAULT, PG_MATMUL_EXACT, PG_MATMUL_QUANT_ACT};
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+        if (strcmp(name, pg_matmul_mode_name(modes[i])) == 0) {
+            *out = modes[i];
+            return 0;
+        }
+    return pg_err_set(PG_EINVAL, "unknown matmul mode '%s' (default, exact, quant)", name);
+}
+
 // --- element-wise ops (rows in parallel) ---------------------------------------
 
 typedef struct {
@@ -29,12 +54,17 @@ typedef struct {
     float eps;
     const int32_t *ids;
     const pg_weight *w;
+    bool compat; // llama.cpp-compatible numerics
 } rows_job;
 
 static void rmsnorm_task(void *ctx, int64_t i, int thread) {
     rows_job *j = ctx;
     const float *x = j->x + i * j->dim;
     float *o = j->out + i * j->dim;
+    if (j->compat) {
+        pg_lc_rmsnorm_row(o, x, j->y, j->dim, j->eps);
+        return;
+    }
     double ss = 0.0;
     for (int64_t e = 0; e < j->dim; e++) ss += (double)x[e] * x[e];
     float r = 1.0f / sqrtf((float)(ss / (double)j->dim) + j->eps);
@@ -43,7 +73,8 @@ static void rmsnorm_task(void *ctx, int64_t i, int thread) {
 
 static void cpu_rmsnorm(pg_backend *b, float *out, const float *x, const float *weight, int64_t m,
                         int64_t dim, float eps) {
-    rows_job j = {.out = out, .x = x, .y = weight, .dim = dim, .eps = eps};
+    rows_job j = {
+        .out = out, .x = x, .y = weight, .dim = dim, .eps = eps, .compat = pg_cpu_llama_compat(b)};
     pg_pool_run(pg_cpu(b)->pool, m, rmsnorm_task, &j);
 }
 
@@ -53,6 +84,12 @@ static void cpu_add(pg_backend *b, float *x, const float *y, int64_t m, int64_t 
 }
 
 static void cpu_silu_mul(pg_backend *b, float *out, const float *gate_up, int64_t m, int64_t ffn) {
+    if (pg_cpu_llama_compat(b)) {
+        for (int64_t i = 0; i < m; i++)
+            pg_lc_swiglu_row(out + i * ffn, gate_up + i * 2 * ffn, gate_up + i * 2 * ffn + ffn,
+                             ffn);
+        return;
+    }
     for (int64_t i = 0; i < m; i++) {
         const float *g = gate_up + i * 2 * ffn, *u = g + ffn;
         float *o = out + i * ffn;
@@ -60,7 +97,8 @@ static void cpu_silu_mul(pg_backend *b, float *out, const float *gate_up, int64_
     }
 }
 
-static void cpu_embed(pg_backend *b, float *out, const int32_t *ids, int64_t m, const pg_weight *emb) {
+static void cpu_embed(pg_backend *b, float *out, const int32_t *ids, int64_t m,
+                      const pg_weight *emb) {
     for (int64_t i = 0; i < m; i++)
         pg_dequantize_row(emb->dtype, (const char *)emb->data + (size_t)ids[i] * emb->row_bytes,
                           out + i * emb->cols, emb->cols);
@@ -77,12 +115,55 @@ static void rope_rotate(float *x, int32_t hd, int32_t pos, const float *inv_freq
     }
 }
 
+// llama.cpp's rope angles advance by theta_scale = powf(base, -2/hd) per
+// pair; the loader's inv_freq[i] = base^(-2i/hd) (computed in double) gives
+// it as inv_freq[1] when the frequencies are plain powers (no rope
+// scaling). Returns 0 when they are not.
+static float compat_theta_scale(const float *inv_freq, int32_t half) {
+    if (half < 2 || inv_freq[0] != 1.0f) return 0.0f;
+    double ts = inv_freq[1];
+    for (int32_t i = 2; i < half; i++)
+        if (fabs(inv_freq[i] - pow(ts, i)) > 1e-5 * pow(ts, i)) return 0.0f;
+    return inv_freq[1];
+}
+
 static void cpu_rope_kv_write(pg_backend *b, float *q, float *k, const float *v, const int32_t *pos,
                               const int32_t *slots, int64_t m, int32_t n_heads,
-                              const float *inv_freq, float *k_cache, float *v_cache, pg_kv_shape kv) {
+                              const float *inv_freq, float *k_cache, float *v_cache,
+                              pg_kv_shape kv) {
     const int32_t hd = kv.head_dim, nkv = kv.n_kv_heads;
+    if (pg_cpu_attention_compat(b, hd)) {
+        // llama.cpp: ggml's rope (or, with scaled frequencies, ours), then K
+        // and V stored in an f16 cache; K in llama.cpp's dimension order
+        // (attention.c reads it so).
+        const float theta_scale = compat_theta_scale(inv_freq, hd / 2);
+        float cs[512];
+        size_t row = (size_t)nkv * (size_t)hd;
+        for (int64_t i = 0; i < m; i++) {
+            if (theta_scale != 0.0f) {
+                pg_lc_rope_cache(pos[i], theta_scale, hd / 2, cs);
+                for (int32_t h = 0; h < n_heads; h++)
+                    pg_lc_rope_row(q + (i * n_heads + h) * hd, hd / 2, cs);
+                for (int32_t h = 0; h < nkv; h++)
+                    pg_lc_rope_row(k + (i * nkv + h) * hd, hd / 2, cs);
+            } else {
+                for (int32_t h = 0; h < n_heads; h++)
+                    rope_rotate(q + (i * n_heads + h) * hd, hd, pos[i], inv_freq);
+                for (int32_t h = 0; h < nkv; h++)
+                    rope_rotate(k + (i * nkv + h) * hd, hd, pos[i], inv_freq);
+            }
+            float *kc = k_cache + (size_t)slots[i] * row, *vc = v_cache + (size_t)slots[i] * row;
+            const float *ki = k + (size_t)i * row, *vi = v + (size_t)i * row;
+            for (int32_t h = 0; h < nkv; h++)
+                for (int32_t d = 0; d < hd; d++)
+                    kc[h * hd + d] = pg_lc_f16(ki[h * hd + (d % 2 ? hd / 2 + d / 2 : d / 2)]);
+            for (size_t e = 0; e < row; e++) vc[e] = pg_lc_f16(vi[e]);
+        }
+        return;
+    }
     for (int64_t i = 0; i < m; i++) {
-        for (int32_t h = 0; h < n_heads; h++) rope_rotate(q + (i * n_heads + h) * hd, hd, pos[i], inv_freq);
+        for (int32_t h = 0; h < n_heads; h++)
+            rope_rotate(q + (i * n_heads + h) * hd, hd, pos[i], inv_freq);
         for (int32_t h = 0; h < nkv; h++) rope_rotate(k + (i * nkv + h) * hd, hd, pos[i], inv_freq);
         size_t row = (size_t)nkv * (size_t)hd;
         memcpy(k_cache + (size_t)slots[i] * row, k + (size_t)i * row, row * sizeof(float));
@@ -94,8 +175,10 @@ static void cpu_copy_blocks(pg_backend *b, float *k_cache, float *v_cache, pg_kv
                             const int32_t *from, const int32_t *to, int32_t n) {
     size_t block = (size_t)kv.block_size * (size_t)kv.n_kv_heads * (size_t)kv.head_dim;
     for (int32_t i = 0; i < n; i++) {
-        memcpy(k_cache + (size_t)to[i] * block, k_cache + (size_t)from[i] * block, block * sizeof(float));
-        memcpy(v_cache + (size_t)to[i] * block, v_cache + (size_t)from[i] * block, block * sizeof(float));
+        memcpy(k_cache + (size_t)to[i] * block, k_cache + (size_t)from[i] * block,
+               block * sizeof(float));
+        memcpy(v_cache + (size_t)to[i] * block, v_cache + (size_t)from[i] * block,
+               block * sizeof(float));
     }
 }
 
@@ -106,6 +189,7 @@ static void cpu_destroy(pg_backend *b) {
         for (int t = 0; t < c->n_threads; t++) free(c->scratch[t]);
         free(c->scratch);
         free(c->scratch_cap);
+        free(c->xq_mem);
         pg_pool_destroy(c->pool);
         free(c);
     }

@@ -1,12 +1,16 @@
 // kernels/cpu/matmul.c - out = x . W^T for weights in any storage type.
 //
-// Two paths, chosen by the number of activation rows m:
-//  - m small (decode): each weight row is dequantized block by block in
-//    registers and dotted with all m activation rows at once, so the weights
-//    (the dominant memory traffic) are read exactly once;
-//  - m large (prefill): panels of 64 weight rows are dequantized to f32 in
-//    per-thread scratch and multiplied with single-threaded OpenBLAS sgemm,
-//    the panels spread over the thread pool.
+// Two numerical modes (pg_backend.matmul_mode, kernels/kernels.h):
+//  - quantized activations (the default for Q4_0, Q4_1 and Q8_0 weights):
+//    x is quantized once per call to 8 bits per 32-element block and
+//    multiplied with integer dot products exactly as llama.cpp's CPU backend
+//    does (kernels/cpu/quant_dot.c), for every m;
+//  - exact f32 (every other type, or PG_MATMUL_EXACT): for m small (decode)
+//    each weight row is dequantized block by block in registers and dotted
+//    with all m activation rows at once, so the weights (the dominant memory
+//    traffic) are read exactly once; for m large (prefill) panels of 64
+//    weight rows are dequantized to f32 in per-thread scratch and multiplied
+//    with single-threaded OpenBLAS sgemm, the panels spread over the pool.
 #include <cblas.h>
 #include <string.h>
 
@@ -14,30 +18,40 @@
 #include "common/half.h"
 #include "engine/dtype.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/quant_dot.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define HAVE_AVX2 1
 #endif
 
-#define FUSED_MAX_M 8      // rows of x handled by the fused path
-#define ROWS_PER_TASK 16   // fused path: weight rows per task
-#define PANEL_ROWS 64      // sgemm path: weight rows dequantized per task
+#define FUSED_MAX_M 8  // rows of x handled by the fused exact path
+#define PANEL_ROWS  64 // sgemm path: weight rows dequantized per task
+// Task sizing (both row-split paths): about TASKS_PER_THREAD tasks per
+// thread so that a thread slowed down by another process does not hold the
+// whole call up, but no task under MIN_TASK_WORK units (one unit: 32 weight
+// elements times one activation row, a few ns), so that claiming a task
+// (an atomic on a shared line) stays small next to running it.
+#define TASKS_PER_THREAD 4
+#define MIN_TASK_WORK    4096
+// Quantize x on the pool only from this many 32-element blocks on (below,
+// a dispatch costs about what quantizing on the caller does).
+#define QUANT_PAR_BLOCKS 2048
 
 // --- block layouts (GGML) ----------------------------------------------------
+//
+// Blocks are packed byte arrays (Q4_0 is 18 bytes), so fields are read with
+// memcpy at byte offsets rather than through structs that would promise
+// 2-byte alignment.
+#define Q4_0_BYTES 18 // fp16 d, 16 bytes of nibbles
+#define Q4_1_BYTES 20 // fp16 d, fp16 m, 16 bytes of nibbles
+#define Q8_0_BYTES 34 // fp16 d, 32 int8
 
-typedef struct {
-    uint16_t d;
-    int8_t qs[32];
-} blk_q8_0;
-typedef struct {
-    uint16_t d;
-    uint8_t qs[16];
-} blk_q4_0;
-typedef struct {
-    uint16_t d, m;
-    uint8_t qs[16];
-} blk_q4_1;
+static inline uint16_t ld16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return h;
+}
 
 // --- fused dot products --------------------------------------------------------
 
@@ -64,12 +78,13 @@ static inline void unpack_q4(const uint8_t *qs, __m256 bias, __m256 v[4]) {
 
 static inline void unpack_q8(const int8_t *qs, __m256 v[4]) {
     for (int k = 0; k < 4; k++)
-        v[k] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * k))));
+        v[k] = _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * k))));
 }
 
 // acc[i] += scale * dot(v, x[i][0:32])
-static inline void fma_block(const __m256 v[4], __m256 scale, const float *x, int64_t m,
-                             int64_t ld, __m256 *acc) {
+static inline void fma_block(const __m256 v[4], __m256 scale, const float *x, int64_t m, int64_t ld,
+                             __m256 *acc) {
     for (int64_t i = 0; i < m; i++) {
         const float *xi = x + i * ld;
         __m256 s = _mm256_mul_ps(v[0], _mm256_loadu_ps(xi));
@@ -81,45 +96,50 @@ static inline void fma_block(const __m256 v[4], __m256 scale, const float *x, in
 }
 
 // F16C scalar conversion (x86-64-v3 has it); the portable one branches.
-static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
+static inline float f16(const uint8_t *p) {
+    return _cvtsh_ss(ld16(p));
+}
 
 // `xsum[i][b]` is the sum of x row i over block b, precomputed once per
 // matmul: the block minimum multiplies it.
-static void dot_q4_1(const blk_q4_1 *w, int64_t nb, const float *x, int64_t m, int64_t ld,
+static void dot_q4_1(const uint8_t *w, int64_t nb, const float *x, int64_t m, int64_t ld,
                      const float *xsum, float *out, int64_t os) {
     __m256 acc[FUSED_MAX_M];
     float msum[FUSED_MAX_M] = {0};
     for (int64_t i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();
     __m256 v[4];
     for (int64_t b = 0; b < nb; b++) {
-        unpack_q4(w[b].qs, _mm256_setzero_ps(), v);
-        fma_block(v, _mm256_set1_ps(f16(w[b].d)), x + b * 32, m, ld, acc);
-        float mn = f16(w[b].m);
+        const uint8_t *blk = w + b * Q4_1_BYTES;
+        unpack_q4(blk + 4, _mm256_setzero_ps(), v);
+        fma_block(v, _mm256_set1_ps(f16(blk)), x + b * 32, m, ld, acc);
+        float mn = f16(blk + 2);
         for (int64_t i = 0; i < m; i++) msum[i] += mn * xsum[i * nb + b];
     }
     for (int64_t i = 0; i < m; i++) out[i * os] = hsum8(acc[i]) + msum[i];
 }
 
-static void dot_q4_0(const blk_q4_0 *w, int64_t nb, const float *x, int64_t m, int64_t ld,
+static void dot_q4_0(const uint8_t *w, int64_t nb, const float *x, int64_t m, int64_t ld,
                      float *out, int64_t os) {
     __m256 acc[FUSED_MAX_M];
     for (int64_t i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();
     __m256 v[4];
     for (int64_t b = 0; b < nb; b++) {
-        unpack_q4(w[b].qs, _mm256_set1_ps(-8.0f), v);
-        fma_block(v, _mm256_set1_ps(f16(w[b].d)), x + b * 32, m, ld, acc);
+        const uint8_t *blk = w + b * Q4_0_BYTES;
+        unpack_q4(blk + 2, _mm256_set1_ps(-8.0f), v);
+        fma_block(v, _mm256_set1_ps(f16(blk)), x + b * 32, m, ld, acc);
     }
     for (int64_t i = 0; i < m; i++) out[i * os] = hsum8(acc[i]);
 }
 
-static void dot_q8_0(const blk_q8_0 *w, int64_t nb, const float *x, int64_t m, int64_t ld,
+static void dot_q8_0(const uint8_t *w, int64_t nb, const float *x, int64_t m, int64_t ld,
                      float *out, int64_t os) {
     __m256 acc[FUSED_MAX_M];
     for (int64_t i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();
     __m256 v[4];
     for (int64_t b = 0; b < nb; b++) {
-        unpack_q8(w[b].qs, v);
-        fma_block(v, _mm256_set1_ps(f16(w[b].d)), x + b * 32, m, ld, acc);
+        const uint8_t *blk = w + b * Q8_0_BYTES;
+        unpack_q8((const int8_t *)blk + 2, v);
+        fma_block(v, _mm256_set1_ps(f16(blk)), x + b * 32, m, ld, acc);
     }
     for (int64_t i = 0; i < m; i++) out[i * os] = hsum8(acc[i]);
 }
@@ -127,12 +147,14 @@ static void dot_q8_0(const blk_q8_0 *w, int64_t nb, const float *x, int64_t m, i
 // Plain types: 8 elements at a time, converted to f32 in registers.
 static inline __m256 load8(int dtype, const void *w, int64_t j) {
     switch (dtype) {
-    case PG_DTYPE_F32: return _mm256_loadu_ps((const float *)w + j);
+    case PG_DTYPE_F32:
+        return _mm256_loadu_ps((const float *)w + j);
     case PG_DTYPE_F16:
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + j)));
     default: // BF16: shift into the high half of an f32
         return _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + j))), 16));
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + j))),
+            16));
     }
 }
 
@@ -143,13 +165,15 @@ static void dot_plain(int dtype, const void *w, int64_t cols, const float *x, in
     int64_t j = 0;
     for (; j + 8 <= cols; j += 8) {
         __m256 wv = load8(dtype, w, j);
-        for (int64_t i = 0; i < m; i++) acc[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * ld + j), acc[i]);
+        for (int64_t i = 0; i < m; i++)
+            acc[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * ld + j), acc[i]);
     }
     float tail[FUSED_MAX_M] = {0};
     if (j < cols) {
         float buf[8];
         for (int64_t t = j; t < cols; t++) {
-            pg_dequantize_row(dtype, (const char *)w + (size_t)t * pg_dtype_block_bytes(dtype), buf, 1);
+            pg_dequantize_row(dtype, (const char *)w + (size_t)t * pg_dtype_block_bytes(dtype), buf,
+                              1);
             for (int64_t i = 0; i < m; i++) tail[i] += buf[0] * x[i * ld + t];
         }
     }
@@ -196,13 +220,22 @@ static void dot_rows(int dtype, const void *wrow, int64_t cols, const float *x, 
         float *oi = out + i0 * os;
 #ifdef HAVE_AVX2
         switch (dtype) {
-        case PG_DTYPE_Q4_1: dot_q4_1(wrow, cols / 32, xi, mm, ld, xsum + i0 * (cols / 32), oi, os); continue;
-        case PG_DTYPE_Q4_0: dot_q4_0(wrow, cols / 32, xi, mm, ld, oi, os); continue;
-        case PG_DTYPE_Q8_0: dot_q8_0(wrow, cols / 32, xi, mm, ld, oi, os); continue;
+        case PG_DTYPE_Q4_1:
+            dot_q4_1(wrow, cols / 32, xi, mm, ld, xsum + i0 * (cols / 32), oi, os);
+            continue;
+        case PG_DTYPE_Q4_0:
+            dot_q4_0(wrow, cols / 32, xi, mm, ld, oi, os);
+            continue;
+        case PG_DTYPE_Q8_0:
+            dot_q8_0(wrow, cols / 32, xi, mm, ld, oi, os);
+            continue;
         case PG_DTYPE_F32:
         case PG_DTYPE_F16:
-        case PG_DTYPE_BF16: dot_plain(dtype, wrow, cols, xi, mm, ld, oi, os); continue;
-        default: break;
+        case PG_DTYPE_BF16:
+            dot_plain(dtype, wrow, cols, xi, mm, ld, oi, os);
+            continue;
+        default:
+            break;
         }
 #endif
         dot_generic(dtype, wrow, cols, xi, mm, ld, oi, os);
@@ -229,13 +262,27 @@ typedef struct {
     const float *x;
     int64_t m;
     const pg_weight *w;
-    const float *xsum; // [m][cols / 32] for Q4_1
+    const float *xsum; // [m][cols / 32] for Q4_1 (exact fused path)
+    int64_t task_rows; // weight rows per task (row-split paths)
+    pg_xq *xq;         // quantized x (quantized path)
 } mm_job;
+
+// Weight rows per task, a multiple of `align`, for `rows` rows of
+// `work_per_row` units each (see TASKS_PER_THREAD).
+static int64_t task_rows(int64_t rows, int64_t work_per_row, int n_threads, int64_t align) {
+    int64_t per_thread = rows * work_per_row / ((int64_t)n_threads * MIN_TASK_WORK);
+    if (per_thread > TASKS_PER_THREAD) per_thread = TASKS_PER_THREAD;
+    if (per_thread < 1) per_thread = 1;
+    int64_t n_tasks = per_thread * n_threads;
+    int64_t per = (rows + n_tasks - 1) / n_tasks;
+    per = (per + align - 1) / align * align;
+    return per < rows ? per : rows;
+}
 
 static void fused_task(void *ctx, int64_t t, int thread) {
     mm_job *j = ctx;
     const pg_weight *w = j->w;
-    int64_t r0 = t * ROWS_PER_TASK, r1 = r0 + ROWS_PER_TASK < w->rows ? r0 + ROWS_PER_TASK : w->rows;
+    int64_t r0 = t * j->task_rows, r1 = r0 + j->task_rows < w->rows ? r0 + j->task_rows : w->rows;
     for (int64_t r = r0; r < r1; r++)
         dot_rows(w->dtype, (const char *)w->data + (size_t)r * w->row_bytes, w->cols, j->x, j->m,
                  w->cols, j->xsum, j->out + r, j->ldo);
@@ -255,14 +302,13 @@ static void panel_task(void *ctx, int64_t t, int thread) {
                               s + r * w->cols, w->cols);
         panel = s;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->m, (int)n, (int)w->cols, 1.0f, j->x,
-                (int)w->cols, panel, (int)w->cols, 0.0f, j->out + r0, (int)j->ldo);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->m, (int)n, (int)w->cols, 1.0f,
+                j->x, (int)w->cols, panel, (int)w->cols, 0.0f, j->out + r0, (int)j->ldo);
 }
 
-void pg_cpu_matmul(pg_backend *b, float *out, int64_t ldo, const float *x, int64_t m,
-                   const pg_weight *w) {
-    pg_cpu_ctx *c = pg_cpu(b);
-    mm_job j = {c, out, ldo, x, m, w, NULL};
+static void exact_matmul(pg_cpu_ctx *c, float *out, int64_t ldo, const float *x, int64_t m,
+                         const pg_weight *w) {
+    mm_job j = {.c = c, .out = out, .ldo = ldo, .x = x, .m = m, .w = w};
     if (m <= FUSED_MAX_M) {
         float xsum[FUSED_MAX_M * 1024];
         float *xs = NULL;
@@ -272,8 +318,66 @@ void pg_cpu_matmul(pg_backend *b, float *out, int64_t ldo, const float *x, int64
             block_sums(x, m, w->cols, w->cols, xs);
             j.xsum = xs;
         }
-        pg_pool_run(c->pool, (w->rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK, fused_task, &j);
+        int64_t units = (w->cols + 31) / 32 * m;
+        j.task_rows = task_rows(w->rows, units, c->n_threads, 4);
+        pg_pool_run(c->pool, (w->rows + j.task_rows - 1) / j.task_rows, fused_task, &j);
         if (xs && xs != xsum) free(xs);
     } else
         pg_pool_run(c->pool, (w->rows + PANEL_ROWS - 1) / PANEL_ROWS, panel_task, &j);
+}
+
+// --- quantized-activation path ---------------------------------------------------
+
+static void quant_x_task(void *ctx, int64_t t, int thread) {
+    mm_job *j = ctx;
+    int64_t i0 = t * j->task_rows, i1 = i0 + j->task_rows < j->m ? i0 + j->task_rows : j->m;
+    pg_xq_quantize(j->xq, j->x, j->w->cols, i0, i1);
+}
+
+static void quant_task(void *ctx, int64_t t, int thread) {
+    mm_job *j = ctx;
+    const pg_weight *w = j->w;
+    int64_t r0 = t * j->task_rows, r1 = r0 + j->task_rows < w->rows ? r0 + j->task_rows : w->rows;
+    size_t bytes = pg_qdot_scratch_bytes(w->dtype, w->cols);
+    void *scratch =
+        bytes ? pg_cpu_scratch(j->c, thread, (bytes + sizeof(float) - 1) / sizeof(float)) : NULL;
+    pg_qdot_rows(w->dtype, w->data, w->row_bytes, r0, r1, j->xq, j->out, j->ldo, scratch);
+}
+
+static void quant_matmul(pg_cpu_ctx *c, float *out, int64_t ldo, const float *x, int64_t m,
+                         const pg_weight *w) {
+    size_t need = pg_xq_bytes(m, w->cols);
+    if (c->xq_cap < need) {
+        free(c->xq_mem);
+        c->xq_mem = aligned_alloc(64, (need + 63) / 64 * 64);
+        PG_CHECK(c->xq_mem != NULL);
+        c->xq_cap = need;
+    }
+    pg_xq xq;
+    pg_xq_init(&xq, c->xq_mem, m, w->cols);
+    mm_job j = {.c = c, .out = out, .ldo = ldo, .x = x, .m = m, .w = w, .xq = &xq};
+    if (c->n_threads > 1 && m > 1 && m * xq.nb >= QUANT_PAR_BLOCKS) {
+        int64_t n = m < 2 * c->n_threads ? m : 2 * c->n_threads;
+        j.task_rows = (m + n - 1) / n;
+        pg_pool_run(c->pool, (m + j.task_rows - 1) / j.task_rows, quant_x_task, &j);
+    } else {
+        pg_xq_quantize(&xq, x, w->cols, 0, m);
+    }
+    // Multiples of 12 rows: whole tiles of the decode (4 rows) and batch
+    // (3 rows) kernels.
+    j.task_rows = task_rows(w->rows, xq.nb * m, c->n_threads, 12);
+    pg_pool_run(c->pool, (w->rows + j.task_rows - 1) / j.task_rows, quant_task, &j);
+}
+
+bool pg_cpu_matmul_quantizes(const pg_backend *b, int dtype) {
+    return b->matmul_mode != PG_MATMUL_EXACT && pg_qdot_supported(dtype);
+}
+
+void pg_cpu_matmul(pg_backend *b, float *out, int64_t ldo, const float *x, int64_t m,
+                   const pg_weight *w) {
+    if (m <= 0 || w->rows <= 0) return;
+    if (pg_cpu_matmul_quantizes(b, w->dtype))
+        quant_matmul(pg_cpu(b), out, ldo, x, m, w);
+    else
+        exact_matmul(pg_cpu(b), out, ldo, x, m, w);
 }

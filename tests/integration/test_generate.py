@@ -27,9 +27,12 @@ def test_paris():
 
 
 def test_chat_and_seed():
+    # The default (llama.cpp-compatible) numerics give llama.cpp's own greedy
+    # answer to this chat prompt, checked with llama-cpp-python 0.3.36.
     rc, out, err = generate("--chat", "--prompt", "What is the capital of France?", "--max-tokens", "16",
                             "--temperature", "0")
-    assert rc == 0 and "Paris" in out, (out, err)
+    assert rc == 0, err
+    assert out.startswith("L'Étoile, la Marseillaise, la femme,"), out
     runs = [generate("--prompt", "Once upon a time", "--max-tokens", "12", "--temperature", "1.0",
                      "--seed", "1234")[1] for _ in range(2)]
     other = generate("--prompt", "Once upon a time", "--max-tokens", "12", "--temperature", "1.0",

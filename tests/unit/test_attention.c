@@ -51,6 +51,7 @@ static void ref_attention(double *out, const float *q, const float *k, const flo
 static void check_config(int n_seqs, int n_heads, int n_kv, int hd, int bs, int max_ctx, uint64_t seed) {
     pg_backend *be;
     assert_int_equal(pg_backend_cpu_create(2, &be), 0);
+    be->matmul_mode = PG_MATMUL_EXACT; // the exact f32 path is the reference
     int blocks_per_seq = (max_ctx + bs - 1) / bs;
     int n_blocks = 1 + n_seqs * blocks_per_seq;
     pg_kv_shape kv = {n_blocks, bs, n_kv, hd};
@@ -113,6 +114,7 @@ static void test_attention_matches_dense_reference(void **state) {
 static void test_rope_kv_write(void **state) {
     pg_backend *be;
     assert_int_equal(pg_backend_cpu_create(1, &be), 0);
+    be->matmul_mode = PG_MATMUL_EXACT;
     const int m = 5, nh = 4, nkv = 2, hd = 8, bs = 4;
     pg_kv_shape kv = {4, bs, nkv, hd};
     float q[5 * 4 * 8], k[5 * 2 * 8], v[5 * 2 * 8], q0[5 * 4 * 8], k0[5 * 2 * 8];

@@ -1,0 +1,58 @@
+// kernels/cpu/quant_dot.h - matrix products with 8-bit quantized activations,
+// numerically llama.cpp's CPU backend (ggml-cpu) for GGUF block weights.
+//
+// llama.cpp never multiplies a quantized weight with an f32 activation: it
+// first quantizes each activation row per 32-element block to 8 bits
+// (Q8_0 for Q4_0 and Q8_0 weights, Q8_1 for Q4_1 weights), then takes
+// integer dot products block by block. These kernels do the same
+// arithmetic, operation by operation where it matters for rounding:
+//
+//   activation block x[32]:  amax = max |x|,  d = amax / 127  (f32),
+//       q[j] = round_half_even(x[j] * (127 / amax))  (0 when amax == 0),
+//       stored d16 = fp16(d),  s16 = fp16(d * sum(q))  (Q8_1 only)
+//   per weight block b, the 32 products summed as 8 int32 lanes of 4
+//       consecutive elements, lane[k] = sum_{e=4k..4k+3} w[e] * q[e],
+//   acc[k] = fma(f32(d_w) * f32(d16), (float)lane[k], acc[k])   (f32)
+//   result = ((acc0+acc4)+(acc2+acc6)) + ((acc1+acc5)+(acc3+acc7))
+//            + summs,  summs = fma(f32(m_w), f32(s16), summs) over blocks
+//            (Q4_1 only; Q4_1 weights are d_w * n + m_w with n in 0..15,
+//            Q4_0 are d_w * (n - 8), Q8_0 are d_w * q).
+//
+// That is how ggml's AVX2 quantize_row_q8_0/q8_1 and vec_dot_q4_0_q8_0,
+// vec_dot_q4_1_q8_1, vec_dot_q8_0_q8_0 (and llamafile's tinyBLAS for Q8_0)
+// compute on an x86-64-v3 machine; the scalar fallback here follows the same
+// rules, so both builds give the same bits.
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+// Activation rows quantized per 32-element block. Block-major, so that the
+// rows a kernel tile reads for one block are adjacent.
+typedef struct {
+    int64_t m;  // rows
+    int64_t nb; // 32-element blocks per row
+    int8_t *qs; // [nb][m][32]
+    float *d;   // [nb][m] scale, already rounded through fp16
+    float *s;   // [nb][m] d * sum(qs), rounded through fp16 (read for Q4_1)
+} pg_xq;
+
+// Bytes of memory pg_xq_init() needs for m rows of `cols` (a multiple of 32).
+size_t pg_xq_bytes(int64_t m, int64_t cols);
+// Lays xq out over `mem` (pg_xq_bytes(m, cols) bytes, 32-byte aligned).
+void pg_xq_init(pg_xq *xq, void *mem, int64_t m, int64_t cols);
+// Quantizes rows [i0, i1) of x (rows `ld` floats apart) into xq.
+void pg_xq_quantize(pg_xq *xq, const float *x, int64_t ld, int64_t i0, int64_t i1);
+
+// True when pg_qdot_rows() has a kernel for weights of this dtype.
+bool pg_qdot_supported(int dtype);
+
+// Bytes of scratch pg_qdot_rows() needs for rows of `cols` elements.
+size_t pg_qdot_scratch_bytes(int dtype, int64_t cols);
+
+// out[i * ldo + r] = dot(weight row r, activation row i) for r in [r0, r1)
+// and every row i of xq, where weight row r starts at w + r * row_bytes.
+// Single-threaded (the matmul splits rows over the pool); `scratch` holds
+// pg_qdot_scratch_bytes() bytes private to the calling thread.
+void pg_qdot_rows(int dtype, const void *w, size_t row_bytes, int64_t r0, int64_t r1,
+                  const pg_xq *xq, float *out, int64_t ldo, void *scratch);

@@ -1,0 +1,493 @@
+// tests/unit/test_cpu_matmul.c - the CPU matmul in both numerical modes
+// against plain references written here:
+//  (a) exact mode vs a double-precision dequantize-then-dot reference;
+//  (b) quantized-activation mode vs a scalar implementation of llama.cpp's
+//      arithmetic (8-bit activation blocks, integer block dots);
+//  (c) quantized vs exact, as a sanity bound on the quantization error;
+// plus the properties the kernels promise: the activation quantizer's exact
+// bits, results independent of threads and of how rows are tiled, and the
+// output stride.
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+// cmocka needs the headers above first.
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/half.h"
+#include "engine/dtype.h"
+#include "kernels/cpu/quant_dot.h"
+#include "kernels/kernels.h"
+
+// --- random data ---------------------------------------------------------------------
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint32_t rnd_u32(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+static float rnd_uniform(void) {
+    return ((float)rnd_u32() + 0.5f) / 4294967296.0f;
+}
+
+static float rnd_normal(void) {
+    float u = rnd_uniform(), v = rnd_uniform();
+    return sqrtf(-2.0f * logf(u)) * cosf(6.2831853f * v);
+}
+
+// Activations like a transformer's: normal, with a few large outliers so
+// that block scales differ a lot.
+static float *rnd_x(int64_t m, int64_t cols) {
+    float *x = malloc(sizeof(float) * (size_t)(m * cols));
+    for (int64_t i = 0; i < m * cols; i++) {
+        x[i] = rnd_normal();
+        if (rnd_u32() % 97 == 0) x[i] *= 20.0f;
+    }
+    return x;
+}
+
+// --- a small weight quantizer (formats of engine/dtype.h) ---------------------------------
+
+static void put16(uint8_t *p, uint16_t v) {
+    memcpy(p, &v, 2);
+}
+
+// One row of `cols` values into `dtype` blocks at `dst`. The quantized
+// types round to nearest like GGML's reference quantizers (the exact
+// choice does not matter: the tests dequantize what was written). The
+// K-quants get random code bytes under small random fp16 scales: every bit
+// pattern is a valid block.
+static void quantize_row(int dtype, const float *x, int64_t cols, uint8_t *dst) {
+    switch (dtype) {
+    case PG_DTYPE_F32:
+        memcpy(dst, x, sizeof(float) * (size_t)cols);
+        return;
+    case PG_DTYPE_F16:
+        for (int64_t j = 0; j < cols; j++) put16(dst + 2 * j, pg_f32_to_f16(x[j]));
+        return;
+    case PG_DTYPE_BF16:
+        for (int64_t j = 0; j < cols; j++) put16(dst + 2 * j, pg_f32_to_bf16(x[j]));
+        return;
+    case PG_DTYPE_Q8_0:
+        for (int64_t b = 0; b < cols / 32; b++, x += 32, dst += 34) {
+            float amax = 0;
+            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+            float d = amax / 127, id = d ? 1 / d : 0;
+            put16(dst, pg_f32_to_f16(d));
+            for (int j = 0; j < 32; j++) dst[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
+        }
+        return;
+    case PG_DTYPE_Q4_0:
+        for (int64_t b = 0; b < cols / 32; b++, x += 32, dst += 18) {
+            float amax = 0, mx = 0;
+            for (int j = 0; j < 32; j++)
+                if (fabsf(x[j]) > amax) amax = fabsf(x[j]), mx = x[j];
+            float d = mx / -8, id = d ? 1 / d : 0;
+            put16(dst, pg_f32_to_f16(d));
+            for (int j = 0; j < 16; j++) {
+                int lo = (int)(x[j] * id + 8.5f), hi = (int)(x[j + 16] * id + 8.5f);
+                lo = lo > 15 ? 15 : lo;
+                hi = hi > 15 ? 15 : hi;
+                dst[2 + j] = (uint8_t)(lo | hi << 4);
+            }
+        }
+        return;
+    case PG_DTYPE_Q4_1:
+        for (int64_t b = 0; b < cols / 32; b++, x += 32, dst += 20) {
+            float mn = x[0], mx = x[0];
+            for (int j = 1; j < 32; j++) mn = fminf(mn, x[j]), mx = fmaxf(mx, x[j]);
+            float d = (mx - mn) / 15, id = d ? 1 / d : 0;
+            put16(dst, pg_f32_to_f16(d));
+            put16(dst + 2, pg_f32_to_f16(mn));
+            for (int j = 0; j < 16; j++) {
+                int lo = (int)((x[j] - mn) * id + 0.5f), hi = (int)((x[j + 16] - mn) * id + 0.5f);
+                lo = lo > 15 ? 15 : lo;
+                hi = hi > 15 ? 15 : hi;
+                dst[4 + j] = (uint8_t)(lo | hi << 4);
+            }
+        }
+        return;
+    case PG_DTYPE_Q4_K:
+    case PG_DTYPE_Q5_K:
+    case PG_DTYPE_Q6_K: {
+        size_t bb = pg_dtype_block_bytes(dtype);
+        for (int64_t b = 0; b < cols / 256; b++, dst += bb) {
+            for (size_t k = 0; k < bb; k++) dst[k] = (uint8_t)rnd_u32();
+            uint16_t d = pg_f32_to_f16(0.002f + 0.004f * rnd_uniform());
+            if (dtype == PG_DTYPE_Q6_K) {
+                put16(dst + bb - 2, d);
+            } else {
+                put16(dst, d);
+                put16(dst + 2, pg_f32_to_f16(0.002f + 0.004f * rnd_uniform()));
+            }
+        }
+        return;
+    }
+    default:
+        fail_msg("no test quantizer for %s", pg_dtype_name(dtype));
+    }
+}
+
+typedef struct {
+    pg_weight w;
+    uint8_t *mem;
+    float *deq; // [rows][cols] what the weights dequantize to
+} test_weight;
+
+static test_weight make_weight(int dtype, int64_t rows, int64_t cols) {
+    test_weight t;
+    size_t rb = pg_dtype_row_bytes(dtype, cols);
+    assert_true(rb > 0);
+    t.mem = malloc(rb * (size_t)rows + 1);
+    t.deq = malloc(sizeof(float) * (size_t)(rows * cols));
+    // Rows of packed blocks start at odd addresses in real files (Q4_0 is
+    // 18 bytes a block): store them one byte off alignment.
+    uint8_t *data = t.mem + 1;
+    float *src = malloc(sizeof(float) * (size_t)cols);
+    for (int64_t r = 0; r < rows; r++) {
+        float scale = 0.02f * (1.0f + (float)(r % 7));
+        for (int64_t j = 0; j < cols; j++) src[j] = scale * rnd_normal();
+        quantize_row(dtype, src, cols, data + (size_t)r * rb);
+        pg_dequantize_row(dtype, data + (size_t)r * rb, t.deq + r * cols, cols);
+    }
+    free(src);
+    t.w = (pg_weight){.data = data, .dtype = dtype, .rows = rows, .cols = cols, .row_bytes = rb};
+    return t;
+}
+
+static void free_weight(test_weight *t) {
+    free(t->mem);
+    free(t->deq);
+}
+
+// --- references ------------------------------------------------------------------------
+
+// out[i][r] = sum_j deq[r][j] * x[i][j] in double.
+static double *ref_exact(const test_weight *t, const float *x, int64_t m) {
+    const int64_t rows = t->w.rows, cols = t->w.cols;
+    double *out = malloc(sizeof(double) * (size_t)(m * rows));
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t r = 0; r < rows; r++) {
+            double s = 0;
+            for (int64_t j = 0; j < cols; j++) s += (double)t->deq[r * cols + j] * x[i * cols + j];
+            out[i * rows + r] = s;
+        }
+    return out;
+}
+
+static float f16_round(float f) {
+    return pg_f16_to_f32(pg_f32_to_f16(f));
+}
+
+// llama.cpp's activation block (AVX2 quantize_row_q8_0 / q8_1): d = amax/127,
+// q = x * (127/amax) rounded half to even, d and d*sum(q) stored as fp16.
+static void ref_quantize_block(const float *x, int8_t *q, float *d, float *s) {
+    float amax = 0;
+    for (int j = 0; j < 32; j++)
+        if (fabsf(x[j]) > amax) amax = fabsf(x[j]);
+    float dd = amax / 127.0f;
+    float id = amax != 0 ? 127.0f / amax : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < 32; j++) {
+        float v = x[j] * id;
+        float fl = floorf(v), diff = v - fl;
+        int n = (int)fl;
+        if (diff > 0.5f || (diff == 0.5f && (n & 1))) n++; // half to even
+        q[j] = (int8_t)n;
+        sum += n;
+    }
+    *d = f16_round(dd);
+    *s = f16_round(dd * (float)sum);
+}
+
+static float rd_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return pg_f16_to_f32(h);
+}
+
+// Weight block b of row `w` as integers n[32] with scale *dw and (Q4_1) min
+// *mw: the block's values are dw * n + mw.
+static void ref_weight_block(int dtype, const uint8_t *w, int64_t b, int n[32], float *dw,
+                             float *mw) {
+    *mw = 0;
+    if (dtype == PG_DTYPE_Q8_0) {
+        const uint8_t *blk = w + b * 34;
+        *dw = rd_f16(blk);
+        for (int j = 0; j < 32; j++) n[j] = (int8_t)blk[2 + j];
+        return;
+    }
+    const uint8_t *blk = w + b * (dtype == PG_DTYPE_Q4_1 ? 20 : 18);
+    const uint8_t *qs = blk + (dtype == PG_DTYPE_Q4_1 ? 4 : 2);
+    int off = dtype == PG_DTYPE_Q4_1 ? 0 : 8;
+    *dw = rd_f16(blk);
+    if (dtype == PG_DTYPE_Q4_1) *mw = rd_f16(blk + 2);
+    for (int j = 0; j < 16; j++) {
+        n[j] = (qs[j] & 15) - off;
+        n[j + 16] = (qs[j] >> 4) - off;
+    }
+}
+
+// llama.cpp's quantized-activation product, plainly: per block the integer
+// dot, times the f32 product of the two scales, plus (Q4_1) the weight
+// minimum times the activation block's stored sum; accumulated in double.
+static double *ref_quant(const test_weight *t, const float *x, int64_t m) {
+    const int64_t rows = t->w.rows, cols = t->w.cols, nb = cols / 32;
+    double *out = malloc(sizeof(double) * (size_t)(m * rows));
+    int8_t q[32];
+    float dx, sx, dw, mw;
+    int n[32];
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t r = 0; r < rows; r++) {
+            double acc = 0;
+            const uint8_t *wr = (const uint8_t *)t->w.data + (size_t)r * t->w.row_bytes;
+            for (int64_t b = 0; b < nb; b++) {
+                ref_quantize_block(x + i * cols + b * 32, q, &dx, &sx);
+                ref_weight_block(t->w.dtype, wr, b, n, &dw, &mw);
+                int sumi = 0;
+                for (int j = 0; j < 32; j++) sumi += n[j] * q[j];
+                float scale = dw * dx;
+                acc += (double)scale * sumi + (double)mw * sx;
+            }
+            out[i * rows + r] = acc;
+        }
+    return out;
+}
+
+// ||got - ref|| / ||ref|| over the m x rows result (got rows `ldo` apart).
+static double rel_err(const float *got, int64_t ldo, const double *ref, int64_t m, int64_t rows) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t r = 0; r < rows; r++) {
+            double d = got[i * ldo + r] - ref[i * rows + r];
+            num += d * d;
+            den += ref[i * rows + r] * ref[i * rows + r];
+        }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+// --- harness ---------------------------------------------------------------------------
+
+static const int64_t test_ms[] = {1, 3, 8, 9, 17, 64};
+#define N_MS (sizeof test_ms / sizeof test_ms[0])
+
+static pg_backend *backend(int n_threads, pg_matmul_mode mode) {
+    pg_backend *b = NULL;
+    assert_int_equal(pg_backend_cpu_create(n_threads, &b), 0);
+    b->matmul_mode = mode;
+    return b;
+}
+
+// Runs the matmul into an output with a wider stride than the weight's
+// rows, and checks that the columns beyond stay untouched.
+static float *run_matmul(pg_backend *b, const test_weight *t, const float *x, int64_t m,
+                         int64_t *ldo) {
+    *ldo = t->w.rows + 5;
+    float *out = malloc(sizeof(float) * (size_t)(m * *ldo));
+    for (int64_t k = 0; k < m * *ldo; k++) out[k] = -12345.0f;
+    b->matmul(b, out, *ldo, x, m, &t->w);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t r = t->w.rows; r < *ldo; r++) assert_true(out[i * *ldo + r] == -12345.0f);
+    return out;
+}
+
+typedef struct {
+    int64_t rows, cols;
+} shape;
+
+static void check_dtype(int dtype, const shape *shapes, int n_shapes) {
+    pg_backend *exact = backend(2, PG_MATMUL_EXACT);
+    pg_backend *quant = backend(2, PG_MATMUL_QUANT_ACT);
+    const bool has_quant = pg_qdot_supported(dtype);
+    for (int s = 0; s < n_shapes; s++) {
+        test_weight t = make_weight(dtype, shapes[s].rows, shapes[s].cols);
+        for (size_t k = 0; k < N_MS; k++) {
+            const int64_t m = test_ms[k], rows = t.w.rows;
+            float *x = rnd_x(m, t.w.cols);
+            int64_t ldo;
+            double *ref = ref_exact(&t, x, m);
+            float *got = run_matmul(exact, &t, x, m, &ldo);
+            double e = rel_err(got, ldo, ref, m, rows);
+            if (getenv("PG_TEST_VERBOSE"))
+                printf("  %-5s %5lldx%-5lld m=%-3lld exact %.2e", pg_dtype_name(dtype),
+                       (long long)rows, (long long)t.w.cols, (long long)m, e);
+            if (e >= 1e-5)
+                fail_msg("%s %lldx%lld m=%lld: exact rel err %g", pg_dtype_name(dtype),
+                         (long long)rows, (long long)t.w.cols, (long long)m, e);
+            if (has_quant) {
+                double *qref = ref_quant(&t, x, m);
+                float *qgot = run_matmul(quant, &t, x, m, &ldo);
+                double eq = rel_err(qgot, ldo, qref, m, rows);
+                double ex = rel_err(qgot, ldo, ref, m, rows);
+                if (getenv("PG_TEST_VERBOSE")) printf("  quant %.2e  quant-vs-exact %.2e", eq, ex);
+                if (eq >= 1e-6)
+                    fail_msg("%s %lldx%lld m=%lld: quantized rel err %g", pg_dtype_name(dtype),
+                             (long long)rows, (long long)t.w.cols, (long long)m, eq);
+                if (ex >= 2e-2)
+                    fail_msg("%s %lldx%lld m=%lld: quantized vs exact %g", pg_dtype_name(dtype),
+                             (long long)rows, (long long)t.w.cols, (long long)m, ex);
+                free(qref);
+                free(qgot);
+            } else {
+                // Without a kernel the quantized mode falls back to exact.
+                float *qgot = run_matmul(quant, &t, x, m, &ldo);
+                assert_memory_equal(qgot, got, sizeof(float) * (size_t)(m * ldo));
+                free(qgot);
+            }
+            if (getenv("PG_TEST_VERBOSE")) printf("\n");
+            free(ref);
+            free(got);
+            free(x);
+        }
+        free_weight(&t);
+    }
+    exact->destroy(exact);
+    quant->destroy(quant);
+}
+
+// Rows not a multiple of the tile height (4) and of the task size, and
+// column counts from one block up.
+static const shape shapes_32[] = {{37, 96}, {64, 576}, {130, 32}, {16, 1536}};
+static const shape shapes_256[] = {{37, 256}, {20, 768}};
+
+static void test_q4_0_both_modes_match_references(void **state) {
+    check_dtype(PG_DTYPE_Q4_0, shapes_32, 4);
+}
+static void test_q4_1_both_modes_match_references(void **state) {
+    check_dtype(PG_DTYPE_Q4_1, shapes_32, 4);
+}
+static void test_q8_0_both_modes_match_references(void **state) {
+    check_dtype(PG_DTYPE_Q8_0, shapes_32, 4);
+}
+static void test_q4_k_exact_matches_reference(void **state) {
+    check_dtype(PG_DTYPE_Q4_K, shapes_256, 2);
+}
+static void test_q5_k_exact_matches_reference(void **state) {
+    check_dtype(PG_DTYPE_Q5_K, shapes_256, 2);
+}
+static void test_q6_k_exact_matches_reference(void **state) {
+    check_dtype(PG_DTYPE_Q6_K, shapes_256, 2);
+}
+static void test_plain_types_exact_match_reference(void **state) {
+    static const shape s[] = {{37, 96}, {64, 100}};
+    check_dtype(PG_DTYPE_F32, s, 2);
+    check_dtype(PG_DTYPE_F16, s, 2);
+    check_dtype(PG_DTYPE_BF16, s, 2);
+}
+
+// The quantizer's bits, including ties (x * 127/amax exactly k + 0.5 rounds
+// to even), an all-zero block and a block of one sign.
+static void test_activation_quantizer_matches_llama_cpp_rules(void **state) {
+    enum { M = 5, COLS = 96 };
+    float *x = rnd_x(M, COLS);
+    // Row 1, block 0: amax 127, so x * 127/amax = x and halves are ties.
+    for (int j = 0; j < 32; j++) x[COLS + j] = (float)(j - 16) + 0.5f;
+    x[COLS + 31] = 127.0f;
+    for (int j = 32; j < 64; j++) x[COLS + j] = 0.0f;             // row 1, block 1: zeros
+    for (int j = 64; j < 96; j++) x[COLS + j] = 0.25f + (float)j; // row 1, block 2: positive
+    void *mem = aligned_alloc(64, (pg_xq_bytes(M, COLS) + 63) / 64 * 64);
+    pg_xq xq;
+    pg_xq_init(&xq, mem, M, COLS);
+    pg_xq_quantize(&xq, x, COLS, 0, 2);
+    pg_xq_quantize(&xq, x, COLS, 2, M);
+    for (int i = 0; i < M; i++)
+        for (int b = 0; b < COLS / 32; b++) {
+            int8_t q[32];
+            float d, s;
+            ref_quantize_block(x + i * COLS + b * 32, q, &d, &s);
+            assert_memory_equal(xq.qs + (b * M + i) * 32, q, 32);
+            assert_true(xq.d[b * M + i] == d);
+            assert_true(xq.s[b * M + i] == s);
+        }
+    assert_int_equal(xq.qs[(0 * M + 1) * 32 + 0], -16); // -15.5 -> -16 (even)
+    assert_int_equal(xq.qs[(0 * M + 1) * 32 + 1], -14); // -14.5 -> -14
+    assert_int_equal(xq.qs[(0 * M + 1) * 32 + 16], 0);  // 0.5 -> 0
+    assert_int_equal(xq.qs[(0 * M + 1) * 32 + 17], 2);  // 1.5 -> 2
+    assert_true(xq.d[1 * M + 1] == 0.0f && xq.s[1 * M + 1] == 0.0f);
+    free(mem);
+    free(x);
+}
+
+// Each output element depends only on its weight row and activation row:
+// the same whatever the thread count, the batch size it came in (tiles of
+// 1..4 activation rows, 1..4 weight rows) and the rows around it.
+static void test_quantized_results_independent_of_threads_and_tiling(void **state) {
+    static const int dtypes[] = {PG_DTYPE_Q4_0, PG_DTYPE_Q4_1, PG_DTYPE_Q8_0};
+    pg_backend *b1 = backend(1, PG_MATMUL_QUANT_ACT), *b3 = backend(3, PG_MATMUL_QUANT_ACT);
+    for (size_t k = 0; k < 3; k++) {
+        const int64_t m = 70, rows = 203, cols = 192;
+        test_weight t = make_weight(dtypes[k], rows, cols);
+        float *x = rnd_x(m, cols);
+        int64_t ldo;
+        float *all1 = run_matmul(b1, &t, x, m, &ldo);
+        float *all3 = run_matmul(b3, &t, x, m, &ldo);
+        assert_memory_equal(all1, all3, sizeof(float) * (size_t)(m * ldo));
+        for (int64_t i0 = 0; i0 < m; i0 += 1 + i0 % 5) {
+            int64_t n = 1 + i0 % 5 < m - i0 ? 1 + i0 % 5 : m - i0;
+            float *part = run_matmul(b3, &t, x + i0 * cols, n, &ldo);
+            assert_memory_equal(part, all1 + i0 * ldo, sizeof(float) * (size_t)(n * ldo));
+            free(part);
+        }
+        // A sub-matrix of weight rows starting at an odd row.
+        test_weight sub = t;
+        sub.w.data = (const uint8_t *)t.w.data + 3 * t.w.row_bytes;
+        sub.w.rows = 5;
+        float *few = run_matmul(b1, &sub, x, m, &ldo);
+        for (int64_t i = 0; i < m; i++)
+            assert_memory_equal(few + i * ldo, all1 + i * (rows + 5) + 3, sizeof(float) * 5);
+        free(few);
+        free(all1);
+        free(all3);
+        free(x);
+        free_weight(&t);
+    }
+    b1->destroy(b1);
+    b3->destroy(b3);
+}
+
+// PG_MATMUL_DEFAULT quantizes on the CPU; the names round-trip.
+static void test_mode_default_is_quantized_and_names_parse(void **state) {
+    test_weight t = make_weight(PG_DTYPE_Q4_1, 40, 128);
+    float *x = rnd_x(3, 128);
+    pg_backend *d = backend(2, PG_MATMUL_DEFAULT), *q = backend(2, PG_MATMUL_QUANT_ACT);
+    int64_t ldo;
+    float *a = run_matmul(d, &t, x, 3, &ldo), *c = run_matmul(q, &t, x, 3, &ldo);
+    assert_memory_equal(a, c, sizeof(float) * (size_t)(3 * ldo));
+    pg_matmul_mode mode;
+    static const pg_matmul_mode all[] = {PG_MATMUL_DEFAULT, PG_MATMUL_EXACT, PG_MATMUL_QUANT_ACT};
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(pg_matmul_mode_parse(pg_matmul_mode_name(all[k]), &mode), 0);
+        assert_int_equal(mode, all[k]);
+    }
+    assert_true(pg_matmul_mode_parse("fast", &mode) < 0);
+    free(a);
+    free(c);
+    free(x);
+    free_weight(&t);
+    d->destroy(d);
+    q->destroy(q);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_activation_quantizer_matches_llama_cpp_rules),
+        cmocka_unit_test(test_q4_0_both_modes_match_references),
+        cmocka_unit_test(test_q4_1_both_modes_match_references),
+        cmocka_unit_test(test_q8_0_both_modes_match_references),
+        cmocka_unit_test(test_q4_k_exact_matches_reference),
+        cmocka_unit_test(test_q5_k_exact_matches_reference),
+        cmocka_unit_test(test_q6_k_exact_matches_reference),
+        cmocka_unit_test(test_plain_types_exact_match_reference),
+        cmocka_unit_test(test_quantized_results_independent_of_threads_and_tiling),
+        cmocka_unit_test(test_mode_default_is_quantized_and_names_parse),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
