@@ -256,6 +256,10 @@ def main():
     if not os.path.exists(path) or open(path).read() != text:
         with open(path, "w") as f:
             f.write(text)
+    else:
+        # Unchanged, but ninja asked (the generator looked newer, as after a
+        # fresh clone): touch it, or ninja would ask again forever.
+        os.utime(path)
     return 0
 
 
