@@ -171,9 +171,13 @@ static int load_json(const char *path, cJSON **out) {
     return 0;
 }
 
-int pg_config_from_hf_dir(const char *dir, pg_model_config *c) {
+// config.json at `config_path`; generation_config.json at `gen_path` when
+// that file exists (NULL: none); `name` names the model; `where` prefixes
+// validation errors.
+static int config_from_hf(const char *config_path, const char *gen_path, const char *name,
+                          const char *where, pg_model_config *c) {
     config_defaults(c);
-    char *path = pg_path_join(dir, "config.json");
+    char *path = pg_xstrdup(config_path);
     cJSON *j = NULL;
     int rc = load_json(path, &j);
     if (rc < 0) goto out;
@@ -185,8 +189,7 @@ int pg_config_from_hf_dir(const char *dir, pg_model_config *c) {
         goto out;
     }
     snprintf(c->arch, sizeof c->arch, "llama");
-    const char *base = strrchr(dir, '/');
-    snprintf(c->name, sizeof c->name, "%s", base && base[1] ? base + 1 : dir);
+    snprintf(c->name, sizeof c->name, "%s", name);
     if ((rc = json_int(j, "vocab_size", &c->vocab_size, true, path)) < 0 ||
         (rc = json_int(j, "hidden_size", &c->hidden, true, path)) < 0 ||
         (rc = json_int(j, "num_hidden_layers", &c->n_layers, true, path)) < 0 ||
@@ -233,8 +236,8 @@ int pg_config_from_hf_dir(const char *dir, pg_model_config *c) {
     // generation_config.json is optional: it overrides eos ids and gives
     // default sampling parameters.
     free(path);
-    path = pg_path_join(dir, "generation_config.json");
-    if (pg_file_exists(path)) {
+    path = gen_path ? pg_xstrdup(gen_path) : NULL;
+    if (path && pg_file_exists(path)) {
         if ((rc = load_json(path, &j)) < 0) goto out;
         json_eos(j, c);
         json_float(j, "temperature", &c->default_temperature, path);
@@ -242,11 +245,31 @@ int pg_config_from_hf_dir(const char *dir, pg_model_config *c) {
         json_int(j, "top_k", &c->default_top_k, false, path);
     }
     rc = pg_config_validate(c);
-    if (rc < 0) pg_err_wrap(rc, "%s: ", dir);
+    if (rc < 0) pg_err_wrap(rc, "%s: ", where);
 out:
     cJSON_Delete(j);
     free(path);
     return rc;
+}
+
+int pg_config_from_hf_dir(const char *dir, pg_model_config *c) {
+    char *path = pg_path_join(dir, "config.json"), *gen = pg_path_join(dir, "generation_config.json");
+    const char *base = strrchr(dir, '/');
+    int rc = config_from_hf(path, gen, base && base[1] ? base + 1 : dir, dir, c);
+    free(path);
+    free(gen);
+    return rc;
+}
+
+int pg_config_from_hf_file(const char *config_path, pg_model_config *c) {
+    // The name: the file's base name without ".json" ("llama3-8b-shape").
+    const char *base = strrchr(config_path, '/');
+    base = base && base[1] ? base + 1 : config_path;
+    char name[128];
+    snprintf(name, sizeof name, "%s", base);
+    size_t n = strlen(name);
+    if (n > 5 && !strcmp(name + n - 5, ".json")) name[n - 5] = 0;
+    return config_from_hf(config_path, NULL, name, config_path, c);
 }
 
 int pg_config_validate(const pg_model_config *c) {

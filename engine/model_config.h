@@ -43,6 +43,9 @@ typedef struct pg_model_config {
 int pg_config_from_gguf(const struct gguf_file *f, pg_model_config *c);
 // `dir` holds config.json and optionally generation_config.json.
 int pg_config_from_hf_dir(const char *dir, pg_model_config *c);
+// The same from a config.json file anywhere (no generation_config.json);
+// the model is named after the file (without ".json").
+int pg_config_from_hf_file(const char *config_path, pg_model_config *c);
 // Checks shapes are consistent (heads divide hidden, GQA ratio integral...).
 int pg_config_validate(const pg_model_config *c);
 // Fills inv_freq[rope_dim / 2] with the rotary inverse frequencies,

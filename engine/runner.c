@@ -22,6 +22,8 @@ struct pg_runner {
     pg_seq_output *outs;    // [cap_seqs]
 };
 
+const float *pg_runner_last_logits(const pg_runner *r) { return r->logits; }
+
 size_t pg_runner_kv_bytes_per_block(const pg_llama *model, int32_t block_size) {
     return pg_kv_cache_bytes_per_block(&model->cfg, block_size);
 }

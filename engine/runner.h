@@ -27,5 +27,10 @@ void pg_runner_free(pg_runner *r);
 // call. Fails only on an invalid plan (token or block id out of range).
 int pg_runner_execute(pg_runner *r, const pg_batch_plan *plan, pg_step_output *out);
 
+// For tests: the f32 logits of the last step's sampled sequences, in plan
+// order, [n][vocab], as the sampler left them (penalties and bans applied in
+// place); NULL before the first step.
+const float *pg_runner_last_logits(const pg_runner *r);
+
 // Bytes of KV memory per block (device) for planning the pool size.
 size_t pg_runner_kv_bytes_per_block(const pg_llama *model, int32_t block_size);

@@ -5,8 +5,9 @@ Run after adding or removing a source file: `python3 tools/gen_build.py`.
 `--check` exits non-zero when build.ninja is stale (the test runner calls it).
 
 Conventions the generator relies on (docs/build.md):
-  common/ kvpool/ scheduler/ kernels/cpu/ engine/ server/ *.c -> build/libpaged.a
-      (server/main.c is the CLI entry and is linked only into build/paged)
+  common/ kvpool/ scheduler/ kernels/cpu/ kernels/cuda/ engine/ server/ *.c -> build/libpaged.a
+      (server/main.c is the CLI entry and is linked only into build/paged;
+      kernels/cuda/cuda_stub.c is the CUDA model ABI of a build without CUDA)
   kernels/cuda/*.cu  -> compiled by tools/nvcc_or_stub.sh: real CUDA objects
       where nvcc exists, an empty object elsewhere (the CPU build still links)
   tests/unit/test_*.c -> build/tests/test_* (cmocka), and the same under
@@ -16,6 +17,11 @@ Conventions the generator relies on (docs/build.md):
       driver, gcc) and build/fuzz/libfuzzer_* (clang -fsanitize=fuzzer,
       `ninja fuzz-libfuzzer`)
   bench/*.c -> build/bench/*
+  build/paged links build/rel/libpaged_cuda.a whole and before libpaged.a,
+      so real CUDA objects (where nvcc built them) win over the stubs; every
+      other program gets the stubs ("built without CUDA")
+  tests/gpu/test_*.c -> build/gpu/test_* (C programs over libpaged and the
+      CUDA archive, linked like build/paged; tests/gpu/run_gpu_tests.sh)
   tests/gpu/test_*.cu, bench/bench_cuda_*.cu -> build/gpu/* (standalone GPU
       programs: nvcc links them with the CUDA archive, common/err.o and, for
       tests, engine/sampler.o, and only libcublasLt dynamically; without nvcc
@@ -25,7 +31,7 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LIB_DIRS = ["common", "kvpool", "scheduler", "kernels/cpu", "engine", "server"]
+LIB_DIRS = ["common", "kvpool", "scheduler", "kernels/cpu", "kernels/cuda", "engine", "server"]
 LLHTTP_DIR = "/usr/share/llhttp"
 LLHTTP_SRCS = ["api.c", "http.c", "llhttp.c"]
 
@@ -54,6 +60,7 @@ def generate():
     fuzz_targets = sources("tests/fuzz", prefix="fuzz_")
     bench_srcs = sources("bench")
     gpu_prog_srcs = sources("tests/gpu", ".cu", prefix="test_") + sources("bench", ".cu", prefix="bench_cuda_")
+    gpu_c_tests = sources("tests/gpu", ".c", prefix="test_")
 
     out = []
     w = out.append
@@ -92,6 +99,11 @@ def generate():
     w("  description = AR $out")
     w("rule link")
     w("  command = $cc $extra -pthread -o $out $in $libs $$(tools/cuda_libs.sh $cudaobjs)")
+    w("  description = LINK $out")
+    w("# Programs that run the engine on the GPU: the CUDA archive whole and first,")
+    w("# so its objects replace kernels/cuda/cuda_stub.c (which stays in libpaged.a).")
+    w("rule link_cuda")
+    w("  command = $cc $extra -pthread -o $out $objs -Wl,--whole-archive $cudaobjs -Wl,--no-whole-archive $archives $libs $$(tools/cuda_libs.sh $cudaobjs)")
     w("  description = LINK $out")
     w("rule clang_cc")
     w("  command = $clang -MMD -MF $out.d -std=c11 -D_GNU_SOURCE -O1 -g -march=x86-64-v3 $incs -fsanitize=fuzzer-no-link,address,undefined -c $in -o $out")
@@ -147,7 +159,9 @@ def generate():
 
     main_o = obj("server/main.c", "rel")
     w(f"build {main_o}: cc server/main.c")
-    w(f"build build/paged: link {main_o} {libs['rel']} {cuda_lib}")
+    w(f"build build/paged: link_cuda {main_o} {libs['rel']} {cuda_lib}")
+    w(f"  objs = {main_o}")
+    w(f"  archives = {libs['rel']}")
     w(f"  cudaobjs = {cuda_lib}")
     defaults.append("build/paged")
     # The same binary under AddressSanitizer + UBSan, for the server's HTTP
@@ -231,6 +245,16 @@ def generate():
             support.append(obj("engine/sampler.c", "rel"))
         b = f"build/gpu/{name}"
         w(f"build {b}: nvcc_link {o} {cuda_lib} {' '.join(support)} | tools/nvcc_or_stub.sh")
+        gpu_bins.append(b)
+    for s in gpu_c_tests:
+        name = os.path.splitext(os.path.basename(s))[0]
+        o = obj(s, "rel")
+        w(f"build {o}: cc {s}")
+        b = f"build/gpu/{name}"
+        w(f"build {b}: link_cuda {o} {libs['rel']} {cuda_lib}")
+        w(f"  objs = {o}")
+        w(f"  archives = {libs['rel']}")
+        w(f"  cudaobjs = {cuda_lib}")
         gpu_bins.append(b)
     defaults += gpu_bins
 

@@ -6,13 +6,51 @@
 # fails. On a machine without a GPU it prints a visible skip line and exits
 # 0, so CI (no GPU) passes through it.
 #
-#   tests/gpu/run_gpu_tests.sh            all checks
-#   tests/gpu/run_gpu_tests.sh -k decode  only kernel cases whose name contains "decode"
+#   tests/gpu/run_gpu_tests.sh                 all checks
+#   tests/gpu/run_gpu_tests.sh -k decode       only kernel cases whose name contains "decode"
+#   tests/gpu/run_gpu_tests.sh --skip-kernels  checks 2-4 only
 #
 # Checks, in order (later additions go at the end):
 #   1. build/gpu/test_cuda_kernels: every CUDA kernel against its CPU reference.
+#   2. build/gpu/test_cuda_runner: the CUDA runner against the CPU runner
+#      (--matmul-mode exact) on two random models written here by
+#      tests/gpu/make_random_model.py (head_dim 64 bf16 weights; head_dim 128
+#      f32 weights, tied embeddings, odd vocabulary), step by step.
+#   3. paged generate --device cuda against --device cpu: greedy texts of
+#      8 prompts through the whole engine (scheduler, runner, sampler). bf16
+#      against f32 flips a greedy pick wherever the top two logits are
+#      closer than the rounding (a few percent of tokens on a random model),
+#      and a flip changes the rest of the text, so this compares the start
+#      of each text (16 characters, a few tokens) and reports how much
+#      agrees; check 2 is the exact one.
+#   4. paged serve --device cuda driven with curl: /health, a completion,
+#      /metrics (device memory categories).
+# Programs come from build/gpu-pack/ (tools/pack_gpu.sh; its .tar.xz is
+# unpacked here when only the archive was carried), else build/.
+# Logs and JSON go to $OUT (the device tool's folder) or /tmp/paged-gpu.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
+skip_kernels=0
+if [ "${1:-}" = "--skip-kernels" ]; then
+    skip_kernels=1
+    shift
+fi
+out_dir=${OUT:-/tmp/paged-gpu}
+mkdir -p "$out_dir"
+if [ -f build/gpu-pack.tar.xz ] && [ ! -x build/gpu-pack/paged ]; then
+    tar -C build -xJf build/gpu-pack.tar.xz || exit 1
+fi
+if [ -d build/gpu-pack ]; then
+    mkdir -p build/gpu
+    for b in test_cuda_kernels bench_cuda_attention; do
+        [ -x build/gpu/$b ] && ! head -c 2 build/gpu/$b | grep -q '#!' || cp build/gpu-pack/$b build/gpu/$b
+    done
+fi
+# Programs linked against the pack's lib/ (rpath $ORIGIN/lib) run from there.
+PAGED=${PAGED:-build/paged}
+RUNNER_TEST=${RUNNER_TEST:-build/gpu/test_cuda_runner}
+[ -x build/gpu-pack/paged ] && PAGED=build/gpu-pack/paged
+[ -x build/gpu-pack/test_cuda_runner ] && RUNNER_TEST=build/gpu-pack/test_cuda_runner
 
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
     echo "skipped: no GPU on this machine (nvidia-smi lists none); GPU checks not run"
@@ -22,7 +60,9 @@ nvidia-smi -L
 
 # The binaries are built on the CPU machine and carried, or built here.
 need_build=0
-for b in build/gpu/test_cuda_kernels build/gpu/bench_cuda_attention; do
+progs="build/gpu/test_cuda_kernels build/gpu/bench_cuda_attention $RUNNER_TEST"
+[ $skip_kernels = 1 ] && progs="$RUNNER_TEST"
+for b in $progs; do
     [ -x "$b" ] && ! head -c 2 "$b" | grep -q '#!' || need_build=1
     # Built against a newer C library than this machine has: rebuild here.
     [ -x "$b" ] && ldd "$b" 2>&1 | grep -q "GLIBC.*not found" && need_build=1 && rm -f "$b"
@@ -64,7 +104,101 @@ run() {
     fi
 }
 
-run kernels build/gpu/test_cuda_kernels "$@"
+summary=""
+note() { summary="$summary$1\n"; }
 
+# --- 1. kernels -------------------------------------------------------------------------
+if [ $skip_kernels = 0 ]; then
+    run kernels build/gpu/test_cuda_kernels "$@"
+    note "kernels: $([ $fail = 0 ] && echo pass || echo FAIL)"
+fi
+
+# --- 2. CUDA runner vs CPU runner --------------------------------------------------------
+m64=/tmp/paged-m64 m128=/tmp/paged-m128
+python3 tests/gpu/make_random_model.py $m64 --hidden 512 --heads 8 --kv-heads 2 --layers 4 --ffn 1536 \
+    --vocab 1000 --dtype bf16 || fail=1
+python3 tests/gpu/make_random_model.py $m128 --hidden 512 --heads 4 --kv-heads 1 --layers 3 --ffn 1024 \
+    --vocab 1003 --dtype f32 --tie --seed 2 || fail=1
+f0=$fail
+run runner-hd64-bf16 "$RUNNER_TEST" $m64 --json "$out_dir/runner_hd64.json"
+note "runner hd64 bf16: $(tail -c 300 "$out_dir/runner_hd64.json" 2>/dev/null | tr -d '\n')"
+# f32 weights: the GPU rounds them to bf16, the CPU keeps f32 (a looser bound).
+run runner-hd128-f32 "$RUNNER_TEST" $m128 --tol 3e-2 --json "$out_dir/runner_hd128.json"
+note "runner hd128 f32: $(tail -c 300 "$out_dir/runner_hd128.json" 2>/dev/null | tr -d '\n')"
+
+# --- 3. the whole engine: generate on both devices ----------------------------------------
+prompts=/tmp/paged-prompts.jsonl
+python3 - "$prompts" <<'PY'
+import json, sys
+texts = ["Hello, world", "The quick brown fox", "Once upon a time", "1 2 3 4 5", "GPU vs CPU",
+         "paged attention", "a", "The capital of France is"]
+with open(sys.argv[1], "w") as f:
+    for i, t in enumerate(texts):
+        f.write(json.dumps({"prompt": t, "max_tokens": 24 + 8 * i, "temperature": 0, "ignore_eos": True}) + "\n")
+PY
+"$PAGED" generate --model $m64 --device cpu --matmul-mode exact --prompts-file $prompts >/tmp/paged-gen-cpu.jsonl 2>/tmp/paged-gen-cpu.log
+"$PAGED" generate --model $m64 --device cuda --prompts-file $prompts >/tmp/paged-gen-cuda.jsonl 2>/tmp/paged-gen-cuda.log
+rc=$?
+cat /tmp/paged-gen-cuda.log
+echo "== generate: cpu vs cuda"
+same=$(python3 - <<'PY'
+import json
+a = [json.loads(l) for l in open("/tmp/paged-gen-cpu.jsonl")]
+b = [json.loads(l) for l in open("/tmp/paged-gen-cuda.jsonl")]
+import os
+ok = sum(1 for x, y in zip(a, b) if x.get("text", "")[:16] == y.get("text", "")[:16] and "error" not in y)
+same = sum(1 for x, y in zip(a, b) if x.get("text") == y.get("text") and "error" not in y)
+pre = [len(os.path.commonprefix([x.get("text", ""), y.get("text", "")])) / max(1, len(x.get("text", "")))
+       for x, y in zip(a, b)]
+print(f"{ok}/{len(a)} (whole texts identical {same}/{len(a)}, mean common prefix {100 * sum(pre) / max(1, len(pre)):.0f}%)"
+      if len(a) == len(b) == 8 else f"0/{len(a)} (cuda gave {len(b)} results)")
+PY
+)
+echo "greedy texts with the same first 16 characters: $same"
+if [ $rc -ne 0 ] || [ "${same%%/*}" -lt 6 ]; then
+    echo "FAIL: generate (exit $rc, identical $same)"
+    fail=1
+else
+    echo "PASS: generate"
+fi
+note "generate cpu vs cuda: same first 16 characters $same (exit $rc)"
+
+# --- 4. the HTTP server on the GPU ----------------------------------------------------------
+port=18093
+"$PAGED" serve --model $m64 --device cuda --host 127.0.0.1 --port $port >/tmp/paged-serve.log 2>&1 &
+spid=$!
+up=0
+for _ in $(seq 1 300); do
+    curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1 && up=1 && break
+    kill -0 $spid 2>/dev/null || break
+    sleep 0.1
+done
+if [ $up = 1 ]; then
+    resp=$(curl -s http://127.0.0.1:$port/v1/completions -H 'Content-Type: application/json' \
+        -d '{"model": "paged-m64", "prompt": "Hello", "max_tokens": 8, "temperature": 0}')
+    mem=$(curl -s http://127.0.0.1:$port/metrics | grep '^paged:device_memory_bytes' | tr '\n' ' ')
+    echo "completion: $resp"
+    echo "metrics: $mem"
+    if echo "$resp" | grep -q '"choices"' && [ -n "$mem" ]; then
+        echo "PASS: serve"
+        note "serve --device cuda: pass"
+    else
+        echo "FAIL: serve (no completion or no device memory metrics)"
+        note "serve --device cuda: FAIL"
+        fail=1
+    fi
+else
+    echo "FAIL: serve did not answer /health"
+    tail -20 /tmp/paged-serve.log
+    note "serve --device cuda: FAIL (no /health)"
+    fail=1
+fi
+kill $spid 2>/dev/null
+wait $spid 2>/dev/null
+echo "== serve log (tail)"
+tail -5 /tmp/paged-serve.log
+
+echo "== summary"
+printf "%b" "$summary"
 [ $fail = 0 ] && echo "all GPU checks passed" || echo "GPU checks FAILED"
 exit $fail

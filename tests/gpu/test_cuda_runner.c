@@ -1,0 +1,277 @@
+// tests/gpu/test_cuda_runner.c - the CUDA runner against the CPU runner on
+// the same weights, step by step.
+//
+//   build/gpu/test_cuda_runner MODEL_DIR [--tol 2e-2] [--json FILE]
+//
+// Both runners execute the same hand-made plans over 24 steps: prefills of
+// several lengths in one step, a prompt chunked over four steps next to
+// decode tokens (so each step mixes decode and prefill rows), a context
+// long enough for split-K decode, a swap-out + swap-in of one sequence to
+// other device blocks, a fork whose partial block is copied on write, a
+// repetition penalty, banned ids, and logprobs. Each step's input token is
+// the CPU's pick (teacher forcing), so one near-tie cannot derail the rest.
+// Checks per sampled sequence: the GPU's token equals the CPU's (where the
+// CPU's top-2 gap exceeds 0.1; a closer call is reported, not failed), and
+// the logits' relative error ||gpu - cpu|| / ||cpu|| stays under --tol
+// (sequences without penalties or bans, whose CPU logits the sampler leaves
+// as computed). The CPU runs --matmul-mode exact (f32). Exit 0 pass, 1
+// fail, 77 skipped (no CUDA in the build or no device).
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "engine/llama.h"
+#include "engine/runner.h"
+#include "engine/runner_cuda.h"
+
+#define BS 16
+#define N_BLOCKS 512
+#define N_HOST 64
+#define MAX_SEQS 8
+#define MAX_TOKENS 256
+#define MAX_LEN 1024
+#define N_STEPS 24
+#define NBT (MAX_LEN / BS)
+
+typedef struct {
+    const char *name;
+    int32_t n_prompt;
+    int32_t hist[MAX_LEN];
+    int32_t n_hist;     // prompt + generated
+    int32_t computed;   // tokens whose KV is written
+    int32_t bt[NBT];
+    pg_sampling_params sp;
+    bool mask_eos, live, raw_logits; // raw_logits: no penalty/ban, logits comparable
+    int32_t n_generated;
+} seq;
+
+static int32_t next_block = 1;
+
+static void seq_init(seq *s, const char *name, int32_t n_prompt, int32_t vocab, uint32_t salt) {
+    memset(s, 0, sizeof *s);
+    s->name = name;
+    s->n_prompt = s->n_hist = n_prompt;
+    for (int32_t i = 0; i < n_prompt; i++) s->hist[i] = (int32_t)((i * 7919u + salt * 104729u) % (uint32_t)vocab);
+    for (int32_t b = 0; b < NBT; b++) s->bt[b] = next_block++;
+    pg_sampling_params_default(&s->sp);
+    s->sp.temperature = 0;
+    s->live = s->raw_logits = true;
+}
+
+int main(int argc, char **argv) {
+    const char *dir = NULL, *json = NULL;
+    double tol = 2e-2;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--tol") && i + 1 < argc)
+            tol = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--json") && i + 1 < argc)
+            json = argv[++i];
+        else
+            dir = argv[i];
+    }
+    if (!dir) {
+        fprintf(stderr, "usage: test_cuda_runner MODEL_DIR [--tol T] [--json FILE]\n");
+        return 2;
+    }
+    char why[160];
+    if (pg_cuda_runner_probe(why, sizeof why) <= 0) {
+        printf("skipped: %s\n", why);
+        return 77;
+    }
+    pg_llama *model;
+    if (pg_llama_load(dir, &model) < 0) {
+        fprintf(stderr, "FAIL: load %s: %s\n", dir, pg_err_msg());
+        return 1;
+    }
+    const pg_model_config *c = &model->cfg;
+    const int32_t V = c->vocab_size;
+    printf("model %s: hidden %d, %d layers, %d/%d heads of %d, ffn %d, vocab %d, weights %s%s\n", dir, c->hidden,
+           c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn, V,
+           model->tok_emb.dtype == 30 ? "bf16" : model->tok_emb.dtype == 0 ? "f32" : "other",
+           model->lm_head.data == model->tok_emb.data ? ", tied" : "");
+
+    pg_backend *be;
+    pg_runner *cpu;
+    pg_cuda_runner *gpu;
+    if (pg_backend_cpu_create(0, &be) < 0) return fprintf(stderr, "FAIL: cpu backend: %s\n", pg_err_msg()), 1;
+    be->matmul_mode = PG_MATMUL_EXACT;
+    pg_runner_config rc = {N_BLOCKS, N_HOST, BS};
+    if (pg_runner_create(model, be, &rc, &cpu) < 0) return fprintf(stderr, "FAIL: cpu runner: %s\n", pg_err_msg()), 1;
+    pg_cuda_runner_config gc = {.device = 0, .block_size = BS, .max_num_seqs = MAX_SEQS,
+                                .max_num_batched_tokens = MAX_TOKENS, .max_model_len = MAX_LEN};
+    if (pg_cuda_runner_create(model, &gc, &gpu) < 0 || pg_cuda_runner_alloc_kv(gpu, N_BLOCKS, N_HOST) < 0) {
+        fprintf(stderr, "FAIL: cuda runner: %s\n", pg_err_msg());
+        return 1;
+    }
+    pg_cuda_mem_stats ms;
+    pg_cuda_runner_mem(gpu, &ms);
+    printf("device %s: weights %.1f MiB, workspace %.1f MiB (buffers %.1f), KV %.1f MiB, other %.1f MiB\n", ms.device,
+           ms.weights / 1048576.0, ms.workspace / 1048576.0, ms.workspace_buffers / 1048576.0, ms.kv / 1048576.0,
+           ms.other / 1048576.0);
+
+    // A 37, B 16, C 5 (repetition penalty, swapped at step 10), D 100 (chunked, EOS/stop ids banned),
+    // F 700 (chunked over 4 steps: split-K decode afterwards), E forked from B at step 12.
+    enum { A, B, C, D, F, E, NS };
+    static seq S[NS];
+    seq_init(&S[A], "A", 37, V, 1);
+    seq_init(&S[B], "B", 16, V, 2);
+    seq_init(&S[C], "C", 5, V, 3);
+    seq_init(&S[D], "D", 100, V, 4);
+    seq_init(&S[F], "F", 700, V, 5);
+    S[E].live = false;
+    S[A].sp.logprobs = 5;
+    S[C].sp.repetition_penalty = 1.3f;
+    S[C].raw_logits = false;
+    S[D].mask_eos = true;
+    S[D].sp.n_stop_ids = 2;
+    S[D].sp.stop_ids[0] = 5;
+    S[D].sp.stop_ids[1] = 7;
+    S[D].raw_logits = false;
+    // Prefill chunk sizes per step for D and F (0 = decode when the prompt is done).
+    const int32_t chunk_d[] = {64, 36}, chunk_f[] = {130, 200, 200, 170};
+
+    float *glog = malloc(sizeof(float) * (size_t)MAX_SEQS * (size_t)V);
+    double worst = 0, sum_err = 0;
+    int n_err = 0, mismatches = 0, hard_mismatches = 0, lp_bad = 0, failed = 0;
+    int32_t host_next = 1;
+    for (int step = 0; step < N_STEPS && !failed; step++) {
+        pg_plan_seq ps[NS];
+        int32_t idx[NS];
+        int n = 0, n_tokens = 0;
+        pg_block_move swap_out[8], swap_in[8], copies[2];
+        int n_out = 0, n_in = 0, n_cp = 0;
+        if (step == 10) { // C's blocks to host and back to fresh device blocks
+            int32_t nb = (S[C].computed + BS - 1) / BS;
+            for (int32_t b = 0; b < nb; b++) {
+                swap_out[n_out++] = (pg_block_move){S[C].bt[b], host_next + b};
+                int32_t fresh = next_block++;
+                swap_in[n_in++] = (pg_block_move){host_next + b, fresh};
+                S[C].bt[b] = fresh;
+            }
+            host_next += nb;
+        }
+        if (step == 12) { // E forks from B: shares full blocks, copies the partial last one
+            S[E] = S[B]; // live from this step on
+            S[E].name = "E";
+            int32_t last = (S[B].computed - 1) / BS;
+            int32_t fresh = next_block++;
+            copies[n_cp++] = (pg_block_move){S[B].bt[last], fresh};
+            S[E].bt[last] = fresh;
+            for (int32_t b = last + 1; b < NBT; b++) S[E].bt[b] = next_block++;
+            // E continues with a different last token than B would.
+            S[E].hist[S[E].n_hist - 1] = (S[E].hist[S[E].n_hist - 1] + 1) % V;
+        }
+        for (int k = 0; k < NS; k++) {
+            seq *s = &S[k];
+            if (!s->live) continue;
+            int32_t todo = s->n_hist - s->computed, nt;
+            if (k == D && s->computed < s->n_prompt) nt = chunk_d[step];
+            else if (k == F && s->computed < s->n_prompt) nt = chunk_f[step];
+            else nt = todo;
+            if (nt <= 0) continue;
+            bool sample = s->computed + nt == s->n_hist;
+            ps[n] = (pg_plan_seq){
+                .seq_id = k, .tokens = s->hist + s->computed, .n_tokens = nt, .start_pos = s->computed,
+                .block_table = s->bt, .n_blocks = (s->computed + nt + BS - 1) / BS, .sample = sample,
+                .sp = &s->sp, .history = s->hist, .n_history = s->n_hist, .n_prompt = s->n_prompt,
+                .n_generated = s->n_generated, .rng_seed = 1234 + (uint64_t)k, .mask_eos = s->mask_eos,
+                .eos_id = s->mask_eos ? 3 : -1};
+            idx[n++] = k;
+            n_tokens += nt;
+        }
+        pg_batch_plan plan = {.n_seqs = n, .seqs = ps, .n_tokens = n_tokens, .n_swap_out = n_out,
+                              .n_swap_in = n_in, .n_copies = n_cp, .swap_out = swap_out, .swap_in = swap_in,
+                              .copies = copies};
+        pg_step_output co, go;
+        if (pg_runner_execute(cpu, &plan, &co) < 0) {
+            fprintf(stderr, "FAIL: step %d cpu: %s\n", step, pg_err_msg());
+            failed = 1;
+            break;
+        }
+        if (pg_cuda_runner_execute(gpu, &plan, &go) < 0 || pg_cuda_runner_last_logits(gpu, glog, go.n) < 0) {
+            fprintf(stderr, "FAIL: step %d cuda: %s\n", step, pg_err_msg());
+            failed = 1;
+            break;
+        }
+        if (co.n != go.n) {
+            fprintf(stderr, "FAIL: step %d: %d sampled on the cpu, %d on the gpu\n", step, co.n, go.n);
+            failed = 1;
+            break;
+        }
+        const float *clog = pg_runner_last_logits(cpu);
+        printf("step %2d: %3d tokens, %d seqs%s%s:", step, n_tokens, n, n_out ? " +swap" : "", n_cp ? " +copy" : "");
+        for (int j = 0; j < co.n; j++) {
+            int k = (int)co.outs[j].seq_id;
+            seq *s = &S[k];
+            const float *cl = clog + (size_t)j * V, *gl = glog + (size_t)j * V;
+            int32_t ct = co.outs[j].token, gt = go.outs[j].token;
+            if (go.outs[j].seq_id != co.outs[j].seq_id) {
+                fprintf(stderr, "FAIL: output order differs\n");
+                failed = 1;
+            }
+            // Top-2 gap of the CPU's (sampler-processed) logits.
+            float b1 = -INFINITY, b2 = -INFINITY;
+            for (int32_t v = 0; v < V; v++) {
+                if (cl[v] > b1) b2 = b1, b1 = cl[v];
+                else if (cl[v] > b2) b2 = cl[v];
+            }
+            if (ct != gt) {
+                mismatches++;
+                if (b1 - b2 > 0.1f) hard_mismatches++;
+                printf(" [%s: cpu %d gpu %d, gap %.3f]", s->name, ct, gt, b1 - b2);
+            }
+            double err = 0;
+            if (s->raw_logits) {
+                double num = 0, den = 0;
+                for (int32_t v = 0; v < V; v++) {
+                    double d = (double)gl[v] - cl[v];
+                    num += d * d;
+                    den += (double)cl[v] * cl[v];
+                }
+                err = sqrt(num / (den > 0 ? den : 1));
+                if (!(err <= worst)) worst = err; // NaN sticks
+                sum_err += err;
+                n_err++;
+                printf(" %s %.1e", s->name, err);
+            } else {
+                printf(" %s tok", s->name);
+            }
+            if (s->sp.logprobs > 0) {
+                const pg_seq_output *a = &co.outs[j], *g = &go.outs[j];
+                if (a->n_top != g->n_top || fabsf(a->logprob - g->logprob) > 0.1f) lp_bad++;
+                for (int t = 0; t < a->n_top && t < g->n_top; t++)
+                    if (a->top_ids[t] == g->top_ids[t] && fabsf(a->top_logprobs[t] - g->top_logprobs[t]) > 0.1f)
+                        lp_bad++;
+            }
+            // Teacher forcing: both continue with the CPU's token.
+            s->hist[s->n_hist++] = ct;
+            s->n_generated++;
+        }
+        printf("\n");
+        for (int i = 0; i < n; i++) S[idx[i]].computed += ps[i].n_tokens;
+    }
+    bool tok_ok = hard_mismatches == 0, err_ok = worst <= tol, lp_ok = lp_bad == 0;
+    printf("%s: worst logits rel. error %.2e (mean %.2e over %d rows, bound %.1e); token mismatches %d (%d with a "
+           "CPU top-2 gap > 0.1); logprob mismatches %d\n",
+           (!failed && tok_ok && err_ok && lp_ok) ? "PASS" : "FAIL", worst, n_err ? sum_err / n_err : 0, n_err, tol,
+           mismatches, hard_mismatches, lp_bad);
+    if (json) {
+        FILE *f = fopen(json, "w");
+        if (f) {
+            fprintf(f, "{\"model\": \"%s\", \"head_dim\": %d, \"steps\": %d, \"worst_rel_err\": %.4e, "
+                       "\"mean_rel_err\": %.4e, \"rows\": %d, \"tol\": %.1e, \"token_mismatches\": %d, "
+                       "\"hard_token_mismatches\": %d, \"logprob_mismatches\": %d, \"pass\": %s}\n",
+                    dir, c->head_dim, N_STEPS, worst, n_err ? sum_err / n_err : 0, n_err, tol, mismatches,
+                    hard_mismatches, lp_bad, (!failed && tok_ok && err_ok && lp_ok) ? "true" : "false");
+            fclose(f);
+        }
+    }
+    free(glog);
+    pg_cuda_runner_free(gpu);
+    pg_runner_free(cpu);
+    be->destroy(be);
+    pg_llama_free(model);
+    return (!failed && tok_ok && err_ok && lp_ok) ? 0 : 1;
+}
