@@ -12,13 +12,17 @@
 #include "engine/llama_load_int.h"
 
 static pg_weight shape_only(int64_t rows, int64_t cols) {
-    return (pg_weight){.data = NULL, .dtype = PG_DTYPE_BF16, .rows = rows, .cols = cols,
+    return (pg_weight){.data = NULL,
+                       .dtype = PG_DTYPE_BF16,
+                       .rows = rows,
+                       .cols = cols,
                        .row_bytes = (size_t)cols * 2};
 }
 
 int pg_llama_dummy(const char *hf_config, pg_llama **out) {
     *out = NULL;
-    if (!hf_config) return pg_err_set(PG_EINVAL, "--load-format dummy needs --hf-config (a config.json)");
+    if (!hf_config)
+        return pg_err_set(PG_EINVAL, "--load-format dummy needs --hf-config (a config.json)");
     pg_llama *m = pg_xcalloc(1, sizeof *m);
     int rc = pg_is_dir(hf_config) ? pg_config_from_hf_dir(hf_config, &m->cfg)
                                   : pg_config_from_hf_file(hf_config, &m->cfg);
@@ -44,7 +48,9 @@ int pg_llama_dummy(const char *hf_config, pg_llama **out) {
         pg_linear_init(&L->gate_up, 2, w);
         w[0] = shape_only(H, c->ffn);
         pg_linear_init(&L->down, 1, w);
-        bytes += (size_t)((q_dim + 2 * kv_dim) * H + H * q_dim + 2 * (int64_t)c->ffn * H + H * c->ffn) * 2;
+        bytes +=
+            (size_t)((q_dim + 2 * kv_dim) * H + H * q_dim + 2 * (int64_t)c->ffn * H + H * c->ffn) *
+            2;
     }
     m->weight_bytes = bytes;
     m->inv_freq = pg_xmalloc(sizeof(float) * (size_t)(hd / 2));
@@ -56,7 +62,8 @@ int pg_llama_dummy(const char *hf_config, pg_llama **out) {
 // GPT-2's byte-to-unicode map: printable bytes map to themselves, the rest
 // to U+0100 + n in order.
 static uint32_t byte_char(int b) {
-    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255)) return (uint32_t)b;
+    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255))
+        return (uint32_t)b;
     int n = 0;
     for (int x = 0; x < b; x++)
         if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255))) n++;
@@ -75,7 +82,8 @@ static int put_utf8(uint32_t cp, char *s) {
 
 int pg_tokenizer_synthetic_bytes(int32_t vocab, pg_tokenizer **out) {
     *out = NULL;
-    if (vocab < 256) return pg_err_set(PG_EINVAL, "synthetic tokenizer: vocabulary %d < 256 bytes", vocab);
+    if (vocab < 256)
+        return pg_err_set(PG_EINVAL, "synthetic tokenizer: vocabulary %d < 256 bytes", vocab);
     cJSON *root = cJSON_CreateObject(), *model = cJSON_AddObjectToObject(root, "model");
     cJSON_AddStringToObject(model, "type", "BPE");
     cJSON *v = cJSON_AddObjectToObject(model, "vocab");
@@ -99,7 +107,8 @@ int pg_tokenizer_synthetic_bytes(int32_t vocab, pg_tokenizer **out) {
     char *json = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (!json) return pg_err_set(PG_ENOMEM, "synthetic tokenizer: out of memory");
-    int rc = pg_tokenizer_from_hf_memory(json, strlen(json), NULL, 0, "synthetic byte tokenizer", out);
+    int rc =
+        pg_tokenizer_from_hf_memory(json, strlen(json), NULL, 0, "synthetic byte tokenizer", out);
     free(json);
     return rc;
 }

@@ -24,7 +24,8 @@ struct pg_cuda_runner {
     pg_cuda_runner_config cfg;
     pg_cuda_model *dev;
     int32_t n_blocks, n_host_blocks;
-    int32_t max_tokens, max_seqs, max_bt; // limits (max_bt: block-table entries of the longest sequence)
+    // Limits; max_bt: block-table entries of the longest sequence.
+    int32_t max_tokens, max_seqs, max_bt;
     // Per-step host arrays, sized for the limits at create.
     int32_t *tokens, *pos, *slots;        // [max_tokens]
     int32_t *bt;                          // [max_seqs][max_bt]
@@ -35,8 +36,8 @@ struct pg_cuda_runner {
     pg_cuda_sample_params *params;        // [max_seqs]
     int32_t *stok;                        // histories and ban lists (grown on demand)
     int64_t cap_stok;
-    pg_cuda_sample_out *souts;            // [max_seqs]
-    pg_seq_output *outs;                  // [max_seqs]
+    pg_cuda_sample_out *souts; // [max_seqs]
+    pg_seq_output *outs;       // [max_seqs]
 };
 
 int pg_cuda_runner_probe(char *why, size_t cap) {
@@ -65,9 +66,11 @@ static int upload_weight(pg_cuda_model *dev, pg_cuda_weight_id id, int32_t layer
     int64_t rows, cols;
     pg_cuda_model_weight_dims(dev, id, &rows, &cols);
     if (!w->data || w->cols != cols || row0 + w->rows > rows)
-        return pg_err_set(PG_EINVAL, "cuda upload: weight %d of layer %d is %lldx%lld at row %lld, the device "
-                          "tensor %lldx%lld", (int)id, layer, (long long)w->rows, (long long)w->cols,
-                          (long long)row0, (long long)rows, (long long)cols);
+        return pg_err_set(PG_EINVAL,
+                          "cuda upload: weight %d of layer %d is %lldx%lld at row %lld, the device "
+                          "tensor %lldx%lld",
+                          (int)id, layer, (long long)w->rows, (long long)w->cols, (long long)row0,
+                          (long long)rows, (long long)cols);
     const int64_t chunk = PG_CUDA_UPLOAD_ELEMS / cols;
     const bool raw_bf16 = w->dtype == PG_DTYPE_BF16 && w->row_bytes == (size_t)cols * 2;
     for (int64_t r = 0; r < w->rows; r += chunk) {
@@ -84,8 +87,8 @@ static int upload_weight(pg_cuda_model *dev, pg_cuda_weight_id id, int32_t layer
     return 0;
 }
 
-static int upload_linear(pg_cuda_model *dev, pg_cuda_weight_id id, int32_t layer, const pg_linear *lin,
-                         float *buf) {
+static int upload_linear(pg_cuda_model *dev, pg_cuda_weight_id id, int32_t layer,
+                         const pg_linear *lin, float *buf) {
     int64_t off = 0;
     for (int i = 0; i < lin->n_parts; i++) {
         PG_TRY(upload_weight(dev, id, layer, off, &lin->parts[i], buf));
@@ -100,11 +103,15 @@ static int upload_model(pg_cuda_model *dev, const pg_llama *m) {
     int rc = upload_weight(dev, PG_CUDA_W_EMB, 0, 0, &m->tok_emb, buf);
     if (rc == 0 && m->lm_head.data != m->tok_emb.data)
         rc = upload_weight(dev, PG_CUDA_W_LM_HEAD, 0, 0, &m->lm_head, buf);
-    if (rc == 0) rc = pg_cuda_model_upload_rows(dev, PG_CUDA_W_FINAL_NORM, 0, 0, 1, m->final_norm, PG_CUDA_F32);
+    if (rc == 0)
+        rc = pg_cuda_model_upload_rows(dev, PG_CUDA_W_FINAL_NORM, 0, 0, 1, m->final_norm,
+                                       PG_CUDA_F32);
     for (int32_t l = 0; rc == 0 && l < c->n_layers; l++) {
         const pg_llama_layer *L = &m->layers[l];
-        if ((rc = pg_cuda_model_upload_rows(dev, PG_CUDA_W_ATTN_NORM, l, 0, 1, L->attn_norm, PG_CUDA_F32)) < 0 ||
-            (rc = pg_cuda_model_upload_rows(dev, PG_CUDA_W_FFN_NORM, l, 0, 1, L->ffn_norm, PG_CUDA_F32)) < 0 ||
+        if ((rc = pg_cuda_model_upload_rows(dev, PG_CUDA_W_ATTN_NORM, l, 0, 1, L->attn_norm,
+                                            PG_CUDA_F32)) < 0 ||
+            (rc = pg_cuda_model_upload_rows(dev, PG_CUDA_W_FFN_NORM, l, 0, 1, L->ffn_norm,
+                                            PG_CUDA_F32)) < 0 ||
             (rc = upload_linear(dev, PG_CUDA_W_QKV, l, &L->qkv, buf)) < 0 ||
             (rc = upload_linear(dev, PG_CUDA_W_O, l, &L->o, buf)) < 0 ||
             (rc = upload_linear(dev, PG_CUDA_W_GATE_UP, l, &L->gate_up, buf)) < 0 ||
@@ -117,33 +124,45 @@ static int upload_model(pg_cuda_model *dev, const pg_llama *m) {
 
 // --- life cycle -----------------------------------------------------------------------
 
-int pg_cuda_runner_create(const pg_llama *model, const pg_cuda_runner_config *cfg, pg_cuda_runner **out) {
+int pg_cuda_runner_create(const pg_llama *model, const pg_cuda_runner_config *cfg,
+                          pg_cuda_runner **out) {
     *out = NULL;
     const pg_model_config *c = &model->cfg;
     if (cfg->block_size <= 0 || cfg->max_num_seqs <= 0 || cfg->max_num_batched_tokens <= 0 ||
         cfg->max_model_len <= 0)
-        return pg_err_set(PG_EINVAL, "cuda runner: block size, max_num_seqs, max_num_batched_tokens and "
+        return pg_err_set(PG_EINVAL,
+                          "cuda runner: block size, max_num_seqs, max_num_batched_tokens and "
                           "max_model_len must be positive");
     pg_cuda_runner *r = pg_xcalloc(1, sizeof *r);
     r->model = model;
     r->cfg = *cfg;
     r->max_tokens = cfg->max_num_batched_tokens;
-    r->max_seqs = cfg->max_num_seqs < cfg->max_num_batched_tokens ? cfg->max_num_seqs : cfg->max_num_batched_tokens;
+    r->max_seqs = cfg->max_num_seqs < cfg->max_num_batched_tokens ? cfg->max_num_seqs
+                                                                  : cfg->max_num_batched_tokens;
     r->max_bt = (cfg->max_model_len + cfg->block_size - 1) / cfg->block_size;
     pg_cuda_model_shape sh = {
-        .vocab = c->vocab_size, .hidden = c->hidden, .n_layers = c->n_layers, .n_heads = c->n_heads,
-        .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .ffn = c->ffn, .rms_eps = c->rms_eps,
-        .tie_embeddings = cfg->dummy_weights ? c->tie_embeddings : model->lm_head.data == model->tok_emb.data,
+        .vocab = c->vocab_size,
+        .hidden = c->hidden,
+        .n_layers = c->n_layers,
+        .n_heads = c->n_heads,
+        .n_kv_heads = c->n_kv_heads,
+        .head_dim = c->head_dim,
+        .ffn = c->ffn,
+        .rms_eps = c->rms_eps,
+        .tie_embeddings =
+            cfg->dummy_weights ? c->tie_embeddings : model->lm_head.data == model->tok_emb.data,
     };
     int rc = pg_cuda_model_create(&sh, model->inv_freq, cfg->device, &r->dev);
     if (rc == 0) {
         if (cfg->dummy_weights)
-            rc = pg_cuda_model_init_random(r->dev, cfg->dummy_seed, cfg->dummy_std > 0 ? cfg->dummy_std : 0.02f);
+            rc = pg_cuda_model_init_random(r->dev, cfg->dummy_seed,
+                                           cfg->dummy_std > 0 ? cfg->dummy_std : 0.02f);
         else
             rc = upload_model(r->dev, model);
     }
     if (rc == 0) {
-        pg_cuda_model_limits lim = {r->max_tokens, r->max_seqs, cfg->max_model_len, cfg->block_size};
+        pg_cuda_model_limits lim = {r->max_tokens, r->max_seqs, cfg->max_model_len,
+                                    cfg->block_size};
         rc = pg_cuda_model_prepare(r->dev, &lim);
     }
     if (rc < 0) {
@@ -190,7 +209,9 @@ void pg_cuda_runner_free(pg_cuda_runner *r) {
     free(r);
 }
 
-void pg_cuda_runner_mem(const pg_cuda_runner *r, pg_cuda_mem_stats *out) { pg_cuda_model_mem(r->dev, out); }
+void pg_cuda_runner_mem(const pg_cuda_runner *r, pg_cuda_mem_stats *out) {
+    pg_cuda_model_mem(r->dev, out);
+}
 
 int pg_cuda_runner_alloc_kv(pg_cuda_runner *r, int32_t n_blocks, int32_t n_host_blocks) {
     PG_TRY(pg_cuda_model_alloc_kv(r->dev, n_blocks, n_host_blocks));
@@ -205,10 +226,12 @@ int pg_cuda_runner_last_logits(pg_cuda_runner *r, float *out, int32_t n) {
 
 // --- a step ---------------------------------------------------------------------------
 
-static int check_moves(const pg_block_move *mv, int32_t n, int32_t n_from, int32_t n_to, const char *what) {
+static int check_moves(const pg_block_move *mv, int32_t n, int32_t n_from, int32_t n_to,
+                       const char *what) {
     for (int32_t i = 0; i < n; i++)
         if (mv[i].from < 0 || mv[i].from >= n_from || mv[i].to < 0 || mv[i].to >= n_to)
-            return pg_err_set(PG_EINVAL, "plan: %s move %d -> %d out of range", what, mv[i].from, mv[i].to);
+            return pg_err_set(PG_EINVAL, "plan: %s move %d -> %d out of range", what, mv[i].from,
+                              mv[i].to);
     return 0;
 }
 
@@ -222,7 +245,8 @@ static int32_t *stok_reserve(pg_cuda_runner *r, int64_t used, int64_t more) {
 
 // engine/sampler.c's parameters, field by field; the history only when a
 // penalty reads it, the bans only while min_tokens is not reached.
-static void fill_params(pg_cuda_runner *r, const pg_plan_seq *s, pg_cuda_sample_params *pp, int64_t *n_stok) {
+static void fill_params(pg_cuda_runner *r, const pg_plan_seq *s, pg_cuda_sample_params *pp,
+                        int64_t *n_stok) {
     const pg_sampling_params *sp = s->sp;
     memset(pp, 0, sizeof *pp);
     pp->temperature = sp->temperature;
@@ -235,8 +259,8 @@ static void fill_params(pg_cuda_runner *r, const pg_plan_seq *s, pg_cuda_sample_
     pp->logprobs = sp->logprobs > PG_MAX_LOGPROBS ? PG_MAX_LOGPROBS : sp->logprobs;
     pp->seed = s->rng_seed;
     pp->n_generated = s->n_generated;
-    bool pen = (sp->repetition_penalty != 1.0f && sp->repetition_penalty > 0) || sp->presence_penalty != 0.0f ||
-               sp->frequency_penalty != 0.0f;
+    bool pen = (sp->repetition_penalty != 1.0f && sp->repetition_penalty > 0) ||
+               sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f;
     if (pen && s->n_history > 0) {
         int32_t *dst = stok_reserve(r, *n_stok, s->n_history);
         memcpy(dst, s->history, sizeof(int32_t) * (size_t)s->n_history);
@@ -267,12 +291,13 @@ int pg_cuda_runner_execute(pg_cuda_runner *r, const pg_batch_plan *p, pg_step_ou
     PG_TRY(check_moves(p->swap_in, p->n_swap_in, nh, nd, "swap-in"));
     PG_TRY(check_moves(p->copies, p->n_copies, nd, nd, "copy"));
     if (p->n_seqs > r->max_seqs)
-        return pg_err_set(PG_EINVAL, "plan: %d sequences, the runner was sized for %d", p->n_seqs, r->max_seqs);
+        return pg_err_set(PG_EINVAL, "plan: %d sequences, the runner was sized for %d", p->n_seqs,
+                          r->max_seqs);
     int64_t n_tokens = 0;
     for (int32_t i = 0; i < p->n_seqs; i++) n_tokens += p->seqs[i].n_tokens;
     if (n_tokens > r->max_tokens)
-        return pg_err_set(PG_EINVAL, "plan: %lld tokens, the runner was sized for %d", (long long)n_tokens,
-                          r->max_tokens);
+        return pg_err_set(PG_EINVAL, "plan: %lld tokens, the runner was sized for %d",
+                          (long long)n_tokens, r->max_tokens);
 
     // Decode sequences (one query token) first, each group in plan order.
     int32_t n_dec = 0, k = 0;
@@ -292,7 +317,8 @@ int pg_cuda_runner_execute(pg_cuda_runner *r, const pg_batch_plan *p, pg_step_ou
                               (long long)s->seq_id, s->n_blocks, (long long)ctx);
         int32_t nb = (int32_t)((ctx + bs - 1) / bs);
         if (nb > r->max_bt)
-            return pg_err_set(PG_EINVAL, "plan: sequence %lld reaches %lld tokens, beyond max model length %d",
+            return pg_err_set(PG_EINVAL,
+                              "plan: sequence %lld reaches %lld tokens, beyond max model length %d",
                               (long long)s->seq_id, (long long)ctx, r->cfg.max_model_len);
         for (int32_t b = 0; b < nb; b++)
             if (s->block_table[b] <= 0 || s->block_table[b] >= nd)
@@ -339,17 +365,33 @@ int pg_cuda_runner_execute(pg_cuda_runner *r, const pg_batch_plan *p, pg_step_ou
         fill_params(r, s, &r->params[ns], &n_stok);
         ns++;
     }
-    if (n_stok > INT32_MAX) return pg_err_set(PG_EINVAL, "plan: %lld history tokens", (long long)n_stok);
+    if (n_stok > INT32_MAX)
+        return pg_err_set(PG_EINVAL, "plan: %lld history tokens", (long long)n_stok);
 
     pg_cuda_step st = {
-        .n_tokens = (int32_t)n_tokens, .tokens = r->tokens, .pos = r->pos, .slots = r->slots,
-        .n_seqs = p->n_seqs, .n_decode = n_dec, .block_tables = r->bt, .bt_stride = bt_stride,
-        .seq_lens = r->seq_lens, .start_pos = r->start_pos, .cu_q = r->cu_q,
-        .max_decode_ctx = max_dec_ctx, .max_prefill_q = max_q,
-        .n_sample = ns, .sample_rows = r->sample_rows, .params = r->params,
-        .sample_tokens = n_stok ? r->stok : r->tokens, .n_sample_tokens = (int32_t)n_stok,
-        .n_swap_out = p->n_swap_out, .n_swap_in = p->n_swap_in, .n_copies = p->n_copies,
-        .swap_out = (const int32_t *)p->swap_out, .swap_in = (const int32_t *)p->swap_in,
+        .n_tokens = (int32_t)n_tokens,
+        .tokens = r->tokens,
+        .pos = r->pos,
+        .slots = r->slots,
+        .n_seqs = p->n_seqs,
+        .n_decode = n_dec,
+        .block_tables = r->bt,
+        .bt_stride = bt_stride,
+        .seq_lens = r->seq_lens,
+        .start_pos = r->start_pos,
+        .cu_q = r->cu_q,
+        .max_decode_ctx = max_dec_ctx,
+        .max_prefill_q = max_q,
+        .n_sample = ns,
+        .sample_rows = r->sample_rows,
+        .params = r->params,
+        .sample_tokens = n_stok ? r->stok : r->tokens,
+        .n_sample_tokens = (int32_t)n_stok,
+        .n_swap_out = p->n_swap_out,
+        .n_swap_in = p->n_swap_in,
+        .n_copies = p->n_copies,
+        .swap_out = (const int32_t *)p->swap_out,
+        .swap_in = (const int32_t *)p->swap_in,
         .copies = (const int32_t *)p->copies,
     };
     PG_TRY(pg_cuda_model_step(r->dev, &st, r->souts));

@@ -28,9 +28,9 @@ typedef struct pg_cuda_runner_config {
     int32_t max_num_seqs;           // the scheduler's limits: the workspace is
     int32_t max_num_batched_tokens; //   sized for the largest step they allow
     int32_t max_model_len;
-    bool dummy_weights;             // random weights generated on the device
+    bool dummy_weights; // random weights generated on the device
     uint64_t dummy_seed;
-    float dummy_std;                // 0 = 0.02
+    float dummy_std; // 0 = 0.02
 } pg_cuda_runner_config;
 
 // The number of usable CUDA devices; 0 with `why` saying why not ("built
@@ -43,7 +43,8 @@ int pg_cuda_runner_probe(char *why, size_t cap);
 // workspace and runs the profiling step. `model` is borrowed and must
 // outlive the runner (its config and inv_freq are read; its weight data
 // only during this call).
-int pg_cuda_runner_create(const pg_llama *model, const pg_cuda_runner_config *cfg, pg_cuda_runner **out);
+int pg_cuda_runner_create(const pg_llama *model, const pg_cuda_runner_config *cfg,
+                          pg_cuda_runner **out);
 void pg_cuda_runner_free(pg_cuda_runner *r);
 
 // Bytes of one KV block on the device (bf16, every layer, K and V).

@@ -246,6 +246,9 @@ def generate():
         b = f"build/gpu/{name}"
         w(f"build {b}: nvcc_link {o} {cuda_lib} {' '.join(support)} | tools/nvcc_or_stub.sh")
         gpu_bins.append(b)
+    # (not in `ninja gpu`: these need libpaged's libraries, which the GPU
+    # machine lacks; tools/pack_gpu.sh carries them there)
+    gpu_c_bins = []
     for s in gpu_c_tests:
         name = os.path.splitext(os.path.basename(s))[0]
         o = obj(s, "rel")
@@ -255,8 +258,8 @@ def generate():
         w(f"  objs = {o}")
         w(f"  archives = {libs['rel']}")
         w(f"  cudaobjs = {cuda_lib}")
-        gpu_bins.append(b)
-    defaults += gpu_bins
+        gpu_c_bins.append(b)
+    defaults += gpu_bins + gpu_c_bins
 
     w("")
     w(f"build asan: phony build/asan/paged {' '.join(test_bins['asan'] + fuzz_bins)}")

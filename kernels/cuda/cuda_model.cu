@@ -33,14 +33,15 @@ namespace {
 
 constexpr size_t ALIGN = 256;
 
-size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+size_t align_up(size_t n, size_t a) {
+    return (n + a - 1) / a * a;
+}
 
 // Carves aligned sub-buffers out of one allocation (sizes first, then bases).
 struct Carver {
     size_t used = 0;
     char *base = nullptr;
-    template <typename T>
-    T *take(size_t count) {
+    template <typename T> T *take(size_t count) {
         size_t off = align_up(used, ALIGN);
         used = off + count * sizeof(T);
         return base ? reinterpret_cast<T *>(base + off) : nullptr;
@@ -62,8 +63,7 @@ struct Packer {
     char *host = nullptr, *dev = nullptr;
     size_t cap = 0, used = 0;
     bool overflow = false;
-    template <typename T>
-    const T *put(const T *src, size_t count) {
+    template <typename T> const T *put(const T *src, size_t count) {
         size_t off = align_up(used, 16), bytes = count * sizeof(T);
         if (off + bytes > cap) {
             overflow = true;
@@ -133,16 +133,16 @@ struct pg_cuda_model {
     bool prepared;
     char *ws;
     size_t ws_bytes;
-    bf16 *x;       // [T][hidden] residual stream
-    bf16 *xn;      // [T][hidden] normalized
-    bf16 *qkv;     // [T][qkv_dim]
-    bf16 *attn;    // [T][q_dim]
-    bf16 *gu;      // [T][2 ffn]
-    bf16 *h;       // [T][ffn]
-    bf16 *lg_in;   // [S][hidden] sampled rows
-    bf16 *logits;  // [S][ld_logits]
+    bf16 *x;           // [T][hidden] residual stream
+    bf16 *xn;          // [T][hidden] normalized
+    bf16 *qkv;         // [T][qkv_dim]
+    bf16 *attn;        // [T][q_dim]
+    bf16 *gu;          // [T][2 ffn]
+    bf16 *h;           // [T][ffn]
+    bf16 *lg_in;       // [S][hidden] sampled rows
+    bf16 *logits;      // [S][ld_logits]
     int64_t ld_logits; // vocab rounded up to 8 (16-byte rows for cuBLASLt and the sampler)
-    void *gemm_ws; // PG_CUDA_GEMM_WORKSPACE
+    void *gemm_ws;     // PG_CUDA_GEMM_WORKSPACE
     size_t gemm_ws_bytes;
     void *dec_ws; // split-K decode partials
     size_t dec_ws_bytes;
@@ -158,13 +158,16 @@ struct pg_cuda_model {
 
     // CUDA graphs for decode steps, [n_bbuckets][n_cbuckets], captured lazily.
     bool graphs_on;
-    int32_t bbuckets[16], n_bbuckets; // batch buckets: 1, 2, 4, ... < max_seqs, max_seqs
-    int32_t cbuckets[32], n_cbuckets; // context bounds: 256, 512, ... < max_model_len, max_model_len
-    cudaGraphExec_t *graph_exec;      // [n_bbuckets * n_cbuckets]
-    int8_t *graph_state;              // 0 none yet, 1 ready, -1 capture failed (stay eager)
+    // Batch buckets 1, 2, 4, ... < max_seqs, max_seqs; context bounds 256,
+    // 512, ... < max_model_len, max_model_len.
+    int32_t bbuckets[16], n_bbuckets;
+    int32_t cbuckets[32], n_cbuckets;
+    cudaGraphExec_t *graph_exec; // [n_bbuckets * n_cbuckets]
+    int8_t *graph_state;         // 0 none yet, 1 ready, -1 capture failed (stay eager)
     int64_t graph_bytes;
     int32_t n_graphs;
-    int32_t *g_tok, *g_pos, *g_slots, *g_lens, *g_start, *g_bt; // padded host copies of a decode step
+    // Padded host copies of a decode step: [max_seqs], g_bt [max_seqs][g_max_bt].
+    int32_t *g_tok, *g_pos, *g_slots, *g_lens, *g_start, *g_bt;
     int32_t g_max_bt;
 
     // PAGED_CUDA_TIMING=1: device time of the layers and of the tail per
@@ -184,7 +187,9 @@ struct pg_cuda_model {
     int32_t n_host_blocks;
 };
 
-extern "C" int pg_cuda_built(void) { return 1; }
+extern "C" int pg_cuda_built(void) {
+    return 1;
+}
 
 extern "C" size_t pg_cuda_model_kv_block_bytes(const pg_cuda_model_shape *s, int32_t block_size) {
     return (size_t)2 * (size_t)s->n_layers * (size_t)block_size * (size_t)s->n_kv_heads *
@@ -201,21 +206,39 @@ static bf16 *weight_ptr(const pg_cuda_model *m, pg_cuda_weight_id w, int32_t lay
     if (per_layer && (layer < 0 || layer >= s->n_layers)) return nullptr;
     const Layer *L = per_layer ? &m->layers[layer] : nullptr;
     switch (w) {
-    case PG_CUDA_W_EMB: *rows = s->vocab, *cols = H; return m->emb;
-    case PG_CUDA_W_LM_HEAD: *rows = s->vocab, *cols = H; return m->lm_head;
-    case PG_CUDA_W_FINAL_NORM: *rows = 1, *cols = H; return m->final_norm;
-    case PG_CUDA_W_ATTN_NORM: *rows = 1, *cols = H; return L->attn_norm;
-    case PG_CUDA_W_FFN_NORM: *rows = 1, *cols = H; return L->ffn_norm;
-    case PG_CUDA_W_QKV: *rows = m->qkv_dim, *cols = H; return L->qkv;
-    case PG_CUDA_W_O: *rows = H, *cols = m->q_dim; return L->o;
-    case PG_CUDA_W_GATE_UP: *rows = 2 * (int64_t)s->ffn, *cols = H; return L->gu;
-    case PG_CUDA_W_DOWN: *rows = H, *cols = s->ffn; return L->down;
+    case PG_CUDA_W_EMB:
+        *rows = s->vocab, *cols = H;
+        return m->emb;
+    case PG_CUDA_W_LM_HEAD:
+        *rows = s->vocab, *cols = H;
+        return m->lm_head;
+    case PG_CUDA_W_FINAL_NORM:
+        *rows = 1, *cols = H;
+        return m->final_norm;
+    case PG_CUDA_W_ATTN_NORM:
+        *rows = 1, *cols = H;
+        return L->attn_norm;
+    case PG_CUDA_W_FFN_NORM:
+        *rows = 1, *cols = H;
+        return L->ffn_norm;
+    case PG_CUDA_W_QKV:
+        *rows = m->qkv_dim, *cols = H;
+        return L->qkv;
+    case PG_CUDA_W_O:
+        *rows = H, *cols = m->q_dim;
+        return L->o;
+    case PG_CUDA_W_GATE_UP:
+        *rows = 2 * (int64_t)s->ffn, *cols = H;
+        return L->gu;
+    case PG_CUDA_W_DOWN:
+        *rows = H, *cols = s->ffn;
+        return L->down;
     }
     return nullptr;
 }
 
-extern "C" void pg_cuda_model_weight_dims(const pg_cuda_model *m, pg_cuda_weight_id w, int64_t *rows,
-                                          int64_t *cols) {
+extern "C" void pg_cuda_model_weight_dims(const pg_cuda_model *m, pg_cuda_weight_id w,
+                                          int64_t *rows, int64_t *cols) {
     weight_ptr(m, w, 0, rows, cols);
 }
 
@@ -237,17 +260,19 @@ static void carve_weights(pg_cuda_model *m, Carver &c) {
     }
 }
 
-extern "C" int pg_cuda_model_create(const pg_cuda_model_shape *shape, const float *inv_freq, int device,
-                                    pg_cuda_model **out) {
+extern "C" int pg_cuda_model_create(const pg_cuda_model_shape *shape, const float *inv_freq,
+                                    int device, pg_cuda_model **out) {
     *out = nullptr;
     PG_ARG(shape && inv_freq, "cuda model: null argument");
     const pg_cuda_model_shape *s = shape;
-    PG_ARG(s->vocab > 0 && s->hidden > 0 && s->n_layers > 0 && s->n_heads > 0 && s->n_kv_heads > 0 &&
-               s->ffn > 0 && s->n_heads % s->n_kv_heads == 0,
+    PG_ARG(s->vocab > 0 && s->hidden > 0 && s->n_layers > 0 && s->n_heads > 0 &&
+               s->n_kv_heads > 0 && s->ffn > 0 && s->n_heads % s->n_kv_heads == 0,
            "cuda model: bad shape");
     if (s->head_dim != 64 && s->head_dim != 128)
-        return pg_err_set(PG_EUNSUPP, "cuda model: head_dim %d (the CUDA attention kernels are built for 64 and 128)",
-                          s->head_dim);
+        return pg_err_set(
+            PG_EUNSUPP,
+            "cuda model: head_dim %d (the CUDA attention kernels are built for 64 and 128)",
+            s->head_dim);
     PG_CUDA_TRY(cudaSetDevice(device));
     pg_cuda_model *m = (pg_cuda_model *)calloc(1, sizeof *m);
     if (!m) return pg_err_set(PG_ENOMEM, "cuda model: out of host memory");
@@ -278,14 +303,16 @@ extern "C" int pg_cuda_model_create(const pg_cuda_model_shape *shape, const floa
     cudaMemGetInfo(&free_b, &total_b);
     if ((e = cudaMalloc((void **)&m->wbase, m->wbytes)) != cudaSuccess) {
         (void)cudaGetLastError();
-        rc = pg_err_set(PG_ENOMEM, "cuda model: the weights need %.2f GiB of device memory, %.2f GiB are free",
+        rc = pg_err_set(PG_ENOMEM,
+                        "cuda model: the weights need %.2f GiB of device memory, %.2f GiB are free",
                         (double)m->wbytes / (1 << 30), (double)free_b / (1 << 30));
         goto fail;
     }
     c = Carver();
     c.base = m->wbase;
     carve_weights(m, c);
-    if ((e = cudaMalloc((void **)&m->inv_freq, sizeof(float) * (size_t)(s->head_dim / 2))) != cudaSuccess ||
+    if ((e = cudaMalloc((void **)&m->inv_freq, sizeof(float) * (size_t)(s->head_dim / 2))) !=
+            cudaSuccess ||
         (e = cudaMemcpyAsync(m->inv_freq, inv_freq, sizeof(float) * (size_t)(s->head_dim / 2),
                              cudaMemcpyHostToDevice, m->stream)) != cudaSuccess ||
         (e = cudaStreamSynchronize(m->stream)) != cudaSuccess) {
@@ -304,10 +331,11 @@ extern "C" void pg_cuda_model_free(pg_cuda_model *m) {
     cudaSetDevice(m->device);
     if (m->stream) cudaStreamSynchronize(m->stream);
     if (m->timing && m->t_steps > 0)
-        PG_LOGI("cuda timing over %lld decode steps: layers %.3f ms, tail (LM head + sampling) %.3f ms on the device; "
-                "%.3f ms per step on the host (pack, launch, wait)", (long long)m->t_steps,
-                m->t_layers_ms / (double)m->t_steps, m->t_tail_ms / (double)m->t_steps,
-                m->t_host_ms / (double)m->t_steps);
+        PG_LOGI("cuda timing over %lld decode steps: layers %.3f ms, tail (LM head + sampling) "
+                "%.3f ms on the device; "
+                "%.3f ms per step on the host (pack, launch, wait)",
+                (long long)m->t_steps, m->t_layers_ms / (double)m->t_steps,
+                m->t_tail_ms / (double)m->t_steps, m->t_host_ms / (double)m->t_steps);
     for (int i = 0; i < 3; i++)
         if (m->t_ev[i]) cudaEventDestroy(m->t_ev[i]);
     if (m->copy_stream) cudaStreamSynchronize(m->copy_stream);
@@ -322,7 +350,8 @@ extern "C" void pg_cuda_model_free(pg_cuda_model *m) {
         if (m->graph_state[i] == 1) cudaGraphExecDestroy(m->graph_exec[i]);
     free(m->graph_exec);
     free(m->graph_state);
-    free(m->g_tok), free(m->g_pos), free(m->g_slots), free(m->g_lens), free(m->g_start), free(m->g_bt);
+    free(m->g_tok), free(m->g_pos), free(m->g_slots), free(m->g_lens), free(m->g_start),
+        free(m->g_bt);
     cudaFreeHost(m->in_host);
     cudaFreeHost(m->out_host);
     cudaFreeHost(m->host_kv);
@@ -337,7 +366,8 @@ extern "C" void pg_cuda_model_free(pg_cuda_model *m) {
 // --- weights ---------------------------------------------------------------------------------
 
 extern "C" int pg_cuda_model_upload_rows(pg_cuda_model *m, pg_cuda_weight_id w, int32_t layer,
-                                         int64_t row0, int64_t n_rows, const void *src, int src_dtype) {
+                                         int64_t row0, int64_t n_rows, const void *src,
+                                         int src_dtype) {
     int64_t rows, cols;
     bf16 *dst = weight_ptr(m, w, layer, &rows, &cols);
     PG_ARG(dst && src, "upload: weight %d of layer %d does not exist", (int)w, layer);
@@ -354,13 +384,17 @@ extern "C" int pg_cuda_model_upload_rows(pg_cuda_model *m, pg_cuda_weight_id w, 
     // memory may return before its DMA lands, and the non-blocking stream
     // would not wait for it (the conversion read stale staging data).
     if (src_dtype == PG_CUDA_BF16) {
-        PG_CUDA_TRY(cudaMemcpyAsync(dst, src, (size_t)n * sizeof(bf16), cudaMemcpyHostToDevice, m->stream));
+        PG_CUDA_TRY(
+            cudaMemcpyAsync(dst, src, (size_t)n * sizeof(bf16), cudaMemcpyHostToDevice, m->stream));
         PG_CUDA_TRY(cudaStreamSynchronize(m->stream));
         return 0;
     }
     PG_ARG(src_dtype == PG_CUDA_F32, "upload: source type %d", src_dtype);
-    if (!m->upload_f32) PG_CUDA_TRY(cudaMalloc((void **)&m->upload_f32, sizeof(float) * (size_t)PG_CUDA_UPLOAD_ELEMS));
-    PG_CUDA_TRY(cudaMemcpyAsync(m->upload_f32, src, (size_t)n * sizeof(float), cudaMemcpyHostToDevice, m->stream));
+    if (!m->upload_f32)
+        PG_CUDA_TRY(
+            cudaMalloc((void **)&m->upload_f32, sizeof(float) * (size_t)PG_CUDA_UPLOAD_ELEMS));
+    PG_CUDA_TRY(cudaMemcpyAsync(m->upload_f32, src, (size_t)n * sizeof(float),
+                                cudaMemcpyHostToDevice, m->stream));
     PG_TRY(pg_cuda_f32_to_bf16(dst, m->upload_f32, n, m->stream));
     PG_CUDA_TRY(cudaStreamSynchronize(m->stream));
     return 0;
@@ -408,12 +442,12 @@ static size_t input_capacity(const pg_cuda_model_limits *l) {
     const int32_t longest = l->max_model_len > l->max_tokens ? l->max_model_len : l->max_tokens;
     const size_t max_bt = (size_t)((longest + l->block_size - 1) / l->block_size) + 1;
     size_t n = 0;
-    n += 3 * (T * 4 + 16);                                        // tokens, pos, slots
-    n += S * max_bt * 4 + 16;                                     // block tables
-    n += 3 * (S * 4 + 16) + 4 + 16;                               // seq_lens, start_pos, cu_q (+1)
-    n += S * 4 + 16;                                              // sample rows
-    n += S * sizeof(pg_cuda_sample_params) + 16;                  // params
-    n += S * ((size_t)l->max_model_len + 64 + 1) * 4 + 16;       // histories and ban lists
+    n += 3 * (T * 4 + 16);                                    // tokens, pos, slots
+    n += S * max_bt * 4 + 16;                                 // block tables
+    n += 3 * (S * 4 + 16) + 4 + 16;                           // seq_lens, start_pos, cu_q (+1)
+    n += S * 4 + 16;                                          // sample rows
+    n += S * sizeof(pg_cuda_sample_params) + 16;              // params
+    n += S * ((size_t)l->max_model_len + 64 + 1) * 4 + 16;    // histories and ban lists
     return align_up(n, 4096) + align_up(2 * S * 2 * 4, 4096); // + copy-on-write pairs at the end
 }
 
@@ -447,14 +481,15 @@ static int forward_and_sample(pg_cuda_model *m, const pg_cuda_step *s, bool move
 
 extern "C" int pg_cuda_model_prepare(pg_cuda_model *m, const pg_cuda_model_limits *lim) {
     PG_ARG(!m->prepared, "cuda model: prepared twice");
-    PG_ARG(lim->max_tokens > 0 && lim->max_seqs > 0 && lim->max_model_len > 0 && lim->block_size >= 8 &&
-               (lim->block_size & (lim->block_size - 1)) == 0,
-           "cuda model: limits %d tokens, %d seqs, len %d, block %d (a power of two >= 8)", lim->max_tokens,
-           lim->max_seqs, lim->max_model_len, lim->block_size);
+    PG_ARG(lim->max_tokens > 0 && lim->max_seqs > 0 && lim->max_model_len > 0 &&
+               lim->block_size >= 8 && (lim->block_size & (lim->block_size - 1)) == 0,
+           "cuda model: limits %d tokens, %d seqs, len %d, block %d (a power of two >= 8)",
+           lim->max_tokens, lim->max_seqs, lim->max_model_len, lim->block_size);
     PG_CUDA_TRY(cudaSetDevice(m->device));
     const pg_cuda_model_shape *sh = &m->sh;
     m->lim = *lim;
-    if (m->lim.max_seqs > m->lim.max_tokens) m->lim.max_seqs = m->lim.max_tokens; // a sequence has >= 1 token
+    if (m->lim.max_seqs > m->lim.max_tokens)
+        m->lim.max_seqs = m->lim.max_tokens; // a sequence has >= 1 token
     const int32_t T = m->lim.max_tokens, S = m->lim.max_seqs, bs = m->lim.block_size;
     cudaFree(m->upload_f32); // loading is over
     m->upload_f32 = nullptr;
@@ -463,7 +498,8 @@ extern "C" int pg_cuda_model_prepare(pg_cuda_model *m, const pg_cuda_model_limit
     PG_CUDA_TRY(cudaMemGetInfo(&free0, &total));
 
     m->gemm_ws_bytes = PG_CUDA_GEMM_WORKSPACE;
-    m->dec_ws_bytes = pg_cuda_decode_workspace_size(S, sh->n_heads, sh->n_kv_heads, sh->head_dim, m->lim.max_model_len);
+    m->dec_ws_bytes = pg_cuda_decode_workspace_size(S, sh->n_heads, sh->n_kv_heads, sh->head_dim,
+                                                    m->lim.max_model_len);
     m->samp_ws_bytes = pg_cuda_sample_workspace_size(S, sh->vocab);
     m->in_cap = input_capacity(&m->lim);
     Carver c;
@@ -472,15 +508,18 @@ extern "C" int pg_cuda_model_prepare(pg_cuda_model *m, const pg_cuda_model_limit
     cudaError_t e = cudaMalloc((void **)&m->ws, m->ws_bytes);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        return pg_err_set(PG_ENOMEM, "cuda model: the workspace for %d tokens / %d sequences per step needs "
-                          "%.2f GiB, %.2f GiB are free; lower --max-num-batched-tokens or --max-num-seqs",
-                          T, S, (double)m->ws_bytes / (1 << 30), (double)free0 / (1 << 30));
+        return pg_err_set(
+            PG_ENOMEM,
+            "cuda model: the workspace for %d tokens / %d sequences per step needs "
+            "%.2f GiB, %.2f GiB are free; lower --max-num-batched-tokens or --max-num-seqs",
+            T, S, (double)m->ws_bytes / (1 << 30), (double)free0 / (1 << 30));
     }
     c = Carver();
     c.base = m->ws;
     carve_workspace(m, c);
     PG_CUDA_TRY(cudaHostAlloc((void **)&m->in_host, m->in_cap, cudaHostAllocDefault));
-    PG_CUDA_TRY(cudaHostAlloc((void **)&m->out_host, sizeof(pg_cuda_sample_out) * (size_t)S, cudaHostAllocDefault));
+    PG_CUDA_TRY(cudaHostAlloc((void **)&m->out_host, sizeof(pg_cuda_sample_out) * (size_t)S,
+                              cudaHostAllocDefault));
 
     // --- the profiling step: every kernel path at the largest size -------------------
     // n_dec decode sequences of 16 context tokens (they share one block, so
@@ -494,8 +533,10 @@ extern "C" int pg_cuda_model_prepare(pg_cuda_model *m, const pg_cuda_model_limit
     const int32_t n_seqs = n_dec + (n_pre_tok > 0 ? 1 : 0);
     // Host arrays for the step (freed below).
     int32_t *tok = (int32_t *)calloc((size_t)T, 4), *pos = (int32_t *)calloc((size_t)T, 4),
-            *slots = (int32_t *)calloc((size_t)T, 4), *bt = (int32_t *)calloc((size_t)n_seqs * bt_stride, 4),
-            *lens = (int32_t *)calloc((size_t)n_seqs, 4), *start = (int32_t *)calloc((size_t)n_seqs, 4),
+            *slots = (int32_t *)calloc((size_t)T, 4),
+            *bt = (int32_t *)calloc((size_t)n_seqs * bt_stride, 4),
+            *lens = (int32_t *)calloc((size_t)n_seqs, 4),
+            *start = (int32_t *)calloc((size_t)n_seqs, 4),
             *rows = (int32_t *)calloc((size_t)n_seqs, 4);
     int32_t cu[2] = {0, n_pre_tok};
     pg_cuda_sample_params *pp = (pg_cuda_sample_params *)calloc((size_t)n_seqs, sizeof *pp);
@@ -542,8 +583,10 @@ extern "C" int pg_cuda_model_prepare(pg_cuda_model *m, const pg_cuda_model_limit
     m->block_bytes = (size_t)bs * (size_t)sh->n_kv_heads * (size_t)sh->head_dim * sizeof(bf16);
     m->n_blocks = tmp_blocks;
     m->layer_bytes = (size_t)tmp_blocks * m->block_bytes;
-    if ((e = cudaMalloc((void **)&m->kv, 2 * (size_t)sh->n_layers * m->layer_bytes)) != cudaSuccess ||
-        (e = cudaMemsetAsync(m->kv, 0, 2 * (size_t)sh->n_layers * m->layer_bytes, m->stream)) != cudaSuccess) {
+    if ((e = cudaMalloc((void **)&m->kv, 2 * (size_t)sh->n_layers * m->layer_bytes)) !=
+            cudaSuccess ||
+        (e = cudaMemsetAsync(m->kv, 0, 2 * (size_t)sh->n_layers * m->layer_bytes, m->stream)) !=
+            cudaSuccess) {
         (void)cudaGetLastError();
         rc = pg_err_set(PG_ENOMEM, "cuda model: profiling KV cache: %s", cudaGetErrorString(e));
         goto done;
@@ -596,7 +639,8 @@ done:
     }
     for (int32_t b = 1; b < S && m->n_bbuckets < 15; b *= 2) m->bbuckets[m->n_bbuckets++] = b;
     m->bbuckets[m->n_bbuckets++] = S;
-    for (int64_t c = 256; c < m->lim.max_model_len && m->n_cbuckets < 31; c *= 2) m->cbuckets[m->n_cbuckets++] = (int32_t)c;
+    for (int64_t c = 256; c < m->lim.max_model_len && m->n_cbuckets < 31; c *= 2)
+        m->cbuckets[m->n_cbuckets++] = (int32_t)c;
     m->cbuckets[m->n_cbuckets++] = m->lim.max_model_len;
     m->g_max_bt = (m->lim.max_model_len + bs - 1) / bs;
     const size_t ng = (size_t)m->n_bbuckets * (size_t)m->n_cbuckets;
@@ -606,8 +650,8 @@ done:
     m->g_slots = (int32_t *)calloc((size_t)S, 4), m->g_lens = (int32_t *)calloc((size_t)S, 4);
     m->g_start = (int32_t *)calloc((size_t)S, 4);
     m->g_bt = (int32_t *)calloc((size_t)S * (size_t)m->g_max_bt, 4);
-    if (!m->graph_exec || !m->graph_state || !m->g_tok || !m->g_pos || !m->g_slots || !m->g_lens || !m->g_start ||
-        !m->g_bt)
+    if (!m->graph_exec || !m->graph_state || !m->g_tok || !m->g_pos || !m->g_slots || !m->g_lens ||
+        !m->g_start || !m->g_bt)
         return pg_err_set(PG_ENOMEM, "cuda model: out of host memory");
     return 0;
 }
@@ -620,7 +664,8 @@ extern "C" int pg_cuda_model_alloc_kv(pg_cuda_model *m, int32_t n_blocks, int32_
     PG_CUDA_TRY(cudaSetDevice(m->device));
     const pg_cuda_model_shape *sh = &m->sh;
     const size_t per_block = pg_cuda_model_kv_block_bytes(sh, m->lim.block_size);
-    m->block_bytes = (size_t)m->lim.block_size * (size_t)sh->n_kv_heads * (size_t)sh->head_dim * sizeof(bf16);
+    m->block_bytes =
+        (size_t)m->lim.block_size * (size_t)sh->n_kv_heads * (size_t)sh->head_dim * sizeof(bf16);
     m->layer_bytes = (size_t)n_blocks * m->block_bytes;
     const size_t total_kv = 2 * (size_t)sh->n_layers * m->layer_bytes;
     size_t free_b, total_b;
@@ -629,13 +674,17 @@ extern "C" int pg_cuda_model_alloc_kv(pg_cuda_model *m, int32_t n_blocks, int32_
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         m->kv = nullptr;
-        int64_t fit = (int64_t)(free_b > ((size_t)256 << 20) ? free_b - ((size_t)256 << 20) : 0) / (int64_t)per_block;
-        return pg_err_set(PG_ENOMEM, "KV cache of %d blocks (%.2f GiB) does not fit in the %.2f GiB of free device "
-                          "memory; at most about %lld blocks (%lld tokens) would",
-                          n_blocks, (double)total_kv / (1 << 30), (double)free_b / (1 << 30), (long long)fit,
-                          (long long)fit * m->lim.block_size);
+        int64_t fit = (int64_t)(free_b > ((size_t)256 << 20) ? free_b - ((size_t)256 << 20) : 0) /
+                      (int64_t)per_block;
+        return pg_err_set(
+            PG_ENOMEM,
+            "KV cache of %d blocks (%.2f GiB) does not fit in the %.2f GiB of free device "
+            "memory; at most about %lld blocks (%lld tokens) would",
+            n_blocks, (double)total_kv / (1 << 30), (double)free_b / (1 << 30), (long long)fit,
+            (long long)fit * m->lim.block_size);
     }
-    PG_CUDA_TRY(cudaMemsetAsync(m->kv, 0, total_kv, m->stream)); // finite values in never-written slots
+    PG_CUDA_TRY(
+        cudaMemsetAsync(m->kv, 0, total_kv, m->stream)); // finite values in never-written slots
     m->n_blocks = n_blocks;
     void **ptrs = (void **)malloc(sizeof(void *) * 2 * (size_t)sh->n_layers);
     if (!ptrs) return pg_err_set(PG_ENOMEM, "cuda model: out of host memory");
@@ -645,8 +694,8 @@ extern "C" int pg_cuda_model_alloc_kv(pg_cuda_model *m, int32_t n_blocks, int32_
     }
     e = cudaMalloc((void **)&m->kv_ptrs_dev, sizeof(void *) * 2 * (size_t)sh->n_layers);
     if (e == cudaSuccess)
-        e = cudaMemcpyAsync(m->kv_ptrs_dev, ptrs, sizeof(void *) * 2 * (size_t)sh->n_layers, cudaMemcpyHostToDevice,
-                            m->stream);
+        e = cudaMemcpyAsync(m->kv_ptrs_dev, ptrs, sizeof(void *) * 2 * (size_t)sh->n_layers,
+                            cudaMemcpyHostToDevice, m->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(m->stream);
     free(ptrs);
     PG_CUDA_TRY(e);
@@ -656,8 +705,10 @@ extern "C" int pg_cuda_model_alloc_kv(pg_cuda_model *m, int32_t n_blocks, int32_
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
             m->host_kv = nullptr;
-            return pg_err_set(PG_ENOMEM, "swap space of %d blocks (%.2f GiB of pinned host memory) cannot be "
-                              "allocated; lower --swap-space", n_host_blocks, (double)hb / (1 << 30));
+            return pg_err_set(PG_ENOMEM,
+                              "swap space of %d blocks (%.2f GiB of pinned host memory) cannot be "
+                              "allocated; lower --swap-space",
+                              n_host_blocks, (double)hb / (1 << 30));
         }
         m->n_host_blocks = n_host_blocks;
     }
@@ -680,8 +731,10 @@ extern "C" void pg_cuda_model_mem(const pg_cuda_model *m, pg_cuda_mem_stats *out
     out->n_graphs = m->n_graphs;
     out->other = out->total - out->free - out->weights - out->kv - out->workspace - out->graphs;
     if (out->other < 0) out->other = 0;
-    out->host_swap = (int64_t)m->n_host_blocks * (int64_t)pg_cuda_model_kv_block_bytes(&m->sh, m->lim.block_size);
-    if (pg_cuda_device_describe(out->device, sizeof out->device) < 0) snprintf(out->device, sizeof out->device, "cuda");
+    out->host_swap = (int64_t)m->n_host_blocks *
+                     (int64_t)pg_cuda_model_kv_block_bytes(&m->sh, m->lim.block_size);
+    if (pg_cuda_device_describe(out->device, sizeof out->device) < 0)
+        snprintf(out->device, sizeof out->device, "cuda");
 }
 
 // --- a step ------------------------------------------------------------------------------------
@@ -696,26 +749,30 @@ static int swap_blocks(pg_cuda_model *m, const int32_t *pairs, int32_t n, bool t
     for (int32_t i = 0; i < n;) {
         const int32_t from = pairs[2 * i], to = pairs[2 * i + 1];
         int32_t run = 1;
-        while (i + run < n && pairs[2 * (i + run)] == from + run && pairs[2 * (i + run) + 1] == to + run) run++;
+        while (i + run < n && pairs[2 * (i + run)] == from + run &&
+               pairs[2 * (i + run) + 1] == to + run)
+            run++;
         for (int32_t t = 0; t < L2; t++) {
             char *dev = m->kv + (size_t)t * m->layer_bytes;
             char *host = m->host_kv + (size_t)t * host_layer;
             if (to_host)
-                PG_CUDA_TRY(cudaMemcpyAsync(host + (size_t)to * bb, dev + (size_t)from * bb, (size_t)run * bb,
-                                            cudaMemcpyDeviceToHost, m->copy_stream));
+                PG_CUDA_TRY(cudaMemcpyAsync(host + (size_t)to * bb, dev + (size_t)from * bb,
+                                            (size_t)run * bb, cudaMemcpyDeviceToHost,
+                                            m->copy_stream));
             else
-                PG_CUDA_TRY(cudaMemcpyAsync(dev + (size_t)to * bb, host + (size_t)from * bb, (size_t)run * bb,
-                                            cudaMemcpyHostToDevice, m->copy_stream));
+                PG_CUDA_TRY(cudaMemcpyAsync(dev + (size_t)to * bb, host + (size_t)from * bb,
+                                            (size_t)run * bb, cudaMemcpyHostToDevice,
+                                            m->copy_stream));
         }
         i += run;
     }
     return 0;
 }
 
-static int gemm(pg_cuda_model *m, bf16 *out, int64_t ldo, const bf16 *x, int64_t ldx, const bf16 *w, int64_t rows,
-                int64_t n, int64_t k, int accumulate) {
-    return pg_cuda_gemm_bf16(m->gemm, out, ldo, x, ldx, w, rows, n, k, accumulate, m->gemm_ws, m->gemm_ws_bytes,
-                             m->stream);
+static int gemm(pg_cuda_model *m, bf16 *out, int64_t ldo, const bf16 *x, int64_t ldx, const bf16 *w,
+                int64_t rows, int64_t n, int64_t k, int accumulate) {
+    return pg_cuda_gemm_bf16(m->gemm, out, ldo, x, ldx, w, rows, n, k, accumulate, m->gemm_ws,
+                             m->gemm_ws_bytes, m->stream);
 }
 
 // Device addresses of one step's packed inputs.
@@ -729,10 +786,10 @@ struct DevIn {
 // shape (a graph bucket) get the same device addresses.
 static int pack_inputs(pg_cuda_model *m, const pg_cuda_step *s, DevIn *d) {
     const int32_t n = s->n_tokens, n_pre = s->n_seqs - s->n_decode;
-    PG_ARG(n <= m->lim.max_tokens && s->n_seqs <= m->lim.max_seqs && s->n_sample <= m->lim.max_seqs &&
-               s->n_decode >= 0 && n_pre >= 0,
-           "cuda step: %d tokens / %d sequences (%d decode) beyond the limits %d / %d", n, s->n_seqs, s->n_decode,
-           m->lim.max_tokens, m->lim.max_seqs);
+    PG_ARG(n <= m->lim.max_tokens && s->n_seqs <= m->lim.max_seqs &&
+               s->n_sample <= m->lim.max_seqs && s->n_decode >= 0 && n_pre >= 0,
+           "cuda step: %d tokens / %d sequences (%d decode) beyond the limits %d / %d", n,
+           s->n_seqs, s->n_decode, m->lim.max_tokens, m->lim.max_seqs);
     Packer pk;
     pk.host = m->in_host;
     pk.dev = m->in_dev;
@@ -748,8 +805,10 @@ static int pack_inputs(pg_cuda_model *m, const pg_cuda_step *s, DevIn *d) {
     d->params = pk.put(s->params, (size_t)s->n_sample);
     d->stok = pk.put(s->sample_tokens, (size_t)s->n_sample_tokens);
     if (pk.overflow)
-        return pg_err_set(PG_EINVAL, "cuda step: inputs exceed the %zu bytes sized at start (block tables of "
-                          "stride %d, %d history tokens)", pk.cap, s->bt_stride, s->n_sample_tokens);
+        return pg_err_set(PG_EINVAL,
+                          "cuda step: inputs exceed the %zu bytes sized at start (block tables of "
+                          "stride %d, %d history tokens)",
+                          pk.cap, s->bt_stride, s->n_sample_tokens);
     PG_CUDA_TRY(cudaMemcpyAsync(m->in_dev, m->in_host, pk.used, cudaMemcpyHostToDevice, m->stream));
     return 0;
 }
@@ -766,20 +825,22 @@ static int run_layers(pg_cuda_model *m, const pg_cuda_step *s, const DevIn &d) {
     PG_TRY(pg_cuda_embed(m->x, m->emb, d.tok, n, H, sh->vocab, stream));
     for (int32_t l = 0; l < sh->n_layers; l++) {
         const Layer *L = &m->layers[l];
-        void *kc = m->kv + (size_t)(2 * l) * m->layer_bytes, *vc = m->kv + (size_t)(2 * l + 1) * m->layer_bytes;
+        void *kc = m->kv + (size_t)(2 * l) * m->layer_bytes,
+             *vc = m->kv + (size_t)(2 * l + 1) * m->layer_bytes;
         PG_TRY(pg_cuda_add_rmsnorm(m->xn, m->x, nullptr, L->attn_norm, n, H, sh->rms_eps, stream));
         PG_TRY(gemm(m, m->qkv, qkv_dim, m->xn, H, L->qkv, n, qkv_dim, H, 0));
-        PG_TRY(pg_cuda_rope_kv_write(m->qkv, qkv_dim, m->qkv + q_dim, qkv_dim, m->qkv + q_dim + m->kv_dim, qkv_dim,
-                                     d.pos, d.slots, n, sh->n_heads, m->inv_freq, kc, vc, kvs, stream));
+        PG_TRY(pg_cuda_rope_kv_write(m->qkv, qkv_dim, m->qkv + q_dim, qkv_dim,
+                                     m->qkv + q_dim + m->kv_dim, qkv_dim, d.pos, d.slots, n,
+                                     sh->n_heads, m->inv_freq, kc, vc, kvs, stream));
         if (n_dec > 0)
-            PG_TRY(pg_cuda_paged_decode_attention(m->attn, m->qkv, qkv_dim, kc, vc, kvs, d.bt, s->bt_stride, d.lens,
-                                                  n_dec, sh->n_heads, scale, s->max_decode_ctx, m->dec_ws,
-                                                  m->dec_ws_bytes, stream));
+            PG_TRY(pg_cuda_paged_decode_attention(
+                m->attn, m->qkv, qkv_dim, kc, vc, kvs, d.bt, s->bt_stride, d.lens, n_dec,
+                sh->n_heads, scale, s->max_decode_ctx, m->dec_ws, m->dec_ws_bytes, stream));
         if (n_pre > 0)
-            PG_TRY(pg_cuda_paged_prefill_attention(m->attn + (size_t)n_dec * q_dim, m->qkv + (size_t)n_dec * qkv_dim,
-                                                   qkv_dim, kc, vc, kvs, d.bt + (size_t)n_dec * s->bt_stride,
-                                                   s->bt_stride, d.cu, d.start + n_dec, n_pre, sh->n_heads, scale,
-                                                   s->max_prefill_q, stream));
+            PG_TRY(pg_cuda_paged_prefill_attention(
+                m->attn + (size_t)n_dec * q_dim, m->qkv + (size_t)n_dec * qkv_dim, qkv_dim, kc, vc,
+                kvs, d.bt + (size_t)n_dec * s->bt_stride, s->bt_stride, d.cu, d.start + n_dec,
+                n_pre, sh->n_heads, scale, s->max_prefill_q, stream));
         PG_TRY(gemm(m, m->x, H, m->attn, q_dim, L->o, n, H, q_dim, 1));
         PG_TRY(pg_cuda_add_rmsnorm(m->xn, m->x, nullptr, L->ffn_norm, n, H, sh->rms_eps, stream));
         PG_TRY(gemm(m, m->gu, 2 * ffn, m->xn, H, L->gu, n, 2 * ffn, H, 0));
@@ -791,22 +852,28 @@ static int run_layers(pg_cuda_model *m, const pg_cuda_step *s, const DevIn &d) {
 
 // Gather of the sampled rows, final norm, LM head, sampling; waits for the
 // results (the step's end).
-static int run_tail(pg_cuda_model *m, const pg_cuda_step *s, const DevIn &d, pg_cuda_sample_out *out) {
+static int run_tail(pg_cuda_model *m, const pg_cuda_step *s, const DevIn &d,
+                    pg_cuda_sample_out *out) {
     const pg_cuda_model_shape *sh = &m->sh;
     const int32_t ns = s->n_sample;
     const int64_t H = sh->hidden;
     cudaStream_t stream = m->stream;
     if (ns > 0) {
-        PG_TRY(pg_cuda_embed(m->lg_in, m->x, d.rows, ns, H, s->n_tokens, stream)); // gather the sampled rows
-        PG_TRY(pg_cuda_add_rmsnorm(m->lg_in, m->lg_in, nullptr, m->final_norm, ns, H, sh->rms_eps, stream));
+        PG_TRY(pg_cuda_embed(m->lg_in, m->x, d.rows, ns, H, s->n_tokens,
+                             stream)); // gather the sampled rows
+        PG_TRY(pg_cuda_add_rmsnorm(m->lg_in, m->lg_in, nullptr, m->final_norm, ns, H, sh->rms_eps,
+                                   stream));
         PG_TRY(gemm(m, m->logits, m->ld_logits, m->lg_in, H, m->lm_head, ns, sh->vocab, H, 0));
-        PG_TRY(pg_cuda_sample(m->out_dev, m->logits, PG_CUDA_BF16, m->ld_logits, ns, sh->vocab, d.params,
-                              s->n_sample_tokens ? d.stok : d.tok, m->samp_ws, m->samp_ws_bytes, stream));
-        PG_CUDA_TRY(cudaMemcpyAsync(m->out_host, m->out_dev, sizeof(pg_cuda_sample_out) * (size_t)ns,
-                                    cudaMemcpyDeviceToHost, stream));
+        PG_TRY(pg_cuda_sample(m->out_dev, m->logits, PG_CUDA_BF16, m->ld_logits, ns, sh->vocab,
+                              d.params, s->n_sample_tokens ? d.stok : d.tok, m->samp_ws,
+                              m->samp_ws_bytes, stream));
+        PG_CUDA_TRY(cudaMemcpyAsync(m->out_host, m->out_dev,
+                                    sizeof(pg_cuda_sample_out) * (size_t)ns, cudaMemcpyDeviceToHost,
+                                    stream));
     }
     PG_CUDA_TRY(cudaStreamSynchronize(stream));
-    if (ns > 0 && out != m->out_host) memcpy(out, m->out_host, sizeof(pg_cuda_sample_out) * (size_t)ns);
+    if (ns > 0 && out != m->out_host)
+        memcpy(out, m->out_host, sizeof(pg_cuda_sample_out) * (size_t)ns);
     m->last_n_sample = ns;
     return 0;
 }
@@ -825,7 +892,8 @@ static int forward_and_sample(pg_cuda_model *m, const pg_cuda_step *s, bool move
 // batch (host arrays in m->g_*), *slot the graph of (B, C). False when the
 // step is no graph candidate.
 static bool graph_step(pg_cuda_model *m, const pg_cuda_step *s, pg_cuda_step *ps, int32_t *slot) {
-    if (!m->graphs_on || s->n_seqs <= 0 || s->n_decode != s->n_seqs || s->n_tokens != s->n_seqs) return false;
+    if (!m->graphs_on || s->n_seqs <= 0 || s->n_decode != s->n_seqs || s->n_tokens != s->n_seqs)
+        return false;
     int32_t bi = 0, ci = 0;
     while (bi < m->n_bbuckets - 1 && m->bbuckets[bi] < s->n_seqs) bi++;
     while (ci < m->n_cbuckets - 1 && m->cbuckets[ci] < s->max_decode_ctx) ci++;
@@ -872,7 +940,8 @@ static void capture_graph(pg_cuda_model *m, const pg_cuda_step *ps, const DevIn 
     if (rc < 0 || e != cudaSuccess || !exec) {
         (void)cudaGetLastError();
         m->graph_state[slot] = -1;
-        PG_LOGW("cuda graph for %d decode sequences, context <= %d: capture failed (%s); that bucket runs eagerly",
+        PG_LOGW("cuda graph for %d decode sequences, context <= %d: capture failed (%s); that "
+                "bucket runs eagerly",
                 ps->n_seqs, ps->max_decode_ctx, rc < 0 ? pg_err_msg() : cudaGetErrorString(e));
         return;
     }
@@ -883,7 +952,8 @@ static void capture_graph(pg_cuda_model *m, const pg_cuda_step *ps, const DevIn 
     if (f0 > f1) m->graph_bytes += (int64_t)(f0 - f1);
 }
 
-extern "C" int pg_cuda_model_step(pg_cuda_model *m, const pg_cuda_step *s, pg_cuda_sample_out *out) {
+extern "C" int pg_cuda_model_step(pg_cuda_model *m, const pg_cuda_step *s,
+                                  pg_cuda_sample_out *out) {
     PG_ARG(m->kv, "cuda step: no KV cache (alloc_kv first)");
     PG_CUDA_TRY(cudaSetDevice(m->device));
     if (s->n_swap_out || s->n_swap_in) {
@@ -908,8 +978,8 @@ extern "C" int pg_cuda_model_step(pg_cuda_model *m, const pg_cuda_step *s, pg_cu
         int32_t *dp = (int32_t *)(m->in_dev + m->in_cap - pair_region_bytes(m));
         memcpy(hp, s->copies + 2 * (size_t)done, (size_t)chunk * 8);
         PG_CUDA_TRY(cudaMemcpyAsync(dp, hp, (size_t)chunk * 8, cudaMemcpyHostToDevice, m->stream));
-        PG_TRY(pg_cuda_copy_blocks(m->kv_ptrs_dev, m->kv_ptrs_dev + m->sh.n_layers, m->sh.n_layers, dp, chunk,
-                                   (int64_t)m->block_bytes, m->stream));
+        PG_TRY(pg_cuda_copy_blocks(m->kv_ptrs_dev, m->kv_ptrs_dev + m->sh.n_layers, m->sh.n_layers,
+                                   dp, chunk, (int64_t)m->block_bytes, m->stream));
         PG_CUDA_TRY(cudaStreamSynchronize(m->stream)); // the host image is reused by the next chunk
         done += chunk;
     }
@@ -942,7 +1012,8 @@ extern "C" int pg_cuda_model_step(pg_cuda_model *m, const pg_cuda_step *s, pg_cu
         cudaEventElapsedTime(&b, m->t_ev[1], m->t_ev[2]);
         clock_gettime(CLOCK_MONOTONIC, &h1);
         m->t_layers_ms += a, m->t_tail_ms += b;
-        m->t_host_ms += (double)(h1.tv_sec - h0.tv_sec) * 1e3 + (double)(h1.tv_nsec - h0.tv_nsec) * 1e-6;
+        m->t_host_ms +=
+            (double)(h1.tv_sec - h0.tv_sec) * 1e3 + (double)(h1.tv_nsec - h0.tv_nsec) * 1e-6;
         m->t_steps++;
     }
     // First eager step of this bucket done (kernels loaded, GEMM plans made):
@@ -952,7 +1023,8 @@ extern "C" int pg_cuda_model_step(pg_cuda_model *m, const pg_cuda_step *s, pg_cu
 }
 
 extern "C" int pg_cuda_model_last_logits(pg_cuda_model *m, float *out, int32_t n) {
-    PG_ARG(n >= 0 && n <= m->last_n_sample, "last_logits: %d rows, the last step sampled %d", n, m->last_n_sample);
+    PG_ARG(n >= 0 && n <= m->last_n_sample, "last_logits: %d rows, the last step sampled %d", n,
+           m->last_n_sample);
     if (n == 0) return 0;
     PG_CUDA_TRY(cudaSetDevice(m->device));
     const size_t count = (size_t)n * (size_t)m->ld_logits, V = (size_t)m->sh.vocab;
@@ -961,8 +1033,8 @@ extern "C" int pg_cuda_model_last_logits(pg_cuda_model *m, float *out, int32_t n
     int rc = pg_cuda_bf16_to_f32(tmp, m->logits, (int64_t)count, m->stream);
     cudaError_t e = cudaSuccess;
     if (rc == 0) // rows of ld_logits on the device, of vocab in `out`
-        e = cudaMemcpy2DAsync(out, V * sizeof(float), tmp, (size_t)m->ld_logits * sizeof(float), V * sizeof(float),
-                              (size_t)n, cudaMemcpyDeviceToHost, m->stream);
+        e = cudaMemcpy2DAsync(out, V * sizeof(float), tmp, (size_t)m->ld_logits * sizeof(float),
+                              V * sizeof(float), (size_t)n, cudaMemcpyDeviceToHost, m->stream);
     if (rc == 0 && e == cudaSuccess) e = cudaStreamSynchronize(m->stream);
     cudaFree(tmp);
     if (rc < 0) return rc;

@@ -55,24 +55,24 @@ typedef struct pg_cuda_model_limits {
 typedef struct pg_cuda_mem_stats {
     int64_t total, free;
     int64_t weights, kv, workspace, graphs, other;
-    int64_t host_swap;       // pinned host bytes of the swap mirror
+    int64_t host_swap;         // pinned host bytes of the swap mirror
     int64_t workspace_buffers; // of `workspace`, the buffers this module allocated
-    int32_t n_graphs;        // CUDA graphs captured so far (decode buckets; `graphs` bytes)
-    char device[160];        // pg_cuda_device_describe()
+    int32_t n_graphs;          // CUDA graphs captured so far (decode buckets; `graphs` bytes)
+    char device[160];          // pg_cuda_device_describe()
 } pg_cuda_mem_stats;
 
 // Weight tensors, addressed with a layer index (ignored for the global ones).
 // Shapes, rows x cols, one row per output feature:
 typedef enum pg_cuda_weight_id {
-    PG_CUDA_W_EMB = 0,     // [vocab][hidden]
-    PG_CUDA_W_LM_HEAD,     // [vocab][hidden] (the embedding when tied)
-    PG_CUDA_W_FINAL_NORM,  // [1][hidden]
-    PG_CUDA_W_ATTN_NORM,   // [1][hidden]
-    PG_CUDA_W_FFN_NORM,    // [1][hidden]
-    PG_CUDA_W_QKV,         // [(n_heads + 2 n_kv_heads) head_dim][hidden]: Q rows, then K, then V
-    PG_CUDA_W_O,           // [hidden][n_heads head_dim]
-    PG_CUDA_W_GATE_UP,     // [2 ffn][hidden]: gate rows, then up
-    PG_CUDA_W_DOWN,        // [hidden][ffn]
+    PG_CUDA_W_EMB = 0,    // [vocab][hidden]
+    PG_CUDA_W_LM_HEAD,    // [vocab][hidden] (the embedding when tied)
+    PG_CUDA_W_FINAL_NORM, // [1][hidden]
+    PG_CUDA_W_ATTN_NORM,  // [1][hidden]
+    PG_CUDA_W_FFN_NORM,   // [1][hidden]
+    PG_CUDA_W_QKV,        // [(n_heads + 2 n_kv_heads) head_dim][hidden]: Q rows, then K, then V
+    PG_CUDA_W_O,          // [hidden][n_heads head_dim]
+    PG_CUDA_W_GATE_UP,    // [2 ffn][hidden]: gate rows, then up
+    PG_CUDA_W_DOWN,       // [hidden][ffn]
 } pg_cuda_weight_id;
 
 // Host rows per pg_cuda_model_upload_rows call at most: rows * cols <= this.
@@ -126,7 +126,7 @@ typedef struct pg_cuda_step {
     int32_t n_tokens;
     const int32_t *tokens, *pos, *slots; // [n_tokens]; slot = block * block_size + offset
     int32_t n_seqs, n_decode;
-    const int32_t *block_tables;         // [n_seqs][bt_stride]
+    const int32_t *block_tables; // [n_seqs][bt_stride]
     int32_t bt_stride;
     const int32_t *seq_lens;             // [n_seqs] context after this step (start_pos + n_q)
     const int32_t *start_pos;            // [n_seqs]

@@ -10,11 +10,16 @@
 #include "common/err.h"
 #include "kernels/cuda/cuda_model.h"
 
-#define NO_CUDA() pg_err_set(PG_EUNSUPP, "this binary was built without CUDA (no nvcc at build time)")
+#define NO_CUDA()                                                                                  \
+    pg_err_set(PG_EUNSUPP, "this binary was built without CUDA (no nvcc at build time)")
 
-int pg_cuda_built(void) { return 0; }
+int pg_cuda_built(void) {
+    return 0;
+}
 
-int pg_cuda_device_count(void) { return 0; }
+int pg_cuda_device_count(void) {
+    return 0;
+}
 
 int pg_cuda_device_describe(char *name, size_t cap) {
     if (name && cap) name[0] = 0;
@@ -28,7 +33,9 @@ int pg_cuda_model_create(const pg_cuda_model_shape *shape, const float *inv_freq
     return NO_CUDA();
 }
 
-void pg_cuda_model_free(pg_cuda_model *m) { (void)m; }
+void pg_cuda_model_free(pg_cuda_model *m) {
+    (void)m;
+}
 
 void pg_cuda_model_weight_dims(const pg_cuda_model *m, pg_cuda_weight_id w, int64_t *rows,
                                int64_t *cols) {

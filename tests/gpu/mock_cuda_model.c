@@ -38,45 +38,72 @@ struct pg_cuda_model {
     pg_sampler *sampler;
     pg_cuda_model_limits lim;
     bool prepared;
-    float *kv;            // [2 L][n_blocks][block elems]
+    float *kv; // [2 L][n_blocks][block elems]
     int32_t n_blocks;
     size_t block_elems;
-    float *host;          // [2 L][n_host][block elems]
+    float *host; // [2 L][n_host][block elems]
     int32_t n_host;
-    float *logits;        // [S][vocab] raw
+    float *logits; // [S][vocab] raw
     int32_t last_n;
 };
 
-int pg_cuda_built(void) { return 1; }
-int pg_cuda_device_count(void) { return 1; }
+int pg_cuda_built(void) {
+    return 1;
+}
+int pg_cuda_device_count(void) {
+    return 1;
+}
 int pg_cuda_device_describe(char *name, size_t cap) {
     snprintf(name, cap, "mock (CPU, f32)");
     return 0;
 }
 
-static float *weight(pg_cuda_model *m, pg_cuda_weight_id w, int32_t layer, int64_t *rows, int64_t *cols) {
+static float *weight(pg_cuda_model *m, pg_cuda_weight_id w, int32_t layer, int64_t *rows,
+                     int64_t *cols) {
     const int64_t H = m->sh.hidden;
-    mlayer *L = w >= PG_CUDA_W_ATTN_NORM && layer >= 0 && layer < m->sh.n_layers ? &m->L[layer] : NULL;
+    mlayer *L =
+        w >= PG_CUDA_W_ATTN_NORM && layer >= 0 && layer < m->sh.n_layers ? &m->L[layer] : NULL;
     *rows = *cols = 0;
     switch (w) {
-    case PG_CUDA_W_EMB: *rows = m->sh.vocab, *cols = H; return m->emb;
-    case PG_CUDA_W_LM_HEAD: *rows = m->sh.vocab, *cols = H; return m->lm_head;
-    case PG_CUDA_W_FINAL_NORM: *rows = 1, *cols = H; return m->final_norm;
-    default: break;
+    case PG_CUDA_W_EMB:
+        *rows = m->sh.vocab, *cols = H;
+        return m->emb;
+    case PG_CUDA_W_LM_HEAD:
+        *rows = m->sh.vocab, *cols = H;
+        return m->lm_head;
+    case PG_CUDA_W_FINAL_NORM:
+        *rows = 1, *cols = H;
+        return m->final_norm;
+    default:
+        break;
     }
     if (!L) return NULL;
     switch (w) {
-    case PG_CUDA_W_ATTN_NORM: *rows = 1, *cols = H; return L->attn_norm;
-    case PG_CUDA_W_FFN_NORM: *rows = 1, *cols = H; return L->ffn_norm;
-    case PG_CUDA_W_QKV: *rows = m->qkv_dim, *cols = H; return L->qkv;
-    case PG_CUDA_W_O: *rows = H, *cols = m->q_dim; return L->o;
-    case PG_CUDA_W_GATE_UP: *rows = 2 * (int64_t)m->sh.ffn, *cols = H; return L->gu;
-    case PG_CUDA_W_DOWN: *rows = H, *cols = m->sh.ffn; return L->down;
-    default: return NULL;
+    case PG_CUDA_W_ATTN_NORM:
+        *rows = 1, *cols = H;
+        return L->attn_norm;
+    case PG_CUDA_W_FFN_NORM:
+        *rows = 1, *cols = H;
+        return L->ffn_norm;
+    case PG_CUDA_W_QKV:
+        *rows = m->qkv_dim, *cols = H;
+        return L->qkv;
+    case PG_CUDA_W_O:
+        *rows = H, *cols = m->q_dim;
+        return L->o;
+    case PG_CUDA_W_GATE_UP:
+        *rows = 2 * (int64_t)m->sh.ffn, *cols = H;
+        return L->gu;
+    case PG_CUDA_W_DOWN:
+        *rows = H, *cols = m->sh.ffn;
+        return L->down;
+    default:
+        return NULL;
     }
 }
 
-int pg_cuda_model_create(const pg_cuda_model_shape *sh, const float *inv_freq, int device, pg_cuda_model **out) {
+int pg_cuda_model_create(const pg_cuda_model_shape *sh, const float *inv_freq, int device,
+                         pg_cuda_model **out) {
     (void)device;
     pg_cuda_model *m = pg_xcalloc(1, sizeof *m);
     m->sh = *sh;
@@ -113,26 +140,28 @@ void pg_cuda_model_free(pg_cuda_model *m) {
     }
     free(m->L);
     if (m->lm_head != m->emb) free(m->lm_head);
-    free(m->emb), free(m->final_norm), free(m->inv_freq), free(m->kv), free(m->host), free(m->logits);
+    free(m->emb), free(m->final_norm), free(m->inv_freq), free(m->kv), free(m->host),
+        free(m->logits);
     m->be->destroy(m->be);
     pg_sampler_free(m->sampler);
     free(m);
 }
 
-void pg_cuda_model_weight_dims(const pg_cuda_model *m, pg_cuda_weight_id w, int64_t *rows, int64_t *cols) {
+void pg_cuda_model_weight_dims(const pg_cuda_model *m, pg_cuda_weight_id w, int64_t *rows,
+                               int64_t *cols) {
     weight((pg_cuda_model *)m, w, 0, rows, cols);
 }
 
-int pg_cuda_model_upload_rows(pg_cuda_model *m, pg_cuda_weight_id w, int32_t layer, int64_t row0, int64_t n_rows,
-                              const void *src, int src_dtype) {
+int pg_cuda_model_upload_rows(pg_cuda_model *m, pg_cuda_weight_id w, int32_t layer, int64_t row0,
+                              int64_t n_rows, const void *src, int src_dtype) {
     int64_t rows, cols;
     float *dst = weight(m, w, layer, &rows, &cols);
     if (!dst || row0 < 0 || row0 + n_rows > rows || n_rows * cols > PG_CUDA_UPLOAD_ELEMS)
-        return pg_err_set(PG_EINVAL, "mock upload: weight %d layer %d rows [%lld, +%lld) of %lld", (int)w, layer,
-                          (long long)row0, (long long)n_rows, (long long)rows);
+        return pg_err_set(PG_EINVAL, "mock upload: weight %d layer %d rows [%lld, +%lld) of %lld",
+                          (int)w, layer, (long long)row0, (long long)n_rows, (long long)rows);
     if (w == PG_CUDA_W_LM_HEAD && m->sh.tie_embeddings) return 0;
-    pg_dequantize_row(src_dtype == PG_CUDA_BF16 ? PG_DTYPE_BF16 : PG_DTYPE_F32, src, dst + row0 * cols,
-                      n_rows * cols);
+    pg_dequantize_row(src_dtype == PG_CUDA_BF16 ? PG_DTYPE_BF16 : PG_DTYPE_F32, src,
+                      dst + row0 * cols, n_rows * cols);
     return 0;
 }
 
@@ -143,10 +172,14 @@ int pg_cuda_model_init_random(pg_cuda_model *m, uint64_t seed, float std) {
     for (int w = PG_CUDA_W_EMB; w <= PG_CUDA_W_DOWN; w++)
         for (int32_t l = 0; l < (w >= PG_CUDA_W_ATTN_NORM ? m->sh.n_layers : 1); l++) {
             float *p = weight(m, (pg_cuda_weight_id)w, l, &rows, &cols);
-            bool norm = w == PG_CUDA_W_FINAL_NORM || w == PG_CUDA_W_ATTN_NORM || w == PG_CUDA_W_FFN_NORM;
+            bool norm =
+                w == PG_CUDA_W_FINAL_NORM || w == PG_CUDA_W_ATTN_NORM || w == PG_CUDA_W_FFN_NORM;
             for (int64_t i = 0; i < rows * cols; i++) {
                 x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-                p[i] = norm ? 1.0f : std * (float)(((double)(x >> 11) / 9007199254740992.0) * 3.4641 - 1.7320);
+                p[i] =
+                    norm
+                        ? 1.0f
+                        : std * (float)(((double)(x >> 11) / 9007199254740992.0) * 3.4641 - 1.7320);
             }
         }
     (void)H;
@@ -162,14 +195,17 @@ int pg_cuda_model_prepare(pg_cuda_model *m, const pg_cuda_model_limits *lim) {
 }
 
 size_t pg_cuda_model_kv_block_bytes(const pg_cuda_model_shape *s, int32_t block_size) {
-    return (size_t)2 * (size_t)s->n_layers * (size_t)block_size * (size_t)s->n_kv_heads * (size_t)s->head_dim * 2;
+    return (size_t)2 * (size_t)s->n_layers * (size_t)block_size * (size_t)s->n_kv_heads *
+           (size_t)s->head_dim * 2;
 }
 
 int pg_cuda_model_alloc_kv(pg_cuda_model *m, int32_t n_blocks, int32_t n_host_blocks) {
     m->block_elems = (size_t)m->lim.block_size * (size_t)m->sh.n_kv_heads * (size_t)m->sh.head_dim;
     m->kv = pg_xcalloc(2 * (size_t)m->sh.n_layers * (size_t)n_blocks * m->block_elems, 4);
     m->n_blocks = n_blocks;
-    if (n_host_blocks) m->host = pg_xcalloc(2 * (size_t)m->sh.n_layers * (size_t)n_host_blocks * m->block_elems, 4);
+    if (n_host_blocks)
+        m->host =
+            pg_xcalloc(2 * (size_t)m->sh.n_layers * (size_t)n_host_blocks * m->block_elems, 4);
     m->n_host = n_host_blocks;
     return 0;
 }
@@ -188,7 +224,11 @@ void pg_cuda_model_mem(const pg_cuda_model *m, pg_cuda_mem_stats *out) {
 }
 
 static pg_weight fw(const float *p, int64_t rows, int64_t cols) {
-    return (pg_weight){.data = p, .dtype = PG_DTYPE_F32, .rows = rows, .cols = cols, .row_bytes = (size_t)cols * 4};
+    return (pg_weight){.data = p,
+                       .dtype = PG_DTYPE_F32,
+                       .rows = rows,
+                       .cols = cols,
+                       .row_bytes = (size_t)cols * 4};
 }
 
 static float *tensor(pg_cuda_model *m, int32_t t, bool host) { // t in [0, 2L)
@@ -219,20 +259,26 @@ int pg_cuda_model_step(pg_cuda_model *m, const pg_cuda_step *s, pg_cuda_sample_o
     if (n == 0) return 0;
     pg_backend *be = m->be;
     const pg_kv_shape kvs = {m->n_blocks, m->lim.block_size, sh->n_kv_heads, sh->head_dim};
-    float *x = pg_xmalloc(sizeof(float) * (size_t)(n * H)), *xn = pg_xmalloc(sizeof(float) * (size_t)(n * H));
+    float *x = pg_xmalloc(sizeof(float) * (size_t)(n * H)),
+          *xn = pg_xmalloc(sizeof(float) * (size_t)(n * H));
     float *qkv = pg_xmalloc(sizeof(float) * (size_t)(n * m->qkv_dim));
-    float *q = pg_xmalloc(sizeof(float) * (size_t)(n * m->q_dim)), *att = pg_xmalloc(sizeof(float) * (size_t)(n * m->q_dim));
-    float *k = pg_xmalloc(sizeof(float) * (size_t)(n * m->kv_dim)), *v = pg_xmalloc(sizeof(float) * (size_t)(n * m->kv_dim));
-    float *gu = pg_xmalloc(sizeof(float) * (size_t)(n * 2 * sh->ffn)), *h = pg_xmalloc(sizeof(float) * (size_t)(n * sh->ffn));
+    float *q = pg_xmalloc(sizeof(float) * (size_t)(n * m->q_dim)),
+          *att = pg_xmalloc(sizeof(float) * (size_t)(n * m->q_dim));
+    float *k = pg_xmalloc(sizeof(float) * (size_t)(n * m->kv_dim)),
+          *v = pg_xmalloc(sizeof(float) * (size_t)(n * m->kv_dim));
+    float *gu = pg_xmalloc(sizeof(float) * (size_t)(n * 2 * sh->ffn)),
+          *h = pg_xmalloc(sizeof(float) * (size_t)(n * sh->ffn));
     pg_attn_seq *seqs = pg_xmalloc(sizeof(pg_attn_seq) * (size_t)s->n_seqs);
     for (int32_t i = 0; i < s->n_seqs; i++) {
         const int32_t *bt = s->block_tables + (size_t)i * s->bt_stride;
         if (i < s->n_decode) {
-            if (s->seq_lens[i] != s->start_pos[i] + 1) return pg_err_set(PG_EINVAL, "mock: decode seq_lens");
+            if (s->seq_lens[i] != s->start_pos[i] + 1)
+                return pg_err_set(PG_EINVAL, "mock: decode seq_lens");
             seqs[i] = (pg_attn_seq){i, 1, s->seq_lens[i] - 1, bt};
         } else {
             int32_t j = i - s->n_decode, nq = s->cu_q[j + 1] - s->cu_q[j];
-            if (s->seq_lens[i] != s->start_pos[i] + nq) return pg_err_set(PG_EINVAL, "mock: prefill seq_lens");
+            if (s->seq_lens[i] != s->start_pos[i] + nq)
+                return pg_err_set(PG_EINVAL, "mock: prefill seq_lens");
             seqs[i] = (pg_attn_seq){s->n_decode + s->cu_q[j], nq, s->start_pos[i], bt};
         }
     }
@@ -246,11 +292,14 @@ int pg_cuda_model_step(pg_cuda_model *m, const pg_cuda_step *s, pg_cuda_sample_o
         be->matmul(be, qkv, m->qkv_dim, xn, n, &w);
         for (int64_t i = 0; i < n; i++) {
             memcpy(q + i * m->q_dim, qkv + i * m->qkv_dim, sizeof(float) * (size_t)m->q_dim);
-            memcpy(k + i * m->kv_dim, qkv + i * m->qkv_dim + m->q_dim, sizeof(float) * (size_t)m->kv_dim);
-            memcpy(v + i * m->kv_dim, qkv + i * m->qkv_dim + m->q_dim + m->kv_dim, sizeof(float) * (size_t)m->kv_dim);
+            memcpy(k + i * m->kv_dim, qkv + i * m->qkv_dim + m->q_dim,
+                   sizeof(float) * (size_t)m->kv_dim);
+            memcpy(v + i * m->kv_dim, qkv + i * m->qkv_dim + m->q_dim + m->kv_dim,
+                   sizeof(float) * (size_t)m->kv_dim);
         }
         be->rope_kv_write(be, q, k, v, s->pos, s->slots, n, sh->n_heads, m->inv_freq, kc, vc, kvs);
-        be->attention(be, att, q, seqs, s->n_seqs, sh->n_heads, 1.0f / sqrtf((float)hd), kc, vc, kvs);
+        be->attention(be, att, q, seqs, s->n_seqs, sh->n_heads, 1.0f / sqrtf((float)hd), kc, vc,
+                      kvs);
         w = fw(Ly->o, H, m->q_dim);
         be->matmul(be, xn, H, att, n, &w);
         be->add(be, x, xn, n, H);
@@ -275,12 +324,19 @@ int pg_cuda_model_step(pg_cuda_model *m, const pg_cuda_step *s, pg_cuda_sample_o
         pg_sampling_params_default(&sp);
         sp.temperature = pp->temperature, sp.top_p = pp->top_p, sp.min_p = pp->min_p;
         sp.repetition_penalty = pp->repetition_penalty, sp.presence_penalty = pp->presence_penalty;
-        sp.frequency_penalty = pp->frequency_penalty, sp.top_k = pp->top_k, sp.logprobs = pp->logprobs;
+        sp.frequency_penalty = pp->frequency_penalty, sp.top_k = pp->top_k,
+        sp.logprobs = pp->logprobs;
         sp.n_stop_ids = 0;
-        for (int32_t b = 1; b < pp->n_ban; b++) sp.stop_ids[sp.n_stop_ids++] = s->sample_tokens[pp->ban_offset + b];
-        pg_plan_seq ps = {.seq_id = j, .sp = &sp, .history = s->sample_tokens + pp->hist_offset,
-                          .n_history = pp->n_history, .n_prompt = pp->n_prompt, .n_generated = pp->n_generated,
-                          .rng_seed = pp->seed, .mask_eos = pp->n_ban > 0,
+        for (int32_t b = 1; b < pp->n_ban; b++)
+            sp.stop_ids[sp.n_stop_ids++] = s->sample_tokens[pp->ban_offset + b];
+        pg_plan_seq ps = {.seq_id = j,
+                          .sp = &sp,
+                          .history = s->sample_tokens + pp->hist_offset,
+                          .n_history = pp->n_history,
+                          .n_prompt = pp->n_prompt,
+                          .n_generated = pp->n_generated,
+                          .rng_seed = pp->seed,
+                          .mask_eos = pp->n_ban > 0,
                           .eos_id = pp->n_ban > 0 ? s->sample_tokens[pp->ban_offset] : -1};
         memcpy(tmp, m->logits + (size_t)j * sh->vocab, sizeof(float) * (size_t)sh->vocab);
         pg_seq_output o;
@@ -292,7 +348,8 @@ int pg_cuda_model_step(pg_cuda_model *m, const pg_cuda_step *s, pg_cuda_sample_o
         memcpy(out[j].top_ids, o.top_ids, sizeof o.top_ids);
         memcpy(out[j].top_logprobs, o.top_logprobs, sizeof o.top_logprobs);
     }
-    free(tmp), free(g), free(x), free(xn), free(qkv), free(q), free(att), free(k), free(v), free(gu), free(h), free(seqs);
+    free(tmp), free(g), free(x), free(xn), free(qkv), free(q), free(att), free(k), free(v),
+        free(gu), free(h), free(seqs);
     return 0;
 }
 

@@ -60,8 +60,12 @@ nvidia-smi -L
 
 # The binaries are built on the CPU machine and carried, or built here.
 need_build=0
-progs="build/gpu/test_cuda_kernels build/gpu/bench_cuda_attention $RUNNER_TEST"
-[ $skip_kernels = 1 ] && progs="$RUNNER_TEST"
+if [ ! -x "$RUNNER_TEST" ] || ! [ -x "$PAGED" ]; then
+    echo "FAIL: $RUNNER_TEST or $PAGED missing: build them with nvcc and carry tools/pack_gpu.sh's build/gpu-pack.tar.xz"
+    exit 1
+fi
+progs="build/gpu/test_cuda_kernels build/gpu/bench_cuda_attention"
+[ $skip_kernels = 1 ] && progs=""
 for b in $progs; do
     [ -x "$b" ] && ! head -c 2 "$b" | grep -q '#!' || need_build=1
     # Built against a newer C library than this machine has: rebuild here.

@@ -14,7 +14,8 @@
 // CPU's top-2 gap exceeds 0.1; a closer call is reported, not failed), and
 // the logits' relative error ||gpu - cpu|| / ||cpu|| stays under --tol
 // (sequences without penalties or bans, whose CPU logits the sampler leaves
-// as computed). The CPU runs --matmul-mode exact (f32). Exit 0 pass, 1
+// as computed), and the logprobs of A (top 5) agree within 0.1 + 2% of
+// their value. The CPU runs --matmul-mode exact (f32). Exit 0 pass, 1
 // fail, 77 skipped (no CUDA in the build or no device).
 #include <math.h>
 #include <stdio.h>
@@ -26,21 +27,21 @@
 #include "engine/runner.h"
 #include "engine/runner_cuda.h"
 
-#define BS 16
-#define N_BLOCKS 512
-#define N_HOST 64
-#define MAX_SEQS 8
+#define BS         16
+#define N_BLOCKS   512
+#define N_HOST     64
+#define MAX_SEQS   8
 #define MAX_TOKENS 256
-#define MAX_LEN 1024
-#define N_STEPS 24
-#define NBT (MAX_LEN / BS)
+#define MAX_LEN    1024
+#define N_STEPS    24
+#define NBT        (MAX_LEN / BS)
 
 typedef struct {
     const char *name;
     int32_t n_prompt;
     int32_t hist[MAX_LEN];
-    int32_t n_hist;     // prompt + generated
-    int32_t computed;   // tokens whose KV is written
+    int32_t n_hist;   // prompt + generated
+    int32_t computed; // tokens whose KV is written
     int32_t bt[NBT];
     pg_sampling_params sp;
     bool mask_eos, live, raw_logits; // raw_logits: no penalty/ban, logits comparable
@@ -53,7 +54,8 @@ static void seq_init(seq *s, const char *name, int32_t n_prompt, int32_t vocab, 
     memset(s, 0, sizeof *s);
     s->name = name;
     s->n_prompt = s->n_hist = n_prompt;
-    for (int32_t i = 0; i < n_prompt; i++) s->hist[i] = (int32_t)((i * 7919u + salt * 104729u) % (uint32_t)vocab);
+    for (int32_t i = 0; i < n_prompt; i++)
+        s->hist[i] = (int32_t)((i * 7919u + salt * 104729u) % (uint32_t)vocab);
     for (int32_t b = 0; b < NBT; b++) s->bt[b] = next_block++;
     pg_sampling_params_default(&s->sp);
     s->sp.temperature = 0;
@@ -87,32 +89,41 @@ int main(int argc, char **argv) {
     }
     const pg_model_config *c = &model->cfg;
     const int32_t V = c->vocab_size;
-    printf("model %s: hidden %d, %d layers, %d/%d heads of %d, ffn %d, vocab %d, weights %s%s\n", dir, c->hidden,
-           c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn, V,
-           model->tok_emb.dtype == 30 ? "bf16" : model->tok_emb.dtype == 0 ? "f32" : "other",
+    printf("model %s: hidden %d, %d layers, %d/%d heads of %d, ffn %d, vocab %d, weights %s%s\n",
+           dir, c->hidden, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn, V,
+           model->tok_emb.dtype == 30  ? "bf16"
+           : model->tok_emb.dtype == 0 ? "f32"
+                                       : "other",
            model->lm_head.data == model->tok_emb.data ? ", tied" : "");
 
     pg_backend *be;
     pg_runner *cpu;
     pg_cuda_runner *gpu;
-    if (pg_backend_cpu_create(0, &be) < 0) return fprintf(stderr, "FAIL: cpu backend: %s\n", pg_err_msg()), 1;
+    if (pg_backend_cpu_create(0, &be) < 0)
+        return fprintf(stderr, "FAIL: cpu backend: %s\n", pg_err_msg()), 1;
     be->matmul_mode = PG_MATMUL_EXACT;
     pg_runner_config rc = {N_BLOCKS, N_HOST, BS};
-    if (pg_runner_create(model, be, &rc, &cpu) < 0) return fprintf(stderr, "FAIL: cpu runner: %s\n", pg_err_msg()), 1;
-    pg_cuda_runner_config gc = {.device = 0, .block_size = BS, .max_num_seqs = MAX_SEQS,
-                                .max_num_batched_tokens = MAX_TOKENS, .max_model_len = MAX_LEN};
-    if (pg_cuda_runner_create(model, &gc, &gpu) < 0 || pg_cuda_runner_alloc_kv(gpu, N_BLOCKS, N_HOST) < 0) {
+    if (pg_runner_create(model, be, &rc, &cpu) < 0)
+        return fprintf(stderr, "FAIL: cpu runner: %s\n", pg_err_msg()), 1;
+    pg_cuda_runner_config gc = {.device = 0,
+                                .block_size = BS,
+                                .max_num_seqs = MAX_SEQS,
+                                .max_num_batched_tokens = MAX_TOKENS,
+                                .max_model_len = MAX_LEN};
+    if (pg_cuda_runner_create(model, &gc, &gpu) < 0 ||
+        pg_cuda_runner_alloc_kv(gpu, N_BLOCKS, N_HOST) < 0) {
         fprintf(stderr, "FAIL: cuda runner: %s\n", pg_err_msg());
         return 1;
     }
     pg_cuda_mem_stats ms;
     pg_cuda_runner_mem(gpu, &ms);
-    printf("device %s: weights %.1f MiB, workspace %.1f MiB (buffers %.1f), KV %.1f MiB, other %.1f MiB\n", ms.device,
-           ms.weights / 1048576.0, ms.workspace / 1048576.0, ms.workspace_buffers / 1048576.0, ms.kv / 1048576.0,
-           ms.other / 1048576.0);
+    printf("device %s: weights %.1f MiB, workspace %.1f MiB (buffers %.1f), KV %.1f MiB, other "
+           "%.1f MiB\n",
+           ms.device, ms.weights / 1048576.0, ms.workspace / 1048576.0,
+           ms.workspace_buffers / 1048576.0, ms.kv / 1048576.0, ms.other / 1048576.0);
 
-    // A 37, B 16, C 5 (repetition penalty, swapped at step 10), D 100 (chunked, EOS/stop ids banned),
-    // F 700 (chunked over 4 steps: split-K decode afterwards), E forked from B at step 12.
+    // A 37, B 16, C 5 (repetition penalty, swapped at step 10), D 100 (chunked, EOS/stop ids
+    // banned), F 700 (chunked over 4 steps: split-K decode afterwards), E forked from B at step 12.
     enum { A, B, C, D, F, E, NS };
     static seq S[NS];
     seq_init(&S[A], "A", 37, V, 1);
@@ -153,7 +164,7 @@ int main(int argc, char **argv) {
             host_next += nb;
         }
         if (step == 12) { // E forks from B: shares full blocks, copies the partial last one
-            S[E] = S[B]; // live from this step on
+            S[E] = S[B];  // live from this step on
             S[E].name = "E";
             int32_t last = (S[B].computed - 1) / BS;
             int32_t fresh = next_block++;
@@ -167,22 +178,40 @@ int main(int argc, char **argv) {
             seq *s = &S[k];
             if (!s->live) continue;
             int32_t todo = s->n_hist - s->computed, nt;
-            if (k == D && s->computed < s->n_prompt) nt = chunk_d[step];
-            else if (k == F && s->computed < s->n_prompt) nt = chunk_f[step];
-            else nt = todo;
+            if (k == D && s->computed < s->n_prompt)
+                nt = chunk_d[step];
+            else if (k == F && s->computed < s->n_prompt)
+                nt = chunk_f[step];
+            else
+                nt = todo;
             if (nt <= 0) continue;
             bool sample = s->computed + nt == s->n_hist;
-            ps[n] = (pg_plan_seq){
-                .seq_id = k, .tokens = s->hist + s->computed, .n_tokens = nt, .start_pos = s->computed,
-                .block_table = s->bt, .n_blocks = (s->computed + nt + BS - 1) / BS, .sample = sample,
-                .sp = &s->sp, .history = s->hist, .n_history = s->n_hist, .n_prompt = s->n_prompt,
-                .n_generated = s->n_generated, .rng_seed = 1234 + (uint64_t)k, .mask_eos = s->mask_eos,
-                .eos_id = s->mask_eos ? 3 : -1};
+            ps[n] = (pg_plan_seq){.seq_id = k,
+                                  .tokens = s->hist + s->computed,
+                                  .n_tokens = nt,
+                                  .start_pos = s->computed,
+                                  .block_table = s->bt,
+                                  .n_blocks = (s->computed + nt + BS - 1) / BS,
+                                  .sample = sample,
+                                  .sp = &s->sp,
+                                  .history = s->hist,
+                                  .n_history = s->n_hist,
+                                  .n_prompt = s->n_prompt,
+                                  .n_generated = s->n_generated,
+                                  .rng_seed = 1234 + (uint64_t)k,
+                                  .mask_eos = s->mask_eos,
+                                  .eos_id = s->mask_eos ? 3 : -1};
             idx[n++] = k;
             n_tokens += nt;
         }
-        pg_batch_plan plan = {.n_seqs = n, .seqs = ps, .n_tokens = n_tokens, .n_swap_out = n_out,
-                              .n_swap_in = n_in, .n_copies = n_cp, .swap_out = swap_out, .swap_in = swap_in,
+        pg_batch_plan plan = {.n_seqs = n,
+                              .seqs = ps,
+                              .n_tokens = n_tokens,
+                              .n_swap_out = n_out,
+                              .n_swap_in = n_in,
+                              .n_copies = n_cp,
+                              .swap_out = swap_out,
+                              .swap_in = swap_in,
                               .copies = copies};
         pg_step_output co, go;
         if (pg_runner_execute(cpu, &plan, &co) < 0) {
@@ -190,18 +219,21 @@ int main(int argc, char **argv) {
             failed = 1;
             break;
         }
-        if (pg_cuda_runner_execute(gpu, &plan, &go) < 0 || pg_cuda_runner_last_logits(gpu, glog, go.n) < 0) {
+        if (pg_cuda_runner_execute(gpu, &plan, &go) < 0 ||
+            pg_cuda_runner_last_logits(gpu, glog, go.n) < 0) {
             fprintf(stderr, "FAIL: step %d cuda: %s\n", step, pg_err_msg());
             failed = 1;
             break;
         }
         if (co.n != go.n) {
-            fprintf(stderr, "FAIL: step %d: %d sampled on the cpu, %d on the gpu\n", step, co.n, go.n);
+            fprintf(stderr, "FAIL: step %d: %d sampled on the cpu, %d on the gpu\n", step, co.n,
+                    go.n);
             failed = 1;
             break;
         }
         const float *clog = pg_runner_last_logits(cpu);
-        printf("step %2d: %3d tokens, %d seqs%s%s:", step, n_tokens, n, n_out ? " +swap" : "", n_cp ? " +copy" : "");
+        printf("step %2d: %3d tokens, %d seqs%s%s:", step, n_tokens, n, n_out ? " +swap" : "",
+               n_cp ? " +copy" : "");
         for (int j = 0; j < co.n; j++) {
             int k = (int)co.outs[j].seq_id;
             seq *s = &S[k];
@@ -214,8 +246,10 @@ int main(int argc, char **argv) {
             // Top-2 gap of the CPU's (sampler-processed) logits.
             float b1 = -INFINITY, b2 = -INFINITY;
             for (int32_t v = 0; v < V; v++) {
-                if (cl[v] > b1) b2 = b1, b1 = cl[v];
-                else if (cl[v] > b2) b2 = cl[v];
+                if (cl[v] > b1)
+                    b2 = b1, b1 = cl[v];
+                else if (cl[v] > b2)
+                    b2 = cl[v];
             }
             if (ct != gt) {
                 mismatches++;
@@ -239,11 +273,17 @@ int main(int argc, char **argv) {
                 printf(" %s tok", s->name);
             }
             if (s->sp.logprobs > 0) {
+                // bf16 logits carry a relative error: a logprob of -200 (a
+                // tied-embedding model) may be off by more than 0.1, so the
+                // bound grows with the value.
                 const pg_seq_output *a = &co.outs[j], *g = &go.outs[j];
-                if (a->n_top != g->n_top || fabsf(a->logprob - g->logprob) > 0.1f) lp_bad++;
+#define LP_OFF(x, y) (fabsf((x) - (y)) > 0.1f + 2e-2f * fabsf(x))
+                if (a->n_top != g->n_top || LP_OFF(a->logprob, g->logprob)) lp_bad++;
                 for (int t = 0; t < a->n_top && t < g->n_top; t++)
-                    if (a->top_ids[t] == g->top_ids[t] && fabsf(a->top_logprobs[t] - g->top_logprobs[t]) > 0.1f)
+                    if (a->top_ids[t] == g->top_ids[t] &&
+                        LP_OFF(a->top_logprobs[t], g->top_logprobs[t]))
                         lp_bad++;
+#undef LP_OFF
             }
             // Teacher forcing: both continue with the CPU's token.
             s->hist[s->n_hist++] = ct;
@@ -253,18 +293,22 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n; i++) S[idx[i]].computed += ps[i].n_tokens;
     }
     bool tok_ok = hard_mismatches == 0, err_ok = worst <= tol, lp_ok = lp_bad == 0;
-    printf("%s: worst logits rel. error %.2e (mean %.2e over %d rows, bound %.1e); token mismatches %d (%d with a "
+    printf("%s: worst logits rel. error %.2e (mean %.2e over %d rows, bound %.1e); token "
+           "mismatches %d (%d with a "
            "CPU top-2 gap > 0.1); logprob mismatches %d\n",
-           (!failed && tok_ok && err_ok && lp_ok) ? "PASS" : "FAIL", worst, n_err ? sum_err / n_err : 0, n_err, tol,
-           mismatches, hard_mismatches, lp_bad);
+           (!failed && tok_ok && err_ok && lp_ok) ? "PASS" : "FAIL", worst,
+           n_err ? sum_err / n_err : 0, n_err, tol, mismatches, hard_mismatches, lp_bad);
     if (json) {
         FILE *f = fopen(json, "w");
         if (f) {
-            fprintf(f, "{\"model\": \"%s\", \"head_dim\": %d, \"steps\": %d, \"worst_rel_err\": %.4e, "
-                       "\"mean_rel_err\": %.4e, \"rows\": %d, \"tol\": %.1e, \"token_mismatches\": %d, "
-                       "\"hard_token_mismatches\": %d, \"logprob_mismatches\": %d, \"pass\": %s}\n",
-                    dir, c->head_dim, N_STEPS, worst, n_err ? sum_err / n_err : 0, n_err, tol, mismatches,
-                    hard_mismatches, lp_bad, (!failed && tok_ok && err_ok && lp_ok) ? "true" : "false");
+            fprintf(
+                f,
+                "{\"model\": \"%s\", \"head_dim\": %d, \"steps\": %d, \"worst_rel_err\": %.4e, "
+                "\"mean_rel_err\": %.4e, \"rows\": %d, \"tol\": %.1e, \"token_mismatches\": %d, "
+                "\"hard_token_mismatches\": %d, \"logprob_mismatches\": %d, \"pass\": %s}\n",
+                dir, c->head_dim, N_STEPS, worst, n_err ? sum_err / n_err : 0, n_err, tol,
+                mismatches, hard_mismatches, lp_bad,
+                (!failed && tok_ok && err_ok && lp_ok) ? "true" : "false");
             fclose(f);
         }
     }

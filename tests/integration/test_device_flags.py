@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Device selection on a machine without a GPU (CI): `--device cuda` fails
+with a clear one-line reason, `--device auto` runs on the CPU, the dummy
+load format needs a GPU, and `--prompts-file` accepts token ids."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PAGED = os.environ.get("PAGED_BIN", os.path.join(ROOT, "build/paged"))
+MODEL = os.path.join(ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf")
+SHAPE = os.path.join(ROOT, "tests/gpu/llama3-8b-shape.json")
+
+
+def generate(*args, timeout=300):
+    p = subprocess.run([PAGED, "generate", "--model", MODEL, *args], capture_output=True, timeout=timeout)
+    return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+
+
+def has_gpu():
+    try:
+        return subprocess.run(["nvidia-smi", "-L"], capture_output=True).stdout.startswith(b"GPU")
+    except OSError:
+        return False
+
+
+def test_cuda_without_gpu():
+    rc, out, err = generate("--device", "cuda", "--prompt", "Hi", "--max-tokens", "2")
+    assert rc != 0, (out, err)
+    assert "built without CUDA" in err or "no CUDA device" in err, err
+    assert err.count("\n") <= 2, err
+
+
+def test_auto_falls_back():
+    rc, out, err = generate("--device", "auto", "--prompt", "Hi", "--max-tokens", "3", "--temperature", "0")
+    assert rc == 0, err
+    assert "KV cache on cpu" in err, err
+
+
+def test_dummy_needs_gpu():
+    rc, out, err = generate("--device", "cpu", "--load-format", "dummy", "--hf-config", SHAPE, "--prompt", "Hi")
+    assert rc != 0 and "--load-format dummy" in err and "GPU" in err, err
+    rc, out, err = generate("--load-format", "bogus", "--prompt", "Hi")
+    assert rc == 2 and "auto or dummy" in err, err
+
+
+def test_prompt_ids():
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "p.jsonl")
+        with open(path, "w") as f:
+            f.write(json.dumps({"prompt_ids": [1, 504, 3458, 282], "max_tokens": 4, "temperature": 0,
+                                "ignore_eos": True}) + "\n")
+            f.write(json.dumps({"prompt_ids": [], "max_tokens": 4}) + "\n")
+        rc, out, err = generate("--prompts-file", path)
+        assert rc != 0 and "prompt_ids" in err, (out, err)  # the empty list is rejected with the line number
+        with open(path, "w") as f:
+            f.write(json.dumps({"prompt_ids": [1, 504, 3458, 282], "max_tokens": 4, "temperature": 0,
+                                "ignore_eos": True}) + "\n")
+        rc, out, err = generate("--prompts-file", path)
+        assert rc == 0, err
+        r = json.loads(out.strip().splitlines()[0])
+        assert r["prompt_tokens"] == 4 and r["completion_tokens"] == 4 and r["prompt"] == "<4 token ids>", r
+        assert "tpot_ms" in r, r
+
+
+if __name__ == "__main__":
+    if not os.path.exists(MODEL):
+        print("SKIP: default model missing")
+        sys.exit(77)
+    for name, fn in list(globals().items()):
+        if not name.startswith("test_"):
+            continue
+        if has_gpu() and name in ("test_cuda_without_gpu", "test_auto_falls_back"):
+            continue
+        print(name)
+        fn()
+    print("ok")
