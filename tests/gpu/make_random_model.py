@@ -17,34 +17,12 @@ the GPU and compares.
 import argparse
 import json
 import os
-import struct
+import sys
 
 import numpy as np
 
-
-def to_bytes(a, dtype):
-    a = np.ascontiguousarray(a, dtype=np.float32)
-    if dtype == "f32":
-        return a.tobytes(), "F32"
-    u = a.view(np.uint32).astype(np.uint64)
-    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
-    return u.tobytes(), "BF16"
-
-
-def write_safetensors(path, tensors, dtype):
-    header, blobs, off = {}, [], 0
-    for name, a in tensors:
-        b, st = to_bytes(a, dtype)
-        header[name] = {"dtype": st, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', 'tools'))
+from safetensors_write import write_safetensors  # noqa: E402
 
 
 def byte_chars():
