@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/mmap_file.h"
 #include "engine/dtype.h"
 
 #define GGUF_MAGIC "GGUF"
@@ -546,8 +547,7 @@ static void gguf_free(gguf_impl *fi) {
     free(fi->kv_sorted);
     free(fi->t_sorted);
     if (fi->owns_map) {
-        if (f->map) munmap((void *)f->map, f->map_size);
-        if (f->fd >= 0) close(f->fd);
+        pg_mmap_file_close(f->fd, f->map, f->map_size);
     }
     free(f->path);
     free(fi);
@@ -589,32 +589,12 @@ int gguf_open(const char *path, gguf_file **out) {
     fi->owns_map = true;
     gguf_file *f = &fi->pub;
 
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0) {
-        rc = pg_err_set(errno == ENOENT ? PG_ENOTFOUND : PG_EIO, "%s: cannot open: %s", path, strerror(errno));
-        goto fail;
-    }
-    struct stat st;
-    if (fstat(f->fd, &st) != 0) {
-        rc = pg_err_set(PG_EIO, "%s: cannot stat: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = pg_err_set(PG_EINVAL, "%s: not a regular file", path);
-        goto fail;
-    }
-    if (st.st_size < 4) {
-        rc = pg_err_set(PG_EFORMAT, "%s: file of %lld bytes is too small to be GGUF (bad magic)", path,
-                        (long long)st.st_size);
-        goto fail;
-    }
-    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, f->fd, 0);
-    if (m == MAP_FAILED) {
-        rc = pg_err_set(PG_EIO, "%s: mmap of %lld bytes failed: %s", path, (long long)st.st_size, strerror(errno));
-        goto fail;
-    }
-    f->map = m;
-    f->map_size = (size_t)st.st_size;
+    const void *map;
+    size_t size;
+    rc = pg_mmap_file(path, 4, "GGUF (bad magic)", &f->fd, &map, &size);
+    if (rc < 0) goto fail;
+    f->map = map;
+    f->map_size = size;
     rc = gguf_parse(fi);
     if (rc < 0) goto fail;
     *out = f;

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/mmap_file.h"
 #include "engine/dtype.h"
 
 // Numbers in JSON are doubles in cJSON: integers above 2^53 are not exact.
@@ -251,8 +252,7 @@ static void st_free(st_impl *fi) {
     free(f->tensors);
     free(fi->sorted);
     if (fi->owns_map) {
-        if (f->map) munmap((void *)f->map, f->map_size);
-        if (f->fd >= 0) close(f->fd);
+        pg_mmap_file_close(f->fd, f->map, f->map_size);
     }
     free(f->path);
     free(fi);
@@ -293,32 +293,11 @@ int pg_st_open(const char *path, pg_st_file **out) {
     if (!fi) return pg_err_set(PG_ENOMEM, "%s: out of memory", path);
     fi->owns_map = true;
     pg_st_file *f = &fi->pub;
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0) {
-        rc = pg_err_set(errno == ENOENT ? PG_ENOTFOUND : PG_EIO, "%s: cannot open: %s", path, strerror(errno));
-        goto fail;
-    }
-    struct stat st;
-    if (fstat(f->fd, &st) != 0) {
-        rc = pg_err_set(PG_EIO, "%s: cannot stat: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = pg_err_set(PG_EINVAL, "%s: not a regular file", path);
-        goto fail;
-    }
-    if (st.st_size < 8) {
-        rc = pg_err_set(PG_EFORMAT, "%s: file of %lld bytes is too small to be safetensors", path,
-                        (long long)st.st_size);
-        goto fail;
-    }
-    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, f->fd, 0);
-    if (m == MAP_FAILED) {
-        rc = pg_err_set(PG_EIO, "%s: mmap of %lld bytes failed: %s", path, (long long)st.st_size, strerror(errno));
-        goto fail;
-    }
-    f->map = m;
-    f->map_size = (size_t)st.st_size;
+    const void *map;
+    size_t size;
+    if ((rc = pg_mmap_file(path, 8, "safetensors", &f->fd, &map, &size)) < 0) goto fail;
+    f->map = map;
+    f->map_size = size;
     if ((rc = st_parse(fi)) < 0) goto fail;
     *out = f;
     return 0;
