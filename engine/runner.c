@@ -64,6 +64,15 @@ void pg_runner_free(pg_runner *r) {
     free(r);
 }
 
+size_t pg_runner_workspace_bytes(const pg_runner *r) {
+    const pg_model_config *c = &r->model->cfg;
+    const size_t T = (size_t)r->ws.cap_tokens, hd = (size_t)c->head_dim;
+    size_t f = T * (2 * (size_t)c->hidden + 2 * (size_t)(c->n_heads + 2 * c->n_kv_heads) * hd +
+                    3 * (size_t)c->ffn); // x, xn, qkv, q|k|v, gate_up, h (engine/llama.c)
+    f += (size_t)r->ws.cap_logits * (size_t)c->hidden + (size_t)r->cap_seqs * (size_t)c->vocab_size;
+    return f * sizeof(float) + (size_t)r->cap_tokens * 3 * sizeof(int32_t);
+}
+
 static void reserve(pg_runner *r, int32_t n_tokens, int32_t n_seqs) {
     if (n_tokens > r->cap_tokens) {
         size_t n = (size_t)n_tokens;

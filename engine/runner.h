@@ -34,3 +34,7 @@ const float *pg_runner_last_logits(const pg_runner *r);
 
 // Bytes of KV memory per block (device) for planning the pool size.
 size_t pg_runner_kv_bytes_per_block(const pg_llama *model, int32_t block_size);
+
+// Host bytes of the activation and logit buffers now (they grow to the
+// largest step seen; 0 before the first).
+size_t pg_runner_workspace_bytes(const pg_runner *r);

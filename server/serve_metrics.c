@@ -57,11 +57,15 @@ void srv_metrics_init(srv_metrics *m, const char *model_name, int32_t max_model_
     m->kv_blocks_used = met_child_get(blocks, (const char *[]){mn, "used"});
     m->kv_blocks_cached = met_child_get(blocks, (const char *[]){mn, "cached_free"});
     m->block_size = one(met_gauge(r, "paged:kv_cache_block_size", "Tokens per KV block.", L), mn);
-    met_family *mem = met_gauge(r, "paged:device_memory_bytes", "Device memory by category.", "model_name,category");
-    PG_CHECK(mem != NULL);
-    m->mem_weights = met_child_get(mem, (const char *[]){mn, "weights"});
-    m->mem_kv = met_child_get(mem, (const char *[]){mn, "kv_cache"});
-    m->mem_workspace = met_child_get(mem, (const char *[]){mn, "workspace"});
+    m->mem = met_gauge(r, "paged:device_memory_bytes",
+                       "Memory by category: weights, kv_cache, workspace; on a GPU also graphs, other "
+                       "and free (they sum to paged:device_memory_total_bytes). device=\"cpu\": host "
+                       "memory of the CPU backend.",
+                       "model_name,device,category");
+    PG_CHECK(m->mem != NULL);
+    m->mem_total = met_gauge(r, "paged:device_memory_total_bytes", "Memory of the GPU the model runs on.",
+                             "model_name,device");
+    PG_CHECK(m->mem_total != NULL);
     m->connections = one(met_gauge(r, "paged:http_connections", "Open HTTP connections.", L), mn);
     m->jobs = one(met_gauge(r, "paged:http_requests_in_progress", "Generation requests being served (tokenizing or in the engine).", L), mn);
 
@@ -112,9 +116,17 @@ void srv_metrics_refresh(srv_metrics *m, const pg_engine_stats *st, int n_connec
     met_set(m->kv_blocks_used, s->kv.num_used);
     met_set(m->kv_blocks_cached, s->kv.num_cached_free);
     met_set(m->block_size, st->block_size);
-    met_set(m->mem_weights, (double)st->weight_bytes);
-    met_set(m->mem_kv, (double)st->kv_bytes);
-    met_set(m->mem_workspace, (double)st->workspace_bytes);
+    // Memory: on the GPU every category of the card (they sum to its total);
+    // on the CPU the host bytes the backend holds (weights as loaded, the
+    // f32 KV pool, activation buffers), with no total, free or graphs.
+    static const char *cats[] = {"weights", "kv_cache", "workspace", "graphs", "other", "free"};
+    const double mem[] = {(double)st->weight_bytes, (double)st->kv_bytes, (double)st->workspace_bytes,
+                          (double)st->graph_bytes,  (double)st->other_bytes, (double)st->gpu_free_bytes};
+    const char *dev = st->on_gpu ? "cuda" : "cpu";
+    for (int i = 0; i < (st->on_gpu ? 6 : 3); i++)
+        met_set(met_child_get(m->mem, (const char *[]){m->model_name, dev, cats[i]}), mem[i]);
+    if (st->on_gpu)
+        met_set(met_child_get(m->mem_total, (const char *[]){m->model_name, dev}), (double)st->gpu_total_bytes);
     met_set(m->connections, n_connections);
     met_set(m->jobs, n_jobs);
     // Counters mirrored from the engine's monotonic totals.

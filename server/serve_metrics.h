@@ -14,7 +14,8 @@ typedef struct srv_metrics {
     // gauges
     met_child *running, *waiting, *swapped, *kv_usage, *gpu_usage, *host_kv_usage, *prefix_hit_rate;
     met_child *kv_blocks_total, *kv_blocks_used, *kv_blocks_cached, *block_size;
-    met_child *mem_weights, *mem_kv, *mem_workspace;
+    met_family *mem;           // {model_name, device, category}: children made at the first refresh
+    met_family *mem_total;     // {model_name, device}: the GPU's memory (no child on the CPU)
     met_child *connections, *jobs;
     // counters
     met_child *prompt_tokens, *generation_tokens, *preemptions, *prefix_queries, *prefix_hits;

@@ -256,6 +256,20 @@ def main():
             m = su.metrics(port)
             assert su.metric(m, "paged:prefix_cache_hits_total") >= cached
 
+        def device_memory_categories():
+            # The CPU backend reports its host memory under device="cpu":
+            # weights, kv_cache, workspace (grown by the requests above);
+            # graphs, other, free and the total belong to a GPU only.
+            m = su.metrics(port)
+            for cat in ("weights", "kv_cache", "workspace"):
+                su.metric(m, "paged:device_memory_bytes", device="cpu", category=cat)
+            assert su.metric(m, "paged:device_memory_bytes", category="weights") > 0
+            assert su.metric(m, "paged:device_memory_bytes", category="kv_cache") > 0
+            assert su.metric(m, "paged:device_memory_bytes", category="workspace") > 0
+            cats = {k for k in m if k.startswith("paged:device_memory_bytes{")}
+            assert not any('category="graphs"' in k or 'category="free"' in k for k in cats), cats
+            assert not any(k.startswith("paged:device_memory_total_bytes{") for k in m)
+
         def idle_after():
             m = su.wait_idle(port, timeout=30)
             assert su.metric(m, "paged:request_success_total") >= 20
@@ -276,6 +290,7 @@ def main():
             ("chat logprobs, n=2", chat_logprobs_and_n),
             ("/tokenize and /detokenize", tokenize_roundtrip),
             ("prefix-cache hits in usage and /metrics", prefix_cache_in_usage),
+            ("device memory by category in /metrics", device_memory_categories),
             ("idle afterwards", idle_after),
         ])
     print("test_server_api: all passed")

@@ -143,7 +143,10 @@ static void test_serve_metrics_use_vllm_names(void **state) {
         "paged:cpu_cache_usage_perc{model_name=\"tiny\"} 0\n",
         "paged:gpu_prefix_cache_hit_rate{model_name=\"tiny\"} 0.4\n",
         "paged:kv_cache_blocks{model_name=\"tiny\",state=\"used\"} 25\n",
-        "paged:device_memory_bytes{model_name=\"tiny\",category=\"weights\"} 1000\n",
+        "paged:device_memory_bytes{model_name=\"tiny\",device=\"cpu\",category=\"weights\"} 1000\n",
+        "paged:device_memory_bytes{model_name=\"tiny\",device=\"cpu\",category=\"kv_cache\"} 0\n",
+        "paged:device_memory_bytes{model_name=\"tiny\",device=\"cpu\",category=\"workspace\"} 0\n",
+        "# TYPE paged:device_memory_total_bytes gauge\n",
         "paged:num_preemptions_total{model_name=\"tiny\"} 3\n",
         "# TYPE paged:prompt_tokens_total counter\n",
         "# TYPE paged:generation_tokens_total counter\n",
@@ -164,6 +167,47 @@ static void test_serve_metrics_use_vllm_names(void **state) {
         if (!strstr(t, want[i])) fail_msg("missing: %s", want[i]);
     // 1-2-5 length buckets stop at the model length.
     assert_null(strstr(t, "paged:request_prompt_tokens_bucket{model_name=\"tiny\",le=\"10000\"}"));
+    // The CPU has no graphs, and free/other/total of the host are not ours to report.
+    assert_null(strstr(t, "category=\"graphs\""));
+    assert_null(strstr(t, "category=\"free\""));
+    assert_null(strstr(t, "paged:device_memory_total_bytes{"));
+    sbuf_free(&b);
+    srv_metrics_free(&m);
+}
+
+static void test_serve_metrics_gpu_memory_categories(void **state) {
+    (void)state;
+    srv_metrics m;
+    srv_metrics_init(&m, "big", 4096);
+    pg_engine_stats st;
+    memset(&st, 0, sizeof st);
+    st.on_gpu = true;
+    st.weight_bytes = 100, st.kv_bytes = 600, st.workspace_bytes = 50;
+    st.graph_bytes = 20, st.other_bytes = 30, st.gpu_free_bytes = 200, st.gpu_total_bytes = 1000;
+    srv_metrics_refresh(&m, &st, 0, 0);
+    sbuf b = {0};
+    met_render(m.reg, &b);
+    const char *t = sbuf_str(&b);
+    const char *want[] = {
+        "paged:device_memory_bytes{model_name=\"big\",device=\"cuda\",category=\"weights\"} 100\n",
+        "paged:device_memory_bytes{model_name=\"big\",device=\"cuda\",category=\"kv_cache\"} 600\n",
+        "paged:device_memory_bytes{model_name=\"big\",device=\"cuda\",category=\"workspace\"} 50\n",
+        "paged:device_memory_bytes{model_name=\"big\",device=\"cuda\",category=\"graphs\"} 20\n",
+        "paged:device_memory_bytes{model_name=\"big\",device=\"cuda\",category=\"other\"} 30\n",
+        "paged:device_memory_bytes{model_name=\"big\",device=\"cuda\",category=\"free\"} 200\n",
+        "paged:device_memory_total_bytes{model_name=\"big\",device=\"cuda\"} 1000\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(t, want[i])) fail_msg("missing: %s", want[i]);
+    // A second scrape updates the same children.
+    st.gpu_free_bytes = 190, st.graph_bytes = 30;
+    srv_metrics_refresh(&m, &st, 0, 0);
+    sbuf_free(&b);
+    b = (sbuf){0};
+    met_render(m.reg, &b);
+    t = sbuf_str(&b);
+    assert_non_null(strstr(t, "category=\"free\"} 190\n"));
+    assert_null(strstr(t, "category=\"free\"} 200\n"));
     sbuf_free(&b);
     srv_metrics_free(&m);
 }
@@ -176,6 +220,7 @@ int main(void) {
         cmocka_unit_test(test_histogram_with_labels_puts_le_last),
         cmocka_unit_test(test_bad_definitions_rejected),
         cmocka_unit_test(test_serve_metrics_use_vllm_names),
+        cmocka_unit_test(test_serve_metrics_gpu_memory_categories),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
