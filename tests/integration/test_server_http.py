@@ -12,6 +12,7 @@ it against build/asan/paged."""
 import json
 import os
 import socket
+import random
 import sys
 import threading
 import time
@@ -84,7 +85,12 @@ def big_prompts_off_the_loop():
     nothing."""
     with su.Server("--max-model-len", "8192", "--kv-cache-memory", "512M", default_args=False) as srv:
         port = srv.port
-        text = "The quick brown fox jumps over the lazy dog, 12345! " * 12000  # 624 KB
+        # Distinct random words (no tokenizer cache hits): each encoding takes
+        # long enough that a blocked loop would stand out from scheduling noise.
+        rnd = random.Random(7)
+        words = ["".join(rnd.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rnd.randint(3, 11)))
+                 for _ in range(90000)]
+        text = " ".join(words)[:624000]  # 624 KB
         done = []
 
         def tokenize():
