@@ -185,7 +185,7 @@ int main(int argc, char **argv) {
     DBuf kc((size_t)n_blocks * blk_elems * 2), vc((size_t)n_blocks * blk_elems * 2);
     fill_random(kc.p, (size_t)n_blocks * blk_elems, 11);
     fill_random(vc.p, (size_t)n_blocks * blk_elems, 12);
-    pg_kv_shape shape = {n_blocks, BS, KV, HD};
+    pg_kv_shape shape = {n_blocks, BS, KV, HD, PG_KV_BF16};
     std::vector<int32_t> perm(n_blocks);
     std::iota(perm.begin(), perm.end(), 0);
     Rng rng(7);
@@ -226,6 +226,24 @@ int main(int argc, char **argv) {
                 printf("%-40s %8.4f ms %8.1f GB/s %5.1f%% of read BW  (%s)\n", nm, ms, gbs, 100.0 * gbs / read_bw, ex);
                 rows.push_back({"decode", nm, ms, gbs, 100.0 * gbs / read_bw, "GB/s", ex});
             }
+            { // fp8 e4m3 KV through v2: the same pool read as 1-byte elements (half the bytes per token)
+                pg_kv_shape shape8 = shape;
+                shape8.dtype = PG_KV_FP8_E4M3;
+                const double bytes8 = (double)batch * ctx * KV * HD * 1 * 2 + (double)batch * H * HD * 2 * 2;
+                double ms = time_ms(3, REPS, 10, [&](int it) {
+                    const int32_t *t = dbt.as<int32_t>() + (size_t)(it % sets) * batch * bps;
+                    PK(pg_cuda_paged_decode_attention_v(2, dout.p, dq.p, H * HD, kc.p, vc.p, shape8, t, bps,
+                                                        dlen.as<int32_t>(), batch, H, scale, ctx, dws.p, dws.n,
+                                                        nullptr));
+                });
+                double gbs = bytes8 / ms / 1e6;
+                char nm[96], ex[128];
+                snprintf(nm, sizeof nm, "decode v2 fp8 batch=%d ctx=%d", batch, ctx);
+                snprintf(ex, sizeof ex, "%.1f MB (1 byte/element), %d rotation sets, %.2e KV tokens/s", bytes8 / 1e6,
+                         sets, (double)batch * ctx / ms * 1e3);
+                printf("%-40s %8.4f ms %8.1f GB/s %5.1f%% of read BW  (%s)\n", nm, ms, gbs, 100.0 * gbs / read_bw, ex);
+                rows.push_back({"decode", nm, ms, gbs, 100.0 * gbs / read_bw, "GB/s", ex});
+            }
         }
 
     // --- prefill ---
@@ -255,6 +273,21 @@ int main(int argc, char **argv) {
             double tf = 4.0 * HD * H * pairs / ms / 1e9;
             char nm[96];
             snprintf(nm, sizeof nm, "prefill v%d seqs=%d q=%d start=%d", version, pc.n_seqs, pc.n_q, pc.start);
+            printf("%-44s %8.4f ms %7.1f TFLOP/s %5.1f%% of GEMM rate\n", nm, ms, tf, 100.0 * tf / gemm_tflops);
+            rows.push_back({"prefill", nm, ms, tf, 100.0 * tf / gemm_tflops, "TFLOP/s", ""});
+        }
+        { // fp8 e4m3 KV through the default (v2)
+            pg_kv_shape shape8 = shape;
+            shape8.dtype = PG_KV_FP8_E4M3;
+            double ms = time_ms(2, quick ? 3 : 11, 3, [&](int) {
+                PK(pg_cuda_paged_prefill_attention_v(2, dout.p, dq.p, H * HD, kc.p, vc.p, shape8, dbt.as<int32_t>(),
+                                                     bps, dcu.as<int32_t>(), dsp.as<int32_t>(), pc.n_seqs, H, scale,
+                                                     pc.n_q, nullptr));
+            });
+            double pairs = (double)pc.n_seqs * ((double)pc.n_q * pc.start + (double)pc.n_q * (pc.n_q + 1) / 2.0);
+            double tf = 4.0 * HD * H * pairs / ms / 1e9;
+            char nm[96];
+            snprintf(nm, sizeof nm, "prefill v2 fp8 seqs=%d q=%d start=%d", pc.n_seqs, pc.n_q, pc.start);
             printf("%-44s %8.4f ms %7.1f TFLOP/s %5.1f%% of GEMM rate\n", nm, ms, tf, 100.0 * tf / gemm_tflops);
             rows.push_back({"prefill", nm, ms, tf, 100.0 * tf / gemm_tflops, "TFLOP/s", ""});
         }
@@ -322,15 +355,15 @@ int main(int argc, char **argv) {
     }
 
     // --- summary (W5) ---
-    for (int version : {2, 3}) {
-        printf("\n== W5 summary: decode attention v%d, GB/s (%% of measured read bandwidth %.0f GB/s)\n", version,
-               read_bw);
+    for (const char *variant : {"v2", "v3", "v2 fp8"}) {
+        printf("\n== W5 summary: decode attention %s, GB/s (%% of measured read bandwidth %.0f GB/s)%s\n", variant,
+               read_bw, strcmp(variant, "v2 fp8") == 0 ? ", KV bytes at 1 byte per element" : "");
         printf("%-8s %18s %18s %18s\n", "batch", "ctx 512", "ctx 4096", "ctx 32768");
         for (int batch : {1, 16, 64, 256}) {
             printf("%-8d", batch);
             for (int ctx : {512, 4096, 32768}) {
                 char nm[96];
-                snprintf(nm, sizeof nm, "decode v%d batch=%d ctx=%d", version, batch, ctx);
+                snprintf(nm, sizeof nm, "decode %s batch=%d ctx=%d", variant, batch, ctx);
                 for (auto &r : rows)
                     if (r.what == nm) printf(" %10.0f (%4.1f%%)", r.value, r.pct);
             }

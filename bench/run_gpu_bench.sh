@@ -9,7 +9,10 @@
 # with ignore_eos. Environment: PAGED (binary; default build/gpu-pack/paged
 # or build/paged), OUT (where logs and gpu_bench.json go), W2_N (requests
 # of W2, default 1000), W2_LEN (input = output tokens, default 1000), CFG
-# (another config.json), W6_MAX (cap on W6's sequences, default 256).
+# (another config.json), W6_MAX (cap on W6's sequences, default 256),
+# KV_DTYPE (--kv-cache-dtype for every paged command: auto (default), bf16
+# or fp8; e.g. `KV_DTYPE=fp8 OUT=/tmp/fp8 bench/run_gpu_bench.sh w6 w2`
+# for the fp8 KV variants of W6 and W2).
 #   W1  1 request, 128 prompt tokens, 256 generated: TPOT = (finish - first
 #       token) / 255 from the engine's timestamps.
 #   W6  KV capacity at --gpu-memory-utilization 0.9 (start-up log), then
@@ -25,7 +28,7 @@ if [ -f build/gpu-pack.tar.xz ] && [ ! -x build/gpu-pack/paged ]; then tar -C bu
 PAGED=${PAGED:-build/paged}
 [ -x build/gpu-pack/paged ] && PAGED=build/gpu-pack/paged
 CFG=${CFG:-tests/gpu/llama3-8b-shape.json}
-COMMON=(--device cuda --load-format dummy --hf-config "$CFG")
+COMMON=(--device cuda --load-format dummy --hf-config "$CFG" --kv-cache-dtype "${KV_DTYPE:-auto}")
 work=/tmp/paged-bench-work
 mkdir -p "$work"
 want=("$@")

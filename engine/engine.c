@@ -69,6 +69,7 @@ struct pg_engine {
 
     pthread_mutex_t stats_mu;
     pg_engine_stats stats;
+    int64_t mem_polled_ns; // engine thread: when device memory was last read (GPU)
 };
 
 void pg_engine_config_default(pg_engine_config *c) {
@@ -215,6 +216,15 @@ static void *engine_main(void *arg) {
             sop = NULL; // every request of the plan finishes with an error
         }
         int64_t t1 = pg_now_ns();
+        // Memory for /metrics: the CPU workspace grows with the largest step;
+        // on the GPU lazily captured graphs and other processes move the
+        // numbers (cudaMemGetInfo, read at most once a second).
+        pg_cuda_mem_stats gm;
+        bool gm_new = e->cuda && t1 - e->mem_polled_ns >= 1000000000LL;
+        if (gm_new) {
+            pg_cuda_runner_mem(e->cuda, &gm);
+            e->mem_polled_ns = t1;
+        }
         sched_events evs;
         if (sched_update(e->sched, sop, &evs) < 0) PG_LOGE("scheduler update: %s", pg_err_msg());
         if (evs.n > cap_out) {
@@ -239,6 +249,13 @@ static void *engine_main(void *arg) {
             e->stats.busy_seconds += (double)(t1 - t0) * 1e-9;
             e->stats.tokens_sampled += so.n;
             e->stats.prompt_tokens_computed += plan->n_tokens;
+        }
+        if (e->runner) e->stats.workspace_bytes = (int64_t)pg_runner_workspace_bytes(e->runner);
+        if (gm_new) {
+            e->stats.graph_bytes = gm.graphs;
+            e->stats.other_bytes = gm.other;
+            e->stats.gpu_free_bytes = gm.free;
+            e->stats.workspace_bytes = gm.workspace;
         }
         pthread_mutex_unlock(&e->stats_mu);
     }
@@ -428,6 +445,18 @@ int pg_engine_create(const pg_engine_config *cfg, pg_engine_notify_fn notify, vo
         rc = pg_err_set(PG_EUNSUPP, "device '%s' is not known (cpu, cuda, auto)", dev);
         goto fail;
     }
+    // KV cache element type: auto = the device's native one (bf16 / f32).
+    const char *kvd = cfg->kv_cache_dtype ? cfg->kv_cache_dtype : "auto";
+    const bool kv_fp8 = !strcmp(kvd, "fp8");
+    if (strcmp(kvd, "auto") && strcmp(kvd, "bf16") && !kv_fp8) {
+        rc = pg_err_set(PG_EINVAL, "KV cache dtype '%s' is not known (auto, bf16, fp8)", kvd);
+        goto fail;
+    }
+    if (!use_cuda && strcmp(kvd, "auto")) {
+        rc = pg_err_set(PG_EUNSUPP, "--kv-cache-dtype %s needs --device cuda: the CPU backend's KV cache is f32 "
+                        "(use auto)", kvd);
+        goto fail;
+    }
     if (cfg->load_format && strcmp(cfg->load_format, "auto") && !is_dummy(cfg)) {
         rc = pg_err_set(PG_EINVAL, "load format '%s' is not known (auto, dummy)", cfg->load_format);
         goto fail;
@@ -467,13 +496,24 @@ int pg_engine_create(const pg_engine_config *cfg, pg_engine_notify_fn notify, vo
             .max_num_batched_tokens = sc.max_num_batched_tokens, .max_model_len = e->max_model_len,
             .dummy_weights = is_dummy(cfg), .dummy_seed = 0x5eedull, .dummy_std = 0.02f,
         };
+        if (kv_fp8) cc.kv_dtype = PG_KV_FP8_E4M3;
+        const char *gmode = cfg->cuda_graphs ? cfg->cuda_graphs : "on";
+        if (!strcmp(gmode, "off"))
+            cc.graphs = PG_CUDA_GRAPHS_OFF;
+        else if (!strcmp(gmode, "lazy"))
+            cc.graphs = PG_CUDA_GRAPHS_LAZY;
+        else if (strcmp(gmode, "on")) {
+            rc = pg_err_set(PG_EINVAL, "cuda graphs '%s' is not known (on, off, lazy)", gmode);
+            goto fail;
+        }
         if ((rc = pg_cuda_runner_create(e->model, &cc, &e->cuda)) < 0) goto fail;
         pg_cuda_runner_mem(e->cuda, &gm);
-        per_block = pg_cuda_runner_kv_bytes_per_block(mc, sc.block_size);
+        per_block = pg_cuda_runner_kv_bytes_per_block(mc, sc.block_size, cc.kv_dtype);
         double util = cfg->gpu_memory_utilization > 0 ? cfg->gpu_memory_utilization : DEFAULT_GPU_MEMORY_UTILIZATION;
         // Everything in use now (weights, workspace, context, other
-        // processes) counts against the utilization budget, as in vLLM.
-        int64_t budget = (int64_t)(util * (double)gm.total) - (gm.total - gm.free);
+        // processes) counts against the utilization budget, as in vLLM, and
+        // so do the CUDA graphs captured after the pool is allocated.
+        int64_t budget = (int64_t)(util * (double)gm.total) - (gm.total - gm.free) - gm.graphs_reserved;
         kv_bytes = cfg->kv_cache_bytes > 0 ? cfg->kv_cache_bytes : budget;
         if (kv_bytes < (int64_t)per_block * 2) {
             rc = pg_err_set(PG_ENOMEM,
@@ -546,10 +586,10 @@ int pg_engine_create(const pg_engine_config *cfg, pg_engine_notify_fn notify, vo
                 "%d tokens / %d sequences; buffers %.2f) + graphs %.2f + other %.2f + free %.2f GiB",
                 gm.total / G, gm.weights / G, gm.kv / G, gm.workspace / G, sc.max_num_batched_tokens,
                 sc.max_num_seqs, gm.workspace_buffers / G, gm.graphs / G, gm.other / G, gm.free / G);
-        PG_LOGI("KV cache on cuda: %d blocks x %d tokens = %lld tokens (%.2f GiB, bf16, %zu KiB per block); "
+        PG_LOGI("KV cache on cuda: %d blocks x %d tokens = %lld tokens (%.2f GiB, %s, %zu KiB per block); "
                 "swap %d blocks (%.2f GiB pinned); max model length %d",
                 e->kv_blocks - 1, sc.block_size, (long long)(e->kv_blocks - 1) * sc.block_size, gm.kv / G,
-                per_block >> 10, host_blocks, gm.host_swap / G, e->max_model_len);
+                kv_fp8 ? "fp8 e4m3" : "bf16", per_block >> 10, host_blocks, gm.host_swap / G, e->max_model_len);
     } else {
         PG_LOGI("KV cache on %s: %d blocks x %d tokens = %d tokens (%.1f MiB, f32); swap %d blocks; "
                 "max model length %d",

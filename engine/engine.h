@@ -37,6 +37,10 @@ typedef struct pg_engine_config {
     const char *hf_config;       // config.json (file or directory) for load_format "dummy"
     const char *tokenizer;       // tokenizer source (GGUF file, HF directory or tokenizer.json);
                                  //   NULL = the model's (dummy: a synthetic byte-level one)
+    const char *cuda_graphs;     // decode CUDA graphs: NULL or "on" (captured at start-up),
+                                 //   "lazy" (on a bucket's first step), "off"
+    const char *kv_cache_dtype;  // NULL or "auto" (bf16 on CUDA, f32 on the CPU), "bf16", "fp8"
+                                 //   (e4m3, scale 1.0; CUDA only)
 } pg_engine_config;
 
 void pg_engine_config_default(pg_engine_config *c);
@@ -97,9 +101,11 @@ typedef struct pg_engine_stats {
     int64_t kv_bytes, weight_bytes, workspace_bytes;
     int64_t steps, prompt_tokens_computed, tokens_sampled;
     double busy_seconds;
-    // Device memory at start-up, bytes (GPU only; 0 on the CPU): the card's
-    // total, what was left free, CUDA graphs, and other (CUDA context,
-    // libraries, other processes); weights, KV and workspace are above.
+    // Device memory, bytes (GPU only; 0 on the CPU): the card's total, what
+    // is free, CUDA graphs, and other (CUDA context, libraries, other
+    // processes); weights, KV and workspace are above (on the CPU: host
+    // bytes, the workspace growing with the largest step). Read at start-up,
+    // then at most once a second by the engine thread after a step.
     bool on_gpu;
     int64_t gpu_total_bytes, gpu_free_bytes, graph_bytes, other_bytes;
     int64_t host_swap_bytes;     // pinned host memory of the swap space

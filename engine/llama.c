@@ -20,7 +20,7 @@ int pg_kv_cache_create(const pg_model_config *c, int32_t n_blocks, int32_t block
     if (n_blocks <= 0 || block_size <= 0)
         return pg_err_set(PG_EINVAL, "KV cache needs a positive block count and size");
     pg_kv_cache *kv = pg_xcalloc(1, sizeof *kv);
-    kv->shape = (pg_kv_shape){n_blocks, block_size, c->n_kv_heads, c->head_dim};
+    kv->shape = (pg_kv_shape){n_blocks, block_size, c->n_kv_heads, c->head_dim, PG_KV_BF16}; // f32 on the CPU
     kv->n_layers = c->n_layers;
     kv->k = pg_xcalloc((size_t)c->n_layers, sizeof(float *));
     kv->v = pg_xcalloc((size_t)c->n_layers, sizeof(float *));

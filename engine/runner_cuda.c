@@ -14,6 +14,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "common/progress.h"
 #include "engine/dtype.h"
 
 _Static_assert(sizeof(pg_block_move) == 2 * sizeof(int32_t), "pg_block_move is an int32 pair");
@@ -50,10 +51,10 @@ int pg_cuda_runner_probe(char *why, size_t cap) {
     return n;
 }
 
-size_t pg_cuda_runner_kv_bytes_per_block(const pg_model_config *c, int32_t block_size) {
-    // K and V, every layer, bf16.
+size_t pg_cuda_runner_kv_bytes_per_block(const pg_model_config *c, int32_t block_size, int32_t kv_dtype) {
+    // K and V, every layer, bf16 or fp8.
     return (size_t)2 * (size_t)c->n_layers * (size_t)block_size * (size_t)c->n_kv_heads *
-           (size_t)c->head_dim * 2;
+           (size_t)c->head_dim * (kv_dtype == PG_KV_FP8_E4M3 ? 1 : 2);
 }
 
 // --- weights --------------------------------------------------------------------------
@@ -62,7 +63,7 @@ size_t pg_cuda_runner_kv_bytes_per_block(const pg_model_config *c, int32_t block
 // bf16 rows are copied as they are, other types dequantized to f32 in
 // chunks of PG_CUDA_UPLOAD_ELEMS and converted on the device.
 static int upload_weight(pg_cuda_model *dev, pg_cuda_weight_id id, int32_t layer, int64_t row0,
-                         const pg_weight *w, float *buf) {
+                         const pg_weight *w, float *buf, pg_progress *pr) {
     int64_t rows, cols;
     pg_cuda_model_weight_dims(dev, id, &rows, &cols);
     if (!w->data || w->cols != cols || row0 + w->rows > rows)
@@ -83,42 +84,74 @@ static int upload_weight(pg_cuda_model *dev, pg_cuda_weight_id id, int32_t layer
                 pg_dequantize_row(w->dtype, src + (size_t)i * w->row_bytes, buf + i * cols, cols);
             PG_TRY(pg_cuda_model_upload_rows(dev, id, layer, row0 + r, nr, buf, PG_CUDA_F32));
         }
+        pg_progress_add(pr, nr * (int64_t)w->row_bytes, r + nr >= w->rows ? 1 : 0);
     }
     return 0;
 }
 
 static int upload_linear(pg_cuda_model *dev, pg_cuda_weight_id id, int32_t layer,
-                         const pg_linear *lin, float *buf) {
+                         const pg_linear *lin, float *buf, pg_progress *pr) {
     int64_t off = 0;
     for (int i = 0; i < lin->n_parts; i++) {
-        PG_TRY(upload_weight(dev, id, layer, off, &lin->parts[i], buf));
+        PG_TRY(upload_weight(dev, id, layer, off, &lin->parts[i], buf, pr));
         off += lin->parts[i].rows;
     }
     return 0;
 }
 
+// A norm vector (host f32) to the device, counted as one tensor.
+static int upload_norm(pg_cuda_model *dev, pg_cuda_weight_id id, int32_t layer, const float *v,
+                       int64_t n, pg_progress *pr) {
+    PG_TRY(pg_cuda_model_upload_rows(dev, id, layer, 0, 1, v, PG_CUDA_F32));
+    pg_progress_add(pr, n * (int64_t)sizeof(float), 1);
+    return 0;
+}
+
+static int64_t weight_bytes(const pg_weight *w) {
+    return w->rows * (int64_t)w->row_bytes;
+}
+
+static int64_t linear_bytes(const pg_linear *lin) {
+    int64_t n = 0;
+    for (int i = 0; i < lin->n_parts; i++) n += weight_bytes(&lin->parts[i]);
+    return n;
+}
+
+// Every weight of `m` to the device. This is where a checkpoint is read (the
+// loaders map the files; the pages come in here), so it draws the load
+// progress bar on a terminal and logs one summary line.
 static int upload_model(pg_cuda_model *dev, const pg_llama *m) {
     const pg_model_config *c = &m->cfg;
+    const bool tied = m->lm_head.data == m->tok_emb.data;
+    const int64_t H = c->hidden;
+    int64_t total = weight_bytes(&m->tok_emb) + (tied ? 0 : weight_bytes(&m->lm_head)) + H * 4;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const pg_llama_layer *L = &m->layers[l];
+        total += 2 * H * 4 + linear_bytes(&L->qkv) + linear_bytes(&L->o) +
+                 linear_bytes(&L->gate_up) + linear_bytes(&L->down);
+    }
+    pg_progress pr;
+    pg_progress_begin(&pr, "loading weights", total, stderr);
     float *buf = pg_xmalloc(sizeof(float) * (size_t)PG_CUDA_UPLOAD_ELEMS);
-    int rc = upload_weight(dev, PG_CUDA_W_EMB, 0, 0, &m->tok_emb, buf);
-    if (rc == 0 && m->lm_head.data != m->tok_emb.data)
-        rc = upload_weight(dev, PG_CUDA_W_LM_HEAD, 0, 0, &m->lm_head, buf);
-    if (rc == 0)
-        rc = pg_cuda_model_upload_rows(dev, PG_CUDA_W_FINAL_NORM, 0, 0, 1, m->final_norm,
-                                       PG_CUDA_F32);
+    int rc = upload_weight(dev, PG_CUDA_W_EMB, 0, 0, &m->tok_emb, buf, &pr);
+    if (rc == 0 && !tied) rc = upload_weight(dev, PG_CUDA_W_LM_HEAD, 0, 0, &m->lm_head, buf, &pr);
+    if (rc == 0) rc = upload_norm(dev, PG_CUDA_W_FINAL_NORM, 0, m->final_norm, H, &pr);
     for (int32_t l = 0; rc == 0 && l < c->n_layers; l++) {
         const pg_llama_layer *L = &m->layers[l];
-        if ((rc = pg_cuda_model_upload_rows(dev, PG_CUDA_W_ATTN_NORM, l, 0, 1, L->attn_norm,
-                                            PG_CUDA_F32)) < 0 ||
-            (rc = pg_cuda_model_upload_rows(dev, PG_CUDA_W_FFN_NORM, l, 0, 1, L->ffn_norm,
-                                            PG_CUDA_F32)) < 0 ||
-            (rc = upload_linear(dev, PG_CUDA_W_QKV, l, &L->qkv, buf)) < 0 ||
-            (rc = upload_linear(dev, PG_CUDA_W_O, l, &L->o, buf)) < 0 ||
-            (rc = upload_linear(dev, PG_CUDA_W_GATE_UP, l, &L->gate_up, buf)) < 0 ||
-            (rc = upload_linear(dev, PG_CUDA_W_DOWN, l, &L->down, buf)) < 0)
+        if ((rc = upload_norm(dev, PG_CUDA_W_ATTN_NORM, l, L->attn_norm, H, &pr)) < 0 ||
+            (rc = upload_norm(dev, PG_CUDA_W_FFN_NORM, l, L->ffn_norm, H, &pr)) < 0 ||
+            (rc = upload_linear(dev, PG_CUDA_W_QKV, l, &L->qkv, buf, &pr)) < 0 ||
+            (rc = upload_linear(dev, PG_CUDA_W_O, l, &L->o, buf, &pr)) < 0 ||
+            (rc = upload_linear(dev, PG_CUDA_W_GATE_UP, l, &L->gate_up, buf, &pr)) < 0 ||
+            (rc = upload_linear(dev, PG_CUDA_W_DOWN, l, &L->down, buf, &pr)) < 0)
             break;
     }
     free(buf);
+    double secs = pg_progress_end(&pr);
+    if (rc == 0)
+        PG_LOGI("loaded %lld tensors, %.2f GB in %.2f s (%.2f GB/s, read and uploaded to the GPU)",
+                (long long)pr.items, (double)pr.done / 1e9, secs,
+                secs > 0 ? (double)pr.done / 1e9 / secs : 0.0);
     return rc;
 }
 
@@ -151,8 +184,10 @@ int pg_cuda_runner_create(const pg_llama *model, const pg_cuda_runner_config *cf
         .rms_eps = c->rms_eps,
         .tie_embeddings =
             cfg->dummy_weights ? c->tie_embeddings : model->lm_head.data == model->tok_emb.data,
+        .kv_dtype = cfg->kv_dtype,
     };
     int rc = pg_cuda_model_create(&sh, model->inv_freq, cfg->device, &r->dev);
+    if (rc == 0) rc = pg_cuda_model_set_graph_mode(r->dev, cfg->graphs);
     if (rc == 0) {
         if (cfg->dummy_weights)
             rc = pg_cuda_model_init_random(r->dev, cfg->dummy_seed,
@@ -217,7 +252,8 @@ int pg_cuda_runner_alloc_kv(pg_cuda_runner *r, int32_t n_blocks, int32_t n_host_
     PG_TRY(pg_cuda_model_alloc_kv(r->dev, n_blocks, n_host_blocks));
     r->n_blocks = n_blocks;
     r->n_host_blocks = n_host_blocks;
-    return 0;
+    return pg_cuda_model_capture_graphs(r->dev); // a no-op unless graphs are captured at start-up
+
 }
 
 int pg_cuda_runner_last_logits(pg_cuda_runner *r, float *out, int32_t n) {

@@ -31,6 +31,8 @@ typedef struct pg_cuda_runner_config {
     bool dummy_weights; // random weights generated on the device
     uint64_t dummy_seed;
     float dummy_std; // 0 = 0.02
+    pg_cuda_graph_mode graphs; // decode CUDA graphs: 0 = captured at start-up (in alloc_kv)
+    int32_t kv_dtype;          // PG_KV_BF16 (0) or PG_KV_FP8_E4M3 (kernels/kernels.h)
 } pg_cuda_runner_config;
 
 // The number of usable CUDA devices; 0 with `why` saying why not ("built
@@ -47,13 +49,17 @@ int pg_cuda_runner_create(const pg_llama *model, const pg_cuda_runner_config *cf
                           pg_cuda_runner **out);
 void pg_cuda_runner_free(pg_cuda_runner *r);
 
-// Bytes of one KV block on the device (bf16, every layer, K and V).
-size_t pg_cuda_runner_kv_bytes_per_block(const pg_model_config *c, int32_t block_size);
+// Bytes of one KV block on the device (every layer, K and V; 2 bytes per
+// element for PG_KV_BF16, 1 for PG_KV_FP8_E4M3).
+size_t pg_cuda_runner_kv_bytes_per_block(const pg_model_config *c, int32_t block_size, int32_t kv_dtype);
 
 void pg_cuda_runner_mem(const pg_cuda_runner *r, pg_cuda_mem_stats *out);
 
 // Allocates n_blocks device KV blocks (block 0 is the pool's null block) and
-// n_host_blocks pinned swap blocks. PG_ENOMEM saying what would fit.
+// n_host_blocks pinned swap blocks. PG_ENOMEM saying what would fit. Then,
+// with cfg.graphs PG_CUDA_GRAPHS_STARTUP, captures the decode CUDA graphs
+// (pg_cuda_model_capture_graphs): the KV budget must leave
+// pg_cuda_mem_stats.graphs_reserved free for them.
 int pg_cuda_runner_alloc_kv(pg_cuda_runner *r, int32_t n_blocks, int32_t n_host_blocks);
 
 // Runs one step: moves, forward, sampling. `out->outs` points into runner

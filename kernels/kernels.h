@@ -33,12 +33,25 @@ typedef struct pg_attn_seq {
     const int32_t *block_table; // [ceil((start_pos + n_q) / block_size)]
 } pg_attn_seq;
 
+// Element types of the KV cache (pg_kv_shape.dtype).
+enum {
+    // The backend's native type: bf16 on CUDA, f32 on the CPU.
+    PG_KV_BF16 = 0,
+    // fp8 e4m3 (CUDA only), scale 1.0: values are converted with saturation
+    // to +-448 and without a calibrated scale (vLLM's fp8 default without
+    // scales). 1 byte per element.
+    PG_KV_FP8_E4M3 = 1,
+};
+
 // Shape of the paged KV cache of one layer: [n_blocks][block_size][n_kv_heads][head_dim].
+// `dtype` is last, so positional initializers of the first four fields
+// mean the native type.
 typedef struct pg_kv_shape {
     int32_t n_blocks;
     int32_t block_size;
     int32_t n_kv_heads;
     int32_t head_dim;
+    int32_t dtype; // PG_KV_*
 } pg_kv_shape;
 
 typedef struct pg_backend pg_backend;

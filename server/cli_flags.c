@@ -28,11 +28,16 @@ const char *cli_engine_flags_help =
     "  --hf-config PATH              config.json (or its directory) for --load-format dummy\n"
     "  --gpu-memory-utilization F    share of GPU memory for weights, workspace and KV cache\n"
     "                                (default 0.9); the KV cache gets what is left\n"
+    "  --cuda-graphs on|off|lazy     decode CUDA graphs: captured at start-up (on, default),\n"
+    "                                on a batch shape's first step (lazy), or none (off)\n"
     "KV cache and scheduling:\n"
     "  --kv-cache-memory BYTES       KV cache size, e.g. 2G (default 2G on CPU; on the GPU,\n"
     "                                what --gpu-memory-utilization leaves)\n"
     "  --kv-blocks N                 KV cache size in blocks (overrides the above)\n"
     "  --block-size N                tokens per KV block (default 16)\n"
+    "  --kv-cache-dtype auto|bf16|fp8  KV cache elements: auto (bf16 on the GPU, f32 on the\n"
+    "                                CPU), bf16, or fp8 (e4m3, scale 1.0, saturating; GPU only:\n"
+    "                                twice the tokens in the same memory)\n"
     "  --swap-space BYTES            host swap space for preempted requests\n"
     "  --preemption-mode MODE        recompute (default) or swap\n"
     "  --max-model-len N             prompt + output limit (default: the model's)\n"
@@ -139,6 +144,20 @@ int cli_engine_flag(pg_engine_config *c, int argc, char **argv, int *i) {
         if (strcmp(v, "auto") && strcmp(v, "dummy"))
             return pg_err_set(PG_EINVAL, "--load-format must be auto or dummy");
         c->load_format = v;
+        return 1;
+    }
+    if (!strcmp(f, "--cuda-graphs")) {
+        NEED_VALUE();
+        if (strcmp(v, "on") && strcmp(v, "off") && strcmp(v, "lazy"))
+            return pg_err_set(PG_EINVAL, "--cuda-graphs must be on, off or lazy");
+        c->cuda_graphs = v;
+        return 1;
+    }
+    if (!strcmp(f, "--kv-cache-dtype")) {
+        NEED_VALUE();
+        if (strcmp(v, "auto") && strcmp(v, "bf16") && strcmp(v, "fp8"))
+            return pg_err_set(PG_EINVAL, "--kv-cache-dtype must be auto, bf16 or fp8");
+        c->kv_cache_dtype = v;
         return 1;
     }
     if (!strcmp(f, "--gpu-memory-utilization")) {

@@ -344,7 +344,9 @@ int cmd_serve(int argc, char **argv) {
     int64_t kv_tokens = (int64_t)(st.kv_blocks - 1) * st.block_size;
     PG_LOGI("paged serve: model %s (%s), device %s, KV cache %d blocks x %d tokens = %lld tokens "
             "(%.0f MiB), max model len %d, loaded in %.2f s; listening on http://%s%s%s:%d%s",
-            a->served_name, cfg.model_path, pg_engine_device_name(a->engine), st.kv_blocks - 1,
+            a->served_name,
+            cfg.load_format && !strcmp(cfg.load_format, "dummy") ? "dummy weights" : cfg.model_path,
+            pg_engine_device_name(a->engine), st.kv_blocks - 1,
             st.block_size, (long long)kv_tokens, (double)st.kv_bytes / (1 << 20), a->lim.max_model_len,
             pg_now_s() - t0, strchr(f.host, ':') ? "[" : "", f.host, strchr(f.host, ':') ? "]" : "", srv_http_port(a->http),
             a->api_key ? " (API key required)" : "");

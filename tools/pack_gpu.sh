@@ -7,7 +7,8 @@
 # that is not glibc, libstdc++/libgcc or CUDA's into lib/, and writes
 #
 #   build/gpu-pack/                paged, test_cuda_runner, test_cuda_kernels,
-#                                  bench_cuda_attention, lib/*.so*
+#                                  bench_cuda_attention, bench_cuda_gemv,
+#                                  lib/*.so*
 #   build/gpu-pack.tar.xz          the same, compressed (about 10 MB), which
 #                                  is what a device run carries: the
 #                                  uncompressed folder (OpenBLAS alone is
@@ -18,7 +19,8 @@
 set -eu
 cd "$(dirname "$0")/.."
 python3 tools/gen_build.py
-ninja -j2 build/paged build/gpu/test_cuda_runner build/gpu/test_cuda_kernels build/gpu/bench_cuda_attention
+ninja -j2 build/paged build/gpu/test_cuda_runner build/gpu/test_cuda_kernels build/gpu/bench_cuda_attention \
+    build/gpu/bench_cuda_gemv
 cudalib=build/rel/libpaged_cuda.a
 if ! nm "$cudalib" 2>/dev/null | grep -q ' T pg_cuda_model_step'; then
     echo "pack_gpu: $cudalib holds no CUDA objects (no nvcc?); nothing to pack" >&2
@@ -38,7 +40,7 @@ link() { # NAME OBJECT
 }
 link paged build/rel/obj/server/main.o
 link test_cuda_runner build/rel/obj/tests/gpu/test_cuda_runner.o
-cp build/gpu/test_cuda_kernels build/gpu/bench_cuda_attention "$out/"
+cp build/gpu/test_cuda_kernels build/gpu/bench_cuda_attention build/gpu/bench_cuda_gemv "$out/"
 
 # Shared libraries beyond what every Linux with CUDA has.
 for lib in $(ldd "$out/paged" "$out/test_cuda_runner" | awk '/=> \// {print $3}' | sort -u); do

@@ -17,9 +17,15 @@
 //       re-packed from the S accumulators as the A operand (no smem trip).
 //       decode  (NT = 2): 16 rows; the 4 warps split each 64-key tile
 //               (16 keys each) and merge their (m, l, O) at the end;
-//               split-K over CTAs + split_reduce_kernel for long contexts.
+//               split-K over CTAs for long contexts or small batches; the
+//               last CTA of a (sequence, KV head) to finish combines the
+//               splits (an atomic count per item, no second launch).
 //       prefill (NT = 8): 64 rows, one 16-row group per warp, each warp
 //               walks all 64 keys of the tile; causal mask per row.
+//   fp8 KV (e4m3, scale 1): the same kernels with F8 = true. 16-byte
+//       cp.async loads carry 16 elements into a raw byte stage; each
+//       thread converts the chunks it loaded to bf16 (exact) into one
+//       bf16 tile in the layout above, and the math is unchanged.
 #include <math.h>
 
 #include <atomic>
@@ -36,7 +42,8 @@ constexpr int PREFILL_DEFAULT_VERSION = 2;
 constexpr int NTHREADS = 128; // 4 warps
 // Pipeline depth: decode streams KV and keeps two tiles in flight per CTA;
 // prefill reuses each tile for 64 rows and keeps registers for the math.
-__host__ __device__ constexpr int attn_stages(int nt) { return nt == 2 ? 3 : 2; }
+// fp8 decode keeps three (half-size) tiles in flight for the same shared memory.
+__host__ __device__ constexpr int attn_stages(int nt, bool f8 = false) { return nt == 2 ? (f8 ? 4 : 3) : 2; }
 // Resident CTAs per SM asked of the compiler (caps registers at 168 / 255).
 __host__ __device__ constexpr int attn_min_blocks(int nt) { return nt == 2 ? 2 : 2; }
 
@@ -82,13 +89,52 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
+// Two e4m3 bytes, placed at bits 8-15 and 24-31 of y, -> bf16x2, exactly.
+// (s eeee mmm) << 4 inside a bf16 is the value * 2^-120 (e = 0, the
+// e4m3 subnormals, lands on bf16 subnormals, which bf16 fma keeps); one
+// multiply by 2^120 (bf16 0x7B80) restores it. The e4m3 NaN (0x7F/0xFF)
+// reads as +-480: the writer saturates, so only a NaN input makes one.
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t y) {
+    uint32_t r = (y & 0x80008000u) | ((y >> 4) & 0x07F007F0u), d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(r), "r"(0x7B807B80u), "r"(0x80008000u));
+    return d;
+}
+// 16 e4m3 (one 16-byte load) -> 16 bf16 (elements 0-7 in lo, 8-15 in hi).
+__device__ __forceinline__ void e4m3x16_to_bf16(const uint4 &in, uint4 &lo, uint4 &hi) {
+    lo.x = e4m3x2_to_bf16x2(__byte_perm(in.x, 0u, 0x1404));
+    lo.y = e4m3x2_to_bf16x2(__byte_perm(in.x, 0u, 0x3424));
+    lo.z = e4m3x2_to_bf16x2(__byte_perm(in.y, 0u, 0x1404));
+    lo.w = e4m3x2_to_bf16x2(__byte_perm(in.y, 0u, 0x3424));
+    hi.x = e4m3x2_to_bf16x2(__byte_perm(in.z, 0u, 0x1404));
+    hi.y = e4m3x2_to_bf16x2(__byte_perm(in.z, 0u, 0x3424));
+    hi.z = e4m3x2_to_bf16x2(__byte_perm(in.w, 0u, 0x1404));
+    hi.w = e4m3x2_to_bf16x2(__byte_perm(in.w, 0u, 0x3424));
+}
+
+// Split decode: one arrival counter per (sequence x KV head x row tile) item
+// of a launch, per device (zero at module load). The last CTA of an item
+// to arrive combines its splits and puts the counter back to zero, so every
+// launch starts from zeros (graph replays included). Launches that split
+// must not run concurrently on one device (the runner has one stream).
+// PDL keeps that true: a decode launch may start before its predecessor
+// kernel P ends, but every CTA executes griddepcontrol.wait before its first
+// access to the counters, and that wait returns only once P has completed.
+// P is itself a PDL kernel that waited for its own predecessor before
+// completing (or a plain launch, which started after it), and so on back to
+// the previous decode launch: all kernels between two decode launches wait
+// on every path (cuda_common.cuh), so the earlier launch has completed,
+// counters back at zero, before any CTA of the later one touches them. Two
+// decode launches back to back are the one-step case of the same argument.
+constexpr int SPLIT_ITEMS = 16384;
+__device__ unsigned int g_split_count[SPLIT_ITEMS];
+
 // --- v2: tensor-core paged attention -------------------------------------------------
 
 struct AttnParams {
     bf16 *out;                 // [n_tokens][n_heads][HD]
     const bf16 *q;             // [n_tokens][q_stride]
     int64_t q_stride;
-    const bf16 *k_cache, *v_cache;
+    const bf16 *k_cache, *v_cache; // bf16, or e4m3 bytes in the F8 kernels
     const int32_t *block_tables;
     int64_t bt_stride;
     const int32_t *seq_lens;   // decode: keys per sequence (query row s)
@@ -102,12 +148,69 @@ struct AttnParams {
     int max_splits;
 };
 
-template <int HD, int NT>
-__host__ __device__ constexpr int attn_smem_bytes() {
-    return attn_stages(NT) * 2 * KT * HD * (int)sizeof(bf16);
+// fp8: one bf16 K/V tile (the converted copy the math reads) before the raw stages.
+template <int HD>
+__host__ __device__ constexpr int cvt_tile_bytes() {
+    return 2 * KT * HD * (int)sizeof(bf16);
 }
 
-template <int HD, int NT>
+template <int HD, int NT, bool F8 = false>
+__host__ __device__ constexpr int attn_smem_bytes() {
+    return F8 ? cvt_tile_bytes<HD>() + attn_stages(NT, true) * 2 * KT * HD
+              : attn_stages(NT) * 2 * KT * HD * (int)sizeof(bf16);
+}
+
+// The F8 tile loader and converter shared by the kernels: chunk i of a
+// thread is key row chunk / (HD / 16), 16 bytes = 16 elements; the raw
+// stage is [K: KT * HD bytes][V: KT * HD bytes] in chunk order (each
+// thread reads back only what it loaded, so its own cp.async wait is the
+// only ordering the conversion needs).
+template <int HD>
+__device__ __forceinline__ void f8_load_tile(const AttnParams &p, unsigned char *raw, const int32_t *bt, int kvh,
+                                             int tile, int kv_end) {
+    constexpr int CPR8 = HD / 16;
+    static_assert(KT * CPR8 % NTHREADS == 0, "fp8 tile load");
+    const unsigned char *kb = reinterpret_cast<const unsigned char *>(p.k_cache);
+    const unsigned char *vb = reinterpret_cast<const unsigned char *>(p.v_cache);
+    const int bs_mask = (1 << p.bs_shift) - 1;
+#pragma unroll
+    for (int i = 0; i < KT * CPR8 / NTHREADS; i++) {
+        int chunk = threadIdx.x + i * NTHREADS;
+        int r = chunk / CPR8, c = chunk % CPR8;
+        int t = tile * KT + r;
+        bool valid = t < kv_end;
+        const unsigned char *kp = kb, *vp = vb;
+        if (valid) {
+            int64_t slot = ((int64_t)bt[t >> p.bs_shift] << p.bs_shift) + (t & bs_mask);
+            size_t off = ((size_t)slot * p.n_kv + kvh) * HD + c * 16;
+            kp += off;
+            vp += off;
+        }
+        cp_async16(smem_u32(raw + chunk * 16), kp, valid);
+        cp_async16(smem_u32(raw + KT * HD + chunk * 16), vp, valid);
+    }
+}
+// Raw stage -> the bf16 tile [K: KT][HD][V: KT][HD], swizzled as the bf16
+// loads are (16-byte chunk c of row r at c ^ (r & 7)).
+template <int HD>
+__device__ __forceinline__ void f8_convert_tile(const unsigned char *raw, bf16 *cvt) {
+    constexpr int CPR8 = HD / 16;
+#pragma unroll
+    for (int i = 0; i < KT * CPR8 / NTHREADS; i++) {
+        int chunk = threadIdx.x + i * NTHREADS;
+        int r = chunk / CPR8, c = chunk % CPR8;
+#pragma unroll
+        for (int kv = 0; kv < 2; kv++) {
+            uint4 in = *reinterpret_cast<const uint4 *>(raw + kv * KT * HD + chunk * 16), lo, hi;
+            e4m3x16_to_bf16(in, lo, hi);
+            bf16 *row = cvt + kv * KT * HD + r * HD;
+            *reinterpret_cast<uint4 *>(row + (((2 * c) ^ (r & 7)) * 8)) = lo;
+            *reinterpret_cast<uint4 *>(row + (((2 * c + 1) ^ (r & 7)) * 8)) = hi;
+        }
+    }
+}
+
+template <int HD, int NT, bool F8>
 __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_kernel(const AttnParams p) {
     constexpr int CPR = HD / 8;  // 16-byte chunks per key row
     constexpr int TG = 8 / NT;   // warps splitting the keys of a tile
@@ -115,11 +218,17 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
     constexpr int ROWS = 16 * RG;
     constexpr int KSTEPS = HD / 16;
     constexpr int ONT = HD / 8;  // n-tiles of the output
-    constexpr int STAGES = attn_stages(NT);
+    constexpr int STAGES = attn_stages(NT, F8);
     static_assert(HD == 64 || HD == 128, "head_dim");
     static_assert(KT * CPR % NTHREADS == 0, "tile load");
     extern __shared__ __align__(128) unsigned char smem_raw[];
     bf16 *smem = reinterpret_cast<bf16 *>(smem_raw);
+    // PDL (decode launches; a no-op for the plain prefill launch): q, the
+    // KV cache (the new token's row comes from rope_kv_write), lengths and
+    // block tables may be earlier kernels' output. Every CTA waits before
+    // anything else, including the ones that leave early below.
+    pg_pdl_wait();
+    pg_pdl_trigger();
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int rg = warp / TG, tg = warp % TG;
@@ -148,20 +257,27 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
     int t_begin = 0, t_end = n_tiles;
     const bool split = gridDim.z > 1;
     if (n_tiles == 0) { // no keys (a decode sequence of length 0): zero rows, never NaN
-        if (!split)
+        if (!split || blockIdx.z == 0)
             for (int idx = threadIdx.x; idx < ROWS * HD; idx += NTHREADS) {
                 int r = row0 + idx / HD;
                 if (r < rows_total)
                     p.out[((size_t)(q_start + r / G) * p.n_heads + kvh * G + r % G) * HD + idx % HD] =
                         __float2bfloat16(0.0f);
             }
-        return; // split: the reduce writes zeros for a sequence with no splits
+        return;
     }
+    // Splits of this sequence that have keys: z < n_parts. A sequence
+    // that fits in one split writes its output directly.
+    int n_parts = 1;
     if (split) {
         t_begin = blockIdx.z * p.tiles_per_split;
         t_end = min(n_tiles, t_begin + p.tiles_per_split);
-        if (t_begin >= t_end) return; // the reduce counts this sequence's splits itself
+        if (t_begin >= t_end) return; // not counted: n_parts below excludes it
+        // (clamped to the grid: a length past max_seq_len must not leave a
+        // counter short of its target for the next launch)
+        n_parts = min((n_tiles + p.tiles_per_split - 1) / p.tiles_per_split, (int)gridDim.z);
     }
+    const bool partial = n_parts > 1;
 
     // This thread's two rows of the mma fragments, their positions and q.
     int pos[2];
@@ -190,7 +306,12 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
 
     const int32_t *bt = p.block_tables + (size_t)seq * p.bt_stride;
     const int bs_mask = (1 << p.bs_shift) - 1;
+    unsigned char *raw8 = smem_raw + cvt_tile_bytes<HD>(); // F8: the raw stages
     auto load_tile = [&](int tile, int st) {
+        if constexpr (F8) {
+            f8_load_tile<HD>(p, raw8 + st * 2 * KT * HD, bt, kvh, tile, kv_end);
+            return;
+        }
         bf16 *ks = smem + st * 2 * KT * HD, *vs = ks + KT * HD;
 #pragma unroll
         for (int i = 0; i < KT * CPR / NTHREADS; i++) {
@@ -230,6 +351,12 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
         if (tile + STAGES - 1 < t_end) load_tile(tile + STAGES - 1, (it + STAGES - 1) % STAGES);
         cp_async_commit();
         const bf16 *ks = smem + (it % STAGES) * 2 * KT * HD, *vs = ks + KT * HD;
+        if constexpr (F8) { // the barrier above freed the bf16 tile; convert, then share it
+            f8_convert_tile<HD>(raw8 + (it % STAGES) * 2 * KT * HD, smem);
+            __syncthreads();
+            ks = smem;
+            vs = smem + KT * HD;
+        }
 
         // S = Q K^T for 16 rows x NT*8 keys.
         float s[NT][4];
@@ -330,24 +457,12 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
             if (!row_ok[i]) continue;
             int r = row0 + rg * 16 + lane / 4 + 8 * i;
             float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-            size_t oi = out_index(r);
-            if (!split) {
-                bf16 *op = p.out + oi * HD;
+            bf16 *op = p.out + out_index(r) * HD; // prefill (TG == 1) never splits
 #pragma unroll
-                for (int n = 0; n < ONT; n++) {
-                    int c = n * 8 + (lane % 4) * 2;
-                    *reinterpret_cast<__nv_bfloat162 *>(op + c) =
-                        __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-                }
-            } else {
-                size_t pi = oi * p.max_splits + blockIdx.z;
-                float *pp = p.part_o + pi * HD;
-#pragma unroll
-                for (int n = 0; n < ONT; n++) {
-                    int c = n * 8 + (lane % 4) * 2;
-                    *reinterpret_cast<float2 *>(pp + c) = make_float2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-                }
-                if (lane % 4 == 0) p.part_lse[pi] = l[i] > 0.0f ? m[i] + log2f(l[i]) : -INFINITY;
+            for (int n = 0; n < ONT; n++) {
+                int c = n * 8 + (lane % 4) * 2;
+                *reinterpret_cast<__nv_bfloat162 *>(op + c) =
+                    __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
             }
         }
     } else {
@@ -359,7 +474,8 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
         float *sm_m = red + TG * 16 * RS;                  // [TG][16]
         float *sm_l = sm_m + TG * 16;                      // [TG][16]
         float *sm_lse = sm_l + TG * 16;                    // [16]
-        static_assert(TG * 16 * RS * 4 + (2 * TG + 1) * 16 * 4 <= attn_smem_bytes<HD, NT>(), "merge smem");
+        int *sm_last = reinterpret_cast<int *>(sm_lse + 16); // [1]
+        static_assert(TG * 16 * RS * 4 + (2 * TG + 2) * 16 * 4 <= attn_smem_bytes<HD, NT, F8>(), "merge smem");
         __syncthreads();
         if (lane % 4 == 0) {
 #pragma unroll
@@ -403,7 +519,7 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
                 acc.y += v.y;
             }
             size_t oi = out_index(r);
-            if (!split) {
+            if (!partial) {
                 *reinterpret_cast<__nv_bfloat162 *>(p.out + oi * HD + c) = __floats2bfloat162_rn(acc.x, acc.y);
             } else {
                 size_t pi = oi * p.max_splits + blockIdx.z;
@@ -411,34 +527,44 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
                 if (c == 0) p.part_lse[pi] = sm_lse[rl];
             }
         }
+        if (!partial) return;
+        // Stream-K style combine: the partial stores are made visible
+        // device-wide (each thread fences its own) before the arrival is
+        // counted; the last arrival reads every split's partial from L2.
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            unsigned int *cnt = &g_split_count[blockIdx.x * gridDim.y + blockIdx.y];
+            const bool last = atomicAdd(cnt, 1u) + 1u == (unsigned int)n_parts;
+            if (last) atomicExch(cnt, 0u); // every split of the item has arrived: ready for the next launch
+            *sm_last = last;
+        }
+        __syncthreads();
+        if (!*sm_last) return;
+        __threadfence();
+        for (int idx = threadIdx.x; idx < 16 * HD / 2; idx += NTHREADS) {
+            int rl = idx / (HD / 2), c = (idx % (HD / 2)) * 2;
+            int r = row0 + rl;
+            if (r >= rows_total) continue;
+            size_t oi = out_index(r);
+            const float *lse = p.part_lse + oi * p.max_splits;
+            const float *po = p.part_o + oi * p.max_splits * HD + c;
+            float mx = -INFINITY;
+            for (int z = 0; z < n_parts; z++) mx = fmaxf(mx, __ldcg(lse + z));
+            float2 acc = make_float2(0.0f, 0.0f);
+            float wsum = 0.0f;
+            for (int z = 0; z < n_parts; z++) {
+                float lz = __ldcg(lse + z);
+                float w = lz == -INFINITY ? 0.0f : exp2f(lz - mx);
+                float2 v = __ldcg(reinterpret_cast<const float2 *>(po + (size_t)z * HD));
+                acc.x += w * v.x;
+                acc.y += w * v.y;
+                wsum += w;
+            }
+            float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+            *reinterpret_cast<__nv_bfloat162 *>(p.out + oi * HD + c) = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
+        }
     }
-}
-
-// Combines the splits of each (sequence, head): out = sum_s w_s O_s / sum_s w_s
-// with w_s = 2^(lse_s - max lse). One CTA of HD/2 threads per row.
-template <int HD>
-__global__ void split_reduce_kernel(bf16 *out, const float *part_o, const float *part_lse,
-                                    const int32_t *seq_lens, int n_heads, int max_splits,
-                                    int tiles_per_split) {
-    const int row = blockIdx.x, s = row / n_heads;
-    const int len = seq_lens[s];
-    const int n_tiles = len > 0 ? (len + KT - 1) / KT : 0;
-    const int ns = (n_tiles + tiles_per_split - 1) / tiles_per_split;
-    const float *lse = part_lse + (size_t)row * max_splits;
-    float mx = -INFINITY;
-    for (int i = 0; i < ns; i++) mx = fmaxf(mx, lse[i]);
-    const int c = threadIdx.x * 2;
-    float2 acc = make_float2(0.0f, 0.0f);
-    float wsum = 0.0f;
-    for (int i = 0; i < ns; i++) {
-        float w = lse[i] == -INFINITY ? 0.0f : exp2f(lse[i] - mx);
-        float2 v = *reinterpret_cast<const float2 *>(part_o + ((size_t)row * max_splits + i) * HD + c);
-        acc.x += w * v.x;
-        acc.y += w * v.y;
-        wsum += w;
-    }
-    float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
-    *reinterpret_cast<__nv_bfloat162 *>(out + (size_t)row * HD + c) = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
 }
 
 // --- prefill v2: 32 rows per warp ------------------------------------------------------
@@ -449,12 +575,14 @@ __global__ void split_reduce_kernel(bf16 *out, const float *part_o, const float 
 // CTA), so each K/V fragment feeds two mma; q stays in shared memory (its
 // fragments are re-read per k-step: registers go to the two S and O tiles).
 
-template <int HD>
+template <int HD, bool F8 = false>
 __host__ __device__ constexpr int pf2_smem_bytes() {
-    return (128 + 2 * 2 * KT) * HD * (int)sizeof(bf16); // q tile + 2 stages of K, V
+    // q tile + 2 stages of K, V (F8: q tile + the bf16 K, V tile + 2 raw stages)
+    return F8 ? 128 * HD * (int)sizeof(bf16) + cvt_tile_bytes<HD>() + 2 * 2 * KT * HD
+              : (128 + 2 * 2 * KT) * HD * (int)sizeof(bf16);
 }
 
-template <int HD>
+template <int HD, bool F8>
 __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const AttnParams p) {
     constexpr int CPR = HD / 8;
     constexpr int KSTEPS = HD / 16;
@@ -463,7 +591,8 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
     constexpr int ROWS = 128;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     bf16 *qs = reinterpret_cast<bf16 *>(smem_raw);
-    bf16 *stages = qs + ROWS * HD;
+    bf16 *stages = qs + ROWS * HD; // F8: the bf16 K, V tile, then the raw stages
+    unsigned char *raw8 = smem_raw + ROWS * HD * sizeof(bf16) + cvt_tile_bytes<HD>();
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int seq = blockIdx.x / p.n_kv, kvh = blockIdx.x % p.n_kv;
@@ -498,6 +627,10 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
     const int32_t *bt = p.block_tables + (size_t)seq * p.bt_stride;
     const int bs_mask = (1 << p.bs_shift) - 1;
     auto load_tile = [&](int tile, int st) {
+        if constexpr (F8) {
+            f8_load_tile<HD>(p, raw8 + st * 2 * KT * HD, bt, kvh, tile, kv_end);
+            return;
+        }
         bf16 *ks = stages + st * 2 * KT * HD, *vs = ks + KT * HD;
 #pragma unroll
         for (int i = 0; i < KT * CPR / NTHREADS; i++) {
@@ -533,6 +666,12 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
         if (tile + 1 < n_tiles) load_tile(tile + 1, (tile + 1) & 1);
         cp_async_commit();
         const bf16 *ks = stages + (tile & 1) * 2 * KT * HD, *vs = ks + KT * HD;
+        if constexpr (F8) { // the barrier above freed the bf16 tile
+            f8_convert_tile<HD>(raw8 + (tile & 1) * 2 * KT * HD, stages);
+            __syncthreads();
+            ks = stages;
+            vs = stages + KT * HD;
+        }
 
         float sc[2][NT][4];
 #pragma unroll
@@ -1055,26 +1194,26 @@ int log2_exact(int x) {
 
 // Raises the kernel's dynamic shared memory limit, once per device (the
 // attribute belongs to the device's context).
-template <int HD, int NT> int set_smem_attr() {
+template <int HD, int NT, bool F8 = false> int set_smem_attr() {
     static std::atomic<uint64_t> done{0};
     int dev = 0;
     PG_CUDA_TRY(cudaGetDevice(&dev));
     uint64_t bit = 1ull << (dev & 63);
     if (done.load(std::memory_order_acquire) & bit) return 0;
-    PG_CUDA_TRY(cudaFuncSetAttribute(paged_attn_mma_kernel<HD, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     attn_smem_bytes<HD, NT>()));
+    PG_CUDA_TRY(cudaFuncSetAttribute(paged_attn_mma_kernel<HD, NT, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     attn_smem_bytes<HD, NT, F8>()));
     done.fetch_or(bit, std::memory_order_release);
     return 0;
 }
 
 // CTAs of the decode kernel resident per SM (the same on every device of
 // one kind; computed once).
-template <int HD> int decode_ctas_per_sm() {
+template <int HD, bool F8 = false> int decode_ctas_per_sm() {
     static const int n = [] {
         int v = 0;
-        if (set_smem_attr<HD, 2>() < 0 ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, paged_attn_mma_kernel<HD, 2>, NTHREADS,
-                                                          attn_smem_bytes<HD, 2>()) != cudaSuccess ||
+        if (set_smem_attr<HD, 2, F8>() < 0 ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, paged_attn_mma_kernel<HD, 2, F8>, NTHREADS,
+                                                          attn_smem_bytes<HD, 2, F8>()) != cudaSuccess ||
             v < 1)
             v = 1;
         return v;
@@ -1087,23 +1226,51 @@ struct SplitPlan {
     int tiles_per_split; // KV tiles of 64 keys per split
 };
 
-// Enough CTAs for about eight waves, splits of at least MIN_TILES tiles
-// (the partial O written per split stays under ~2% of the KV bytes read).
-constexpr int MIN_TILES = 4;
+// The split plan minimizes a cost model of one launch, in units of the time
+// one CTA slot (SMs x resident CTAs) takes to stream one bf16 tile at its
+// share of the bandwidth when every slot is busy:
+//   per CTA  tiles * (bytes per element / 2) + SPLIT_OVH (first block-table
+//            read and tile latency, the warp merge, the partial write);
+//   waves    full waves cost per CTA each; a last partial wave of `rem`
+//            CTAs runs faster (rem / slots of a wave) but a CTA alone streams
+//            at most SPLIT_RHO times its full-load share;
+//   combine  the last CTA of an item reads splits * rows fp32 partials.
+// The old plan (about 8 waves of 4-tile splits) spent a third of the time
+// of batch 16 x 4096 in CTA start-ups and the second (reduce) launch; this
+// one gives 2 splits of 32 tiles (256 CTAs, one wave) there, no split at
+// batch >= 64 x 4096, and ~200 CTAs for one long sequence.
 constexpr int MAX_SPLITS = 256;
+constexpr double SPLIT_OVH = 2.0;  // from the H200 runs: 4-tile splits reached 65% of the wave-limited rate
+constexpr double SPLIT_RHO = 1.25; // assumed, not measured
 
-SplitPlan plan_decode(int n_seqs, int n_kv, int row_tiles, int max_seq_len, int sms, int ctas_per_sm) {
+SplitPlan plan_decode(int n_seqs, int n_kv, int row_tiles, int group, int max_seq_len, int sms, int ctas_per_sm,
+                      bool fp8) {
     SplitPlan pl = {1, 1 << 30};
     const int max_tiles = max_seq_len > 0 ? (max_seq_len + KT - 1) / KT : 1;
     const int64_t base = (int64_t)n_seqs * n_kv * row_tiles;
-    const int64_t target = (int64_t)sms * ctas_per_sm * 8;
-    int splits = (int)((target + base - 1) / base);
-    int cap = max_tiles / MIN_TILES;
-    if (splits > cap) splits = cap;
-    if (splits > MAX_SPLITS) splits = MAX_SPLITS;
-    if (splits <= 1) return pl;
-    pl.tiles_per_split = (max_tiles + splits - 1) / splits;
-    pl.n_splits = (max_tiles + pl.tiles_per_split - 1) / pl.tiles_per_split;
+    if (max_tiles < 2 || base < 1 || base > SPLIT_ITEMS) return pl; // the counters cover SPLIT_ITEMS items
+    const double slots = (double)sms * ctas_per_sm, tile_w = fp8 ? 0.5 : 1.0;
+    const double rows = group < 16 ? group : 16;
+    double best = 0.0;
+    int best_n = 1, best_tps = max_tiles;
+    const int n_max = max_tiles < MAX_SPLITS ? max_tiles : MAX_SPLITS;
+    for (int n = 1; n <= n_max; n++) {
+        const int tps = (max_tiles + n - 1) / n;
+        if ((max_tiles + tps - 1) / tps != n) continue; // the same plan as a smaller n
+        const double ctas = (double)base * n, full = floor(ctas / slots), rem = ctas - full * slots;
+        const double per = tps * tile_w + SPLIT_OVH + (n > 1 ? rows / 64.0 : 0.0);
+        double c = full * per + (rem > 0 ? per * fmax(1.0 / SPLIT_RHO, rem / slots) : 0.0);
+        if (n > 1) c += n * rows / 64.0 / SPLIT_RHO;
+        if (n == 1 || c < best * (1.0 - 1e-9)) { // ties: fewer splits
+            best = c;
+            best_n = n;
+            best_tps = tps;
+        }
+    }
+    if (best_n > 1) {
+        pl.n_splits = best_n;
+        pl.tiles_per_split = best_tps;
+    }
     return pl;
 }
 
@@ -1123,20 +1290,21 @@ int check_common(const void *out, const void *q, const void *k_cache, const void
         return pg_err_set(PG_EUNSUPP, "attention: block_size %d (a power of two >= 8)", kv.block_size);
     PG_ARG(q_stride >= (int64_t)n_heads * kv.head_dim && q_stride % 2 == 0,
            "attention: q_stride %lld", (long long)q_stride);
+    PG_ARG(kv.dtype == PG_KV_BF16 || kv.dtype == PG_KV_FP8_E4M3, "attention: KV cache dtype %d", kv.dtype);
     return 0;
 }
 
-template <int HD>
+template <int HD, bool F8>
 int launch_decode_v2(void *out, const void *q, int64_t q_stride, const void *k_cache,
                      const void *v_cache, pg_kv_shape kv, const int32_t *block_tables,
                      int32_t bt_stride, const int32_t *seq_lens, int32_t n_seqs, int32_t n_heads,
                      float scale, int32_t max_seq_len, void *workspace, size_t workspace_bytes,
                      cudaStream_t st) {
-    PG_TRY((set_smem_attr<HD, 2>()));
+    PG_TRY((set_smem_attr<HD, 2, F8>()));
     const int G = n_heads / kv.n_kv_heads;
     const int row_tiles = (G + 15) / 16;
-    SplitPlan pl = plan_decode(n_seqs, kv.n_kv_heads, row_tiles, max_seq_len, pg_cuda_sm_count(),
-                               decode_ctas_per_sm<HD>());
+    SplitPlan pl = plan_decode(n_seqs, kv.n_kv_heads, row_tiles, G, max_seq_len, pg_cuda_sm_count(),
+                               decode_ctas_per_sm<HD, F8>(), F8);
     // A smaller workspace makes fewer, longer splits.
     while (pl.n_splits > 1 && (!workspace || split_ws_bytes(n_seqs, n_heads, HD, pl.n_splits) > workspace_bytes)) {
         int max_tiles = (max_seq_len + KT - 1) / KT;
@@ -1166,13 +1334,9 @@ int launch_decode_v2(void *out, const void *q, int64_t q_stride, const void *k_c
         p.part_lse = p.part_o + (size_t)n_seqs * n_heads * pl.n_splits * HD;
     }
     dim3 grid((unsigned)(n_seqs * kv.n_kv_heads), (unsigned)row_tiles, (unsigned)pl.n_splits);
-    paged_attn_mma_kernel<HD, 2><<<grid, NTHREADS, attn_smem_bytes<HD, 2>(), st>>>(p);
+    PG_CUDA_TRY(pg_launch_pdl(paged_attn_mma_kernel<HD, 2, F8>, grid, dim3(NTHREADS), attn_smem_bytes<HD, 2, F8>(),
+                              st, p));
     PG_CUDA_LAUNCHED("paged_attn_mma_kernel<decode>");
-    if (pl.n_splits > 1) {
-        split_reduce_kernel<HD><<<n_seqs * n_heads, HD / 2, 0, st>>>((bf16 *)out, p.part_o, p.part_lse, seq_lens,
-                                                                     n_heads, pl.n_splits, pl.tiles_per_split);
-        PG_CUDA_LAUNCHED("split_reduce_kernel");
-    }
     return 0;
 }
 
@@ -1271,12 +1435,12 @@ int launch_decode_v1(void *out, const void *q, int64_t q_stride, const void *k_c
     return 0;
 }
 
-template <int HD>
+template <int HD, bool F8>
 int launch_prefill(void *out, const void *q, int64_t q_stride, const void *k_cache,
                    const void *v_cache, pg_kv_shape kv, const int32_t *block_tables,
                    int32_t bt_stride, const int32_t *cu_q, const int32_t *start_pos, int32_t n_seqs,
                    int32_t n_heads, float scale, int32_t max_q_len, cudaStream_t st) {
-    PG_TRY((set_smem_attr<HD, 8>()));
+    PG_TRY((set_smem_attr<HD, 8, F8>()));
     const int G = n_heads / kv.n_kv_heads;
     AttnParams p = {};
     p.out = (bf16 *)out;
@@ -1298,12 +1462,12 @@ int launch_prefill(void *out, const void *q, int64_t q_stride, const void *k_cac
     const int64_t row_tiles = ((int64_t)max_q_len * G + 63) / 64;
     PG_ARG(row_tiles <= 65535, "prefill attention: max_q_len %d too large for one launch", max_q_len);
     dim3 grid((unsigned)(n_seqs * kv.n_kv_heads), (unsigned)row_tiles, 1);
-    paged_attn_mma_kernel<HD, 8><<<grid, NTHREADS, attn_smem_bytes<HD, 8>(), st>>>(p);
+    paged_attn_mma_kernel<HD, 8, F8><<<grid, NTHREADS, attn_smem_bytes<HD, 8, F8>(), st>>>(p);
     PG_CUDA_LAUNCHED("paged_attn_mma_kernel<prefill>");
     return 0;
 }
 
-template <int HD>
+template <int HD, bool F8>
 int launch_prefill_v2(void *out, const void *q, int64_t q_stride, const void *k_cache, const void *v_cache,
                       pg_kv_shape kv, const int32_t *block_tables, int32_t bt_stride, const int32_t *cu_q,
                       const int32_t *start_pos, int32_t n_seqs, int32_t n_heads, float scale, int32_t max_q_len,
@@ -1312,8 +1476,8 @@ int launch_prefill_v2(void *out, const void *q, int64_t q_stride, const void *k_
     int dev = 0;
     PG_CUDA_TRY(cudaGetDevice(&dev));
     if (!(done.load(std::memory_order_acquire) & (1ull << (dev & 63)))) {
-        PG_CUDA_TRY(cudaFuncSetAttribute(paged_prefill_v2_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         pf2_smem_bytes<HD>()));
+        PG_CUDA_TRY(cudaFuncSetAttribute(paged_prefill_v2_kernel<HD, F8>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, pf2_smem_bytes<HD, F8>()));
         done.fetch_or(1ull << (dev & 63), std::memory_order_release);
     }
     const int G = n_heads / kv.n_kv_heads;
@@ -1335,7 +1499,7 @@ int launch_prefill_v2(void *out, const void *q, int64_t q_stride, const void *k_
     const int64_t row_tiles = ((int64_t)max_q_len * G + 127) / 128;
     PG_ARG(row_tiles <= 65535, "prefill attention: max_q_len %d too large for one launch", max_q_len);
     dim3 grid((unsigned)(n_seqs * kv.n_kv_heads), (unsigned)row_tiles, 1);
-    paged_prefill_v2_kernel<HD><<<grid, NTHREADS, pf2_smem_bytes<HD>(), st>>>(p);
+    paged_prefill_v2_kernel<HD, F8><<<grid, NTHREADS, pf2_smem_bytes<HD, F8>(), st>>>(p);
     PG_CUDA_LAUNCHED("paged_prefill_v2_kernel");
     return 0;
 }
@@ -1343,6 +1507,13 @@ int launch_prefill_v2(void *out, const void *q, int64_t q_stride, const void *k_
 } // namespace
 
 // --- C API -------------------------------------------------------------------------------
+
+// Calls F<HD, F8>::run(args...) for the shape's head_dim and KV dtype
+// (check_common has limited both to what is built).
+#define PG_ATTN_DISPATCH(fn, kv, ...)                                                              \
+    ((kv).dtype == PG_KV_FP8_E4M3                                                                  \
+         ? ((kv).head_dim == 64 ? fn<64, true>(__VA_ARGS__) : fn<128, true>(__VA_ARGS__))          \
+         : ((kv).head_dim == 64 ? fn<64, false>(__VA_ARGS__) : fn<128, false>(__VA_ARGS__)))
 
 extern "C" int pg_cuda_paged_decode_attention_v(int version, void *out, const void *q, int64_t q_stride,
                                                 const void *k_cache, const void *v_cache, pg_kv_shape kv,
@@ -1353,6 +1524,9 @@ extern "C" int pg_cuda_paged_decode_attention_v(int version, void *out, const vo
     PG_TRY(check_common(out, q, k_cache, v_cache, kv, block_tables, n_seqs, n_heads, q_stride));
     PG_ARG(seq_lens, "decode attention: null seq_lens");
     PG_ARG(max_seq_len >= 0, "decode attention: max_seq_len %d", max_seq_len);
+    PG_ARG(version >= 1 && version <= 3, "decode attention: no version %d", version);
+    if (version != 2 && kv.dtype == PG_KV_FP8_E4M3)
+        return pg_err_set(PG_EUNSUPP, "decode attention v%d: fp8 KV cache (only v2, the default)", version);
     if (n_seqs == 0) return 0;
     cudaStream_t st = pg_stream(stream);
     if (version == 1)
@@ -1361,7 +1535,6 @@ extern "C" int pg_cuda_paged_decode_attention_v(int version, void *out, const vo
                                           seq_lens, n_seqs, n_heads, scale, st)
                    : launch_decode_v1<128>(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride,
                                            seq_lens, n_seqs, n_heads, scale, st);
-    PG_ARG(version == 2 || version == 3, "decode attention: no version %d", version);
     if (version == 3) {
         int rc = kv.head_dim == 64 ? launch_decode_v3<64>(out, q, q_stride, k_cache, v_cache, kv, block_tables,
                                                           bt_stride, seq_lens, n_seqs, n_heads, scale, max_seq_len,
@@ -1371,11 +1544,8 @@ extern "C" int pg_cuda_paged_decode_attention_v(int version, void *out, const vo
                                                            workspace, workspace_bytes, st);
         if (rc <= 0) return rc; // launched, or failed; 1: not applicable, v2 below
     }
-    return kv.head_dim == 64
-               ? launch_decode_v2<64>(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride, seq_lens,
-                                      n_seqs, n_heads, scale, max_seq_len, workspace, workspace_bytes, st)
-               : launch_decode_v2<128>(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride, seq_lens,
-                                       n_seqs, n_heads, scale, max_seq_len, workspace, workspace_bytes, st);
+    return PG_ATTN_DISPATCH(launch_decode_v2, kv, out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride,
+                            seq_lens, n_seqs, n_heads, scale, max_seq_len, workspace, workspace_bytes, st);
 }
 
 extern "C" int pg_cuda_paged_decode_attention(void *out, const void *q, int64_t q_stride,
@@ -1394,18 +1564,22 @@ extern "C" size_t pg_cuda_decode_workspace_size(int32_t max_seqs, int32_t n_head
     if (max_seqs <= 0 || n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads) return 0;
     const int G = n_heads / n_kv_heads, row_tiles = (G + 15) / 16;
     const int sms = pg_cuda_sm_count();
-    const int cps = head_dim == 64 ? decode_ctas_per_sm<64>() : decode_ctas_per_sm<128>();
     size_t best = 0;
     if (G <= 16) // v3 at the largest batch it takes (its need grows with the batch)
         for (int n : {max_seqs < V3_MAX_SEQS ? max_seqs : V3_MAX_SEQS}) {
             size_t b = v3_ws_bytes(n, n_kv_heads, G, head_dim, v3_ctas(n, n_kv_heads, max_seq_len, head_dim));
             if (b > best) best = b;
         }
-    for (int n = 1; n <= max_seqs; n++) {
-        SplitPlan pl = plan_decode(n, n_kv_heads, row_tiles, max_seq_len, sms, cps);
-        if (pl.n_splits > 1) {
-            size_t b = split_ws_bytes(n, n_heads, head_dim, pl.n_splits);
-            if (b > best) best = b;
+    // Both KV dtypes (their plans differ), so one size serves either cache.
+    for (int f8 = 0; f8 < 2; f8++) {
+        const int cps = head_dim == 64 ? (f8 ? decode_ctas_per_sm<64, true>() : decode_ctas_per_sm<64, false>())
+                                       : (f8 ? decode_ctas_per_sm<128, true>() : decode_ctas_per_sm<128, false>());
+        for (int n = 1; n <= max_seqs; n++) {
+            SplitPlan pl = plan_decode(n, n_kv_heads, row_tiles, G, max_seq_len, sms, cps, f8 != 0);
+            if (pl.n_splits > 1) {
+                size_t b = split_ws_bytes(n, n_heads, head_dim, pl.n_splits);
+                if (b > best) best = b;
+            }
         }
     }
     return best;
@@ -1422,17 +1596,10 @@ extern "C" int pg_cuda_paged_prefill_attention_v(int version, void *out, const v
     if (n_seqs == 0 || max_q_len <= 0) return 0;
     cudaStream_t st = pg_stream(stream);
     if (version == 2)
-        return kv.head_dim == 64 ? launch_prefill_v2<64>(out, q, q_stride, k_cache, v_cache, kv, block_tables,
-                                                         bt_stride, cu_q, start_pos, n_seqs, n_heads, scale,
-                                                         max_q_len, st)
-                                 : launch_prefill_v2<128>(out, q, q_stride, k_cache, v_cache, kv, block_tables,
-                                                          bt_stride, cu_q, start_pos, n_seqs, n_heads, scale,
-                                                          max_q_len, st);
-    return kv.head_dim == 64
-               ? launch_prefill<64>(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride, cu_q,
-                                    start_pos, n_seqs, n_heads, scale, max_q_len, st)
-               : launch_prefill<128>(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride, cu_q,
-                                     start_pos, n_seqs, n_heads, scale, max_q_len, st);
+        return PG_ATTN_DISPATCH(launch_prefill_v2, kv, out, q, q_stride, k_cache, v_cache, kv, block_tables,
+                                bt_stride, cu_q, start_pos, n_seqs, n_heads, scale, max_q_len, st);
+    return PG_ATTN_DISPATCH(launch_prefill, kv, out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride,
+                            cu_q, start_pos, n_seqs, n_heads, scale, max_q_len, st);
 }
 
 extern "C" int pg_cuda_paged_prefill_attention(void *out, const void *q, int64_t q_stride,

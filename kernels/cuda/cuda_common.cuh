@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <utility>
+
 #include "kernels/cuda/cuda_ops.h"
 
 typedef __nv_bfloat16 bf16;
@@ -32,3 +34,70 @@ static inline int pg_ceil_div(int64_t a, int64_t b) { return (int)((a + b - 1) /
 
 // Multiprocessors of the current device (cached per device id).
 int pg_cuda_sm_count(void);
+
+// --- Programmatic Dependent Launch (PDL, sm_90+) -----------------------------------------
+//
+// A kernel launched with pg_launch_pdl may start while the kernel before it
+// on the stream is still running (once every CTA of that one has executed
+// pg_pdl_trigger() or exited). It may therefore do only independent work
+// (L2 prefetches of weights, index arithmetic on its arguments) before
+// pg_pdl_wait(), which returns once the previous grid has completed and its
+// memory is visible. Rules for every kernel launched this way:
+//   - pg_pdl_wait() before the first read of anything an earlier kernel may
+//     have written and before the first global write, on every path; every
+//     CTA calls it, also one that leaves early (so that "this grid is
+//     complete" implies "the grid before it is complete", transitively: the
+//     chain of waits orders each kernel after all earlier ones, not only
+//     after its immediate predecessor);
+//   - pg_pdl_trigger() after pg_pdl_wait() (so the next kernel starts only
+//     once the one before this one has completed); it only lets the next
+//     grid be scheduled and promises nothing about memory.
+// Without the launch attribute (PDL off, or sm < 90) both are no-ops. The
+// attribute only relaxes the order against an immediately preceding kernel
+// (not a copy, memset or event wait); a kernel launched without it (cuBLASLt,
+// the unconverted element-wise kernels) waits for full completion as usual.
+// Stream capture records the relaxed order as a programmatic graph edge.
+
+// Whether pg_launch_pdl sets the attribute on the current device: compute
+// capability >= 9.0, and not disabled by PAGED_CUDA_PDL=0 (read once) or by
+// pg_cuda_pdl_set(0). device.cu.
+int pg_cuda_pdl_enabled(void);
+// Tests and benchmarks: 0 off, 1 on (where the device supports it), -1 back
+// to the environment's default. Process-wide; takes effect at the next launch
+// (a captured graph keeps what it was captured with).
+void pg_cuda_pdl_set(int mode);
+
+__device__ __forceinline__ void pg_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pg_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// kernel<<<grid, block, smem, st>>>(args...), with the PDL attribute when
+// pg_cuda_pdl_enabled(). Only for kernels that follow the rules above.
+template <typename... KArgs, typename... Args>
+static inline cudaError_t pg_launch_pdl(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                        cudaStream_t st, Args &&...args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pg_cuda_pdl_enabled() ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+    if (e != cudaSuccess && cfg.numAttrs) { // a stream that refuses the attribute: launch plainly
+        (void)cudaGetLastError();
+        cfg.numAttrs = 0;
+        e = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+    }
+    return e;
+}

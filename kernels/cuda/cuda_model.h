@@ -40,6 +40,7 @@ typedef struct pg_cuda_model_shape {
     int32_t vocab, hidden, n_layers, n_heads, n_kv_heads, head_dim, ffn;
     float rms_eps;
     bool tie_embeddings; // the LM head is the token embedding (one device copy)
+    int32_t kv_dtype;    // KV cache elements: PG_KV_BF16 (0) or PG_KV_FP8_E4M3 (1, kernels/kernels.h)
 } pg_cuda_model_shape;
 
 // The largest step the scheduler can form; the workspace is sized for it.
@@ -58,6 +59,8 @@ typedef struct pg_cuda_mem_stats {
     int64_t host_swap;         // pinned host bytes of the swap mirror
     int64_t workspace_buffers; // of `workspace`, the buffers this module allocated
     int32_t n_graphs;          // CUDA graphs captured so far (decode buckets; `graphs` bytes)
+    int64_t graphs_reserved;   // bytes set aside for graphs not captured yet (not in `graphs`;
+                               //   part of `free`): the KV budget must leave them free
     char device[160];          // pg_cuda_device_describe()
 } pg_cuda_mem_stats;
 
@@ -101,19 +104,43 @@ int pg_cuda_model_upload_rows(pg_cuda_model *m, pg_cuda_weight_id w, int32_t lay
 // counter-based generator keyed by (seed, tensor, element), every norm 1.0.
 int pg_cuda_model_init_random(pg_cuda_model *m, uint64_t seed, float std);
 
+// CUDA graphs of decode steps (docs/cuda_runner.md). The default captures
+// every (batch, context) bucket in pg_cuda_model_capture_graphs, before
+// serving; lazy captures a bucket after its first eager step; off runs
+// every step eagerly. PAGED_CUDA_GRAPHS=0 in the environment forces off.
+typedef enum pg_cuda_graph_mode {
+    PG_CUDA_GRAPHS_STARTUP = 0,
+    PG_CUDA_GRAPHS_OFF = 1,
+    PG_CUDA_GRAPHS_LAZY = 2,
+} pg_cuda_graph_mode;
+
+// Before prepare (which measures what one graph takes and reserves room
+// for all of them in `graphs_reserved`).
+int pg_cuda_model_set_graph_mode(pg_cuda_model *m, pg_cuda_graph_mode mode);
+
 // Allocates the workspace for `lim`, then runs one forward + sampling at
 // the largest step (max_tokens tokens over max_seqs sequences, each
 // sampling) on a temporary KV cache, and records the device memory this
 // took (buffers, lazily loaded kernels, cuBLASLt) as the workspace.
 int pg_cuda_model_prepare(pg_cuda_model *m, const pg_cuda_model_limits *lim);
 
-// Bytes of one KV block over all layers, K and V, bf16.
+// Bytes of one KV block over all layers, K and V (2 bytes per element for
+// bf16, 1 for fp8: shape->kv_dtype).
 size_t pg_cuda_model_kv_block_bytes(const pg_cuda_model_shape *shape, int32_t block_size);
 
 // Allocates n_blocks device KV blocks (zeroed) and n_host_blocks pinned
 // host blocks for swapping. PG_ENOMEM, saying what would fit, when the
 // device or host memory is short. Call once, after prepare.
 int pg_cuda_model_alloc_kv(pg_cuda_model *m, int32_t n_blocks, int32_t n_host_blocks);
+
+// After alloc_kv, before the first step, in the start-up mode: captures
+// the decode graph of every batch bucket for every context bucket up to
+// PAGED_CUDA_GRAPH_STARTUP_CTX (default max_model_len; larger ones are
+// captured on first use), with pad rows only, and logs "cuda graphs: N
+// captured in X s, Y MiB". A bucket whose capture fails runs eagerly
+// (logged); only a device error of the warm-up steps is an error. A no-op
+// in the other modes.
+int pg_cuda_model_capture_graphs(pg_cuda_model *m);
 
 void pg_cuda_model_mem(const pg_cuda_model *m, pg_cuda_mem_stats *out);
 

@@ -12,9 +12,21 @@
 // Launchers never synchronize and never exit(). Errors of a kernel that
 // fail asynchronously surface at the caller's next synchronization.
 //
+// Programmatic Dependent Launch (sm_90+, on unless PAGED_CUDA_PDL=0): the
+// GEMV launchers, pg_cuda_rope_kv_write, pg_cuda_add_rmsnorm, pg_cuda_embed
+// and decode v2 (the default) may start their kernel while the previous
+// kernel on the stream drains; the kernel waits for that kernel's completion
+// before it reads or writes any buffer (the GEMV only prefetches its weight
+// into L2 first), so stream order holds as before for every argument.
+// Details: kernels/cuda/cuda_common.cuh, docs/cuda_kernels.md.
+//
 // Numbers: activations, the KV cache and weights are bf16 (stored as
 // uint16_t bit patterns, __nv_bfloat16 on the device); every kernel
-// accumulates in fp32 (the sampler's sums in fp64).
+// accumulates in fp32 (the sampler's sums in fp64). The KV cache may be
+// fp8 e4m3 instead (pg_kv_shape.dtype = PG_KV_FP8_E4M3, 1 byte per element,
+// scale 1.0, saturating round-to-nearest-even writes, exact conversion to
+// bf16 on reads): pg_cuda_rope_kv_write, decode v2 (the default) and both
+// prefill versions take it; decode v1/v3 return PG_EUNSUPP.
 //
 // Layouts (row-major, innermost last):
 //   q            [n_tokens][q_stride]: head h at q + t*q_stride + h*head_dim,
@@ -58,8 +70,11 @@ int pg_cuda_device_describe(char *name, size_t cap);
 // its seq_lens[s] (>= 1) keys, causally complete. FlashAttention-2 style
 // on tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate, online softmax):
 // one CTA reads each KV tile once for all query heads of a GQA group, with
-// 16-byte cp.async loads; long contexts are split over CTAs (flash
-// decoding) and combined by a second kernel through `workspace`.
+// 16-byte cp.async loads; long contexts and small batches are split over
+// CTAs (flash decoding) and the last CTA of each (sequence, KV head) to
+// finish combines the splits through `workspace` (one launch; per-device
+// arrival counters, so split launches on one device must not overlap in
+// time: one stream per device, as the runner has).
 // head_dim 64 or 128; block_size a power of two >= 8; any GQA ratio.
 // `max_seq_len` (host) bounds seq_lens and fixes the split plan; the plan
 // needs pg_cuda_decode_workspace_size(n_seqs, ...) bytes of workspace (0
@@ -122,6 +137,8 @@ int pg_cuda_paged_prefill_attention_v(int version, void *out, const void *q, int
 // rotated in place with angles pos[i] * inv_freq[j] (fp32, inv_freq device
 // [head_dim/2]); then rotated k and v (row at v + i*v_stride) are written to
 // slot slots[i] of the caches. slots[i] < 0 skips the write (padding).
+// kv.dtype PG_KV_FP8_E4M3: the caches take e4m3 (k from the fp32 rotation,
+// v from bf16; saturating at +-448); q and k in place stay bf16.
 int pg_cuda_rope_kv_write(void *q, int64_t q_stride, void *k, int64_t k_stride, const void *v,
                           int64_t v_stride, const int32_t *pos, const int32_t *slots, int32_t m,
                           int32_t n_heads, const float *inv_freq, void *k_cache, void *v_cache,
@@ -148,7 +165,8 @@ int pg_cuda_embed(void *out, const void *table, const int32_t *ids, int64_t m, i
 // n_pairs and layer l < n_layers, block pairs[2p] -> pairs[2p+1] of
 // k_caches[l] and of v_caches[l]. k_caches, v_caches: device arrays of
 // n_layers device pointers; pairs: device int32 [n_pairs][2] (the layout of
-// pg_block_move); block_bytes = block_size * n_kv_heads * head_dim * 2.
+// pg_block_move); block_bytes = block_size * n_kv_heads * head_dim * bytes
+// per element (2 for bf16, 1 for fp8).
 // The pairs are copied in parallel: a destination must not be the source
 // of another pair of the same call (copy-on-write targets are fresh blocks).
 int pg_cuda_copy_blocks(void *const *k_caches, void *const *v_caches, int32_t n_layers,
@@ -182,6 +200,41 @@ void pg_cuda_gemm_destroy(pg_cuda_gemm *g);
 int pg_cuda_gemm_bf16(pg_cuda_gemm *g, void *out, int64_t ldo, const void *x, int64_t ldx,
                       const void *w, int64_t m, int64_t n, int64_t k, int accumulate,
                       void *workspace, size_t workspace_bytes, void *stream);
+
+// --- GEMV (small m, weight streaming) -------------------------------------------------
+
+// The largest m the GEMV launchers take (kernels templated on m = 1..8).
+#define PG_CUDA_GEMV_MAX_M 8
+
+// pg_cuda_gemm_bf16's contract for 1 <= m <= PG_CUDA_GEMV_MAX_M without
+// cuBLASLt: out[i][j] = sum_k x[i][k] * w[j][k] (+ out[i][j] when
+// `accumulate`), bf16 in and out, fp32 accumulate. A persistent kernel that
+// reads each weight byte once with 16-byte loads (docs/cuda_kernels.md).
+// PG_EUNSUPP (the caller falls back to pg_cuda_gemm_bf16) when m >
+// PG_CUDA_GEMV_MAX_M, k or ldx is not a multiple of 8, x or w is not 16-byte
+// aligned, or m * k * 2 bytes of x exceed a CTA's shared memory (227 KB on
+// Hopper: k <= 14528 at m = 8). out must not overlap x. m == 0 does nothing.
+int pg_cuda_gemv_bf16(void *out, int64_t ldo, const void *x, int64_t ldx, const void *w, int64_t m,
+                      int64_t n, int64_t k, int accumulate, void *stream);
+
+// out[i][j] = sum_k xn[i][k] * w[j][k] with xn = pg_cuda_add_rmsnorm's
+// output for x (no residual; norm_w bf16 [k], 16-byte aligned): the same
+// fp32 sum of squares in the same order, rounded to bf16, so it equals
+// add_rmsnorm then pg_cuda_gemv_bf16 bit for bit. x is not modified. The
+// limits of pg_cuda_gemv_bf16, and k <= 32768.
+int pg_cuda_gemv_rmsnorm_bf16(void *out, int64_t ldo, const void *x, int64_t ldx,
+                              const void *norm_w, float eps, const void *w, int64_t m, int64_t n,
+                              int64_t k, void *stream);
+
+// The fused gate/up product: w is the fused [gate|up] weight [2 ffn][k];
+// out[i][j] = bf16(silu(g) * u) for j < ffn, with g = bf16(xn[i] . w[j]) and
+// u = bf16(xn[i] . w[ffn + j]) (xn as above): add_rmsnorm, pg_cuda_gemv_bf16
+// over the 2 ffn rows and pg_cuda_silu_mul in one pass (bit for bit), without
+// the [m][2 ffn] intermediate. out is [m][ldo], ldo >= ffn. The limits of
+// pg_cuda_gemv_rmsnorm_bf16.
+int pg_cuda_gemv_rmsnorm_silu_bf16(void *out, int64_t ldo, const void *x, int64_t ldx,
+                                   const void *norm_w, float eps, const void *w, int64_t m,
+                                   int64_t ffn, int64_t k, void *stream);
 
 // --- sampling -----------------------------------------------------------------------
 

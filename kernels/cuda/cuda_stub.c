@@ -54,6 +54,16 @@ int pg_cuda_model_init_random(pg_cuda_model *m, uint64_t seed, float std) {
     return NO_CUDA();
 }
 
+int pg_cuda_model_set_graph_mode(pg_cuda_model *m, pg_cuda_graph_mode mode) {
+    (void)m, (void)mode;
+    return NO_CUDA();
+}
+
+int pg_cuda_model_capture_graphs(pg_cuda_model *m) {
+    (void)m;
+    return NO_CUDA();
+}
+
 int pg_cuda_model_prepare(pg_cuda_model *m, const pg_cuda_model_limits *lim) {
     (void)m, (void)lim;
     return NO_CUDA();

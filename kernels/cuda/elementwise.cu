@@ -3,7 +3,11 @@
 //
 // All are memory-bound: 16-byte loads and stores where the row length
 // allows (a multiple of 8 bf16), fp32 arithmetic, one pass over the data.
+// RoPE + KV write, add + RMSNorm and the row gather are launched with PDL
+// (cuda_common.cuh): they wait for the previous grid first thing, in every
+// CTA; SiLU*mul, block copies and conversions are launched plainly.
 // CPU references: kernels/cpu/cpu_backend.c (same formulas in f32).
+#include <cuda_fp8.h>
 #include <math.h>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -36,11 +40,17 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 // token into shared memory (sincosf: exact range reduction, positions reach
 // 1e5 radians), then each thread rotates a pair of pairs (j, j+1) and
 // (j + half, j + 1 + half) of one head of q or k.
+// F8: the cache is e4m3 bytes (scale 1, saturating, round to nearest even);
+// k is converted from the fp32 rotation (q and k in place stay bf16), v
+// from its bf16 values.
+template <bool F8>
 __global__ void rope_kv_write_kernel(bf16 *q, int64_t q_stride, bf16 *k, int64_t k_stride, const bf16 *v,
                                      int64_t v_stride, const int32_t *pos, const int32_t *slots,
-                                     int n_heads, int n_kv, int hd, const float *inv_freq, bf16 *k_cache,
-                                     bf16 *v_cache) {
+                                     int n_heads, int n_kv, int hd, const float *inv_freq, void *k_cache,
+                                     void *v_cache) {
     extern __shared__ float cs[]; // [half] cos, [half] sin
+    pg_pdl_wait(); // PDL: q/k/v, pos and slots may be the previous kernel's output
+    pg_pdl_trigger();
     const int i = blockIdx.x, half = hd / 2;
     const float pf = (float)pos[i];
     for (int j = threadIdx.x; j < half; j += blockDim.x) {
@@ -61,21 +71,49 @@ __global__ void rope_kv_write_kernel(bf16 *q, int64_t q_stride, bf16 *k, int64_t
         float2 x0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(x + j));
         float2 x1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(x + j + half));
         float c0 = cs[j], c1 = cs[j + 1], s0 = cs[half + j], s1 = cs[half + j + 1];
-        __nv_bfloat162 y0 = __floats2bfloat162_rn(x0.x * c0 - x1.x * s0, x0.y * c1 - x1.y * s1);
-        __nv_bfloat162 y1 = __floats2bfloat162_rn(x1.x * c0 + x0.x * s0, x1.y * c1 + x0.y * s1);
+        const float2 r0 = make_float2(x0.x * c0 - x1.x * s0, x0.y * c1 - x1.y * s1);
+        const float2 r1 = make_float2(x1.x * c0 + x0.x * s0, x1.y * c1 + x0.y * s1);
+        __nv_bfloat162 y0 = __floats2bfloat162_rn(r0.x, r0.y);
+        __nv_bfloat162 y1 = __floats2bfloat162_rn(r1.x, r1.y);
         *reinterpret_cast<__nv_bfloat162 *>(x + j) = y0;
         *reinterpret_cast<__nv_bfloat162 *>(x + j + half) = y1;
         if (!is_q && slot >= 0) {
-            bf16 *c = k_cache + ((size_t)slot * n_kv + (h - n_heads)) * hd;
-            *reinterpret_cast<__nv_bfloat162 *>(c + j) = y0;
-            *reinterpret_cast<__nv_bfloat162 *>(c + j + half) = y1;
+            const size_t ci = ((size_t)slot * n_kv + (h - n_heads)) * hd;
+            if constexpr (F8) { // j even: 2-byte aligned pairs
+                __nv_fp8x2_storage_t *c = reinterpret_cast<__nv_fp8x2_storage_t *>(static_cast<uint8_t *>(k_cache) + ci);
+                c[j / 2] = __nv_cvt_float2_to_fp8x2(r0, __NV_SATFINITE, __NV_E4M3);
+                c[(j + half) / 2] = __nv_cvt_float2_to_fp8x2(r1, __NV_SATFINITE, __NV_E4M3);
+            } else {
+                bf16 *c = static_cast<bf16 *>(k_cache) + ci;
+                *reinterpret_cast<__nv_bfloat162 *>(c + j) = y0;
+                *reinterpret_cast<__nv_bfloat162 *>(c + j + half) = y1;
+            }
         }
     }
     if (slot < 0) return;
-    // v: a straight copy of the token's n_kv * hd values.
+    // v: a straight copy of the token's n_kv * hd values (F8: converted).
     const int n_v = n_kv * hd;
     const bf16 *vs = v + (size_t)i * v_stride;
-    bf16 *vd = v_cache + (size_t)slot * n_v;
+    if constexpr (F8) {
+        uint8_t *vd = static_cast<uint8_t *>(v_cache) + (size_t)slot * n_v;
+        if ((n_v % 8) == 0 && ((uintptr_t)vs & 15) == 0 && ((uintptr_t)vd & 7) == 0) {
+            for (int e = threadIdx.x * 8; e < n_v; e += blockDim.x * 8) {
+                float f[8];
+                unpack8(*reinterpret_cast<const uint4 *>(vs + e), f);
+                uint2 o;
+                o.x = (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(f[0], f[1]), __NV_SATFINITE, __NV_E4M3) |
+                      ((uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(f[2], f[3]), __NV_SATFINITE, __NV_E4M3) << 16);
+                o.y = (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(f[4], f[5]), __NV_SATFINITE, __NV_E4M3) |
+                      ((uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(f[6], f[7]), __NV_SATFINITE, __NV_E4M3) << 16);
+                *reinterpret_cast<uint2 *>(vd + e) = o;
+            }
+        } else {
+            for (int e = threadIdx.x; e < n_v; e += blockDim.x)
+                vd[e] = __nv_cvt_float_to_fp8(__bfloat162float(vs[e]), __NV_SATFINITE, __NV_E4M3);
+        }
+        return;
+    }
+    bf16 *vd = static_cast<bf16 *>(v_cache) + (size_t)slot * n_v;
     if ((n_v % 8) == 0 && ((uintptr_t)vs & 15) == 0 && ((uintptr_t)vd & 15) == 0) {
         for (int e = threadIdx.x * 8; e < n_v; e += blockDim.x * 8)
             *reinterpret_cast<uint4 *>(vd + e) = *reinterpret_cast<const uint4 *>(vs + e);
@@ -104,6 +142,8 @@ template <int VPT>
 __global__ void add_rmsnorm_vec_kernel(bf16 *out, bf16 *x, const bf16 *residual, const bf16 *w, int dim,
                                        float eps) {
     __shared__ float sh[32];
+    pg_pdl_wait(); // PDL: x and residual are earlier kernels' outputs
+    pg_pdl_trigger();
     const size_t row = blockIdx.x;
     const int nvec = dim / 8;
     uint4 *xr = reinterpret_cast<uint4 *>(x + row * dim);
@@ -149,6 +189,8 @@ __global__ void add_rmsnorm_vec_kernel(bf16 *out, bf16 *x, const bf16 *residual,
 __global__ void add_rmsnorm_scalar_kernel(bf16 *out, bf16 *x, const bf16 *residual, const bf16 *w, int dim,
                                           float eps) {
     __shared__ float sh[32];
+    pg_pdl_wait(); // PDL: as the vector kernel
+    pg_pdl_trigger();
     const size_t row = blockIdx.x;
     bf16 *xr = x + row * dim;
     float ss = 0.0f;
@@ -197,6 +239,8 @@ __global__ void silu_mul_scalar_kernel(bf16 *out, const bf16 *gate_up, int64_t m
 
 __global__ void embed_kernel(bf16 *out, const bf16 *table, const int32_t *ids, int64_t dim, int64_t n_rows,
                              bool vec) {
+    pg_pdl_wait(); // PDL: ids and (a row gather) the table may be earlier kernels' output
+    pg_pdl_trigger();
     const int64_t i = blockIdx.x;
     const int32_t id = ids[i];
     bf16 *o = out + i * dim;
@@ -256,10 +300,12 @@ extern "C" int pg_cuda_rope_kv_write(void *q, int64_t q_stride, void *k, int64_t
     PG_ARG(q_stride >= (int64_t)n_heads * kv.head_dim && k_stride >= (int64_t)kv.n_kv_heads * kv.head_dim &&
                v_stride >= (int64_t)kv.n_kv_heads * kv.head_dim && q_stride % 2 == 0 && k_stride % 2 == 0,
            "rope_kv_write: strides q %lld k %lld v %lld", (long long)q_stride, (long long)k_stride, (long long)v_stride);
+    PG_ARG(kv.dtype == PG_KV_BF16 || kv.dtype == PG_KV_FP8_E4M3, "rope_kv_write: KV cache dtype %d", kv.dtype);
     if (m == 0) return 0;
-    rope_kv_write_kernel<<<m, 128, kv.head_dim * sizeof(float), pg_stream(stream)>>>(
-        (bf16 *)q, q_stride, (bf16 *)k, k_stride, (const bf16 *)v, v_stride, pos, slots, n_heads, kv.n_kv_heads,
-        kv.head_dim, inv_freq, (bf16 *)k_cache, (bf16 *)v_cache);
+    PG_CUDA_TRY(pg_launch_pdl(kv.dtype == PG_KV_FP8_E4M3 ? rope_kv_write_kernel<true> : rope_kv_write_kernel<false>,
+                              dim3((unsigned)m), dim3(128), kv.head_dim * sizeof(float), pg_stream(stream), (bf16 *)q,
+                              q_stride, (bf16 *)k, k_stride, (const bf16 *)v, v_stride, pos, slots, n_heads,
+                              kv.n_kv_heads, kv.head_dim, inv_freq, k_cache, v_cache));
     PG_CUDA_LAUNCHED("rope_kv_write_kernel");
     return 0;
 }
@@ -277,18 +323,14 @@ extern "C" int pg_cuda_add_rmsnorm(void *out, void *x, const void *residual, con
         int vpt = nvec <= 1024 ? 1 : nvec <= 2048 ? 2 : 4;
         int threads = (int)((nvec + vpt - 1) / vpt);
         threads = (threads + 31) / 32 * 32;
-        if (vpt == 1)
-            add_rmsnorm_vec_kernel<1><<<(unsigned)m, threads, 0, st>>>((bf16 *)out, (bf16 *)x, (const bf16 *)residual,
-                                                                      (const bf16 *)w, (int)dim, eps);
-        else if (vpt == 2)
-            add_rmsnorm_vec_kernel<2><<<(unsigned)m, threads, 0, st>>>((bf16 *)out, (bf16 *)x, (const bf16 *)residual,
-                                                                      (const bf16 *)w, (int)dim, eps);
-        else
-            add_rmsnorm_vec_kernel<4><<<(unsigned)m, threads, 0, st>>>((bf16 *)out, (bf16 *)x, (const bf16 *)residual,
-                                                                      (const bf16 *)w, (int)dim, eps);
+        PG_CUDA_TRY(pg_launch_pdl(vpt == 1   ? add_rmsnorm_vec_kernel<1>
+                                  : vpt == 2 ? add_rmsnorm_vec_kernel<2>
+                                             : add_rmsnorm_vec_kernel<4>,
+                                  dim3((unsigned)m), dim3(threads), 0, st, (bf16 *)out, (bf16 *)x,
+                                  (const bf16 *)residual, (const bf16 *)w, (int)dim, eps));
     } else {
-        add_rmsnorm_scalar_kernel<<<(unsigned)m, 256, 0, st>>>((bf16 *)out, (bf16 *)x, (const bf16 *)residual,
-                                                             (const bf16 *)w, (int)dim, eps);
+        PG_CUDA_TRY(pg_launch_pdl(add_rmsnorm_scalar_kernel, dim3((unsigned)m), dim3(256), 0, st, (bf16 *)out,
+                                  (bf16 *)x, (const bf16 *)residual, (const bf16 *)w, (int)dim, eps));
     }
     PG_CUDA_LAUNCHED("add_rmsnorm_kernel");
     return 0;
@@ -315,8 +357,8 @@ extern "C" int pg_cuda_embed(void *out, const void *table, const int32_t *ids, i
     if (m == 0) return 0;
     bool vec = dim % 8 == 0 && aligned16(out) && aligned16(table);
     int threads = vec ? (dim / 8 >= 256 ? 256 : (int)((dim / 8 + 31) / 32 * 32)) : 256;
-    embed_kernel<<<(unsigned)m, threads, 0, pg_stream(stream)>>>((bf16 *)out, (const bf16 *)table, ids, dim, n_rows,
-                                                                vec);
+    PG_CUDA_TRY(pg_launch_pdl(embed_kernel, dim3((unsigned)m), dim3(threads), 0, pg_stream(stream), (bf16 *)out,
+                              (const bf16 *)table, ids, dim, n_rows, vec));
     PG_CUDA_LAUNCHED("embed_kernel");
     return 0;
 }

@@ -186,6 +186,17 @@ int pg_cuda_model_init_random(pg_cuda_model *m, uint64_t seed, float std) {
     return 0;
 }
 
+// Graphs are a device matter: the mock runs every step as it comes.
+int pg_cuda_model_set_graph_mode(pg_cuda_model *m, pg_cuda_graph_mode mode) {
+    (void)m, (void)mode;
+    return 0;
+}
+
+int pg_cuda_model_capture_graphs(pg_cuda_model *m) {
+    (void)m;
+    return 0;
+}
+
 int pg_cuda_model_prepare(pg_cuda_model *m, const pg_cuda_model_limits *lim) {
     m->lim = *lim;
     if (m->lim.max_seqs > m->lim.max_tokens) m->lim.max_seqs = m->lim.max_tokens;
@@ -258,7 +269,7 @@ int pg_cuda_model_step(pg_cuda_model *m, const pg_cuda_step *s, pg_cuda_sample_o
     m->last_n = s->n_sample;
     if (n == 0) return 0;
     pg_backend *be = m->be;
-    const pg_kv_shape kvs = {m->n_blocks, m->lim.block_size, sh->n_kv_heads, sh->head_dim};
+    const pg_kv_shape kvs = {m->n_blocks, m->lim.block_size, sh->n_kv_heads, sh->head_dim, PG_KV_BF16};
     float *x = pg_xmalloc(sizeof(float) * (size_t)(n * H)),
           *xn = pg_xmalloc(sizeof(float) * (size_t)(n * H));
     float *qkv = pg_xmalloc(sizeof(float) * (size_t)(n * m->qkv_dim));

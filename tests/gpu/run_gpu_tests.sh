@@ -24,7 +24,8 @@
 #      of each text (16 characters, a few tokens) and reports how much
 #      agrees; check 2 is the exact one.
 #   4. paged serve --device cuda driven with curl: /health, a completion,
-#      /metrics (device memory categories).
+#      /metrics (all six device memory categories, weights and KV > 0, the
+#      total) and the start-up graph capture's log line.
 # Programs come from build/gpu-pack/ (tools/pack_gpu.sh; its .tar.xz is
 # unpacked here when only the archive was carried), else build/.
 # Logs and JSON go to $OUT (the device tool's folder) or /tmp/paged-gpu.
@@ -42,7 +43,7 @@ if [ -f build/gpu-pack.tar.xz ] && [ ! -x build/gpu-pack/paged ]; then
 fi
 if [ -d build/gpu-pack ]; then
     mkdir -p build/gpu
-    for b in test_cuda_kernels bench_cuda_attention; do
+    for b in test_cuda_kernels bench_cuda_attention bench_cuda_gemv; do
         [ -x build/gpu/$b ] && ! head -c 2 build/gpu/$b | grep -q '#!' || cp build/gpu-pack/$b build/gpu/$b
     done
 fi
@@ -167,6 +168,36 @@ else
 fi
 note "generate cpu vs cuda: same first 16 characters $same (exit $rc)"
 
+# --- 3b. fp8 e4m3 KV cache: the same prompts against the bf16-cache run ---------------------
+# fp8 rounding flips some greedy picks of a random model: require half of the
+# texts to share their first 16 characters with the bf16 run, and no errors.
+"$PAGED" generate --model $m64 --device cuda --kv-cache-dtype fp8 --prompts-file $prompts \
+    >/tmp/paged-gen-fp8.jsonl 2>/tmp/paged-gen-fp8.log
+rc=$?
+grep 'KV cache on cuda' /tmp/paged-gen-fp8.log
+echo "== generate: cuda fp8 KV vs cuda bf16 KV"
+same8=$(python3 - <<'PY'
+import json, os
+a = [json.loads(l) for l in open("/tmp/paged-gen-cuda.jsonl")]
+b = [json.loads(l) for l in open("/tmp/paged-gen-fp8.jsonl")]
+err = sum(1 for y in b if "error" in y)
+ok = sum(1 for x, y in zip(a, b) if x.get("text", "")[:16] == y.get("text", "")[:16] and "error" not in y)
+pre = [len(os.path.commonprefix([x.get("text", ""), y.get("text", "")])) / max(1, len(x.get("text", "")))
+       for x, y in zip(a, b)]
+print(f"{ok}/{len(a)} (errors {err}, mean common prefix {100 * sum(pre) / max(1, len(pre)):.0f}%)"
+      if len(a) == len(b) == 8 and err == 0 else f"0/{len(a)} (fp8 gave {len(b)} results, {err} errors)")
+PY
+)
+echo "greedy texts with the same first 16 characters: $same8"
+if [ $rc -ne 0 ] || [ "${same8%%/*}" -lt 4 ] || ! grep -q 'fp8 e4m3' /tmp/paged-gen-fp8.log; then
+    echo "FAIL: generate fp8 KV (exit $rc, agreement $same8)"
+    tail -5 /tmp/paged-gen-fp8.log
+    fail=1
+else
+    echo "PASS: generate fp8 KV"
+fi
+note "generate cuda fp8 KV vs bf16 KV: same first 16 characters $same8 (exit $rc)"
+
 # --- 4. the HTTP server on the GPU ----------------------------------------------------------
 port=18093
 "$PAGED" serve --model $m64 --device cuda --host 127.0.0.1 --port $port >/tmp/paged-serve.log 2>&1 &
@@ -180,14 +211,29 @@ done
 if [ $up = 1 ]; then
     resp=$(curl -s http://127.0.0.1:$port/v1/completions -H 'Content-Type: application/json' \
         -d '{"model": "paged-m64", "prompt": "Hello", "max_tokens": 8, "temperature": 0}')
-    mem=$(curl -s http://127.0.0.1:$port/metrics | grep '^paged:device_memory_bytes' | tr '\n' ' ')
+    metrics=$(curl -s http://127.0.0.1:$port/metrics)
+    mem=$(echo "$metrics" | grep '^paged:device_memory' | tr '\n' ' ')
     echo "completion: $resp"
     echo "metrics: $mem"
-    if echo "$resp" | grep -q '"choices"' && [ -n "$mem" ]; then
+    # All six categories on the GPU, weights and KV non-zero, and the total.
+    missing=""
+    for cat in weights kv_cache workspace graphs other free; do
+        echo "$metrics" | grep -q "^paged:device_memory_bytes{.*device=\"cuda\",category=\"$cat\"} " ||
+            missing="$missing $cat"
+    done
+    for cat in weights kv_cache; do
+        echo "$metrics" | grep -q "^paged:device_memory_bytes{.*category=\"$cat\"} [1-9]" ||
+            missing="$missing $cat>0"
+    done
+    echo "$metrics" | grep -q '^paged:device_memory_total_bytes{.*} [1-9]' || missing="$missing total"
+    # Start-up capture logged its line (graphs are on by default).
+    grep -q 'cuda graphs: [0-9]* captured in' /tmp/paged-serve.log || missing="$missing graph-log"
+    grep 'cuda graphs:' /tmp/paged-serve.log
+    if echo "$resp" | grep -q '"choices"' && [ -z "$missing" ]; then
         echo "PASS: serve"
         note "serve --device cuda: pass"
     else
-        echo "FAIL: serve (no completion or no device memory metrics)"
+        echo "FAIL: serve (no completion, or device memory metrics missing:$missing)"
         note "serve --device cuda: FAIL"
         fail=1
     fi

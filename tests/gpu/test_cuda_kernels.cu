@@ -14,6 +14,7 @@
 #include <string>
 
 #include "tests/gpu/gpu_util.h"
+#include "kernels/cuda/cuda_common.cuh" // pg_cuda_pdl_enabled / pg_cuda_pdl_set
 
 extern "C" {
 #include "engine/sampler.h"
@@ -37,20 +38,53 @@ static void report_bool(const char *name, bool ok, const char *detail) {
     (ok ? g_pass : g_fail)++;
 }
 
+// --- fp8 e4m3 on the host ----------------------------------------------------------------
+
+// e4m3 (bias 7, no infinities, 0x7F/0xFF NaN, max 448) -> float, exact.
+static float e4m3_to_f(uint8_t b) {
+    const int e = (b >> 3) & 15, m = b & 7;
+    if (e == 15 && m == 7) return NAN;
+    float v = e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + (float)m / 8.0f, e - 7);
+    return (b & 0x80) ? -v : v;
+}
+// float -> e4m3, round to nearest even, saturating to +-448 (NaN -> 0x7F),
+// as the device's cvt.rn.satfinite.e4m3x2.f32.
+static uint8_t f_to_e4m3(float f) {
+    if (f != f) return 0x7F;
+    const uint8_t sign = signbit(f) ? 0x80 : 0;
+    const float a = fabsf(f);
+    if (a >= 448.0f) return sign | 0x7E;
+    if (a < 0.015625f) return sign | (uint8_t)nearbyintf(a * 512.0f); // subnormals (step 2^-9); 8 = 2^-6
+    int e;
+    frexpf(a, &e); // a = 1.x * 2^(e-1)
+    int E = e - 1, mq = (int)nearbyintf(ldexpf(a, 3 - E)); // 8..16
+    if (mq == 16) {
+        mq = 8;
+        E++;
+    }
+    int code = ((E + 7) << 3) | (mq - 8);
+    return sign | (uint8_t)(code > 0x7E ? 0x7E : code);
+}
+// Signed order of an e4m3 code (-0 and +0 both 0): neighbours differ by 1.
+static int e4m3_order(uint8_t b) { return (b & 0x80) ? -(int)(b & 0x7F) : (int)(b & 0x7F); }
+
 // --- paged KV fixture ----------------------------------------------------------------
 
 // Sequences with `ctx[s]` tokens in a paged cache whose blocks are a random
 // permutation; block-table padding holds an id far out of range, so any
 // read past a sequence's blocks would fault or poison the result.
+// f8: the device cache holds e4m3 bytes, and k / v (what the references
+// read) hold the same values as bf16 (exact: e4m3 is a subset of bf16).
 struct Paged {
     int n_seqs, n_kv, hd, bs, n_blocks, bt_stride;
+    bool f8;
     std::vector<int> ctx;
     std::vector<int32_t> bt;
     std::vector<uint16_t> k, v; // [n_blocks][bs][n_kv][hd]
     DBuf dk, dv, dbt;
 
-    Paged(const std::vector<int> &ctx_, int n_kv_, int hd_, int bs_, Rng &r)
-        : n_seqs((int)ctx_.size()), n_kv(n_kv_), hd(hd_), bs(bs_), ctx(ctx_) {
+    Paged(const std::vector<int> &ctx_, int n_kv_, int hd_, int bs_, Rng &r, bool f8_ = false)
+        : n_seqs((int)ctx_.size()), n_kv(n_kv_), hd(hd_), bs(bs_), f8(f8_), ctx(ctx_) {
         int need = 0, maxb = 0;
         for (int c : ctx) {
             int b = (c + bs - 1) / bs;
@@ -71,11 +105,26 @@ struct Paged {
         v.resize(n);
         fill_bf16(k, r, 1.0f);
         fill_bf16(v, r, 1.0f);
-        dk.up(k);
-        dv.up(v);
+        if (f8) {
+            // Uniform [-1, 1): ~1.6% land on e4m3 subnormals (< 2^-6); a few
+            // larger values (x 40, up to the top binades) as well.
+            std::vector<uint8_t> k8(n), v8(n);
+            for (size_t i = 0; i < n; i++) {
+                float kf = bf2f(k[i]) * (i % 997 == 5 ? 40.0f : 1.0f), vf = bf2f(v[i]) * (i % 991 == 7 ? 40.0f : 1.0f);
+                k8[i] = f_to_e4m3(kf);
+                v8[i] = f_to_e4m3(vf);
+                k[i] = f2bf(e4m3_to_f(k8[i]));
+                v[i] = f2bf(e4m3_to_f(v8[i]));
+            }
+            dk.up(k8);
+            dv.up(v8);
+        } else {
+            dk.up(k);
+            dv.up(v);
+        }
         dbt.up(bt);
     }
-    pg_kv_shape shape() const { return pg_kv_shape{n_blocks, bs, n_kv, hd}; }
+    pg_kv_shape shape() const { return pg_kv_shape{n_blocks, bs, n_kv, hd, f8 ? PG_KV_FP8_E4M3 : PG_KV_BF16}; }
     const uint16_t *krow(int s, int t, int h) const {
         size_t slot = (size_t)bt[(size_t)s * bt_stride + t / bs] * bs + t % bs;
         return &k[(slot * n_kv + h) * hd];
@@ -118,12 +167,12 @@ struct DecodeCase {
     float qscale;
 };
 
-static void test_decode(const DecodeCase &c, Rng &r) {
+static void test_decode(const DecodeCase &c, Rng &r, bool f8 = false) {
     char name[160];
-    snprintf(name, sizeof name, "decode %s b=%zu h=%d/%d d=%d bs=%d", c.tag, c.ctx.size(), c.n_heads, c.n_kv, c.hd,
-             c.bs);
+    snprintf(name, sizeof name, "decode%s %s b=%zu h=%d/%d d=%d bs=%d", f8 ? " fp8" : "", c.tag, c.ctx.size(),
+             c.n_heads, c.n_kv, c.hd, c.bs);
     if (!selected(name)) return;
-    Paged pc(c.ctx, c.n_kv, c.hd, c.bs, r);
+    Paged pc(c.ctx, c.n_kv, c.hd, c.bs, r, f8);
     const int n = pc.n_seqs, H = c.n_heads, hd = c.hd, G = H / c.n_kv;
     // q as part of a fused QKV row (stride > n_heads * hd) on odd cases.
     const int64_t q_stride = (n % 2) ? (int64_t)(H + 2 * c.n_kv) * hd : (int64_t)H * hd;
@@ -155,30 +204,61 @@ static void test_decode(const DecodeCase &c, Rng &r) {
         report(nm, rel_err(o, ref), 1e-2);
     };
     for (int version = 1; version <= 3; version++) {
+        if (f8 && version != 2) { // fp8 is built for v2 only: the others say so
+            int rc = pg_cuda_paged_decode_attention_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(),
+                                                      pc.dbt.as<int32_t>(), pc.bt_stride, dlen.as<int32_t>(), n, H,
+                                                      (float)scale, max_len, ws.p, ws_bytes, nullptr);
+            char nm[200];
+            snprintf(nm, sizeof nm, "%s v%d refuses fp8", name, version);
+            report_bool(nm, rc == PG_EUNSUPP, rc == PG_EUNSUPP ? "PG_EUNSUPP" : "wrong return code");
+            continue;
+        }
         CK(cudaMemset(dout.p, 0xFF, dout.n));
         PK(pg_cuda_paged_decode_attention_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(),
                                             pc.dbt.as<int32_t>(), pc.bt_stride, dlen.as<int32_t>(), n, H,
                                             (float)scale, max_len, ws.p, ws_bytes, nullptr));
         check(version == 1 ? "v1" : version == 2 ? "v2 split" : "v3 persistent");
     }
-    // A batch with empty sequences (length 0 -> zero rows) through v3.
+    if (f8 && max_len == 1) {
+        // One key: out = its V row exactly (p = 1, l = 1), so every decoded
+        // e4m3 value, subnormals included, must come back bit for bit.
+        int n_sub = 0;
+        bool exact = true;
+        for (size_t i = 0; i < out.size(); i++) {
+            exact &= out[i] == f2bf((float)ref[i]);
+            n_sub += ref[i] != 0.0 && fabs(ref[i]) < 0.015625;
+        }
+        char nm[200], detail[96];
+        snprintf(nm, sizeof nm, "%s v2 single key exact", name);
+        snprintf(detail, sizeof detail, "every value bit for bit (%d e4m3 subnormals)", n_sub);
+        report_bool(nm, exact && n_sub > 0, exact ? detail : "a decoded value differs");
+    }
+    // The same launch again: the split counters were left at zero.
+    CK(cudaMemset(dout.p, 0xFF, dout.n));
+    PK(pg_cuda_paged_decode_attention(dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(), pc.dbt.as<int32_t>(),
+                                      pc.bt_stride, dlen.as<int32_t>(), n, H, (float)scale, max_len, ws.p, ws_bytes,
+                                      nullptr));
+    check("v2 split, second launch");
+    // A batch with empty sequences (length 0 -> zero rows) through v3 and v2.
     if (n >= 3) {
         std::vector<int32_t> z = lens;
         z[1] = 0;
         DBuf dz;
         dz.up(z);
-        CK(cudaMemset(dout.p, 0xFF, dout.n));
-        PK(pg_cuda_paged_decode_attention_v(3, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(),
-                                            pc.dbt.as<int32_t>(), pc.bt_stride, dz.as<int32_t>(), n, H, (float)scale,
-                                            max_len, ws.p, ws_bytes, nullptr));
-        CK(cudaDeviceSynchronize());
-        dout.down(out);
-        std::vector<double> rz = ref, oz(out.size());
-        for (size_t i = 0; i < out.size(); i++) oz[i] = bf2f(out[i]);
-        for (int i = 0; i < H * hd; i++) rz[(size_t)H * hd + i] = 0.0;
-        char nm[200];
-        snprintf(nm, sizeof nm, "%s v3 with an empty sequence", name);
-        report(nm, rel_err(oz, rz), 1e-2);
+        for (int version = f8 ? 2 : 3; version >= 2; version--) {
+            CK(cudaMemset(dout.p, 0xFF, dout.n));
+            PK(pg_cuda_paged_decode_attention_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(),
+                                                pc.dbt.as<int32_t>(), pc.bt_stride, dz.as<int32_t>(), n, H,
+                                                (float)scale, max_len, ws.p, ws_bytes, nullptr));
+            CK(cudaDeviceSynchronize());
+            dout.down(out);
+            std::vector<double> rz = ref, oz(out.size());
+            for (size_t i = 0; i < out.size(); i++) oz[i] = bf2f(out[i]);
+            for (int i = 0; i < H * hd; i++) rz[(size_t)H * hd + i] = 0.0;
+            char nm[200];
+            snprintf(nm, sizeof nm, "%s v%d with an empty sequence", name, version);
+            report(nm, rel_err(oz, rz), 1e-2);
+        }
     }
     // No workspace: the same kernel without splits.
     CK(cudaMemset(dout.p, 0xFF, dout.n));
@@ -231,6 +311,7 @@ static void decode_tests(Rng &r) {
         {"sharp", rand_lens(r, 4, 1000, 3000), 8, 2, 128, 16, 12.0f},
     };
     for (auto &c : cases) test_decode(c, r);
+    for (auto &c : cases) test_decode(c, r, true); // the fp8 e4m3 cache
 }
 
 // --- prefill attention ---------------------------------------------------------------
@@ -241,10 +322,11 @@ struct PrefillCase {
     int n_heads, n_kv, hd, bs;
 };
 
-static void test_prefill(const PrefillCase &c, Rng &r) {
+static void test_prefill(const PrefillCase &c, Rng &r, bool f8 = false) {
     const int n = (int)c.n_q.size(), H = c.n_heads, hd = c.hd, G = H / c.n_kv;
     char name[160];
-    snprintf(name, sizeof name, "prefill %s seqs=%d h=%d/%d d=%d bs=%d", c.tag, n, H, c.n_kv, hd, c.bs);
+    snprintf(name, sizeof name, "prefill%s %s seqs=%d h=%d/%d d=%d bs=%d", f8 ? " fp8" : "", c.tag, n, H, c.n_kv, hd,
+             c.bs);
     if (!selected(name)) return;
     std::vector<int> ctx(n);
     std::vector<int32_t> cu(n + 1, 0), sp(n);
@@ -255,7 +337,7 @@ static void test_prefill(const PrefillCase &c, Rng &r) {
         sp[s] = c.start[s];
         max_q = std::max(max_q, c.n_q[s]);
     }
-    Paged pc(ctx, c.n_kv, hd, c.bs, r);
+    Paged pc(ctx, c.n_kv, hd, c.bs, r, f8);
     const int T = cu[n];
     const int64_t q_stride = (n % 2) ? (int64_t)(H + 2 * c.n_kv) * hd : (int64_t)H * hd;
     std::vector<uint16_t> q((size_t)T * q_stride);
@@ -307,14 +389,17 @@ static void prefill_tests(Rng &r) {
         {"decode-mix", {1, 1, 1, 128, 1}, {4000, 17, 64, 512, 1}, 32, 8, 128, 16},
     };
     for (auto &c : cases) test_prefill(c, r);
+    for (auto &c : cases) test_prefill(c, r, true); // the fp8 e4m3 cache
 }
 
 // --- RoPE + KV write -------------------------------------------------------------------
 
-static void test_rope(int m, int H, int n_kv, int hd, int bs, bool fused, Rng &r) {
+static void test_rope(int m, int H, int n_kv, int hd, int bs, bool fused, Rng &r, bool f8 = false) {
     char name[160];
-    snprintf(name, sizeof name, "rope_kv_write m=%d h=%d/%d d=%d %s", m, H, n_kv, hd, fused ? "fused-qkv" : "split");
+    snprintf(name, sizeof name, "rope_kv_write%s m=%d h=%d/%d d=%d %s", f8 ? " fp8" : "", m, H, n_kv, hd,
+             fused ? "fused-qkv" : "split");
     if (!selected(name)) return;
+    const size_t esz = f8 ? 1 : 2; // cache bytes per element
     const int n_blocks = (m + bs - 1) / bs + 4;
     const int64_t row = (int64_t)(H + 2 * n_kv) * hd;
     const int64_t qs = fused ? row : (int64_t)H * hd, ks = fused ? row : (int64_t)n_kv * hd, vs = ks;
@@ -323,6 +408,11 @@ static void test_rope(int m, int H, int n_kv, int hd, int bs, bool fused, Rng &r
     fill_bf16(q, r, 2.0f);
     fill_bf16(k, r, 2.0f);
     fill_bf16(v, r, 2.0f);
+    if (f8) // some values past e4m3's 448 (saturation) and some tiny ones (subnormals)
+        for (auto *vec : {&qkv, &q, &k, &v})
+            for (size_t i = 0; i < vec->size(); i++)
+                if (i % 101 == 3) (*vec)[i] = f2bf(bf2f((*vec)[i]) * 400.0f);
+                else if (i % 103 == 5) (*vec)[i] = f2bf(bf2f((*vec)[i]) * 0.004f);
     std::vector<int32_t> pos(m), slots(m);
     std::vector<int> perm(n_blocks * bs);
     std::iota(perm.begin(), perm.end(), 0);
@@ -333,7 +423,7 @@ static void test_rope(int m, int H, int n_kv, int hd, int bs, bool fused, Rng &r
     }
     std::vector<float> inv(hd / 2);
     for (int j = 0; j < hd / 2; j++) inv[j] = (float)(1.0 / pow(500000.0, 2.0 * j / hd));
-    DBuf dq, dk, dv, dpos, dsl, dinv, dkc((size_t)n_blocks * bs * n_kv * hd * 2), dvc(dkc.n);
+    DBuf dq, dk, dv, dpos, dsl, dinv, dkc((size_t)n_blocks * bs * n_kv * hd * esz), dvc(dkc.n);
     uint16_t *hq, *hk, *hv; // the host views the kernel sees
     if (fused) {
         dq.up(qkv);
@@ -356,7 +446,8 @@ static void test_rope(int m, int H, int n_kv, int hd, int bs, bool fused, Rng &r
     CK(cudaMemset(dkc.p, 0xFF, dkc.n));
     CK(cudaMemset(dvc.p, 0xFF, dvc.n));
     PK(pg_cuda_rope_kv_write(dqp, qs, dkp, ks, dvp, vs, dpos.as<int32_t>(), dsl.as<int32_t>(), m, H, dinv.as<float>(),
-                             dkc.p, dvc.p, pg_kv_shape{n_blocks, bs, n_kv, hd}, nullptr));
+                             dkc.p, dvc.p, pg_kv_shape{n_blocks, bs, n_kv, hd, f8 ? PG_KV_FP8_E4M3 : PG_KV_BF16},
+                             nullptr));
     CK(cudaDeviceSynchronize());
     // Reference: the CPU's float angle, rotation in fp64.
     std::vector<double> ref_q, out_q, ref_k, out_k;
@@ -384,6 +475,44 @@ static void test_rope(int m, int H, int n_kv, int hd, int bs, bool fused, Rng &r
     }
     report((std::string(name) + " q").c_str(), rel_err(out_q, ref_q), 1e-2);
     report((std::string(name) + " k").c_str(), rel_err(out_k, ref_k), 1e-2);
+    if (f8) {
+        // The cache: v = e4m3(bf16 v) bit for bit; k within one e4m3 step of
+        // e4m3(fp64 rotation) (the kernel rounds its fp32 rotation); padding
+        // and other slots untouched (0xFF).
+        std::vector<uint8_t> kc(dkc.n), vc(dvc.n);
+        dkc.down(kc);
+        dvc.down(vc);
+        bool ok = true;
+        int k_off = 0, worst = 0;
+        std::vector<char> written((size_t)n_blocks * bs, 0);
+        for (int i = 0; i < m && ok; i++) {
+            if (slots[i] < 0) continue;
+            written[slots[i]] = 1;
+            for (int h = 0; h < n_kv; h++) {
+                const uint16_t *x = hk + (size_t)i * ks + (size_t)h * hd;
+                for (int e = 0; e < hd; e++) {
+                    const int half = hd / 2, j = e % half;
+                    float a = (float)pos[i] * inv[j];
+                    double c = cos((double)a), sn = sin((double)a), x0 = bf2f(x[j]), x1 = bf2f(x[j + half]);
+                    double rk = e < half ? x0 * c - x1 * sn : x1 * c + x0 * sn;
+                    size_t ci = ((size_t)slots[i] * n_kv + h) * hd + e;
+                    int d = abs(e4m3_order(kc[ci]) - e4m3_order(f_to_e4m3((float)rk)));
+                    worst = std::max(worst, d);
+                    k_off += d != 0;
+                    ok &= d <= 1;
+                    ok &= vc[ci] == f_to_e4m3(bf2f(hv[(size_t)i * vs + (size_t)h * hd + e]));
+                }
+            }
+        }
+        for (size_t sl = 0; sl < written.size() && ok; sl++)
+            if (!written[sl])
+                for (int e = 0; e < n_kv * hd; e++) ok &= kc[sl * n_kv * hd + e] == 0xFF && vc[sl * n_kv * hd + e] == 0xFF;
+        char detail[160];
+        snprintf(detail, sizeof detail, "v exact, k: %d of the bytes one e4m3 step off (max %d), padding skipped",
+                 k_off, worst);
+        report_bool((std::string(name) + " cache").c_str(), ok, ok ? detail : "cache mismatch");
+        return;
+    }
     // The cache: rotated k and v at each slot, bit for bit; other slots untouched.
     std::vector<uint16_t> kc(dkc.n / 2), vc(dvc.n / 2);
     dkc.down(kc);
@@ -612,6 +741,409 @@ static void test_gemm(pg_cuda_gemm *g, DBuf &ws, int m, int n, int k, int col_of
     report(name, outside_ok ? rel_err(out, ref) : NAN, 1e-2);
 }
 
+// --- GEMV (small m) ----------------------------------------------------------------------
+
+// Uniform bf16 in [-scale, scale) on all host cores (the LM-head weight has
+// 525M entries).
+static void fill_bf16_par(std::vector<uint16_t> &v, uint64_t seed, float scale) {
+    const int64_t chunk = 1 << 20, n = (int64_t)v.size();
+    parallel_for((n + chunk - 1) / chunk, [&](int64_t c) {
+        Rng r(seed + (uint64_t)c);
+        const int64_t end = std::min(n, (c + 1) * chunk);
+        for (int64_t i = c * chunk; i < end; i++) v[(size_t)i] = f2bf(r.sym() * scale);
+    });
+}
+
+// A weight [rows][k], host and device, shared by the cases of one shape and
+// made on first use (a -k filter skips the big ones).
+struct GemvWeight {
+    int rows, k;
+    uint64_t seed;
+    std::vector<uint16_t> h;
+    DBuf d;
+    GemvWeight(int rows_, int k_, Rng &r) : rows(rows_), k(k_), seed(r.next()) {}
+    const GemvWeight &get() {
+        if (h.empty()) {
+            h.resize((size_t)rows * k);
+            fill_bf16_par(h, seed, 1.0f);
+            d.up(h);
+        }
+        return *this;
+    }
+};
+
+// out (m x n of a [m][ldo] buffer) -> doubles; false when a column in [n, ldo)
+// differs from `before` (written outside the product).
+static bool gemv_out(const std::vector<uint16_t> &go, const std::vector<uint16_t> &before, int m, int n, int ldo,
+                     std::vector<double> &out) {
+    bool ok = true;
+    out.resize((size_t)m * n);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < ldo; j++) {
+            const size_t a = (size_t)i * ldo + j;
+            if (j < n) out[(size_t)i * n + j] = bf2f(go[a]);
+            else ok &= go[a] == before[a];
+        }
+    return ok;
+}
+
+// pg_cuda_gemv_bf16 against fp64, and against cuBLASLt on the same inputs.
+// Without `acc` the output starts as NaN (every entry must be written).
+static void test_gemv(pg_cuda_gemm *g, DBuf &ws, GemvWeight &wt, int m, int ldx, int ldo, bool acc, Rng &r) {
+    const int n = wt.rows, k = wt.k;
+    char name[160];
+    snprintf(name, sizeof name, "gemv m=%d n=%d k=%d ldx=%d ldo=%d%s", m, n, k, ldx, ldo, acc ? " accumulate" : "");
+    if (!selected(name)) return;
+    const GemvWeight &W = wt.get();
+    std::vector<uint16_t> x((size_t)m * ldx), o0((size_t)m * ldo);
+    fill_bf16(x, r, 1.0f);
+    if (acc) fill_bf16(o0, r, 4.0f);
+    else o0.assign(o0.size(), POISON);
+    DBuf dx, dout, dlt;
+    dx.up(x);
+    dout.up(o0);
+    dlt.up(o0);
+    int rc = pg_cuda_gemv_bf16(dout.p, ldo, dx.p, ldx, W.d.p, m, n, k, acc, nullptr);
+    if (rc != 0) {
+        report_bool(name, false, pg_err_msg());
+        return;
+    }
+    CK(cudaDeviceSynchronize());
+    std::vector<uint16_t> go(o0.size());
+    dout.down(go);
+    std::vector<double> ref((size_t)m * n), out;
+    parallel_for((int64_t)m * n, [&](int64_t t) {
+        const int i = (int)(t / n), j = (int)(t % n);
+        double s = acc ? bf2f(o0[(size_t)i * ldo + j]) : 0.0;
+        const uint16_t *xr = &x[(size_t)i * ldx], *wr = &W.h[(size_t)j * k];
+        for (int e = 0; e < k; e++) s += (double)bf2f(xr[e]) * bf2f(wr[e]);
+        ref[(size_t)t] = s;
+    });
+    const bool outside_ok = gemv_out(go, o0, m, n, ldo, out);
+    report(name, outside_ok ? rel_err(out, ref) : NAN, 1e-2);
+    rc = pg_cuda_gemm_bf16(g, dlt.p, ldo, dx.p, ldx, W.d.p, m, n, k, acc, ws.p, ws.n, nullptr);
+    char nm[200];
+    snprintf(nm, sizeof nm, "%s vs cuBLASLt", name);
+    if (rc != 0) {
+        printf("skip %-68s cuBLASLt: %s\n", nm, pg_err_msg());
+        return;
+    }
+    CK(cudaDeviceSynchronize());
+    std::vector<uint16_t> gl(o0.size());
+    dlt.down(gl);
+    std::vector<double> lt;
+    gemv_out(gl, o0, m, n, ldo, lt);
+    report(nm, rel_err(out, lt), 1e-2);
+}
+
+// The fused RMSNorm (and SiLU*mul) variants against fp64 on the normalized
+// rows, and against the unfused kernels (add_rmsnorm, gemv[, silu_mul]) on
+// the GPU, which they should equal bit for bit (checked within 1e-3, with the
+// count of identical outputs printed). wt: [n][k], or [2 ffn][k] with silu.
+static void test_gemv_norm(GemvWeight &wt, int m, int ldx, int ldo, bool silu, Rng &r) {
+    const int k = wt.k, n = silu ? wt.rows / 2 : wt.rows;
+    char name[160];
+    snprintf(name, sizeof name, "%s m=%d %s=%d k=%d ldx=%d ldo=%d", silu ? "gemv_rmsnorm_silu" : "gemv_rmsnorm", m,
+             silu ? "ffn" : "n", n, k, ldx, ldo);
+    if (!selected(name)) return;
+    const GemvWeight &W = wt.get();
+    const float eps = 1e-5f;
+    std::vector<uint16_t> x((size_t)m * ldx), nw(k), o0((size_t)m * ldo, POISON);
+    fill_bf16(x, r, 3.0f);
+    for (auto &v : nw) v = f2bf(1.0f + 0.5f * r.sym());
+    DBuf dx, dnw, dout;
+    dx.up(x);
+    dnw.up(nw);
+    dout.up(o0);
+    int rc = silu ? pg_cuda_gemv_rmsnorm_silu_bf16(dout.p, ldo, dx.p, ldx, dnw.p, eps, W.d.p, m, n, k, nullptr)
+                  : pg_cuda_gemv_rmsnorm_bf16(dout.p, ldo, dx.p, ldx, dnw.p, eps, W.d.p, m, n, k, nullptr);
+    if (rc != 0) {
+        report_bool(name, false, pg_err_msg());
+        return;
+    }
+    CK(cudaDeviceSynchronize());
+    std::vector<uint16_t> go(o0.size()), gx(x.size());
+    dout.down(go);
+    dx.down(gx);
+    // Reference: rows normalized in fp64, rounded to bf16 (as the kernels store them).
+    std::vector<double> xn((size_t)m * k);
+    for (int i = 0; i < m; i++) {
+        double ss = 0;
+        for (int e = 0; e < k; e++) ss += (double)bf2f(x[(size_t)i * ldx + e]) * bf2f(x[(size_t)i * ldx + e]);
+        const double rs = 1.0 / sqrt(ss / k + eps);
+        for (int e = 0; e < k; e++)
+            xn[(size_t)i * k + e] = bf2f(f2bf((float)(bf2f(x[(size_t)i * ldx + e]) * rs * bf2f(nw[e]))));
+    }
+    std::vector<double> ref((size_t)m * n), out;
+    parallel_for((int64_t)m * n, [&](int64_t t) {
+        const int i = (int)(t / n), j = (int)(t % n);
+        const double *xr = &xn[(size_t)i * k];
+        double s0 = 0, s1 = 0;
+        const uint16_t *w0 = &W.h[(size_t)j * k], *w1 = silu ? &W.h[(size_t)(n + j) * k] : w0;
+        for (int e = 0; e < k; e++) s0 += xr[e] * bf2f(w0[e]);
+        if (silu)
+            for (int e = 0; e < k; e++) s1 += xr[e] * bf2f(w1[e]);
+        ref[(size_t)t] = silu ? s0 / (1.0 + exp(-s0)) * s1 : s0;
+    });
+    const bool outside_ok = gemv_out(go, o0, m, n, ldo, out);
+    const bool x_ok = gx == x;
+    report(name, outside_ok && x_ok ? rel_err(out, ref) : NAN, 1e-2);
+    if (ldx != k) return; // add_rmsnorm takes contiguous rows
+    // The unfused path on the GPU.
+    DBuf dxn((size_t)m * k * 2), dgu((size_t)m * (silu ? 2 * n : ldo) * 2), dh;
+    PK(pg_cuda_add_rmsnorm(dxn.p, dx.p, nullptr, dnw.p, m, k, eps, nullptr));
+    std::vector<uint16_t> gu_init((size_t)m * (silu ? 2 * n : ldo), POISON);
+    dgu.up(gu_init);
+    if (silu) {
+        PK(pg_cuda_gemv_bf16(dgu.p, 2 * n, dxn.p, k, W.d.p, m, 2 * n, k, 0, nullptr));
+        dh.up(o0);
+        PK(pg_cuda_silu_mul(dh.p, dgu.p, m, n, nullptr)); // contiguous [m][ffn]
+    } else {
+        PK(pg_cuda_gemv_bf16(dgu.p, ldo, dxn.p, k, W.d.p, m, n, k, 0, nullptr));
+    }
+    CK(cudaDeviceSynchronize());
+    std::vector<uint16_t> gu((size_t)m * (silu ? n : ldo));
+    (silu ? dh : dgu).down(gu);
+    const int ldu = silu ? n : ldo;
+    std::vector<double> un((size_t)m * n);
+    int same = 0;
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            un[(size_t)i * n + j] = bf2f(gu[(size_t)i * ldu + j]);
+            same += gu[(size_t)i * ldu + j] == go[(size_t)i * ldo + j];
+        }
+    const double e = rel_err(out, un);
+    char nm[200], detail[160];
+    snprintf(nm, sizeof nm, "%s vs unfused", name);
+    snprintf(detail, sizeof detail, "%d of %d outputs bit-identical, rel_err %.3e (bound 1e-03)", same, m * n, e);
+    report_bool(nm, e == e && e <= 1e-3, detail);
+}
+
+// Shapes the GEMV declines (PG_EUNSUPP, so the caller takes cuBLASLt) or
+// rejects (PG_EINVAL), and m = 0 (nothing written).
+static void test_gemv_unsupported() {
+    const char *name = "gemv unsupported shapes";
+    if (!selected(name)) return;
+    const int K = 40960;
+    DBuf dx((size_t)9 * K * 2 + 64), dw((size_t)16 * K * 2 + 64), dnw((size_t)K * 2 + 64), dout(4096);
+    CK(cudaMemset(dx.p, 0, dx.n));
+    CK(cudaMemset(dw.p, 0, dw.n));
+    CK(cudaMemset(dnw.p, 0, dnw.n));
+    CK(cudaMemset(dout.p, 0xFF, dout.n));
+    char *x = dx.as<char>(), *w = dw.as<char>(), *nw = dnw.as<char>();
+    void *o = dout.p;
+    struct {
+        const char *what;
+        int rc, want;
+    } c[] = {
+        {"k % 8", pg_cuda_gemv_bf16(o, 16, x, 16, w, 1, 16, 12, 0, nullptr), PG_EUNSUPP},
+        {"ldx % 8", pg_cuda_gemv_bf16(o, 16, x, 4100, w, 2, 16, 4096, 0, nullptr), PG_EUNSUPP},
+        {"x misaligned", pg_cuda_gemv_bf16(o, 16, x + 2, 64, w, 1, 16, 64, 0, nullptr), PG_EUNSUPP},
+        {"w misaligned", pg_cuda_gemv_bf16(o, 16, x, 64, w + 8, 1, 16, 64, 0, nullptr), PG_EUNSUPP},
+        {"m 9", pg_cuda_gemv_bf16(o, 16, x, 64, w, 9, 16, 64, 0, nullptr), PG_EUNSUPP},
+        {"m 8 k 16384 (x over shared memory)", pg_cuda_gemv_bf16(o, 16, x, 16384, w, 8, 16, 16384, 0, nullptr),
+         PG_EUNSUPP},
+        {"norm k 40960", pg_cuda_gemv_rmsnorm_bf16(o, 16, x, K, nw, 1e-5f, w, 1, 16, K, nullptr), PG_EUNSUPP},
+        {"norm_w misaligned", pg_cuda_gemv_rmsnorm_bf16(o, 16, x, 64, nw + 2, 1e-5f, w, 1, 16, 64, nullptr),
+         PG_EUNSUPP},
+        {"silu m 9", pg_cuda_gemv_rmsnorm_silu_bf16(o, 16, x, 64, nw, 1e-5f, w, 9, 8, 64, nullptr), PG_EUNSUPP},
+        {"null x", pg_cuda_gemv_bf16(o, 16, nullptr, 64, w, 1, 16, 64, 0, nullptr), PG_EINVAL},
+        {"ldo < n", pg_cuda_gemv_bf16(o, 8, x, 64, w, 1, 16, 64, 0, nullptr), PG_EINVAL},
+        {"null norm_w", pg_cuda_gemv_rmsnorm_bf16(o, 16, x, 64, nullptr, 1e-5f, w, 1, 16, 64, nullptr), PG_EINVAL},
+        {"m 0", pg_cuda_gemv_bf16(o, 16, x, 64, w, 0, 16, 64, 0, nullptr), 0},
+    };
+    CK(cudaDeviceSynchronize());
+    std::vector<uint8_t> after(dout.n);
+    dout.down(after);
+    bool untouched = std::all_of(after.begin(), after.end(), [](uint8_t b) { return b == 0xFF; });
+    std::string bad;
+    for (auto &e : c)
+        if (e.rc != e.want) bad += std::string(bad.empty() ? "" : ", ") + e.what + " rc " + std::to_string(e.rc);
+    if (!untouched) bad += std::string(bad.empty() ? "" : ", ") + "output written";
+    report_bool(name, bad.empty(), bad.empty() ? "all declined or rejected, nothing written" : bad.c_str());
+}
+
+static void gemv_tests(pg_cuda_gemm *g, DBuf &ws, Rng &r) {
+    const int MAXM = PG_CUDA_GEMV_MAX_M;
+    GemvWeight w1024(1024, 4096, r), w7(7, 64, r), w1(1, 8, r), wqkv(6144, 4096, r), wdown(4096, 14336, r),
+        wgu(28672, 4096, r), wlm(128256, 4096, r), w7k(7, 14336, r), w1k(1, 14336, r), w1024s(1024, 64, r),
+        w1024t(1024, 8, r);
+    for (int m = 1; m <= MAXM; m++) {
+        test_gemv(g, ws, w1024, m, 4096, 1024, false, r);
+        test_gemv(g, ws, w7, m, 72, 9, m % 2 == 0, r);
+        test_gemv(g, ws, w1, m, m % 2 ? 8 : 16, m % 2 ? 1 : 3, m % 3 == 0, r);
+    }
+    test_gemv(g, ws, w1024, 3, 4096 + 64, 1024 + 24, false, r); // strides past k and n
+    test_gemv(g, ws, w1024, 8, 4096 + 8, 1030, true, r);
+    test_gemv(g, ws, w1024, 1, 4096, 1024, true, r);
+    for (int m : {1, 2, 4, 8}) test_gemv(g, ws, wqkv, m, 4096, 6144, false, r);   // fused QKV
+    test_gemv(g, ws, wdown, 1, 14336, 4096, true, r);                            // down into the residual
+    test_gemv(g, ws, wdown, 3, 14336, 4096, false, r);
+    test_gemv(g, ws, wdown, 8, 14336, 4096, true, r);
+    test_gemv(g, ws, wgu, 1, 4096, 28672, false, r);                             // fused gate/up
+    test_gemv(g, ws, wgu, 5, 4096, 28672, false, r);
+    test_gemv(g, ws, wlm, 1, 4096, 128256 + 8, false, r);                        // LM head, ld_logits
+    test_gemv(g, ws, wlm, 8, 4096, 128256, false, r);
+    test_gemv(g, ws, w7k, 1, 14336, 7, false, r);
+    test_gemv(g, ws, w7k, 8, 14336, 8, true, r);
+    test_gemv(g, ws, w1k, 2, 14336, 1, false, r);
+    test_gemv(g, ws, w1024s, 4, 64, 1024, false, r);
+    test_gemv(g, ws, w1024t, 4, 8, 1024, false, r);
+
+    GemvWeight w64v(64, 20480, r), w2k(2048, 14336, r), w14(14, 64, r), w2(2, 8, r);
+    for (int m = 1; m <= MAXM; m++) test_gemv_norm(wqkv, m, 4096, 6144, false, r);
+    test_gemv_norm(wqkv, 2, 4096 + 64, 6144 + 8, false, r);
+    test_gemv_norm(w7, 3, 64, 7, false, r);
+    test_gemv_norm(w1, 1, 8, 1, false, r);
+    test_gemv_norm(w1, 8, 8, 2, false, r);
+    test_gemv_norm(w7k, 2, 14336, 7, false, r);  // add_rmsnorm's 2-chunk rows
+    test_gemv_norm(w64v, 1, 20480, 64, false, r); // ... and its 4-chunk rows
+    test_gemv_norm(w64v, 4, 20480, 64, false, r);
+    test_gemv_norm(wlm, 1, 4096, 128256, false, r);
+    for (int m = 1; m <= MAXM; m++) test_gemv_norm(wgu, m, 4096, 14336, true, r);
+    test_gemv_norm(wgu, 3, 4096 + 32, 14336 + 8, true, r);
+    test_gemv_norm(w14, 1, 64, 7, true, r);
+    test_gemv_norm(w14, 5, 64, 7, true, r);
+    test_gemv_norm(w14, 8, 64, 9, true, r);
+    test_gemv_norm(w2, 1, 8, 1, true, r);
+    test_gemv_norm(w2, 8, 8, 1, true, r);
+    test_gemv_norm(w2k, 4, 14336, 1024, true, r);
+    test_gemv_unsupported();
+}
+
+// --- PDL: the decode chain with and without programmatic dependent launch ---------------
+
+// A batch-1/2 decode step as the model runs it at m <= 2 (embed, then per
+// layer gemv_rmsnorm QKV -> rope_kv_write -> decode attention (split, fused
+// reduce) -> gemv O accumulate -> gemv_rmsnorm_silu gate/up -> gemv down
+// accumulate, then the final add_rmsnorm + LM-head GEMV), every kernel
+// launched back to back on one stream with no host sync. Llama-3-8B's
+// attention shapes (hidden 4096, 32/8 heads of 128, block 16), a small ffn
+// and vocabulary. Per repetition: fresh tokens, lengths (1..600, so split
+// decode with its counters) and batch size; the step runs with PDL off, then
+// on, and the outputs (residual, attention, logits, the KV cache) must be
+// bit-identical: PDL changes only when kernels start, never what they read.
+static void test_pdl_chain(Rng &r) {
+    const char *name = "pdl chain: embed, norm+QKV, RoPE, attention, O, norm+gate/up, down x 4 layers, 50 reps";
+    if (!selected(name)) return;
+    pg_cuda_pdl_set(1);
+    const bool can = pg_cuda_pdl_enabled() != 0;
+    pg_cuda_pdl_set(-1);
+    if (!can) {
+        printf("skip %-68s PDL needs sm_90+\n", name);
+        return;
+    }
+    const int H = 4096, NH = 32, NKV = 8, HD = 128, BS = 16, FFN = 1024, VOCAB = 1000, L = 4, MAXM = 2,
+              MAXCTX = 600, CTX_BUCKET = 640;
+    const int QKV = (NH + 2 * NKV) * HD, QD = NH * HD, KVD = NKV * HD;
+    const int bps = (CTX_BUCKET + BS - 1) / BS, n_blocks = MAXM * bps + 4;
+    std::vector<uint16_t> wqkv((size_t)QKV * H), wo((size_t)H * QD), wgu((size_t)2 * FFN * H), wd((size_t)H * FFN),
+        wlm((size_t)VOCAB * H), emb((size_t)64 * H), nw(H), kc((size_t)n_blocks * BS * KVD), vc(kc.size());
+    fill_bf16_par(wqkv, r.next(), 0.03f);
+    fill_bf16_par(wo, r.next(), 0.03f);
+    fill_bf16_par(wgu, r.next(), 0.03f);
+    fill_bf16_par(wd, r.next(), 0.05f);
+    fill_bf16_par(wlm, r.next(), 0.03f);
+    fill_bf16_par(emb, r.next(), 1.0f);
+    fill_bf16_par(kc, r.next(), 1.0f);
+    fill_bf16_par(vc, r.next(), 1.0f);
+    for (auto &v : nw) v = f2bf(1.0f + 0.5f * r.sym());
+    std::vector<float> inv(HD / 2);
+    for (int j = 0; j < HD / 2; j++) inv[j] = (float)(1.0 / pow(500000.0, 2.0 * j / HD));
+    DBuf dwqkv, dwo, dwgu, dwd, dwlm, demb, dnw, dkc, dvc, dinv;
+    dwqkv.up(wqkv), dwo.up(wo), dwgu.up(wgu), dwd.up(wd), dwlm.up(wlm), demb.up(emb), dnw.up(nw), dinv.up(inv);
+    dkc.up(kc), dvc.up(vc);
+    // (cudaMemcpy from pageable memory may return before its DMA lands, and
+    // the non-blocking stream below does not wait for the legacy stream.)
+    CK(cudaDeviceSynchronize());
+    DBuf dx((size_t)MAXM * H * 2), dqkv((size_t)MAXM * QKV * 2), dattn((size_t)MAXM * QD * 2),
+        dh((size_t)MAXM * FFN * 2), dlg_in((size_t)MAXM * H * 2), dlog((size_t)MAXM * VOCAB * 2), dtok(64), dpos(64),
+        dslots(64), dlens(64), dbt((size_t)MAXM * bps * 4);
+    const size_t ws_bytes = pg_cuda_decode_workspace_size(MAXM, NH, NKV, HD, CTX_BUCKET);
+    DBuf ws(ws_bytes);
+    const pg_kv_shape kvs = {n_blocks, BS, NKV, HD, PG_KV_BF16};
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    const float eps = 1e-5f, scale = 1.0f / sqrtf((float)HD);
+
+    struct Out {
+        std::vector<uint16_t> x, attn, logits, kc, vc;
+    };
+    auto run = [&](int m, Out &o) {
+        PK(pg_cuda_embed(dx.p, demb.p, dtok.as<int32_t>(), m, H, 64, st));
+        for (int l = 0; l < L; l++) {
+            PK(pg_cuda_gemv_rmsnorm_bf16(dqkv.p, QKV, dx.p, H, dnw.p, eps, dwqkv.p, m, QKV, H, st));
+            uint16_t *q = dqkv.as<uint16_t>();
+            PK(pg_cuda_rope_kv_write(q, QKV, q + QD, QKV, q + QD + KVD, QKV, dpos.as<int32_t>(),
+                                     dslots.as<int32_t>(), m, NH, dinv.as<float>(), dkc.p, dvc.p, kvs, st));
+            PK(pg_cuda_paged_decode_attention(dattn.p, q, QKV, dkc.p, dvc.p, kvs, dbt.as<int32_t>(), bps,
+                                              dlens.as<int32_t>(), m, NH, scale, CTX_BUCKET, ws.p, ws_bytes, st));
+            PK(pg_cuda_gemv_bf16(dx.p, H, dattn.p, QD, dwo.p, m, H, QD, 1, st));
+            PK(pg_cuda_gemv_rmsnorm_silu_bf16(dh.p, FFN, dx.p, H, dnw.p, eps, dwgu.p, m, FFN, H, st));
+            PK(pg_cuda_gemv_bf16(dx.p, H, dh.p, FFN, dwd.p, m, H, FFN, 1, st));
+        }
+        PK(pg_cuda_add_rmsnorm(dlg_in.p, dx.p, nullptr, dnw.p, m, H, eps, st));
+        PK(pg_cuda_gemv_bf16(dlog.p, VOCAB, dlg_in.p, H, dwlm.p, m, VOCAB, H, 0, st));
+        CK(cudaStreamSynchronize(st));
+        o.x.resize((size_t)m * H), o.attn.resize((size_t)m * QD), o.logits.resize((size_t)m * VOCAB);
+        o.kc.resize(kc.size()), o.vc.resize(vc.size());
+        CK(cudaMemcpy(o.x.data(), dx.p, o.x.size() * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(o.attn.data(), dattn.p, o.attn.size() * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(o.logits.data(), dlog.p, o.logits.size() * 2, cudaMemcpyDeviceToHost));
+        dkc.down(o.kc);
+        dvc.down(o.vc);
+    };
+    int bad = 0, finite_bad = 0, split_reps = 0;
+    std::string first_bad;
+    for (int rep = 0; rep < 50; rep++) {
+        const int m = 1 + rep % 2;
+        std::vector<int32_t> tok(m), pos(m), slots(m), lens(m), bt((size_t)m * bps, 0x3fffffff);
+        std::vector<int32_t> perm(n_blocks);
+        std::iota(perm.begin(), perm.end(), 0);
+        for (int i = n_blocks - 1; i > 0; i--) std::swap(perm[i], perm[r.below(i + 1)]);
+        int at = 0;
+        for (int s = 0; s < m; s++) {
+            tok[s] = r.below(64);
+            lens[s] = 1 + r.below(MAXCTX);
+            pos[s] = lens[s] - 1;
+            for (int b = 0; b < (lens[s] + BS - 1) / BS; b++) bt[(size_t)s * bps + b] = perm[at++];
+            slots[s] = bt[(size_t)s * bps + pos[s] / BS] * BS + pos[s] % BS;
+            split_reps += lens[s] > 64;
+        }
+        dtok.up(tok), dpos.up(pos), dslots.up(slots), dlens.up(lens), dbt.up(bt);
+        // The KV cache as it was before the step, for both runs.
+        dkc.up(kc), dvc.up(vc);
+        CK(cudaDeviceSynchronize());
+        Out off, on;
+        pg_cuda_pdl_set(0);
+        run(m, off);
+        dkc.up(kc), dvc.up(vc);
+        CK(cudaDeviceSynchronize());
+        pg_cuda_pdl_set(1);
+        run(m, on);
+        const bool same = off.x == on.x && off.attn == on.attn && off.logits == on.logits && off.kc == on.kc &&
+                          off.vc == on.vc;
+        bool finite = true;
+        for (uint16_t v : off.logits) finite &= (v & 0x7f80) != 0x7f80;
+        if (!same) {
+            if (!bad) {
+                char b[160];
+                snprintf(b, sizeof b, "rep %d (m=%d): x %d attn %d logits %d kc %d vc %d", rep, m, off.x == on.x,
+                         off.attn == on.attn, off.logits == on.logits, off.kc == on.kc, off.vc == on.vc);
+                first_bad = b;
+            }
+            bad++;
+        }
+        finite_bad += !finite;
+    }
+    pg_cuda_pdl_set(-1);
+    CK(cudaStreamDestroy(st));
+    char detail[256];
+    snprintf(detail, sizeof detail, "%d of 50 reps differ%s%s; %d reps with non-finite logits; %d sequences > 64 keys",
+             bad, bad ? ", first: " : "", first_bad.c_str(), finite_bad, split_reps);
+    report_bool(name, bad == 0 && finite_bad == 0, detail);
+}
+
 // --- sampling --------------------------------------------------------------------------
 
 enum LogitKind { NORMAL1, NORMAL3, PEAKED, TIES_BF16, CONSTANT, N_KINDS };
@@ -822,6 +1354,11 @@ int main(int argc, char **argv) {
     printf("device: %s\n", dev);
     Rng r(20251129);
 
+    printf("PDL (programmatic dependent launch): %s\n", pg_cuda_pdl_enabled() ? "on" : "off");
+    {
+        Rng rp(20251202); // its own stream: the other cases keep their inputs
+        test_pdl_chain(rp);
+    }
     decode_tests(r);
     prefill_tests(r);
 
@@ -829,6 +1366,9 @@ int main(int argc, char **argv) {
     test_rope(64, 32, 8, 128, 16, true, r);
     test_rope(100, 9, 3, 64, 32, false, r);
     test_rope(5, 8, 8, 64, 16, true, r);
+    test_rope(37, 32, 8, 128, 16, false, r, true);
+    test_rope(64, 32, 8, 128, 16, true, r, true);
+    test_rope(100, 9, 3, 64, 32, false, r, true);
 
     test_rmsnorm(7, 4096, true, false, r);
     test_rmsnorm(33, 576, true, false, r);
@@ -855,6 +1395,8 @@ int main(int argc, char **argv) {
         test_gemm(g, ws, 16, 1024, 4096, 4096, 6144, false, r); // K slice of a fused QKV output
         test_gemm(g, ws, 33, 4096, 1024, 0, 4096, true, r);     // into the residual stream
         test_gemm(g, ws, 5, 100, 72, 8, 120, false, r);          // odd sizes
+        Rng rg(20251201); // its own stream: the later cases keep their inputs
+        gemv_tests(g, ws, rg);
     }
     pg_cuda_gemm_destroy(g);
 

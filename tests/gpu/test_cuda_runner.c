@@ -117,10 +117,11 @@ int main(int argc, char **argv) {
     }
     pg_cuda_mem_stats ms;
     pg_cuda_runner_mem(gpu, &ms);
-    printf("device %s: weights %.1f MiB, workspace %.1f MiB (buffers %.1f), KV %.1f MiB, other "
-           "%.1f MiB\n",
+    printf("device %s: weights %.1f MiB, workspace %.1f MiB (buffers %.1f), KV %.1f MiB, "
+           "graphs %d captured at start-up, %.1f MiB (%.1f MiB still reserved), other %.1f MiB\n",
            ms.device, ms.weights / 1048576.0, ms.workspace / 1048576.0,
-           ms.workspace_buffers / 1048576.0, ms.kv / 1048576.0, ms.other / 1048576.0);
+           ms.workspace_buffers / 1048576.0, ms.kv / 1048576.0, ms.n_graphs,
+           ms.graphs / 1048576.0, ms.graphs_reserved / 1048576.0, ms.other / 1048576.0);
 
     // A 37, B 16, C 5 (repetition penalty, swapped at step 10), D 100 (chunked, EOS/stop ids
     // banned), F 700 (chunked over 4 steps: split-K decode afterwards), E forked from B at step 12.

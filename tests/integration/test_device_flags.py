@@ -46,6 +46,25 @@ def test_dummy_needs_gpu():
     assert rc == 2 and "auto or dummy" in err, err
 
 
+def test_cuda_graphs_flag():
+    rc, out, err = generate("--cuda-graphs", "sometimes", "--prompt", "Hi")
+    assert rc == 2 and "--cuda-graphs must be on, off or lazy" in err, err
+    # Accepted (and without effect) on the CPU.
+    rc, out, err = generate("--device", "cpu", "--cuda-graphs", "lazy", "--prompt", "Hi", "--max-tokens", "2")
+    assert rc == 0, err
+
+
+def test_kv_cache_dtype_flag():
+    rc, out, err = generate("--kv-cache-dtype", "int4", "--prompt", "Hi")
+    assert rc == 2 and "--kv-cache-dtype must be auto, bf16 or fp8" in err, err
+    # fp8 (and bf16) KV caches are CUDA only: a clear start-up error on the CPU.
+    rc, out, err = generate("--device", "cpu", "--kv-cache-dtype", "fp8", "--prompt", "Hi", "--max-tokens", "2")
+    assert rc != 0 and "--kv-cache-dtype fp8 needs --device cuda" in err, err
+    assert err.count("\n") <= 2, err
+    rc, out, err = generate("--device", "cpu", "--kv-cache-dtype", "auto", "--prompt", "Hi", "--max-tokens", "2")
+    assert rc == 0, err
+
+
 def test_prompt_ids():
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "p.jsonl")

@@ -141,7 +141,7 @@ static void test_rope_kv_write_compat(void **state) {
     int32_t pos[M] = {0, 1, 37, 1000}, slots[M] = {16, 17, 40, 5};
     pg_backend *b = backend(PG_MATMUL_QUANT_ACT);
     b->rope_kv_write(b, q, k, v, pos, slots, M, NH, inv_freq, kc, vc,
-                     (pg_kv_shape){4, BS, NKV, HD});
+                     (pg_kv_shape){4, BS, NKV, HD, PG_KV_BF16});
     const float theta_scale = powf(base, -2.0f / HD);
     assert_true(theta_scale == inv_freq[1]);
     for (int t = 0; t < M; t++) {
@@ -236,7 +236,7 @@ static void test_attention_compat_matches_plain_reference(void **state) {
     float q[6 * NH * HD], out[6 * NH * HD], ref[HD], exact_out[6 * NH * HD];
     for (int i = 0; i < n_q * NH * HD; i++) q[i] = 2 * frand();
     pg_attn_seq seq = {0, n_q, start, table};
-    const pg_kv_shape kv = {NBLK, BS, NKV, HD};
+    const pg_kv_shape kv = {NBLK, BS, NKV, HD, PG_KV_BF16};
     const float scale = 0.125f;
     pg_backend *b = backend(PG_MATMUL_DEFAULT), *x = backend(PG_MATMUL_EXACT);
     b->attention(b, out, q, &seq, 1, NH, scale, kc, vc, kv);

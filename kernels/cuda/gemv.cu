@@ -1,0 +1,413 @@
+// kernels/cuda/gemv.cu - weight-streaming GEMV for small batches (m <= 8),
+// plain, with RMSNorm fused into the prologue, and with RMSNorm + SiLU*mul
+// fused around the gate/up product.
+//
+// At decode batch sizes a projection is a read of its weight matrix: out[m][n]
+// = x[m][k] . w[n][k]^T moves n*k*2 bytes of weights and a few KB of
+// activations, so everything here serves keeping HBM busy:
+//   - one persistent CTA of 512 threads per SM (grid = min(SMs, tasks));
+//   - x (m bf16 rows) is staged once per CTA in shared memory (normalized
+//     there when the norm is fused) while the first weight tiles of every
+//     warp are already on their way into L2 (prefetch);
+//   - a warp task is R output columns: R weight rows (or a gate row and its
+//     up row). Tasks are dealt to CTAs round-robin first, then to the warps
+//     of a CTA, so every SM streams the same number of rows within one task;
+//   - a lane reads 16-byte chunks of a row (a warp load covers 512
+//     contiguous bytes), U chunks per row in flight before any arithmetic,
+//     with ld.global.nc.L1::no_allocate and an L2 evict_first policy: the
+//     weights are used once per step and should not push x, the KV cache or
+//     the activations out of the caches;
+//   - fp32 accumulation, butterfly shuffles, bf16 out (+ the old out when
+//     accumulating, as cuBLASLt's beta = 1).
+//   - PDL (cuda_common.cuh): launched with programmatic stream
+//     serialization, a CTA takes an SM as soon as the previous kernel's CTA
+//     there has left, prefetches its first weight tiles into L2 (the
+//     weights depend on no kernel), then waits for the previous grid before
+//     it reads x (or out, accumulating) and triggers the next launch.
+// The fused variants reproduce the unfused path operation by operation:
+// pg_cuda_add_rmsnorm's fp32 sum of squares in its exact order and rounding
+// of the normalized row to bf16; pg_cuda_silu_mul's rounding of gate and up
+// to bf16 before silu(g) * u. CPU references: tests/gpu/test_cuda_kernels.cu.
+#include <math.h>
+
+#include <atomic>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace {
+
+constexpr int THREADS = 512; // one CTA per SM: 16 warps, up to 128 registers each
+constexpr int WARPS = THREADS / 32;
+
+enum Mode { PLAIN = 0, NORM = 1, NORM_SILU = 2 };
+
+// Per (m, mode): R output columns per warp task, RR weight rows streamed per
+// task, U 16-byte loads per row and lane in flight, A partial sums per
+// (row, x row) so the FMA chains stay short at small m. R = 2 for m >= 3
+// halves the shared-memory reads of x per weight byte; U keeps 8-16 loads
+// per lane in flight within 128 registers. A depends on m only and a lane
+// visits its chunks in the same order whatever U is, so a row's sum is the
+// same bits in every mode (the fused launchers equal the unfused chain).
+template <int M, int MODE> struct Cfg {
+    static constexpr int R = MODE == NORM_SILU ? 1 : (M >= 3 ? 2 : 1);
+    static constexpr int RR = MODE == NORM_SILU ? 2 * R : R;
+    static constexpr int U = (M >= 5 ? 8 : 16) / RR;
+    static constexpr int A = M == 1 ? 4 : M == 2 ? 2 : 1;
+};
+
+struct Args {
+    bf16 *out;             // [m][ldo]
+    const bf16 *x;         // [m][ldx]
+    const bf16 *w;         // [n][k], NORM_SILU: [2n][k] (gate rows, then up rows)
+    const bf16 *norm_w;    // [k] (fused norm only)
+    int64_t ldo, ldx;
+    int n;                 // output columns (NORM_SILU: ffn)
+    int k;
+    int accumulate;        // PLAIN only
+    float eps;
+    uint32_t zero;         // always 0 (see gemv_step)
+};
+
+__device__ __forceinline__ uint64_t evict_first_policy() {
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+
+// A 16-byte weight chunk: read-only path, not kept in L1, first out of L2.
+__device__ __forceinline__ uint4 ld_weight(const uint4 *p, uint64_t pol) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(pol));
+    return v;
+}
+
+__device__ __forceinline__ void prefetch_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// 8 bf16 in 16 bytes -> 8 floats (exact: a bf16 is the top half of an f32).
+__device__ __forceinline__ void unpack8(const uint4 &u, float f[8]) {
+    f[0] = __uint_as_float(u.x << 16), f[1] = __uint_as_float(u.x & 0xffff0000u);
+    f[2] = __uint_as_float(u.y << 16), f[3] = __uint_as_float(u.y & 0xffff0000u);
+    f[4] = __uint_as_float(u.z << 16), f[5] = __uint_as_float(u.z & 0xffff0000u);
+    f[6] = __uint_as_float(u.w << 16), f[7] = __uint_as_float(u.w & 0xffff0000u);
+}
+
+// 8 floats -> 8 bf16, round to nearest even (as elementwise.cu's pack8).
+__device__ __forceinline__ uint4 pack8(const float f[8]) {
+    uint4 u;
+    __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    return u;
+}
+
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
+
+// As pg_cuda_silu_mul.
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
+
+// x rows [M][k8 chunks] in shared memory -> RMSNorm(x) * norm_w, rounded to
+// bf16, in place. The sum of squares of a row is computed exactly as
+// add_rmsnorm_vec_kernel does it (elementwise.cu) with its launch shape for
+// dim = k: T threads (VPT chunks each, chunk t + u*T), each summing
+// v*v in chunk order, a xor butterfly per warp, then the warp sums added in
+// warp order. The warps here play those T virtual threads, so the fused
+// path normalizes to the same bf16 values as the unfused one.
+template <int M>
+__device__ void normalize_rows(uint4 *xs, int k8, const Args &a, float *wsum /* [M][32] */,
+                               float *rs /* [M] */) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int vpt = k8 <= 1024 ? 1 : k8 <= 2048 ? 2 : 4;
+    const int T = ((k8 + vpt - 1) / vpt + 31) / 32 * 32, nvw = T / 32; // nvw <= 32: k8 <= 4096
+    for (int job = warp; job < M * nvw; job += WARPS) {
+        const int i = job / nvw, vw = job - i * nvw, t = vw * 32 + lane;
+        float ss = 0.0f;
+        for (int u = 0; u < vpt; u++) {
+            const int vi = t + u * T;
+            if (vi < k8) {
+                float v[8];
+                unpack8(xs[(size_t)i * k8 + vi], v);
+#pragma unroll
+                for (int e = 0; e < 8; e++) ss += v[e] * v[e];
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0) wsum[i * 32 + vw] = ss;
+    }
+    __syncthreads();
+    if (threadIdx.x < M) {
+        float tot = 0.0f;
+        for (int vw = 0; vw < nvw; vw++) tot += wsum[threadIdx.x * 32 + vw];
+        rs[threadIdx.x] = 1.0f / sqrtf(tot / (float)a.k + a.eps);
+    }
+    __syncthreads();
+    const uint4 *nw = reinterpret_cast<const uint4 *>(a.norm_w);
+    for (int e = threadIdx.x; e < M * k8; e += THREADS) {
+        const int i = e / k8, c = e - i * k8;
+        float v[8], g[8], o[8];
+        unpack8(xs[e], v);
+        unpack8(nw[c], g);
+        const float r = rs[i];
+#pragma unroll
+        for (int q = 0; q < 8; q++) o[q] = v[q] * r * g[q]; // (v * rs) * w, as the unfused kernel
+        xs[e] = pack8(o);
+    }
+}
+
+// One step of a task: chunks [base, base + 32U) of its RR rows, all loads
+// issued before the first FMA. TAIL: the step runs past the row's end (the
+// loads beyond k8 are skipped, so are their products).
+template <int M, int RR, int U, int A, bool TAIL>
+__device__ __forceinline__ void gemv_step(float (&acc)[RR][M][A], const uint4 *const (&wr)[RR],
+                                          const uint4 *xs, int k8, int base, int lane, uint64_t pol,
+                                          uint32_t zero) {
+    uint4 wv[RR][U];
+    const int at = base + lane; // chunk u of this lane: at + 32u (immediate offsets)
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int rr = 0; rr < RR; rr++) {
+            if (!TAIL || at + u * 32 < k8) wv[rr][u] = ld_weight(wr[rr] + at + u * 32, pol);
+            else wv[rr][u] = make_uint4(0, 0, 0, 0);
+        }
+    // ptxas would otherwise sink the later loads below the first FMAs (to
+    // reuse their registers), leaving a third of the bytes in flight. The x
+    // address is made to depend on every loaded word (xor, and `zero`, a
+    // kernel argument that is always 0 and so opaque to the compiler), so all
+    // RR * U loads are issued before any arithmetic.
+    uint32_t dep = 0;
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int rr = 0; rr < RR; rr++) dep ^= wv[rr][u].x ^ wv[rr][u].y ^ wv[rr][u].z ^ wv[rr][u].w;
+    const uint4 *xl = xs + at + (dep & zero);
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        if (TAIL && at + u * 32 >= k8) break; // and so are all later chunks of this lane
+        float wf[RR][8];
+#pragma unroll
+        for (int rr = 0; rr < RR; rr++) unpack8(wv[rr][u], wf[rr]);
+#pragma unroll
+        for (int i = 0; i < M; i++) {
+            float xf[8];
+            unpack8(xl[(size_t)i * k8 + u * 32], xf);
+#pragma unroll
+            for (int rr = 0; rr < RR; rr++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[rr][i][e % A] = fmaf(wf[rr][e], xf[e], acc[rr][i][e % A]);
+        }
+    }
+}
+
+template <int M, int MODE>
+__global__ void __launch_bounds__(THREADS, 1) gemv_kernel(Args a) {
+    using C = Cfg<M, MODE>;
+    constexpr int R = C::R, RR = C::RR, U = C::U, A = C::A;
+    static_assert(R * M <= 32, "one lane per output of a task");
+    extern __shared__ uint4 smem[]; // x [M][k8], then (fused norm) wsum [M][32], rs [M]
+    const int k8 = a.k >> 3;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n_tasks = (a.n + R - 1) / R;
+    // Task t goes to CTA t % grid, then to its warps in turn.
+    const int first = blockIdx.x + gridDim.x * warp, stride = gridDim.x * WARPS;
+    const uint4 *w4 = reinterpret_cast<const uint4 *>(a.w);
+    const uint64_t pol = evict_first_policy();
+
+    // Weight row of stream rr of task t. Columns past n (a last task of R = 2
+    // with odd n) re-read column n - 1; their results are never written.
+    auto row_ptr = [&](int t, int rr) -> const uint4 * {
+        int c = t * R + rr % R;
+        if (c >= a.n) c = a.n - 1;
+        const size_t row = (MODE == NORM_SILU && rr >= R) ? (size_t)a.n + (size_t)c : (size_t)c;
+        return w4 + row * (size_t)k8;
+    };
+
+    // Start HBM on the first step's weights while x is staged and (PDL)
+    // while the previous kernel drains: the weights are no kernel's output,
+    // and an L2 prefetch is safe even if they were (L2 is the coherence
+    // point; it returns nothing to registers).
+    if (first < n_tasks) {
+#pragma unroll
+        for (int rr = 0; rr < RR; rr++) {
+            const uint4 *wr = row_ptr(first, rr);
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (u * 32 + lane < k8) prefetch_l2(wr + u * 32 + lane);
+        }
+    }
+
+    // PDL: x, and out when accumulating (the residual stream), are earlier
+    // kernels' outputs; out is written below. Every CTA passes here.
+    pg_pdl_wait();
+
+    uint4 *xs = smem;
+    for (int e = threadIdx.x; e < M * k8; e += THREADS) {
+        const int i = e / k8, c = e - i * k8;
+        xs[e] = reinterpret_cast<const uint4 *>(a.x + (size_t)i * (size_t)a.ldx)[c];
+    }
+    if (MODE != PLAIN) {
+        __syncthreads();
+        float *wsum = reinterpret_cast<float *>(xs + (size_t)M * k8);
+        normalize_rows<M>(xs, k8, a, wsum, wsum + M * 32);
+    }
+    __syncthreads();
+    // The next kernel may be scheduled now (its CTAs take SMs as ours leave,
+    // prefetch, and wait for our completion).
+    pg_pdl_trigger();
+
+    for (int t = first; t < n_tasks; t += stride) {
+        const uint4 *wr[RR];
+#pragma unroll
+        for (int rr = 0; rr < RR; rr++) wr[rr] = row_ptr(t, rr);
+        float acc[RR][M][A];
+#pragma unroll
+        for (int rr = 0; rr < RR; rr++)
+#pragma unroll
+            for (int i = 0; i < M; i++)
+#pragma unroll
+                for (int q = 0; q < A; q++) acc[rr][i][q] = 0.0f;
+        int base = 0;
+        for (; base + U * 32 <= k8; base += U * 32) gemv_step<M, RR, U, A, false>(acc, wr, xs, k8, base, lane, pol, a.zero);
+        if (base < k8) gemv_step<M, RR, U, A, true>(acc, wr, xs, k8, base, lane, pol, a.zero);
+
+        // Every lane ends with every sum (xor butterfly).
+        float res[RR][M];
+#pragma unroll
+        for (int rr = 0; rr < RR; rr++)
+#pragma unroll
+            for (int i = 0; i < M; i++) {
+                float s = acc[rr][i][0];
+#pragma unroll
+                for (int q = 1; q < A; q++) s += acc[rr][i][q];
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+                res[rr][i] = s;
+            }
+        // Lane r * M + i writes output (i, t * R + r).
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int i = 0; i < M; i++) {
+                const int j = t * R + r;
+                if (lane != r * M + i || j >= a.n) continue;
+                bf16 *o = a.out + (size_t)i * (size_t)a.ldo + (size_t)j;
+                float v;
+                if (MODE == NORM_SILU) {
+                    const float g = round_bf16(res[r][i]), u = round_bf16(res[R + r][i]);
+                    v = silu(g) * u;
+                } else {
+                    v = res[r][i];
+                    if (a.accumulate) v += __bfloat162float(*o);
+                }
+                *o = __float2bfloat16(v);
+            }
+    }
+}
+
+int smem_optin(int dev) {
+    static std::atomic<int> cache[64];
+    int v = cache[dev & 63].load(std::memory_order_relaxed);
+    if (v > 0) return v;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess || v <= 0) {
+        (void)cudaGetLastError();
+        v = 48 * 1024;
+    }
+    cache[dev & 63].store(v, std::memory_order_relaxed);
+    return v;
+}
+
+template <int M, int MODE> int launch(const Args &a, cudaStream_t st) {
+    using C = Cfg<M, MODE>;
+    const size_t smem = (size_t)M * (size_t)a.k * sizeof(bf16) + (MODE != PLAIN ? (size_t)M * 33 * sizeof(float) : 0);
+    int dev = 0;
+    PG_CUDA_TRY(cudaGetDevice(&dev));
+    const int optin = smem_optin(dev);
+    if (smem > (size_t)optin)
+        return pg_err_set(PG_EUNSUPP, "gemv: m %d x k %d needs %zu bytes of shared memory, the device allows %d", M,
+                          a.k, smem, optin);
+    // Raised once per kernel and device (before any graph capture: the first
+    // eager call of a shape does it).
+    static std::atomic<int> smem_set[64];
+    if (smem > 48 * 1024 && !smem_set[dev & 63].load(std::memory_order_acquire)) {
+        PG_CUDA_TRY(cudaFuncSetAttribute(gemv_kernel<M, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+        smem_set[dev & 63].store(1, std::memory_order_release);
+    }
+    const int n_tasks = (a.n + C::R - 1) / C::R;
+    int grid = pg_cuda_sm_count();
+    if (grid > n_tasks) grid = n_tasks;
+    PG_CUDA_TRY(pg_launch_pdl(gemv_kernel<M, MODE>, dim3(grid), dim3(THREADS), smem, st, a));
+    PG_CUDA_LAUNCHED("gemv_kernel");
+    return 0;
+}
+
+template <int MODE> int dispatch(int m, const Args &a, cudaStream_t st) {
+    switch (m) {
+    case 1: return launch<1, MODE>(a, st);
+    case 2: return launch<2, MODE>(a, st);
+    case 3: return launch<3, MODE>(a, st);
+    case 4: return launch<4, MODE>(a, st);
+    case 5: return launch<5, MODE>(a, st);
+    case 6: return launch<6, MODE>(a, st);
+    case 7: return launch<7, MODE>(a, st);
+    case 8: return launch<8, MODE>(a, st);
+    }
+    return pg_err_set(PG_EUNSUPP, "gemv: m %d (at most %d)", m, PG_CUDA_GEMV_MAX_M);
+}
+static_assert(PG_CUDA_GEMV_MAX_M == 8, "dispatch() instantiates m = 1..8");
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+// The checks shared by the three launchers; *rc is 0 when the call should
+// launch, 1 when there is nothing to do (m == 0), else the error.
+int check(const char *who, const void *out, int64_t ldo, const void *x, int64_t ldx, const void *w, int64_t m,
+          int64_t n, int64_t k, const void *norm_w, bool norm) {
+    PG_ARG(out && x && w && (!norm || norm_w), "%s: null pointer", who);
+    PG_ARG(m >= 0 && n > 0 && k > 0 && ldx >= k && ldo >= n, "%s: m %lld n %lld k %lld ldx %lld ldo %lld", who,
+           (long long)m, (long long)n, (long long)k, (long long)ldx, (long long)ldo);
+    if (m == 0) return 1;
+    if (m > PG_CUDA_GEMV_MAX_M)
+        return pg_err_set(PG_EUNSUPP, "%s: m %lld (at most %d)", who, (long long)m, PG_CUDA_GEMV_MAX_M);
+    if (k % 8 || ldx % 8 || !aligned16(x) || !aligned16(w) || (norm && !aligned16(norm_w)))
+        return pg_err_set(PG_EUNSUPP, "%s: k %lld, ldx %lld and x, w%s must be multiples of 16 bytes", who,
+                          (long long)k, (long long)ldx, norm ? ", norm_w" : "");
+    if (n > (1 << 29) || k > (1 << 20))
+        return pg_err_set(PG_EUNSUPP, "%s: n %lld k %lld too large", who, (long long)n, (long long)k);
+    // The unfused norm's vector path (whose summation order the fused norm
+    // copies) stops at 4096 chunks.
+    if (norm && k > 8 * 4096)
+        return pg_err_set(PG_EUNSUPP, "%s: fused RMSNorm over k %lld (at most 32768)", who, (long long)k);
+    return 0;
+}
+
+} // namespace
+
+// --- C API -------------------------------------------------------------------------------
+
+extern "C" int pg_cuda_gemv_bf16(void *out, int64_t ldo, const void *x, int64_t ldx, const void *w, int64_t m,
+                                 int64_t n, int64_t k, int accumulate, void *stream) {
+    int rc = check("gemv", out, ldo, x, ldx, w, m, n, k, nullptr, false);
+    if (rc) return rc < 0 ? rc : 0;
+    Args a = {(bf16 *)out, (const bf16 *)x, (const bf16 *)w, nullptr, ldo, ldx, (int)n, (int)k, accumulate ? 1 : 0, 0.0f, 0};
+    return dispatch<PLAIN>((int)m, a, pg_stream(stream));
+}
+
+extern "C" int pg_cuda_gemv_rmsnorm_bf16(void *out, int64_t ldo, const void *x, int64_t ldx, const void *norm_w,
+                                         float eps, const void *w, int64_t m, int64_t n, int64_t k, void *stream) {
+    int rc = check("gemv_rmsnorm", out, ldo, x, ldx, w, m, n, k, norm_w, true);
+    if (rc) return rc < 0 ? rc : 0;
+    Args a = {(bf16 *)out, (const bf16 *)x, (const bf16 *)w, (const bf16 *)norm_w, ldo, ldx, (int)n, (int)k, 0, eps, 0};
+    return dispatch<NORM>((int)m, a, pg_stream(stream));
+}
+
+extern "C" int pg_cuda_gemv_rmsnorm_silu_bf16(void *out, int64_t ldo, const void *x, int64_t ldx,
+                                              const void *norm_w, float eps, const void *w, int64_t m, int64_t ffn,
+                                              int64_t k, void *stream) {
+    int rc = check("gemv_rmsnorm_silu", out, ldo, x, ldx, w, m, ffn, k, norm_w, true);
+    if (rc) return rc < 0 ? rc : 0;
+    Args a = {(bf16 *)out, (const bf16 *)x, (const bf16 *)w, (const bf16 *)norm_w, ldo, ldx, (int)ffn, (int)k, 0, eps, 0};
+    return dispatch<NORM_SILU>((int)m, a, pg_stream(stream));
+}
