@@ -510,6 +510,10 @@ def report(args, results, duration, max_inflight, rate, concurrency, server_info
     cancelled = [r for r in results if r.cancelled]
     in_tok = sum((r.prompt_tokens if r.prompt_tokens is not None else r.input_len) for r in ok)
     out_tok = sum(r.output_tokens for r in ok)
+    # Tokens that requests cancelled at the end of the drain had streamed:
+    # in a window-bounded run (a truncated W2, the last W4 clients) they are
+    # work the server did inside the window.
+    part_tok = sum(r.chunks for r in cancelled)
     ttft = [r.ttft for r in ok]
     tpot = [r.tpot for r in ok if r.tpot is not None]
     itl = [x for r in ok for x in r.itl]
@@ -548,6 +552,8 @@ def report(args, results, duration, max_inflight, rate, concurrency, server_info
         "total_input_tokens": in_tok, "total_output_tokens": out_tok,
         "request_throughput": len(ok) / duration if duration > 0 else 0.0,
         "output_throughput": out_tok / duration if duration > 0 else 0.0,
+        "cancelled_streamed_tokens": part_tok,
+        "window_output_throughput": (out_tok + part_tok) / duration if duration > 0 else 0.0,
         "total_token_throughput": (in_tok + out_tok) / duration if duration > 0 else 0.0,
         "ttft_ms": summarize(ttft), "tpot_ms": summarize(tpot), "itl_ms": summarize(itl),
         "e2el_ms": summarize(e2el),
