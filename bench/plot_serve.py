@@ -21,6 +21,14 @@ import os
 import sys
 
 
+def tput(r):
+    """Output tok/s; where requests were cancelled at the window's end, what
+    they streamed counts too (bench_serve's window_output_throughput)."""
+    if r.get("cancelled") and r.get("window_output_throughput") is not None:
+        return r["window_output_throughput"]
+    return r["output_throughput"]
+
+
 def load(paths):
     out = []
     for pat in paths:
@@ -83,7 +91,7 @@ def main():
         for eng in sorted({engine(r) for r in closed}):
             pts = sorted((r["config"]["concurrency"], r) for r in closed if engine(r) == eng)
             xs = [p[0] for p in pts]
-            ax1.plot(xs, [p[1]["output_throughput"] for p in pts], "o-", label=f"{eng} output")
+            ax1.plot(xs, [tput(p[1]) for p in pts], "o-", label=f"{eng} output")
             ax1.plot(xs, [p[1]["total_token_throughput"] for p in pts], "o--", alpha=0.5, label=f"{eng} total")
             ax2.plot(xs, [p[1]["tpot_ms"]["p50"] for p in pts], "o-", label=f"{eng} p50")
             ax2.plot(xs, [p[1]["tpot_ms"]["p99"] for p in pts], "o--", alpha=0.5, label=f"{eng} p99")
