@@ -24,8 +24,10 @@
 #            each (requests still running get W4_DRAIN more)
 #       w3   Poisson at W3_RATES req/s, in U[512,1536], out U[64,512],
 #            W3_SECONDS each
-#     hf: bench/bench_hf_cb.py (w1 via generate, w2 via continuous
-#     batching with HF_W2_N requests of 1000/1000, random init from $CFG);
+#     hf: bench/bench_hf_cb.py in-process, random init from $CFG (w1 via
+#     generate, w2 via continuous batching with HF_W2_N requests of
+#     1000/1000; w4_c<C> / w3_r<rate> with HF_W4_* / HF_W3_* through one
+#     shared continuous batching manager with streamed outputs);
 #  4. writes $OUT/gpu_compare_<engine>.json (every run, per-request rows
 #     dropped unless KEEP_ROWS=1), $OUT/gpu_compare.log, and prints a table
 #     last: workload, engine, output tok/s, TTFT p50, TPOT p50, and the
@@ -40,8 +42,11 @@
 # W4_CONC ("1 25 100 200 400"), W4_SECONDS (12), W4_DRAIN (60), W3_RATES
 # ("2 8 16"), W3_SECONDS (15), W3_DRAIN (30), PAGED_ARGS (--max-model-len
 # 4096), LLAMA_NP (256), LLAMA_CTX_PER_SLOT (2048), LLAMA_ARGS (-fa on
-# -cram 0), HF_W2_N (64), HF_ARGS, HF_WORKLOADS (w1,w2), HF_MAX_SECONDS
-# (what the budget leaves), KEEP_MODEL (1: reuse an existing $MODEL).
+# -cram 0), HF_W2_N (64), HF_ARGS, HF_WORKLOADS (w1,w2; any of w1 w1cb w2
+# w4 w3), HF_W4_CONC, HF_W4_SECONDS, HF_W4_DRAIN, HF_W3_RATES, HF_W3_SECONDS,
+# HF_W3_DRAIN (the W4_* / W3_* values), HF_MAX_SECONDS (what the budget
+# leaves: bench_hf_cb.py's --max-seconds, a budget for its whole process),
+# KEEP_MODEL (1: reuse an existing $MODEL).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 1
@@ -86,8 +91,12 @@ for f in files:
             note.append("truncated")
         n = r.get("completed")
         note.insert(0, f"n={n}")
-        runs[(w, eng)] = (tput, (r.get("ttft_ms") or {}).get("p50"),
-                          (r.get("tpot_ms") or {}).get("p50"), " ".join(note))
+        ttft = (r.get("ttft_ms") or {}).get("p50")
+        if ttft is None and (r.get("ttft_all_ms") or {}).get("p50") is not None:
+            # bench_hf_cb.py w3/w4: no request completed; TTFT of those that streamed a token
+            ttft = r["ttft_all_ms"]["p50"]
+            note.append(f"TTFT of {r['ttft_all_ms']['n']} cut requests")
+        runs[(w, eng)] = (tput, ttft, (r.get("tpot_ms") or {}).get("p50"), " ".join(note))
 engines = []  # paged first, then the peers
 for _, e in runs:
     if e not in engines:
@@ -157,6 +166,12 @@ HF_W2_N=${HF_W2_N:-64}
 DEVICE=${DEVICE:-cuda}  # cpu: a local smoke run on a tiny CFG
 HF_WORKLOADS=${HF_WORKLOADS:-w1,w2}
 HF_W2_LEN=${HF_W2_LEN:-1000}
+HF_W4_CONC=${HF_W4_CONC:-$W4_CONC}
+HF_W4_SECONDS=${HF_W4_SECONDS:-$W4_SECONDS}
+HF_W4_DRAIN=${HF_W4_DRAIN:-$W4_DRAIN}
+HF_W3_RATES=${HF_W3_RATES:-$W3_RATES}
+HF_W3_SECONDS=${HF_W3_SECONDS:-$W3_SECONDS}
+HF_W3_DRAIN=${HF_W3_DRAIN:-$W3_DRAIN}
 read -r -a HF_ARGS <<<"${HF_ARGS:-}"
 WORK=$(mktemp -d /tmp/gpu-compare-work.XXXXXX)
 
@@ -379,13 +394,19 @@ run_hf() {
     local deadline=$1
     local l=$((deadline - $(elapsed) - 15))
     [ -n "${HF_MAX_SECONDS:-}" ] && [ "$HF_MAX_SECONDS" -lt "$l" ] && l=$HF_MAX_SECONDS
-    echo "+ [hf, t=$(elapsed) s] bench/bench_hf_cb.py (w2 bounded by ${l} s from its start)"
+    [ "$l" -lt 30 ] && l=30
+    local wl=${HF_WORKLOADS//[ ,]/,}
+    echo "+ [hf, t=$(elapsed) s] bench/bench_hf_cb.py --workloads $wl (--max-seconds $l for the whole process)"
     local t0
     t0=$(date +%s)
-    # The W2 bound counts from W2's start; the model build and W1 take ~1-2 min first.
-    timeout $((l + 30)) "$PY" bench/bench_hf_cb.py --config "$CFG" --workloads "$HF_WORKLOADS" --w2-n "$HF_W2_N" \
-        --w2-len "$HF_W2_LEN" --device "$DEVICE" --max-seconds $((l - 100 > 60 ? l - 100 : 60)) --out "$WORK/hf.json" "${HF_ARGS[@]}" 2>&1 |
-        grep -v -E 'it/s\]|Solving' | tail -40
+    # --max-seconds bounds the whole process (import, model build, every workload): w2 is cut where it
+    # runs out, w3/w4 drains shrink to share what is left and runs that would not fit are skipped and marked.
+    # The JSON is rewritten after every run, so even the timeout leaves what was done.
+    timeout $((l + 15)) "$PY" bench/bench_hf_cb.py --config "$CFG" --workloads "$wl" --w2-n "$HF_W2_N" \
+        --w2-len "$HF_W2_LEN" --w4-conc "${HF_W4_CONC// /,}" --w4-seconds "$HF_W4_SECONDS" --w4-drain "$HF_W4_DRAIN" \
+        --w3-rates "${HF_W3_RATES// /,}" --w3-seconds "$HF_W3_SECONDS" --w3-drain "$HF_W3_DRAIN" \
+        --device "$DEVICE" --max-seconds "$l" --out "$WORK/hf.json" "${HF_ARGS[@]}" 2>&1 |
+        grep -v -E 'it/s\]|Solving' | tail -60
     echo "   hf took $(($(date +%s) - t0)) s"
     "$PY" - "$WORK/hf.json" "$OUT/gpu_compare_hf.json" <<'PYEOF'
 import json, sys
