@@ -60,6 +60,8 @@ import random
 import sys
 import time
 
+import bench_serve  # its summary statistics (this file's folder is on sys.path)
+
 T_START = time.perf_counter()  # the --max-seconds budget counts from here
 
 
@@ -78,17 +80,9 @@ def parse_range(s):
     return int(a), int(b or a)
 
 
-def summarize(xs):
-    xs = sorted(x for x in xs if x is not None)
-    if not xs:
-        return {"n": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None}
-
-    def q(p):
-        k = (len(xs) - 1) * p
-        lo, hi = math.floor(k), math.ceil(k)
-        return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-    return {"n": len(xs), "mean": sum(xs) / len(xs), "min": xs[0], "p50": q(0.5), "p90": q(0.9),
-            "p99": q(0.99), "max": xs[-1]}
+def summarize(xs_ms):
+    """Milliseconds in and out: bench_serve.py's summary (same quantiles)."""
+    return bench_serve.summarize([x / 1000.0 for x in xs_ms if x is not None])
 
 
 def log(*a):
@@ -541,8 +535,7 @@ def run_stream(args, shared, name, mode, level, issue_s, drain_s, in_range, out_
                and (r.n <= 1 or (r.last - r.first) / (r.n - 1) * 1000 < args.goodput_tpot_ms))
     judged = len(ok) + len(failed)
 
-    def ms(xs):
-        return summarize([x * 1000 for x in xs])
+    ms = bench_serve.summarize  # seconds in, milliseconds out
     return {
         "workload": name, "method": "continuous batching, streaming=True (shared init_continuous_batching manager)",
         "attn": shared.attn,

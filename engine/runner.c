@@ -106,22 +106,13 @@ static void move_blocks(pg_kv_cache *dst, pg_kv_cache *src, const pg_block_move 
         }
 }
 
-static int check_moves(const pg_block_move *mv, int32_t n, int32_t n_from, int32_t n_to,
-                       const char *what) {
-    for (int32_t i = 0; i < n; i++)
-        if (mv[i].from < 0 || mv[i].from >= n_from || mv[i].to < 0 || mv[i].to >= n_to)
-            return pg_err_set(PG_EINVAL, "plan: %s move %d -> %d out of range", what, mv[i].from,
-                              mv[i].to);
-    return 0;
-}
-
 static int do_moves(pg_runner *r, const pg_batch_plan *p) {
     int32_t nd = r->cfg.n_blocks, nh = r->cfg.n_host_blocks;
     if ((p->n_swap_out || p->n_swap_in) && !r->host_kv)
         return pg_err_set(PG_EINVAL, "plan: swap requested but there is no swap space");
-    PG_TRY(check_moves(p->swap_out, p->n_swap_out, nd, nh, "swap-out"));
-    PG_TRY(check_moves(p->swap_in, p->n_swap_in, nh, nd, "swap-in"));
-    PG_TRY(check_moves(p->copies, p->n_copies, nd, nd, "copy"));
+    PG_TRY(pg_block_moves_check(p->swap_out, p->n_swap_out, nd, nh, "swap-out"));
+    PG_TRY(pg_block_moves_check(p->swap_in, p->n_swap_in, nh, nd, "swap-in"));
+    PG_TRY(pg_block_moves_check(p->copies, p->n_copies, nd, nd, "copy"));
     if (p->n_swap_out) move_blocks(r->host_kv, r->kv, p->swap_out, p->n_swap_out);
     if (p->n_swap_in) move_blocks(r->kv, r->host_kv, p->swap_in, p->n_swap_in);
     for (int32_t i = 0; i < p->n_copies; i++) {

@@ -262,15 +262,6 @@ int pg_cuda_runner_last_logits(pg_cuda_runner *r, float *out, int32_t n) {
 
 // --- a step ---------------------------------------------------------------------------
 
-static int check_moves(const pg_block_move *mv, int32_t n, int32_t n_from, int32_t n_to,
-                       const char *what) {
-    for (int32_t i = 0; i < n; i++)
-        if (mv[i].from < 0 || mv[i].from >= n_from || mv[i].to < 0 || mv[i].to >= n_to)
-            return pg_err_set(PG_EINVAL, "plan: %s move %d -> %d out of range", what, mv[i].from,
-                              mv[i].to);
-    return 0;
-}
-
 static int32_t *stok_reserve(pg_cuda_runner *r, int64_t used, int64_t more) {
     if (used + more > r->cap_stok) {
         r->cap_stok = (used + more) * 2;
@@ -323,9 +314,9 @@ int pg_cuda_runner_execute(pg_cuda_runner *r, const pg_batch_plan *p, pg_step_ou
     const int32_t vocab = r->model->cfg.vocab_size;
     if ((p->n_swap_out || p->n_swap_in) && nh == 0)
         return pg_err_set(PG_EINVAL, "plan: swap requested but there is no swap space");
-    PG_TRY(check_moves(p->swap_out, p->n_swap_out, nd, nh, "swap-out"));
-    PG_TRY(check_moves(p->swap_in, p->n_swap_in, nh, nd, "swap-in"));
-    PG_TRY(check_moves(p->copies, p->n_copies, nd, nd, "copy"));
+    PG_TRY(pg_block_moves_check(p->swap_out, p->n_swap_out, nd, nh, "swap-out"));
+    PG_TRY(pg_block_moves_check(p->swap_in, p->n_swap_in, nh, nd, "swap-in"));
+    PG_TRY(pg_block_moves_check(p->copies, p->n_copies, nd, nd, "copy"));
     if (p->n_seqs > r->max_seqs)
         return pg_err_set(PG_EINVAL, "plan: %d sequences, the runner was sized for %d", p->n_seqs,
                           r->max_seqs);

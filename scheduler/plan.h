@@ -62,6 +62,11 @@ typedef struct {
     int32_t from, to;
 } pg_block_move;
 
+// A runner's check of a plan's moves: every `from` in [0, n_from) and every
+// `to` in [0, n_to); else PG_EINVAL naming `what` ("swap-out", "copy", ...).
+int pg_block_moves_check(const pg_block_move *mv, int32_t n, int32_t n_from, int32_t n_to,
+                         const char *what);
+
 typedef struct pg_batch_plan {
     int32_t n_seqs;
     pg_plan_seq *seqs;         // [n_seqs]

@@ -1082,3 +1082,13 @@ done:
     free(host);
     return rc;
 }
+
+const char *sched_finish_name(sched_finish_reason r) {
+    switch (r) {
+    case SCHED_FINISH_STOP: return "stop";
+    case SCHED_FINISH_LENGTH: return "length";
+    case SCHED_FINISH_ABORT: return "abort";
+    case SCHED_FINISH_ERROR: return "error";
+    default: return NULL;
+    }
+}

@@ -91,6 +91,10 @@ typedef enum sched_finish_reason {
     SCHED_FINISH_ERROR,    // the step failed (sched_update with no output)
 } sched_finish_reason;
 
+// The OpenAI finish_reason of a finished sequence ("stop", "length",
+// "abort", "error"); NULL for SCHED_FINISH_NONE.
+const char *sched_finish_name(sched_finish_reason r);
+
 // Per request counts and times, final in the event with req_finished.
 typedef struct sched_usage {
     int32_t prompt_tokens;

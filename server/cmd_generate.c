@@ -79,16 +79,6 @@ typedef struct {
     char error[256];
 } job;
 
-static const char *finish_name(sched_finish_reason r) {
-    switch (r) {
-    case SCHED_FINISH_STOP: return "stop";
-    case SCHED_FINISH_LENGTH: return "length";
-    case SCHED_FINISH_ABORT: return "abort";
-    case SCHED_FINISH_ERROR: return "error";
-    default: return "none";
-    }
-}
-
 static void append(job *j, const char *s, int n) {
     if (j->out_len + (size_t)n + 1 > j->out_cap) {
         j->out_cap = (j->out_len + (size_t)n + 1) * 2;
@@ -391,7 +381,8 @@ int cmd_generate(int argc, char **argv) {
                     append(j, piece, m);
                     if (stream) fwrite(piece, 1, (size_t)m, stdout);
                 }
-                j->finish = finish_name(ge->ev.finish);
+                j->finish = sched_finish_name(ge->ev.finish);
+                if (!j->finish) j->finish = "none";
                 j->usage = ge->ev.usage;
                 if (ge->error_code < 0) snprintf(j->error, sizeof j->error, "%s", ge->error);
                 j->done = true;

@@ -14,16 +14,6 @@
 
 // --- helpers --------------------------------------------------------------------
 
-static const char *finish_name(sched_finish_reason r) {
-    switch (r) {
-    case SCHED_FINISH_STOP: return "stop";
-    case SCHED_FINISH_LENGTH: return "length";
-    case SCHED_FINISH_ABORT: return "abort";
-    case SCHED_FINISH_ERROR: return "error";
-    default: return NULL;
-    }
-}
-
 double gen_logprob(float lp) { return isfinite(lp) && lp > -9999.0f ? (double)lp : -9999.0; }
 
 void gen_token_text(const pg_tokenizer *t, int32_t id, sbuf *out) {
@@ -324,7 +314,7 @@ static void choice_end(gen_job *j, gen_choice *c, const sched_event *ev) {
     }
     stop_matcher_flush(&c->stop, sink);
     c->stop_token = ev->stop_token;
-    choice_finish(j, c, finish_name(ev->finish));
+    choice_finish(j, c, sched_finish_name(ev->finish));
 }
 
 static void sub_finished(gen_job *j, gen_sub *s, const sched_usage *u) {

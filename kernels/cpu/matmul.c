@@ -38,20 +38,7 @@
 // a dispatch costs about what quantizing on the caller does).
 #define QUANT_PAR_BLOCKS 2048
 
-// --- block layouts (GGML) ----------------------------------------------------
-//
-// Blocks are packed byte arrays (Q4_0 is 18 bytes), so fields are read with
-// memcpy at byte offsets rather than through structs that would promise
-// 2-byte alignment.
-#define Q4_0_BYTES 18 // fp16 d, 16 bytes of nibbles
-#define Q4_1_BYTES 20 // fp16 d, fp16 m, 16 bytes of nibbles
-#define Q8_0_BYTES 34 // fp16 d, 32 int8
-
-static inline uint16_t ld16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return h;
-}
+// Block layouts (Q4_0_BYTES, ld16, ...): kernels/cpu/quant_dot.h.
 
 // --- fused dot products --------------------------------------------------------
 

@@ -26,16 +26,6 @@
 // many floats so that a tile can load them as one vector.
 #define MAX_R 4
 
-// Block sizes (GGML layouts; fields read with memcpy, blocks are packed).
-#define Q4_0_BYTES 18 // fp16 d, 16 bytes of nibbles
-#define Q4_1_BYTES 20 // fp16 d, fp16 m, 16 bytes of nibbles
-#define Q8_0_BYTES 34 // fp16 d, 32 int8
-
-static inline uint16_t ld16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return h;
-}
 
 // --- activation quantization ------------------------------------------------------
 

@@ -26,6 +26,21 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+
+// GGML block layouts the CPU kernels read. Blocks are packed byte arrays
+// (Q4_0 is 18 bytes), so fields are read with memcpy at byte offsets rather
+// than through structs that would promise 2-byte alignment.
+#define Q4_0_BYTES 18 // fp16 d, 16 bytes of nibbles
+#define Q4_1_BYTES 20 // fp16 d, fp16 m, 16 bytes of nibbles
+#define Q8_0_BYTES 34 // fp16 d, 32 int8
+
+// The fp16 bits at p (any alignment).
+static inline uint16_t ld16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return h;
+}
 
 // Activation rows quantized per 32-element block. Block-major, so that the
 // rows a kernel tile reads for one block are adjacent.
