@@ -67,6 +67,15 @@ int pg_cuda_pdl_enabled(void);
 // (a captured graph keeps what it was captured with).
 void pg_cuda_pdl_set(int mode);
 
+// 8 floats -> 8 bf16 in 16 bytes, round to nearest even (vectorized stores).
+__device__ __forceinline__ uint4 pack8(const float f[8]) {
+    uint4 u;
+    __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    return u;
+}
+
 __device__ __forceinline__ void pg_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -14,7 +14,7 @@
 
 namespace {
 
-// 8 bf16 in 16 bytes <-> 8 floats.
+// 8 bf16 in 16 bytes -> 8 floats (the way back, pack8, is in cuda_common.cuh).
 __device__ __forceinline__ void unpack8(const uint4 &u, float f[8]) {
     const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
 #pragma unroll
@@ -23,13 +23,6 @@ __device__ __forceinline__ void unpack8(const uint4 &u, float f[8]) {
         f[2 * i] = v.x;
         f[2 * i + 1] = v.y;
     }
-}
-__device__ __forceinline__ uint4 pack8(const float f[8]) {
-    uint4 u;
-    __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    return u;
 }
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }

@@ -95,14 +95,6 @@ __device__ __forceinline__ void unpack8(const uint4 &u, float f[8]) {
     f[6] = __uint_as_float(u.w << 16), f[7] = __uint_as_float(u.w & 0xffff0000u);
 }
 
-// 8 floats -> 8 bf16, round to nearest even (as elementwise.cu's pack8).
-__device__ __forceinline__ uint4 pack8(const float f[8]) {
-    uint4 u;
-    __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-    return u;
-}
 
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
 
