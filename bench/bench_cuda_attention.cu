@@ -4,10 +4,13 @@
 //   ceilings  read bandwidth (a sum over a 4 GiB bf16 buffer, 16-byte loads)
 //             and the bf16 GEMM rate (cuBLASLt through pg_cuda_gemm_bf16,
 //             8192^3);
-//   decode    pg_cuda_paged_decode_attention (v2) for batch {1,16,64,256} x
-//             context {512,4096,32768}, 32 query / 8 KV heads, head 128,
-//             block 16: bytes of K, V, q and out over time, against the
-//             read bandwidth; v1 on a few points for comparison;
+//   decode    pg_cuda_paged_decode_attention v4, v3, v2 (bf16 KV) and v2,
+//             v4 (fp8 KV) for batch {1,16,64,256} x context
+//             {512,4096,32768}, 32 query / 8 KV heads, head 128, block 16:
+//             bytes of K, V, q and out over time, against the read
+//             bandwidth, and fp8's KV tokens/s over bf16 v2's; v1 on a few
+//             points for comparison (--decode: only these and the read
+//             ceiling);
 //   prefill   pg_cuda_paged_prefill_attention, causal FLOPs (4 * head_dim
 //             per (query, key, head) pair actually attended) over time,
 //             against the GEMM rate;
@@ -66,10 +69,11 @@ static void json_write(const char *path, double read_bw, double gemm_tflops, con
 
 int main(int argc, char **argv) {
     const char *json = nullptr;
-    bool quick = false;
+    bool quick = false, decode_only = false; // --decode: the read ceiling and decode attention only
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
         else if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--decode")) decode_only = true;
     }
     setvbuf(stdout, nullptr, _IOLBF, 0);
     if (pg_cuda_device_count() == 0) {
@@ -99,8 +103,8 @@ int main(int argc, char **argv) {
     pg_cuda_gemm *gemm = nullptr;
     PK(pg_cuda_gemm_create(&gemm));
     DBuf gws(PG_CUDA_GEMM_WORKSPACE);
-    double gemm_tflops;
-    {
+    double gemm_tflops = 0.0;
+    if (!decode_only) {
         const int N = 8192;
         const size_t wmax = (size_t)28672 * 4096; // the largest weight below (gate_up)
         DBuf a((size_t)N * N * 2), b(wmax * 2), c((size_t)N * N * 2);
@@ -167,7 +171,8 @@ int main(int argc, char **argv) {
             dbt.up(bt);
             dlen.up(lens);
             fill_random(dq.p, (size_t)batch * H * HD, 5, 2.0f);
-            for (int version : {3, 2, 1}) {
+            double ms_bf16_v2 = 0.0; // for the fp8 KV tokens/s ratios
+            for (int version : {4, 3, 2, 1}) {
                 if (version == 1 && !(batch == 16 && ctx == 4096) && !(batch == 1 && ctx == 32768)) continue;
                 double ms = time_ms(3, REPS, 10, [&](int it) {
                     const int32_t *t = dbt.as<int32_t>() + (size_t)(it % sets) * batch * bps;
@@ -175,6 +180,7 @@ int main(int argc, char **argv) {
                                                         dlen.as<int32_t>(), batch, H, scale, ctx, dws.p, dws.n,
                                                         nullptr));
                 });
+                if (version == 2) ms_bf16_v2 = ms;
                 double gbs = bytes / ms / 1e6;
                 char nm[96], ex[96];
                 snprintf(nm, sizeof nm, "decode v%d batch=%d ctx=%d", version, batch, ctx);
@@ -182,138 +188,142 @@ int main(int argc, char **argv) {
                 printf("%-40s %8.4f ms %8.1f GB/s %5.1f%% of read BW  (%s)\n", nm, ms, gbs, 100.0 * gbs / read_bw, ex);
                 rows.push_back({"decode", nm, ms, gbs, 100.0 * gbs / read_bw, "GB/s", ex});
             }
-            { // fp8 e4m3 KV through v2: the same pool read as 1-byte elements (half the bytes per token)
+            // fp8 e4m3 KV through v2 and v4: the same pool read as 1-byte elements
+            // (half the bytes per token); the ratio is KV tokens/s against bf16 v2.
+            for (int version : {2, 4}) {
                 pg_kv_shape shape8 = shape;
                 shape8.dtype = PG_KV_FP8_E4M3;
                 const double bytes8 = (double)batch * ctx * KV * HD * 1 * 2 + (double)batch * H * HD * 2 * 2;
                 double ms = time_ms(3, REPS, 10, [&](int it) {
                     const int32_t *t = dbt.as<int32_t>() + (size_t)(it % sets) * batch * bps;
-                    PK(pg_cuda_paged_decode_attention_v(2, dout.p, dq.p, H * HD, kc.p, vc.p, shape8, t, bps,
+                    PK(pg_cuda_paged_decode_attention_v(version, dout.p, dq.p, H * HD, kc.p, vc.p, shape8, t, bps,
                                                         dlen.as<int32_t>(), batch, H, scale, ctx, dws.p, dws.n,
                                                         nullptr));
                 });
                 double gbs = bytes8 / ms / 1e6;
-                char nm[96], ex[128];
-                snprintf(nm, sizeof nm, "decode v2 fp8 batch=%d ctx=%d", batch, ctx);
-                snprintf(ex, sizeof ex, "%.1f MB (1 byte/element), %d rotation sets, %.2e KV tokens/s", bytes8 / 1e6,
-                         sets, (double)batch * ctx / ms * 1e3);
+                char nm[96], ex[160];
+                snprintf(nm, sizeof nm, "decode v%d fp8 batch=%d ctx=%d", version, batch, ctx);
+                snprintf(ex, sizeof ex, "%.1f MB (1 byte/element), %d rotation sets, %.2e KV tokens/s, x%.2f bf16 v2",
+                         bytes8 / 1e6, sets, (double)batch * ctx / ms * 1e3, ms_bf16_v2 / ms);
                 printf("%-40s %8.4f ms %8.1f GB/s %5.1f%% of read BW  (%s)\n", nm, ms, gbs, 100.0 * gbs / read_bw, ex);
                 rows.push_back({"decode", nm, ms, gbs, 100.0 * gbs / read_bw, "GB/s", ex});
             }
         }
 
-    // --- prefill ---
-    printf("\n== prefill attention (tensor cores, causal, varlen; %d q / %d kv heads, head %d, block %d)\n", H, KV, HD, BS);
-    struct PCase {
-        int n_seqs, n_q, start;
-    } pcs[] = {{1, 4096, 0}, {4, 2048, 0}, {16, 512, 3584}, {8, 1024, 0}, {2, 8192, 0}};
-    for (auto &pc : pcs) {
-        const int ctx = pc.start + pc.n_q, bps = (ctx + BS - 1) / BS;
-        std::vector<int32_t> bt((size_t)pc.n_seqs * bps), cu(pc.n_seqs + 1), sp(pc.n_seqs, pc.start);
-        for (size_t i = 0; i < bt.size(); i++) bt[i] = perm[i];
-        for (int s = 0; s <= pc.n_seqs; s++) cu[s] = s * pc.n_q;
-        const int T = pc.n_seqs * pc.n_q;
-        DBuf dbt, dcu, dsp, dq((size_t)T * H * HD * 2), dout((size_t)T * H * HD * 2);
-        dbt.up(bt);
-        dcu.up(cu);
-        dsp.up(sp);
-        fill_random(dq.p, (size_t)T * H * HD, 9, 2.0f);
-        for (int version : {2, 1}) {
-            double ms = time_ms(2, quick ? 3 : 11, 3, [&](int) {
-                PK(pg_cuda_paged_prefill_attention_v(version, dout.p, dq.p, H * HD, kc.p, vc.p, shape,
-                                                     dbt.as<int32_t>(), bps, dcu.as<int32_t>(), dsp.as<int32_t>(),
-                                                     pc.n_seqs, H, scale, pc.n_q, nullptr));
-            });
-            // Keys attended: query i of a chunk at start s sees s + i + 1 keys.
-            double pairs = (double)pc.n_seqs * ((double)pc.n_q * pc.start + (double)pc.n_q * (pc.n_q + 1) / 2.0);
-            double tf = 4.0 * HD * H * pairs / ms / 1e9;
-            char nm[96];
-            snprintf(nm, sizeof nm, "prefill v%d seqs=%d q=%d start=%d", version, pc.n_seqs, pc.n_q, pc.start);
-            printf("%-44s %8.4f ms %7.1f TFLOP/s %5.1f%% of GEMM rate\n", nm, ms, tf, 100.0 * tf / gemm_tflops);
-            rows.push_back({"prefill", nm, ms, tf, 100.0 * tf / gemm_tflops, "TFLOP/s", ""});
-        }
-        { // fp8 e4m3 KV through the default (v2)
-            pg_kv_shape shape8 = shape;
-            shape8.dtype = PG_KV_FP8_E4M3;
-            double ms = time_ms(2, quick ? 3 : 11, 3, [&](int) {
-                PK(pg_cuda_paged_prefill_attention_v(2, dout.p, dq.p, H * HD, kc.p, vc.p, shape8, dbt.as<int32_t>(),
-                                                     bps, dcu.as<int32_t>(), dsp.as<int32_t>(), pc.n_seqs, H, scale,
-                                                     pc.n_q, nullptr));
-            });
-            double pairs = (double)pc.n_seqs * ((double)pc.n_q * pc.start + (double)pc.n_q * (pc.n_q + 1) / 2.0);
-            double tf = 4.0 * HD * H * pairs / ms / 1e9;
-            char nm[96];
-            snprintf(nm, sizeof nm, "prefill v2 fp8 seqs=%d q=%d start=%d", pc.n_seqs, pc.n_q, pc.start);
-            printf("%-44s %8.4f ms %7.1f TFLOP/s %5.1f%% of GEMM rate\n", nm, ms, tf, 100.0 * tf / gemm_tflops);
-            rows.push_back({"prefill", nm, ms, tf, 100.0 * tf / gemm_tflops, "TFLOP/s", ""});
-        }
-    }
-
-    // --- sampler and element-wise kernels at batch 256 ---
-    printf("\n== other kernels (batch 256)\n");
-    {
-        const int n = 256, vocab = 128256;
-        DBuf logits((size_t)n * vocab * 2), out((size_t)n * sizeof(pg_cuda_sample_out)),
-            ws(pg_cuda_sample_workspace_size(n, vocab));
-        fill_random(logits.p, (size_t)n * vocab, 21, 8.0f);
-        std::vector<int32_t> tokens(64);
-        for (auto &t : tokens) t = rng.below(vocab);
-        DBuf dt;
-        dt.up(tokens);
-        struct {
-            const char *name;
-            float temp, top_p;
-            int top_k, logprobs;
-            float rep;
-        } sc[] = {{"greedy", 0.0f, 1.0f, 0, -1, 1.0f},
-                  {"greedy+logprobs5", 0.0f, 1.0f, 0, 5, 1.0f},
-                  {"T=1", 1.0f, 1.0f, 0, -1, 1.0f},
-                  {"T=0.7 top_p=0.9", 0.7f, 0.9f, 0, -1, 1.0f},
-                  {"T=0.8 top_k=50 top_p=0.95 rep=1.1 lp=20", 0.8f, 0.95f, 50, 20, 1.1f}};
-        for (auto &c : sc) {
-            std::vector<pg_cuda_sample_params> p(n);
-            for (int s = 0; s < n; s++) {
-                memset(&p[s], 0, sizeof p[s]);
-                p[s].temperature = c.temp;
-                p[s].top_p = c.top_p;
-                p[s].top_k = c.top_k;
-                p[s].logprobs = c.logprobs;
-                p[s].repetition_penalty = c.rep;
-                p[s].seed = 99 + s;
-                p[s].n_history = 64;
+    if (!decode_only) {
+        // --- prefill ---
+        printf("\n== prefill attention (tensor cores, causal, varlen; %d q / %d kv heads, head %d, block %d)\n", H, KV, HD, BS);
+        struct PCase {
+            int n_seqs, n_q, start;
+        } pcs[] = {{1, 4096, 0}, {4, 2048, 0}, {16, 512, 3584}, {8, 1024, 0}, {2, 8192, 0}};
+        for (auto &pc : pcs) {
+            const int ctx = pc.start + pc.n_q, bps = (ctx + BS - 1) / BS;
+            std::vector<int32_t> bt((size_t)pc.n_seqs * bps), cu(pc.n_seqs + 1), sp(pc.n_seqs, pc.start);
+            for (size_t i = 0; i < bt.size(); i++) bt[i] = perm[i];
+            for (int s = 0; s <= pc.n_seqs; s++) cu[s] = s * pc.n_q;
+            const int T = pc.n_seqs * pc.n_q;
+            DBuf dbt, dcu, dsp, dq((size_t)T * H * HD * 2), dout((size_t)T * H * HD * 2);
+            dbt.up(bt);
+            dcu.up(cu);
+            dsp.up(sp);
+            fill_random(dq.p, (size_t)T * H * HD, 9, 2.0f);
+            for (int version : {2, 1}) {
+                double ms = time_ms(2, quick ? 3 : 11, 3, [&](int) {
+                    PK(pg_cuda_paged_prefill_attention_v(version, dout.p, dq.p, H * HD, kc.p, vc.p, shape,
+                                                         dbt.as<int32_t>(), bps, dcu.as<int32_t>(), dsp.as<int32_t>(),
+                                                         pc.n_seqs, H, scale, pc.n_q, nullptr));
+                });
+                // Keys attended: query i of a chunk at start s sees s + i + 1 keys.
+                double pairs = (double)pc.n_seqs * ((double)pc.n_q * pc.start + (double)pc.n_q * (pc.n_q + 1) / 2.0);
+                double tf = 4.0 * HD * H * pairs / ms / 1e9;
+                char nm[96];
+                snprintf(nm, sizeof nm, "prefill v%d seqs=%d q=%d start=%d", version, pc.n_seqs, pc.n_q, pc.start);
+                printf("%-44s %8.4f ms %7.1f TFLOP/s %5.1f%% of GEMM rate\n", nm, ms, tf, 100.0 * tf / gemm_tflops);
+                rows.push_back({"prefill", nm, ms, tf, 100.0 * tf / gemm_tflops, "TFLOP/s", ""});
             }
-            DBuf dp;
-            dp.up(p);
-            double ms = time_ms(2, REPS, 3, [&](int) {
-                PK(pg_cuda_sample(out.as<pg_cuda_sample_out>(), logits.p, PG_CUDA_BF16, vocab, n, vocab,
-                                  dp.as<pg_cuda_sample_params>(), dt.as<int32_t>(), ws.p, ws.n, nullptr));
-            });
-            char nm[96];
-            snprintf(nm, sizeof nm, "sample 256x128256 bf16 %s", c.name);
-            printf("%-58s %8.4f ms\n", nm, ms);
-            rows.push_back({"sampler", nm, ms, ms * 1000.0, 0.0, "us", ""});
+            { // fp8 e4m3 KV through the default (v2)
+                pg_kv_shape shape8 = shape;
+                shape8.dtype = PG_KV_FP8_E4M3;
+                double ms = time_ms(2, quick ? 3 : 11, 3, [&](int) {
+                    PK(pg_cuda_paged_prefill_attention_v(2, dout.p, dq.p, H * HD, kc.p, vc.p, shape8, dbt.as<int32_t>(),
+                                                         bps, dcu.as<int32_t>(), dsp.as<int32_t>(), pc.n_seqs, H, scale,
+                                                         pc.n_q, nullptr));
+                });
+                double pairs = (double)pc.n_seqs * ((double)pc.n_q * pc.start + (double)pc.n_q * (pc.n_q + 1) / 2.0);
+                double tf = 4.0 * HD * H * pairs / ms / 1e9;
+                char nm[96];
+                snprintf(nm, sizeof nm, "prefill v2 fp8 seqs=%d q=%d start=%d", pc.n_seqs, pc.n_q, pc.start);
+                printf("%-44s %8.4f ms %7.1f TFLOP/s %5.1f%% of GEMM rate\n", nm, ms, tf, 100.0 * tf / gemm_tflops);
+                rows.push_back({"prefill", nm, ms, tf, 100.0 * tf / gemm_tflops, "TFLOP/s", ""});
+            }
         }
-        const int dim = 4096, ffn = 14336;
-        DBuf x((size_t)n * dim * 2), r((size_t)n * dim * 2), w(dim * 2), o((size_t)n * dim * 2), gu((size_t)n * 2 * ffn * 2),
-            so((size_t)n * ffn * 2);
-        fill_random(x.p, (size_t)n * dim, 31);
-        fill_random(r.p, (size_t)n * dim, 32);
-        fill_random(w.p, dim, 33);
-        fill_random(gu.p, (size_t)n * 2 * ffn, 34);
-        double ms = time_ms(3, REPS, 20, [&](int) { PK(pg_cuda_add_rmsnorm(o.p, x.p, r.p, w.p, n, dim, 1e-5f, nullptr)); });
-        double gbs = (double)n * dim * 2 * 4 / ms / 1e6;
-        printf("%-58s %8.4f ms %8.1f GB/s\n", "add_rmsnorm 256x4096", ms, gbs);
-        rows.push_back({"elementwise", "add_rmsnorm 256x4096", ms, gbs, 100.0 * gbs / read_bw, "GB/s", ""});
-        ms = time_ms(3, REPS, 20, [&](int) { PK(pg_cuda_silu_mul(so.p, gu.p, n, ffn, nullptr)); });
-        gbs = (double)n * ffn * 2 * 3 / ms / 1e6;
-        printf("%-58s %8.4f ms %8.1f GB/s\n", "silu_mul 256x14336", ms, gbs);
-        rows.push_back({"elementwise", "silu_mul 256x14336", ms, gbs, 100.0 * gbs / read_bw, "GB/s", ""});
+
+        // --- sampler and element-wise kernels at batch 256 ---
+        printf("\n== other kernels (batch 256)\n");
+        {
+            const int n = 256, vocab = 128256;
+            DBuf logits((size_t)n * vocab * 2), out((size_t)n * sizeof(pg_cuda_sample_out)),
+                ws(pg_cuda_sample_workspace_size(n, vocab));
+            fill_random(logits.p, (size_t)n * vocab, 21, 8.0f);
+            std::vector<int32_t> tokens(64);
+            for (auto &t : tokens) t = rng.below(vocab);
+            DBuf dt;
+            dt.up(tokens);
+            struct {
+                const char *name;
+                float temp, top_p;
+                int top_k, logprobs;
+                float rep;
+            } sc[] = {{"greedy", 0.0f, 1.0f, 0, -1, 1.0f},
+                      {"greedy+logprobs5", 0.0f, 1.0f, 0, 5, 1.0f},
+                      {"T=1", 1.0f, 1.0f, 0, -1, 1.0f},
+                      {"T=0.7 top_p=0.9", 0.7f, 0.9f, 0, -1, 1.0f},
+                      {"T=0.8 top_k=50 top_p=0.95 rep=1.1 lp=20", 0.8f, 0.95f, 50, 20, 1.1f}};
+            for (auto &c : sc) {
+                std::vector<pg_cuda_sample_params> p(n);
+                for (int s = 0; s < n; s++) {
+                    memset(&p[s], 0, sizeof p[s]);
+                    p[s].temperature = c.temp;
+                    p[s].top_p = c.top_p;
+                    p[s].top_k = c.top_k;
+                    p[s].logprobs = c.logprobs;
+                    p[s].repetition_penalty = c.rep;
+                    p[s].seed = 99 + s;
+                    p[s].n_history = 64;
+                }
+                DBuf dp;
+                dp.up(p);
+                double ms = time_ms(2, REPS, 3, [&](int) {
+                    PK(pg_cuda_sample(out.as<pg_cuda_sample_out>(), logits.p, PG_CUDA_BF16, vocab, n, vocab,
+                                      dp.as<pg_cuda_sample_params>(), dt.as<int32_t>(), ws.p, ws.n, nullptr));
+                });
+                char nm[96];
+                snprintf(nm, sizeof nm, "sample 256x128256 bf16 %s", c.name);
+                printf("%-58s %8.4f ms\n", nm, ms);
+                rows.push_back({"sampler", nm, ms, ms * 1000.0, 0.0, "us", ""});
+            }
+            const int dim = 4096, ffn = 14336;
+            DBuf x((size_t)n * dim * 2), r((size_t)n * dim * 2), w(dim * 2), o((size_t)n * dim * 2), gu((size_t)n * 2 * ffn * 2),
+                so((size_t)n * ffn * 2);
+            fill_random(x.p, (size_t)n * dim, 31);
+            fill_random(r.p, (size_t)n * dim, 32);
+            fill_random(w.p, dim, 33);
+            fill_random(gu.p, (size_t)n * 2 * ffn, 34);
+            double ms = time_ms(3, REPS, 20, [&](int) { PK(pg_cuda_add_rmsnorm(o.p, x.p, r.p, w.p, n, dim, 1e-5f, nullptr)); });
+            double gbs = (double)n * dim * 2 * 4 / ms / 1e6;
+            printf("%-58s %8.4f ms %8.1f GB/s\n", "add_rmsnorm 256x4096", ms, gbs);
+            rows.push_back({"elementwise", "add_rmsnorm 256x4096", ms, gbs, 100.0 * gbs / read_bw, "GB/s", ""});
+            ms = time_ms(3, REPS, 20, [&](int) { PK(pg_cuda_silu_mul(so.p, gu.p, n, ffn, nullptr)); });
+            gbs = (double)n * ffn * 2 * 3 / ms / 1e6;
+            printf("%-58s %8.4f ms %8.1f GB/s\n", "silu_mul 256x14336", ms, gbs);
+            rows.push_back({"elementwise", "silu_mul 256x14336", ms, gbs, 100.0 * gbs / read_bw, "GB/s", ""});
+        }
     }
 
     // --- summary (W5) ---
-    for (const char *variant : {"v2", "v3", "v2 fp8"}) {
+    for (const char *variant : {"v2", "v3", "v4", "v2 fp8", "v4 fp8"}) {
         printf("\n== W5 summary: decode attention %s, GB/s (%% of measured read bandwidth %.0f GB/s)%s\n", variant,
-               read_bw, strcmp(variant, "v2 fp8") == 0 ? ", KV bytes at 1 byte per element" : "");
+               read_bw, strstr(variant, "fp8") ? ", KV bytes at 1 byte per element" : "");
         printf("%-8s %18s %18s %18s\n", "batch", "ctx 512", "ctx 4096", "ctx 32768");
         for (int batch : {1, 16, 64, 256}) {
             printf("%-8d", batch);
@@ -325,6 +335,26 @@ int main(int argc, char **argv) {
             }
             printf("\n");
         }
+    }
+    // KV tokens/s of each fp8 kernel over bf16 v2's (both move the same tokens).
+    auto row_ms = [&](const char *nm) {
+        for (auto &r : rows)
+            if (r.what == nm) return r.ms;
+        return 0.0;
+    };
+    printf("\n== W5 summary: fp8 KV tokens/s / bf16 v2 KV tokens/s (v2 fp8 | v4 fp8)\n");
+    printf("%-8s %18s %18s %18s\n", "batch", "ctx 512", "ctx 4096", "ctx 32768");
+    for (int batch : {1, 16, 64, 256}) {
+        printf("%-8d", batch);
+        for (int ctx : {512, 4096, 32768}) {
+            char b2[96], f2[96], f4[96];
+            snprintf(b2, sizeof b2, "decode v2 batch=%d ctx=%d", batch, ctx);
+            snprintf(f2, sizeof f2, "decode v2 fp8 batch=%d ctx=%d", batch, ctx);
+            snprintf(f4, sizeof f4, "decode v4 fp8 batch=%d ctx=%d", batch, ctx);
+            const double mb = row_ms(b2), m2 = row_ms(f2), m4 = row_ms(f4);
+            printf("      %5.2f | %5.2f", m2 > 0 ? mb / m2 : 0.0, m4 > 0 ? mb / m4 : 0.0);
+        }
+        printf("\n");
     }
     printf("prefill attention, TFLOP/s (%% of measured bf16 GEMM %.0f TFLOP/s)\n", gemm_tflops);
     for (auto &r : rows)

@@ -17,7 +17,10 @@
 // KV caches (300-token context, block 16), captured as a CUDA graph the way
 // the model's run_layers issues it, with the GEMV path or the cuBLASLt
 // path, PDL on or off; the tail (row gather, final RMSNorm, LM head; no
-// sampler) as a second graph. Median of per-replay event times.
+// sampler) as a second graph. Median of per-replay event times. Then a
+// table over the GEMV kernel kinds (pg_cuda_gemv_kernel_set) with and
+// without the weights-before-wait promise (pg_cuda_gemv_preload_set), and
+// "gemv only" chains without RoPE and attention.
 //
 // Usage: build/gpu/bench_cuda_gemv [--quick] [--chain]   (--chain: only the
 // W1 chain) exit 77 = no CUDA device.
@@ -78,6 +81,7 @@ static void chain_bench(bool quick) {
         if (gv) PK(pg_cuda_gemv_bf16(out, ldo, in, ldx, wt, 1, n, k, acc, st));
         else PK(pg_cuda_gemm_bf16(gemm, out, ldo, in, ldx, wt, 1, n, k, acc, gws.p, gws.n, st));
     };
+    bool with_attn = true; // false: the GEMVs alone (no RoPE, no attention), to split the layer's time
     auto layers = [&](bool gv) {
         PK(pg_cuda_embed(x.p, lm.p, dtok.as<int32_t>(), 1, H, VOCAB, st));
         for (int l = 0; l < L; l++) {
@@ -88,10 +92,13 @@ static void chain_bench(bool quick) {
                 mm(false, qkv.p, QKV, xn.p, H, W(l, 0), QKV, H, 0);
             }
             uint16_t *q = qkv.as<uint16_t>();
-            PK(pg_cuda_rope_kv_write(q, QKV, q + QD, QKV, q + QD + KVD, QKV, dpos.as<int32_t>(), dslots.as<int32_t>(),
-                                     1, NH, dinv.as<float>(), KC(l, 0), KC(l, 1), kvs, st));
-            PK(pg_cuda_paged_decode_attention(attn.p, q, QKV, KC(l, 0), KC(l, 1), kvs, dbt.as<int32_t>(), bps,
-                                              dlens.as<int32_t>(), 1, NH, scale, CTX_BUCKET, dws.p, dws_bytes, st));
+            if (with_attn) {
+                PK(pg_cuda_rope_kv_write(q, QKV, q + QD, QKV, q + QD + KVD, QKV, dpos.as<int32_t>(),
+                                         dslots.as<int32_t>(), 1, NH, dinv.as<float>(), KC(l, 0), KC(l, 1), kvs, st));
+                PK(pg_cuda_paged_decode_attention(attn.p, q, QKV, KC(l, 0), KC(l, 1), kvs, dbt.as<int32_t>(), bps,
+                                                  dlens.as<int32_t>(), 1, NH, scale, CTX_BUCKET, dws.p, dws_bytes,
+                                                  st));
+            }
             mm(gv, x.p, H, attn.p, QD, W(l, e_qkv), H, QD, 1);
             if (gv) {
                 PK(pg_cuda_gemv_rmsnorm_silu_bf16(h.p, FFN, x.p, H, nw.p, eps, W(l, e_qkv + e_o), 1, FFN, H, st));
@@ -124,11 +131,9 @@ static void chain_bench(bool quick) {
     printf("\nW1 chain: batch 1, %d layers (hidden %d, q %dx%d, kv %dx%d, ffn %d), context %d (bucket %d), block %d; "
            "CUDA graph replay, median of %d\n",
            L, H, NH, HD, NKV, HD, FFN, CTX, CTX_BUCKET, BS, reps);
-    double res[2][2][2] = {};
-    for (int gv = 1; gv >= 0; gv--)
-        for (int pdl = 1; pdl >= 0; pdl--) {
+    // One configuration: median layers and tail ms over the replays.
+    auto measure = [&](bool gv, int pdl, double &ml, double &mt) {
             pg_cuda_pdl_set(pdl);
-            const bool pdl_on = pg_cuda_pdl_enabled() != 0;
             layers(gv); // eager warm-up: shared-memory attributes, cuBLASLt plans
             tail(gv);
             CK(cudaStreamSynchronize(st));
@@ -152,23 +157,53 @@ static void chain_bench(bool quick) {
             }
             std::sort(tl.begin(), tl.end());
             std::sort(tt.begin(), tt.end());
-            const double ml = tl[tl.size() / 2], mt = tt[tt.size() / 2];
-            res[gv][pdl][0] = ml, res[gv][pdl][1] = mt;
-            printf("chain gemv=%-3s pdl=%-3s  layers %.4f ms (%.1f us/layer, %.0f GB/s)  tail %.4f ms  "
-                   "step %.4f ms per token\n",
-                   gv ? "on" : "off", pdl_on ? "on" : "off", ml, 1000.0 * ml / L, bytes_layers / ml / 1e6, mt, ml + mt);
+            ml = tl[tl.size() / 2], mt = tt[tt.size() / 2];
             CK(cudaGraphExecDestroy(gl));
             CK(cudaGraphExecDestroy(gt));
             CK(cudaEventDestroy(a));
             CK(cudaEventDestroy(b));
             CK(cudaEventDestroy(c));
+    };
+    double res[2][2][2] = {};
+    for (int gv = 1; gv >= 0; gv--)
+        for (int pdl = 1; pdl >= 0; pdl--) {
+            double ml, mt;
+            measure(gv, pdl, ml, mt);
+            const bool pdl_on = pg_cuda_pdl_enabled() != 0;
+            res[gv][pdl][0] = ml, res[gv][pdl][1] = mt;
+            printf("chain gemv=%-3s pdl=%-3s  layers %.4f ms (%.1f us/layer, %.0f GB/s)  tail %.4f ms  "
+                   "step %.4f ms per token\n",
+                   gv ? "on" : "off", pdl_on ? "on" : "off", ml, 1000.0 * ml / L, bytes_layers / ml / 1e6, mt, ml + mt);
         }
-    pg_cuda_pdl_set(-1);
     printf("chain summary (ms per token, layers + tail, no sampler): gemv+pdl %.4f, gemv %.4f, cuBLASLt+pdl %.4f, "
            "cuBLASLt %.4f; PDL saves %.1f us/layer on the GEMV path; floor (weights at %.0f GB/s) %.4f ms\n",
            res[1][1][0] + res[1][1][1], res[1][0][0] + res[1][0][1], res[0][1][0] + res[0][1][1],
            res[0][0][0] + res[0][0][1], 1000.0 * (res[1][0][0] - res[1][1][0]) / L, CEILING_GBPS,
            (bytes_layers + bytes_tail) / CEILING_GBPS / 1e6);
+
+    // The GEMV kernel kinds (pg_cuda_gemv_kernel_set) with and without the
+    // weights-before-wait promise; "gemv only" drops RoPE and attention.
+    struct Kind {
+        int kind, preload, pdl, attn;
+    } kinds[] = {{0, 0, 1, 1}, {1, 0, 1, 1}, {1, 1, 1, 1}, {1, 1, 0, 1}, {2, 0, 1, 1}, {2, 1, 1, 1},
+                 {3, 1, 1, 1}, {4, 1, 1, 1}, {0, 0, 1, 1}, {0, 0, 1, 0}, {1, 1, 1, 0}, {2, 1, 1, 0},
+                 {3, 1, 1, 0}};
+    printf("\n| gemv kind | preload | PDL | chain | layers ms | us/layer | GB/s | tail ms | layers + tail |\n"
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    for (const Kind &k : kinds) {
+        pg_cuda_gemv_kernel_set(k.kind);
+        pg_cuda_gemv_preload_set(k.preload);
+        with_attn = k.attn != 0;
+        double ml, mt;
+        measure(true, k.pdl, ml, mt);
+        printf("| %d | %s | %s | %s | %.4f | %.1f | %.0f | %.4f | %.4f |\n", k.kind, k.preload ? "on" : "off",
+               pg_cuda_pdl_enabled() ? "on" : "off", k.attn ? "full" : "gemv only", ml, 1000.0 * ml / L,
+               bytes_layers / ml / 1e6, mt, ml + mt);
+    }
+    with_attn = true;
+    pg_cuda_gemv_kernel_set(-1);
+    pg_cuda_gemv_preload_set(0);
+    pg_cuda_pdl_set(-1);
     CK(cudaStreamDestroy(st));
     pg_cuda_gemm_destroy(gemm);
 }

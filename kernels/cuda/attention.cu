@@ -22,24 +22,36 @@
 //               splits (an atomic count per item, no second launch).
 //       prefill (NT = 8): 64 rows, one 16-row group per warp, each warp
 //               walks all 64 keys of the tile; causal mask per row.
-//   fp8 KV (e4m3, scale 1): the same kernels with F8 = true. 16-byte
-//       cp.async loads carry 16 elements into a raw byte stage; each
-//       thread converts the chunks it loaded to bf16 (exact) into one
-//       bf16 tile in the layout above, and the math is unchanged.
+//   v3  decode, persistent and tile-balanced (measured slower; kept).
+//   v4  decode for GQA groups <= 8 on sm_89+ (attention_decode_kn.cuh,
+//       #included below): keys on the mma's M side, the group's heads on
+//       N (S^T = K Q^T, O^T = V^T P^T), fp8 fragments converted straight
+//       from the raw e4m3 tile (cvt.rn.f16x2.e4m3x2, f16 mma), v2's
+//       pipeline, splits and combine. The default for both KV dtypes where
+//       it applies (measured faster than v2 at every W5 point; fp8 1.7-1.9x
+//       bf16 v2's KV tokens/s at batch >= 16 x 4096).
+//   fp8 KV (e4m3, scale 1) in v2 and prefill: the same kernels with F8 =
+//       true. 16-byte cp.async loads carry 16 elements into a raw byte
+//       stage; each thread converts the chunks it loaded to bf16 (exact)
+//       into one bf16 tile in the layout above, and the math is unchanged.
+// Shared pieces (PTX wrappers, AttnParams, split counters and plan):
+// attention_common.cuh.
 #include <math.h>
 
 #include <atomic>
 
-#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/attention_common.cuh"
 
 namespace {
 
-constexpr int KT = 64;        // keys per KV tile
 // Defaults, from the H200 measurements in docs/cuda_kernels.md: decode v2
 // (v3 measured at ~53% of read bandwidth against v2's 85-97%), prefill v2.
+// Decode v4 is the default wherever it applies (GQA group <= 8, sm_89+):
+// for fp8 always; for bf16 while DECODE_BF16_KN (v4 measured 1-18% faster
+// than v2 at every W5 point, docs/cuda_kernels.md).
 constexpr int DECODE_DEFAULT_VERSION = 2;
+constexpr bool DECODE_BF16_KN = true;
 constexpr int PREFILL_DEFAULT_VERSION = 2;
-constexpr int NTHREADS = 128; // 4 warps
 // Pipeline depth: decode streams KV and keeps two tiles in flight per CTA;
 // prefill reuses each tile for 64 rows and keeps registers for the math.
 // fp8 decode keeps three (half-size) tiles in flight for the same shared memory.
@@ -47,106 +59,7 @@ __host__ __device__ constexpr int attn_stages(int nt, bool f8 = false) { return 
 // Resident CTAs per SM asked of the compiler (caps registers at 168 / 255).
 __host__ __device__ constexpr int attn_min_blocks(int nt) { return nt == 2 ? 2 : 2; }
 
-// --- PTX wrappers ------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-// 16 bytes global -> shared, bypassing L1; zero-fills when !valid.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
-    int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
-                                        uint32_t &r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
-                                          uint32_t &r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-
-// c[4] += A(16x16, a[4]) * B(16x8, b0 b1), bf16 in, fp32 accumulate.
-__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-
-// Two e4m3 bytes, placed at bits 8-15 and 24-31 of y, -> bf16x2, exactly.
-// (s eeee mmm) << 4 inside a bf16 is the value * 2^-120 (e = 0, the
-// e4m3 subnormals, lands on bf16 subnormals, which bf16 fma keeps); one
-// multiply by 2^120 (bf16 0x7B80) restores it. The e4m3 NaN (0x7F/0xFF)
-// reads as +-480: the writer saturates, so only a NaN input makes one.
-__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t y) {
-    uint32_t r = (y & 0x80008000u) | ((y >> 4) & 0x07F007F0u), d;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(r), "r"(0x7B807B80u), "r"(0x80008000u));
-    return d;
-}
-// 16 e4m3 (one 16-byte load) -> 16 bf16 (elements 0-7 in lo, 8-15 in hi).
-__device__ __forceinline__ void e4m3x16_to_bf16(const uint4 &in, uint4 &lo, uint4 &hi) {
-    lo.x = e4m3x2_to_bf16x2(__byte_perm(in.x, 0u, 0x1404));
-    lo.y = e4m3x2_to_bf16x2(__byte_perm(in.x, 0u, 0x3424));
-    lo.z = e4m3x2_to_bf16x2(__byte_perm(in.y, 0u, 0x1404));
-    lo.w = e4m3x2_to_bf16x2(__byte_perm(in.y, 0u, 0x3424));
-    hi.x = e4m3x2_to_bf16x2(__byte_perm(in.z, 0u, 0x1404));
-    hi.y = e4m3x2_to_bf16x2(__byte_perm(in.z, 0u, 0x3424));
-    hi.z = e4m3x2_to_bf16x2(__byte_perm(in.w, 0u, 0x1404));
-    hi.w = e4m3x2_to_bf16x2(__byte_perm(in.w, 0u, 0x3424));
-}
-
-// Split decode: one arrival counter per (sequence x KV head x row tile) item
-// of a launch, per device (zero at module load). The last CTA of an item
-// to arrive combines its splits and puts the counter back to zero, so every
-// launch starts from zeros (graph replays included). Launches that split
-// must not run concurrently on one device (the runner has one stream).
-// PDL keeps that true: a decode launch may start before its predecessor
-// kernel P ends, but every CTA executes griddepcontrol.wait before its first
-// access to the counters, and that wait returns only once P has completed.
-// P is itself a PDL kernel that waited for its own predecessor before
-// completing (or a plain launch, which started after it), and so on back to
-// the previous decode launch: all kernels between two decode launches wait
-// on every path (cuda_common.cuh), so the earlier launch has completed,
-// counters back at zero, before any CTA of the later one touches them. Two
-// decode launches back to back are the one-step case of the same argument.
-constexpr int SPLIT_ITEMS = 16384;
-__device__ unsigned int g_split_count[SPLIT_ITEMS];
-
 // --- v2: tensor-core paged attention -------------------------------------------------
-
-struct AttnParams {
-    bf16 *out;                 // [n_tokens][n_heads][HD]
-    const bf16 *q;             // [n_tokens][q_stride]
-    int64_t q_stride;
-    const bf16 *k_cache, *v_cache; // bf16, or e4m3 bytes in the F8 kernels
-    const int32_t *block_tables;
-    int64_t bt_stride;
-    const int32_t *seq_lens;   // decode: keys per sequence (query row s)
-    const int32_t *cu_q;       // prefill: [n_seqs + 1] query row starts
-    const int32_t *start_pos;  // prefill: position of each sequence's first query
-    int n_heads, n_kv, group, bs_shift;
-    float scale_log2;          // softmax scale * log2(e): exp2 throughout
-    int tiles_per_split;       // KV tiles per split when gridDim.z > 1
-    float *part_o;             // [n_tokens][n_heads][max_splits][HD] normalized partial O
-    float *part_lse;           // [n_tokens][n_heads][max_splits] log2-sum-exp of the split
-    int max_splits;
-};
 
 // fp8: one bf16 K/V tile (the converted copy the math reads) before the raw stages.
 template <int HD>
@@ -528,42 +441,10 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
             }
         }
         if (!partial) return;
-        // Stream-K style combine: the partial stores are made visible
-        // device-wide (each thread fences its own) before the arrival is
-        // counted; the last arrival reads every split's partial from L2.
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            unsigned int *cnt = &g_split_count[blockIdx.x * gridDim.y + blockIdx.y];
-            const bool last = atomicAdd(cnt, 1u) + 1u == (unsigned int)n_parts;
-            if (last) atomicExch(cnt, 0u); // every split of the item has arrived: ready for the next launch
-            *sm_last = last;
-        }
-        __syncthreads();
-        if (!*sm_last) return;
-        __threadfence();
-        for (int idx = threadIdx.x; idx < 16 * HD / 2; idx += NTHREADS) {
-            int rl = idx / (HD / 2), c = (idx % (HD / 2)) * 2;
-            int r = row0 + rl;
-            if (r >= rows_total) continue;
-            size_t oi = out_index(r);
-            const float *lse = p.part_lse + oi * p.max_splits;
-            const float *po = p.part_o + oi * p.max_splits * HD + c;
-            float mx = -INFINITY;
-            for (int z = 0; z < n_parts; z++) mx = fmaxf(mx, __ldcg(lse + z));
-            float2 acc = make_float2(0.0f, 0.0f);
-            float wsum = 0.0f;
-            for (int z = 0; z < n_parts; z++) {
-                float lz = __ldcg(lse + z);
-                float w = lz == -INFINITY ? 0.0f : exp2f(lz - mx);
-                float2 v = __ldcg(reinterpret_cast<const float2 *>(po + (size_t)z * HD));
-                acc.x += w * v.x;
-                acc.y += w * v.y;
-                wsum += w;
-            }
-            float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
-            *reinterpret_cast<__nv_bfloat162 *>(p.out + oi * HD + c) = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
-        }
+        // Stream-K style combine (attention_common.cuh); a decode row tile's
+        // rows are consecutive heads of one token.
+        split_arrive_and_combine<HD>(p, blockIdx.x * gridDim.y + blockIdx.y, n_parts, sm_last, out_index(row0),
+                                     min(ROWS, rows_total - row0));
     }
 }
 
@@ -1184,14 +1065,6 @@ paged_decode_v1_kernel(bf16 *out, const bf16 *q, int64_t q_stride, const bf16 *k
 
 // --- planning and launchers ---------------------------------------------------------------
 
-int log2_exact(int x) {
-    if (x <= 0 || (x & (x - 1))) return -1;
-    int s = 0;
-    while ((1 << s) < x) s++;
-    return s;
-}
-
-
 // Raises the kernel's dynamic shared memory limit, once per device (the
 // attribute belongs to the device's context).
 template <int HD, int NT, bool F8 = false> int set_smem_attr() {
@@ -1221,62 +1094,6 @@ template <int HD, bool F8 = false> int decode_ctas_per_sm() {
     return n;
 }
 
-struct SplitPlan {
-    int n_splits;        // grid z
-    int tiles_per_split; // KV tiles of 64 keys per split
-};
-
-// The split plan minimizes a cost model of one launch, in units of the time
-// one CTA slot (SMs x resident CTAs) takes to stream one bf16 tile at its
-// share of the bandwidth when every slot is busy:
-//   per CTA  tiles * (bytes per element / 2) + SPLIT_OVH (first block-table
-//            read and tile latency, the warp merge, the partial write);
-//   waves    full waves cost per CTA each; a last partial wave of `rem`
-//            CTAs runs faster (rem / slots of a wave) but a CTA alone streams
-//            at most SPLIT_RHO times its full-load share;
-//   combine  the last CTA of an item reads splits * rows fp32 partials.
-// The old plan (about 8 waves of 4-tile splits) spent a third of the time
-// of batch 16 x 4096 in CTA start-ups and the second (reduce) launch; this
-// one gives 2 splits of 32 tiles (256 CTAs, one wave) there, no split at
-// batch >= 64 x 4096, and ~200 CTAs for one long sequence.
-constexpr int MAX_SPLITS = 256;
-constexpr double SPLIT_OVH = 2.0;  // from the H200 runs: 4-tile splits reached 65% of the wave-limited rate
-constexpr double SPLIT_RHO = 1.25; // assumed, not measured
-
-SplitPlan plan_decode(int n_seqs, int n_kv, int row_tiles, int group, int max_seq_len, int sms, int ctas_per_sm,
-                      bool fp8) {
-    SplitPlan pl = {1, 1 << 30};
-    const int max_tiles = max_seq_len > 0 ? (max_seq_len + KT - 1) / KT : 1;
-    const int64_t base = (int64_t)n_seqs * n_kv * row_tiles;
-    if (max_tiles < 2 || base < 1 || base > SPLIT_ITEMS) return pl; // the counters cover SPLIT_ITEMS items
-    const double slots = (double)sms * ctas_per_sm, tile_w = fp8 ? 0.5 : 1.0;
-    const double rows = group < 16 ? group : 16;
-    double best = 0.0;
-    int best_n = 1, best_tps = max_tiles;
-    const int n_max = max_tiles < MAX_SPLITS ? max_tiles : MAX_SPLITS;
-    for (int n = 1; n <= n_max; n++) {
-        const int tps = (max_tiles + n - 1) / n;
-        if ((max_tiles + tps - 1) / tps != n) continue; // the same plan as a smaller n
-        const double ctas = (double)base * n, full = floor(ctas / slots), rem = ctas - full * slots;
-        const double per = tps * tile_w + SPLIT_OVH + (n > 1 ? rows / 64.0 : 0.0);
-        double c = full * per + (rem > 0 ? per * fmax(1.0 / SPLIT_RHO, rem / slots) : 0.0);
-        if (n > 1) c += n * rows / 64.0 / SPLIT_RHO;
-        if (n == 1 || c < best * (1.0 - 1e-9)) { // ties: fewer splits
-            best = c;
-            best_n = n;
-            best_tps = tps;
-        }
-    }
-    if (best_n > 1) {
-        pl.n_splits = best_n;
-        pl.tiles_per_split = best_tps;
-    }
-    return pl;
-}
-
-size_t split_ws_bytes(int n_seqs, int n_heads, int head_dim, int n_splits) {
-    return (size_t)n_seqs * n_heads * n_splits * (size_t)(head_dim + 1) * sizeof(float) + 256;
-}
 
 int check_common(const void *out, const void *q, const void *k_cache, const void *v_cache,
                  pg_kv_shape kv, const int32_t *block_tables, int32_t n_seqs, int32_t n_heads,
@@ -1303,37 +1120,10 @@ int launch_decode_v2(void *out, const void *q, int64_t q_stride, const void *k_c
     PG_TRY((set_smem_attr<HD, 2, F8>()));
     const int G = n_heads / kv.n_kv_heads;
     const int row_tiles = (G + 15) / 16;
-    SplitPlan pl = plan_decode(n_seqs, kv.n_kv_heads, row_tiles, G, max_seq_len, pg_cuda_sm_count(),
-                               decode_ctas_per_sm<HD, F8>(), F8);
-    // A smaller workspace makes fewer, longer splits.
-    while (pl.n_splits > 1 && (!workspace || split_ws_bytes(n_seqs, n_heads, HD, pl.n_splits) > workspace_bytes)) {
-        int max_tiles = (max_seq_len + KT - 1) / KT;
-        int splits = pl.n_splits / 2;
-        pl.tiles_per_split = (max_tiles + splits - 1) / splits;
-        pl.n_splits = splits > 1 ? (max_tiles + pl.tiles_per_split - 1) / pl.tiles_per_split : 1;
-    }
-    AttnParams p = {};
-    p.out = (bf16 *)out;
-    p.q = (const bf16 *)q;
-    p.q_stride = q_stride;
-    p.k_cache = (const bf16 *)k_cache;
-    p.v_cache = (const bf16 *)v_cache;
-    p.block_tables = block_tables;
-    p.bt_stride = bt_stride;
-    p.seq_lens = seq_lens;
-    p.n_heads = n_heads;
-    p.n_kv = kv.n_kv_heads;
-    p.group = G;
-    p.bs_shift = log2_exact(kv.block_size);
-    p.scale_log2 = scale * 1.4426950408889634f;
-    p.tiles_per_split = pl.tiles_per_split;
-    p.max_splits = pl.n_splits;
-    if (pl.n_splits > 1) {
-        uintptr_t base = ((uintptr_t)workspace + 255) & ~(uintptr_t)255;
-        p.part_o = (float *)base;
-        p.part_lse = p.part_o + (size_t)n_seqs * n_heads * pl.n_splits * HD;
-    }
-    dim3 grid((unsigned)(n_seqs * kv.n_kv_heads), (unsigned)row_tiles, (unsigned)pl.n_splits);
+    const AttnParams p = decode_params(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride, seq_lens,
+                                       n_seqs, n_heads, scale, max_seq_len, workspace, workspace_bytes, row_tiles,
+                                       decode_ctas_per_sm<HD, F8>(), F8);
+    dim3 grid((unsigned)(n_seqs * kv.n_kv_heads), (unsigned)row_tiles, (unsigned)p.max_splits);
     PG_CUDA_TRY(pg_launch_pdl(paged_attn_mma_kernel<HD, 2, F8>, grid, dim3(NTHREADS), attn_smem_bytes<HD, 2, F8>(),
                               st, p));
     PG_CUDA_LAUNCHED("paged_attn_mma_kernel<decode>");
@@ -1442,21 +1232,9 @@ int launch_prefill(void *out, const void *q, int64_t q_stride, const void *k_cac
                    int32_t n_heads, float scale, int32_t max_q_len, cudaStream_t st) {
     PG_TRY((set_smem_attr<HD, 8, F8>()));
     const int G = n_heads / kv.n_kv_heads;
-    AttnParams p = {};
-    p.out = (bf16 *)out;
-    p.q = (const bf16 *)q;
-    p.q_stride = q_stride;
-    p.k_cache = (const bf16 *)k_cache;
-    p.v_cache = (const bf16 *)v_cache;
-    p.block_tables = block_tables;
-    p.bt_stride = bt_stride;
+    AttnParams p = attn_params(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride, n_heads, scale);
     p.cu_q = cu_q;
     p.start_pos = start_pos;
-    p.n_heads = n_heads;
-    p.n_kv = kv.n_kv_heads;
-    p.group = G;
-    p.bs_shift = log2_exact(kv.block_size);
-    p.scale_log2 = scale * 1.4426950408889634f;
     p.tiles_per_split = 1 << 30;
     p.max_splits = 1;
     const int64_t row_tiles = ((int64_t)max_q_len * G + 63) / 64;
@@ -1481,21 +1259,9 @@ int launch_prefill_v2(void *out, const void *q, int64_t q_stride, const void *k_
         done.fetch_or(1ull << (dev & 63), std::memory_order_release);
     }
     const int G = n_heads / kv.n_kv_heads;
-    AttnParams p = {};
-    p.out = (bf16 *)out;
-    p.q = (const bf16 *)q;
-    p.q_stride = q_stride;
-    p.k_cache = (const bf16 *)k_cache;
-    p.v_cache = (const bf16 *)v_cache;
-    p.block_tables = block_tables;
-    p.bt_stride = bt_stride;
+    AttnParams p = attn_params(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride, n_heads, scale);
     p.cu_q = cu_q;
     p.start_pos = start_pos;
-    p.n_heads = n_heads;
-    p.n_kv = kv.n_kv_heads;
-    p.group = G;
-    p.bs_shift = log2_exact(kv.block_size);
-    p.scale_log2 = scale * 1.4426950408889634f;
     const int64_t row_tiles = ((int64_t)max_q_len * G + 127) / 128;
     PG_ARG(row_tiles <= 65535, "prefill attention: max_q_len %d too large for one launch", max_q_len);
     dim3 grid((unsigned)(n_seqs * kv.n_kv_heads), (unsigned)row_tiles, 1);
@@ -1505,6 +1271,8 @@ int launch_prefill_v2(void *out, const void *q, int64_t q_stride, const void *k_
 }
 
 } // namespace
+
+#include "kernels/cuda/attention_decode_kn.cuh" // decode v4
 
 // --- C API -------------------------------------------------------------------------------
 
@@ -1524,11 +1292,17 @@ extern "C" int pg_cuda_paged_decode_attention_v(int version, void *out, const vo
     PG_TRY(check_common(out, q, k_cache, v_cache, kv, block_tables, n_seqs, n_heads, q_stride));
     PG_ARG(seq_lens, "decode attention: null seq_lens");
     PG_ARG(max_seq_len >= 0, "decode attention: max_seq_len %d", max_seq_len);
-    PG_ARG(version >= 1 && version <= 3, "decode attention: no version %d", version);
-    if (version != 2 && kv.dtype == PG_KV_FP8_E4M3)
-        return pg_err_set(PG_EUNSUPP, "decode attention v%d: fp8 KV cache (only v2, the default)", version);
+    PG_ARG(version >= 1 && version <= 4, "decode attention: no version %d", version);
+    if ((version == 1 || version == 3) && kv.dtype == PG_KV_FP8_E4M3)
+        return pg_err_set(PG_EUNSUPP, "decode attention v%d: fp8 KV cache (only v2 and v4)", version);
+    if (version == 4 && !kn_applies(n_heads / kv.n_kv_heads))
+        return pg_err_set(PG_EUNSUPP, "decode attention v4: GQA group %d (at most %d) or compute capability %d < 8.9",
+                          n_heads / kv.n_kv_heads, KN_MAX_GROUP, device_cc());
     if (n_seqs == 0) return 0;
     cudaStream_t st = pg_stream(stream);
+    if (version == 4)
+        return PG_ATTN_DISPATCH(launch_decode_kn, kv, out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride,
+                                seq_lens, n_seqs, n_heads, scale, max_seq_len, workspace, workspace_bytes, st);
     if (version == 1)
         return kv.head_dim == 64
                    ? launch_decode_v1<64>(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride,
@@ -1554,8 +1328,10 @@ extern "C" int pg_cuda_paged_decode_attention(void *out, const void *q, int64_t 
                                               const int32_t *seq_lens, int32_t n_seqs, int32_t n_heads,
                                               float scale, int32_t max_seq_len, void *workspace,
                                               size_t workspace_bytes, void *stream) {
-    return pg_cuda_paged_decode_attention_v(DECODE_DEFAULT_VERSION, out, q, q_stride, k_cache, v_cache, kv, block_tables,
-                                            bt_stride, seq_lens, n_seqs, n_heads, scale, max_seq_len,
+    const bool kn = (kv.dtype == PG_KV_FP8_E4M3 || DECODE_BF16_KN) && kv.n_kv_heads > 0 && n_heads > 0 &&
+                    n_heads % kv.n_kv_heads == 0 && kn_applies(n_heads / kv.n_kv_heads);
+    return pg_cuda_paged_decode_attention_v(kn ? 4 : DECODE_DEFAULT_VERSION, out, q, q_stride, k_cache, v_cache, kv,
+                                            block_tables, bt_stride, seq_lens, n_seqs, n_heads, scale, max_seq_len,
                                             workspace, workspace_bytes, stream);
 }
 
@@ -1570,7 +1346,8 @@ extern "C" size_t pg_cuda_decode_workspace_size(int32_t max_seqs, int32_t n_head
             size_t b = v3_ws_bytes(n, n_kv_heads, G, head_dim, v3_ctas(n, n_kv_heads, max_seq_len, head_dim));
             if (b > best) best = b;
         }
-    // Both KV dtypes (their plans differ), so one size serves either cache.
+    // Both KV dtypes and both split kernels (v2, v4; their plans differ), so
+    // one size serves whatever the dispatcher picks.
     for (int f8 = 0; f8 < 2; f8++) {
         const int cps = head_dim == 64 ? (f8 ? decode_ctas_per_sm<64, true>() : decode_ctas_per_sm<64, false>())
                                        : (f8 ? decode_ctas_per_sm<128, true>() : decode_ctas_per_sm<128, false>());
@@ -1579,6 +1356,16 @@ extern "C" size_t pg_cuda_decode_workspace_size(int32_t max_seqs, int32_t n_head
             if (pl.n_splits > 1) {
                 size_t b = split_ws_bytes(n, n_heads, head_dim, pl.n_splits);
                 if (b > best) best = b;
+            }
+        }
+        if (G <= KN_MAX_GROUP) { // v4's plan (one row tile, its own occupancy)
+            const int kcps = kn_ctas_per_sm_of(head_dim, f8 != 0);
+            for (int n = 1; n <= max_seqs; n++) {
+                SplitPlan pl = plan_decode(n, n_kv_heads, 1, G, max_seq_len, sms, kcps, f8 != 0);
+                if (pl.n_splits > 1) {
+                    size_t b = split_ws_bytes(n, n_heads, head_dim, pl.n_splits);
+                    if (b > best) best = b;
+                }
             }
         }
     }

@@ -14,7 +14,7 @@
 //
 // Programmatic Dependent Launch (sm_90+, on unless PAGED_CUDA_PDL=0): the
 // GEMV launchers, pg_cuda_rope_kv_write, pg_cuda_add_rmsnorm, pg_cuda_embed
-// and decode v2 (the default) may start their kernel while the previous
+// and decode v2/v4 (the defaults) may start their kernel while the previous
 // kernel on the stream drains; the kernel waits for that kernel's completion
 // before it reads or writes any buffer (the GEMV only prefetches its weight
 // into L2 first), so stream order holds as before for every argument.
@@ -25,8 +25,9 @@
 // accumulates in fp32 (the sampler's sums in fp64). The KV cache may be
 // fp8 e4m3 instead (pg_kv_shape.dtype = PG_KV_FP8_E4M3, 1 byte per element,
 // scale 1.0, saturating round-to-nearest-even writes, exact conversion to
-// bf16 on reads): pg_cuda_rope_kv_write, decode v2 (the default) and both
-// prefill versions take it; decode v1/v3 return PG_EUNSUPP.
+// f16/bf16 on reads): pg_cuda_rope_kv_write, decode v2 and v4 (the default
+// where it applies) and both prefill versions take it; decode v1/v3 return
+// PG_EUNSUPP.
 //
 // Layouts (row-major, innermost last):
 //   q            [n_tokens][q_stride]: head h at q + t*q_stride + h*head_dim,
@@ -68,7 +69,7 @@ int pg_cuda_device_describe(char *name, size_t cap);
 // Paged decode attention: one query token per sequence (the last of its
 // context). out[s][n_heads][head_dim] from q row s; sequence s attends to
 // its seq_lens[s] (>= 1) keys, causally complete. FlashAttention-2 style
-// on tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate, online softmax):
+// on tensor cores (mma.sync m16n8k16, fp32 accumulate, online softmax):
 // one CTA reads each KV tile once for all query heads of a GQA group, with
 // 16-byte cp.async loads; long contexts and small batches are split over
 // CTAs (flash decoding) and the last CTA of each (sequence, KV head) to
@@ -80,6 +81,8 @@ int pg_cuda_device_describe(char *name, size_t cap);
 // needs pg_cuda_decode_workspace_size(n_seqs, ...) bytes of workspace (0
 // when no split is chosen). A smaller workspace makes fewer splits (never
 // an error), so a workspace sized for the largest batch serves any batch.
+// Kernel: v4 (below) where it applies (GQA group <= 8, compute capability
+// >= 8.9), both KV dtypes; v2 otherwise.
 int pg_cuda_paged_decode_attention(void *out, const void *q, int64_t q_stride,
                                    const void *k_cache, const void *v_cache, pg_kv_shape kv,
                                    const int32_t *block_tables, int32_t bt_stride,
@@ -94,10 +97,14 @@ size_t pg_cuda_decode_workspace_size(int32_t max_seqs, int32_t n_heads, int32_t 
 
 // The same contract through numbered versions, for tests and benchmarks:
 // 1 = CUDA cores, one CTA per (sequence, query head), no GQA sharing, no
-// split (the simple baseline); 2 = the tensor-core split-K kernel above (the
-// default); 3 = persistent tile-balanced variant (correct, measured slower:
+// split (the simple baseline); 2 = the tensor-core split-K kernel above with
+// the GQA group as 16 mma rows (the default where 4 does not apply); 3 =
+// persistent tile-balanced variant (correct, measured slower:
 // docs/cuda_kernels.md; falls back to 2 when the GQA group exceeds 16, the
-// batch exceeds 512 or the workspace is short).
+// batch exceeds 512 or the workspace is short); 4 = keys on the mma's M side
+// and the group's heads on N (fp8 fragments straight from the e4m3 tile),
+// same splits and workspace as 2; PG_EUNSUPP for a GQA group > 8 or compute
+// capability < 8.9. fp8 caches: versions 2 and 4 only.
 int pg_cuda_paged_decode_attention_v(int version, void *out, const void *q, int64_t q_stride,
                                      const void *k_cache, const void *v_cache, pg_kv_shape kv,
                                      const int32_t *block_tables, int32_t bt_stride,
@@ -236,6 +243,26 @@ int pg_cuda_gemv_rmsnorm_silu_bf16(void *out, int64_t ldo, const void *x, int64_
                                    const void *norm_w, float eps, const void *w, int64_t m,
                                    int64_t ffn, int64_t k, void *stream);
 
+// Which GEMV kernel the three launchers above use, for benchmarks and tests
+// (process-wide, from the next launch; a captured graph keeps its kernel):
+// 0 the register kernel, 1-4 the ring kernels (weights staged through shared
+// memory with cp.async; docs/cuda_kernels.md, "GEMV"), -1 back to
+// PAGED_CUDA_GEMV_KERNEL or, without it, the default: kind 2 while
+// pg_cuda_gemv_preload_set(1) is in force, else kind 0. Returns the previous
+// kind (-1: the default).
+int pg_cuda_gemv_kernel_set(int kind);
+
+// The caller's promise, process-wide: from now on no weight passed to a GEMV
+// launcher is written by a kernel that may still be running when the GEMV is
+// launched (weights are written at load, then the device is synchronized).
+// With it (1) the default kernel is the ring kernel, which starts copying its
+// first weight pieces into shared memory before pg_pdl_wait(), while the
+// previous kernel of the stream still runs (3 us per W1 layer); without it
+// (0, the default) the register kernel only prefetches them into L2 there.
+// The model sets it once its weights are uploaded. Returns the previous
+// setting.
+int pg_cuda_gemv_preload_set(int on);
+
 // --- sampling -----------------------------------------------------------------------
 
 #define PG_CUDA_MAX_LOGPROBS 20
@@ -286,6 +313,13 @@ size_t pg_cuda_sample_workspace_size(int32_t n, int32_t vocab);
 int pg_cuda_sample(pg_cuda_sample_out *out, const void *logits, int logits_dtype, int64_t ld_logits,
                    int32_t n, int32_t vocab, const pg_cuda_sample_params *params,
                    const int32_t *tokens, void *workspace, size_t workspace_bytes, void *stream);
+
+// Async scheduling: tokens[pairs[2i]] = prev[pairs[2i + 1]].token for i < n,
+// i.e. a step's decode inputs taken from the previous step's sampler output
+// on the device (the host did not know them when it packed the step).
+// Rows and sample indices are the caller's to validate. A plain launch.
+int pg_cuda_feed_tokens(int32_t *tokens, const pg_cuda_sample_out *prev, const int32_t *pairs,
+                        int32_t n, void *stream);
 
 #ifdef __cplusplus
 }

@@ -24,11 +24,15 @@
 //     there has left, prefetches its first weight tiles into L2 (the
 //     weights depend on no kernel), then waits for the previous grid before
 //     it reads x (or out, accumulating) and triggers the next launch.
+// gemv_ring_kernel (below) is the same GEMV with the weights staged through
+// shared memory, loaded before the PDL wait when the caller promises that
+// the weights are static; it is the default under that promise.
 // The fused variants reproduce the unfused path operation by operation:
 // pg_cuda_add_rmsnorm's fp32 sum of squares in its exact order and rounding
 // of the normalized row to bf16; pg_cuda_silu_mul's rounding of gate and up
 // to bf16 before silu(g) * u. CPU references: tests/gpu/test_cuda_kernels.cu.
 #include <math.h>
+#include <stdlib.h>
 
 #include <atomic>
 
@@ -66,6 +70,7 @@ struct Args {
     int accumulate;        // PLAIN only
     float eps;
     uint32_t zero;         // always 0 (see gemv_step)
+    int preload;           // ring kernel: weights may be read before pg_pdl_wait()
 };
 
 __device__ __forceinline__ uint64_t evict_first_policy() {
@@ -108,13 +113,13 @@ __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 // v*v in chunk order, a xor butterfly per warp, then the warp sums added in
 // warp order. The warps here play those T virtual threads, so the fused
 // path normalizes to the same bf16 values as the unfused one.
-template <int M>
+template <int M, int NT = THREADS>
 __device__ void normalize_rows(uint4 *xs, int k8, const Args &a, float *wsum /* [M][32] */,
                                float *rs /* [M] */) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int vpt = k8 <= 1024 ? 1 : k8 <= 2048 ? 2 : 4;
     const int T = ((k8 + vpt - 1) / vpt + 31) / 32 * 32, nvw = T / 32; // nvw <= 32: k8 <= 4096
-    for (int job = warp; job < M * nvw; job += WARPS) {
+    for (int job = warp; job < M * nvw; job += NT / 32) {
         const int i = job / nvw, vw = job - i * nvw, t = vw * 32 + lane;
         float ss = 0.0f;
         for (int u = 0; u < vpt; u++) {
@@ -138,7 +143,7 @@ __device__ void normalize_rows(uint4 *xs, int k8, const Args &a, float *wsum /* 
     }
     __syncthreads();
     const uint4 *nw = reinterpret_cast<const uint4 *>(a.norm_w);
-    for (int e = threadIdx.x; e < M * k8; e += THREADS) {
+    for (int e = threadIdx.x; e < M * k8; e += NT) {
         const int i = e / k8, c = e - i * k8;
         float v[8], g[8], o[8];
         unpack8(xs[e], v);
@@ -193,6 +198,43 @@ __device__ __forceinline__ void gemv_step(float (&acc)[RR][M][A], const uint4 *c
                 for (int e = 0; e < 8; e++) acc[rr][i][e % A] = fmaf(wf[rr][e], xf[e], acc[rr][i][e % A]);
         }
     }
+}
+
+// The end of a warp task (both kernels, so they give the same bits): each
+// output's A partial sums are added in order, then an xor butterfly gives
+// every lane every sum; lane r * M + i writes output (i, t * R + r) (with
+// NORM_SILU: bf16(silu(g) * u) of the gate and up rows r and R + r).
+template <int M, int MODE, int R, int RR, int A>
+__device__ __forceinline__ void finish_task(const float (&acc)[RR][M][A], const Args &a, int t, int lane) {
+    float res[RR][M];
+#pragma unroll
+    for (int rr = 0; rr < RR; rr++)
+#pragma unroll
+        for (int i = 0; i < M; i++) {
+            float s = acc[rr][i][0];
+#pragma unroll
+            for (int q = 1; q < A; q++) s += acc[rr][i][q];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            res[rr][i] = s;
+        }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int i = 0; i < M; i++) {
+            const int j = t * R + r;
+            if (lane != r * M + i || j >= a.n) continue;
+            bf16 *o = a.out + (size_t)i * (size_t)a.ldo + (size_t)j;
+            float v;
+            if (MODE == NORM_SILU) {
+                const float g = round_bf16(res[r][i]), u = round_bf16(res[R + r][i]);
+                v = silu(g) * u;
+            } else {
+                v = res[r][i];
+                if (a.accumulate) v += __bfloat162float(*o);
+            }
+            *o = __float2bfloat16(v);
+        }
 }
 
 template <int M, int MODE>
@@ -266,38 +308,166 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_kernel(Args a) {
         for (; base + U * 32 <= k8; base += U * 32) gemv_step<M, RR, U, A, false>(acc, wr, xs, k8, base, lane, pol, a.zero);
         if (base < k8) gemv_step<M, RR, U, A, true>(acc, wr, xs, k8, base, lane, pol, a.zero);
 
-        // Every lane ends with every sum (xor butterfly).
-        float res[RR][M];
+        finish_task<M, MODE, R, RR, A>(acc, a, t, lane);
+    }
+}
+
+// --- the ring kernel: weights staged through shared memory, loaded before the wait ---
+//
+// gemv_kernel keeps its in-flight bytes in registers, so a warp's loads drop
+// to zero between its steps and tasks, and under PDL it may only prefetch into
+// L2 before pg_pdl_wait(). This kernel keeps gemv_kernel's task order and
+// per-lane summation order (so its sums are the same bits; the test checks
+// the decode chain against kind 0 bit for bit) but:
+//   - weights go global -> shared memory with cp.async (16 bytes per lane, L2
+//     evict_first), S stages of PC chunks per lane in a per-warp ring. A lane
+//     reads back only the chunks it copied itself, so no barrier is needed:
+//     cp.async.wait_group orders the thread's own copies. In-flight bytes cost
+//     no registers and stay (S - 1) pieces deep across task boundaries (task
+//     i + 1's first pieces load while task i is reduced and written);
+//   - with Args::preload (pg_cuda_gemv_preload_set: the caller promises that
+//     no kernel still running writes the weights) the first S - 1 pieces are
+//     issued before pg_pdl_wait(), i.e. while the previous kernel still runs:
+//     up to 190 KB per SM (25 MB over the GPU, ~6 us of HBM) is already on
+//     its way when the wait returns. This is what pays in the W1 chain, most
+//     after decode attention (few CTAs, HBM mostly idle), where the O GEMV's
+//     CTAs land on the idle SMs early. Without the promise the same bytes
+//     are only L2-prefetched there and copied after the wait.
+// NT and MINB: kinds 1-3 use the whole SM (512 threads, up to 128 registers,
+// a 128-192 KB ring). Kind 4 (256 threads, MINB 2, 80 KB) fits two CTAs per
+// SM so that the next kernel's CTA could be resident during our tail; it
+// measured 25% slower (64 KB in flight per SM is too few bytes for HBM's
+// latency under load; docs/cuda_kernels.md) and is kept for comparison.
+template <int M, int MODE, int NT, int PC, int S, int MINB>
+__global__ void __launch_bounds__(NT, MINB) gemv_ring_kernel(Args a) {
+    using C = Cfg<M, MODE>;
+    constexpr int R = C::R, RR = C::RR, A = C::A;
+    constexpr int PU = PC / RR > 0 ? PC / RR : 1; // chunks per row and lane in one piece
+    constexpr int NW = NT / 32;
+    static_assert(R * M <= 32, "one lane per output of a task");
+    extern __shared__ uint4 smem[]; // x [M][k8], (fused norm) wsum/rs, then ring [NW][S][RR][PU][32]
+    const int k8 = a.k >> 3;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n_tasks = (a.n + R - 1) / R;
+    const int first = blockIdx.x + gridDim.x * warp, stride = gridDim.x * NW;
+    const int my_tasks = first < n_tasks ? (n_tasks - first + stride - 1) / stride : 0;
+    const int npt = (k8 + 32 * PU - 1) / (32 * PU); // pieces per task
+    const int n_pieces = my_tasks * npt;
+    const uint4 *w4 = reinterpret_cast<const uint4 *>(a.w);
+    const uint64_t pol = evict_first_policy();
+    uint4 *xs = smem;
+    const int scratch = MODE != PLAIN ? (M * 33 * 4 + 15) / 16 : 0; // in uint4
+    uint4 *ring = smem + (size_t)M * k8 + scratch + (size_t)warp * (S * RR * PU * 32);
+    const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
+
+    auto row_ptr = [&](int t, int rr) -> const uint4 * {
+        int c = t * R + rr % R;
+        if (c >= a.n) c = a.n - 1;
+        const size_t row = (MODE == NORM_SILU && rr >= R) ? (size_t)a.n + (size_t)c : (size_t)c;
+        return w4 + row * (size_t)k8;
+    };
+    // Issue iterator: the next piece to copy (task it, chunk base ib, stage is).
+    int ip = 0, it = first, ib = 0, is = 0;
+    auto issue = [&](bool l2_only) {
+        if (ip < n_pieces) {
+#pragma unroll
+            for (int rr = 0; rr < RR; rr++) {
+                const uint4 *wr = row_ptr(it, rr);
+#pragma unroll
+                for (int u = 0; u < PU; u++) {
+                    const int c = ib + u * 32 + lane;
+                    if (c < k8) {
+                        if (l2_only) prefetch_l2(wr + c);
+                        else {
+                            const uint32_t d = ring_s + (uint32_t)((((is * RR + rr) * PU + u) * 32 + lane) * 16);
+                            asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(d),
+                                         "l"(wr + c), "l"(pol)
+                                         : "memory");
+                        }
+                    }
+                }
+            }
+            ip++;
+            if ((ib += 32 * PU) >= k8) ib = 0, it += stride;
+            if (++is == S) is = 0;
+        }
+        if (!l2_only) asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+
+    if (a.preload) {
+        // The weights are not written by the kernel before us (the caller's
+        // promise), so they may be read before the wait.
+#pragma unroll
+        for (int s = 0; s < S - 1; s++) issue(false);
+    } else {
+        // An L2 prefetch of the same bytes is safe whatever wrote them.
+#pragma unroll
+        for (int s = 0; s < S - 1; s++) issue(true);
+        ip = 0, it = first, ib = 0, is = 0;
+    }
+
+    // PDL: x, and out when accumulating, are earlier kernels' outputs; out is
+    // written below. Every CTA passes here.
+    pg_pdl_wait();
+
+    for (int e = threadIdx.x; e < M * k8; e += NT) {
+        const int i = e / k8, c = e - i * k8;
+        xs[e] = reinterpret_cast<const uint4 *>(a.x + (size_t)i * (size_t)a.ldx)[c];
+    }
+    if (!a.preload) {
+#pragma unroll
+        for (int s = 0; s < S - 1; s++) issue(false);
+    }
+    if (MODE != PLAIN) {
+        __syncthreads();
+        float *wsum = reinterpret_cast<float *>(xs + (size_t)M * k8);
+        normalize_rows<M, NT>(xs, k8, a, wsum, wsum + M * 32);
+    }
+    __syncthreads();
+    pg_pdl_trigger();
+
+    float acc[RR][M][A];
+#pragma unroll
+    for (int rr = 0; rr < RR; rr++)
+#pragma unroll
+        for (int i = 0; i < M; i++)
+#pragma unroll
+            for (int q = 0; q < A; q++) acc[rr][i][q] = 0.0f;
+    int ct = first, cb = 0, cs = 0; // compute iterator: task, chunk base, stage
+    for (int p = 0; p < n_pieces; p++) {
+        issue(false); // piece p + S - 1 (or an empty group), into the stage piece p - 1 used
+        asm volatile("cp.async.wait_group %0;" ::"n"(S - 1) : "memory"); // piece p has landed
+        const uint4 *st = ring + (size_t)cs * (RR * PU * 32) + lane;
+#pragma unroll
+        for (int u = 0; u < PU; u++) {
+            const int c = cb + u * 32 + lane;
+            if (c >= k8) break; // and so are all later chunks of this lane
+            float wf[RR][8];
+#pragma unroll
+            for (int rr = 0; rr < RR; rr++) unpack8(st[(rr * PU + u) * 32], wf[rr]);
+#pragma unroll
+            for (int i = 0; i < M; i++) {
+                float xf[8];
+                unpack8(xs[(size_t)i * k8 + c], xf);
+#pragma unroll
+                for (int rr = 0; rr < RR; rr++)
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[rr][i][e % A] = fmaf(wf[rr][e], xf[e], acc[rr][i][e % A]);
+            }
+        }
+        if (++cs == S) cs = 0;
+        if ((cb += 32 * PU) < k8) continue;
+        // Task ct is complete: reduce and write it, then restart the sums.
+        finish_task<M, MODE, R, RR, A>(acc, a, ct, lane);
 #pragma unroll
         for (int rr = 0; rr < RR; rr++)
 #pragma unroll
-            for (int i = 0; i < M; i++) {
-                float s = acc[rr][i][0];
+            for (int i = 0; i < M; i++)
 #pragma unroll
-                for (int q = 1; q < A; q++) s += acc[rr][i][q];
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-                res[rr][i] = s;
-            }
-        // Lane r * M + i writes output (i, t * R + r).
-#pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int i = 0; i < M; i++) {
-                const int j = t * R + r;
-                if (lane != r * M + i || j >= a.n) continue;
-                bf16 *o = a.out + (size_t)i * (size_t)a.ldo + (size_t)j;
-                float v;
-                if (MODE == NORM_SILU) {
-                    const float g = round_bf16(res[r][i]), u = round_bf16(res[R + r][i]);
-                    v = silu(g) * u;
-                } else {
-                    v = res[r][i];
-                    if (a.accumulate) v += __bfloat162float(*o);
-                }
-                *o = __float2bfloat16(v);
-            }
+                for (int q = 0; q < A; q++) acc[rr][i][q] = 0.0f;
+        cb = 0, ct += stride;
     }
+    asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
 int smem_optin(int dev) {
@@ -336,16 +506,88 @@ template <int M, int MODE> int launch(const Args &a, cudaStream_t st) {
     return 0;
 }
 
+// Which kernel the launchers use (pg_cuda_gemv_kernel_set, PAGED_CUDA_GEMV_KERNEL):
+//   0  gemv_kernel, 512 threads, the whole SM
+//   1  ring, 512 threads, 4 chunks/lane/piece, 4 stages (128 KB ring)      [all m]
+//   2  ring, 512 threads, 4 chunks, 6 stages (192 KB)                     [m <= 2, else 1]
+//   3  ring, 512 threads, 8 chunks, 3 stages (192 KB)                     [m <= 2, else 1]
+//   4  ring, 256 threads (<= 128 registers), 4 chunks, 5 stages (80 KB):
+//      half an SM, so two kernels' CTAs share one                        [m <= 2, else 1]
+// A ring that does not fit in shared memory falls back to kind 1's, and
+// that one to kind 0. The default (KIND_AUTO) is kind 2 when the caller has
+// made the weights-before-wait promise (pg_cuda_gemv_preload_set) and kind 0
+// otherwise: measured in the W1 chain (docs/cuda_kernels.md), kind 2 with
+// preload saves 3 us per layer, but without preload it is 3 us slower than
+// kind 0, since its deeper ring then fills only after the wait.
+constexpr int KIND_AUTO = -1, KIND_UNREAD = -2;
+std::atomic<int> g_kind{KIND_UNREAD}, g_preload{0};
+
+int gemv_kind() {
+    int v = g_kind.load(std::memory_order_relaxed);
+    if (v == KIND_UNREAD) {
+        const char *e = getenv("PAGED_CUDA_GEMV_KERNEL");
+        v = e && *e ? atoi(e) : KIND_AUTO;
+        if (v < 0 || v > 4) v = KIND_AUTO;
+        g_kind.store(v, std::memory_order_relaxed);
+    }
+    return v;
+}
+
+// 1 launched, 0 does not fit (the caller falls back to gemv_kernel), < 0 error.
+template <int M, int MODE, int NT, int PC, int S, int MINB> int launch_ring(const Args &a0, cudaStream_t st) {
+    using C = Cfg<M, MODE>;
+    constexpr int PU = PC / C::RR > 0 ? PC / C::RR : 1;
+    const size_t scratch = MODE != PLAIN ? (size_t)(M * 33 * 4 + 15) / 16 * 16 : 0;
+    const size_t smem = (size_t)M * (size_t)a0.k * sizeof(bf16) + scratch + (size_t)(NT / 32) * S * C::RR * PU * 32 * 16;
+    int dev = 0;
+    PG_CUDA_TRY(cudaGetDevice(&dev));
+    const int optin = smem_optin(dev);
+    if (smem > (size_t)optin) return 0;
+    static std::atomic<int> attr_set[64];
+    if (!attr_set[dev & 63].load(std::memory_order_acquire)) {
+        PG_CUDA_TRY(cudaFuncSetAttribute(gemv_ring_kernel<M, MODE, NT, PC, S, MINB>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+        // All of the SM's unified memory as shared memory, so two CTAs (of
+        // this kernel and the next) fit side by side; weights bypass L1.
+        PG_CUDA_TRY(cudaFuncSetAttribute(gemv_ring_kernel<M, MODE, NT, PC, S, MINB>,
+                                         cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+        attr_set[dev & 63].store(1, std::memory_order_release);
+    }
+    Args a = a0;
+    a.preload = g_preload.load(std::memory_order_relaxed);
+    const int n_tasks = (a.n + C::R - 1) / C::R;
+    int grid = pg_cuda_sm_count();
+    if (grid > n_tasks) grid = n_tasks;
+    PG_CUDA_TRY(pg_launch_pdl(gemv_ring_kernel<M, MODE, NT, PC, S, MINB>, dim3(grid), dim3(NT), smem, st, a));
+    PG_CUDA_LAUNCHED("gemv_ring_kernel");
+    return 1;
+}
+
+template <int M, int MODE> int launch_kind(const Args &a, cudaStream_t st) {
+    int rc = 0;
+    int kind = gemv_kind();
+    if (kind == KIND_AUTO) kind = g_preload.load(std::memory_order_relaxed) ? 2 : 0;
+    if constexpr (M <= 2) { // the experimental shapes exist for m <= 2 only (compile time)
+        if (kind == 2) rc = launch_ring<M, MODE, 512, 4, 6, 1>(a, st);
+        else if (kind == 3) rc = launch_ring<M, MODE, 512, 8, 3, 1>(a, st);
+        else if (kind == 4) rc = launch_ring<M, MODE, 256, 4, 5, 2>(a, st);
+    }
+    // Kind 1, and the fallback of a kind whose ring does not fit.
+    if (kind != 0 && rc == 0) rc = launch_ring<M, MODE, 512, 4, 4, 1>(a, st);
+    if (rc) return rc < 0 ? rc : 0;
+    return launch<M, MODE>(a, st);
+}
+
 template <int MODE> int dispatch(int m, const Args &a, cudaStream_t st) {
     switch (m) {
-    case 1: return launch<1, MODE>(a, st);
-    case 2: return launch<2, MODE>(a, st);
-    case 3: return launch<3, MODE>(a, st);
-    case 4: return launch<4, MODE>(a, st);
-    case 5: return launch<5, MODE>(a, st);
-    case 6: return launch<6, MODE>(a, st);
-    case 7: return launch<7, MODE>(a, st);
-    case 8: return launch<8, MODE>(a, st);
+    case 1: return launch_kind<1, MODE>(a, st);
+    case 2: return launch_kind<2, MODE>(a, st);
+    case 3: return launch_kind<3, MODE>(a, st);
+    case 4: return launch_kind<4, MODE>(a, st);
+    case 5: return launch_kind<5, MODE>(a, st);
+    case 6: return launch_kind<6, MODE>(a, st);
+    case 7: return launch_kind<7, MODE>(a, st);
+    case 8: return launch_kind<8, MODE>(a, st);
     }
     return pg_err_set(PG_EUNSUPP, "gemv: m %d (at most %d)", m, PG_CUDA_GEMV_MAX_M);
 }
@@ -383,7 +625,7 @@ extern "C" int pg_cuda_gemv_bf16(void *out, int64_t ldo, const void *x, int64_t 
                                  int64_t n, int64_t k, int accumulate, void *stream) {
     int rc = check("gemv", out, ldo, x, ldx, w, m, n, k, nullptr, false);
     if (rc) return rc < 0 ? rc : 0;
-    Args a = {(bf16 *)out, (const bf16 *)x, (const bf16 *)w, nullptr, ldo, ldx, (int)n, (int)k, accumulate ? 1 : 0, 0.0f, 0};
+    Args a = {(bf16 *)out, (const bf16 *)x, (const bf16 *)w, nullptr, ldo, ldx, (int)n, (int)k, accumulate ? 1 : 0, 0.0f, 0, 0};
     return dispatch<PLAIN>((int)m, a, pg_stream(stream));
 }
 
@@ -391,7 +633,7 @@ extern "C" int pg_cuda_gemv_rmsnorm_bf16(void *out, int64_t ldo, const void *x, 
                                          float eps, const void *w, int64_t m, int64_t n, int64_t k, void *stream) {
     int rc = check("gemv_rmsnorm", out, ldo, x, ldx, w, m, n, k, norm_w, true);
     if (rc) return rc < 0 ? rc : 0;
-    Args a = {(bf16 *)out, (const bf16 *)x, (const bf16 *)w, (const bf16 *)norm_w, ldo, ldx, (int)n, (int)k, 0, eps, 0};
+    Args a = {(bf16 *)out, (const bf16 *)x, (const bf16 *)w, (const bf16 *)norm_w, ldo, ldx, (int)n, (int)k, 0, eps, 0, 0};
     return dispatch<NORM>((int)m, a, pg_stream(stream));
 }
 
@@ -400,6 +642,16 @@ extern "C" int pg_cuda_gemv_rmsnorm_silu_bf16(void *out, int64_t ldo, const void
                                               int64_t k, void *stream) {
     int rc = check("gemv_rmsnorm_silu", out, ldo, x, ldx, w, m, ffn, k, norm_w, true);
     if (rc) return rc < 0 ? rc : 0;
-    Args a = {(bf16 *)out, (const bf16 *)x, (const bf16 *)w, (const bf16 *)norm_w, ldo, ldx, (int)ffn, (int)k, 0, eps, 0};
+    Args a = {(bf16 *)out, (const bf16 *)x, (const bf16 *)w, (const bf16 *)norm_w, ldo, ldx, (int)ffn, (int)k, 0, eps, 0, 0};
     return dispatch<NORM_SILU>((int)m, a, pg_stream(stream));
+}
+
+extern "C" int pg_cuda_gemv_kernel_set(int kind) {
+    const int old = gemv_kind();
+    g_kind.store(kind >= 0 && kind <= 4 ? kind : KIND_UNREAD, std::memory_order_relaxed);
+    return old;
+}
+
+extern "C" int pg_cuda_gemv_preload_set(int on) {
+    return g_preload.exchange(on ? 1 : 0, std::memory_order_relaxed);
 }

@@ -673,3 +673,23 @@ extern "C" int pg_cuda_sample(pg_cuda_sample_out *out, const void *logits, int l
         return launch_sample<float>(out, logits, ld_logits, n, vocab, params, tokens, workspace, st);
     return launch_sample<bf16>(out, logits, ld_logits, n, vocab, params, tokens, workspace, st);
 }
+
+// --- async scheduling: sampled tokens fed to the next step ------------------------------
+
+namespace {
+__global__ void feed_tokens_kernel(int32_t *tokens, const pg_cuda_sample_out *prev, const int32_t *pairs,
+                                   int32_t n) {
+    const int32_t i = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i < n) tokens[pairs[2 * i]] = prev[pairs[2 * i + 1]].token;
+}
+} // namespace
+
+extern "C" int pg_cuda_feed_tokens(int32_t *tokens, const pg_cuda_sample_out *prev, const int32_t *pairs,
+                                   int32_t n, void *stream) {
+    PG_ARG(n >= 0, "feed_tokens: n %d", n);
+    if (n == 0) return 0;
+    PG_ARG(tokens && prev && pairs, "feed_tokens: null pointer");
+    feed_tokens_kernel<<<(unsigned)((n + 255) / 256), 256, 0, pg_stream(stream)>>>(tokens, prev, pairs, n);
+    PG_CUDA_LAUNCHED("feed_tokens_kernel");
+    return 0;
+}

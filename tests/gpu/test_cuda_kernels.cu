@@ -203,25 +203,9 @@ static void test_decode(const DecodeCase &c, Rng &r, bool f8 = false) {
         snprintf(nm, sizeof nm, "%s %s", name, what);
         report(nm, rel_err(o, ref), 1e-2);
     };
-    for (int version = 1; version <= 3; version++) {
-        if (f8 && version != 2) { // fp8 is built for v2 only: the others say so
-            int rc = pg_cuda_paged_decode_attention_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(),
-                                                      pc.dbt.as<int32_t>(), pc.bt_stride, dlen.as<int32_t>(), n, H,
-                                                      (float)scale, max_len, ws.p, ws_bytes, nullptr);
-            char nm[200];
-            snprintf(nm, sizeof nm, "%s v%d refuses fp8", name, version);
-            report_bool(nm, rc == PG_EUNSUPP, rc == PG_EUNSUPP ? "PG_EUNSUPP" : "wrong return code");
-            continue;
-        }
-        CK(cudaMemset(dout.p, 0xFF, dout.n));
-        PK(pg_cuda_paged_decode_attention_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(),
-                                            pc.dbt.as<int32_t>(), pc.bt_stride, dlen.as<int32_t>(), n, H,
-                                            (float)scale, max_len, ws.p, ws_bytes, nullptr));
-        check(version == 1 ? "v1" : version == 2 ? "v2 split" : "v3 persistent");
-    }
-    if (f8 && max_len == 1) {
-        // One key: out = its V row exactly (p = 1, l = 1), so every decoded
-        // e4m3 value, subnormals included, must come back bit for bit.
+    // One key: out = its V row exactly (p = 1, l = 1), so every decoded
+    // e4m3 value, subnormals included, must come back bit for bit.
+    auto check_exact = [&](const char *ver) {
         int n_sub = 0;
         bool exact = true;
         for (size_t i = 0; i < out.size(); i++) {
@@ -229,23 +213,56 @@ static void test_decode(const DecodeCase &c, Rng &r, bool f8 = false) {
             n_sub += ref[i] != 0.0 && fabs(ref[i]) < 0.015625;
         }
         char nm[200], detail[96];
-        snprintf(nm, sizeof nm, "%s v2 single key exact", name);
+        snprintf(nm, sizeof nm, "%s %s single key exact", name, ver);
         snprintf(detail, sizeof detail, "every value bit for bit (%d e4m3 subnormals)", n_sub);
         report_bool(nm, exact && n_sub > 0, exact ? detail : "a decoded value differs");
+    };
+    // v4 (keys on the MMA M side) takes GQA groups <= 8 on sm_89+ and says
+    // PG_EUNSUPP elsewhere.
+    int cc_major = 0, cc_minor = 0, dev = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, dev));
+    CK(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, dev));
+    const bool v4_ok = G <= 8 && cc_major * 10 + cc_minor >= 89;
+    for (int version = 1; version <= 4; version++) {
+        if ((f8 && (version == 1 || version == 3)) || (version == 4 && !v4_ok)) {
+            int rc = pg_cuda_paged_decode_attention_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(),
+                                                      pc.dbt.as<int32_t>(), pc.bt_stride, dlen.as<int32_t>(), n, H,
+                                                      (float)scale, max_len, ws.p, ws_bytes, nullptr);
+            char nm[200];
+            snprintf(nm, sizeof nm, "%s v%d refuses %s", name, version, version == 4 ? "the shape" : "fp8");
+            report_bool(nm, rc == PG_EUNSUPP, rc == PG_EUNSUPP ? "PG_EUNSUPP" : "wrong return code");
+            continue;
+        }
+        CK(cudaMemset(dout.p, 0xFF, dout.n));
+        PK(pg_cuda_paged_decode_attention_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(),
+                                            pc.dbt.as<int32_t>(), pc.bt_stride, dlen.as<int32_t>(), n, H,
+                                            (float)scale, max_len, ws.p, ws_bytes, nullptr));
+        const char *ver = version == 1 ? "v1" : version == 2 ? "v2 split" : version == 3 ? "v3 persistent" : "v4 kn split";
+        check(ver);
+        if (f8 && max_len == 1) check_exact(version == 2 ? "v2" : "v4");
+    }
+    if (v4_ok) { // the v4 split counters were left at zero too
+        CK(cudaMemset(dout.p, 0xFF, dout.n));
+        PK(pg_cuda_paged_decode_attention_v(4, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(),
+                                            pc.dbt.as<int32_t>(), pc.bt_stride, dlen.as<int32_t>(), n, H,
+                                            (float)scale, max_len, ws.p, ws_bytes, nullptr));
+        check("v4 split, second launch");
     }
     // The same launch again: the split counters were left at zero.
     CK(cudaMemset(dout.p, 0xFF, dout.n));
     PK(pg_cuda_paged_decode_attention(dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(), pc.dbt.as<int32_t>(),
                                       pc.bt_stride, dlen.as<int32_t>(), n, H, (float)scale, max_len, ws.p, ws_bytes,
                                       nullptr));
-    check("v2 split, second launch");
-    // A batch with empty sequences (length 0 -> zero rows) through v3 and v2.
+    check("default split, second launch");
+    // A batch with empty sequences (length 0 -> zero rows) through v4, v3 and v2.
     if (n >= 3) {
         std::vector<int32_t> z = lens;
         z[1] = 0;
         DBuf dz;
         dz.up(z);
-        for (int version = f8 ? 2 : 3; version >= 2; version--) {
+        for (int version = 4; version >= 2; version--) {
+            if ((version == 3 && f8) || (version == 4 && !v4_ok)) continue;
             CK(cudaMemset(dout.p, 0xFF, dout.n));
             PK(pg_cuda_paged_decode_attention_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(),
                                                 pc.dbt.as<int32_t>(), pc.bt_stride, dz.as<int32_t>(), n, H,
@@ -265,7 +282,7 @@ static void test_decode(const DecodeCase &c, Rng &r, bool f8 = false) {
     PK(pg_cuda_paged_decode_attention(dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(), pc.dbt.as<int32_t>(),
                                       pc.bt_stride, dlen.as<int32_t>(), n, H, (float)scale, max_len, nullptr, 0,
                                       nullptr));
-    check("default, no workspace (v2 no-split)");
+    check("default, no workspace (no split)");
     // The prefill kernel with one query per sequence computes the same.
     std::vector<int32_t> cu(n + 1), sp(n);
     for (int s = 0; s < n; s++) {
@@ -308,6 +325,8 @@ static void decode_tests(Rng &r) {
         {"batch256", rand_lens(r, 256, 1, 200), 8, 2, 128, 32, 2.0f},
         {"long", {20011, 33001}, 32, 8, 128, 16, 4.0f},
         {"long", {4096, 4095, 9999}, 16, 4, 64, 32, 4.0f},
+        {"long", {16384, 1, 7001}, 64, 8, 128, 32, 4.0f},        // v4 split at G = 8
+        {"w5", rand_lens(r, 16, 3000, 4096), 32, 8, 128, 16, 2.0f}, // Llama-3-8B shape, batch 16
         {"sharp", rand_lens(r, 4, 1000, 3000), 8, 2, 128, 16, 12.0f},
     };
     for (auto &c : cases) test_decode(c, r);
@@ -627,6 +646,38 @@ static void test_embed(int m, int dim, int vocab, Rng &r) {
     report_bool(name, ok, ok ? "rows exact, bad ids zero" : "mismatch");
 }
 
+// Async scheduling: tokens[row] = prev[j].token for (row, j) pairs; the other
+// rows keep their value. Against a host loop, exactly.
+static void test_feed_tokens(int n_tokens, int n_prev, int n_feed, Rng &r) {
+    char name[160];
+    snprintf(name, sizeof name, "feed_tokens tokens=%d prev=%d fed=%d", n_tokens, n_prev, n_feed);
+    if (!selected(name)) return;
+    std::vector<int32_t> tok(n_tokens), pairs(2 * (size_t)n_feed);
+    for (auto &t : tok) t = r.below(50000);
+    std::vector<pg_cuda_sample_out> prev(n_prev);
+    memset(prev.data(), 0, prev.size() * sizeof prev[0]);
+    for (auto &o : prev) o.token = r.below(128000), o.n_top = 3;
+    // Distinct rows, any sample indices.
+    std::vector<int32_t> rows(n_tokens);
+    for (int i = 0; i < n_tokens; i++) rows[i] = i;
+    for (int i = n_tokens - 1; i > 0; i--) std::swap(rows[i], rows[r.below(i + 1)]);
+    std::vector<int32_t> want = tok;
+    for (int i = 0; i < n_feed; i++) {
+        pairs[2 * i] = rows[i];
+        pairs[2 * i + 1] = r.below(n_prev);
+        want[rows[i]] = prev[pairs[2 * i + 1]].token;
+    }
+    DBuf dt, dp, dq;
+    dt.up(tok);
+    dp.up(prev);
+    dq.up(pairs);
+    PK(pg_cuda_feed_tokens(dt.as<int32_t>(), dp.as<pg_cuda_sample_out>(), dq.as<int32_t>(), n_feed, nullptr));
+    CK(cudaDeviceSynchronize());
+    std::vector<int32_t> got(n_tokens);
+    dt.down(got);
+    report_bool(name, got == want, got == want ? "fed rows exact, others untouched" : "mismatch");
+}
+
 static void test_copy_blocks(Rng &r) {
     const char *name = "copy_blocks layers=3 pairs=5 (cow)";
     if (!selected(name)) return;
@@ -787,12 +838,17 @@ static bool gemv_out(const std::vector<uint16_t> &go, const std::vector<uint16_t
     return ok;
 }
 
+// The GEMV kernel kind under test (pg_cuda_gemv_kernel_set) and whether the
+// weights-before-wait promise is on, appended to every GEMV case name.
+static char g_gemv_tag[48] = "";
+
 // pg_cuda_gemv_bf16 against fp64, and against cuBLASLt on the same inputs.
 // Without `acc` the output starts as NaN (every entry must be written).
 static void test_gemv(pg_cuda_gemm *g, DBuf &ws, GemvWeight &wt, int m, int ldx, int ldo, bool acc, Rng &r) {
     const int n = wt.rows, k = wt.k;
     char name[160];
-    snprintf(name, sizeof name, "gemv m=%d n=%d k=%d ldx=%d ldo=%d%s", m, n, k, ldx, ldo, acc ? " accumulate" : "");
+    snprintf(name, sizeof name, "gemv m=%d n=%d k=%d ldx=%d ldo=%d%s%s", m, n, k, ldx, ldo, acc ? " accumulate" : "",
+             g_gemv_tag);
     if (!selected(name)) return;
     const GemvWeight &W = wt.get();
     std::vector<uint16_t> x((size_t)m * ldx), o0((size_t)m * ldo);
@@ -843,8 +899,8 @@ static void test_gemv(pg_cuda_gemm *g, DBuf &ws, GemvWeight &wt, int m, int ldx,
 static void test_gemv_norm(GemvWeight &wt, int m, int ldx, int ldo, bool silu, Rng &r) {
     const int k = wt.k, n = silu ? wt.rows / 2 : wt.rows;
     char name[160];
-    snprintf(name, sizeof name, "%s m=%d %s=%d k=%d ldx=%d ldo=%d", silu ? "gemv_rmsnorm_silu" : "gemv_rmsnorm", m,
-             silu ? "ffn" : "n", n, k, ldx, ldo);
+    snprintf(name, sizeof name, "%s m=%d %s=%d k=%d ldx=%d ldo=%d%s", silu ? "gemv_rmsnorm_silu" : "gemv_rmsnorm",
+             m, silu ? "ffn" : "n", n, k, ldx, ldo, g_gemv_tag);
     if (!selected(name)) return;
     const GemvWeight &W = wt.get();
     const float eps = 1e-5f;
@@ -1023,8 +1079,14 @@ static void gemv_tests(pg_cuda_gemm *g, DBuf &ws, Rng &r) {
 // decode with its counters) and batch size; the step runs with PDL off, then
 // on, and the outputs (residual, attention, logits, the KV cache) must be
 // bit-identical: PDL changes only when kernels start, never what they read.
-static void test_pdl_chain(Rng &r) {
-    const char *name = "pdl chain: embed, norm+QKV, RoPE, attention, O, norm+gate/up, down x 4 layers, 50 reps";
+// The reference run is the register GEMV (kind 0) without PDL; the checked
+// run uses GEMV kind `kind`, PDL on, and the weights-before-wait promise
+// when `preload` (the weights are uploaded and synchronized before).
+static void test_pdl_chain(Rng &r, int kind, int preload) {
+    char name[160];
+    snprintf(name, sizeof name,
+             "pdl chain: embed, norm+QKV, RoPE, attention, O, norm+gate/up, down x 4 layers, 50 reps, gemv kind %d%s",
+             kind, preload ? " preload" : "");
     if (!selected(name)) return;
     pg_cuda_pdl_set(1);
     const bool can = pg_cuda_pdl_enabled() != 0;
@@ -1116,10 +1178,14 @@ static void test_pdl_chain(Rng &r) {
         CK(cudaDeviceSynchronize());
         Out off, on;
         pg_cuda_pdl_set(0);
+        pg_cuda_gemv_kernel_set(0);
+        pg_cuda_gemv_preload_set(0);
         run(m, off);
         dkc.up(kc), dvc.up(vc);
         CK(cudaDeviceSynchronize());
         pg_cuda_pdl_set(1);
+        pg_cuda_gemv_kernel_set(kind);
+        pg_cuda_gemv_preload_set(preload);
         run(m, on);
         const bool same = off.x == on.x && off.attn == on.attn && off.logits == on.logits && off.kc == on.kc &&
                           off.vc == on.vc;
@@ -1137,6 +1203,8 @@ static void test_pdl_chain(Rng &r) {
         finite_bad += !finite;
     }
     pg_cuda_pdl_set(-1);
+    pg_cuda_gemv_kernel_set(-1);
+    pg_cuda_gemv_preload_set(0);
     CK(cudaStreamDestroy(st));
     char detail[256];
     snprintf(detail, sizeof detail, "%d of 50 reps differ%s%s; %d reps with non-finite logits; %d sequences > 64 keys",
@@ -1356,8 +1424,12 @@ int main(int argc, char **argv) {
 
     printf("PDL (programmatic dependent launch): %s\n", pg_cuda_pdl_enabled() ? "on" : "off");
     {
-        Rng rp(20251202); // its own stream: the other cases keep their inputs
-        test_pdl_chain(rp);
+        // Each GEMV kind against the register kernel without PDL, bit for bit.
+        const int cases[][2] = {{0, 0}, {1, 0}, {1, 1}, {2, 0}, {2, 1}, {3, 1}, {4, 1}};
+        for (auto &c : cases) {
+            Rng rp(20251202); // its own stream: the other cases keep their inputs
+            test_pdl_chain(rp, c[0], c[1]);
+        }
     }
     decode_tests(r);
     prefill_tests(r);
@@ -1381,6 +1453,10 @@ int main(int argc, char **argv) {
     test_silu(3, 100, r); // scalar path
     test_embed(40, 4096, 1000, r);
     test_embed(11, 100, 77, r);
+    test_feed_tokens(1, 1, 1, r);
+    test_feed_tokens(300, 256, 256, r);
+    test_feed_tokens(2048, 256, 200, r);
+    test_feed_tokens(5, 3, 0, r);
     test_copy_blocks(r);
     test_convert(r);
 
@@ -1395,8 +1471,19 @@ int main(int argc, char **argv) {
         test_gemm(g, ws, 16, 1024, 4096, 4096, 6144, false, r); // K slice of a fused QKV output
         test_gemm(g, ws, 33, 4096, 1024, 0, 4096, true, r);     // into the residual stream
         test_gemm(g, ws, 5, 100, 72, 8, 120, false, r);          // odd sizes
-        Rng rg(20251201); // its own stream: the later cases keep their inputs
-        gemv_tests(g, ws, rg);
+        // Every GEMV kind (pg_cuda_gemv_kernel_set), the ring kernels also
+        // with their weights-before-wait path.
+        const int kinds[][2] = {{0, 0}, {1, 0}, {1, 1}, {2, 0}, {2, 1}, {3, 1}, {4, 1}};
+        for (auto &kp : kinds) {
+            snprintf(g_gemv_tag, sizeof g_gemv_tag, " [kind %d%s]", kp[0], kp[1] ? " preload" : "");
+            pg_cuda_gemv_kernel_set(kp[0]);
+            pg_cuda_gemv_preload_set(kp[1]);
+            Rng rg(20251201); // its own stream: the later cases keep their inputs
+            gemv_tests(g, ws, rg);
+        }
+        pg_cuda_gemv_kernel_set(-1);
+        pg_cuda_gemv_preload_set(0);
+        g_gemv_tag[0] = 0;
     }
     pg_cuda_gemm_destroy(g);
 

@@ -1,0 +1,279 @@
+// kernels/cuda/attention_common.cuh - what the paged attention kernels share:
+// tile constants, PTX wrappers, the e4m3 conversions, the kernel parameters,
+// the split-decode arrival counters and the split plan.
+//
+// Included by attention.cu only, which also #includes attention_decode_kn.cuh:
+// all attention kernels are one translation unit, because g_split_count must
+// be ONE device array (the split launches of every decode kernel rely on it
+// being zero between launches) and the CUDA objects are compiled without
+// -rdc (no cross-file __device__ variables).
+#pragma once
+#include <cuda_fp16.h>
+#include <math.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace {
+
+constexpr int KT = 64;        // keys per KV tile
+constexpr int NTHREADS = 128; // 4 warps
+
+// --- PTX wrappers ------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// 16 bytes global -> shared, bypassing L1; zero-fills when !valid.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
+                                        uint32_t &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
+                                          uint32_t &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+// c[4] += A(16x16, a[4]) * B(16x8, b0 b1), bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// Two e4m3 bytes, placed at bits 8-15 and 24-31 of y, -> bf16x2, exactly.
+// (s eeee mmm) << 4 inside a bf16 is the value * 2^-120 (e = 0, the
+// e4m3 subnormals, lands on bf16 subnormals, which bf16 fma keeps); one
+// multiply by 2^120 (bf16 0x7B80) restores it. The e4m3 NaN (0x7F/0xFF)
+// reads as +-480: the writer saturates, so only a NaN input makes one.
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t y) {
+    uint32_t r = (y & 0x80008000u) | ((y >> 4) & 0x07F007F0u), d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(r), "r"(0x7B807B80u), "r"(0x80008000u));
+    return d;
+}
+// 16 e4m3 (one 16-byte load) -> 16 bf16 (elements 0-7 in lo, 8-15 in hi).
+__device__ __forceinline__ void e4m3x16_to_bf16(const uint4 &in, uint4 &lo, uint4 &hi) {
+    lo.x = e4m3x2_to_bf16x2(__byte_perm(in.x, 0u, 0x1404));
+    lo.y = e4m3x2_to_bf16x2(__byte_perm(in.x, 0u, 0x3424));
+    lo.z = e4m3x2_to_bf16x2(__byte_perm(in.y, 0u, 0x1404));
+    lo.w = e4m3x2_to_bf16x2(__byte_perm(in.y, 0u, 0x3424));
+    hi.x = e4m3x2_to_bf16x2(__byte_perm(in.z, 0u, 0x1404));
+    hi.y = e4m3x2_to_bf16x2(__byte_perm(in.z, 0u, 0x3424));
+    hi.z = e4m3x2_to_bf16x2(__byte_perm(in.w, 0u, 0x1404));
+    hi.w = e4m3x2_to_bf16x2(__byte_perm(in.w, 0u, 0x3424));
+}
+
+// Split decode: one arrival counter per (sequence x KV head x row tile) item
+// of a launch, per device (zero at module load). The last CTA of an item
+// to arrive combines its splits and puts the counter back to zero, so every
+// launch starts from zeros (graph replays included). Launches that split
+// must not run concurrently on one device (the runner has one stream).
+// PDL keeps that true: a decode launch may start before its predecessor
+// kernel P ends, but every CTA executes griddepcontrol.wait before its first
+// access to the counters, and that wait returns only once P has completed.
+// P is itself a PDL kernel that waited for its own predecessor before
+// completing (or a plain launch, which started after it), and so on back to
+// the previous decode launch: all kernels between two decode launches wait
+// on every path (cuda_common.cuh), so the earlier launch has completed,
+// counters back at zero, before any CTA of the later one touches them. Two
+// decode launches back to back are the one-step case of the same argument.
+constexpr int SPLIT_ITEMS = 16384;
+__device__ unsigned int g_split_count[SPLIT_ITEMS];
+
+struct AttnParams {
+    bf16 *out;                 // [n_tokens][n_heads][HD]
+    const bf16 *q;             // [n_tokens][q_stride]
+    int64_t q_stride;
+    const bf16 *k_cache, *v_cache; // bf16, or e4m3 bytes in the F8 kernels
+    const int32_t *block_tables;
+    int64_t bt_stride;
+    const int32_t *seq_lens;   // decode: keys per sequence (query row s)
+    const int32_t *cu_q;       // prefill: [n_seqs + 1] query row starts
+    const int32_t *start_pos;  // prefill: position of each sequence's first query
+    int n_heads, n_kv, group, bs_shift;
+    float scale_log2;          // softmax scale * log2(e): exp2 throughout
+    int tiles_per_split;       // KV tiles per split when gridDim.z > 1
+    float *part_o;             // [n_tokens][n_heads][max_splits][HD] normalized partial O
+    float *part_lse;           // [n_tokens][n_heads][max_splits] log2-sum-exp of the split
+    int max_splits;
+};
+
+// Flash decoding, after every thread of a split CTA stored its partial
+// (normalized O, log2-sum-exp) rows: the stores are made visible device-wide
+// (each thread fences its own) before thread 0 counts the CTA's arrival on
+// g_split_count[item]; the last of the item's n_parts splits resets the
+// counter (ready for the next launch) and combines every split's partials
+// of output rows [out_row0, out_row0 + n_rows) into out, reading them from
+// L2. Decode v2 and v4. Called by every thread of the CTA.
+template <int HD>
+__device__ void split_arrive_and_combine(const AttnParams &p, unsigned item, int n_parts, int *sm_last,
+                                         size_t out_row0, int n_rows) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned int *cnt = &g_split_count[item];
+        const bool last = atomicAdd(cnt, 1u) + 1u == (unsigned int)n_parts;
+        if (last) atomicExch(cnt, 0u); // every split of the item has arrived
+        *sm_last = last;
+    }
+    __syncthreads();
+    if (!*sm_last) return;
+    __threadfence();
+    for (int idx = threadIdx.x; idx < n_rows * HD / 2; idx += NTHREADS) {
+        const int c = (idx % (HD / 2)) * 2;
+        const size_t oi = out_row0 + idx / (HD / 2);
+        const float *lse = p.part_lse + oi * p.max_splits;
+        const float *po = p.part_o + oi * p.max_splits * HD + c;
+        float mx = -INFINITY;
+        for (int z = 0; z < n_parts; z++) mx = fmaxf(mx, __ldcg(lse + z));
+        float2 acc = make_float2(0.0f, 0.0f);
+        float wsum = 0.0f;
+        for (int z = 0; z < n_parts; z++) {
+            float lz = __ldcg(lse + z);
+            float w = lz == -INFINITY ? 0.0f : exp2f(lz - mx);
+            float2 v = __ldcg(reinterpret_cast<const float2 *>(po + (size_t)z * HD));
+            acc.x += w * v.x;
+            acc.y += w * v.y;
+            wsum += w;
+        }
+        float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+        *reinterpret_cast<__nv_bfloat162 *>(p.out + oi * HD + c) = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
+    }
+}
+
+// --- split planning (host) ---------------------------------------------------------------
+
+int log2_exact(int x) {
+    if (x <= 0 || (x & (x - 1))) return -1;
+    int s = 0;
+    while ((1 << s) < x) s++;
+    return s;
+}
+
+struct SplitPlan {
+    int n_splits;        // grid z
+    int tiles_per_split; // KV tiles of 64 keys per split
+};
+
+// The split plan minimizes a cost model of one launch, in units of the time
+// one CTA slot (SMs x resident CTAs) takes to stream one bf16 tile at its
+// share of the bandwidth when every slot is busy:
+//   per CTA  tiles * (bytes per element / 2) + SPLIT_OVH (first block-table
+//            read and tile latency, the warp merge, the partial write);
+//   waves    full waves cost per CTA each; a last partial wave of `rem`
+//            CTAs runs faster (rem / slots of a wave) but a CTA alone streams
+//            at most SPLIT_RHO times its full-load share;
+//   combine  the last CTA of an item reads splits * rows fp32 partials.
+// The old plan (about 8 waves of 4-tile splits) spent a third of the time
+// of batch 16 x 4096 in CTA start-ups and the second (reduce) launch; this
+// one gives 2 splits of 32 tiles (256 CTAs, one wave) there, no split at
+// batch >= 64 x 4096, and ~200 CTAs for one long sequence.
+constexpr int MAX_SPLITS = 256;
+constexpr double SPLIT_OVH = 2.0;  // from the H200 runs: 4-tile splits reached 65% of the wave-limited rate
+constexpr double SPLIT_RHO = 1.25; // assumed, not measured
+
+SplitPlan plan_decode(int n_seqs, int n_kv, int row_tiles, int group, int max_seq_len, int sms, int ctas_per_sm,
+                      bool fp8) {
+    SplitPlan pl = {1, 1 << 30};
+    const int max_tiles = max_seq_len > 0 ? (max_seq_len + KT - 1) / KT : 1;
+    const int64_t base = (int64_t)n_seqs * n_kv * row_tiles;
+    if (max_tiles < 2 || base < 1 || base > SPLIT_ITEMS) return pl; // the counters cover SPLIT_ITEMS items
+    const double slots = (double)sms * ctas_per_sm, tile_w = fp8 ? 0.5 : 1.0;
+    const double rows = group < 16 ? group : 16;
+    double best = 0.0;
+    int best_n = 1, best_tps = max_tiles;
+    const int n_max = max_tiles < MAX_SPLITS ? max_tiles : MAX_SPLITS;
+    for (int n = 1; n <= n_max; n++) {
+        const int tps = (max_tiles + n - 1) / n;
+        if ((max_tiles + tps - 1) / tps != n) continue; // the same plan as a smaller n
+        const double ctas = (double)base * n, full = floor(ctas / slots), rem = ctas - full * slots;
+        const double per = tps * tile_w + SPLIT_OVH + (n > 1 ? rows / 64.0 : 0.0);
+        double c = full * per + (rem > 0 ? per * fmax(1.0 / SPLIT_RHO, rem / slots) : 0.0);
+        if (n > 1) c += n * rows / 64.0 / SPLIT_RHO;
+        if (n == 1 || c < best * (1.0 - 1e-9)) { // ties: fewer splits
+            best = c;
+            best_n = n;
+            best_tps = tps;
+        }
+    }
+    if (best_n > 1) {
+        pl.n_splits = best_n;
+        pl.tiles_per_split = best_tps;
+    }
+    return pl;
+}
+
+size_t split_ws_bytes(int n_seqs, int n_heads, int head_dim, int n_splits) {
+    return (size_t)n_seqs * n_heads * n_splits * (size_t)(head_dim + 1) * sizeof(float) + 256;
+}
+
+// What every launch of the AttnParams kernels (decode v2/v4, prefill v1/v2)
+// fills alike; the caller adds lengths, splits or query ranges.
+inline AttnParams attn_params(void *out, const void *q, int64_t q_stride, const void *k_cache, const void *v_cache,
+                              pg_kv_shape kv, const int32_t *block_tables, int32_t bt_stride, int32_t n_heads,
+                              float scale) {
+    AttnParams p = {};
+    p.out = (bf16 *)out;
+    p.q = (const bf16 *)q;
+    p.q_stride = q_stride;
+    p.k_cache = (const bf16 *)k_cache;
+    p.v_cache = (const bf16 *)v_cache;
+    p.block_tables = block_tables;
+    p.bt_stride = bt_stride;
+    p.n_heads = n_heads;
+    p.n_kv = kv.n_kv_heads;
+    p.group = n_heads / kv.n_kv_heads;
+    p.bs_shift = log2_exact(kv.block_size);
+    p.scale_log2 = scale * 1.4426950408889634f; // softmax in base 2
+    return p;
+}
+
+// The parameters of a decode launch (v2 and v4; grid z = .max_splits): the
+// split plan for the kernel's occupancy, then fewer, longer splits while
+// the workspace is too small (never an error). row_tiles: 16-row tiles of
+// the GQA group per CTA (v2), 1 for v4.
+inline AttnParams decode_params(void *out, const void *q, int64_t q_stride, const void *k_cache, const void *v_cache,
+                                pg_kv_shape kv, const int32_t *block_tables, int32_t bt_stride,
+                                const int32_t *seq_lens, int32_t n_seqs, int32_t n_heads, float scale,
+                                int32_t max_seq_len, void *workspace, size_t workspace_bytes, int row_tiles,
+                                int ctas_per_sm, bool f8) {
+    const int G = n_heads / kv.n_kv_heads, HD = kv.head_dim;
+    SplitPlan pl = plan_decode(n_seqs, kv.n_kv_heads, row_tiles, G, max_seq_len, pg_cuda_sm_count(), ctas_per_sm, f8);
+    while (pl.n_splits > 1 && (!workspace || split_ws_bytes(n_seqs, n_heads, HD, pl.n_splits) > workspace_bytes)) {
+        int max_tiles = (max_seq_len + KT - 1) / KT;
+        int splits = pl.n_splits / 2;
+        pl.tiles_per_split = (max_tiles + splits - 1) / splits;
+        pl.n_splits = splits > 1 ? (max_tiles + pl.tiles_per_split - 1) / pl.tiles_per_split : 1;
+    }
+    AttnParams p = attn_params(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride, n_heads, scale);
+    p.seq_lens = seq_lens;
+    p.tiles_per_split = pl.tiles_per_split;
+    p.max_splits = pl.n_splits;
+    if (pl.n_splits > 1) {
+        uintptr_t base = ((uintptr_t)workspace + 255) & ~(uintptr_t)255;
+        p.part_o = (float *)base;
+        p.part_lse = p.part_o + (size_t)n_seqs * n_heads * pl.n_splits * HD;
+    }
+    return p;
+}
+
+} // namespace
