@@ -48,6 +48,7 @@ struct pg_engine {
     pg_runner *runner;           // CPU
     pg_cuda_runner *cuda;        // GPU (then runner and backend are NULL)
     sched *sched;
+    bool async;                  // plan step N + 1 while step N runs (sched.h, async scheduling)
     int32_t max_model_len;
     int32_t kv_blocks;
 
@@ -70,6 +71,7 @@ struct pg_engine {
     pthread_mutex_t stats_mu;
     pg_engine_stats stats;
     int64_t mem_polled_ns; // engine thread: when device memory was last read (GPU)
+    int64_t last_end_ns;   // engine thread: when the last step was finished (busy time)
 };
 
 void pg_engine_config_default(pg_engine_config *c) {
@@ -177,10 +179,127 @@ static void apply_submissions(pg_engine *e, sub *list) {
     }
 }
 
+// One step from begin to resolve. The engine thread alternates two of them:
+// under async scheduling step N + 1 is begun before step N is finished.
+typedef struct open_step {
+    bool begun;        // the runner has it (an end or held outputs follow)
+    bool failed;       // begin failed: resolved with no output
+    int32_t n_seqs;    // the plan's sequences and tokens (statistics)
+    int32_t n_tokens;
+    int64_t t_begin;
+    pg_seq_output *held; // CPU: the outputs, copied (the runner reuses its buffer)
+    int32_t n_held, cap_held;
+} open_step;
+
+// Gives the plan to the runner: the GPU queues it; the CPU runs it now and
+// its outputs are held until the step is finished.
+static void step_begin(pg_engine *e, const pg_batch_plan *plan, open_step *st) {
+    st->begun = st->failed = false;
+    st->n_seqs = plan->n_seqs;
+    st->n_tokens = plan->n_tokens;
+    st->n_held = 0;
+    st->t_begin = pg_now_ns();
+    // A plan may hold only block moves (a swap-out with nothing
+    // scheduled): those run too.
+    if (plan->n_seqs == 0 && plan->n_swap_out == 0 && plan->n_swap_in == 0 && plan->n_copies == 0)
+        return;
+    int rc;
+    if (e->cuda) {
+        rc = pg_cuda_runner_begin(e->cuda, plan);
+    } else {
+        pg_step_output so = {0, NULL};
+        rc = pg_runner_execute(e->runner, plan, &so);
+        if (rc == 0 && so.n > st->cap_held) {
+            st->cap_held = so.n * 2;
+            st->held = pg_xrealloc(st->held, sizeof(pg_seq_output) * (size_t)st->cap_held);
+        }
+        if (rc == 0 && so.n) memcpy(st->held, so.outs, sizeof(pg_seq_output) * (size_t)so.n);
+        st->n_held = so.n;
+    }
+    if (rc < 0) {
+        PG_LOGE("step failed: %s", pg_err_msg());
+        st->failed = true; // every request of the plan finishes with an error
+        return;
+    }
+    st->begun = true;
+}
+
+// Waits for the step's outputs, hands them to the scheduler and publishes
+// the events; statistics.
+static void step_finish(pg_engine *e, open_step *st, pg_gen_event **out, int *cap_out) {
+    pg_step_output so = {0, NULL};
+    const pg_step_output *sop = &so;
+    if (st->failed) {
+        sop = NULL;
+    } else if (st->begun && e->cuda) {
+        if (pg_cuda_runner_end(e->cuda, &so) < 0) {
+            PG_LOGE("step failed: %s", pg_err_msg());
+            sop = NULL;
+        }
+    } else if (st->begun) {
+        so = (pg_step_output){st->n_held, st->held};
+    }
+    int64_t t1 = pg_now_ns();
+    // Memory for /metrics: the CPU workspace grows with the largest step;
+    // on the GPU lazily captured graphs and other processes move the
+    // numbers (cudaMemGetInfo, read at most once a second).
+    pg_cuda_mem_stats gm;
+    bool gm_new = e->cuda && t1 - e->mem_polled_ns >= 1000000000LL;
+    if (gm_new) {
+        pg_cuda_runner_mem(e->cuda, &gm);
+        e->mem_polled_ns = t1;
+    }
+    sched_events evs;
+    if (sched_resolve(e->sched, sop, &evs) < 0) PG_LOGE("scheduler update: %s", pg_err_msg());
+    if (evs.n > *cap_out) {
+        *cap_out = evs.n * 2;
+        *out = pg_xrealloc(*out, sizeof(pg_gen_event) * (size_t)*cap_out);
+    }
+    for (int i = 0; i < evs.n; i++) {
+        pg_gen_event *g = &(*out)[i];
+        memset(g, 0, sizeof *g);
+        g->ev = evs.ev[i];
+        g->user = live_get(e, evs.ev[i].req_id, evs.ev[i].req_finished);
+        if (evs.ev[i].finish == SCHED_FINISH_ERROR) {
+            g->error_code = PG_EINVAL;
+            snprintf(g->error, sizeof g->error, "the model step failed");
+        }
+    }
+    publish(e, *out, evs.n);
+
+    pthread_mutex_lock(&e->stats_mu);
+    sched_stats_get(e->sched, &e->stats.sched);
+    if (st->n_seqs > 0) {
+        // Busy time without double counting overlapped steps.
+        int64_t from = st->t_begin > e->last_end_ns ? st->t_begin : e->last_end_ns;
+        e->stats.steps++;
+        e->stats.busy_seconds += (double)(t1 - from) * 1e-9;
+        e->stats.tokens_sampled += so.n;
+        e->stats.prompt_tokens_computed += st->n_tokens;
+    }
+    e->last_end_ns = t1;
+    if (e->runner) e->stats.workspace_bytes = (int64_t)pg_runner_workspace_bytes(e->runner);
+    if (gm_new) {
+        e->stats.graph_bytes = gm.graphs;
+        e->stats.other_bytes = gm.other;
+        e->stats.gpu_free_bytes = gm.free;
+        e->stats.workspace_bytes = gm.workspace;
+    }
+    pthread_mutex_unlock(&e->stats_mu);
+}
+
+// The loop. Synchronous: plan N, begin N, advance, finish N. Async (the
+// GPU by default): plan N + 1 and begin it while step N runs, then finish
+// N, so the device always has the next step queued; a penalty (the
+// runner reads the history) or a step with nothing to run finishes first.
 static void *engine_main(void *arg) {
     pg_engine *e = arg;
     pg_gen_event *out = NULL;
     int cap_out = 0;
+    open_step steps[2];
+    memset(steps, 0, sizeof steps);
+    open_step *prev = NULL; // begun, not finished
+    int cur_i = 0;
     for (;;) {
         pthread_mutex_lock(&e->mu);
         while (!e->stop && !e->subs_head && !sched_has_work(e->sched))
@@ -193,6 +312,10 @@ static void *engine_main(void *arg) {
         e->subs_head = e->subs_tail = NULL;
         pthread_mutex_unlock(&e->mu);
         apply_submissions(e, list);
+        if (prev && !sched_can_run_ahead(e->sched)) {
+            step_finish(e, prev, &out, &cap_out);
+            prev = NULL;
+        }
 
         const pg_batch_plan *plan;
         if (sched_step(e->sched, &plan) < 0) {
@@ -204,61 +327,20 @@ static void *engine_main(void *arg) {
         pthread_mutex_lock(&e->stats_mu);
         sched_stats_get(e->sched, &e->stats.sched);
         pthread_mutex_unlock(&e->stats_mu);
-        int64_t t0 = pg_now_ns();
-        pg_step_output so = {0, NULL};
-        const pg_step_output *sop = &so;
-        // A plan may hold only block moves (a swap-out with nothing
-        // scheduled): those run too.
-        bool run = plan->n_seqs > 0 || plan->n_swap_out > 0 || plan->n_swap_in > 0 || plan->n_copies > 0;
-        if (run && (e->cuda ? pg_cuda_runner_execute(e->cuda, plan, &so)
-                            : pg_runner_execute(e->runner, plan, &so)) < 0) {
-            PG_LOGE("step failed: %s", pg_err_msg());
-            sop = NULL; // every request of the plan finishes with an error
-        }
-        int64_t t1 = pg_now_ns();
-        // Memory for /metrics: the CPU workspace grows with the largest step;
-        // on the GPU lazily captured graphs and other processes move the
-        // numbers (cudaMemGetInfo, read at most once a second).
-        pg_cuda_mem_stats gm;
-        bool gm_new = e->cuda && t1 - e->mem_polled_ns >= 1000000000LL;
-        if (gm_new) {
-            pg_cuda_runner_mem(e->cuda, &gm);
-            e->mem_polled_ns = t1;
-        }
-        sched_events evs;
-        if (sched_update(e->sched, sop, &evs) < 0) PG_LOGE("scheduler update: %s", pg_err_msg());
-        if (evs.n > cap_out) {
-            cap_out = evs.n * 2;
-            out = pg_xrealloc(out, sizeof(pg_gen_event) * (size_t)cap_out);
-        }
-        for (int i = 0; i < evs.n; i++) {
-            memset(&out[i], 0, sizeof out[i]);
-            out[i].ev = evs.ev[i];
-            out[i].user = live_get(e, evs.ev[i].req_id, evs.ev[i].req_finished);
-            if (evs.ev[i].finish == SCHED_FINISH_ERROR) {
-                out[i].error_code = PG_EINVAL;
-                snprintf(out[i].error, sizeof out[i].error, "the model step failed");
-            }
-        }
-        publish(e, out, evs.n);
-
-        pthread_mutex_lock(&e->stats_mu);
-        sched_stats_get(e->sched, &e->stats.sched);
-        if (plan->n_seqs > 0) {
-            e->stats.steps++;
-            e->stats.busy_seconds += (double)(t1 - t0) * 1e-9;
-            e->stats.tokens_sampled += so.n;
-            e->stats.prompt_tokens_computed += plan->n_tokens;
-        }
-        if (e->runner) e->stats.workspace_bytes = (int64_t)pg_runner_workspace_bytes(e->runner);
-        if (gm_new) {
-            e->stats.graph_bytes = gm.graphs;
-            e->stats.other_bytes = gm.other;
-            e->stats.gpu_free_bytes = gm.free;
-            e->stats.workspace_bytes = gm.workspace;
-        }
-        pthread_mutex_unlock(&e->stats_mu);
+        open_step *cur = &steps[cur_i];
+        cur_i ^= 1;
+        step_begin(e, plan, cur);
+        if (prev) step_finish(e, prev, &out, &cap_out); // the step before, while this one runs
+        prev = NULL;
+        if (sched_advance(e->sched) < 0) PG_LOGE("scheduler advance: %s", pg_err_msg());
+        if (e->async && cur->begun)
+            prev = cur;
+        else
+            step_finish(e, cur, &out, &cap_out);
     }
+    if (prev) step_finish(e, prev, &out, &cap_out); // nothing left running on the device
+    free(steps[0].held);
+    free(steps[1].held);
     free(out);
     return NULL;
 }
@@ -457,6 +539,15 @@ int pg_engine_create(const pg_engine_config *cfg, pg_engine_notify_fn notify, vo
                         "(use auto)", kvd);
         goto fail;
     }
+    // Async scheduling: auto = on with the GPU (the host plans the next step
+    // while the device runs this one); on the CPU the same thread does both,
+    // so it only adds a discarded token per finished sequence.
+    const char *asy = cfg->async_scheduling ? cfg->async_scheduling : "auto";
+    if (strcmp(asy, "auto") && strcmp(asy, "on") && strcmp(asy, "off")) {
+        rc = pg_err_set(PG_EINVAL, "async scheduling '%s' is not known (auto, on, off)", asy);
+        goto fail;
+    }
+    e->async = !strcmp(asy, "on") || (!strcmp(asy, "auto") && use_cuda);
     if (cfg->load_format && strcmp(cfg->load_format, "auto") && !is_dummy(cfg)) {
         rc = pg_err_set(PG_EINVAL, "load format '%s' is not known (auto, dummy)", cfg->load_format);
         goto fail;
@@ -596,6 +687,7 @@ int pg_engine_create(const pg_engine_config *cfg, pg_engine_notify_fn notify, vo
                 e->backend->name, e->kv_blocks - 1, sc.block_size, (e->kv_blocks - 1) * sc.block_size,
                 (double)e->stats.kv_bytes / (1 << 20), host_blocks, e->max_model_len);
     }
+    PG_LOGI("async scheduling %s", e->async ? "on (the next step is planned while one runs)" : "off");
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         rc = pg_err_set(PG_ENOMEM, "cannot start the engine thread");
         goto fail;

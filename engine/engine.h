@@ -41,6 +41,8 @@ typedef struct pg_engine_config {
                                  //   "lazy" (on a bucket's first step), "off"
     const char *kv_cache_dtype;  // NULL or "auto" (bf16 on CUDA, f32 on the CPU), "bf16", "fp8"
                                  //   (e4m3, scale 1.0; CUDA only)
+    const char *async_scheduling; // NULL or "auto" (on with CUDA, off on the CPU), "on", "off":
+                                 //   plan step N + 1 while step N runs (scheduler/sched.h)
 } pg_engine_config;
 
 void pg_engine_config_default(pg_engine_config *c);

@@ -19,7 +19,10 @@ struct pg_runner {
     int32_t *tokens, *pos, *slots, *logit_rows, *logit_seq;
     pg_attn_seq *seqs;
     float *logits;          // [cap_seqs][vocab]
-    pg_seq_output *outs;    // [cap_seqs]
+    // This step's outputs and the previous step's (a step's PG_TOKEN_PENDING
+    // inputs come from the previous step's outputs).
+    pg_seq_output *outs, *prev_outs; // [cap_seqs] each
+    int32_t n_outs, n_prev;
 };
 
 const float *pg_runner_last_logits(const pg_runner *r) { return r->logits; }
@@ -61,6 +64,7 @@ void pg_runner_free(pg_runner *r) {
     free(r->seqs);
     free(r->logits);
     free(r->outs);
+    free(r->prev_outs);
     free(r);
 }
 
@@ -87,6 +91,7 @@ static void reserve(pg_runner *r, int32_t n_tokens, int32_t n_seqs) {
         r->logit_rows = pg_xrealloc(r->logit_rows, n * sizeof(int32_t));
         r->logit_seq = pg_xrealloc(r->logit_seq, n * sizeof(int32_t));
         r->outs = pg_xrealloc(r->outs, n * sizeof(pg_seq_output));
+        r->prev_outs = pg_xrealloc(r->prev_outs, n * sizeof(pg_seq_output));
         free(r->logits);
         r->logits = pg_xmalloc(n * (size_t)r->model->cfg.vocab_size * sizeof(float));
         r->cap_seqs = n_seqs;
@@ -123,7 +128,20 @@ static int do_moves(pg_runner *r, const pg_batch_plan *p) {
     return 0;
 }
 
+// The token `seq_id` sampled in the previous step, or -1.
+static int32_t prev_token(const pg_runner *r, int64_t seq_id) {
+    for (int32_t i = 0; i < r->n_prev; i++)
+        if (r->prev_outs[i].seq_id == seq_id) return r->prev_outs[i].token;
+    return -1;
+}
+
 int pg_runner_execute(pg_runner *r, const pg_batch_plan *p, pg_step_output *out) {
+    // The last step's outputs are kept for this step's pending tokens.
+    pg_seq_output *swap = r->prev_outs;
+    r->prev_outs = r->outs;
+    r->outs = swap;
+    r->n_prev = r->n_outs;
+    r->n_outs = 0;
     out->n = 0;
     out->outs = r->outs;
     PG_TRY(do_moves(r, p));
@@ -144,8 +162,13 @@ int pg_runner_execute(pg_runner *r, const pg_batch_plan *p, pg_step_output *out)
                 return pg_err_set(PG_EINVAL, "plan: block id %d out of range", s->block_table[b]);
         r->seqs[i] = (pg_attn_seq){row, s->n_tokens, s->start_pos, s->block_table};
         for (int32_t t = 0; t < s->n_tokens; t++, row++) {
-            int32_t pos = s->start_pos + t;
-            r->tokens[row] = s->tokens[t];
+            int32_t pos = s->start_pos + t, tok = s->tokens[t];
+            if (tok == PG_TOKEN_PENDING && s->n_tokens == 1 && (tok = prev_token(r, s->seq_id)) < 0)
+                return pg_err_set(PG_EINVAL,
+                                  "plan: sequence %lld has a pending token but did not sample in "
+                                  "the previous step",
+                                  (long long)s->seq_id);
+            r->tokens[row] = tok;
             r->pos[row] = pos;
             r->slots[row] = s->block_table[pos / bs] * bs + pos % bs;
         }
@@ -159,7 +182,7 @@ int pg_runner_execute(pg_runner *r, const pg_batch_plan *p, pg_step_output *out)
     const int64_t vocab = r->model->cfg.vocab_size;
     for (int32_t i = 0; i < n_logits; i++)
         pg_sampler_sample(r->sampler, &p->seqs[r->logit_seq[i]], r->logits + i * vocab, &r->outs[i]);
-    out->n = n_logits;
+    out->n = r->n_outs = n_logits;
     out->outs = r->outs; // after reserve(), which may have moved it
     return 0;
 }

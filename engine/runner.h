@@ -24,7 +24,10 @@ int pg_runner_create(const pg_llama *model, pg_backend *be, const pg_runner_conf
 void pg_runner_free(pg_runner *r);
 
 // Runs one step. `out->outs` points into runner memory, valid until the next
-// call. Fails only on an invalid plan (token or block id out of range).
+// call. A decode entry whose token is PG_TOKEN_PENDING gets the
+// token its sequence sampled in the previous call. Fails only on an invalid
+// plan (token or block id out of range, a pending token with no sample
+// behind it).
 int pg_runner_execute(pg_runner *r, const pg_batch_plan *plan, pg_step_output *out);
 
 // For tests: the f32 logits of the last step's sampled sequences, in plan

@@ -33,12 +33,19 @@ struct pg_cuda_runner {
     int32_t *seq_lens, *start_pos, *cu_q; // [max_seqs] (+1 for cu_q)
     int32_t *order;                       // [max_seqs] device order -> plan index
     int32_t *row0;                        // [max_seqs] plan index -> first row
-    int32_t *sample_rows, *sample_seq;    // [max_seqs] per sampled sequence: row, plan index
+    int32_t *sample_rows;                 // [max_seqs] per sampled sequence: its row
     pg_cuda_sample_params *params;        // [max_seqs]
     int32_t *stok;                        // histories and ban lists (grown on demand)
     int64_t cap_stok;
     pg_cuda_sample_out *souts; // [max_seqs]
     pg_seq_output *outs;       // [max_seqs]
+    // Async steps: per begun step the seq ids of its samples in plan order
+    // (two buffers, alternating), the open steps' buffers oldest first, and
+    // this step's fed tokens (row, index among the previous step's samples).
+    int64_t *sampled[2]; // [max_seqs]
+    int32_t n_sampled[2];
+    int next_buf, open_buf[2], n_open;
+    int32_t *feed; // [max_seqs][2]
 };
 
 int pg_cuda_runner_probe(char *why, size_t cap) {
@@ -215,10 +222,12 @@ int pg_cuda_runner_create(const pg_llama *model, const pg_cuda_runner_config *cf
     r->order = pg_xmalloc(S * sizeof(int32_t));
     r->row0 = pg_xmalloc(S * sizeof(int32_t));
     r->sample_rows = pg_xmalloc(S * sizeof(int32_t));
-    r->sample_seq = pg_xmalloc(S * sizeof(int32_t));
     r->params = pg_xcalloc(S, sizeof(pg_cuda_sample_params));
     r->souts = pg_xcalloc(S, sizeof(pg_cuda_sample_out));
     r->outs = pg_xcalloc(S, sizeof(pg_seq_output));
+    r->sampled[0] = pg_xcalloc(S, sizeof(int64_t));
+    r->sampled[1] = pg_xcalloc(S, sizeof(int64_t));
+    r->feed = pg_xcalloc(2 * S, sizeof(int32_t));
     *out = r;
     return 0;
 }
@@ -236,11 +245,13 @@ void pg_cuda_runner_free(pg_cuda_runner *r) {
     free(r->order);
     free(r->row0);
     free(r->sample_rows);
-    free(r->sample_seq);
     free(r->params);
     free(r->stok);
     free(r->souts);
     free(r->outs);
+    free(r->sampled[0]);
+    free(r->sampled[1]);
+    free(r->feed);
     free(r);
 }
 
@@ -307,9 +318,22 @@ static void fill_params(pg_cuda_runner *r, const pg_plan_seq *s, pg_cuda_sample_
     }
 }
 
-int pg_cuda_runner_execute(pg_cuda_runner *r, const pg_batch_plan *p, pg_step_output *out) {
-    out->n = 0;
-    out->outs = r->outs;
+// Index of seq_id among the samples of the step begun last, or -1. Plans
+// keep their order from step to step, so the search starts after the last hit.
+static int32_t prev_sample(const pg_cuda_runner *r, int64_t seq_id, int32_t *hint) {
+    const int b = r->next_buf ^ 1;
+    const int32_t n = r->n_sampled[b];
+    for (int32_t k = 0; k < n; k++) {
+        int32_t j = (*hint + k) % n;
+        if (r->sampled[b][j] == seq_id) {
+            *hint = j + 1;
+            return j;
+        }
+    }
+    return -1;
+}
+
+int pg_cuda_runner_begin(pg_cuda_runner *r, const pg_batch_plan *p) {
     const int32_t nd = r->n_blocks, nh = r->n_host_blocks, bs = r->cfg.block_size;
     const int32_t vocab = r->model->cfg.vocab_size;
     if ((p->n_swap_out || p->n_swap_in) && nh == 0)
@@ -351,13 +375,15 @@ int pg_cuda_runner_execute(pg_cuda_runner *r, const pg_batch_plan *p, pg_step_ou
             if (s->block_table[b] <= 0 || s->block_table[b] >= nd)
                 return pg_err_set(PG_EINVAL, "plan: block id %d out of range", s->block_table[b]);
         for (int32_t t = 0; t < s->n_tokens; t++)
-            if (s->tokens[t] < 0 || s->tokens[t] >= vocab)
+            if ((s->tokens[t] < 0 || s->tokens[t] >= vocab) &&
+                !(s->tokens[t] == PG_TOKEN_PENDING && s->n_tokens == 1))
                 return pg_err_set(PG_EINVAL, "token id %d outside the vocabulary", s->tokens[t]);
         if (nb > bt_stride) bt_stride = nb;
     }
 
+    if (r->n_open >= 2) return pg_err_set(PG_EINVAL, "cuda runner: two steps begun and not ended");
     // Flatten in device order.
-    int32_t row = 0, max_dec_ctx = 0, max_q = 0;
+    int32_t row = 0, max_dec_ctx = 0, max_q = 0, n_feed = 0, hint = 0;
     for (k = 0; k < p->n_seqs; k++) {
         const int32_t i = r->order[k];
         const pg_plan_seq *s = &p->seqs[i];
@@ -375,6 +401,18 @@ int pg_cuda_runner_execute(pg_cuda_runner *r, const pg_batch_plan *p, pg_step_ou
         for (int32_t t = 0; t < s->n_tokens; t++, row++) {
             int32_t pos = s->start_pos + t;
             r->tokens[row] = s->tokens[t];
+            if (s->tokens[t] == PG_TOKEN_PENDING) { // sampled by the step begun last
+                int32_t j = prev_sample(r, s->seq_id, &hint);
+                if (j < 0)
+                    return pg_err_set(PG_EINVAL,
+                                      "plan: sequence %lld has a pending token but did not "
+                                      "sample in the previous step",
+                                      (long long)s->seq_id);
+                r->tokens[row] = 0; // a valid id until the device writes the token
+                r->feed[2 * n_feed] = row;
+                r->feed[2 * n_feed + 1] = j;
+                n_feed++;
+            }
             r->pos[row] = pos;
             r->slots[row] = s->block_table[pos / bs] * bs + pos % bs;
         }
@@ -384,11 +422,12 @@ int pg_cuda_runner_execute(pg_cuda_runner *r, const pg_batch_plan *p, pg_step_ou
     // Sampled sequences in plan order: the row of their last token.
     int32_t ns = 0;
     int64_t n_stok = 0;
+    const int buf = r->next_buf;
     for (int32_t i = 0; i < p->n_seqs; i++) {
         const pg_plan_seq *s = &p->seqs[i];
         if (!s->sample) continue;
         r->sample_rows[ns] = r->row0[i] + s->n_tokens - 1;
-        r->sample_seq[ns] = i;
+        r->sampled[buf][ns] = s->seq_id;
         fill_params(r, s, &r->params[ns], &n_stok);
         ns++;
     }
@@ -420,13 +459,30 @@ int pg_cuda_runner_execute(pg_cuda_runner *r, const pg_batch_plan *p, pg_step_ou
         .swap_out = (const int32_t *)p->swap_out,
         .swap_in = (const int32_t *)p->swap_in,
         .copies = (const int32_t *)p->copies,
+        .n_feed = n_feed,
+        .feed = r->feed,
     };
-    PG_TRY(pg_cuda_model_step(r->dev, &st, r->souts));
+    PG_TRY(pg_cuda_model_step_begin(r->dev, &st));
+    r->n_sampled[buf] = ns;
+    r->open_buf[r->n_open++] = buf;
+    r->next_buf = buf ^ 1;
+    return 0;
+}
+
+int pg_cuda_runner_end(pg_cuda_runner *r, pg_step_output *out) {
+    out->n = 0;
+    out->outs = r->outs;
+    if (r->n_open == 0) return pg_err_set(PG_EINVAL, "cuda runner: no step begun");
+    const int buf = r->open_buf[0];
+    r->open_buf[0] = r->open_buf[1];
+    r->n_open--;
+    PG_TRY(pg_cuda_model_step_end(r->dev, r->souts));
+    const int32_t ns = r->n_sampled[buf];
     for (int32_t j = 0; j < ns; j++) {
         const pg_cuda_sample_out *so = &r->souts[j];
         pg_seq_output *o = &r->outs[j];
         memset(o, 0, sizeof *o);
-        o->seq_id = p->seqs[r->sample_seq[j]].seq_id;
+        o->seq_id = r->sampled[buf][j];
         o->token = so->token;
         o->logprob = so->logprob;
         o->n_top = so->n_top < 0 ? 0 : so->n_top > PG_MAX_LOGPROBS ? PG_MAX_LOGPROBS : so->n_top;
@@ -435,4 +491,12 @@ int pg_cuda_runner_execute(pg_cuda_runner *r, const pg_batch_plan *p, pg_step_ou
     }
     out->n = ns;
     return 0;
+}
+
+int pg_cuda_runner_execute(pg_cuda_runner *r, const pg_batch_plan *p, pg_step_output *out) {
+    out->n = 0;
+    out->outs = r->outs;
+    if (r->n_open > 0) return pg_err_set(PG_EINVAL, "cuda runner: a begun step is not ended");
+    PG_TRY(pg_cuda_runner_begin(r, p));
+    return pg_cuda_runner_end(r, out);
 }

@@ -65,7 +65,18 @@ int pg_cuda_runner_alloc_kv(pg_cuda_runner *r, int32_t n_blocks, int32_t n_host_
 // Runs one step: moves, forward, sampling. `out->outs` points into runner
 // memory, valid until the next call. Fails on an invalid plan (ids out of
 // range, a plan beyond the configured limits) or a device error.
+// begin + end with no step open.
 int pg_cuda_runner_execute(pg_cuda_runner *r, const pg_batch_plan *plan, pg_step_output *out);
+
+// The same in two halves (async scheduling, scheduler/sched.h): begin
+// validates and flattens the plan and queues the step on the device (it
+// reads nothing of the plan afterwards); end waits for the oldest begun
+// step and returns its outputs (`out->outs` valid until the next end). At
+// most two steps open. A decode entry whose token is PG_TOKEN_PENDING gets
+// the token its sequence sampled in the step begun just before (on the
+// device); PG_EINVAL if that step did not sample it.
+int pg_cuda_runner_begin(pg_cuda_runner *r, const pg_batch_plan *plan);
+int pg_cuda_runner_end(pg_cuda_runner *r, pg_step_output *out);
 
 // For tests: the f32 logits of the last step's sampled sequences, in plan
 // order, out[n][vocab].

@@ -3,7 +3,8 @@
 // The scheduler produces a pg_batch_plan each step and consumes a
 // pg_step_output; it knows nothing of tensors. The runner (engine/) needs
 // nothing but the plan to execute a step. All pointers in a plan are owned
-// by the scheduler and stay valid until sched_update() for that step.
+// by the scheduler and stay valid until sched_update() (or sched_advance())
+// for that step.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -34,6 +35,13 @@ typedef struct pg_sampling_params {
 // Fills `p` with the defaults: temperature 1, top_p 1, top_k off, n 1,
 // max_tokens 16, logprobs -1, no penalties, no seed.
 void pg_sampling_params_default(pg_sampling_params *p);
+
+// A decode entry's token under async scheduling (sched_advance): the token
+// this sequence sampled in the step before, not known when the plan was
+// made. The runner takes it from that step's output (matched by seq_id);
+// it appears only as the single token of an entry whose sequence sampled in
+// the previous step. Penalty histories never hold it (sched_can_run_ahead).
+#define PG_TOKEN_PENDING (-1)
 
 // One sequence scheduled in a step: a prefill chunk or one decode token.
 typedef struct pg_plan_seq {

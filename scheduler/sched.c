@@ -42,6 +42,8 @@ typedef struct seq {
     kvp_table table;
     sched_finish_reason finish;  // NONE while live
     sched_finish_reason pending; // finish asked for while in flight
+    bool unres;                  // hist[n_hist - 1] is PG_TOKEN_PENDING (advanced, not resolved)
+    bool stopping;               // that token reaches a length limit: not scheduled again
     int32_t stop_token;
     bool ev_end;                 // ended since its request's events were last emitted
     const pg_seq_output *ev_out; // token sampled in this update, or NULL
@@ -115,6 +117,12 @@ struct sched {
     kvp_grow_item items[SCHED_MAX_N];
     seq *iseq[SCHED_MAX_N]; // items[i] belongs to iseq[i]
     kvp_table *tabs[SCHED_MAX_N];
+    // The advanced step (sched_advance) whose tokens sched_resolve fills in:
+    // sampled sequences in plan order and the plan's requests, by id (a
+    // request may be aborted and freed in between).
+    bool advanced;
+    int64_t *ures_seq, *ures_req; // [max_num_seqs] each
+    int32_t n_ures_seq, n_ures_req;
     // Events.
     evbuf ev, pending;
     req **dead; // [n_dead] finished during sched_update, freed at its end
@@ -311,7 +319,8 @@ static int32_t lead_target(const req *r) {
 static void usage_fill(const req *r, sched_usage *u) {
     *u = r->usage;
     u->completion_tokens = 0;
-    for (int32_t i = 0; i < r->n; i++) u->completion_tokens += r->seqs[i].n_hist - r->n_prompt;
+    for (int32_t i = 0; i < r->n; i++)
+        u->completion_tokens += r->seqs[i].n_hist - r->seqs[i].unres - r->n_prompt;
 }
 
 // Emits, in index order, an event for every sequence of r that got a token
@@ -333,7 +342,7 @@ static void emit_events(sched *s, evbuf *b, req *r) {
             e->out = *q->ev_out;
             e->out.seq_id = q->seq_id;
         }
-        e->n_generated = q->n_hist - r->n_prompt;
+        e->n_generated = q->n_hist - q->unres - r->n_prompt;
         e->finish = q->ev_end ? q->finish : SCHED_FINISH_NONE;
         e->stop_token = q->ev_end ? q->stop_token : -1;
         q->ev_end = false;
@@ -364,6 +373,7 @@ static void seq_end(sched *s, req *r, seq *q, sched_finish_reason reason, int32_
     }
     kvp_table_release(s->pool, &q->table);
     q->n_computed = 0;
+    q->n_sched = 0; // ended by sched_resolve while in the next plan: that entry is skipped
     if (reason == SCHED_FINISH_ABORT && r->n_live == 0) s->st.n_aborted++;
 }
 
@@ -468,7 +478,7 @@ static int32_t build_items(sched *s, req *r, const budget *b, int32_t lead_hits,
     if (!r->forked) {
         seq *q = &r->seqs[r->lead];
         int32_t done = lead_hits ? lead_hits * s->bs : q->n_computed;
-        int32_t c = seqs > 0 ? chunk_len(s, lead_target(r) - done, left) : 0;
+        int32_t c = seqs > 0 && !q->stopping ? chunk_len(s, lead_target(r) - done, left) : 0;
         if (c > 0) {
             s->items[n] = (kvp_grow_item){&q->table, lead_hits, c};
             s->iseq[n++] = q;
@@ -477,7 +487,7 @@ static int32_t build_items(sched *s, req *r, const budget *b, int32_t lead_hits,
     } else {
         for (int32_t i = 0; i < r->n && seqs > 0 && left > 0; i++) {
             seq *q = &r->seqs[i];
-            if (q->finish != SCHED_FINISH_NONE) continue;
+            if (q->finish != SCHED_FINISH_NONE || q->stopping) continue;
             int32_t c = chunk_len(s, q->n_hist - q->n_computed, left);
             if (c <= 0) continue;
             s->items[n] = (kvp_grow_item){&q->table, 0, c};
@@ -660,61 +670,64 @@ static sched_finish_reason check_stop(const sched *s, const req *r, const seq *q
     return SCHED_FINISH_NONE;
 }
 
-// Whether `out` answers the plan: one output per sampling entry, in order.
+// Whether `out` answers the advanced step: one output per sampled
+// sequence, in plan order.
 static int check_output(const sched *s, const pg_step_output *out) {
-    int32_t k = 0;
-    for (int32_t i = 0; i < s->plan.n_seqs; i++) {
-        if (!s->pseqs[i].sample) continue;
-        if (k >= out->n || out->outs[k].seq_id != s->pseqs[i].seq_id)
-            return pg_err_set(PG_EINVAL, "sched_update: output %d does not answer seq %lld", k,
-                              (long long)s->pseqs[i].seq_id);
-        k++;
-    }
-    if (k != out->n)
-        return pg_err_set(PG_EINVAL, "sched_update: %d outputs for %d sampled sequences", out->n,
-                          k);
+    if (out->n != s->n_ures_seq)
+        return pg_err_set(PG_EINVAL, "sched_resolve: %d outputs for %d sampled sequences", out->n,
+                          s->n_ures_seq);
+    for (int32_t k = 0; k < out->n; k++)
+        if (out->outs[k].seq_id != s->ures_seq[k])
+            return pg_err_set(PG_EINVAL, "sched_resolve: output %d does not answer seq %lld", k,
+                              (long long)s->ures_seq[k]);
     return 0;
 }
 
-int sched_update(sched *s, const pg_step_output *out, sched_events *evs) {
-    evs->n = 0;
-    evs->ev = NULL;
-    if (!s->in_flight) return pg_err_set(PG_EINVAL, "sched_update: no plan in flight");
-    s->now = sched_clock(s);
-    s->ev.n = 0;
-    s->ev.v = grow_array(s->ev.v, &s->ev.cap, s->pending.n, sizeof(sched_event));
-    if (s->pending.n) memcpy(s->ev.v, s->pending.v, sizeof(sched_event) * (size_t)s->pending.n);
-    s->ev.n = s->pending.n;
-    s->pending.n = 0;
+static bool has_penalties(const pg_sampling_params *sp) {
+    return (sp->repetition_penalty != 1.0f && sp->repetition_penalty > 0) ||
+           sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f;
+}
 
-    int rc = out ? check_output(s, out) : 0;
-    bool failed = !out || rc < 0;
-    int32_t k = 0;
+// A live request by id and one of its sequences by seq_id, or NULL (the
+// request finished and was freed since the id was recorded).
+static req *req_by_id(const sched *s, int64_t id) { return idmap_get(&s->ids, id); }
+
+static void append_token(req *r, seq *q, int32_t tok) {
+    PG_CHECK(q->n_hist < r->n_prompt + r->sp.max_tokens);
+    if (q->n_hist == q->hist_cap) { // no plan the runner still reads points into hist
+        int32_t cap = q->hist_cap + (q->hist_cap - r->n_prompt > 16 ? q->hist_cap - r->n_prompt : 16);
+        if (cap > r->n_prompt + r->sp.max_tokens) cap = r->n_prompt + r->sp.max_tokens;
+        q->hist = pg_xrealloc(q->hist, sizeof(int32_t) * (size_t)cap);
+        q->hist_cap = cap;
+    }
+    q->hist[q->n_hist++] = tok;
+}
+
+int sched_advance(sched *s) {
+    if (!s->in_flight) return pg_err_set(PG_EINVAL, "sched_advance: no plan in flight");
+    if (s->advanced) return pg_err_set(PG_EINVAL, "sched_advance: the previous step is not resolved");
+    s->now = sched_clock(s);
+    s->n_ures_seq = s->n_ures_req = 0;
     for (int32_t i = 0; i < s->plan.n_seqs; i++) {
         seq *q = s->pref[i];
         req *r = q->owner;
         int32_t n_sched = q->n_sched;
         q->n_sched = 0;
-        const pg_seq_output *o = NULL;
-        if (s->pseqs[i].sample && !failed) o = &out->outs[k++];
-        if (failed || r->abort_pending) continue;
+        // Every sampled entry has an output to match (sched_resolve drops
+        // those of sequences that are no longer waiting for one).
+        if (s->pseqs[i].sample) s->ures_seq[s->n_ures_seq++] = q->seq_id;
+        // Ended since the plan was made (sched_resolve of the step before):
+        // its blocks are gone and its output will be dropped.
+        if (r->abort_pending || q->finish != SCHED_FINISH_NONE) continue;
         q->n_computed += n_sched;
-        kvp_table_commit(s->pool, &q->table, q->hist, q->n_computed);
-        if (!o || q->pending != SCHED_FINISH_NONE) continue;
-        PG_CHECK(q->n_hist < r->n_prompt + r->sp.max_tokens);
-        if (q->n_hist == q->hist_cap) { // no plan points into hist now
-            int32_t cap =
-                q->hist_cap + (q->hist_cap - r->n_prompt > 16 ? q->hist_cap - r->n_prompt : 16);
-            if (cap > r->n_prompt + r->sp.max_tokens) cap = r->n_prompt + r->sp.max_tokens;
-            q->hist = pg_xrealloc(q->hist, sizeof(int32_t) * (size_t)cap);
-            q->hist_cap = cap;
-        }
-        q->hist[q->n_hist++] = o->token;
-        q->ev_out = o;
-        if (!r->usage.first_token_ns) r->usage.first_token_ns = s->now;
-        int32_t stop_token;
-        sched_finish_reason fin = check_stop(s, r, q, o->token, &stop_token);
-        if (fin != SCHED_FINISH_NONE) seq_end(s, r, q, fin, stop_token);
+        if (!s->pseqs[i].sample || q->pending != SCHED_FINISH_NONE) continue;
+        // The token is not known yet: its place in the history holds
+        // PG_TOKEN_PENDING, which the next plan may feed to the runner (it
+        // takes the value from this step's output). Only the length limits
+        // can be checked now.
+        append_token(r, q, PG_TOKEN_PENDING);
+        q->unres = true;
+        q->stopping = q->n_hist - r->n_prompt >= r->sp.max_tokens || q->n_hist >= s->cfg.max_model_len;
     }
 
     s->n_dead = 0;
@@ -724,20 +737,19 @@ int sched_update(sched *s, const pg_step_output *out, sched_events *evs) {
         for (int32_t i = 0; i < r->n; i++) {
             seq *q = &r->seqs[i];
             if (q->finish != SCHED_FINISH_NONE) continue;
-            if (failed) {
-                seq_end(s, r, q, SCHED_FINISH_ERROR, -1);
-            } else if (r->abort_pending) {
+            if (r->abort_pending)
                 seq_end(s, r, q, SCHED_FINISH_ABORT, -1);
-            } else if (q->pending != SCHED_FINISH_NONE) {
+            else if (q->pending != SCHED_FINISH_NONE)
                 seq_end(s, r, q, q->pending, -1);
-            }
         }
-        emit_events(s, &s->ev, r);
-        if (r->n_live == 0) {
-            req_unlink(s, r, false);
-            s->dead = grow_array(s->dead, &s->dead_cap, s->n_dead + 1, sizeof(req *));
-            s->dead[s->n_dead++] = r;
+        if (r->n_live > 0) {
+            s->ures_req[s->n_ures_req++] = r->id; // its events come with sched_resolve
+            continue;
         }
+        emit_events(s, &s->pending, r);
+        req_unlink(s, r, false);
+        s->dead = grow_array(s->dead, &s->dead_cap, s->n_dead + 1, sizeof(req *));
+        s->dead[s->n_dead++] = r;
     }
     if (s->n_dead) {
         int32_t w = 0;
@@ -752,10 +764,89 @@ int sched_update(sched *s, const pg_step_output *out, sched_events *evs) {
         s->n_dead = 0;
     }
     s->in_flight = false;
+    s->advanced = true;
     s->plan.n_seqs = 0;
+    return 0;
+}
+
+bool sched_can_run_ahead(const sched *s) {
+    for (int32_t k = 0; k < s->n_ures_seq; k++) {
+        const req *r = req_by_id(s, s->ures_seq[k] / SCHED_MAX_N);
+        if (r && has_penalties(&r->sp)) return false;
+    }
+    return true;
+}
+
+int sched_resolve(sched *s, const pg_step_output *out, sched_events *evs) {
+    evs->n = 0;
+    evs->ev = NULL;
+    if (!s->advanced) return pg_err_set(PG_EINVAL, "sched_resolve: no step advanced");
+    s->now = sched_clock(s);
+    s->ev.n = 0;
+    s->ev.v = grow_array(s->ev.v, &s->ev.cap, s->pending.n, sizeof(sched_event));
+    if (s->pending.n) memcpy(s->ev.v, s->pending.v, sizeof(sched_event) * (size_t)s->pending.n);
+    s->ev.n = s->pending.n;
+    s->pending.n = 0;
+
+    int rc = out ? check_output(s, out) : 0;
+    bool failed = !out || rc < 0;
+    // The forward that wrote the step's positions is over: offer their full
+    // blocks to the prefix cache (before a stop below releases them).
+    for (int32_t j = 0; j < s->n_ures_req && !failed; j++) {
+        req *r = req_by_id(s, s->ures_req[j]);
+        for (int32_t i = 0; r && i < r->n; i++) {
+            seq *q = &r->seqs[i];
+            if (q->finish == SCHED_FINISH_NONE && !q->table.swapped)
+                kvp_table_commit(s->pool, &q->table, q->hist, q->n_computed);
+        }
+    }
+    for (int32_t k = 0; k < s->n_ures_seq; k++) {
+        req *r = req_by_id(s, s->ures_seq[k] / SCHED_MAX_N);
+        if (!r) continue;
+        seq *q = &r->seqs[s->ures_seq[k] % SCHED_MAX_N];
+        if (!q->unres) continue; // its output is dropped
+        q->unres = q->stopping = false;
+        // Ended meanwhile (abort, stop string, the failure below): the
+        // placeholder is the last token, drop it.
+        if (q->finish != SCHED_FINISH_NONE || r->abort_pending || failed) {
+            q->n_hist--;
+            continue;
+        }
+        const pg_seq_output *o = &out->outs[k];
+        q->hist[q->n_hist - 1] = o->token;
+        q->ev_out = o;
+        if (!r->usage.first_token_ns) r->usage.first_token_ns = s->now;
+        int32_t stop_token;
+        sched_finish_reason fin = check_stop(s, r, q, o->token, &stop_token);
+        // A request already in the next plan keeps its slot there (that
+        // entry is skipped by the next sched_advance, which unlinks it).
+        if (fin != SCHED_FINISH_NONE) seq_end(s, r, q, fin, stop_token);
+    }
+    for (int32_t j = 0; j < s->n_ures_req; j++) {
+        req *r = req_by_id(s, s->ures_req[j]);
+        if (!r) continue;
+        for (int32_t i = 0; i < r->n; i++) {
+            seq *q = &r->seqs[i];
+            if (q->finish != SCHED_FINISH_NONE) continue;
+            if (failed) seq_end(s, r, q, SCHED_FINISH_ERROR, -1);
+        }
+        emit_events(s, &s->ev, r);
+        if (r->n_live == 0 && !r->in_flight) {
+            req_unlink(s, r, true);
+            req_free(s, r);
+        }
+    }
+    s->advanced = false;
     evs->n = s->ev.n;
     evs->ev = s->ev.v;
     return rc;
+}
+
+int sched_update(sched *s, const pg_step_output *out, sched_events *evs) {
+    evs->n = 0;
+    evs->ev = NULL;
+    PG_TRY(sched_advance(s));
+    return sched_resolve(s, out, evs);
 }
 
 // ---------------------------------------------------------------------------
@@ -806,6 +897,8 @@ int sched_create(const sched_config *cfg, sched **out) {
     s->pseqs = pg_xcalloc((size_t)cfg->max_num_seqs, sizeof(pg_plan_seq));
     s->pref = pg_xcalloc((size_t)cfg->max_num_seqs, sizeof(seq *));
     s->preq = pg_xcalloc((size_t)cfg->max_num_seqs, sizeof(req *));
+    s->ures_seq = pg_xcalloc((size_t)cfg->max_num_seqs, sizeof(int64_t));
+    s->ures_req = pg_xcalloc((size_t)cfg->max_num_seqs, sizeof(int64_t));
     s->plan.seqs = s->pseqs;
     *out = s;
     return 0;
@@ -823,6 +916,8 @@ void sched_destroy(sched *s) {
     free(s->pseqs);
     free(s->pref);
     free(s->preq);
+    free(s->ures_seq);
+    free(s->ures_req);
     kvp_moves_fini(&s->copies);
     kvp_moves_fini(&s->swap_out);
     kvp_moves_fini(&s->swap_in);
@@ -968,7 +1063,7 @@ int sched_finish_seq(sched *s, int64_t id, int32_t seq_index, sched_finish_reaso
 }
 
 bool sched_has_work(const sched *s) {
-    return s->n_run > 0 || s->waiting.n > 0 || s->swapped.n > 0 || s->pending.n > 0;
+    return s->n_run > 0 || s->waiting.n > 0 || s->swapped.n > 0 || s->pending.n > 0 || s->advanced;
 }
 
 void sched_stats_get(const sched *s, sched_stats *o) {
@@ -1019,10 +1114,12 @@ static int check_req(const sched *s, const req *r, int32_t *dev, int32_t *host) 
             }
         }
     }
-    if (live != r->n_live || live == 0)
+    // (none live: only a request that sched_resolve ended while it is in the
+    // next plan, unlinked by the next sched_advance)
+    if (live != r->n_live || (live == 0 && !r->in_flight))
         return pg_err_set(PG_EINVAL, "request %lld: %d live sequences, counted %d",
                           (long long)r->id, r->n_live, live);
-    if (r->seqs[r->lead].finish != SCHED_FINISH_NONE && !r->forked)
+    if (live > 0 && r->seqs[r->lead].finish != SCHED_FINISH_NONE && !r->forked)
         return pg_err_set(PG_EINVAL, "request %lld: finished lead", (long long)r->id);
     return 0;
 }

@@ -7,6 +7,9 @@
 //     runner executes plan          -> pg_step_output
 //     sched_update(s, &out, &ev)    -> per-sequence token / finish events
 //
+// or, to plan a step while the previous one runs, sched_update split into
+// sched_advance and sched_resolve (async scheduling, below).
+//
 // Model: a request has n sequences (parallel sampling). Each sequence has a
 // token history (prompt then output) and a count of computed tokens (KV
 // written). There are no prefill/decode phases: every step spends a token
@@ -180,8 +183,43 @@ int sched_step(sched *s, const pg_batch_plan **plan);
 // last update) in *ev. `out` NULL means the step failed: every request in
 // the plan finishes with SCHED_FINISH_ERROR. An output that does not match
 // the plan (count or seq ids) is treated the same and returns PG_EINVAL;
-// the scheduler stays consistent either way.
+// the scheduler stays consistent either way. Same as sched_advance then
+// sched_resolve.
 int sched_update(sched *s, const pg_step_output *out, sched_events *ev);
+
+// Async scheduling (vLLM v1's): the engine plans step N+1 while the device
+// still runs step N. The loop is
+//
+//     sched_step(N) -> runner begins N -> sched_advance
+//     sched_step(N+1) -> runner begins N+1 -> runner ends N
+//       -> sched_resolve(N) -> sched_advance -> sched_step(N+2) ...
+//
+// sched_advance: the runner has taken the plan in flight (it reads none of
+// its memory after this). Computed tokens advance; each sampled sequence
+// gets PG_TOKEN_PENDING as its newest history token, which the next plan
+// passes to the runner as that sequence's decode input (the runner takes
+// it from this step's output); a sequence whose token reaches max_tokens or
+// max_model_len is not scheduled again. Ends the plan's in-flight state
+// (aborts and finishes asked for while in flight take effect; their
+// events wait for sched_resolve). PG_EINVAL without a plan in flight or
+// with an advanced step not yet resolved.
+int sched_advance(sched *s);
+
+// The output of the advanced step (NULL: it failed): fills in the tokens,
+// applies the stop rules, offers the written blocks to the prefix cache and
+// returns the events, as sched_update does. A sequence that stops here
+// while it is in the next plan ends now (blocks back to the pool: the
+// device runs steps in order, so their next owner writes after that step);
+// that plan's entry for it is ignored and its output dropped. A failed
+// step ends its requests with SCHED_FINISH_ERROR (also those in the next
+// plan). The checks and return value are sched_update's.
+int sched_resolve(sched *s, const pg_step_output *out, sched_events *ev);
+
+// Whether the next plan may be made before sched_resolve: false when a
+// sequence awaiting its token samples with a repetition, presence or
+// frequency penalty (the runner reads the history, which lacks that token),
+// then the engine resolves first. True with nothing advanced.
+bool sched_can_run_ahead(const sched *s);
 
 // Whether a step would do anything: live requests or undelivered events.
 bool sched_has_work(const sched *s);

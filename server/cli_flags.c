@@ -38,6 +38,8 @@ const char *cli_engine_flags_help =
     "  --kv-cache-dtype auto|bf16|fp8  KV cache elements: auto (bf16 on the GPU, f32 on the\n"
     "                                CPU), bf16, or fp8 (e4m3, scale 1.0, saturating; GPU only:\n"
     "                                twice the tokens in the same memory)\n"
+    "  --async-scheduling auto|on|off  plan the next step while the device runs this one\n"
+    "                                (auto: on with the GPU, off on the CPU)\n"
     "  --swap-space BYTES            host swap space for preempted requests\n"
     "  --preemption-mode MODE        recompute (default) or swap\n"
     "  --max-model-len N             prompt + output limit (default: the model's)\n"
@@ -151,6 +153,13 @@ int cli_engine_flag(pg_engine_config *c, int argc, char **argv, int *i) {
         if (strcmp(v, "on") && strcmp(v, "off") && strcmp(v, "lazy"))
             return pg_err_set(PG_EINVAL, "--cuda-graphs must be on, off or lazy");
         c->cuda_graphs = v;
+        return 1;
+    }
+    if (!strcmp(f, "--async-scheduling")) {
+        NEED_VALUE();
+        if (strcmp(v, "auto") && strcmp(v, "on") && strcmp(v, "off"))
+            return pg_err_set(PG_EINVAL, "--async-scheduling must be auto, on or off");
+        c->async_scheduling = v;
         return 1;
     }
     if (!strcmp(f, "--kv-cache-dtype")) {

@@ -155,10 +155,24 @@ struct pg_cuda_model {
     size_t samp_ws_bytes;
     pg_cuda_sample_out *out_dev; // [S]
     char *in_dev;                // packed step inputs, device
-    char *in_host;               // ... and their pinned host image
+    char *in_host;               // ... and their pinned host image (the one in use)
     size_t in_cap;
-    pg_cuda_sample_out *out_host; // pinned [S]
+    pg_cuda_sample_out *out_host; // pinned [S] (the one in use)
     int32_t last_n_sample;
+    // Async steps (step_begin / step_end): two pinned input images and two
+    // output buffers, alternating per begun step, so a step can be packed
+    // while the one before still runs and its results wait to be read. The
+    // image of step N is reused by step N + 2, which begins only after step
+    // N has ended (at most two steps open).
+    char *in_host_buf[2];
+    pg_cuda_sample_out *out_host_buf[2];
+    cudaEvent_t ev_done[2]; // the step's results are in its output buffer
+    int next_buf;           // buffer of the next begun step
+    struct OpenStep {
+        int buf;
+        int32_t n_sample;
+    } open[2]; // begun, not ended, oldest first
+    int n_open;
     int64_t workspace_measured;
 
     // CUDA graphs for decode steps, [n_bbuckets][n_cbuckets]: captured at
@@ -303,7 +317,9 @@ extern "C" int pg_cuda_model_create(const pg_cuda_model_shape *shape, const floa
     if ((e = cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (e = cudaStreamCreateWithFlags(&m->copy_stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&m->ev_compute, cudaEventDisableTiming)) != cudaSuccess ||
-        (e = cudaEventCreateWithFlags(&m->ev_copy, cudaEventDisableTiming)) != cudaSuccess) {
+        (e = cudaEventCreateWithFlags(&m->ev_copy, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&m->ev_done[0], cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&m->ev_done[1], cudaEventDisableTiming)) != cudaSuccess) {
         rc = pg_err_set(PG_EIO, "cuda model: streams/events: %s", cudaGetErrorString(e));
         goto fail;
     }
@@ -368,8 +384,11 @@ extern "C" void pg_cuda_model_free(pg_cuda_model *m) {
     free(m->graph_state);
     free(m->g_tok), free(m->g_pos), free(m->g_slots), free(m->g_lens), free(m->g_start),
         free(m->g_bt);
-    cudaFreeHost(m->in_host);
-    cudaFreeHost(m->out_host);
+    for (int i = 0; i < 2; i++) {
+        cudaFreeHost(m->in_host_buf[i]);
+        cudaFreeHost(m->out_host_buf[i]);
+        if (m->ev_done[i]) cudaEventDestroy(m->ev_done[i]);
+    }
     cudaFreeHost(m->host_kv);
     if (m->ev_compute) cudaEventDestroy(m->ev_compute);
     if (m->ev_copy) cudaEventDestroy(m->ev_copy);
@@ -464,6 +483,7 @@ static size_t input_capacity(const pg_cuda_model_limits *l) {
     n += S * 4 + 16;                                          // sample rows
     n += S * sizeof(pg_cuda_sample_params) + 16;              // params
     n += S * ((size_t)l->max_model_len + 64 + 1) * 4 + 16;    // histories and ban lists
+    n += S * 2 * 4 + 16;                                      // fed tokens (row, sample) pairs
     return align_up(n, 4096) + align_up(2 * S * 2 * 4, 4096); // + copy-on-write pairs at the end
 }
 
@@ -546,6 +566,10 @@ extern "C" int pg_cuda_model_prepare(pg_cuda_model *m, const pg_cuda_model_limit
     cudaFree(m->upload_f32); // loading is over
     m->upload_f32 = nullptr;
     PG_CUDA_TRY(cudaDeviceSynchronize());
+    // Weights are final and the device is idle: GEMVs may start reading them
+    // before their PDL wait (the ring kernel; docs/cuda_kernels.md, GEMV).
+    // Before the profiling step and any graph capture, which keep the kernel.
+    pg_cuda_gemv_preload_set(1);
     size_t free0, total;
     PG_CUDA_TRY(cudaMemGetInfo(&free0, &total));
 
@@ -569,9 +593,13 @@ extern "C" int pg_cuda_model_prepare(pg_cuda_model *m, const pg_cuda_model_limit
     c = Carver();
     c.base = m->ws;
     carve_workspace(m, c);
-    PG_CUDA_TRY(cudaHostAlloc((void **)&m->in_host, m->in_cap, cudaHostAllocDefault));
-    PG_CUDA_TRY(cudaHostAlloc((void **)&m->out_host, sizeof(pg_cuda_sample_out) * (size_t)S,
-                              cudaHostAllocDefault));
+    for (int i = 0; i < 2; i++) {
+        PG_CUDA_TRY(cudaHostAlloc((void **)&m->in_host_buf[i], m->in_cap, cudaHostAllocDefault));
+        PG_CUDA_TRY(cudaHostAlloc((void **)&m->out_host_buf[i], sizeof(pg_cuda_sample_out) * (size_t)S,
+                                  cudaHostAllocDefault));
+    }
+    m->in_host = m->in_host_buf[0];
+    m->out_host = m->out_host_buf[0];
 
     // --- the profiling step: every kernel path at the largest size -------------------
     // n_dec decode sequences of 16 context tokens (they share one block, so
@@ -850,7 +878,7 @@ static int norm_gate_up_silu(pg_cuda_model *m, const bf16 *norm_w, const bf16 *g
 
 // Device addresses of one step's packed inputs.
 struct DevIn {
-    const int32_t *tok, *pos, *slots, *bt, *lens, *start, *cu, *rows, *stok;
+    const int32_t *tok, *pos, *slots, *bt, *lens, *start, *cu, *rows, *stok, *feed;
     const pg_cuda_sample_params *params;
 };
 
@@ -877,6 +905,8 @@ static int pack_inputs(pg_cuda_model *m, const pg_cuda_step *s, DevIn *d) {
     d->rows = pk.put(s->sample_rows, (size_t)s->n_sample);
     d->params = pk.put(s->params, (size_t)s->n_sample);
     d->stok = pk.put(s->sample_tokens, (size_t)s->n_sample_tokens);
+    // Last: no graph reads it, so the addresses above stay a graph bucket's.
+    d->feed = pk.put(s->feed, 2 * (size_t)s->n_feed);
     if (pk.overflow)
         return pg_err_set(PG_EINVAL,
                           "cuda step: inputs exceed the %zu bytes sized at start (block tables of "
@@ -920,10 +950,10 @@ static int run_layers(pg_cuda_model *m, const pg_cuda_step *s, const DevIn &d) {
     return 0;
 }
 
-// Gather of the sampled rows, final norm, LM head, sampling; waits for the
-// results (the step's end).
-static int run_tail(pg_cuda_model *m, const pg_cuda_step *s, const DevIn &d,
-                    pg_cuda_sample_out *out) {
+// Gather of the sampled rows, final norm, LM head, sampling, and the copy
+// of the results to `host` (pinned); does not wait.
+static int enqueue_tail(pg_cuda_model *m, const pg_cuda_step *s, const DevIn &d,
+                        pg_cuda_sample_out *host) {
     const pg_cuda_model_shape *sh = &m->sh;
     const int32_t ns = s->n_sample;
     const int64_t H = sh->hidden;
@@ -937,11 +967,18 @@ static int run_tail(pg_cuda_model *m, const pg_cuda_step *s, const DevIn &d,
         PG_TRY(pg_cuda_sample(m->out_dev, m->logits, PG_CUDA_BF16, m->ld_logits, ns, sh->vocab,
                               d.params, s->n_sample_tokens ? d.stok : d.tok, m->samp_ws,
                               m->samp_ws_bytes, stream));
-        PG_CUDA_TRY(cudaMemcpyAsync(m->out_host, m->out_dev,
-                                    sizeof(pg_cuda_sample_out) * (size_t)ns, cudaMemcpyDeviceToHost,
-                                    stream));
+        PG_CUDA_TRY(cudaMemcpyAsync(host, m->out_dev, sizeof(pg_cuda_sample_out) * (size_t)ns,
+                                    cudaMemcpyDeviceToHost, stream));
     }
-    PG_CUDA_TRY(cudaStreamSynchronize(stream));
+    return 0;
+}
+
+// enqueue_tail, then waits for the results (the end of an eager step).
+static int run_tail(pg_cuda_model *m, const pg_cuda_step *s, const DevIn &d,
+                    pg_cuda_sample_out *out) {
+    const int32_t ns = s->n_sample;
+    PG_TRY(enqueue_tail(m, s, d, m->out_host));
+    PG_CUDA_TRY(cudaStreamSynchronize(m->stream));
     if (ns > 0 && out != m->out_host)
         memcpy(out, m->out_host, sizeof(pg_cuda_sample_out) * (size_t)ns);
     m->last_n_sample = ns;
@@ -1144,10 +1181,17 @@ extern "C" int pg_cuda_model_capture_graphs(pg_cuda_model *m) {
     return 0;
 }
 
-extern "C" int pg_cuda_model_step(pg_cuda_model *m, const pg_cuda_step *s,
-                                  pg_cuda_sample_out *out) {
+extern "C" int pg_cuda_model_step_begin(pg_cuda_model *m, const pg_cuda_step *s) {
     PG_ARG(m->kv, "cuda step: no KV cache (alloc_kv first)");
+    PG_ARG(m->n_open < 2, "cuda step: two steps begun and not ended");
+    PG_ARG(s->n_feed >= 0 && s->n_feed <= s->n_tokens && (s->n_feed == 0 || s->feed),
+           "cuda step: %d fed tokens", s->n_feed);
     PG_CUDA_TRY(cudaSetDevice(m->device));
+    // This step's host image and output buffer: the ones step N - 2 used,
+    // which has ended (n_open < 2), so its copies are done.
+    const int buf = m->next_buf;
+    m->in_host = m->in_host_buf[buf];
+    m->out_host = m->out_host_buf[buf];
     if (s->n_swap_out || s->n_swap_in) {
         PG_ARG(m->host_kv, "cuda step: swap requested but there is no swap space");
         // The copy stream starts after everything the compute stream queued.
@@ -1175,43 +1219,75 @@ extern "C" int pg_cuda_model_step(pg_cuda_model *m, const pg_cuda_step *s,
         PG_CUDA_TRY(cudaStreamSynchronize(m->stream)); // the host image is reused by the next chunk
         done += chunk;
     }
-    if (s->n_tokens == 0 && s->n_sample == 0) {
-        PG_CUDA_TRY(cudaStreamSynchronize(m->stream));
-        m->last_n_sample = 0;
-        return 0;
+    if (s->n_tokens > 0 || s->n_sample > 0) {
+        pg_cuda_step padded;
+        int32_t slot = -1;
+        const bool g = graph_step(m, s, &padded, &slot);
+        const pg_cuda_step *run = g ? &padded : s;
+        DevIn d;
+        // PAGED_CUDA_TIMING: one step at a time (the events are shared), timed
+        // from packing to the results.
+        const bool timed = m->timing && s->n_seqs == s->n_decode;
+        struct timespec h0, h1;
+        if (timed) {
+            PG_CUDA_TRY(cudaStreamSynchronize(m->stream));
+            clock_gettime(CLOCK_MONOTONIC, &h0);
+        }
+        PG_TRY(pack_inputs(m, run, &d));
+        // Tokens sampled by the step before (async scheduling), straight
+        // from its sampler output, which that step's copy to the host has
+        // already read in stream order and this step's sampler overwrites later.
+        if (s->n_feed > 0) PG_TRY(pg_cuda_feed_tokens((int32_t *)d.tok, m->out_dev, d.feed, s->n_feed, m->stream));
+        if (timed) PG_CUDA_TRY(cudaEventRecord(m->t_ev[0], m->stream));
+        if (g && m->graph_state[slot] == 1)
+            PG_CUDA_TRY(cudaGraphLaunch(m->graph_exec[slot], m->stream));
+        else
+            PG_TRY(run_layers(m, run, d));
+        if (timed) PG_CUDA_TRY(cudaEventRecord(m->t_ev[1], m->stream));
+        PG_TRY(enqueue_tail(m, run, d, m->out_host));
+        if (timed) {
+            float ta = 0, tb = 0;
+            PG_CUDA_TRY(cudaEventRecord(m->t_ev[2], m->stream));
+            PG_CUDA_TRY(cudaEventSynchronize(m->t_ev[2]));
+            cudaEventElapsedTime(&ta, m->t_ev[0], m->t_ev[1]);
+            cudaEventElapsedTime(&tb, m->t_ev[1], m->t_ev[2]);
+            clock_gettime(CLOCK_MONOTONIC, &h1);
+            m->t_layers_ms += ta, m->t_tail_ms += tb;
+            m->t_host_ms +=
+                (double)(h1.tv_sec - h0.tv_sec) * 1e3 + (double)(h1.tv_nsec - h0.tv_nsec) * 1e-6;
+            m->t_steps++;
+        }
+        // First eager step of this bucket: capture it for the next ones. The
+        // capture wants an idle stream; this step then ends synchronously.
+        if (g && m->graph_state[slot] == 0) {
+            PG_CUDA_TRY(cudaStreamSynchronize(m->stream));
+            capture_graph(m, run, d, slot);
+        }
     }
-    pg_cuda_step padded;
-    int32_t slot = -1;
-    const bool g = graph_step(m, s, &padded, &slot);
-    const pg_cuda_step *run = g ? &padded : s;
-    DevIn d;
-    const bool timed = m->timing && s->n_seqs == s->n_decode;
-    struct timespec h0, h1;
-    if (timed) clock_gettime(CLOCK_MONOTONIC, &h0);
-    PG_TRY(pack_inputs(m, run, &d));
-    if (timed) PG_CUDA_TRY(cudaEventRecord(m->t_ev[0], m->stream));
-    if (g && m->graph_state[slot] == 1)
-        PG_CUDA_TRY(cudaGraphLaunch(m->graph_exec[slot], m->stream));
-    else
-        PG_TRY(run_layers(m, run, d));
-    if (timed) PG_CUDA_TRY(cudaEventRecord(m->t_ev[1], m->stream));
-    PG_TRY(run_tail(m, run, d, out));
-    if (timed) {
-        float a = 0, b = 0;
-        PG_CUDA_TRY(cudaEventRecord(m->t_ev[2], m->stream));
-        PG_CUDA_TRY(cudaEventSynchronize(m->t_ev[2]));
-        cudaEventElapsedTime(&a, m->t_ev[0], m->t_ev[1]);
-        cudaEventElapsedTime(&b, m->t_ev[1], m->t_ev[2]);
-        clock_gettime(CLOCK_MONOTONIC, &h1);
-        m->t_layers_ms += a, m->t_tail_ms += b;
-        m->t_host_ms +=
-            (double)(h1.tv_sec - h0.tv_sec) * 1e3 + (double)(h1.tv_nsec - h0.tv_nsec) * 1e-6;
-        m->t_steps++;
-    }
-    // First eager step of this bucket done (kernels loaded, GEMM plans made):
-    // capture it for the next ones.
-    if (g && m->graph_state[slot] == 0) capture_graph(m, run, d, slot);
+    PG_CUDA_TRY(cudaEventRecord(m->ev_done[buf], m->stream));
+    m->open[m->n_open++] = {buf, s->n_sample};
+    m->next_buf = buf ^ 1;
     return 0;
+}
+
+extern "C" int pg_cuda_model_step_end(pg_cuda_model *m, pg_cuda_sample_out *out) {
+    PG_ARG(m->n_open > 0, "cuda step: no step begun");
+    const pg_cuda_model::OpenStep o = m->open[0];
+    m->open[0] = m->open[1];
+    m->n_open--;
+    PG_CUDA_TRY(cudaSetDevice(m->device));
+    PG_CUDA_TRY(cudaEventSynchronize(m->ev_done[o.buf]));
+    if (o.n_sample > 0 && out != m->out_host_buf[o.buf])
+        memcpy(out, m->out_host_buf[o.buf], sizeof(pg_cuda_sample_out) * (size_t)o.n_sample);
+    m->last_n_sample = o.n_sample;
+    return 0;
+}
+
+extern "C" int pg_cuda_model_step(pg_cuda_model *m, const pg_cuda_step *s,
+                                  pg_cuda_sample_out *out) {
+    PG_ARG(m->n_open == 0, "cuda step: a begun step is not ended");
+    PG_TRY(pg_cuda_model_step_begin(m, s));
+    return pg_cuda_model_step_end(m, out);
 }
 
 extern "C" int pg_cuda_model_last_logits(pg_cuda_model *m, float *out, int32_t n) {

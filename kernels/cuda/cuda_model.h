@@ -14,7 +14,7 @@
 //                               largest step: measures the peak
 //   pg_cuda_model_mem           how much is left for the KV cache
 //   pg_cuda_model_alloc_kv      KV pool + host swap blocks
-//   pg_cuda_model_step          per engine step
+//   pg_cuda_model_step          per engine step (or step_begin + step_end)
 //   pg_cuda_model_free
 //
 // In a build without nvcc, kernels/cuda/cuda_stub.c provides these symbols:
@@ -169,12 +169,29 @@ typedef struct pg_cuda_step {
     // swap-in (host -> device), copies (device -> device); [n][2] (from, to).
     int32_t n_swap_out, n_swap_in, n_copies;
     const int32_t *swap_out, *swap_in, *copies;
+    // Async scheduling: rows whose token is the one the previously begun
+    // step sampled, [n_feed][2] (row, index among that step's samples);
+    // their entries in `tokens` are placeholders (any valid id).
+    int32_t n_feed;
+    const int32_t *feed;
 } pg_cuda_step;
 
 // Runs the moves, the forward and the sampling; waits for the results and
 // writes out[n_sample] (host). Ids and ranges are the caller's to validate
 // (engine/runner_cuda.c does); sizes beyond the limits are PG_EINVAL.
+// step_begin + step_end with no other step open.
 int pg_cuda_model_step(pg_cuda_model *m, const pg_cuda_step *s, pg_cuda_sample_out *out);
+
+// The same in two halves, so the host can prepare step N + 1 while the
+// device runs step N: step_begin packs, uploads and queues everything
+// (the host arrays of `s` are not read after it returns); step_end waits
+// for the oldest begun step and writes its out[n_sample]. At most two
+// steps are open (begun, not ended); steps run in the order begun. A step
+// with fed tokens (s->feed) reads the sampler output of the step begun
+// just before it. Some steps wait inside step_begin (copy-on-write copies,
+// a graph captured on first use, PAGED_CUDA_TIMING).
+int pg_cuda_model_step_begin(pg_cuda_model *m, const pg_cuda_step *s);
+int pg_cuda_model_step_end(pg_cuda_model *m, pg_cuda_sample_out *out);
 
 // For tests: the logits of the last step's sampled rows as f32,
 // out[n][vocab] for n <= that step's n_sample.

@@ -89,6 +89,16 @@ int pg_cuda_model_step(pg_cuda_model *m, const pg_cuda_step *s, pg_cuda_sample_o
     return NO_CUDA();
 }
 
+int pg_cuda_model_step_begin(pg_cuda_model *m, const pg_cuda_step *s) {
+    (void)m, (void)s;
+    return NO_CUDA();
+}
+
+int pg_cuda_model_step_end(pg_cuda_model *m, pg_cuda_sample_out *out) {
+    (void)m, (void)out;
+    return NO_CUDA();
+}
+
 int pg_cuda_model_last_logits(pg_cuda_model *m, float *out, int32_t n) {
     (void)m, (void)out, (void)n;
     return NO_CUDA();

@@ -45,6 +45,12 @@ struct pg_cuda_model {
     int32_t n_host;
     float *logits; // [S][vocab] raw
     int32_t last_n;
+    // step_begin runs the step at once; step_end hands out the oldest
+    // open step's results. last_tok: what the newest begun step sampled
+    // (the fed tokens of the next).
+    pg_cuda_sample_out *open_out[2];
+    int32_t open_n[2], n_open, next_buf;
+    int32_t *last_tok, n_last_tok;
 };
 
 int pg_cuda_built(void) {
@@ -142,6 +148,7 @@ void pg_cuda_model_free(pg_cuda_model *m) {
     if (m->lm_head != m->emb) free(m->lm_head);
     free(m->emb), free(m->final_norm), free(m->inv_freq), free(m->kv), free(m->host),
         free(m->logits);
+    free(m->open_out[0]), free(m->open_out[1]), free(m->last_tok);
     m->be->destroy(m->be);
     pg_sampler_free(m->sampler);
     free(m);
@@ -367,5 +374,48 @@ int pg_cuda_model_step(pg_cuda_model *m, const pg_cuda_step *s, pg_cuda_sample_o
 int pg_cuda_model_last_logits(pg_cuda_model *m, float *out, int32_t n) {
     if (n > m->last_n) return pg_err_set(PG_EINVAL, "mock: last_logits");
     memcpy(out, m->logits, sizeof(float) * (size_t)n * (size_t)m->sh.vocab);
+    return 0;
+}
+
+int pg_cuda_model_step_begin(pg_cuda_model *m, const pg_cuda_step *s) {
+    if (m->n_open >= 2) return pg_err_set(PG_EINVAL, "mock: two steps open");
+    const int32_t S = m->lim.max_seqs;
+    if (!m->open_out[0]) {
+        for (int i = 0; i < 2; i++) m->open_out[i] = pg_xcalloc((size_t)S, sizeof(pg_cuda_sample_out));
+        m->last_tok = pg_xcalloc((size_t)S, sizeof(int32_t));
+    }
+    pg_cuda_step fs = *s;
+    int32_t *tok = NULL;
+    if (s->n_feed > 0) { // the device's gather, on the host
+        tok = pg_xmalloc(sizeof(int32_t) * (size_t)(s->n_tokens ? s->n_tokens : 1));
+        memcpy(tok, s->tokens, sizeof(int32_t) * (size_t)s->n_tokens);
+        for (int32_t i = 0; i < s->n_feed; i++) {
+            int32_t row = s->feed[2 * i], j = s->feed[2 * i + 1];
+            if (row < 0 || row >= s->n_tokens || j < 0 || j >= m->n_last_tok) {
+                free(tok);
+                return pg_err_set(PG_EINVAL, "mock: fed token (%d, %d) out of range", row, j);
+            }
+            tok[row] = m->last_tok[j];
+        }
+        fs.tokens = tok;
+    }
+    const int b = m->next_buf;
+    int rc = pg_cuda_model_step(m, &fs, m->open_out[b]);
+    free(tok);
+    if (rc < 0) return rc;
+    for (int32_t j = 0; j < s->n_sample; j++) m->last_tok[j] = m->open_out[b][j].token;
+    m->n_last_tok = s->n_sample;
+    m->open_n[b] = s->n_sample;
+    m->n_open++;
+    m->next_buf = b ^ 1;
+    return 0;
+}
+
+int pg_cuda_model_step_end(pg_cuda_model *m, pg_cuda_sample_out *out) {
+    if (m->n_open == 0) return pg_err_set(PG_EINVAL, "mock: no step open");
+    const int b = m->n_open == 2 ? m->next_buf : m->next_buf ^ 1; // the oldest
+    memcpy(out, m->open_out[b], sizeof(pg_cuda_sample_out) * (size_t)m->open_n[b]);
+    m->last_n = m->open_n[b];
+    m->n_open--;
     return 0;
 }

@@ -23,6 +23,8 @@
 #      and a flip changes the rest of the text, so this compares the start
 #      of each text (16 characters, a few tokens) and reports how much
 #      agrees; check 2 is the exact one.
+#      3b: the fp8 KV cache against bf16; 3c: --async-scheduling on against
+#      off, which must give identical texts.
 #   4. paged serve --device cuda driven with curl: /health, a completion,
 #      /metrics (all six device memory categories, weights and KV > 0, the
 #      total) and the start-up graph capture's log line.
@@ -167,6 +169,35 @@ else
     echo "PASS: generate"
 fi
 note "generate cpu vs cuda: same first 16 characters $same (exit $rc)"
+
+# --- 3c. async scheduling: the same texts as the synchronous engine ------------------------
+# One sequence at a time, so both modes run the same batch shapes and the
+# device numerics are identical; every decode input then comes from the
+# previous step's sampler output on the device (pg_cuda_feed_tokens).
+"$PAGED" generate --model $m64 --device cuda --max-num-seqs 1 --async-scheduling on --prompts-file $prompts \
+    >/tmp/paged-gen-async.jsonl 2>/tmp/paged-gen-async.log
+rc_a=$?
+"$PAGED" generate --model $m64 --device cuda --max-num-seqs 1 --async-scheduling off --prompts-file $prompts \
+    >/tmp/paged-gen-sync.jsonl 2>/tmp/paged-gen-sync.log
+rc_s=$?
+echo "== generate: async on vs off"
+same_a=$(python3 - <<'PY'
+import json
+a = [json.loads(l) for l in open("/tmp/paged-gen-sync.jsonl")]
+b = [json.loads(l) for l in open("/tmp/paged-gen-async.jsonl")]
+same = sum(1 for x, y in zip(a, b) if "error" not in y and x.get("text") == y.get("text")
+           and x.get("completion_tokens") == y.get("completion_tokens"))
+print(f"{same}/{len(a)}" if len(a) == len(b) == 8 else f"0/{len(a)}")
+PY
+)
+if [ $rc_a -ne 0 ] || [ $rc_s -ne 0 ] || [ "$same_a" != "8/8" ] || ! grep -q "async scheduling on" /tmp/paged-gen-async.log; then
+    echo "FAIL: async scheduling (exit $rc_a/$rc_s, identical $same_a)"
+    tail -5 /tmp/paged-gen-async.log
+    fail=1
+else
+    echo "PASS: async scheduling (identical texts $same_a)"
+fi
+note "generate async vs sync (cuda, one sequence at a time): identical $same_a"
 
 # --- 3b. fp8 e4m3 KV cache: the same prompts against the bf16-cache run ---------------------
 # fp8 rounding flips some greedy picks of a random model: require half of the

@@ -41,6 +41,49 @@ def test_chat_and_seed():
     assert runs[0] != other, "different seeds gave the same text"
 
 
+def test_async_scheduling_matches_sync():
+    """--async-scheduling on plans each step before the previous step's tokens
+    are known (the runner takes them from that step's output); every text,
+    finish reason and token count must equal the synchronous run's. The mix
+    covers chat prompts that stop at EOS, min_tokens, seeded sampling, and
+    penalties (which make the engine resolve before planning)."""
+    import json
+    lines = []
+    prompts = ["What is 2+2?", "Once upon a time", "def fibonacci(n):", "Say hi.",
+               "The meaning of life is", "Water boils at", "Name a color.", "In 1492,"]
+    for i, p in enumerate(prompts):
+        o = {"prompt": p, "max_tokens": 24 + 7 * i, "temperature": 0}
+        if i % 3 == 0:
+            o.update(chat=True, max_tokens=100)  # short answers: EOS before max_tokens
+        if i % 4 == 1:
+            o.update(temperature=1.0, seed=1000 + i, top_k=20)
+        if i == 5:
+            o.update(presence_penalty=0.7, frequency_penalty=0.3)
+        if i == 6:
+            o["min_tokens"] = 20
+        lines.append(json.dumps(o))
+    tmp = tempfile.mkdtemp()
+    try:
+        path = os.path.join(tmp, "prompts.jsonl")
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        results = {}
+        for mode in ("off", "on"):
+            rc, out, err = generate("--prompts-file", path, "--async-scheduling", mode, "--max-num-seqs", "3")
+            assert rc == 0, err
+            assert ("async scheduling on" in err) == (mode == "on"), err
+            results[mode] = [json.loads(x) for x in out.splitlines() if x.strip()]
+        assert len(results["on"]) == len(prompts)
+        reasons = set()
+        for a, b in zip(results["off"], results["on"]):
+            for key in ("index", "text", "finish_reason", "completion_tokens", "prompt_tokens"):
+                assert a[key] == b[key], (key, a, b)
+            reasons.add(a["finish_reason"])
+        assert reasons == {"stop", "length"}, reasons  # both ends exercised
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def test_hf_directory_matches_gguf():
     """The same weights through the safetensors loader give the same text."""
     try:

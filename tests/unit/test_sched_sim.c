@@ -145,8 +145,23 @@ typedef struct runner {
     kv_slot *dev;   // [n_blocks * bs]
     kv_slot *host;  // [n_host * bs]
     int64_t *stamp; // [n_blocks * bs] step that last wrote the slot
-    pg_seq_output outs[256];
+    // Outputs of the last two steps: under async scheduling a step's output
+    // is read after the next step ran, and that step's PG_TOKEN_PENDING
+    // inputs come from it (as a real runner takes them from the device).
+    pg_seq_output outs[2][256];
+    int32_t n_outs[2];
+    int32_t cur;
 } runner;
+
+// The token a PG_TOKEN_PENDING input stands for: what this sequence sampled
+// in the previous step.
+static int32_t pending_token(const runner *rn, int64_t seq_id) {
+    const int32_t prev = rn->cur ^ 1;
+    for (int32_t i = 0; i < rn->n_outs[prev]; i++)
+        if (rn->outs[prev][i].seq_id == seq_id) return rn->outs[prev][i].token;
+    fail_msg("seq %lld: pending token but no output in the previous step", (long long)seq_id);
+    return -1;
+}
 
 static void copy_block(kv_slot *dst, int32_t to, const kv_slot *src, int32_t from, int32_t bs) {
     memcpy(dst + (size_t)to * (size_t)bs, src + (size_t)from * (size_t)bs,
@@ -189,29 +204,37 @@ static void runner_execute(runner *rn, const pg_batch_plan *p, int64_t step, pg_
     int32_t sample_slot[256], n_sample = 0;
     for (int32_t i = 0; i < p->n_seqs; i++)
         if (p->seqs[i].sample) sample_slot[i] = n_sample++;
+    rn->cur ^= 1;
+    rn->n_outs[rn->cur] = n_sample;
     out->n = n_sample;
-    out->outs = rn->outs;
+    out->outs = rn->outs[rn->cur];
     for (int32_t oi = 0; oi < p->n_seqs; oi++) {
         const pg_plan_seq *ps = &p->seqs[order[oi]];
+        int32_t end = ps->start_pos + ps->n_tokens, fed = -1;
         for (int32_t k = 0; k < ps->n_tokens; k++) {
             kv_slot *s = slot(rn, ps, ps->start_pos + k);
             int64_t *st = &rn->stamp[s - rn->dev];
             if (*st == step) fail_msg("slot written twice in step %lld", (long long)step);
             *st = step;
-            *s = (kv_slot){ps->tokens[k], ps->start_pos + k};
+            int32_t tok = ps->tokens[k];
+            if (tok == PG_TOKEN_PENDING) {
+                if (ps->n_tokens != 1 || end != ps->n_history)
+                    fail_msg("seq %lld: a pending token outside a decode entry", (long long)ps->seq_id);
+                tok = fed = pending_token(rn, ps->seq_id);
+            }
+            *s = (kv_slot){tok, ps->start_pos + k};
         }
-        int32_t end = ps->start_pos + ps->n_tokens;
         uint64_t h = 0;
         for (int32_t pos = 0; pos < end; pos++) {
             const kv_slot *s = slot(rn, ps, pos);
-            if (s->tok != ps->history[pos] || s->pos != pos)
+            int32_t want = ps->history[pos] == PG_TOKEN_PENDING && pos == end - 1 ? fed : ps->history[pos];
+            if (s->tok != want || s->pos != pos)
                 fail_msg("seq %lld: KV at %d holds (%d, %d), history has %d (step %lld)",
-                         (long long)ps->seq_id, pos, s->tok, s->pos, ps->history[pos],
-                         (long long)step);
+                         (long long)ps->seq_id, pos, s->tok, s->pos, want, (long long)step);
             h = ctx_step(h, s->tok, pos);
         }
         if (!ps->sample) continue;
-        pg_seq_output *o = &rn->outs[sample_slot[order[oi]]]; // outputs in plan order
+        pg_seq_output *o = &rn->outs[rn->cur][sample_slot[order[oi]]]; // outputs in plan order
         memset(o, 0, sizeof *o);
         o->seq_id = ps->seq_id;
         o->token = draw(h, ps->rng_seed, ps->n_generated, ps->mask_eos, ps->eos_id, ps->sp);
@@ -229,6 +252,7 @@ typedef struct sim_config {
     sched_config sc;
     double p_abort, p_abort_in_flight, p_finish_seq;
     int32_t max_concurrency;
+    bool async; // plan step N+1 before resolving step N (sched_advance / sched_resolve)
 } sim_config;
 
 typedef struct sim_result {
@@ -237,6 +261,7 @@ typedef struct sim_result {
     sched_stats st;
     int64_t max_wait;
     int32_t n_rejected, n_done, n_aborts_in_flight, n_first_sched;
+    int64_t n_sync; // async: steps resolved before planning the next
 } sim_result;
 
 typedef struct sim {
@@ -288,6 +313,9 @@ static void make_request(sim *m, sim_req *q, int64_t id) {
     sp->n = rprob(r, 0.25) ? rint_(r, 2, MAX_N) : 1;
     sp->min_tokens = rprob(r, 0.2) ? rint_(r, 0, sp->max_tokens) : 0;
     sp->ignore_eos = rprob(r, 0.1);
+    // The fake runner ignores penalties; under async scheduling they make
+    // the engine resolve before planning (sched_can_run_ahead).
+    if (m->cfg->async && rprob(r, 0.03)) sp->presence_penalty = 0.5f;
     if (rprob(r, 0.3)) {
         sp->n_stop_ids = rint_(r, 1, 2);
         for (int32_t i = 0; i < sp->n_stop_ids; i++) sp->stop_ids[i] = rint_(r, 1, VOCAB - 1);
@@ -461,16 +489,23 @@ static void check_plan(sim *m, const pg_batch_plan *p) {
         if (ps->n_tokens < 1) fail_msg("plan: empty entry");
         int32_t end = ps->start_pos + ps->n_tokens;
         if (ps->n_blocks != (end + c->block_size - 1) / c->block_size) fail_msg("plan: n_blocks");
-        if (ps->n_prompt != q->n_prompt || ps->n_generated != z->n_out ||
-            ps->n_history != q->n_prompt + z->n_out)
+        // Async: the token sampled in the step before may still be pending
+        // (the sim has not seen its event): one more history entry.
+        int32_t extra = ps->n_history - q->n_prompt - z->n_out;
+        if (extra < 0 || extra > (m->cfg->async ? 1 : 0))
             fail_msg("plan: history length (request %lld)", (long long)id);
+        if (extra && (ps->history[ps->n_history - 1] != PG_TOKEN_PENDING || ps->n_tokens != 1 ||
+                      ps->start_pos != ps->n_history - 1))
+            fail_msg("plan: pending token misplaced (request %lld)", (long long)id);
+        if (ps->n_prompt != q->n_prompt || ps->n_generated != z->n_out + extra)
+            fail_msg("plan: generated count (request %lld)", (long long)id);
         if (memcmp(ps->history, q->prompt, sizeof(int32_t) * (size_t)q->n_prompt) ||
             memcmp(ps->history + q->n_prompt, z->out, sizeof(int32_t) * (size_t)z->n_out))
             fail_msg("plan: history content (request %lld)", (long long)id);
         if (ps->tokens != ps->history + ps->start_pos || end > ps->n_history)
             fail_msg("plan: tokens");
         if (ps->sample != (end == ps->n_history)) fail_msg("plan: sample flag");
-        if (ps->mask_eos != (z->n_out < q->sp.min_tokens)) fail_msg("plan: mask_eos");
+        if (ps->mask_eos != (z->n_out + extra < q->sp.min_tokens)) fail_msg("plan: mask_eos");
         if (ps->eos_id != (q->sp.ignore_eos ? -1 : EOS)) fail_msg("plan: eos_id");
         if (q->sp.has_seed && ps->rng_seed != q->sp.seed + (uint64_t)idx) fail_msg("plan: seed");
         if (z->seed_known && z->seed != ps->rng_seed) fail_msg("plan: seed changed");
@@ -515,7 +550,16 @@ static void run_sim(const sim_config *cfg, sim_result *res) {
     m->last_first_sched_key = INT64_MIN;
 
     int32_t concurrency = cfg->max_concurrency;
-    while (m->n_submitted < cfg->n_requests || m->n_live > 0) {
+    bool pending = false; // async: an advanced step awaits sched_resolve
+    pg_step_output prev_out = {0, NULL};
+    while (m->n_submitted < cfg->n_requests || m->n_live > 0 || pending) {
+        if (pending && m->n_submitted == cfg->n_requests && m->n_live == 0) {
+            sched_events ev; // the last step planned nothing: only its resolve is left
+            if (sched_resolve(m->s, &prev_out, &ev)) fail_msg("resolve: %s", pg_err_msg());
+            process_events(m, &ev);
+            pending = false;
+            continue;
+        }
         m->step++;
         m->clock += 1000;
         if (m->step > 200000) fail_msg("%s: no progress", cfg->name);
@@ -550,10 +594,33 @@ static void run_sim(const sim_config *cfg, sim_result *res) {
         }
         poke(m, 0, cfg->p_finish_seq);
         sched_events ev;
-        if (sched_update(m->s, &out, &ev)) fail_msg("update: %s", pg_err_msg());
+        if (!cfg->async) {
+            if (sched_update(m->s, &out, &ev)) fail_msg("update: %s", pg_err_msg());
+            check(m);
+            process_events(m, &ev);
+            continue;
+        }
+        // Async: this step has run; now the previous one's tokens arrive,
+        // then this one is advanced and the next is planned before its
+        // tokens are known (unless a penalty needs them).
+        if (pending) {
+            if (sched_resolve(m->s, &prev_out, &ev)) fail_msg("resolve: %s", pg_err_msg());
+            check(m);
+            process_events(m, &ev);
+        }
+        if (sched_advance(m->s)) fail_msg("advance: %s", pg_err_msg());
         check(m);
-        process_events(m, &ev);
+        prev_out = out;
+        pending = true;
+        if (!sched_can_run_ahead(m->s) || rprob(&m->r, 0.05)) {
+            m->res.n_sync++;
+            if (sched_resolve(m->s, &prev_out, &ev)) fail_msg("resolve: %s", pg_err_msg());
+            check(m);
+            process_events(m, &ev);
+            pending = false;
+        }
     }
+    if (pending) fail_msg("%s: a step left unresolved", cfg->name);
     for (int32_t i = 0; i < cfg->n_requests; i++) {
         sim_req *q = &m->reqs[i];
         if (q->state != 2 && q->state != 3) fail_msg("request %d never finished", i);
@@ -571,6 +638,7 @@ static void run_sim(const sim_config *cfg, sim_result *res) {
     res->n_rejected = m->res.n_rejected;
     res->n_done = m->res.n_done;
     res->n_aborts_in_flight = m->res.n_aborts_in_flight;
+    res->n_sync = m->res.n_sync;
     sched_destroy(m->s);
     free(m->reqs);
     free(m->live_ids);
@@ -686,8 +754,48 @@ static void test_sim_swap_priority_threshold(void **state) {
     assert_true(r.st.n_preempt_swap > 50);
 }
 
+// Async scheduling: every step is planned before the previous step's
+// tokens are known (but where a penalty or the 5% random sync says
+// otherwise); outputs must equal the reference exactly, as in the sync runs.
+static void test_sim_async_recompute_fcfs(void **state) {
+    (void)state;
+    sim_config c;
+    base(&c, "async recompute fcfs cache", 11);
+    c.async = true;
+    sim_result r = {0};
+    run_sim(&c, &r);
+    print_result(&c, &r);
+    print_message("%-28s resolved before planning: %lld of %lld steps\n", c.name,
+                  (long long)r.n_sync, (long long)r.steps);
+    assert_true(r.st.n_preempt_recompute > 50);
+    assert_true(r.st.kv.prefix_hits > 1000);
+    assert_true(r.st.n_aborted > 20 && r.n_aborts_in_flight > 10);
+    assert_true(r.n_sync > 0 && r.n_sync < r.steps / 2);
+    assert_true(r.max_wait <= fcfs_wait_bound(&c));
+    sim_result r2 = {0};
+    run_sim(&c, &r2);
+    assert_true(r.digest == r2.digest);
+}
+
+static void test_sim_async_swap_priority(void **state) {
+    (void)state;
+    sim_config c;
+    base(&c, "async swap prio cache", 12);
+    c.async = true;
+    c.sc.preemption_mode = SCHED_PREEMPT_SWAP;
+    c.sc.policy = SCHED_POLICY_PRIORITY;
+    c.sc.long_prefill_token_threshold = 16;
+    sim_result r = {0};
+    run_sim(&c, &r);
+    print_result(&c, &r);
+    assert_true(r.st.n_preempt_swap > 50);
+    assert_true(r.st.n_swap_in_blocks > 100);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sim_async_recompute_fcfs),
+        cmocka_unit_test(test_sim_async_swap_priority),
         cmocka_unit_test(test_sim_recompute_fcfs),
         cmocka_unit_test(test_sim_swap_fcfs),
         cmocka_unit_test(test_sim_priority_no_cache_no_chunking),
