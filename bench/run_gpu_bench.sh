@@ -12,7 +12,8 @@
 # (another config.json), W6_MAX (cap on W6's sequences, default 256),
 # KV_DTYPE (--kv-cache-dtype for every paged command: auto (default), bf16
 # or fp8; e.g. `KV_DTYPE=fp8 OUT=/tmp/fp8 bench/run_gpu_bench.sh w6 w2`
-# for the fp8 KV variants of W6 and W2).
+# for the fp8 KV variants of W6 and W2), W2_ARGS (extra flags for W2's
+# paged command, e.g. "--max-num-seqs 512").
 #   W1  1 request, 128 prompt tokens, 256 generated: TPOT = (finish - first
 #       token) / 255 from the engine's timestamps.
 #   W6  KV capacity at --gpu-memory-utilization 0.9 (start-up log), then
@@ -146,15 +147,24 @@ if has w2; then
     n=${W2_N:-1000} len=${W2_LEN:-1000}
     prompts "$work/w2.jsonl" "$n" "$len" "$len" 2
     t0=$(date +%s.%N)
-    "$PAGED" generate "${COMMON[@]}" --prompts-file "$work/w2.jsonl" >"$work/w2.out" 2>"$work/w2.log"
+    # W2_ARGS: extra flags (scheduler limits), e.g. "--max-num-seqs 512".
+    # shellcheck disable=SC2086
+    "$PAGED" generate "${COMMON[@]}" ${W2_ARGS:-} --prompts-file "$work/w2.jsonl" >"$work/w2.out" 2>"$work/w2.log"
     rc=$?
     t1=$(date +%s.%N)
     wall=$(python3 -c "print(round($t1 - $t0, 3))")
     s=$(summarize "$work/w2.out")
     echo "W2: $n x $len/$len: $s in $wall s (exit $rc)"
     tput=$(python3 -c "import json; s=json.loads('$s'); print('%.0f' % (s['completion_tokens'] / $wall))")
-    echo "\"w2\": {\"cmd\": \"paged generate ${COMMON[*]} --prompts-file w2.jsonl ($n x $len in / $len out)\", \"result\": $s, \"exit\": $rc, \"wall_s\": $wall, \"output_tok_s_incl_startup\": $tput}," >>"$results.tmp"
+    # From submission (all requests at once, after start-up) to the last
+    # finish: the engine's own time, without loading and graph capture.
+    run_s=$(python3 -c "import json; print(round(max(json.loads(l).get('total_ms', 0) for l in open('$work/w2.out')) / 1e3, 3))")
+    tput_run=$(python3 -c "import json; s=json.loads('$s'); print('%.0f' % (s['completion_tokens'] / $run_s))")
+    total_run=$(python3 -c "import json; s=json.loads('$s'); print('%.0f' % ((s['completion_tokens'] + $n * $len) / $run_s))")
+    echo "\"w2\": {\"cmd\": \"paged generate ${COMMON[*]} ${W2_ARGS:-} --prompts-file w2.jsonl ($n x $len in / $len out)\", \"result\": $s, \"exit\": $rc, \"wall_s\": $wall, \"output_tok_s_incl_startup\": $tput, \"run_s\": $run_s, \"output_tok_s\": $tput_run, \"total_tok_s\": $total_run}," >>"$results.tmp"
     table="${table}W2 $n x $len/$len output tok/s (incl. start-up)|$tput\n"
+    table="${table}W2 output tok/s from submission ($run_s s)|$tput_run\n"
+    table="${table}W2 total (input + output) tok/s from submission|$total_run\n"
 fi
 
 echo "\"device\": \"$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)\"}" >>"$results.tmp"
