@@ -3,7 +3,8 @@
 #
 # That machine has CUDA and python3 + numpy but none of libuv, libcjson,
 # OpenBLAS, PCRE2 or xxHash. This relinks build/paged and the GPU test
-# programs with rpath $ORIGIN/lib, copies every shared library they need
+# programs with libuv static and rpath $ORIGIN/lib, copies every shared
+# library they need
 # that is not glibc, libstdc++/libgcc or CUDA's into lib/, and writes
 #
 #   build/gpu-pack/                paged, test_cuda_runner, test_cuda_kernels,
@@ -30,11 +31,13 @@ out=build/gpu-pack
 rm -rf "$out" "$out.tar.xz"
 mkdir -p "$out/lib"
 
-# The same link as build.ninja's link_cuda rule, plus the rpath.
+# The same link as build.ninja's link_cuda rule, plus the rpath, with libuv
+# static (libuv1-dev's libuv_a.a); Debian ships no static cJSON, OpenBLAS
+# or PCRE2 worth linking in, so those travel in lib/.
 link() { # NAME OBJECT
     # shellcheck disable=SC2016,SC2046
     gcc -pthread -o "$out/$1" "$2" -Wl,--whole-archive "$cudalib" -Wl,--no-whole-archive build/rel/libpaged.a \
-        -luv -lcjson -lopenblas -lpcre2-8 -lxxhash -lm -lpthread -ldl $(tools/cuda_libs.sh "$cudalib") \
+        -l:libuv_a.a -lcjson -lopenblas -lpcre2-8 -lxxhash -lm -lpthread -ldl $(tools/cuda_libs.sh "$cudalib") \
         -Wl,-rpath,'$ORIGIN/lib'
     strip --strip-debug "$out/$1"
 }
