@@ -7,6 +7,8 @@
                  seconds (build/fuzz/fuzz_*, ASan build)
   integ:NAME     tests/integration/test_*.py and test_*.sh: the real binary,
                  the real model, real sockets
+  gpu:NAME       tests/gpu/run_gpu_tests.sh: every GPU check, or a SKIP line
+                 saying why not (no GPU)
 
 Usage: tests/run_all.py [-k SUBSTRING] [--fuzz-seconds N] [--no-asan]
 Exits non-zero when any test fails. Run by deploy/quickstart.sh test.
@@ -66,6 +68,10 @@ def main():
             tests.append((f"integ:{os.path.basename(t)}", [sys.executable, t], 1800))
         elif t.endswith(".sh"):
             tests.append((f"integ:{os.path.basename(t)}", ["bash", t], 1800))
+
+    # The GPU checks: on a machine without a GPU the script prints why and
+    # exits 77, listed as SKIP (CI compiles the CUDA code but has no GPU).
+    tests.append(("gpu:run_gpu_tests.sh", ["bash", "tests/gpu/run_gpu_tests.sh"], 3600))
 
     env = dict(os.environ)
     env.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
