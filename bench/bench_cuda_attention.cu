@@ -75,14 +75,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--decode")) decode_only = true;
     }
-    setvbuf(stdout, nullptr, _IOLBF, 0);
-    if (pg_cuda_device_count() == 0) {
-        printf("skipped: no CUDA device\n");
-        return 77;
-    }
     char dev[256];
-    PK(pg_cuda_device_describe(dev, sizeof dev));
-    printf("device: %s\n", dev);
+    if (!gpu_announce(dev, sizeof dev)) return 77;
     const int REPS = quick ? 5 : 21;
 
     // Ceiling 1: read bandwidth over 4 GiB.

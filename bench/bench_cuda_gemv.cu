@@ -220,14 +220,7 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         if (!strcmp(argv[i], "--chain")) chain_only = true;
     }
-    setvbuf(stdout, nullptr, _IOLBF, 0);
-    if (pg_cuda_device_count() == 0) {
-        printf("skipped: no CUDA device\n");
-        return 77;
-    }
-    char dev[256];
-    PK(pg_cuda_device_describe(dev, sizeof dev));
-    printf("device: %s\n", dev);
+    if (!gpu_announce()) return 77;
     printf("PDL (programmatic dependent launch) by default: %s\n", pg_cuda_pdl_enabled() ? "on" : "off");
     if (chain_only) {
         chain_bench(quick);

@@ -504,6 +504,17 @@ def cdf_grid(xs_s):
     return [quantile(xs, k / 100.0) for k in range(101)] if xs else []
 
 
+def throughput(n_ok, in_tok, out_tok, part_tok, duration):
+    """Token and request rates of a run (also bench_hf_cb.py's): completed
+    requests' tokens, and with the streamed tokens of cut requests (window)."""
+    def per_s(x):
+        return x / duration if duration > 0 else 0.0
+    return {"total_input_tokens": in_tok, "total_output_tokens": out_tok,
+            "request_throughput": per_s(n_ok), "output_throughput": per_s(out_tok),
+            "cancelled_streamed_tokens": part_tok, "window_output_throughput": per_s(out_tok + part_tok),
+            "total_token_throughput": per_s(in_tok + out_tok)}
+
+
 def report(args, results, duration, max_inflight, rate, concurrency, server_info, client_cpu):
     ok = [r for r in results if r.ok]
     failed = [r for r in results if r.error]
@@ -549,12 +560,7 @@ def report(args, results, duration, max_inflight, rate, concurrency, server_info
         # This client's CPU time over the run: near 1.0 the client, not the
         # server, limits the figures (one Python thread).
         "client_cpu_share": client_cpu / duration if duration > 0 else 0.0,
-        "total_input_tokens": in_tok, "total_output_tokens": out_tok,
-        "request_throughput": len(ok) / duration if duration > 0 else 0.0,
-        "output_throughput": out_tok / duration if duration > 0 else 0.0,
-        "cancelled_streamed_tokens": part_tok,
-        "window_output_throughput": (out_tok + part_tok) / duration if duration > 0 else 0.0,
-        "total_token_throughput": (in_tok + out_tok) / duration if duration > 0 else 0.0,
+        **throughput(len(ok), in_tok, out_tok, part_tok, duration),
         "ttft_ms": summarize(ttft), "tpot_ms": summarize(tpot), "itl_ms": summarize(itl),
         "e2el_ms": summarize(e2el),
         "goodput": {"ttft_ms_slo": args.goodput_ttft_ms, "tpot_ms_slo": args.goodput_tpot_ms, "good": good,

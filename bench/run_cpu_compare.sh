@@ -31,21 +31,8 @@ VOCAB=49152  # SmolLM2
 if [ -x "$ROOT/.venv/bin/python3" ]; then PY=$ROOT/.venv/bin/python3; else PY=python3; fi
 mkdir -p "$OUT"
 LOGDIR=$(mktemp -d)
-SERVER_PID=
-
-stop_server() {
-    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-        kill -TERM "$SERVER_PID" 2>/dev/null || true
-        for _ in $(seq 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.2; done
-        kill -KILL "$SERVER_PID" 2>/dev/null || true
-        wait "$SERVER_PID" 2>/dev/null || true
-    fi
-    SERVER_PID=
-}
-trap 'stop_server' EXIT
-trap 'stop_server; exit 130' INT TERM
-
-free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# shellcheck source=bench/server_lib.sh
+. "$ROOT/bench/server_lib.sh" # stop_server (on exit too), free_port
 
 start_server() {  # engine port
     local eng=$1 port=$2

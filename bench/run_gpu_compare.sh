@@ -192,19 +192,8 @@ LLAMA_SERVER=${LLAMA_SERVER:-build/llama-cuda/llama-server}
 LLAMA_LIB=$(dirname "$LLAMA_SERVER")/lib
 CUDA_LIB=${CUDA_HOME:-/usr/local/cuda}/lib64
 
-SERVER_PID=
-stop_server() {
-    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-        kill -TERM "$SERVER_PID" 2>/dev/null || true
-        for _ in $(seq 100); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$SERVER_PID" 2>/dev/null || true
-        wait "$SERVER_PID" 2>/dev/null || true
-    fi
-    SERVER_PID=
-}
-trap 'stop_server' EXIT
-trap 'stop_server; exit 130' INT TERM
-free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# shellcheck source=bench/server_lib.sh
+. "$ROOT/bench/server_lib.sh" # stop_server (on exit too), free_port
 
 # ------------------------------------------------------------- the model file
 GGUF_S=null

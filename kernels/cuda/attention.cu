@@ -85,7 +85,6 @@ __device__ __forceinline__ void f8_load_tile(const AttnParams &p, unsigned char 
     static_assert(KT * CPR8 % NTHREADS == 0, "fp8 tile load");
     const unsigned char *kb = reinterpret_cast<const unsigned char *>(p.k_cache);
     const unsigned char *vb = reinterpret_cast<const unsigned char *>(p.v_cache);
-    const int bs_mask = (1 << p.bs_shift) - 1;
 #pragma unroll
     for (int i = 0; i < KT * CPR8 / NTHREADS; i++) {
         int chunk = threadIdx.x + i * NTHREADS;
@@ -94,8 +93,7 @@ __device__ __forceinline__ void f8_load_tile(const AttnParams &p, unsigned char 
         bool valid = t < kv_end;
         const unsigned char *kp = kb, *vp = vb;
         if (valid) {
-            int64_t slot = ((int64_t)bt[t >> p.bs_shift] << p.bs_shift) + (t & bs_mask);
-            size_t off = ((size_t)slot * p.n_kv + kvh) * HD + c * 16;
+            size_t off = kv_row(bt, p.bs_shift, t, p.n_kv, kvh) * HD + c * 16;
             kp += off;
             vp += off;
         }
@@ -218,7 +216,6 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
     }
 
     const int32_t *bt = p.block_tables + (size_t)seq * p.bt_stride;
-    const int bs_mask = (1 << p.bs_shift) - 1;
     unsigned char *raw8 = smem_raw + cvt_tile_bytes<HD>(); // F8: the raw stages
     auto load_tile = [&](int tile, int st) {
         if constexpr (F8) {
@@ -234,8 +231,7 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
             bool valid = t < kv_end;
             const bf16 *kp = p.k_cache, *vp = p.v_cache;
             if (valid) {
-                int64_t slot = ((int64_t)bt[t >> p.bs_shift] << p.bs_shift) + (t & bs_mask);
-                size_t off = ((size_t)slot * p.n_kv + kvh) * HD + c * 8;
+                size_t off = kv_row(bt, p.bs_shift, t, p.n_kv, kvh) * HD + c * 8;
                 kp += off;
                 vp += off;
             }
@@ -506,7 +502,6 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
     const int min_pos = row_pos(0, 0); // the smallest row of the thread
 
     const int32_t *bt = p.block_tables + (size_t)seq * p.bt_stride;
-    const int bs_mask = (1 << p.bs_shift) - 1;
     auto load_tile = [&](int tile, int st) {
         if constexpr (F8) {
             f8_load_tile<HD>(p, raw8 + st * 2 * KT * HD, bt, kvh, tile, kv_end);
@@ -521,8 +516,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
             bool valid = t < kv_end;
             const bf16 *kp = p.k_cache, *vp = p.v_cache;
             if (valid) {
-                int64_t slot = ((int64_t)bt[t >> p.bs_shift] << p.bs_shift) + (t & bs_mask);
-                size_t off = ((size_t)slot * p.n_kv + kvh) * HD + c * 8;
+                size_t off = kv_row(bt, p.bs_shift, t, p.n_kv, kvh) * HD + c * 8;
                 kp += off;
                 vp += off;
             }
@@ -789,7 +783,6 @@ __global__ void __launch_bounds__(NTHREADS, 2) paged_decode_v3_kernel(const Deco
         lt = r % nt;
     };
 
-    const int bs_mask = (1 << p.bs_shift) - 1;
     auto load_tile = [&](int g, int st) {
         int s, kvh, lt, nt;
         locate_tile(g, s, kvh, lt, nt);
@@ -804,8 +797,7 @@ __global__ void __launch_bounds__(NTHREADS, 2) paged_decode_v3_kernel(const Deco
             bool valid = t < len;
             const bf16 *kp = p.k_cache, *vp = p.v_cache;
             if (valid) {
-                int64_t slot = ((int64_t)bt[t >> p.bs_shift] << p.bs_shift) + (t & bs_mask);
-                size_t off = ((size_t)slot * n_kv + kvh) * HD + c * 8;
+                size_t off = kv_row(bt, p.bs_shift, t, n_kv, kvh) * HD + c * 8;
                 kp += off;
                 vp += off;
             }

@@ -117,6 +117,14 @@ struct AttnParams {
     int max_splits;
 };
 
+// Key t of a sequence in the paged cache, in (slot, KV head) rows: its
+// block from the block table bt, its slot in the block, then head kvh of
+// n_kv. Every tile loader addresses its 16-byte chunks from this.
+__device__ __forceinline__ size_t kv_row(const int32_t *bt, int bs_shift, int t, int n_kv, int kvh) {
+    const int64_t slot = ((int64_t)bt[t >> bs_shift] << bs_shift) + (t & ((1 << bs_shift) - 1));
+    return (size_t)slot * n_kv + kvh;
+}
+
 // Flash decoding, after every thread of a split CTA stored its partial
 // (normalized O, log2-sum-exp) rows: the stores are made visible device-wide
 // (each thread fences its own) before thread 0 counts the CTA's arrival on

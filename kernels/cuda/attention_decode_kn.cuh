@@ -184,7 +184,6 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
     }
 
     const int32_t *bt = p.block_tables + (size_t)seq * p.bt_stride;
-    const int bs_mask = (1 << p.bs_shift) - 1;
     const unsigned char *kb = reinterpret_cast<const unsigned char *>(p.k_cache);
     const unsigned char *vb = reinterpret_cast<const unsigned char *>(p.v_cache);
     auto load_tile = [&](int tile, int st) {
@@ -197,8 +196,7 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
             bool valid = t < kv_end;
             const unsigned char *kp = kb, *vp = vb;
             if (valid) {
-                int64_t slot = ((int64_t)bt[t >> p.bs_shift] << p.bs_shift) + (t & bs_mask);
-                size_t off = ((size_t)slot * p.n_kv + kvh) * RB + c * 16;
+                size_t off = kv_row(bt, p.bs_shift, t, p.n_kv, kvh) * RB + c * 16;
                 kp += off;
                 vp += off;
             }

@@ -218,43 +218,27 @@ extern "C" size_t pg_cuda_model_kv_block_bytes(const pg_cuda_model_shape *s, int
            (size_t)s->head_dim * (s->kv_dtype == PG_KV_FP8_E4M3 ? 1 : sizeof(bf16));
 }
 
+// Device address and shape of weight w (of `layer` for the per-layer ones);
+// null (and 0 x 0) for an unknown id or layer.
 static bf16 *weight_ptr(const pg_cuda_model *m, pg_cuda_weight_id w, int32_t layer, int64_t *rows,
                         int64_t *cols) {
-    const pg_cuda_model_shape *s = &m->sh;
-    const int64_t H = s->hidden;
-    *rows = 0;
-    *cols = 0;
-    bool per_layer = w >= PG_CUDA_W_ATTN_NORM;
-    if (per_layer && (layer < 0 || layer >= s->n_layers)) return nullptr;
+    const bool per_layer = w >= PG_CUDA_W_ATTN_NORM;
+    pg_cuda_weight_shape(&m->sh, w, rows, cols);
+    if (per_layer && (layer < 0 || layer >= m->sh.n_layers)) {
+        *rows = *cols = 0;
+        return nullptr;
+    }
     const Layer *L = per_layer ? &m->layers[layer] : nullptr;
     switch (w) {
-    case PG_CUDA_W_EMB:
-        *rows = s->vocab, *cols = H;
-        return m->emb;
-    case PG_CUDA_W_LM_HEAD:
-        *rows = s->vocab, *cols = H;
-        return m->lm_head;
-    case PG_CUDA_W_FINAL_NORM:
-        *rows = 1, *cols = H;
-        return m->final_norm;
-    case PG_CUDA_W_ATTN_NORM:
-        *rows = 1, *cols = H;
-        return L->attn_norm;
-    case PG_CUDA_W_FFN_NORM:
-        *rows = 1, *cols = H;
-        return L->ffn_norm;
-    case PG_CUDA_W_QKV:
-        *rows = m->qkv_dim, *cols = H;
-        return L->qkv;
-    case PG_CUDA_W_O:
-        *rows = H, *cols = m->q_dim;
-        return L->o;
-    case PG_CUDA_W_GATE_UP:
-        *rows = 2 * (int64_t)s->ffn, *cols = H;
-        return L->gu;
-    case PG_CUDA_W_DOWN:
-        *rows = H, *cols = s->ffn;
-        return L->down;
+    case PG_CUDA_W_EMB: return m->emb;
+    case PG_CUDA_W_LM_HEAD: return m->lm_head;
+    case PG_CUDA_W_FINAL_NORM: return m->final_norm;
+    case PG_CUDA_W_ATTN_NORM: return L->attn_norm;
+    case PG_CUDA_W_FFN_NORM: return L->ffn_norm;
+    case PG_CUDA_W_QKV: return L->qkv;
+    case PG_CUDA_W_O: return L->o;
+    case PG_CUDA_W_GATE_UP: return L->gu;
+    case PG_CUDA_W_DOWN: return L->down;
     }
     return nullptr;
 }

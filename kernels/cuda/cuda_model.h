@@ -78,6 +78,26 @@ typedef enum pg_cuda_weight_id {
     PG_CUDA_W_DOWN,       // [hidden][ffn]
 } pg_cuda_weight_id;
 
+// Rows and columns of weight w for a model of this shape, as listed above
+// (0 x 0 for an unknown id). The device model and its CPU mock both use it.
+static inline void pg_cuda_weight_shape(const pg_cuda_model_shape *s, pg_cuda_weight_id w, int64_t *rows,
+                                        int64_t *cols) {
+    const int64_t H = s->hidden, hd = s->head_dim;
+    *rows = 0, *cols = H;
+    switch (w) {
+    case PG_CUDA_W_EMB:
+    case PG_CUDA_W_LM_HEAD: *rows = s->vocab; break;
+    case PG_CUDA_W_FINAL_NORM:
+    case PG_CUDA_W_ATTN_NORM:
+    case PG_CUDA_W_FFN_NORM: *rows = 1; break;
+    case PG_CUDA_W_QKV: *rows = (int64_t)(s->n_heads + 2 * s->n_kv_heads) * hd; break;
+    case PG_CUDA_W_O: *rows = H, *cols = (int64_t)s->n_heads * hd; break;
+    case PG_CUDA_W_GATE_UP: *rows = 2 * (int64_t)s->ffn; break;
+    case PG_CUDA_W_DOWN: *rows = H, *cols = s->ffn; break;
+    default: *cols = 0; break;
+    }
+}
+
 // Host rows per pg_cuda_model_upload_rows call at most: rows * cols <= this.
 #define PG_CUDA_UPLOAD_ELEMS ((int64_t)16 << 20)
 

@@ -200,6 +200,16 @@ __device__ __forceinline__ void gemv_step(float (&acc)[RR][M][A], const uint4 *c
     }
 }
 
+// A task's partial sums back to zero.
+template <int RR, int M, int A> __device__ __forceinline__ void zero_acc(float (&acc)[RR][M][A]) {
+#pragma unroll
+    for (int rr = 0; rr < RR; rr++)
+#pragma unroll
+        for (int i = 0; i < M; i++)
+#pragma unroll
+            for (int q = 0; q < A; q++) acc[rr][i][q] = 0.0f;
+}
+
 // The end of a warp task (both kernels, so they give the same bits): each
 // output's A partial sums are added in order, then an xor butterfly gives
 // every lane every sum; lane r * M + i writes output (i, t * R + r) (with
@@ -298,12 +308,7 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_kernel(Args a) {
 #pragma unroll
         for (int rr = 0; rr < RR; rr++) wr[rr] = row_ptr(t, rr);
         float acc[RR][M][A];
-#pragma unroll
-        for (int rr = 0; rr < RR; rr++)
-#pragma unroll
-            for (int i = 0; i < M; i++)
-#pragma unroll
-                for (int q = 0; q < A; q++) acc[rr][i][q] = 0.0f;
+        zero_acc(acc);
         int base = 0;
         for (; base + U * 32 <= k8; base += U * 32) gemv_step<M, RR, U, A, false>(acc, wr, xs, k8, base, lane, pol, a.zero);
         if (base < k8) gemv_step<M, RR, U, A, true>(acc, wr, xs, k8, base, lane, pol, a.zero);
@@ -427,12 +432,7 @@ __global__ void __launch_bounds__(NT, MINB) gemv_ring_kernel(Args a) {
     pg_pdl_trigger();
 
     float acc[RR][M][A];
-#pragma unroll
-    for (int rr = 0; rr < RR; rr++)
-#pragma unroll
-        for (int i = 0; i < M; i++)
-#pragma unroll
-            for (int q = 0; q < A; q++) acc[rr][i][q] = 0.0f;
+    zero_acc(acc);
     int ct = first, cb = 0, cs = 0; // compute iterator: task, chunk base, stage
     for (int p = 0; p < n_pieces; p++) {
         issue(false); // piece p + S - 1 (or an empty group), into the stage piece p - 1 used
@@ -459,12 +459,7 @@ __global__ void __launch_bounds__(NT, MINB) gemv_ring_kernel(Args a) {
         if ((cb += 32 * PU) < k8) continue;
         // Task ct is complete: reduce and write it, then restart the sums.
         finish_task<M, MODE, R, RR, A>(acc, a, ct, lane);
-#pragma unroll
-        for (int rr = 0; rr < RR; rr++)
-#pragma unroll
-            for (int i = 0; i < M; i++)
-#pragma unroll
-                for (int q = 0; q < A; q++) acc[rr][i][q] = 0.0f;
+        zero_acc(acc);
         cb = 0, ct += stride;
     }
     asm volatile("cp.async.wait_all;" ::: "memory");

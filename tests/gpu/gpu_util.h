@@ -37,6 +37,22 @@ extern "C" {
         }                                                                                     \
     } while (0)
 
+// The start of every GPU program: line-buffered stdout, then either the
+// device's description (true; also into dev[cap] when given) or "skipped:
+// no CUDA device" (false: the caller exits 77, the conventional skip).
+static inline bool gpu_announce(char *dev = nullptr, size_t cap = 0) {
+    setvbuf(stdout, nullptr, _IOLBF, 0);
+    if (pg_cuda_device_count() == 0) {
+        printf("skipped: no CUDA device\n");
+        return false;
+    }
+    char name[256];
+    PK(pg_cuda_device_describe(name, sizeof name));
+    printf("device: %s\n", name);
+    if (dev && cap) snprintf(dev, cap, "%s", name);
+    return true;
+}
+
 // bf16 <-> f32 on the host, round to nearest even (as __float2bfloat16).
 static inline uint16_t f2bf(float f) {
     uint32_t u;

@@ -66,45 +66,24 @@ int pg_cuda_device_describe(char *name, size_t cap) {
 
 static float *weight(pg_cuda_model *m, pg_cuda_weight_id w, int32_t layer, int64_t *rows,
                      int64_t *cols) {
-    const int64_t H = m->sh.hidden;
-    mlayer *L =
-        w >= PG_CUDA_W_ATTN_NORM && layer >= 0 && layer < m->sh.n_layers ? &m->L[layer] : NULL;
-    *rows = *cols = 0;
-    switch (w) {
-    case PG_CUDA_W_EMB:
-        *rows = m->sh.vocab, *cols = H;
-        return m->emb;
-    case PG_CUDA_W_LM_HEAD:
-        *rows = m->sh.vocab, *cols = H;
-        return m->lm_head;
-    case PG_CUDA_W_FINAL_NORM:
-        *rows = 1, *cols = H;
-        return m->final_norm;
-    default:
-        break;
-    }
-    if (!L) return NULL;
-    switch (w) {
-    case PG_CUDA_W_ATTN_NORM:
-        *rows = 1, *cols = H;
-        return L->attn_norm;
-    case PG_CUDA_W_FFN_NORM:
-        *rows = 1, *cols = H;
-        return L->ffn_norm;
-    case PG_CUDA_W_QKV:
-        *rows = m->qkv_dim, *cols = H;
-        return L->qkv;
-    case PG_CUDA_W_O:
-        *rows = H, *cols = m->q_dim;
-        return L->o;
-    case PG_CUDA_W_GATE_UP:
-        *rows = 2 * (int64_t)m->sh.ffn, *cols = H;
-        return L->gu;
-    case PG_CUDA_W_DOWN:
-        *rows = H, *cols = m->sh.ffn;
-        return L->down;
-    default:
+    const bool per_layer = w >= PG_CUDA_W_ATTN_NORM;
+    pg_cuda_weight_shape(&m->sh, w, rows, cols);
+    if (per_layer && (layer < 0 || layer >= m->sh.n_layers)) {
+        *rows = *cols = 0;
         return NULL;
+    }
+    mlayer *L = per_layer ? &m->L[layer] : NULL;
+    switch (w) {
+    case PG_CUDA_W_EMB: return m->emb;
+    case PG_CUDA_W_LM_HEAD: return m->lm_head;
+    case PG_CUDA_W_FINAL_NORM: return m->final_norm;
+    case PG_CUDA_W_ATTN_NORM: return L->attn_norm;
+    case PG_CUDA_W_FFN_NORM: return L->ffn_norm;
+    case PG_CUDA_W_QKV: return L->qkv;
+    case PG_CUDA_W_O: return L->o;
+    case PG_CUDA_W_GATE_UP: return L->gu;
+    case PG_CUDA_W_DOWN: return L->down;
+    default: *rows = *cols = 0; return NULL;
     }
 }
 

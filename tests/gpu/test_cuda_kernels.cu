@@ -1412,14 +1412,7 @@ static void test_sampling_distribution(Rng &r) {
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "-k") && i + 1 < argc) g_filter = argv[++i];
-    setvbuf(stdout, nullptr, _IOLBF, 0);
-    if (pg_cuda_device_count() == 0) {
-        printf("skipped: no CUDA device\n");
-        return 77;
-    }
-    char dev[256];
-    PK(pg_cuda_device_describe(dev, sizeof dev));
-    printf("device: %s\n", dev);
+    if (!gpu_announce()) return 77;
     Rng r(20251129);
 
     printf("PDL (programmatic dependent launch): %s\n", pg_cuda_pdl_enabled() ? "on" : "off");
