@@ -17,7 +17,8 @@
 #include "kernels/cuda/cuda_common.cuh" // pg_cuda_pdl_enabled / pg_cuda_pdl_set
 
 extern "C" {
-#include "engine/sampler.h"
+#include "kernels/cpu/sampling.h"
+#include "scheduler/plan.h"
 }
 
 static int g_pass = 0, g_fail = 0;
@@ -654,7 +655,7 @@ static void test_feed_tokens(int n_tokens, int n_prev, int n_feed, Rng &r) {
     if (!selected(name)) return;
     std::vector<int32_t> tok(n_tokens), pairs(2 * (size_t)n_feed);
     for (auto &t : tok) t = r.below(50000);
-    std::vector<pg_cuda_sample_out> prev(n_prev);
+    std::vector<pg_sample_out> prev(n_prev);
     memset(prev.data(), 0, prev.size() * sizeof prev[0]);
     for (auto &o : prev) o.token = r.below(128000), o.n_top = 3;
     // Distinct rows, any sample indices.
@@ -671,7 +672,7 @@ static void test_feed_tokens(int n_tokens, int n_prev, int n_feed, Rng &r) {
     dt.up(tok);
     dp.up(prev);
     dq.up(pairs);
-    PK(pg_cuda_feed_tokens(dt.as<int32_t>(), dp.as<pg_cuda_sample_out>(), dq.as<int32_t>(), n_feed, nullptr));
+    PK(pg_cuda_feed_tokens(dt.as<int32_t>(), dp.as<pg_sample_out>(), dq.as<int32_t>(), n_feed, nullptr));
     CK(cudaDeviceSynchronize());
     std::vector<int32_t> got(n_tokens);
     dt.down(got);
@@ -1242,7 +1243,7 @@ static void test_sampling(int n, int vocab, int kind, bool bf16_logits, Rng &r) 
     // Parameters: a rotation through the rules, random seeds and counters.
     std::vector<pg_sampling_params> sps(n);
     std::vector<pg_plan_seq> seqs(n);
-    std::vector<pg_cuda_sample_params> gp(n);
+    std::vector<pg_sample_params> gp(n);
     std::vector<int32_t> tokens;
     std::vector<std::vector<int32_t>> hist(n);
     for (int s = 0; s < n; s++) {
@@ -1291,7 +1292,7 @@ static void test_sampling(int n, int vocab, int kind, bool bf16_logits, Rng &r) 
             p.stop_ids[0] = (int)(r.next() % (uint64_t)vocab);
             p.stop_ids[1] = vocab + 5; // out of range: ignored by both
         }
-        pg_cuda_sample_params &g = gp[s];
+        pg_sample_params &g = gp[s];
         memset(&g, 0, sizeof g);
         g.temperature = p.temperature;
         g.top_p = p.top_p;
@@ -1316,16 +1317,16 @@ static void test_sampling(int n, int vocab, int kind, bool bf16_logits, Rng &r) 
     }
     if (tokens.empty()) tokens.push_back(0);
     // GPU.
-    DBuf dl, dp, dt, dout((size_t)n * sizeof(pg_cuda_sample_out)), ws(pg_cuda_sample_workspace_size(n, vocab));
+    DBuf dl, dp, dt, dout((size_t)n * sizeof(pg_sample_out)), ws(pg_cuda_sample_workspace_size(n, vocab));
     if (bf16_logits) dl.up(lb);
     else dl.up(lf);
     dp.up(gp);
     dt.up(tokens);
     CK(cudaMemset(dout.p, 0xFF, dout.n));
-    PK(pg_cuda_sample(dout.as<pg_cuda_sample_out>(), dl.p, bf16_logits ? PG_CUDA_BF16 : PG_CUDA_F32, vocab, n, vocab,
-                      dp.as<pg_cuda_sample_params>(), dt.as<int32_t>(), ws.p, ws.n, nullptr));
+    PK(pg_cuda_sample(dout.as<pg_sample_out>(), dl.p, bf16_logits ? PG_CUDA_BF16 : PG_CUDA_F32, vocab, n, vocab,
+                      dp.as<pg_sample_params>(), dt.as<int32_t>(), ws.p, ws.n, nullptr));
     CK(cudaDeviceSynchronize());
-    std::vector<pg_cuda_sample_out> go(n);
+    std::vector<pg_sample_out> go(n);
     dout.down(go);
     // CPU, on copies (it modifies logits in place).
     pg_sampler *cpu = nullptr;
@@ -1334,9 +1335,9 @@ static void test_sampling(int n, int vocab, int kind, bool bf16_logits, Rng &r) 
     double worst_lp = 0;
     for (int s = 0; s < n; s++) {
         std::vector<float> row(lf.begin() + (size_t)s * vocab, lf.begin() + (size_t)(s + 1) * vocab);
-        pg_seq_output co;
-        pg_sampler_sample(cpu, &seqs[s], row.data(), &co);
-        const pg_cuda_sample_out &o = go[s];
+        pg_sample_out co;
+        pg_sampler_sample(cpu, &gp[s], tokens.data(), row.data(), &co);
+        const pg_sample_out &o = go[s];
         if (co.token != o.token) {
             tok_bad++;
             if (tok_bad <= 5)
@@ -1362,7 +1363,7 @@ static void test_sampling(int n, int vocab, int kind, bool bf16_logits, Rng &r) 
     }
     pg_sampler_free(cpu);
     char d[160];
-    snprintf(d, sizeof d, "%d/%d tokens differ from engine/sampler.c, %d logprob rows off (max |diff| %.1e)", tok_bad, n,
+    snprintf(d, sizeof d, "%d/%d tokens differ from kernels/cpu/sampling.c, %d logprob rows off (max |diff| %.1e)", tok_bad, n,
              lp_bad, worst_lp);
     report_bool(name, tok_bad == 0 && lp_bad == 0, d);
 }
@@ -1377,7 +1378,7 @@ static void test_sampling_distribution(Rng &r) {
     const float base[vocab] = {2.0f, 1.0f, 0.5f, 0.0f, -1.0f, 1.5f, 0.25f, -3.0f};
     for (int s = 0; s < n; s++)
         for (int i = 0; i < vocab; i++) lf[(size_t)s * vocab + i] = base[i];
-    std::vector<pg_cuda_sample_params> gp(n);
+    std::vector<pg_sample_params> gp(n);
     for (int s = 0; s < n; s++) {
         memset(&gp[s], 0, sizeof gp[s]);
         gp[s].temperature = 1.0f;
@@ -1387,13 +1388,13 @@ static void test_sampling_distribution(Rng &r) {
         gp[s].seed = 1234;
         gp[s].n_generated = s;
     }
-    DBuf dl, dp, dout((size_t)n * sizeof(pg_cuda_sample_out)), ws(pg_cuda_sample_workspace_size(n, vocab));
+    DBuf dl, dp, dout((size_t)n * sizeof(pg_sample_out)), ws(pg_cuda_sample_workspace_size(n, vocab));
     dl.up(lf);
     dp.up(gp);
-    PK(pg_cuda_sample(dout.as<pg_cuda_sample_out>(), dl.p, PG_CUDA_F32, vocab, n, vocab, dp.as<pg_cuda_sample_params>(),
+    PK(pg_cuda_sample(dout.as<pg_sample_out>(), dl.p, PG_CUDA_F32, vocab, n, vocab, dp.as<pg_sample_params>(),
                       nullptr, ws.p, ws.n, nullptr));
     CK(cudaDeviceSynchronize());
-    std::vector<pg_cuda_sample_out> go(n);
+    std::vector<pg_sample_out> go(n);
     dout.down(go);
     double z = 0, cnt[vocab] = {0};
     for (int i = 0; i < vocab; i++) z += exp(base[i]);
