@@ -196,17 +196,6 @@ int pg_cuda_embed(void *out, const void *table, const int32_t *ids, int64_t m, i
 int pg_cuda_copy_blocks(void *const *k_caches, void *const *v_caches, int32_t n_layers,
                         const int32_t *pairs, int32_t n_pairs, int64_t block_bytes, void *stream);
 
-// out[i][j] = bf16(out[i][j] + bias[j]) for i < m, j < n; out [m][ldo] bf16,
-// bias bf16 [n] (fp32 add, one rounding). Qwen2's Q/K/V biases.
-int pg_cuda_add_bias(void *out, int64_t ldo, const void *bias, int64_t m, int64_t n, void *stream);
-
-// Per-head RMSNorm in place (Qwen3's q_norm/k_norm): for row i < m and head
-// h < n_heads, the head_dim values at x + i*stride + h*head_dim become
-// bf16(v * rsqrt(mean(v^2) + eps) * w[d]), w bf16 [head_dim]; fp32 sums.
-// head_dim <= 256, even.
-int pg_cuda_head_rmsnorm(void *x, int64_t stride, int32_t n_heads, int32_t head_dim, const void *w,
-                         float eps, int64_t m, void *stream);
-
 // out[n] = bf16(in[n]) (round to nearest even; NaN stays NaN).
 int pg_cuda_f32_to_bf16(void *out, const float *in, int64_t n, void *stream);
 // out[n] = f32(in[n]) (exact).
