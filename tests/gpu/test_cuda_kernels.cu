@@ -3,7 +3,7 @@
 // Random inputs (fresh per case), outputs poisoned before each launch (bf16
 // NaN), references in fp64 on the bf16-rounded inputs; per case the
 // relative error ||out - ref|| / ||ref|| is printed and checked against a
-// bound suited to bf16. The sampler is compared with engine/sampler.c
+// bound suited to bf16. The sampler is compared with kernels/cpu/sampling.c
 // itself (linked in): identical tokens for greedy and seeded sampling,
 // logprobs within 1e-4.
 //
