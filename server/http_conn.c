@@ -52,6 +52,7 @@ struct srv_conn {
     sbuf url, hdr, body;      // hdr: "name\0value\0" pairs
     int n_hdr;
     size_t hdr_bytes;
+    size_t hfield_off;        // where the header name being read starts in `hdr`
     hdr_state hstate;
     srv_req req;
 
@@ -461,18 +462,28 @@ static int cb_header_field(llhttp_t *p, const char *at, size_t n) {
         if (c->n_hdr >= c->srv->lim.max_headers) return reject(c, 431, "too many request headers");
         c->n_hdr++;
         c->hstate = H_FIELD;
+        c->hfield_off = c->hdr.len;
     }
     if (header_bytes(c, n) < 0) return -1;
     sbuf_append(&c->hdr, at, n);
     return 0;
 }
 
+// RFC 9110 token characters: what a field name may hold. llhttp 8 in its
+// default (non-strict) build lets a space or an empty name through; behind
+// a proxy that reads them differently that is a request-smuggling vector.
+static bool is_tchar(unsigned char ch) {
+    if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9')) return true;
+    return ch && strchr("!#$%&'*+-.^_`|~", ch) != NULL;
+}
+
 static int cb_header_field_complete(llhttp_t *p) {
     srv_conn *c = p->data;
-    if (c->hstate != H_FIELD) {  // an empty field name (llhttp rejects these; be safe)
-        if (c->n_hdr >= c->srv->lim.max_headers) return reject(c, 431, "too many request headers");
-        c->n_hdr++;
-    }
+    if (c->hstate != H_FIELD || c->hdr.len == c->hfield_off)
+        return reject(c, 400, "malformed HTTP request: empty header name");
+    for (size_t i = c->hfield_off; i < c->hdr.len; i++)
+        if (!is_tchar((unsigned char)c->hdr.p[i]))
+            return reject(c, 400, "malformed HTTP request: invalid character in a header name");
     sbuf_append(&c->hdr, "", 1);
     c->hstate = H_VALUE;
     return 0;
@@ -508,6 +519,11 @@ static int cb_headers_complete(llhttp_t *p) {
     srv_conn *c = p->data;
     if (c->hstate == H_VALUE) sbuf_append(&c->hdr, "", 1);
     c->hstate = H_NONE;
+    if (p->http_major != 1 || p->http_minor > 1)
+        return reject(c, 505, "HTTP version not supported (HTTP/1.0 and HTTP/1.1 are)");
+    // RFC 9112 6.1: Transfer-Encoding in an HTTP/1.0 message means faulty framing.
+    if (p->http_minor == 0 && ((p->flags & F_CHUNKED) || srv_req_header(&c->req, "transfer-encoding")))
+        return reject(c, 400, "malformed HTTP request: Transfer-Encoding in an HTTP/1.0 request");
     if ((p->flags & F_CONTENT_LENGTH) && p->content_length > c->srv->lim.max_body)
         return reject(c, 413, "request body too large");
     c->req.conn = c;
@@ -548,9 +564,25 @@ static void conn_dispatch(srv_conn *c) {
     r->method_name = llhttp_method_name((llhttp_method_t)r->method);
     sbuf_append(&c->url, "", 0);  // ensure a NUL-terminated buffer
     sbuf_append(&c->body, "", 0);
-    char *q = strchr(c->url.p, '?');
+    char *path = c->url.p;
+    // RFC 9112 3.2.2: a server must accept the absolute form
+    // (GET http://host:port/health HTTP/1.1); the authority is not checked
+    // (Host is not either), only the path and query are used.
+    if (!strncasecmp(path, "http://", 7) || !strncasecmp(path, "https://", 8)) {
+        char *auth = strstr(path, "//") + 2;
+        char *slash = auth + strcspn(auth, "/?");
+        if (*slash == '/') {
+            path = slash;
+        } else {  // "http://host" or "http://host?q": the path is "/"
+            size_t ql = strlen(slash);
+            memmove(auth + 1, slash, ql + 1);
+            auth[0] = '/';
+            path = auth;
+        }
+    }
+    char *q = strchr(path, '?');
     if (q) *q++ = 0;
-    r->path = c->url.p;
+    r->path = path;
     r->query = q ? q : "";
     r->body = c->body.p;
     r->body_len = c->body.len;
@@ -597,7 +629,8 @@ static void conn_parse(srv_conn *c) {
             const char *reason = llhttp_get_error_reason(&c->parser);
             char msg[160];
             snprintf(msg, sizeof msg, "malformed HTTP request: %s", reason ? reason : llhttp_errno_name(err));
-            conn_protocol_error(c, c->err_status ? c->err_status : 400, c->err_status ? c->err_msg : msg);
+            int status = c->err_status ? c->err_status : err == HPE_INVALID_VERSION ? 505 : 400;
+            conn_protocol_error(c, status, c->err_status ? c->err_msg : msg);
             break;
         }
         c->in_off += (size_t)(llhttp_get_error_pos(&c->parser) - start);
