@@ -5,9 +5,12 @@
 // and stop strings; the engine thread runs the model. The engine's notify
 // callback is uv_async_send; the async callback drains every event.
 //
-// SIGTERM / SIGINT: stop accepting, answer new requests 503, let running
-// requests finish for up to --shutdown-timeout seconds, then abort what is
-// left, close everything and exit 0. A second signal skips the wait.
+// SIGTERM / SIGINT / SIGHUP: stop accepting, answer new requests 503, let
+// running requests finish for up to --shutdown-timeout seconds, then abort
+// what is left, close everything and exit 0. A second signal skips the wait.
+// SIGHUP drains too (there is no configuration to reload): a hangup - the
+// terminal or a supervisor going away - must not cut streams mid-way, which
+// the default action (terminate at once) did. systemd stops with SIGTERM.
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +37,7 @@ static const char *usage =
     "  --api-key KEY                 require Authorization: Bearer KEY on every route but\n"
     "                                /health (default: $PAGED_API_KEY; none when unset)\n"
     "  --served-model-name NAME      the model id clients use (default: the model file name)\n"
-    "  --shutdown-timeout S          on SIGTERM/SIGINT, seconds running requests may take\n"
+    "  --shutdown-timeout S          on SIGTERM/SIGINT/SIGHUP, seconds running requests may take\n"
     "                                to finish before they are aborted (default 30)\n"
     "HTTP limits:\n"
     "  --max-request-line BYTES      request URL (default 8K) -> 414\n"
@@ -61,7 +64,7 @@ static const char *usage =
 
 typedef struct serve {
     srv_app app;
-    uv_signal_t sigterm, sigint;
+    uv_signal_t sigterm, sigint, sighup;
     uv_timer_t drain_timer;
     uint64_t drain_deadline_ms;   // when running requests are aborted
     uint64_t abort_deadline_ms;   // when we stop waiting for the aborts
@@ -123,6 +126,7 @@ static void close_engine(srv_app *a) {
     uv_close((uv_handle_t *)&a->async, on_handle_closed);
     uv_close((uv_handle_t *)&s->sigterm, on_handle_closed);
     uv_close((uv_handle_t *)&s->sigint, on_handle_closed);
+    uv_close((uv_handle_t *)&s->sighup, on_handle_closed);
     uv_close((uv_handle_t *)&s->drain_timer, on_handle_closed);
 }
 
@@ -275,9 +279,21 @@ int cmd_serve(int argc, char **argv) {
             return 2;
         }
     }
+    // An empty key would turn authentication on with a key anyone can send
+    // ("Authorization: Bearer "): refused, whether from the flag or the
+    // environment (an empty PAGED_API_KEY is usually a missing secret).
+    if (f.api_key && !*f.api_key) {
+        fprintf(stderr, "paged serve: --api-key is empty; give a non-empty key, or leave the flag out "
+                        "to serve without authentication\n");
+        return 2;
+    }
     if (!f.api_key) {
         const char *env = getenv("PAGED_API_KEY");
-        if (env && *env) f.api_key = env;
+        if (env && !*env) {
+            fprintf(stderr, "paged serve: PAGED_API_KEY is set but empty; set a key or unset it\n");
+            return 2;
+        }
+        f.api_key = env;
     }
     signal(SIGPIPE, SIG_IGN);  // a closed socket is an error return, not a signal
 
@@ -334,10 +350,12 @@ int cmd_serve(int argc, char **argv) {
     }
     uv_signal_init(&loop, &s->sigterm);
     uv_signal_init(&loop, &s->sigint);
+    uv_signal_init(&loop, &s->sighup);
     uv_timer_init(&loop, &s->drain_timer);
-    s->sigterm.data = s->sigint.data = s->drain_timer.data = s;
+    s->sigterm.data = s->sigint.data = s->sighup.data = s->drain_timer.data = s;
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
     uv_signal_start(&s->sigint, on_signal, SIGINT);
+    uv_signal_start(&s->sighup, on_signal, SIGHUP);
 
     pg_engine_stats st;
     pg_engine_stats_get(a->engine, &st);
