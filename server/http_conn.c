@@ -630,6 +630,8 @@ static void conn_parse(srv_conn *c) {
             char msg[160];
             snprintf(msg, sizeof msg, "malformed HTTP request: %s", reason ? reason : llhttp_errno_name(err));
             int status = c->err_status ? c->err_status : err == HPE_INVALID_VERSION ? 505 : 400;
+            if (!c->err_status && status == 505)
+                snprintf(msg, sizeof msg, "HTTP version not supported (HTTP/1.0 and HTTP/1.1 are)");
             conn_protocol_error(c, status, c->err_status ? c->err_msg : msg);
             break;
         }
