@@ -45,6 +45,9 @@ const char *cli_engine_flags_help =
     "  --max-model-len N             prompt + output limit (default: the model's)\n"
     "  --max-num-seqs N              sequences per step (default 256)\n"
     "  --max-num-batched-tokens N    tokens per step (default 2048)\n"
+    "  --long-prefill-token-threshold N  prefill tokens one request gets per step while\n"
+    "                                others are live (default: a quarter of the step\n"
+    "                                budget; 0 = no cap)\n"
     "  --no-chunked-prefill          run each prompt in one step\n"
     "  --no-prefix-caching           disable automatic prefix caching\n"
     "  --scheduling-policy P         fcfs (default) or priority\n"
@@ -182,6 +185,7 @@ int cli_engine_flag(pg_engine_config *c, int argc, char **argv, int *i) {
     INT_FLAG("--max-model-len", 1, INT32_MAX, c->max_model_len)
     INT_FLAG("--max-num-seqs", 1, 65536, c->sched.max_num_seqs)
     INT_FLAG("--max-num-batched-tokens", 1, INT32_MAX, c->sched.max_num_batched_tokens)
+    INT_FLAG("--long-prefill-token-threshold", 0, INT32_MAX, c->sched.long_prefill_token_threshold)
     INT_FLAG("--max-waiting", 0, INT32_MAX, c->sched.max_waiting)
     if (!strcmp(f, "--kv-cache-memory") || !strcmp(f, "--swap-space")) {
         NEED_VALUE();
