@@ -213,14 +213,17 @@ def generate():
             lib_objs.append(lso)
         lb = f"build/fuzz/libfuzzer_{name[len('fuzz_'):]}"
         # Linked through an archive so that only the objects a target needs
-        # are pulled in (server objects would need llhttp, which is not
-        # built with clang).
+        # are pulled in (llhttp is in it too, for the server's targets).
         w(f"build {lb}: clang_link {lo} build/libfuzzer/libpaged.a")
         libfuzzer_bins.append(lb)
     if fuzz_targets:
         for ls in lib_srcs:
             lso = f"build/libfuzzer/obj/{os.path.splitext(ls)[0]}.o"
             w(f"build {lso}: clang_cc {ls}")
+        for ls in LLHTTP_SRCS:
+            lso = f"build/libfuzzer/obj/third_party/llhttp/{os.path.splitext(ls)[0]}.o"
+            w(f"build {lso}: clang_cc {LLHTTP_DIR}/{ls}")
+            lib_objs.append(lso)
         w(f"build build/libfuzzer/libpaged.a: ar {' '.join(lib_objs)}")
 
     bench_bins = []
@@ -266,7 +269,7 @@ def generate():
     w(f"build fuzz: phony {' '.join(fuzz_bins)}")
     w(f"build gpu: phony {' '.join(gpu_bins)}")
     w(f"build fuzz-libfuzzer: phony {' '.join(libfuzzer_bins)}")
-    w(f"build all: phony {' '.join(defaults + ['build/asan/paged'] + test_bins['asan'] + fuzz_bins)}")
+    w(f"build all: phony {' '.join(defaults + ['build/asan/paged'] + test_bins['asan'] + fuzz_bins + libfuzzer_bins)}")
     w(f"default {' '.join(defaults)}")
     return "\n".join(out) + "\n"
 
