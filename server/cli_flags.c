@@ -51,7 +51,8 @@ const char *cli_engine_flags_help =
     "  --no-chunked-prefill          run each prompt in one step\n"
     "  --no-prefix-caching           disable automatic prefix caching\n"
     "  --scheduling-policy P         fcfs (default) or priority\n"
-    "  --max-waiting N               queued requests before 503 (default 0: unlimited)\n";
+    "  --max-waiting N               queued requests before 503 (serve: default 1024;\n"
+    "                                generate: 0 = unlimited)\n";
 
 int cli_parse_bytes(const char *s, int64_t *out) {
     char *end;

@@ -27,6 +27,8 @@
 #include "server/commands.h"
 #include "server/gen_job.h"
 
+#define SERVE_DEFAULT_MAX_WAITING 1024
+
 static const char *usage =
     "usage: paged serve [options]\n"
     "Run the OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions,\n"
@@ -53,6 +55,8 @@ static const char *usage =
     "  --max-output-buffer BYTES     unsent output per connection before the client is\n"
     "                                dropped (default 4M; reading stops at 256K)\n"
     "  --max-connections N           open connections (default 4096)\n"
+    "  --max-buffered-body-bytes B   request body bytes buffered over all connections\n"
+    "                                (default 256M) -> 503 + Retry-After\n"
     "Request limits:\n"
     "  --max-n N                     n per request (default 128, at most --max-num-seqs)\n"
     "  --max-sequences N             prompts x n per request (default 256)\n"
@@ -201,7 +205,8 @@ static int serve_flag(serve_flags *f, int argc, char **argv, int *i) {
           IS("--shutdown-timeout") || IS("--max-request-line") || IS("--max-header-bytes") ||
           IS("--max-headers") || IS("--max-body-bytes") || IS("--header-timeout") ||
           IS("--body-timeout") || IS("--keep-alive-timeout") || IS("--write-timeout") ||
-          IS("--max-output-buffer") || IS("--max-connections") || IS("--max-n") ||
+          IS("--max-output-buffer") || IS("--max-connections") || IS("--max-buffered-body-bytes") ||
+          IS("--max-n") ||
           IS("--max-sequences") || IS("--max-stop-strings") || IS("--max-stop-string-bytes") ||
           IS("--max-logprobs") || IS("--default-max-tokens")))
         return 0;
@@ -223,6 +228,7 @@ static int serve_flag(serve_flags *f, int argc, char **argv, int *i) {
     else if (IS("--write-timeout")) rc = parse_seconds(v, &f->http.write_timeout_ms);
     else if (IS("--max-output-buffer")) rc = cli_parse_bytes(v, &b), f->http.out_max = (size_t)b;
     else if (IS("--max-connections")) rc = cli_parse_int(v, 1, 1000000, &n), f->http.max_connections = (int)n;
+    else if (IS("--max-buffered-body-bytes")) rc = cli_parse_bytes(v, &b), f->http.max_body_total = (size_t)b;
     else if (IS("--max-n")) rc = cli_parse_int(v, 1, SCHED_MAX_N, &n), f->api.max_n = (int32_t)n;
     else if (IS("--max-sequences")) rc = cli_parse_int(v, 1, 1 << 20, &n), f->api.max_seqs = (int32_t)n;
     else if (IS("--max-stop-strings")) rc = cli_parse_int(v, 0, 1024, &n), f->api.max_stop = (int32_t)n;
@@ -263,6 +269,10 @@ int cmd_serve(int argc, char **argv) {
     pg_engine_config cfg;
     pg_engine_config_default(&cfg);
     cfg.model_path = cli_default_model();
+    // Bounded by default: a flood of requests queues at most this many in
+    // the scheduler (each holds its prompt ids), the rest get 503 +
+    // Retry-After at once. --max-waiting 0 lifts the bound.
+    cfg.sched.max_waiting = SERVE_DEFAULT_MAX_WAITING;
     serve_flags f = {.host = "127.0.0.1", .port = 8000, .shutdown_timeout = 30};
     srv_http_limits_default(&f.http);
     api_limits_default(&f.api);
@@ -368,6 +378,12 @@ int cmd_serve(int argc, char **argv) {
             st.block_size, (long long)kv_tokens, (double)st.kv_bytes / (1 << 20), a->lim.max_model_len,
             pg_now_s() - t0, strchr(f.host, ':') ? "[" : "", f.host, strchr(f.host, ':') ? "]" : "", srv_http_port(a->http),
             a->api_key ? " (API key required)" : "");
+    if (cfg.sched.max_waiting > 0)
+        PG_LOGI("paged serve: queues bounded: %d waiting requests, %.0f MiB of request bodies; "
+                "beyond them 503 + Retry-After", cfg.sched.max_waiting, (double)f.http.max_body_total / (1 << 20));
+    else
+        PG_LOGI("paged serve: waiting requests unbounded (--max-waiting 0); request bodies bounded at %.0f MiB",
+                (double)f.http.max_body_total / (1 << 20));
     fflush(stderr);
 
     uv_run(&loop, UV_RUN_DEFAULT);

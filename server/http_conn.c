@@ -77,6 +77,7 @@ struct srv_http {
     llhttp_settings_t settings;
     srv_conn *conns;
     int n_conns;
+    size_t body_bytes;        // request body bytes buffered over all connections
     srv_conn *work_head;
     void (*done)(void *arg);
     void *done_arg;
@@ -95,6 +96,7 @@ void srv_http_limits_default(srv_http_limits *l) {
     l->out_max = 4 << 20;
     l->max_pipeline = 64 << 10;
     l->max_connections = 4096;
+    l->max_body_total = 256 << 20;
 }
 
 const char *srv_status_text(int status) {
@@ -207,6 +209,7 @@ static void conn_on_close(uv_handle_t *h) {
     sbuf_free(&c->in);
     sbuf_free(&c->url);
     sbuf_free(&c->hdr);
+    s->body_bytes -= c->body.len;
     sbuf_free(&c->body);
     sbuf_free(&c->out);
     free(c);
@@ -427,6 +430,7 @@ static int cb_message_begin(llhttp_t *p) {
     srv_conn *c = p->data;
     sbuf_reset(&c->url);
     sbuf_reset(&c->hdr);
+    c->srv->body_bytes -= c->body.len;
     if (c->body.cap > (256u << 10)) sbuf_free(&c->body);
     sbuf_reset(&c->body);
     c->n_hdr = 0;
@@ -526,6 +530,10 @@ static int cb_headers_complete(llhttp_t *p) {
         return reject(c, 400, "malformed HTTP request: Transfer-Encoding in an HTTP/1.0 request");
     if ((p->flags & F_CONTENT_LENGTH) && p->content_length > c->srv->lim.max_body)
         return reject(c, 413, "request body too large");
+    // A declared body that cannot fit the global budget now is refused before
+    // it is sent (the check in cb_body covers chunked and slow bodies).
+    if ((p->flags & F_CONTENT_LENGTH) && c->srv->body_bytes + p->content_length > c->srv->lim.max_body_total)
+        return reject(c, 503, "the server is busy: too many request body bytes buffered; retry later");
     c->req.conn = c;
     c->phase = P_BODY;
     c->phase_ms = uv_now(c->srv->loop);
@@ -544,7 +552,10 @@ static int cb_headers_complete(llhttp_t *p) {
 static int cb_body(llhttp_t *p, const char *at, size_t n) {
     srv_conn *c = p->data;
     if (c->body.len + n > c->srv->lim.max_body) return reject(c, 413, "request body too large");
+    if (c->srv->body_bytes + n > c->srv->lim.max_body_total)
+        return reject(c, 503, "the server is busy: too many request body bytes buffered; retry later");
     sbuf_append(&c->body, at, n);
+    c->srv->body_bytes += n;
     return 0;
 }
 
@@ -597,6 +608,11 @@ static void conn_dispatch(srv_conn *c) {
 
 // The response has ended: the next request may be parsed.
 static void conn_end_request(srv_conn *c) {
+    // The body is not needed any more: it leaves the global budget now, not
+    // when (if ever) the connection sends its next request.
+    c->srv->body_bytes -= c->body.len;
+    if (c->body.cap > (256u << 10)) sbuf_free(&c->body);
+    sbuf_reset(&c->body);
     c->dispatched = false;
     c->resp_open = false;
     c->req.on_abort = NULL;
@@ -683,8 +699,8 @@ static void conn_protocol_error(srv_conn *c, int status, const char *msg) {
     c->close_after = true;
     c->req.route = "http";
     c->req.keep_alive = false;
-    put_head(c, status, c->srv->h.error_body ? "application/json" : "text/plain", NULL,
-             (long long)body.len, false);
+    put_head(c, status, c->srv->h.error_body ? "application/json" : "text/plain",
+             status == 503 ? "Retry-After: 1\r\n" : NULL, (long long)body.len, false);
     sbuf_append(&c->out, body.p ? body.p : "", body.len);
     sbuf_free(&body);
     c->state = C_DONE;

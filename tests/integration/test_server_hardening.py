@@ -4,8 +4,9 @@ strict HTTP/1.1 parsing (invalid or empty header names, HTTP/2.0 -> 505,
 Transfer-Encoding on HTTP/1.0), absolute-form request targets, strict JSON
 (RFC 8259, duplicate keys), the legacy functions/function_call fields (400)
 and an empty logit_bias (accepted), an empty --api-key refused at start-up,
-SIGHUP draining like SIGTERM, and /tokenize + /detokenize of 10^6 ids off
-the loop thread."""
+SIGHUP draining like SIGTERM, /tokenize + /detokenize of 10^6 ids off the
+loop thread, and bounded queues (buffered request bodies, waiting
+requests) by default."""
 import json
 import os
 import random
@@ -185,6 +186,47 @@ def big_token_lists_off_the_loop():
         assert st == 200 and isinstance(r["prompt"], str), r
 
 
+def bounded_buffers():
+    """A global cap on buffered request bodies (503 + Retry-After, the
+    connection closed), freed as bodies complete; waiting requests bounded
+    by default (the start-up log says how)."""
+    with su.Server("--max-buffered-body-bytes", "1M", "--max-body-bytes", "1M") as srv:
+        port = srv.port
+        assert "queues bounded: 1024 waiting requests, 1 MiB of request bodies" in srv.log(), srv.log()
+        big = json.dumps({"tokens": [7] * 300000}).encode()[:900000]
+        a = su.connect(port)
+        a.sendall(b"POST /detokenize HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % 900000 + big[:800000])
+        time.sleep(0.3)
+        # Declared too big for what is left: refused at the headers.
+        st, h, body = raw(port, b"POST /detokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 300000\r\n\r\n")
+        assert st == 503 and h.get("retry-after") == "1" and h.get("connection") == "close", (st, h)
+        assert "busy" in su.error_of(body)["message"]
+        # Chunked: refused when the bytes arrive.
+        s = su.connect(port)
+        s.sendall(b"POST /detokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        chunk = b"x" * 65536
+        try:
+            for _ in range(8):
+                s.sendall(b"10000\r\n" + chunk + b"\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        st, h, body, _ = su.read_response(s)
+        s.close()
+        assert st == 503 and h.get("retry-after") == "1", (st, h)
+        # Small requests still pass, and once A's body is complete (and
+        # answered) its bytes leave the budget.
+        assert su.request(port, "GET", "/health")[0] == 200
+        a.sendall(big[800000:])
+        st, _, _, _ = su.read_response(a)
+        a.close()
+        assert st == 400, st  # the body was cut to fit: not valid JSON
+        st, h, body = raw(port, b"POST /detokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 300000\r\n\r\n" +
+                          json.dumps({"tokens": [7] * 50000}).encode().ljust(300000))
+        assert st == 200, (st, body[:200])
+    with su.Server("--max-waiting", "0") as srv:
+        assert "waiting requests unbounded" in srv.log(), srv.log()
+
+
 def main():
     with su.Server() as srv:
         su.run_checks([
@@ -197,6 +239,7 @@ def main():
         ("--api-key '' and PAGED_API_KEY='' refused at start-up", empty_api_key),
         ("SIGHUP drains like SIGTERM: the stream ends with [DONE], exit 0", sighup_drains),
         ("10^6-id /detokenize off the loop thread", big_token_lists_off_the_loop),
+        ("bounded queues: buffered bodies 503 + Retry-After, waiting requests bounded", bounded_buffers),
     ])
     print("test_server_hardening: all passed")
 
