@@ -26,6 +26,7 @@
 #include "server/cli_flags.h"
 #include "server/commands.h"
 #include "server/gen_job.h"
+#include "server/tls.h"
 
 #define SERVE_DEFAULT_MAX_WAITING 1024
 
@@ -39,6 +40,9 @@ static const char *usage =
     "  --api-key KEY                 require Authorization: Bearer KEY on every route but\n"
     "                                /health (default: $PAGED_API_KEY; none when unset)\n"
     "  --served-model-name NAME      the model id clients use (default: the model file name)\n"
+    "  --ssl-certfile FILE           serve HTTPS with this PEM certificate chain\n"
+    "  --ssl-keyfile FILE            its private key (PEM; default: from --ssl-certfile)\n"
+    "  --ssl-ca-certs FILE           require client certificates signed by these CAs (PEM)\n"
     "  --shutdown-timeout S          on SIGTERM/SIGINT/SIGHUP, seconds running requests may take\n"
     "                                to finish before they are aborted (default 30)\n"
     "HTTP limits:\n"
@@ -183,6 +187,7 @@ typedef struct serve_flags {
     int port;
     const char *api_key;
     const char *served_name;
+    const char *ssl_certfile, *ssl_keyfile, *ssl_ca_certs;
     double shutdown_timeout;
     srv_http_limits http;
     api_limits api;
@@ -202,6 +207,7 @@ static int serve_flag(serve_flags *f, int argc, char **argv, int *i) {
     int64_t n, b;
 #define IS(s) (!strcmp(name, s))
     if (!(IS("--host") || IS("--port") || IS("--api-key") || IS("--served-model-name") ||
+          IS("--ssl-certfile") || IS("--ssl-keyfile") || IS("--ssl-ca-certs") ||
           IS("--shutdown-timeout") || IS("--max-request-line") || IS("--max-header-bytes") ||
           IS("--max-headers") || IS("--max-body-bytes") || IS("--header-timeout") ||
           IS("--body-timeout") || IS("--keep-alive-timeout") || IS("--write-timeout") ||
@@ -217,6 +223,9 @@ static int serve_flag(serve_flags *f, int argc, char **argv, int *i) {
     else if (IS("--port")) rc = cli_parse_int(v, 0, 65535, &n), f->port = (int)n;
     else if (IS("--api-key")) f->api_key = v;
     else if (IS("--served-model-name")) f->served_name = v;
+    else if (IS("--ssl-certfile")) f->ssl_certfile = v;
+    else if (IS("--ssl-keyfile")) f->ssl_keyfile = v;
+    else if (IS("--ssl-ca-certs")) f->ssl_ca_certs = v;
     else if (IS("--shutdown-timeout")) rc = cli_parse_float(v, 0, 1e6, &f->shutdown_timeout);
     else if (IS("--max-request-line")) rc = cli_parse_bytes(v, &b), f->http.max_request_line = (size_t)b;
     else if (IS("--max-header-bytes")) rc = cli_parse_bytes(v, &b), f->http.max_header_bytes = (size_t)b;
@@ -306,6 +315,17 @@ int cmd_serve(int argc, char **argv) {
         f.api_key = env;
     }
     signal(SIGPIPE, SIG_IGN);  // a closed socket is an error return, not a signal
+    // TLS files are checked before the model loads: a typo fails in
+    // milliseconds with the file named, not after the weights are read.
+    srv_tls_ctx *tls = NULL;
+    if ((f.ssl_keyfile || f.ssl_ca_certs) && !f.ssl_certfile) {
+        fprintf(stderr, "paged serve: %s needs --ssl-certfile\n", f.ssl_keyfile ? "--ssl-keyfile" : "--ssl-ca-certs");
+        return 2;
+    }
+    if (f.ssl_certfile && srv_tls_ctx_create(f.ssl_certfile, f.ssl_keyfile, f.ssl_ca_certs, &tls) < 0) {
+        fprintf(stderr, "paged serve: %s\n", pg_err_msg());
+        return 2;
+    }
 
     serve *s = pg_xcalloc(1, sizeof *s);
     srv_app *a = &s->app;
@@ -323,6 +343,7 @@ int cmd_serve(int argc, char **argv) {
         uv_run(&loop, UV_RUN_DEFAULT);
         uv_loop_close(&loop);
         free(s);
+        srv_tls_ctx_free(tls);
         return 1;
     }
     a->tok = pg_engine_tokenizer(a->engine);
@@ -358,6 +379,7 @@ int cmd_serve(int argc, char **argv) {
         uv_run(&loop, UV_RUN_DEFAULT);
         goto out;
     }
+    if (tls) srv_http_set_tls(a->http, tls);
     uv_signal_init(&loop, &s->sigterm);
     uv_signal_init(&loop, &s->sigint);
     uv_signal_init(&loop, &s->sighup);
@@ -371,13 +393,14 @@ int cmd_serve(int argc, char **argv) {
     pg_engine_stats_get(a->engine, &st);
     int64_t kv_tokens = (int64_t)(st.kv_blocks - 1) * st.block_size;
     PG_LOGI("paged serve: model %s (%s), device %s, KV cache %d blocks x %d tokens = %lld tokens "
-            "(%.0f MiB), max model len %d, loaded in %.2f s; listening on http://%s%s%s:%d%s",
+            "(%.0f MiB), max model len %d, loaded in %.2f s; listening on %s://%s%s%s:%d%s%s",
             a->served_name,
             cfg.load_format && !strcmp(cfg.load_format, "dummy") ? "dummy weights" : cfg.model_path,
             pg_engine_device_name(a->engine), st.kv_blocks - 1,
             st.block_size, (long long)kv_tokens, (double)st.kv_bytes / (1 << 20), a->lim.max_model_len,
-            pg_now_s() - t0, strchr(f.host, ':') ? "[" : "", f.host, strchr(f.host, ':') ? "]" : "", srv_http_port(a->http),
-            a->api_key ? " (API key required)" : "");
+            pg_now_s() - t0, tls ? "https" : "http", strchr(f.host, ':') ? "[" : "", f.host,
+            strchr(f.host, ':') ? "]" : "", srv_http_port(a->http), a->api_key ? " (API key required)" : "",
+            f.ssl_ca_certs ? " (client certificates required)" : "");
     if (cfg.sched.max_waiting > 0)
         PG_LOGI("paged serve: queues bounded: %d waiting requests, %.0f MiB of request bodies; "
                 "beyond them 503 + Retry-After", cfg.sched.max_waiting, (double)f.http.max_body_total / (1 << 20));
@@ -395,5 +418,6 @@ out:
     free(a->model_path);
     free(a->api_key);
     free(s);
+    srv_tls_ctx_free(tls);
     return rc;
 }

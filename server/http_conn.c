@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "server/tls.h"
 
 #define READ_CHUNK 65536
 #define LINGER_MS 2000
@@ -61,6 +62,11 @@ struct srv_conn {
     size_t inflight;
     uint64_t progress_ms;     // last write progress (or when output became pending)
 
+    // TLS (NULL: plain HTTP): ciphertext is read into `raw` and decrypted
+    // into `in`; `out` is encrypted into `wire`, which is what gets written.
+    srv_tls *tls;
+    sbuf raw, wire;
+
     srv_conn *prev, *next;    // all connections of the server
     srv_conn *work_next;
 };
@@ -78,6 +84,7 @@ struct srv_http {
     srv_conn *conns;
     int n_conns;
     size_t body_bytes;        // request body bytes buffered over all connections
+    srv_tls_ctx *tls;         // borrowed; NULL: plain HTTP
     srv_conn *work_head;
     void (*done)(void *arg);
     void *done_arg;
@@ -122,7 +129,7 @@ const char *srv_status_text(int status) {
     }
 }
 
-static size_t pending_out(const srv_conn *c) { return c->out.len + c->inflight; }
+static size_t pending_out(const srv_conn *c) { return c->out.len + c->wire.len + c->inflight; }
 
 // --- deferred work -----------------------------------------------------------------
 // Closing a connection, parsing the next pipelined request and flushing
@@ -156,6 +163,7 @@ static void conn_update_reading(srv_conn *c);
 static void conn_parse(srv_conn *c);
 static void conn_flush(srv_conn *c);
 static void conn_close_now(srv_conn *c);
+static int conn_write(srv_conn *c, sbuf *src);
 
 static void work_cb(uv_idle_t *h) {
     srv_http *s = h->data;
@@ -212,6 +220,9 @@ static void conn_on_close(uv_handle_t *h) {
     s->body_bytes -= c->body.len;
     sbuf_free(&c->body);
     sbuf_free(&c->out);
+    sbuf_free(&c->raw);
+    sbuf_free(&c->wire);
+    srv_tls_free(c->tls);
     free(c);
     srv_maybe_done(s);
 }
@@ -245,6 +256,10 @@ static void on_shutdown(uv_shutdown_t *req, int status) {
 static void conn_start_linger(srv_conn *c) {
     c->state = C_LINGER;
     c->phase_ms = uv_now(c->srv->loop);
+    if (c->tls) {  // close_notify first: libuv shuts down after pending writes
+        srv_tls_close_notify(c->tls, &c->wire);
+        if (c->wire.len > 0 && conn_write(c, &c->wire) < 0) return;
+    }
     c->shutdown.data = c;
     if (uv_shutdown(&c->shutdown, (uv_stream_t *)&c->tcp, on_shutdown) < 0) {
         conn_schedule_close(c);
@@ -289,14 +304,11 @@ static void on_write(uv_write_t *w, int status) {
     conn_arm_timer(c);
 }
 
-static void conn_flush(srv_conn *c) {
-    if (c->out.len == 0) {
-        if (c->state == C_DONE && c->inflight == 0) conn_start_linger(c);
-        return;
-    }
+// Hands all of `src` to libuv. Returns -1 (connection closing) on failure.
+static int conn_write(srv_conn *c, sbuf *src) {
     write_req *wr = pg_xmalloc(sizeof *wr);
     wr->conn = c;
-    wr->data = sbuf_steal(&c->out, &wr->len);
+    wr->data = sbuf_steal(src, &wr->len);
     uv_buf_t buf = uv_buf_init(wr->data, (unsigned)wr->len);
     if (c->inflight == 0) c->progress_ms = uv_now(c->srv->loop);
     int rc = uv_write(&wr->req, (uv_stream_t *)&c->tcp, &buf, 1, on_write);
@@ -304,9 +316,27 @@ static void conn_flush(srv_conn *c) {
         free(wr->data);
         free(wr);
         conn_schedule_close(c);
-        return;
+        return -1;
     }
     c->inflight += wr->len;
+    return 0;
+}
+
+static void conn_flush(srv_conn *c) {
+    if (c->tls && c->out.len > 0) {
+        if (srv_tls_write(c->tls, c->out.p, c->out.len, &c->wire) < 0) {
+            PG_LOGD("http: TLS: %s", srv_tls_error(c->tls));
+            conn_schedule_close(c);
+            return;
+        }
+        sbuf_reset(&c->out);
+    }
+    sbuf *src = c->tls ? &c->wire : &c->out;
+    if (src->len == 0) {
+        if (c->state == C_DONE && c->inflight == 0) conn_start_linger(c);
+        return;
+    }
+    if (conn_write(c, src) < 0) return;
     conn_update_reading(c);
     conn_arm_timer(c);
 }
@@ -380,9 +410,10 @@ static void on_timer(uv_timer_t *t) {
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     srv_conn *c = h->data;
-    sbuf_reserve(&c->in, READ_CHUNK);
-    buf->base = c->in.p + c->in.len;
-    buf->len = c->in.cap - c->in.len - 1;
+    sbuf *b = c->tls ? &c->raw : &c->in;
+    sbuf_reserve(b, READ_CHUNK);
+    buf->base = b->p + b->len;
+    buf->len = b->cap - b->len - 1;
 }
 
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
@@ -398,8 +429,22 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     }
     if (nread == 0) return;
     if (c->state == C_LINGER || c->state == C_DONE) return;  // discarded
-    c->in.len += (size_t)nread;
-    c->in.p[c->in.len] = 0;
+    if (c->tls) {
+        c->raw.len += (size_t)nread;
+        size_t before = c->in.len;
+        int rc = srv_tls_feed(c->tls, c->raw.p, c->raw.len, &c->in, &c->wire);
+        sbuf_reset(&c->raw);
+        if (rc < 0) {  // a failed handshake (plain HTTP, a bad client certificate) or close_notify
+            PG_LOGD("http: TLS: %s", srv_tls_error(c->tls));
+            conn_close_now(c);
+            return;
+        }
+        if (c->wire.len > 0) conn_mark_dirty(c);  // handshake replies
+        if (c->in.len == before) return;
+    } else {
+        c->in.len += (size_t)nread;
+        c->in.p[c->in.len] = 0;
+    }
     if (c->state == C_READ) conn_parse(c);
     else conn_update_reading(c);
 }
@@ -792,6 +837,7 @@ static void on_connection(uv_stream_t *ls, int status) {
         return;
     }
     uv_tcp_nodelay(&c->tcp, 1);  // SSE chunks are small and latency matters
+    if (s->tls) c->tls = srv_tls_new(s->tls);
     conn_update_reading(c);
     conn_arm_timer(c);
 }
@@ -855,6 +901,8 @@ int srv_http_start(uv_loop_t *loop, const char *host, int port, const srv_http_l
 }
 
 int srv_http_port(const srv_http *s) { return s->port; }
+
+void srv_http_set_tls(srv_http *s, srv_tls_ctx *ctx) { s->tls = ctx; }
 
 void srv_http_drain(srv_http *s) {
     if (s->draining) return;

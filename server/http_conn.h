@@ -91,6 +91,11 @@ typedef struct srv_http_handlers {
 int srv_http_start(uv_loop_t *loop, const char *host, int port, const srv_http_limits *lim,
                    const srv_http_handlers *h, srv_http **out);
 
+// Serves every connection accepted from now on over TLS with `ctx`
+// (server/tls.h; borrowed: it must outlive the server). Before the loop runs.
+struct srv_tls_ctx;
+void srv_http_set_tls(srv_http *s, struct srv_tls_ctx *ctx);
+
 // Graceful shutdown: stops accepting, closes idle connections, and closes
 // every other connection after its current response.
 void srv_http_drain(srv_http *s);

@@ -75,7 +75,7 @@ def generate():
     w("cflags = -std=c11 -D_GNU_SOURCE -O2 -g -march=x86-64-v3 -pthread -Wall -Wextra -Wno-unused-parameter -Wshadow -Wvla -Werror=implicit-function-declaration -Werror=incompatible-pointer-types -fno-strict-aliasing $incs")
     w("asanflags = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined")
     w("tsanflags = -fsanitize=thread -fno-omit-frame-pointer")
-    w("libs = -luv -lcjson -lopenblas -lpcre2-8 -lxxhash -lm -lpthread -ldl")
+    w("libs = -luv -lcjson -lopenblas -lpcre2-8 -lxxhash -lssl -lcrypto -lm -lpthread -ldl")
     w("cudalibs = $$(tools/cuda_libs.sh)")
     w("")
     w("rule cc")
