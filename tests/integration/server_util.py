@@ -64,7 +64,7 @@ def free_port():
 class Server:
     """build/paged serve on a free port; stopped (SIGTERM, then SIGKILL) on exit."""
 
-    def __init__(self, *args, env=None, ready_timeout=120, default_args=True):
+    def __init__(self, *args, env=None, ready_timeout=120, default_args=True, https=None, client_cert=None):
         self.port = free_port()
         self.args = list(args)
         self.env = dict(os.environ)
@@ -74,6 +74,10 @@ class Server:
             self.env.update(env)
         self.ready_timeout = ready_timeout
         self.default_args = default_args
+        # https: the CA file to verify a TLS server with (start() then waits
+        # for /health over TLS); client_cert: (cert, key) to present.
+        self.https = https
+        self.client_cert = client_cert
         self.proc = None
         self.returncode = None
         self.logf = tempfile.NamedTemporaryFile(prefix="paged-serve-", suffix=".log", delete=False)
@@ -94,13 +98,25 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"paged serve exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                st, _, _ = request(self.port, "GET", "/health", timeout=2)
+                st = self._health() if self.https else request(self.port, "GET", "/health", timeout=2)[0]
                 if st == 200:
                     return self
             except OSError:
                 pass
             time.sleep(0.1)
         raise RuntimeError(f"paged serve not healthy after {self.ready_timeout}s:\n{self.log()}")
+
+    def _health(self):
+        import ssl
+        ctx = ssl.create_default_context(cafile=self.https)
+        if self.client_cert:
+            ctx.load_cert_chain(*self.client_cert)
+        c = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=2, context=ctx)
+        try:
+            c.request("GET", "/health")
+            return c.getresponse().status
+        finally:
+            c.close()
 
     def log(self):
         with open(self.logf.name, errors="replace") as f:
