@@ -351,7 +351,12 @@ int cmd_serve(int argc, char **argv) {
     a->tok = pg_engine_tokenizer(a->engine);
     a->chat = pg_engine_chat_template(a->engine);
     a->model_path = pg_xstrdup(cfg.model_path);
-    a->served_name = f.served_name ? pg_xstrdup(f.served_name) : default_served_name(cfg.model_path);
+    // Random (dummy) weights are named after their config ("llama3-8b-shape"),
+    // not after the default model file they never read.
+    const bool dummy = cfg.load_format && !strcmp(cfg.load_format, "dummy");
+    a->served_name = f.served_name ? pg_xstrdup(f.served_name)
+                     : dummy       ? pg_xstrdup(pg_engine_model_config(a->engine)->name)
+                                   : default_served_name(cfg.model_path);
     if (f.api_key) {
         a->api_key = pg_xstrdup(f.api_key);
         a->api_key_len = strlen(f.api_key);
