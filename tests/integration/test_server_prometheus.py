@@ -3,7 +3,6 @@
 /metrics every second, with the API key as a bearer token: its own API shows
 the target up with no scrape error, and the paged: series (gauges, counters,
 histograms) queryable with PromQL."""
-import json
 import os
 import shutil
 import subprocess
