@@ -225,8 +225,8 @@ static int serve_flag(serve_flags *f, int argc, char **argv, int *i) {
     else if (IS("--served-model-name")) f->served_name = v;
     else if (IS("--shutdown-timeout")) rc = cli_parse_float(v, 0, 1e6, &f->shutdown_timeout);
     else if (IS("--metrics-compat")) {
-        if (strcmp(v, "vllm")) rc = pg_err_set(PG_EINVAL, "the only value is vllm, not %s", v);
-        f->metrics_vllm = true;
+        if (!strcmp(v, "vllm")) f->metrics_vllm = true;
+        else rc = pg_err_set(PG_EINVAL, "the only value is vllm, not %s", v);
     }
     else if (IS("--allowed-origins")) rc = srv_cors_set(&f->cors, "origins", v);
     else if (IS("--allowed-methods")) rc = srv_cors_set(&f->cors, "methods", v);

@@ -1,5 +1,5 @@
 // server/webui.h - the chat page served at `/` (server/webui/index.html,
-// compiled into the binary by tools/embed.py; docs/webui.md).
+// compiled into the binary by tools/embed.py; docs/server.md, "Browser clients").
 #pragma once
 #include "server/app.h"
 
