@@ -11,6 +11,7 @@
 
 #include "engine/engine.h"
 #include "server/api_common.h"
+#include "server/cors.h"
 #include "server/http_conn.h"
 #include "server/serve_metrics.h"
 
@@ -30,6 +31,9 @@ typedef struct srv_app {
     size_t api_key_len;
     int64_t created;               // unix time at start (for /v1/models)
     bool draining;                 // SIGTERM: new requests get 503
+    bool no_webui;                 // --no-webui: / answers 404
+    bool metrics_vllm;             // --metrics-compat vllm: /metrics adds the vllm: names
+    srv_cors cors;                 // --allowed-origins ...: off unless origins are given
     struct gen_job *jobs;          // live generation jobs (doubly linked)
     int n_jobs;
     int n_tokenizing;              // tokenizations and off-loop routes on the thread pool
