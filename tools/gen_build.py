@@ -220,6 +220,11 @@ def generate():
         w(f"build {o}: cc {s}")
         w("  extra = $tsanflags")
         tsan_objs.append(o)
+    for s in embed_srcs:
+        o = f"build/tsan/obj/{os.path.splitext(s)[0][len('build/'):]}.o"
+        w(f"build {o}: cc {s}")
+        w("  extra = $tsanflags")
+        tsan_objs.append(o)
     for s in LLHTTP_SRCS:
         o = f"build/tsan/obj/third_party/llhttp/{os.path.splitext(s)[0]}.o"
         w(f"build {o}: cc_third_party {LLHTTP_DIR}/{s}")
