@@ -158,6 +158,22 @@ int pg_cuda_rope_kv_write(void *q, int64_t q_stride, void *k, int64_t k_stride, 
 int pg_cuda_add_rmsnorm(void *out, void *x, const void *residual, const void *w, int64_t m,
                         int64_t dim, float eps, void *stream);
 
+// Bias add in place (Qwen2's QKV bias, after the projection):
+// out[i][j] = bf16(out[i][j] + bias[j]) for i < m, j < n; out [m][ldo] bf16
+// (columns past n untouched), bias bf16 [n] (fp32 add, one rounding).
+// ldo >= n; m == 0 does nothing. A plain launch.
+int pg_cuda_add_bias(void *out, int64_t ldo, const void *bias, int64_t m, int64_t n, void *stream);
+
+// Per-head RMSNorm in place (Qwen3's q_norm/k_norm): for row i < m and head
+// h < n_heads, the head_dim values v at x + i*stride + h*head_dim become
+// bf16(v * rsqrt(mean(v^2) + eps) * w[d]), w bf16 [head_dim] (shared by
+// every head); fp32 sums. head_dim <= 256, even; stride >= n_heads *
+// head_dim (x may be the q or k columns of a fused QKV row; the rest of the
+// row is untouched). Apply it before pg_cuda_rope_kv_write, as Qwen3 norms q
+// and k before RoPE. m == 0 does nothing. A plain launch.
+int pg_cuda_head_rmsnorm(void *x, int64_t stride, int32_t n_heads, int32_t head_dim, const void *w,
+                         float eps, int64_t m, void *stream);
+
 // out[m][ffn] = silu(gate_up[m][0:ffn]) * gate_up[m][ffn:2ffn] (a fused
 // [gate|up] row, as the fused gate/up GEMM writes it).
 int pg_cuda_silu_mul(void *out, const void *gate_up, int64_t m, int64_t ffn, void *stream);
