@@ -9,9 +9,10 @@
 //       rows packed as (query position, head of the GQA group), so one
 //       KV tile in shared memory serves every query head of the group, and
 //       a range of KV tiles (all of them, or one split of flash decoding).
-//       KV tiles of 64 keys stream through a 2-stage cp.async pipeline of
-//       16-byte loads (zero-filled past the end), XOR-swizzled so ldmatrix
-//       is free of bank conflicts. S = Q K^T and O += P V in registers, P
+//       KV tiles of 64 keys stream through a multistage cp.async pipeline
+//       of 16-byte loads (zero-filled past the end), XOR-swizzled so
+//       ldmatrix is free of bank conflicts (the loader, the pipeline and
+//       the softmax step are attention_common.cuh's). S = Q K^T and O += P V in registers, P
 //       re-packed from the S accumulators as the A operand (no smem trip).
 //       decode  (NT = 2): 16 rows; the 4 warps split each 64-key tile
 //               (16 keys each) and merge their (m, l, O) at the end;
@@ -33,8 +34,8 @@
 //       true. 16-byte cp.async loads carry 16 elements into a raw byte
 //       stage; each thread converts the chunks it loaded to bf16 (exact)
 //       into one bf16 tile in the layout above, and the math is unchanged.
-// Shared pieces (PTX wrappers, AttnParams, split counters and plan):
-// attention_common.cuh.
+// Shared pieces (PTX wrappers, AttnParams, split counters and plan, the KV
+// tile loader, pipeline and online-softmax step): attention_common.cuh.
 #include <math.h>
 
 #include <atomic>
@@ -73,32 +74,22 @@ __host__ __device__ constexpr int attn_smem_bytes() {
               : attn_stages(NT) * 2 * KT * HD * (int)sizeof(bf16);
 }
 
-// The F8 tile loader and converter shared by the kernels: chunk i of a
-// thread is key row chunk / (HD / 16), 16 bytes = 16 elements; the raw
-// stage is [K: KT * HD bytes][V: KT * HD bytes] in chunk order (each
-// thread reads back only what it loaded, so its own cp.async wait is the
-// only ordering the conversion needs).
-template <int HD>
-__device__ __forceinline__ void f8_load_tile(const AttnParams &p, unsigned char *raw, const int32_t *bt, int kvh,
-                                             int tile, int kv_end) {
-    constexpr int CPR8 = HD / 16;
-    static_assert(KT * CPR8 % NTHREADS == 0, "fp8 tile load");
-    const unsigned char *kb = reinterpret_cast<const unsigned char *>(p.k_cache);
-    const unsigned char *vb = reinterpret_cast<const unsigned char *>(p.v_cache);
-#pragma unroll
-    for (int i = 0; i < KT * CPR8 / NTHREADS; i++) {
-        int chunk = threadIdx.x + i * NTHREADS;
-        int r = chunk / CPR8, c = chunk % CPR8;
-        int t = tile * KT + r;
-        bool valid = t < kv_end;
-        const unsigned char *kp = kb, *vp = vb;
-        if (valid) {
-            size_t off = kv_row(bt, p.bs_shift, t, p.n_kv, kvh) * HD + c * 16;
-            kp += off;
-            vp += off;
-        }
-        cp_async16(smem_u32(raw + chunk * 16), kp, valid);
-        cp_async16(smem_u32(raw + KT * HD + chunk * 16), vp, valid);
+// Stage st of the v2 and prefill kernels (attention_common.cuh's loader):
+// bf16, the swizzled tile [K: KT][HD][V: KT][HD] at stages + st * 2 KT HD;
+// F8, the raw stage [K: KT * HD bytes][V: KT * HD bytes] in chunk order at
+// raw8 + st * 2 KT HD (each thread reads back only what it loaded, so its
+// own cp.async wait is the only ordering the conversion needs).
+template <int HD, bool F8>
+__device__ __forceinline__ void f8_or_bf16_load_tile(const AttnParams &p, bf16 *stages, unsigned char *raw8, int st,
+                                                     const int32_t *bt, int kvh, int tile, int kv_end) {
+    if constexpr (F8) {
+        unsigned char *raw = raw8 + st * 2 * KT * HD;
+        load_kv_tile<unsigned char, HD, true>(p, reinterpret_cast<const unsigned char *>(p.k_cache),
+                                              reinterpret_cast<const unsigned char *>(p.v_cache), raw, raw + KT * HD,
+                                              bt, kvh, tile, kv_end);
+    } else {
+        bf16 *ks = stages + st * 2 * KT * HD;
+        load_kv_tile<bf16, HD>(p, p.k_cache, p.v_cache, ks, ks + KT * HD, bt, kvh, tile, kv_end);
     }
 }
 // Raw stage -> the bf16 tile [K: KT][HD][V: KT][HD], swizzled as the bf16
@@ -217,29 +208,7 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
 
     const int32_t *bt = p.block_tables + (size_t)seq * p.bt_stride;
     unsigned char *raw8 = smem_raw + cvt_tile_bytes<HD>(); // F8: the raw stages
-    auto load_tile = [&](int tile, int st) {
-        if constexpr (F8) {
-            f8_load_tile<HD>(p, raw8 + st * 2 * KT * HD, bt, kvh, tile, kv_end);
-            return;
-        }
-        bf16 *ks = smem + st * 2 * KT * HD, *vs = ks + KT * HD;
-#pragma unroll
-        for (int i = 0; i < KT * CPR / NTHREADS; i++) {
-            int chunk = threadIdx.x + i * NTHREADS;
-            int r = chunk / CPR, c = chunk % CPR;
-            int t = tile * KT + r;
-            bool valid = t < kv_end;
-            const bf16 *kp = p.k_cache, *vp = p.v_cache;
-            if (valid) {
-                size_t off = kv_row(bt, p.bs_shift, t, p.n_kv, kvh) * HD + c * 8;
-                kp += off;
-                vp += off;
-            }
-            int so = r * HD + ((c ^ (r & 7)) * 8);
-            cp_async16(smem_u32(ks + so), kp, valid);
-            cp_async16(smem_u32(vs + so), vp, valid);
-        }
-    };
+    auto load_tile = [&](int tile, int st) { f8_or_bf16_load_tile<HD, F8>(p, smem, raw8, st, bt, kvh, tile, kv_end); };
 
     float o[ONT][4];
 #pragma unroll
@@ -247,16 +216,10 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     const int tok0 = tg * NT * 8; // this warp's keys within a tile
 
-    // Multistage pipeline: STAGES - 1 tiles in flight while one is used.
-#pragma unroll
-    for (int i = 0; i < STAGES - 1; i++) {
-        if (t_begin + i < t_end) load_tile(t_begin + i, i);
-        cp_async_commit();
-    }
+    kv_pipeline_start<STAGES>(t_begin, t_end, load_tile);
     for (int tile = t_begin; tile < t_end; tile++) {
         const int it = tile - t_begin;
-        cp_async_wait<STAGES - 2>(); // this thread's copies of `tile` landed
-        __syncthreads();             // everyone's did; the stage read last iteration is free
+        kv_pipeline_wait<STAGES>();
         if (tile + STAGES - 1 < t_end) load_tile(tile + STAGES - 1, (it + STAGES - 1) % STAGES);
         cp_async_commit();
         const bf16 *ks = smem + (it % STAGES) * 2 * KT * HD, *vs = ks + KT * HD;
@@ -301,33 +264,7 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
                 tmax[e >> 1] = fmaxf(tmax[e >> 1], v);
             }
         }
-        float m_use[2], corr[2];
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 1));
-            tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 2));
-            float m_new = fmaxf(m[i], tmax[i]);
-            m_use[i] = m_new == -INFINITY ? 0.0f : m_new; // all masked so far: exp2 -> 0, not NaN
-            corr[i] = exp2f(m[i] - m_use[i]);
-            m[i] = m_new;
-            l[i] *= corr[i];
-        }
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float pv = exp2f(s[j][e] - m_use[e >> 1]);
-                s[j][e] = pv;
-                l[e >> 1] += pv;
-            }
-        }
-#pragma unroll
-        for (int n = 0; n < ONT; n++) {
-            o[n][0] *= corr[0];
-            o[n][1] *= corr[0];
-            o[n][2] *= corr[1];
-            o[n][3] *= corr[1];
-        }
+        softmax_rows<NT, ONT>(s, o, tmax, m, l);
 
         // O += P V: P from the S accumulators, V^T fragments by ldmatrix.trans.
 #pragma unroll
@@ -502,29 +439,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
     const int min_pos = row_pos(0, 0); // the smallest row of the thread
 
     const int32_t *bt = p.block_tables + (size_t)seq * p.bt_stride;
-    auto load_tile = [&](int tile, int st) {
-        if constexpr (F8) {
-            f8_load_tile<HD>(p, raw8 + st * 2 * KT * HD, bt, kvh, tile, kv_end);
-            return;
-        }
-        bf16 *ks = stages + st * 2 * KT * HD, *vs = ks + KT * HD;
-#pragma unroll
-        for (int i = 0; i < KT * CPR / NTHREADS; i++) {
-            int chunk = threadIdx.x + i * NTHREADS;
-            int r = chunk / CPR, c = chunk % CPR;
-            int t = tile * KT + r;
-            bool valid = t < kv_end;
-            const bf16 *kp = p.k_cache, *vp = p.v_cache;
-            if (valid) {
-                size_t off = kv_row(bt, p.bs_shift, t, p.n_kv, kvh) * HD + c * 8;
-                kp += off;
-                vp += off;
-            }
-            int so = r * HD + ((c ^ (r & 7)) * 8);
-            cp_async16(smem_u32(ks + so), kp, valid);
-            cp_async16(smem_u32(vs + so), vp, valid);
-        }
-    };
+    auto load_tile = [&](int tile, int st) { f8_or_bf16_load_tile<HD, F8>(p, stages, raw8, st, bt, kvh, tile, kv_end); };
 
     float o[2][ONT][4];
 #pragma unroll
@@ -533,11 +448,9 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
         for (int n = 0; n < ONT; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
     float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}}, l[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 
-    if (n_tiles > 0) load_tile(0, 0);
-    cp_async_commit(); // the q tile rides with the first KV tile
+    kv_pipeline_start<2>(0, n_tiles, load_tile); // the q tile rides with the first KV tile
     for (int tile = 0; tile < n_tiles; tile++) {
-        cp_async_wait<0>();
-        __syncthreads();
+        kv_pipeline_wait<2>();
         if (tile + 1 < n_tiles) load_tile(tile + 1, (tile + 1) & 1);
         cp_async_commit();
         const bf16 *ks = stages + (tile & 1) * 2 * KT * HD, *vs = ks + KT * HD;
@@ -602,33 +515,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
             for (int j = 0; j < NT; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) tmax[e >> 1] = fmaxf(tmax[e >> 1], sc[mt][j][e]);
-            float m_use[2], corr[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 1));
-                tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 2));
-                float m_new = fmaxf(m[mt][i], tmax[i]);
-                m_use[i] = m_new == -INFINITY ? 0.0f : m_new;
-                corr[i] = exp2f(m[mt][i] - m_use[i]);
-                m[mt][i] = m_new;
-                l[mt][i] *= corr[i];
-            }
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float pv = exp2f(sc[mt][j][e] - m_use[e >> 1]);
-                    sc[mt][j][e] = pv;
-                    l[mt][e >> 1] += pv;
-                }
-            }
-#pragma unroll
-            for (int n = 0; n < ONT; n++) {
-                o[mt][n][0] *= corr[0];
-                o[mt][n][1] *= corr[0];
-                o[mt][n][2] *= corr[1];
-                o[mt][n][3] *= corr[1];
-            }
+            softmax_rows<NT, ONT>(sc[mt], o[mt], tmax, m[mt], l[mt]);
         }
 
 #pragma unroll
