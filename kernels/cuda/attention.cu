@@ -218,10 +218,13 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
 
     kv_pipeline_start<STAGES>(t_begin, t_end, load_tile);
     for (int tile = t_begin; tile < t_end; tile++) {
-        const int st = kv_pipeline_next<STAGES>(tile, t_begin, t_end, load_tile);
-        const bf16 *ks = smem + st * 2 * KT * HD, *vs = ks + KT * HD;
+        const int it = tile - t_begin;
+        kv_pipeline_wait<STAGES>();
+        if (tile + STAGES - 1 < t_end) load_tile(tile + STAGES - 1, (it + STAGES - 1) % STAGES);
+        cp_async_commit();
+        const bf16 *ks = smem + (it % STAGES) * 2 * KT * HD, *vs = ks + KT * HD;
         if constexpr (F8) { // the barrier above freed the bf16 tile; convert, then share it
-            f8_convert_tile<HD>(raw8 + st * 2 * KT * HD, smem);
+            f8_convert_tile<HD>(raw8 + (it % STAGES) * 2 * KT * HD, smem);
             __syncthreads();
             ks = smem;
             vs = smem + KT * HD;
@@ -445,14 +448,9 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
         for (int n = 0; n < ONT; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
     float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}}, l[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 
-    // The 2-stage pipeline written out, not kv_pipeline_start/next: through
-    // them this kernel compiled differently (another instruction mix; HD 128
-    // fp8: 56 bytes of stack instead of 48).
-    if (n_tiles > 0) load_tile(0, 0);
-    cp_async_commit(); // the q tile rides with the first KV tile
+    kv_pipeline_start<2>(0, n_tiles, load_tile); // the q tile rides with the first KV tile
     for (int tile = 0; tile < n_tiles; tile++) {
-        cp_async_wait<0>();
-        __syncthreads();
+        kv_pipeline_wait<2>();
         if (tile + 1 < n_tiles) load_tile(tile + 1, (tile + 1) & 1);
         cp_async_commit();
         const bf16 *ks = stages + (tile & 1) * 2 * KT * HD, *vs = ks + KT * HD;

@@ -178,14 +178,18 @@ __device__ __forceinline__ void load_kv_tile(const AttnParams &p, const T *kc, c
 
 // The multistage pipeline over tiles [t_begin, t_end), STAGES - 1 tiles in
 // flight while one is used; load(tile, stage) issues a tile's copies into
-// a stage. The kernel keeps the loop:
+// a stage. Each kernel writes its loop as
 //   kv_pipeline_start<STAGES>(t_begin, t_end, load);
 //   for (int tile = t_begin; tile < t_end; tile++) {
-//       const int st = kv_pipeline_next<STAGES>(tile, t_begin, t_end, load);
-//       ... read the tile from stage st ...
+//       kv_pipeline_wait<STAGES>();
+//       if (tile + STAGES - 1 < t_end) load(tile + STAGES - 1, its stage);
+//       cp_async_commit();
+//       ... read the tile from its stage ...
 //   }
 //   cp_async_wait<0>();
-// Commit groups issued before the start (a q tile) complete with the first tile.
+// with its own stage arithmetic. (The issue step stays in the kernel: moved
+// into a helper, v4 and prefill v2 compiled to other instructions.) Commit
+// groups issued before the start (a q tile) complete with the first tile.
 template <int STAGES, typename Load>
 __device__ __forceinline__ void kv_pipeline_start(int t_begin, int t_end, Load &&load) {
     static_assert(STAGES >= 2, "pipeline depth");
@@ -195,17 +199,12 @@ __device__ __forceinline__ void kv_pipeline_start(int t_begin, int t_end, Load &
         cp_async_commit();
     }
 }
-// Waits until every thread's copies of `tile` have landed (the barrier also
-// frees the stage the previous iteration read), issues the tile STAGES - 1
-// ahead into that stage, and returns the stage that holds `tile`.
-template <int STAGES, typename Load>
-__device__ __forceinline__ int kv_pipeline_next(int tile, int t_begin, int t_end, Load &&load) {
-    const int it = tile - t_begin;
-    cp_async_wait<STAGES - 2>(); // this thread's copies of `tile` landed
+// Returns once every thread's copies of the loop's current tile have landed;
+// the barrier also frees the stage the previous iteration read, which the
+// next issue reuses.
+template <int STAGES> __device__ __forceinline__ void kv_pipeline_wait() {
+    cp_async_wait<STAGES - 2>(); // this thread's copies of the tile landed
     __syncthreads();             // everyone's did; the stage read last iteration is free
-    if (tile + STAGES - 1 < t_end) load(tile + STAGES - 1, (it + STAGES - 1) % STAGES);
-    cp_async_commit();
-    return it % STAGES;
 }
 
 // v = max over the lanes l ^ X... of v (the lanes holding the same softmax

@@ -193,20 +193,10 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
     // matrices 2/3 the same keys of chunk x + 1.
     const int lrow = key0 + (lane & 7) + ((lane >> 3) & 1) * 8, lch = lane >> 4;
 
-    // The pipeline written out, not kv_pipeline_start/next (attention_common.cuh):
-    // through them this kernel compiled differently (another instruction mix
-    // at every shape, 94 instead of 99 registers at HD 128 fp8, 59 instead of
-    // 57 at HD 64 fp8), untested on the GPU; the loader and the softmax step
-    // above and below are the shared ones.
-#pragma unroll
-    for (int i = 0; i < STAGES - 1; i++) {
-        if (t_begin + i < t_end) load_tile(t_begin + i, i);
-        cp_async_commit();
-    }
+    kv_pipeline_start<STAGES>(t_begin, t_end, load_tile);
     for (int tile = t_begin; tile < t_end; tile++) {
         const int it = tile - t_begin;
-        cp_async_wait<STAGES - 2>(); // this thread's copies of `tile` landed
-        __syncthreads();             // everyone's did; the stage read last iteration is free
+        kv_pipeline_wait<STAGES>();
         if (tile + STAGES - 1 < t_end) load_tile(tile + STAGES - 1, (it + STAGES - 1) % STAGES);
         cp_async_commit();
         const uint32_t kaddr = smem_u32(smem_raw + (it % STAGES) * STAGE + lrow * RB);
