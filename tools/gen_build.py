@@ -285,6 +285,10 @@ def generate():
             lso = f"build/libfuzzer/obj/third_party/llhttp/{os.path.splitext(ls)[0]}.o"
             w(f"build {lso}: clang_cc {LLHTTP_DIR}/{ls}")
             lib_objs.append(lso)
+        for ls in embed_srcs:  # the files compiled into the binary (chat page, OpenAPI)
+            lso = f"build/libfuzzer/obj/{os.path.splitext(ls)[0][len('build/'):]}.o"
+            w(f"build {lso}: clang_cc {ls}")
+            lib_objs.append(lso)
         w(f"build build/libfuzzer/libpaged.a: ar {' '.join(lib_objs)}")
 
     # Test tools (tests/tools/*.c): programs the integration tests drive.
