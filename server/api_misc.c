@@ -125,7 +125,7 @@ void api_tokenize(srv_app *a, srv_req *r) {
         goto fail;
     const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(body, "prompt");
     if (cJSON_GetObjectItemCaseSensitive(body, "messages")) {
-        if (api_parse_messages(body, &msgs, &e) < 0 || app_render_chat(a, &msgs, gen_prompt, &t->text, &e) < 0)
+        if (api_parse_messages(body, &msgs, &e) < 0 || app_render_chat(a, &msgs, NULL, NULL, gen_prompt, &t->text, &e) < 0)
             goto fail;
     } else if (cJSON_IsString(prompt)) {
         t->text = pg_xstrdup(prompt->valuestring);
@@ -134,10 +134,11 @@ void api_tokenize(srv_app *a, srv_req *r) {
         goto fail;
     }
     t->len = strlen(t->text);
+    bool add_bos = msgs.json ? app_chat_add_bos(a) : pg_tokenizer_add_bos(a->tok);
     api_messages_free(&msgs);
     cJSON_Delete(body);
     app_tokenize_async(a, r, (const char *const *)&t->text, &t->len, 1,
-                       special && pg_tokenizer_add_bos(a->tok), "prompt", tokenize_done, t);
+                       special && add_bos, "prompt", tokenize_done, t);
     return;
 fail:
     app_send_error(r, &e);

@@ -63,9 +63,14 @@ typedef void (*app_tok_cb)(srv_app *a, srv_req *r, void *ctx, int32_t **ids, con
 void app_tokenize_async(srv_app *a, srv_req *r, const char *const *texts, const size_t *lens, int n,
                         bool add_bos, const char *param, app_tok_cb cb, void *ctx);
 
-// Renders chat messages with the model's template (400 without one).
-int app_render_chat(srv_app *a, const api_messages *m, bool add_generation_prompt, char **out,
-                    api_error *e);
+// Renders chat messages (m->json) with the model's template, with `tools`
+// (a JSON array or NULL) and chat_template_kwargs `kwargs` (object or
+// NULL); 400 without a template or when the template refuses.
+int app_render_chat(srv_app *a, const api_messages *m, const cJSON *tools, const cJSON *kwargs,
+                    bool add_generation_prompt, char **out, api_error *e);
+// Whether a rendered chat prompt is tokenized with BOS added (not when the
+// template writes BOS itself, as Jinja templates do).
+bool app_chat_add_bos(const srv_app *a);
 
 // Checks the "model" field against the served name (404 when unknown).
 int app_check_model(srv_app *a, const char *model, api_error *e);
