@@ -240,10 +240,11 @@ jval jformat_percent(jrender *r, jval fmt, jval args) {
             if (fmt.u.s.s[i + 1] != '%') nspec++;
             else i++;
         }
-    // Tuples are lists here: a list spreads over several conversions.
+    // A tuple spreads over the conversions; anything else is one argument.
     const jval *av = &args;
     int na = 1;
-    if (args.t == JT_LIST && nspec != 1) {
+    (void)nspec;
+    if (args.t == JT_LIST && args.u.l->tuple) {
         av = args.u.l->v;
         na = (int)args.u.l->n;
     }
@@ -617,6 +618,7 @@ jval jfilter(jrender *r, const char *name, jval v, const jval *args, int nargs, 
         jval l = jv_list(r, v.u.d->n);
         for (size_t i = 0; i < v.u.d->n; i++) {
             jval p = jv_list(r, 2);
+            p.u.l->tuple = true;
             p.u.l->v[0] = v.u.d->k[i];
             p.u.l->v[1] = v.u.d->v[i];
             l.u.l->v[i] = p;

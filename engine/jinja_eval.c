@@ -36,6 +36,7 @@ _Noreturn void jr_fail(jrender *r, const char *fmt, ...) {
 
 _Noreturn void jr_raise(jrender *r, const char *msg, size_t n) {
     snprintf(r->err, sizeof r->err, "%.*s", (int)n, msg);
+    if (!r->err[0]) snprintf(r->err, sizeof r->err, "raise_exception called with an empty message");
     longjmp(r->jb, 1);
 }
 
@@ -582,6 +583,7 @@ jval jeval(jrender *r, const jnode *e) {
         return e->b ? jeval(r, e->b) : jv_undef(NULL);
     case E_LIST: case E_TUPLE: {
         jval l = jv_list(r, (size_t)e->nkids);
+        l.u.l->tuple = e->kind == E_TUPLE;
         for (int i = 0; i < e->nkids; i++) l.u.l->v[i] = jeval(r, e->kids[i]);
         return l;
     }
@@ -641,8 +643,11 @@ static void exec_for(jrender *r, const jnode *n) {
     if (n->c) {  // the loop filter runs first: loop.index and length count kept items only
         jval kept = jv_list(r, items.u.l->n);
         size_t k = 0;
+        jscope *fs = push_scope(r, outer);
         for (size_t i = 0; i < items.u.l->n; i++) {
-            r->scope = push_scope(r, outer);
+            jr_step(r);
+            fs->vars.n = 0;
+            r->scope = fs;
             bind_target(r, n->a, items.u.l->v[i]);
             if (jv_truthy(jeval(r, n->c))) kept.u.l->v[k++] = items.u.l->v[i];
             r->scope = outer;
@@ -654,10 +659,15 @@ static void exec_for(jrender *r, const jnode *n) {
     lp->items = items.u.l;
     jval loopv = {.t = JT_LOOP};
     loopv.u.loop = lp;
+    // One scope for all iterations, emptied at each: a set inside the body
+    // does not outlive its iteration (jinja2), and a long loop does not
+    // allocate per iteration (nothing keeps a pointer into a scope).
+    jscope *is = push_scope(r, outer);
     for (size_t i = 0; i < items.u.l->n; i++) {
         jr_step(r);
         lp->i = i;
-        r->scope = push_scope(r, outer);
+        is->vars.n = 0;
+        r->scope = is;
         bind_target(r, n->a, items.u.l->v[i]);
         assign(r, "loop", loopv);
         int ctl = CTL_NONE;

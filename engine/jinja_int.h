@@ -73,7 +73,7 @@ typedef struct jval {
                              // escapes the plain string it is added to (as jinja2 does)
 } jval;
 
-struct jlist { jval *v; size_t n; };
+struct jlist { jval *v; size_t n; bool tuple; };   // tuple: str() as (a, b)
 struct jdict { jval *k; jval *v; size_t n, cap; };   // keys are strings (or ints); insertion order
 struct jloop {
     const jlist *items;

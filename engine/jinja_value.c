@@ -366,12 +366,13 @@ void jv_str_into(jrender *r, jbuf *b, jval v) {
     case JT_FLOAT: jfloat_repr(v.u.f, num, sizeof num); jb_addz(r, b, num); return;
     case JT_STR: jb_add(r, b, v.u.s.s, v.u.s.n); return;
     case JT_LIST:
-        jb_addc(r, b, '[');
+        jb_addc(r, b, v.u.l->tuple ? '(' : '[');
         for (size_t i = 0; i < v.u.l->n; i++) {
             if (i) jb_addz(r, b, ", ");
             jv_repr_into(r, b, v.u.l->v[i]);
         }
-        jb_addc(r, b, ']');
+        if (v.u.l->tuple && v.u.l->n == 1) jb_addc(r, b, ',');
+        jb_addc(r, b, v.u.l->tuple ? ')' : ']');
         return;
     case JT_DICT: case JT_NS:
         if (v.t == JT_NS) jb_addz(r, b, "<Namespace ");
