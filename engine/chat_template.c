@@ -262,7 +262,7 @@ static int render_jinja(const pg_chat_template *t, const cJSON *messages, const 
     cJSON_AddStringToObject(ctx, "eos_token", t->eos ? t->eos : "");
     int rc = pg_jinja_render(t->jinja, ctx, NULL, out);
     cJSON_Delete(ctx);
-    if (rc < 0) return pg_err_set(PG_EINVAL, "the chat template failed: %s", pg_err_msg());
+    if (rc < 0) return pg_err_wrap(PG_EINVAL, "the chat template failed: ");
     return 0;
 }
 
