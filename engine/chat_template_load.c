@@ -88,6 +88,11 @@ int pg_chat_template_load(const char *want, const char *model_src, const pg_toke
     if (want && pg_file_exists(want) && !pg_is_dir(want)) {
         PG_TRY(pg_read_file(want, MAX_TEMPLATE, &text, &len));
     } else if (want) {
+        // Neither a file nor Jinja-looking text: a mistyped path (vLLM's rule).
+        if (!strpbrk(want, "{}\n") && strcmp(want, "chatml") && strcmp(want, "llama3") &&
+            strcmp(want, "llama2") && strcmp(want, "mistral"))
+            return pg_err_set(PG_EINVAL, "--chat-template: chat template not recognised: '%.200s' is not a "
+                              "file, a family name (chatml, llama3, llama2, mistral) or Jinja text", want);
         text = pg_xstrdup(want);
     } else if (model_src) {
         PG_TRY(model_template_text(model_src, &text));
