@@ -313,7 +313,15 @@ int api_parse_params(const cJSON *body, api_kind kind, const api_limits *lim, ap
     }
     if (kind == API_CHAT) {
         if (api_parse_tools(body, &p->tools, e) < 0) goto fail;
-        p->guided_json = tools_guided_json(p->tools);
+        char *g = tools_guided_json(p->tools);
+        if (g && p->guided_json) {  // one constraint per request
+            free(g);
+            api_err(e, 400, "tool_choice",
+                    "tool_choice 'required' or a named function cannot be combined with another output "
+                    "constraint (response_format, guided_json)");
+            goto fail;
+        }
+        if (g) p->guided_json = g;
         const cJSON *kw = field(body, "chat_template_kwargs");
         if (kw && !cJSON_IsObject(kw)) {
             api_err(e, 400, "chat_template_kwargs", "chat_template_kwargs must be an object");
