@@ -3,6 +3,7 @@
 // For checking a model's template by hand and for the test that compares
 // paged's Jinja engine with Python's jinja2 (tests/integration/
 // test_chat_templates.py).
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,9 +15,32 @@
 
 static const char *usage =
     "usage: paged render-template TEMPLATE_FILE [CONTEXT_JSON_FILE]\n"
+    "       paged render-template TEMPLATE_FILE --each CONTEXTS_JSON_FILE\n"
     "Renders the Jinja template with the variables of the JSON object in\n"
     "CONTEXT_JSON_FILE (or stdin; e.g. {\"messages\": [...], \"add_generation_prompt\": true})\n"
-    "and prints the result. Exit code 1 with the reason on stderr on error.\n";
+    "and prints the result. Exit code 1 with the reason on stderr on error.\n"
+    "--each: the file holds a list of contexts; prints a JSON list of\n"
+    "{\"text\": ...} or {\"error\": ...}, one per context (exit 0).\n";
+
+// --each: one template, many contexts, one JSON answer (the corpus test
+// renders hundreds of conversations without a process each).
+static int render_each(const pg_jinja_template *t, const cJSON *list) {
+    cJSON *res = cJSON_CreateArray();
+    const cJSON *ctx;
+    cJSON_ArrayForEach(ctx, list) {
+        cJSON *r = cJSON_CreateObject();
+        char *out = NULL;
+        if (pg_jinja_render(t, ctx, NULL, &out) == 0) cJSON_AddStringToObject(r, "text", out);
+        else cJSON_AddStringToObject(r, "error", pg_err_msg());
+        free(out);
+        cJSON_AddItemToArray(res, r);
+    }
+    char *s = cJSON_PrintUnformatted(res);
+    fputs(s, stdout);
+    free(s);
+    cJSON_Delete(res);
+    return 0;
+}
 
 static int read_stdin(char **out, size_t *len) {
     size_t cap = 4096, n = 0;
@@ -33,6 +57,11 @@ static int read_stdin(char **out, size_t *len) {
 }
 
 int cmd_render_template(int argc, char **argv) {
+    bool each = argc == 3 && !strcmp(argv[1], "--each");
+    if (each) {
+        argv[1] = argv[2];
+        argc = 2;
+    }
     if (argc < 1 || argc > 2 || !strcmp(argv[0], "--help") || !strcmp(argv[0], "-h")) {
         fputs(usage, argc < 1 ? stderr : stdout);
         return argc < 1 ? 2 : 0;
@@ -51,11 +80,19 @@ int cmd_render_template(int argc, char **argv) {
         goto done;
     }
     ctx = cJSON_ParseWithLength(ctx_text, ctx_len);
-    if (!cJSON_IsObject(ctx)) {
-        fprintf(stderr, "paged render-template: the context is not a JSON object\n");
+    if (each ? !cJSON_IsArray(ctx) : !cJSON_IsObject(ctx)) {
+        fprintf(stderr, "paged render-template: the context is not a JSON %s\n", each ? "list" : "object");
         goto done;
     }
-    if (pg_jinja_parse(src, src_len, &t) < 0 || pg_jinja_render(t, ctx, NULL, &out) < 0) {
+    if (pg_jinja_parse(src, src_len, &t) < 0) {
+        fprintf(stderr, "paged render-template: %s: %s\n", argv[0], pg_err_msg());
+        goto done;
+    }
+    if (each) {
+        rc = render_each(t, ctx);
+        goto done;
+    }
+    if (pg_jinja_render(t, ctx, NULL, &out) < 0) {
         fprintf(stderr, "paged render-template: %s: %s\n", argv[0], pg_err_msg());
         goto done;
     }

@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from datetime import datetime
 
 import jinja2
@@ -135,21 +136,27 @@ def contexts():
             yield f"{name}{'+gen' if gen else ''}", ctx
 
 
-def render_python(env, src, ctx):
+def render_python(template, ctx):
     try:
-        return True, env.from_string(src).render(**copy.deepcopy(ctx))
+        return True, template.render(**copy.deepcopy(ctx))
     except TemplateError as e:
         return False, str(e)
     except Exception as e:  # a template bug hit by this conversation
         return False, f"{type(e).__name__}: {e}"
 
 
-def render_paged(path, ctx):
-    p = subprocess.run([PAGED, "render-template", path], input=json.dumps(ctx).encode(),
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
-    if p.returncode == 0:
-        return True, p.stdout.decode()
-    return False, p.stderr.decode().strip()
+def render_paged(path, ctxs):
+    """Every context in one `paged render-template --each` run: [(ok, text or error)]."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(ctxs, f)
+    try:
+        p = subprocess.run([PAGED, "render-template", path, "--each", f.name],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
+    finally:
+        os.unlink(f.name)
+    if p.returncode != 0:  # the template itself did not parse
+        return [(False, p.stderr.decode().strip())] * len(ctxs)
+    return [(True, r["text"]) if "text" in r else (False, r["error"]) for r in json.loads(p.stdout)]
 
 
 def first_diff(a, b):
@@ -169,9 +176,11 @@ def main():
         if only and not any(o in name for o in only):
             continue
         src = open(path, encoding="utf-8").read()
-        for cname, ctx in contexts():
-            ok_py, out_py = render_python(env, src, ctx)
-            ok_pg, out_pg = render_paged(path, ctx)
+        template = env.from_string(src)
+        cases = list(contexts())
+        paged = render_paged(path, [ctx for _, ctx in cases])
+        for (cname, ctx), (ok_pg, out_pg) in zip(cases, paged):
+            ok_py, out_py = render_python(template, ctx)
             checked += 1
             if not ok_py:
                 refused += 1
