@@ -53,9 +53,10 @@ setup_venv() {
     fi
     # openai: the official SDK as a test client; gguf + numpy: llama.cpp's
     # reader, used by tests to write Hugging Face copies of the model;
-    # aiohttp + matplotlib: the serving benchmark client and its plots.
-    if ! "$VENV/bin/python3" -c "import openai, gguf, numpy, aiohttp, matplotlib" 2>/dev/null; then
-        "$VENV/bin/pip" install -q --disable-pip-version-check openai gguf numpy aiohttp matplotlib
+    # aiohttp + matplotlib: the serving benchmark client and its plots;
+    # jinja2: the reference the chat-template engine is compared with.
+    if ! "$VENV/bin/python3" -c "import openai, gguf, numpy, aiohttp, matplotlib, jinja2" 2>/dev/null; then
+        "$VENV/bin/pip" install -q --disable-pip-version-check openai gguf numpy aiohttp matplotlib jinja2
     fi
     # transformers + torch: the reference every architecture of the model
     # definition is checked against (tests/integration/test_hf_parity.py).

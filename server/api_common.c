@@ -9,6 +9,7 @@
 
 #include "common/err.h"
 #include "server/json_strict.h"
+#include "server/tool_calls.h"
 
 // --- errors --------------------------------------------------------------------
 
@@ -124,6 +125,12 @@ void api_params_free(api_params *p) {
     free(p->stop);
     free(p->stop_lens);
     free(p->model);
+    free(p->guided_json);
+    api_tools_free(p->tools);
+    cJSON_Delete(p->chat_template_kwargs);
+    p->guided_json = NULL;
+    p->tools = NULL;
+    p->chat_template_kwargs = NULL;
     p->stop = NULL;
     p->stop_lens = NULL;
     p->model = NULL;
@@ -214,13 +221,6 @@ static int reject_unsupported(const cJSON *body, api_kind kind, api_error *e) {
                 return api_err(e, 400, legacy[i],
                                "%s (the legacy function-calling API) is not supported by this server",
                                legacy[i]);
-        const cJSON *tools = field(body, "tools");
-        if (tools && (!cJSON_IsArray(tools) || cJSON_GetArraySize(tools) > 0))
-            return api_err(e, 400, "tools", "tools are not supported by this server");
-        const cJSON *tc = field(body, "tool_choice");
-        if (tc && !(cJSON_IsString(tc) && (!strcmp(tc->valuestring, "none") ||
-                                           !strcmp(tc->valuestring, "auto"))))
-            return api_err(e, 400, "tool_choice", "tool_choice is not supported by this server");
     }
     return 0;
 }
@@ -328,6 +328,24 @@ int api_parse_params(const cJSON *body, api_kind kind, const api_limits *lim, ap
             goto fail;
         }
         p->priority = (int32_t)v;
+    }
+    if (kind == API_CHAT) {
+        if (api_parse_tools(body, &p->tools, e) < 0) goto fail;
+        char *g = tools_guided_json(p->tools);
+        if (g && p->guided_json) {  // one constraint per request
+            free(g);
+            api_err(e, 400, "tool_choice",
+                    "tool_choice 'required' or a named function cannot be combined with another output "
+                    "constraint (response_format, guided_json)");
+            goto fail;
+        }
+        if (g) p->guided_json = g;
+        const cJSON *kw = field(body, "chat_template_kwargs");
+        if (kw && !cJSON_IsObject(kw)) {
+            api_err(e, 400, "chat_template_kwargs", "chat_template_kwargs must be an object");
+            goto fail;
+        }
+        if (kw) p->chat_template_kwargs = cJSON_Duplicate(kw, true);
     }
     const cJSON *user = field(body, "user");
     if (user && !cJSON_IsString(user)) {
@@ -468,6 +486,7 @@ int api_parse_prompts(const cJSON *body, const api_limits *lim, int32_t n, api_p
 // --- messages ------------------------------------------------------------------
 
 void api_messages_free(api_messages *m) {
+    cJSON_Delete(m->json);
     for (int i = 0; i < m->n; i++) free(m->owned[i]);
     free(m->owned);
     free(m->msgs);
@@ -516,6 +535,54 @@ static int message_content(const cJSON *c, const char *role, int index, char **o
     return 0;
 }
 
+// tool_calls of an assistant message and tool_call_id/name of a tool
+// message, checked and copied into `jm` (the template's view).
+static int message_extras(const cJSON *m, const char *role, int index, cJSON *jm, api_error *e) {
+    char param[48];
+    snprintf(param, sizeof param, "messages[%d]", index);
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+    if (tc && !cJSON_IsNull(tc)) {
+        if (strcmp(role, "assistant"))
+            return api_err(e, 400, param, "only assistant messages can have tool_calls");
+        if (!cJSON_IsArray(tc)) return api_err(e, 400, param, "tool_calls must be a list");
+        cJSON *calls = cJSON_AddArrayToObject(jm, "tool_calls");
+        const cJSON *c;
+        int k = 0;
+        cJSON_ArrayForEach(c, tc) {
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(c, "id");
+            const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+            const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+            if (!cJSON_IsObject(c) || !cJSON_IsString(id) || !cJSON_IsString(name) || !cJSON_IsString(args))
+                return api_err(e, 400, param,
+                               "tool_calls[%d] must be {\"id\", \"type\": \"function\", \"function\": "
+                               "{\"name\", \"arguments\": a string}}", k);
+            cJSON *jc = cJSON_CreateObject();
+            cJSON_AddStringToObject(jc, "id", id->valuestring);
+            cJSON_AddStringToObject(jc, "type", "function");
+            cJSON *jf = cJSON_AddObjectToObject(jc, "function");
+            cJSON_AddStringToObject(jf, "name", name->valuestring);
+            // Templates expect the arguments as a mapping (as vLLM passes them).
+            cJSON *parsed = cJSON_Parse(args->valuestring);
+            if (cJSON_IsObject(parsed)) cJSON_AddItemToObject(jf, "arguments", parsed);
+            else {
+                cJSON_Delete(parsed);
+                cJSON_AddStringToObject(jf, "arguments", args->valuestring);
+            }
+            cJSON_AddItemToArray(calls, jc);
+            k++;
+        }
+    }
+    if (!strcmp(role, "tool")) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
+        if (!cJSON_IsString(id)) return api_err(e, 400, param, "a tool message needs a string tool_call_id");
+        cJSON_AddStringToObject(jm, "tool_call_id", id->valuestring);
+    }
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(m, "name");
+    if (cJSON_IsString(name)) cJSON_AddStringToObject(jm, "name", name->valuestring);
+    return 0;
+}
+
 int api_parse_messages(const cJSON *body, api_messages *out, api_error *e) {
     memset(out, 0, sizeof *out);
     const cJSON *ms = field(body, "messages");
@@ -525,6 +592,7 @@ int api_parse_messages(const cJSON *body, api_messages *out, api_error *e) {
     if (n == 0) return api_err(e, 400, "messages", "messages must not be empty");
     out->msgs = pg_xcalloc((size_t)n, sizeof(pg_chat_msg));
     out->owned = pg_xcalloc((size_t)n, sizeof(char *));
+    out->json = cJSON_CreateArray();
     const cJSON *m;
     int i = 0;
     cJSON_ArrayForEach(m, ms) {
@@ -539,22 +607,29 @@ int api_parse_messages(const cJSON *body, api_messages *out, api_error *e) {
         const char *canon = !strcmp(r, "system") || !strcmp(r, "developer") ? "system"
                             : !strcmp(r, "user")                            ? "user"
                             : !strcmp(r, "assistant")                       ? "assistant"
+                            : !strcmp(r, "tool")                            ? "tool"
                                                                             : NULL;
         if (!canon) {
             api_messages_free(out);
             return api_err(e, 400, param,
-                           "role '%.32s' is not supported (system, developer, user, assistant)", r);
+                           "role '%.32s' is not supported (system, developer, user, assistant, tool)", r);
         }
-        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
-        if (tc && !cJSON_IsNull(tc) && !(cJSON_IsArray(tc) && cJSON_GetArraySize(tc) == 0)) {
-            api_messages_free(out);
-            return api_err(e, 400, param, "tool calls are not supported by this server");
-        }
-        char *content = NULL;
-        if (message_content(cJSON_GetObjectItemCaseSensitive(m, "content"), canon, i, &content, e) < 0) {
+        cJSON *jm = cJSON_CreateObject();
+        cJSON_AddItemToArray(out->json, jm);
+        cJSON_AddStringToObject(jm, "role", canon);
+        if (message_extras(m, canon, i, jm, e) < 0) {
             api_messages_free(out);
             return -1;
         }
+        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(jm, "tool_calls");
+        bool has_calls = cJSON_IsArray(tc) && cJSON_GetArraySize(tc) > 0;
+        char *content = NULL;
+        const cJSON *cj = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (message_content(cj, has_calls ? "assistant" : canon, i, &content, e) < 0) {
+            api_messages_free(out);
+            return -1;
+        }
+        cJSON_AddStringToObject(jm, "content", content);
         out->owned[i] = content;
         out->msgs[i] = (pg_chat_msg){canon, content};
         out->n = ++i;

@@ -66,6 +66,12 @@ typedef struct api_params {
     char **stop;                 // [n_stop] owned
     size_t *stop_lens;           // [n_stop] owned
     char *model;                 // owned; NULL when absent
+    // A JSON schema (text, owned) the output must follow; set for tool_choice
+    // required/named (server/tool_calls.h). Applied by the structured-output
+    // engine; NULL for none.
+    char *guided_json;
+    struct api_tools *tools;     // chat: owned; NULL without tools (server/tool_calls.h)
+    cJSON *chat_template_kwargs; // chat: owned copy of the object; NULL when absent
 } api_params;
 
 // Parses every field but the prompt/messages from `body` (an object),
@@ -105,11 +111,16 @@ typedef struct api_messages {
     pg_chat_msg *msgs;           // [n] role and content point into owned storage
     int n;
     char **owned;                // [n] content strings
+    cJSON *json;                 // owned: the messages as the chat template sees them
 } api_messages;
 
 // "messages": a non-empty list of {role, content}; role system, developer
-// (as system), user or assistant; content a string, null (assistant), or a
-// list of {"type": "text", "text": ...} parts (joined with "\n").
+// (as system), user, assistant or tool; content a string, null (assistant),
+// or a list of {"type": "text", "text": ...} parts (joined with "\n").
+// Assistant messages may carry tool_calls ({id, type "function", function
+// {name, arguments}}; arguments that are a JSON object text are given to the
+// template as an object, as vLLM does); tool messages need tool_call_id.
+// `json` holds them normalised (content a string) for the template.
 int api_parse_messages(const cJSON *body, api_messages *out, api_error *e);
 void api_messages_free(api_messages *m);
 
