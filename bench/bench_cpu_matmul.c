@@ -22,7 +22,7 @@
 
 #include "common/clock.h"
 #include "common/half.h"
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 #include "kernels/kernels.h"
 
 #define ROTATION_BYTES (96u << 20)

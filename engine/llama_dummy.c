@@ -8,7 +8,7 @@
 
 #include "common/err.h"
 #include "common/file.h"
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 #include "engine/llama_load_int.h"
 
 static pg_weight shape_only(int64_t rows, int64_t cols) {

@@ -13,7 +13,7 @@
 #include "common/err.h"
 #include "common/file.h"
 #include "common/log.h"
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 #include "engine/gguf.h"
 #include "engine/llama.h"
 #include "engine/llama_load_int.h"

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 #include "engine/llama.h"
 #include "engine/llama_load_int.h"
 #include "engine/safetensors.h"

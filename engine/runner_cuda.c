@@ -15,7 +15,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/progress.h"
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 
 _Static_assert(sizeof(pg_block_move) == 2 * sizeof(int32_t), "pg_block_move is an int32 pair");
 _Static_assert(PG_MAX_LOGPROBS == PG_CUDA_MAX_LOGPROBS, "logprob list lengths agree");

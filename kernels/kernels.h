@@ -16,7 +16,7 @@
 // `scales` (unused for GGUF block types, which carry their own).
 typedef struct pg_weight {
     const void *data;   // [rows][row_bytes]
-    int dtype;          // pg_dtype (engine/dtype.h)
+    int dtype;          // pg_dtype (kernels/dtype.h)
     int64_t rows, cols;
     size_t row_bytes;
     const float *scales; // reserved: per-row scales for future layouts

@@ -31,7 +31,22 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LIB_DIRS = ["common", "kvpool", "scheduler", "kernels/cpu", "kernels/cuda", "engine", "server"]
+
+# The modules of ARCHITECTURE.md, bottom first, each with the modules its
+# files may include besides its own (arrows point down the table). The
+# directories of a module's library sources follow. Everything else (tests/,
+# bench/, tools/) may include anything. `--check-layering` (run by
+# tests/run_all.py) fails on an include outside these sets.
+MODULES = {
+    "common": {"deps": [], "dirs": ["common"]},
+    "kvpool": {"deps": ["common"], "dirs": ["kvpool"]},
+    "scheduler": {"deps": ["kvpool", "common"], "dirs": ["scheduler"]},
+    "kernels": {"deps": ["common"], "dirs": ["kernels", "kernels/cpu", "kernels/cuda"]},
+    "engine": {"deps": ["kernels", "scheduler", "kvpool", "common"], "dirs": ["engine"]},
+    "server": {"deps": ["engine", "scheduler", "kvpool", "common"], "dirs": ["server"]},
+}
+LIB_DIRS = [d for m in MODULES.values() for d in m["dirs"]]
+SOURCE_EXTS = (".c", ".h", ".cu", ".cuh")
 LLHTTP_DIR = "/usr/share/llhttp"
 LLHTTP_SRCS = ["api.c", "http.c", "llhttp.c"]
 
@@ -271,7 +286,50 @@ def generate():
     return "\n".join(out) + "\n"
 
 
+def module_of(path):
+    """The module a repository path belongs to (its first directory), or None."""
+    top = path.replace(os.sep, "/").split("/", 1)[0]
+    return top if top in MODULES else None
+
+
+def layering_violations(root=ROOT, modules=None):
+    """Every include of a module's source that names a module outside its
+    allowed set, as 'file:line: includes "x" (module m may include ...)'."""
+    modules = modules or MODULES
+    bad = []
+    for name, m in modules.items():
+        allowed = set(m["deps"]) | {name}
+        for d in sorted(set(m["dirs"])):
+            p = os.path.join(root, d)
+            if not os.path.isdir(p):
+                continue
+            for f in sorted(os.listdir(p)):
+                if not f.endswith(SOURCE_EXTS):
+                    continue
+                rel = f"{d}/{f}"
+                with open(os.path.join(p, f), errors="replace") as fh:
+                    for n, line in enumerate(fh, 1):
+                        s = line.strip()
+                        if not s.startswith("#include") or '"' not in s:
+                            continue
+                        inc = s.split('"')[1]
+                        top = inc.split("/", 1)[0]
+                        if top in modules and top not in allowed:
+                            bad.append(f'{rel}:{n}: includes "{inc}" (module {name} may include '
+                                       f'{", ".join(sorted(allowed))})')
+    return bad
+
+
 def main():
+    if "--check-layering" in sys.argv:
+        bad = layering_violations()
+        for b in bad:
+            print(b, file=sys.stderr)
+        if bad:
+            print(f"{len(bad)} include(s) outside the module table of tools/gen_build.py", file=sys.stderr)
+            return 1
+        print(f"layering: {len(MODULES)} modules, no include outside their dependencies")
+        return 0
     text = generate()
     path = os.path.join(ROOT, "build.ninja")
     if "--check" in sys.argv:

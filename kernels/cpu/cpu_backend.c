@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/llama_compat.h"
 

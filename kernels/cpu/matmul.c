@@ -16,7 +16,7 @@
 
 #include "common/err.h"
 #include "common/half.h"
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/quant_dot.h"
 

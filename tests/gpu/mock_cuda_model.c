@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 #include "engine/sampler.h"
 #include "kernels/cuda/cuda_model.h"
 

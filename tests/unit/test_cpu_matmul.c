@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "common/half.h"
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 #include "kernels/cpu/quant_dot.h"
 #include "kernels/kernels.h"
 
@@ -54,7 +54,7 @@ static float *rnd_x(int64_t m, int64_t cols) {
     return x;
 }
 
-// --- a small weight quantizer (formats of engine/dtype.h) ---------------------------------
+// --- a small weight quantizer (formats of kernels/dtype.h) ---------------------------------
 
 static void put16(uint8_t *p, uint16_t v) {
     memcpy(p, &v, 2);
