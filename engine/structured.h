@@ -120,3 +120,24 @@ bool pg_matcher_can_end(const pg_matcher *m);
 // Returns the matcher to the grammar's start (for a preempted sequence
 // that is recomputed).
 void pg_matcher_reset(pg_matcher *m);
+
+// --- compiled-grammar cache ------------------------------------------------------
+//
+// Requests that repeat a schema (the common case: one application, one
+// schema) share one compiled grammar, and so its lazily built states and
+// masks: the second request runs warm. Keyed by (kind, exact text).
+
+typedef struct pg_grammar_cache pg_grammar_cache;
+
+// A cache of at most `capacity` grammars for vocabulary `v` (which must
+// outlive it), compiled with `lim` (NULL: the defaults).
+pg_grammar_cache *pg_grammar_cache_create(const pg_struct_vocab *v, const pg_grammar_limits *lim,
+                                          int capacity);
+void pg_grammar_cache_free(pg_grammar_cache *c);  // drops its references; NULL is a no-op
+
+// A new reference (the caller unrefs it) to the grammar for (kind, text),
+// compiled on a miss; when full the least recently used entry is dropped
+// (sequences using it keep their references). Errors are as
+// pg_grammar_compile and are not cached. Thread-safe.
+int pg_grammar_cache_get(pg_grammar_cache *c, pg_grammar_kind kind, const char *text, size_t len,
+                         pg_grammar **out, char *err, size_t err_cap);

@@ -226,6 +226,8 @@ void api_completions(srv_app *a, srv_req *r) {
     if (api_parse_body(r->body, r->body_len, &body, &e) < 0) goto fail;
     if (api_parse_params(body, API_COMPLETION, &a->lim, &c->p, &e) < 0) goto fail;
     if (app_check_model(a, c->p.model, &e) < 0) goto fail;
+    if (api_compile_grammar(a->grammars, &c->p, &e) < 0) goto fail;
+    if (api_check_engine_support(&c->p, &e) < 0) goto fail;
     if (api_parse_prompts(body, &a->lim, c->p.sp.n, &c->ps, &c->n_ps, &e) < 0) goto fail;
     cJSON_Delete(body);
     c->texts = pg_xcalloc((size_t)c->n_ps, sizeof(char *));
