@@ -182,6 +182,29 @@ int main(int argc, char **argv) {
         docs[b].n = pg_tokenizer_encode(tok, text, strlen(text), false, false, docs[b].ids, n);
         if (b == 0) printf("document 0 (%d tokens): %s\n", docs[b].n, text);
     }
+    // argv[4]: write the vocabulary and documents for the xgrammar
+    // harness (docs/structured_outputs.md): u32 n, n x (u32 len, bytes),
+    // i32 eos, u32 docs, docs x (u32 n, n x i32).
+    if (argc > 4) {
+        FILE *f = fopen(argv[4], "wb");
+        uint32_t u = (uint32_t)vocab;
+        fwrite(&u, 4, 1, f);
+        for (int32_t i = 0; i < vocab; i++) {
+            u = (uint32_t)(sp[i] ? 0 : tl[i]);
+            fwrite(&u, 4, 1, f);
+            if (u) fwrite(tb[i], 1, u, f);
+        }
+        int32_t eos = pg_tokenizer_eos(tok);
+        fwrite(&eos, 4, 1, f);
+        u = (uint32_t)n_docs;
+        fwrite(&u, 4, 1, f);
+        for (int b = 0; b < n_docs; b++) {
+            u = (uint32_t)docs[b].n;
+            fwrite(&u, 4, 1, f);
+            fwrite(docs[b].ids, 4, (size_t)docs[b].n, f);
+        }
+        fclose(f);
+    }
     size_t tmax = 0;
     for (int b = 0; b < n_docs; b++) tmax += (size_t)docs[b].n;
     double *t = malloc(sizeof(double) * tmax);
