@@ -17,6 +17,7 @@ Conventions the generator relies on (docs/build.md):
       driver, gcc) and build/fuzz/libfuzzer_* (clang -fsanitize=fuzzer,
       `ninja fuzz-libfuzzer`)
   bench/*.c -> build/bench/*
+  tests/tools/*.c -> build/tests/tools/* (programs the integration tests drive)
   build/paged links build/rel/libpaged_cuda.a whole and before libpaged.a,
       so real CUDA objects (where nvcc built them) win over the stubs; every
       other program gets the stubs ("built without CUDA")
@@ -24,7 +25,7 @@ Conventions the generator relies on (docs/build.md):
       CUDA archive, linked like build/paged; tests/gpu/run_gpu_tests.sh)
   tests/gpu/test_*.cu, bench/bench_cuda_*.cu -> build/gpu/* (standalone GPU
       programs: nvcc links them with the CUDA archive, common/err.o and, for
-      tests, engine/sampler.o, and only libcublasLt dynamically; without nvcc
+      tests, kernels/cpu/sampling.o, and only libcublasLt dynamically; without nvcc
       they are stubs that print "skipped" and exit 77)
 """
 import os
@@ -238,6 +239,18 @@ def generate():
             w(f"build {lso}: clang_cc {ls}")
         w(f"build build/libfuzzer/libpaged.a: ar {' '.join(lib_objs)}")
 
+    # Test tools (tests/tools/*.c): programs the integration tests drive.
+    tool_bins = []
+    for s in sources("tests/tools"):
+        name = os.path.splitext(os.path.basename(s))[0]
+        o = obj(s, "rel")
+        w(f"build {o}: cc {s}")
+        b = f"build/tests/tools/{name}"
+        w(f"build {b}: link {o} {libs['rel']} {cuda_lib}")
+        w(f"  cudaobjs = {cuda_lib}")
+        tool_bins.append(b)
+    defaults += tool_bins
+
     bench_bins = []
     for s in bench_srcs:
         name = os.path.splitext(os.path.basename(s))[0]
@@ -257,7 +270,7 @@ def generate():
         w(f"build {o}: nvcc {s} | tools/nvcc_or_stub.sh")
         support = [obj("common/err.c", "rel")]
         if s.startswith("tests/"):
-            support.append(obj("engine/sampler.c", "rel"))
+            support.append(obj("kernels/cpu/sampling.c", "rel"))
         b = f"build/gpu/{name}"
         w(f"build {b}: nvcc_link {o} {cuda_lib} {' '.join(support)} | tools/nvcc_or_stub.sh")
         gpu_bins.append(b)
