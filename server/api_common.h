@@ -114,8 +114,7 @@ int api_parse_guided(const cJSON *body, api_kind kind, const api_limits *lim, ap
 int api_compile_grammar(pg_grammar_cache *c, api_params *p, api_error *e);
 
 // A 400 for the fields that are parsed but that the engine does not apply
-// yet (grammars, logit_bias, allowed_token_ids, bad_words, best_of > n,
-// prompt logprobs), naming the first one given.
+// yet (bad_words, best_of > n, prompt logprobs), naming the first one given.
 int api_check_engine_support(const api_params *p, api_error *e);
 
 // Sets the default max_tokens (completions: 16; chat: the rest of the

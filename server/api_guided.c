@@ -327,13 +327,9 @@ int api_compile_grammar(pg_grammar_cache *c, api_params *p, api_error *e) {
 }
 
 int api_check_engine_support(const api_params *p, api_error *e) {
-    // Parsed and validated above; the engine applies them once the sampler
-    // integration lands (docs/structured_outputs.md). Until then a clear
-    // 400, as before, rather than a silently unconstrained answer.
-    const char *what = p->grammar ? p->guided_param
-                       : p->n_logit_bias ? "logit_bias"
-                       : p->n_allowed ? "allowed_token_ids"
-                       : p->n_bad_words ? "bad_words"
+    // Parsed and validated above, not applied by the engine yet: a clear
+    // 400 rather than a silently different answer.
+    const char *what = p->n_bad_words ? "bad_words"
                        : p->best_of > p->sp.n ? "best_of"
                        : p->prompt_logprobs >= 0 ? (p->echo ? "echo" : "prompt_logprobs")
                                                   : NULL;

@@ -165,7 +165,12 @@ void gen_job_start(gen_job *j) {
     for (int i = 0; i < j->n_subs; i++) {
         gen_sub *s = &j->subs[i];
         pg_gen_request gr = {.prompt = s->ids, .n_prompt = s->n_ids, .sp = s->sp,
-                             .priority = j->p.priority, .user = s};
+                             .priority = j->p.priority, .user = s,
+                             .grammar = j->p.grammar,  // the engine takes its own reference
+                             .allowed_ids = j->p.allowed_ids, .n_allowed = j->p.n_allowed};
+        gr.sp.n_logit_bias = j->p.n_logit_bias;  // copied by the engine
+        gr.sp.bias_ids = j->p.bias_ids;
+        gr.sp.bias_values = j->p.bias_values;
         s->engine_id = pg_engine_submit(a->engine, &gr);
         s->live = true;
         j->n_live++;
