@@ -31,7 +31,7 @@ static void buf_grow(sg_buf *b, size_t add) {
 }
 
 void sg_putn(sg_buf *b, const char *s, size_t n) {
-    if (b->overflow) return;
+    if (b->overflow || n == 0) return;
     buf_grow(b, n);
     if (b->overflow) return;
     memcpy(b->p + b->len, s, n);
@@ -762,7 +762,7 @@ static int check_left_recursion(parser *ps, sg_ir *ir) {
     }
     // Iterative DFS over "may start with" edges; colour 1 = on the path.
     uint8_t *colour = pg_xcalloc((size_t)nr, 1);
-    int32_t *stack_r = pg_xmalloc(sizeof(int32_t) * (size_t)nr * 2 + 2);
+    int32_t *stack_r = pg_xmalloc(sizeof(int32_t) * (2 * (size_t)nr + 2));
     int32_t *stack_i = stack_r + nr + 1;
     int rc = 0;
     for (int32_t s = 0; s < nr && !rc; s++) {
@@ -829,7 +829,8 @@ static void flatten(parser *ps, sg_ir *ir) {
         ir->names_len += nl;
         for (int32_t a = 0; a < pr->n_alts; a++) {
             ir->alts[ir->n_alts++] = ir->n_el;
-            memcpy(ir->el + ir->n_el, pr->alts[a].el, sizeof(sg_elem) * (size_t)pr->alts[a].n);
+            if (pr->alts[a].n)
+                memcpy(ir->el + ir->n_el, pr->alts[a].el, sizeof(sg_elem) * (size_t)pr->alts[a].n);
             ir->n_el += pr->alts[a].n;
             ir->el[ir->n_el++] = (sg_elem){SG_END, 0};
         }

@@ -224,7 +224,7 @@ static void builder_add(builder *B, const int32_t *stk, int32_t n) {
         B->cap = (B->cap + (size_t)n) * 2;
         B->data = pg_xrealloc(B->data, sizeof(int32_t) * B->cap);
     }
-    memcpy(B->data + B->len, stk, sizeof(int32_t) * (size_t)n);
+    if (n) memcpy(B->data + B->len, stk, sizeof(int32_t) * (size_t)n);
     B->start[B->n] = B->len;
     B->slen[B->n++] = n;
     B->len += (size_t)n;
@@ -290,6 +290,7 @@ static int cmp_stack(const void *a, const void *b) {
     int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
     const builder *B = cmp_ctx;
     if (B->slen[i] != B->slen[j]) return B->slen[i] < B->slen[j] ? -1 : 1;
+    if (B->slen[i] == 0) return 0;
     return memcmp(B->data + B->start[i], B->data + B->start[j], sizeof(int32_t) * (size_t)B->slen[i]);
 }
 
@@ -336,7 +337,7 @@ static int32_t intern(pg_grammar *g, builder *B) {
     size_t o = 0;
     for (int32_t i = 0; i < u; i++) {
         key[o++] = B->slen[order[i]];
-        memcpy(key + o, B->data + B->start[order[i]], sizeof(int32_t) * (size_t)B->slen[order[i]]);
+        if (B->slen[order[i]]) memcpy(key + o, B->data + B->start[order[i]], sizeof(int32_t) * (size_t)B->slen[order[i]]);
         o += (size_t)B->slen[order[i]];
     }
     free(order);

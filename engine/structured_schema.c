@@ -307,6 +307,18 @@ static int gen_number(sc *c, const cJSON *s, sg_buf *e) {
 
 // --- strings -----------------------------------------------------------------------
 
+// minLength / maxLength / minItems / maxItems: a non-negative integer up to
+// the repetition cap (checked as a double, before any conversion).
+static int get_count(sc *c, const cJSON *v, const char *name, int64_t *out) {
+    if (!v) return 0;
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0) || v->valuedouble != floor(v->valuedouble))
+        return sc_fail(c, PG_EINVAL, "%s must be a non-negative integer", name);
+    if (v->valuedouble > c->lim->max_repeat)
+        return sc_fail(c, PG_EUNSUPP, "%s above %d is not supported", name, c->lim->max_repeat);
+    *out = (int64_t)v->valuedouble;
+    return 0;
+}
+
 static int gen_string(sc *c, const cJSON *s, sg_buf *e) {
     const cJSON *pat = kw(s, "pattern"), *fmt = kw(s, "format");
     const cJSON *mnl = kw(s, "minLength"), *mxl = kw(s, "maxLength");
@@ -348,16 +360,8 @@ static int gen_string(sc *c, const cJSON *s, sg_buf *e) {
         // Other formats are annotations unless a validator opts in.
     }
     int64_t mn = 0, mx = -1;
-    if (mnl) {
-        if (!cJSON_IsNumber(mnl) || mnl->valuedouble < 0) return sc_fail(c, PG_EINVAL, "minLength must be a non-negative integer");
-        mn = (int64_t)mnl->valuedouble;
-    }
-    if (mxl) {
-        if (!cJSON_IsNumber(mxl) || mxl->valuedouble < 0) return sc_fail(c, PG_EINVAL, "maxLength must be a non-negative integer");
-        mx = (int64_t)mxl->valuedouble;
-    }
-    if (mn > c->lim->max_repeat || mx > c->lim->max_repeat)
-        return sc_fail(c, PG_EUNSUPP, "minLength/maxLength above %d are not supported", c->lim->max_repeat);
+    PG_TRY(get_count(c, mnl, "minLength", &mn));
+    PG_TRY(get_count(c, mxl, "maxLength", &mx));
     if (mx >= 0 && mx < mn) return sc_fail(c, PG_EINVAL, "maxLength is below minLength");
     if (!mnl && !mxl) {
         sg_puts(e, "json-string");
@@ -377,16 +381,8 @@ static int gen_array(sc *c, const cJSON *s, sg_buf *e) {
     if (kw(s, "prefixItems")) return sc_fail(c, PG_EUNSUPP, "prefixItems is not supported");
     if (kw(s, "contains")) return sc_fail(c, PG_EUNSUPP, "contains is not supported");
     int64_t mn = 0, mx = -1;
-    if (mni) {
-        if (!cJSON_IsNumber(mni) || mni->valuedouble < 0) return sc_fail(c, PG_EINVAL, "minItems must be a non-negative integer");
-        mn = (int64_t)mni->valuedouble;
-    }
-    if (mxi) {
-        if (!cJSON_IsNumber(mxi) || mxi->valuedouble < 0) return sc_fail(c, PG_EINVAL, "maxItems must be a non-negative integer");
-        mx = (int64_t)mxi->valuedouble;
-    }
-    if (mn > c->lim->max_repeat || mx > c->lim->max_repeat)
-        return sc_fail(c, PG_EUNSUPP, "minItems/maxItems above %d are not supported", c->lim->max_repeat);
+    PG_TRY(get_count(c, mni, "minItems", &mn));
+    PG_TRY(get_count(c, mxi, "maxItems", &mx));
     if (mx >= 0 && mx < mn) return sc_fail(c, PG_EINVAL, "maxItems is below minItems");
     sg_buf item = {0};
     int id = new_rule(c);

@@ -41,7 +41,7 @@ N_SCHEMAS = int(os.environ.get("PAGED_SCHEMAS", "200"))
 WORDS = ["name", "city", "color", "size", "kind", "code", "level", "owner", "price", "count",
          "title", "label", "score", "tag", "year", "id", "note", "state", "mode", "rank"]
 PATTERNS = [r"^[a-z]{2,6}$", r"^[A-Z][a-z]{1,6}$", r"^[0-9]{3}-[0-9]{2}$", r"^(red|green|blue)$",
-            r"^[a-f0-9]{4}$", r"^x[0-9]+y$"]
+            r"^[a-f0-9]{4}$", r"^x[0-9]{1,6}y$"]
 
 
 def gen_schema(rng, depth=0):
