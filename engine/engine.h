@@ -61,6 +61,12 @@ typedef struct pg_gen_request {
     struct pg_grammar *grammar;  // NULL = none
     const int32_t *allowed_ids;  // [n_allowed]
     int32_t n_allowed;           // 0 = every token allowed
+    // bad_words as token sequences: sequence k is bad_ids[bad_off[k] ..
+    // bad_off[k + 1]); its last token is banned where the output ends with
+    // the rest of it (a one-token sequence: always). Copied.
+    const int32_t *bad_off;      // [n_bad + 1]
+    const int32_t *bad_ids;
+    int32_t n_bad;
 } pg_gen_request;
 
 // One event from the engine: a sched_event plus the submitter's pointer,

@@ -21,6 +21,9 @@ typedef struct req_masks {
     struct pg_matcher **m;        // [n] created on first use
     int32_t n;
     uint32_t *allowed;            // [words] or NULL
+    int32_t n_bad;                // bad_words sequences (engine.h)
+    int32_t *bad_off;             // [n_bad + 1]
+    int32_t *bad_ids;
 } req_masks;
 
 typedef struct sub {

@@ -19,7 +19,7 @@
 
 req_masks *eng_masks_from_request(const pg_engine *e, pg_gen_request *req) {
     pg_sampling_params *sp = &req->sp;
-    if (!req->grammar && req->n_allowed <= 0 && sp->n_logit_bias <= 0) {
+    if (!req->grammar && req->n_allowed <= 0 && sp->n_logit_bias <= 0 && req->n_bad <= 0) {
         sp->constrained = false;
         return NULL;
     }
@@ -42,13 +42,23 @@ req_masks *eng_masks_from_request(const pg_engine *e, pg_gen_request *req) {
     }
     req->allowed_ids = NULL;
     req->n_allowed = 0;
+    if (req->n_bad > 0) {
+        int32_t total = req->bad_off[req->n_bad];
+        x->n_bad = req->n_bad;
+        x->bad_off = pg_xmalloc(sizeof(int32_t) * (size_t)(req->n_bad + 1));
+        x->bad_ids = pg_xmalloc(sizeof(int32_t) * (size_t)(total > 0 ? total : 1));
+        memcpy(x->bad_off, req->bad_off, sizeof(int32_t) * (size_t)(req->n_bad + 1));
+        if (total > 0) memcpy(x->bad_ids, req->bad_ids, sizeof(int32_t) * (size_t)total);
+    }
+    req->bad_off = req->bad_ids = NULL;
+    req->n_bad = 0;
     if (req->grammar) {
         x->grammar = pg_grammar_ref(req->grammar);
         x->n = sp->n > 0 ? sp->n : 1;
         x->m = pg_xcalloc((size_t)x->n, sizeof(pg_matcher *));
     }
     req->grammar = NULL;
-    sp->constrained = x->grammar || x->allowed;
+    sp->constrained = x->grammar || x->allowed || x->n_bad > 0;
     return x;
 }
 
@@ -60,6 +70,8 @@ void eng_masks_free(req_masks *x) {
     free(x->bias_ids);
     free(x->bias_values);
     free(x->allowed);
+    free(x->bad_off);
+    free(x->bad_ids);
     free(x);
 }
 
@@ -73,6 +85,21 @@ static pg_matcher *matcher_of(req_masks *x, int32_t idx) {
     if (!x->grammar || idx < 0 || idx >= x->n) return NULL;
     if (!x->m[idx]) x->m[idx] = pg_matcher_create(x->grammar);
     return x->m[idx];
+}
+
+// bad_words: the last token of a sequence is banned where the output ends
+// with the rest of it (vLLM's rule; the prompt does not count).
+static void ban_bad_words(const req_masks *x, const pg_plan_seq *s, uint32_t *w, int32_t words) {
+    const int32_t *out = s->history + s->n_prompt;
+    int32_t n_out = s->n_history - s->n_prompt;
+    for (int32_t k = 0; k < x->n_bad; k++) {
+        const int32_t *b = x->bad_ids + x->bad_off[k];
+        int32_t len = x->bad_off[k + 1] - x->bad_off[k];
+        if (len <= 0 || len - 1 > n_out) continue;
+        if (len > 1 && memcmp(out + n_out - (len - 1), b, sizeof(int32_t) * (size_t)(len - 1))) continue;
+        int32_t t = b[len - 1];
+        if (t >= 0 && (t >> 5) < words) w[t >> 5] &= ~(1u << (t & 31));
+    }
 }
 
 void eng_masks_fill(pg_engine *e, const pg_batch_plan *plan) {
@@ -107,6 +134,7 @@ void eng_masks_fill(pg_engine *e, const pg_batch_plan *plan) {
             if (acc)
                 for (int32_t k = 0; k < words; k++) w[k] &= x->allowed[k];
         }
+        ban_bad_words(x, s, w, words);
         e->mask_ptr[i] = w;
         any = true;
     }

@@ -37,11 +37,9 @@ struct pg_struct_vocab {
     int32_t max_depth;
 };
 
-static const pg_struct_vocab *sort_vocab;  // qsort context (building only)
-
-static int cmp_tok(const void *a, const void *b) {
+static int cmp_tok(const void *a, const void *b, void *ctx) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    const pg_struct_vocab *v = sort_vocab;
+    const pg_struct_vocab *v = ctx;
     int32_t lx = v->off[x + 1] - v->off[x], ly = v->off[y + 1] - v->off[y];
     int c = memcmp(v->bytes + v->off[x], v->bytes + v->off[y], (size_t)(lx < ly ? lx : ly));
     if (c) return c;
@@ -54,8 +52,7 @@ static void build_trie(pg_struct_vocab *v) {
     int32_t m = 0;
     for (int32_t i = 0; i < v->n; i++)
         if (v->text[i]) order[m++] = i;
-    sort_vocab = v;
-    qsort(order, (size_t)m, sizeof(int32_t), cmp_tok);
+    qsort_r(order, (size_t)m, sizeof(int32_t), cmp_tok, v);
     int64_t cap = 0;
     for (int32_t k = 0; k < m; k++) cap += v->off[order[k] + 1] - v->off[order[k]];
     v->nbyte = pg_xmalloc((size_t)cap + 1);
@@ -284,11 +281,11 @@ static void closure(pg_grammar *g, builder *B, int32_t *stk, int32_t n) {
     B->recursion--;
 }
 
-static const builder *cmp_ctx;
-
-static int cmp_stack(const void *a, const void *b) {
+// qsort_r's comparison (no shared context: the loop thread compiles
+// grammars while the engine thread builds states of others).
+static int cmp_stack(const void *a, const void *b, void *ctx) {
     int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
-    const builder *B = cmp_ctx;
+    const builder *B = ctx;
     if (B->slen[i] != B->slen[j]) return B->slen[i] < B->slen[j] ? -1 : 1;
     if (B->slen[i] == 0) return 0;
     return memcmp(B->data + B->start[i], B->data + B->start[j], sizeof(int32_t) * (size_t)B->slen[i]);
@@ -322,11 +319,10 @@ static int32_t intern(pg_grammar *g, builder *B) {
     if (B->overflow || B->n == 0) return DEAD;
     int32_t *order = pg_xmalloc(sizeof(int32_t) * (size_t)B->n);
     for (int32_t i = 0; i < B->n; i++) order[i] = i;
-    cmp_ctx = B;  // the engine thread alone builds states (structured.h)
-    qsort(order, (size_t)B->n, sizeof(int32_t), cmp_stack);
+    qsort_r(order, (size_t)B->n, sizeof(int32_t), cmp_stack, B);
     int32_t u = 0;
     for (int32_t i = 0; i < B->n; i++)
-        if (!u || cmp_stack(&order[u - 1], &order[i])) order[u++] = order[i];
+        if (!u || cmp_stack(&order[u - 1], &order[i], B)) order[u++] = order[i];
     if (u > g->lim.max_stacks) {
         free(order);
         return DEAD;

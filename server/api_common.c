@@ -132,6 +132,10 @@ void api_params_free(api_params *p) {
     p->grammar = NULL;
     for (int i = 0; i < p->n_bad_words; i++) free(p->bad_words[i]);
     free(p->bad_words);
+    free(p->bad_off);
+    free(p->bad_ids);
+    p->bad_off = p->bad_ids = NULL;
+    p->n_bad_seqs = 0;
     p->stop = NULL;
     p->stop_lens = NULL;
     p->model = NULL;

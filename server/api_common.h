@@ -13,6 +13,7 @@
 
 #include "engine/chat_template.h"
 #include "engine/structured.h"
+#include "engine/tokenizer.h"
 #include "scheduler/plan.h"
 #include "server/sbuf.h"
 
@@ -84,6 +85,9 @@ typedef struct api_params {
     int32_t *allowed_ids;        // [n_allowed] owned
     int n_bad_words;
     char **bad_words;            // [n_bad_words] owned
+    int32_t n_bad_seqs;          // their token sequences (api_tokenize_bad_words)
+    int32_t *bad_off;            // [n_bad_seqs + 1] owned: sequence k is bad_ids[off[k] .. off[k+1])
+    int32_t *bad_ids;            // owned
     int32_t best_of;             // completions: candidates per choice (>= n); 0 = n
     int32_t prompt_logprobs;     // -1 = none; top-N per prompt position (echo+logprobs sets it)
     pg_grammar *grammar;         // owned reference, set by api_compile_grammar
@@ -113,8 +117,12 @@ int api_parse_guided(const cJSON *body, api_kind kind, const api_limits *lim, ap
 // is bounded by the cache's limits, so it may run on the loop thread.
 int api_compile_grammar(pg_grammar_cache *c, api_params *p, api_error *e);
 
+// Tokenizes p's bad_words, each as written and with a leading space (as
+// vLLM does), into p->bad_off / bad_ids.
+void api_tokenize_bad_words(const pg_tokenizer *t, api_params *p);
+
 // A 400 for the fields that are parsed but that the engine does not apply
-// yet (bad_words, best_of > n, prompt logprobs), naming the first one given.
+// yet (best_of > n, prompt logprobs), naming the first one given.
 int api_check_engine_support(const api_params *p, api_error *e);
 
 // Sets the default max_tokens (completions: 16; chat: the rest of the

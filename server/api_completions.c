@@ -228,6 +228,7 @@ void api_completions(srv_app *a, srv_req *r) {
     if (app_check_model(a, c->p.model, &e) < 0) goto fail;
     if (api_compile_grammar(a->grammars, &c->p, &e) < 0) goto fail;
     if (api_check_engine_support(&c->p, &e) < 0) goto fail;
+    api_tokenize_bad_words(a->tok, &c->p);
     if (api_parse_prompts(body, &a->lim, c->p.sp.n, &c->ps, &c->n_ps, &e) < 0) goto fail;
     cJSON_Delete(body);
     c->texts = pg_xcalloc((size_t)c->n_ps, sizeof(char *));

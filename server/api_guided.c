@@ -17,6 +17,7 @@
 
 #include "common/err.h"
 #include "engine/structured.h"
+#include "engine/tokenizer.h"
 #include "server/api_common.h"
 
 // OpenAI's limits.
@@ -326,11 +327,31 @@ int api_compile_grammar(pg_grammar_cache *c, api_params *p, api_error *e) {
     return 0;
 }
 
+void api_tokenize_bad_words(const pg_tokenizer *t, api_params *p) {
+    if (p->n_bad_words == 0) return;
+    int32_t cap = 0, n = 0;
+    p->bad_off = pg_xmalloc(sizeof(int32_t) * (size_t)(2 * p->n_bad_words + 1));
+    p->bad_off[0] = 0;
+    for (int i = 0; i < p->n_bad_words; i++)
+        for (int sp = 0; sp < 2; sp++) {
+            char buf[MAX_BAD_WORD_LEN + 2];
+            int len = snprintf(buf, sizeof buf, "%s%s", sp ? " " : "", p->bad_words[i]);
+            int k = pg_tokenizer_encode(t, buf, (size_t)len, false, false, NULL, 0);
+            if (k <= 0) continue;
+            if (n + k > cap) {
+                cap = (n + k) * 2;
+                p->bad_ids = pg_xrealloc(p->bad_ids, sizeof(int32_t) * (size_t)cap);
+            }
+            pg_tokenizer_encode(t, buf, (size_t)len, false, false, p->bad_ids + n, k);
+            n += k;
+            p->bad_off[++p->n_bad_seqs] = n;
+        }
+}
+
 int api_check_engine_support(const api_params *p, api_error *e) {
     // Parsed and validated above, not applied by the engine yet: a clear
     // 400 rather than a silently different answer.
-    const char *what = p->n_bad_words ? "bad_words"
-                       : p->best_of > p->sp.n ? "best_of"
+    const char *what = p->best_of > p->sp.n ? "best_of"
                        : p->prompt_logprobs >= 0 ? (p->echo ? "echo" : "prompt_logprobs")
                                                   : NULL;
     if (!what) return 0;

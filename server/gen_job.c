@@ -167,7 +167,9 @@ void gen_job_start(gen_job *j) {
         pg_gen_request gr = {.prompt = s->ids, .n_prompt = s->n_ids, .sp = s->sp,
                              .priority = j->p.priority, .user = s,
                              .grammar = j->p.grammar,  // the engine takes its own reference
-                             .allowed_ids = j->p.allowed_ids, .n_allowed = j->p.n_allowed};
+                             .allowed_ids = j->p.allowed_ids, .n_allowed = j->p.n_allowed,
+                             .bad_off = j->p.bad_off, .bad_ids = j->p.bad_ids,
+                             .n_bad = j->p.n_bad_seqs};
         gr.sp.n_logit_bias = j->p.n_logit_bias;  // copied by the engine
         gr.sp.bias_ids = j->p.bias_ids;
         gr.sp.bias_values = j->p.bias_values;

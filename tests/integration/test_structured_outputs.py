@@ -11,7 +11,8 @@ model, with the official openai SDK:
 - json_object mode, guided_choice, guided_regex, guided_grammar (GBNF),
   structured_outputs {...}, /v1/completions with response_format,
   streaming, n = 2;
-- logit_bias -100 removes a token, +100 forces it; allowed_token_ids.
+- logit_bias -100 removes a token, +100 forces it; allowed_token_ids;
+  bad_words.
 
 PAGED_SCHEMAS=N changes the count of random schemas (default 200)."""
 import concurrent.futures as cf
@@ -238,13 +239,17 @@ def main():
                                           extra_body={"allowed_token_ids": ids})
             out = su.post(port, "/tokenize", {"prompt": r.choices[0].text})[1]["tokens"]
             assert set(out) <= set(ids), (r.choices[0].text, out, ids)
+            # bad_words: a one-token and a two-token word never appear.
+            r = client.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0,
+                                          extra_body={"bad_words": ["Paris", "the capital"]})
+            assert "Paris" not in r.choices[0].text and "the capital" not in r.choices[0].text, r.choices[0].text
 
         su.run_checks([
             ("chat.completions.parse with Pydantic models", parse_pydantic),
             (f"{N_SCHEMAS} random JSON schemas validate (jsonschema)", random_schemas),
             ("json_object, guided_choice/regex/grammar, structured_outputs, completions, stream, n=2",
              other_spellings),
-            ("logit_bias -100 removes, +100 forces; allowed_token_ids", logit_bias),
+            ("logit_bias -100 removes, +100 forces; allowed_token_ids; bad_words", logit_bias),
         ])
     print("test_structured_outputs: all passed")
 
