@@ -351,8 +351,7 @@ void api_tokenize_bad_words(const pg_tokenizer *t, api_params *p) {
 int api_check_engine_support(const api_params *p, api_error *e) {
     // Parsed and validated above, not applied by the engine yet: a clear
     // 400 rather than a silently different answer.
-    const char *what = p->best_of > p->sp.n ? "best_of"
-                       : p->prompt_logprobs >= 0 ? (p->echo ? "echo" : "prompt_logprobs")
+    const char *what = p->prompt_logprobs >= 0 ? (p->echo ? "echo" : "prompt_logprobs")
                                                   : NULL;
     if (!what) return 0;
     return api_err(e, 400, what, "%s is validated but not yet applied by this server's engine", what);

@@ -290,6 +290,7 @@ static void choice_token(gen_job *j, gen_choice *c, const sched_event *ev, int64
         met_inc(a->metrics.prompt_tokens, s->n_ids);
     }
     if (j->p.logprobs >= 0) choice_add_lp(c, &ev->out);
+    c->cum_logprob += ev->out.logprob;
     // EOS / stop token ids end the output without appearing in it (unless
     // include_stop_str_in_output), as in vLLM.
     int32_t tok = ev->out.token;

@@ -117,7 +117,9 @@ def main():
             expect(400, "POST", "/v1/completions", {"prompt": "Hi", "logprobs": 2, "echo": True}, param="echo")
             expect(400, "POST", "/v1/completions", {"prompt": "Hi", "stream_options": {"include_usage": True}},
                    param="stream_options")
-            expect(400, "POST", "/v1/completions", {"prompt": "Hi", "n": 2, "best_of": 3}, param="best_of")
+            expect(400, "POST", "/v1/completions", {"prompt": "Hi", "n": 2, "best_of": 3, "stream": True},
+                   param="best_of", contains="stream")
+            expect(400, "POST", "/v1/completions", {"prompt": "Hi", "n": 3, "best_of": 2}, param="best_of")
             expect(400, "POST", "/v1/chat/completions",
                    {"messages": [{"role": "user", "content": "Hi"}], "tools": [{"type": "function"}]},
                    param="tools")

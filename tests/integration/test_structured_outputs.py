@@ -12,7 +12,7 @@ model, with the official openai SDK:
   structured_outputs {...}, /v1/completions with response_format,
   streaming, n = 2;
 - logit_bias -100 removes a token, +100 forces it; allowed_token_ids;
-  bad_words.
+  bad_words; best_of.
 
 PAGED_SCHEMAS=N changes the count of random schemas (default 200)."""
 import concurrent.futures as cf
@@ -243,13 +243,21 @@ def main():
             r = client.completions.create(model=model, prompt=prompt, max_tokens=12, temperature=0,
                                           extra_body={"bad_words": ["Paris", "the capital"]})
             assert "Paris" not in r.choices[0].text and "the capital" not in r.choices[0].text, r.choices[0].text
+            # best_of: the n of best_of candidates with the highest cumulative
+            # logprob; the same seed with n = best_of shows all candidates.
+            kw = dict(model=model, prompt="Once upon a time", max_tokens=8, temperature=1.0, seed=3)
+            best = client.completions.create(n=2, best_of=5, **kw)
+            every = client.completions.create(n=5, logprobs=0, **kw)
+            ranked = sorted(every.choices, key=lambda c: -sum(c.logprobs.token_logprobs))
+            assert [c.text for c in best.choices] == [c.text for c in ranked[:2]], (best.choices, ranked)
+            assert [c.index for c in best.choices] == [0, 1] and best.choices[0].logprobs is None
 
         su.run_checks([
             ("chat.completions.parse with Pydantic models", parse_pydantic),
             (f"{N_SCHEMAS} random JSON schemas validate (jsonschema)", random_schemas),
             ("json_object, guided_choice/regex/grammar, structured_outputs, completions, stream, n=2",
              other_spellings),
-            ("logit_bias -100 removes, +100 forces; allowed_token_ids; bad_words", logit_bias),
+            ("logit_bias -100 removes, +100 forces; allowed_token_ids; bad_words; best_of", logit_bias),
         ])
     print("test_structured_outputs: all passed")
 
