@@ -22,14 +22,16 @@ if [ "$(id -u)" != 0 ]; then
     SUDO=sudo
 fi
 
-# Debian packages: build tools, the libraries paged links, and what the
-# tests drive it with (curl, a real Prometheus, wrk, python for the OpenAI SDK).
+# Debian packages: build tools, the libraries paged links (libssl-dev: TLS;
+# clang + libclang-rt: the libFuzzer builds), and what the tests drive it
+# with (curl, a real Prometheus, wrk, openssl, python for the OpenAI SDK).
 PACKAGES=(
     gcc g++ make ninja-build python3 python3-venv python3-pip pkg-config unzip curl ca-certificates
     libuv1-dev libcjson-dev libcmocka-dev node-llhttp libopenblas-dev libpcre2-dev libxxhash-dev
-    clang libclang-rt-14-dev
+    libssl-dev clang libclang-rt-14-dev
 )
-TEST_PACKAGES=(prometheus wrk)
+# openssl: the TLS test makes its CA and certificates with it.
+TEST_PACKAGES=(prometheus wrk openssl)
 
 install_packages() {
     local missing=()

@@ -41,10 +41,14 @@ const char *pg_engine_options_help =
     "  --max-model-len N             prompt + output limit (default: the model's)\n"
     "  --max-num-seqs N              sequences per step (default 256)\n"
     "  --max-num-batched-tokens N    tokens per step (default 2048)\n"
+    "  --long-prefill-token-threshold N  prefill tokens one request gets per step while\n"
+    "                                others are live (default: a quarter of the step\n"
+    "                                budget; 0 = no cap)\n"
     "  --no-chunked-prefill          run each prompt in one step\n"
     "  --no-prefix-caching           disable automatic prefix caching\n"
     "  --scheduling-policy P         fcfs (default) or priority\n"
-    "  --max-waiting N               queued requests before 503 (default 0: unlimited)\n";
+    "  --max-waiting N               queued requests before 503 (serve: default 1024;\n"
+    "                                generate: 0 = unlimited)\n";
 
 int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
     const char *f = argv[*i];
@@ -137,6 +141,7 @@ int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
     INT_FLAG("--max-num-seqs", 1, 65536, c->sched.max_num_seqs)
     INT_FLAG("--max-num-batched-tokens", 1, INT32_MAX, c->sched.max_num_batched_tokens)
     INT_FLAG("--max-waiting", 0, INT32_MAX, c->sched.max_waiting)
+    INT_FLAG("--long-prefill-token-threshold", 0, INT32_MAX, c->sched.long_prefill_token_threshold)
     if (!strcmp(f, "--kv-cache-memory") || !strcmp(f, "--swap-space")) {
         NEED_VALUE();
         int64_t b;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "server/json_strict.h"
 
 // --- errors --------------------------------------------------------------------
 
@@ -205,6 +206,14 @@ static int reject_unsupported(const cJSON *body, api_kind kind, api_error *e) {
     if (api_get_bool(body, "use_beam_search", &beam, e) < 0) return -1;
     if (beam) return api_err(e, 400, "use_beam_search", "beam search is not supported");
     if (kind == API_CHAT) {
+        // The legacy function-calling fields: refused, not silently ignored
+        // (a client relying on them would get plain text back).
+        static const char *legacy[] = {"functions", "function_call", NULL};
+        for (int i = 0; legacy[i]; i++)
+            if (field(body, legacy[i]))
+                return api_err(e, 400, legacy[i],
+                               "%s (the legacy function-calling API) is not supported by this server",
+                               legacy[i]);
         const cJSON *tools = field(body, "tools");
         if (tools && (!cJSON_IsArray(tools) || cJSON_GetArraySize(tools) > 0))
             return api_err(e, 400, "tools", "tools are not supported by this server");
@@ -609,14 +618,14 @@ int api_parse_body(const char *body, size_t len, cJSON **out, api_error *e) {
     *out = NULL;
     if (len == 0) return api_err(e, 400, NULL, "the request body is empty; expected a JSON object");
     if (!api_utf8_valid(body, len)) return api_err(e, 400, NULL, "the request body is not valid UTF-8");
-    // Raw control characters are never valid JSON (cJSON would accept them
-    // inside strings), and cJSON keeps strings NUL-terminated: an escaped
-    // NUL would silently cut a prompt short. Both are refused.
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)body[i];
-        if (c < 0x20 && c != '\t' && c != '\n' && c != '\r')
-            return api_err(e, 400, NULL, "the request body has a raw control character (byte %zu)", i);
-    }
+    // Strict RFC 8259 first (cJSON reads 01, 1. and raw control characters
+    // in strings), so cJSON only sees text every other JSON reader agrees on.
+    size_t bad_off;
+    const char *why;
+    if (!json_strict_check(body, len, &bad_off, &why))
+        return api_err(e, 400, NULL, "the request body is not valid JSON: %s (byte %zu)", why, bad_off);
+    // cJSON keeps strings NUL-terminated: an escaped NUL would silently cut
+    // a prompt short.
     for (const char *p = body; (p = memmem(p, len - (size_t)(p - body), "\\u0000", 6)); p += 6) {
         size_t bs = 0;
         while (p - (ptrdiff_t)bs > body && p[-(ptrdiff_t)bs - 1] == '\\') bs++;
@@ -637,6 +646,14 @@ int api_parse_body(const char *body, size_t len, cJSON **out, api_error *e) {
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
         return api_err(e, 400, NULL, "the request body must be a JSON object");
+    }
+    // Duplicate keys: cJSON would take the first, Python servers the last;
+    // paged refuses them, so no two readers of one body disagree.
+    const char *dup = json_strict_dup_key(j);
+    if (dup) {
+        api_err(e, 400, NULL, "the request body has the key '%.64s' twice in one object", dup);
+        cJSON_Delete(j);
+        return -1;
     }
     *out = j;
     return 0;
