@@ -54,9 +54,10 @@ setup_venv() {
     # openai: the official SDK as a test client; gguf + numpy: llama.cpp's
     # reader, used by tests to write Hugging Face copies of the model;
     # aiohttp + matplotlib: the serving benchmark client and its plots;
-    # jinja2: the reference the chat-template engine is compared with.
-    if ! "$VENV/bin/python3" -c "import openai, gguf, numpy, aiohttp, matplotlib, jinja2" 2>/dev/null; then
-        "$VENV/bin/pip" install -q --disable-pip-version-check openai gguf numpy aiohttp matplotlib jinja2
+    # jinja2: the reference the chat-template engine is compared with;
+    # jsonschema: checks structured outputs (tests/integration/test_structured_outputs.py).
+    if ! "$VENV/bin/python3" -c "import openai, gguf, numpy, aiohttp, matplotlib, jinja2, jsonschema" 2>/dev/null; then
+        "$VENV/bin/pip" install -q --disable-pip-version-check openai gguf numpy aiohttp matplotlib jinja2 jsonschema
     fi
     # transformers + torch: the reference every architecture of the model
     # definition is checked against (tests/integration/test_hf_parity.py).

@@ -272,6 +272,9 @@ void api_chat_completions(srv_app *a, srv_req *r) {
     if (api_parse_body(r->body, r->body_len, &body, &e) < 0) goto fail;
     if (api_parse_params(body, API_CHAT, &a->lim, &c->p, &e) < 0) goto fail;
     if (app_check_model(a, c->p.model, &e) < 0) goto fail;
+    if (api_compile_grammar(a->grammars, &c->p, &e) < 0) goto fail;
+    if (api_check_engine_support(&c->p, &e) < 0) goto fail;
+    api_tokenize_bad_words(a->tok, &c->p);
     if (api_parse_messages(body, &msgs, &e) < 0) goto fail;
     if (api_get_bool(body, "add_generation_prompt", &gen_prompt, &e) < 0) goto fail;
     if (c->p.tools && a->chat) {

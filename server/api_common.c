@@ -131,10 +131,27 @@ void api_params_free(api_params *p) {
     p->guided_json = NULL;
     p->tools = NULL;
     p->chat_template_kwargs = NULL;
+    free(p->grammar_text);
+    free(p->bias_ids);
+    free(p->bias_values);
+    free(p->allowed_ids);
+    pg_grammar_unref(p->grammar);
+    p->grammar = NULL;
+    for (int i = 0; i < p->n_bad_words; i++) free(p->bad_words[i]);
+    free(p->bad_words);
+    free(p->bad_off);
+    free(p->bad_ids);
+    p->bad_off = p->bad_ids = NULL;
+    p->n_bad_seqs = 0;
     p->stop = NULL;
     p->stop_lens = NULL;
     p->model = NULL;
     p->n_stop = 0;
+    p->guided_json = p->grammar_text = NULL;
+    p->bias_ids = p->allowed_ids = NULL;
+    p->bias_values = NULL;
+    p->bad_words = NULL;
+    p->n_logit_bias = p->n_allowed = p->n_bad_words = 0;
 }
 
 static int add_stop(api_params *p, const cJSON *s, const api_limits *lim, api_error *e) {
@@ -187,31 +204,13 @@ static int parse_stop(const cJSON *body, const api_limits *lim, api_params *p, a
 // Fields that change what the API promises and that paged does not do: a
 // clear 400 rather than a silently different answer.
 static int reject_unsupported(const cJSON *body, api_kind kind, api_error *e) {
-    static const char *never[] = {"suffix", "guided_json", "guided_regex",
-                                  "guided_choice", "guided_grammar", "prompt_logprobs", NULL};
+    static const char *never[] = {"suffix", "guided_whitespace_pattern", NULL};
     for (int i = 0; never[i]; i++)
         if (field(body, never[i]))
             return api_err(e, 400, never[i], "%s is not supported by this server", never[i]);
-    // An empty (or null) logit_bias changes nothing, so it is accepted as
-    // the OpenAI SDK and LangChain send it; a non-empty one is a 400.
-    const cJSON *lb = field(body, "logit_bias");
-    if (lb && !cJSON_IsNull(lb) && !(cJSON_IsObject(lb) && !lb->child))
-        return api_err(e, 400, "logit_bias",
-                       cJSON_IsObject(lb) ? "logit_bias is not supported by this server (only {})"
-                                          : "logit_bias must be an object");
     bool beam = false;
     if (api_get_bool(body, "use_beam_search", &beam, e) < 0) return -1;
     if (beam) return api_err(e, 400, "use_beam_search", "beam search is not supported");
-    const cJSON *rf = field(body, "response_format");
-    if (rf) {
-        const cJSON *t = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
-        if (!cJSON_IsString(t))
-            return api_err(e, 400, "response_format", "response_format must be an object with a type");
-        if (strcmp(t->valuestring, "text"))
-            return api_err(e, 400, "response_format",
-                           "response_format type '%.64s' is not supported (only 'text')",
-                           t->valuestring);
-    }
     if (kind == API_CHAT) {
         // The legacy function-calling fields: refused, not silently ignored
         // (a client relying on them would get plain text back).
@@ -230,6 +229,8 @@ int api_parse_params(const cJSON *body, api_kind kind, const api_limits *lim, ap
     memset(p, 0, sizeof *p);
     pg_sampling_params_default(&p->sp);
     p->logprobs = -1;
+    p->prompt_logprobs = -1;
+    p->grammar_kind = -1;
     p->skip_special_tokens = true;
     int64_t v;
     bool has;
@@ -261,14 +262,6 @@ int api_parse_params(const cJSON *body, api_kind kind, const api_limits *lim, ap
     }
     if (api_get_int(body, "n", 1, lim->max_n, &v, &has, e) < 0) goto fail;
     if (has) sp->n = (int32_t)v;
-    const cJSON *best_of = field(body, "best_of");
-    if (best_of) {
-        if (api_get_int(body, "best_of", 1, lim->max_n, &v, NULL, e) < 0) goto fail;
-        if (v != sp->n) {
-            api_err(e, 400, "best_of", "best_of different from n is not supported");
-            goto fail;
-        }
-    }
 
     // max_tokens; chat prefers max_completion_tokens. The upper bound is
     // checked against the prompt in api_check_length.
@@ -290,11 +283,9 @@ int api_parse_params(const cJSON *body, api_kind kind, const api_limits *lim, ap
         if (api_get_bool(body, "echo", &p->echo, e) < 0) goto fail;
         if (api_get_int(body, "logprobs", 0, lim->max_logprobs, &v, &has, e) < 0) goto fail;
         if (has) p->logprobs = (int32_t)v;
-        if (p->echo && p->logprobs >= 0) {
-            api_err(e, 400, "echo",
-                    "echo with logprobs needs prompt logprobs, which this server does not compute");
-            goto fail;
-        }
+        // echo with logprobs reports the prompt's tokens too (OpenAI's
+        // legacy completions): the prompt logprobs at the same top-N.
+        if (p->echo && p->logprobs >= 0) p->prompt_logprobs = p->logprobs;
     } else {
         bool lp = false;
         if (api_get_bool(body, "logprobs", &lp, e) < 0) goto fail;
@@ -339,7 +330,10 @@ int api_parse_params(const cJSON *body, api_kind kind, const api_limits *lim, ap
                     "constraint (response_format, guided_json)");
             goto fail;
         }
-        if (g) p->guided_json = g;
+        if (g) {
+            p->guided_json = g;
+            p->guided_param = "tool_choice";
+        }
         const cJSON *kw = field(body, "chat_template_kwargs");
         if (kw && !cJSON_IsObject(kw)) {
             api_err(e, 400, "chat_template_kwargs", "chat_template_kwargs must be an object");
@@ -352,6 +346,7 @@ int api_parse_params(const cJSON *body, api_kind kind, const api_limits *lim, ap
         api_err(e, 400, "user", "user must be a string");
         goto fail;
     }
+    if (api_parse_guided(body, kind, lim, p, e) < 0) goto fail;
     return 0;
 fail:
     api_params_free(p);

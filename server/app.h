@@ -22,6 +22,8 @@ typedef struct srv_app {
     pg_engine *engine;
     const pg_tokenizer *tok;
     const pg_chat_template *chat;  // NULL: /v1/chat/completions answers 400
+    pg_struct_vocab *grammar_vocab;  // the vocabulary trie for structured outputs
+    pg_grammar_cache *grammars;      // compiled grammars shared by requests
     srv_http *http;
     uv_async_t async;              // woken by the engine's notify callback
     api_limits lim;
