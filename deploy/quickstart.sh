@@ -23,13 +23,18 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 # Debian packages: build tools, the libraries paged links, and what the
-# tests drive it with (curl, a real Prometheus, wrk, python for the OpenAI SDK).
+# tests drive it with (curl, a real Prometheus, wrk, python for the OpenAI SDK;
+# for the deployment tests podman + mmdebstrap + runc to build and run the
+# image, Chromium for the chat page, systemd-analyze, kubectl kustomize).
 PACKAGES=(
     gcc g++ make ninja-build python3 python3-venv python3-pip pkg-config unzip curl ca-certificates
     libuv1-dev libcjson-dev libcmocka-dev node-llhttp libopenblas-dev libpcre2-dev libxxhash-dev
     clang libclang-rt-14-dev
 )
-TEST_PACKAGES=(prometheus wrk)
+TEST_PACKAGES=(prometheus wrk podman mmdebstrap runc chromium chromium-driver systemd)
+# kubectl from Debian (kubernetes-client) unless one is installed already
+# (another kubectl package owns /usr/bin/kubectl and would conflict).
+command -v kubectl >/dev/null 2>&1 || TEST_PACKAGES+=(kubernetes-client)
 
 install_packages() {
     local missing=()
@@ -51,9 +56,12 @@ setup_venv() {
     fi
     # openai: the official SDK as a test client; gguf + numpy: llama.cpp's
     # reader, used by tests to write Hugging Face copies of the model;
-    # aiohttp + matplotlib: the serving benchmark client and its plots.
-    if ! "$VENV/bin/python3" -c "import openai, gguf, numpy, aiohttp, matplotlib" 2>/dev/null; then
-        "$VENV/bin/pip" install -q --disable-pip-version-check openai gguf numpy aiohttp matplotlib
+    # aiohttp + matplotlib: the serving benchmark client and its plots;
+    # selenium (the chat page in Chromium), schemathesis + openapi-spec-validator
+    # (/openapi.json), kubernetes-validate (the manifests).
+    if ! "$VENV/bin/python3" -c "import openai, gguf, numpy, aiohttp, matplotlib, selenium, schemathesis, openapi_spec_validator, kubernetes_validate" 2>/dev/null; then
+        "$VENV/bin/pip" install -q --disable-pip-version-check openai gguf numpy aiohttp matplotlib \
+            selenium schemathesis openapi-spec-validator kubernetes-validate
     fi
 }
 
