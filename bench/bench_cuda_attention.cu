@@ -256,7 +256,7 @@ int main(int argc, char **argv) {
         printf("\n== other kernels (batch 256)\n");
         {
             const int n = 256, vocab = 128256;
-            DBuf logits((size_t)n * vocab * 2), out((size_t)n * sizeof(pg_cuda_sample_out)),
+            DBuf logits((size_t)n * vocab * 2), out((size_t)n * sizeof(pg_sample_out)),
                 ws(pg_cuda_sample_workspace_size(n, vocab));
             fill_random(logits.p, (size_t)n * vocab, 21, 8.0f);
             std::vector<int32_t> tokens(64);
@@ -274,7 +274,7 @@ int main(int argc, char **argv) {
                       {"T=0.7 top_p=0.9", 0.7f, 0.9f, 0, -1, 1.0f},
                       {"T=0.8 top_k=50 top_p=0.95 rep=1.1 lp=20", 0.8f, 0.95f, 50, 20, 1.1f}};
             for (auto &c : sc) {
-                std::vector<pg_cuda_sample_params> p(n);
+                std::vector<pg_sample_params> p(n);
                 for (int s = 0; s < n; s++) {
                     memset(&p[s], 0, sizeof p[s]);
                     p[s].temperature = c.temp;
@@ -288,8 +288,8 @@ int main(int argc, char **argv) {
                 DBuf dp;
                 dp.up(p);
                 double ms = time_ms(2, REPS, 3, [&](int) {
-                    PK(pg_cuda_sample(out.as<pg_cuda_sample_out>(), logits.p, PG_CUDA_BF16, vocab, n, vocab,
-                                      dp.as<pg_cuda_sample_params>(), dt.as<int32_t>(), ws.p, ws.n, nullptr));
+                    PK(pg_cuda_sample(out.as<pg_sample_out>(), logits.p, PG_CUDA_BF16, vocab, n, vocab,
+                                      dp.as<pg_sample_params>(), dt.as<int32_t>(), ws.p, ws.n, nullptr));
                 });
                 char nm[96];
                 snprintf(nm, sizeof nm, "sample 256x128256 bf16 %s", c.name);

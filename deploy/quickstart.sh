@@ -57,6 +57,13 @@ setup_venv() {
     if ! "$VENV/bin/python3" -c "import openai, gguf, numpy, aiohttp, matplotlib" 2>/dev/null; then
         "$VENV/bin/pip" install -q --disable-pip-version-check openai gguf numpy aiohttp matplotlib
     fi
+    # transformers + torch: the reference every architecture of the model
+    # definition is checked against (tests/integration/test_hf_parity.py).
+    # PyPI's torch pulls its CUDA libraries too (about 3.5 minutes on a fresh
+    # machine); it runs on the CPU without a GPU. Only for the tests.
+    if [ "${QUICKSTART_TESTS:-0}" = 1 ] && ! "$VENV/bin/python3" -c "import torch, transformers, safetensors" 2>/dev/null; then
+        "$VENV/bin/pip" install -q --disable-pip-version-check torch transformers safetensors
+    fi
 }
 
 fetch_model() {
@@ -87,7 +94,7 @@ serve)
     ;;
 test)
     install_packages "${PACKAGES[@]}" "${TEST_PACKAGES[@]}"
-    setup_venv
+    QUICKSTART_TESTS=1 setup_venv
     fetch_model
     build all
     shift
@@ -95,7 +102,7 @@ test)
     ;;
 setup)
     install_packages "${PACKAGES[@]}" "${TEST_PACKAGES[@]}"
-    setup_venv
+    QUICKSTART_TESTS=1 setup_venv
     fetch_model
     build all
     ;;

@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "server/gen_job.h"
 
 void app_send_json(srv_req *r, int status, const char *json, size_t len) {
     srv_resp_send(r, status, "application/json", NULL, json ? json : "", json ? len : 0);
@@ -260,17 +259,4 @@ void app_new_id(srv_app *a, const char *prefix, char *out, size_t cap) {
     z ^= z >> 31;
     snprintf(out, cap, "%s%016llx%08llx", prefix, (unsigned long long)z,
              (unsigned long long)(a->next_id & 0xffffffffu));
-}
-
-void app_drain_events(srv_app *a) {
-    if (!a->evbuf) {
-        a->evcap = 256;
-        a->evbuf = pg_xmalloc(sizeof(pg_gen_event) * (size_t)a->evcap);
-    }
-    // uv_async_send coalesces wake-ups: take everything that is there.
-    for (;;) {
-        int n = pg_engine_poll(a->engine, a->evbuf, a->evcap);
-        for (int i = 0; i < n; i++) gen_on_event(a, &a->evbuf[i]);
-        if (n < a->evcap) break;
-    }
 }

@@ -100,5 +100,3 @@ void api_health(srv_app *a, srv_req *r);
 void api_version(srv_app *a, srv_req *r);
 void api_metrics(srv_app *a, srv_req *r);
 
-// Drains every pending engine event (the async callback).
-void app_drain_events(srv_app *a);

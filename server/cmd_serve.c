@@ -23,6 +23,8 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "server/app.h"
+#include "common/parse.h"
+#include "engine/options.h"
 #include "server/cli_flags.h"
 #include "server/commands.h"
 #include "server/gen_job.h"
@@ -90,7 +92,7 @@ static void on_engine_notify(void *ctx) {
 
 static void on_async(uv_async_t *h) {
     srv_app *a = h->data;
-    if (a->engine) app_drain_events(a);
+    if (a->engine) gen_drain_events(a);
 }
 
 // --- HTTP hooks --------------------------------------------------------------------
@@ -195,7 +197,7 @@ typedef struct serve_flags {
 
 static int parse_seconds(const char *v, uint64_t *ms) {
     double d;
-    PG_TRY(cli_parse_float(v, 0.001, 1e7, &d));
+    PG_TRY(pg_parse_float(v, 0.001, 1e7, &d));
     *ms = (uint64_t)(d * 1000);
     return 0;
 }
@@ -220,30 +222,30 @@ static int serve_flag(serve_flags *f, int argc, char **argv, int *i) {
     (*i)++;
     int rc = 0;
     if (IS("--host")) f->host = v;
-    else if (IS("--port")) rc = cli_parse_int(v, 0, 65535, &n), f->port = (int)n;
+    else if (IS("--port")) rc = pg_parse_int(v, 0, 65535, &n), f->port = (int)n;
     else if (IS("--api-key")) f->api_key = v;
     else if (IS("--served-model-name")) f->served_name = v;
     else if (IS("--ssl-certfile")) f->ssl_certfile = v;
     else if (IS("--ssl-keyfile")) f->ssl_keyfile = v;
     else if (IS("--ssl-ca-certs")) f->ssl_ca_certs = v;
-    else if (IS("--shutdown-timeout")) rc = cli_parse_float(v, 0, 1e6, &f->shutdown_timeout);
-    else if (IS("--max-request-line")) rc = cli_parse_bytes(v, &b), f->http.max_request_line = (size_t)b;
-    else if (IS("--max-header-bytes")) rc = cli_parse_bytes(v, &b), f->http.max_header_bytes = (size_t)b;
-    else if (IS("--max-headers")) rc = cli_parse_int(v, 1, 100000, &n), f->http.max_headers = (int)n;
-    else if (IS("--max-body-bytes")) rc = cli_parse_bytes(v, &b), f->http.max_body = (size_t)b;
+    else if (IS("--shutdown-timeout")) rc = pg_parse_float(v, 0, 1e6, &f->shutdown_timeout);
+    else if (IS("--max-request-line")) rc = pg_parse_bytes(v, &b), f->http.max_request_line = (size_t)b;
+    else if (IS("--max-header-bytes")) rc = pg_parse_bytes(v, &b), f->http.max_header_bytes = (size_t)b;
+    else if (IS("--max-headers")) rc = pg_parse_int(v, 1, 100000, &n), f->http.max_headers = (int)n;
+    else if (IS("--max-body-bytes")) rc = pg_parse_bytes(v, &b), f->http.max_body = (size_t)b;
     else if (IS("--header-timeout")) rc = parse_seconds(v, &f->http.header_timeout_ms);
     else if (IS("--body-timeout")) rc = parse_seconds(v, &f->http.body_timeout_ms);
     else if (IS("--keep-alive-timeout")) rc = parse_seconds(v, &f->http.keepalive_timeout_ms);
     else if (IS("--write-timeout")) rc = parse_seconds(v, &f->http.write_timeout_ms);
-    else if (IS("--max-output-buffer")) rc = cli_parse_bytes(v, &b), f->http.out_max = (size_t)b;
-    else if (IS("--max-connections")) rc = cli_parse_int(v, 1, 1000000, &n), f->http.max_connections = (int)n;
-    else if (IS("--max-buffered-body-bytes")) rc = cli_parse_bytes(v, &b), f->http.max_body_total = (size_t)b;
-    else if (IS("--max-n")) rc = cli_parse_int(v, 1, SCHED_MAX_N, &n), f->api.max_n = (int32_t)n;
-    else if (IS("--max-sequences")) rc = cli_parse_int(v, 1, 1 << 20, &n), f->api.max_seqs = (int32_t)n;
-    else if (IS("--max-stop-strings")) rc = cli_parse_int(v, 0, 1024, &n), f->api.max_stop = (int32_t)n;
-    else if (IS("--max-stop-string-bytes")) rc = cli_parse_int(v, 1, 1 << 16, &n), f->api.max_stop_len = (int32_t)n;
-    else if (IS("--max-logprobs")) rc = cli_parse_int(v, 0, PG_MAX_LOGPROBS, &n), f->api.max_logprobs = (int32_t)n;
-    else if (IS("--default-max-tokens")) rc = cli_parse_int(v, 0, INT32_MAX, &n), f->api.default_max_tokens = (int32_t)n;
+    else if (IS("--max-output-buffer")) rc = pg_parse_bytes(v, &b), f->http.out_max = (size_t)b;
+    else if (IS("--max-connections")) rc = pg_parse_int(v, 1, 1000000, &n), f->http.max_connections = (int)n;
+    else if (IS("--max-buffered-body-bytes")) rc = pg_parse_bytes(v, &b), f->http.max_body_total = (size_t)b;
+    else if (IS("--max-n")) rc = pg_parse_int(v, 1, SCHED_MAX_N, &n), f->api.max_n = (int32_t)n;
+    else if (IS("--max-sequences")) rc = pg_parse_int(v, 1, 1 << 20, &n), f->api.max_seqs = (int32_t)n;
+    else if (IS("--max-stop-strings")) rc = pg_parse_int(v, 0, 1024, &n), f->api.max_stop = (int32_t)n;
+    else if (IS("--max-stop-string-bytes")) rc = pg_parse_int(v, 1, 1 << 16, &n), f->api.max_stop_len = (int32_t)n;
+    else if (IS("--max-logprobs")) rc = pg_parse_int(v, 0, PG_MAX_LOGPROBS, &n), f->api.max_logprobs = (int32_t)n;
+    else if (IS("--default-max-tokens")) rc = pg_parse_int(v, 0, INT32_MAX, &n), f->api.default_max_tokens = (int32_t)n;
 #undef IS
     if (rc < 0) return pg_err_wrap(PG_EINVAL, "%s: ", name);
     return 1;
@@ -287,10 +289,10 @@ int cmd_serve(int argc, char **argv) {
     api_limits_default(&f.api);
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("%s%s", usage, cli_engine_flags_help);
+            printf("%s%s", usage, pg_engine_options_help);
             return 0;
         }
-        int r = cli_engine_flag(&cfg, argc, argv, &i);
+        int r = pg_engine_option(&cfg, argc, argv, &i);
         if (r == 0) r = serve_flag(&f, argc, argv, &i);
         if (r == 0) r = pg_err_set(PG_EINVAL, "unknown flag: %s", argv[i]);
         if (r < 0) {

@@ -55,7 +55,10 @@ def main():
     ap.add_argument("--no-asan", action="store_true")
     args = ap.parse_args()
 
-    tests = [("build:ninja-fresh", [sys.executable, "tools/gen_build.py", "--check"], 60)]
+    tests = [("build:ninja-fresh", [sys.executable, "tools/gen_build.py", "--check"], 60),
+             ("build:layering", [sys.executable, "tools/gen_build.py", "--check-layering"], 60)]
+    for t in sorted(glob.glob(os.path.join(ROOT, "tests/tools/test_*.py"))):
+        tests.append((f"tools:{os.path.basename(t)}", [sys.executable, t], 120))
     for b in sorted(glob.glob(os.path.join(ROOT, "build/tests/test_*"))):
         if not b.endswith(".d"):
             tests.append((f"unit:{os.path.basename(b)}", [b], 600))

@@ -18,6 +18,7 @@ Conventions the generator relies on (docs/build.md):
       driver, gcc) and build/fuzz/libfuzzer_* (clang -fsanitize=fuzzer,
       `ninja fuzz-libfuzzer`)
   bench/*.c -> build/bench/*
+  tests/tools/*.c -> build/tests/tools/* (programs the integration tests drive)
   build/paged links build/rel/libpaged_cuda.a whole and before libpaged.a,
       so real CUDA objects (where nvcc built them) win over the stubs; every
       other program gets the stubs ("built without CUDA")
@@ -25,14 +26,29 @@ Conventions the generator relies on (docs/build.md):
       CUDA archive, linked like build/paged; tests/gpu/run_gpu_tests.sh)
   tests/gpu/test_*.cu, bench/bench_cuda_*.cu -> build/gpu/* (standalone GPU
       programs: nvcc links them with the CUDA archive, common/err.o and, for
-      tests, engine/sampler.o, and only libcublasLt dynamically; without nvcc
+      tests, kernels/cpu/sampling.o, and only libcublasLt dynamically; without nvcc
       they are stubs that print "skipped" and exit 77)
 """
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LIB_DIRS = ["common", "kvpool", "scheduler", "kernels/cpu", "kernels/cuda", "engine", "server"]
+
+# The modules of ARCHITECTURE.md, bottom first, each with the modules its
+# files may include besides its own (arrows point down the table). The
+# directories of a module's library sources follow. Everything else (tests/,
+# bench/, tools/) may include anything. `--check-layering` (run by
+# tests/run_all.py) fails on an include outside these sets.
+MODULES = {
+    "common": {"deps": [], "dirs": ["common"]},
+    "kvpool": {"deps": ["common"], "dirs": ["kvpool"]},
+    "scheduler": {"deps": ["kvpool", "common"], "dirs": ["scheduler"]},
+    "kernels": {"deps": ["common"], "dirs": ["kernels", "kernels/cpu", "kernels/cuda"]},
+    "engine": {"deps": ["kernels", "scheduler", "kvpool", "common"], "dirs": ["engine"]},
+    "server": {"deps": ["engine", "scheduler", "kvpool", "common"], "dirs": ["server"]},
+}
+LIB_DIRS = [d for m in MODULES.values() for d in m["dirs"]]
+SOURCE_EXTS = (".c", ".h", ".cu", ".cuh")
 LLHTTP_DIR = "/usr/share/llhttp"
 LLHTTP_SRCS = ["api.c", "http.c", "llhttp.c"]
 
@@ -246,6 +262,18 @@ def generate():
             lib_objs.append(lso)
         w(f"build build/libfuzzer/libpaged.a: ar {' '.join(lib_objs)}")
 
+    # Test tools (tests/tools/*.c): programs the integration tests drive.
+    tool_bins = []
+    for s in sources("tests/tools"):
+        name = os.path.splitext(os.path.basename(s))[0]
+        o = obj(s, "rel")
+        w(f"build {o}: cc {s}")
+        b = f"build/tests/tools/{name}"
+        w(f"build {b}: link {o} {libs['rel']} {cuda_lib}")
+        w(f"  cudaobjs = {cuda_lib}")
+        tool_bins.append(b)
+    defaults += tool_bins
+
     bench_bins = []
     for s in bench_srcs:
         name = os.path.splitext(os.path.basename(s))[0]
@@ -265,7 +293,7 @@ def generate():
         w(f"build {o}: nvcc {s} | tools/nvcc_or_stub.sh")
         support = [obj("common/err.c", "rel")]
         if s.startswith("tests/"):
-            support.append(obj("engine/sampler.c", "rel"))
+            support.append(obj("kernels/cpu/sampling.c", "rel"))
         b = f"build/gpu/{name}"
         w(f"build {b}: nvcc_link {o} {cuda_lib} {' '.join(support)} | tools/nvcc_or_stub.sh")
         gpu_bins.append(b)
@@ -295,7 +323,50 @@ def generate():
     return "\n".join(out) + "\n"
 
 
+def module_of(path):
+    """The module a repository path belongs to (its first directory), or None."""
+    top = path.replace(os.sep, "/").split("/", 1)[0]
+    return top if top in MODULES else None
+
+
+def layering_violations(root=ROOT, modules=None):
+    """Every include of a module's source that names a module outside its
+    allowed set, as 'file:line: includes "x" (module m may include ...)'."""
+    modules = modules or MODULES
+    bad = []
+    for name, m in modules.items():
+        allowed = set(m["deps"]) | {name}
+        for d in sorted(set(m["dirs"])):
+            p = os.path.join(root, d)
+            if not os.path.isdir(p):
+                continue
+            for f in sorted(os.listdir(p)):
+                if not f.endswith(SOURCE_EXTS):
+                    continue
+                rel = f"{d}/{f}"
+                with open(os.path.join(p, f), errors="replace") as fh:
+                    for n, line in enumerate(fh, 1):
+                        s = line.strip()
+                        if not s.startswith("#include") or '"' not in s:
+                            continue
+                        inc = s.split('"')[1]
+                        top = inc.split("/", 1)[0]
+                        if top in modules and top not in allowed:
+                            bad.append(f'{rel}:{n}: includes "{inc}" (module {name} may include '
+                                       f'{", ".join(sorted(allowed))})')
+    return bad
+
+
 def main():
+    if "--check-layering" in sys.argv:
+        bad = layering_violations()
+        for b in bad:
+            print(b, file=sys.stderr)
+        if bad:
+            print(f"{len(bad)} include(s) outside the module table of tools/gen_build.py", file=sys.stderr)
+            return 1
+        print(f"layering: {len(MODULES)} modules, no include outside their dependencies")
+        return 0
     text = generate()
     path = os.path.join(ROOT, "build.ninja")
     if "--check" in sys.argv:

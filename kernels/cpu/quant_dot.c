@@ -14,7 +14,7 @@
 
 #include "common/err.h"
 #include "common/half.h"
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>

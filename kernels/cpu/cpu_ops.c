@@ -1,25 +1,13 @@
-// kernels/cpu/cpu_backend.c - the CPU backend's op table and element-wise ops.
-#include <cblas.h>
+// kernels/cpu/cpu_ops.c - the CPU backend's element-wise ops: RMSNorm, SiLU * mul,
+// RoPE + KV write (exact, and llama.cpp-compatible), and the numerics modes.
 #include <math.h>
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/llama_compat.h"
 
-// OpenBLAS is called from inside our own pool's tasks, so it must not start
-// threads of its own.
-extern void openblas_set_num_threads(int);
-
-float *pg_cpu_scratch(pg_cpu_ctx *c, int t, size_t n) {
-    if (c->scratch_cap[t] < n) {
-        free(c->scratch[t]);
-        c->scratch[t] = pg_xmalloc(n * sizeof(float));
-        c->scratch_cap[t] = n;
-    }
-    return c->scratch[t];
-}
 
 // --- matmul modes ----------------------------------------------------------------
 
@@ -71,20 +59,15 @@ static void rmsnorm_task(void *ctx, int64_t i, int thread) {
     for (int64_t e = 0; e < j->dim; e++) o[e] = x[e] * r * j->y[e];
 }
 
-static void cpu_rmsnorm(pg_backend *b, float *out, const float *x, const float *weight, int64_t m,
-                        int64_t dim, float eps) {
+void pg_cpu_rmsnorm(pg_cpu_ctx *c, float *out, const float *x, const float *weight, int64_t m,
+                    int64_t dim, float eps) {
     rows_job j = {
-        .out = out, .x = x, .y = weight, .dim = dim, .eps = eps, .compat = pg_cpu_llama_compat(b)};
-    pg_pool_run(pg_cpu(b)->pool, m, rmsnorm_task, &j);
+        .out = out, .x = x, .y = weight, .dim = dim, .eps = eps, .compat = pg_cpu_llama_compat(c)};
+    pg_pool_run(c->pool, m, rmsnorm_task, &j);
 }
 
-static void cpu_add(pg_backend *b, float *x, const float *y, int64_t m, int64_t dim) {
-    int64_t n = m * dim;
-    for (int64_t i = 0; i < n; i++) x[i] += y[i];
-}
-
-static void cpu_silu_mul(pg_backend *b, float *out, const float *gate_up, int64_t m, int64_t ffn) {
-    if (pg_cpu_llama_compat(b)) {
+void pg_cpu_silu_mul(pg_cpu_ctx *c, float *out, const float *gate_up, int64_t m, int64_t ffn) {
+    if (pg_cpu_llama_compat(c)) {
         for (int64_t i = 0; i < m; i++)
             pg_lc_swiglu_row(out + i * ffn, gate_up + i * 2 * ffn, gate_up + i * 2 * ffn + ffn,
                              ffn);
@@ -95,13 +78,6 @@ static void cpu_silu_mul(pg_backend *b, float *out, const float *gate_up, int64_
         float *o = out + i * ffn;
         for (int64_t e = 0; e < ffn; e++) o[e] = g[e] / (1.0f + expf(-g[e])) * u[e];
     }
-}
-
-static void cpu_embed(pg_backend *b, float *out, const int32_t *ids, int64_t m,
-                      const pg_weight *emb) {
-    for (int64_t i = 0; i < m; i++)
-        pg_dequantize_row(emb->dtype, (const char *)emb->data + (size_t)ids[i] * emb->row_bytes,
-                          out + i * emb->cols, emb->cols);
 }
 
 static void rope_rotate(float *x, int32_t hd, int32_t pos, const float *inv_freq) {
@@ -127,12 +103,12 @@ static float compat_theta_scale(const float *inv_freq, int32_t half) {
     return inv_freq[1];
 }
 
-static void cpu_rope_kv_write(pg_backend *b, float *q, float *k, const float *v, const int32_t *pos,
-                              const int32_t *slots, int64_t m, int32_t n_heads,
-                              const float *inv_freq, float *k_cache, float *v_cache,
-                              pg_kv_shape kv) {
+void pg_cpu_rope_kv_write(pg_cpu_ctx *c, float *q, int64_t q_stride, float *k, int64_t k_stride,
+                          const float *v, int64_t v_stride, const int32_t *pos,
+                          const int32_t *slots, int64_t m, int32_t n_heads, const float *inv_freq,
+                          float *k_cache, float *v_cache, pg_kv_shape kv) {
     const int32_t hd = kv.head_dim, nkv = kv.n_kv_heads;
-    if (pg_cpu_attention_compat(b, hd)) {
+    if (pg_cpu_attention_compat(c, hd)) {
         // llama.cpp: ggml's rope (or, with scaled frequencies, ours), then K
         // and V stored in an f16 cache; K in llama.cpp's dimension order
         // (attention.c reads it so).
@@ -143,17 +119,18 @@ static void cpu_rope_kv_write(pg_backend *b, float *q, float *k, const float *v,
             if (theta_scale != 0.0f) {
                 pg_lc_rope_cache(pos[i], theta_scale, hd / 2, cs);
                 for (int32_t h = 0; h < n_heads; h++)
-                    pg_lc_rope_row(q + (i * n_heads + h) * hd, hd / 2, cs);
+                    pg_lc_rope_row(q + i * q_stride + h * hd, hd / 2, cs);
                 for (int32_t h = 0; h < nkv; h++)
-                    pg_lc_rope_row(k + (i * nkv + h) * hd, hd / 2, cs);
+                    pg_lc_rope_row(k + i * k_stride + h * hd, hd / 2, cs);
             } else {
                 for (int32_t h = 0; h < n_heads; h++)
-                    rope_rotate(q + (i * n_heads + h) * hd, hd, pos[i], inv_freq);
+                    rope_rotate(q + i * q_stride + h * hd, hd, pos[i], inv_freq);
                 for (int32_t h = 0; h < nkv; h++)
-                    rope_rotate(k + (i * nkv + h) * hd, hd, pos[i], inv_freq);
+                    rope_rotate(k + i * k_stride + h * hd, hd, pos[i], inv_freq);
             }
+            if (slots[i] < 0) continue;
             float *kc = k_cache + (size_t)slots[i] * row, *vc = v_cache + (size_t)slots[i] * row;
-            const float *ki = k + (size_t)i * row, *vi = v + (size_t)i * row;
+            const float *ki = k + i * k_stride, *vi = v + i * v_stride;
             for (int32_t h = 0; h < nkv; h++)
                 for (int32_t d = 0; d < hd; d++)
                     kc[h * hd + d] = pg_lc_f16(ki[h * hd + (d % 2 ? hd / 2 + d / 2 : d / 2)]);
@@ -162,64 +139,11 @@ static void cpu_rope_kv_write(pg_backend *b, float *q, float *k, const float *v,
         return;
     }
     for (int64_t i = 0; i < m; i++) {
-        for (int32_t h = 0; h < n_heads; h++)
-            rope_rotate(q + (i * n_heads + h) * hd, hd, pos[i], inv_freq);
-        for (int32_t h = 0; h < nkv; h++) rope_rotate(k + (i * nkv + h) * hd, hd, pos[i], inv_freq);
+        for (int32_t h = 0; h < n_heads; h++) rope_rotate(q + i * q_stride + h * hd, hd, pos[i], inv_freq);
+        for (int32_t h = 0; h < nkv; h++) rope_rotate(k + i * k_stride + h * hd, hd, pos[i], inv_freq);
+        if (slots[i] < 0) continue;
         size_t row = (size_t)nkv * (size_t)hd;
-        memcpy(k_cache + (size_t)slots[i] * row, k + (size_t)i * row, row * sizeof(float));
-        memcpy(v_cache + (size_t)slots[i] * row, v + (size_t)i * row, row * sizeof(float));
+        memcpy(k_cache + (size_t)slots[i] * row, k + i * k_stride, row * sizeof(float));
+        memcpy(v_cache + (size_t)slots[i] * row, v + i * v_stride, row * sizeof(float));
     }
-}
-
-static void cpu_copy_blocks(pg_backend *b, float *k_cache, float *v_cache, pg_kv_shape kv,
-                            const int32_t *from, const int32_t *to, int32_t n) {
-    size_t block = (size_t)kv.block_size * (size_t)kv.n_kv_heads * (size_t)kv.head_dim;
-    for (int32_t i = 0; i < n; i++) {
-        memcpy(k_cache + (size_t)to[i] * block, k_cache + (size_t)from[i] * block,
-               block * sizeof(float));
-        memcpy(v_cache + (size_t)to[i] * block, v_cache + (size_t)from[i] * block,
-               block * sizeof(float));
-    }
-}
-
-static void cpu_destroy(pg_backend *b) {
-    if (!b) return;
-    pg_cpu_ctx *c = b->ctx;
-    if (c) {
-        for (int t = 0; t < c->n_threads; t++) free(c->scratch[t]);
-        free(c->scratch);
-        free(c->scratch_cap);
-        free(c->xq_mem);
-        pg_pool_destroy(c->pool);
-        free(c);
-    }
-    free(b);
-}
-
-int pg_backend_cpu_create(int n_threads, pg_backend **out) {
-    *out = NULL;
-    pg_cpu_ctx *c = pg_xcalloc(1, sizeof *c);
-    int rc = pg_pool_create(n_threads, &c->pool);
-    if (rc < 0) {
-        free(c);
-        return rc;
-    }
-    c->n_threads = pg_pool_threads(c->pool);
-    c->scratch = pg_xcalloc((size_t)c->n_threads, sizeof(float *));
-    c->scratch_cap = pg_xcalloc((size_t)c->n_threads, sizeof(size_t));
-    openblas_set_num_threads(1);
-    pg_backend *b = pg_xcalloc(1, sizeof *b);
-    b->name = "cpu";
-    b->ctx = c;
-    b->matmul = pg_cpu_matmul;
-    b->rmsnorm = cpu_rmsnorm;
-    b->add = cpu_add;
-    b->silu_mul = cpu_silu_mul;
-    b->embed = cpu_embed;
-    b->rope_kv_write = cpu_rope_kv_write;
-    b->attention = pg_cpu_attention;
-    b->copy_blocks = cpu_copy_blocks;
-    b->destroy = cpu_destroy;
-    *out = b;
-    return 0;
 }

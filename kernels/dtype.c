@@ -1,4 +1,4 @@
-// engine/dtype.c - element types of weight tensors, and dequantization.
+// kernels/dtype.c - element types of weight tensors, and dequantization.
 //
 // Block layouts follow GGML (ggml/src/ggml-common.h); every multi-byte field
 // is little-endian and blocks are packed (no padding), so fields are read
@@ -6,7 +6,7 @@
 // GGML's reference dequantizers operation by operation, so with floating
 // point contraction off (gcc's default under -std=c11) the results are
 // bit-identical to ggml and to gguf-py (tests/unit/test_dtype.c checks this).
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 
 #include <string.h>
 
@@ -25,7 +25,7 @@
 #endif
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "engine/dtype.c reads little-endian blocks with plain loads"
+#error "kernels/dtype.c reads little-endian blocks with plain loads"
 #endif
 
 // Elements per super-block of the K-quants.

@@ -1,4 +1,4 @@
-// engine/dtype.h - element types of weight tensors, and dequantization.
+// kernels/dtype.h - element types of weight tensors, and dequantization.
 //
 // Values equal GGML's type numbers so GGUF tensor types map directly.
 // Quantized types are stored in blocks along the innermost dimension.

@@ -1,7 +1,9 @@
-// engine/sampler.c - penalties, filters and seeded sampling on the CPU.
-#include "engine/sampler.h"
+// kernels/cpu/sampling.c - penalties, filters and seeded sampling on the CPU
+// (the reference of kernels/cuda/sampling.cu; rules in kernels/sampling.h).
+#include "kernels/cpu/sampling.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +36,8 @@ int pg_sampler_create(int32_t vocab, pg_sampler **out) {
     return 0;
 }
 
+int32_t pg_sampler_vocab(const pg_sampler *s) { return s->vocab; }
+
 void pg_sampler_free(pg_sampler *s) {
     if (!s) return;
     free(s->cands);
@@ -61,8 +65,8 @@ static int cmp_desc(const void *a, const void *b) {
 }
 
 // log-softmax of the raw logits for the sampled token and the top entries.
-static void fill_logprobs(pg_sampler *s, const pg_plan_seq *seq, const float *logits,
-                          pg_seq_output *out) {
+static void fill_logprobs(pg_sampler *s, const pg_sample_params *p, const float *logits,
+                          pg_sample_out *out) {
     int32_t v = s->vocab;
     float mx = -INFINITY;
     for (int32_t i = 0; i < v; i++) mx = logits[i] > mx ? logits[i] : mx;
@@ -71,38 +75,38 @@ static void fill_logprobs(pg_sampler *s, const pg_plan_seq *seq, const float *lo
     float lse = mx + (float)log(sum);
     out->logprob = logits[out->token] - lse;
     out->n_top = 0;
-    int32_t k = seq->sp->logprobs;
+    int32_t k = p->logprobs;
     if (k <= 0) return;
-    if (k > PG_MAX_LOGPROBS) k = PG_MAX_LOGPROBS;
+    if (k > PG_SAMPLE_MAX_LOGPROBS) k = PG_SAMPLE_MAX_LOGPROBS;
     // Insertion into a k-long sorted list: vocab * k at worst, k <= 20.
     for (int32_t i = 0; i < v; i++) {
         float l = logits[i];
         int32_t n = out->n_top;
         if (n == k && l <= out->top_logprobs[n - 1]) continue;
-        int32_t p = n < k ? n : k - 1;
-        while (p > 0 && out->top_logprobs[p - 1] < l) {
-            out->top_logprobs[p] = out->top_logprobs[p - 1];
-            out->top_ids[p] = out->top_ids[p - 1];
-            p--;
+        int32_t at = n < k ? n : k - 1;
+        while (at > 0 && out->top_logprobs[at - 1] < l) {
+            out->top_logprobs[at] = out->top_logprobs[at - 1];
+            out->top_ids[at] = out->top_ids[at - 1];
+            at--;
         }
-        out->top_logprobs[p] = l;
-        out->top_ids[p] = i;
+        out->top_logprobs[at] = l;
+        out->top_ids[at] = i;
         if (n < k) out->n_top++;
     }
     for (int32_t i = 0; i < out->n_top; i++) out->top_logprobs[i] -= lse;
 }
 
-static void apply_penalties(pg_sampler *s, const pg_plan_seq *seq, float *logits) {
-    const pg_sampling_params *p = seq->sp;
+static void apply_penalties(pg_sampler *s, const pg_sample_params *p, const int32_t *history,
+                            float *logits) {
     bool rep = p->repetition_penalty != 1.0f && p->repetition_penalty > 0;
     bool pres = p->presence_penalty != 0.0f, freq = p->frequency_penalty != 0.0f;
     if (!rep && !pres && !freq) return;
-    for (int32_t i = seq->n_prompt; i < seq->n_history; i++) s->count[seq->history[i]]++;
+    for (int32_t i = p->n_prompt; i < p->n_history; i++) s->count[history[i]]++;
     if (rep)
-        for (int32_t i = 0; i < seq->n_history; i++) s->in_history[seq->history[i]] = 1;
+        for (int32_t i = 0; i < p->n_history; i++) s->in_history[history[i]] = 1;
     // Visit each distinct token once: clear the marks as we go.
-    for (int32_t i = 0; i < seq->n_history; i++) {
-        int32_t t = seq->history[i];
+    for (int32_t i = 0; i < p->n_history; i++) {
+        int32_t t = history[i];
         if (rep && s->in_history[t]) {
             logits[t] = logits[t] > 0 ? logits[t] / p->repetition_penalty
                                       : logits[t] * p->repetition_penalty;
@@ -116,11 +120,10 @@ static void apply_penalties(pg_sampler *s, const pg_plan_seq *seq, float *logits
     }
 }
 
-void pg_sampler_sample(pg_sampler *s, const pg_plan_seq *seq, float *logits, pg_seq_output *out) {
-    const pg_sampling_params *p = seq->sp;
+void pg_sampler_sample(pg_sampler *s, const pg_sample_params *p, const int32_t *tokens,
+                       float *logits, pg_sample_out *out) {
     const int32_t v = s->vocab;
     memset(out, 0, sizeof *out);
-    out->seq_id = seq->seq_id;
     // Raw logprobs are computed after the token is known; keep a copy of
     // the raw logit of every token only if logprobs were asked for.
     float *raw = NULL;
@@ -128,11 +131,10 @@ void pg_sampler_sample(pg_sampler *s, const pg_plan_seq *seq, float *logits, pg_
         raw = pg_xmalloc(sizeof(float) * (size_t)v);
         memcpy(raw, logits, sizeof(float) * (size_t)v);
     }
-    apply_penalties(s, seq, logits);
-    if (seq->mask_eos) {
-        if (seq->eos_id >= 0 && seq->eos_id < v) logits[seq->eos_id] = -INFINITY;
-        for (int32_t i = 0; i < p->n_stop_ids; i++)
-            if (p->stop_ids[i] >= 0 && p->stop_ids[i] < v) logits[p->stop_ids[i]] = -INFINITY;
+    if (p->n_history > 0) apply_penalties(s, p, tokens + p->hist_offset, logits);
+    for (int32_t i = 0; i < p->n_ban; i++) {
+        int32_t t = tokens[p->ban_offset + i];
+        if (t >= 0 && t < v) logits[t] = -INFINITY;
     }
     int32_t best = 0;
     for (int32_t i = 1; i < v; i++)
@@ -171,7 +173,7 @@ void pg_sampler_sample(pg_sampler *s, const pg_plan_seq *seq, float *logits, pg_
         }
         total = 0;
         for (int32_t i = 0; i < n; i++) total += exp((double)s->cands[i].logit);
-        double u = pg_sampler_uniform(seq->rng_seed, (uint64_t)seq->n_generated) * total;
+        double u = pg_sampler_uniform(p->seed, (uint64_t)p->n_generated) * total;
         int32_t pick = n - 1;
         for (int32_t i = 0; i < n; i++) {
             u -= exp((double)s->cands[i].logit);
@@ -183,7 +185,7 @@ void pg_sampler_sample(pg_sampler *s, const pg_plan_seq *seq, float *logits, pg_
         out->token = s->cands[pick].id;
     }
     if (raw) {
-        fill_logprobs(s, seq, raw, out);
+        fill_logprobs(s, p, raw, out);
         free(raw);
     }
 }
