@@ -30,6 +30,8 @@ typedef struct srv_app {
     size_t api_key_len;
     int64_t created;               // unix time at start (for /v1/models)
     bool draining;                 // SIGTERM: new requests get 503
+    bool engine_failed;            // the watchdog found the engine failed or hung: 503, exiting
+    char engine_failure[320];      // why, for the 503s and 500s
     struct gen_job *jobs;          // live generation jobs (doubly linked)
     int n_jobs;
     int n_tokenizing;              // tokenizations and off-loop routes on the thread pool
