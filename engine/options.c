@@ -142,6 +142,7 @@ int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
     INT_FLAG("--max-num-batched-tokens", 1, INT32_MAX, c->sched.max_num_batched_tokens)
     INT_FLAG("--long-prefill-token-threshold", 0, INT32_MAX, c->sched.long_prefill_token_threshold)
     INT_FLAG("--max-waiting", 0, INT32_MAX, c->sched.max_waiting)
+    INT_FLAG("--long-prefill-token-threshold", 0, INT32_MAX, c->sched.long_prefill_token_threshold)
     if (!strcmp(f, "--kv-cache-memory") || !strcmp(f, "--swap-space")) {
         NEED_VALUE();
         int64_t b;

@@ -70,7 +70,7 @@ static void carve_workspace(pg_runner *r, carver *c) {
     const int64_t q_dim = (int64_t)mc->n_heads * hd, qkv_dim = q_dim + 2 * (int64_t)mc->n_kv_heads * hd;
     pg_fwd_buffers *b = &r->bufs;
     b->x = act(c, dt, T, H);
-    b->xn = act(c, dt, T, H > qkv_dim ? H : H); // normalised rows or a [T][hidden] product
+    b->xn = act(c, dt, T, H); // normalised rows, or a [T][hidden] product before the residual add
     b->qkv = act(c, dt, T, qkv_dim);
     b->attn = act(c, dt, T, q_dim);
     b->gu = act(c, dt, T, 2 * (int64_t)mc->ffn);

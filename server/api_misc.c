@@ -1,5 +1,6 @@
 // server/api_misc.c - the small routes: /health, /version, /v1/models,
-// /tokenize, /detokenize, /metrics.
+// /tokenize, /detokenize, /metrics (the chat page and /openapi.json are
+// in webui.c and openapi.c).
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
@@ -49,7 +50,7 @@ void api_metrics(srv_app *a, srv_req *r) {
     pg_engine_stats_get(a->engine, &st);
     srv_metrics_refresh(&a->metrics, &st, srv_http_num_connections(a->http), a->n_jobs + a->n_tokenizing);
     sbuf b = {0};
-    met_render(a->metrics.reg, &b);
+    srv_metrics_render(&a->metrics, a->metrics_vllm, &b);
     srv_resp_send(r, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, b.p ? b.p : "", b.len);
     sbuf_free(&b);
 }

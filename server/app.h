@@ -11,6 +11,7 @@
 
 #include "engine/engine.h"
 #include "server/api_common.h"
+#include "server/cors.h"
 #include "server/http_conn.h"
 #include "server/serve_metrics.h"
 
@@ -32,6 +33,9 @@ typedef struct srv_app {
     bool draining;                 // SIGTERM: new requests get 503
     bool engine_failed;            // the watchdog found the engine failed or hung: 503, exiting
     char engine_failure[320];      // why, for the 503s and 500s
+    bool no_webui;                 // --no-webui: / answers 404
+    bool metrics_vllm;             // --metrics-compat vllm: /metrics adds the vllm: names
+    srv_cors cors;                 // --allowed-origins ...: off unless origins are given
     struct gen_job *jobs;          // live generation jobs (doubly linked)
     int n_jobs;
     int n_tokenizing;              // tokenizations and off-loop routes on the thread pool

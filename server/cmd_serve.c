@@ -45,7 +45,8 @@
 static const char *usage =
     "usage: paged serve [options]\n"
     "Run the OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions,\n"
-    "/v1/models, /tokenize, /detokenize, /health, /version, /metrics).\n"
+    "/v1/models, /tokenize, /detokenize, /health, /version, /metrics, /openapi.json,\n"
+    "and a chat page at /).\n"
     "Server:\n"
     "  --host HOST                   address to bind (default 127.0.0.1)\n"
     "  --port N                      port (default 8000)\n"
@@ -59,6 +60,13 @@ static const char *usage =
     "                                device hung: fail requests, exit 70 (default 300; 0: off)\n"
     "  --shutdown-timeout S          on SIGTERM/SIGINT/SIGHUP, seconds running requests may take\n"
     "                                to finish before they are aborted (default 30)\n"
+    "  --no-webui                    no chat page at / (404)\n"
+    "  --metrics-compat vllm         /metrics also exposes vLLM's names (vllm:...) for the\n"
+    "                                families vLLM has, next to the paged: ones\n"
+    "CORS (off unless --allowed-origins is given; lists are a,b or JSON '[\"a\",\"b\"]'):\n"
+    "  --allowed-origins LIST        origins browsers may call from (\"*\": any)\n"
+    "  --allowed-methods LIST        methods a preflight allows (default \"*\")\n"
+    "  --allowed-headers LIST        request headers a preflight allows (default \"*\")\n"
     "HTTP limits:\n"
     "  --max-request-line BYTES      request URL (default 8K) -> 414\n"
     "  --max-header-bytes BYTES      header block (default 64K) -> 431\n"
@@ -246,6 +254,8 @@ typedef struct serve_flags {
     const char *served_name;
     const char *ssl_certfile, *ssl_keyfile, *ssl_ca_certs;
     double shutdown_timeout, step_timeout;
+    bool no_webui, metrics_vllm;
+    srv_cors cors;
     srv_http_limits http;
     api_limits api;
 } serve_flags;
@@ -263,6 +273,10 @@ static int serve_flag(serve_flags *f, int argc, char **argv, int *i) {
     const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
     int64_t n, b;
 #define IS(s) (!strcmp(name, s))
+    if (IS("--no-webui")) {  // the one flag without a value
+        f->no_webui = true;
+        return 1;
+    }
     if (!(IS("--host") || IS("--port") || IS("--api-key") || IS("--served-model-name") ||
           IS("--ssl-certfile") || IS("--ssl-keyfile") || IS("--ssl-ca-certs") ||
           IS("--shutdown-timeout") || IS("--step-timeout") || IS("--max-request-line") || IS("--max-header-bytes") ||
@@ -271,7 +285,8 @@ static int serve_flag(serve_flags *f, int argc, char **argv, int *i) {
           IS("--max-output-buffer") || IS("--max-connections") || IS("--max-buffered-body-bytes") ||
           IS("--max-n") ||
           IS("--max-sequences") || IS("--max-stop-strings") || IS("--max-stop-string-bytes") ||
-          IS("--max-logprobs") || IS("--default-max-tokens")))
+          IS("--max-logprobs") || IS("--default-max-tokens") || IS("--metrics-compat") ||
+          IS("--allowed-origins") || IS("--allowed-methods") || IS("--allowed-headers")))
         return 0;
     if (!v) return pg_err_set(PG_EINVAL, "%s needs a value", name);
     (*i)++;
@@ -285,6 +300,13 @@ static int serve_flag(serve_flags *f, int argc, char **argv, int *i) {
     else if (IS("--ssl-ca-certs")) f->ssl_ca_certs = v;
     else if (IS("--shutdown-timeout")) rc = pg_parse_float(v, 0, 1e6, &f->shutdown_timeout);
     else if (IS("--step-timeout")) rc = pg_parse_float(v, 0, 1e7, &f->step_timeout);
+    else if (IS("--metrics-compat")) {
+        if (!strcmp(v, "vllm")) f->metrics_vllm = true;
+        else rc = pg_err_set(PG_EINVAL, "the only value is vllm, not %s", v);
+    }
+    else if (IS("--allowed-origins")) rc = srv_cors_set(&f->cors, "origins", v);
+    else if (IS("--allowed-methods")) rc = srv_cors_set(&f->cors, "methods", v);
+    else if (IS("--allowed-headers")) rc = srv_cors_set(&f->cors, "headers", v);
     else if (IS("--max-request-line")) rc = pg_parse_bytes(v, &b), f->http.max_request_line = (size_t)b;
     else if (IS("--max-header-bytes")) rc = pg_parse_bytes(v, &b), f->http.max_header_bytes = (size_t)b;
     else if (IS("--max-headers")) rc = pg_parse_int(v, 1, 100000, &n), f->http.max_headers = (int)n;
@@ -347,6 +369,7 @@ int cmd_serve(int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("%s%s", usage, pg_engine_options_help);
+            srv_cors_free(&f.cors);
             return 0;
         }
         int r = pg_engine_option(&cfg, argc, argv, &i);
@@ -354,9 +377,11 @@ int cmd_serve(int argc, char **argv) {
         if (r == 0) r = pg_err_set(PG_EINVAL, "unknown flag: %s", argv[i]);
         if (r < 0) {
             fprintf(stderr, "paged serve: %s (see --help)\n", pg_err_msg());
+            srv_cors_free(&f.cors);
             return 2;
         }
     }
+    srv_cors_finish(&f.cors);
     // An empty key would turn authentication on with a key anyone can send
     // ("Authorization: Bearer "): refused, whether from the flag or the
     // environment (an empty PAGED_API_KEY is usually a missing secret).
@@ -404,16 +429,25 @@ int cmd_serve(int argc, char **argv) {
         uv_loop_close(&loop);
         free(s);
         srv_tls_ctx_free(tls);
+        srv_cors_free(&f.cors);
         return 1;
     }
     a->tok = pg_engine_tokenizer(a->engine);
     a->chat = pg_engine_chat_template(a->engine);
     a->model_path = pg_xstrdup(cfg.model_path);
-    a->served_name = f.served_name ? pg_xstrdup(f.served_name) : default_served_name(cfg.model_path);
+    // Random (dummy) weights are named after their config ("llama3-8b-shape"),
+    // not after the default model file they never read.
+    const bool dummy = cfg.load_format && !strcmp(cfg.load_format, "dummy");
+    a->served_name = f.served_name ? pg_xstrdup(f.served_name)
+                     : dummy       ? pg_xstrdup(pg_engine_model_config(a->engine)->name)
+                                   : default_served_name(cfg.model_path);
     if (f.api_key) {
         a->api_key = pg_xstrdup(f.api_key);
         a->api_key_len = strlen(f.api_key);
     }
+    a->no_webui = f.no_webui;
+    a->metrics_vllm = f.metrics_vllm;
+    a->cors = f.cors;  // the app owns the lists from here
     a->created = (int64_t)time(NULL);
     a->id_salt = random_salt();
     a->lim = f.api;
@@ -480,6 +514,7 @@ out:
     free(a->served_name);
     free(a->model_path);
     free(a->api_key);
+    srv_cors_free(&a->cors);
     free(s);
     srv_tls_ctx_free(tls);
     return rc;

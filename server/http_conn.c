@@ -727,6 +727,7 @@ static void put_head(srv_conn *c, int status, const char *ctype, const char *ext
     else if (c->req.http_minor == 0)
         sbuf_puts(o, "Connection: keep-alive\r\n");
     if (extra) sbuf_puts(o, extra);
+    sbuf_puts(o, c->req.resp_headers);
     sbuf_puts(o, "\r\n");
     if (c->srv->h.on_response)
         c->srv->h.on_response(c->req.route ? c->req.route : "other", status, c->srv->h.ctx);

@@ -68,6 +68,9 @@ struct srv_req {
     void (*on_abort)(srv_req *r, void *ud);
     void *ud;
     const char *route;            // label for metrics (set by the router)
+    // Header lines ("Name: value\r\n") added to this request's response,
+    // whatever the status: set by the router (CORS, server/cors.h); "" none.
+    char resp_headers[512];
 };
 
 // The first header named `name` (case-insensitive), or NULL.

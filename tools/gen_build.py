@@ -19,6 +19,8 @@ Conventions the generator relies on (docs/build.md):
       `ninja fuzz-libfuzzer`)
   bench/*.c -> build/bench/*
   tests/tools/*.c -> build/tests/tools/* (programs the integration tests drive)
+  EMBEDS (server/webui/index.html, server/openapi.json) -> build/gen/*.c
+      by tools/embed.py (a C array and its length), compiled into libpaged.a
   build/paged links build/rel/libpaged_cuda.a whole and before libpaged.a,
       so real CUDA objects (where nvcc built them) win over the stubs; every
       other program gets the stubs ("built without CUDA")
@@ -51,6 +53,9 @@ LIB_DIRS = [d for m in MODULES.values() for d in m["dirs"]]
 SOURCE_EXTS = (".c", ".h", ".cu", ".cuh")
 LLHTTP_DIR = "/usr/share/llhttp"
 LLHTTP_SRCS = ["api.c", "http.c", "llhttp.c"]
+# Files compiled into the binary as C arrays (tools/embed.py): source, symbol.
+EMBEDS = [("server/webui/index.html", "paged_webui_index_html"),
+          ("server/openapi.json", "paged_openapi_json")]
 
 
 def sources(d, ext=".c", prefix=""):
@@ -131,6 +136,9 @@ def generate():
     w("rule clang_link")
     w("  command = $clang -fsanitize=fuzzer,address,undefined -o $out $in $libs")
     w("  description = LINK $out")
+    w("rule embed")
+    w("  command = python3 tools/embed.py $in $out $sym")
+    w("  description = EMBED $out")
     w("rule regen")
     w("  command = python3 tools/gen_build.py")
     w("  generator = 1")
@@ -141,11 +149,23 @@ def generate():
 
     defaults = []
     variants = {"rel": "", "asan": "$asanflags"}
+    embed_srcs = []
+    for src, sym in EMBEDS:
+        gen = f"build/gen/{os.path.splitext(src)[0]}_{os.path.splitext(src)[1][1:]}.c"
+        w(f"build {gen}: embed {src} | tools/embed.py")
+        w(f"  sym = {sym}")
+        embed_srcs.append(gen)
     libs = {}
     for variant, extra in variants.items():
         objs = []
         for s in lib_srcs:
             o = obj(s, variant)
+            w(f"build {o}: cc {s}")
+            if extra:
+                w(f"  extra = {extra}")
+            objs.append(o)
+        for s in embed_srcs:
+            o = f"build/{variant}/obj/{os.path.splitext(s)[0][len('build/'):]}.o"
             w(f"build {o}: cc {s}")
             if extra:
                 w(f"  extra = {extra}")
@@ -197,6 +217,11 @@ def generate():
     tsan_objs = []
     for s in lib_srcs + ["server/main.c"]:
         o = obj(s, "tsan")
+        w(f"build {o}: cc {s}")
+        w("  extra = $tsanflags")
+        tsan_objs.append(o)
+    for s in embed_srcs:
+        o = f"build/tsan/obj/{os.path.splitext(s)[0][len('build/'):]}.o"
         w(f"build {o}: cc {s}")
         w("  extra = $tsanflags")
         tsan_objs.append(o)
@@ -259,6 +284,10 @@ def generate():
         for ls in LLHTTP_SRCS:
             lso = f"build/libfuzzer/obj/third_party/llhttp/{os.path.splitext(ls)[0]}.o"
             w(f"build {lso}: clang_cc {LLHTTP_DIR}/{ls}")
+            lib_objs.append(lso)
+        for ls in embed_srcs:  # the files compiled into the binary (chat page, OpenAPI)
+            lso = f"build/libfuzzer/obj/{os.path.splitext(ls)[0][len('build/'):]}.o"
+            w(f"build {lso}: clang_cc {ls}")
             lib_objs.append(lso)
         w(f"build build/libfuzzer/libpaged.a: ar {' '.join(lib_objs)}")
 

@@ -88,7 +88,7 @@ static void attend_one(const attn_job *j, const pg_attn_seq *s, int32_t h, int32
 // (dimension g of a head is rotate-half dimension g/2 for even g and
 // hd/2 + g/2 for odd g), and its dot products run over that order in 8
 // lanes of consecutive dimensions. The compatible RoPE/cache write
-// (cpu_backend.c) therefore stores K in that order; q is permuted here.
+// (cpu_ops.c) therefore stores K in that order; q is permuted here.
 // One task handles the query heads that share a KV head, so each K and V
 // row is loaded once for all of them.
 

@@ -26,8 +26,7 @@
 // fp8 e4m3 instead (pg_kv_shape.dtype = PG_KV_FP8_E4M3, 1 byte per element,
 // scale 1.0, saturating round-to-nearest-even writes, exact conversion to
 // f16/bf16 on reads): pg_cuda_rope_kv_write, decode v2 and v4 (the default
-// where it applies) and both prefill versions take it; decode v1/v3 return
-// PG_EUNSUPP.
+// where it applies) and both prefill versions take it.
 //
 // Layouts (row-major, innermost last):
 //   q            [n_tokens][q_stride]: head h at q + t*q_stride + h*head_dim,
@@ -97,15 +96,13 @@ size_t pg_cuda_decode_workspace_size(int32_t max_seqs, int32_t n_heads, int32_t 
                                      int32_t head_dim, int32_t max_seq_len);
 
 // The same contract through numbered versions, for tests and benchmarks:
-// 1 = CUDA cores, one CTA per (sequence, query head), no GQA sharing, no
-// split (the simple baseline); 2 = the tensor-core split-K kernel above with
-// the GQA group as 16 mma rows (the default where 4 does not apply); 3 =
-// persistent tile-balanced variant (correct, measured slower:
-// docs/cuda_kernels.md; falls back to 2 when the GQA group exceeds 16, the
-// batch exceeds 512 or the workspace is short); 4 = keys on the mma's M side
-// and the group's heads on N (fp8 fragments straight from the e4m3 tile),
-// same splits and workspace as 2; PG_EUNSUPP for a GQA group > 8 or compute
-// capability < 8.9. fp8 caches: versions 2 and 4 only.
+// 2 = the tensor-core split-K kernel above with the GQA group as 16 mma rows
+// (the default where 4 does not apply); 4 = keys on the mma's M side and the
+// group's heads on N (fp8 fragments straight from the e4m3 tile), same
+// splits and workspace as 2; PG_EUNSUPP for a GQA group > 8 or compute
+// capability < 8.9. Versions 1 (CUDA cores, the baseline) and 3 (persistent,
+// measured slower) are not in the library: PG_EUNSUPP here; they live in
+// bench/cuda/ for the benchmark and the kernel test (docs/cuda_kernels.md).
 int pg_cuda_paged_decode_attention_v(int version, void *out, const void *q, int64_t q_stride,
                                      const void *k_cache, const void *v_cache, pg_kv_shape kv,
                                      const int32_t *block_tables, int32_t bt_stride,

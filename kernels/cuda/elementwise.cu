@@ -8,7 +8,7 @@
 // (cuda_common.cuh): they wait for the previous grid first thing, in every
 // CTA; bias add, per-head RMSNorm, SiLU*mul, block copies and conversions
 // are launched plainly.
-// CPU references: kernels/cpu/cpu_backend.c (same formulas in f32).
+// CPU references: kernels/cpu/cpu_ops.c and backend_cpu.c (same formulas in f32).
 #include <cuda_fp8.h>
 #include <math.h>
 

@@ -3,7 +3,7 @@
 // Random inputs (fresh per case), outputs poisoned before each launch (bf16
 // NaN), references in fp64 on the bf16-rounded inputs; per case the
 // relative error ||out - ref|| / ||ref|| is printed and checked against a
-// bound suited to bf16. The sampler is compared with engine/sampler.c
+// bound suited to bf16. The sampler is compared with kernels/cpu/sampling.c
 // itself (linked in): identical tokens for greedy and seeded sampling,
 // logprobs within 1e-4.
 //
@@ -15,6 +15,8 @@
 
 #include "tests/gpu/gpu_util.h"
 #include "kernels/cuda/cuda_common.cuh" // pg_cuda_pdl_enabled / pg_cuda_pdl_set
+#include "bench/cuda/attention_decode_v1.cuh" // decode v1 and v3, which left the library
+#include "bench/cuda/attention_decode_v3.cuh" // for bench/cuda/ and are still checked here
 
 extern "C" {
 #include "kernels/cpu/sampling.h"
@@ -168,6 +170,23 @@ struct DecodeCase {
     float qscale;
 };
 
+// pg_cuda_paged_decode_attention_v's contract through a numbered version:
+// 2 and 4 from the library, 1 and 3 from bench/cuda/.
+static int decode_v(int version, void *out, const void *q, int64_t q_stride, const void *k_cache, const void *v_cache,
+                    pg_kv_shape kv, const int32_t *block_tables, int32_t bt_stride, const int32_t *seq_lens,
+                    int32_t n_seqs, int32_t n_heads, float scale, int32_t max_seq_len, void *workspace,
+                    size_t workspace_bytes) {
+    if (version == 1)
+        return bench_decode_v1(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride, seq_lens, n_seqs,
+                               n_heads, scale, nullptr);
+    if (version == 3)
+        return bench_decode_v3(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride, seq_lens, n_seqs,
+                               n_heads, scale, max_seq_len, workspace, workspace_bytes, nullptr);
+    return pg_cuda_paged_decode_attention_v(version, out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride,
+                                            seq_lens, n_seqs, n_heads, scale, max_seq_len, workspace,
+                                            workspace_bytes, nullptr);
+}
+
 static void test_decode(const DecodeCase &c, Rng &r, bool f8 = false) {
     char name[160];
     snprintf(name, sizeof name, "decode%s %s b=%zu h=%d/%d d=%d bs=%d", f8 ? " fp8" : "", c.tag, c.ctx.size(),
@@ -192,7 +211,7 @@ static void test_decode(const DecodeCase &c, Rng &r, bool f8 = false) {
         ref_attend(pc, s, h / G, &q[(size_t)s * q_stride + (size_t)h * hd], c.ctx[s], scale, &ref[(size_t)i * hd]);
     });
 
-    size_t ws_bytes = pg_cuda_decode_workspace_size(n, H, c.n_kv, hd, max_len);
+    size_t ws_bytes = bench_decode_v3_workspace_size(n, H, c.n_kv, hd, max_len); // v3's and the library's need
     DBuf ws(ws_bytes);
     std::vector<uint16_t> out((size_t)n * H * hd);
     std::vector<double> o(out.size());
@@ -227,18 +246,16 @@ static void test_decode(const DecodeCase &c, Rng &r, bool f8 = false) {
     const bool v4_ok = G <= 8 && cc_major * 10 + cc_minor >= 89;
     for (int version = 1; version <= 4; version++) {
         if ((f8 && (version == 1 || version == 3)) || (version == 4 && !v4_ok)) {
-            int rc = pg_cuda_paged_decode_attention_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(),
-                                                      pc.dbt.as<int32_t>(), pc.bt_stride, dlen.as<int32_t>(), n, H,
-                                                      (float)scale, max_len, ws.p, ws_bytes, nullptr);
+            int rc = decode_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(), pc.dbt.as<int32_t>(),
+                              pc.bt_stride, dlen.as<int32_t>(), n, H, (float)scale, max_len, ws.p, ws_bytes);
             char nm[200];
             snprintf(nm, sizeof nm, "%s v%d refuses %s", name, version, version == 4 ? "the shape" : "fp8");
             report_bool(nm, rc == PG_EUNSUPP, rc == PG_EUNSUPP ? "PG_EUNSUPP" : "wrong return code");
             continue;
         }
         CK(cudaMemset(dout.p, 0xFF, dout.n));
-        PK(pg_cuda_paged_decode_attention_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(),
-                                            pc.dbt.as<int32_t>(), pc.bt_stride, dlen.as<int32_t>(), n, H,
-                                            (float)scale, max_len, ws.p, ws_bytes, nullptr));
+        PK(decode_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(), pc.dbt.as<int32_t>(), pc.bt_stride,
+                    dlen.as<int32_t>(), n, H, (float)scale, max_len, ws.p, ws_bytes));
         const char *ver = version == 1 ? "v1" : version == 2 ? "v2 split" : version == 3 ? "v3 persistent" : "v4 kn split";
         check(ver);
         if (f8 && max_len == 1) check_exact(version == 2 ? "v2" : "v4");
@@ -265,9 +282,8 @@ static void test_decode(const DecodeCase &c, Rng &r, bool f8 = false) {
         for (int version = 4; version >= 2; version--) {
             if ((version == 3 && f8) || (version == 4 && !v4_ok)) continue;
             CK(cudaMemset(dout.p, 0xFF, dout.n));
-            PK(pg_cuda_paged_decode_attention_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(),
-                                                pc.dbt.as<int32_t>(), pc.bt_stride, dz.as<int32_t>(), n, H,
-                                                (float)scale, max_len, ws.p, ws_bytes, nullptr));
+            PK(decode_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(), pc.dbt.as<int32_t>(),
+                        pc.bt_stride, dz.as<int32_t>(), n, H, (float)scale, max_len, ws.p, ws_bytes));
             CK(cudaDeviceSynchronize());
             dout.down(out);
             std::vector<double> rz = ref, oz(out.size());
@@ -332,6 +348,21 @@ static void decode_tests(Rng &r) {
     };
     for (auto &c : cases) test_decode(c, r);
     for (auto &c : cases) test_decode(c, r, true); // the fp8 e4m3 cache
+    // v1 and v3 left the library for bench/cuda/: its dispatcher refuses them.
+    const char *name = "decode v1/v3 not in the library";
+    if (selected(name)) {
+        Paged pc({17, 40}, 2, 128, 16, r);
+        DBuf dq((size_t)2 * 8 * 128 * 2), dout(dq.n), dlen;
+        dlen.up(std::vector<int32_t>{17, 40});
+        int rc[2];
+        for (int i = 0; i < 2; i++)
+            rc[i] = pg_cuda_paged_decode_attention_v(1 + 2 * i, dout.p, dq.p, 8 * 128, pc.dk.p, pc.dv.p, pc.shape(),
+                                                     pc.dbt.as<int32_t>(), pc.bt_stride, dlen.as<int32_t>(), 2, 8,
+                                                     0.088f, 40, nullptr, 0, nullptr);
+        char detail[96];
+        snprintf(detail, sizeof detail, "v1 rc %d, v3 rc %d (PG_EUNSUPP %d)", rc[0], rc[1], PG_EUNSUPP);
+        report_bool(name, rc[0] == PG_EUNSUPP && rc[1] == PG_EUNSUPP, detail);
+    }
 }
 
 // --- prefill attention ---------------------------------------------------------------

@@ -259,6 +259,82 @@ def wait_idle(port, timeout=60):
         time.sleep(0.2)
 
 
+# --- Prometheus ----------------------------------------------------------------------
+
+
+def prom_get(port, path, **params):
+    """GET a Prometheus HTTP API path; returns the parsed JSON."""
+    import urllib.parse
+    import urllib.request
+    url = f"http://127.0.0.1:{port}{path}"
+    if params:
+        url += "?" + urllib.parse.urlencode(params)
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def wait_for(what, fn, timeout=60):
+    """Polls fn() -> (ok, detail) until ok; returns the detail."""
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        try:
+            ok, last = fn()
+            if ok:
+                return last
+        except OSError as e:
+            last = repr(e)
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}: {last}")
+
+
+class Prometheus:
+    """A real Prometheus (Debian's `prometheus`) scraping `target`
+    (host:port) every second, in a scratch directory; stopped on exit."""
+
+    def __init__(self, target, bearer=None):
+        import shutil
+        self.exe = shutil.which("prometheus")
+        self.target, self.bearer = target, bearer
+        self.tmp = tempfile.mkdtemp(prefix="paged-prom-")
+        self.port = free_port()
+        self.proc = None
+
+    def __enter__(self):
+        cfg = os.path.join(self.tmp, "prometheus.yml")
+        auth = f"    authorization:\n      credentials: {self.bearer}\n" if self.bearer else ""
+        with open(cfg, "w") as f:
+            f.write("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
+                    "scrape_configs:\n  - job_name: paged\n    metrics_path: /metrics\n" + auth +
+                    f"    static_configs:\n      - targets: [\"{self.target}\"]\n")
+        self.log = open(os.path.join(self.tmp, "prometheus.log"), "w")
+        self.proc = subprocess.Popen([self.exe, f"--config.file={cfg}", f"--storage.tsdb.path={self.tmp}/data",
+                                      f"--web.listen-address=127.0.0.1:{self.port}"],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+
+        def up():
+            t = prom_get(self.port, "/api/v1/targets")["data"]["activeTargets"]
+            return bool(t) and t[0]["health"] == "up", t
+        wait_for("the paged target to be up", up)
+        return self
+
+    def query(self, expr):
+        return prom_get(self.port, "/api/v1/query", query=expr)
+
+    def __exit__(self, *exc):
+        import shutil
+        if self.proc:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        return False
+
+
 # --- raw sockets ---------------------------------------------------------------------
 
 

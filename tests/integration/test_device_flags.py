@@ -55,6 +55,25 @@ def test_dummy_weights_on_cpu():
         assert "dummy" in err and "tiny-shape" in err, err
         rc, out, err = generate("--device", "cpu", "--load-format", "dummy", "--prompt", "Hi")
         assert rc != 0 and "--hf-config" in err, err
+        # The server names a dummy model after its config, not the default model file.
+        import socket, time, urllib.request
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        srv = subprocess.Popen([PAGED, "serve", "--device", "cpu", "--load-format", "dummy", "--hf-config", cfg,
+                                "--host", "127.0.0.1", "--port", str(port)], stderr=subprocess.PIPE)
+        try:
+            body = None
+            for _ in range(200):
+                try:
+                    body = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2))
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            assert body and [m["id"] for m in body["data"]] == ["tiny-shape"], body
+        finally:
+            srv.terminate()
+            srv.wait(timeout=30)
     rc, out, err = generate("--load-format", "bogus", "--prompt", "Hi")
     assert rc == 2 and "auto or dummy" in err, err
 
