@@ -140,7 +140,6 @@ int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
     INT_FLAG("--max-model-len", 1, INT32_MAX, c->max_model_len)
     INT_FLAG("--max-num-seqs", 1, 65536, c->sched.max_num_seqs)
     INT_FLAG("--max-num-batched-tokens", 1, INT32_MAX, c->sched.max_num_batched_tokens)
-    INT_FLAG("--long-prefill-token-threshold", 0, INT32_MAX, c->sched.long_prefill_token_threshold)
     INT_FLAG("--max-waiting", 0, INT32_MAX, c->sched.max_waiting)
     INT_FLAG("--long-prefill-token-threshold", 0, INT32_MAX, c->sched.long_prefill_token_threshold)
     if (!strcmp(f, "--kv-cache-memory") || !strcmp(f, "--swap-space")) {
