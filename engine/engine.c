@@ -4,7 +4,10 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/clock.h"
 #include "common/err.h"
@@ -130,6 +133,55 @@ typedef struct open_step {
     int64_t t_begin;
 } open_step;
 
+// --- health and fault injection ------------------------------------------------------
+
+static void busy_set(pg_engine *e, int64_t since_ns) { atomic_store(&e->busy_since_ns, since_ns); }
+
+static void mark_failed(pg_engine *e, const char *why) {
+    pthread_mutex_lock(&e->stats_mu);
+    if (!e->failed) snprintf(e->fail_reason, sizeof e->fail_reason, "%s", why);
+    e->failed = true;
+    pthread_mutex_unlock(&e->stats_mu);
+}
+
+static bool stopping(pg_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    bool s = e->stop;
+    pthread_mutex_unlock(&e->mu);
+    return s;
+}
+
+// PAGED_FAULT_INJECT (engine.h). 0, or PG_EINVAL naming the variable.
+static int fault_parse(pg_engine *e) {
+    const char *v = getenv("PAGED_FAULT_INJECT");
+    if (!v || !*v) return 0;
+    char kind[16];
+    long long n = 0;
+    double secs = 3600;
+    int got = sscanf(v, "%15[a-z]:%lld:%lf", kind, &n, &secs);
+    bool stall = got >= 2 && !strcmp(kind, "stall"), fail = got == 2 && !strcmp(kind, "fail");
+    if ((!stall && !fail) || n < 1 || !(secs > 0))
+        return pg_err_set(PG_EINVAL, "PAGED_FAULT_INJECT='%s': expected stall:N[:SECONDS] or fail:N", v);
+    e->fault = stall ? FAULT_STALL : FAULT_FAIL;
+    e->fault_step = n;
+    e->fault_seconds = secs;
+    PG_LOGW("fault injection: step %lld will %s", n, stall ? "stall" : "fail");
+    return 0;
+}
+
+// The injected fault of this step, if it is the one: true when it failed.
+static bool fault_hit(pg_engine *e) {
+    if (e->fault == FAULT_NONE || ++e->steps_with_work != e->fault_step) return false;
+    if (e->fault == FAULT_FAIL) {
+        pg_err_set(PG_EIO, "fault injection: step %lld failed", (long long)e->fault_step);
+        return true;
+    }
+    PG_LOGW("fault injection: stalling step %lld for %.0f s", (long long)e->fault_step, e->fault_seconds);
+    int64_t end = pg_now_ns() + (int64_t)(e->fault_seconds * 1e9);
+    while (pg_now_ns() < end && !stopping(e)) nanosleep(&(struct timespec){0, 20000000}, NULL);
+    return false;
+}
+
 // Gives the plan to the runner: the GPU queues it, the CPU runs it now.
 static void step_begin(pg_engine *e, const pg_batch_plan *plan, open_step *st) {
     st->begun = st->failed = false;
@@ -140,8 +192,15 @@ static void step_begin(pg_engine *e, const pg_batch_plan *plan, open_step *st) {
     // scheduled): those run too.
     if (plan->n_seqs == 0 && plan->n_swap_out == 0 && plan->n_swap_in == 0 && plan->n_copies == 0)
         return;
+    if (fault_hit(e)) {
+        PG_LOGE("step failed: %s", pg_err_msg());
+        mark_failed(e, pg_err_msg());
+        st->failed = true;
+        return;
+    }
     if (pg_runner_begin(e->runner, plan) < 0) {
         PG_LOGE("step failed: %s", pg_err_msg());
+        mark_failed(e, pg_err_msg());
         st->failed = true; // every request of the plan finishes with an error
         return;
     }
@@ -157,6 +216,7 @@ static void step_finish(pg_engine *e, open_step *st, pg_gen_event **out, int *ca
         sop = NULL;
     } else if (st->begun && pg_runner_end(e->runner, &so) < 0) {
         PG_LOGE("step failed: %s", pg_err_msg());
+        mark_failed(e, pg_err_msg());
         sop = NULL;
     }
     int64_t t1 = pg_now_ns();
@@ -229,6 +289,7 @@ static void *engine_main(void *arg) {
         if (prev && !sched_can_run_ahead(e->sched)) {
             step_finish(e, prev, &out, &cap_out);
             prev = NULL;
+            busy_set(e, 0);
         }
 
         const pg_batch_plan *plan;
@@ -244,16 +305,24 @@ static void *engine_main(void *arg) {
         open_step *cur = &steps[cur_i];
         cur_i ^= 1;
         eng_masks_fill(e, plan);
+        // The watchdog's clock: from the begin of the oldest unfinished step.
+        if (!prev) busy_set(e, pg_now_ns());
         step_begin(e, plan, cur);
-        if (prev) step_finish(e, prev, &out, &cap_out); // the step before, while this one runs
+        if (prev) {
+            step_finish(e, prev, &out, &cap_out); // the step before, while this one runs
+            busy_set(e, cur->t_begin);
+        }
         prev = NULL;
         if (sched_advance(e->sched) < 0) PG_LOGE("scheduler advance: %s", pg_err_msg());
-        if (e->async && cur->begun)
+        if (e->async && cur->begun) {
             prev = cur;
-        else
+        } else {
             step_finish(e, cur, &out, &cap_out);
+            busy_set(e, 0);
+        }
     }
     if (prev) step_finish(e, prev, &out, &cap_out); // nothing left running on the device
+    busy_set(e, 0);
     free(out);
     return NULL;
 }
@@ -311,7 +380,8 @@ int pg_engine_create(const pg_engine_config *cfg, pg_engine_notify_fn notify, vo
     pthread_cond_init(&e->cv, NULL);
     pthread_mutex_init(&e->ev_mu, NULL);
     pthread_mutex_init(&e->stats_mu, NULL);
-    int rc = eng_setup(e);
+    int rc = fault_parse(e);
+    if (rc == 0) rc = eng_setup(e);
     if (rc == 0 && pthread_create(&e->thread, NULL, engine_main, e) != 0)
         rc = pg_err_set(PG_ENOMEM, "cannot start the engine thread");
     if (rc < 0) {
@@ -368,6 +438,19 @@ const pg_chat_template *pg_engine_chat_template(const pg_engine *e) { return e->
 const pg_model_config *pg_engine_model_config(const pg_engine *e) { return &e->model->cfg; }
 int32_t pg_engine_max_model_len(const pg_engine *e) { return e->max_model_len; }
 const char *pg_engine_device_name(const pg_engine *e) { return e->backend->name; }
+
+void pg_engine_health_get(pg_engine *e, pg_engine_health *out) {
+    memset(out, 0, sizeof *out);
+    int64_t since = atomic_load(&e->busy_since_ns);
+    if (since > 0) {
+        int64_t age = pg_now_ns() - since;
+        out->step_age_ns = age > 0 ? age : 1;
+    }
+    pthread_mutex_lock(&e->stats_mu);
+    out->failed = e->failed;
+    snprintf(out->reason, sizeof out->reason, "%s", e->fail_reason);
+    pthread_mutex_unlock(&e->stats_mu);
+}
 
 void pg_engine_stats_get(pg_engine *e, pg_engine_stats *out) {
     pthread_mutex_lock(&e->stats_mu);

@@ -126,3 +126,20 @@ typedef struct pg_engine_stats {
     int64_t host_swap_bytes;     // pinned host memory of the swap space
 } pg_engine_stats;
 void pg_engine_stats_get(pg_engine *e, pg_engine_stats *out);
+
+// Thread-safe. Whether the engine can still serve, for a watchdog: a failed
+// step (the device is in an unknown state: a CUDA error is sticky) or a
+// step that has run for too long (a hung device, a deadlock) means it
+// cannot, and the process should exit so a supervisor restarts it.
+typedef struct pg_engine_health {
+    bool failed;                 // a step failed
+    char reason[200];            // why (set when failed)
+    int64_t step_age_ns;         // how long the oldest unfinished step has run (0: none running)
+} pg_engine_health;
+void pg_engine_health_get(pg_engine *e, pg_engine_health *out);
+
+// Fault injection for tests (read by pg_engine_create): PAGED_FAULT_INJECT
+// = "stall:N[:SECONDS]" makes the engine thread stall the N-th step that
+// has work for SECONDS (default 3600, or until the engine is destroyed),
+// as a hung device would; "fail:N" makes that step fail as a device error
+// would. Anything else is a start-up error.

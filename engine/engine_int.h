@@ -76,6 +76,17 @@ struct pg_engine {
     const uint32_t **mask_ptr;   // [cap_masks] by plan sequence
     int32_t cap_masks, mask_words;
 
+    // Health, read by pg_engine_health_get (the server's watchdog).
+    _Atomic int64_t busy_since_ns; // when the oldest unfinished step began (0: none)
+    bool failed;                   // guarded by stats_mu: a step failed
+    char fail_reason[200];         // guarded by stats_mu
+
+    // Fault injection (PAGED_FAULT_INJECT, for tests): at the fault_step-th
+    // step with work the engine thread stalls for fault_seconds or fails it.
+    enum { FAULT_NONE, FAULT_STALL, FAULT_FAIL } fault;
+    int64_t fault_step, steps_with_work;
+    double fault_seconds;
+
     pthread_mutex_t stats_mu;
     pg_engine_stats stats;
     int64_t mem_polled_ns; // engine thread: when device memory was last read

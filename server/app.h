@@ -33,6 +33,8 @@ typedef struct srv_app {
     size_t api_key_len;
     int64_t created;               // unix time at start (for /v1/models)
     bool draining;                 // SIGTERM: new requests get 503
+    bool engine_failed;            // the watchdog found the engine failed or hung: 503, exiting
+    char engine_failure[320];      // why, for the 503s and 500s
     bool no_webui;                 // --no-webui: / answers 404
     bool metrics_vllm;             // --metrics-compat vllm: /metrics adds the vllm: names
     srv_cors cors;                 // --allowed-origins ...: off unless origins are given

@@ -11,6 +11,14 @@
 // SIGHUP drains too (there is no configuration to reload): a hangup - the
 // terminal or a supervisor going away - must not cut streams mid-way, which
 // the default action (terminate at once) did. systemd stops with SIGTERM.
+//
+// Watchdog: twice a second the loop thread reads the engine's health. A
+// failed step (a device error) or a step running longer than
+// --step-timeout (a hung device, a deadlock) is fatal: every request in
+// flight gets a 500 (or an error event and [DONE] when streaming), /health
+// and new requests get 503, and about a second later the process exits
+// with code 70 without joining the engine thread (it may never return), so
+// a supervisor restarts it.
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +39,8 @@
 #include "server/tls.h"
 
 #define SERVE_DEFAULT_MAX_WAITING 1024
+#define SERVE_DEFAULT_STEP_TIMEOUT_S 300
+#define EXIT_ENGINE_FAILED 70 // sysexits' EX_SOFTWARE
 
 static const char *usage =
     "usage: paged serve [options]\n"
@@ -46,6 +56,8 @@ static const char *usage =
     "  --ssl-certfile FILE           serve HTTPS with this PEM certificate chain\n"
     "  --ssl-keyfile FILE            its private key (PEM; default: from --ssl-certfile)\n"
     "  --ssl-ca-certs FILE           require client certificates signed by these CAs (PEM)\n"
+    "  --step-timeout S              a model step running longer than S seconds means the\n"
+    "                                device hung: fail requests, exit 70 (default 300; 0: off)\n"
     "  --shutdown-timeout S          on SIGTERM/SIGINT/SIGHUP, seconds running requests may take\n"
     "                                to finish before they are aborted (default 30)\n"
     "  --no-webui                    no chat page at / (404)\n"
@@ -84,6 +96,9 @@ typedef struct serve {
     srv_app app;
     uv_signal_t sigterm, sigint, sighup;
     uv_timer_t drain_timer;
+    uv_timer_t watchdog;
+    double step_timeout_s;        // 0: no step timeout (failed steps are still fatal)
+    bool fatal;                   // the engine failed: exiting with EXIT_ENGINE_FAILED
     uint64_t drain_deadline_ms;   // when running requests are aborted
     uint64_t abort_deadline_ms;   // when we stop waiting for the aborts
     double shutdown_timeout_s;
@@ -100,7 +115,9 @@ static void on_engine_notify(void *ctx) {
 
 static void on_async(uv_async_t *h) {
     srv_app *a = h->data;
-    if (a->engine) gen_drain_events(a);
+    // After an engine failure its requests were failed here; later events
+    // (if it ever wakes) name jobs that may be gone.
+    if (a->engine && !a->engine_failed) gen_drain_events(a);
 }
 
 // --- HTTP hooks --------------------------------------------------------------------
@@ -137,10 +154,14 @@ static void on_http_closed(void *arg) {
 static void close_engine(srv_app *a) {
     serve *s = (serve *)a;  // app is the first member
     a->on_tokenize_idle = NULL;
-    // The engine thread is joined before the async handle it wakes goes away.
-    pg_engine_destroy(a->engine);
-    a->engine = NULL;
-    gen_free_all(a);
+    // The engine thread is joined before the async handle it wakes goes away;
+    // a failed engine is left to the process exit (its thread may be stuck).
+    if (!s->fatal) {
+        pg_engine_destroy(a->engine);
+        a->engine = NULL;
+        gen_free_all(a);
+    }
+    uv_close((uv_handle_t *)&s->watchdog, on_handle_closed);
     uv_close((uv_handle_t *)&a->async, on_handle_closed);
     uv_close((uv_handle_t *)&s->sigterm, on_handle_closed);
     uv_close((uv_handle_t *)&s->sigint, on_handle_closed);
@@ -190,6 +211,40 @@ static void on_signal(uv_signal_t *h, int signum) {
     }
 }
 
+// --- watchdog -----------------------------------------------------------------------
+
+static void on_fatal_exit(uv_timer_t *t) {
+    serve *s = t->data;
+    finish(s);
+}
+
+static void on_watchdog(uv_timer_t *t) {
+    serve *s = t->data;
+    srv_app *a = &s->app;
+    if (s->fatal || s->finishing) return;
+    pg_engine_health h;
+    pg_engine_health_get(a->engine, &h);
+    char why[256];
+    if (h.failed)
+        snprintf(why, sizeof why, "a model step failed (%s)", h.reason);
+    else if (s->step_timeout_s > 0 && h.step_age_ns > (int64_t)(s->step_timeout_s * 1e9))
+        snprintf(why, sizeof why, "a model step has not finished in %.0f s (a hung device or a deadlock)",
+                 (double)h.step_age_ns * 1e-9);
+    else
+        return;
+    PG_LOGE("paged serve: engine failed: %s; failing %d requests, /health 503, exiting with code %d", why,
+            a->n_jobs, EXIT_ENGINE_FAILED);
+    s->fatal = true;
+    a->engine_failed = true;
+    snprintf(a->engine_failure, sizeof a->engine_failure, "the engine failed: %s; the server is restarting", why);
+    a->draining = true;
+    gen_fail_all(a, a->engine_failure);
+    // The listener stays open until the exit, so health probes see the 503.
+    // A second for the error responses to be written, then out.
+    uv_timer_stop(&s->drain_timer);
+    uv_timer_start(&s->drain_timer, on_fatal_exit, 1000, 0);
+}
+
 // --- flags ------------------------------------------------------------------------
 
 typedef struct serve_flags {
@@ -198,7 +253,7 @@ typedef struct serve_flags {
     const char *api_key;
     const char *served_name;
     const char *ssl_certfile, *ssl_keyfile, *ssl_ca_certs;
-    double shutdown_timeout;
+    double shutdown_timeout, step_timeout;
     bool no_webui, metrics_vllm;
     srv_cors cors;
     srv_http_limits http;
@@ -224,7 +279,7 @@ static int serve_flag(serve_flags *f, int argc, char **argv, int *i) {
     }
     if (!(IS("--host") || IS("--port") || IS("--api-key") || IS("--served-model-name") ||
           IS("--ssl-certfile") || IS("--ssl-keyfile") || IS("--ssl-ca-certs") ||
-          IS("--shutdown-timeout") || IS("--max-request-line") || IS("--max-header-bytes") ||
+          IS("--shutdown-timeout") || IS("--step-timeout") || IS("--max-request-line") || IS("--max-header-bytes") ||
           IS("--max-headers") || IS("--max-body-bytes") || IS("--header-timeout") ||
           IS("--body-timeout") || IS("--keep-alive-timeout") || IS("--write-timeout") ||
           IS("--max-output-buffer") || IS("--max-connections") || IS("--max-buffered-body-bytes") ||
@@ -244,6 +299,7 @@ static int serve_flag(serve_flags *f, int argc, char **argv, int *i) {
     else if (IS("--ssl-keyfile")) f->ssl_keyfile = v;
     else if (IS("--ssl-ca-certs")) f->ssl_ca_certs = v;
     else if (IS("--shutdown-timeout")) rc = pg_parse_float(v, 0, 1e6, &f->shutdown_timeout);
+    else if (IS("--step-timeout")) rc = pg_parse_float(v, 0, 1e7, &f->step_timeout);
     else if (IS("--metrics-compat")) {
         if (!strcmp(v, "vllm")) f->metrics_vllm = true;
         else rc = pg_err_set(PG_EINVAL, "the only value is vllm, not %s", v);
@@ -306,7 +362,8 @@ int cmd_serve(int argc, char **argv) {
     // the scheduler (each holds its prompt ids), the rest get 503 +
     // Retry-After at once. --max-waiting 0 lifts the bound.
     cfg.sched.max_waiting = SERVE_DEFAULT_MAX_WAITING;
-    serve_flags f = {.host = "127.0.0.1", .port = 8000, .shutdown_timeout = 30};
+    serve_flags f = {.host = "127.0.0.1", .port = 8000, .shutdown_timeout = 30,
+                     .step_timeout = SERVE_DEFAULT_STEP_TIMEOUT_S};
     srv_http_limits_default(&f.http);
     api_limits_default(&f.api);
     for (int i = 0; i < argc; i++) {
@@ -360,6 +417,7 @@ int cmd_serve(int argc, char **argv) {
     uv_loop_init(&loop);
     a->loop = &loop;
     s->shutdown_timeout_s = f.shutdown_timeout;
+    s->step_timeout_s = f.step_timeout;
     uv_async_init(&loop, &a->async, on_async);
     a->async.data = a;
 
@@ -431,7 +489,9 @@ int cmd_serve(int argc, char **argv) {
     uv_signal_init(&loop, &s->sigint);
     uv_signal_init(&loop, &s->sighup);
     uv_timer_init(&loop, &s->drain_timer);
-    s->sigterm.data = s->sigint.data = s->sighup.data = s->drain_timer.data = s;
+    uv_timer_init(&loop, &s->watchdog);
+    s->sigterm.data = s->sigint.data = s->sighup.data = s->drain_timer.data = s->watchdog.data = s;
+    uv_timer_start(&s->watchdog, on_watchdog, 500, 500);
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
     uv_signal_start(&s->sigint, on_signal, SIGINT);
     uv_signal_start(&s->sighup, on_signal, SIGHUP);
@@ -457,6 +517,7 @@ int cmd_serve(int argc, char **argv) {
     fflush(stderr);
 
     uv_run(&loop, UV_RUN_DEFAULT);
+    if (s->fatal) rc = EXIT_ENGINE_FAILED;
 out:
     srv_metrics_free(&a->metrics);
     if (uv_loop_close(&loop) != 0) PG_LOGW("paged serve: handles left open at exit");

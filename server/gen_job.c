@@ -3,6 +3,7 @@
 #include "server/gen_job.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -383,6 +384,31 @@ void gen_on_event(srv_app *a, const pg_gen_event *ge) {
     if (ev->req_finished && s->live) {
         sub_finished(j, s, &ev->usage);
         if (j->n_live == 0) job_complete(j);
+    }
+}
+
+void gen_fail_all(srv_app *a, const char *msg) {
+    gen_job *next;
+    for (gen_job *j = a->jobs; j; j = next) {
+        next = j->next;
+        // The job may be freed by the event of its last live request.
+        int live = j->n_live;
+        for (int i = 0; live > 0 && i < j->n_subs; i++) {
+            gen_sub *s = &j->subs[i];
+            if (!s->live) continue;
+            live--;
+            pg_gen_event ge;
+            memset(&ge, 0, sizeof ge);
+            ge.user = s;
+            ge.ev.req_id = s->engine_id;
+            ge.ev.finish = SCHED_FINISH_ERROR;
+            ge.ev.stop_token = -1;
+            ge.ev.req_finished = true;
+            ge.ev.usage = s->usage;
+            ge.error_code = PG_EIO;
+            snprintf(ge.error, sizeof ge.error, "%s", msg);
+            gen_on_event(a, &ge);
+        }
     }
 }
 

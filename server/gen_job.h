@@ -111,6 +111,11 @@ void gen_drain_events(srv_app *a);
 
 // Aborts every engine request of every live job (shutdown timeout).
 void gen_abort_all(srv_app *a);
+// The engine failed (the watchdog): every live job fails with a 500 (or an
+// error event and [DONE] when its stream started) carrying `msg`, as if
+// each engine request had ended with an error; the engine is not asked
+// anything, and its later events must not be delivered.
+void gen_fail_all(srv_app *a, const char *msg);
 // Frees every job, live or not: only after the engine is destroyed and the
 // connections are closed (end of shutdown).
 void gen_free_all(srv_app *a);

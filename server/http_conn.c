@@ -554,6 +554,7 @@ static int cb_header_value_complete(llhttp_t *p) {
 
 const char *srv_req_header(const srv_req *r, const char *name) {
     const srv_conn *c = r->conn;
+    if (!c->hdr.p) return NULL;  // no header yet (NULL + 0 is undefined; found by fuzz_http)
     const char *p = c->hdr.p, *end = p + c->hdr.len;
     for (int i = 0; i < c->n_hdr && p && p < end; i++) {
         const char *v = p + strlen(p) + 1;

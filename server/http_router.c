@@ -105,6 +105,12 @@ void srv_route(srv_req *r, void *ctx) {
         app_send_error_msg(r, 401, NULL, "Unauthorized: a valid API key is required (Authorization: Bearer KEY)");
         return;
     }
+    // A failed engine (the watchdog): /health and everything else but
+    // /metrics is 503 until the process exits.
+    if (a->engine_failed && match->fn != api_metrics) {
+        app_send_error_msg(r, 503, NULL, a->engine_failure);
+        return;
+    }
     // Draining: every new request is refused, but /metrics keeps answering
     // so the drain itself can be watched.
     if (a->draining && match->fn != api_metrics) {

@@ -20,6 +20,9 @@ if [ ${#targets[@]} -eq 0 ]; then
 fi
 out=build/fuzz-long
 mkdir -p "$out"
+# UBSan findings stop the run and leave a reproducer, as ASan's do (clang's
+# -fsanitize=undefined would otherwise print them and go on).
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 summary=$out/summary.md
 {
     echo "| target | seconds | executions | exec/s | coverage (edges) | features | corpus | crashes |"
@@ -42,6 +45,8 @@ for t in "${targets[@]}"; do
     ft=$(echo "$last" | grep -oP 'ft: \K[0-9]+')
     corp=$(echo "$last" | grep -oP 'corp: \K[0-9]+')
     crashes=$(ls "$out"/crash-"$t"-* 2>/dev/null | wc -l)
+    ub=$(grep -c "runtime error" "$log")
+    [ "$ub" -gt 0 ] && crashes="$crashes (+$ub UBSan reports in $log)"
     [ $rc -ne 0 ] && [ "$crashes" -eq 0 ] && crashes="exit $rc (see $log)"
     printf '%-14s %5ss  %10s execs  %7s/s  cov %5s  ft %6s  corpus %5s  crashes %s\n' \
         "$t" "$secs" "${execs:-?}" "${rate:-?}" "${cov:-?}" "${ft:-?}" "${corp:-?}" "$crashes"

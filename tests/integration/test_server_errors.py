@@ -157,7 +157,8 @@ def main():
                    param="logit_bias")
 
         def not_found_and_methods():
-            for path in ["/index.html", "/v1/nothing", "/v1/completions/x", "/v2/models", "/health/"]:  # / is the chat page
+            # ("/" is the chat page, docs/server.md "Browser clients")
+            for path in ["/index.html", "/v1/nothing", "/v1/completions/x", "/v2/models", "/health/"]:
                 expect(404, "GET", path)
             expect(404, "POST", "/v1/completions", {"model": "gpt-4", "prompt": "Hi"}, param="model",
                    contains="does not exist")

@@ -67,8 +67,10 @@ def absolute_form(srv):
     st, _, body = raw(port, f"GET http://127.0.0.1:{port}/v1/models HTTP/1.1\r\nHost: x\r\n"
                             f"Connection: close\r\n\r\n".encode())
     assert st == 200 and json.loads(body)["data"], body
-    # Authority only: the path is "/", which is not a route.
-    st, _, _ = raw(port, b"GET http://x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    # Authority only: the path is "/" (the chat page).
+    st, _, body = raw(port, b"GET http://x?a=1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert st == 200 and b"<html" in body, (st, body[:100])
+    st, _, _ = raw(port, b"GET http://x/nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert st == 404, st
 
 
