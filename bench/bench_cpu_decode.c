@@ -1,5 +1,5 @@
-// bench/bench_cpu_decode.c - decode throughput of the forward pass alone
-// (no scheduler, sampler or HTTP): S sequences are prefilled with P random
+// bench/bench_cpu_decode.c - decode throughput of the runner's steps (the
+// forward and greedy sampling; no scheduler or HTTP): S sequences are prefilled with P random
 // tokens each, then N decode steps run all S sequences in one batch (m = S
 // rows per matrix product). Prints aggregate tokens/s and ms per step (wall
 // and process CPU time; CPU time over wall time shows how much of the two
@@ -16,7 +16,7 @@
 
 #include "common/clock.h"
 #include "common/err.h"
-#include "engine/llama.h"
+#include "engine/runner.h"
 
 static double cpu_s(void) {
     struct timespec ts;
@@ -49,40 +49,40 @@ int main(int argc, char **argv) {
     }
     if (S < 1 || S > 256 || N < 1 || P < 1) goto usage;
 
-    pg_llama *m;
     pg_backend *be;
-    if (pg_llama_load(path, &m) < 0 || pg_backend_cpu_create(threads, &be) < 0) {
+    pg_model *m;
+    pg_model_load_opts mo = {.path = path};
+    if (pg_backend_cpu_create(threads, mode, &be) < 0 || pg_model_load(&mo, be, &m) < 0) {
         fprintf(stderr, "%s\n", pg_err_msg());
         return 1;
     }
-    be->matmul_mode = mode;
     const int bs = 16, per_seq = (P + N + bs - 1) / bs, V = m->cfg.vocab_size;
-    pg_kv_cache *kv;
-    if (pg_kv_cache_create(&m->cfg, S * per_seq + 1, bs, &kv) < 0) {
+    pg_runner_config rc = {.block_size = bs, .max_num_seqs = S, .max_num_batched_tokens = P > S ? P : S,
+                           .max_model_len = per_seq * bs, .kv_dtype = PG_KV_BF16, .graphs = PG_GRAPHS_OFF};
+    pg_runner *r;
+    if (pg_runner_create(m, &rc, &r) < 0 || pg_runner_alloc_kv(r, S * per_seq + 1, 0) < 0) {
         fprintf(stderr, "%s\n", pg_err_msg());
         return 1;
     }
-    float *logits = malloc(sizeof(float) * (size_t)V * (size_t)S);
     int32_t *tables = malloc(sizeof(int32_t) * (size_t)(S * per_seq)); // [S][per_seq]
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)(P > S ? P : S));
-    int32_t *pos = malloc(sizeof(int32_t) * (size_t)(P > S ? P : S));
-    int32_t *slots = malloc(sizeof(int32_t) * (size_t)(P > S ? P : S));
-    int32_t *rows = malloc(sizeof(int32_t) * (size_t)S);
-    pg_attn_seq *seqs = malloc(sizeof(pg_attn_seq) * (size_t)S);
+    pg_plan_seq *seqs = calloc((size_t)S, sizeof(pg_plan_seq));
     for (int i = 0; i < S * per_seq; i++) tables[i] = i + 1; // block 0 is the null block
-    pg_fwd_workspace ws = {0};
+    pg_sampling_params sp;
+    pg_sampling_params_default(&sp);
+    sp.temperature = 0;
+    pg_step_output so;
 
+    // The runner's whole step (inputs, forward, greedy sampling), as the
+    // engine runs it.
     double tp = pg_now_s();
     for (int s = 0; s < S; s++) { // prefill, one sequence at a time
-        for (int i = 0; i < P; i++) {
-            tok[i] = (int32_t)((s * 7919 + i * 104729) % V);
-            pos[i] = i;
-            slots[i] = tables[s * per_seq + i / bs] * bs + i % bs;
-        }
-        seqs[0] = (pg_attn_seq){0, P, 0, tables + s * per_seq};
-        rows[0] = P - 1;
-        pg_fwd_batch fb = {P, tok, pos, slots, 1, seqs, 1, rows};
-        if (pg_llama_forward(m, be, kv, &ws, &fb, logits) < 0) goto fail;
+        for (int i = 0; i < P; i++) tok[i] = (int32_t)((s * 7919 + i * 104729) % V);
+        seqs[0] = (pg_plan_seq){.seq_id = s, .tokens = tok, .n_tokens = P, .start_pos = 0,
+                                .block_table = tables + s * per_seq, .n_blocks = per_seq,
+                                .sample = true, .sp = &sp, .eos_id = -1};
+        pg_batch_plan p = {.n_seqs = 1, .seqs = seqs, .n_tokens = P};
+        if (pg_runner_execute(r, &p, &so) < 0) goto fail;
     }
     tp = pg_now_s() - tp;
     double t0 = pg_now_s(), c0 = cpu_s();
@@ -90,24 +90,22 @@ int main(int argc, char **argv) {
         const int cur = P + step;
         for (int s = 0; s < S; s++) {
             tok[s] = (int32_t)((s + step * 31) % V);
-            pos[s] = cur;
-            slots[s] = tables[s * per_seq + cur / bs] * bs + cur % bs;
-            seqs[s] = (pg_attn_seq){s, 1, cur, tables + s * per_seq};
-            rows[s] = s;
+            seqs[s] = (pg_plan_seq){.seq_id = s, .tokens = tok + s, .n_tokens = 1, .start_pos = cur,
+                                    .block_table = tables + s * per_seq, .n_blocks = per_seq,
+                                    .sample = true, .sp = &sp, .eos_id = -1};
         }
-        pg_fwd_batch fb = {S, tok, pos, slots, S, seqs, S, rows};
-        if (pg_llama_forward(m, be, kv, &ws, &fb, logits) < 0) goto fail;
+        pg_batch_plan p = {.n_seqs = S, .seqs = seqs, .n_tokens = S};
+        if (pg_runner_execute(r, &p, &so) < 0) goto fail;
     }
     double wall = pg_now_s() - t0, cpu = cpu_s() - c0;
     printf("seqs %d, threads %d, mode %s, prompt %d, %d steps: %.1f tok/s aggregate, %.2f ms/step "
            "(cpu %.2f ms/step); prefill %.1f tok/s\n",
            S, threads, pg_matmul_mode_name(mode), P, N, S * N / wall, wall / N * 1e3, cpu / N * 1e3,
            S * P / tp);
-    pg_fwd_workspace_free(&ws);
-    pg_kv_cache_free(kv);
+    pg_runner_free(r);
+    pg_model_free(m);
     be->destroy(be);
-    pg_llama_free(m);
-    free(logits), free(tables), free(tok), free(pos), free(slots), free(rows), free(seqs);
+    free(tables), free(tok), free(seqs);
     return 0;
 fail:
     fprintf(stderr, "forward: %s\n", pg_err_msg());

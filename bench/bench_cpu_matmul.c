@@ -22,8 +22,8 @@
 
 #include "common/clock.h"
 #include "common/half.h"
-#include "engine/dtype.h"
-#include "kernels/kernels.h"
+#include "kernels/dtype.h"
+#include "kernels/cpu/cpu_backend.h"
 
 #define ROTATION_BYTES (96u << 20)
 #define MAX_LIST       16
@@ -154,10 +154,9 @@ int main(int argc, char **argv) {
             float *out = malloc(sizeof(float) * (size_t)(m * sh->rows));
             for (int64_t k = 0; k < m * sh->cols; k++) x[k] = rnd_normal();
             for (int ti = 0; ti < n_threads; ti++) {
-                pg_backend *b;
-                if (pg_backend_cpu_create(threads[ti], &b) != 0) return 1;
                 for (int md = 0; md < 2; md++) {
-                    b->matmul_mode = modes[md];
+                    pg_backend *b;
+                    if (pg_backend_cpu_create(threads[ti], modes[md], &b) != 0) return 1;
                     double times[4096];
                     int n = 0;
                     size_t c = 0;
@@ -166,7 +165,7 @@ int main(int argc, char **argv) {
                         pg_weight wt = {
                             w + (c++ % copies) * bytes, sh->dtype, sh->rows, sh->cols, rb, NULL};
                         int64_t t0 = cputime ? thread_ns() : pg_now_ns();
-                        b->matmul(b, out, sh->rows, x, m, &wt);
+                        pg_cpu_matmul(pg_cpu(b), out, sh->rows, x, m, &wt);
                         int64_t t1 = cputime ? thread_ns() : pg_now_ns();
                         if (it < 5) continue; // warm-up
                         times[n++] = (double)(t1 - t0) * 1e-3;
@@ -186,8 +185,8 @@ int main(int argc, char **argv) {
                     printf("%-22s %4lld %-5s %2d %10.1f %8.2f %9.2f\n", sh->name, (long long)m,
                            r->mode, r->threads, r->us, r->gbs, r->gflops);
                     fflush(stdout);
+                    b->destroy(b);
                 }
-                b->destroy(b);
             }
             free(x);
             free(out);

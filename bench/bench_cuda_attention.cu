@@ -4,13 +4,13 @@
 //   ceilings  read bandwidth (a sum over a 4 GiB bf16 buffer, 16-byte loads)
 //             and the bf16 GEMM rate (cuBLASLt through pg_cuda_gemm_bf16,
 //             8192^3);
-//   decode    pg_cuda_paged_decode_attention v4, v3, v2 (bf16 KV) and v2,
-//             v4 (fp8 KV) for batch {1,16,64,256} x context
-//             {512,4096,32768}, 32 query / 8 KV heads, head 128, block 16:
-//             bytes of K, V, q and out over time, against the read
-//             bandwidth, and fp8's KV tokens/s over bf16 v2's; v1 on a few
-//             points for comparison (--decode: only these and the read
-//             ceiling);
+//   decode    pg_cuda_paged_decode_attention v4, v2 and bench/cuda/'s v3
+//             (bf16 KV) and v2, v4 (fp8 KV) for batch {1,16,64,256} x
+//             context {512,4096,32768}, 32 query / 8 KV heads, head 128,
+//             block 16: bytes of K, V, q and out over time, against the read
+//             bandwidth, and fp8's KV tokens/s over bf16 v2's; bench/cuda/'s
+//             v1 on a few points for comparison (--decode: only these and
+//             the read ceiling);
 //   prefill   pg_cuda_paged_prefill_attention, causal FLOPs (4 * head_dim
 //             per (query, key, head) pair actually attended) over time,
 //             against the GEMM rate;
@@ -25,6 +25,8 @@
 
 #include "tests/gpu/gpu_util.h"
 #include "bench/bench_cuda_util.cuh"
+#include "bench/cuda/attention_decode_v1.cuh" // decode v1 and v3: numbered versions the library
+#include "bench/cuda/attention_decode_v3.cuh" // no longer carries, timed here
 
 // Sum of 16-byte words (xor-folded), one partial per CTA: reads every byte once.
 __global__ void read_kernel(const uint4 *p, size_t n, uint32_t *out) {
@@ -148,7 +150,7 @@ int main(int argc, char **argv) {
 
     // --- decode ---
     printf("\n== decode attention (v3 persistent balanced, v2 split-K grid, v1 CUDA cores; %d q / %d kv heads, head %d, block %d)\n", H, KV, HD, BS);
-    const size_t ws_bytes = pg_cuda_decode_workspace_size(256, H, KV, HD, 32768);
+    const size_t ws_bytes = bench_decode_v3_workspace_size(256, H, KV, HD, 32768); // v3's need and the library's
     DBuf dws(ws_bytes);
     for (int batch : {1, 16, 64, 256})
         for (int ctx : {512, 4096, 32768}) {
@@ -170,9 +172,16 @@ int main(int argc, char **argv) {
                 if (version == 1 && !(batch == 16 && ctx == 4096) && !(batch == 1 && ctx == 32768)) continue;
                 double ms = time_ms(3, REPS, 10, [&](int it) {
                     const int32_t *t = dbt.as<int32_t>() + (size_t)(it % sets) * batch * bps;
-                    PK(pg_cuda_paged_decode_attention_v(version, dout.p, dq.p, H * HD, kc.p, vc.p, shape, t, bps,
-                                                        dlen.as<int32_t>(), batch, H, scale, ctx, dws.p, dws.n,
-                                                        nullptr));
+                    if (version == 1)
+                        PK(bench_decode_v1(dout.p, dq.p, H * HD, kc.p, vc.p, shape, t, bps, dlen.as<int32_t>(), batch,
+                                           H, scale, nullptr));
+                    else if (version == 3)
+                        PK(bench_decode_v3(dout.p, dq.p, H * HD, kc.p, vc.p, shape, t, bps, dlen.as<int32_t>(), batch,
+                                           H, scale, ctx, dws.p, dws.n, nullptr));
+                    else
+                        PK(pg_cuda_paged_decode_attention_v(version, dout.p, dq.p, H * HD, kc.p, vc.p, shape, t, bps,
+                                                            dlen.as<int32_t>(), batch, H, scale, ctx, dws.p, dws.n,
+                                                            nullptr));
                 });
                 if (version == 2) ms_bf16_v2 = ms;
                 double gbs = bytes / ms / 1e6;
@@ -256,7 +265,7 @@ int main(int argc, char **argv) {
         printf("\n== other kernels (batch 256)\n");
         {
             const int n = 256, vocab = 128256;
-            DBuf logits((size_t)n * vocab * 2), out((size_t)n * sizeof(pg_cuda_sample_out)),
+            DBuf logits((size_t)n * vocab * 2), out((size_t)n * sizeof(pg_sample_out)),
                 ws(pg_cuda_sample_workspace_size(n, vocab));
             fill_random(logits.p, (size_t)n * vocab, 21, 8.0f);
             std::vector<int32_t> tokens(64);
@@ -274,7 +283,7 @@ int main(int argc, char **argv) {
                       {"T=0.7 top_p=0.9", 0.7f, 0.9f, 0, -1, 1.0f},
                       {"T=0.8 top_k=50 top_p=0.95 rep=1.1 lp=20", 0.8f, 0.95f, 50, 20, 1.1f}};
             for (auto &c : sc) {
-                std::vector<pg_cuda_sample_params> p(n);
+                std::vector<pg_sample_params> p(n);
                 for (int s = 0; s < n; s++) {
                     memset(&p[s], 0, sizeof p[s]);
                     p[s].temperature = c.temp;
@@ -288,8 +297,8 @@ int main(int argc, char **argv) {
                 DBuf dp;
                 dp.up(p);
                 double ms = time_ms(2, REPS, 3, [&](int) {
-                    PK(pg_cuda_sample(out.as<pg_cuda_sample_out>(), logits.p, PG_CUDA_BF16, vocab, n, vocab,
-                                      dp.as<pg_cuda_sample_params>(), dt.as<int32_t>(), ws.p, ws.n, nullptr));
+                    PK(pg_cuda_sample(out.as<pg_sample_out>(), logits.p, PG_CUDA_BF16, vocab, n, vocab,
+                                      dp.as<pg_sample_params>(), dt.as<int32_t>(), ws.p, ws.n, nullptr));
                 });
                 char nm[96];
                 snprintf(nm, sizeof nm, "sample 256x128256 bf16 %s", c.name);

@@ -26,8 +26,12 @@ cd "$(dirname "$0")/.." || exit 1
 out_dir=${OUT:-/tmp/paged-bench}
 mkdir -p "$out_dir"
 if [ -f build/gpu-pack.tar.xz ] && [ ! -x build/gpu-pack/paged ]; then tar -C build -xJf build/gpu-pack.tar.xz; fi
-PAGED=${PAGED:-build/paged}
-[ -x build/gpu-pack/paged ] && PAGED=build/gpu-pack/paged
+# PAGED from the environment wins (e.g. an older build's pack, to compare
+# two builds in one device call); else the pack, else build/paged.
+if [ -z "${PAGED:-}" ]; then
+    PAGED=build/paged
+    [ -x build/gpu-pack/paged ] && PAGED=build/gpu-pack/paged
+fi
 CFG=${CFG:-tests/gpu/llama3-8b-shape.json}
 COMMON=(--device cuda --load-format dummy --hf-config "$CFG" --kv-cache-dtype "${KV_DTYPE:-auto}")
 work=/tmp/paged-bench-work

@@ -42,6 +42,12 @@ const char *pg_err_msg(void);
     } while (0)
 
 // Propagates a negative return code unchanged.
+// Argument checks: PG_EINVAL with a message when `cond` does not hold.
+#define PG_ARG(cond, ...)                                                      \
+    do {                                                                       \
+        if (!(cond)) return pg_err_set(PG_EINVAL, __VA_ARGS__);                \
+    } while (0)
+
 #define PG_TRY(expr)                                                           \
     do {                                                                       \
         int pg_try_rc_ = (expr);                                               \

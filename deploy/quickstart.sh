@@ -22,14 +22,16 @@ if [ "$(id -u)" != 0 ]; then
     SUDO=sudo
 fi
 
-# Debian packages: build tools, the libraries paged links, and what the
-# tests drive it with (curl, a real Prometheus, wrk, python for the OpenAI SDK).
+# Debian packages: build tools, the libraries paged links (libssl-dev: TLS;
+# clang + libclang-rt: the libFuzzer builds), and what the tests drive it
+# with (curl, a real Prometheus, wrk, openssl, python for the OpenAI SDK).
 PACKAGES=(
     gcc g++ make ninja-build python3 python3-venv python3-pip pkg-config unzip curl ca-certificates
     libuv1-dev libcjson-dev libcmocka-dev node-llhttp libopenblas-dev libpcre2-dev libxxhash-dev
-    clang libclang-rt-14-dev
+    libssl-dev clang libclang-rt-14-dev
 )
-TEST_PACKAGES=(prometheus wrk)
+# openssl: the TLS test makes its CA and certificates with it.
+TEST_PACKAGES=(prometheus wrk openssl)
 
 install_packages() {
     local missing=()
@@ -55,6 +57,13 @@ setup_venv() {
     # jinja2: the reference the chat-template engine is compared with.
     if ! "$VENV/bin/python3" -c "import openai, gguf, numpy, aiohttp, matplotlib, jinja2" 2>/dev/null; then
         "$VENV/bin/pip" install -q --disable-pip-version-check openai gguf numpy aiohttp matplotlib jinja2
+    fi
+    # transformers + torch: the reference every architecture of the model
+    # definition is checked against (tests/integration/test_hf_parity.py).
+    # PyPI's torch pulls its CUDA libraries too (about 3.5 minutes on a fresh
+    # machine); it runs on the CPU without a GPU. Only for the tests.
+    if [ "${QUICKSTART_TESTS:-0}" = 1 ] && ! "$VENV/bin/python3" -c "import torch, transformers, safetensors" 2>/dev/null; then
+        "$VENV/bin/pip" install -q --disable-pip-version-check torch transformers safetensors
     fi
 }
 
@@ -86,7 +95,7 @@ serve)
     ;;
 test)
     install_packages "${PACKAGES[@]}" "${TEST_PACKAGES[@]}"
-    setup_venv
+    QUICKSTART_TESTS=1 setup_venv
     fetch_model
     build all
     shift
@@ -94,7 +103,7 @@ test)
     ;;
 setup)
     install_packages "${PACKAGES[@]}" "${TEST_PACKAGES[@]}"
-    setup_venv
+    QUICKSTART_TESTS=1 setup_venv
     fetch_model
     build all
     ;;

@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 #include "engine/chat_template.h"
-#include "engine/llama.h"
+#include "engine/model.h"
 #include "engine/tokenizer.h"
 #include "scheduler/sched.h"
 

@@ -29,7 +29,7 @@
 
 #include "common/err.h"
 #include "common/mmap_file.h"
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 
 #define GGUF_MAGIC "GGUF"
 #define GGUF_DEFAULT_ALIGNMENT 32

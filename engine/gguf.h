@@ -62,7 +62,7 @@ typedef struct {
                             // dims[n_dims..3] are 1. Each <= INT64_MAX and
                             // their product <= INT64_MAX; dims[0] is a
                             // multiple of the type's block size.
-    uint32_t type;          // a pg_dtype value (engine/dtype.h); always one
+    uint32_t type;          // a pg_dtype value (kernels/dtype.h); always one
                             // with a dequantizer (others fail at open)
     uint64_t offset;        // relative to the data section, a multiple of
                             // the file alignment

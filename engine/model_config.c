@@ -46,13 +46,17 @@ int pg_config_from_gguf(const gguf_file *f, pg_model_config *c) {
     char *arch = NULL;
     int rc = gguf_get_str(f, "general.architecture", &arch);
     if (rc < 0) return pg_err_set(PG_EFORMAT, "%s: no general.architecture", f->path);
-    if (strcmp(arch, "llama") && strcmp(arch, "mistral")) {
-        rc = pg_err_set(PG_EUNSUPP, "%s: architecture '%s' is not supported (llama family only)",
+    if (strcmp(arch, "llama") && strcmp(arch, "mistral") && strcmp(arch, "qwen2") &&
+        strcmp(arch, "qwen3")) {
+        rc = pg_err_set(PG_EUNSUPP,
+                        "%s: architecture '%s' is not supported (llama, mistral, qwen2, qwen3)",
                         f->path, arch);
         free(arch);
         return rc;
     }
     snprintf(c->arch, sizeof c->arch, "%s", arch);
+    c->qkv_bias = !strcmp(arch, "qwen2");
+    c->qk_norm = !strcmp(arch, "qwen3");
     char *name = NULL;
     if (gguf_get_str(f, "general.name", &name) == 0) snprintf(c->name, sizeof c->name, "%s", name);
     free(name);
@@ -184,11 +188,37 @@ static int config_from_hf(const char *config_path, const char *gen_path, const c
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(j, "architectures");
     const cJSON *a0 = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
     const char *arch = cJSON_IsString(a0) ? a0->valuestring : "LlamaForCausalLM";
-    if (strcmp(arch, "LlamaForCausalLM") && strcmp(arch, "MistralForCausalLM")) {
-        rc = pg_err_set(PG_EUNSUPP, "%s: architecture %s is not supported (llama family only)", path, arch);
+    static const struct {
+        const char *hf, *name;
+    } archs_known[] = {{"LlamaForCausalLM", "llama"},
+                       {"MistralForCausalLM", "mistral"},
+                       {"Qwen2ForCausalLM", "qwen2"},
+                       {"Qwen3ForCausalLM", "qwen3"}};
+    const char *short_name = NULL;
+    for (size_t i = 0; i < sizeof archs_known / sizeof archs_known[0]; i++)
+        if (!strcmp(arch, archs_known[i].hf)) short_name = archs_known[i].name;
+    if (!short_name) {
+        rc = pg_err_set(PG_EUNSUPP,
+                        "%s: architecture %s is not supported (LlamaForCausalLM, MistralForCausalLM, "
+                        "Qwen2ForCausalLM, Qwen3ForCausalLM)",
+                        path, arch);
         goto out;
     }
-    snprintf(c->arch, sizeof c->arch, "llama");
+    snprintf(c->arch, sizeof c->arch, "%s", short_name);
+    // Qwen2 always has Q/K/V biases; Llama and Qwen3 say so with attention_bias.
+    const cJSON *ab = cJSON_GetObjectItemCaseSensitive(j, "attention_bias");
+    c->qkv_bias = !strcmp(short_name, "qwen2") || cJSON_IsTrue(ab);
+    c->qk_norm = !strcmp(short_name, "qwen3");
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "mlp_bias"))) {
+        rc = pg_err_set(PG_EUNSUPP, "%s: mlp_bias is not supported", path);
+        goto out;
+    }
+    const cJSON *sw = cJSON_GetObjectItemCaseSensitive(j, "sliding_window");
+    const cJSON *usw = cJSON_GetObjectItemCaseSensitive(j, "use_sliding_window");
+    // Qwen2/3 configs carry a sliding_window that use_sliding_window turns off.
+    if (cJSON_IsNumber(sw) && sw->valuedouble > 0 && !cJSON_IsFalse(usw) &&
+        (strcmp(short_name, "mistral") == 0 || cJSON_IsTrue(usw)))
+        c->sliding_window = sw->valuedouble > INT32_MAX ? INT32_MAX : (int32_t)sw->valuedouble;
     snprintf(c->name, sizeof c->name, "%s", name);
     if ((rc = json_int(j, "vocab_size", &c->vocab_size, true, path)) < 0 ||
         (rc = json_int(j, "hidden_size", &c->hidden, true, path)) < 0 ||
@@ -209,7 +239,12 @@ static int config_from_hf(const char *config_path, const char *gen_path, const c
     const cJSON *bos = cJSON_GetObjectItemCaseSensitive(j, "bos_token_id");
     if (cJSON_IsNumber(bos)) c->bos_id = bos->valueint;
     json_eos(j, c);
+    // rope_scaling (transformers 4) or rope_parameters (transformers 5, which
+    // moves rope_theta inside it).
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    if (!cJSON_IsObject(rs) && cJSON_IsObject(rp)) rs = rp;
+    if (cJSON_IsObject(rp) && (rc = json_float(rp, "rope_theta", &c->rope_theta, path)) < 0) goto out;
     if (cJSON_IsObject(rs)) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
         if (!cJSON_IsString(t)) t = cJSON_GetObjectItemCaseSensitive(rs, "type");

@@ -14,7 +14,7 @@ struct gguf_file;
 typedef enum { PG_ROPE_SCALING_NONE = 0, PG_ROPE_SCALING_LLAMA3 = 1, PG_ROPE_SCALING_LINEAR = 2 } pg_rope_scaling;
 
 typedef struct pg_model_config {
-    char arch[32];          // "llama" (also mistral, qwen2-style without bias)
+    char arch[32];          // "llama", "mistral", "qwen2", "qwen3" (one layer loop, engine/model.c)
     char name[128];         // for logs and /v1/models
     int32_t vocab_size;
     int32_t hidden;         // model dimension
@@ -32,6 +32,9 @@ typedef struct pg_model_config {
     float rope_low_freq_factor, rope_high_freq_factor;
     int32_t rope_orig_max_pos;
     bool tie_embeddings;    // LM head shares the token embedding
+    bool qkv_bias;          // Q, K and V projections have biases (Qwen2, Llama attention_bias)
+    bool qk_norm;           // per-head RMSNorm of q and k before RoPE (Qwen3)
+    int32_t sliding_window; // Mistral's attention window (0 = none); max model length is capped to it
     int32_t bos_id;         // -1 when none
     int32_t n_eos;
     int32_t eos_ids[PG_MAX_EOS_IDS];

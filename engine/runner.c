@@ -1,188 +1,624 @@
-// engine/runner.c - batch plan -> block moves, one forward, sampling.
-#include "engine/runner.h"
+// engine/runner.c - batch plan -> block moves, one upload, the forward,
+// sampling; the workspace and the profiling forward. One runner for every
+// backend (kernels/backend.h): on the CPU each op runs when called, on the
+// GPU a step is queued in begin and read back in end.
+//
+// A step: the plan is validated (block, token and move ranges, limits),
+// flattened with decode sequences first (the decode attention takes
+// sequence s at row s), packed into a pinned image at 16-byte offsets and
+// uploaded in one copy; then the embedding and the layers (one CUDA graph
+// per decode bucket, runner_graphs.c), the logit rows, the sampler, and a
+// copy of the samples (172 B per sequence) back to pinned memory.
+#include "engine/runner_int.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/sampler.h"
+#include "common/log.h"
 
-struct pg_runner {
-    const pg_llama *model;
-    pg_backend *be;
-    pg_runner_config cfg;
-    pg_kv_cache *kv;        // device cache
-    pg_kv_cache *host_kv;   // swap space (NULL when n_host_blocks = 0)
-    pg_fwd_workspace ws;
-    pg_sampler *sampler;
-    // Per-step buffers, grown on demand.
-    int32_t cap_tokens, cap_seqs;
-    int32_t *tokens, *pos, *slots, *logit_rows, *logit_seq;
-    pg_attn_seq *seqs;
-    float *logits;          // [cap_seqs][vocab]
-    // This step's outputs and the previous step's (a step's PG_TOKEN_PENDING
-    // inputs come from the previous step's outputs).
-    pg_seq_output *outs, *prev_outs; // [cap_seqs] each
-    int32_t n_outs, n_prev;
-};
+_Static_assert(sizeof(pg_block_move) == 2 * sizeof(int32_t), "pg_block_move is an int32 pair");
+_Static_assert(PG_MAX_LOGPROBS == PG_SAMPLE_MAX_LOGPROBS, "logprob list lengths agree");
 
-const float *pg_runner_last_logits(const pg_runner *r) { return r->logits; }
+#define ALIGN 256
 
-size_t pg_runner_kv_bytes_per_block(const pg_llama *model, int32_t block_size) {
-    return pg_kv_cache_bytes_per_block(&model->cfg, block_size);
+static size_t align_up(size_t n, size_t a) {
+    return (n + a - 1) / a * a;
 }
 
-int pg_runner_create(const pg_llama *model, pg_backend *be, const pg_runner_config *cfg,
-                     pg_runner **out) {
+// Carves aligned pieces out of one allocation (sizes first, then bases).
+typedef struct {
+    size_t used;
+    char *base;
+} carver;
+
+static void *take(carver *c, size_t bytes) {
+    size_t off = align_up(c->used, ALIGN);
+    c->used = off + bytes;
+    return c->base ? c->base + off : NULL;
+}
+
+static pg_tensor act(carver *c, int32_t dtype, int64_t rows, int64_t cols) {
+    const size_t elem = dtype == PG_DTYPE_F32 ? 4 : 2;
+    return (pg_tensor){take(c, (size_t)rows * (size_t)cols * elem), dtype, rows, cols, cols};
+}
+
+// Bytes of packed step inputs at the limits (each array padded to 16 bytes).
+static size_t input_capacity(const pg_runner *r) {
+    const size_t T = (size_t)r->max_tokens, S = (size_t)r->max_seqs;
+    // The profiling step's prefill sequence may be longer than max_model_len.
+    const int32_t bs = r->cfg.block_size, len = r->cfg.max_model_len;
+    const int32_t longest = len > r->max_tokens ? len : r->max_tokens;
+    const size_t max_bt = (size_t)((longest + bs - 1) / bs) + 1;
+    size_t n = 0;
+    n += 3 * (T * 4 + 16);                                 // tokens, pos, slots
+    n += S * max_bt * 4 + 16;                              // block tables
+    n += 3 * (S * 4 + 16) + 4 + 16;                        // seq_lens, start_pos, cu_q (+1)
+    n += S * 4 + 16;                                       // sample rows
+    n += S * sizeof(pg_sample_params) + 16;                // params
+    n += S * ((size_t)len + PG_MAX_STOP_IDS + 1) * 4 + 16; // histories and ban lists
+    n += S * 2 * 4 + 16;                                   // fed tokens (row, sample) pairs
+    return align_up(n, 4096);
+}
+
+// Carves the workspace (sizes only when c->base is null).
+static void carve_workspace(pg_runner *r, carver *c) {
+    const pg_model_config *mc = &r->model->cfg;
+    const int32_t dt = r->be->act_dtype;
+    const int64_t T = r->max_tokens, S = r->max_seqs, H = mc->hidden, hd = mc->head_dim;
+    const int64_t q_dim = (int64_t)mc->n_heads * hd, qkv_dim = q_dim + 2 * (int64_t)mc->n_kv_heads * hd;
+    pg_fwd_buffers *b = &r->bufs;
+    b->x = act(c, dt, T, H);
+    b->xn = act(c, dt, T, H); // normalised rows, or a [T][hidden] product before the residual add
+    b->qkv = act(c, dt, T, qkv_dim);
+    b->attn = act(c, dt, T, q_dim);
+    b->gu = act(c, dt, T, 2 * (int64_t)mc->ffn);
+    b->h = act(c, dt, T, mc->ffn);
+    b->lg_in = act(c, dt, S, H);
+    // 16-byte rows for cuBLASLt and the sampler: vocab rounded up to 8.
+    const int64_t ld = ((int64_t)mc->vocab_size + 7) / 8 * 8;
+    b->logits = act(c, dt, S, ld);
+    b->logits.cols = mc->vocab_size;
+    r->attn_ws = r->attn_ws_bytes ? take(c, r->attn_ws_bytes) : NULL;
+    r->samp_ws = r->samp_ws_bytes ? take(c, r->samp_ws_bytes) : NULL;
+    r->out_dev = take(c, sizeof(pg_sample_out) * (size_t)S);
+    r->in_dev = take(c, r->in_cap);
+}
+
+// --- packing --------------------------------------------------------------------------
+
+// Packs host arrays into the pinned image at 16-byte aligned offsets; the
+// same offsets address the device copy after one upload.
+typedef struct {
+    char *host, *dev;
+    size_t cap, used;
+    bool overflow;
+} packer;
+
+static const void *put(packer *p, const void *src, size_t bytes) {
+    size_t off = align_up(p->used, 16);
+    if (off + bytes > p->cap) {
+        p->overflow = true;
+        return NULL;
+    }
+    if (bytes) memcpy(p->host + off, src, bytes);
+    p->used = off + bytes;
+    return p->dev + off;
+}
+
+int runner_pack(pg_runner *r, const step_desc *s, dev_in *d) {
+    const int32_t n = s->n_tokens, n_pre = s->n_seqs - s->n_decode;
+    PG_ARG(n <= r->max_tokens && s->n_seqs <= r->max_seqs && s->n_sample <= r->max_seqs &&
+               s->n_decode >= 0 && n_pre >= 0,
+           "step: %d tokens / %d sequences (%d decode) beyond the limits %d / %d", n, s->n_seqs,
+           s->n_decode, r->max_tokens, r->max_seqs);
+    packer pk = {.host = r->in_host[r->next_buf], .dev = r->in_dev, .cap = r->in_cap};
+    d->tok = put(&pk, s->tokens, sizeof(int32_t) * (size_t)n);
+    d->pos = put(&pk, s->pos, sizeof(int32_t) * (size_t)n);
+    d->slots = put(&pk, s->slots, sizeof(int32_t) * (size_t)n);
+    d->bt = put(&pk, s->block_tables, sizeof(int32_t) * (size_t)s->n_seqs * (size_t)s->bt_stride);
+    d->lens = put(&pk, s->seq_lens, sizeof(int32_t) * (size_t)s->n_seqs);
+    d->start = put(&pk, s->start_pos, sizeof(int32_t) * (size_t)s->n_seqs);
+    d->cu = put(&pk, s->cu_q, sizeof(int32_t) * (size_t)(n_pre + 1));
+    d->rows = put(&pk, s->sample_rows, sizeof(int32_t) * (size_t)s->n_sample);
+    d->params = put(&pk, s->params, sizeof(pg_sample_params) * (size_t)s->n_sample);
+    d->stok = put(&pk, s->sample_tokens, sizeof(int32_t) * (size_t)s->n_sample_tokens);
+    // Last: no graph reads it, so the addresses above stay a graph bucket's.
+    d->feed = put(&pk, s->feed, sizeof(int32_t) * 2 * (size_t)s->n_feed);
+    if (pk.overflow)
+        return pg_err_set(PG_EINVAL,
+                          "step: inputs exceed the %zu bytes sized at start (block tables of "
+                          "stride %d, %d history tokens)",
+                          pk.cap, s->bt_stride, s->n_sample_tokens);
+    return r->be->upload(r->be, r->in_dev, pk.host, pk.used);
+}
+
+static pg_fwd_step fwd_step(const pg_runner *r, const step_desc *s, const dev_in *d) {
+    return (pg_fwd_step){
+        .n_tokens = s->n_tokens,
+        .tokens = d->tok,
+        .pos = d->pos,
+        .slots = d->slots,
+        .attn = {.n_seqs = s->n_seqs,
+                 .n_decode = s->n_decode,
+                 .block_tables = d->bt,
+                 .bt_stride = s->bt_stride,
+                 .seq_lens = d->lens,
+                 .start_pos = d->start,
+                 .cu_q = d->cu,
+                 .max_decode_ctx = s->max_decode_ctx,
+                 .max_prefill_q = s->max_prefill_q,
+                 .workspace = r->attn_ws,
+                 .workspace_bytes = r->attn_ws_bytes},
+        .n_logits = s->n_sample,
+        .logit_rows = d->rows,
+    };
+}
+
+int runner_layers(pg_runner *r, const step_desc *s, const dev_in *d) {
+    pg_fwd_step fs = fwd_step(r, s, d);
+    return pg_model_forward_layers(r->model, r->kv, &r->bufs, &fs);
+}
+
+// Logit rows, sampling and the copy of the samples to `host`; does not wait.
+static int enqueue_tail(pg_runner *r, const step_desc *s, const dev_in *d, pg_sample_out *host) {
+    if (s->n_sample == 0) return 0;
+    pg_backend *be = r->be;
+    pg_fwd_step fs = fwd_step(r, s, d);
+    PG_TRY(pg_model_forward_logits(r->model, &r->bufs, &fs));
+    pg_tensor logits = pg_tensor_view(r->bufs.logits, 0, s->n_sample, 0, r->bufs.logits.cols);
+    PG_TRY(be->sample(be, r->out_dev, logits, d->params, s->n_sample_tokens ? d->stok : d->tok,
+                      r->samp_ws, r->samp_ws_bytes));
+    return be->download(be, host, r->out_dev, sizeof(pg_sample_out) * (size_t)s->n_sample);
+}
+
+// --- set-up -----------------------------------------------------------------------------
+
+static void *xmalloc_n(size_t n, size_t size) {
+    return pg_xcalloc(n ? n : 1, size);
+}
+
+// The profiling step: every kernel path at the largest size, on a
+// temporary KV pool. n_dec decode sequences of 16 context tokens (they
+// share one block, so their cache writes race; the values do not matter),
+// then one prefill sequence with the remaining tokens from position 0.
+// Every sequence samples; one asks for logprobs and one for top-p.
+static int profile(pg_runner *r) {
+    pg_backend *be = r->be;
+    const pg_model_config *mc = &r->model->cfg;
+    const int32_t T = r->max_tokens, S = r->max_seqs, bs = r->cfg.block_size;
+    const int32_t n_dec = S > 1 ? S - 1 : 0, n_pre_tok = T - n_dec;
+    const int32_t pre_blocks = (n_pre_tok + bs - 1) / bs, tmp_blocks = pre_blocks + 2;
+    const int32_t bt_stride = pre_blocks > 1 ? pre_blocks : 1;
+    const int32_t n_seqs = n_dec + (n_pre_tok > 0 ? 1 : 0);
+    int32_t *tok = xmalloc_n((size_t)T, 4), *pos = xmalloc_n((size_t)T, 4), *slots = xmalloc_n((size_t)T, 4);
+    int32_t *bt = xmalloc_n((size_t)n_seqs * (size_t)bt_stride, 4), *lens = xmalloc_n((size_t)n_seqs, 4);
+    int32_t *start = xmalloc_n((size_t)n_seqs, 4), *rows = xmalloc_n((size_t)n_seqs, 4);
+    int32_t cu[2] = {0, n_pre_tok};
+    pg_sample_params *pp = xmalloc_n((size_t)n_seqs, sizeof *pp);
+    for (int32_t i = 0; i < n_dec; i++) {
+        tok[i] = i % mc->vocab_size;
+        pos[i] = 15, slots[i] = 1 * bs + 15;
+        bt[(size_t)i * bt_stride] = 1;
+        lens[i] = 16, start[i] = 15, rows[i] = i;
+    }
+    for (int32_t t = 0; t < n_pre_tok; t++) {
+        tok[n_dec + t] = (7 * t) % mc->vocab_size;
+        pos[n_dec + t] = t;
+        slots[n_dec + t] = (2 + t / bs) * bs + t % bs;
+    }
+    if (n_pre_tok > 0) {
+        for (int32_t b = 0; b < pre_blocks; b++) bt[(size_t)n_dec * bt_stride + b] = 2 + b;
+        lens[n_dec] = n_pre_tok, start[n_dec] = 0, rows[n_dec] = T - 1;
+    }
+    for (int32_t i = 0; i < n_seqs; i++)
+        pp[i] = (pg_sample_params){.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f,
+                                   .logprobs = -1, .seed = (uint64_t)i};
+    pp[0].logprobs = 5;
+    if (n_seqs > 1) pp[1].temperature = 0.8f, pp[1].top_p = 0.9f;
+    step_desc st = {.n_tokens = T, .tokens = tok, .pos = pos, .slots = slots, .n_seqs = n_seqs,
+                    .n_decode = n_dec, .block_tables = bt, .bt_stride = bt_stride, .seq_lens = lens,
+                    .start_pos = start, .cu_q = cu, .max_decode_ctx = 16, .max_prefill_q = n_pre_tok,
+                    .n_sample = n_seqs, .sample_rows = rows, .params = pp, .sample_tokens = tok,
+                    .n_sample_tokens = 1};
+    pg_kv_shape ks = {tmp_blocks, bs, mc->n_kv_heads, mc->head_dim, r->cfg.kv_dtype};
+    int rc = be->kv_create(be, mc->n_layers, ks, 0, &r->kv);
+    // Twice: the first loads kernels and creates GEMM plans, the second
+    // shows the steady state (and is what a capture would see).
+    for (int it = 0; it < 2 && rc == 0; it++) {
+        dev_in d;
+        if ((rc = runner_pack(r, &st, &d)) == 0 && (rc = runner_layers(r, &st, &d)) == 0 &&
+            (rc = enqueue_tail(r, &st, &d, r->out_host[0])) == 0)
+            rc = be->sync(be);
+    }
+    if (rc < 0)
+        pg_err_wrap(rc, "profiling step (%d tokens, %d sequences): ", T, n_seqs);
+    else if (r->graphs_on)
+        runner_graphs_probe(r); // on the temporary pool; never an error
+    be->kv_free(be, r->kv);
+    r->kv = NULL;
+    free(tok), free(pos), free(slots), free(bt), free(lens), free(start), free(rows), free(pp);
+    return rc;
+}
+
+int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runner **out) {
     *out = NULL;
+    if (cfg->block_size <= 0 || cfg->max_num_seqs <= 0 || cfg->max_num_batched_tokens <= 0 ||
+        cfg->max_model_len <= 0)
+        return pg_err_set(PG_EINVAL, "runner: block size, max_num_seqs, max_num_batched_tokens and "
+                                     "max_model_len must be positive");
     pg_runner *r = pg_xcalloc(1, sizeof *r);
+    pg_backend *be = model->be;
+    const pg_model_config *mc = &model->cfg;
     r->model = model;
     r->be = be;
     r->cfg = *cfg;
-    int rc = pg_kv_cache_create(&model->cfg, cfg->n_blocks, cfg->block_size, &r->kv);
-    if (rc == 0 && cfg->n_host_blocks > 0)
-        rc = pg_kv_cache_create(&model->cfg, cfg->n_host_blocks, cfg->block_size, &r->host_kv);
-    if (rc == 0) rc = pg_sampler_create(model->cfg.vocab_size, &r->sampler);
-    if (rc < 0) {
-        pg_runner_free(r);
-        return rc;
+    r->max_tokens = cfg->max_num_batched_tokens;
+    r->max_seqs = cfg->max_num_seqs < cfg->max_num_batched_tokens ? cfg->max_num_seqs
+                                                                   : cfg->max_num_batched_tokens;
+    r->max_bt = (cfg->max_model_len + cfg->block_size - 1) / cfg->block_size;
+    int rc = 0;
+    int64_t free0 = 0, total = 0;
+    if ((rc = be->sync(be)) < 0 || (rc = be->mem_info(be, &free0, &total)) < 0) goto fail;
+    r->attn_ws_bytes = be->attn_workspace_bytes(be, r->max_seqs, mc->n_heads, mc->n_kv_heads,
+                                                mc->head_dim, cfg->max_model_len);
+    r->samp_ws_bytes = be->sample_workspace_bytes(be, r->max_seqs, mc->vocab_size);
+    r->in_cap = input_capacity(r);
+    carver c = {0};
+    carve_workspace(r, &c);
+    r->ws_bytes = align_up(c.used, ALIGN);
+    if ((rc = be->alloc(be, r->ws_bytes, &r->ws)) < 0) {
+        pg_err_wrap(rc, "the workspace for %d tokens / %d sequences per step (%.2f GiB; lower "
+                        "--max-num-batched-tokens or --max-num-seqs): ",
+                    r->max_tokens, r->max_seqs, (double)r->ws_bytes / (1 << 30));
+        goto fail;
     }
+    c = (carver){0, r->ws};
+    carve_workspace(r, &c);
+    for (int i = 0; i < 2; i++)
+        if ((rc = be->host_alloc(be, r->in_cap, (void **)&r->in_host[i])) < 0 ||
+            (rc = be->host_alloc(be, sizeof(pg_sample_out) * (size_t)r->max_seqs, (void **)&r->out_host[i])) < 0)
+            goto fail;
+    const size_t T = (size_t)r->max_tokens, S = (size_t)r->max_seqs;
+    r->tokens = xmalloc_n(T, 4), r->pos = xmalloc_n(T, 4), r->slots = xmalloc_n(T, 4);
+    r->bt = xmalloc_n(S * (size_t)r->max_bt, 4);
+    r->seq_lens = xmalloc_n(S, 4), r->start_pos = xmalloc_n(S, 4), r->cu_q = xmalloc_n(S + 1, 4);
+    r->order = xmalloc_n(S, 4), r->row0 = xmalloc_n(S, 4), r->sample_rows = xmalloc_n(S, 4);
+    r->params = xmalloc_n(S, sizeof(pg_sample_params));
+    r->outs = xmalloc_n(S, sizeof(pg_seq_output));
+    r->sampled[0] = xmalloc_n(S, sizeof(int64_t)), r->sampled[1] = xmalloc_n(S, sizeof(int64_t));
+    r->feed = xmalloc_n(2 * S, 4);
+    if ((rc = runner_graphs_setup(r)) < 0) goto fail;
+    // The profiling forward, where the backend can measure what it takes
+    // (lazily loaded kernels, library plans, graph memory); elsewhere the
+    // workspace is what was allocated.
+    if (be->measures_memory && (rc = profile(r)) < 0) goto fail;
+    int64_t free1 = free0;
+    if ((rc = be->sync(be)) < 0 || (rc = be->mem_info(be, &free1, &total)) < 0) goto fail;
+    r->workspace_measured = be->measures_memory ? free0 - free1 : 0;
+    if (r->workspace_measured < (int64_t)r->ws_bytes) r->workspace_measured = (int64_t)r->ws_bytes;
     *out = r;
     return 0;
+fail:
+    pg_runner_free(r);
+    return rc;
 }
 
 void pg_runner_free(pg_runner *r) {
     if (!r) return;
-    pg_kv_cache_free(r->kv);
-    pg_kv_cache_free(r->host_kv);
-    pg_fwd_workspace_free(&r->ws);
-    pg_sampler_free(r->sampler);
-    free(r->tokens);
-    free(r->pos);
-    free(r->slots);
-    free(r->logit_rows);
-    free(r->logit_seq);
-    free(r->seqs);
-    free(r->logits);
-    free(r->outs);
-    free(r->prev_outs);
+    pg_backend *be = r->be;
+    be->sync(be);
+    runner_graphs_free(r);
+    if (r->kv) be->kv_free(be, r->kv);
+    be->free(be, r->ws);
+    for (int i = 0; i < 2; i++) {
+        be->host_free(be, r->in_host[i]);
+        be->host_free(be, r->out_host[i]);
+    }
+    free(r->tokens), free(r->pos), free(r->slots), free(r->bt);
+    free(r->seq_lens), free(r->start_pos), free(r->cu_q), free(r->order), free(r->row0);
+    free(r->sample_rows), free(r->params), free(r->stok), free(r->outs);
+    free(r->sampled[0]), free(r->sampled[1]), free(r->feed);
     free(r);
 }
 
-size_t pg_runner_workspace_bytes(const pg_runner *r) {
-    const pg_model_config *c = &r->model->cfg;
-    const size_t T = (size_t)r->ws.cap_tokens, hd = (size_t)c->head_dim;
-    size_t f = T * (2 * (size_t)c->hidden + 2 * (size_t)(c->n_heads + 2 * c->n_kv_heads) * hd +
-                    3 * (size_t)c->ffn); // x, xn, qkv, q|k|v, gate_up, h (engine/llama.c)
-    f += (size_t)r->ws.cap_logits * (size_t)c->hidden + (size_t)r->cap_seqs * (size_t)c->vocab_size;
-    return f * sizeof(float) + (size_t)r->cap_tokens * 3 * sizeof(int32_t);
+size_t pg_runner_kv_bytes_per_block(const pg_runner *r) {
+    const pg_model_config *mc = &r->model->cfg;
+    pg_kv_shape s = {1, r->cfg.block_size, mc->n_kv_heads, mc->head_dim, r->cfg.kv_dtype};
+    return r->be->kv_block_bytes(r->be, mc->n_layers, s);
 }
 
-static void reserve(pg_runner *r, int32_t n_tokens, int32_t n_seqs) {
-    if (n_tokens > r->cap_tokens) {
-        size_t n = (size_t)n_tokens;
-        r->tokens = pg_xrealloc(r->tokens, n * sizeof(int32_t));
-        r->pos = pg_xrealloc(r->pos, n * sizeof(int32_t));
-        r->slots = pg_xrealloc(r->slots, n * sizeof(int32_t));
-        r->cap_tokens = n_tokens;
+void pg_runner_mem_get(const pg_runner *r, pg_runner_mem *out) {
+    memset(out, 0, sizeof *out);
+    pg_backend *be = r->be;
+    if (be->mem_info(be, &out->free, &out->total) < 0) out->free = out->total = 0;
+    out->weights = r->model->weight_bytes;
+    out->kv = r->kv ? (int64_t)r->kv->bytes : 0;
+    out->workspace = r->workspace_measured;
+    out->workspace_buffers = (int64_t)r->ws_bytes;
+    out->graphs = r->graph_bytes;
+    out->n_graphs = r->n_graphs;
+    if (r->graphs_on && r->graph_reserve > r->graph_bytes)
+        out->graphs_reserved = r->graph_reserve - r->graph_bytes;
+    out->host_swap = r->kv ? (int64_t)r->kv->host_bytes : 0;
+    // On the CPU the machine's memory holds everything else too: "other"
+    // means something only where mem_info tracks the backend's allocations.
+    if (be->measures_memory) {
+        out->other = out->total - out->free - out->weights - out->kv - out->workspace - out->graphs;
+        if (out->other < 0) out->other = 0;
     }
-    if (n_seqs > r->cap_seqs) {
-        size_t n = (size_t)n_seqs;
-        r->seqs = pg_xrealloc(r->seqs, n * sizeof(pg_attn_seq));
-        r->logit_rows = pg_xrealloc(r->logit_rows, n * sizeof(int32_t));
-        r->logit_seq = pg_xrealloc(r->logit_seq, n * sizeof(int32_t));
-        r->outs = pg_xrealloc(r->outs, n * sizeof(pg_seq_output));
-        r->prev_outs = pg_xrealloc(r->prev_outs, n * sizeof(pg_seq_output));
-        free(r->logits);
-        r->logits = pg_xmalloc(n * (size_t)r->model->cfg.vocab_size * sizeof(float));
-        r->cap_seqs = n_seqs;
+    be->describe(be, out->device, sizeof out->device);
+}
+
+int pg_runner_alloc_kv(pg_runner *r, int32_t n_blocks, int32_t n_host_blocks) {
+    PG_ARG(!r->kv, "runner: alloc_kv twice");
+    PG_ARG(n_blocks >= 2 && n_host_blocks >= 0, "runner: %d KV blocks", n_blocks);
+    const pg_model_config *mc = &r->model->cfg;
+    pg_kv_shape s = {n_blocks, r->cfg.block_size, mc->n_kv_heads, mc->head_dim, r->cfg.kv_dtype};
+    PG_TRY(r->be->kv_create(r->be, mc->n_layers, s, n_host_blocks, &r->kv));
+    r->n_blocks = n_blocks;
+    r->n_host_blocks = n_host_blocks;
+    return runner_graphs_capture_all(r); // a no-op unless graphs are captured at start-up
+}
+
+int pg_runner_last_logits(pg_runner *r, float *out, int32_t n) {
+    PG_ARG(n >= 0 && n <= r->last_n_sample, "last_logits: %d rows, the last step sampled %d", n,
+           r->last_n_sample);
+    if (n == 0) return 0;
+    return r->be->read_f32(r->be, r->bufs.logits, n, out);
+}
+
+// --- a step -----------------------------------------------------------------------------
+
+static int32_t *stok_reserve(pg_runner *r, int64_t used, int64_t more) {
+    if (used + more > r->cap_stok) {
+        r->cap_stok = (used + more) * 2;
+        r->stok = pg_xrealloc(r->stok, sizeof(int32_t) * (size_t)r->cap_stok);
+    }
+    return r->stok + used;
+}
+
+// The plan's sampling parameters for the sampler, field by field; the
+// history only when a penalty reads it, the bans only while min_tokens is
+// not reached.
+static void fill_params(pg_runner *r, const pg_plan_seq *s, pg_sample_params *pp, int64_t *n_stok) {
+    const pg_sampling_params *sp = s->sp;
+    memset(pp, 0, sizeof *pp);
+    pp->temperature = sp->temperature;
+    pp->top_p = sp->top_p;
+    pp->min_p = sp->min_p;
+    pp->repetition_penalty = sp->repetition_penalty;
+    pp->presence_penalty = sp->presence_penalty;
+    pp->frequency_penalty = sp->frequency_penalty;
+    pp->top_k = sp->top_k;
+    pp->logprobs = sp->logprobs > PG_MAX_LOGPROBS ? PG_MAX_LOGPROBS : sp->logprobs;
+    pp->seed = s->rng_seed;
+    pp->n_generated = s->n_generated;
+    bool pen = (sp->repetition_penalty != 1.0f && sp->repetition_penalty > 0) ||
+               sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f;
+    if (pen && s->n_history > 0) {
+        int32_t *dst = stok_reserve(r, *n_stok, s->n_history);
+        memcpy(dst, s->history, sizeof(int32_t) * (size_t)s->n_history);
+        pp->hist_offset = (int32_t)*n_stok;
+        pp->n_history = s->n_history;
+        pp->n_prompt = s->n_prompt;
+        *n_stok += s->n_history;
+    }
+    if (s->mask_eos) {
+        int32_t *dst = stok_reserve(r, *n_stok, 1 + sp->n_stop_ids);
+        int32_t n = 0;
+        if (s->eos_id >= 0) dst[n++] = s->eos_id;
+        for (int32_t i = 0; i < sp->n_stop_ids; i++) dst[n++] = sp->stop_ids[i];
+        pp->ban_offset = (int32_t)*n_stok;
+        pp->n_ban = n;
+        *n_stok += n;
     }
 }
 
-// Copies whole blocks between two caches of the same shape (swap).
-static void move_blocks(pg_kv_cache *dst, pg_kv_cache *src, const pg_block_move *mv, int32_t n) {
-    size_t block = (size_t)src->shape.block_size * (size_t)src->shape.n_kv_heads *
-                   (size_t)src->shape.head_dim;
-    for (int32_t l = 0; l < src->n_layers; l++)
-        for (int32_t i = 0; i < n; i++) {
-            memcpy(dst->k[l] + (size_t)mv[i].to * block, src->k[l] + (size_t)mv[i].from * block,
-                   block * sizeof(float));
-            memcpy(dst->v[l] + (size_t)mv[i].to * block, src->v[l] + (size_t)mv[i].from * block,
-                   block * sizeof(float));
+// Index of seq_id among the samples of the step begun last, or -1. Plans
+// keep their order from step to step, so the search starts after the last hit.
+static int32_t prev_sample(const pg_runner *r, int64_t seq_id, int32_t *hint) {
+    const int b = r->next_buf ^ 1;
+    const int32_t n = r->n_sampled[b];
+    for (int32_t k = 0; k < n; k++) {
+        int32_t j = (*hint + k) % n;
+        if (r->sampled[b][j] == seq_id) {
+            *hint = j + 1;
+            return j;
         }
+    }
+    return -1;
 }
 
-static int do_moves(pg_runner *r, const pg_batch_plan *p) {
-    int32_t nd = r->cfg.n_blocks, nh = r->cfg.n_host_blocks;
-    if ((p->n_swap_out || p->n_swap_in) && !r->host_kv)
+static int check_plan(const pg_runner *r, const pg_batch_plan *p, int32_t *bt_stride) {
+    const int32_t nd = r->n_blocks, nh = r->n_host_blocks, bs = r->cfg.block_size;
+    const int32_t vocab = r->model->cfg.vocab_size;
+    if ((p->n_swap_out || p->n_swap_in) && nh == 0)
         return pg_err_set(PG_EINVAL, "plan: swap requested but there is no swap space");
     PG_TRY(pg_block_moves_check(p->swap_out, p->n_swap_out, nd, nh, "swap-out"));
     PG_TRY(pg_block_moves_check(p->swap_in, p->n_swap_in, nh, nd, "swap-in"));
     PG_TRY(pg_block_moves_check(p->copies, p->n_copies, nd, nd, "copy"));
-    if (p->n_swap_out) move_blocks(r->host_kv, r->kv, p->swap_out, p->n_swap_out);
-    if (p->n_swap_in) move_blocks(r->kv, r->host_kv, p->swap_in, p->n_swap_in);
-    for (int32_t i = 0; i < p->n_copies; i++) {
-        int32_t from = p->copies[i].from, to = p->copies[i].to;
-        for (int32_t l = 0; l < r->kv->n_layers; l++)
-            r->be->copy_blocks(r->be, r->kv->k[l], r->kv->v[l], r->kv->shape, &from, &to, 1);
+    if (p->n_seqs > r->max_seqs)
+        return pg_err_set(PG_EINVAL, "plan: %d sequences, the runner was sized for %d", p->n_seqs,
+                          r->max_seqs);
+    int64_t n_tokens = 0;
+    for (int32_t i = 0; i < p->n_seqs; i++) n_tokens += p->seqs[i].n_tokens;
+    if (n_tokens > r->max_tokens)
+        return pg_err_set(PG_EINVAL, "plan: %lld tokens, the runner was sized for %d",
+                          (long long)n_tokens, r->max_tokens);
+    *bt_stride = 1;
+    for (int32_t i = 0; i < p->n_seqs; i++) {
+        const pg_plan_seq *s = &p->seqs[i];
+        int64_t ctx = (int64_t)s->start_pos + s->n_tokens;
+        if (s->n_tokens <= 0 || s->start_pos < 0 || (int64_t)s->n_blocks * bs < ctx)
+            return pg_err_set(PG_EINVAL, "plan: sequence %lld has %d blocks for %lld positions",
+                              (long long)s->seq_id, s->n_blocks, (long long)ctx);
+        int32_t nb = (int32_t)((ctx + bs - 1) / bs);
+        if (nb > r->max_bt)
+            return pg_err_set(PG_EINVAL,
+                              "plan: sequence %lld reaches %lld tokens, beyond max model length %d",
+                              (long long)s->seq_id, (long long)ctx, r->cfg.max_model_len);
+        for (int32_t b = 0; b < nb; b++)
+            if (s->block_table[b] <= 0 || s->block_table[b] >= nd)
+                return pg_err_set(PG_EINVAL, "plan: block id %d out of range", s->block_table[b]);
+        for (int32_t t = 0; t < s->n_tokens; t++)
+            if ((s->tokens[t] < 0 || s->tokens[t] >= vocab) &&
+                !(s->tokens[t] == PG_TOKEN_PENDING && s->n_tokens == 1))
+                return pg_err_set(PG_EINVAL, "token id %d outside the vocabulary", s->tokens[t]);
+        if (nb > *bt_stride) *bt_stride = nb;
     }
     return 0;
 }
 
-// The token `seq_id` sampled in the previous step, or -1.
-static int32_t prev_token(const pg_runner *r, int64_t seq_id) {
-    for (int32_t i = 0; i < r->n_prev; i++)
-        if (r->prev_outs[i].seq_id == seq_id) return r->prev_outs[i].token;
-    return -1;
+// The embedding, the layers (a graph replay for a captured decode bucket),
+// the tail, and the record of this step's event.
+static int queue_step(pg_runner *r, const step_desc *s) {
+    pg_backend *be = r->be;
+    step_desc padded;
+    int32_t slot = -1;
+    const bool g = runner_graph_step(r, s, &padded, &slot);
+    const step_desc *run = g ? &padded : s;
+    dev_in d;
+    PG_TRY(runner_pack(r, run, &d));
+    // Tokens sampled by the step before (async scheduling), straight from
+    // its sampler output, which that step's copy to the host has already
+    // read in stream order and this step's sampler overwrites later.
+    if (s->n_feed > 0) PG_TRY(be->feed_tokens(be, (int32_t *)d.tok, r->out_dev, d.feed, s->n_feed));
+    if (g && r->graph_state[slot] == 1)
+        PG_TRY(be->graph_launch(be, r->graph_exec[slot]));
+    else
+        PG_TRY(runner_layers(r, run, &d));
+    PG_TRY(enqueue_tail(r, run, &d, r->out_host[r->next_buf]));
+    // First eager step of this bucket: capture it for the next ones. The
+    // capture wants an idle stream; this step then ends synchronously.
+    if (g && r->graph_state[slot] == 0) {
+        PG_TRY(be->sync(be));
+        runner_graph_capture(r, run, &d, slot);
+    }
+    return 0;
 }
 
-int pg_runner_execute(pg_runner *r, const pg_batch_plan *p, pg_step_output *out) {
-    // The last step's outputs are kept for this step's pending tokens.
-    pg_seq_output *swap = r->prev_outs;
-    r->prev_outs = r->outs;
-    r->outs = swap;
-    r->n_prev = r->n_outs;
-    r->n_outs = 0;
-    out->n = 0;
-    out->outs = r->outs;
-    PG_TRY(do_moves(r, p));
-    int32_t n_tokens = 0;
-    for (int32_t i = 0; i < p->n_seqs; i++) n_tokens += p->seqs[i].n_tokens;
-    if (n_tokens == 0) return 0;
-    reserve(r, n_tokens, p->n_seqs);
+int pg_runner_begin(pg_runner *r, const pg_batch_plan *p) {
+    pg_backend *be = r->be;
     const int32_t bs = r->cfg.block_size;
-    int32_t row = 0, n_logits = 0;
-    for (int32_t i = 0; i < p->n_seqs; i++) {
+    int32_t bt_stride = 1;
+    PG_TRY(check_plan(r, p, &bt_stride));
+    if (r->n_open >= 2) return pg_err_set(PG_EINVAL, "runner: two steps begun and not ended");
+    PG_ARG(r->kv, "runner: no KV cache (alloc_kv first)");
+
+    // Block moves first: swap-out, swap-in (ordered after the compute work
+    // queued so far), then copy-on-write copies.
+    if (p->n_swap_out) PG_TRY(be->kv_swap(be, r->kv, (const int32_t *)p->swap_out, p->n_swap_out, true));
+    if (p->n_swap_in) PG_TRY(be->kv_swap(be, r->kv, (const int32_t *)p->swap_in, p->n_swap_in, false));
+    if (p->n_copies) PG_TRY(be->kv_copy(be, r->kv, (const int32_t *)p->copies, p->n_copies));
+
+    // Decode sequences (one query token) first, each group in plan order.
+    int32_t n_dec = 0, k;
+    for (int32_t i = 0; i < p->n_seqs; i++)
+        if (p->seqs[i].n_tokens == 1) r->order[n_dec++] = i;
+    k = n_dec;
+    for (int32_t i = 0; i < p->n_seqs; i++)
+        if (p->seqs[i].n_tokens != 1) r->order[k++] = i;
+
+    int32_t row = 0, max_dec_ctx = 0, max_q = 0, n_feed = 0, hint = 0;
+    for (k = 0; k < p->n_seqs; k++) {
+        const int32_t i = r->order[k];
         const pg_plan_seq *s = &p->seqs[i];
-        int32_t ctx = s->start_pos + s->n_tokens;
-        if (s->n_tokens <= 0 || s->start_pos < 0 || (int64_t)s->n_blocks * bs < ctx)
-            return pg_err_set(PG_EINVAL, "plan: sequence %lld has %d blocks for %d positions",
-                              (long long)s->seq_id, s->n_blocks, ctx);
-        for (int32_t b = 0; b < (ctx + bs - 1) / bs; b++)
-            if (s->block_table[b] <= 0 || s->block_table[b] >= r->cfg.n_blocks)
-                return pg_err_set(PG_EINVAL, "plan: block id %d out of range", s->block_table[b]);
-        r->seqs[i] = (pg_attn_seq){row, s->n_tokens, s->start_pos, s->block_table};
+        const int32_t ctx = s->start_pos + s->n_tokens, nb = (ctx + bs - 1) / bs;
+        r->row0[i] = row;
+        r->seq_lens[k] = ctx;
+        r->start_pos[k] = s->start_pos;
+        memcpy(r->bt + (size_t)k * bt_stride, s->block_table, sizeof(int32_t) * (size_t)nb);
+        if (k < n_dec) {
+            if (ctx > max_dec_ctx) max_dec_ctx = ctx;
+        } else {
+            r->cu_q[k - n_dec] = row - n_dec;
+            if (s->n_tokens > max_q) max_q = s->n_tokens;
+        }
         for (int32_t t = 0; t < s->n_tokens; t++, row++) {
-            int32_t pos = s->start_pos + t, tok = s->tokens[t];
-            if (tok == PG_TOKEN_PENDING && s->n_tokens == 1 && (tok = prev_token(r, s->seq_id)) < 0)
-                return pg_err_set(PG_EINVAL,
-                                  "plan: sequence %lld has a pending token but did not sample in "
-                                  "the previous step",
-                                  (long long)s->seq_id);
-            r->tokens[row] = tok;
+            int32_t pos = s->start_pos + t;
+            r->tokens[row] = s->tokens[t];
+            if (s->tokens[t] == PG_TOKEN_PENDING) { // sampled by the step begun last
+                int32_t j = prev_sample(r, s->seq_id, &hint);
+                if (j < 0)
+                    return pg_err_set(PG_EINVAL,
+                                      "plan: sequence %lld has a pending token but did not "
+                                      "sample in the previous step",
+                                      (long long)s->seq_id);
+                r->tokens[row] = 0; // a valid id until the device writes the token
+                r->feed[2 * n_feed] = row;
+                r->feed[2 * n_feed + 1] = j;
+                n_feed++;
+            }
             r->pos[row] = pos;
             r->slots[row] = s->block_table[pos / bs] * bs + pos % bs;
         }
-        if (s->sample) {
-            r->logit_rows[n_logits] = row - 1;
-            r->logit_seq[n_logits++] = i;
-        }
     }
-    pg_fwd_batch fb = {n_tokens, r->tokens, r->pos, r->slots, p->n_seqs, r->seqs, n_logits, r->logit_rows};
-    PG_TRY(pg_llama_forward(r->model, r->be, r->kv, &r->ws, &fb, r->logits));
-    const int64_t vocab = r->model->cfg.vocab_size;
-    for (int32_t i = 0; i < n_logits; i++)
-        pg_sampler_sample(r->sampler, &p->seqs[r->logit_seq[i]], r->logits + i * vocab, &r->outs[i]);
-    out->n = r->n_outs = n_logits;
-    out->outs = r->outs; // after reserve(), which may have moved it
+    r->cu_q[p->n_seqs - n_dec] = row - n_dec;
+
+    // Sampled sequences in plan order: the row of their last token.
+    int32_t ns = 0;
+    int64_t n_stok = 0;
+    const int buf = r->next_buf;
+    for (int32_t i = 0; i < p->n_seqs; i++) {
+        const pg_plan_seq *s = &p->seqs[i];
+        if (!s->sample) continue;
+        r->sample_rows[ns] = r->row0[i] + s->n_tokens - 1;
+        r->sampled[buf][ns] = s->seq_id;
+        fill_params(r, s, &r->params[ns], &n_stok);
+        ns++;
+    }
+    if (n_stok > INT32_MAX) return pg_err_set(PG_EINVAL, "plan: %lld history tokens", (long long)n_stok);
+
+    if (row > 0 || ns > 0) {
+        step_desc st = {.n_tokens = row, .tokens = r->tokens, .pos = r->pos, .slots = r->slots,
+                        .n_seqs = p->n_seqs, .n_decode = n_dec, .block_tables = r->bt,
+                        .bt_stride = bt_stride, .seq_lens = r->seq_lens, .start_pos = r->start_pos,
+                        .cu_q = r->cu_q, .max_decode_ctx = max_dec_ctx, .max_prefill_q = max_q,
+                        .n_sample = ns, .sample_rows = r->sample_rows, .params = r->params,
+                        .sample_tokens = n_stok ? r->stok : r->tokens,
+                        .n_sample_tokens = (int32_t)n_stok, .n_feed = n_feed, .feed = r->feed};
+        PG_TRY(queue_step(r, &st));
+    }
+    PG_TRY(be->record(be, buf));
+    r->n_sampled[buf] = ns;
+    r->open[r->n_open].buf = buf;
+    r->open[r->n_open].n_sample = ns;
+    r->n_open++;
+    r->next_buf = buf ^ 1;
     return 0;
+}
+
+int pg_runner_end(pg_runner *r, pg_step_output *out) {
+    out->n = 0;
+    out->outs = r->outs;
+    if (r->n_open == 0) return pg_err_set(PG_EINVAL, "runner: no step begun");
+    const int buf = r->open[0].buf;
+    const int32_t ns = r->open[0].n_sample;
+    r->open[0] = r->open[1];
+    r->n_open--;
+    PG_TRY(r->be->wait(r->be, buf));
+    r->last_n_sample = ns;
+    for (int32_t j = 0; j < ns; j++) {
+        const pg_sample_out *so = &r->out_host[buf][j];
+        pg_seq_output *o = &r->outs[j];
+        memset(o, 0, sizeof *o);
+        o->seq_id = r->sampled[buf][j];
+        o->token = so->token;
+        o->logprob = so->logprob;
+        o->n_top = so->n_top < 0 ? 0 : so->n_top > PG_MAX_LOGPROBS ? PG_MAX_LOGPROBS : so->n_top;
+        memcpy(o->top_ids, so->top_ids, sizeof(int32_t) * (size_t)o->n_top);
+        memcpy(o->top_logprobs, so->top_logprobs, sizeof(float) * (size_t)o->n_top);
+    }
+    out->n = ns;
+    return 0;
+}
+
+int pg_runner_execute(pg_runner *r, const pg_batch_plan *p, pg_step_output *out) {
+    out->n = 0;
+    out->outs = r->outs;
+    if (r->n_open > 0) return pg_err_set(PG_EINVAL, "runner: a begun step is not ended");
+    PG_TRY(pg_runner_begin(r, p));
+    return pg_runner_end(r, out);
 }

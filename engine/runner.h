@@ -1,43 +1,92 @@
-// engine/runner.h - executes a scheduler batch plan on a backend.
+// engine/runner.h - executes scheduler batch plans on any backend.
 //
-// The runner owns the KV memory (device cache plus the host swap mirror),
-// the activation workspace and the sampler. It needs nothing but the plan:
-// it performs the plan's block moves, runs one forward over every scheduled
-// token, and samples for the sequences that ask for it.
+// The one runner: plan checks, input flattening (decode sequences first),
+// one upload of the step's inputs, the model's forward, sampling, step
+// begin/end (asynchronous on the GPU, synchronous on the CPU), CUDA-graph
+// buckets for decode steps and the memory-profiling forward. The runner
+// owns the KV memory (device blocks plus host swap blocks), the workspace
+// sized at create for the largest step the scheduler may form, and two
+// pinned input/output images; a step allocates nothing.
+//
+// Set-up is three calls, so the engine can size the KV pool from what is
+// left after the weights and the profiled workspace:
+//   pg_runner_create     workspace + (on a backend that measures memory) the
+//                        profiling forward and the graph memory probe
+//   pg_runner_mem        device memory by category (free = what is left)
+//   pg_runner_alloc_kv   the KV pool and the host swap blocks; then the
+//                        start-up capture of the decode graphs
+// Design: docs/backend.md.
 #pragma once
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
-#include "engine/llama.h"
+#include "engine/model.h"
 #include "scheduler/plan.h"
 
 typedef struct pg_runner pg_runner;
 
+// CUDA graphs of decode steps. startup: every (batch, context) bucket is
+// captured before serving; lazy: a bucket after its first eager step; off:
+// every step eager. Ignored by a backend without graphs. PAGED_CUDA_GRAPHS=0
+// in the environment forces off.
+typedef enum pg_graph_mode {
+    PG_GRAPHS_STARTUP = 0,
+    PG_GRAPHS_OFF = 1,
+    PG_GRAPHS_LAZY = 2,
+} pg_graph_mode;
+
 typedef struct pg_runner_config {
-    int32_t n_blocks;       // device KV blocks (block 0 is the pool's null block)
-    int32_t n_host_blocks;  // host swap blocks (0 = no swap space)
-    int32_t block_size;     // tokens per block
+    int32_t block_size;             // tokens per KV block
+    int32_t max_num_seqs;           // the scheduler's limits: the workspace is
+    int32_t max_num_batched_tokens; //   sized for the largest step they allow
+    int32_t max_model_len;
+    int32_t kv_dtype;               // PG_KV_BF16 (the backend's native type) or PG_KV_FP8_E4M3
+    pg_graph_mode graphs;
 } pg_runner_config;
 
-// `model` and `be` are borrowed and must outlive the runner.
-int pg_runner_create(const pg_llama *model, pg_backend *be, const pg_runner_config *cfg,
-                     pg_runner **out);
+// `model` (and its backend) are borrowed and must outlive the runner.
+int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runner **out);
 void pg_runner_free(pg_runner *r);
 
-// Runs one step. `out->outs` points into runner memory, valid until the next
-// call. A decode entry whose token is PG_TOKEN_PENDING gets the
-// token its sequence sampled in the previous call. Fails only on an invalid
-// plan (token or block id out of range, a pending token with no sample
-// behind it).
+// Device memory by category, bytes (on the CPU: host bytes, total and free
+// of the machine). other = total - free - the rest.
+typedef struct pg_runner_mem {
+    int64_t total, free;
+    int64_t weights, kv, workspace, graphs, other;
+    int64_t host_swap;         // host bytes of the swap blocks
+    int64_t workspace_buffers; // of `workspace`, the buffers the runner allocated
+    int32_t n_graphs;          // graphs captured so far (`graphs` bytes)
+    int64_t graphs_reserved;   // bytes set aside for graphs not captured yet (not in
+                               //   `graphs`; part of `free`): the KV budget must leave them
+    char device[160];          // the backend's description
+} pg_runner_mem;
+void pg_runner_mem_get(const pg_runner *r, pg_runner_mem *out);
+
+// Bytes of one KV block (every layer, K and V) in the configured dtype.
+size_t pg_runner_kv_bytes_per_block(const pg_runner *r);
+
+// Allocates n_blocks KV blocks (block 0 is the pool's null block) and
+// n_host_blocks swap blocks; PG_ENOMEM saying what would fit. Then, in the
+// start-up graph mode, captures the decode graphs (the KV budget must leave
+// pg_runner_mem.graphs_reserved free for them).
+int pg_runner_alloc_kv(pg_runner *r, int32_t n_blocks, int32_t n_host_blocks);
+
+// Runs one step: moves, forward, sampling. `out->outs` points into runner
+// memory, valid until the next call. Fails on an invalid plan (ids out of
+// range, a plan beyond the configured limits) or a device error.
 int pg_runner_execute(pg_runner *r, const pg_batch_plan *plan, pg_step_output *out);
 
-// For tests: the f32 logits of the last step's sampled sequences, in plan
-// order, [n][vocab], as the sampler left them (penalties and bans applied in
-// place); NULL before the first step.
-const float *pg_runner_last_logits(const pg_runner *r);
+// The same in two halves (async scheduling, scheduler/sched.h): begin
+// validates and flattens the plan and queues the step (it reads nothing of
+// the plan afterwards); end waits for the oldest begun step and returns its
+// outputs (`out->outs` valid until the next end). At most two steps open. A
+// decode entry whose token is PG_TOKEN_PENDING gets the token its sequence
+// sampled in the step begun just before (on the device); PG_EINVAL if that
+// step did not sample it.
+int pg_runner_begin(pg_runner *r, const pg_batch_plan *plan);
+int pg_runner_end(pg_runner *r, pg_step_output *out);
 
-// Bytes of KV memory per block (device) for planning the pool size.
-size_t pg_runner_kv_bytes_per_block(const pg_llama *model, int32_t block_size);
-
-// Host bytes of the activation and logit buffers now (they grow to the
-// largest step seen; 0 before the first).
-size_t pg_runner_workspace_bytes(const pg_runner *r);
+// For tests: the f32 logits of the last ended step's sampled sequences, in
+// plan order, out[n][vocab], as the model computed them (before penalties).
+int pg_runner_last_logits(pg_runner *r, float *out, int32_t n);

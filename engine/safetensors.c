@@ -22,7 +22,7 @@
 
 #include "common/err.h"
 #include "common/mmap_file.h"
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 
 // Numbers in JSON are doubles in cJSON: integers above 2^53 are not exact.
 #define ST_MAX_EXACT_INT 9007199254740992.0 // 2^53

@@ -110,3 +110,9 @@ int pg_detok_flush(pg_detok *d, char *out, int cap);
 // Returns 0, or negative (with *out NULL) for an id outside the vocabulary.
 int pg_tokenizer_decode(const pg_tokenizer *t, const int32_t *ids, int n, bool skip_special,
                         char **out);
+
+// A byte-level tokenizer covering `vocab` ids: ids 0..255 are the 256 bytes
+// (GPT-2's byte-to-unicode alphabet, no merges), ids 256.. decode to the
+// text "<tN>" and are never produced by encoding. Honest about what it is:
+// text round-trips byte by byte; a dummy model's output ids print as <tN>.
+int pg_tokenizer_synthetic_bytes(int32_t vocab, pg_tokenizer **out);

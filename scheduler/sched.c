@@ -95,6 +95,8 @@ struct sched {
     sched_config cfg;
     kvp_pool *pool;
     int32_t bs;
+    int32_t prefill_cap;     // resolved long_prefill_token_threshold (0 = none)
+    int32_t prefill_cap_now; // this step's: prefill_cap, or 0 when one request is live
     idmap ids;
     rheap waiting, swapped;
     req **run; // [n_run] running, sorted by key
@@ -465,7 +467,7 @@ static void maybe_fork(sched *s, req *r) {
 static int32_t chunk_len(const sched *s, int32_t rem, int32_t left) {
     if (rem <= 0 || left <= 0) return 0;
     if (!s->cfg.enable_chunked_prefill) return rem <= left ? rem : 0;
-    int32_t th = s->cfg.long_prefill_token_threshold;
+    int32_t th = s->prefill_cap_now;
     if (th > 0 && rem > th) rem = th;
     return rem < left ? rem : left;
 }
@@ -620,6 +622,9 @@ int sched_step(sched *s, const pg_batch_plan **out) {
     s->copies.n = s->swap_out.n = s->swap_in.n = 0;
     s->preempted = false;
     budget b = {s->cfg.max_num_batched_tokens, s->cfg.max_num_seqs};
+    // The long-prefill cap matters only when someone else could use the
+    // rest of the budget.
+    s->prefill_cap_now = s->n_run + s->waiting.n + s->swapped.n > 1 ? s->prefill_cap : 0;
 
     for (int32_t i = 0; i < s->n_run && b.tokens > 0; i++)
         if (schedule_running(s, s->run[i], &b)) break;
@@ -859,6 +864,7 @@ void sched_config_default(sched_config *c) {
     c->max_num_batched_tokens = 2048;
     c->max_num_seqs = 256;
     c->enable_chunked_prefill = true;
+    c->long_prefill_token_threshold = SCHED_LONG_PREFILL_AUTO;
     c->policy = SCHED_POLICY_FCFS;
     c->preemption_mode = SCHED_PREEMPT_RECOMPUTE;
 }
@@ -872,8 +878,10 @@ int sched_create(const sched_config *cfg, sched **out) {
                           cfg->max_num_batched_tokens);
     if (cfg->max_num_seqs < 1 || cfg->max_num_seqs > (1 << 20))
         return pg_err_set(PG_EINVAL, "scheduler: max_num_seqs %d out of range", cfg->max_num_seqs);
-    if (cfg->long_prefill_token_threshold < 0)
-        return pg_err_set(PG_EINVAL, "scheduler: long_prefill_token_threshold < 0");
+    if (cfg->long_prefill_token_threshold < 0 &&
+        cfg->long_prefill_token_threshold != SCHED_LONG_PREFILL_AUTO)
+        return pg_err_set(PG_EINVAL, "scheduler: long_prefill_token_threshold %d < 0",
+                          cfg->long_prefill_token_threshold);
     if (cfg->policy != SCHED_POLICY_FCFS && cfg->policy != SCHED_POLICY_PRIORITY)
         return pg_err_set(PG_EINVAL, "scheduler: unknown policy %d", (int)cfg->policy);
     if (cfg->preemption_mode != SCHED_PREEMPT_RECOMPUTE &&
@@ -893,6 +901,11 @@ int sched_create(const sched_config *cfg, sched **out) {
     s->cfg = *cfg;
     s->pool = pool;
     s->bs = cfg->block_size;
+    s->prefill_cap = cfg->long_prefill_token_threshold;
+    if (s->prefill_cap == SCHED_LONG_PREFILL_AUTO) {
+        s->prefill_cap = cfg->max_num_batched_tokens / 4 / s->bs * s->bs;
+        if (s->prefill_cap < s->bs) s->prefill_cap = s->bs;
+    }
     s->rng = cfg->seed;
     s->pseqs = pg_xcalloc((size_t)cfg->max_num_seqs, sizeof(pg_plan_seq));
     s->pref = pg_xcalloc((size_t)cfg->max_num_seqs, sizeof(seq *));

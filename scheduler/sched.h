@@ -43,6 +43,9 @@
 #include "scheduler/plan.h"
 
 #define SCHED_MAX_N      256 // sequences per request (seq_id encoding)
+// long_prefill_token_threshold's default: a quarter of the step budget,
+// rounded down to whole blocks (at least one block).
+#define SCHED_LONG_PREFILL_AUTO (-1)
 #define SCHED_MAX_REQ_ID ((int64_t)1 << 54)
 
 typedef struct sched sched;
@@ -66,7 +69,7 @@ typedef struct sched_config {
     int32_t max_num_seqs;                 // sequences per step, and live sequences running (256)
     int32_t max_model_len;                // prompt + max_tokens limit (required, > 0)
     bool enable_chunked_prefill;          // true; off: a sequence's pending tokens go in one step
-    int32_t long_prefill_token_threshold; // > 0: cap a prefill chunk at this many tokens
+    int32_t long_prefill_token_threshold; // per-request prefill cap per step, see below
     sched_policy policy;                  // FCFS
     sched_preempt_mode preemption_mode;   // RECOMPUTE
     int32_t max_waiting;                  // waiting + swapped requests admitted (0 = unlimited)
@@ -140,8 +143,22 @@ typedef struct sched_stats {
     kvp_stats kv; // device/host usage, prefix hits
 } sched_stats;
 
+// Long prompts and fairness (vLLM's long_prefill_token_threshold): while
+// any other request is live (running, waiting or swapped), one sequence
+// gets at most long_prefill_token_threshold prefill tokens per step, so
+// the rest of the budget serves running decodes and short prompts every
+// step instead of after the whole prefill. Alone, a prompt takes the whole
+// budget. > 0: that many tokens; 0: no cap; SCHED_LONG_PREFILL_AUTO (the
+// default): max_num_batched_tokens / 4 in whole blocks, at least a block.
+// Aborts take effect between steps, so the step budget bounds how long a
+// client that left keeps a prefill running: size max_num_batched_tokens so
+// one step stays short on the device (docs/scheduler.md: on the CPU a
+// step of a few hundred milliseconds, e.g. 256 tokens for the default
+// model on 2 cores, not the GPU's 2048).
+//
 // Defaults (vLLM's where they exist): block_size 16, prefix caching on,
-// 2048 batched tokens, 256 seqs, chunked prefill on, FCFS, recompute.
+// 2048 batched tokens, 256 seqs, chunked prefill on, FCFS, recompute,
+// long prefill cap auto (512 of 2048).
 // num_blocks and max_model_len are left 0: the caller sets them.
 void sched_config_default(sched_config *c);
 

@@ -9,6 +9,7 @@
 
 #include "common/err.h"
 #include "server/tool_calls.h"
+#include "server/json_strict.h"
 
 // --- errors --------------------------------------------------------------------
 
@@ -186,11 +187,18 @@ static int parse_stop(const cJSON *body, const api_limits *lim, api_params *p, a
 // Fields that change what the API promises and that paged does not do: a
 // clear 400 rather than a silently different answer.
 static int reject_unsupported(const cJSON *body, api_kind kind, api_error *e) {
-    static const char *never[] = {"logit_bias", "suffix", "guided_json", "guided_regex",
+    static const char *never[] = {"suffix", "guided_json", "guided_regex",
                                   "guided_choice", "guided_grammar", "prompt_logprobs", NULL};
     for (int i = 0; never[i]; i++)
         if (field(body, never[i]))
             return api_err(e, 400, never[i], "%s is not supported by this server", never[i]);
+    // An empty (or null) logit_bias changes nothing, so it is accepted as
+    // the OpenAI SDK and LangChain send it; a non-empty one is a 400.
+    const cJSON *lb = field(body, "logit_bias");
+    if (lb && !cJSON_IsNull(lb) && !(cJSON_IsObject(lb) && !lb->child))
+        return api_err(e, 400, "logit_bias",
+                       cJSON_IsObject(lb) ? "logit_bias is not supported by this server (only {})"
+                                          : "logit_bias must be an object");
     bool beam = false;
     if (api_get_bool(body, "use_beam_search", &beam, e) < 0) return -1;
     if (beam) return api_err(e, 400, "use_beam_search", "beam search is not supported");
@@ -203,6 +211,16 @@ static int reject_unsupported(const cJSON *body, api_kind kind, api_error *e) {
             return api_err(e, 400, "response_format",
                            "response_format type '%.64s' is not supported (only 'text')",
                            t->valuestring);
+    }
+    if (kind == API_CHAT) {
+        // The legacy function-calling fields: refused, not silently ignored
+        // (a client relying on them would get plain text back).
+        static const char *legacy[] = {"functions", "function_call", NULL};
+        for (int i = 0; legacy[i]; i++)
+            if (field(body, legacy[i]))
+                return api_err(e, 400, legacy[i],
+                               "%s (the legacy function-calling API) is not supported by this server",
+                               legacy[i]);
     }
     return 0;
 }
@@ -682,14 +700,14 @@ int api_parse_body(const char *body, size_t len, cJSON **out, api_error *e) {
     *out = NULL;
     if (len == 0) return api_err(e, 400, NULL, "the request body is empty; expected a JSON object");
     if (!api_utf8_valid(body, len)) return api_err(e, 400, NULL, "the request body is not valid UTF-8");
-    // Raw control characters are never valid JSON (cJSON would accept them
-    // inside strings), and cJSON keeps strings NUL-terminated: an escaped
-    // NUL would silently cut a prompt short. Both are refused.
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)body[i];
-        if (c < 0x20 && c != '\t' && c != '\n' && c != '\r')
-            return api_err(e, 400, NULL, "the request body has a raw control character (byte %zu)", i);
-    }
+    // Strict RFC 8259 first (cJSON reads 01, 1. and raw control characters
+    // in strings), so cJSON only sees text every other JSON reader agrees on.
+    size_t bad_off;
+    const char *why;
+    if (!json_strict_check(body, len, &bad_off, &why))
+        return api_err(e, 400, NULL, "the request body is not valid JSON: %s (byte %zu)", why, bad_off);
+    // cJSON keeps strings NUL-terminated: an escaped NUL would silently cut
+    // a prompt short.
     for (const char *p = body; (p = memmem(p, len - (size_t)(p - body), "\\u0000", 6)); p += 6) {
         size_t bs = 0;
         while (p - (ptrdiff_t)bs > body && p[-(ptrdiff_t)bs - 1] == '\\') bs++;
@@ -710,6 +728,14 @@ int api_parse_body(const char *body, size_t len, cJSON **out, api_error *e) {
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
         return api_err(e, 400, NULL, "the request body must be a JSON object");
+    }
+    // Duplicate keys: cJSON would take the first, Python servers the last;
+    // paged refuses them, so no two readers of one body disagree.
+    const char *dup = json_strict_dup_key(j);
+    if (dup) {
+        api_err(e, 400, NULL, "the request body has the key '%.64s' twice in one object", dup);
+        cJSON_Delete(j);
+        return -1;
     }
     *out = j;
     return 0;

@@ -1,5 +1,6 @@
 // server/api_misc.c - the small routes: /health, /version, /v1/models,
-// /tokenize, /detokenize, /metrics.
+// /tokenize, /detokenize, /metrics (the chat page and /openapi.json are
+// in webui.c and openapi.c).
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
@@ -49,7 +50,7 @@ void api_metrics(srv_app *a, srv_req *r) {
     pg_engine_stats_get(a->engine, &st);
     srv_metrics_refresh(&a->metrics, &st, srv_http_num_connections(a->http), a->n_jobs + a->n_tokenizing);
     sbuf b = {0};
-    met_render(a->metrics.reg, &b);
+    srv_metrics_render(&a->metrics, a->metrics_vllm, &b);
     srv_resp_send(r, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, b.p ? b.p : "", b.len);
     sbuf_free(&b);
 }
@@ -61,104 +62,115 @@ static int check_model_field(srv_app *a, const cJSON *body, api_error *e) {
     return app_check_model(a, model->valuestring, e);
 }
 
+// --- /tokenize and /detokenize ------------------------------------------------------
+// Each is a pure function from the request body to the response body, so
+// that app_run_off_loop can run it on the thread pool: a 10^6-id request
+// spends 100+ ms in JSON and the tokenizer, which on the loop thread would
+// stall every stream.
+
+// Appends the decimal ids as a JSON array body: cJSON would spend ~1 us per
+// number, and a prompt may have 10^6 tokens.
+static void put_ids(sbuf *b, const int32_t *ids, int n) {
+    sbuf_puts(b, "[");
+    for (int i = 0; i < n; i++) {
+        char num[16], *q = num + sizeof num;
+        uint32_t v = (uint32_t)ids[i];  // ids are >= 0
+        do *--q = (char)('0' + v % 10); while (v /= 10);
+        if (i) *--q = ',';
+        sbuf_append(b, q, (size_t)(num + sizeof num - q));
+    }
+    sbuf_puts(b, "]");
+}
+
 // vLLM's /tokenize: {"prompt": text} or {"messages": [...]}, with
 // add_special_tokens, add_generation_prompt and return_token_strs.
-typedef struct tokenize_pending {
-    char *text;
-    size_t len;
-    bool strs;
-} tokenize_pending;
-
-static void tokenize_done(srv_app *a, srv_req *r, void *ctx, int32_t **ids, const int32_t *counts,
-                          const api_error *err) {
-    tokenize_pending *t = ctx;
-    if (r && err) app_send_error(r, err);
-    if (r && !err) {
-        // Written by hand: cJSON would spend ~1 us per number, and a prompt
-        // may have 100k tokens.
-        int n = counts[0];
-        sbuf b = {0};
-        sbuf_reserve(&b, (size_t)n * 7 + 128);
-        sbuf_printf(&b, "{\"count\":%d,\"max_model_len\":%d,\"tokens\":[", n, a->lim.max_model_len);
-        for (int i = 0; i < n; i++) {
-            char num[16], *q = num + sizeof num;
-            uint32_t v = (uint32_t)ids[0][i];  // ids are >= 0
-            do *--q = (char)('0' + v % 10); while (v /= 10);
-            if (i) *--q = ',';
-            sbuf_append(&b, q, (size_t)(num + sizeof num - q));
-        }
-        sbuf_puts(&b, "],\"token_strs\":");
-        if (t->strs) {
-            sbuf tok = {0};
-            sbuf_puts(&b, "[");
-            for (int i = 0; i < n; i++) {
-                sbuf_reset(&tok);
-                gen_token_text(a->tok, ids[0][i], &tok);
-                if (i) sbuf_puts(&b, ",");
-                api_json_string(&b, sbuf_str(&tok), tok.len);
-            }
-            sbuf_puts(&b, "]");
-            sbuf_free(&tok);
-        } else {
-            sbuf_puts(&b, "null");
-        }
-        sbuf_puts(&b, "}");
-        app_send_json(r, 200, b.p, b.len);
-        sbuf_free(&b);
-    }
-    if (ids) free(ids[0]);
-    free(t->text);
-    free(t);
-}
-
-void api_tokenize(srv_app *a, srv_req *r) {
-    api_error e;
+static int tokenize_body(srv_app *a, const char *json, size_t json_len, sbuf *out, api_error *e) {
     cJSON *body = NULL;
     api_messages msgs = {0};
-    tokenize_pending *t = pg_xcalloc(1, sizeof *t);
-    if (api_parse_body(r->body, r->body_len, &body, &e) < 0) goto fail;
-    if (check_model_field(a, body, &e) < 0) goto fail;
-    bool special = true, gen_prompt = true;
-    if (api_get_bool(body, "add_special_tokens", &special, &e) < 0 ||
-        api_get_bool(body, "add_generation_prompt", &gen_prompt, &e) < 0 ||
-        api_get_bool(body, "return_token_strs", &t->strs, &e) < 0)
-        goto fail;
+    char *text = NULL;
+    int32_t *ids = NULL;
+    int rc = -1;
+    bool special = true, gen_prompt = true, strs = false;
+    if (api_parse_body(json, json_len, &body, e) < 0) goto out;
+    if (check_model_field(a, body, e) < 0) goto out;
+    if (api_get_bool(body, "add_special_tokens", &special, e) < 0 ||
+        api_get_bool(body, "add_generation_prompt", &gen_prompt, e) < 0 ||
+        api_get_bool(body, "return_token_strs", &strs, e) < 0)
+        goto out;
     const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(body, "prompt");
     if (cJSON_GetObjectItemCaseSensitive(body, "messages")) {
-        if (api_parse_messages(body, &msgs, &e) < 0 || app_render_chat(a, &msgs, NULL, NULL, gen_prompt, &t->text, &e) < 0)
-            goto fail;
+        if (api_parse_messages(body, &msgs, e) < 0 || app_render_chat(a, &msgs, NULL, NULL, gen_prompt, &text, e) < 0)
+            goto out;
     } else if (cJSON_IsString(prompt)) {
-        t->text = pg_xstrdup(prompt->valuestring);
+        text = pg_xstrdup(prompt->valuestring);
     } else {
-        api_err(&e, 400, "prompt", "prompt must be a string (or give messages)");
-        goto fail;
+        api_err(e, 400, "prompt", "prompt must be a string (or give messages)");
+        goto out;
     }
-    t->len = strlen(t->text);
-    bool add_bos = msgs.json ? app_chat_add_bos(a) : pg_tokenizer_add_bos(a->tok);
+    size_t len = strlen(text);
+    // No token is longer than the longest vocabulary entry: a text with
+    // more bytes than that times the model length can never fit.
+    size_t lim = (size_t)a->lim.max_model_len * (size_t)pg_tokenizer_max_token_bytes(a->tok) + 64;
+    if (len > lim) {
+        api_err(e, 400, "prompt",
+                "This model's maximum context length is %d tokens. However, your request is "
+                "%zu bytes long. Please reduce the length of the input.",
+                a->lim.max_model_len, len);
+        goto out;
+    }
+    // A Jinja chat template writes BOS itself.
+    bool bos = special && (msgs.json ? app_chat_add_bos(a) : pg_tokenizer_add_bos(a->tok));
+    int cap = (int)len + 16;
+    ids = pg_xmalloc(sizeof(int32_t) * (size_t)cap);
+    int n = pg_tokenizer_encode(a->tok, text, len, bos, true, ids, cap);
+    if (n > cap) {
+        ids = pg_xrealloc(ids, sizeof(int32_t) * (size_t)n);
+        n = pg_tokenizer_encode(a->tok, text, len, bos, true, ids, n);
+    }
+    if (n < 0) {
+        api_err(e, 400, "prompt", "cannot tokenize the input: %s", pg_err_msg());
+        goto out;
+    }
+    sbuf_reserve(out, (size_t)n * 7 + 128);
+    sbuf_printf(out, "{\"count\":%d,\"max_model_len\":%d,\"tokens\":", n, a->lim.max_model_len);
+    put_ids(out, ids, n);
+    sbuf_puts(out, ",\"token_strs\":");
+    if (strs) {
+        sbuf tok = {0};
+        sbuf_puts(out, "[");
+        for (int i = 0; i < n; i++) {
+            sbuf_reset(&tok);
+            gen_token_text(a->tok, ids[i], &tok);
+            if (i) sbuf_puts(out, ",");
+            api_json_string(out, sbuf_str(&tok), tok.len);
+        }
+        sbuf_puts(out, "]");
+        sbuf_free(&tok);
+    } else {
+        sbuf_puts(out, "null");
+    }
+    sbuf_puts(out, "}");
+    rc = 0;
+out:
+    free(ids);
+    free(text);
     api_messages_free(&msgs);
     cJSON_Delete(body);
-    app_tokenize_async(a, r, (const char *const *)&t->text, &t->len, 1,
-                       special && add_bos, "prompt", tokenize_done, t);
-    return;
-fail:
-    app_send_error(r, &e);
-    free(t->text);
-    free(t);
-    api_messages_free(&msgs);
-    cJSON_Delete(body);
+    return rc;
 }
 
-void api_detokenize(srv_app *a, srv_req *r) {
-    api_error e;
+// vLLM's /detokenize: {"tokens": [ids]} -> {"prompt": text}.
+static int detokenize_body(srv_app *a, const char *json, size_t json_len, sbuf *out, api_error *e) {
     cJSON *body = NULL;
     int32_t *ids = NULL;
     char *text = NULL;
-    if (api_parse_body(r->body, r->body_len, &body, &e) < 0) goto fail;
-    if (check_model_field(a, body, &e) < 0) goto fail;
+    int rc = -1;
+    if (api_parse_body(json, json_len, &body, e) < 0) goto out;
+    if (check_model_field(a, body, e) < 0) goto out;
     const cJSON *toks = cJSON_GetObjectItemCaseSensitive(body, "tokens");
     if (!cJSON_IsArray(toks)) {
-        api_err(&e, 400, "tokens", "tokens must be a list of token ids");
-        goto fail;
+        api_err(e, 400, "tokens", "tokens must be a list of token ids");
+        goto out;
     }
     int n = cJSON_GetArraySize(toks), i = 0;
     ids = pg_xmalloc(sizeof(int32_t) * (size_t)(n ? n : 1));
@@ -166,23 +178,39 @@ void api_detokenize(srv_app *a, srv_req *r) {
     cJSON_ArrayForEach(it, toks) {
         double v = cJSON_IsNumber(it) ? it->valuedouble : -1;
         if (!cJSON_IsNumber(it) || !isfinite(v) || v != floor(v) || v < 0 || v >= a->lim.vocab_size) {
-            api_err(&e, 400, "tokens", "token ids must be integers in [0, %d)", a->lim.vocab_size);
-            goto fail;
+            api_err(e, 400, "tokens", "token ids must be integers in [0, %d)", a->lim.vocab_size);
+            goto out;
         }
         ids[i++] = (int32_t)v;
     }
-    if (pg_tokenizer_decode(a->tok, ids, n, false, &text) < 0) {
-        api_err(&e, 400, "tokens", "cannot decode the tokens");
-        goto fail;
+    // pg_detok_feed rather than pg_tokenizer_decode: a byte token may
+    // decode to NUL, and the text must not end there (it is sent as \u0000).
+    pg_detok d;
+    pg_detok_init(&d, a->tok, false);
+    int cap = 64 + pg_tokenizer_max_token_bytes(a->tok);
+    text = pg_xmalloc((size_t)cap);
+    sbuf txt = {0};
+    for (int k = 0; k <= n; k++) {
+        int got = k < n ? pg_detok_feed(&d, ids[k], text, cap) : pg_detok_flush(&d, text, cap);
+        if (got < 0) {
+            sbuf_free(&txt);
+            api_err(e, 400, "tokens", "cannot decode the tokens");
+            goto out;
+        }
+        sbuf_append(&txt, text, (size_t)got);
     }
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "prompt", text);
-    send_cjson(r, 200, o);
-    goto out;
-fail:
-    app_send_error(r, &e);
+    sbuf_puts(out, "{\"prompt\":");
+    api_json_string(out, txt.p ? txt.p : "", txt.len);
+    sbuf_puts(out, "}");
+    sbuf_free(&txt);
+    rc = 0;
 out:
     free(ids);
     free(text);
     cJSON_Delete(body);
+    return rc;
 }
+
+void api_tokenize(srv_app *a, srv_req *r) { app_run_off_loop(a, r, tokenize_body); }
+
+void api_detokenize(srv_app *a, srv_req *r) { app_run_off_loop(a, r, detokenize_body); }

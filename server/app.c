@@ -7,7 +7,6 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "server/gen_job.h"
 
 void app_send_json(srv_req *r, int status, const char *json, size_t len) {
     srv_resp_send(r, status, "application/json", NULL, json ? json : "", json ? len : 0);
@@ -158,6 +157,82 @@ void app_tokenize_async(srv_app *a, srv_req *r, const char *const *texts, const 
     a->n_tokenizing++;
 }
 
+// --- whole routes on the thread pool --------------------------------------------------
+
+typedef struct off_loop {
+    uv_work_t work;
+    srv_app *a;
+    srv_req *req;              // NULL once the client left
+    app_work_fn fn;
+    char *body;                // a copy: the connection's buffer may go first
+    size_t len;
+    int rc;
+    sbuf out;
+    api_error err;
+} off_loop;
+
+static void off_loop_work(uv_work_t *w) {
+    off_loop *o = (off_loop *)w;
+    o->rc = o->fn(o->a, o->body, o->len, &o->out, &o->err);
+}
+
+static void off_loop_on_abort(srv_req *r, void *ud) { ((off_loop *)ud)->req = NULL; }
+
+static void off_loop_answer(srv_req *r, int rc, const sbuf *out, const api_error *e) {
+    if (rc < 0)
+        app_send_error(r, e);
+    else
+        app_send_json(r, 200, out->p, out->len);
+}
+
+static void off_loop_after(uv_work_t *w, int status) {
+    off_loop *o = (off_loop *)w;
+    srv_app *a = o->a;
+    if (o->req) {
+        o->req->on_abort = NULL;
+        o->req->ud = NULL;
+        off_loop_answer(o->req, o->rc, &o->out, &o->err);
+    }
+    sbuf_free(&o->out);
+    free(o->body);
+    free(o);
+    a->n_off_loop--;
+    if (--a->n_tokenizing == 0 && a->on_tokenize_idle) a->on_tokenize_idle(a);
+}
+
+void app_run_off_loop(srv_app *a, srv_req *r, app_work_fn fn) {
+    if (r->body_len <= TOKENIZE_INLINE_BYTES) {
+        sbuf out = {0};
+        api_error e;
+        int rc = fn(a, r->body, r->body_len, &out, &e);
+        off_loop_answer(r, rc, &out, &e);
+        sbuf_free(&out);
+        return;
+    }
+    if (a->n_off_loop >= APP_MAX_OFF_LOOP) {
+        app_send_error_msg(r, 503, NULL, "the server is busy: too many large requests in progress");
+        return;
+    }
+    off_loop *o = pg_xcalloc(1, sizeof *o);
+    o->a = a;
+    o->req = r;
+    o->fn = fn;
+    o->len = r->body_len;
+    o->body = pg_xmalloc(o->len + 1);
+    memcpy(o->body, r->body, o->len);
+    o->body[o->len] = 0;
+    if (uv_queue_work(a->loop, &o->work, off_loop_work, off_loop_after) < 0) {
+        free(o->body);
+        free(o);
+        app_send_error_msg(r, 503, NULL, "the server is busy: no worker thread");
+        return;
+    }
+    r->on_abort = off_loop_on_abort;
+    r->ud = o;
+    a->n_off_loop++;
+    a->n_tokenizing++;
+}
+
 int app_render_chat(srv_app *a, const api_messages *m, const cJSON *tools, const cJSON *kwargs,
                     bool add_generation_prompt, char **out, api_error *e) {
     *out = NULL;
@@ -189,17 +264,4 @@ void app_new_id(srv_app *a, const char *prefix, char *out, size_t cap) {
     z ^= z >> 31;
     snprintf(out, cap, "%s%016llx%08llx", prefix, (unsigned long long)z,
              (unsigned long long)(a->next_id & 0xffffffffu));
-}
-
-void app_drain_events(srv_app *a) {
-    if (!a->evbuf) {
-        a->evcap = 256;
-        a->evbuf = pg_xmalloc(sizeof(pg_gen_event) * (size_t)a->evcap);
-    }
-    // uv_async_send coalesces wake-ups: take everything that is there.
-    for (;;) {
-        int n = pg_engine_poll(a->engine, a->evbuf, a->evcap);
-        for (int i = 0; i < n; i++) gen_on_event(a, &a->evbuf[i]);
-        if (n < a->evcap) break;
-    }
 }

@@ -11,6 +11,7 @@
 
 #include "engine/engine.h"
 #include "server/api_common.h"
+#include "server/cors.h"
 #include "server/http_conn.h"
 #include "server/serve_metrics.h"
 
@@ -30,9 +31,13 @@ typedef struct srv_app {
     size_t api_key_len;
     int64_t created;               // unix time at start (for /v1/models)
     bool draining;                 // SIGTERM: new requests get 503
+    bool no_webui;                 // --no-webui: / answers 404
+    bool metrics_vllm;             // --metrics-compat vllm: /metrics adds the vllm: names
+    srv_cors cors;                 // --allowed-origins ...: off unless origins are given
     struct gen_job *jobs;          // live generation jobs (doubly linked)
     int n_jobs;
-    int n_tokenizing;              // tokenizations running on the thread pool
+    int n_tokenizing;              // tokenizations and off-loop routes on the thread pool
+    int n_off_loop;                // app_run_off_loop items among them
     void (*on_tokenize_idle)(struct srv_app *a);  // called when n_tokenizing drops to 0
     uint64_t next_id;              // for response ids
     uint64_t id_salt;
@@ -63,6 +68,22 @@ typedef void (*app_tok_cb)(srv_app *a, srv_req *r, void *ctx, int32_t **ids, con
 void app_tokenize_async(srv_app *a, srv_req *r, const char *const *texts, const size_t *lens, int n,
                         bool add_bos, const char *param, app_tok_cb cb, void *ctx);
 
+// A whole route as a pure function of the request body: fills `out` with
+// the JSON response body and returns 0, or returns -1 with `e` set. Runs on
+// any thread: it may read `a`'s immutable fields (tokenizer, chat template,
+// limits, names) and nothing else.
+typedef int (*app_work_fn)(srv_app *a, const char *body, size_t len, sbuf *out, api_error *e);
+
+// At most this many app_run_off_loop items queued or running: more get 503
+// with Retry-After (each holds a copy of its body, up to --max-body-bytes).
+#define APP_MAX_OFF_LOOP 32
+
+// Answers `r` with fn(body): bodies up to 16 KB at once on the loop thread,
+// larger ones on libuv's thread pool (the body is copied first, so the
+// connection may go away meanwhile: the answer is then dropped). Shutdown
+// waits for these like tokenizations (they use the engine's tokenizer).
+void app_run_off_loop(srv_app *a, srv_req *r, app_work_fn fn);
+
 // Renders chat messages (m->json) with the model's template, with `tools`
 // (a JSON array or NULL) and chat_template_kwargs `kwargs` (object or
 // NULL); 400 without a template or when the template refuses.
@@ -88,5 +109,3 @@ void api_health(srv_app *a, srv_req *r);
 void api_version(srv_app *a, srv_req *r);
 void api_metrics(srv_app *a, srv_req *r);
 
-// Drains every pending engine event (the async callback).
-void app_drain_events(srv_app *a);

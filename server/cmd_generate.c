@@ -14,6 +14,8 @@
 #include "common/err.h"
 #include "common/file.h"
 #include "common/log.h"
+#include "common/parse.h"
+#include "engine/options.h"
 #include "server/cli_flags.h"
 #include "server/commands.h"
 
@@ -260,14 +262,14 @@ int cmd_generate(int argc, char **argv) {
     const char *prompt = NULL, *prompts_file = NULL, *system = NULL;
     for (int i = 0; i < argc; i++) {
         const char *f = argv[i];
-        int r = cli_engine_flag(&cfg, argc, argv, &i);
+        int r = pg_engine_option(&cfg, argc, argv, &i);
         if (r < 0) goto bad_flag;
         if (r > 0) continue;
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t n;
         double d;
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            printf("%s%s", usage, cli_engine_flags_help);
+            printf("%s%s", usage, pg_engine_options_help);
             return 0;
         } else if (!strcmp(f, "--chat")) {
             proto.chat = true;
@@ -283,31 +285,31 @@ int cmd_generate(int argc, char **argv) {
         } else if (!strcmp(f, "--system")) {
             system = v, i++;
         } else if (!strcmp(f, "--max-tokens")) {
-            if (cli_parse_int(v, 1, INT32_MAX, &n) < 0) goto bad_value;
+            if (pg_parse_int(v, 1, INT32_MAX, &n) < 0) goto bad_value;
             proto.sp.max_tokens = (int32_t)n, i++;
         } else if (!strcmp(f, "--top-k")) {
-            if (cli_parse_int(v, -1, INT32_MAX, &n) < 0) goto bad_value;
+            if (pg_parse_int(v, -1, INT32_MAX, &n) < 0) goto bad_value;
             proto.sp.top_k = (int32_t)n, i++;
         } else if (!strcmp(f, "--seed")) {
-            if (cli_parse_int(v, 0, INT64_MAX, &n) < 0) goto bad_value;
+            if (pg_parse_int(v, 0, INT64_MAX, &n) < 0) goto bad_value;
             proto.sp.seed = (uint64_t)n, proto.sp.has_seed = true, i++;
         } else if (!strcmp(f, "--temperature")) {
-            if (cli_parse_float(v, 0, 100, &d) < 0) goto bad_value;
+            if (pg_parse_float(v, 0, 100, &d) < 0) goto bad_value;
             proto.sp.temperature = (float)d, i++;
         } else if (!strcmp(f, "--top-p")) {
-            if (cli_parse_float(v, 1e-9, 1, &d) < 0) goto bad_value;
+            if (pg_parse_float(v, 1e-9, 1, &d) < 0) goto bad_value;
             proto.sp.top_p = (float)d, i++;
         } else if (!strcmp(f, "--min-p")) {
-            if (cli_parse_float(v, 0, 1, &d) < 0) goto bad_value;
+            if (pg_parse_float(v, 0, 1, &d) < 0) goto bad_value;
             proto.sp.min_p = (float)d, i++;
         } else if (!strcmp(f, "--repetition-penalty")) {
-            if (cli_parse_float(v, 1e-6, 100, &d) < 0) goto bad_value;
+            if (pg_parse_float(v, 1e-6, 100, &d) < 0) goto bad_value;
             proto.sp.repetition_penalty = (float)d, i++;
         } else if (!strcmp(f, "--presence-penalty")) {
-            if (cli_parse_float(v, -2, 2, &d) < 0) goto bad_value;
+            if (pg_parse_float(v, -2, 2, &d) < 0) goto bad_value;
             proto.sp.presence_penalty = (float)d, i++;
         } else if (!strcmp(f, "--frequency-penalty")) {
-            if (cli_parse_float(v, -2, 2, &d) < 0) goto bad_value;
+            if (pg_parse_float(v, -2, 2, &d) < 0) goto bad_value;
             proto.sp.frequency_penalty = (float)d, i++;
         } else {
             pg_err_set(PG_EINVAL, "unknown flag: %s", f);

@@ -5,9 +5,12 @@
 // and stop strings; the engine thread runs the model. The engine's notify
 // callback is uv_async_send; the async callback drains every event.
 //
-// SIGTERM / SIGINT: stop accepting, answer new requests 503, let running
-// requests finish for up to --shutdown-timeout seconds, then abort what is
-// left, close everything and exit 0. A second signal skips the wait.
+// SIGTERM / SIGINT / SIGHUP: stop accepting, answer new requests 503, let
+// running requests finish for up to --shutdown-timeout seconds, then abort
+// what is left, close everything and exit 0. A second signal skips the wait.
+// SIGHUP drains too (there is no configuration to reload): a hangup - the
+// terminal or a supervisor going away - must not cut streams mid-way, which
+// the default action (terminate at once) did. systemd stops with SIGTERM.
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,22 +23,38 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "server/app.h"
+#include "common/parse.h"
+#include "engine/options.h"
 #include "server/cli_flags.h"
 #include "server/commands.h"
 #include "server/gen_job.h"
+#include "server/tls.h"
+
+#define SERVE_DEFAULT_MAX_WAITING 1024
 
 static const char *usage =
     "usage: paged serve [options]\n"
     "Run the OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions,\n"
-    "/v1/models, /tokenize, /detokenize, /health, /version, /metrics).\n"
+    "/v1/models, /tokenize, /detokenize, /health, /version, /metrics, /openapi.json,\n"
+    "and a chat page at /).\n"
     "Server:\n"
     "  --host HOST                   address to bind (default 127.0.0.1)\n"
     "  --port N                      port (default 8000)\n"
     "  --api-key KEY                 require Authorization: Bearer KEY on every route but\n"
     "                                /health (default: $PAGED_API_KEY; none when unset)\n"
     "  --served-model-name NAME      the model id clients use (default: the model file name)\n"
-    "  --shutdown-timeout S          on SIGTERM/SIGINT, seconds running requests may take\n"
+    "  --ssl-certfile FILE           serve HTTPS with this PEM certificate chain\n"
+    "  --ssl-keyfile FILE            its private key (PEM; default: from --ssl-certfile)\n"
+    "  --ssl-ca-certs FILE           require client certificates signed by these CAs (PEM)\n"
+    "  --shutdown-timeout S          on SIGTERM/SIGINT/SIGHUP, seconds running requests may take\n"
     "                                to finish before they are aborted (default 30)\n"
+    "  --no-webui                    no chat page at / (404)\n"
+    "  --metrics-compat vllm         /metrics also exposes vLLM's names (vllm:...) for the\n"
+    "                                families vLLM has, next to the paged: ones\n"
+    "CORS (off unless --allowed-origins is given; lists are a,b or JSON '[\"a\",\"b\"]'):\n"
+    "  --allowed-origins LIST        origins browsers may call from (\"*\": any)\n"
+    "  --allowed-methods LIST        methods a preflight allows (default \"*\")\n"
+    "  --allowed-headers LIST        request headers a preflight allows (default \"*\")\n"
     "HTTP limits:\n"
     "  --max-request-line BYTES      request URL (default 8K) -> 414\n"
     "  --max-header-bytes BYTES      header block (default 64K) -> 431\n"
@@ -50,6 +69,8 @@ static const char *usage =
     "  --max-output-buffer BYTES     unsent output per connection before the client is\n"
     "                                dropped (default 4M; reading stops at 256K)\n"
     "  --max-connections N           open connections (default 4096)\n"
+    "  --max-buffered-body-bytes B   request body bytes buffered over all connections\n"
+    "                                (default 256M) -> 503 + Retry-After\n"
     "Request limits:\n"
     "  --max-n N                     n per request (default 128, at most --max-num-seqs)\n"
     "  --max-sequences N             prompts x n per request (default 256)\n"
@@ -61,7 +82,7 @@ static const char *usage =
 
 typedef struct serve {
     srv_app app;
-    uv_signal_t sigterm, sigint;
+    uv_signal_t sigterm, sigint, sighup;
     uv_timer_t drain_timer;
     uint64_t drain_deadline_ms;   // when running requests are aborted
     uint64_t abort_deadline_ms;   // when we stop waiting for the aborts
@@ -79,7 +100,7 @@ static void on_engine_notify(void *ctx) {
 
 static void on_async(uv_async_t *h) {
     srv_app *a = h->data;
-    if (a->engine) app_drain_events(a);
+    if (a->engine) gen_drain_events(a);
 }
 
 // --- HTTP hooks --------------------------------------------------------------------
@@ -123,6 +144,7 @@ static void close_engine(srv_app *a) {
     uv_close((uv_handle_t *)&a->async, on_handle_closed);
     uv_close((uv_handle_t *)&s->sigterm, on_handle_closed);
     uv_close((uv_handle_t *)&s->sigint, on_handle_closed);
+    uv_close((uv_handle_t *)&s->sighup, on_handle_closed);
     uv_close((uv_handle_t *)&s->drain_timer, on_handle_closed);
 }
 
@@ -175,14 +197,17 @@ typedef struct serve_flags {
     int port;
     const char *api_key;
     const char *served_name;
+    const char *ssl_certfile, *ssl_keyfile, *ssl_ca_certs;
     double shutdown_timeout;
+    bool no_webui, metrics_vllm;
+    srv_cors cors;
     srv_http_limits http;
     api_limits api;
 } serve_flags;
 
 static int parse_seconds(const char *v, uint64_t *ms) {
     double d;
-    PG_TRY(cli_parse_float(v, 0.001, 1e7, &d));
+    PG_TRY(pg_parse_float(v, 0.001, 1e7, &d));
     *ms = (uint64_t)(d * 1000);
     return 0;
 }
@@ -193,38 +218,56 @@ static int serve_flag(serve_flags *f, int argc, char **argv, int *i) {
     const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
     int64_t n, b;
 #define IS(s) (!strcmp(name, s))
+    if (IS("--no-webui")) {  // the one flag without a value
+        f->no_webui = true;
+        return 1;
+    }
     if (!(IS("--host") || IS("--port") || IS("--api-key") || IS("--served-model-name") ||
+          IS("--ssl-certfile") || IS("--ssl-keyfile") || IS("--ssl-ca-certs") ||
           IS("--shutdown-timeout") || IS("--max-request-line") || IS("--max-header-bytes") ||
           IS("--max-headers") || IS("--max-body-bytes") || IS("--header-timeout") ||
           IS("--body-timeout") || IS("--keep-alive-timeout") || IS("--write-timeout") ||
-          IS("--max-output-buffer") || IS("--max-connections") || IS("--max-n") ||
+          IS("--max-output-buffer") || IS("--max-connections") || IS("--max-buffered-body-bytes") ||
+          IS("--max-n") ||
           IS("--max-sequences") || IS("--max-stop-strings") || IS("--max-stop-string-bytes") ||
-          IS("--max-logprobs") || IS("--default-max-tokens")))
+          IS("--max-logprobs") || IS("--default-max-tokens") || IS("--metrics-compat") ||
+          IS("--allowed-origins") || IS("--allowed-methods") || IS("--allowed-headers")))
         return 0;
     if (!v) return pg_err_set(PG_EINVAL, "%s needs a value", name);
     (*i)++;
     int rc = 0;
     if (IS("--host")) f->host = v;
-    else if (IS("--port")) rc = cli_parse_int(v, 0, 65535, &n), f->port = (int)n;
+    else if (IS("--port")) rc = pg_parse_int(v, 0, 65535, &n), f->port = (int)n;
     else if (IS("--api-key")) f->api_key = v;
     else if (IS("--served-model-name")) f->served_name = v;
-    else if (IS("--shutdown-timeout")) rc = cli_parse_float(v, 0, 1e6, &f->shutdown_timeout);
-    else if (IS("--max-request-line")) rc = cli_parse_bytes(v, &b), f->http.max_request_line = (size_t)b;
-    else if (IS("--max-header-bytes")) rc = cli_parse_bytes(v, &b), f->http.max_header_bytes = (size_t)b;
-    else if (IS("--max-headers")) rc = cli_parse_int(v, 1, 100000, &n), f->http.max_headers = (int)n;
-    else if (IS("--max-body-bytes")) rc = cli_parse_bytes(v, &b), f->http.max_body = (size_t)b;
+    else if (IS("--ssl-certfile")) f->ssl_certfile = v;
+    else if (IS("--ssl-keyfile")) f->ssl_keyfile = v;
+    else if (IS("--ssl-ca-certs")) f->ssl_ca_certs = v;
+    else if (IS("--shutdown-timeout")) rc = pg_parse_float(v, 0, 1e6, &f->shutdown_timeout);
+    else if (IS("--metrics-compat")) {
+        if (!strcmp(v, "vllm")) f->metrics_vllm = true;
+        else rc = pg_err_set(PG_EINVAL, "the only value is vllm, not %s", v);
+    }
+    else if (IS("--allowed-origins")) rc = srv_cors_set(&f->cors, "origins", v);
+    else if (IS("--allowed-methods")) rc = srv_cors_set(&f->cors, "methods", v);
+    else if (IS("--allowed-headers")) rc = srv_cors_set(&f->cors, "headers", v);
+    else if (IS("--max-request-line")) rc = pg_parse_bytes(v, &b), f->http.max_request_line = (size_t)b;
+    else if (IS("--max-header-bytes")) rc = pg_parse_bytes(v, &b), f->http.max_header_bytes = (size_t)b;
+    else if (IS("--max-headers")) rc = pg_parse_int(v, 1, 100000, &n), f->http.max_headers = (int)n;
+    else if (IS("--max-body-bytes")) rc = pg_parse_bytes(v, &b), f->http.max_body = (size_t)b;
     else if (IS("--header-timeout")) rc = parse_seconds(v, &f->http.header_timeout_ms);
     else if (IS("--body-timeout")) rc = parse_seconds(v, &f->http.body_timeout_ms);
     else if (IS("--keep-alive-timeout")) rc = parse_seconds(v, &f->http.keepalive_timeout_ms);
     else if (IS("--write-timeout")) rc = parse_seconds(v, &f->http.write_timeout_ms);
-    else if (IS("--max-output-buffer")) rc = cli_parse_bytes(v, &b), f->http.out_max = (size_t)b;
-    else if (IS("--max-connections")) rc = cli_parse_int(v, 1, 1000000, &n), f->http.max_connections = (int)n;
-    else if (IS("--max-n")) rc = cli_parse_int(v, 1, SCHED_MAX_N, &n), f->api.max_n = (int32_t)n;
-    else if (IS("--max-sequences")) rc = cli_parse_int(v, 1, 1 << 20, &n), f->api.max_seqs = (int32_t)n;
-    else if (IS("--max-stop-strings")) rc = cli_parse_int(v, 0, 1024, &n), f->api.max_stop = (int32_t)n;
-    else if (IS("--max-stop-string-bytes")) rc = cli_parse_int(v, 1, 1 << 16, &n), f->api.max_stop_len = (int32_t)n;
-    else if (IS("--max-logprobs")) rc = cli_parse_int(v, 0, PG_MAX_LOGPROBS, &n), f->api.max_logprobs = (int32_t)n;
-    else if (IS("--default-max-tokens")) rc = cli_parse_int(v, 0, INT32_MAX, &n), f->api.default_max_tokens = (int32_t)n;
+    else if (IS("--max-output-buffer")) rc = pg_parse_bytes(v, &b), f->http.out_max = (size_t)b;
+    else if (IS("--max-connections")) rc = pg_parse_int(v, 1, 1000000, &n), f->http.max_connections = (int)n;
+    else if (IS("--max-buffered-body-bytes")) rc = pg_parse_bytes(v, &b), f->http.max_body_total = (size_t)b;
+    else if (IS("--max-n")) rc = pg_parse_int(v, 1, SCHED_MAX_N, &n), f->api.max_n = (int32_t)n;
+    else if (IS("--max-sequences")) rc = pg_parse_int(v, 1, 1 << 20, &n), f->api.max_seqs = (int32_t)n;
+    else if (IS("--max-stop-strings")) rc = pg_parse_int(v, 0, 1024, &n), f->api.max_stop = (int32_t)n;
+    else if (IS("--max-stop-string-bytes")) rc = pg_parse_int(v, 1, 1 << 16, &n), f->api.max_stop_len = (int32_t)n;
+    else if (IS("--max-logprobs")) rc = pg_parse_int(v, 0, PG_MAX_LOGPROBS, &n), f->api.max_logprobs = (int32_t)n;
+    else if (IS("--default-max-tokens")) rc = pg_parse_int(v, 0, INT32_MAX, &n), f->api.default_max_tokens = (int32_t)n;
 #undef IS
     if (rc < 0) return pg_err_wrap(PG_EINVAL, "%s: ", name);
     return 1;
@@ -259,27 +302,57 @@ int cmd_serve(int argc, char **argv) {
     pg_engine_config cfg;
     pg_engine_config_default(&cfg);
     cfg.model_path = cli_default_model();
+    // Bounded by default: a flood of requests queues at most this many in
+    // the scheduler (each holds its prompt ids), the rest get 503 +
+    // Retry-After at once. --max-waiting 0 lifts the bound.
+    cfg.sched.max_waiting = SERVE_DEFAULT_MAX_WAITING;
     serve_flags f = {.host = "127.0.0.1", .port = 8000, .shutdown_timeout = 30};
     srv_http_limits_default(&f.http);
     api_limits_default(&f.api);
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("%s%s", usage, cli_engine_flags_help);
+            printf("%s%s", usage, pg_engine_options_help);
+            srv_cors_free(&f.cors);
             return 0;
         }
-        int r = cli_engine_flag(&cfg, argc, argv, &i);
+        int r = pg_engine_option(&cfg, argc, argv, &i);
         if (r == 0) r = serve_flag(&f, argc, argv, &i);
         if (r == 0) r = pg_err_set(PG_EINVAL, "unknown flag: %s", argv[i]);
         if (r < 0) {
             fprintf(stderr, "paged serve: %s (see --help)\n", pg_err_msg());
+            srv_cors_free(&f.cors);
             return 2;
         }
     }
+    srv_cors_finish(&f.cors);
+    // An empty key would turn authentication on with a key anyone can send
+    // ("Authorization: Bearer "): refused, whether from the flag or the
+    // environment (an empty PAGED_API_KEY is usually a missing secret).
+    if (f.api_key && !*f.api_key) {
+        fprintf(stderr, "paged serve: --api-key is empty; give a non-empty key, or leave the flag out "
+                        "to serve without authentication\n");
+        return 2;
+    }
     if (!f.api_key) {
         const char *env = getenv("PAGED_API_KEY");
-        if (env && *env) f.api_key = env;
+        if (env && !*env) {
+            fprintf(stderr, "paged serve: PAGED_API_KEY is set but empty; set a key or unset it\n");
+            return 2;
+        }
+        f.api_key = env;
     }
     signal(SIGPIPE, SIG_IGN);  // a closed socket is an error return, not a signal
+    // TLS files are checked before the model loads: a typo fails in
+    // milliseconds with the file named, not after the weights are read.
+    srv_tls_ctx *tls = NULL;
+    if ((f.ssl_keyfile || f.ssl_ca_certs) && !f.ssl_certfile) {
+        fprintf(stderr, "paged serve: %s needs --ssl-certfile\n", f.ssl_keyfile ? "--ssl-keyfile" : "--ssl-ca-certs");
+        return 2;
+    }
+    if (f.ssl_certfile && srv_tls_ctx_create(f.ssl_certfile, f.ssl_keyfile, f.ssl_ca_certs, &tls) < 0) {
+        fprintf(stderr, "paged serve: %s\n", pg_err_msg());
+        return 2;
+    }
 
     serve *s = pg_xcalloc(1, sizeof *s);
     srv_app *a = &s->app;
@@ -297,16 +370,26 @@ int cmd_serve(int argc, char **argv) {
         uv_run(&loop, UV_RUN_DEFAULT);
         uv_loop_close(&loop);
         free(s);
+        srv_tls_ctx_free(tls);
+        srv_cors_free(&f.cors);
         return 1;
     }
     a->tok = pg_engine_tokenizer(a->engine);
     a->chat = pg_engine_chat_template(a->engine);
     a->model_path = pg_xstrdup(cfg.model_path);
-    a->served_name = f.served_name ? pg_xstrdup(f.served_name) : default_served_name(cfg.model_path);
+    // Random (dummy) weights are named after their config ("llama3-8b-shape"),
+    // not after the default model file they never read.
+    const bool dummy = cfg.load_format && !strcmp(cfg.load_format, "dummy");
+    a->served_name = f.served_name ? pg_xstrdup(f.served_name)
+                     : dummy       ? pg_xstrdup(pg_engine_model_config(a->engine)->name)
+                                   : default_served_name(cfg.model_path);
     if (f.api_key) {
         a->api_key = pg_xstrdup(f.api_key);
         a->api_key_len = strlen(f.api_key);
     }
+    a->no_webui = f.no_webui;
+    a->metrics_vllm = f.metrics_vllm;
+    a->cors = f.cors;  // the app owns the lists from here
     a->created = (int64_t)time(NULL);
     a->id_salt = random_salt();
     a->lim = f.api;
@@ -332,24 +415,34 @@ int cmd_serve(int argc, char **argv) {
         uv_run(&loop, UV_RUN_DEFAULT);
         goto out;
     }
+    if (tls) srv_http_set_tls(a->http, tls);
     uv_signal_init(&loop, &s->sigterm);
     uv_signal_init(&loop, &s->sigint);
+    uv_signal_init(&loop, &s->sighup);
     uv_timer_init(&loop, &s->drain_timer);
-    s->sigterm.data = s->sigint.data = s->drain_timer.data = s;
+    s->sigterm.data = s->sigint.data = s->sighup.data = s->drain_timer.data = s;
     uv_signal_start(&s->sigterm, on_signal, SIGTERM);
     uv_signal_start(&s->sigint, on_signal, SIGINT);
+    uv_signal_start(&s->sighup, on_signal, SIGHUP);
 
     pg_engine_stats st;
     pg_engine_stats_get(a->engine, &st);
     int64_t kv_tokens = (int64_t)(st.kv_blocks - 1) * st.block_size;
     PG_LOGI("paged serve: model %s (%s), device %s, KV cache %d blocks x %d tokens = %lld tokens "
-            "(%.0f MiB), max model len %d, loaded in %.2f s; listening on http://%s%s%s:%d%s",
+            "(%.0f MiB), max model len %d, loaded in %.2f s; listening on %s://%s%s%s:%d%s%s",
             a->served_name,
             cfg.load_format && !strcmp(cfg.load_format, "dummy") ? "dummy weights" : cfg.model_path,
             pg_engine_device_name(a->engine), st.kv_blocks - 1,
             st.block_size, (long long)kv_tokens, (double)st.kv_bytes / (1 << 20), a->lim.max_model_len,
-            pg_now_s() - t0, strchr(f.host, ':') ? "[" : "", f.host, strchr(f.host, ':') ? "]" : "", srv_http_port(a->http),
-            a->api_key ? " (API key required)" : "");
+            pg_now_s() - t0, tls ? "https" : "http", strchr(f.host, ':') ? "[" : "", f.host,
+            strchr(f.host, ':') ? "]" : "", srv_http_port(a->http), a->api_key ? " (API key required)" : "",
+            f.ssl_ca_certs ? " (client certificates required)" : "");
+    if (cfg.sched.max_waiting > 0)
+        PG_LOGI("paged serve: queues bounded: %d waiting requests, %.0f MiB of request bodies; "
+                "beyond them 503 + Retry-After", cfg.sched.max_waiting, (double)f.http.max_body_total / (1 << 20));
+    else
+        PG_LOGI("paged serve: waiting requests unbounded (--max-waiting 0); request bodies bounded at %.0f MiB",
+                (double)f.http.max_body_total / (1 << 20));
     fflush(stderr);
 
     uv_run(&loop, UV_RUN_DEFAULT);
@@ -360,6 +453,8 @@ out:
     free(a->served_name);
     free(a->model_path);
     free(a->api_key);
+    srv_cors_free(&a->cors);
     free(s);
+    srv_tls_ctx_free(tls);
     return rc;
 }

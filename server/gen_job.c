@@ -381,3 +381,16 @@ void gen_on_event(srv_app *a, const pg_gen_event *ge) {
 void gen_free_all(srv_app *a) {
     while (a->jobs) job_unlink_free(a->jobs);
 }
+
+void gen_drain_events(srv_app *a) {
+    if (!a->evbuf) {
+        a->evcap = 256;
+        a->evbuf = pg_xmalloc(sizeof(pg_gen_event) * (size_t)a->evcap);
+    }
+    // uv_async_send coalesces wake-ups: take everything that is there.
+    for (;;) {
+        int n = pg_engine_poll(a->engine, a->evbuf, a->evcap);
+        for (int i = 0; i < n; i++) gen_on_event(a, &a->evbuf[i]);
+        if (n < a->evcap) break;
+    }
+}

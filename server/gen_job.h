@@ -4,7 +4,7 @@
 //
 // A job submits one engine request per prompt (each with n sequences) and
 // registers a gen_sub as that request's pg_gen_request.user. Engine events
-// come back on the loop thread (app_drain_events -> gen_on_event), in order
+// come back on the loop thread (gen_drain_events -> gen_on_event), in order
 // per request, ending with one req_finished event per engine request.
 //
 // Ownership: the app owns live jobs. A job is freed when both (a) every
@@ -103,6 +103,9 @@ void gen_job_start(gen_job *j);
 
 // One engine event (loop thread).
 void gen_on_event(srv_app *a, const pg_gen_event *ev);
+
+// Drains every pending engine event into gen_on_event (the async callback).
+void gen_drain_events(srv_app *a);
 
 // Aborts every engine request of every live job (shutdown timeout).
 void gen_abort_all(srv_app *a);

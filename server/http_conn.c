@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "server/tls.h"
 
 #define READ_CHUNK 65536
 #define LINGER_MS 2000
@@ -52,6 +53,7 @@ struct srv_conn {
     sbuf url, hdr, body;      // hdr: "name\0value\0" pairs
     int n_hdr;
     size_t hdr_bytes;
+    size_t hfield_off;        // where the header name being read starts in `hdr`
     hdr_state hstate;
     srv_req req;
 
@@ -59,6 +61,11 @@ struct srv_conn {
     sbuf out;
     size_t inflight;
     uint64_t progress_ms;     // last write progress (or when output became pending)
+
+    // TLS (NULL: plain HTTP): ciphertext is read into `raw` and decrypted
+    // into `in`; `out` is encrypted into `wire`, which is what gets written.
+    srv_tls *tls;
+    sbuf raw, wire;
 
     srv_conn *prev, *next;    // all connections of the server
     srv_conn *work_next;
@@ -76,6 +83,8 @@ struct srv_http {
     llhttp_settings_t settings;
     srv_conn *conns;
     int n_conns;
+    size_t body_bytes;        // request body bytes buffered over all connections
+    srv_tls_ctx *tls;         // borrowed; NULL: plain HTTP
     srv_conn *work_head;
     void (*done)(void *arg);
     void *done_arg;
@@ -94,6 +103,7 @@ void srv_http_limits_default(srv_http_limits *l) {
     l->out_max = 4 << 20;
     l->max_pipeline = 64 << 10;
     l->max_connections = 4096;
+    l->max_body_total = 256 << 20;
 }
 
 const char *srv_status_text(int status) {
@@ -119,7 +129,7 @@ const char *srv_status_text(int status) {
     }
 }
 
-static size_t pending_out(const srv_conn *c) { return c->out.len + c->inflight; }
+static size_t pending_out(const srv_conn *c) { return c->out.len + c->wire.len + c->inflight; }
 
 // --- deferred work -----------------------------------------------------------------
 // Closing a connection, parsing the next pipelined request and flushing
@@ -153,6 +163,7 @@ static void conn_update_reading(srv_conn *c);
 static void conn_parse(srv_conn *c);
 static void conn_flush(srv_conn *c);
 static void conn_close_now(srv_conn *c);
+static int conn_write(srv_conn *c, sbuf *src);
 
 static void work_cb(uv_idle_t *h) {
     srv_http *s = h->data;
@@ -206,8 +217,12 @@ static void conn_on_close(uv_handle_t *h) {
     sbuf_free(&c->in);
     sbuf_free(&c->url);
     sbuf_free(&c->hdr);
+    s->body_bytes -= c->body.len;
     sbuf_free(&c->body);
     sbuf_free(&c->out);
+    sbuf_free(&c->raw);
+    sbuf_free(&c->wire);
+    srv_tls_free(c->tls);
     free(c);
     srv_maybe_done(s);
 }
@@ -241,6 +256,10 @@ static void on_shutdown(uv_shutdown_t *req, int status) {
 static void conn_start_linger(srv_conn *c) {
     c->state = C_LINGER;
     c->phase_ms = uv_now(c->srv->loop);
+    if (c->tls) {  // close_notify first: libuv shuts down after pending writes
+        srv_tls_close_notify(c->tls, &c->wire);
+        if (c->wire.len > 0 && conn_write(c, &c->wire) < 0) return;
+    }
     c->shutdown.data = c;
     if (uv_shutdown(&c->shutdown, (uv_stream_t *)&c->tcp, on_shutdown) < 0) {
         conn_schedule_close(c);
@@ -285,14 +304,11 @@ static void on_write(uv_write_t *w, int status) {
     conn_arm_timer(c);
 }
 
-static void conn_flush(srv_conn *c) {
-    if (c->out.len == 0) {
-        if (c->state == C_DONE && c->inflight == 0) conn_start_linger(c);
-        return;
-    }
+// Hands all of `src` to libuv. Returns -1 (connection closing) on failure.
+static int conn_write(srv_conn *c, sbuf *src) {
     write_req *wr = pg_xmalloc(sizeof *wr);
     wr->conn = c;
-    wr->data = sbuf_steal(&c->out, &wr->len);
+    wr->data = sbuf_steal(src, &wr->len);
     uv_buf_t buf = uv_buf_init(wr->data, (unsigned)wr->len);
     if (c->inflight == 0) c->progress_ms = uv_now(c->srv->loop);
     int rc = uv_write(&wr->req, (uv_stream_t *)&c->tcp, &buf, 1, on_write);
@@ -300,9 +316,27 @@ static void conn_flush(srv_conn *c) {
         free(wr->data);
         free(wr);
         conn_schedule_close(c);
-        return;
+        return -1;
     }
     c->inflight += wr->len;
+    return 0;
+}
+
+static void conn_flush(srv_conn *c) {
+    if (c->tls && c->out.len > 0) {
+        if (srv_tls_write(c->tls, c->out.p, c->out.len, &c->wire) < 0) {
+            PG_LOGD("http: TLS: %s", srv_tls_error(c->tls));
+            conn_schedule_close(c);
+            return;
+        }
+        sbuf_reset(&c->out);
+    }
+    sbuf *src = c->tls ? &c->wire : &c->out;
+    if (src->len == 0) {
+        if (c->state == C_DONE && c->inflight == 0) conn_start_linger(c);
+        return;
+    }
+    if (conn_write(c, src) < 0) return;
     conn_update_reading(c);
     conn_arm_timer(c);
 }
@@ -376,9 +410,10 @@ static void on_timer(uv_timer_t *t) {
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     srv_conn *c = h->data;
-    sbuf_reserve(&c->in, READ_CHUNK);
-    buf->base = c->in.p + c->in.len;
-    buf->len = c->in.cap - c->in.len - 1;
+    sbuf *b = c->tls ? &c->raw : &c->in;
+    sbuf_reserve(b, READ_CHUNK);
+    buf->base = b->p + b->len;
+    buf->len = b->cap - b->len - 1;
 }
 
 static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
@@ -394,8 +429,22 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     }
     if (nread == 0) return;
     if (c->state == C_LINGER || c->state == C_DONE) return;  // discarded
-    c->in.len += (size_t)nread;
-    c->in.p[c->in.len] = 0;
+    if (c->tls) {
+        c->raw.len += (size_t)nread;
+        size_t before = c->in.len;
+        int rc = srv_tls_feed(c->tls, c->raw.p, c->raw.len, &c->in, &c->wire);
+        sbuf_reset(&c->raw);
+        if (rc < 0) {  // a failed handshake (plain HTTP, a bad client certificate) or close_notify
+            PG_LOGD("http: TLS: %s", srv_tls_error(c->tls));
+            conn_close_now(c);
+            return;
+        }
+        if (c->wire.len > 0) conn_mark_dirty(c);  // handshake replies
+        if (c->in.len == before) return;
+    } else {
+        c->in.len += (size_t)nread;
+        c->in.p[c->in.len] = 0;
+    }
     if (c->state == C_READ) conn_parse(c);
     else conn_update_reading(c);
 }
@@ -426,6 +475,7 @@ static int cb_message_begin(llhttp_t *p) {
     srv_conn *c = p->data;
     sbuf_reset(&c->url);
     sbuf_reset(&c->hdr);
+    c->srv->body_bytes -= c->body.len;
     if (c->body.cap > (256u << 10)) sbuf_free(&c->body);
     sbuf_reset(&c->body);
     c->n_hdr = 0;
@@ -461,18 +511,28 @@ static int cb_header_field(llhttp_t *p, const char *at, size_t n) {
         if (c->n_hdr >= c->srv->lim.max_headers) return reject(c, 431, "too many request headers");
         c->n_hdr++;
         c->hstate = H_FIELD;
+        c->hfield_off = c->hdr.len;
     }
     if (header_bytes(c, n) < 0) return -1;
     sbuf_append(&c->hdr, at, n);
     return 0;
 }
 
+// RFC 9110 token characters: what a field name may hold. llhttp 8 in its
+// default (non-strict) build lets a space or an empty name through; behind
+// a proxy that reads them differently that is a request-smuggling vector.
+static bool is_tchar(unsigned char ch) {
+    if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9')) return true;
+    return ch && strchr("!#$%&'*+-.^_`|~", ch) != NULL;
+}
+
 static int cb_header_field_complete(llhttp_t *p) {
     srv_conn *c = p->data;
-    if (c->hstate != H_FIELD) {  // an empty field name (llhttp rejects these; be safe)
-        if (c->n_hdr >= c->srv->lim.max_headers) return reject(c, 431, "too many request headers");
-        c->n_hdr++;
-    }
+    if (c->hstate != H_FIELD || c->hdr.len == c->hfield_off)
+        return reject(c, 400, "malformed HTTP request: empty header name");
+    for (size_t i = c->hfield_off; i < c->hdr.len; i++)
+        if (!is_tchar((unsigned char)c->hdr.p[i]))
+            return reject(c, 400, "malformed HTTP request: invalid character in a header name");
     sbuf_append(&c->hdr, "", 1);
     c->hstate = H_VALUE;
     return 0;
@@ -508,8 +568,17 @@ static int cb_headers_complete(llhttp_t *p) {
     srv_conn *c = p->data;
     if (c->hstate == H_VALUE) sbuf_append(&c->hdr, "", 1);
     c->hstate = H_NONE;
+    if (p->http_major != 1 || p->http_minor > 1)
+        return reject(c, 505, "HTTP version not supported (HTTP/1.0 and HTTP/1.1 are)");
+    // RFC 9112 6.1: Transfer-Encoding in an HTTP/1.0 message means faulty framing.
+    if (p->http_minor == 0 && ((p->flags & F_CHUNKED) || srv_req_header(&c->req, "transfer-encoding")))
+        return reject(c, 400, "malformed HTTP request: Transfer-Encoding in an HTTP/1.0 request");
     if ((p->flags & F_CONTENT_LENGTH) && p->content_length > c->srv->lim.max_body)
         return reject(c, 413, "request body too large");
+    // A declared body that cannot fit the global budget now is refused before
+    // it is sent (the check in cb_body covers chunked and slow bodies).
+    if ((p->flags & F_CONTENT_LENGTH) && c->srv->body_bytes + p->content_length > c->srv->lim.max_body_total)
+        return reject(c, 503, "the server is busy: too many request body bytes buffered; retry later");
     c->req.conn = c;
     c->phase = P_BODY;
     c->phase_ms = uv_now(c->srv->loop);
@@ -528,7 +597,10 @@ static int cb_headers_complete(llhttp_t *p) {
 static int cb_body(llhttp_t *p, const char *at, size_t n) {
     srv_conn *c = p->data;
     if (c->body.len + n > c->srv->lim.max_body) return reject(c, 413, "request body too large");
+    if (c->srv->body_bytes + n > c->srv->lim.max_body_total)
+        return reject(c, 503, "the server is busy: too many request body bytes buffered; retry later");
     sbuf_append(&c->body, at, n);
+    c->srv->body_bytes += n;
     return 0;
 }
 
@@ -548,9 +620,25 @@ static void conn_dispatch(srv_conn *c) {
     r->method_name = llhttp_method_name((llhttp_method_t)r->method);
     sbuf_append(&c->url, "", 0);  // ensure a NUL-terminated buffer
     sbuf_append(&c->body, "", 0);
-    char *q = strchr(c->url.p, '?');
+    char *path = c->url.p;
+    // RFC 9112 3.2.2: a server must accept the absolute form
+    // (GET http://host:port/health HTTP/1.1); the authority is not checked
+    // (Host is not either), only the path and query are used.
+    if (!strncasecmp(path, "http://", 7) || !strncasecmp(path, "https://", 8)) {
+        char *auth = strstr(path, "//") + 2;
+        char *slash = auth + strcspn(auth, "/?");
+        if (*slash == '/') {
+            path = slash;
+        } else {  // "http://host" or "http://host?q": the path is "/"
+            size_t ql = strlen(slash);
+            memmove(auth + 1, slash, ql + 1);
+            auth[0] = '/';
+            path = auth;
+        }
+    }
+    char *q = strchr(path, '?');
     if (q) *q++ = 0;
-    r->path = c->url.p;
+    r->path = path;
     r->query = q ? q : "";
     r->body = c->body.p;
     r->body_len = c->body.len;
@@ -565,6 +653,11 @@ static void conn_dispatch(srv_conn *c) {
 
 // The response has ended: the next request may be parsed.
 static void conn_end_request(srv_conn *c) {
+    // The body is not needed any more: it leaves the global budget now, not
+    // when (if ever) the connection sends its next request.
+    c->srv->body_bytes -= c->body.len;
+    if (c->body.cap > (256u << 10)) sbuf_free(&c->body);
+    sbuf_reset(&c->body);
     c->dispatched = false;
     c->resp_open = false;
     c->req.on_abort = NULL;
@@ -597,7 +690,10 @@ static void conn_parse(srv_conn *c) {
             const char *reason = llhttp_get_error_reason(&c->parser);
             char msg[160];
             snprintf(msg, sizeof msg, "malformed HTTP request: %s", reason ? reason : llhttp_errno_name(err));
-            conn_protocol_error(c, c->err_status ? c->err_status : 400, c->err_status ? c->err_msg : msg);
+            int status = c->err_status ? c->err_status : err == HPE_INVALID_VERSION ? 505 : 400;
+            if (!c->err_status && status == 505)
+                snprintf(msg, sizeof msg, "HTTP version not supported (HTTP/1.0 and HTTP/1.1 are)");
+            conn_protocol_error(c, status, c->err_status ? c->err_msg : msg);
             break;
         }
         c->in_off += (size_t)(llhttp_get_error_pos(&c->parser) - start);
@@ -631,6 +727,7 @@ static void put_head(srv_conn *c, int status, const char *ctype, const char *ext
     else if (c->req.http_minor == 0)
         sbuf_puts(o, "Connection: keep-alive\r\n");
     if (extra) sbuf_puts(o, extra);
+    sbuf_puts(o, c->req.resp_headers);
     sbuf_puts(o, "\r\n");
     if (c->srv->h.on_response)
         c->srv->h.on_response(c->req.route ? c->req.route : "other", status, c->srv->h.ctx);
@@ -648,8 +745,8 @@ static void conn_protocol_error(srv_conn *c, int status, const char *msg) {
     c->close_after = true;
     c->req.route = "http";
     c->req.keep_alive = false;
-    put_head(c, status, c->srv->h.error_body ? "application/json" : "text/plain", NULL,
-             (long long)body.len, false);
+    put_head(c, status, c->srv->h.error_body ? "application/json" : "text/plain",
+             status == 503 ? "Retry-After: 1\r\n" : NULL, (long long)body.len, false);
     sbuf_append(&c->out, body.p ? body.p : "", body.len);
     sbuf_free(&body);
     c->state = C_DONE;
@@ -741,6 +838,7 @@ static void on_connection(uv_stream_t *ls, int status) {
         return;
     }
     uv_tcp_nodelay(&c->tcp, 1);  // SSE chunks are small and latency matters
+    if (s->tls) c->tls = srv_tls_new(s->tls);
     conn_update_reading(c);
     conn_arm_timer(c);
 }
@@ -804,6 +902,8 @@ int srv_http_start(uv_loop_t *loop, const char *host, int port, const srv_http_l
 }
 
 int srv_http_port(const srv_http *s) { return s->port; }
+
+void srv_http_set_tls(srv_http *s, srv_tls_ctx *ctx) { s->tls = ctx; }
 
 void srv_http_drain(srv_http *s) {
     if (s->draining) return;

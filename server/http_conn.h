@@ -46,6 +46,8 @@ typedef struct srv_http_limits {
     size_t out_max;               // unsent output at which the client is dropped (4 MiB)
     size_t max_pipeline;          // buffered unparsed input while busy (64 KiB)
     int max_connections;          // open connections (4096); more are closed at accept
+    size_t max_body_total;        // request body bytes buffered over all connections
+                                  // (256 MiB) -> 503 + Retry-After, connection closed
 } srv_http_limits;
 
 void srv_http_limits_default(srv_http_limits *l);
@@ -66,6 +68,9 @@ struct srv_req {
     void (*on_abort)(srv_req *r, void *ud);
     void *ud;
     const char *route;            // label for metrics (set by the router)
+    // Header lines ("Name: value\r\n") added to this request's response,
+    // whatever the status: set by the router (CORS, server/cors.h); "" none.
+    char resp_headers[512];
 };
 
 // The first header named `name` (case-insensitive), or NULL.
@@ -75,7 +80,7 @@ typedef struct srv_http_handlers {
     // A complete request: answer now or later with srv_resp_*.
     void (*on_request)(srv_req *r, void *ctx);
     // The JSON (or text) body for a protocol error the HTTP layer answers
-    // itself (400, 408, 413, 414, 431). May be NULL: plain text.
+    // itself (400, 408, 413, 414, 431, 503, 505). May be NULL: plain text.
     void (*error_body)(int status, const char *message, sbuf *out, void *ctx);
     // Called once per response with its status (for metrics); `route` is
     // the request's route label or "http" for protocol errors. 499 when the
@@ -88,6 +93,11 @@ typedef struct srv_http_handlers {
 // are returned with the message set.
 int srv_http_start(uv_loop_t *loop, const char *host, int port, const srv_http_limits *lim,
                    const srv_http_handlers *h, srv_http **out);
+
+// Serves every connection accepted from now on over TLS with `ctx`
+// (server/tls.h; borrowed: it must outlive the server). Before the loop runs.
+struct srv_tls_ctx;
+void srv_http_set_tls(srv_http *s, struct srv_tls_ctx *ctx);
 
 // Graceful shutdown: stops accepting, closes idle connections, and closes
 // every other connection after its current response.

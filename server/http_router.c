@@ -1,10 +1,16 @@
-// server/http_router.c - routes: method and path to a handler, with the
-// API key check, 404 and 405, and 503 while draining.
+// server/http_router.c - routes: method and path to a handler, with CORS,
+// the API key check, 404 and 405, and 503 while draining.
+#include "server/http_router.h"
+
 #include <llhttp.h>
+#include <stdbool.h>
 #include <string.h>
 #include <strings.h>
 
 #include "server/app.h"
+#include "server/cors.h"
+#include "server/openapi.h"
+#include "server/webui.h"
 
 typedef struct route {
     const char *path;
@@ -22,8 +28,20 @@ static const route ROUTES[] = {
     {"/health", HTTP_GET, api_health, true},
     {"/version", HTTP_GET, api_version, false},
     {"/metrics", HTTP_GET, api_metrics, false},
+    // The chat page asks for the API key itself; the API description is
+    // public, as vLLM's is.
+    {"/", HTTP_GET, api_webui, true},
+    {"/openapi.json", HTTP_GET, api_openapi, true},
 };
 #define N_ROUTES ((int)(sizeof ROUTES / sizeof ROUTES[0]))
+
+const srv_route_info *srv_routes(int *n) {
+    static srv_route_info info[N_ROUTES];
+    for (int i = 0; i < N_ROUTES; i++)
+        info[i] = (srv_route_info){ROUTES[i].path, ROUTES[i].method == HTTP_GET ? "GET" : "POST", ROUTES[i].open};
+    *n = N_ROUTES;
+    return info;
+}
 
 // Compares in time that depends only on the expected key's length.
 static bool key_equal(const char *got, size_t got_len, const char *want, size_t want_len) {
@@ -48,8 +66,10 @@ void srv_route(srv_req *r, void *ctx) {
     srv_app *a = ctx;
     const route *match = NULL;
     bool path_known = false;
+    if (a->cors.enabled) srv_cors_decorate(&a->cors, r);
     for (int i = 0; i < N_ROUTES; i++) {
         if (strcmp(ROUTES[i].path, r->path)) continue;
+        if (ROUTES[i].fn == api_webui && a->no_webui) continue;  // --no-webui: 404
         path_known = true;
         if (ROUTES[i].method == r->method ||
             (ROUTES[i].method == HTTP_GET && r->method == HTTP_HEAD)) {
@@ -60,6 +80,12 @@ void srv_route(srv_req *r, void *ctx) {
     r->route = match ? match->path : path_known ? r->path : "other";
     if (!path_known) {
         app_send_error_msg(r, 404, NULL, "Not Found");
+        return;
+    }
+    // A preflight carries no credentials: it is answered before the key
+    // check, on every route.
+    if (!match && a->cors.enabled && srv_cors_is_preflight(r)) {
+        srv_cors_preflight(&a->cors, r);
         return;
     }
     if (!match) {

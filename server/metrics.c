@@ -223,48 +223,67 @@ static void put_labels(sbuf *o, const met_family *f, const met_child *c, const c
     sbuf_puts(o, "}");
 }
 
-void met_render(const met_registry *r, sbuf *o) {
+// One family under `name` (its own, or an alias).
+static void render_family(sbuf *o, const met_family *f, const char *name) {
     static const char *types[] = {"counter", "gauge", "histogram"};
-    for (const met_family *f = r->head; f; f = f->next) {
-        sbuf_printf(o, "# HELP %s ", f->name);
-        put_escaped(o, f->help, true);
-        sbuf_printf(o, "\n# TYPE %s %s\n", f->name, types[f->type]);
-        for (const met_child *c = f->children; c; c = c->next) {
-            if (f->type != MET_HISTOGRAM) {
-                sbuf_puts(o, f->name);
-                put_labels(o, f, c, NULL);
-                sbuf_puts(o, " ");
-                put_number(o, c->value);
-                sbuf_puts(o, "\n");
-                continue;
-            }
-            double cum = 0;
-            char le[64];
-            for (int i = 0; i < f->n_buckets; i++) {
-                cum += c->buckets[i];
-                sbuf_printf(o, "%s_bucket", f->name);
-                sbuf tmp = {0};
-                put_number(&tmp, f->bounds[i]);
-                snprintf(le, sizeof le, "%s", sbuf_str(&tmp));
-                sbuf_free(&tmp);
-                put_labels(o, f, c, le);
-                sbuf_puts(o, " ");
-                put_number(o, cum);
-                sbuf_puts(o, "\n");
-            }
-            sbuf_printf(o, "%s_bucket", f->name);
-            put_labels(o, f, c, "+Inf");
-            sbuf_puts(o, " ");
-            put_number(o, c->count);
-            sbuf_printf(o, "\n%s_sum", f->name);
+    sbuf_printf(o, "# HELP %s ", name);
+    put_escaped(o, f->help, true);
+    sbuf_printf(o, "\n# TYPE %s %s\n", name, types[f->type]);
+    for (const met_child *c = f->children; c; c = c->next) {
+        if (f->type != MET_HISTOGRAM) {
+            sbuf_puts(o, name);
             put_labels(o, f, c, NULL);
             sbuf_puts(o, " ");
-            put_number(o, c->sum);
-            sbuf_printf(o, "\n%s_count", f->name);
-            put_labels(o, f, c, NULL);
+            put_number(o, c->value);
+            sbuf_puts(o, "\n");
+            continue;
+        }
+        double cum = 0;
+        char le[64];
+        for (int i = 0; i < f->n_buckets; i++) {
+            cum += c->buckets[i];
+            sbuf_printf(o, "%s_bucket", name);
+            sbuf tmp = {0};
+            put_number(&tmp, f->bounds[i]);
+            snprintf(le, sizeof le, "%s", sbuf_str(&tmp));
+            sbuf_free(&tmp);
+            put_labels(o, f, c, le);
             sbuf_puts(o, " ");
-            put_number(o, c->count);
+            put_number(o, cum);
             sbuf_puts(o, "\n");
         }
+        sbuf_printf(o, "%s_bucket", name);
+        put_labels(o, f, c, "+Inf");
+        sbuf_puts(o, " ");
+        put_number(o, c->count);
+        sbuf_printf(o, "\n%s_sum", name);
+        put_labels(o, f, c, NULL);
+        sbuf_puts(o, " ");
+        put_number(o, c->sum);
+        sbuf_printf(o, "\n%s_count", name);
+        put_labels(o, f, c, NULL);
+        sbuf_puts(o, " ");
+        put_number(o, c->count);
+        sbuf_puts(o, "\n");
+    }
+}
+
+void met_render(const met_registry *r, sbuf *o) {
+    for (const met_family *f = r->head; f; f = f->next) render_family(o, f, f->name);
+}
+
+void met_render_alias(const met_registry *r, sbuf *o, const char *from, const char *to,
+                      const char *const *names) {
+    size_t nf = strlen(from);
+    for (const met_family *f = r->head; f; f = f->next) {
+        if (strncmp(f->name, from, nf)) continue;
+        const char *rest = f->name + nf;
+        bool listed = false;
+        for (const char *const *n = names; *n && !listed; n++) listed = !strcmp(*n, rest);
+        if (!listed) continue;
+        sbuf alias = {0};
+        sbuf_printf(&alias, "%s%s", to, rest);
+        render_family(o, f, sbuf_str(&alias));
+        sbuf_free(&alias);
     }
 }

@@ -50,5 +50,12 @@ double met_hist_sum(const met_child *c);
 // Appends the whole registry in the text format to `out`.
 void met_render(const met_registry *r, sbuf *out);
 
+// Appends, a second time and under other names, the families named
+// `from` + one of `names` (NULL-terminated suffixes): each as `to` + suffix,
+// same help, type, labels and values. For compatibility names
+// (paged:num_requests_running also as vllm:num_requests_running).
+void met_render_alias(const met_registry *r, sbuf *out, const char *from, const char *to,
+                      const char *const *names);
+
 // Bucket helpers: n exponential buckets start, start*factor, ...
 int met_buckets_exp(double *out, int n, double start, double factor);

@@ -144,3 +144,23 @@ void srv_metrics_http(srv_metrics *m, const char *handler, int status) {
     snprintf(s, sizeof s, "%d", status);
     met_inc(met_child_get(m->http, (const char *[]){handler, s}), 1);
 }
+
+// The families vLLM has under the same name (v1, plus the v0 gauges
+// gateways still read: gpu_cache_usage_perc, num_requests_swapped, ...).
+// paged's own (kv_cache_blocks, device_memory_*, http_*, frontend_*) are
+// left out: no vLLM client knows them.
+static const char *const VLLM_NAMES[] = {
+    "num_requests_running", "num_requests_waiting", "num_requests_swapped",
+    "kv_cache_usage_perc", "gpu_cache_usage_perc", "cpu_cache_usage_perc", "gpu_prefix_cache_hit_rate",
+    "prompt_tokens_total", "generation_tokens_total", "num_preemptions_total",
+    "prefix_cache_queries_total", "prefix_cache_hits_total", "request_success_total",
+    "time_to_first_token_seconds", "time_per_output_token_seconds", "inter_token_latency_seconds",
+    "e2e_request_latency_seconds", "request_queue_time_seconds", "request_prefill_time_seconds",
+    "request_decode_time_seconds", "request_prompt_tokens", "request_generation_tokens",
+    NULL,
+};
+
+void srv_metrics_render(const srv_metrics *m, bool vllm_names, sbuf *out) {
+    met_render(m->reg, out);
+    if (vllm_names) met_render_alias(m->reg, out, "paged:", "vllm:", VLLM_NAMES);
+}

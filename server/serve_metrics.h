@@ -6,6 +6,8 @@
 // engine's statistics at each scrape; counters and histograms are updated
 // as requests finish. Full list: docs/server.md.
 #pragma once
+#include <stdbool.h>
+
 #include "engine/engine.h"
 #include "server/metrics.h"
 
@@ -32,6 +34,11 @@ void srv_metrics_free(srv_metrics *m);
 
 // Refreshes the gauges and engine-side counters before a scrape.
 void srv_metrics_refresh(srv_metrics *m, const pg_engine_stats *st, int n_connections, int n_jobs);
+
+// The exposition text of every family; with `vllm_names` (--metrics-compat
+// vllm) the families vLLM also has are repeated under `vllm:` names, so
+// autoscalers and gateways written for vLLM read paged unchanged.
+void srv_metrics_render(const srv_metrics *m, bool vllm_names, sbuf *out);
 
 // One request finished with `reason` ("stop", "length", "abort", "error").
 void srv_metrics_finished(srv_metrics *m, const char *reason);

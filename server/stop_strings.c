@@ -17,18 +17,25 @@ void stop_matcher_init(stop_matcher *m, const char *const *stops, const size_t *
 
 void stop_matcher_free(stop_matcher *m) { sbuf_free(&m->held); }
 
-// Earliest occurrence of any stop string in s[0..n); ties go to the longest
-// (so "ab" wins over "a" at the same position). -1 when none.
+// The stop string that completes first in s[0..n) - earliest end, ties to
+// the earliest start (the longest: "ab" wins over "b" ending at the same
+// byte) - and its position, or -1 when none. By end rather than by start
+// so the answer does not depend on how the text was split into tokens:
+// with stops "abcd" and "bc", "bc" completes first whether "abcd" arrives
+// in one piece or byte by byte (found by tests/fuzz/fuzz_stop_strings.c).
 static long find_first(const stop_matcher *m, const char *s, size_t n, int *which) {
     long best = -1;
+    size_t best_end = 0;
     for (int i = 0; i < m->n_stops; i++) {
         size_t l = m->lens[i];
         if (l == 0 || l > n) continue;
         const char *p = memmem(s, n, m->stops[i], l);
         if (!p) continue;
         long pos = p - s;
-        if (best < 0 || pos < best || (pos == best && l > m->lens[*which])) {
+        size_t end = (size_t)pos + l;
+        if (best < 0 || end < best_end || (end == best_end && pos < best)) {
             best = pos;
+            best_end = end;
             *which = i;
         }
     }

@@ -6,7 +6,8 @@
 // string, so a stop string split across tokens is still found and never
 // leaks into a stream. When a stop string matches, the output ends right
 // before it (or right after it with include_stop), and everything after is
-// dropped.
+// dropped. When stop strings overlap, the one that completes first wins
+// (earliest end, then earliest start), whatever the token boundaries.
 //
 // Stop strings are byte strings; with valid UTF-8 input and stop strings
 // the emitted pieces are valid UTF-8 (a hold-back starts at a stop string's

@@ -5,6 +5,9 @@
   asan:NAME      the same under AddressSanitizer + UBSan (build/asan/tests)
   fuzz:NAME      each fuzz target replays its corpus and mutates for a few
                  seconds (build/fuzz/fuzz_*, ASan build)
+  libfuzzer:NAME the same targets under clang's libFuzzer (coverage-guided,
+                 build/fuzz/libfuzzer_*) for a few seconds each, new inputs
+                 into a scratch directory (the seed corpus stays as it is)
   integ:NAME     tests/integration/test_*.py and test_*.sh: the real binary,
                  the real model, real sockets
   gpu:NAME       tests/gpu/run_gpu_tests.sh: every GPU check, or a SKIP line
@@ -16,8 +19,10 @@ Exits non-zero when any test fails. Run by deploy/quickstart.sh test.
 import argparse
 import glob
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,7 +55,10 @@ def main():
     ap.add_argument("--no-asan", action="store_true")
     args = ap.parse_args()
 
-    tests = [("build:ninja-fresh", [sys.executable, "tools/gen_build.py", "--check"], 60)]
+    tests = [("build:ninja-fresh", [sys.executable, "tools/gen_build.py", "--check"], 60),
+             ("build:layering", [sys.executable, "tools/gen_build.py", "--check-layering"], 60)]
+    for t in sorted(glob.glob(os.path.join(ROOT, "tests/tools/test_*.py"))):
+        tests.append((f"tools:{os.path.basename(t)}", [sys.executable, t], 120))
     for b in sorted(glob.glob(os.path.join(ROOT, "build/tests/test_*"))):
         if not b.endswith(".d"):
             tests.append((f"unit:{os.path.basename(b)}", [b], 600))
@@ -63,6 +71,15 @@ def main():
         corpus = os.path.join(ROOT, "tests/fuzz/corpus", name[len("fuzz_"):])
         cmd = [b, "-t", str(args.fuzz_seconds)] + ([corpus] if os.path.isdir(corpus) else [])
         tests.append((f"fuzz:{name}", cmd, args.fuzz_seconds + 120))
+    scratch = tempfile.mkdtemp(prefix="paged-libfuzzer-")
+    for b in sorted(glob.glob(os.path.join(ROOT, "build/fuzz/libfuzzer_*"))):
+        name = os.path.basename(b)[len("libfuzzer_"):]
+        corpus = os.path.join(ROOT, "tests/fuzz/corpus", name)
+        new = os.path.join(scratch, name)
+        os.makedirs(new, exist_ok=True)
+        cmd = [b, f"-max_total_time={args.fuzz_seconds}", "-rss_limit_mb=4096", "-print_final_stats=1",
+               f"-artifact_prefix={scratch}/crash-{name}-", new] + ([corpus] if os.path.isdir(corpus) else [])
+        tests.append((f"libfuzzer:{name}", cmd, args.fuzz_seconds + 120))
     for t in sorted(glob.glob(os.path.join(ROOT, "tests/integration/test_*"))):
         if t.endswith(".py"):
             tests.append((f"integ:{os.path.basename(t)}", [sys.executable, t], 1800))
@@ -85,6 +102,7 @@ def main():
         counts[s] += 1
         if s == "fail":
             failed.append(name)
+    shutil.rmtree(scratch, ignore_errors=True)
     if failed:
         print("failed: " + " ".join(failed))
     print(f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped")

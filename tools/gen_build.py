@@ -12,11 +12,15 @@ Conventions the generator relies on (docs/build.md):
       where nvcc exists, an empty object elsewhere (the CPU build still links)
   tests/unit/test_*.c -> build/tests/test_* (cmocka), and the same under
       AddressSanitizer + UBSan as build/asan/tests/test_* (`ninja asan`)
-  server/main.c -> build/paged, and build/asan/paged (ASan + UBSan, `ninja asan`)
+  server/main.c -> build/paged, and build/asan/paged (ASan + UBSan, `ninja asan`),
+      and build/tsan/paged (ThreadSanitizer, `ninja tsan`)
   tests/fuzz/fuzz_*.c -> build/fuzz/fuzz_* (standalone replay + mutation
       driver, gcc) and build/fuzz/libfuzzer_* (clang -fsanitize=fuzzer,
       `ninja fuzz-libfuzzer`)
   bench/*.c -> build/bench/*
+  tests/tools/*.c -> build/tests/tools/* (programs the integration tests drive)
+  EMBEDS (server/webui/index.html, server/openapi.json) -> build/gen/*.c
+      by tools/embed.py (a C array and its length), compiled into libpaged.a
   build/paged links build/rel/libpaged_cuda.a whole and before libpaged.a,
       so real CUDA objects (where nvcc built them) win over the stubs; every
       other program gets the stubs ("built without CUDA")
@@ -24,16 +28,34 @@ Conventions the generator relies on (docs/build.md):
       CUDA archive, linked like build/paged; tests/gpu/run_gpu_tests.sh)
   tests/gpu/test_*.cu, bench/bench_cuda_*.cu -> build/gpu/* (standalone GPU
       programs: nvcc links them with the CUDA archive, common/err.o and, for
-      tests, engine/sampler.o, and only libcublasLt dynamically; without nvcc
+      tests, kernels/cpu/sampling.o, and only libcublasLt dynamically; without nvcc
       they are stubs that print "skipped" and exit 77)
 """
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LIB_DIRS = ["common", "kvpool", "scheduler", "kernels/cpu", "kernels/cuda", "engine", "server"]
+
+# The modules of ARCHITECTURE.md, bottom first, each with the modules its
+# files may include besides its own (arrows point down the table). The
+# directories of a module's library sources follow. Everything else (tests/,
+# bench/, tools/) may include anything. `--check-layering` (run by
+# tests/run_all.py) fails on an include outside these sets.
+MODULES = {
+    "common": {"deps": [], "dirs": ["common"]},
+    "kvpool": {"deps": ["common"], "dirs": ["kvpool"]},
+    "scheduler": {"deps": ["kvpool", "common"], "dirs": ["scheduler"]},
+    "kernels": {"deps": ["common"], "dirs": ["kernels", "kernels/cpu", "kernels/cuda"]},
+    "engine": {"deps": ["kernels", "scheduler", "kvpool", "common"], "dirs": ["engine"]},
+    "server": {"deps": ["engine", "scheduler", "kvpool", "common"], "dirs": ["server"]},
+}
+LIB_DIRS = [d for m in MODULES.values() for d in m["dirs"]]
+SOURCE_EXTS = (".c", ".h", ".cu", ".cuh")
 LLHTTP_DIR = "/usr/share/llhttp"
 LLHTTP_SRCS = ["api.c", "http.c", "llhttp.c"]
+# Files compiled into the binary as C arrays (tools/embed.py): source, symbol.
+EMBEDS = [("server/webui/index.html", "paged_webui_index_html"),
+          ("server/openapi.json", "paged_openapi_json")]
 
 
 def sources(d, ext=".c", prefix=""):
@@ -73,7 +95,8 @@ def generate():
     w("# x86-64-v3 (AVX2, FMA, F16C) is the baseline; anything wider is dispatched at run time.")
     w("cflags = -std=c11 -D_GNU_SOURCE -O2 -g -march=x86-64-v3 -pthread -Wall -Wextra -Wno-unused-parameter -Wshadow -Wvla -Werror=implicit-function-declaration -Werror=incompatible-pointer-types -fno-strict-aliasing $incs")
     w("asanflags = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined")
-    w("libs = -luv -lcjson -lopenblas -lpcre2-8 -lxxhash -lm -lpthread -ldl")
+    w("tsanflags = -fsanitize=thread -fno-omit-frame-pointer")
+    w("libs = -luv -lcjson -lopenblas -lpcre2-8 -lxxhash -lssl -lcrypto -lm -lpthread -ldl")
     w("cudalibs = $$(tools/cuda_libs.sh)")
     w("")
     w("rule cc")
@@ -113,6 +136,9 @@ def generate():
     w("rule clang_link")
     w("  command = $clang -fsanitize=fuzzer,address,undefined -o $out $in $libs")
     w("  description = LINK $out")
+    w("rule embed")
+    w("  command = python3 tools/embed.py $in $out $sym")
+    w("  description = EMBED $out")
     w("rule regen")
     w("  command = python3 tools/gen_build.py")
     w("  generator = 1")
@@ -123,11 +149,23 @@ def generate():
 
     defaults = []
     variants = {"rel": "", "asan": "$asanflags"}
+    embed_srcs = []
+    for src, sym in EMBEDS:
+        gen = f"build/gen/{os.path.splitext(src)[0]}_{os.path.splitext(src)[1][1:]}.c"
+        w(f"build {gen}: embed {src} | tools/embed.py")
+        w(f"  sym = {sym}")
+        embed_srcs.append(gen)
     libs = {}
     for variant, extra in variants.items():
         objs = []
         for s in lib_srcs:
             o = obj(s, variant)
+            w(f"build {o}: cc {s}")
+            if extra:
+                w(f"  extra = {extra}")
+            objs.append(o)
+        for s in embed_srcs:
+            o = f"build/{variant}/obj/{os.path.splitext(s)[0][len('build/'):]}.o"
             w(f"build {o}: cc {s}")
             if extra:
                 w(f"  extra = {extra}")
@@ -173,6 +211,29 @@ def generate():
     w("  extra = $asanflags")
     w(f"  cudaobjs = {cuda_lib}")
 
+    # The server under ThreadSanitizer (build/tsan/paged, `ninja tsan`; CPU
+    # only): tests/integration/test_server_tsan.py drives the loop thread,
+    # the engine thread and both thread pools (libuv's, the CPU backend's).
+    tsan_objs = []
+    for s in lib_srcs + ["server/main.c"]:
+        o = obj(s, "tsan")
+        w(f"build {o}: cc {s}")
+        w("  extra = $tsanflags")
+        tsan_objs.append(o)
+    for s in embed_srcs:
+        o = f"build/tsan/obj/{os.path.splitext(s)[0][len('build/'):]}.o"
+        w(f"build {o}: cc {s}")
+        w("  extra = $tsanflags")
+        tsan_objs.append(o)
+    for s in LLHTTP_SRCS:
+        o = f"build/tsan/obj/third_party/llhttp/{os.path.splitext(s)[0]}.o"
+        w(f"build {o}: cc_third_party {LLHTTP_DIR}/{s}")
+        w("  extra = $tsanflags")
+        tsan_objs.append(o)
+    w(f"build build/tsan/paged: link {' '.join(tsan_objs)} {cuda_lib}")
+    w("  extra = $tsanflags")
+    w(f"  cudaobjs = {cuda_lib}")
+
     test_bins = {"rel": [], "asan": []}
     for variant, extra in variants.items():
         support_objs = " ".join(obj(s, variant) for s in test_support)
@@ -213,15 +274,34 @@ def generate():
             lib_objs.append(lso)
         lb = f"build/fuzz/libfuzzer_{name[len('fuzz_'):]}"
         # Linked through an archive so that only the objects a target needs
-        # are pulled in (server objects would need llhttp, which is not
-        # built with clang).
+        # are pulled in (llhttp is in it too, for the server's targets).
         w(f"build {lb}: clang_link {lo} build/libfuzzer/libpaged.a")
         libfuzzer_bins.append(lb)
     if fuzz_targets:
         for ls in lib_srcs:
             lso = f"build/libfuzzer/obj/{os.path.splitext(ls)[0]}.o"
             w(f"build {lso}: clang_cc {ls}")
+        for ls in LLHTTP_SRCS:
+            lso = f"build/libfuzzer/obj/third_party/llhttp/{os.path.splitext(ls)[0]}.o"
+            w(f"build {lso}: clang_cc {LLHTTP_DIR}/{ls}")
+            lib_objs.append(lso)
+        for ls in embed_srcs:  # the files compiled into the binary (chat page, OpenAPI)
+            lso = f"build/libfuzzer/obj/{os.path.splitext(ls)[0][len('build/'):]}.o"
+            w(f"build {lso}: clang_cc {ls}")
+            lib_objs.append(lso)
         w(f"build build/libfuzzer/libpaged.a: ar {' '.join(lib_objs)}")
+
+    # Test tools (tests/tools/*.c): programs the integration tests drive.
+    tool_bins = []
+    for s in sources("tests/tools"):
+        name = os.path.splitext(os.path.basename(s))[0]
+        o = obj(s, "rel")
+        w(f"build {o}: cc {s}")
+        b = f"build/tests/tools/{name}"
+        w(f"build {b}: link {o} {libs['rel']} {cuda_lib}")
+        w(f"  cudaobjs = {cuda_lib}")
+        tool_bins.append(b)
+    defaults += tool_bins
 
     bench_bins = []
     for s in bench_srcs:
@@ -242,7 +322,7 @@ def generate():
         w(f"build {o}: nvcc {s} | tools/nvcc_or_stub.sh")
         support = [obj("common/err.c", "rel")]
         if s.startswith("tests/"):
-            support.append(obj("engine/sampler.c", "rel"))
+            support.append(obj("kernels/cpu/sampling.c", "rel"))
         b = f"build/gpu/{name}"
         w(f"build {b}: nvcc_link {o} {cuda_lib} {' '.join(support)} | tools/nvcc_or_stub.sh")
         gpu_bins.append(b)
@@ -264,14 +344,58 @@ def generate():
     w("")
     w(f"build asan: phony build/asan/paged {' '.join(test_bins['asan'] + fuzz_bins)}")
     w(f"build fuzz: phony {' '.join(fuzz_bins)}")
+    w("build tsan: phony build/tsan/paged")
     w(f"build gpu: phony {' '.join(gpu_bins)}")
     w(f"build fuzz-libfuzzer: phony {' '.join(libfuzzer_bins)}")
-    w(f"build all: phony {' '.join(defaults + ['build/asan/paged'] + test_bins['asan'] + fuzz_bins)}")
+    w(f"build all: phony {' '.join(defaults + ['build/asan/paged'] + test_bins['asan'] + fuzz_bins + libfuzzer_bins + ['build/tsan/paged'])}")
     w(f"default {' '.join(defaults)}")
     return "\n".join(out) + "\n"
 
 
+def module_of(path):
+    """The module a repository path belongs to (its first directory), or None."""
+    top = path.replace(os.sep, "/").split("/", 1)[0]
+    return top if top in MODULES else None
+
+
+def layering_violations(root=ROOT, modules=None):
+    """Every include of a module's source that names a module outside its
+    allowed set, as 'file:line: includes "x" (module m may include ...)'."""
+    modules = modules or MODULES
+    bad = []
+    for name, m in modules.items():
+        allowed = set(m["deps"]) | {name}
+        for d in sorted(set(m["dirs"])):
+            p = os.path.join(root, d)
+            if not os.path.isdir(p):
+                continue
+            for f in sorted(os.listdir(p)):
+                if not f.endswith(SOURCE_EXTS):
+                    continue
+                rel = f"{d}/{f}"
+                with open(os.path.join(p, f), errors="replace") as fh:
+                    for n, line in enumerate(fh, 1):
+                        s = line.strip()
+                        if not s.startswith("#include") or '"' not in s:
+                            continue
+                        inc = s.split('"')[1]
+                        top = inc.split("/", 1)[0]
+                        if top in modules and top not in allowed:
+                            bad.append(f'{rel}:{n}: includes "{inc}" (module {name} may include '
+                                       f'{", ".join(sorted(allowed))})')
+    return bad
+
+
 def main():
+    if "--check-layering" in sys.argv:
+        bad = layering_violations()
+        for b in bad:
+            print(b, file=sys.stderr)
+        if bad:
+            print(f"{len(bad)} include(s) outside the module table of tools/gen_build.py", file=sys.stderr)
+            return 1
+        print(f"layering: {len(MODULES)} modules, no include outside their dependencies")
+        return 0
     text = generate()
     path = os.path.join(ROOT, "build.ninja")
     if "--check" in sys.argv:

@@ -23,7 +23,7 @@ python3 tools/gen_build.py
 ninja -j2 build/paged build/gpu/test_cuda_runner build/gpu/test_cuda_kernels build/gpu/bench_cuda_attention \
     build/gpu/bench_cuda_gemv
 cudalib=build/rel/libpaged_cuda.a
-if ! nm "$cudalib" 2>/dev/null | grep -q ' T pg_cuda_model_step'; then
+if ! nm "$cudalib" 2>/dev/null | grep -q ' T pg_backend_cuda_create'; then
     echo "pack_gpu: $cudalib holds no CUDA objects (no nvcc?); nothing to pack" >&2
     exit 1
 fi

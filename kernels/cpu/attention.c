@@ -28,6 +28,7 @@
 typedef struct {
     float *out;
     const float *q;
+    int64_t q_stride;
     const pg_attn_seq *seqs;
     int32_t n_seqs, n_heads;
     float scale;
@@ -48,7 +49,7 @@ static inline const float *kv_row(const float *cache, pg_kv_shape kv, const int3
 static void attend_one(const attn_job *j, const pg_attn_seq *s, int32_t h, int32_t qi) {
     const int32_t hd = j->kv.head_dim;
     const int32_t kvh = h / (j->n_heads / j->kv.n_kv_heads);
-    const float *q = j->q + ((int64_t)(s->q_start + qi) * j->n_heads + h) * hd;
+    const float *q = j->q + (int64_t)(s->q_start + qi) * j->q_stride + (int64_t)h * hd;
     float *out = j->out + ((int64_t)(s->q_start + qi) * j->n_heads + h) * hd;
     const int32_t n_keys = s->start_pos + qi + 1; // causal: keys up to its own position
     float acc[512];
@@ -87,7 +88,7 @@ static void attend_one(const attn_job *j, const pg_attn_seq *s, int32_t h, int32
 // (dimension g of a head is rotate-half dimension g/2 for even g and
 // hd/2 + g/2 for odd g), and its dot products run over that order in 8
 // lanes of consecutive dimensions. The compatible RoPE/cache write
-// (cpu_backend.c) therefore stores K in that order; q is permuted here.
+// (cpu_ops.c) therefore stores K in that order; q is permuted here.
 // One task handles the query heads that share a KV head, so each K and V
 // row is loaded once for all of them.
 
@@ -133,7 +134,7 @@ static void attend_group_compat(const attn_job *j, const pg_attn_seq *s, int32_t
     const float **vrow = (const float **)(void *)(p + (size_t)G * n_p +
                                                   ((uintptr_t)(p + (size_t)G * n_p) % 8 ? 1 : 0));
     for (int32_t g = 0; g < G; g++) {
-        const float *q = j->q + (row + g) * hd;
+        const float *q = j->q + (int64_t)(s->q_start + qi) * j->q_stride + ((int64_t)kvh * G + g) * hd;
         for (int32_t d = 0; d < hd; d++)
             q16[g * hd + d] = pg_lc_f16(q[d % 2 ? half + d / 2 : d / 2]);
     }
@@ -252,12 +253,12 @@ static void attn_task(void *ctx, int64_t t, int thread) {
     }
 }
 
-void pg_cpu_attention(pg_backend *b, float *out, const float *q, const pg_attn_seq *seqs,
-                      int32_t n_seqs, int32_t n_heads, float scale, const float *k_cache,
-                      const float *v_cache, pg_kv_shape kv) {
+void pg_cpu_attention(pg_cpu_ctx *c, float *out, const float *q, int64_t q_stride,
+                      const pg_attn_seq *seqs, int32_t n_seqs, int32_t n_heads, float scale,
+                      const float *k_cache, const float *v_cache, pg_kv_shape kv) {
     PG_CHECK(kv.head_dim <= 512 && n_heads % kv.n_kv_heads == 0);
     const bool compat =
-        pg_cpu_attention_compat(b, kv.head_dim) && n_heads / kv.n_kv_heads <= MAX_GROUP;
+        pg_cpu_attention_compat(c, kv.head_dim) && n_heads / kv.n_kv_heads <= MAX_GROUP;
     const int32_t units = compat ? kv.n_kv_heads : n_heads; // tasks per chunk of queries
     int64_t stack_starts[65];
     int64_t *starts =
@@ -265,8 +266,8 @@ void pg_cpu_attention(pg_backend *b, float *out, const float *q, const pg_attn_s
     starts[0] = 0;
     for (int32_t i = 0; i < n_seqs; i++)
         starts[i + 1] = starts[i] + (int64_t)units * ((seqs[i].n_q + Q_PER_TASK - 1) / Q_PER_TASK);
-    attn_job j = {out,     q,       seqs, n_seqs, n_heads,   scale,
-                  k_cache, v_cache, kv,   starts, pg_cpu(b), compat};
-    pg_pool_run(pg_cpu(b)->pool, starts[n_seqs], attn_task, &j);
+    attn_job j = {out,     q,       q_stride, seqs,   n_seqs, n_heads, scale,
+                  k_cache, v_cache, kv,       starts, c,      compat};
+    pg_pool_run(c->pool, starts[n_seqs], attn_task, &j);
     if (starts != stack_starts) free(starts);
 }

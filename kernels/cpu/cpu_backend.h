@@ -1,46 +1,83 @@
-// kernels/cpu/cpu_backend.h - internals shared by the CPU backend's files.
+// kernels/cpu/cpu_backend.h - internals shared by the CPU backend's files
+// (and the CPU kernel tests, which call these directly).
+//
+// The CPU backend (backend_cpu.c) implements kernels/backend.h with f32
+// activations over these kernels; weights stay as stored (GGUF block types
+// included) and the KV cache is f32.
 #pragma once
 #include "common/thread_pool.h"
-#include "kernels/kernels.h"
+#include "kernels/backend.h"
 
-typedef struct {
+typedef struct pg_cpu_ctx {
     pg_pool *pool;
     int n_threads;
-    // Per-thread scratch for dequantized weight panels (sgemm path).
+    pg_matmul_mode mode; // numerics (kernels/kernels.h)
+    // Per-thread scratch for dequantized weight panels (sgemm path) and
+    // attention scores.
     float **scratch;
     size_t *scratch_cap; // floats
     // Quantized activations of the matmul in flight (pg_xq, quant_dot.h);
     // one buffer, since the pool has one caller at a time.
     void *xq_mem;
     size_t xq_cap; // bytes
+    struct pg_sampler *sampler; // the CPU sampler (kernels/cpu/sampling.c)
+    float *sample_row;          // [vocab] one row of logits being sampled
+    int64_t sample_cap;
 } pg_cpu_ctx;
 
 static inline pg_cpu_ctx *pg_cpu(pg_backend *b) {
     return (pg_cpu_ctx *)b->ctx;
 }
 
+// One sequence of the batch as the CPU attention sees it. Its queries are
+// rows [q_start, q_start + n_q) of the flattened batch, at positions
+// [start_pos, start_pos + n_q); keys and values for positions
+// [0, start_pos + n_q) live in the paged cache through `block_table`.
+typedef struct pg_attn_seq {
+    int32_t q_start;
+    int32_t n_q;
+    int32_t start_pos;
+    const int32_t *block_table; // [ceil((start_pos + n_q) / block_size)]
+} pg_attn_seq;
+
 // Returns thread `t`'s scratch with room for at least `n` floats.
 float *pg_cpu_scratch(pg_cpu_ctx *c, int t, size_t n);
 
 // True when pg_cpu_matmul() quantizes the activations for weights of this
-// dtype under b->matmul_mode (else it computes in exact f32).
-bool pg_cpu_matmul_quantizes(const pg_backend *b, int dtype);
+// dtype under the context's mode (else it computes in exact f32).
+bool pg_cpu_matmul_quantizes(const pg_cpu_ctx *c, int dtype);
 // True when the CPU ops follow llama.cpp's arithmetic (every mode but
 // PG_MATMUL_EXACT; kernels/cpu/llama_compat.h).
-static inline bool pg_cpu_llama_compat(const pg_backend *b) {
-    return b->matmul_mode != PG_MATMUL_EXACT;
+static inline bool pg_cpu_llama_compat(const pg_cpu_ctx *c) {
+    return c->mode != PG_MATMUL_EXACT;
 }
 // True when the attention and the KV cache use the compatible layout and
 // arithmetic: K stored in llama.cpp's dimension order, fp16-rounded.
-static inline bool pg_cpu_attention_compat(const pg_backend *b, int32_t head_dim) {
-    return pg_cpu_llama_compat(b) && head_dim % 8 == 0 && head_dim <= 512;
+static inline bool pg_cpu_attention_compat(const pg_cpu_ctx *c, int32_t head_dim) {
+    return pg_cpu_llama_compat(c) && head_dim % 8 == 0 && head_dim <= 512;
 }
 
-void pg_cpu_matmul(pg_backend *b, float *out, int64_t ldo, const float *x, int64_t m,
+// out[i][0:w->rows] = x[i][0:w->cols] . w^T for i < m, out rows `ldo`
+// floats apart, x rows contiguous.
+void pg_cpu_matmul(pg_cpu_ctx *c, float *out, int64_t ldo, const float *x, int64_t m,
                    const pg_weight *w);
-void pg_cpu_attention(pg_backend *b, float *out, const float *q, const pg_attn_seq *seqs,
-                      int32_t n_seqs, int32_t n_heads, float scale, const float *k_cache,
-                      const float *v_cache, pg_kv_shape kv);
+// out[m][dim] = x * rsqrt(mean(x^2) + eps) * weight; out may alias x.
+void pg_cpu_rmsnorm(pg_cpu_ctx *c, float *out, const float *x, const float *weight, int64_t m,
+                    int64_t dim, float eps);
+// out[m][ffn] = silu(gate_up[m][0:ffn]) * gate_up[m][ffn:2ffn]
+void pg_cpu_silu_mul(pg_cpu_ctx *c, float *out, const float *gate_up, int64_t m, int64_t ffn);
+// RoPE of q (rows q_stride apart, n_heads heads) and k (rows k_stride
+// apart, kv.n_kv_heads heads) in place at positions pos[m], then k and v
+// (rows v_stride apart) to the cache at slots[m] (< 0: no write).
+void pg_cpu_rope_kv_write(pg_cpu_ctx *c, float *q, int64_t q_stride, float *k, int64_t k_stride,
+                          const float *v, int64_t v_stride, const int32_t *pos,
+                          const int32_t *slots, int64_t m, int32_t n_heads, const float *inv_freq,
+                          float *k_cache, float *v_cache, pg_kv_shape kv);
+// Causal attention over the paged cache: out[m][n_heads][head_dim]
+// (contiguous) from q rows q_stride apart.
+void pg_cpu_attention(pg_cpu_ctx *c, float *out, const float *q, int64_t q_stride,
+                      const pg_attn_seq *seqs, int32_t n_seqs, int32_t n_heads, float scale,
+                      const float *k_cache, const float *v_cache, pg_kv_shape kv);
 
 // Single-threaded dot products of one weight row with x rows, used by the
 // matmul and tested against the dequantize-then-dot reference.

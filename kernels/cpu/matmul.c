@@ -1,6 +1,6 @@
 // kernels/cpu/matmul.c - out = x . W^T for weights in any storage type.
 //
-// Two numerical modes (pg_backend.matmul_mode, kernels/kernels.h):
+// Two numerical modes (pg_cpu_ctx.mode, kernels/kernels.h):
 //  - quantized activations (the default for Q4_0, Q4_1 and Q8_0 weights):
 //    x is quantized once per call to 8 bits per 32-element block and
 //    multiplied with integer dot products exactly as llama.cpp's CPU backend
@@ -16,7 +16,7 @@
 
 #include "common/err.h"
 #include "common/half.h"
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/quant_dot.h"
 
@@ -356,15 +356,15 @@ static void quant_matmul(pg_cpu_ctx *c, float *out, int64_t ldo, const float *x,
     pg_pool_run(c->pool, (w->rows + j.task_rows - 1) / j.task_rows, quant_task, &j);
 }
 
-bool pg_cpu_matmul_quantizes(const pg_backend *b, int dtype) {
-    return b->matmul_mode != PG_MATMUL_EXACT && pg_qdot_supported(dtype);
+bool pg_cpu_matmul_quantizes(const pg_cpu_ctx *c, int dtype) {
+    return c->mode != PG_MATMUL_EXACT && pg_qdot_supported(dtype);
 }
 
-void pg_cpu_matmul(pg_backend *b, float *out, int64_t ldo, const float *x, int64_t m,
+void pg_cpu_matmul(pg_cpu_ctx *c, float *out, int64_t ldo, const float *x, int64_t m,
                    const pg_weight *w) {
     if (m <= 0 || w->rows <= 0) return;
-    if (pg_cpu_matmul_quantizes(b, w->dtype))
-        quant_matmul(pg_cpu(b), out, ldo, x, m, w);
+    if (pg_cpu_matmul_quantizes(c, w->dtype))
+        quant_matmul(c, out, ldo, x, m, w);
     else
-        exact_matmul(pg_cpu(b), out, ldo, x, m, w);
+        exact_matmul(c, out, ldo, x, m, w);
 }

@@ -14,7 +14,7 @@
 
 #include "common/err.h"
 #include "common/half.h"
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -76,7 +76,7 @@ static void quantize_block(const float *x, int8_t *qs, float *d, float *s) {
     const float amax = _mm_cvtss_f32(m4);
     const float dd = amax / 127.f;
     const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.f / amax : 0.0f);
-    const int rm = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    enum { rm = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }; // an ICE: clang needs one
     __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, id), rm));
     __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, id), rm));
     __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, id), rm));

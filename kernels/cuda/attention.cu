@@ -2,18 +2,17 @@
 //
 // Versions (the CPU reference is kernels/cpu/attention.c; the test
 // tests/gpu/test_cuda_kernels.cu compares both against fp64):
-//   v1  decode on CUDA cores: one CTA per (sequence, query head), warps
-//       stride over keys with an online softmax each, merged at the end.
-//       Each query head re-reads its KV head (G times the bytes), no split.
-//       The baseline and the fallback of nothing; kept for the benchmark.
+//   v1  (bench/cuda/attention_decode_v1.cuh: the CUDA-core baseline; not
+//       in the library, pg_cuda_paged_decode_attention_v(1) is PG_EUNSUPP)
 //   v2  FlashAttention-2 on tensor cores (mma.sync m16n8k16 bf16 -> fp32),
 //       one kernel template for decode and prefill. A CTA owns a tile of
 //       rows packed as (query position, head of the GQA group), so one
 //       KV tile in shared memory serves every query head of the group, and
 //       a range of KV tiles (all of them, or one split of flash decoding).
-//       KV tiles of 64 keys stream through a 2-stage cp.async pipeline of
-//       16-byte loads (zero-filled past the end), XOR-swizzled so ldmatrix
-//       is free of bank conflicts. S = Q K^T and O += P V in registers, P
+//       KV tiles of 64 keys stream through a multistage cp.async pipeline
+//       of 16-byte loads (zero-filled past the end), XOR-swizzled so
+//       ldmatrix is free of bank conflicts (the loader, the pipeline and
+//       the softmax step are attention_common.cuh's). S = Q K^T and O += P V in registers, P
 //       re-packed from the S accumulators as the A operand (no smem trip).
 //       decode  (NT = 2): 16 rows; the 4 warps split each 64-key tile
 //               (16 keys each) and merge their (m, l, O) at the end;
@@ -22,7 +21,8 @@
 //               splits (an atomic count per item, no second launch).
 //       prefill (NT = 8): 64 rows, one 16-row group per warp, each warp
 //               walks all 64 keys of the tile; causal mask per row.
-//   v3  decode, persistent and tile-balanced (measured slower; kept).
+//   v3  (bench/cuda/attention_decode_v3.cuh: persistent, tile-balanced,
+//       measured slower; not in the library either)
 //   v4  decode for GQA groups <= 8 on sm_89+ (attention_decode_kn.cuh,
 //       #included below): keys on the mma's M side, the group's heads on
 //       N (S^T = K Q^T, O^T = V^T P^T), fp8 fragments converted straight
@@ -34,8 +34,8 @@
 //       true. 16-byte cp.async loads carry 16 elements into a raw byte
 //       stage; each thread converts the chunks it loaded to bf16 (exact)
 //       into one bf16 tile in the layout above, and the math is unchanged.
-// Shared pieces (PTX wrappers, AttnParams, split counters and plan):
-// attention_common.cuh.
+// Shared pieces (PTX wrappers, AttnParams, split counters and plan, the KV
+// tile loader, pipeline and online-softmax step): attention_common.cuh.
 #include <math.h>
 
 #include <atomic>
@@ -45,7 +45,8 @@
 namespace {
 
 // Defaults, from the H200 measurements in docs/cuda_kernels.md: decode v2
-// (v3 measured at ~53% of read bandwidth against v2's 85-97%), prefill v2.
+// (v3, now in bench/cuda/, measured at ~53% of read bandwidth against v2's
+// 85-97%), prefill v2.
 // Decode v4 is the default wherever it applies (GQA group <= 8, sm_89+):
 // for fp8 always; for bf16 while DECODE_BF16_KN (v4 measured 1-18% faster
 // than v2 at every W5 point, docs/cuda_kernels.md).
@@ -73,32 +74,22 @@ __host__ __device__ constexpr int attn_smem_bytes() {
               : attn_stages(NT) * 2 * KT * HD * (int)sizeof(bf16);
 }
 
-// The F8 tile loader and converter shared by the kernels: chunk i of a
-// thread is key row chunk / (HD / 16), 16 bytes = 16 elements; the raw
-// stage is [K: KT * HD bytes][V: KT * HD bytes] in chunk order (each
-// thread reads back only what it loaded, so its own cp.async wait is the
-// only ordering the conversion needs).
-template <int HD>
-__device__ __forceinline__ void f8_load_tile(const AttnParams &p, unsigned char *raw, const int32_t *bt, int kvh,
-                                             int tile, int kv_end) {
-    constexpr int CPR8 = HD / 16;
-    static_assert(KT * CPR8 % NTHREADS == 0, "fp8 tile load");
-    const unsigned char *kb = reinterpret_cast<const unsigned char *>(p.k_cache);
-    const unsigned char *vb = reinterpret_cast<const unsigned char *>(p.v_cache);
-#pragma unroll
-    for (int i = 0; i < KT * CPR8 / NTHREADS; i++) {
-        int chunk = threadIdx.x + i * NTHREADS;
-        int r = chunk / CPR8, c = chunk % CPR8;
-        int t = tile * KT + r;
-        bool valid = t < kv_end;
-        const unsigned char *kp = kb, *vp = vb;
-        if (valid) {
-            size_t off = kv_row(bt, p.bs_shift, t, p.n_kv, kvh) * HD + c * 16;
-            kp += off;
-            vp += off;
-        }
-        cp_async16(smem_u32(raw + chunk * 16), kp, valid);
-        cp_async16(smem_u32(raw + KT * HD + chunk * 16), vp, valid);
+// Stage st of the v2 and prefill kernels (attention_common.cuh's loader):
+// bf16, the swizzled tile [K: KT][HD][V: KT][HD] at stages + st * 2 KT HD;
+// F8, the raw stage [K: KT * HD bytes][V: KT * HD bytes] in chunk order at
+// raw8 + st * 2 KT HD (each thread reads back only what it loaded, so its
+// own cp.async wait is the only ordering the conversion needs).
+template <int HD, bool F8>
+__device__ __forceinline__ void f8_or_bf16_load_tile(const AttnParams &p, bf16 *stages, unsigned char *raw8, int st,
+                                                     const int32_t *bt, int kvh, int tile, int kv_end) {
+    if constexpr (F8) {
+        unsigned char *raw = raw8 + st * 2 * KT * HD;
+        load_kv_tile<unsigned char, HD, true>(p, reinterpret_cast<const unsigned char *>(p.k_cache),
+                                              reinterpret_cast<const unsigned char *>(p.v_cache), raw, raw + KT * HD,
+                                              bt, kvh, tile, kv_end);
+    } else {
+        bf16 *ks = stages + st * 2 * KT * HD;
+        load_kv_tile<bf16, HD>(p, p.k_cache, p.v_cache, ks, ks + KT * HD, bt, kvh, tile, kv_end);
     }
 }
 // Raw stage -> the bf16 tile [K: KT][HD][V: KT][HD], swizzled as the bf16
@@ -217,29 +208,7 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
 
     const int32_t *bt = p.block_tables + (size_t)seq * p.bt_stride;
     unsigned char *raw8 = smem_raw + cvt_tile_bytes<HD>(); // F8: the raw stages
-    auto load_tile = [&](int tile, int st) {
-        if constexpr (F8) {
-            f8_load_tile<HD>(p, raw8 + st * 2 * KT * HD, bt, kvh, tile, kv_end);
-            return;
-        }
-        bf16 *ks = smem + st * 2 * KT * HD, *vs = ks + KT * HD;
-#pragma unroll
-        for (int i = 0; i < KT * CPR / NTHREADS; i++) {
-            int chunk = threadIdx.x + i * NTHREADS;
-            int r = chunk / CPR, c = chunk % CPR;
-            int t = tile * KT + r;
-            bool valid = t < kv_end;
-            const bf16 *kp = p.k_cache, *vp = p.v_cache;
-            if (valid) {
-                size_t off = kv_row(bt, p.bs_shift, t, p.n_kv, kvh) * HD + c * 8;
-                kp += off;
-                vp += off;
-            }
-            int so = r * HD + ((c ^ (r & 7)) * 8);
-            cp_async16(smem_u32(ks + so), kp, valid);
-            cp_async16(smem_u32(vs + so), vp, valid);
-        }
-    };
+    auto load_tile = [&](int tile, int st) { f8_or_bf16_load_tile<HD, F8>(p, smem, raw8, st, bt, kvh, tile, kv_end); };
 
     float o[ONT][4];
 #pragma unroll
@@ -247,16 +216,10 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     const int tok0 = tg * NT * 8; // this warp's keys within a tile
 
-    // Multistage pipeline: STAGES - 1 tiles in flight while one is used.
-#pragma unroll
-    for (int i = 0; i < STAGES - 1; i++) {
-        if (t_begin + i < t_end) load_tile(t_begin + i, i);
-        cp_async_commit();
-    }
+    kv_pipeline_start<STAGES>(t_begin, t_end, load_tile);
     for (int tile = t_begin; tile < t_end; tile++) {
         const int it = tile - t_begin;
-        cp_async_wait<STAGES - 2>(); // this thread's copies of `tile` landed
-        __syncthreads();             // everyone's did; the stage read last iteration is free
+        kv_pipeline_wait<STAGES>();
         if (tile + STAGES - 1 < t_end) load_tile(tile + STAGES - 1, (it + STAGES - 1) % STAGES);
         cp_async_commit();
         const bf16 *ks = smem + (it % STAGES) * 2 * KT * HD, *vs = ks + KT * HD;
@@ -301,33 +264,7 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
                 tmax[e >> 1] = fmaxf(tmax[e >> 1], v);
             }
         }
-        float m_use[2], corr[2];
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 1));
-            tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 2));
-            float m_new = fmaxf(m[i], tmax[i]);
-            m_use[i] = m_new == -INFINITY ? 0.0f : m_new; // all masked so far: exp2 -> 0, not NaN
-            corr[i] = exp2f(m[i] - m_use[i]);
-            m[i] = m_new;
-            l[i] *= corr[i];
-        }
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float pv = exp2f(s[j][e] - m_use[e >> 1]);
-                s[j][e] = pv;
-                l[e >> 1] += pv;
-            }
-        }
-#pragma unroll
-        for (int n = 0; n < ONT; n++) {
-            o[n][0] *= corr[0];
-            o[n][1] *= corr[0];
-            o[n][2] *= corr[1];
-            o[n][3] *= corr[1];
-        }
+        softmax_rows<NT, ONT>(s, o, tmax, m, l);
 
         // O += P V: P from the S accumulators, V^T fragments by ldmatrix.trans.
 #pragma unroll
@@ -502,29 +439,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
     const int min_pos = row_pos(0, 0); // the smallest row of the thread
 
     const int32_t *bt = p.block_tables + (size_t)seq * p.bt_stride;
-    auto load_tile = [&](int tile, int st) {
-        if constexpr (F8) {
-            f8_load_tile<HD>(p, raw8 + st * 2 * KT * HD, bt, kvh, tile, kv_end);
-            return;
-        }
-        bf16 *ks = stages + st * 2 * KT * HD, *vs = ks + KT * HD;
-#pragma unroll
-        for (int i = 0; i < KT * CPR / NTHREADS; i++) {
-            int chunk = threadIdx.x + i * NTHREADS;
-            int r = chunk / CPR, c = chunk % CPR;
-            int t = tile * KT + r;
-            bool valid = t < kv_end;
-            const bf16 *kp = p.k_cache, *vp = p.v_cache;
-            if (valid) {
-                size_t off = kv_row(bt, p.bs_shift, t, p.n_kv, kvh) * HD + c * 8;
-                kp += off;
-                vp += off;
-            }
-            int so = r * HD + ((c ^ (r & 7)) * 8);
-            cp_async16(smem_u32(ks + so), kp, valid);
-            cp_async16(smem_u32(vs + so), vp, valid);
-        }
-    };
+    auto load_tile = [&](int tile, int st) { f8_or_bf16_load_tile<HD, F8>(p, stages, raw8, st, bt, kvh, tile, kv_end); };
 
     float o[2][ONT][4];
 #pragma unroll
@@ -533,11 +448,9 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
         for (int n = 0; n < ONT; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
     float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}}, l[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 
-    if (n_tiles > 0) load_tile(0, 0);
-    cp_async_commit(); // the q tile rides with the first KV tile
+    kv_pipeline_start<2>(0, n_tiles, load_tile); // the q tile rides with the first KV tile
     for (int tile = 0; tile < n_tiles; tile++) {
-        cp_async_wait<0>();
-        __syncthreads();
+        kv_pipeline_wait<2>();
         if (tile + 1 < n_tiles) load_tile(tile + 1, (tile + 1) & 1);
         cp_async_commit();
         const bf16 *ks = stages + (tile & 1) * 2 * KT * HD, *vs = ks + KT * HD;
@@ -602,33 +515,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
             for (int j = 0; j < NT; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) tmax[e >> 1] = fmaxf(tmax[e >> 1], sc[mt][j][e]);
-            float m_use[2], corr[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 1));
-                tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 2));
-                float m_new = fmaxf(m[mt][i], tmax[i]);
-                m_use[i] = m_new == -INFINITY ? 0.0f : m_new;
-                corr[i] = exp2f(m[mt][i] - m_use[i]);
-                m[mt][i] = m_new;
-                l[mt][i] *= corr[i];
-            }
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float pv = exp2f(sc[mt][j][e] - m_use[e >> 1]);
-                    sc[mt][j][e] = pv;
-                    l[mt][e >> 1] += pv;
-                }
-            }
-#pragma unroll
-            for (int n = 0; n < ONT; n++) {
-                o[mt][n][0] *= corr[0];
-                o[mt][n][1] *= corr[0];
-                o[mt][n][2] *= corr[1];
-                o[mt][n][3] *= corr[1];
-            }
+            softmax_rows<NT, ONT>(sc[mt], o[mt], tmax, m[mt], l[mt]);
         }
 
 #pragma unroll
@@ -675,384 +562,6 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
                     __floats2bfloat162_rn(o[mt][n][2 * i] * inv, o[mt][n][2 * i + 1] * inv);
             }
         }
-}
-
-// --- v3: persistent, tile-balanced decode ------------------------------------------------
-//
-// v2 launches one CTA per (sequence, KV head, split); at batch 16 x 4096
-// that is ~8 waves of short CTAs, each paying the latency of its first
-// block-table read and KV tile before streaming. v3 launches exactly the
-// CTAs that fit at once (2 per SM) and gives each an equal share of the
-// flattened list of KV tiles (sequence-major, then KV head, then tile):
-// a CTA streams its range through one 3-stage cp.async pipeline that runs
-// across (sequence, head) boundaries, so it starts once and all CTAs end
-// together. A range cuts the tile list into segments; a segment that is a
-// whole (sequence, head) writes the output, others write a partial
-// (O / l, lse) to slot item + CTA (unique: both grow along the list) and
-// decode_v3_reduce_kernel combines them. The warps split head_dim for P V
-// instead of keys (each computes the full S = Q K^T for the tile, cheap at
-// 16 rows), so no cross-warp merge and no shared memory outside the
-// pipeline. q rows are cp.async'ed into the stage with the first tile of a
-// segment (zero rows past the GQA group).
-
-constexpr int V3_MAX_SEQS = 512;
-constexpr int V3_STAGES = 3;
-constexpr int V3_P_BYTES = ((V3_MAX_SEQS + 1) * 4 + 127) / 128 * 128; // tile prefix, 128-byte aligned stages after it
-constexpr int V3_MIN_TILES = 2; // tiles per CTA at least (tiny batches launch fewer CTAs)
-
-struct DecodeV3Params {
-    bf16 *out;
-    const bf16 *q;
-    int64_t q_stride;
-    const bf16 *k_cache, *v_cache;
-    const int32_t *block_tables;
-    int64_t bt_stride;
-    const int32_t *seq_lens;
-    int n_seqs, n_heads, n_kv, group, bs_shift;
-    float scale_log2;
-    float *part_o;            // [(n_seqs * n_kv + gridDim.x) * group][HD]
-    float *part_lse;          // [(n_seqs * n_kv + gridDim.x) * group]
-    int32_t *seq_tile_start;  // [n_seqs + 1]: first tile of each sequence (written by CTA 0)
-};
-
-template <int HD>
-__host__ __device__ constexpr int v3_stage_elems() {
-    return (2 * KT + 16) * HD; // K tile, V tile, 16 q rows
-}
-template <int HD>
-__host__ __device__ constexpr int v3_smem_bytes() {
-    return V3_P_BYTES + V3_STAGES * v3_stage_elems<HD>() * (int)sizeof(bf16);
-}
-
-template <int HD>
-__global__ void __launch_bounds__(NTHREADS, 2) paged_decode_v3_kernel(const DecodeV3Params p) {
-    constexpr int CPR = HD / 8;
-    constexpr int KSTEPS = HD / 16;
-    constexpr int NT = KT / 8;     // n-tiles of S per tile (all 64 keys in every warp)
-    constexpr int DW = HD / 4;     // output dims per warp
-    constexpr int DNT = DW / 8;    // output n-tiles per warp
-    extern __shared__ __align__(128) unsigned char smem_raw[];
-    int32_t *P = reinterpret_cast<int32_t *>(smem_raw); // [n_seqs + 1] tile prefix
-    bf16 *stages = reinterpret_cast<bf16 *>(smem_raw + V3_P_BYTES);
-    __shared__ int32_t warp_sums[NTHREADS / 32];
-
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int n_seqs = p.n_seqs, n_kv = p.n_kv, G = p.group;
-
-    // Tile prefix over sequences: sequence s owns tiles [P[s], P[s+1]),
-    // n_kv * ceil(len / KT) of them, KV head major within the sequence.
-    int carry = 0;
-    for (int base = 0; base < n_seqs; base += NTHREADS) {
-        const int s = base + tid;
-        int len = s < n_seqs ? p.seq_lens[s] : 0;
-        int v = len > 0 ? n_kv * ((len + KT - 1) / KT) : 0;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            int y = __shfl_up_sync(0xffffffffu, v, o);
-            if (lane >= o) v += y;
-        }
-        if (lane == 31) warp_sums[warp] = v;
-        __syncthreads();
-        int before = carry;
-        for (int w = 0; w < warp; w++) before += warp_sums[w];
-        if (s < n_seqs) P[s + 1] = before + v;
-        for (int w = 0; w < NTHREADS / 32; w++) carry += warp_sums[w];
-        __syncthreads();
-    }
-    if (tid == 0) P[0] = 0;
-    __syncthreads();
-    if (blockIdx.x == 0)
-        for (int s = tid; s <= n_seqs; s += NTHREADS) p.seq_tile_start[s] = P[s];
-    const int T = P[n_seqs];
-    const int per = (T + gridDim.x - 1) / gridDim.x;
-    const int g0 = blockIdx.x * per, g1 = min(T, g0 + per);
-    if (g0 >= g1) return;
-
-    // Tile g -> (sequence, KV head, tile within the sequence, tiles per head).
-    auto locate_tile = [&](int g, int &s, int &kvh, int &lt, int &nt) {
-        int lo = 0, hi = n_seqs - 1;
-        while (lo < hi) {
-            int mid = (lo + hi + 1) >> 1;
-            if (P[mid] <= g) lo = mid;
-            else hi = mid - 1;
-        }
-        s = lo;
-        nt = (P[s + 1] - P[s]) / n_kv;
-        int r = g - P[s];
-        kvh = r / nt;
-        lt = r % nt;
-    };
-
-    auto load_tile = [&](int g, int st) {
-        int s, kvh, lt, nt;
-        locate_tile(g, s, kvh, lt, nt);
-        const int len = p.seq_lens[s];
-        const int32_t *bt = p.block_tables + (size_t)s * p.bt_stride;
-        bf16 *ks = stages + st * v3_stage_elems<HD>(), *vs = ks + KT * HD, *qs = vs + KT * HD;
-#pragma unroll
-        for (int i = 0; i < KT * CPR / NTHREADS; i++) {
-            int chunk = tid + i * NTHREADS;
-            int r = chunk / CPR, c = chunk % CPR;
-            int t = lt * KT + r;
-            bool valid = t < len;
-            const bf16 *kp = p.k_cache, *vp = p.v_cache;
-            if (valid) {
-                size_t off = kv_row(bt, p.bs_shift, t, n_kv, kvh) * HD + c * 8;
-                kp += off;
-                vp += off;
-            }
-            int so = r * HD + ((c ^ (r & 7)) * 8);
-            cp_async16(smem_u32(ks + so), kp, valid);
-            cp_async16(smem_u32(vs + so), vp, valid);
-        }
-        if (lt == 0 || g == g0) { // first tile of a segment: its q rows
-#pragma unroll
-            for (int i = 0; i < 16 * CPR / NTHREADS; i++) {
-                int chunk = tid + i * NTHREADS;
-                int r = chunk / CPR, c = chunk % CPR;
-                bool valid = r < G;
-                const bf16 *qp = valid ? p.q + (size_t)s * p.q_stride + (size_t)(kvh * G + r) * HD + c * 8 : p.q;
-                cp_async16(smem_u32(qs + r * HD + ((c ^ (r & 7)) * 8)), qp, valid);
-            }
-        }
-    };
-
-    uint32_t qa[KSTEPS][4];
-    float o[DNT][4];
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-
-#pragma unroll
-    for (int i = 0; i < V3_STAGES - 1; i++) {
-        if (g0 + i < g1) load_tile(g0 + i, i);
-        cp_async_commit();
-    }
-    for (int g = g0; g < g1; g++) {
-        const int it = g - g0;
-        cp_async_wait<V3_STAGES - 2>();
-        __syncthreads();
-        if (g + V3_STAGES - 1 < g1) load_tile(g + V3_STAGES - 1, (it + V3_STAGES - 1) % V3_STAGES);
-        cp_async_commit();
-        const bf16 *ks = stages + (it % V3_STAGES) * v3_stage_elems<HD>(), *vs = ks + KT * HD, *qs = vs + KT * HD;
-        int s, kvh, lt, nt;
-        locate_tile(g, s, kvh, lt, nt);
-        const int len = p.seq_lens[s];
-
-        if (lt == 0 || g == g0) { // a new segment: fresh state, q fragments from smem
-#pragma unroll
-            for (int kk = 0; kk < KSTEPS; kk++) {
-                int r = lane & 15, c = kk * 2 + (lane >> 4);
-                ldsm_x4(smem_u32(qs + r * HD + ((c ^ (r & 7)) * 8)), qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3]);
-            }
-#pragma unroll
-            for (int n = 0; n < DNT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-            m[0] = m[1] = -INFINITY;
-            l[0] = l[1] = 0.0f;
-        }
-
-        // S = Q K^T: 16 rows x 64 keys (every warp the whole tile).
-        float sc[NT][4];
-#pragma unroll
-        for (int j = 0; j < NT; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < KSTEPS; kk += 2) {
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                int r = j * 8 + (lane & 7);
-                int c = kk * 2 + (lane >> 3);
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4(smem_u32(ks + r * HD + ((c ^ (r & 7)) * 8)), b0, b1, b2, b3);
-                mma_bf16(sc[j], qa[kk], b0, b1);
-                mma_bf16(sc[j], qa[kk + 1], b2, b3);
-            }
-        }
-        const bool need_mask = (lt + 1) * KT > len;
-        float tmax[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float v = sc[j][e] * p.scale_log2;
-                if (need_mask && lt * KT + j * 8 + (lane % 4) * 2 + (e & 1) >= len) v = -INFINITY;
-                sc[j][e] = v;
-                tmax[e >> 1] = fmaxf(tmax[e >> 1], v);
-            }
-        }
-        float m_use[2], corr[2];
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 1));
-            tmax[i] = fmaxf(tmax[i], __shfl_xor_sync(0xffffffffu, tmax[i], 2));
-            float m_new = fmaxf(m[i], tmax[i]);
-            m_use[i] = m_new == -INFINITY ? 0.0f : m_new;
-            corr[i] = exp2f(m[i] - m_use[i]);
-            m[i] = m_new;
-            l[i] *= corr[i];
-        }
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float pv = exp2f(sc[j][e] - m_use[e >> 1]);
-                sc[j][e] = pv;
-                l[e >> 1] += pv;
-            }
-        }
-#pragma unroll
-        for (int n = 0; n < DNT; n++) {
-            o[n][0] *= corr[0];
-            o[n][1] *= corr[0];
-            o[n][2] *= corr[1];
-            o[n][3] *= corr[1];
-        }
-        // O[:, warp's dims] += P V[:, warp's dims].
-#pragma unroll
-        for (int k2 = 0; k2 < NT / 2; k2++) {
-            uint32_t a[4] = {pack_bf16(sc[2 * k2][0], sc[2 * k2][1]), pack_bf16(sc[2 * k2][2], sc[2 * k2][3]),
-                             pack_bf16(sc[2 * k2 + 1][0], sc[2 * k2 + 1][1]),
-                             pack_bf16(sc[2 * k2 + 1][2], sc[2 * k2 + 1][3])};
-            int r = k2 * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-            for (int c = 0; c < DW / 16; c++) {
-                int ch = warp * (DW / 8) + 2 * c + (lane >> 4);
-                uint32_t b0, b1, b2, b3;
-                ldsm_x4_t(smem_u32(vs + r * HD + ((ch ^ (r & 7)) * 8)), b0, b1, b2, b3);
-                mma_bf16(o[2 * c], a, b0, b1);
-                mma_bf16(o[2 * c + 1], a, b2, b3);
-            }
-        }
-
-        // End of a segment: the output, or a partial for the reduce.
-        if (lt == nt - 1 || g == g1 - 1) {
-            const int first = P[s] + kvh * nt; // the (sequence, head)'s first tile
-            const bool whole = first / per == (first + nt - 1) / per;
-            const int seg = s * n_kv + kvh + blockIdx.x;
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const int row = lane / 4 + 8 * i;
-                float lt_ = l[i];
-                lt_ += __shfl_xor_sync(0xffffffffu, lt_, 1);
-                lt_ += __shfl_xor_sync(0xffffffffu, lt_, 2);
-                if (row >= G) continue;
-                const float inv = lt_ > 0.0f ? 1.0f / lt_ : 0.0f;
-                if (whole) {
-                    bf16 *op = p.out + ((size_t)s * p.n_heads + kvh * G + row) * HD;
-#pragma unroll
-                    for (int n = 0; n < DNT; n++) {
-                        int c = warp * DW + n * 8 + (lane % 4) * 2;
-                        *reinterpret_cast<__nv_bfloat162 *>(op + c) =
-                            __floats2bfloat162_rn(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-                    }
-                } else {
-                    float *pp = p.part_o + ((size_t)seg * G + row) * HD;
-#pragma unroll
-                    for (int n = 0; n < DNT; n++) {
-                        int c = warp * DW + n * 8 + (lane % 4) * 2;
-                        *reinterpret_cast<float2 *>(pp + c) = make_float2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-                    }
-                    if (warp == 0 && lane % 4 == 0)
-                        p.part_lse[(size_t)seg * G + row] = lt_ > 0.0f ? m[i] + log2f(lt_) : -INFINITY;
-                }
-            }
-        }
-    }
-    cp_async_wait<0>();
-}
-
-// Combines the segments of each (sequence, head) that spans CTAs, and
-// zeroes the rows of sequences with no keys. One CTA of HD/2 threads per
-// (sequence, query head).
-template <int HD>
-__global__ void decode_v3_reduce_kernel(bf16 *out, const float *part_o, const float *part_lse,
-                                        const int32_t *seq_lens, const int32_t *seq_tile_start, int n_seqs,
-                                        int n_heads, int n_kv, int n_ctas) {
-    const int row = blockIdx.x, s = row / n_heads, h = row % n_heads;
-    const int G = n_heads / n_kv, kvh = h / G, g = h % G;
-    const int c = threadIdx.x * 2;
-    const int len = seq_lens[s];
-    const int nt = len > 0 ? (len + KT - 1) / KT : 0;
-    if (nt == 0) {
-        *reinterpret_cast<__nv_bfloat162 *>(out + (size_t)row * HD + c) = __floats2bfloat162_rn(0.0f, 0.0f);
-        return;
-    }
-    const int T = seq_tile_start[n_seqs];
-    const int per = (T + n_ctas - 1) / n_ctas;
-    const int first = seq_tile_start[s] + kvh * nt;
-    const int c0 = first / per, c1 = (first + nt - 1) / per;
-    if (c0 == c1) return; // one segment: written by the attention kernel
-    const int item = s * n_kv + kvh;
-    float mx = -INFINITY;
-    for (int cta = c0; cta <= c1; cta++) mx = fmaxf(mx, part_lse[(size_t)(item + cta) * G + g]);
-    float2 acc = make_float2(0.0f, 0.0f);
-    float wsum = 0.0f;
-    for (int cta = c0; cta <= c1; cta++) {
-        size_t seg = (size_t)(item + cta) * G + g;
-        float lse = part_lse[seg];
-        float w = lse == -INFINITY ? 0.0f : exp2f(lse - mx);
-        float2 v = *reinterpret_cast<const float2 *>(part_o + seg * HD + c);
-        acc.x += w * v.x;
-        acc.y += w * v.y;
-        wsum += w;
-    }
-    float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
-    *reinterpret_cast<__nv_bfloat162 *>(out + (size_t)row * HD + c) = __floats2bfloat162_rn(acc.x * inv, acc.y * inv);
-}
-
-// --- v1: CUDA cores, one CTA per (sequence, query head) --------------------------------
-
-template <int HD>
-__global__ void __launch_bounds__(NTHREADS)
-paged_decode_v1_kernel(bf16 *out, const bf16 *q, int64_t q_stride, const bf16 *k_cache,
-                       const bf16 *v_cache, const int32_t *block_tables, int64_t bt_stride,
-                       const int32_t *seq_lens, int n_heads, int n_kv, int bs_shift, float scale) {
-    constexpr int EPL = HD / 32; // elements per lane
-    const int s = blockIdx.x, h = blockIdx.y;
-    const int kvh = h / (n_heads / n_kv);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int len = seq_lens[s];
-    const int32_t *bt = block_tables + (size_t)s * bt_stride;
-    float qv[EPL], acc[EPL];
-    const bf16 *qp = q + (size_t)s * q_stride + (size_t)h * HD + lane * EPL;
-#pragma unroll
-    for (int e = 0; e < EPL; e++) {
-        qv[e] = __bfloat162float(qp[e]) * scale;
-        acc[e] = 0.0f;
-    }
-    float m = -INFINITY, l = 0.0f;
-    for (int t = warp; t < len; t += NTHREADS / 32) {
-        int64_t slot = ((int64_t)bt[t >> bs_shift] << bs_shift) + (t & ((1 << bs_shift) - 1));
-        size_t off = ((size_t)slot * n_kv + kvh) * HD + lane * EPL;
-        float d = 0.0f;
-#pragma unroll
-        for (int e = 0; e < EPL; e++) d += qv[e] * __bfloat162float(k_cache[off + e]);
-#pragma unroll
-        for (int x = 16; x > 0; x >>= 1) d += __shfl_xor_sync(0xffffffffu, d, x);
-        float m_new = fmaxf(m, d);
-        float corr = expf(m - m_new), pw = expf(d - m_new);
-        l = l * corr + pw;
-#pragma unroll
-        for (int e = 0; e < EPL; e++) acc[e] = acc[e] * corr + pw * __bfloat162float(v_cache[off + e]);
-        m = m_new;
-    }
-    __shared__ float sm_m[NTHREADS / 32], sm_l[NTHREADS / 32];
-    __shared__ float sm_o[NTHREADS / 32][HD];
-    if (lane == 0) {
-        sm_m[warp] = m;
-        sm_l[warp] = l;
-    }
-#pragma unroll
-    for (int e = 0; e < EPL; e++) sm_o[warp][lane * EPL + e] = acc[e];
-    __syncthreads();
-    float ms = -INFINITY;
-    for (int w = 0; w < NTHREADS / 32; w++) ms = fmaxf(ms, sm_m[w]);
-    for (int c = threadIdx.x; c < HD; c += NTHREADS) {
-        float num = 0.0f, den = 0.0f;
-        for (int w = 0; w < NTHREADS / 32; w++) {
-            float f = sm_m[w] == -INFINITY ? 0.0f : expf(sm_m[w] - ms);
-            num += f * sm_o[w][c];
-            den += f * sm_l[w];
-        }
-        out[((size_t)s * n_heads + h) * HD + c] = __float2bfloat16(den > 0.0f ? num / den : 0.0f);
-    }
 }
 
 // --- planning and launchers ---------------------------------------------------------------
@@ -1119,101 +628,6 @@ int launch_decode_v2(void *out, const void *q, int64_t q_stride, const void *k_c
     PG_CUDA_TRY(pg_launch_pdl(paged_attn_mma_kernel<HD, 2, F8>, grid, dim3(NTHREADS), attn_smem_bytes<HD, 2, F8>(),
                               st, p));
     PG_CUDA_LAUNCHED("paged_attn_mma_kernel<decode>");
-    return 0;
-}
-
-// v3's dynamic shared memory limit, once per device.
-template <int HD> int v3_set_smem_attr() {
-    static std::atomic<uint64_t> done{0};
-    int dev = 0;
-    PG_CUDA_TRY(cudaGetDevice(&dev));
-    uint64_t bit = 1ull << (dev & 63);
-    if (done.load(std::memory_order_acquire) & bit) return 0;
-    PG_CUDA_TRY(cudaFuncSetAttribute(paged_decode_v3_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     v3_smem_bytes<HD>()));
-    done.fetch_or(bit, std::memory_order_release);
-    return 0;
-}
-
-template <int HD> int v3_ctas_per_sm() {
-    static const int n = [] {
-        int v = 0;
-        if (v3_set_smem_attr<HD>() < 0 ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, paged_decode_v3_kernel<HD>, NTHREADS,
-                                                          v3_smem_bytes<HD>()) != cudaSuccess ||
-            v < 1)
-            v = 1;
-        return v;
-    }();
-    return n;
-}
-
-// CTAs of a v3 launch: all that fit at once, fewer for tiny batches.
-int v3_ctas(int n_seqs, int n_kv, int max_seq_len, int head_dim) {
-    const int64_t tiles = (int64_t)n_seqs * n_kv * (max_seq_len > 0 ? (max_seq_len + KT - 1) / KT : 1);
-    const int64_t full = (int64_t)pg_cuda_sm_count() * (head_dim == 64 ? v3_ctas_per_sm<64>() : v3_ctas_per_sm<128>());
-    int64_t c = (tiles + V3_MIN_TILES - 1) / V3_MIN_TILES;
-    if (c > full) c = full;
-    return (int)(c < 1 ? 1 : c);
-}
-
-size_t v3_ws_bytes(int n_seqs, int n_kv, int group, int head_dim, int n_ctas) {
-    const size_t segs = (size_t)n_seqs * n_kv + n_ctas;
-    return 256 + ((size_t)(n_seqs + 1) * 4 + 255) / 256 * 256 + segs * group * (size_t)head_dim * 4 + segs * group * 4 + 256;
-}
-
-// v3 when it applies (GQA group <= 16, <= 512 sequences, enough workspace);
-// returns 1 when it did not launch, so the caller falls back to v2.
-template <int HD>
-int launch_decode_v3(void *out, const void *q, int64_t q_stride, const void *k_cache, const void *v_cache,
-                     pg_kv_shape kv, const int32_t *block_tables, int32_t bt_stride, const int32_t *seq_lens,
-                     int32_t n_seqs, int32_t n_heads, float scale, int32_t max_seq_len, void *workspace,
-                     size_t workspace_bytes, cudaStream_t st) {
-    const int G = n_heads / kv.n_kv_heads;
-    if (G > 16 || n_seqs > V3_MAX_SEQS || !workspace) return 1;
-    PG_TRY(v3_set_smem_attr<HD>());
-    const int C = v3_ctas(n_seqs, kv.n_kv_heads, max_seq_len, HD);
-    if (v3_ws_bytes(n_seqs, kv.n_kv_heads, G, HD, C) > workspace_bytes) return 1;
-    const size_t segs = (size_t)n_seqs * kv.n_kv_heads + C;
-    uintptr_t base = ((uintptr_t)workspace + 255) & ~(uintptr_t)255;
-    DecodeV3Params p = {};
-    p.seq_tile_start = (int32_t *)base;
-    p.part_o = (float *)(base + ((size_t)(n_seqs + 1) * 4 + 255) / 256 * 256);
-    p.part_lse = p.part_o + segs * G * HD;
-    p.out = (bf16 *)out;
-    p.q = (const bf16 *)q;
-    p.q_stride = q_stride;
-    p.k_cache = (const bf16 *)k_cache;
-    p.v_cache = (const bf16 *)v_cache;
-    p.block_tables = block_tables;
-    p.bt_stride = bt_stride;
-    p.seq_lens = seq_lens;
-    p.n_seqs = n_seqs;
-    p.n_heads = n_heads;
-    p.n_kv = kv.n_kv_heads;
-    p.group = G;
-    p.bs_shift = log2_exact(kv.block_size);
-    p.scale_log2 = scale * 1.4426950408889634f;
-    paged_decode_v3_kernel<HD><<<C, NTHREADS, v3_smem_bytes<HD>(), st>>>(p);
-    PG_CUDA_LAUNCHED("paged_decode_v3_kernel");
-    decode_v3_reduce_kernel<HD><<<n_seqs * n_heads, HD / 2, 0, st>>>((bf16 *)out, p.part_o, p.part_lse, seq_lens,
-                                                                     p.seq_tile_start, n_seqs, n_heads,
-                                                                     kv.n_kv_heads, C);
-    PG_CUDA_LAUNCHED("decode_v3_reduce_kernel");
-    return 0;
-}
-
-template <int HD>
-int launch_decode_v1(void *out, const void *q, int64_t q_stride, const void *k_cache,
-                     const void *v_cache, pg_kv_shape kv, const int32_t *block_tables,
-                     int32_t bt_stride, const int32_t *seq_lens, int32_t n_seqs, int32_t n_heads,
-                     float scale, cudaStream_t st) {
-    dim3 grid((unsigned)n_seqs, (unsigned)n_heads);
-    paged_decode_v1_kernel<HD><<<grid, NTHREADS, 0, st>>>((bf16 *)out, (const bf16 *)q, q_stride,
-                                                          (const bf16 *)k_cache, (const bf16 *)v_cache,
-                                                          block_tables, bt_stride, seq_lens, n_heads,
-                                                          kv.n_kv_heads, log2_exact(kv.block_size), scale);
-    PG_CUDA_LAUNCHED("paged_decode_v1_kernel");
     return 0;
 }
 
@@ -1285,8 +699,9 @@ extern "C" int pg_cuda_paged_decode_attention_v(int version, void *out, const vo
     PG_ARG(seq_lens, "decode attention: null seq_lens");
     PG_ARG(max_seq_len >= 0, "decode attention: max_seq_len %d", max_seq_len);
     PG_ARG(version >= 1 && version <= 4, "decode attention: no version %d", version);
-    if ((version == 1 || version == 3) && kv.dtype == PG_KV_FP8_E4M3)
-        return pg_err_set(PG_EUNSUPP, "decode attention v%d: fp8 KV cache (only v2 and v4)", version);
+    if (version == 1 || version == 3) // numbered versions the product never runs
+        return pg_err_set(PG_EUNSUPP, "decode attention v%d: not in the library (bench/cuda/attention_decode_v%d.cuh)",
+                          version, version);
     if (version == 4 && !kn_applies(n_heads / kv.n_kv_heads))
         return pg_err_set(PG_EUNSUPP, "decode attention v4: GQA group %d (at most %d) or compute capability %d < 8.9",
                           n_heads / kv.n_kv_heads, KN_MAX_GROUP, device_cc());
@@ -1295,21 +710,6 @@ extern "C" int pg_cuda_paged_decode_attention_v(int version, void *out, const vo
     if (version == 4)
         return PG_ATTN_DISPATCH(launch_decode_kn, kv, out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride,
                                 seq_lens, n_seqs, n_heads, scale, max_seq_len, workspace, workspace_bytes, st);
-    if (version == 1)
-        return kv.head_dim == 64
-                   ? launch_decode_v1<64>(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride,
-                                          seq_lens, n_seqs, n_heads, scale, st)
-                   : launch_decode_v1<128>(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride,
-                                           seq_lens, n_seqs, n_heads, scale, st);
-    if (version == 3) {
-        int rc = kv.head_dim == 64 ? launch_decode_v3<64>(out, q, q_stride, k_cache, v_cache, kv, block_tables,
-                                                          bt_stride, seq_lens, n_seqs, n_heads, scale, max_seq_len,
-                                                          workspace, workspace_bytes, st)
-                                   : launch_decode_v3<128>(out, q, q_stride, k_cache, v_cache, kv, block_tables,
-                                                           bt_stride, seq_lens, n_seqs, n_heads, scale, max_seq_len,
-                                                           workspace, workspace_bytes, st);
-        if (rc <= 0) return rc; // launched, or failed; 1: not applicable, v2 below
-    }
     return PG_ATTN_DISPATCH(launch_decode_v2, kv, out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride,
                             seq_lens, n_seqs, n_heads, scale, max_seq_len, workspace, workspace_bytes, st);
 }
@@ -1333,11 +733,6 @@ extern "C" size_t pg_cuda_decode_workspace_size(int32_t max_seqs, int32_t n_head
     const int G = n_heads / n_kv_heads, row_tiles = (G + 15) / 16;
     const int sms = pg_cuda_sm_count();
     size_t best = 0;
-    if (G <= 16) // v3 at the largest batch it takes (its need grows with the batch)
-        for (int n : {max_seqs < V3_MAX_SEQS ? max_seqs : V3_MAX_SEQS}) {
-            size_t b = v3_ws_bytes(n, n_kv_heads, G, head_dim, v3_ctas(n, n_kv_heads, max_seq_len, head_dim));
-            if (b > best) best = b;
-        }
     // Both KV dtypes and both split kernels (v2, v4; their plans differ), so
     // one size serves whatever the dispatcher picks.
     for (int f8 = 0; f8 < 2; f8++) {

@@ -1,12 +1,15 @@
 // kernels/cuda/attention_common.cuh - what the paged attention kernels share:
 // tile constants, PTX wrappers, the e4m3 conversions, the kernel parameters,
-// the split-decode arrival counters and the split plan.
+// the KV tile loader, pipeline and online-softmax step, the split-decode
+// arrival counters and the split plan.
 //
-// Included by attention.cu only, which also #includes attention_decode_kn.cuh:
-// all attention kernels are one translation unit, because g_split_count must
-// be ONE device array (the split launches of every decode kernel rely on it
-// being zero between launches) and the CUDA objects are compiled without
-// -rdc (no cross-file __device__ variables).
+// Included by attention.cu, which also #includes attention_decode_kn.cuh:
+// all library attention kernels are one translation unit, because
+// g_split_count must be ONE device array (the split launches of every decode
+// kernel rely on it being zero between launches) and the CUDA objects are
+// compiled without -rdc (no cross-file __device__ variables). bench/cuda/'s
+// decode v1/v3 include it too (in the bench and test programs); they never
+// touch g_split_count.
 #pragma once
 #include <cuda_fp16.h>
 #include <math.h>
@@ -123,6 +126,132 @@ struct AttnParams {
 __device__ __forceinline__ size_t kv_row(const int32_t *bt, int bs_shift, int t, int n_kv, int kvh) {
     const int64_t slot = ((int64_t)bt[t >> bs_shift] << bs_shift) + (t & ((1 << bs_shift) - 1));
     return (size_t)slot * n_kv + kvh;
+}
+
+// --- the KV tile pipeline ----------------------------------------------------------------
+//
+// Every attention kernel streams the KV tiles of one (sequence, KV head)
+// through shared memory the same way: 16-byte cp.async chunks addressed
+// through the block table per chunk (zero-filled past kv_end), a multistage
+// pipeline (STAGES - 1 tiles in flight while one is used), and an online
+// softmax in base 2. These are that one copy; each kernel keeps its own
+// fragment layout and mma code (S, P.V, the merge).
+
+// Slot of 16-byte chunk c in key row r of a tile with CPR chunks per row, so
+// the 8 rows one ldmatrix reads land in 8 different 16-byte bank groups.
+// Rows of 128 bytes or more: c ^ (r & 7); 64-byte rows (fp8, head_dim 64)
+// pair up in 128 bytes: c ^ ((r >> 1) & 3).
+template <int CPR> __device__ __forceinline__ int swz_chunk(int r, int c) {
+    return CPR >= 8 ? c ^ (r & 7) : c ^ ((r >> 1) & 3);
+}
+
+// One KV tile (keys [tile * KT, tile * KT + KT) of KV head kvh) from the
+// caches kc, vc into ks, vs: elements of type T (bf16, or the e4m3 bytes),
+// EPR per key row. Thread x issues chunks x, x + NTHREADS, ...; chunk c of
+// key row r lands at r * EPR + swz_chunk(r, c) chunks (LINEAR: at chunk
+// r * CPR + c, for a raw stage that only its loading thread reads back).
+// Keys at or past kv_end are zero-filled and their block table entries
+// never read. Called by every thread; the caller commits the group.
+template <typename T, int EPR, bool LINEAR = false>
+__device__ __forceinline__ void load_kv_tile(const AttnParams &p, const T *kc, const T *vc, T *ks, T *vs,
+                                             const int32_t *bt, int kvh, int tile, int kv_end) {
+    constexpr int EPC = 16 / (int)sizeof(T); // elements per 16-byte chunk
+    constexpr int CPR = EPR / EPC;           // chunks per key row
+    static_assert(EPR % EPC == 0 && KT * CPR % NTHREADS == 0, "tile load");
+#pragma unroll
+    for (int i = 0; i < KT * CPR / NTHREADS; i++) {
+        int chunk = threadIdx.x + i * NTHREADS;
+        int r = chunk / CPR, c = chunk % CPR;
+        int t = tile * KT + r;
+        bool valid = t < kv_end;
+        const T *kp = kc, *vp = vc;
+        if (valid) {
+            size_t off = kv_row(bt, p.bs_shift, t, p.n_kv, kvh) * EPR + c * EPC;
+            kp += off;
+            vp += off;
+        }
+        int so = LINEAR ? chunk * EPC : r * EPR + swz_chunk<CPR>(r, c) * EPC;
+        cp_async16(smem_u32(ks + so), kp, valid);
+        cp_async16(smem_u32(vs + so), vp, valid);
+    }
+}
+
+// The multistage pipeline over tiles [t_begin, t_end), STAGES - 1 tiles in
+// flight while one is used; load(tile, stage) issues a tile's copies into
+// a stage. Each kernel writes its loop as
+//   kv_pipeline_start<STAGES>(t_begin, t_end, load);
+//   for (int tile = t_begin; tile < t_end; tile++) {
+//       kv_pipeline_wait<STAGES>();
+//       if (tile + STAGES - 1 < t_end) load(tile + STAGES - 1, its stage);
+//       cp_async_commit();
+//       ... read the tile from its stage ...
+//   }
+//   cp_async_wait<0>();
+// with its own stage arithmetic. (The issue step stays in the kernel: moved
+// into a helper, v4 and prefill v2 compiled to other instructions.) Commit
+// groups issued before the start (a q tile) complete with the first tile.
+template <int STAGES, typename Load>
+__device__ __forceinline__ void kv_pipeline_start(int t_begin, int t_end, Load &&load) {
+    static_assert(STAGES >= 2, "pipeline depth");
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; i++) {
+        if (t_begin + i < t_end) load(t_begin + i, i);
+        cp_async_commit();
+    }
+}
+// Returns once every thread's copies of the loop's current tile have landed;
+// the barrier also frees the stage the previous iteration read, which the
+// next issue reuses.
+template <int STAGES> __device__ __forceinline__ void kv_pipeline_wait() {
+    cp_async_wait<STAGES - 2>(); // this thread's copies of the tile landed
+    __syncthreads();             // everyone's did; the stage read last iteration is free
+}
+
+// v = max over the lanes l ^ X... of v (the lanes holding the same softmax
+// row: xor 1, 2 for row-major fragments, 4, 8, 16 for v4's columns).
+template <int... X> __device__ __forceinline__ float max_xor_lanes(float v) {
+    ((v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, X))), ...);
+    return v;
+}
+
+// The online-softmax step of one row (base 2) once tmax, the row's max
+// over the new keys, is known: m_use is the max to subtract from them (0
+// while every key so far is masked, so exp2 gives 0, not NaN), corr the
+// factor that rescales the old l (done here) and O (the caller's layout).
+__device__ __forceinline__ void softmax_rescale(float tmax, float &m, float &l, float &m_use, float &corr) {
+    const float m_new = fmaxf(m, tmax);
+    m_use = m_new == -INFINITY ? 0.0f : m_new;
+    corr = exp2f(m - m_use);
+    m = m_new;
+    l *= corr;
+}
+
+// Row-major mma fragments (decode v2, prefill v1/v2: the thread's rows are
+// lane/4 and lane/4 + 8, elements 0, 1 and 2, 3 of each 16x8 tile): the
+// row maxima of s reduced over the quad, the rescale, P = exp2(s - m_use)
+// in place with its sums into l, and O rescaled.
+template <int NT, int ONT>
+__device__ __forceinline__ void softmax_rows(float (&s)[NT][4], float (&o)[ONT][4], float tmax[2], float m[2],
+                                             float l[2]) {
+    float m_use[2], corr[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) softmax_rescale(max_xor_lanes<1, 2>(tmax[i]), m[i], l[i], m_use[i], corr[i]);
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float pv = exp2f(s[j][e] - m_use[e >> 1]);
+            s[j][e] = pv;
+            l[e >> 1] += pv;
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < ONT; n++) {
+        o[n][0] *= corr[0];
+        o[n][1] *= corr[0];
+        o[n][2] *= corr[1];
+        o[n][3] *= corr[1];
+    }
 }
 
 // Flash decoding, after every thread of a split CTA stored its partial

@@ -66,13 +66,6 @@ template <int HD, bool F8> __host__ __device__ constexpr int kn_smem_bytes() {
     return kn_stages(F8) * kn_stage_bytes<HD, F8>();
 }
 
-// Slot of 16-byte chunk c in key row r: the 8 rows one ldmatrix reads land in
-// 8 different 16-byte bank groups. Rows of 128 bytes or more: c ^ (r & 7);
-// 64-byte rows (fp8, head_dim 64) pair up in 128 bytes: c ^ ((r >> 1) & 3).
-template <int CPR> __device__ __forceinline__ int kn_swz(int r, int c) {
-    return CPR >= 8 ? c ^ (r & 7) : c ^ ((r >> 1) & 3);
-}
-
 // c[4] += A(16x16, a[4]) * B(16x8, b0 b1), f16 in, fp32 accumulate.
 __device__ __forceinline__ void mma_f16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
@@ -187,23 +180,8 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
     const unsigned char *kb = reinterpret_cast<const unsigned char *>(p.k_cache);
     const unsigned char *vb = reinterpret_cast<const unsigned char *>(p.v_cache);
     auto load_tile = [&](int tile, int st) {
-        unsigned char *ks = smem_raw + st * STAGE, *vs = ks + KT * RB;
-#pragma unroll
-        for (int i = 0; i < KT * CPR / NTHREADS; i++) {
-            int chunk = threadIdx.x + i * NTHREADS;
-            int r = chunk / CPR, c = chunk % CPR;
-            int t = tile * KT + r;
-            bool valid = t < kv_end;
-            const unsigned char *kp = kb, *vp = vb;
-            if (valid) {
-                size_t off = kv_row(bt, p.bs_shift, t, p.n_kv, kvh) * RB + c * 16;
-                kp += off;
-                vp += off;
-            }
-            int so = r * RB + kn_swz<CPR>(r, c) * 16;
-            cp_async16(smem_u32(ks + so), kp, valid);
-            cp_async16(smem_u32(vs + so), vp, valid);
-        }
+        unsigned char *ks = smem_raw + st * STAGE;
+        load_kv_tile<unsigned char, RB>(p, kb, vb, ks, ks + KT * RB, bt, kvh, tile, kv_end);
     };
 
     float o[MT][4]; // O^T: m-tile c, rows = dims (see kn_dim), columns = query heads
@@ -215,15 +193,10 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
     // matrices 2/3 the same keys of chunk x + 1.
     const int lrow = key0 + (lane & 7) + ((lane >> 3) & 1) * 8, lch = lane >> 4;
 
-#pragma unroll
-    for (int i = 0; i < STAGES - 1; i++) {
-        if (t_begin + i < t_end) load_tile(t_begin + i, i);
-        cp_async_commit();
-    }
+    kv_pipeline_start<STAGES>(t_begin, t_end, load_tile);
     for (int tile = t_begin; tile < t_end; tile++) {
         const int it = tile - t_begin;
-        cp_async_wait<STAGES - 2>(); // this thread's copies of `tile` landed
-        __syncthreads();             // everyone's did; the stage read last iteration is free
+        kv_pipeline_wait<STAGES>();
         if (tile + STAGES - 1 < t_end) load_tile(tile + STAGES - 1, (it + STAGES - 1) % STAGES);
         cp_async_commit();
         const uint32_t kaddr = smem_u32(smem_raw + (it % STAGES) * STAGE + lrow * RB);
@@ -235,7 +208,7 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
 #pragma unroll
             for (int c = 0; c < MT; c += 2) {
                 uint32_t r0, r1, r2, r3, a[4];
-                ldsm_x4(kaddr + kn_swz<CPR>(lrow, c + lch) * 16, r0, r1, r2, r3);
+                ldsm_x4(kaddr + swz_chunk<CPR>(lrow, c + lch) * 16, r0, r1, r2, r3);
                 e4m3x4_to_f16(r0, a[0], a[2]);
                 e4m3x4_to_f16(r1, a[1], a[3]);
                 mma_f16(s[0], a, qb[c][0], qb[c][1]);
@@ -247,7 +220,7 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
 #pragma unroll
             for (int c = 0; c < MT; c++) {
                 uint32_t a[4];
-                ldsm_x4(kaddr + kn_swz<CPR>(lrow, 2 * c + lch) * 16, a[0], a[1], a[2], a[3]);
+                ldsm_x4(kaddr + swz_chunk<CPR>(lrow, 2 * c + lch) * 16, a[0], a[1], a[2], a[3]);
                 mma_bf16(s[c & 1], a, qb[c][0], qb[c][1]);
             }
         }
@@ -265,17 +238,8 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
         }
         float corr[2], m_use[2];
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            float tmax = fmaxf(sv[i], sv[i + 2]);
-            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 4));
-            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 8));
-            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 16));
-            const float m_new = fmaxf(m[i], tmax);
-            m_use[i] = m_new == -INFINITY ? 0.0f : m_new; // all masked so far: exp2 -> 0, not NaN
-            corr[i] = exp2f(m[i] - m_use[i]);
-            m[i] = m_new;
-            l[i] *= corr[i];
-        }
+        for (int i = 0; i < 2; i++)
+            softmax_rescale(max_xor_lanes<4, 8, 16>(fmaxf(sv[i], sv[i + 2])), m[i], l[i], m_use[i], corr[i]);
         float pr[4];
 #pragma unroll
         for (int e = 0; e < 4; e++) {
@@ -299,7 +263,7 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
 #pragma unroll
             for (int c = 0; c < MT; c += 2) {
                 uint32_t r0, r1, r2, r3, a[4];
-                ldsm_x4_t(vaddr + kn_swz<CPR>(lrow, c + lch) * 16, r0, r1, r2, r3);
+                ldsm_x4_t(vaddr + swz_chunk<CPR>(lrow, c + lch) * 16, r0, r1, r2, r3);
                 // (k2t,d) (k2t,d+1) (k2t+1,d) (k2t+1,d+1) -> dim d: keys 2t, 2t+1; dim d+1: same keys
                 e4m3x4_to_f16(__byte_perm(r0, 0u, 0x3120), a[0], a[1]);
                 e4m3x4_to_f16(__byte_perm(r1, 0u, 0x3120), a[2], a[3]);
@@ -312,7 +276,7 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
 #pragma unroll
             for (int c = 0; c < MT; c++) {
                 uint32_t r0, r1, r2, r3;
-                ldsm_x4_t(vaddr + kn_swz<CPR>(lrow, 2 * c + lch) * 16, r0, r1, r2, r3);
+                ldsm_x4_t(vaddr + swz_chunk<CPR>(lrow, 2 * c + lch) * 16, r0, r1, r2, r3);
                 const uint32_t a[4] = {r0, r2, r1, r3}; // dims c*16 + g8 | + 8, keys 0-7 | 8-15
                 mma_bf16(o[c], a, pb0, pb1);
             }

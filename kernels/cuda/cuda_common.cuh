@@ -22,11 +22,7 @@ typedef __nv_bfloat16 bf16;
 // After a launch: a bad configuration or an earlier sticky error.
 #define PG_CUDA_LAUNCHED(name) PG_CUDA_TRY(cudaGetLastError())
 
-// Argument checks of launchers: PG_EINVAL with a message.
-#define PG_ARG(cond, ...)                                                                  \
-    do {                                                                                   \
-        if (!(cond)) return pg_err_set(PG_EINVAL, __VA_ARGS__);                            \
-    } while (0)
+// Argument checks of launchers: PG_ARG (common/err.h).
 
 static inline cudaStream_t pg_stream(void *s) { return (cudaStream_t)s; }
 

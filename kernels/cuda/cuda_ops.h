@@ -26,8 +26,7 @@
 // fp8 e4m3 instead (pg_kv_shape.dtype = PG_KV_FP8_E4M3, 1 byte per element,
 // scale 1.0, saturating round-to-nearest-even writes, exact conversion to
 // f16/bf16 on reads): pg_cuda_rope_kv_write, decode v2 and v4 (the default
-// where it applies) and both prefill versions take it; decode v1/v3 return
-// PG_EUNSUPP.
+// where it applies) and both prefill versions take it.
 //
 // Layouts (row-major, innermost last):
 //   q            [n_tokens][q_stride]: head h at q + t*q_stride + h*head_dim,
@@ -49,7 +48,8 @@ extern "C" { // the project's C headers carry no guards of their own
 #endif
 
 #include "common/err.h"
-#include "kernels/kernels.h" // pg_kv_shape
+#include "kernels/kernels.h"  // pg_kv_shape
+#include "kernels/sampling.h" // pg_sample_params, pg_sample_out
 
 // Element types of pg_cuda_sample's logits and the conversion kernels.
 enum { PG_CUDA_F32 = 0, PG_CUDA_BF16 = 1 };
@@ -96,15 +96,13 @@ size_t pg_cuda_decode_workspace_size(int32_t max_seqs, int32_t n_heads, int32_t 
                                      int32_t head_dim, int32_t max_seq_len);
 
 // The same contract through numbered versions, for tests and benchmarks:
-// 1 = CUDA cores, one CTA per (sequence, query head), no GQA sharing, no
-// split (the simple baseline); 2 = the tensor-core split-K kernel above with
-// the GQA group as 16 mma rows (the default where 4 does not apply); 3 =
-// persistent tile-balanced variant (correct, measured slower:
-// docs/cuda_kernels.md; falls back to 2 when the GQA group exceeds 16, the
-// batch exceeds 512 or the workspace is short); 4 = keys on the mma's M side
-// and the group's heads on N (fp8 fragments straight from the e4m3 tile),
-// same splits and workspace as 2; PG_EUNSUPP for a GQA group > 8 or compute
-// capability < 8.9. fp8 caches: versions 2 and 4 only.
+// 2 = the tensor-core split-K kernel above with the GQA group as 16 mma rows
+// (the default where 4 does not apply); 4 = keys on the mma's M side and the
+// group's heads on N (fp8 fragments straight from the e4m3 tile), same
+// splits and workspace as 2; PG_EUNSUPP for a GQA group > 8 or compute
+// capability < 8.9. Versions 1 (CUDA cores, the baseline) and 3 (persistent,
+// measured slower) are not in the library: PG_EUNSUPP here; they live in
+// bench/cuda/ for the benchmark and the kernel test (docs/cuda_kernels.md).
 int pg_cuda_paged_decode_attention_v(int version, void *out, const void *q, int64_t q_stride,
                                      const void *k_cache, const void *v_cache, pg_kv_shape kv,
                                      const int32_t *block_tables, int32_t bt_stride,
@@ -157,6 +155,22 @@ int pg_cuda_rope_kv_write(void *q, int64_t q_stride, void *k, int64_t k_stride, 
 // w is bf16 [dim]. out may equal x (then x keeps the normalized value).
 int pg_cuda_add_rmsnorm(void *out, void *x, const void *residual, const void *w, int64_t m,
                         int64_t dim, float eps, void *stream);
+
+// Bias add in place (Qwen2's QKV bias, after the projection):
+// out[i][j] = bf16(out[i][j] + bias[j]) for i < m, j < n; out [m][ldo] bf16
+// (columns past n untouched), bias bf16 [n] (fp32 add, one rounding).
+// ldo >= n; m == 0 does nothing. A plain launch.
+int pg_cuda_add_bias(void *out, int64_t ldo, const void *bias, int64_t m, int64_t n, void *stream);
+
+// Per-head RMSNorm in place (Qwen3's q_norm/k_norm): for row i < m and head
+// h < n_heads, the head_dim values v at x + i*stride + h*head_dim become
+// bf16(v * rsqrt(mean(v^2) + eps) * w[d]), w bf16 [head_dim] (shared by
+// every head); fp32 sums. head_dim <= 256, even; stride >= n_heads *
+// head_dim (x may be the q or k columns of a fused QKV row; the rest of the
+// row is untouched). Apply it before pg_cuda_rope_kv_write, as Qwen3 norms q
+// and k before RoPE. m == 0 does nothing. A plain launch.
+int pg_cuda_head_rmsnorm(void *x, int64_t stride, int32_t n_heads, int32_t head_dim, const void *w,
+                         float eps, int64_t m, void *stream);
 
 // out[m][ffn] = silu(gate_up[m][0:ffn]) * gate_up[m][ffn:2ffn] (a fused
 // [gate|up] row, as the fused gate/up GEMM writes it).
@@ -265,44 +279,14 @@ int pg_cuda_gemv_preload_set(int on);
 
 // --- sampling -----------------------------------------------------------------------
 
-#define PG_CUDA_MAX_LOGPROBS 20
-
-// Per-sequence sampling parameters, a device array [n] built by the host
-// each step (the semantics of engine/sampler.c, field by field).
-typedef struct pg_cuda_sample_params {
-    float temperature;        // <= 0: greedy
-    float top_p;              // 1 = off
-    float min_p;              // 0 = off
-    float repetition_penalty; // 1 = off; over prompt and output tokens
-    float presence_penalty;   // 0 = off; over output tokens
-    float frequency_penalty;  // 0 = off; over output tokens
-    int32_t top_k;            // 0 or -1 = off; 1 = greedy
-    int32_t logprobs;         // -1: none; 0..20: logprob of the token + that many top entries
-    uint64_t seed;            // per-sequence RNG seed (pg_plan_seq.rng_seed)
-    int32_t n_generated;      // RNG counter: tokens this sequence has sampled so far
-    int32_t hist_offset;      // history (prompt then output) at tokens[hist_offset ..
-    int32_t n_history;        //   + n_history)
-    int32_t n_prompt;         // the first n_prompt of it are the prompt
-    int32_t ban_offset;       // token ids set to -inf: tokens[ban_offset .. + n_ban)
-    int32_t n_ban;            //   (EOS and stop ids while min_tokens is not reached)
-} pg_cuda_sample_params;
-
-// Per-sequence result, a device array [n]; the host copies back these few
-// hundred bytes per sequence, never the logits.
-typedef struct pg_cuda_sample_out {
-    int32_t token;
-    float logprob; // log-softmax of the raw logits at `token` (0 when logprobs < 0)
-    int32_t n_top; // min(logprobs, 20) entries, most likely first, ties by lower id
-    int32_t top_ids[PG_CUDA_MAX_LOGPROBS];
-    float top_logprobs[PG_CUDA_MAX_LOGPROBS];
-} pg_cuda_sample_out;
+// Parameters and results: pg_sample_params, pg_sample_out (kernels/sampling.h).
 
 // Device workspace for n sequences over a vocabulary of `vocab`.
 size_t pg_cuda_sample_workspace_size(int32_t n, int32_t vocab);
 
 // Samples one token per row of logits [n][ld_logits] (PG_CUDA_F32 or
 // PG_CUDA_BF16; the first `vocab` columns are used; they are not modified),
-// with engine/sampler.c's rules and order: logprobs from the raw logits;
+// with kernels/sampling.h's rules and order (kernels/cpu/sampling.c): logprobs from the raw logits;
 // then repetition/presence/frequency penalties, banned ids, greedy when
 // temperature <= 0 or top_k == 1; else temperature, a window of 30 nats,
 // top-k, top-p, min-p over the candidates sorted by logit (ties by lower id)
@@ -310,15 +294,15 @@ size_t pg_cuda_sample_workspace_size(int32_t n, int32_t vocab);
 // order. Given the same fp32 logits it returns the CPU sampler's token
 // (differences only when u falls within ~1e-12 of a boundary).
 // tokens: device int32 holding every sequence's history and ban list.
-int pg_cuda_sample(pg_cuda_sample_out *out, const void *logits, int logits_dtype, int64_t ld_logits,
-                   int32_t n, int32_t vocab, const pg_cuda_sample_params *params,
+int pg_cuda_sample(pg_sample_out *out, const void *logits, int logits_dtype, int64_t ld_logits,
+                   int32_t n, int32_t vocab, const pg_sample_params *params,
                    const int32_t *tokens, void *workspace, size_t workspace_bytes, void *stream);
 
 // Async scheduling: tokens[pairs[2i]] = prev[pairs[2i + 1]].token for i < n,
 // i.e. a step's decode inputs taken from the previous step's sampler output
 // on the device (the host did not know them when it packed the step).
 // Rows and sample indices are the caller's to validate. A plain launch.
-int pg_cuda_feed_tokens(int32_t *tokens, const pg_cuda_sample_out *prev, const int32_t *pairs,
+int pg_cuda_feed_tokens(int32_t *tokens, const pg_sample_out *prev, const int32_t *pairs,
                         int32_t n, void *stream);
 
 #ifdef __cplusplus

@@ -1,12 +1,14 @@
 // kernels/cuda/elementwise.cu - RoPE + KV write, residual add + RMSNorm,
-// SiLU*mul, row gather, block copies and dtype conversion.
+// bias add, per-head RMSNorm, SiLU*mul, row gather, block copies and dtype
+// conversion.
 //
 // All are memory-bound: 16-byte loads and stores where the row length
 // allows (a multiple of 8 bf16), fp32 arithmetic, one pass over the data.
 // RoPE + KV write, add + RMSNorm and the row gather are launched with PDL
 // (cuda_common.cuh): they wait for the previous grid first thing, in every
-// CTA; SiLU*mul, block copies and conversions are launched plainly.
-// CPU references: kernels/cpu/cpu_backend.c (same formulas in f32).
+// CTA; bias add, per-head RMSNorm, SiLU*mul, block copies and conversions
+// are launched plainly.
+// CPU references: kernels/cpu/cpu_ops.c and backend_cpu.c (same formulas in f32).
 #include <cuda_fp8.h>
 #include <math.h>
 
@@ -201,6 +203,77 @@ __global__ void add_rmsnorm_scalar_kernel(bf16 *out, bf16 *x, const bf16 *residu
         out[row * dim + e] = __float2bfloat16(__bfloat162float(xr[e]) * rs * __bfloat162float(w[e]));
 }
 
+// --- bias add ---------------------------------------------------------------------------
+
+// Grid-stride over (row, 8-column vector) units (VEC: n, ldo multiples of
+// 8 and both pointers 16-byte aligned) or single elements.
+template <bool VEC>
+__global__ void add_bias_kernel(bf16 *out, int64_t ldo, const bf16 *bias, int64_t m, int64_t n) {
+    const int64_t per_row = VEC ? n / 8 : n, total = m * per_row;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = i / per_row, c = i % per_row;
+        if constexpr (VEC) {
+            uint4 *o = reinterpret_cast<uint4 *>(out + row * ldo) + c;
+            float a[8], b[8];
+            unpack8(*o, a);
+            unpack8(reinterpret_cast<const uint4 *>(bias)[c], b);
+#pragma unroll
+            for (int e = 0; e < 8; e++) a[e] += b[e];
+            *o = pack8(a);
+        } else {
+            bf16 *o = out + row * ldo + c;
+            *o = __float2bfloat16(__bfloat162float(*o) + __bfloat162float(bias[c]));
+        }
+    }
+}
+
+// --- per-head RMSNorm (q_norm / k_norm) -------------------------------------------------
+
+constexpr int HEAD_NORM_MAX_HD = 256;
+
+// One warp per (row, head): lane l holds the value pairs (2(l + 32u),
+// 2(l + 32u) + 1) of the head in registers between the sum of squares and
+// the scaling. PAIR: bf16x2 loads and stores (x, stride and w allow 4-byte
+// access); else 2-byte ones.
+template <bool PAIR>
+__global__ void head_rmsnorm_kernel(bf16 *x, int64_t stride, int n_heads, int hd, const bf16 *w, float eps,
+                                    int64_t items) {
+    const int64_t item = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (item >= items) return; // the whole warp: item is per warp
+    bf16 *v = x + (item / n_heads) * stride + (item % n_heads) * (int64_t)hd;
+    constexpr int PER = HEAD_NORM_MAX_HD / 64; // pairs per lane at most
+    float2 f[PER];
+    float ss = 0.0f;
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        const int j = 2 * (lane + 32 * u);
+        if (j < hd) {
+            f[u] = PAIR ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(v + j))
+                        : make_float2(__bfloat162float(v[j]), __bfloat162float(v[j + 1]));
+            ss += f[u].x * f[u].x + f[u].y * f[u].y;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float rs = 1.0f / sqrtf(ss / (float)hd + eps);
+#pragma unroll
+    for (int u = 0; u < PER; u++) {
+        const int j = 2 * (lane + 32 * u);
+        if (j < hd) {
+            const float2 wf = PAIR ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(w + j))
+                                   : make_float2(__bfloat162float(w[j]), __bfloat162float(w[j + 1]));
+            const __nv_bfloat162 y = __floats2bfloat162_rn(f[u].x * rs * wf.x, f[u].y * rs * wf.y);
+            if (PAIR) {
+                *reinterpret_cast<__nv_bfloat162 *>(v + j) = y;
+            } else {
+                v[j] = y.x;
+                v[j + 1] = y.y;
+            }
+        }
+    }
+}
+
 // --- SiLU * mul -------------------------------------------------------------------------
 
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
@@ -326,6 +399,46 @@ extern "C" int pg_cuda_add_rmsnorm(void *out, void *x, const void *residual, con
                                   (bf16 *)x, (const bf16 *)residual, (const bf16 *)w, (int)dim, eps));
     }
     PG_CUDA_LAUNCHED("add_rmsnorm_kernel");
+    return 0;
+}
+
+extern "C" int pg_cuda_add_bias(void *out, int64_t ldo, const void *bias, int64_t m, int64_t n, void *stream) {
+    PG_ARG(out && bias, "add_bias: null pointer");
+    PG_ARG(m >= 0 && n > 0 && ldo >= n, "add_bias: m %lld n %lld ldo %lld", (long long)m, (long long)n,
+           (long long)ldo);
+    if (m == 0) return 0;
+    cudaStream_t st = pg_stream(stream);
+    if (n % 8 == 0 && ldo % 8 == 0 && aligned16(out) && aligned16(bias))
+        add_bias_kernel<true><<<grid_for(m * (n / 8), 256), 256, 0, st>>>((bf16 *)out, ldo, (const bf16 *)bias, m, n);
+    else
+        add_bias_kernel<false><<<grid_for(m * n, 256), 256, 0, st>>>((bf16 *)out, ldo, (const bf16 *)bias, m, n);
+    PG_CUDA_LAUNCHED("add_bias_kernel");
+    return 0;
+}
+
+extern "C" int pg_cuda_head_rmsnorm(void *x, int64_t stride, int32_t n_heads, int32_t head_dim, const void *w,
+                                    float eps, int64_t m, void *stream) {
+    PG_ARG(x && w, "head_rmsnorm: null pointer");
+    PG_ARG(m >= 0 && n_heads > 0 && head_dim > 0, "head_rmsnorm: m %lld, %d heads of %d", (long long)m, n_heads,
+           head_dim);
+    if (head_dim % 2 != 0 || head_dim > HEAD_NORM_MAX_HD)
+        return pg_err_set(PG_EUNSUPP, "head_rmsnorm: head_dim %d (even, at most %d)", head_dim, HEAD_NORM_MAX_HD);
+    PG_ARG(stride >= (int64_t)n_heads * head_dim, "head_rmsnorm: stride %lld < %d heads x %d", (long long)stride,
+           n_heads, head_dim);
+    const int64_t warps = 4; // (row, head) items per CTA
+    PG_ARG(m <= (int64_t)INT32_MAX * warps / n_heads, "head_rmsnorm: m %lld x %d heads too large for one launch",
+           (long long)m, n_heads);
+    if (m == 0) return 0;
+    const int64_t items = m * n_heads;
+    const bool pair = ((uintptr_t)x & 3) == 0 && stride % 2 == 0 && ((uintptr_t)w & 3) == 0;
+    const unsigned blocks = (unsigned)((items + warps - 1) / warps);
+    if (pair)
+        head_rmsnorm_kernel<true><<<blocks, 32 * warps, 0, pg_stream(stream)>>>((bf16 *)x, stride, n_heads, head_dim,
+                                                                                (const bf16 *)w, eps, items);
+    else
+        head_rmsnorm_kernel<false><<<blocks, 32 * warps, 0, pg_stream(stream)>>>((bf16 *)x, stride, n_heads, head_dim,
+                                                                                 (const bf16 *)w, eps, items);
+    PG_CUDA_LAUNCHED("head_rmsnorm_kernel");
     return 0;
 }
 

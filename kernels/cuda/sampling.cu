@@ -1,4 +1,4 @@
-// kernels/cuda/sampling.cu - token sampling on the GPU, engine/sampler.c's rules.
+// kernels/cuda/sampling.cu - token sampling on the GPU, kernels/cpu/sampling.c's rules.
 //
 // Two kernels per call, one CTA per sequence each:
 //   logprobs_kernel  (256 threads) log-sum-exp of the raw logits (two passes,
@@ -34,11 +34,11 @@
 namespace {
 
 constexpr int NB = 4096;          // histogram bins of s over (-30, 0]
-constexpr float WINDOW = 30.0f;   // engine/sampler.c LOGIT_WINDOW
+constexpr float WINDOW = 30.0f;   // kernels/cpu/sampling.c LOGIT_WINDOW
 constexpr int CAP = 4096;         // keys sorted in shared memory at once
 constexpr int THREADS = 1024;     // sample_kernel
 constexpr int LP_THREADS = 256;   // logprobs_kernel
-constexpr int NTOP = PG_CUDA_MAX_LOGPROBS;
+constexpr int NTOP = PG_SAMPLE_MAX_LOGPROBS;
 constexpr double FX = 17592186044416.0; // 2^44: weights exp(s) in (9e-14, 1] -> [1, 2^44]
 constexpr uint32_t CNT_REP = 1u << 31; // token in history (repetition penalty)
 constexpr uint32_t CNT_BAN = 1u << 30; // token banned (EOS / stop ids under min_tokens)
@@ -99,7 +99,7 @@ template <> __device__ __forceinline__ void load8<float>(const float *row, int i
 __device__ __forceinline__ bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 __device__ __forceinline__ int row_steps(int n, int nth) { return (n + nth * 8 - 1) / (nth * 8); }
 
-// engine/sampler.c pg_sampler_uniform, bit for bit.
+// kernels/cpu/sampling.c pg_sampler_uniform, bit for bit.
 __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -172,11 +172,11 @@ __device__ __forceinline__ uint64_t block_excl_scan(uint64_t v, uint64_t *sh, ui
 // sample_kernel, which replaces it with the token's logprob.
 template <typename T>
 __global__ void __launch_bounds__(LP_THREADS)
-logprobs_kernel(pg_cuda_sample_out *outs, const T *logits, int64_t ld, int vocab, const pg_cuda_sample_params *params) {
+logprobs_kernel(pg_sample_out *outs, const T *logits, int64_t ld, int vocab, const pg_sample_params *params) {
     __shared__ uint64_t sh_u[32];
     __shared__ double sh_d[32];
     const int seq = blockIdx.x;
-    pg_cuda_sample_out *out = outs + seq;
+    pg_sample_out *out = outs + seq;
     const int lp = params[seq].logprobs;
     if (lp < 0) {
         if (threadIdx.x == 0) {
@@ -478,12 +478,12 @@ __device__ Loc locate(const Ctx &c, int mode, int rank, double T) {
 
 template <typename T>
 __global__ void __launch_bounds__(THREADS, 1)
-sample_kernel(pg_cuda_sample_out *outs, const T *logits, int64_t ld, int vocab, int64_t vocab_pad,
-              const pg_cuda_sample_params *params, const int32_t *tokens, float *ws_proc, uint32_t *ws_cnt) {
+sample_kernel(pg_sample_out *outs, const T *logits, int64_t ld, int vocab, int64_t vocab_pad,
+              const pg_sample_params *params, const int32_t *tokens, float *ws_proc, uint32_t *ws_cnt) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     Smem &sm = *reinterpret_cast<Smem *>(smem_raw);
     const int seq = blockIdx.x, tid = threadIdx.x;
-    const pg_cuda_sample_params pp = params[seq];
+    const pg_sample_params pp = params[seq];
     const T *row = logits + (size_t)seq * ld;
     float *proc = ws_proc + (size_t)seq * vocab_pad;
     uint32_t *cnt = ws_cnt + (size_t)seq * vocab_pad;
@@ -621,7 +621,7 @@ sample_kernel(pg_cuda_sample_out *outs, const T *logits, int64_t ld, int vocab, 
         if (l.found) token = l.id;
     }
     if (tid == 0) {
-        pg_cuda_sample_out *out = outs + seq;
+        pg_sample_out *out = outs + seq;
         out->token = token;
         out->logprob = pp.logprobs >= 0 ? ld_logit(row, token) - out->logprob : 0.0f;
     }
@@ -630,8 +630,8 @@ sample_kernel(pg_cuda_sample_out *outs, const T *logits, int64_t ld, int vocab, 
 size_t vocab_pad_of(int vocab) { return ((size_t)vocab + 63) / 64 * 64; }
 
 template <typename T>
-int launch_sample(pg_cuda_sample_out *out, const void *logits, int64_t ld, int n, int vocab,
-                  const pg_cuda_sample_params *params, const int32_t *tokens, void *workspace, cudaStream_t st) {
+int launch_sample(pg_sample_out *out, const void *logits, int64_t ld, int n, int vocab,
+                  const pg_sample_params *params, const int32_t *tokens, void *workspace, cudaStream_t st) {
     static_assert(sizeof(Smem) <= 200 * 1024, "sampler smem");
     int dev = 0;
     PG_CUDA_TRY(cudaGetDevice(&dev));
@@ -659,8 +659,8 @@ extern "C" size_t pg_cuda_sample_workspace_size(int32_t n, int32_t vocab) {
     return (size_t)n * vocab_pad_of(vocab) * (sizeof(float) + sizeof(uint32_t)) + 256;
 }
 
-extern "C" int pg_cuda_sample(pg_cuda_sample_out *out, const void *logits, int logits_dtype, int64_t ld_logits,
-                              int32_t n, int32_t vocab, const pg_cuda_sample_params *params, const int32_t *tokens,
+extern "C" int pg_cuda_sample(pg_sample_out *out, const void *logits, int logits_dtype, int64_t ld_logits,
+                              int32_t n, int32_t vocab, const pg_sample_params *params, const int32_t *tokens,
                               void *workspace, size_t workspace_bytes, void *stream) {
     PG_ARG(out && logits && params, "sample: null pointer");
     PG_ARG(n >= 0 && vocab > 0 && ld_logits >= vocab, "sample: n %d vocab %d ld %lld", n, vocab, (long long)ld_logits);
@@ -677,14 +677,14 @@ extern "C" int pg_cuda_sample(pg_cuda_sample_out *out, const void *logits, int l
 // --- async scheduling: sampled tokens fed to the next step ------------------------------
 
 namespace {
-__global__ void feed_tokens_kernel(int32_t *tokens, const pg_cuda_sample_out *prev, const int32_t *pairs,
+__global__ void feed_tokens_kernel(int32_t *tokens, const pg_sample_out *prev, const int32_t *pairs,
                                    int32_t n) {
     const int32_t i = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x);
     if (i < n) tokens[pairs[2 * i]] = prev[pairs[2 * i + 1]].token;
 }
 } // namespace
 
-extern "C" int pg_cuda_feed_tokens(int32_t *tokens, const pg_cuda_sample_out *prev, const int32_t *pairs,
+extern "C" int pg_cuda_feed_tokens(int32_t *tokens, const pg_sample_out *prev, const int32_t *pairs,
                                    int32_t n, void *stream) {
     PG_ARG(n >= 0, "feed_tokens: n %d", n);
     if (n == 0) return 0;

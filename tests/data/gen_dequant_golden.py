@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes tests/data/dequant_golden.bin: random blocks of every weight type
-engine/dtype.c dequantizes, with the floats llama.cpp's own gguf-py package
+kernels/dtype.c dequantizes, with the floats llama.cpp's own gguf-py package
 (gguf/quants.py) dequantizes them to. tests/unit/test_dtype.c checks that
 pg_dequantize_row reproduces them.
 

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 #include "engine/gguf.h"
 
 #define MAX_ROW 4096

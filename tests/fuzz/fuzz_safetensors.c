@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 #include "engine/safetensors.h"
 
 #define MAX_ELEMS 4096

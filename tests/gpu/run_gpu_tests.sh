@@ -58,7 +58,7 @@ RUNNER_TEST=${RUNNER_TEST:-build/gpu/test_cuda_runner}
 
 if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
     built="the CUDA code is not built here (no nvcc: stubs)"
-    nm build/rel/libpaged_cuda.a 2>/dev/null | grep -q ' T pg_cuda_model_step' &&
+    nm build/rel/libpaged_cuda.a 2>/dev/null | grep -q ' T pg_backend_cuda_create' &&
         built="the CUDA code compiled (build/rel/libpaged_cuda.a)"
     echo "skipped: no GPU on this machine (nvidia-smi lists none); GPU checks not run; $built"
     exit 77

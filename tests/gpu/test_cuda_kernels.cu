@@ -3,7 +3,7 @@
 // Random inputs (fresh per case), outputs poisoned before each launch (bf16
 // NaN), references in fp64 on the bf16-rounded inputs; per case the
 // relative error ||out - ref|| / ||ref|| is printed and checked against a
-// bound suited to bf16. The sampler is compared with engine/sampler.c
+// bound suited to bf16. The sampler is compared with kernels/cpu/sampling.c
 // itself (linked in): identical tokens for greedy and seeded sampling,
 // logprobs within 1e-4.
 //
@@ -15,9 +15,12 @@
 
 #include "tests/gpu/gpu_util.h"
 #include "kernels/cuda/cuda_common.cuh" // pg_cuda_pdl_enabled / pg_cuda_pdl_set
+#include "bench/cuda/attention_decode_v1.cuh" // decode v1 and v3, which left the library
+#include "bench/cuda/attention_decode_v3.cuh" // for bench/cuda/ and are still checked here
 
 extern "C" {
-#include "engine/sampler.h"
+#include "kernels/cpu/sampling.h"
+#include "scheduler/plan.h"
 }
 
 static int g_pass = 0, g_fail = 0;
@@ -167,6 +170,23 @@ struct DecodeCase {
     float qscale;
 };
 
+// pg_cuda_paged_decode_attention_v's contract through a numbered version:
+// 2 and 4 from the library, 1 and 3 from bench/cuda/.
+static int decode_v(int version, void *out, const void *q, int64_t q_stride, const void *k_cache, const void *v_cache,
+                    pg_kv_shape kv, const int32_t *block_tables, int32_t bt_stride, const int32_t *seq_lens,
+                    int32_t n_seqs, int32_t n_heads, float scale, int32_t max_seq_len, void *workspace,
+                    size_t workspace_bytes) {
+    if (version == 1)
+        return bench_decode_v1(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride, seq_lens, n_seqs,
+                               n_heads, scale, nullptr);
+    if (version == 3)
+        return bench_decode_v3(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride, seq_lens, n_seqs,
+                               n_heads, scale, max_seq_len, workspace, workspace_bytes, nullptr);
+    return pg_cuda_paged_decode_attention_v(version, out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride,
+                                            seq_lens, n_seqs, n_heads, scale, max_seq_len, workspace,
+                                            workspace_bytes, nullptr);
+}
+
 static void test_decode(const DecodeCase &c, Rng &r, bool f8 = false) {
     char name[160];
     snprintf(name, sizeof name, "decode%s %s b=%zu h=%d/%d d=%d bs=%d", f8 ? " fp8" : "", c.tag, c.ctx.size(),
@@ -191,7 +211,7 @@ static void test_decode(const DecodeCase &c, Rng &r, bool f8 = false) {
         ref_attend(pc, s, h / G, &q[(size_t)s * q_stride + (size_t)h * hd], c.ctx[s], scale, &ref[(size_t)i * hd]);
     });
 
-    size_t ws_bytes = pg_cuda_decode_workspace_size(n, H, c.n_kv, hd, max_len);
+    size_t ws_bytes = bench_decode_v3_workspace_size(n, H, c.n_kv, hd, max_len); // v3's and the library's need
     DBuf ws(ws_bytes);
     std::vector<uint16_t> out((size_t)n * H * hd);
     std::vector<double> o(out.size());
@@ -226,18 +246,16 @@ static void test_decode(const DecodeCase &c, Rng &r, bool f8 = false) {
     const bool v4_ok = G <= 8 && cc_major * 10 + cc_minor >= 89;
     for (int version = 1; version <= 4; version++) {
         if ((f8 && (version == 1 || version == 3)) || (version == 4 && !v4_ok)) {
-            int rc = pg_cuda_paged_decode_attention_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(),
-                                                      pc.dbt.as<int32_t>(), pc.bt_stride, dlen.as<int32_t>(), n, H,
-                                                      (float)scale, max_len, ws.p, ws_bytes, nullptr);
+            int rc = decode_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(), pc.dbt.as<int32_t>(),
+                              pc.bt_stride, dlen.as<int32_t>(), n, H, (float)scale, max_len, ws.p, ws_bytes);
             char nm[200];
             snprintf(nm, sizeof nm, "%s v%d refuses %s", name, version, version == 4 ? "the shape" : "fp8");
             report_bool(nm, rc == PG_EUNSUPP, rc == PG_EUNSUPP ? "PG_EUNSUPP" : "wrong return code");
             continue;
         }
         CK(cudaMemset(dout.p, 0xFF, dout.n));
-        PK(pg_cuda_paged_decode_attention_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(),
-                                            pc.dbt.as<int32_t>(), pc.bt_stride, dlen.as<int32_t>(), n, H,
-                                            (float)scale, max_len, ws.p, ws_bytes, nullptr));
+        PK(decode_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(), pc.dbt.as<int32_t>(), pc.bt_stride,
+                    dlen.as<int32_t>(), n, H, (float)scale, max_len, ws.p, ws_bytes));
         const char *ver = version == 1 ? "v1" : version == 2 ? "v2 split" : version == 3 ? "v3 persistent" : "v4 kn split";
         check(ver);
         if (f8 && max_len == 1) check_exact(version == 2 ? "v2" : "v4");
@@ -264,9 +282,8 @@ static void test_decode(const DecodeCase &c, Rng &r, bool f8 = false) {
         for (int version = 4; version >= 2; version--) {
             if ((version == 3 && f8) || (version == 4 && !v4_ok)) continue;
             CK(cudaMemset(dout.p, 0xFF, dout.n));
-            PK(pg_cuda_paged_decode_attention_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(),
-                                                pc.dbt.as<int32_t>(), pc.bt_stride, dz.as<int32_t>(), n, H,
-                                                (float)scale, max_len, ws.p, ws_bytes, nullptr));
+            PK(decode_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(), pc.dbt.as<int32_t>(),
+                        pc.bt_stride, dz.as<int32_t>(), n, H, (float)scale, max_len, ws.p, ws_bytes));
             CK(cudaDeviceSynchronize());
             dout.down(out);
             std::vector<double> rz = ref, oz(out.size());
@@ -331,6 +348,21 @@ static void decode_tests(Rng &r) {
     };
     for (auto &c : cases) test_decode(c, r);
     for (auto &c : cases) test_decode(c, r, true); // the fp8 e4m3 cache
+    // v1 and v3 left the library for bench/cuda/: its dispatcher refuses them.
+    const char *name = "decode v1/v3 not in the library";
+    if (selected(name)) {
+        Paged pc({17, 40}, 2, 128, 16, r);
+        DBuf dq((size_t)2 * 8 * 128 * 2), dout(dq.n), dlen;
+        dlen.up(std::vector<int32_t>{17, 40});
+        int rc[2];
+        for (int i = 0; i < 2; i++)
+            rc[i] = pg_cuda_paged_decode_attention_v(1 + 2 * i, dout.p, dq.p, 8 * 128, pc.dk.p, pc.dv.p, pc.shape(),
+                                                     pc.dbt.as<int32_t>(), pc.bt_stride, dlen.as<int32_t>(), 2, 8,
+                                                     0.088f, 40, nullptr, 0, nullptr);
+        char detail[96];
+        snprintf(detail, sizeof detail, "v1 rc %d, v3 rc %d (PG_EUNSUPP %d)", rc[0], rc[1], PG_EUNSUPP);
+        report_bool(name, rc[0] == PG_EUNSUPP && rc[1] == PG_EUNSUPP, detail);
+    }
 }
 
 // --- prefill attention ---------------------------------------------------------------
@@ -598,6 +630,122 @@ static void test_rmsnorm(int m, int dim, bool residual, bool alias, Rng &r) {
     if (!alias) report_bool((std::string(name) + " x").c_str(), x_ok, x_ok ? "x = bf16(x + residual) exact" : "x mismatch");
 }
 
+// Qwen2's QKV bias: out[i][j] = bf16(out[i][j] + bias[j]) for j < n, in
+// place; the fp32 add of two bf16 then one rounding is the host's too, so
+// every element must match bit for bit, and columns [n, ldo) (poisoned)
+// must stay untouched. col_off shifts out off 16-byte alignment (scalar path).
+static void test_add_bias(int m, int n, int ldo, int col_off, Rng &r) {
+    char name[160];
+    snprintf(name, sizeof name, "add_bias m=%d n=%d ldo=%d%s", m, n, ldo, col_off ? " unaligned" : "");
+    if (!selected(name)) return;
+    std::vector<uint16_t> buf((size_t)m * ldo + col_off), bias(n);
+    fill_bf16(buf, r, 4.0f);
+    fill_bf16(bias, r, 1.0f);
+    for (int i = 0; i < m; i++)
+        for (int j = n; j < ldo; j++) buf[col_off + (size_t)i * ldo + j] = POISON;
+    DBuf db, dbias;
+    db.up(buf);
+    dbias.up(bias);
+    PK(pg_cuda_add_bias(db.as<uint16_t>() + col_off, ldo, dbias.p, m, n, nullptr));
+    CK(cudaDeviceSynchronize());
+    std::vector<uint16_t> got(buf.size());
+    db.down(got);
+    int bad = 0, touched = 0;
+    for (size_t k = 0; k < buf.size(); k++) {
+        const int64_t e = (int64_t)k - col_off, j = e % ldo;
+        if (e < 0 || j >= n) touched += got[k] != buf[k];
+        else bad += got[k] != f2bf(bf2f(buf[k]) + bf2f(bias[j]));
+    }
+    char detail[128];
+    snprintf(detail, sizeof detail, "%d of %lld values differ, %d padding values touched", bad, (long long)m * n,
+             touched);
+    report_bool(name, bad == 0 && touched == 0, bad || touched ? detail : "every value bit for bit, padding untouched");
+}
+
+// Qwen3's q_norm / k_norm: each head_dim slice of n_heads heads at
+// x = row + off, rows `stride` apart, normalized in place against fp64.
+// Heads get different scales (so each must use its own sum); everything
+// else in the buffer is poisoned and must stay so. Checks every value
+// within one bf16 ulp of the reference (one rounding of an fp32 result)
+// and the usual relative error.
+static void test_head_rmsnorm(int m, int n_heads, int hd, int64_t stride, int64_t off, Rng &r) {
+    char name[160];
+    snprintf(name, sizeof name, "head_rmsnorm m=%d heads=%d d=%d stride=%lld off=%lld", m, n_heads, hd,
+             (long long)stride, (long long)off);
+    if (!selected(name)) return;
+    const float eps = 1e-6f;
+    std::vector<uint16_t> buf((size_t)m * stride + off, POISON), w(hd);
+    auto in_head = [&](size_t k, int64_t &row, int64_t &h, int64_t &d) {
+        const int64_t e = (int64_t)k - off;
+        if (e < 0) return false;
+        row = e / stride;
+        const int64_t c = e % stride;
+        h = c / hd;
+        d = c % hd;
+        return h < n_heads;
+    };
+    std::vector<float> head_scale((size_t)m * n_heads);
+    for (auto &hs : head_scale) hs = (float)pow(10.0, 3.0 * r.uni() - 2.0); // 0.01 .. 10
+    for (size_t k = 0; k < buf.size(); k++) {
+        int64_t row, h, d;
+        if (in_head(k, row, h, d)) buf[k] = f2bf(r.sym() * head_scale[row * n_heads + h]);
+    }
+    for (auto &x : w) x = f2bf(1.0f + 0.5f * r.sym());
+    DBuf db, dw;
+    db.up(buf);
+    dw.up(w);
+    PK(pg_cuda_head_rmsnorm(db.as<uint16_t>() + off, stride, n_heads, hd, dw.p, eps, m, nullptr));
+    CK(cudaDeviceSynchronize());
+    std::vector<uint16_t> got(buf.size());
+    db.down(got);
+    std::vector<double> rs((size_t)m * n_heads), ref, out;
+    for (int i = 0; i < m; i++)
+        for (int h = 0; h < n_heads; h++) {
+            double ss = 0;
+            for (int d = 0; d < hd; d++) {
+                double v = bf2f(buf[off + (size_t)i * stride + (size_t)h * hd + d]);
+                ss += v * v;
+            }
+            rs[(size_t)i * n_heads + h] = 1.0 / sqrt(ss / hd + eps);
+        }
+    int touched = 0;
+    double worst_ulp = 0;
+    for (size_t k = 0; k < buf.size(); k++) {
+        int64_t row, h, d;
+        if (!in_head(k, row, h, d)) {
+            touched += got[k] != buf[k];
+            continue;
+        }
+        const double x = bf2f(buf[k]) * rs[row * n_heads + h] * bf2f(w[d]), g = bf2f(got[k]);
+        ref.push_back(x);
+        out.push_back(g);
+        int e = 0;
+        frexp(x, &e); // |x| in [2^(e-1), 2^e): a bf16 ulp there is 2^(e-8)
+        const double ulp = x != 0 ? ldexp(1.0, e - 8) : 0x1p-133;
+        worst_ulp = std::max(worst_ulp, g == g ? fabs(g - x) / ulp : 1e9);
+    }
+    report(name, rel_err(out, ref), 1e-2);
+    char detail[128];
+    snprintf(detail, sizeof detail, "worst %.2f bf16 ulp (bound 1), %d values outside the heads touched", worst_ulp,
+             touched);
+    report_bool((std::string(name) + " every value").c_str(), worst_ulp <= 1.0 && touched == 0, detail);
+}
+
+// Shapes head_rmsnorm does not build, and add_bias's argument checks.
+static void test_norm_bias_refusals() {
+    const char *name = "head_rmsnorm/add_bias refusals";
+    if (!selected(name)) return;
+    DBuf d(4096), dw(1024);
+    const int a = pg_cuda_head_rmsnorm(d.p, 2 * 258, 2, 258, dw.p, 1e-6f, 1, nullptr);
+    const int b = pg_cuda_head_rmsnorm(d.p, 2 * 63, 2, 63, dw.p, 1e-6f, 1, nullptr);
+    const int c = pg_cuda_head_rmsnorm(d.p, 100, 2, 64, dw.p, 1e-6f, 1, nullptr); // stride < 2 heads
+    const int e = pg_cuda_add_bias(d.p, 100, dw.p, 1, 128, nullptr);             // ldo < n
+    const bool ok = a == PG_EUNSUPP && b == PG_EUNSUPP && c == PG_EINVAL && e == PG_EINVAL;
+    char detail[128];
+    snprintf(detail, sizeof detail, "head_dim 258 %d, 63 %d, short stride %d, ldo < n %d", a, b, c, e);
+    report_bool(name, ok, detail);
+}
+
 static void test_silu(int m, int ffn, Rng &r) {
     char name[160];
     snprintf(name, sizeof name, "silu_mul m=%d ffn=%d", m, ffn);
@@ -654,7 +802,7 @@ static void test_feed_tokens(int n_tokens, int n_prev, int n_feed, Rng &r) {
     if (!selected(name)) return;
     std::vector<int32_t> tok(n_tokens), pairs(2 * (size_t)n_feed);
     for (auto &t : tok) t = r.below(50000);
-    std::vector<pg_cuda_sample_out> prev(n_prev);
+    std::vector<pg_sample_out> prev(n_prev);
     memset(prev.data(), 0, prev.size() * sizeof prev[0]);
     for (auto &o : prev) o.token = r.below(128000), o.n_top = 3;
     // Distinct rows, any sample indices.
@@ -671,7 +819,7 @@ static void test_feed_tokens(int n_tokens, int n_prev, int n_feed, Rng &r) {
     dt.up(tok);
     dp.up(prev);
     dq.up(pairs);
-    PK(pg_cuda_feed_tokens(dt.as<int32_t>(), dp.as<pg_cuda_sample_out>(), dq.as<int32_t>(), n_feed, nullptr));
+    PK(pg_cuda_feed_tokens(dt.as<int32_t>(), dp.as<pg_sample_out>(), dq.as<int32_t>(), n_feed, nullptr));
     CK(cudaDeviceSynchronize());
     std::vector<int32_t> got(n_tokens);
     dt.down(got);
@@ -1242,7 +1390,7 @@ static void test_sampling(int n, int vocab, int kind, bool bf16_logits, Rng &r) 
     // Parameters: a rotation through the rules, random seeds and counters.
     std::vector<pg_sampling_params> sps(n);
     std::vector<pg_plan_seq> seqs(n);
-    std::vector<pg_cuda_sample_params> gp(n);
+    std::vector<pg_sample_params> gp(n);
     std::vector<int32_t> tokens;
     std::vector<std::vector<int32_t>> hist(n);
     for (int s = 0; s < n; s++) {
@@ -1291,7 +1439,7 @@ static void test_sampling(int n, int vocab, int kind, bool bf16_logits, Rng &r) 
             p.stop_ids[0] = (int)(r.next() % (uint64_t)vocab);
             p.stop_ids[1] = vocab + 5; // out of range: ignored by both
         }
-        pg_cuda_sample_params &g = gp[s];
+        pg_sample_params &g = gp[s];
         memset(&g, 0, sizeof g);
         g.temperature = p.temperature;
         g.top_p = p.top_p;
@@ -1316,16 +1464,16 @@ static void test_sampling(int n, int vocab, int kind, bool bf16_logits, Rng &r) 
     }
     if (tokens.empty()) tokens.push_back(0);
     // GPU.
-    DBuf dl, dp, dt, dout((size_t)n * sizeof(pg_cuda_sample_out)), ws(pg_cuda_sample_workspace_size(n, vocab));
+    DBuf dl, dp, dt, dout((size_t)n * sizeof(pg_sample_out)), ws(pg_cuda_sample_workspace_size(n, vocab));
     if (bf16_logits) dl.up(lb);
     else dl.up(lf);
     dp.up(gp);
     dt.up(tokens);
     CK(cudaMemset(dout.p, 0xFF, dout.n));
-    PK(pg_cuda_sample(dout.as<pg_cuda_sample_out>(), dl.p, bf16_logits ? PG_CUDA_BF16 : PG_CUDA_F32, vocab, n, vocab,
-                      dp.as<pg_cuda_sample_params>(), dt.as<int32_t>(), ws.p, ws.n, nullptr));
+    PK(pg_cuda_sample(dout.as<pg_sample_out>(), dl.p, bf16_logits ? PG_CUDA_BF16 : PG_CUDA_F32, vocab, n, vocab,
+                      dp.as<pg_sample_params>(), dt.as<int32_t>(), ws.p, ws.n, nullptr));
     CK(cudaDeviceSynchronize());
-    std::vector<pg_cuda_sample_out> go(n);
+    std::vector<pg_sample_out> go(n);
     dout.down(go);
     // CPU, on copies (it modifies logits in place).
     pg_sampler *cpu = nullptr;
@@ -1334,9 +1482,9 @@ static void test_sampling(int n, int vocab, int kind, bool bf16_logits, Rng &r) 
     double worst_lp = 0;
     for (int s = 0; s < n; s++) {
         std::vector<float> row(lf.begin() + (size_t)s * vocab, lf.begin() + (size_t)(s + 1) * vocab);
-        pg_seq_output co;
-        pg_sampler_sample(cpu, &seqs[s], row.data(), &co);
-        const pg_cuda_sample_out &o = go[s];
+        pg_sample_out co;
+        pg_sampler_sample(cpu, &gp[s], tokens.data(), row.data(), &co);
+        const pg_sample_out &o = go[s];
         if (co.token != o.token) {
             tok_bad++;
             if (tok_bad <= 5)
@@ -1362,7 +1510,7 @@ static void test_sampling(int n, int vocab, int kind, bool bf16_logits, Rng &r) 
     }
     pg_sampler_free(cpu);
     char d[160];
-    snprintf(d, sizeof d, "%d/%d tokens differ from engine/sampler.c, %d logprob rows off (max |diff| %.1e)", tok_bad, n,
+    snprintf(d, sizeof d, "%d/%d tokens differ from kernels/cpu/sampling.c, %d logprob rows off (max |diff| %.1e)", tok_bad, n,
              lp_bad, worst_lp);
     report_bool(name, tok_bad == 0 && lp_bad == 0, d);
 }
@@ -1377,7 +1525,7 @@ static void test_sampling_distribution(Rng &r) {
     const float base[vocab] = {2.0f, 1.0f, 0.5f, 0.0f, -1.0f, 1.5f, 0.25f, -3.0f};
     for (int s = 0; s < n; s++)
         for (int i = 0; i < vocab; i++) lf[(size_t)s * vocab + i] = base[i];
-    std::vector<pg_cuda_sample_params> gp(n);
+    std::vector<pg_sample_params> gp(n);
     for (int s = 0; s < n; s++) {
         memset(&gp[s], 0, sizeof gp[s]);
         gp[s].temperature = 1.0f;
@@ -1387,13 +1535,13 @@ static void test_sampling_distribution(Rng &r) {
         gp[s].seed = 1234;
         gp[s].n_generated = s;
     }
-    DBuf dl, dp, dout((size_t)n * sizeof(pg_cuda_sample_out)), ws(pg_cuda_sample_workspace_size(n, vocab));
+    DBuf dl, dp, dout((size_t)n * sizeof(pg_sample_out)), ws(pg_cuda_sample_workspace_size(n, vocab));
     dl.up(lf);
     dp.up(gp);
-    PK(pg_cuda_sample(dout.as<pg_cuda_sample_out>(), dl.p, PG_CUDA_F32, vocab, n, vocab, dp.as<pg_cuda_sample_params>(),
+    PK(pg_cuda_sample(dout.as<pg_sample_out>(), dl.p, PG_CUDA_F32, vocab, n, vocab, dp.as<pg_sample_params>(),
                       nullptr, ws.p, ws.n, nullptr));
     CK(cudaDeviceSynchronize());
-    std::vector<pg_cuda_sample_out> go(n);
+    std::vector<pg_sample_out> go(n);
     dout.down(go);
     double z = 0, cnt[vocab] = {0};
     for (int i = 0; i < vocab; i++) z += exp(base[i]);
@@ -1441,6 +1589,21 @@ int main(int argc, char **argv) {
     test_rmsnorm(3, 16384, true, false, r);
     test_rmsnorm(5, 100, true, false, r); // scalar path
     test_rmsnorm(9, 4096, false, true, r);
+    test_add_bias(1, 4608, 4608, 0, r);      // Qwen2-7B fused QKV row: 28 + 2 x 4 heads of 128
+    test_add_bias(7, 1152, 1160, 0, r);      // padded rows
+    test_add_bias(300, 1152, 1160, 0, r);
+    test_add_bias(7, 100, 103, 0, r);        // n not a multiple of 8: scalar path
+    test_add_bias(300, 64, 72, 3, r);        // unaligned: scalar path
+    // Qwen3 q/k norms on fused QKV rows [q heads | k heads | v heads].
+    test_head_rmsnorm(1, 32, 128, (32 + 16) * 128, 0, r);        // q of 32 heads
+    test_head_rmsnorm(7, 8, 128, (32 + 16) * 128, 32 * 128, r);  // k of 8 heads
+    test_head_rmsnorm(300, 16, 128, (16 + 16) * 128, 0, r);
+    test_head_rmsnorm(300, 8, 128, (16 + 16) * 128, 16 * 128, r);
+    test_head_rmsnorm(300, 14, 64, (14 + 4) * 64, 0, r);
+    test_head_rmsnorm(7, 2, 64, (14 + 4) * 64, 14 * 64, r);
+    test_head_rmsnorm(7, 4, 256, 4 * 256 + 8, 0, r);             // the largest head_dim
+    test_head_rmsnorm(7, 3, 64, 3 * 64 + 3, 1, r);               // odd stride, 2-byte aligned: scalar path
+    test_norm_bias_refusals();
     test_silu(9, 14336, r);
     test_silu(17, 1536, r);
     test_silu(3, 100, r); // scalar path

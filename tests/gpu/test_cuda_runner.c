@@ -1,9 +1,10 @@
-// tests/gpu/test_cuda_runner.c - the CUDA runner against the CPU runner on
-// the same weights, step by step.
+// tests/gpu/test_cuda_runner.c - the one runner on the CUDA backend against
+// the same runner on the CPU backend (the reference), on the same weights,
+// step by step (in the spirit of llama.cpp's test-backend-ops).
 //
 //   build/gpu/test_cuda_runner MODEL_DIR [--tol 2e-2] [--json FILE]
 //
-// Both runners execute the same hand-made plans over 24 steps: prefills of
+// Both execute the same hand-made plans over 24 steps: prefills of
 // several lengths in one step, a prompt chunked over four steps next to
 // decode tokens (so each step mixes decode and prefill rows), a context
 // long enough for split-K decode, a swap-out + swap-in of one sequence to
@@ -23,9 +24,8 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/llama.h"
+#include "engine/model.h"
 #include "engine/runner.h"
-#include "engine/runner_cuda.h"
 
 #define BS         16
 #define N_BLOCKS   512
@@ -78,45 +78,40 @@ int main(int argc, char **argv) {
         return 2;
     }
     char why[160];
-    if (pg_cuda_runner_probe(why, sizeof why) <= 0) {
+    if (pg_backend_cuda_probe(why, sizeof why) <= 0) {
         printf("skipped: %s\n", why);
         return 77;
     }
-    pg_llama *model;
-    if (pg_llama_load(dir, &model) < 0) {
+    pg_backend *cbe, *gbe;
+    if (pg_backend_cpu_create(0, PG_MATMUL_EXACT, &cbe) < 0 || pg_backend_cuda_create(0, &gbe) < 0)
+        return fprintf(stderr, "FAIL: backends: %s\n", pg_err_msg()), 1;
+    pg_model *cmodel, *gmodel;
+    pg_model_load_opts mo = {.path = dir};
+    if (pg_model_load(&mo, cbe, &cmodel) < 0 || pg_model_load(&mo, gbe, &gmodel) < 0) {
         fprintf(stderr, "FAIL: load %s: %s\n", dir, pg_err_msg());
         return 1;
     }
-    const pg_model_config *c = &model->cfg;
+    const pg_model_config *c = &cmodel->cfg;
     const int32_t V = c->vocab_size;
     printf("model %s: hidden %d, %d layers, %d/%d heads of %d, ffn %d, vocab %d, weights %s%s\n",
            dir, c->hidden, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn, V,
-           model->tok_emb.dtype == 30  ? "bf16"
-           : model->tok_emb.dtype == 0 ? "f32"
-                                       : "other",
-           model->lm_head.data == model->tok_emb.data ? ", tied" : "");
+           cmodel->format, c->tie_embeddings ? ", tied" : "");
 
-    pg_backend *be;
-    pg_runner *cpu;
-    pg_cuda_runner *gpu;
-    if (pg_backend_cpu_create(0, &be) < 0)
-        return fprintf(stderr, "FAIL: cpu backend: %s\n", pg_err_msg()), 1;
-    be->matmul_mode = PG_MATMUL_EXACT;
-    pg_runner_config rc = {N_BLOCKS, N_HOST, BS};
-    if (pg_runner_create(model, be, &rc, &cpu) < 0)
+    pg_runner *cpu, *gpu;
+    pg_runner_config rc = {.block_size = BS,
+                           .max_num_seqs = MAX_SEQS,
+                           .max_num_batched_tokens = MAX_TOKENS,
+                           .max_model_len = MAX_LEN,
+                           .kv_dtype = PG_KV_BF16,
+                           .graphs = PG_GRAPHS_STARTUP};
+    if (pg_runner_create(cmodel, &rc, &cpu) < 0 || pg_runner_alloc_kv(cpu, N_BLOCKS, N_HOST) < 0)
         return fprintf(stderr, "FAIL: cpu runner: %s\n", pg_err_msg()), 1;
-    pg_cuda_runner_config gc = {.device = 0,
-                                .block_size = BS,
-                                .max_num_seqs = MAX_SEQS,
-                                .max_num_batched_tokens = MAX_TOKENS,
-                                .max_model_len = MAX_LEN};
-    if (pg_cuda_runner_create(model, &gc, &gpu) < 0 ||
-        pg_cuda_runner_alloc_kv(gpu, N_BLOCKS, N_HOST) < 0) {
+    if (pg_runner_create(gmodel, &rc, &gpu) < 0 || pg_runner_alloc_kv(gpu, N_BLOCKS, N_HOST) < 0) {
         fprintf(stderr, "FAIL: cuda runner: %s\n", pg_err_msg());
         return 1;
     }
-    pg_cuda_mem_stats ms;
-    pg_cuda_runner_mem(gpu, &ms);
+    pg_runner_mem ms;
+    pg_runner_mem_get(gpu, &ms);
     printf("device %s: weights %.1f MiB, workspace %.1f MiB (buffers %.1f), KV %.1f MiB, "
            "graphs %d captured at start-up, %.1f MiB (%.1f MiB still reserved), other %.1f MiB\n",
            ms.device, ms.weights / 1048576.0, ms.workspace / 1048576.0,
@@ -145,6 +140,7 @@ int main(int argc, char **argv) {
     const int32_t chunk_d[] = {64, 36}, chunk_f[] = {130, 200, 200, 170};
 
     float *glog = malloc(sizeof(float) * (size_t)MAX_SEQS * (size_t)V);
+    float *clog = malloc(sizeof(float) * (size_t)MAX_SEQS * (size_t)V);
     double worst = 0, sum_err = 0;
     int n_err = 0, mismatches = 0, hard_mismatches = 0, lp_bad = 0, failed = 0;
     int32_t host_next = 1;
@@ -215,13 +211,12 @@ int main(int argc, char **argv) {
                               .swap_in = swap_in,
                               .copies = copies};
         pg_step_output co, go;
-        if (pg_runner_execute(cpu, &plan, &co) < 0) {
+        if (pg_runner_execute(cpu, &plan, &co) < 0 || pg_runner_last_logits(cpu, clog, co.n) < 0) {
             fprintf(stderr, "FAIL: step %d cpu: %s\n", step, pg_err_msg());
             failed = 1;
             break;
         }
-        if (pg_cuda_runner_execute(gpu, &plan, &go) < 0 ||
-            pg_cuda_runner_last_logits(gpu, glog, go.n) < 0) {
+        if (pg_runner_execute(gpu, &plan, &go) < 0 || pg_runner_last_logits(gpu, glog, go.n) < 0) {
             fprintf(stderr, "FAIL: step %d cuda: %s\n", step, pg_err_msg());
             failed = 1;
             break;
@@ -232,7 +227,6 @@ int main(int argc, char **argv) {
             failed = 1;
             break;
         }
-        const float *clog = pg_runner_last_logits(cpu);
         printf("step %2d: %3d tokens, %d seqs%s%s:", step, n_tokens, n, n_out ? " +swap" : "",
                n_cp ? " +copy" : "");
         for (int j = 0; j < co.n; j++) {
@@ -244,7 +238,7 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "FAIL: output order differs\n");
                 failed = 1;
             }
-            // Top-2 gap of the CPU's (sampler-processed) logits.
+            // Top-2 gap of the CPU's logits.
             float b1 = -INFINITY, b2 = -INFINITY;
             for (int32_t v = 0; v < V; v++) {
                 if (cl[v] > b1)
@@ -314,9 +308,12 @@ int main(int argc, char **argv) {
         }
     }
     free(glog);
-    pg_cuda_runner_free(gpu);
+    free(clog);
+    pg_runner_free(gpu);
     pg_runner_free(cpu);
-    be->destroy(be);
-    pg_llama_free(model);
+    pg_model_free(gmodel);
+    pg_model_free(cmodel);
+    gbe->destroy(gbe);
+    cbe->destroy(cbe);
     return (!failed && tok_ok && err_ok && lp_ok) ? 0 : 1;
 }

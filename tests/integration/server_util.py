@@ -64,7 +64,7 @@ def free_port():
 class Server:
     """build/paged serve on a free port; stopped (SIGTERM, then SIGKILL) on exit."""
 
-    def __init__(self, *args, env=None, ready_timeout=120, default_args=True):
+    def __init__(self, *args, env=None, ready_timeout=120, default_args=True, https=None, client_cert=None):
         self.port = free_port()
         self.args = list(args)
         self.env = dict(os.environ)
@@ -74,6 +74,10 @@ class Server:
             self.env.update(env)
         self.ready_timeout = ready_timeout
         self.default_args = default_args
+        # https: the CA file to verify a TLS server with (start() then waits
+        # for /health over TLS); client_cert: (cert, key) to present.
+        self.https = https
+        self.client_cert = client_cert
         self.proc = None
         self.returncode = None
         self.logf = tempfile.NamedTemporaryFile(prefix="paged-serve-", suffix=".log", delete=False)
@@ -94,13 +98,25 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"paged serve exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                st, _, _ = request(self.port, "GET", "/health", timeout=2)
+                st = self._health() if self.https else request(self.port, "GET", "/health", timeout=2)[0]
                 if st == 200:
                     return self
             except OSError:
                 pass
             time.sleep(0.1)
         raise RuntimeError(f"paged serve not healthy after {self.ready_timeout}s:\n{self.log()}")
+
+    def _health(self):
+        import ssl
+        ctx = ssl.create_default_context(cafile=self.https)
+        if self.client_cert:
+            ctx.load_cert_chain(*self.client_cert)
+        c = http.client.HTTPSConnection("127.0.0.1", self.port, timeout=2, context=ctx)
+        try:
+            c.request("GET", "/health")
+            return c.getresponse().status
+        finally:
+            c.close()
 
     def log(self):
         with open(self.logf.name, errors="replace") as f:
@@ -241,6 +257,82 @@ def wait_idle(port, timeout=60):
             raise AssertionError(f"server not idle after {timeout}s: " +
                                  str({k: v for k, v in m.items() if "requests" in k or "blocks" in k}))
         time.sleep(0.2)
+
+
+# --- Prometheus ----------------------------------------------------------------------
+
+
+def prom_get(port, path, **params):
+    """GET a Prometheus HTTP API path; returns the parsed JSON."""
+    import urllib.parse
+    import urllib.request
+    url = f"http://127.0.0.1:{port}{path}"
+    if params:
+        url += "?" + urllib.parse.urlencode(params)
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def wait_for(what, fn, timeout=60):
+    """Polls fn() -> (ok, detail) until ok; returns the detail."""
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        try:
+            ok, last = fn()
+            if ok:
+                return last
+        except OSError as e:
+            last = repr(e)
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}: {last}")
+
+
+class Prometheus:
+    """A real Prometheus (Debian's `prometheus`) scraping `target`
+    (host:port) every second, in a scratch directory; stopped on exit."""
+
+    def __init__(self, target, bearer=None):
+        import shutil
+        self.exe = shutil.which("prometheus")
+        self.target, self.bearer = target, bearer
+        self.tmp = tempfile.mkdtemp(prefix="paged-prom-")
+        self.port = free_port()
+        self.proc = None
+
+    def __enter__(self):
+        cfg = os.path.join(self.tmp, "prometheus.yml")
+        auth = f"    authorization:\n      credentials: {self.bearer}\n" if self.bearer else ""
+        with open(cfg, "w") as f:
+            f.write("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
+                    "scrape_configs:\n  - job_name: paged\n    metrics_path: /metrics\n" + auth +
+                    f"    static_configs:\n      - targets: [\"{self.target}\"]\n")
+        self.log = open(os.path.join(self.tmp, "prometheus.log"), "w")
+        self.proc = subprocess.Popen([self.exe, f"--config.file={cfg}", f"--storage.tsdb.path={self.tmp}/data",
+                                      f"--web.listen-address=127.0.0.1:{self.port}"],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+
+        def up():
+            t = prom_get(self.port, "/api/v1/targets")["data"]["activeTargets"]
+            return bool(t) and t[0]["health"] == "up", t
+        wait_for("the paged target to be up", up)
+        return self
+
+    def query(self, expr):
+        return prom_get(self.port, "/api/v1/query", query=expr)
+
+    def __exit__(self, *exc):
+        import shutil
+        if self.proc:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        return False
 
 
 # --- raw sockets ---------------------------------------------------------------------

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Device selection on a machine without a GPU (CI): `--device cuda` fails
-with a clear one-line reason, `--device auto` runs on the CPU, the dummy
-load format needs a GPU, and `--prompts-file` accepts token ids."""
+with a clear one-line reason, `--device auto` runs on the CPU, random
+(dummy) weights run on the CPU backend too, and `--prompts-file` accepts
+token ids."""
 import json
 import os
 import subprocess
@@ -39,9 +40,40 @@ def test_auto_falls_back():
     assert "KV cache on cpu" in err, err
 
 
-def test_dummy_needs_gpu():
-    rc, out, err = generate("--device", "cpu", "--load-format", "dummy", "--hf-config", SHAPE, "--prompt", "Hi")
-    assert rc != 0 and "--load-format dummy" in err and "GPU" in err, err
+def test_dummy_weights_on_cpu():
+    # A small Llama shape: the CPU backend makes the same seeded random
+    # weights the GPU makes, so the whole engine runs without a checkpoint.
+    with tempfile.TemporaryDirectory() as d:
+        cfg = os.path.join(d, "tiny-shape.json")
+        with open(cfg, "w") as f:
+            json.dump({"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+                       "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+                       "vocab_size": 300, "max_position_embeddings": 256}, f)
+        rc, out, err = generate("--device", "cpu", "--load-format", "dummy", "--hf-config", cfg,
+                                "--prompt", "Hi", "--max-tokens", "4", "--temperature", "0")
+        assert rc == 0, err
+        assert "dummy" in err and "tiny-shape" in err, err
+        rc, out, err = generate("--device", "cpu", "--load-format", "dummy", "--prompt", "Hi")
+        assert rc != 0 and "--hf-config" in err, err
+        # The server names a dummy model after its config, not the default model file.
+        import socket, time, urllib.request
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        srv = subprocess.Popen([PAGED, "serve", "--device", "cpu", "--load-format", "dummy", "--hf-config", cfg,
+                                "--host", "127.0.0.1", "--port", str(port)], stderr=subprocess.PIPE)
+        try:
+            body = None
+            for _ in range(200):
+                try:
+                    body = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2))
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            assert body and [m["id"] for m in body["data"]] == ["tiny-shape"], body
+        finally:
+            srv.terminate()
+            srv.wait(timeout=30)
     rc, out, err = generate("--load-format", "bogus", "--prompt", "Hi")
     assert rc == 2 and "auto or dummy" in err, err
 

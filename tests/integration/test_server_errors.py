@@ -183,7 +183,7 @@ def main():
             s.close()
             # A malformed request line.
             raw_error(b"GARBAGE\r\n\r\n", 400)
-            raw_error(b"GET /health HTTP/9.9\r\n\r\n", 400)
+            raw_error(b"GET /health HTTP/9.9\r\n\r\n", 505)
             raw_error(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
                       b"Transfer-Encoding: chunked\r\n\r\n", 400)
 

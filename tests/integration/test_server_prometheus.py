@@ -3,15 +3,11 @@
 /metrics every second, with the API key as a bearer token: its own API shows
 the target up with no scrape error, and the paged: series (gauges, counters,
 histograms) queryable with PromQL."""
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.parse
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import server_util as su  # noqa: E402
@@ -24,26 +20,8 @@ if not PROMETHEUS:
 KEY = "scrape-key"
 
 
-def prom_get(port, path, **params):
-    url = f"http://127.0.0.1:{port}{path}"
-    if params:
-        url += "?" + urllib.parse.urlencode(params)
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.loads(r.read())
-
-
-def wait_for(what, fn, timeout=60):
-    deadline = time.time() + timeout
-    last = None
-    while time.time() < deadline:
-        try:
-            ok, last = fn()
-            if ok:
-                return last
-        except OSError as e:
-            last = repr(e)
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}: {last}")
+prom_get = su.prom_get
+wait_for = su.wait_for
 
 
 def main():

@@ -212,7 +212,30 @@ static void test_bad_fields(void **state) {
     expect_400("{\"use_beam_search\":true}", API_COMPLETION, "use_beam_search");
     expect_400("{\"response_format\":{\"type\":\"json_object\"}}", API_CHAT, "response_format");
     expect_400("{\"tools\":[{\"type\":\"function\"}]}", API_CHAT, "tools");
+    // The legacy function-calling fields are refused (not silently ignored).
+    expect_400("{\"functions\":[{\"name\":\"f\",\"parameters\":{}}]}", API_CHAT, "functions");
+    expect_400("{\"function_call\":\"auto\"}", API_CHAT, "function_call");
+    expect_400("{\"logit_bias\":[]}", API_COMPLETION, "logit_bias");
+    // Strict JSON (RFC 8259) and duplicate keys: 400 before any field is read.
+    expect_400("{\"max_tokens\":01}", API_COMPLETION, NULL);
+    expect_400("{\"temperature\":1.}", API_COMPLETION, NULL);
+    expect_400("{\"prompt\":\"a\tb\"}", API_COMPLETION, NULL);
+    expect_400("{\"prompt\":\"a\nb\"}", API_COMPLETION, NULL);
+    expect_400("{\"n\":1,\"n\":2}", API_COMPLETION, NULL);
     expect_400("{\"ignore_eos\":1}", API_COMPLETION, "ignore_eos");
+}
+
+// Fields sent with neutral values that paged accepts.
+static void test_neutral_fields_accepted(void **state) {
+    api_params p;
+    api_error e;
+    const char *ok[] = {"{\"logit_bias\":{}}", "{\"logit_bias\":null}", "{\"tools\":[]}",
+                        "{\"prompt\":\"a\\tb\\nc\"}", "{\"a\":{\"n\":1},\"n\":2}"};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        int st = params(ok[i], API_CHAT, &p, &e);
+        if (st != 0) fail_msg("%s: status %d (%s)", ok[i], st, e.message);
+        api_params_free(&p);
+    }
 }
 
 static void test_length_checks(void **state) {
@@ -384,6 +407,7 @@ int main(void) {
         cmocka_unit_test(test_chat_fields),
         cmocka_unit_test(test_bad_fields),
         cmocka_unit_test(test_length_checks),
+        cmocka_unit_test(test_neutral_fields_accepted),
         cmocka_unit_test(test_prompts),
         cmocka_unit_test(test_messages),
         cmocka_unit_test(test_error_json),

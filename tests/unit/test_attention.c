@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "kernels/kernels.h"
+#include "kernels/cpu/cpu_backend.h"
 
 static float frand(uint64_t *s) {
     *s = *s * 6364136223846793005ull + 1442695040888963407ull;
@@ -50,8 +50,7 @@ static void ref_attention(double *out, const float *q, const float *k, const flo
 // shuffled blocks.
 static void check_config(int n_seqs, int n_heads, int n_kv, int hd, int bs, int max_ctx, uint64_t seed) {
     pg_backend *be;
-    assert_int_equal(pg_backend_cpu_create(2, &be), 0);
-    be->matmul_mode = PG_MATMUL_EXACT; // the exact f32 path is the reference
+    assert_int_equal(pg_backend_cpu_create(2, PG_MATMUL_EXACT, &be), 0); // the exact f32 path is the reference
     int blocks_per_seq = (max_ctx + bs - 1) / bs;
     int n_blocks = 1 + n_seqs * blocks_per_seq;
     pg_kv_shape kv = {n_blocks, bs, n_kv, hd, PG_KV_BF16};
@@ -87,7 +86,7 @@ static void check_config(int n_seqs, int n_heads, int n_kv, int hd, int bs, int 
     double *ref = malloc(qn * sizeof(double));
     for (size_t i = 0; i < qn; i++) q[i] = frand(&seed) * 2.0f;
     float scale = 1.0f / sqrtf((float)hd);
-    be->attention(be, out, q, seqs, n_seqs, n_heads, scale, kc, vc, kv);
+    pg_cpu_attention(pg_cpu(be), out, q, (int64_t)n_heads * hd, seqs, n_seqs, n_heads, scale, kc, vc, kv);
     for (int s = 0; s < n_seqs; s++)
         ref_attention(ref + (size_t)seqs[s].q_start * n_heads * hd, q + (size_t)seqs[s].q_start * n_heads * hd,
                       ks[s], vs[s], seqs[s].n_q, seqs[s].start_pos, n_heads, n_kv, hd, scale);
@@ -113,8 +112,7 @@ static void test_attention_matches_dense_reference(void **state) {
 // RoPE (rotate-half) and the cache write against a direct formula.
 static void test_rope_kv_write(void **state) {
     pg_backend *be;
-    assert_int_equal(pg_backend_cpu_create(1, &be), 0);
-    be->matmul_mode = PG_MATMUL_EXACT;
+    assert_int_equal(pg_backend_cpu_create(1, PG_MATMUL_EXACT, &be), 0);
     const int m = 5, nh = 4, nkv = 2, hd = 8, bs = 4;
     pg_kv_shape kv = {4, bs, nkv, hd, PG_KV_BF16};
     float q[5 * 4 * 8], k[5 * 2 * 8], v[5 * 2 * 8], q0[5 * 4 * 8], k0[5 * 2 * 8];
@@ -125,7 +123,7 @@ static void test_rope_kv_write(void **state) {
     int32_t pos[5] = {0, 1, 7, 100, 3000}, slots[5] = {4, 5, 15, 8, 9};
     float inv_freq[4];
     for (int i = 0; i < 4; i++) inv_freq[i] = powf(10000.0f, -2.0f * i / hd);
-    be->rope_kv_write(be, q, k, v, pos, slots, m, nh, inv_freq, kc, vc, kv);
+    pg_cpu_rope_kv_write(pg_cpu(be), q, nh * hd, k, nkv * hd, v, nkv * hd, pos, slots, m, nh, inv_freq, kc, vc, kv);
     for (int t = 0; t < m; t++)
         for (int h = 0; h < nh; h++)
             for (int i = 0; i < hd / 2; i++) {

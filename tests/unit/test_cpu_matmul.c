@@ -19,9 +19,9 @@
 #include <string.h>
 
 #include "common/half.h"
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 #include "kernels/cpu/quant_dot.h"
-#include "kernels/kernels.h"
+#include "kernels/cpu/cpu_backend.h"
 
 // --- random data ---------------------------------------------------------------------
 
@@ -54,7 +54,7 @@ static float *rnd_x(int64_t m, int64_t cols) {
     return x;
 }
 
-// --- a small weight quantizer (formats of engine/dtype.h) ---------------------------------
+// --- a small weight quantizer (formats of kernels/dtype.h) ---------------------------------
 
 static void put16(uint8_t *p, uint16_t v) {
     memcpy(p, &v, 2);
@@ -281,8 +281,7 @@ static const int64_t test_ms[] = {1, 3, 8, 9, 17, 64};
 
 static pg_backend *backend(int n_threads, pg_matmul_mode mode) {
     pg_backend *b = NULL;
-    assert_int_equal(pg_backend_cpu_create(n_threads, &b), 0);
-    b->matmul_mode = mode;
+    assert_int_equal(pg_backend_cpu_create(n_threads, mode, &b), 0);
     return b;
 }
 
@@ -293,7 +292,7 @@ static float *run_matmul(pg_backend *b, const test_weight *t, const float *x, in
     *ldo = t->w.rows + 5;
     float *out = malloc(sizeof(float) * (size_t)(m * *ldo));
     for (int64_t k = 0; k < m * *ldo; k++) out[k] = -12345.0f;
-    b->matmul(b, out, *ldo, x, m, &t->w);
+    pg_cpu_matmul(pg_cpu(b), out, *ldo, x, m, &t->w);
     for (int64_t i = 0; i < m; i++)
         for (int64_t r = t->w.rows; r < *ldo; r++) assert_true(out[i * *ldo + r] == -12345.0f);
     return out;

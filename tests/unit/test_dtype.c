@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 #include "tests/unit/gguf_writer.h"
 
 // --- golden file -----------------------------------------------------------------

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 #include "engine/gguf.h"
 #include "tests/unit/gguf_writer.h"
 

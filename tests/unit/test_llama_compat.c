@@ -16,7 +16,7 @@
 
 #include "common/half.h"
 #include "kernels/cpu/llama_compat.h"
-#include "kernels/kernels.h"
+#include "kernels/cpu/cpu_backend.h"
 
 static uint64_t rng = 0x853c49e6748fea9bull;
 static float frand(void) { // uniform in [-1, 1)
@@ -121,8 +121,7 @@ static void test_rmsnorm_swiglu_softmax_follow_ggml_formulas(void **state) {
 
 static pg_backend *backend(pg_matmul_mode mode) {
     pg_backend *b;
-    assert_int_equal(pg_backend_cpu_create(2, &b), 0);
-    b->matmul_mode = mode;
+    assert_int_equal(pg_backend_cpu_create(2, mode, &b), 0);
     return b;
 }
 
@@ -140,7 +139,7 @@ static void test_rope_kv_write_compat(void **state) {
           *vc = calloc(4 * BS * NKV * HD, sizeof(float));
     int32_t pos[M] = {0, 1, 37, 1000}, slots[M] = {16, 17, 40, 5};
     pg_backend *b = backend(PG_MATMUL_QUANT_ACT);
-    b->rope_kv_write(b, q, k, v, pos, slots, M, NH, inv_freq, kc, vc,
+    pg_cpu_rope_kv_write(pg_cpu(b), q, NH * HD, k, NKV * HD, v, NKV * HD, pos, slots, M, NH, inv_freq, kc, vc,
                      (pg_kv_shape){4, BS, NKV, HD, PG_KV_BF16});
     const float theta_scale = powf(base, -2.0f / HD);
     assert_true(theta_scale == inv_freq[1]);
@@ -239,8 +238,8 @@ static void test_attention_compat_matches_plain_reference(void **state) {
     const pg_kv_shape kv = {NBLK, BS, NKV, HD, PG_KV_BF16};
     const float scale = 0.125f;
     pg_backend *b = backend(PG_MATMUL_DEFAULT), *x = backend(PG_MATMUL_EXACT);
-    b->attention(b, out, q, &seq, 1, NH, scale, kc, vc, kv);
-    x->attention(x, exact_out, q, &seq, 1, NH, scale, kx, vc, kv);
+    pg_cpu_attention(pg_cpu(b), out, q, NH * HD, &seq, 1, NH, scale, kc, vc, kv);
+    pg_cpu_attention(pg_cpu(x), exact_out, q, NH * HD, &seq, 1, NH, scale, kx, vc, kv);
     double num = 0, den = 0;
     for (int i = 0; i < n_q; i++)
         for (int h = 0; h < NH; h++) {

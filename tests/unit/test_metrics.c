@@ -212,6 +212,58 @@ static void test_serve_metrics_gpu_memory_categories(void **state) {
     srv_metrics_free(&m);
 }
 
+// --metrics-compat vllm: the listed families again under vllm:, same
+// values; paged-only families and unlisted ones are not repeated.
+static void test_alias_renders_listed_families_under_new_prefix(void **state) {
+    met_registry *r = met_registry_create();
+    met_family *run = met_gauge(r, "paged:num_requests_running", "Running.", "model_name");
+    met_family *own = met_gauge(r, "paged:http_connections", "Open.", NULL);
+    double b[] = {0.5};
+    met_family *h = met_histogram(r, "paged:time_to_first_token_seconds", "TTFT.", NULL, b, 1);
+    met_set(met_child1(run, "m"), 2);
+    met_set0(own, 7);
+    met_observe0(h, 0.25);
+    static const char *const names[] = {"num_requests_running", "time_to_first_token_seconds", NULL};
+    sbuf o = {0};
+    met_render_alias(r, &o, "paged:", "vllm:", names);
+    assert_string_equal(sbuf_str(&o),
+                        "# HELP vllm:num_requests_running Running.\n"
+                        "# TYPE vllm:num_requests_running gauge\n"
+                        "vllm:num_requests_running{model_name=\"m\"} 2\n"
+                        "# HELP vllm:time_to_first_token_seconds TTFT.\n"
+                        "# TYPE vllm:time_to_first_token_seconds histogram\n"
+                        "vllm:time_to_first_token_seconds_bucket{le=\"0.5\"} 1\n"
+                        "vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"} 1\n"
+                        "vllm:time_to_first_token_seconds_sum 0.25\n"
+                        "vllm:time_to_first_token_seconds_count 1\n");
+    sbuf_free(&o);
+    met_registry_free(r);
+}
+
+static void test_serve_metrics_vllm_compat(void **state) {
+    srv_metrics m;
+    srv_metrics_init(&m, "mdl", 2048);
+    sbuf plain = {0}, compat = {0};
+    srv_metrics_render(&m, false, &plain);
+    srv_metrics_render(&m, true, &compat);
+    assert_null(strstr(sbuf_str(&plain), "vllm:"));
+    assert_memory_equal(compat.p, plain.p, plain.len);  // paged: first, unchanged
+    const char *extra = compat.p + plain.len;
+    static const char *const want[] = {"vllm:num_requests_waiting{", "vllm:kv_cache_usage_perc{",
+                                       "vllm:gpu_cache_usage_perc{", "vllm:prompt_tokens_total{",
+                                       "vllm:time_to_first_token_seconds_bucket{",
+                                       "vllm:request_success_total{model_name=\"mdl\",finished_reason=\"stop\"}"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        if (!strstr(extra, want[i])) fail_msg("missing %s", want[i]);
+    }
+    assert_null(strstr(extra, "vllm:http_"));
+    assert_null(strstr(extra, "vllm:device_memory"));
+    assert_null(strstr(extra, "vllm:kv_cache_blocks"));
+    sbuf_free(&plain);
+    sbuf_free(&compat);
+    srv_metrics_free(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_counter_and_gauge_text),
@@ -221,6 +273,8 @@ int main(void) {
         cmocka_unit_test(test_bad_definitions_rejected),
         cmocka_unit_test(test_serve_metrics_use_vllm_names),
         cmocka_unit_test(test_serve_metrics_gpu_memory_categories),
+        cmocka_unit_test(test_alias_renders_listed_families_under_new_prefix),
+        cmocka_unit_test(test_serve_metrics_vllm_compat),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,7 +15,7 @@
 
 #include "common/err.h"
 #include "common/half.h"
-#include "engine/dtype.h"
+#include "kernels/dtype.h"
 #include "engine/safetensors.h"
 #include "tests/unit/gguf_writer.h"
 

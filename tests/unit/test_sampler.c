@@ -9,25 +9,24 @@
 
 #include <cmocka.h>
 
-#include "engine/sampler.h"
+#include "kernels/cpu/sampling.h"
 
 #define V 64
 
 typedef struct {
     pg_sampler *s;
-    pg_sampling_params sp;
-    pg_plan_seq seq;
-    int32_t hist[16];
+    pg_sample_params p;
+    int32_t tok[32]; // the history at 0, ban lists at 16
 } fixture;
 
 static void setup_fixture(fixture *f) {
     assert_int_equal(pg_sampler_create(V, &f->s), 0);
-    pg_sampling_params_default(&f->sp);
-    memset(&f->seq, 0, sizeof f->seq);
-    f->seq.sp = &f->sp;
-    f->seq.history = f->hist;
-    f->seq.eos_id = 0;
-    f->seq.rng_seed = 42;
+    memset(&f->p, 0, sizeof f->p);
+    f->p.temperature = 1.0f;
+    f->p.top_p = 1.0f;
+    f->p.repetition_penalty = 1.0f;
+    f->p.logprobs = -1;
+    f->p.seed = 42;
 }
 
 static void logits_ramp(float *l) {
@@ -36,20 +35,20 @@ static void logits_ramp(float *l) {
 }
 
 static int32_t sample(fixture *f, float *l) {
-    pg_seq_output o;
-    pg_sampler_sample(f->s, &f->seq, l, &o);
+    pg_sample_out o;
+    pg_sampler_sample(f->s, &f->p, f->tok, l, &o);
     return o.token;
 }
 
 static void test_greedy_and_logprobs(void **state) {
     fixture f;
     setup_fixture(&f);
-    f.sp.temperature = 0;
-    f.sp.logprobs = 5;
+    f.p.temperature = 0;
+    f.p.logprobs = 5;
     float l[V];
     logits_ramp(l);
-    pg_seq_output o;
-    pg_sampler_sample(f.s, &f.seq, l, &o);
+    pg_sample_out o;
+    pg_sampler_sample(f.s, &f.p, f.tok, l, &o);
     assert_int_equal(o.token, 63);
     assert_int_equal(o.n_top, 5);
     double lse = 0;
@@ -66,29 +65,29 @@ static void test_greedy_and_logprobs(void **state) {
 static void test_top_k_top_p_min_p(void **state) {
     fixture f;
     setup_fixture(&f);
-    f.sp.temperature = 1.0f;
+    f.p.temperature = 1.0f;
     float l[V];
     // top_k = 3: only the three best ever come out.
-    f.sp.top_k = 3;
+    f.p.top_k = 3;
     for (int n = 0; n < 300; n++) {
-        f.seq.n_generated = n;
+        f.p.n_generated = n;
         logits_ramp(l);
         assert_true(sample(&f, l) >= 61);
     }
     // top_p tiny: the nucleus is the single best token.
-    f.sp.top_k = 0;
-    f.sp.top_p = 0.01f;
+    f.p.top_k = 0;
+    f.p.top_p = 0.01f;
     for (int n = 0; n < 100; n++) {
-        f.seq.n_generated = n;
+        f.p.n_generated = n;
         logits_ramp(l);
         assert_int_equal(sample(&f, l), 63);
     }
     // min_p = 0.5 relative to the best: p_i/p_max = exp((i-63)/8) >= 0.5 keeps i >= 58.
-    f.sp.top_p = 1.0f;
-    f.sp.min_p = 0.5f;
+    f.p.top_p = 1.0f;
+    f.p.min_p = 0.5f;
     int seen_low = 0;
     for (int n = 0; n < 500; n++) {
-        f.seq.n_generated = n;
+        f.p.n_generated = n;
         logits_ramp(l);
         int t = sample(&f, l);
         assert_true(t >= 58);
@@ -102,12 +101,12 @@ static void test_top_k_top_p_min_p(void **state) {
 static void test_distribution(void **state) {
     fixture f;
     setup_fixture(&f);
-    f.sp.temperature = 2.0f;
+    f.p.temperature = 2.0f;
     int counts[V] = {0};
     float l[V];
     const int N = 20000;
     for (int n = 0; n < N; n++) {
-        f.seq.n_generated = n;
+        f.p.n_generated = n;
         logits_ramp(l);
         counts[sample(&f, l)]++;
     }
@@ -123,24 +122,24 @@ static void test_distribution(void **state) {
 static void test_seed_determinism(void **state) {
     fixture f;
     setup_fixture(&f);
-    f.sp.temperature = 1.0f;
+    f.p.temperature = 1.0f;
     float l[V];
     int32_t a[50], b[50];
     for (int n = 0; n < 50; n++) {
-        f.seq.n_generated = n;
+        f.p.n_generated = n;
         logits_ramp(l);
         a[n] = sample(&f, l);
     }
     for (int n = 0; n < 50; n++) {
-        f.seq.n_generated = n;
+        f.p.n_generated = n;
         logits_ramp(l);
         b[n] = sample(&f, l);
     }
     assert_memory_equal(a, b, sizeof a);
-    f.seq.rng_seed = 43;
+    f.p.seed = 43;
     int differ = 0;
     for (int n = 0; n < 50; n++) {
-        f.seq.n_generated = n;
+        f.p.n_generated = n;
         logits_ramp(l);
         differ += sample(&f, l) != a[n];
     }
@@ -153,36 +152,36 @@ static void test_seed_determinism(void **state) {
 static void test_penalties_and_eos_mask(void **state) {
     fixture f;
     setup_fixture(&f);
-    f.sp.temperature = 0;
+    f.p.temperature = 0;
     float l[V];
     // Output so far: token 63 twice. A frequency penalty of 1 per occurrence
     // lowers 63 by 2 (below 62 and 61..); presence adds 1 more.
-    f.hist[0] = 5;           // prompt
-    f.hist[1] = 63, f.hist[2] = 63;
-    f.seq.n_history = 3;
-    f.seq.n_prompt = 1;
-    f.sp.frequency_penalty = 1.0f;
+    f.tok[0] = 5;           // prompt
+    f.tok[1] = 63, f.tok[2] = 63;
+    f.p.n_history = 3;
+    f.p.n_prompt = 1;
+    f.p.frequency_penalty = 1.0f;
     logits_ramp(l);
     assert_int_equal(sample(&f, l), 62);
     // Repetition penalty divides positive logits of seen tokens (prompt too).
-    f.sp.frequency_penalty = 0;
-    f.sp.repetition_penalty = 2.0f;
+    f.p.frequency_penalty = 0;
+    f.p.repetition_penalty = 2.0f;
     logits_ramp(l);
     assert_int_equal(sample(&f, l), 62); // 63/8/2 < 62/8
     // Presence penalty: once per distinct output token.
-    f.sp.repetition_penalty = 1.0f;
-    f.sp.presence_penalty = 0.2f; // 63/8 - 0.2 = 7.675 < 62/8 = 7.75
+    f.p.repetition_penalty = 1.0f;
+    f.p.presence_penalty = 0.2f; // 63/8 - 0.2 = 7.675 < 62/8 = 7.75
     logits_ramp(l);
     assert_int_equal(sample(&f, l), 62);
-    // mask_eos bans EOS and stop ids while min_tokens is not reached.
-    f.sp.presence_penalty = 0;
-    f.seq.n_history = 0;
+    // The ban list (EOS and stop ids while min_tokens is not reached).
+    f.p.presence_penalty = 0;
+    f.p.n_history = 0;
     for (int i = 0; i < V; i++) l[i] = 0;
     l[0] = 10, l[7] = 9, l[3] = 8;
-    f.seq.eos_id = 0;
-    f.sp.n_stop_ids = 1;
-    f.sp.stop_ids[0] = 7;
-    f.seq.mask_eos = true;
+    f.tok[16] = 0; // EOS
+    f.tok[17] = 7; // a stop id
+    f.p.ban_offset = 16;
+    f.p.n_ban = 2;
     assert_int_equal(sample(&f, l), 3);
     pg_sampler_free(f.s);
 }

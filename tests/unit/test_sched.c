@@ -35,6 +35,7 @@ static void base_config(sched_config *c) {
     c->num_blocks = 64;
     c->max_model_len = 1024;
     c->max_num_batched_tokens = 32;
+    c->long_prefill_token_threshold = 0; // exact chunk sizes below; the cap has its own tests
     c->seed = 7;
 }
 
@@ -378,6 +379,82 @@ static void test_long_prefill_threshold(void **state) {
     assert_true(p->seqs[0].sample);
     drain(h, 1);
     h_free(h);
+}
+
+// The default cap (a quarter of the budget, 8 of 32 here) applies only while
+// another request is live: a lone long prompt takes the whole budget; once
+// a short request arrives, the long prefill takes 8 tokens per step and the
+// short one is served (prefilled, then decoded) in every step.
+static void test_long_prefill_cap_auto_serves_short_requests(void **state) {
+    (void)state;
+    sched_config c;
+    base_config(&c);
+    c.long_prefill_token_threshold = SCHED_LONG_PREFILL_AUTO;
+    harness *h = h_new(&c);
+    assert_int_equal(h_add(h, 1, (req_opts){.n_prompt = 200, .max_tokens = 2}), 0);
+    const pg_batch_plan *p = h_cycle(h, 1);
+    assert_int_equal(p->n_seqs, 1);
+    assert_int_equal(p->seqs[0].n_tokens, 32); // alone: the whole budget
+    assert_int_equal(h_add(h, 2, (req_opts){.n_prompt = 3, .max_tokens = 3}), 0);
+    p = h_cycle(h, 1);
+    assert_int_equal(p->n_seqs, 2);
+    assert_int_equal(p->seqs[0].n_tokens, 8); // capped
+    assert_int_equal(p->seqs[1].seq_id, 2 * 256);
+    assert_int_equal(p->seqs[1].n_tokens, 3); // the short prompt, whole, sampling
+    assert_true(p->seqs[1].sample);
+    for (int k = 0; k < 2; k++) { // its decodes, every step
+        p = h_cycle(h, 1);
+        assert_int_equal(p->n_seqs, 2);
+        assert_int_equal(p->seqs[0].n_tokens, 8);
+        assert_int_equal(p->seqs[1].n_tokens, 1);
+    }
+    assert_int_equal(stats(h).n_running, 1); // 2 finished (3 tokens)
+    p = h_cycle(h, 1);
+    assert_int_equal(p->seqs[0].n_tokens, 32); // alone again
+    drain(h, 1);
+    h_free(h);
+}
+
+// A client that leaves during a long prefill: the abort lands between two
+// chunks, the request is in no later plan and its blocks are back at once.
+static void test_abort_between_prefill_chunks(void **state) {
+    (void)state;
+    sched_config c;
+    base_config(&c);
+    c.long_prefill_token_threshold = SCHED_LONG_PREFILL_AUTO;
+    harness *h = h_new(&c);
+    assert_int_equal(h_add(h, 1, (req_opts){.n_prompt = 200, .max_tokens = 2}), 0);
+    assert_int_equal(h_add(h, 2, (req_opts){.n_prompt = 2, .max_tokens = 50, .ignore_eos = true}), 0);
+    h_cycle(h, 1);
+    h_cycle(h, 1);
+    int32_t used = stats(h).kv.num_used;
+    assert_int_equal(sched_abort(h->s, 1), 0);
+    const pg_batch_plan *p = h_step(h);
+    assert_int_equal(p->n_seqs, 1);
+    assert_int_equal(p->seqs[0].seq_id, 2 * 256);
+    h_update(h, 1);
+    bool aborted = false;
+    for (int32_t i = 0; i < h->ev.n; i++)
+        if (h->ev.ev[i].req_id == 1) aborted = h->ev.ev[i].finish == SCHED_FINISH_ABORT;
+    assert_true(aborted);
+    assert_true(stats(h).kv.num_used < used);
+    drain(h, 1);
+    h_free(h);
+}
+
+static void test_long_prefill_cap_config(void **state) {
+    (void)state;
+    sched_config c;
+    sched_config_default(&c);
+    assert_int_equal(c.long_prefill_token_threshold, SCHED_LONG_PREFILL_AUTO);
+    c.num_blocks = 16;
+    c.max_model_len = 64;
+    c.long_prefill_token_threshold = -2;
+    sched *s;
+    assert_int_equal(sched_create(&c, &s), PG_EINVAL);
+    c.long_prefill_token_threshold = 0;
+    assert_int_equal(sched_create(&c, &s), 0);
+    sched_destroy(s);
 }
 
 static void test_max_num_seqs_caps_running(void **state) {
@@ -996,6 +1073,9 @@ int main(void) {
         cmocka_unit_test(test_decodes_first_then_prefill_fills_budget),
         cmocka_unit_test(test_chunked_prefill_off_waits_whole),
         cmocka_unit_test(test_long_prefill_threshold),
+        cmocka_unit_test(test_long_prefill_cap_auto_serves_short_requests),
+        cmocka_unit_test(test_abort_between_prefill_chunks),
+        cmocka_unit_test(test_long_prefill_cap_config),
         cmocka_unit_test(test_max_num_seqs_caps_running),
         cmocka_unit_test(test_preempt_recompute_keeps_output),
         cmocka_unit_test(test_preempt_swap_and_swapped_first),

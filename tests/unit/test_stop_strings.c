@@ -117,20 +117,32 @@ static void test_include_stop_keeps_it(void **state) {
     free(out);
 }
 
-static void test_earliest_stop_wins_then_longest(void **state) {
+static void test_first_completed_stop_wins(void **state) {
+    // The stop string that completes first wins, whatever the split: "lo"
+    // ends at byte 5, before "llo w" (which starts earlier) ends at 7.
     stops_t s = mk(3, "world", "lo", "llo w");
     const char *p[] = {"Hello world", NULL};
     bool matched;
     char *out = run(&s, false, p, &matched);
-    assert_string_equal(out, "He");  // "llo w" starts at 2, before "lo" at 3
+    assert_string_equal(out, "Hel");
+    free(out);
+    const char *p2[] = {"H", "e", "l", "l", "o", " ", "w", NULL};
+    out = run(&s, false, p2, &matched);
+    assert_string_equal(out, "Hel");
+    free(out);
+    // Same end: the earlier start (the longer one).
+    stops_t u = mk(2, "bc", "abc");
+    const char *p3[] = {"xabcd", NULL};
+    out = run(&u, false, p3, &matched);
+    assert_string_equal(out, "x");
     free(out);
     stops_t t = mk(2, "ab", "abc");
     stop_matcher m;
     stop_matcher_init(&m, t.stops, t.lens, t.n, true);
     sbuf o = {0};
     assert_true(stop_matcher_feed(&m, "xabcd", 5, &o));
-    assert_string_equal(sbuf_str(&o), "xabc");  // same start: the longer one
-    assert_int_equal(m.match_index, 1);
+    assert_string_equal(sbuf_str(&o), "xab");  // "ab" completes before "abc"
+    assert_int_equal(m.match_index, 0);
     sbuf_free(&o);
     stop_matcher_free(&m);
 }
@@ -200,7 +212,7 @@ int main(void) {
         cmocka_unit_test(test_stop_across_pieces_never_leaks),
         cmocka_unit_test(test_held_prefix_released_when_it_diverges),
         cmocka_unit_test(test_include_stop_keeps_it),
-        cmocka_unit_test(test_earliest_stop_wins_then_longest),
+        cmocka_unit_test(test_first_completed_stop_wins),
         cmocka_unit_test(test_self_overlapping_stop),
         cmocka_unit_test(test_utf8_stop_strings),
         cmocka_unit_test(test_every_split_matches_whole_text),

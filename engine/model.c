@@ -1,0 +1,73 @@
+// engine/model.c - the Llama-family forward pass: the one place a
+// transformer layer is written.
+//
+//   x = emb[tokens]
+//   per layer:  qkv = RMSNorm(x) * attn_norm . Wqkv^T (+ bias)     (Qwen2: bias)
+//               q, k = per-head RMSNorm(q, k)                      (Qwen3)
+//               q, k = RoPE(q, k); cache[slots] = k, v
+//               attn = paged causal attention(q, cache)
+//               x += attn . Wo^T                                   (residual folded in)
+//               h = silu(g) * u, [g | u] = RMSNorm(x) * ffn_norm . Wgu^T
+//               x += h . Wdown^T
+//   logits = RMSNorm(x[logit rows]) * final_norm . Wlm^T
+//
+// Every step is one op of kernels/backend.h at the fused granularity the
+// GPU runs (the backend picks GEMV or GEMM, fuses the norm into the GEMV's
+// prologue, ...), so this file has no device code and no copies.
+#include "engine/model.h"
+
+#include <math.h>
+
+#include "common/err.h"
+
+int pg_model_forward_layers(const pg_model *m, pg_bkv *kv, const pg_fwd_buffers *bufs,
+                            const pg_fwd_step *s) {
+    const pg_model_config *c = &m->cfg;
+    pg_backend *be = m->be;
+    const int64_t n = s->n_tokens, hd = c->head_dim;
+    const int64_t q_dim = (int64_t)c->n_heads * hd, kv_dim = (int64_t)c->n_kv_heads * hd;
+    if (n == 0) return 0;
+    const float scale = 1.0f / sqrtf((float)hd);
+    pg_tensor x = pg_tensor_view(bufs->x, 0, n, 0, bufs->x.cols);
+    pg_tensor xn = pg_tensor_view(bufs->xn, 0, n, 0, bufs->xn.cols);
+    pg_tensor qkv = pg_tensor_view(bufs->qkv, 0, n, 0, bufs->qkv.cols);
+    pg_tensor q = pg_tensor_view(qkv, 0, n, 0, q_dim);
+    pg_tensor k = pg_tensor_view(qkv, 0, n, q_dim, kv_dim);
+    pg_tensor v = pg_tensor_view(qkv, 0, n, q_dim + kv_dim, kv_dim);
+    pg_tensor attn = pg_tensor_view(bufs->attn, 0, n, 0, q_dim);
+    pg_tensor gu = pg_tensor_view(bufs->gu, 0, n, 0, bufs->gu.cols);
+    pg_tensor h = pg_tensor_view(bufs->h, 0, n, 0, bufs->h.cols);
+
+    PG_TRY(be->embed(be, x, s->tokens, m->tok_emb));
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const pg_model_layer *L = &m->layers[l];
+        // Attention block.
+        PG_TRY(be->linear(be, qkv, x, L->attn_norm, c->rms_eps, L->qkv, L->qkv_bias, false, xn));
+        if (L->q_norm) {
+            PG_TRY(be->head_rmsnorm(be, q, c->n_heads, L->q_norm, c->rms_eps));
+            PG_TRY(be->head_rmsnorm(be, k, c->n_kv_heads, L->k_norm, c->rms_eps));
+        }
+        PG_TRY(be->rope_kv_write(be, q, k, v, s->pos, s->slots, c->n_heads, m->inv_freq, kv->k[l],
+                                 kv->v[l], kv->shape));
+        PG_TRY(be->attention(be, attn, q, &s->attn, kv->k[l], kv->v[l], kv->shape, c->n_heads, scale));
+        PG_TRY(be->linear(be, x, attn, NULL, 0.0f, L->o, NULL, true, xn));
+        // MLP block.
+        PG_TRY(be->gate_up_silu(be, h, x, L->ffn_norm, c->rms_eps, L->gate_up, xn, gu));
+        PG_TRY(be->linear(be, x, h, NULL, 0.0f, L->down, NULL, true, xn));
+    }
+    return 0;
+}
+
+int pg_model_forward_logits(const pg_model *m, const pg_fwd_buffers *bufs, const pg_fwd_step *s) {
+    const pg_model_config *c = &m->cfg;
+    pg_backend *be = m->be;
+    const int64_t ns = s->n_logits;
+    if (ns == 0) return 0;
+    pg_tensor x = pg_tensor_view(bufs->x, 0, s->n_tokens, 0, bufs->x.cols);
+    pg_tensor g = pg_tensor_view(bufs->lg_in, 0, ns, 0, bufs->lg_in.cols);
+    pg_tensor logits = pg_tensor_view(bufs->logits, 0, ns, 0, c->vocab_size);
+    // Only the rows that sample need the final norm and the LM head.
+    PG_TRY(be->gather(be, g, x, s->logit_rows));
+    PG_TRY(be->rmsnorm(be, g, g, m->final_norm, c->rms_eps));
+    return be->linear(be, logits, g, NULL, 0.0f, m->lm_head, NULL, false, g);
+}

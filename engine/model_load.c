@@ -1,0 +1,397 @@
+// engine/model_load.c - every weight of a pg_model from a GGUF file, a
+// Hugging Face directory, or random values, through one table.
+//
+// The table below names each tensor of a layer once, with its GGUF and its
+// Hugging Face name and its shape from the config; the three sources only
+// say how to find a stored tensor by name. Fused weights (Q|K|V, gate|up)
+// are uploaded as their parts, which the backend concatenates (or keeps
+// apart, as the CPU backend does over the mapped file). GGUF Q and K rows
+// of the "llama" architecture are interleaved for llama.cpp's RoPE; the
+// forward uses the Hugging Face rotate-half layout, so those rows are put
+// back in order (a row copy, valid for any block-quantized type since
+// blocks run along rows). The same forward then serves every file.
+#include <stdio.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/file.h"
+#include "common/log.h"
+#include "common/progress.h"
+#include "engine/gguf.h"
+#include "engine/model.h"
+#include "engine/safetensors.h"
+
+// --- tensor sources ---------------------------------------------------------------
+
+typedef enum { SRC_GGUF, SRC_HF, SRC_DUMMY } src_kind;
+
+typedef struct {
+    src_kind kind;
+    const char *path;
+    gguf_file *gguf;
+    pg_st_model *st;
+} source;
+
+// The stored tensor `name` as rows x cols (1 x n for a vector); false when
+// the file has none. Dummy sources have every tensor, without data.
+static bool src_find(const source *s, const char *name, pg_weight *w) {
+    memset(w, 0, sizeof *w);
+    if (s->kind == SRC_GGUF) {
+        const gguf_tensor *t = gguf_find_tensor(s->gguf, name);
+        if (!t) return false;
+        int64_t rows = 1;
+        for (uint32_t d = 1; d < t->n_dims; d++) rows *= (int64_t)t->dims[d];
+        *w = (pg_weight){.data = t->data, .dtype = (int)t->type, .rows = rows,
+                         .cols = (int64_t)t->dims[0],
+                         .row_bytes = pg_dtype_row_bytes((int)t->type, (int64_t)t->dims[0])};
+        return true;
+    }
+    if (s->kind == SRC_HF) {
+        const pg_st_tensor *t = pg_st_model_find(s->st, name, NULL);
+        if (!t) return false;
+        int64_t cols = t->n_dims >= 1 ? (int64_t)t->dims[0] : 1;
+        int64_t rows = (int64_t)t->n_elems / (cols > 0 ? cols : 1);
+        *w = (pg_weight){.data = t->data, .dtype = t->dtype, .rows = rows, .cols = cols,
+                         .row_bytes = pg_dtype_row_bytes(t->dtype, cols)};
+        return true;
+    }
+    return true;
+}
+
+// --- the table of a layer's tensors --------------------------------------------------
+
+typedef enum { DIM_ONE, DIM_HIDDEN, DIM_Q, DIM_KV, DIM_FFN, DIM_HEAD, DIM_VOCAB } dim;
+
+typedef enum {
+    F_ATTN_NORM, F_QKV, F_QKV_BIAS, F_Q_NORM, F_K_NORM, F_O, F_FFN_NORM, F_GATE_UP, F_DOWN,
+    F_COUNT
+} field;
+
+typedef enum { NEED_ALWAYS, NEED_QKV_BIAS, NEED_QK_NORM } need;
+
+// One stored tensor of a layer: the weight it is part `part` of.
+typedef struct {
+    field field;
+    int part;
+    const char *gguf, *hf; // names with %d for the layer
+    dim rows, cols;        // the stored shape, from the config
+    need need;
+    int unpermute;         // GGUF "llama": head count whose rows to re-order (1 = q, 2 = k)
+} layer_tensor;
+
+static const layer_tensor LAYER[] = {
+    {F_ATTN_NORM, 0, "blk.%d.attn_norm.weight", "model.layers.%d.input_layernorm.weight", DIM_ONE, DIM_HIDDEN, NEED_ALWAYS, 0},
+    {F_QKV, 0, "blk.%d.attn_q.weight", "model.layers.%d.self_attn.q_proj.weight", DIM_Q, DIM_HIDDEN, NEED_ALWAYS, 1},
+    {F_QKV, 1, "blk.%d.attn_k.weight", "model.layers.%d.self_attn.k_proj.weight", DIM_KV, DIM_HIDDEN, NEED_ALWAYS, 2},
+    {F_QKV, 2, "blk.%d.attn_v.weight", "model.layers.%d.self_attn.v_proj.weight", DIM_KV, DIM_HIDDEN, NEED_ALWAYS, 0},
+    {F_QKV_BIAS, 0, "blk.%d.attn_q.bias", "model.layers.%d.self_attn.q_proj.bias", DIM_ONE, DIM_Q, NEED_QKV_BIAS, 0},
+    {F_QKV_BIAS, 1, "blk.%d.attn_k.bias", "model.layers.%d.self_attn.k_proj.bias", DIM_ONE, DIM_KV, NEED_QKV_BIAS, 0},
+    {F_QKV_BIAS, 2, "blk.%d.attn_v.bias", "model.layers.%d.self_attn.v_proj.bias", DIM_ONE, DIM_KV, NEED_QKV_BIAS, 0},
+    {F_Q_NORM, 0, "blk.%d.attn_q_norm.weight", "model.layers.%d.self_attn.q_norm.weight", DIM_ONE, DIM_HEAD, NEED_QK_NORM, 0},
+    {F_K_NORM, 0, "blk.%d.attn_k_norm.weight", "model.layers.%d.self_attn.k_norm.weight", DIM_ONE, DIM_HEAD, NEED_QK_NORM, 0},
+    {F_O, 0, "blk.%d.attn_output.weight", "model.layers.%d.self_attn.o_proj.weight", DIM_HIDDEN, DIM_Q, NEED_ALWAYS, 0},
+    {F_FFN_NORM, 0, "blk.%d.ffn_norm.weight", "model.layers.%d.post_attention_layernorm.weight", DIM_ONE, DIM_HIDDEN, NEED_ALWAYS, 0},
+    {F_GATE_UP, 0, "blk.%d.ffn_gate.weight", "model.layers.%d.mlp.gate_proj.weight", DIM_FFN, DIM_HIDDEN, NEED_ALWAYS, 0},
+    {F_GATE_UP, 1, "blk.%d.ffn_up.weight", "model.layers.%d.mlp.up_proj.weight", DIM_FFN, DIM_HIDDEN, NEED_ALWAYS, 0},
+    {F_DOWN, 0, "blk.%d.ffn_down.weight", "model.layers.%d.mlp.down_proj.weight", DIM_HIDDEN, DIM_FFN, NEED_ALWAYS, 0},
+};
+#define N_LAYER_TENSORS ((int)(sizeof LAYER / sizeof LAYER[0]))
+
+static int64_t dim_of(const pg_model_config *c, dim d) {
+    switch (d) {
+    case DIM_ONE: return 1;
+    case DIM_HIDDEN: return c->hidden;
+    case DIM_Q: return (int64_t)c->n_heads * c->head_dim;
+    case DIM_KV: return (int64_t)c->n_kv_heads * c->head_dim;
+    case DIM_FFN: return c->ffn;
+    case DIM_HEAD: return c->head_dim;
+    case DIM_VOCAB: return c->vocab_size;
+    }
+    return 0;
+}
+
+static bool needed(const pg_model_config *c, need n) {
+    return n == NEED_ALWAYS || (n == NEED_QKV_BIAS && c->qkv_bias) || (n == NEED_QK_NORM && c->qk_norm);
+}
+
+static pg_bweight **field_ptr(pg_model_layer *L, field f) {
+    switch (f) {
+    case F_ATTN_NORM: return &L->attn_norm;
+    case F_QKV: return &L->qkv;
+    case F_QKV_BIAS: return &L->qkv_bias;
+    case F_Q_NORM: return &L->q_norm;
+    case F_K_NORM: return &L->k_norm;
+    case F_O: return &L->o;
+    case F_FFN_NORM: return &L->ffn_norm;
+    case F_GATE_UP: return &L->gate_up;
+    case F_DOWN: return &L->down;
+    default: return NULL;
+    }
+}
+
+// --- helpers ------------------------------------------------------------------------
+
+static void *own(pg_model *m, void *p) {
+    if (m->n_owned == m->cap_owned) {
+        m->cap_owned = m->cap_owned ? 2 * m->cap_owned : 64;
+        m->owned = pg_xrealloc(m->owned, sizeof(void *) * (size_t)m->cap_owned);
+    }
+    m->owned[m->n_owned++] = p;
+    return p;
+}
+
+// Undoes llama.cpp's Q/K row interleaving head by head (see the file comment).
+static void unpermute_rows(pg_model *m, pg_weight *w, int32_t n_heads) {
+    int64_t hd = w->rows / n_heads, half = hd / 2;
+    char *dst = own(m, pg_xmalloc(w->row_bytes * (size_t)w->rows));
+    const char *src = w->data;
+    for (int64_t h = 0; h < n_heads; h++)
+        for (int64_t i = 0; i < half; i++)
+            for (int64_t s = 0; s < 2; s++)
+                memcpy(dst + (size_t)(h * hd + s * half + i) * w->row_bytes,
+                       src + (size_t)(h * hd + 2 * i + s) * w->row_bytes, w->row_bytes);
+    w->data = dst;
+}
+
+// Looks up and checks one stored tensor (rows x cols expected).
+static int find_checked(const source *s, const char *name, int64_t rows, int64_t cols, pg_weight *w) {
+    if (!src_find(s, name, w))
+        return pg_err_set(PG_EFORMAT, "%s: tensor '%s' is missing", s->path, name);
+    if (s->kind == SRC_DUMMY) {
+        *w = (pg_weight){.data = NULL, .dtype = PG_DTYPE_BF16, .rows = rows, .cols = cols,
+                         .row_bytes = (size_t)cols * 2};
+        return 0;
+    }
+    if (w->rows != rows || w->cols != cols)
+        return pg_err_set(PG_EFORMAT, "%s: tensor '%s' is %lldx%lld, expected %lldx%lld", s->path, name,
+                          (long long)w->rows, (long long)w->cols, (long long)rows, (long long)cols);
+    if (pg_dtype_block_elems(w->dtype) == 0 || w->row_bytes == 0)
+        return pg_err_set(PG_EUNSUPP, "%s: tensor '%s' has type %s, which is not supported", s->path,
+                          name, pg_dtype_name(w->dtype));
+    return 0;
+}
+
+typedef struct {
+    pg_model *m;
+    const pg_model_load_opts *o;
+    uint64_t tensor; // dummy: index of the next random tensor (its generator key)
+    pg_progress pr;
+} loader;
+
+// Makes a backend weight from stored parts (random ones for dummy weights:
+// matrices N(0, std^2), vectors 1).
+static int make(loader *ld, const source *s, const pg_weight *parts, int n, bool vector,
+                float dummy_fill, pg_bweight **out) {
+    pg_backend *be = ld->m->be;
+    int64_t rows = 0;
+    for (int i = 0; i < n; i++) rows += parts[i].rows;
+    int rc;
+    if (s->kind == SRC_DUMMY) {
+        const float std = ld->o->dummy_std > 0 ? ld->o->dummy_std : 0.02f;
+        uint64_t key = 0;
+        if (!vector) key = ld->o->dummy_seed * 0x9e3779b97f4a7c15ull + (++ld->tensor) * 0xd1b54a32d192ed03ull;
+        int64_t len = 0;
+        for (int i = 0; i < n; i++) len += parts[i].cols;
+        rc = vector ? be->weight_random(be, 1, len, 0, 0.0f, dummy_fill, out)
+                    : be->weight_random(be, rows, parts[0].cols, key, std, 0.0f, out);
+    } else if (vector && n > 1) {
+        // Concatenated vectors (Q|K|V biases) become one f32 vector.
+        int64_t len = 0;
+        for (int i = 0; i < n; i++) len += parts[i].cols;
+        float *v = own(ld->m, pg_xmalloc(sizeof(float) * (size_t)len));
+        for (int i = 0, off = 0; i < n; off += (int)parts[i].cols, i++)
+            pg_dequantize_row(parts[i].dtype, parts[i].data, v + off, parts[i].cols);
+        pg_weight one = {.data = v, .dtype = PG_DTYPE_F32, .rows = 1, .cols = len,
+                         .row_bytes = sizeof(float) * (size_t)len};
+        rc = be->weight_upload(be, &one, 1, out);
+    } else {
+        rc = be->weight_upload(be, parts, n, out);
+    }
+    if (rc < 0) return rc;
+    ld->m->weight_bytes += (int64_t)(*out)->bytes;
+    int64_t stored = 0;
+    for (int i = 0; i < n; i++) stored += parts[i].rows * (int64_t)parts[i].row_bytes;
+    pg_progress_add(&ld->pr, stored, 1);
+    return 0;
+}
+
+static int load_layers(loader *ld, const source *s) {
+    pg_model *m = ld->m;
+    const pg_model_config *c = &m->cfg;
+    char name[160];
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        pg_model_layer *L = &m->layers[l];
+        pg_weight parts[F_COUNT][3];
+        int n_parts[F_COUNT] = {0};
+        for (int t = 0; t < N_LAYER_TENSORS; t++) {
+            const layer_tensor *lt = &LAYER[t];
+            if (!needed(c, lt->need)) continue;
+            snprintf(name, sizeof name, s->kind == SRC_GGUF ? lt->gguf : lt->hf, l);
+            pg_weight *w = &parts[lt->field][lt->part];
+            PG_TRY(find_checked(s, name, dim_of(c, lt->rows), dim_of(c, lt->cols), w));
+            if (s->kind == SRC_GGUF && lt->unpermute && !strcmp(c->arch, "llama"))
+                unpermute_rows(m, w, lt->unpermute == 1 ? c->n_heads : c->n_kv_heads);
+            n_parts[lt->field]++;
+            if (l == 0 && lt->field == F_QKV && lt->part == 0 && s->kind != SRC_DUMMY)
+                snprintf(m->format, sizeof m->format, "%s %s", s->kind == SRC_GGUF ? "gguf" : "safetensors",
+                         pg_dtype_name(w->dtype));
+        }
+        for (int f = 0; f < F_COUNT; f++) {
+            if (!n_parts[f]) continue;
+            const bool vector = parts[f][0].rows == 1;
+            // Dummy weights: norms 1, biases 0.
+            int rc = make(ld, s, parts[f], n_parts[f], vector, f == F_QKV_BIAS ? 0.0f : 1.0f,
+                          field_ptr(L, (field)f));
+            if (rc < 0) return pg_err_wrap(rc, "layer %d: ", l);
+        }
+    }
+    return 0;
+}
+
+// Bytes of the weights as stored (for the progress bar); bf16 sizes for
+// dummy weights.
+static int64_t stored_bytes(const source *s, const pg_model_config *c) {
+    const int64_t H = c->hidden;
+    int64_t total = (int64_t)c->vocab_size * H * 2 * (c->tie_embeddings ? 1 : 2);
+    char name[160];
+    for (int32_t l = 0; l < c->n_layers; l++)
+        for (int t = 0; t < N_LAYER_TENSORS; t++) {
+            const layer_tensor *lt = &LAYER[t];
+            if (!needed(c, lt->need)) continue;
+            snprintf(name, sizeof name, s->kind == SRC_GGUF ? lt->gguf : lt->hf, l);
+            pg_weight w;
+            if (s->kind != SRC_DUMMY && src_find(s, name, &w))
+                total += w.rows * (int64_t)w.row_bytes;
+            else
+                total += dim_of(c, lt->rows) * dim_of(c, lt->cols) * 2;
+        }
+    return total;
+}
+
+static void close_gguf(void *p) { gguf_close(p); }
+static void close_st(void *p) { pg_st_model_close(p); }
+
+int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
+    *out = NULL;
+    pg_model *m = pg_xcalloc(1, sizeof *m);
+    m->be = be;
+    source s = {.path = o->dummy ? o->hf_config : o->path};
+    int rc = 0;
+    if (o->dummy) {
+        s.kind = SRC_DUMMY;
+        if (!o->hf_config) {
+            rc = pg_err_set(PG_EINVAL, "--load-format dummy needs --hf-config (a config.json)");
+            goto fail;
+        }
+        rc = pg_is_dir(o->hf_config) ? pg_config_from_hf_dir(o->hf_config, &m->cfg)
+                                     : pg_config_from_hf_file(o->hf_config, &m->cfg);
+        snprintf(m->format, sizeof m->format, "dummy (random bf16)");
+    } else if (!o->path) {
+        rc = pg_err_set(PG_EINVAL, "no model path");
+    } else if (pg_is_dir(o->path)) {
+        s.kind = SRC_HF;
+        if ((rc = pg_config_from_hf_dir(o->path, &m->cfg)) == 0 && (rc = pg_st_model_open(o->path, &s.st)) == 0) {
+            m->source = s.st;
+            m->source_close = close_st;
+        }
+    } else {
+        s.kind = SRC_GGUF;
+        if ((rc = gguf_open(o->path, &s.gguf)) == 0) {
+            m->source = s.gguf;
+            m->source_close = close_gguf;
+            rc = pg_config_from_gguf(s.gguf, &m->cfg);
+        }
+    }
+    if (rc < 0) goto fail;
+    pg_model_config *c = &m->cfg;
+    m->layers = pg_xcalloc((size_t)c->n_layers, sizeof(pg_model_layer));
+    loader ld = {.m = m, .o = o};
+    // Weights are read from the mapping here (the pages come in as the
+    // backend converts or copies them): a progress bar on a terminal.
+    // (None when the backend borrows the mapping: nothing is read now.)
+    pg_progress_begin(&ld.pr, "loading weights", be->weights_borrow ? 0 : stored_bytes(&s, c),
+                      be->weights_borrow ? NULL : stderr);
+    const int64_t H = c->hidden, V = c->vocab_size;
+    pg_weight w;
+    const char *emb_name = s.kind == SRC_GGUF ? "token_embd.weight" : "model.embed_tokens.weight";
+    if ((rc = find_checked(&s, emb_name, V, H, &w)) < 0 || (rc = make(&ld, &s, &w, 1, false, 0, &m->tok_emb)) < 0)
+        goto fail_progress;
+    // The LM head: its own tensor, else the embedding (tied).
+    const char *head_name = s.kind == SRC_GGUF ? "output.weight" : "lm_head.weight";
+    pg_weight hw;
+    const bool has_head = s.kind == SRC_DUMMY ? !c->tie_embeddings : src_find(&s, head_name, &hw);
+    if (s.kind == SRC_HF && c->tie_embeddings) {
+        // tie_word_embeddings wins over a stored copy (HF ignores it too).
+    } else if (has_head) {
+        if ((rc = find_checked(&s, head_name, V, H, &hw)) < 0 || (rc = make(&ld, &s, &hw, 1, false, 0, &m->lm_head)) < 0)
+            goto fail_progress;
+    }
+    if (!m->lm_head) {
+        m->lm_head = m->tok_emb;
+        c->tie_embeddings = true;
+    }
+    if ((rc = find_checked(&s, s.kind == SRC_GGUF ? "output_norm.weight" : "model.norm.weight", 1, H, &w)) < 0 ||
+        (rc = make(&ld, &s, &w, 1, true, 1.0f, &m->final_norm)) < 0)
+        goto fail_progress;
+    if ((rc = load_layers(&ld, &s)) < 0) goto fail_progress;
+    // Rotary frequencies (Llama-3 GGUF files carry the frequency scaling as
+    // a tensor of divisors).
+    {
+        float *inv = own(m, pg_xmalloc(sizeof(float) * (size_t)(c->head_dim / 2)));
+        pg_config_rope_inv_freq(c, inv);
+        const gguf_tensor *rf = s.kind == SRC_GGUF ? gguf_find_tensor(s.gguf, "rope_freqs.weight") : NULL;
+        if (rf) {
+            if (rf->type != PG_DTYPE_F32 || rf->dims[0] != (uint64_t)(c->head_dim / 2)) {
+                rc = pg_err_set(PG_EFORMAT, "%s: rope_freqs.weight has an unexpected shape", o->path);
+                goto fail_progress;
+            }
+            for (int32_t i = 0; i < c->head_dim / 2; i++) inv[i] /= ((const float *)rf->data)[i];
+        }
+        if ((rc = be->vector_f32(be, inv, c->head_dim / 2, &m->inv_freq)) < 0) goto fail_progress;
+    }
+    {
+        double secs = pg_progress_end(&ld.pr);
+        if (!o->dummy && !be->weights_borrow)
+            PG_LOGI("loaded %lld tensors, %.2f GB in %.2f s (%.2f GB/s, read and copied to the %s)",
+                    (long long)ld.pr.items, (double)ld.pr.done / 1e9, secs,
+                    secs > 0 ? (double)ld.pr.done / 1e9 / secs : 0.0, be->name);
+    }
+    // A backend that copied the weights needs neither the mapping nor the
+    // loader's host copies any more.
+    if (!be->weights_borrow) {
+        for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+        m->n_owned = 0;
+        if (m->source_close) m->source_close(m->source);
+        m->source = NULL;
+        m->source_close = NULL;
+    }
+    *out = m;
+    return 0;
+fail_progress:
+    pg_progress_end(&ld.pr);
+fail:
+    pg_model_free(m);
+    return rc;
+}
+
+void pg_model_free(pg_model *m) {
+    if (!m) return;
+    pg_backend *be = m->be;
+    if (m->layers)
+        for (int32_t l = 0; l < m->cfg.n_layers; l++) {
+            pg_model_layer *L = &m->layers[l];
+            pg_bweight *ws[] = {L->attn_norm, L->qkv, L->qkv_bias, L->q_norm, L->k_norm,
+                                L->o, L->ffn_norm, L->gate_up, L->down};
+            for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+                if (ws[i]) be->weight_free(be, ws[i]);
+        }
+    if (m->lm_head && m->lm_head != m->tok_emb) be->weight_free(be, m->lm_head);
+    if (m->tok_emb) be->weight_free(be, m->tok_emb);
+    if (m->final_norm) be->weight_free(be, m->final_norm);
+    if (m->inv_freq) be->weight_free(be, m->inv_freq);
+    free(m->layers);
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->owned);
+    if (m->source_close) m->source_close(m->source);
+    free(m);
+}

@@ -1,0 +1,190 @@
+// engine/options.c - the engine's command-line options, shared by every
+// subcommand that runs an engine (the server takes them from here).
+#include "engine/options.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/parse.h"
+
+const char *pg_engine_options_help =
+    "Model and device:\n"
+    "  --model PATH                  GGUF file or Hugging Face model directory\n"
+    "                                (default: the bundled SmolLM2-135M-Instruct Q4_1)\n"
+    "  --device cpu|cuda|auto        compute device (default auto: CPU when no GPU)\n"
+    "  --threads N                   CPU threads (default: all cores)\n"
+    "  --matmul-mode MODE            CPU products with GGUF block weights: default,\n"
+    "                                quant (8-bit activations, as llama.cpp), exact (f32)\n"
+    "  --chat-template NAME|FILE     chatml, llama3, llama2, mistral, or a Jinja file\n"
+    "  --tokenizer PATH              tokenizer from a GGUF file, HF directory or tokenizer.json\n"
+    "                                (default: the model's)\n"
+    "  --load-format auto|dummy      dummy: random weights generated on the GPU, shape from\n"
+    "                                --hf-config (no checkpoint needed; GPU only)\n"
+    "  --hf-config PATH              config.json (or its directory) for --load-format dummy\n"
+    "  --gpu-memory-utilization F    share of GPU memory for weights, workspace and KV cache\n"
+    "                                (default 0.9); the KV cache gets what is left\n"
+    "  --cuda-graphs on|off|lazy     decode CUDA graphs: captured at start-up (on, default),\n"
+    "                                on a batch shape's first step (lazy), or none (off)\n"
+    "KV cache and scheduling:\n"
+    "  --kv-cache-memory BYTES       KV cache size, e.g. 2G (default 2G on CPU; on the GPU,\n"
+    "                                what --gpu-memory-utilization leaves)\n"
+    "  --kv-blocks N                 KV cache size in blocks (overrides the above)\n"
+    "  --block-size N                tokens per KV block (default 16)\n"
+    "  --kv-cache-dtype auto|bf16|fp8  KV cache elements: auto (bf16 on the GPU, f32 on the\n"
+    "                                CPU), bf16, or fp8 (e4m3, scale 1.0, saturating; GPU only:\n"
+    "                                twice the tokens in the same memory)\n"
+    "  --async-scheduling auto|on|off  plan the next step while the device runs this one\n"
+    "                                (auto: on with the GPU, off on the CPU)\n"
+    "  --swap-space BYTES            host swap space for preempted requests\n"
+    "  --preemption-mode MODE        recompute (default) or swap\n"
+    "  --max-model-len N             prompt + output limit (default: the model's)\n"
+    "  --max-num-seqs N              sequences per step (default 256)\n"
+    "  --max-num-batched-tokens N    tokens per step (default 2048)\n"
+    "  --long-prefill-token-threshold N  prefill tokens one request gets per step while\n"
+    "                                others are live (default: a quarter of the step\n"
+    "                                budget; 0 = no cap)\n"
+    "  --no-chunked-prefill          run each prompt in one step\n"
+    "  --no-prefix-caching           disable automatic prefix caching\n"
+    "  --scheduling-policy P         fcfs (default) or priority\n"
+    "  --max-waiting N               queued requests before 503 (serve: default 1024;\n"
+    "                                generate: 0 = unlimited)\n";
+
+int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
+    const char *f = argv[*i];
+    bool has_value = *i + 1 < argc;
+    const char *v = has_value ? argv[*i + 1] : NULL;
+    int64_t n;
+#define NEED_VALUE()                                                                   \
+    do {                                                                               \
+        if (!has_value) return pg_err_set(PG_EINVAL, "%s needs a value", f);           \
+        (*i)++;                                                                        \
+    } while (0)
+#define INT_FLAG(name, lo, hi, dst)                                                    \
+    if (!strcmp(f, name)) {                                                            \
+        NEED_VALUE();                                                                  \
+        if (pg_parse_int(v, lo, hi, &n) < 0) return pg_err_wrap(PG_EINVAL, "%s: ", f); \
+        dst = (int32_t)n;                                                              \
+        return 1;                                                                      \
+    }
+    if (!strcmp(f, "--model")) {
+        NEED_VALUE();
+        c->model_path = v;
+        return 1;
+    }
+    if (!strcmp(f, "--device")) {
+        NEED_VALUE();
+        if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto"))
+            return pg_err_set(PG_EINVAL, "--device must be cpu, cuda or auto");
+        c->device = v;
+        return 1;
+    }
+    if (!strcmp(f, "--matmul-mode")) {
+        NEED_VALUE();
+        if (pg_matmul_mode_parse(v, &c->matmul_mode) < 0) return pg_err_wrap(PG_EINVAL, "%s: ", f);
+        return 1;
+    }
+    if (!strcmp(f, "--chat-template")) {
+        NEED_VALUE();
+        c->chat_template = v;
+        return 1;
+    }
+    if (!strcmp(f, "--tokenizer")) {
+        NEED_VALUE();
+        c->tokenizer = v;
+        return 1;
+    }
+    if (!strcmp(f, "--hf-config")) {
+        NEED_VALUE();
+        c->hf_config = v;
+        return 1;
+    }
+    if (!strcmp(f, "--load-format")) {
+        NEED_VALUE();
+        if (strcmp(v, "auto") && strcmp(v, "dummy"))
+            return pg_err_set(PG_EINVAL, "--load-format must be auto or dummy");
+        c->load_format = v;
+        return 1;
+    }
+    if (!strcmp(f, "--cuda-graphs")) {
+        NEED_VALUE();
+        if (strcmp(v, "on") && strcmp(v, "off") && strcmp(v, "lazy"))
+            return pg_err_set(PG_EINVAL, "--cuda-graphs must be on, off or lazy");
+        c->cuda_graphs = v;
+        return 1;
+    }
+    if (!strcmp(f, "--async-scheduling")) {
+        NEED_VALUE();
+        if (strcmp(v, "auto") && strcmp(v, "on") && strcmp(v, "off"))
+            return pg_err_set(PG_EINVAL, "--async-scheduling must be auto, on or off");
+        c->async_scheduling = v;
+        return 1;
+    }
+    if (!strcmp(f, "--kv-cache-dtype")) {
+        NEED_VALUE();
+        if (strcmp(v, "auto") && strcmp(v, "bf16") && strcmp(v, "fp8"))
+            return pg_err_set(PG_EINVAL, "--kv-cache-dtype must be auto, bf16 or fp8");
+        c->kv_cache_dtype = v;
+        return 1;
+    }
+    if (!strcmp(f, "--gpu-memory-utilization")) {
+        NEED_VALUE();
+        double u;
+        if (pg_parse_float(v, 0.01, 1.0, &u) < 0) return pg_err_wrap(PG_EINVAL, "%s: ", f);
+        c->gpu_memory_utilization = u;
+        return 1;
+    }
+    INT_FLAG("--threads", 0, 1024, c->n_threads)
+    INT_FLAG("--kv-blocks", 2, INT32_MAX, c->kv_blocks)
+    INT_FLAG("--block-size", 1, 1024, c->sched.block_size)
+    INT_FLAG("--max-model-len", 1, INT32_MAX, c->max_model_len)
+    INT_FLAG("--max-num-seqs", 1, 65536, c->sched.max_num_seqs)
+    INT_FLAG("--max-num-batched-tokens", 1, INT32_MAX, c->sched.max_num_batched_tokens)
+    INT_FLAG("--max-waiting", 0, INT32_MAX, c->sched.max_waiting)
+    INT_FLAG("--long-prefill-token-threshold", 0, INT32_MAX, c->sched.long_prefill_token_threshold)
+    if (!strcmp(f, "--kv-cache-memory") || !strcmp(f, "--swap-space")) {
+        NEED_VALUE();
+        int64_t b;
+        if (pg_parse_bytes(v, &b) < 0) return pg_err_wrap(PG_EINVAL, "%s: ", f);
+        if (!strcmp(f, "--kv-cache-memory"))
+            c->kv_cache_bytes = b;
+        else
+            c->swap_bytes = b;
+        return 1;
+    }
+    if (!strcmp(f, "--preemption-mode")) {
+        NEED_VALUE();
+        if (!strcmp(v, "recompute"))
+            c->sched.preemption_mode = SCHED_PREEMPT_RECOMPUTE;
+        else if (!strcmp(v, "swap"))
+            c->sched.preemption_mode = SCHED_PREEMPT_SWAP;
+        else
+            return pg_err_set(PG_EINVAL, "--preemption-mode must be recompute or swap");
+        return 1;
+    }
+    if (!strcmp(f, "--scheduling-policy")) {
+        NEED_VALUE();
+        if (!strcmp(v, "fcfs"))
+            c->sched.policy = SCHED_POLICY_FCFS;
+        else if (!strcmp(v, "priority"))
+            c->sched.policy = SCHED_POLICY_PRIORITY;
+        else
+            return pg_err_set(PG_EINVAL, "--scheduling-policy must be fcfs or priority");
+        return 1;
+    }
+    if (!strcmp(f, "--no-prefix-caching")) {
+        c->sched.enable_prefix_caching = false;
+        return 1;
+    }
+    if (!strcmp(f, "--enable-prefix-caching")) {
+        c->sched.enable_prefix_caching = true;
+        return 1;
+    }
+    if (!strcmp(f, "--no-chunked-prefill")) {
+        c->sched.enable_chunked_prefill = false;
+        return 1;
+    }
+#undef INT_FLAG
+#undef NEED_VALUE
+    return 0;
+}

@@ -1,0 +1,117 @@
+// engine/runner_int.h - the runner's state, shared by runner.c (steps,
+// set-up) and runner_graphs.c (decode-graph buckets). Internal.
+#pragma once
+#include "engine/runner.h"
+
+// One step flattened on the host: rows of decode sequences (one query each,
+// the last of its context) first: sequence s < n_decode owns row s;
+// sequence s >= n_decode owns rows [n_decode + cu_q[s - n_decode],
+// n_decode + cu_q[s - n_decode + 1]). Host arrays.
+typedef struct step_desc {
+    int32_t n_tokens;
+    const int32_t *tokens, *pos, *slots; // [n_tokens]
+    int32_t n_seqs, n_decode;
+    const int32_t *block_tables;         // [n_seqs][bt_stride]
+    int32_t bt_stride;
+    const int32_t *seq_lens, *start_pos; // [n_seqs]
+    const int32_t *cu_q;                 // [n_seqs - n_decode + 1]
+    int32_t max_decode_ctx, max_prefill_q;
+    int32_t n_sample;
+    const int32_t *sample_rows;          // [n_sample]
+    const pg_sample_params *params;      // [n_sample]
+    const int32_t *sample_tokens;        // histories and ban lists the params point into
+    int32_t n_sample_tokens;
+    int32_t n_feed;                      // async: [n_feed][2] (row, index among the
+    const int32_t *feed;                 //   previous step's samples)
+} step_desc;
+
+// The same arrays after the upload, in backend memory.
+typedef struct dev_in {
+    const int32_t *tok, *pos, *slots, *bt, *lens, *start, *cu, *rows, *stok, *feed;
+    const pg_sample_params *params;
+} dev_in;
+
+struct pg_runner {
+    const pg_model *model;
+    pg_backend *be;
+    pg_runner_config cfg;
+    // Limits; max_bt: block-table entries of the longest sequence.
+    int32_t max_tokens, max_seqs, max_bt;
+    pg_bkv *kv;
+    int32_t n_blocks, n_host_blocks;
+
+    // Workspace: one backend allocation carved for the limits.
+    void *ws;
+    size_t ws_bytes;
+    pg_fwd_buffers bufs; // full-capacity views
+    void *attn_ws;
+    size_t attn_ws_bytes;
+    void *samp_ws;
+    size_t samp_ws_bytes;
+    pg_sample_out *out_dev; // [max_seqs]
+    char *in_dev;           // packed step inputs
+    size_t in_cap;
+    int64_t workspace_measured;
+    // Two pinned input images and output buffers, alternating per begun
+    // step: step N + 2 reuses step N's, and begins only after N ended.
+    char *in_host[2];
+    pg_sample_out *out_host[2];
+    int next_buf;
+    struct {
+        int buf;
+        int32_t n_sample;
+        int32_t n_seq_ids;
+    } open[2]; // begun, not ended, oldest first
+    int n_open;
+    int32_t last_n_sample; // of the last ended step (pg_runner_last_logits)
+
+    // Per-step host arrays, sized for the limits at create.
+    int32_t *tokens, *pos, *slots;        // [max_tokens]
+    int32_t *bt;                          // [max_seqs][max_bt]
+    int32_t *seq_lens, *start_pos, *cu_q; // [max_seqs] (+1 for cu_q)
+    int32_t *order;                       // [max_seqs] device order -> plan index
+    int32_t *row0;                        // [max_seqs] plan index -> first row
+    int32_t *sample_rows;                 // [max_seqs]
+    pg_sample_params *params;             // [max_seqs]
+    int32_t *stok;                        // histories and ban lists (grown on demand)
+    int64_t cap_stok;
+    pg_seq_output *outs;                  // [max_seqs]
+    // Per begun step: the seq ids of its samples in plan order.
+    int64_t *sampled[2]; // [max_seqs]
+    int32_t n_sampled[2];
+    int32_t *feed;       // [max_seqs][2]
+
+    // Decode graphs [n_bbuckets][n_cbuckets] (runner_graphs.c).
+    bool graphs_on;
+    int64_t graph_reserve; // bytes planned for every bucket's graph
+    int32_t bbuckets[16], n_bbuckets; // 1, 2, 4, ... < max_seqs, max_seqs
+    int32_t cbuckets[32], n_cbuckets; // 256, 512, ... < max_model_len, max_model_len
+    void **graph_exec;
+    int8_t *graph_state; // 0 none yet, 1 ready, -1 capture failed (stays eager)
+    int64_t graph_bytes;
+    int32_t n_graphs;
+    // Padded host copies of a decode step: [max_seqs], g_bt [max_seqs][g_max_bt].
+    int32_t *g_tok, *g_pos, *g_slots, *g_lens, *g_start, *g_bt;
+    int32_t g_max_bt;
+};
+
+// Packs the host arrays of `s` into this step's pinned image and uploads
+// them in one copy. Offsets depend only on the array sizes, so two steps of
+// one graph bucket find their inputs at the same device addresses.
+int runner_pack(pg_runner *r, const step_desc *s, dev_in *d);
+// The embedding and every layer for `s` (what a decode graph captures).
+int runner_layers(pg_runner *r, const step_desc *s, const dev_in *d);
+
+// runner_graphs.c
+int runner_graphs_setup(pg_runner *r);
+void runner_graphs_free(pg_runner *r);
+// A decode-only step padded to its bucket: *ps (host arrays in r->g_*)
+// and *slot; false when the step is no graph candidate.
+bool runner_graph_step(pg_runner *r, const step_desc *s, step_desc *ps, int32_t *slot);
+// Captures runner_layers for the padded step on an idle stream; a failure
+// leaves the bucket eager (logged), never an error.
+void runner_graph_capture(pg_runner *r, const step_desc *ps, const dev_in *d, int32_t slot);
+// Measures one graph's memory on the profiling pool and sets graph_reserve.
+void runner_graphs_probe(pg_runner *r);
+// Captures every start-up bucket (after the KV pool exists).
+int runner_graphs_capture_all(pg_runner *r);

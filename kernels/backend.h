@@ -1,0 +1,244 @@
+// kernels/backend.h - the backend interface: device, memory, weights, KV
+// cache, fused layer ops, step synchronisation and graph capture (C ABI).
+//
+// The model (engine/model.c, the layer loop written once) and the runner
+// (engine/runner.c, one for every device) call only this table; the CPU
+// backend (kernels/cpu/backend_cpu.c, the reference) and the CUDA backend
+// (kernels/cuda/backend_cuda.cu, CUDA C++ behind this C ABI) implement it.
+// Design and the choices against ggml's and vLLM's splits: docs/backend.md.
+//
+// Execution model. Ops enqueue work in call order on the backend's one
+// compute stream and return at once on the GPU (asynchronous); the CPU
+// backend runs each op before it returns (synchronous). Pointers an op
+// takes are in the backend's memory (device memory on the GPU, host memory
+// on the CPU) unless a comment says "host". Errors are returned as negative
+// PG_E* codes with pg_err_set() (common/err.h); a device error that
+// surfaces later is returned by the next wait/sync.
+//
+// Activations are tensor views in the backend's activation type
+// (pg_backend.act_dtype: f32 on the CPU, bf16 on CUDA); weights are
+// backend handles made once at load by weight_upload or weight_random,
+// which convert a stored type or keep it (runs_in_place says which types a
+// backend runs as stored, so quantized weights need not be dequantized).
+#pragma once
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/dtype.h"
+#include "kernels/kernels.h"  // pg_weight, pg_kv_shape, pg_matmul_mode
+#include "kernels/sampling.h" // pg_sample_params, pg_sample_out
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// A 2-D view of activations: rows of `cols` elements of `dtype` (PG_DTYPE_F32
+// or PG_DTYPE_BF16), `stride` elements apart (>= cols).
+typedef struct pg_tensor {
+    void *data;
+    int32_t dtype;
+    int64_t rows, cols, stride;
+} pg_tensor;
+
+// Row range [r0, r0 + n) and column range [c0, c0 + nc) of t (a view into
+// the same memory).
+pg_tensor pg_tensor_view(pg_tensor t, int64_t r0, int64_t n, int64_t c0, int64_t nc);
+
+// A weight the backend holds: a matrix [rows][cols] (one row per output
+// feature), or a vector (rows = 1: norms, biases, rotary frequencies).
+// Made by weight_upload / weight_random; the backend allocates a larger
+// struct with this at its start.
+typedef struct pg_bweight {
+    int64_t rows, cols;
+    int32_t dtype; // the type the backend runs it in (pg_dtype)
+    size_t bytes;  // backend memory it takes
+} pg_bweight;
+
+// The paged KV cache of every layer, in backend memory, plus its host swap
+// blocks. k[l] and v[l] are [n_blocks][block_size][n_kv_heads][head_dim] of
+// the shape's element type (the backend's native type or fp8).
+typedef struct pg_bkv {
+    pg_kv_shape shape;
+    int32_t n_layers;
+    int32_t n_host_blocks;
+    void **k, **v;     // host arrays [n_layers] of backend pointers
+    size_t bytes;      // backend memory of the device blocks
+    size_t host_bytes; // host memory of the swap blocks
+} pg_bkv;
+
+// One step's attention layout, the same for every layer. Sequences with one
+// query (decode) come first: sequence s < n_decode owns row s; sequence s
+// >= n_decode owns rows [n_decode + cu_q[s - n_decode], n_decode +
+// cu_q[s - n_decode + 1]) at positions start_pos[s] + i. Arrays are in
+// backend memory; the maxima are host values (they fix the kernels' plans,
+// which a captured graph keeps).
+typedef struct pg_attn_batch {
+    int32_t n_seqs, n_decode;
+    const int32_t *block_tables; // [n_seqs][bt_stride]
+    int32_t bt_stride;
+    const int32_t *seq_lens;     // [n_seqs] keys after this step (start_pos + queries)
+    const int32_t *start_pos;    // [n_seqs]
+    const int32_t *cu_q;         // [n_seqs - n_decode + 1], relative to row n_decode
+    int32_t max_decode_ctx;      // bounds seq_lens of the decode sequences
+    int32_t max_prefill_q;       // bounds the queries of a prefill sequence
+    void *workspace;             // attn_workspace_bytes() for the step's limits
+    size_t workspace_bytes;
+} pg_attn_batch;
+
+typedef struct pg_backend pg_backend;
+
+struct pg_backend {
+    const char *name;       // "cpu", "cuda"
+    void *ctx;              // the backend's state
+    int32_t act_dtype;      // activations: PG_DTYPE_F32 (CPU) or PG_DTYPE_BF16 (CUDA)
+    bool weights_borrow;    // weight_upload keeps pointers into the host data, which
+                            //   must outlive the weight (CPU); else it copies (CUDA)
+    bool measures_memory;   // mem_info tracks what allocations and kernels take, so the
+                            //   runner's profiling forward means something (CUDA)
+    bool has_graphs;        // graph_begin/graph_end capture (CUDA)
+    int32_t kv_native;      // the KV cache's native element type, for messages
+                            //   (PG_DTYPE_F32 on the CPU, PG_DTYPE_BF16 on CUDA)
+
+    void (*destroy)(pg_backend *b);
+
+    // --- device and memory ------------------------------------------------------
+    // One line: the device's name and size ("NVIDIA H200, 132 SMs, ...").
+    void (*describe)(pg_backend *b, char *out, size_t cap);
+    // Bytes of device memory free and in total (host memory on the CPU).
+    int (*mem_info)(pg_backend *b, int64_t *free_bytes, int64_t *total_bytes);
+    // Device memory (16-byte aligned, contents undefined); PG_ENOMEM saying
+    // the size when it does not fit.
+    int (*alloc)(pg_backend *b, size_t bytes, void **out);
+    void (*free)(pg_backend *b, void *p);
+    // Host memory the device copies to and from at full speed (pinned).
+    int (*host_alloc)(pg_backend *b, size_t bytes, void **out);
+    void (*host_free)(pg_backend *b, void *p);
+    // Stream-ordered copies host -> backend and backend -> host; the host
+    // buffer must stay untouched until a later wait covers the copy.
+    int (*upload)(pg_backend *b, void *dst, const void *src_host, size_t bytes);
+    int (*download)(pg_backend *b, void *dst_host, const void *src, size_t bytes);
+    // Marks the work queued so far as event `slot` (0 or 1); wait blocks the
+    // host until that work is done (device errors surface here).
+    int (*record)(pg_backend *b, int slot);
+    int (*wait)(pg_backend *b, int slot);
+    int (*sync)(pg_backend *b);
+
+    // --- weights ---------------------------------------------------------------
+    // True when weights stored in `dtype` run as stored (no conversion at load).
+    bool (*runs_in_place)(pg_backend *b, int dtype);
+    // A weight from host matrices concatenated along the output dimension
+    // (Q|K|V, gate|up): parts[i] are [rows_i][cols] of one cols; types the
+    // backend does not run in place are converted (CUDA: dequantized to
+    // bf16). A vector is one part of rows = 1. PG_EINVAL for mismatched
+    // parts, PG_ENOMEM when it does not fit. See weights_borrow.
+    int (*weight_upload)(pg_backend *b, const pg_weight *parts, int n_parts, pg_bweight **out);
+    // A weight of random values made on the device: N(0, std^2) from a
+    // counter-based generator keyed by (key, element) when std > 0, else
+    // every element `fill` (norms). The same key gives the same values on
+    // every backend (to bf16 rounding).
+    int (*weight_random)(pg_backend *b, int64_t rows, int64_t cols, uint64_t key, float std,
+                         float fill, pg_bweight **out);
+    // An f32 vector kept in f32 on every backend (rotary frequencies, whose
+    // angles need the precision; norms and biases go through weight_upload).
+    int (*vector_f32)(pg_backend *b, const float *v, int64_t n, pg_bweight **out);
+    void (*weight_free)(pg_backend *b, pg_bweight *w);
+
+    // --- KV cache ----------------------------------------------------------------
+    // Bytes of one block over `n_layers` layers, K and V, in shape.dtype.
+    size_t (*kv_block_bytes)(pg_backend *b, int32_t n_layers, pg_kv_shape shape);
+    // shape.n_blocks device blocks of every layer (zeroed: never-written slots
+    // hold finite values) and n_host_blocks host blocks for swapping.
+    // PG_ENOMEM saying what would fit.
+    int (*kv_create)(pg_backend *b, int32_t n_layers, pg_kv_shape shape, int32_t n_host_blocks,
+                     pg_bkv **out);
+    void (*kv_free)(pg_backend *b, pg_bkv *kv);
+    // Whole-block moves of every layer: swap (device block pairs[2i] -> host
+    // block pairs[2i + 1] when to_host, else host -> device), ordered after
+    // the compute work queued so far and before what follows; copies
+    // (device -> device, copy-on-write; a destination is never another
+    // pair's source). pairs: host int32 [n][2].
+    int (*kv_swap)(pg_backend *b, pg_bkv *kv, const int32_t *pairs, int32_t n, bool to_host);
+    int (*kv_copy)(pg_backend *b, pg_bkv *kv, const int32_t *pairs, int32_t n);
+
+    // --- graphs ------------------------------------------------------------------
+    // Records every op queued between begin and end into a graph that
+    // graph_launch replays with the same arguments (the same buffers; their
+    // contents may change). PG_EUNSUPP without graphs. A failed capture
+    // leaves the stream usable.
+    int (*graph_begin)(pg_backend *b);
+    int (*graph_end)(pg_backend *b, void **graph);
+    int (*graph_launch)(pg_backend *b, void *graph);
+    void (*graph_free)(pg_backend *b, void *graph);
+
+    // --- workspace sizes -----------------------------------------------------------
+    // Bytes attention wants for any step of up to max_seqs sequences of up to
+    // max_len keys (split-K partials); 0 when it needs none.
+    size_t (*attn_workspace_bytes)(pg_backend *b, int32_t max_seqs, int32_t n_heads,
+                                   int32_t n_kv_heads, int32_t head_dim, int32_t max_len);
+    size_t (*sample_workspace_bytes)(pg_backend *b, int32_t max_seqs, int32_t vocab);
+
+    // --- layer ops -----------------------------------------------------------------
+    // out[i] = table[ids[i]] for i < out.rows (ids in backend memory; an id
+    // outside the table gives a zero row). The token embedding.
+    int (*embed)(pg_backend *b, pg_tensor out, const int32_t *ids, const pg_bweight *table);
+    // out[i] = x[rows[i]] for i < out.rows (rows in backend memory).
+    int (*gather)(pg_backend *b, pg_tensor out, pg_tensor x, const int32_t *rows);
+    // out[i] = x[i] * rsqrt(mean(x[i]^2) + eps) * w; out may be x.
+    int (*rmsnorm)(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *w, float eps);
+    // out[i][0:w.rows] = xn[i] . w^T (+ bias) with xn = norm ? RMSNorm(x[i]) *
+    // norm : x[i], for i < x.rows; accumulate adds into out instead (the
+    // residual folded into the product; then norm must be NULL). scratch:
+    // [x.rows][max(x.cols, w.rows)] for the normalised rows or the product.
+    int (*linear)(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *norm, float eps,
+                  const pg_bweight *w, const pg_bweight *bias, bool accumulate, pg_tensor scratch);
+    // h[i] = silu(g) * u where [g | u] = RMSNorm(x[i]) * norm . w^T, w the
+    // fused [gate | up] weight [2 ffn][hidden]. scratch_xn [x.rows][hidden],
+    // scratch_gu [x.rows][2 ffn].
+    int (*gate_up_silu)(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bweight *norm, float eps,
+                        const pg_bweight *w, pg_tensor scratch_xn, pg_tensor scratch_gu);
+    // Per-head RMSNorm in place (Qwen3's q/k norm): each of the n_heads
+    // head_dim-wide column groups of every row of x, weight w [head_dim].
+    int (*head_rmsnorm)(pg_backend *b, pg_tensor x, int32_t n_heads, const pg_bweight *w, float eps);
+    // Rotary embedding (rotate-half, as Hugging Face) of q [n][n_heads *
+    // head_dim] and k [n][n_kv_heads * head_dim] in place at positions pos[i]
+    // with inv_freq [head_dim / 2]; then rotated k and v go to the cache of
+    // one layer at slots[i] (block * block_size + offset; < 0 skips the write).
+    int (*rope_kv_write)(pg_backend *b, pg_tensor q, pg_tensor k, pg_tensor v, const int32_t *pos,
+                         const int32_t *slots, int32_t n_heads, const pg_bweight *inv_freq,
+                         void *k_cache, void *v_cache, pg_kv_shape shape);
+    // Causal attention over the paged cache of one layer for the step's
+    // sequences: out [rows][n_heads * head_dim] from q (same rows); query
+    // head h reads KV head h / (n_heads / n_kv_heads).
+    int (*attention)(pg_backend *b, pg_tensor out, pg_tensor q, const pg_attn_batch *ab,
+                     const void *k_cache, const void *v_cache, pg_kv_shape shape, int32_t n_heads,
+                     float scale);
+    // One token per row of logits [n][vocab] (the view's columns), with
+    // kernels/sampling.h's rules; logits are not modified. params [n], out
+    // [n] and tokens (the histories and ban lists params point into) in
+    // backend memory; workspace: sample_workspace_bytes.
+    int (*sample)(pg_backend *b, pg_sample_out *out, pg_tensor logits, const pg_sample_params *params,
+                  const int32_t *tokens, void *workspace, size_t workspace_bytes);
+    // tokens[pairs[2i]] = prev[pairs[2i + 1]].token for i < n (async
+    // scheduling: a step's inputs from the previous step's samples).
+    int (*feed_tokens)(pg_backend *b, int32_t *tokens, const pg_sample_out *prev,
+                       const int32_t *pairs, int32_t n);
+    // Reads rows [0, n) of t as f32 into out[n][t.cols] (host): tests and
+    // pg_runner_last_logits. Synchronous.
+    int (*read_f32)(pg_backend *b, pg_tensor t, int64_t n, float *out);
+};
+
+// The CPU backend with `n_threads` threads (0 = all online CPUs) and the
+// given numerics (kernels/kernels.h).
+int pg_backend_cpu_create(int n_threads, pg_matmul_mode mode, pg_backend **out);
+
+// The CUDA backend on device `device`. In a build without nvcc
+// (kernels/cuda/cuda_stub.c) it fails with PG_EUNSUPP "built without CUDA".
+int pg_backend_cuda_create(int device, pg_backend **out);
+// The number of usable CUDA devices; 0 with `why` saying why not ("built
+// without CUDA", no device). Never fails.
+int pg_backend_cuda_probe(char *why, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif

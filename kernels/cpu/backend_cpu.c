@@ -1,0 +1,546 @@
+// kernels/cpu/backend_cpu.c - the CPU backend: kernels/backend.h over the
+// CPU kernels of this directory, f32 activations, weights as stored.
+//
+// Everything runs on the calling thread (with the pool's threads inside an
+// op) before the op returns, so the step synchronisation calls are no-ops
+// and "device" memory is host memory. Matrices are borrowed from the
+// caller's host data (the mapped checkpoint: zero copy); vectors are copied
+// to f32. The KV cache is f32, calloc'ed so untouched blocks cost nothing.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/sampling.h"
+
+// OpenBLAS is called from inside our own pool's tasks, so it must not start
+// threads of its own.
+extern void openblas_set_num_threads(int);
+
+// A weight: up to three borrowed parts (a matrix), or an f32 vector.
+typedef struct {
+    pg_bweight base;
+    int n_parts;
+    pg_weight parts[3];
+    float *vec;     // rows == 1: the values as f32 (owned)
+    void *owned;    // weight_random's storage
+} cpu_weight;
+
+static const cpu_weight *cw(const pg_bweight *w) {
+    return (const cpu_weight *)w;
+}
+
+float *pg_cpu_scratch(pg_cpu_ctx *c, int t, size_t n) {
+    if (c->scratch_cap[t] < n) {
+        free(c->scratch[t]);
+        c->scratch[t] = pg_xmalloc(n * sizeof(float));
+        c->scratch_cap[t] = n;
+    }
+    return c->scratch[t];
+}
+
+// --- device and memory --------------------------------------------------------------
+
+static void cpu_describe(pg_backend *b, char *out, size_t cap) {
+    snprintf(out, cap, "cpu, %d threads, %s numerics", pg_cpu(b)->n_threads,
+             pg_matmul_mode_name(pg_cpu(b)->mode));
+}
+
+static int cpu_mem_info(pg_backend *b, int64_t *free_bytes, int64_t *total_bytes) {
+    (void)b;
+    long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES), ps = sysconf(_SC_PAGESIZE);
+    *total_bytes = pages > 0 && ps > 0 ? (int64_t)pages * ps : 0;
+    *free_bytes = avail > 0 && ps > 0 ? (int64_t)avail * ps : 0;
+    return 0;
+}
+
+static int cpu_alloc(pg_backend *b, size_t bytes, void **out) {
+    (void)b;
+    *out = NULL;
+    if (posix_memalign(out, 64, bytes ? bytes : 64) != 0)
+        return pg_err_set(PG_ENOMEM, "cpu: cannot allocate %zu MiB", bytes >> 20);
+    return 0;
+}
+
+static void cpu_free(pg_backend *b, void *p) {
+    (void)b;
+    free(p);
+}
+
+static int cpu_copy(pg_backend *b, void *dst, const void *src, size_t bytes) {
+    (void)b;
+    if (dst != src && bytes) memcpy(dst, src, bytes);
+    return 0;
+}
+
+static int cpu_nop_slot(pg_backend *b, int slot) {
+    (void)b, (void)slot;
+    return 0;
+}
+
+static int cpu_sync(pg_backend *b) {
+    (void)b;
+    return 0;
+}
+
+// --- weights ----------------------------------------------------------------------
+
+static bool cpu_runs_in_place(pg_backend *b, int dtype) {
+    (void)b;
+    return pg_dtype_block_elems(dtype) > 0;
+}
+
+static int cpu_weight_upload(pg_backend *b, const pg_weight *parts, int n_parts, pg_bweight **out) {
+    (void)b;
+    *out = NULL;
+    PG_ARG(n_parts >= 1 && n_parts <= 3, "cpu weight: %d parts", n_parts);
+    cpu_weight *w = pg_xcalloc(1, sizeof *w);
+    w->n_parts = n_parts;
+    w->base.cols = parts[0].cols;
+    w->base.dtype = parts[0].dtype;
+    for (int i = 0; i < n_parts; i++) {
+        if (parts[i].cols != w->base.cols || !parts[i].data || !cpu_runs_in_place(b, parts[i].dtype)) {
+            free(w);
+            return pg_err_set(PG_EINVAL, "cpu weight: part %d is %lldx%lld of type %s", i,
+                              (long long)parts[i].rows, (long long)parts[i].cols,
+                              pg_dtype_name(parts[i].dtype));
+        }
+        w->parts[i] = parts[i];
+        w->base.rows += parts[i].rows;
+        w->base.bytes += parts[i].row_bytes * (size_t)parts[i].rows;
+    }
+    if (w->base.rows == 1) { // a vector: f32, owned
+        w->vec = pg_xmalloc(sizeof(float) * (size_t)w->base.cols);
+        pg_dequantize_row(parts[0].dtype, parts[0].data, w->vec, w->base.cols);
+        w->base.dtype = PG_DTYPE_F32;
+        w->base.bytes = sizeof(float) * (size_t)w->base.cols;
+    }
+    *out = &w->base;
+    return 0;
+}
+
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+// The device generator of kernels/cuda/backend_cuda.cu, element for element
+// (Box-Muller on 2 x 24 bits of splitmix64(key ^ splitmix64(i))), stored as
+// bf16 like the GPU's weights.
+static int cpu_weight_random(pg_backend *b, int64_t rows, int64_t cols, uint64_t key, float std,
+                             float fill, pg_bweight **out) {
+    const int64_t n = rows * cols;
+    uint16_t *data = malloc(sizeof(uint16_t) * (size_t)(n > 0 ? n : 1));
+    if (!data) return pg_err_set(PG_ENOMEM, "cpu: cannot allocate %lldx%lld random weights",
+                                 (long long)rows, (long long)cols);
+    for (int64_t i = 0; i < n; i++) {
+        float v = fill;
+        if (std > 0) {
+            uint64_t r = splitmix64(key ^ splitmix64((uint64_t)i));
+            float u1 = ((float)(r >> 40) + 1.0f) * (1.0f / 16777216.0f);
+            float u2 = (float)(r & 0xffffffu) * (1.0f / 16777216.0f);
+            v = sqrtf(-2.0f * logf(u1)) * cosf(6.28318530718f * u2) * std;
+        }
+        uint32_t bits;
+        memcpy(&bits, &v, 4);
+        bits += 0x7fffu + ((bits >> 16) & 1u); // round to nearest even (finite values)
+        data[i] = (uint16_t)(bits >> 16);
+    }
+    pg_weight p = {.data = data, .dtype = PG_DTYPE_BF16, .rows = rows, .cols = cols,
+                   .row_bytes = (size_t)cols * 2};
+    int rc = cpu_weight_upload(b, &p, 1, out);
+    if (rc < 0) {
+        free(data);
+        return rc;
+    }
+    cpu_weight *w = (cpu_weight *)*out;
+    if (w->vec) free(data); // copied to f32
+    else w->owned = data;
+    return 0;
+}
+
+static int cpu_vector_f32(pg_backend *b, const float *v, int64_t n, pg_bweight **out) {
+    pg_weight p = {.data = v, .dtype = PG_DTYPE_F32, .rows = 1, .cols = n, .row_bytes = sizeof(float) * (size_t)n};
+    return cpu_weight_upload(b, &p, 1, out);
+}
+
+static void cpu_weight_free(pg_backend *b, pg_bweight *bw) {
+    (void)b;
+    if (!bw) return;
+    cpu_weight *w = (cpu_weight *)bw;
+    free(w->vec);
+    free(w->owned);
+    free(w);
+}
+
+// --- KV cache ---------------------------------------------------------------------
+
+static size_t block_elems(pg_kv_shape s) {
+    return (size_t)s.block_size * (size_t)s.n_kv_heads * (size_t)s.head_dim;
+}
+
+static size_t cpu_kv_block_bytes(pg_backend *b, int32_t n_layers, pg_kv_shape s) {
+    (void)b;
+    return (size_t)2 * (size_t)n_layers * block_elems(s) * sizeof(float);
+}
+
+static void cpu_kv_free(pg_backend *b, pg_bkv *kv) {
+    (void)b;
+    if (!kv) return;
+    for (int32_t l = 0; l < 2 * kv->n_layers; l++) { // device blocks, then host blocks
+        free(kv->k[l]);
+        free(kv->v[l]);
+    }
+    free(kv->k);
+    free(kv->v);
+    free(kv);
+}
+
+static int cpu_kv_create(pg_backend *b, int32_t n_layers, pg_kv_shape s, int32_t n_host_blocks,
+                         pg_bkv **out) {
+    *out = NULL;
+    PG_ARG(n_layers > 0 && s.n_blocks > 0 && s.block_size > 0 && n_host_blocks >= 0,
+           "cpu KV cache: %d layers, %d blocks", n_layers, s.n_blocks);
+    if (s.dtype != PG_KV_BF16)
+        return pg_err_set(PG_EUNSUPP, "cpu KV cache: only the native f32 elements (fp8 needs CUDA)");
+    pg_bkv *kv = pg_xcalloc(1, sizeof *kv);
+    kv->shape = s;
+    kv->n_layers = n_layers;
+    kv->n_host_blocks = n_host_blocks;
+    // k[0..L) device blocks, k[L..2L) host blocks (the same for v).
+    kv->k = pg_xcalloc(2 * (size_t)n_layers, sizeof(void *));
+    kv->v = pg_xcalloc(2 * (size_t)n_layers, sizeof(void *));
+    const size_t n = (size_t)s.n_blocks * block_elems(s), nh = (size_t)n_host_blocks * block_elems(s);
+    for (int32_t l = 0; l < n_layers; l++) {
+        // calloc: untouched pages cost nothing until blocks are used.
+        kv->k[l] = calloc(n, sizeof(float));
+        kv->v[l] = calloc(n, sizeof(float));
+        if (nh) {
+            kv->k[n_layers + l] = calloc(nh, sizeof(float));
+            kv->v[n_layers + l] = calloc(nh, sizeof(float));
+        }
+        if (!kv->k[l] || !kv->v[l] || (nh && (!kv->k[n_layers + l] || !kv->v[n_layers + l]))) {
+            cpu_kv_free(b, kv);
+            return pg_err_set(PG_ENOMEM, "KV cache: cannot allocate %d blocks (%zu MiB)", s.n_blocks,
+                              cpu_kv_block_bytes(b, n_layers, s) * (size_t)s.n_blocks >> 20);
+        }
+    }
+    kv->bytes = cpu_kv_block_bytes(b, n_layers, s) * (size_t)s.n_blocks;
+    kv->host_bytes = cpu_kv_block_bytes(b, n_layers, s) * (size_t)n_host_blocks;
+    *out = kv;
+    return 0;
+}
+
+static void move_blocks(pg_bkv *kv, void **dst, void **src, const int32_t *pairs, int32_t n) {
+    const size_t be = block_elems(kv->shape);
+    for (int32_t l = 0; l < kv->n_layers; l++)
+        for (int32_t i = 0; i < n; i++)
+            memcpy((float *)dst[l] + (size_t)pairs[2 * i + 1] * be,
+                   (const float *)src[l] + (size_t)pairs[2 * i] * be, be * sizeof(float));
+}
+
+static int cpu_kv_swap(pg_backend *b, pg_bkv *kv, const int32_t *pairs, int32_t n, bool to_host) {
+    (void)b;
+    PG_ARG(n == 0 || kv->n_host_blocks > 0, "cpu KV cache: swap without swap space");
+    void **dk = kv->k, **dv = kv->v, **hk = kv->k + kv->n_layers, **hv = kv->v + kv->n_layers;
+    if (to_host) {
+        move_blocks(kv, hk, dk, pairs, n);
+        move_blocks(kv, hv, dv, pairs, n);
+    } else {
+        move_blocks(kv, dk, hk, pairs, n);
+        move_blocks(kv, dv, hv, pairs, n);
+    }
+    return 0;
+}
+
+static int cpu_kv_copy(pg_backend *b, pg_bkv *kv, const int32_t *pairs, int32_t n) {
+    (void)b;
+    move_blocks(kv, kv->k, kv->k, pairs, n);
+    move_blocks(kv, kv->v, kv->v, pairs, n);
+    return 0;
+}
+
+// --- graphs and workspaces --------------------------------------------------------
+
+static int cpu_no_graph(pg_backend *b) {
+    (void)b;
+    return pg_err_set(PG_EUNSUPP, "the CPU backend has no graphs");
+}
+static int cpu_graph_end(pg_backend *b, void **g) {
+    *g = NULL;
+    return cpu_no_graph(b);
+}
+static int cpu_graph_launch(pg_backend *b, void *g) {
+    (void)g;
+    return cpu_no_graph(b);
+}
+static void cpu_graph_free(pg_backend *b, void *g) {
+    (void)b, (void)g;
+}
+static size_t cpu_attn_ws(pg_backend *b, int32_t s, int32_t h, int32_t kvh, int32_t hd, int32_t len) {
+    (void)b, (void)s, (void)h, (void)kvh, (void)hd, (void)len;
+    return 0;
+}
+static size_t cpu_sample_ws(pg_backend *b, int32_t s, int32_t v) {
+    (void)b, (void)s, (void)v;
+    return 0;
+}
+
+// --- layer ops --------------------------------------------------------------------
+
+#define F32(t) ((float *)(t).data)
+
+static int check_rows(pg_tensor t, const char *what) {
+    PG_ARG(t.dtype == PG_DTYPE_F32 && (t.rows <= 1 || t.stride == t.cols),
+           "cpu %s: needs contiguous f32 rows", what);
+    return 0;
+}
+
+static int cpu_embed(pg_backend *b, pg_tensor out, const int32_t *ids, const pg_bweight *table) {
+    (void)b;
+    const pg_weight *e = &cw(table)->parts[0];
+    for (int64_t i = 0; i < out.rows; i++) {
+        float *o = F32(out) + i * out.stride;
+        if (ids[i] < 0 || ids[i] >= e->rows)
+            memset(o, 0, sizeof(float) * (size_t)e->cols);
+        else
+            pg_dequantize_row(e->dtype, (const char *)e->data + (size_t)ids[i] * e->row_bytes, o, e->cols);
+    }
+    return 0;
+}
+
+static int cpu_gather(pg_backend *b, pg_tensor out, pg_tensor x, const int32_t *rows) {
+    (void)b;
+    for (int64_t i = 0; i < out.rows; i++)
+        memcpy(F32(out) + i * out.stride, F32(x) + (int64_t)rows[i] * x.stride,
+               sizeof(float) * (size_t)x.cols);
+    return 0;
+}
+
+static int cpu_rmsnorm_op(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *w, float eps) {
+    PG_TRY(check_rows(out, "rmsnorm"));
+    PG_TRY(check_rows(x, "rmsnorm"));
+    pg_cpu_rmsnorm(pg_cpu(b), F32(out), F32(x), cw(w)->vec, x.rows, x.cols, eps);
+    return 0;
+}
+
+// out[i][0:w.rows] = x[i] . w^T, part by part into column ranges.
+static void matmul_parts(pg_cpu_ctx *c, float *out, int64_t ldo, const float *x, int64_t m,
+                         const cpu_weight *w) {
+    int64_t off = 0;
+    for (int i = 0; i < w->n_parts; i++) {
+        pg_cpu_matmul(c, out + off, ldo, x, m, &w->parts[i]);
+        off += w->parts[i].rows;
+    }
+}
+
+static int cpu_linear(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *norm, float eps,
+                      const pg_bweight *w, const pg_bweight *bias, bool accumulate, pg_tensor scratch) {
+    pg_cpu_ctx *c = pg_cpu(b);
+    const int64_t m = x.rows;
+    PG_ARG(!(norm && accumulate), "cpu linear: a norm and accumulate in one call");
+    PG_TRY(check_rows(x, "linear"));
+    PG_ARG(out.dtype == PG_DTYPE_F32 && out.cols >= w->rows, "cpu linear: output view");
+    const float *src = F32(x);
+    if (norm) {
+        pg_cpu_rmsnorm(c, F32(scratch), F32(x), cw(norm)->vec, m, x.cols, eps);
+        src = F32(scratch);
+    }
+    if (accumulate) {
+        // The product goes to scratch, then into the residual stream.
+        matmul_parts(c, F32(scratch), w->rows, src, m, cw(w));
+        for (int64_t i = 0; i < m; i++) {
+            float *o = F32(out) + i * out.stride;
+            const float *p = F32(scratch) + i * w->rows;
+            for (int64_t j = 0; j < w->rows; j++) o[j] += p[j];
+        }
+    } else {
+        matmul_parts(c, F32(out), out.stride, src, m, cw(w));
+    }
+    if (bias)
+        for (int64_t i = 0; i < m; i++) {
+            float *o = F32(out) + i * out.stride;
+            for (int64_t j = 0; j < w->rows; j++) o[j] += cw(bias)->vec[j];
+        }
+    return 0;
+}
+
+static int cpu_gate_up_silu(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bweight *norm, float eps,
+                            const pg_bweight *w, pg_tensor sxn, pg_tensor sgu) {
+    pg_cpu_ctx *c = pg_cpu(b);
+    const int64_t m = x.rows, ffn = w->rows / 2;
+    PG_TRY(check_rows(x, "gate_up_silu"));
+    PG_TRY(check_rows(h, "gate_up_silu"));
+    pg_cpu_rmsnorm(c, F32(sxn), F32(x), cw(norm)->vec, m, x.cols, eps);
+    matmul_parts(c, F32(sgu), w->rows, F32(sxn), m, cw(w));
+    pg_cpu_silu_mul(c, F32(h), F32(sgu), m, ffn);
+    return 0;
+}
+
+static int cpu_head_rmsnorm(pg_backend *b, pg_tensor x, int32_t n_heads, const pg_bweight *w, float eps) {
+    const int64_t hd = w->cols;
+    PG_ARG(x.dtype == PG_DTYPE_F32 && x.cols == n_heads * hd, "cpu head_rmsnorm: view");
+    for (int64_t i = 0; i < x.rows; i++) {
+        float *row = F32(x) + i * x.stride;
+        pg_cpu_rmsnorm(pg_cpu(b), row, row, cw(w)->vec, n_heads, hd, eps);
+    }
+    return 0;
+}
+
+static int cpu_rope_kv_write(pg_backend *b, pg_tensor q, pg_tensor k, pg_tensor v, const int32_t *pos,
+                             const int32_t *slots, int32_t n_heads, const pg_bweight *inv_freq,
+                             void *k_cache, void *v_cache, pg_kv_shape s) {
+    pg_cpu_rope_kv_write(pg_cpu(b), F32(q), q.stride, F32(k), k.stride, F32(v), v.stride, pos, slots,
+                         q.rows, n_heads, cw(inv_freq)->vec, k_cache, v_cache, s);
+    return 0;
+}
+
+static int cpu_attention(pg_backend *b, pg_tensor out, pg_tensor q, const pg_attn_batch *ab,
+                         const void *k_cache, const void *v_cache, pg_kv_shape s, int32_t n_heads,
+                         float scale) {
+    PG_TRY(check_rows(out, "attention"));
+    pg_attn_seq stack[64];
+    pg_attn_seq *seqs = ab->n_seqs <= 64 ? stack : pg_xmalloc(sizeof(pg_attn_seq) * (size_t)ab->n_seqs);
+    for (int32_t i = 0; i < ab->n_seqs; i++) {
+        const int32_t *bt = ab->block_tables + (int64_t)i * ab->bt_stride;
+        if (i < ab->n_decode) {
+            seqs[i] = (pg_attn_seq){i, 1, ab->start_pos[i], bt};
+        } else {
+            const int32_t p = i - ab->n_decode;
+            seqs[i] = (pg_attn_seq){ab->n_decode + ab->cu_q[p], ab->cu_q[p + 1] - ab->cu_q[p],
+                                    ab->start_pos[i], bt};
+        }
+    }
+    pg_cpu_attention(pg_cpu(b), F32(out), F32(q), q.stride, seqs, ab->n_seqs, n_heads, scale,
+                     k_cache, v_cache, s);
+    if (seqs != stack) free(seqs);
+    return 0;
+}
+
+static int cpu_sample(pg_backend *b, pg_sample_out *out, pg_tensor logits, const pg_sample_params *params,
+                      const int32_t *tokens, void *ws, size_t ws_bytes) {
+    (void)ws, (void)ws_bytes;
+    pg_cpu_ctx *c = pg_cpu(b);
+    const int32_t vocab = (int32_t)logits.cols;
+    if (c->sampler && pg_sampler_vocab(c->sampler) != vocab) {
+        pg_sampler_free(c->sampler);
+        c->sampler = NULL;
+    }
+    if (!c->sampler) PG_TRY(pg_sampler_create(vocab, &c->sampler));
+    if (c->sample_cap < vocab) {
+        free(c->sample_row);
+        c->sample_row = pg_xmalloc(sizeof(float) * (size_t)vocab);
+        c->sample_cap = vocab;
+    }
+    // The sampler works in place on a copy: the logits stay as computed.
+    for (int64_t i = 0; i < logits.rows; i++) {
+        memcpy(c->sample_row, F32(logits) + i * logits.stride, sizeof(float) * (size_t)vocab);
+        pg_sampler_sample(c->sampler, &params[i], tokens, c->sample_row, &out[i]);
+    }
+    return 0;
+}
+
+static int cpu_feed_tokens(pg_backend *b, int32_t *tokens, const pg_sample_out *prev,
+                           const int32_t *pairs, int32_t n) {
+    (void)b;
+    for (int32_t i = 0; i < n; i++) tokens[pairs[2 * i]] = prev[pairs[2 * i + 1]].token;
+    return 0;
+}
+
+static int cpu_read_f32(pg_backend *b, pg_tensor t, int64_t n, float *out) {
+    (void)b;
+    PG_ARG(t.dtype == PG_DTYPE_F32 && n <= t.rows, "cpu read: %lld rows of %lld", (long long)n,
+           (long long)t.rows);
+    for (int64_t i = 0; i < n; i++)
+        memcpy(out + i * t.cols, F32(t) + i * t.stride, sizeof(float) * (size_t)t.cols);
+    return 0;
+}
+
+// --- life cycle -------------------------------------------------------------------
+
+static void cpu_destroy(pg_backend *b) {
+    if (!b) return;
+    pg_cpu_ctx *c = b->ctx;
+    if (c) {
+        for (int t = 0; t < c->n_threads; t++) free(c->scratch[t]);
+        free(c->scratch);
+        free(c->scratch_cap);
+        free(c->xq_mem);
+        free(c->sample_row);
+        pg_sampler_free(c->sampler);
+        pg_pool_destroy(c->pool);
+        free(c);
+    }
+    free(b);
+}
+
+int pg_backend_cpu_create(int n_threads, pg_matmul_mode mode, pg_backend **out) {
+    *out = NULL;
+    pg_cpu_ctx *c = pg_xcalloc(1, sizeof *c);
+    int rc = pg_pool_create(n_threads, &c->pool);
+    if (rc < 0) {
+        free(c);
+        return rc;
+    }
+    c->n_threads = pg_pool_threads(c->pool);
+    c->mode = mode;
+    c->scratch = pg_xcalloc((size_t)c->n_threads, sizeof(float *));
+    c->scratch_cap = pg_xcalloc((size_t)c->n_threads, sizeof(size_t));
+    openblas_set_num_threads(1);
+    pg_backend *b = pg_xcalloc(1, sizeof *b);
+    *b = (pg_backend){
+        .name = "cpu",
+        .ctx = c,
+        .act_dtype = PG_DTYPE_F32,
+        .weights_borrow = true,
+        .measures_memory = false,
+        .has_graphs = false,
+        .kv_native = PG_DTYPE_F32,
+        .destroy = cpu_destroy,
+        .describe = cpu_describe,
+        .mem_info = cpu_mem_info,
+        .alloc = cpu_alloc,
+        .free = cpu_free,
+        .host_alloc = cpu_alloc,
+        .host_free = cpu_free,
+        .upload = cpu_copy,
+        .download = cpu_copy,
+        .record = cpu_nop_slot,
+        .wait = cpu_nop_slot,
+        .sync = cpu_sync,
+        .runs_in_place = cpu_runs_in_place,
+        .weight_upload = cpu_weight_upload,
+        .weight_random = cpu_weight_random,
+        .vector_f32 = cpu_vector_f32,
+        .weight_free = cpu_weight_free,
+        .kv_block_bytes = cpu_kv_block_bytes,
+        .kv_create = cpu_kv_create,
+        .kv_free = cpu_kv_free,
+        .kv_swap = cpu_kv_swap,
+        .kv_copy = cpu_kv_copy,
+        .graph_begin = cpu_no_graph,
+        .graph_end = cpu_graph_end,
+        .graph_launch = cpu_graph_launch,
+        .graph_free = cpu_graph_free,
+        .attn_workspace_bytes = cpu_attn_ws,
+        .sample_workspace_bytes = cpu_sample_ws,
+        .embed = cpu_embed,
+        .gather = cpu_gather,
+        .rmsnorm = cpu_rmsnorm_op,
+        .linear = cpu_linear,
+        .gate_up_silu = cpu_gate_up_silu,
+        .head_rmsnorm = cpu_head_rmsnorm,
+        .rope_kv_write = cpu_rope_kv_write,
+        .attention = cpu_attention,
+        .sample = cpu_sample,
+        .feed_tokens = cpu_feed_tokens,
+        .read_f32 = cpu_read_f32,
+    };
+    *out = b;
+    return 0;
+}

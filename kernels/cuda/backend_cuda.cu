@@ -1,0 +1,782 @@
+// kernels/cuda/backend_cuda.cu - the CUDA backend: kernels/backend.h over
+// the launchers of kernels/cuda/cuda_ops.h, on one device.
+//
+// One compute stream carries every op, in call order; swaps run on their own
+// stream, ordered with events. Activations and weights are bf16 (weights of
+// other stored types are dequantized row by row on the host and converted on
+// the device at upload); the KV cache is bf16 or fp8 e4m3. Small batches
+// (rows <= gemv_rows) take the weight-streaming GEMV with the RMSNorm (and
+// for gate/up the SiLU) fused in; larger ones add_rmsnorm + cuBLASLt. The
+// residual stream is bf16 and the O and down projections add into it inside
+// the GEMM (beta = 1). Design: docs/backend.md, docs/cuda_runner.md.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+extern "C" {
+#include "common/log.h"
+#include "kernels/backend.h"
+}
+
+// Host rows per conversion chunk at weight upload: rows * cols <= this.
+#define PG_CUDA_UPLOAD_ELEMS ((int64_t)16 << 20)
+
+namespace {
+
+struct CudaCtx {
+    int device;
+    cudaStream_t stream;      // compute
+    cudaStream_t copy_stream; // swaps
+    cudaEvent_t ev_compute, ev_copy, ev_done[2];
+    pg_cuda_gemm *gemm;
+    void *gemm_ws; // PG_CUDA_GEMM_WORKSPACE, for the compute stream's GEMMs
+    // Steps of at most this many rows take the GEMV kernels (gemv.cu), larger
+    // ones cuBLASLt. Default 2: on the H200 the GEMV wins at m = 1-2 and
+    // loses at m >= 4 (bench_cuda_gemv). PAGED_CUDA_GEMV=N sets it
+    // (0 = cuBLASLt only, at most PG_CUDA_GEMV_MAX_M).
+    int64_t gemv_rows;
+    float *upload_f32;        // device staging for weight conversion: allocated at the first
+    float *upload_host;       //   weight that needs it, with its host twin (pinned)
+    int32_t *pairs_dev;       // copy-on-write pairs staging
+    int32_t *pairs_host;      // pinned
+    char desc[160];
+};
+
+struct CudaWeight {
+    pg_bweight base;
+    void *data; // device [rows][cols] of base.dtype
+};
+
+struct CudaKv {
+    pg_bkv base;
+    char *mem;          // device: K of layer l at 2l * layer_bytes, V at (2l + 1) * layer_bytes
+    size_t block_bytes; // one block of one layer, K or V
+    size_t layer_bytes;
+    void **ptrs_dev;    // [2][n_layers]: K pointers then V pointers (copy_blocks)
+    char *host;         // pinned [2 n_layers][n_host_blocks][block_bytes] (the device layout)
+};
+
+constexpr int PAIRS_CAP = 4096; // copy-on-write pairs per staged chunk
+
+CudaCtx *ctx_of(pg_backend *b) {
+    return (CudaCtx *)b->ctx;
+}
+
+const void *wdata(const pg_bweight *w) {
+    return ((const CudaWeight *)w)->data;
+}
+
+// --- dummy weights --------------------------------------------------------------------
+
+__device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+// w[i] = std * N(0, 1) by Box-Muller on 2 x 24 bits of splitmix64(key, i)
+// (the CPU backend's cpu_weight_random computes the same values).
+__global__ void init_normal_kernel(bf16 *w, int64_t n, uint64_t key, float std) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        uint64_t r = splitmix64(key ^ splitmix64((uint64_t)i));
+        float u1 = ((float)(r >> 40) + 1.0f) * (1.0f / 16777216.0f); // (0, 1]
+        float u2 = (float)(r & 0xffffffu) * (1.0f / 16777216.0f);    // [0, 1)
+        float z = sqrtf(-2.0f * __logf(u1)) * __cosf(6.28318530718f * u2);
+        w[i] = __float2bfloat16(z * std);
+    }
+}
+
+__global__ void fill_kernel(bf16 *w, int64_t n, float v) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const bf16 b = __float2bfloat16(v);
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) w[i] = b;
+}
+
+unsigned fill_grid(int64_t n) {
+    int64_t g = (n + 255) / 256, cap = (int64_t)pg_cuda_sm_count() * 16;
+    return (unsigned)(g < 1 ? 1 : g > cap ? cap : g);
+}
+
+} // namespace
+
+// --- device and memory ----------------------------------------------------------------------
+
+static void cu_describe(pg_backend *b, char *out, size_t cap) {
+    snprintf(out, cap, "%s", ctx_of(b)->desc);
+}
+
+static int cu_mem_info(pg_backend *b, int64_t *free_bytes, int64_t *total_bytes) {
+    size_t f = 0, t = 0;
+    PG_CUDA_TRY(cudaSetDevice(ctx_of(b)->device));
+    PG_CUDA_TRY(cudaMemGetInfo(&f, &t));
+    *free_bytes = (int64_t)f, *total_bytes = (int64_t)t;
+    return 0;
+}
+
+static int cu_alloc(pg_backend *b, size_t bytes, void **out) {
+    *out = nullptr;
+    cudaError_t e = cudaMalloc(out, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *out = nullptr;
+        size_t f = 0, t = 0;
+        cudaMemGetInfo(&f, &t);
+        return pg_err_set(PG_ENOMEM, "cuda: %.2f GiB of device memory needed, %.2f GiB free",
+                          (double)bytes / (1 << 30), (double)f / (1 << 30));
+    }
+    return 0;
+}
+
+static void cu_free(pg_backend *b, void *p) {
+    (void)b;
+    if (p) cudaFree(p);
+}
+
+static int cu_host_alloc(pg_backend *b, size_t bytes, void **out) {
+    (void)b;
+    *out = nullptr;
+    if (cudaHostAlloc(out, bytes ? bytes : 256, cudaHostAllocDefault) != cudaSuccess) {
+        (void)cudaGetLastError();
+        *out = nullptr;
+        return pg_err_set(PG_ENOMEM, "cuda: %.2f GiB of pinned host memory cannot be allocated",
+                          (double)bytes / (1 << 30));
+    }
+    return 0;
+}
+
+static void cu_host_free(pg_backend *b, void *p) {
+    (void)b;
+    if (p) cudaFreeHost(p);
+}
+
+static int cu_upload(pg_backend *b, void *dst, const void *src, size_t bytes) {
+    if (bytes) PG_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx_of(b)->stream));
+    return 0;
+}
+
+static int cu_download(pg_backend *b, void *dst, const void *src, size_t bytes) {
+    if (bytes) PG_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx_of(b)->stream));
+    return 0;
+}
+
+static int cu_record(pg_backend *b, int slot) {
+    PG_CUDA_TRY(cudaEventRecord(ctx_of(b)->ev_done[slot & 1], ctx_of(b)->stream));
+    return 0;
+}
+
+static int cu_wait(pg_backend *b, int slot) {
+    PG_CUDA_TRY(cudaEventSynchronize(ctx_of(b)->ev_done[slot & 1]));
+    return 0;
+}
+
+static int cu_sync(pg_backend *b) {
+    PG_CUDA_TRY(cudaStreamSynchronize(ctx_of(b)->stream));
+    return 0;
+}
+
+// --- weights ---------------------------------------------------------------------------------
+
+static bool cu_runs_in_place(pg_backend *b, int dtype) {
+    (void)b;
+    return dtype == PG_DTYPE_BF16;
+}
+
+static int new_weight(int64_t rows, int64_t cols, int32_t dtype, size_t elem, CudaWeight **out) {
+    CudaWeight *w = (CudaWeight *)calloc(1, sizeof *w);
+    if (!w) return pg_err_set(PG_ENOMEM, "cuda weight: out of host memory");
+    w->base.rows = rows, w->base.cols = cols, w->base.dtype = dtype;
+    w->base.bytes = (size_t)rows * (size_t)cols * elem;
+    cudaError_t e = cudaMalloc(&w->data, w->base.bytes ? w->base.bytes : 256);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        size_t f = 0, t = 0;
+        cudaMemGetInfo(&f, &t);
+        free(w);
+        return pg_err_set(PG_ENOMEM,
+                          "cuda: a %lldx%lld weight needs %.2f MiB of device memory, %.2f GiB are free",
+                          (long long)rows, (long long)cols, (double)(rows * cols * (int64_t)elem) / (1 << 20),
+                          (double)f / (1 << 30));
+    }
+    *out = w;
+    return 0;
+}
+
+// Rows [row0, row0 + p->rows) of a bf16 device matrix from one stored part:
+// bf16 rows are copied as they are, other types dequantized on the host to
+// f32 in chunks and converted on the device. Every copy goes on the compute
+// stream (a plain cudaMemcpy from pageable memory may return before its DMA
+// lands, and the non-blocking stream would not wait for it).
+static int upload_part(CudaCtx *c, bf16 *dst, int64_t row0, const pg_weight *p) {
+    const int64_t cols = p->cols, chunk = PG_CUDA_UPLOAD_ELEMS / (cols > 0 ? cols : 1);
+    const bool raw = p->dtype == PG_DTYPE_BF16 && p->row_bytes == (size_t)cols * 2;
+    for (int64_t r = 0; r < p->rows; r += chunk) {
+        const int64_t nr = p->rows - r < chunk ? p->rows - r : chunk;
+        const char *src = (const char *)p->data + (size_t)r * p->row_bytes;
+        bf16 *d = dst + (row0 + r) * cols;
+        if (raw) {
+            PG_CUDA_TRY(cudaMemcpyAsync(d, src, (size_t)(nr * cols) * 2, cudaMemcpyHostToDevice, c->stream));
+        } else {
+            if (!c->upload_f32) {
+                PG_CUDA_TRY(cudaMalloc((void **)&c->upload_f32, sizeof(float) * (size_t)PG_CUDA_UPLOAD_ELEMS));
+                PG_CUDA_TRY(cudaHostAlloc((void **)&c->upload_host, sizeof(float) * (size_t)PG_CUDA_UPLOAD_ELEMS,
+                                          cudaHostAllocDefault));
+            }
+            for (int64_t i = 0; i < nr; i++)
+                pg_dequantize_row(p->dtype, src + (size_t)i * p->row_bytes, c->upload_host + i * cols, cols);
+            PG_CUDA_TRY(cudaMemcpyAsync(c->upload_f32, c->upload_host, (size_t)(nr * cols) * 4,
+                                        cudaMemcpyHostToDevice, c->stream));
+            PG_TRY(pg_cuda_f32_to_bf16(d, c->upload_f32, nr * cols, c->stream));
+        }
+        // The host staging buffers are reused by the next chunk.
+        PG_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    }
+    return 0;
+}
+
+static int cu_weight_upload(pg_backend *b, const pg_weight *parts, int n_parts, pg_bweight **out) {
+    *out = nullptr;
+    CudaCtx *c = ctx_of(b);
+    PG_ARG(n_parts >= 1 && n_parts <= 3, "cuda weight: %d parts", n_parts);
+    int64_t rows = 0;
+    for (int i = 0; i < n_parts; i++) {
+        PG_ARG(parts[i].data && parts[i].cols == parts[0].cols && pg_dtype_block_elems(parts[i].dtype) > 0,
+               "cuda weight: part %d is %lldx%lld of type %s", i, (long long)parts[i].rows,
+               (long long)parts[i].cols, pg_dtype_name(parts[i].dtype));
+        rows += parts[i].rows;
+    }
+    PG_ARG(parts[0].cols <= PG_CUDA_UPLOAD_ELEMS, "cuda weight: %lld columns", (long long)parts[0].cols);
+    PG_CUDA_TRY(cudaSetDevice(c->device));
+    CudaWeight *w;
+    PG_TRY(new_weight(rows, parts[0].cols, PG_DTYPE_BF16, 2, &w));
+    int64_t row0 = 0;
+    for (int i = 0; i < n_parts; i++) {
+        int rc = upload_part(c, (bf16 *)w->data, row0, &parts[i]);
+        if (rc < 0) {
+            cudaFree(w->data);
+            free(w);
+            return rc;
+        }
+        row0 += parts[i].rows;
+    }
+    *out = &w->base;
+    return 0;
+}
+
+static int cu_weight_random(pg_backend *b, int64_t rows, int64_t cols, uint64_t key, float std,
+                            float fill, pg_bweight **out) {
+    *out = nullptr;
+    CudaCtx *c = ctx_of(b);
+    PG_CUDA_TRY(cudaSetDevice(c->device));
+    CudaWeight *w;
+    PG_TRY(new_weight(rows, cols, PG_DTYPE_BF16, 2, &w));
+    const int64_t n = rows * cols;
+    if (std > 0)
+        init_normal_kernel<<<fill_grid(n), 256, 0, c->stream>>>((bf16 *)w->data, n, key, std);
+    else
+        fill_kernel<<<fill_grid(n), 256, 0, c->stream>>>((bf16 *)w->data, n, fill);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) {
+        cudaFree(w->data);
+        free(w);
+        return pg_err_set(PG_EIO, "cuda: random weights: %s", cudaGetErrorString(e));
+    }
+    *out = &w->base;
+    return 0;
+}
+
+static int cu_vector_f32(pg_backend *b, const float *v, int64_t n, pg_bweight **out) {
+    *out = nullptr;
+    CudaCtx *c = ctx_of(b);
+    PG_CUDA_TRY(cudaSetDevice(c->device));
+    CudaWeight *w;
+    PG_TRY(new_weight(1, n, PG_DTYPE_F32, 4, &w));
+    cudaError_t e = cudaMemcpyAsync(w->data, v, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice, c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) {
+        cudaFree(w->data);
+        free(w);
+        return pg_err_set(PG_EIO, "cuda: vector upload: %s", cudaGetErrorString(e));
+    }
+    *out = &w->base;
+    return 0;
+}
+
+static void cu_weight_free(pg_backend *b, pg_bweight *bw) {
+    (void)b;
+    if (!bw) return;
+    CudaWeight *w = (CudaWeight *)bw;
+    cudaFree(w->data);
+    free(w);
+}
+
+// --- KV cache -------------------------------------------------------------------------------
+
+static size_t elem_bytes(pg_kv_shape s) {
+    return s.dtype == PG_KV_FP8_E4M3 ? 1 : sizeof(bf16);
+}
+
+static size_t cu_kv_block_bytes(pg_backend *b, int32_t n_layers, pg_kv_shape s) {
+    (void)b;
+    return (size_t)2 * (size_t)n_layers * (size_t)s.block_size * (size_t)s.n_kv_heads *
+           (size_t)s.head_dim * elem_bytes(s);
+}
+
+static void cu_kv_free(pg_backend *b, pg_bkv *bkv) {
+    (void)b;
+    if (!bkv) return;
+    CudaKv *kv = (CudaKv *)bkv;
+    cudaFree(kv->mem);
+    cudaFree(kv->ptrs_dev);
+    if (kv->host) cudaFreeHost(kv->host);
+    free(kv->base.k);
+    free(kv->base.v);
+    free(kv);
+}
+
+static int cu_kv_create(pg_backend *b, int32_t n_layers, pg_kv_shape s, int32_t n_host_blocks,
+                        pg_bkv **out) {
+    *out = nullptr;
+    CudaCtx *c = ctx_of(b);
+    PG_ARG(n_layers > 0 && s.n_blocks > 0 && n_host_blocks >= 0, "cuda KV cache: %d layers, %d blocks",
+           n_layers, s.n_blocks);
+    PG_ARG(s.dtype == PG_KV_BF16 || s.dtype == PG_KV_FP8_E4M3, "cuda KV cache: dtype %d", s.dtype);
+    PG_ARG(s.block_size >= 8 && (s.block_size & (s.block_size - 1)) == 0,
+           "cuda KV cache: block size %d (a power of two >= 8)", s.block_size);
+    if (s.head_dim != 64 && s.head_dim != 128)
+        return pg_err_set(PG_EUNSUPP,
+                          "cuda: head_dim %d (the CUDA attention kernels are built for 64 and 128)",
+                          s.head_dim);
+    PG_CUDA_TRY(cudaSetDevice(c->device));
+    CudaKv *kv = (CudaKv *)calloc(1, sizeof *kv);
+    if (!kv) return pg_err_set(PG_ENOMEM, "cuda KV cache: out of host memory");
+    kv->base.shape = s;
+    kv->base.n_layers = n_layers;
+    kv->base.n_host_blocks = n_host_blocks;
+    kv->block_bytes = (size_t)s.block_size * (size_t)s.n_kv_heads * (size_t)s.head_dim * elem_bytes(s);
+    kv->layer_bytes = (size_t)s.n_blocks * kv->block_bytes;
+    const size_t total = 2 * (size_t)n_layers * kv->layer_bytes;
+    kv->base.k = (void **)calloc((size_t)n_layers, sizeof(void *));
+    kv->base.v = (void **)calloc((size_t)n_layers, sizeof(void *));
+    void **ptrs = (void **)malloc(sizeof(void *) * 2 * (size_t)n_layers);
+    int rc = 0;
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    cudaError_t e = kv->base.k && kv->base.v && ptrs ? cudaMalloc((void **)&kv->mem, total) : cudaErrorMemoryAllocation;
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        kv->mem = nullptr;
+        const size_t per_block = cu_kv_block_bytes(b, n_layers, s);
+        int64_t fit = (int64_t)(free_b > ((size_t)256 << 20) ? free_b - ((size_t)256 << 20) : 0) / (int64_t)per_block;
+        rc = pg_err_set(PG_ENOMEM,
+                        "KV cache of %d blocks (%.2f GiB) does not fit in the %.2f GiB of free device "
+                        "memory; at most about %lld blocks (%lld tokens) would",
+                        s.n_blocks, (double)total / (1 << 30), (double)free_b / (1 << 30), (long long)fit,
+                        (long long)fit * s.block_size);
+        goto fail;
+    }
+    // Finite values in never-written slots (the P.V product reads them times 0).
+    if ((e = cudaMemsetAsync(kv->mem, 0, total, c->stream)) != cudaSuccess) goto cuda_fail;
+    for (int32_t l = 0; l < n_layers; l++) {
+        kv->base.k[l] = ptrs[l] = kv->mem + (size_t)(2 * l) * kv->layer_bytes;
+        kv->base.v[l] = ptrs[n_layers + l] = kv->mem + (size_t)(2 * l + 1) * kv->layer_bytes;
+    }
+    if ((e = cudaMalloc((void **)&kv->ptrs_dev, sizeof(void *) * 2 * (size_t)n_layers)) != cudaSuccess ||
+        (e = cudaMemcpyAsync(kv->ptrs_dev, ptrs, sizeof(void *) * 2 * (size_t)n_layers,
+                             cudaMemcpyHostToDevice, c->stream)) != cudaSuccess ||
+        (e = cudaStreamSynchronize(c->stream)) != cudaSuccess)
+        goto cuda_fail;
+    kv->base.bytes = total;
+    if (n_host_blocks > 0) {
+        const size_t hb = (size_t)n_host_blocks * cu_kv_block_bytes(b, n_layers, s);
+        if (cudaHostAlloc((void **)&kv->host, hb, cudaHostAllocDefault) != cudaSuccess) {
+            (void)cudaGetLastError();
+            kv->host = nullptr;
+            rc = pg_err_set(PG_ENOMEM,
+                            "swap space of %d blocks (%.2f GiB of pinned host memory) cannot be "
+                            "allocated; lower --swap-space",
+                            n_host_blocks, (double)hb / (1 << 30));
+            goto fail;
+        }
+        kv->base.host_bytes = hb;
+    }
+    free(ptrs);
+    *out = &kv->base;
+    return 0;
+cuda_fail:
+    rc = pg_err_set(PG_EIO, "cuda KV cache: %s", cudaGetErrorString(e));
+fail:
+    free(ptrs);
+    cu_kv_free(b, &kv->base);
+    return rc;
+}
+
+// Swap copies on the copy stream, after everything the compute stream
+// queued (it wrote the blocks) and before what it queues next. The host
+// mirror has the device layout, [2 n_layers][n_host_blocks][block], so a
+// run of consecutive blocks (from and to both consecutive) is one copy per
+// layer and K/V.
+static int cu_kv_swap(pg_backend *b, pg_bkv *bkv, const int32_t *pairs, int32_t n, bool to_host) {
+    CudaCtx *c = ctx_of(b);
+    CudaKv *kv = (CudaKv *)bkv;
+    if (n == 0) return 0;
+    PG_ARG(kv->host, "cuda: swap requested but there is no swap space");
+    PG_CUDA_TRY(cudaEventRecord(c->ev_compute, c->stream));
+    PG_CUDA_TRY(cudaStreamWaitEvent(c->copy_stream, c->ev_compute, 0));
+    const int32_t L2 = 2 * kv->base.n_layers;
+    const size_t bb = kv->block_bytes, host_layer = (size_t)kv->base.n_host_blocks * bb;
+    for (int32_t i = 0; i < n;) {
+        const int32_t from = pairs[2 * i], to = pairs[2 * i + 1];
+        int32_t run = 1;
+        while (i + run < n && pairs[2 * (i + run)] == from + run && pairs[2 * (i + run) + 1] == to + run)
+            run++;
+        for (int32_t t = 0; t < L2; t++) {
+            char *dev = kv->mem + (size_t)t * kv->layer_bytes;
+            char *host = kv->host + (size_t)t * host_layer;
+            if (to_host)
+                PG_CUDA_TRY(cudaMemcpyAsync(host + (size_t)to * bb, dev + (size_t)from * bb, (size_t)run * bb,
+                                            cudaMemcpyDeviceToHost, c->copy_stream));
+            else
+                PG_CUDA_TRY(cudaMemcpyAsync(dev + (size_t)to * bb, host + (size_t)from * bb, (size_t)run * bb,
+                                            cudaMemcpyHostToDevice, c->copy_stream));
+        }
+        i += run;
+    }
+    PG_CUDA_TRY(cudaEventRecord(c->ev_copy, c->copy_stream));
+    PG_CUDA_TRY(cudaStreamWaitEvent(c->stream, c->ev_copy, 0));
+    return 0;
+}
+
+// Copy-on-write: every layer's K and V of each pair in one launch per chunk
+// of pairs staged through pinned memory.
+static int cu_kv_copy(pg_backend *b, pg_bkv *bkv, const int32_t *pairs, int32_t n) {
+    CudaCtx *c = ctx_of(b);
+    CudaKv *kv = (CudaKv *)bkv;
+    const int32_t L = kv->base.n_layers;
+    for (int32_t done = 0; done < n;) {
+        const int32_t chunk = n - done < PAIRS_CAP ? n - done : PAIRS_CAP;
+        memcpy(c->pairs_host, pairs + 2 * (size_t)done, (size_t)chunk * 8);
+        PG_CUDA_TRY(cudaMemcpyAsync(c->pairs_dev, c->pairs_host, (size_t)chunk * 8, cudaMemcpyHostToDevice,
+                                    c->stream));
+        PG_TRY(pg_cuda_copy_blocks(kv->ptrs_dev, kv->ptrs_dev + L, L, c->pairs_dev, chunk,
+                                   (int64_t)kv->block_bytes, c->stream));
+        PG_CUDA_TRY(cudaStreamSynchronize(c->stream)); // the pinned pairs are reused by the next chunk
+        done += chunk;
+    }
+    return 0;
+}
+
+// --- graphs ---------------------------------------------------------------------------------
+
+static int cu_graph_begin(pg_backend *b) {
+    PG_CUDA_TRY(cudaStreamBeginCapture(ctx_of(b)->stream, cudaStreamCaptureModeRelaxed));
+    return 0;
+}
+
+// Ends the capture (always), instantiates and uploads the graph (its device
+// memory is taken, and measured, now; its first replay does not pay for it).
+static int cu_graph_end(pg_backend *b, void **out) {
+    CudaCtx *c = ctx_of(b);
+    *out = nullptr;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    cudaError_t e = cudaStreamEndCapture(c->stream, &graph);
+    if (e == cudaSuccess && graph) e = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (e == cudaSuccess && exec) e = cudaGraphUpload(exec, c->stream);
+    if (e != cudaSuccess || !exec) {
+        (void)cudaGetLastError();
+        if (exec) cudaGraphExecDestroy(exec);
+        return pg_err_set(PG_EIO, "cuda graph: %s", cudaGetErrorString(e));
+    }
+    *out = exec;
+    return 0;
+}
+
+static int cu_graph_launch(pg_backend *b, void *g) {
+    PG_CUDA_TRY(cudaGraphLaunch((cudaGraphExec_t)g, ctx_of(b)->stream));
+    return 0;
+}
+
+static void cu_graph_free(pg_backend *b, void *g) {
+    (void)b;
+    if (g) cudaGraphExecDestroy((cudaGraphExec_t)g);
+}
+
+static size_t cu_attn_ws(pg_backend *b, int32_t max_seqs, int32_t nh, int32_t nkv, int32_t hd, int32_t len) {
+    (void)b;
+    return pg_cuda_decode_workspace_size(max_seqs, nh, nkv, hd, len);
+}
+
+static size_t cu_sample_ws(pg_backend *b, int32_t max_seqs, int32_t vocab) {
+    (void)b;
+    return pg_cuda_sample_workspace_size(max_seqs, vocab);
+}
+
+// --- layer ops ------------------------------------------------------------------------------
+
+static int cu_embed(pg_backend *b, pg_tensor out, const int32_t *ids, const pg_bweight *table) {
+    return pg_cuda_embed(out.data, wdata(table), ids, out.rows, table->cols, table->rows, ctx_of(b)->stream);
+}
+
+static int cu_gather(pg_backend *b, pg_tensor out, pg_tensor x, const int32_t *rows) {
+    PG_ARG(x.stride == x.cols && out.stride == out.cols, "cuda gather: contiguous rows only");
+    return pg_cuda_embed(out.data, x.data, rows, out.rows, x.cols, x.rows, ctx_of(b)->stream);
+}
+
+static int cu_rmsnorm(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *w, float eps) {
+    PG_ARG(x.stride == x.cols && out.stride == out.cols, "cuda rmsnorm: contiguous rows only");
+    return pg_cuda_add_rmsnorm(out.data, x.data, nullptr, wdata(w), x.rows, x.cols, eps, ctx_of(b)->stream);
+}
+
+// Small batches take the weight-streaming GEMV; a shape it declines
+// (PG_EUNSUPP) and larger batches take cuBLASLt.
+static int gemm(CudaCtx *c, void *out, int64_t ldo, const void *x, int64_t ldx, const void *w, int64_t rows,
+                int64_t n, int64_t k, int accumulate) {
+    if (rows <= c->gemv_rows) {
+        int rc = pg_cuda_gemv_bf16(out, ldo, x, ldx, w, rows, n, k, accumulate, c->stream);
+        if (rc != PG_EUNSUPP) return rc;
+    }
+    return pg_cuda_gemm_bf16(c->gemm, out, ldo, x, ldx, w, rows, n, k, accumulate, c->gemm_ws,
+                             PG_CUDA_GEMM_WORKSPACE, c->stream);
+}
+
+static int cu_linear(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *norm, float eps,
+                     const pg_bweight *w, const pg_bweight *bias, bool accumulate, pg_tensor scratch) {
+    CudaCtx *c = ctx_of(b);
+    const int64_t rows = x.rows, n = w->rows, k = w->cols;
+    PG_ARG(!(norm && accumulate), "cuda linear: a norm and accumulate in one call");
+    if (norm) {
+        // out = RMSNorm(x) * norm . w^T: the GEMV with the norm in its
+        // prologue for small batches, else add_rmsnorm into scratch and the
+        // GEMM (the same numbers either way).
+        int rc = PG_EUNSUPP;
+        if (rows <= c->gemv_rows)
+            rc = pg_cuda_gemv_rmsnorm_bf16(out.data, out.stride, x.data, x.stride, wdata(norm), eps, wdata(w),
+                                           rows, n, k, c->stream);
+        if (rc == PG_EUNSUPP) {
+            PG_TRY(pg_cuda_add_rmsnorm(scratch.data, x.data, nullptr, wdata(norm), rows, k, eps, c->stream));
+            rc = gemm(c, out.data, out.stride, scratch.data, k, wdata(w), rows, n, k, 0);
+        }
+        PG_TRY(rc);
+    } else {
+        PG_TRY(gemm(c, out.data, out.stride, x.data, x.stride, wdata(w), rows, n, k, accumulate ? 1 : 0));
+    }
+    if (bias) PG_TRY(pg_cuda_add_bias(out.data, out.stride, wdata(bias), rows, n, c->stream));
+    return 0;
+}
+
+// h = silu(gate) * up of RMSNorm(x) * norm through the fused [gate|up]
+// weight: one GEMV for small batches, else add_rmsnorm, the GEMM into gu
+// and silu_mul.
+static int cu_gate_up_silu(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bweight *norm, float eps,
+                           const pg_bweight *w, pg_tensor sxn, pg_tensor sgu) {
+    CudaCtx *c = ctx_of(b);
+    const int64_t rows = x.rows, H = x.cols, ffn = w->rows / 2;
+    if (rows <= c->gemv_rows) {
+        int rc = pg_cuda_gemv_rmsnorm_silu_bf16(h.data, h.stride, x.data, x.stride, wdata(norm), eps, wdata(w),
+                                                rows, ffn, H, c->stream);
+        if (rc != PG_EUNSUPP) return rc;
+    }
+    PG_TRY(pg_cuda_add_rmsnorm(sxn.data, x.data, nullptr, wdata(norm), rows, H, eps, c->stream));
+    PG_TRY(gemm(c, sgu.data, sgu.stride, sxn.data, sxn.stride, wdata(w), rows, 2 * ffn, H, 0));
+    return pg_cuda_silu_mul(h.data, sgu.data, rows, ffn, c->stream);
+}
+
+static int cu_head_rmsnorm(pg_backend *b, pg_tensor x, int32_t n_heads, const pg_bweight *w, float eps) {
+    return pg_cuda_head_rmsnorm(x.data, x.stride, n_heads, (int32_t)w->cols, wdata(w), eps, x.rows,
+                                ctx_of(b)->stream);
+}
+
+static int cu_rope_kv_write(pg_backend *b, pg_tensor q, pg_tensor k, pg_tensor v, const int32_t *pos,
+                            const int32_t *slots, int32_t n_heads, const pg_bweight *inv_freq, void *k_cache,
+                            void *v_cache, pg_kv_shape shape) {
+    PG_ARG(inv_freq->dtype == PG_DTYPE_F32, "cuda rope: inv_freq must be f32 (vector_f32)");
+    return pg_cuda_rope_kv_write(q.data, q.stride, k.data, k.stride, v.data, v.stride, pos, slots,
+                                 (int32_t)q.rows, n_heads, (const float *)wdata(inv_freq), k_cache, v_cache,
+                                 shape, ctx_of(b)->stream);
+}
+
+// Decode sequences (rows [0, n_decode)) through the split-K decode kernel,
+// prefill chunks through the varlen prefill kernel.
+static int cu_attention(pg_backend *b, pg_tensor out, pg_tensor q, const pg_attn_batch *ab, const void *k_cache,
+                        const void *v_cache, pg_kv_shape shape, int32_t n_heads, float scale) {
+    CudaCtx *c = ctx_of(b);
+    const int32_t n_dec = ab->n_decode, n_pre = ab->n_seqs - ab->n_decode;
+    const int64_t q_dim = (int64_t)n_heads * shape.head_dim;
+    PG_ARG(out.stride == q_dim, "cuda attention: the output rows must be contiguous");
+    if (n_dec > 0)
+        PG_TRY(pg_cuda_paged_decode_attention(out.data, q.data, q.stride, k_cache, v_cache, shape,
+                                              ab->block_tables, ab->bt_stride, ab->seq_lens, n_dec, n_heads,
+                                              scale, ab->max_decode_ctx, ab->workspace, ab->workspace_bytes,
+                                              c->stream));
+    if (n_pre > 0)
+        PG_TRY(pg_cuda_paged_prefill_attention(
+            (bf16 *)out.data + (size_t)n_dec * q_dim, (const bf16 *)q.data + (size_t)n_dec * q.stride,
+            q.stride, k_cache, v_cache, shape, ab->block_tables + (size_t)n_dec * ab->bt_stride, ab->bt_stride,
+            ab->cu_q, ab->start_pos + n_dec, n_pre, n_heads, scale, ab->max_prefill_q, c->stream));
+    return 0;
+}
+
+static int cu_sample(pg_backend *b, pg_sample_out *out, pg_tensor logits, const pg_sample_params *params,
+                     const int32_t *tokens, void *ws, size_t ws_bytes) {
+    return pg_cuda_sample(out, logits.data, PG_CUDA_BF16, logits.stride, (int32_t)logits.rows,
+                          (int32_t)logits.cols, params, tokens, ws, ws_bytes, ctx_of(b)->stream);
+}
+
+static int cu_feed_tokens(pg_backend *b, int32_t *tokens, const pg_sample_out *prev, const int32_t *pairs,
+                          int32_t n) {
+    return pg_cuda_feed_tokens(tokens, prev, pairs, n, ctx_of(b)->stream);
+}
+
+static int cu_read_f32(pg_backend *b, pg_tensor t, int64_t n, float *out) {
+    CudaCtx *c = ctx_of(b);
+    PG_ARG(n >= 0 && n <= t.rows, "cuda read: %lld rows of %lld", (long long)n, (long long)t.rows);
+    if (n == 0) return 0;
+    const size_t count = (size_t)n * (size_t)t.stride;
+    float *tmp = nullptr;
+    if (t.dtype == PG_DTYPE_F32) {
+        PG_CUDA_TRY(cudaMemcpy2DAsync(out, (size_t)t.cols * 4, t.data, (size_t)t.stride * 4, (size_t)t.cols * 4,
+                                      (size_t)n, cudaMemcpyDeviceToHost, c->stream));
+        PG_CUDA_TRY(cudaStreamSynchronize(c->stream));
+        return 0;
+    }
+    PG_CUDA_TRY(cudaMalloc((void **)&tmp, count * sizeof(float)));
+    int rc = pg_cuda_bf16_to_f32(tmp, t.data, (int64_t)count, c->stream);
+    cudaError_t e = cudaSuccess;
+    if (rc == 0) // rows of `stride` on the device, of `cols` in `out`
+        e = cudaMemcpy2DAsync(out, (size_t)t.cols * sizeof(float), tmp, (size_t)t.stride * sizeof(float),
+                              (size_t)t.cols * sizeof(float), (size_t)n, cudaMemcpyDeviceToHost, c->stream);
+    if (rc == 0 && e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    cudaFree(tmp);
+    if (rc < 0) return rc;
+    PG_CUDA_TRY(e);
+    return 0;
+}
+
+// --- life cycle -----------------------------------------------------------------------------
+
+static void cu_destroy(pg_backend *b) {
+    if (!b) return;
+    CudaCtx *c = ctx_of(b);
+    if (c) {
+        cudaSetDevice(c->device);
+        if (c->stream) cudaStreamSynchronize(c->stream);
+        if (c->copy_stream) cudaStreamSynchronize(c->copy_stream);
+        pg_cuda_gemm_destroy(c->gemm);
+        cudaFree(c->gemm_ws);
+        cudaFree(c->upload_f32);
+        cudaFree(c->pairs_dev);
+        if (c->upload_host) cudaFreeHost(c->upload_host);
+        if (c->pairs_host) cudaFreeHost(c->pairs_host);
+        for (int i = 0; i < 2; i++)
+            if (c->ev_done[i]) cudaEventDestroy(c->ev_done[i]);
+        if (c->ev_compute) cudaEventDestroy(c->ev_compute);
+        if (c->ev_copy) cudaEventDestroy(c->ev_copy);
+        if (c->stream) cudaStreamDestroy(c->stream);
+        if (c->copy_stream) cudaStreamDestroy(c->copy_stream);
+        free(c);
+    }
+    free(b);
+}
+
+extern "C" int pg_backend_cuda_probe(char *why, size_t cap) {
+    int n = pg_cuda_device_count();
+    if (n <= 0) snprintf(why, cap, "no CUDA device found (no NVIDIA driver, or no GPU visible)");
+    return n;
+}
+
+extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
+    *out = nullptr;
+    PG_CUDA_TRY(cudaSetDevice(device));
+    CudaCtx *c = (CudaCtx *)calloc(1, sizeof *c);
+    pg_backend *b = (pg_backend *)calloc(1, sizeof *b);
+    if (!c || !b) {
+        free(c), free(b);
+        return pg_err_set(PG_ENOMEM, "cuda backend: out of host memory");
+    }
+    b->ctx = c;
+    c->device = device;
+    int rc = 0;
+    cudaError_t e;
+    if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&c->ev_compute, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&c->ev_copy, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&c->ev_done[0], cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&c->ev_done[1], cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaMalloc((void **)&c->gemm_ws, PG_CUDA_GEMM_WORKSPACE)) != cudaSuccess ||
+        (e = cudaMalloc((void **)&c->pairs_dev, (size_t)PAIRS_CAP * 8)) != cudaSuccess ||
+        (e = cudaHostAlloc((void **)&c->pairs_host, (size_t)PAIRS_CAP * 8, cudaHostAllocDefault)) != cudaSuccess) {
+        (void)cudaGetLastError();
+        rc = pg_err_set(PG_EIO, "cuda backend: streams, events and staging buffers: %s", cudaGetErrorString(e));
+        goto fail;
+    }
+    if ((rc = pg_cuda_gemm_create(&c->gemm)) < 0) goto fail;
+    {
+        const char *genv = getenv("PAGED_CUDA_GEMV");
+        c->gemv_rows = genv && genv[0] ? atoi(genv) : 2;
+        if (c->gemv_rows < 0) c->gemv_rows = 0;
+        if (c->gemv_rows > PG_CUDA_GEMV_MAX_M) c->gemv_rows = PG_CUDA_GEMV_MAX_M;
+    }
+    if (pg_cuda_device_describe(c->desc, sizeof c->desc) < 0) snprintf(c->desc, sizeof c->desc, "cuda");
+    // Every weight upload and random init synchronizes before it returns,
+    // so no kernel that writes a weight can still run when a GEMV starts:
+    // the ring GEMV may load its first weight pieces before its PDL wait
+    // (docs/cuda_kernels.md, GEMV).
+    pg_cuda_gemv_preload_set(1);
+    b->name = "cuda";
+    b->act_dtype = PG_DTYPE_BF16;
+    b->weights_borrow = false;
+    b->measures_memory = true;
+    b->has_graphs = true;
+    b->kv_native = PG_DTYPE_BF16;
+    b->destroy = cu_destroy;
+    b->describe = cu_describe;
+    b->mem_info = cu_mem_info;
+    b->alloc = cu_alloc;
+    b->free = cu_free;
+    b->host_alloc = cu_host_alloc;
+    b->host_free = cu_host_free;
+    b->upload = cu_upload;
+    b->download = cu_download;
+    b->record = cu_record;
+    b->wait = cu_wait;
+    b->sync = cu_sync;
+    b->runs_in_place = cu_runs_in_place;
+    b->weight_upload = cu_weight_upload;
+    b->weight_random = cu_weight_random;
+    b->vector_f32 = cu_vector_f32;
+    b->weight_free = cu_weight_free;
+    b->kv_block_bytes = cu_kv_block_bytes;
+    b->kv_create = cu_kv_create;
+    b->kv_free = cu_kv_free;
+    b->kv_swap = cu_kv_swap;
+    b->kv_copy = cu_kv_copy;
+    b->graph_begin = cu_graph_begin;
+    b->graph_end = cu_graph_end;
+    b->graph_launch = cu_graph_launch;
+    b->graph_free = cu_graph_free;
+    b->attn_workspace_bytes = cu_attn_ws;
+    b->sample_workspace_bytes = cu_sample_ws;
+    b->embed = cu_embed;
+    b->gather = cu_gather;
+    b->rmsnorm = cu_rmsnorm;
+    b->linear = cu_linear;
+    b->gate_up_silu = cu_gate_up_silu;
+    b->head_rmsnorm = cu_head_rmsnorm;
+    b->rope_kv_write = cu_rope_kv_write;
+    b->attention = cu_attention;
+    b->sample = cu_sample;
+    b->feed_tokens = cu_feed_tokens;
+    b->read_f32 = cu_read_f32;
+    *out = b;
+    return 0;
+fail:
+    cu_destroy(b);
+    return rc;
+}

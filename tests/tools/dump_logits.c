@@ -1,0 +1,71 @@
+// tests/tools/dump_logits.c - the next-token logits of a prompt, through the
+// model and runner on the CPU backend, for comparisons with other
+// implementations (tests/integration/test_hf_parity.py).
+//
+//   build/tests/tools/dump_logits MODEL [--mode exact|quant|default] ID,ID,...
+//
+// Prints one JSON line: {"vocab": V, "logits": [...]} for the last position.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "engine/model.h"
+#include "engine/runner.h"
+
+int main(int argc, char **argv) {
+    const char *model_path = NULL, *ids_arg = NULL;
+    pg_matmul_mode mode = PG_MATMUL_EXACT;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--mode") && i + 1 < argc) {
+            if (pg_matmul_mode_parse(argv[++i], &mode) < 0) return fprintf(stderr, "%s\n", pg_err_msg()), 2;
+        } else if (!model_path) {
+            model_path = argv[i];
+        } else {
+            ids_arg = argv[i];
+        }
+    }
+    if (!model_path || !ids_arg) {
+        fprintf(stderr, "usage: dump_logits MODEL [--mode exact|quant|default] ID,ID,...\n");
+        return 2;
+    }
+    int32_t ids[4096];
+    int n = 0;
+    for (char *s = (char *)ids_arg; *s && n < 4096;) {
+        ids[n++] = (int32_t)strtol(s, &s, 10);
+        if (*s == ',') s++;
+    }
+    pg_backend *be;
+    pg_model *m;
+    pg_model_load_opts mo = {.path = model_path};
+    if (pg_backend_cpu_create(0, mode, &be) < 0 || pg_model_load(&mo, be, &m) < 0)
+        return fprintf(stderr, "%s\n", pg_err_msg()), 1;
+    const int bs = 16, nb = (n + bs - 1) / bs + 1;
+    pg_runner_config rc = {.block_size = bs, .max_num_seqs = 1, .max_num_batched_tokens = n,
+                           .max_model_len = nb * bs, .kv_dtype = PG_KV_BF16, .graphs = PG_GRAPHS_OFF};
+    pg_runner *r;
+    if (pg_runner_create(m, &rc, &r) < 0 || pg_runner_alloc_kv(r, nb + 1, 0) < 0)
+        return fprintf(stderr, "%s\n", pg_err_msg()), 1;
+    int32_t *table = malloc(sizeof(int32_t) * (size_t)nb);
+    for (int i = 0; i < nb; i++) table[i] = i + 1;
+    pg_sampling_params sp;
+    pg_sampling_params_default(&sp);
+    sp.temperature = 0;
+    pg_plan_seq s = {.seq_id = 1, .tokens = ids, .n_tokens = n, .start_pos = 0, .block_table = table,
+                     .n_blocks = nb, .sample = true, .sp = &sp, .eos_id = -1};
+    pg_batch_plan p = {.n_seqs = 1, .seqs = &s, .n_tokens = n};
+    pg_step_output o;
+    const int32_t V = m->cfg.vocab_size;
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    if (pg_runner_execute(r, &p, &o) < 0 || pg_runner_last_logits(r, logits, 1) < 0)
+        return fprintf(stderr, "%s\n", pg_err_msg()), 1;
+    printf("{\"vocab\": %d, \"arch\": \"%s\", \"logits\": [", V, m->cfg.arch);
+    for (int32_t i = 0; i < V; i++) printf("%s%.9g", i ? ", " : "", logits[i]);
+    printf("]}\n");
+    free(logits);
+    free(table);
+    pg_runner_free(r);
+    pg_model_free(m);
+    be->destroy(be);
+    return 0;
+}
