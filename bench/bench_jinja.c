@@ -6,7 +6,7 @@
 // parse. The chat route renders once per request on the loop thread, so
 // this is the loop time a request's template costs.
 //
-// Usage: build/bench/bench_jinja [DIR] [REPEATS]
+// Usage: build/bench/bench_jinja [DIR] [REPEATS] [RESULTS.json]
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <stdio.h>
@@ -51,6 +51,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     cJSON *ctx = cJSON_Parse(CONTEXT);
+    cJSON *results = cJSON_CreateObject();  // name -> {parse_us, render_us, bytes}
     double *t_parse = malloc(sizeof(double) * (size_t)reps), *t_render = malloc(sizeof(double) * (size_t)reps);
     printf("%-56s %10s %10s %8s\n", "template", "parse us", "render us", "bytes");
     struct dirent *e;
@@ -89,11 +90,33 @@ int main(int argc, char **argv) {
         qsort(t_parse, (size_t)reps, sizeof(double), cmp_d);
         qsort(t_render, (size_t)reps, sizeof(double), cmp_d);
         printf("%-56s %10.1f %10.1f %8zu\n", e->d_name, t_parse[reps / 2], t_render[reps / 2], out_len);
+        cJSON *r = cJSON_AddObjectToObject(results, e->d_name);
+        cJSON_AddNumberToObject(r, "parse_us", t_parse[reps / 2]);
+        cJSON_AddNumberToObject(r, "render_us", t_render[reps / 2]);
+        cJSON_AddNumberToObject(r, "bytes", (double)out_len);
         sum_render += t_render[reps / 2];
         n++;
     }
     closedir(d);
     printf("%d templates: mean of the median render times %.1f us\n", n, n ? sum_render / n : 0);
+    if (argc > 3) {
+        cJSON *doc = cJSON_CreateObject();
+        cJSON_AddStringToObject(doc, "bench", "bench_jinja");
+        cJSON_AddNumberToObject(doc, "repeats", reps);
+        cJSON_AddNumberToObject(doc, "mean_median_render_us", n ? sum_render / n : 0);
+        cJSON_AddItemToObject(doc, "templates", results);
+        results = NULL;
+        char *js = cJSON_Print(doc);
+        FILE *f = fopen(argv[3], "w");
+        if (f) {
+            fputs(js, f);
+            fputc('\n', f);
+            fclose(f);
+        }
+        free(js);
+        cJSON_Delete(doc);
+    }
+    cJSON_Delete(results);
     free(t_parse);
     free(t_render);
     cJSON_Delete(ctx);

@@ -2,7 +2,6 @@
 // starts: the device and its backend, the KV cache dtype, the model, the
 // tokenizer and chat template, the runner, the KV pool's size from the
 // memory that is left, the scheduler, and the start-up memory log.
-#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <string.h>
 
