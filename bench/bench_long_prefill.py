@@ -76,7 +76,8 @@ def stream(port, prompt, max_tokens, out, key, t_send):
 
 def run_config(name, flags, args):
     port = free_port()
-    cmd = [os.path.join(ROOT, "build", "paged"), "serve", "--model", args.model, "--port", str(port),
+    # PAGED: another binary (the GPU machine's pack, build/gpu-pack/paged).
+    cmd = [os.environ.get("PAGED", os.path.join(ROOT, "build", "paged")), "serve", "--model", args.model, "--port", str(port),
            "--max-model-len", str(args.long_len + 64), "--kv-cache-memory", args.kv_cache_memory] + flags
     log = open(f"/tmp/bench_long_prefill_{name}.log", "w")
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)

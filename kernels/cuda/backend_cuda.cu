@@ -42,6 +42,10 @@ struct CudaCtx {
     int32_t *pairs_dev;       // copy-on-write pairs staging
     int32_t *pairs_host;      // pinned
     char desc[160];
+    // PAGED_CUDA_FAULT=N (tests): the N-th step's work ends with a kernel
+    // that traps, a real device error (sticky: the context is lost), so the
+    // watchdog path is exercised on the GPU as a failing card would.
+    int64_t fault_at, n_records;
 };
 
 struct CudaWeight {
@@ -94,6 +98,10 @@ __global__ void fill_kernel(bf16 *w, int64_t n, float v) {
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     const bf16 b = __float2bfloat16(v);
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) w[i] = b;
+}
+
+__global__ void trap_kernel() {
+    __trap();
 }
 
 unsigned fill_grid(int64_t n) {
@@ -164,7 +172,12 @@ static int cu_download(pg_backend *b, void *dst, const void *src, size_t bytes) 
 }
 
 static int cu_record(pg_backend *b, int slot) {
-    PG_CUDA_TRY(cudaEventRecord(ctx_of(b)->ev_done[slot & 1], ctx_of(b)->stream));
+    CudaCtx *c = ctx_of(b);
+    if (c->fault_at > 0 && ++c->n_records == c->fault_at) {
+        PG_LOGW("PAGED_CUDA_FAULT=%lld: this step ends with a trapping kernel", (long long)c->fault_at);
+        trap_kernel<<<1, 1, 0, c->stream>>>();
+    }
+    PG_CUDA_TRY(cudaEventRecord(c->ev_done[slot & 1], c->stream));
     return 0;
 }
 
@@ -724,6 +737,10 @@ extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
         if (c->gemv_rows > PG_CUDA_GEMV_MAX_M) c->gemv_rows = PG_CUDA_GEMV_MAX_M;
     }
     if (pg_cuda_device_describe(c->desc, sizeof c->desc) < 0) snprintf(c->desc, sizeof c->desc, "cuda");
+    {
+        const char *fenv = getenv("PAGED_CUDA_FAULT");
+        c->fault_at = fenv && fenv[0] ? atoll(fenv) : 0;
+    }
     // Every weight upload and random init synchronizes before it returns,
     // so no kernel that writes a weight can still run when a GEMV starts:
     // the ring GEMV may load its first weight pieces before its PDL wait

@@ -29,6 +29,9 @@
 #   4. paged serve --device cuda driven with curl: /health, a completion,
 #      /metrics (all six device memory categories, weights and KV > 0, the
 #      total) and the start-up graph capture's log line.
+#   5. the watchdog after a real device error (PAGED_CUDA_FAULT: a trapping
+#      kernel): the stream ends with an error event and [DONE], /health 503,
+#      exit code 70.
 # Programs come from build/gpu-pack/ (tools/pack_gpu.sh; its .tar.xz is
 # unpacked here when only the archive was carried), else build/.
 # Logs and JSON go to $OUT (the device tool's folder) or /tmp/paged-gpu.
@@ -282,6 +285,47 @@ kill $spid 2>/dev/null
 wait $spid 2>/dev/null
 echo "== serve log (tail)"
 tail -5 /tmp/paged-serve.log
+
+# --- 5. the watchdog after a real device error ------------------------------------------
+# PAGED_CUDA_FAULT=N makes the N-th step end with a trapping kernel (a sticky
+# CUDA error, as a failing card gives): the streamed request must end with an
+# error event and [DONE], /health must turn 503, and the server must exit 70.
+echo "== watchdog: an injected CUDA error"
+port=18094
+PAGED_CUDA_FAULT=12 "$PAGED" serve --model $m64 --device cuda --host 127.0.0.1 --port $port \
+    >/tmp/paged-fault.log 2>&1 &
+fpid=$!
+up=0
+for _ in $(seq 1 150); do
+    curl -sf http://127.0.0.1:$port/health >/dev/null 2>&1 && up=1 && break
+    sleep 0.2
+done
+wd=FAIL
+if [ $up = 1 ]; then
+    stream=$(curl -sN --max-time 60 http://127.0.0.1:$port/v1/completions -H 'Content-Type: application/json' \
+        -d '{"prompt": "Hello", "max_tokens": 64, "temperature": 0, "ignore_eos": true, "stream": true}')
+    # The watchdog looks every half second: /health turns 503 at its next
+    # look, and the process exits a second later.
+    health=000
+    for _ in $(seq 1 40); do
+        health=$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 http://127.0.0.1:$port/health)
+        [ "$health" = 503 ] || [ "$health" = 000 ] && break
+        sleep 0.05
+    done
+    for _ in $(seq 1 100); do kill -0 $fpid 2>/dev/null || break; sleep 0.1; done
+    wait $fpid
+    frc=$?
+    echo "stream tail: $(echo "$stream" | tail -c 300 | tr '\n' ' ')"
+    echo "health after the fault: $health (000 if the server had already exited); exit code $frc"
+    if echo "$stream" | grep -q '"error"' && echo "$stream" | grep -q 'data: \[DONE\]' && [ $frc = 70 ] &&
+        grep -q 'PAGED_CUDA_FAULT' /tmp/paged-fault.log && [ "$health" = 503 ]; then
+        wd=pass
+    fi
+fi
+kill $fpid 2>/dev/null
+grep -E 'WARN|ERROR|watchdog|step failed' /tmp/paged-fault.log | tail -6
+if [ $wd = pass ]; then echo "PASS: watchdog"; else echo "FAIL: watchdog"; fail=1; fi
+note "watchdog after an injected CUDA error: $wd"
 
 echo "== summary"
 printf "%b" "$summary"
