@@ -24,14 +24,19 @@ fi
 
 # Debian packages: build tools, the libraries paged links (libssl-dev: TLS;
 # clang + libclang-rt: the libFuzzer builds), and what the tests drive it
-# with (curl, a real Prometheus, wrk, openssl, python for the OpenAI SDK).
+# with (curl, a real Prometheus, wrk, openssl, python for the OpenAI SDK;
+# for the deployment tests podman + mmdebstrap + runc to build and run the
+# image, Chromium for the chat page, systemd-analyze, kubectl kustomize).
 PACKAGES=(
     gcc g++ make ninja-build python3 python3-venv python3-pip pkg-config unzip curl ca-certificates
     libuv1-dev libcjson-dev libcmocka-dev node-llhttp libopenblas-dev libpcre2-dev libxxhash-dev
     libssl-dev clang libclang-rt-14-dev
 )
 # openssl: the TLS test makes its CA and certificates with it.
-TEST_PACKAGES=(prometheus wrk openssl)
+TEST_PACKAGES=(prometheus wrk openssl podman mmdebstrap runc chromium chromium-driver systemd)
+# kubectl from Debian (kubernetes-client) unless one is installed already
+# (another kubectl package owns /usr/bin/kubectl and would conflict).
+command -v kubectl >/dev/null 2>&1 || TEST_PACKAGES+=(kubernetes-client)
 
 install_packages() {
     local missing=()
@@ -53,9 +58,14 @@ setup_venv() {
     fi
     # openai: the official SDK as a test client; gguf + numpy: llama.cpp's
     # reader, used by tests to write Hugging Face copies of the model;
-    # aiohttp + matplotlib: the serving benchmark client and its plots.
-    if ! "$VENV/bin/python3" -c "import openai, gguf, numpy, aiohttp, matplotlib" 2>/dev/null; then
-        "$VENV/bin/pip" install -q --disable-pip-version-check openai gguf numpy aiohttp matplotlib
+    # aiohttp + matplotlib: the serving benchmark client and its plots;
+    # jinja2: the reference the chat-template engine is compared with;
+    # jsonschema: checks structured outputs (tests/integration/test_structured_outputs.py);
+    # selenium (the chat page in Chromium), schemathesis + openapi-spec-validator
+    # (/openapi.json), kubernetes-validate (the manifests).
+    if ! "$VENV/bin/python3" -c "import openai, gguf, numpy, aiohttp, matplotlib, jinja2, jsonschema, selenium, schemathesis, openapi_spec_validator, kubernetes_validate" 2>/dev/null; then
+        "$VENV/bin/pip" install -q --disable-pip-version-check openai gguf numpy aiohttp matplotlib jinja2 jsonschema \
+            selenium schemathesis openapi-spec-validator kubernetes-validate
     fi
     # transformers + torch: the reference every architecture of the model
     # definition is checked against (tests/integration/test_hf_parity.py).

@@ -6,10 +6,15 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/log.h"
+#include "engine/jinja.h"
 
 struct pg_chat_template {
     pg_chat_family family;
     char *default_system;   // ChatML: system prompt added when none is given
+    pg_jinja_template *jinja;  // PG_CHAT_JINJA
+    char *source;           // PG_CHAT_JINJA: the template text
+    char *bos, *eos;        // bos_token / eos_token text ("" when unknown)
 };
 
 const char *pg_chat_family_name(pg_chat_family f) {
@@ -18,6 +23,7 @@ const char *pg_chat_family_name(pg_chat_family f) {
     case PG_CHAT_LLAMA3: return "llama3";
     case PG_CHAT_LLAMA2: return "llama2";
     case PG_CHAT_MISTRAL: return "mistral";
+    case PG_CHAT_JINJA: return "jinja";
     }
     return "unknown";
 }
@@ -71,8 +77,49 @@ int pg_chat_template_parse(const char *text, pg_chat_template **out) {
 void pg_chat_template_free(pg_chat_template *t) {
     if (!t) return;
     free(t->default_system);
+    pg_jinja_free(t->jinja);
+    free(t->source);
+    free(t->bos);
+    free(t->eos);
     free(t);
 }
+
+static bool is_family_name(const char *s) {
+    return !strcmp(s, "chatml") || !strcmp(s, "llama3") || !strcmp(s, "llama2") || !strcmp(s, "mistral");
+}
+
+int pg_chat_template_create(const char *text, pg_chat_template **out) {
+    *out = NULL;
+    if (is_family_name(text)) return pg_chat_template_parse(text, out);
+    pg_jinja_template *j;
+    if (pg_jinja_parse(text, strlen(text), &j) < 0) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", pg_err_msg());
+        if (pg_chat_template_parse(text, out) == 0) {
+            PG_LOGW("chat template: the Jinja engine cannot parse it (%s); rendering it natively as %s",
+                    why, pg_chat_family_name((*out)->family));
+            return 0;
+        }
+        return pg_err_set(PG_EINVAL, "chat template: %s", why);
+    }
+    pg_chat_template *t = pg_xcalloc(1, sizeof *t);
+    t->family = PG_CHAT_JINJA;
+    t->jinja = j;
+    t->source = pg_xstrdup(text);
+    *out = t;
+    return 0;
+}
+
+void pg_chat_template_set_tokens(pg_chat_template *t, const char *bos, const char *eos) {
+    free(t->bos);
+    free(t->eos);
+    t->bos = bos ? pg_xstrdup(bos) : NULL;
+    t->eos = eos ? pg_xstrdup(eos) : NULL;
+}
+
+const char *pg_chat_template_source(const pg_chat_template *t) { return t->source; }
+
+bool pg_chat_template_renders_bos(const pg_chat_template *t) { return t->family == PG_CHAT_JINJA; }
 
 pg_chat_family pg_chat_template_family(const pg_chat_template *t) { return t->family; }
 
@@ -196,9 +243,75 @@ static int render_inst(pg_chat_family f, const pg_chat_msg *m, int n, sbuf *b) {
     return 0;
 }
 
+static int render_jinja(const pg_chat_template *t, const cJSON *messages, const pg_chat_render_opts *o,
+                        char **out) {
+    cJSON *ctx = cJSON_CreateObject();
+    // chat_template_kwargs first: the variables HF sets itself win over them.
+    const cJSON *kw;
+    if (o->kwargs) cJSON_ArrayForEach(kw, o->kwargs) if (kw->string) cJSON_AddItemToObject(ctx, kw->string, cJSON_Duplicate(kw, true));
+    cJSON_DeleteItemFromObject(ctx, "messages");
+    cJSON_AddItemToObject(ctx, "messages", cJSON_Duplicate(messages, true));
+    cJSON_DeleteItemFromObject(ctx, "tools");
+    cJSON_AddItemToObject(ctx, "tools", o->tools ? cJSON_Duplicate(o->tools, true) : cJSON_CreateNull());
+    if (!cJSON_HasObjectItem(ctx, "documents")) cJSON_AddNullToObject(ctx, "documents");
+    cJSON_DeleteItemFromObject(ctx, "add_generation_prompt");
+    cJSON_AddBoolToObject(ctx, "add_generation_prompt", o->add_generation_prompt);
+    cJSON_DeleteItemFromObject(ctx, "bos_token");
+    cJSON_AddStringToObject(ctx, "bos_token", t->bos ? t->bos : "");
+    cJSON_DeleteItemFromObject(ctx, "eos_token");
+    cJSON_AddStringToObject(ctx, "eos_token", t->eos ? t->eos : "");
+    int rc = pg_jinja_render(t->jinja, ctx, NULL, out);
+    cJSON_Delete(ctx);
+    if (rc < 0) return pg_err_wrap(PG_EINVAL, "the chat template failed: ");
+    return 0;
+}
+
+int pg_chat_template_render(const pg_chat_template *t, const cJSON *messages,
+                            const pg_chat_render_opts *o, char **out) {
+    *out = NULL;
+    if (t->family == PG_CHAT_JINJA) return render_jinja(t, messages, o, out);
+    // A native family: role and content only.
+    if (o->tools && cJSON_GetArraySize(o->tools) > 0)
+        return pg_err_set(PG_EINVAL, "the %s chat template cannot render tools (the model has no Jinja "
+                          "template that does)", pg_chat_family_name(t->family));
+    int n = cJSON_GetArraySize(messages);
+    pg_chat_msg *m = pg_xcalloc((size_t)(n ? n : 1), sizeof *m);
+    int i = 0, rc = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, messages) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
+        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(it, "tool_calls");
+        if (cJSON_IsArray(tc) && cJSON_GetArraySize(tc) > 0) {
+            rc = pg_err_set(PG_EINVAL, "the %s chat template cannot render tool calls (message %d)",
+                            pg_chat_family_name(t->family), i);
+            break;
+        }
+        m[i].role = cJSON_IsString(role) ? role->valuestring : NULL;
+        m[i].content = cJSON_IsString(content) ? content->valuestring : "";
+        i++;
+    }
+    if (rc == 0) rc = pg_chat_template_apply(t, m, n, o->add_generation_prompt, out);
+    free(m);
+    return rc;
+}
+
 int pg_chat_template_apply(const pg_chat_template *t, const pg_chat_msg *msgs, int n, bool gen,
                            char **out) {
     *out = NULL;
+    if (t->family == PG_CHAT_JINJA) {
+        cJSON *arr = cJSON_CreateArray();
+        for (int i = 0; i < n; i++) {
+            cJSON *m = cJSON_CreateObject();
+            cJSON_AddStringToObject(m, "role", msgs[i].role ? msgs[i].role : "");
+            cJSON_AddStringToObject(m, "content", msgs[i].content ? msgs[i].content : "");
+            cJSON_AddItemToArray(arr, m);
+        }
+        pg_chat_render_opts o = {.add_generation_prompt = gen};
+        int rc = render_jinja(t, arr, &o, out);
+        cJSON_Delete(arr);
+        return rc;
+    }
     PG_TRY(check_roles(msgs, n));
     for (int i = 1; i < n; i++)
         if (!strcmp(msgs[i].role, "system") && t->family != PG_CHAT_CHATML && t->family != PG_CHAT_LLAMA3)
@@ -209,6 +322,7 @@ int pg_chat_template_apply(const pg_chat_template *t, const pg_chat_msg *msgs, i
     switch (t->family) {
     case PG_CHAT_CHATML: render_chatml(t, msgs, n, gen, &b); break;
     case PG_CHAT_LLAMA3: render_llama3(msgs, n, gen, &b); break;
+    case PG_CHAT_JINJA: break;  // handled above
     case PG_CHAT_LLAMA2:
     case PG_CHAT_MISTRAL: {
         int rc = render_inst(t->family, msgs, n, &b);

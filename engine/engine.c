@@ -22,10 +22,11 @@ void pg_engine_config_default(pg_engine_config *c) {
 
 // --- live request map (engine thread) --------------------------------------------
 
-static void live_put(pg_engine *e, int64_t id, void *user) {
+static void live_put(pg_engine *e, int64_t id, void *user, req_masks *x) {
     live *l = pg_xmalloc(sizeof *l);
     l->id = id;
     l->user = user;
+    l->x = x;
     l->next = e->live[id % LIVE_BUCKETS];
     e->live[id % LIVE_BUCKETS] = l;
 }
@@ -37,6 +38,7 @@ static void *live_get(pg_engine *e, int64_t id, bool remove) {
         void *user = l->user;
         if (remove) {
             *p = l->next;
+            eng_masks_free(l->x);
             free(l);
         }
         return user;
@@ -105,10 +107,12 @@ static void apply_submissions(pg_engine *e, sub *list) {
                                .arrival_ns = pg_now_ns(),
                                .eos_id = e->model->cfg.n_eos ? e->model->cfg.eos_ids[0] : -1};
             int rc = sched_add_request(e->sched, &r);
-            if (rc < 0)
+            if (rc < 0) {
                 reject(e, s, rc, pg_err_msg());
-            else
-                live_put(e, s->id, s->req.user);
+                eng_masks_free(s->x);
+            } else {
+                live_put(e, s->id, s->req.user, s->x);
+            }
             free((void *)s->req.prompt);
         } else if (s->kind == SUB_ABORT) {
             sched_abort(e->sched, s->id); // unknown id: already finished, harmless
@@ -226,6 +230,7 @@ static void step_finish(pg_engine *e, open_step *st, pg_gen_event **out, int *ca
     }
     sched_events evs;
     if (sched_resolve(e->sched, sop, &evs) < 0) PG_LOGE("scheduler update: %s", pg_err_msg());
+    if (sop) eng_masks_advance(e, sop);  // before the events below retire finished requests
     if (evs.n > *cap_out) {
         *cap_out = evs.n * 2;
         *out = pg_xrealloc(*out, sizeof(pg_gen_event) * (size_t)*cap_out);
@@ -299,6 +304,7 @@ static void *engine_main(void *arg) {
         pthread_mutex_unlock(&e->stats_mu);
         open_step *cur = &steps[cur_i];
         cur_i ^= 1;
+        eng_masks_fill(e, plan);
         // The watchdog's clock: from the begin of the oldest unfinished step.
         if (!prev) busy_set(e, pg_now_ns());
         step_begin(e, plan, cur);
@@ -339,6 +345,7 @@ int64_t pg_engine_submit(pg_engine *e, const pg_gen_request *req) {
     int32_t *ids = pg_xmalloc(sizeof(int32_t) * (size_t)(req->n_prompt > 0 ? req->n_prompt : 1));
     if (req->n_prompt > 0) memcpy(ids, req->prompt, sizeof(int32_t) * (size_t)req->n_prompt);
     s->req.prompt = ids;
+    s->x = eng_masks_from_request(e, &s->req);
     pthread_mutex_lock(&e->mu);
     s->id = e->next_id++;
     pthread_mutex_unlock(&e->mu);
@@ -396,13 +403,17 @@ void pg_engine_destroy(pg_engine *e) {
     }
     for (sub *s = e->subs_head; s;) {
         sub *n = s->next;
-        if (s->kind == SUB_ADD) free((void *)s->req.prompt);
+        if (s->kind == SUB_ADD) {
+            free((void *)s->req.prompt);
+            eng_masks_free(s->x);
+        }
         free(s);
         s = n;
     }
     for (int i = 0; i < LIVE_BUCKETS; i++)
         for (live *l = e->live[i]; l;) {
             live *n = l->next;
+            eng_masks_free(l->x);
             free(l);
             l = n;
         }
@@ -413,6 +424,8 @@ void pg_engine_destroy(pg_engine *e) {
     pg_chat_template_free(e->chat);
     pg_tokenizer_free(e->tok);
     free(e->events);
+    free(e->mask_buf);
+    free(e->mask_ptr);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->ev_mu);

@@ -54,6 +54,19 @@ typedef struct pg_gen_request {
     pg_sampling_params sp;
     int32_t priority;
     void *user;                  // returned with every event
+    // Token masks (engine/structured.h): a grammar every sequence's output
+    // must match, and/or the only token ids that may be sampled. The engine
+    // takes its own reference to `grammar` and copies the ids, and copies
+    // sp's logit_bias arrays: the caller's may go after pg_engine_submit.
+    struct pg_grammar *grammar;  // NULL = none
+    const int32_t *allowed_ids;  // [n_allowed]
+    int32_t n_allowed;           // 0 = every token allowed
+    // bad_words as token sequences: sequence k is bad_ids[bad_off[k] ..
+    // bad_off[k + 1]); its last token is banned where the output ends with
+    // the rest of it (a one-token sequence: always). Copied.
+    const int32_t *bad_off;      // [n_bad + 1]
+    const int32_t *bad_ids;
+    int32_t n_bad;
 } pg_gen_request;
 
 // One event from the engine: a sched_event plus the submitter's pointer,

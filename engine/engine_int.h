@@ -11,11 +11,27 @@
 // A submission: a new request, an abort or an early finish of one sequence.
 typedef enum { SUB_ADD, SUB_ABORT, SUB_FINISH_SEQ } sub_kind;
 
+// What a request carries beyond the scheduler's view (engine/engine_masks.c):
+// its logit_bias arrays (the scheduler's sp points at them), its grammar
+// and one matcher per sequence, and its allowed-token mask.
+typedef struct req_masks {
+    int32_t *bias_ids;
+    float *bias_values;
+    struct pg_grammar *grammar;   // a reference, or NULL
+    struct pg_matcher **m;        // [n] created on first use
+    int32_t n;
+    uint32_t *allowed;            // [words] or NULL
+    int32_t n_bad;                // bad_words sequences (engine.h)
+    int32_t *bad_off;             // [n_bad + 1]
+    int32_t *bad_ids;
+} req_masks;
+
 typedef struct sub {
     sub_kind kind;
     int64_t id;
     int32_t seq_index;
     pg_gen_request req;   // SUB_ADD: prompt points to memory owned by the sub
+    req_masks *x;         // SUB_ADD: owned, NULL when the request has none
     struct sub *next;
 } sub;
 
@@ -23,6 +39,7 @@ typedef struct sub {
 typedef struct live {
     int64_t id;
     void *user;
+    req_masks *x;         // owned, may be NULL
     struct live *next;
 } live;
 
@@ -55,6 +72,9 @@ struct pg_engine {
     void *notify_ctx;
 
     live *live[LIVE_BUCKETS];    // engine thread only
+    uint32_t *mask_buf;          // [cap_masks * mask_words] this step's token masks
+    const uint32_t **mask_ptr;   // [cap_masks] by plan sequence
+    int32_t cap_masks, mask_words;
 
     // Health, read by pg_engine_health_get (the server's watchdog).
     _Atomic int64_t busy_since_ns; // when the oldest unfinished step began (0: none)
@@ -77,3 +97,17 @@ struct pg_engine {
 int eng_setup(pg_engine *e);
 // setup.c: device memory into e->stats (engine thread or set-up).
 void eng_stats_memory(pg_engine *e, const pg_runner_mem *m);
+
+// --- token masks (engine/engine_masks.c) ----------------------------------------
+
+// The copies a submission keeps (logit_bias, grammar reference, allowed ids,
+// with req->sp's bias pointers moved to them); NULL when it needs none.
+req_masks *eng_masks_from_request(const pg_engine *e, pg_gen_request *req);
+void eng_masks_free(req_masks *x);
+// The live entry of a request id, or NULL.
+live *eng_live_find(pg_engine *e, int64_t id);
+// Fills the runner's masks for the plan's constrained sequences.
+void eng_masks_fill(pg_engine *e, const pg_batch_plan *plan);
+// Advances the matchers by a resolved step's tokens; a sequence whose
+// grammar is complete is finished (finish_reason "stop").
+void eng_masks_advance(pg_engine *e, const pg_step_output *out);

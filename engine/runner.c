@@ -58,6 +58,8 @@ static size_t input_capacity(const pg_runner *r) {
     n += S * 4 + 16;                                       // sample rows
     n += S * sizeof(pg_sample_params) + 16;                // params
     n += S * ((size_t)len + PG_MAX_STOP_IDS + 1) * 4 + 16; // histories and ban lists
+    // logit bias pairs and allowed-token masks
+    n += S * (2 * (size_t)PG_MAX_LOGIT_BIAS + ((size_t)r->model->cfg.vocab_size + 31) / 32) * 4;
     n += S * 2 * 4 + 16;                                   // fed tokens (row, sample) pairs
     return align_up(n, 4096);
 }
@@ -382,7 +384,8 @@ static int32_t *stok_reserve(pg_runner *r, int64_t used, int64_t more) {
 // The plan's sampling parameters for the sampler, field by field; the
 // history only when a penalty reads it, the bans only while min_tokens is
 // not reached.
-static void fill_params(pg_runner *r, const pg_plan_seq *s, pg_sample_params *pp, int64_t *n_stok) {
+static void fill_params(pg_runner *r, const pg_plan_seq *s, const uint32_t *mask, pg_sample_params *pp,
+                        int64_t *n_stok) {
     const pg_sampling_params *sp = s->sp;
     memset(pp, 0, sizeof *pp);
     pp->temperature = sp->temperature;
@@ -414,6 +417,30 @@ static void fill_params(pg_runner *r, const pg_plan_seq *s, pg_sample_params *pp
         pp->n_ban = n;
         *n_stok += n;
     }
+    if (sp->n_logit_bias > 0) {
+        int32_t n = sp->n_logit_bias > PG_MAX_LOGIT_BIAS ? PG_MAX_LOGIT_BIAS : sp->n_logit_bias;
+        int32_t *dst = stok_reserve(r, *n_stok, 2 * (int64_t)n);
+        for (int32_t i = 0; i < n; i++) {
+            dst[2 * i] = sp->bias_ids[i];
+            memcpy(&dst[2 * i + 1], &sp->bias_values[i], sizeof(float));
+        }
+        pp->bias_offset = (int32_t)*n_stok;
+        pp->n_bias = n;
+        *n_stok += 2 * n;
+    }
+    if (mask) {
+        int32_t *dst = stok_reserve(r, *n_stok, r->mask_words);
+        memcpy(dst, mask, sizeof(uint32_t) * (size_t)r->mask_words);
+        pp->mask_offset = (int32_t)*n_stok;
+        pp->n_mask = r->mask_words;
+        *n_stok += r->mask_words;
+    }
+}
+
+void pg_runner_set_masks(pg_runner *r, const uint32_t *const *masks, int32_t n, int32_t words) {
+    r->masks = masks;
+    r->n_masks = n;
+    r->mask_words = words;
 }
 
 // Index of seq_id among the samples of the step begun last, or -1. Plans
@@ -566,9 +593,12 @@ int pg_runner_begin(pg_runner *r, const pg_batch_plan *p) {
         if (!s->sample) continue;
         r->sample_rows[ns] = r->row0[i] + s->n_tokens - 1;
         r->sampled[buf][ns] = s->seq_id;
-        fill_params(r, s, &r->params[ns], &n_stok);
+        const uint32_t *mask = r->masks && i < r->n_masks ? r->masks[i] : NULL;
+        fill_params(r, s, mask, &r->params[ns], &n_stok);
         ns++;
     }
+    r->masks = NULL;  // for this begin only
+    r->n_masks = 0;
     if (n_stok > INT32_MAX) return pg_err_set(PG_EINVAL, "plan: %lld history tokens", (long long)n_stok);
 
     if (row > 0 || ns > 0) {

@@ -2,7 +2,6 @@
 // starts: the device and its backend, the KV cache dtype, the model, the
 // tokenizer and chat template, the runner, the KV pool's size from the
 // memory that is left, the scheduler, and the start-up memory log.
-#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -63,69 +62,6 @@ static int load_tokenizer(pg_engine *e) {
     gguf_close(f);
     return rc;
 }
-
-// tokenizer_config.json "chat_template": a string, or a list of
-// {name, template} where the one named "default" wins.
-static char *hf_chat_template(const char *dir) {
-    char *path = pg_path_join(dir, "tokenizer_config.json"), *text = NULL, *result = NULL;
-    size_t len;
-    if (pg_read_file(path, 64u << 20, &text, &len) == 0) {
-        cJSON *j = cJSON_ParseWithLength(text, len);
-        const cJSON *ct = cJSON_GetObjectItemCaseSensitive(j, "chat_template");
-        if (cJSON_IsString(ct)) {
-            result = pg_xstrdup(ct->valuestring);
-        } else if (cJSON_IsArray(ct)) {
-            const cJSON *it;
-            cJSON_ArrayForEach(it, ct) {
-                const cJSON *name = cJSON_GetObjectItemCaseSensitive(it, "name");
-                const cJSON *tmpl = cJSON_GetObjectItemCaseSensitive(it, "template");
-                if (cJSON_IsString(tmpl) && (!result || (cJSON_IsString(name) && !strcmp(name->valuestring, "default")))) {
-                    free(result);
-                    result = pg_xstrdup(tmpl->valuestring);
-                }
-            }
-        }
-        cJSON_Delete(j);
-    }
-    free(text);
-    free(path);
-    return result;
-}
-
-// The chat template text: --chat-template (a family name or a file), else
-// the model's own (GGUF metadata or tokenizer_config.json).
-static int load_chat_template(pg_engine *e) {
-    const char *want = e->cfg.chat_template;
-    char *text = NULL;
-    size_t len;
-    int rc = 0;
-    if (want && pg_file_exists(want)) {
-        PG_TRY(pg_read_file(want, 1 << 20, &text, &len));
-    } else if (want) {
-        text = pg_xstrdup(want);
-    } else if (!tokenizer_source(e) || ends_with(tokenizer_source(e), ".json")) {
-        text = NULL; // a dummy model, or a bare tokenizer.json: no template
-    } else if (!pg_is_dir(tokenizer_source(e))) {
-        gguf_file *f;
-        PG_TRY(gguf_open(tokenizer_source(e), &f));
-        if (gguf_get_str(f, "tokenizer.chat_template", &text) < 0) text = NULL;
-        gguf_close(f);
-    } else {
-        text = hf_chat_template(tokenizer_source(e));
-    }
-    if (!text) return 0; // no template: chat requests get a clear error later
-    rc = pg_chat_template_parse(text, &e->chat);
-    if (rc < 0 && !want) {
-        // The model's own template is unknown: chat is unavailable, text
-        // completion still works.
-        PG_LOGW("chat template of %s not recognised; /v1/chat/completions disabled (%s)",
-                tokenizer_source(e), pg_err_msg());
-        rc = 0;
-    }
-    free(text);
-    return rc;
-}
-
 
 // The device: cpu, cuda, or auto (the GPU when one is found).
 static int make_backend(pg_engine *e) {
@@ -189,7 +125,7 @@ int eng_setup(pg_engine *e) {
                              .dummy_seed = 0x5eedull, .dummy_std = 0.02f};
     PG_TRY(pg_model_load(&mo, be, &e->model));
     PG_TRY(load_tokenizer(e));
-    PG_TRY(load_chat_template(e));
+    PG_TRY(pg_chat_template_load(e->cfg.chat_template, tokenizer_source(e), e->tok, &e->chat));
 
     const pg_model_config *mc = &e->model->cfg;
     sched_config sc = cfg->sched;

@@ -7,7 +7,8 @@
 //
 // Order of operations (as vLLM): logprobs are taken from the raw logits;
 // then penalties (repetition over prompt and output, presence and frequency
-// over output), banned ids (the min_tokens mask), greedy when temperature
+// over output), banned ids (the min_tokens mask), logit bias, the allowed-
+// token bitmask (structured outputs), greedy when temperature
 // <= 0 or top_k == 1; else temperature, a window of 30 nats, top-k, top-p,
 // min-p over the candidates sorted by logit (ties by lower id) and a draw
 // u = pg_sampler_uniform(seed, n_generated) walked down that order, so a
@@ -38,6 +39,12 @@ typedef struct pg_sample_params {
     int32_t n_prompt;         // the first n_prompt of it are the prompt
     int32_t ban_offset;       // token ids set to -inf: tokens[ban_offset .. + n_ban)
     int32_t n_ban;            //   (EOS and stop ids while min_tokens is not reached)
+    int32_t bias_offset;      // logit bias: n_bias pairs (id, float bits) at
+    int32_t n_bias;           //   tokens[bias_offset .. + 2 * n_bias), added after the bans
+    int32_t mask_offset;      // allowed tokens (structured outputs, allowed_token_ids):
+    int32_t n_mask;           //   bit (t & 31) of tokens[mask_offset + (t >> 5)], n_mask
+                              //   words (0 = no mask; tokens past them are not allowed).
+                              //   Applied last: a token whose bit is clear is never sampled.
 } pg_sample_params;
 
 // Per-sequence result, an array [n] in the backend's memory; the host reads

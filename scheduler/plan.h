@@ -11,6 +11,7 @@
 
 #define PG_MAX_LOGPROBS 20
 #define PG_MAX_STOP_IDS 64
+#define PG_MAX_LOGIT_BIAS 300  // OpenAI's limit on logit_bias entries
 
 // Sampling parameters of one request (vLLM's names and defaults).
 typedef struct pg_sampling_params {
@@ -30,6 +31,17 @@ typedef struct pg_sampling_params {
     int32_t logprobs;         // -1 = none, 0..PG_MAX_LOGPROBS top entries
     int32_t n_stop_ids;
     int32_t stop_ids[PG_MAX_STOP_IDS];
+    // logit_bias: added to the logits before sampling (after penalties).
+    // The arrays belong to whoever submitted the request (the engine keeps
+    // its copy until the request finishes); the scheduler copies only the
+    // pointers.
+    int32_t n_logit_bias;
+    const int32_t *bias_ids;  // [n_logit_bias]
+    const float *bias_values; // [n_logit_bias]
+    // A token mask per step (a grammar, allowed_token_ids) that the engine
+    // computes from the previous step's token: such a request never runs
+    // ahead (sched_can_run_ahead).
+    bool constrained;
 } pg_sampling_params;
 
 // Fills `p` with the defaults: temperature 1, top_p 1, top_k off, n 1,

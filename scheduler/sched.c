@@ -777,7 +777,7 @@ int sched_advance(sched *s) {
 bool sched_can_run_ahead(const sched *s) {
     for (int32_t k = 0; k < s->n_ures_seq; k++) {
         const req *r = req_by_id(s, s->ures_seq[k] / SCHED_MAX_N);
-        if (r && has_penalties(&r->sp)) return false;
+        if (r && (has_penalties(&r->sp) || r->sp.constrained)) return false;
     }
     return true;
 }

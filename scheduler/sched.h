@@ -234,8 +234,9 @@ int sched_resolve(sched *s, const pg_step_output *out, sched_events *ev);
 
 // Whether the next plan may be made before sched_resolve: false when a
 // sequence awaiting its token samples with a repetition, presence or
-// frequency penalty (the runner reads the history, which lacks that token),
-// then the engine resolves first. True with nothing advanced.
+// frequency penalty (the runner reads the history, which lacks that token)
+// or is constrained (its token mask follows from that token), then the
+// engine resolves first. True with nothing advanced.
 bool sched_can_run_ahead(const sched *s);
 
 // Whether a step would do anything: live requests or undelivered events.

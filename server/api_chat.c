@@ -2,7 +2,11 @@
 //
 // Messages are rendered with the model's chat template (engine/
 // chat_template.h), tokenized, and generated as one engine request with n
-// sequences.
+// sequences. With tools (server/tool_calls.h) each choice's text goes
+// through the tool-call parser: streamed as content deltas, then per call
+// a chunk with its id and name and chunks with argument text; whole
+// responses carry message.tool_calls. Either way finish_reason is
+// "tool_calls" when the model called a tool.
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +15,7 @@
 #include "server/app.h"
 #include "server/gen_job.h"
 #include "server/sse.h"
+#include "server/tool_calls.h"
 
 // --- formatting ---------------------------------------------------------------------
 
@@ -58,12 +63,23 @@ static cJSON *logprobs_json(gen_job *j, gen_choice *c) {
     return o;
 }
 
+static bool parsing_tools(const gen_job *j) { return j->p.tools && j->p.tools->choice != TC_CHOICE_NONE; }
+
+// "stop" becomes "tool_calls" when the choice called a tool (OpenAI's reason).
+static const char *finish_with_calls(const char *finish, bool called) {
+    return called && finish && !strcmp(finish, "stop") ? "tool_calls" : finish;
+}
+
 static void add_finish(gen_job *j, const gen_choice *c, cJSON *ch, const char *finish) {
     if (!finish) {
         cJSON_AddNullToObject(ch, "finish_reason");
         return;
     }
     cJSON_AddStringToObject(ch, "finish_reason", finish);
+    if (!strcmp(finish, "tool_calls")) {
+        cJSON_AddNullToObject(ch, "stop_reason");
+        return;
+    }
     if (c->stop_string >= 0) {
         cJSON_AddStringToObject(ch, "stop_reason", j->p.stop[c->stop_string]);
         return;
@@ -95,7 +111,68 @@ static void stream_start(gen_job *j) {
     }
 }
 
+// One chunk of choice c with `delta` (taken) and, when lps, its logprobs.
+static void send_delta(gen_job *j, gen_choice *c, cJSON *d, bool lps, const char *finish) {
+    cJSON *o = gen_chunk_new(j);
+    cJSON *chs = cJSON_AddArrayToObject(o, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddNumberToObject(ch, "index", c->index);
+    cJSON_AddItemToObject(ch, "delta", d);
+    cJSON_AddItemToObject(ch, "logprobs", lps ? logprobs_json(j, c) : cJSON_CreateNull());
+    add_finish(j, c, ch, finish);
+    cJSON_AddItemToArray(chs, ch);
+    sse_send_json(j->req, o);
+    cJSON_Delete(o);
+}
+
+// Streaming with tools: the parser decides what of the new text is content
+// and what is a tool call.
+static void stream_chunk_tools(gen_job *j, gen_choice *c, const char *finish) {
+    tc_stream *s = tools_stream(j->p.tools, c->index);
+    tc_delta td = {0};
+    tc_stream_feed(s, c->delta.p ? c->delta.p : "", c->delta.len, finish != NULL, &td);
+    bool lps_sent = false;
+    if (td.content.len > 0) {
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "content", sbuf_str(&td.content));
+        send_delta(j, c, d, true, NULL);
+        lps_sent = true;
+    }
+    for (int i = 0; i < td.n_calls; i++) {
+        const tc_delta_call *tc = &td.calls[i];
+        for (int part = 0; part < 2; part++) {
+            if (part == 0 && !tc->name) continue;
+            if (part == 1 && tc->args.len == 0) continue;
+            cJSON *d = cJSON_CreateObject();
+            cJSON *arr = cJSON_AddArrayToObject(d, "tool_calls");
+            cJSON *call = cJSON_CreateObject();
+            cJSON_AddNumberToObject(call, "index", tc->index);
+            cJSON *fn;
+            if (part == 0) {  // the name first, with the call's id
+                cJSON_AddStringToObject(call, "id", tc->id);
+                cJSON_AddStringToObject(call, "type", "function");
+                fn = cJSON_AddObjectToObject(call, "function");
+                cJSON_AddStringToObject(fn, "name", tc->name);
+                cJSON_AddStringToObject(fn, "arguments", "");
+            } else {
+                fn = cJSON_AddObjectToObject(call, "function");
+                cJSON_AddStringToObject(fn, "arguments", sbuf_str(&tc->args));
+            }
+            cJSON_AddItemToArray(arr, call);
+            send_delta(j, c, d, !lps_sent, NULL);
+            lps_sent = true;
+        }
+    }
+    if (finish)
+        send_delta(j, c, cJSON_CreateObject(), !lps_sent, finish_with_calls(finish, tc_stream_n_calls(s) > 0));
+    tc_delta_free(&td);
+}
+
 static void stream_chunk(gen_job *j, gen_choice *c, const char *finish) {
+    if (parsing_tools(j)) {
+        stream_chunk_tools(j, c, finish);
+        return;
+    }
     cJSON *o = gen_chunk_new(j);
     cJSON *chs = cJSON_AddArrayToObject(o, "choices");
     cJSON *ch = cJSON_CreateObject();
@@ -122,9 +199,21 @@ static void full_response(gen_job *j, sbuf *out) {
         cJSON_AddNumberToObject(ch, "index", c->index);
         cJSON *m = cJSON_AddObjectToObject(ch, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "content", sbuf_str(&c->text));
+        const char *finish = c->finish_reason;
+        if (parsing_tools(j)) {
+            char *content;
+            cJSON *calls;
+            tools_parse_output(j->p.tools, sbuf_str(&c->text), &content, &calls);
+            if (content) cJSON_AddStringToObject(m, "content", content);
+            else cJSON_AddNullToObject(m, "content");
+            if (calls) cJSON_AddItemToObject(m, "tool_calls", calls);
+            finish = finish_with_calls(finish, calls != NULL);
+            free(content);
+        } else {
+            cJSON_AddStringToObject(m, "content", sbuf_str(&c->text));
+        }
         cJSON_AddItemToObject(ch, "logprobs", logprobs_json(j, c));
-        add_finish(j, c, ch, c->finish_reason);
+        add_finish(j, c, ch, finish);
         cJSON_AddItemToArray(chs, ch);
     }
     cJSON_AddItemToObject(o, "usage", gen_usage_json(j));
@@ -183,13 +272,23 @@ void api_chat_completions(srv_app *a, srv_req *r) {
     if (api_parse_body(r->body, r->body_len, &body, &e) < 0) goto fail;
     if (api_parse_params(body, API_CHAT, &a->lim, &c->p, &e) < 0) goto fail;
     if (app_check_model(a, c->p.model, &e) < 0) goto fail;
+    if (api_compile_grammar(a->grammars, &c->p, &e) < 0) goto fail;
+    if (api_check_engine_support(&c->p, &e) < 0) goto fail;
+    api_tokenize_bad_words(a->tok, &c->p);
     if (api_parse_messages(body, &msgs, &e) < 0) goto fail;
     if (api_get_bool(body, "add_generation_prompt", &gen_prompt, &e) < 0) goto fail;
-    if (app_render_chat(a, &msgs, gen_prompt, &c->prompt, &e) < 0) goto fail;
+    if (c->p.tools && a->chat) {
+        tools_set_format(c->p.tools, pg_chat_template_source(a->chat));
+        // [TOOL_CALLS] and <|python_tag|> are special tokens: keep them in the text.
+        if (tools_need_special_tokens(c->p.tools)) c->p.skip_special_tokens = false;
+    }
+    if (app_render_chat(a, &msgs, c->p.tools ? c->p.tools->tools : NULL, c->p.chat_template_kwargs,
+                        gen_prompt, &c->prompt, &e) < 0)
+        goto fail;
     api_messages_free(&msgs);
     cJSON_Delete(body);
     c->len = strlen(c->prompt);
-    app_tokenize_async(a, r, (const char *const *)&c->prompt, &c->len, 1, pg_tokenizer_add_bos(a->tok),
+    app_tokenize_async(a, r, (const char *const *)&c->prompt, &c->len, 1, app_chat_add_bos(a),
                        "messages", chat_tokenized, c);
     return;
 fail:

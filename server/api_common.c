@@ -9,6 +9,7 @@
 
 #include "common/err.h"
 #include "server/json_strict.h"
+#include "server/tool_calls.h"
 
 // --- errors --------------------------------------------------------------------
 
@@ -124,10 +125,33 @@ void api_params_free(api_params *p) {
     free(p->stop);
     free(p->stop_lens);
     free(p->model);
+    free(p->guided_json);
+    api_tools_free(p->tools);
+    cJSON_Delete(p->chat_template_kwargs);
+    p->guided_json = NULL;
+    p->tools = NULL;
+    p->chat_template_kwargs = NULL;
+    free(p->grammar_text);
+    free(p->bias_ids);
+    free(p->bias_values);
+    free(p->allowed_ids);
+    pg_grammar_unref(p->grammar);
+    p->grammar = NULL;
+    for (int i = 0; i < p->n_bad_words; i++) free(p->bad_words[i]);
+    free(p->bad_words);
+    free(p->bad_off);
+    free(p->bad_ids);
+    p->bad_off = p->bad_ids = NULL;
+    p->n_bad_seqs = 0;
     p->stop = NULL;
     p->stop_lens = NULL;
     p->model = NULL;
     p->n_stop = 0;
+    p->guided_json = p->grammar_text = NULL;
+    p->bias_ids = p->allowed_ids = NULL;
+    p->bias_values = NULL;
+    p->bad_words = NULL;
+    p->n_logit_bias = p->n_allowed = p->n_bad_words = 0;
 }
 
 static int add_stop(api_params *p, const cJSON *s, const api_limits *lim, api_error *e) {
@@ -180,31 +204,13 @@ static int parse_stop(const cJSON *body, const api_limits *lim, api_params *p, a
 // Fields that change what the API promises and that paged does not do: a
 // clear 400 rather than a silently different answer.
 static int reject_unsupported(const cJSON *body, api_kind kind, api_error *e) {
-    static const char *never[] = {"suffix", "guided_json", "guided_regex",
-                                  "guided_choice", "guided_grammar", "prompt_logprobs", NULL};
+    static const char *never[] = {"suffix", "guided_whitespace_pattern", NULL};
     for (int i = 0; never[i]; i++)
         if (field(body, never[i]))
             return api_err(e, 400, never[i], "%s is not supported by this server", never[i]);
-    // An empty (or null) logit_bias changes nothing, so it is accepted as
-    // the OpenAI SDK and LangChain send it; a non-empty one is a 400.
-    const cJSON *lb = field(body, "logit_bias");
-    if (lb && !cJSON_IsNull(lb) && !(cJSON_IsObject(lb) && !lb->child))
-        return api_err(e, 400, "logit_bias",
-                       cJSON_IsObject(lb) ? "logit_bias is not supported by this server (only {})"
-                                          : "logit_bias must be an object");
     bool beam = false;
     if (api_get_bool(body, "use_beam_search", &beam, e) < 0) return -1;
     if (beam) return api_err(e, 400, "use_beam_search", "beam search is not supported");
-    const cJSON *rf = field(body, "response_format");
-    if (rf) {
-        const cJSON *t = cJSON_IsObject(rf) ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
-        if (!cJSON_IsString(t))
-            return api_err(e, 400, "response_format", "response_format must be an object with a type");
-        if (strcmp(t->valuestring, "text"))
-            return api_err(e, 400, "response_format",
-                           "response_format type '%.64s' is not supported (only 'text')",
-                           t->valuestring);
-    }
     if (kind == API_CHAT) {
         // The legacy function-calling fields: refused, not silently ignored
         // (a client relying on them would get plain text back).
@@ -214,13 +220,6 @@ static int reject_unsupported(const cJSON *body, api_kind kind, api_error *e) {
                 return api_err(e, 400, legacy[i],
                                "%s (the legacy function-calling API) is not supported by this server",
                                legacy[i]);
-        const cJSON *tools = field(body, "tools");
-        if (tools && (!cJSON_IsArray(tools) || cJSON_GetArraySize(tools) > 0))
-            return api_err(e, 400, "tools", "tools are not supported by this server");
-        const cJSON *tc = field(body, "tool_choice");
-        if (tc && !(cJSON_IsString(tc) && (!strcmp(tc->valuestring, "none") ||
-                                           !strcmp(tc->valuestring, "auto"))))
-            return api_err(e, 400, "tool_choice", "tool_choice is not supported by this server");
     }
     return 0;
 }
@@ -230,6 +229,8 @@ int api_parse_params(const cJSON *body, api_kind kind, const api_limits *lim, ap
     memset(p, 0, sizeof *p);
     pg_sampling_params_default(&p->sp);
     p->logprobs = -1;
+    p->prompt_logprobs = -1;
+    p->grammar_kind = -1;
     p->skip_special_tokens = true;
     int64_t v;
     bool has;
@@ -261,14 +262,6 @@ int api_parse_params(const cJSON *body, api_kind kind, const api_limits *lim, ap
     }
     if (api_get_int(body, "n", 1, lim->max_n, &v, &has, e) < 0) goto fail;
     if (has) sp->n = (int32_t)v;
-    const cJSON *best_of = field(body, "best_of");
-    if (best_of) {
-        if (api_get_int(body, "best_of", 1, lim->max_n, &v, NULL, e) < 0) goto fail;
-        if (v != sp->n) {
-            api_err(e, 400, "best_of", "best_of different from n is not supported");
-            goto fail;
-        }
-    }
 
     // max_tokens; chat prefers max_completion_tokens. The upper bound is
     // checked against the prompt in api_check_length.
@@ -290,11 +283,9 @@ int api_parse_params(const cJSON *body, api_kind kind, const api_limits *lim, ap
         if (api_get_bool(body, "echo", &p->echo, e) < 0) goto fail;
         if (api_get_int(body, "logprobs", 0, lim->max_logprobs, &v, &has, e) < 0) goto fail;
         if (has) p->logprobs = (int32_t)v;
-        if (p->echo && p->logprobs >= 0) {
-            api_err(e, 400, "echo",
-                    "echo with logprobs needs prompt logprobs, which this server does not compute");
-            goto fail;
-        }
+        // echo with logprobs reports the prompt's tokens too (OpenAI's
+        // legacy completions): the prompt logprobs at the same top-N.
+        if (p->echo && p->logprobs >= 0) p->prompt_logprobs = p->logprobs;
     } else {
         bool lp = false;
         if (api_get_bool(body, "logprobs", &lp, e) < 0) goto fail;
@@ -329,11 +320,33 @@ int api_parse_params(const cJSON *body, api_kind kind, const api_limits *lim, ap
         }
         p->priority = (int32_t)v;
     }
+    if (kind == API_CHAT) {
+        if (api_parse_tools(body, &p->tools, e) < 0) goto fail;
+        char *g = tools_guided_json(p->tools);
+        if (g && p->guided_json) {  // one constraint per request
+            free(g);
+            api_err(e, 400, "tool_choice",
+                    "tool_choice 'required' or a named function cannot be combined with another output "
+                    "constraint (response_format, guided_json)");
+            goto fail;
+        }
+        if (g) {
+            p->guided_json = g;
+            p->guided_param = "tool_choice";
+        }
+        const cJSON *kw = field(body, "chat_template_kwargs");
+        if (kw && !cJSON_IsObject(kw)) {
+            api_err(e, 400, "chat_template_kwargs", "chat_template_kwargs must be an object");
+            goto fail;
+        }
+        if (kw) p->chat_template_kwargs = cJSON_Duplicate(kw, true);
+    }
     const cJSON *user = field(body, "user");
     if (user && !cJSON_IsString(user)) {
         api_err(e, 400, "user", "user must be a string");
         goto fail;
     }
+    if (api_parse_guided(body, kind, lim, p, e) < 0) goto fail;
     return 0;
 fail:
     api_params_free(p);
@@ -468,6 +481,7 @@ int api_parse_prompts(const cJSON *body, const api_limits *lim, int32_t n, api_p
 // --- messages ------------------------------------------------------------------
 
 void api_messages_free(api_messages *m) {
+    cJSON_Delete(m->json);
     for (int i = 0; i < m->n; i++) free(m->owned[i]);
     free(m->owned);
     free(m->msgs);
@@ -516,6 +530,54 @@ static int message_content(const cJSON *c, const char *role, int index, char **o
     return 0;
 }
 
+// tool_calls of an assistant message and tool_call_id/name of a tool
+// message, checked and copied into `jm` (the template's view).
+static int message_extras(const cJSON *m, const char *role, int index, cJSON *jm, api_error *e) {
+    char param[48];
+    snprintf(param, sizeof param, "messages[%d]", index);
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+    if (tc && !cJSON_IsNull(tc)) {
+        if (strcmp(role, "assistant"))
+            return api_err(e, 400, param, "only assistant messages can have tool_calls");
+        if (!cJSON_IsArray(tc)) return api_err(e, 400, param, "tool_calls must be a list");
+        cJSON *calls = cJSON_AddArrayToObject(jm, "tool_calls");
+        const cJSON *c;
+        int k = 0;
+        cJSON_ArrayForEach(c, tc) {
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(c, "id");
+            const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+            const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+            if (!cJSON_IsObject(c) || !cJSON_IsString(id) || !cJSON_IsString(name) || !cJSON_IsString(args))
+                return api_err(e, 400, param,
+                               "tool_calls[%d] must be {\"id\", \"type\": \"function\", \"function\": "
+                               "{\"name\", \"arguments\": a string}}", k);
+            cJSON *jc = cJSON_CreateObject();
+            cJSON_AddStringToObject(jc, "id", id->valuestring);
+            cJSON_AddStringToObject(jc, "type", "function");
+            cJSON *jf = cJSON_AddObjectToObject(jc, "function");
+            cJSON_AddStringToObject(jf, "name", name->valuestring);
+            // Templates expect the arguments as a mapping (as vLLM passes them).
+            cJSON *parsed = cJSON_Parse(args->valuestring);
+            if (cJSON_IsObject(parsed)) cJSON_AddItemToObject(jf, "arguments", parsed);
+            else {
+                cJSON_Delete(parsed);
+                cJSON_AddStringToObject(jf, "arguments", args->valuestring);
+            }
+            cJSON_AddItemToArray(calls, jc);
+            k++;
+        }
+    }
+    if (!strcmp(role, "tool")) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
+        if (!cJSON_IsString(id)) return api_err(e, 400, param, "a tool message needs a string tool_call_id");
+        cJSON_AddStringToObject(jm, "tool_call_id", id->valuestring);
+    }
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(m, "name");
+    if (cJSON_IsString(name)) cJSON_AddStringToObject(jm, "name", name->valuestring);
+    return 0;
+}
+
 int api_parse_messages(const cJSON *body, api_messages *out, api_error *e) {
     memset(out, 0, sizeof *out);
     const cJSON *ms = field(body, "messages");
@@ -525,6 +587,7 @@ int api_parse_messages(const cJSON *body, api_messages *out, api_error *e) {
     if (n == 0) return api_err(e, 400, "messages", "messages must not be empty");
     out->msgs = pg_xcalloc((size_t)n, sizeof(pg_chat_msg));
     out->owned = pg_xcalloc((size_t)n, sizeof(char *));
+    out->json = cJSON_CreateArray();
     const cJSON *m;
     int i = 0;
     cJSON_ArrayForEach(m, ms) {
@@ -539,22 +602,29 @@ int api_parse_messages(const cJSON *body, api_messages *out, api_error *e) {
         const char *canon = !strcmp(r, "system") || !strcmp(r, "developer") ? "system"
                             : !strcmp(r, "user")                            ? "user"
                             : !strcmp(r, "assistant")                       ? "assistant"
+                            : !strcmp(r, "tool")                            ? "tool"
                                                                             : NULL;
         if (!canon) {
             api_messages_free(out);
             return api_err(e, 400, param,
-                           "role '%.32s' is not supported (system, developer, user, assistant)", r);
+                           "role '%.32s' is not supported (system, developer, user, assistant, tool)", r);
         }
-        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
-        if (tc && !cJSON_IsNull(tc) && !(cJSON_IsArray(tc) && cJSON_GetArraySize(tc) == 0)) {
-            api_messages_free(out);
-            return api_err(e, 400, param, "tool calls are not supported by this server");
-        }
-        char *content = NULL;
-        if (message_content(cJSON_GetObjectItemCaseSensitive(m, "content"), canon, i, &content, e) < 0) {
+        cJSON *jm = cJSON_CreateObject();
+        cJSON_AddItemToArray(out->json, jm);
+        cJSON_AddStringToObject(jm, "role", canon);
+        if (message_extras(m, canon, i, jm, e) < 0) {
             api_messages_free(out);
             return -1;
         }
+        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(jm, "tool_calls");
+        bool has_calls = cJSON_IsArray(tc) && cJSON_GetArraySize(tc) > 0;
+        char *content = NULL;
+        const cJSON *cj = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (message_content(cj, has_calls ? "assistant" : canon, i, &content, e) < 0) {
+            api_messages_free(out);
+            return -1;
+        }
+        cJSON_AddStringToObject(jm, "content", content);
         out->owned[i] = content;
         out->msgs[i] = (pg_chat_msg){canon, content};
         out->n = ++i;

@@ -12,6 +12,8 @@
 #include <stdint.h>
 
 #include "engine/chat_template.h"
+#include "engine/structured.h"
+#include "engine/tokenizer.h"
 #include "scheduler/plan.h"
 #include "server/sbuf.h"
 
@@ -66,6 +68,31 @@ typedef struct api_params {
     char **stop;                 // [n_stop] owned
     size_t *stop_lens;           // [n_stop] owned
     char *model;                 // owned; NULL when absent
+    // Structured outputs (server/api_guided.c, engine/structured.h): at
+    // most one constraint. guided_json is a JSON schema text (from
+    // response_format json_schema, guided_json, structured_outputs.json, or
+    // set by tool calling for tool_choice required / named); otherwise
+    // grammar_kind (a pg_grammar_kind, -1 = none) names what grammar_text is.
+    char *guided_json;           // owned; NULL when absent
+    int grammar_kind;
+    char *grammar_text;          // owned; NULL when absent
+    const char *guided_param;    // the field that set the constraint, for errors
+    // Token-level controls.
+    int32_t n_logit_bias;        // logit_bias entries (ids ascending, unique)
+    int32_t *bias_ids;           // [n_logit_bias] owned
+    float *bias_values;          // [n_logit_bias] owned, in [-100, 100]
+    int32_t n_allowed;           // allowed_token_ids (0 = all allowed)
+    int32_t *allowed_ids;        // [n_allowed] owned
+    int n_bad_words;
+    char **bad_words;            // [n_bad_words] owned
+    int32_t n_bad_seqs;          // their token sequences (api_tokenize_bad_words)
+    int32_t *bad_off;            // [n_bad_seqs + 1] owned: sequence k is bad_ids[off[k] .. off[k+1])
+    int32_t *bad_ids;            // owned
+    int32_t best_of;             // completions: candidates per choice (>= n); 0 = n
+    int32_t prompt_logprobs;     // -1 = none; top-N per prompt position (echo+logprobs sets it)
+    pg_grammar *grammar;         // owned reference, set by api_compile_grammar
+    struct api_tools *tools;     // chat: owned; NULL without tools (server/tool_calls.h)
+    cJSON *chat_template_kwargs; // chat: owned copy of the object; NULL when absent
 } api_params;
 
 // Parses every field but the prompt/messages from `body` (an object),
@@ -75,6 +102,30 @@ typedef struct api_params {
 int api_parse_params(const cJSON *body, api_kind kind, const api_limits *lim, api_params *p,
                      api_error *e);
 void api_params_free(api_params *p);
+
+// The structured-output and token-control fields (response_format,
+// guided_json / guided_regex / guided_choice / guided_grammar,
+// structured_outputs, logit_bias, allowed_token_ids, bad_words, best_of,
+// prompt_logprobs, metadata) into p; called by api_parse_params. Checks
+// shapes and OpenAI's limits (logit_bias: at most 300 entries, token ids in
+// the vocabulary, values in [-100, 100]); grammars are compiled later, by
+// the route (api_compile_grammar).
+int api_parse_guided(const cJSON *body, api_kind kind, const api_limits *lim, api_params *p,
+                     api_error *e);
+
+// Compiles p's constraint, if any, through the cache `c` into p->grammar
+// (NULL cache: structured outputs unavailable). A schema or grammar that
+// does not compile is a 400 naming the field and the reason. Compilation
+// is bounded by the cache's limits, so it may run on the loop thread.
+int api_compile_grammar(pg_grammar_cache *c, api_params *p, api_error *e);
+
+// Tokenizes p's bad_words, each as written and with a leading space (as
+// vLLM does), into p->bad_off / bad_ids.
+void api_tokenize_bad_words(const pg_tokenizer *t, api_params *p);
+
+// A 400 for the fields that are parsed but that the engine does not apply
+// yet (best_of > n, prompt logprobs), naming the first one given.
+int api_check_engine_support(const api_params *p, api_error *e);
 
 // Sets the default max_tokens (completions: 16; chat: the rest of the
 // context, capped at lim->default_max_tokens) and checks prompt + max_tokens
@@ -105,11 +156,16 @@ typedef struct api_messages {
     pg_chat_msg *msgs;           // [n] role and content point into owned storage
     int n;
     char **owned;                // [n] content strings
+    cJSON *json;                 // owned: the messages as the chat template sees them
 } api_messages;
 
 // "messages": a non-empty list of {role, content}; role system, developer
-// (as system), user or assistant; content a string, null (assistant), or a
-// list of {"type": "text", "text": ...} parts (joined with "\n").
+// (as system), user, assistant or tool; content a string, null (assistant),
+// or a list of {"type": "text", "text": ...} parts (joined with "\n").
+// Assistant messages may carry tool_calls ({id, type "function", function
+// {name, arguments}}; arguments that are a JSON object text are given to the
+// template as an object, as vLLM does); tool messages need tool_call_id.
+// `json` holds them normalised (content a string) for the template.
 int api_parse_messages(const cJSON *body, api_messages *out, api_error *e);
 void api_messages_free(api_messages *m);
 

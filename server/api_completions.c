@@ -117,6 +117,12 @@ static void stream_chunk(gen_job *j, gen_choice *c, const char *finish) {
     cJSON_Delete(o);
 }
 
+static int cmp_rank(const void *a, const void *b) {
+    const gen_choice *x = *(gen_choice *const *)a, *y = *(gen_choice *const *)b;
+    if (x->cum_logprob != y->cum_logprob) return x->cum_logprob > y->cum_logprob ? -1 : 1;
+    return x->index - y->index;
+}
+
 static void full_response(gen_job *j, sbuf *out) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "id", j->id);
@@ -125,8 +131,17 @@ static void full_response(gen_job *j, sbuf *out) {
     cJSON_AddStringToObject(o, "model", j->app->served_name);
     cJSON *chs = cJSON_AddArrayToObject(o, "choices");
     sbuf text = {0};
+    // best_of: per prompt, the n best of its best_of sequences, renumbered.
+    int keep = j->n_subs > 0 ? j->n_choices / j->n_subs : 1;  // sequences per prompt
+    gen_choice **order = pg_xmalloc(sizeof(gen_choice *) * (size_t)(j->n_choices > 0 ? j->n_choices : 1));
+    for (int i = 0; i < j->n_choices; i++) order[i] = &j->choices[i];
+    int want = j->best_n > 0 ? j->best_n : keep;
+    if (want < keep)
+        for (int s = 0; s < j->n_subs; s++) qsort(order + s * keep, (size_t)keep, sizeof *order, cmp_rank);
     for (int i = 0; i < j->n_choices; i++) {
-        gen_choice *c = &j->choices[i];
+        if (i % keep >= want) continue;
+        gen_choice *c = order[i];
+        c->index = i / keep * want + i % keep;
         sbuf_reset(&text);
         if (j->p.echo && c->sub->text) {
             sbuf_puts(&text, c->sub->text);
@@ -135,6 +150,7 @@ static void full_response(gen_job *j, sbuf *out) {
         sbuf_append(&text, c->text.p ? c->text.p : "", c->text.len);
         cJSON_AddItemToArray(chs, choice_json(j, c, sbuf_str(&text), c->finish_reason));
     }
+    free(order);
     sbuf_free(&text);
     cJSON_AddItemToObject(o, "usage", gen_usage_json(j));
     char *s = cJSON_PrintUnformatted(o);
@@ -162,6 +178,7 @@ typedef struct cmpl_pending {
     size_t *lens;
     int *which;            // [n_texts] their prompt index
     int n_texts;
+    int best_n;            // best_of: the n asked for (0 = no best_of)
 } cmpl_pending;
 
 static void pending_free(cmpl_pending *c) {
@@ -203,6 +220,7 @@ static void cmpl_tokenized(srv_app *a, srv_req *r, void *ctx, int32_t **ids, con
         sps[i] = each.sp;
     }
     gen_job *j = gen_job_new(a, r, API_COMPLETION, &COMPLETION_OPS, &c->p, c->n_ps, "cmpl-");
+    j->best_n = c->best_n;
     for (int i = 0; i < c->n_ps; i++) {
         api_prompt *pr = &c->ps[i];
         gen_job_set_prompt(j, i, pr->ids, pr->n_ids, j->p.echo ? pr->text : NULL, &sps[i]);
@@ -226,6 +244,17 @@ void api_completions(srv_app *a, srv_req *r) {
     if (api_parse_body(r->body, r->body_len, &body, &e) < 0) goto fail;
     if (api_parse_params(body, API_COMPLETION, &a->lim, &c->p, &e) < 0) goto fail;
     if (app_check_model(a, c->p.model, &e) < 0) goto fail;
+    if (api_compile_grammar(a->grammars, &c->p, &e) < 0) goto fail;
+    // best_of > n: best_of sequences per prompt, the n with the highest
+    // cumulative logprob returned (the engine computes the sampled tokens'
+    // logprobs for it; the response shows them only when asked).
+    if (c->p.best_of > c->p.sp.n) {
+        c->best_n = c->p.sp.n;
+        c->p.sp.n = c->p.best_of;
+        if (c->p.sp.logprobs < 0) c->p.sp.logprobs = 0;
+    }
+    if (api_check_engine_support(&c->p, &e) < 0) goto fail;
+    api_tokenize_bad_words(a->tok, &c->p);
     if (api_parse_prompts(body, &a->lim, c->p.sp.n, &c->ps, &c->n_ps, &e) < 0) goto fail;
     cJSON_Delete(body);
     c->texts = pg_xcalloc((size_t)c->n_ps, sizeof(char *));

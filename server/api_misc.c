@@ -99,7 +99,7 @@ static int tokenize_body(srv_app *a, const char *json, size_t json_len, sbuf *ou
         goto out;
     const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(body, "prompt");
     if (cJSON_GetObjectItemCaseSensitive(body, "messages")) {
-        if (api_parse_messages(body, &msgs, e) < 0 || app_render_chat(a, &msgs, gen_prompt, &text, e) < 0)
+        if (api_parse_messages(body, &msgs, e) < 0 || app_render_chat(a, &msgs, NULL, NULL, gen_prompt, &text, e) < 0)
             goto out;
     } else if (cJSON_IsString(prompt)) {
         text = pg_xstrdup(prompt->valuestring);
@@ -118,7 +118,8 @@ static int tokenize_body(srv_app *a, const char *json, size_t json_len, sbuf *ou
                 a->lim.max_model_len, len);
         goto out;
     }
-    bool bos = special && pg_tokenizer_add_bos(a->tok);
+    // A Jinja template writes BOS itself: then it is not added again.
+    bool bos = special && (msgs.json ? app_chat_add_bos(a) : pg_tokenizer_add_bos(a->tok));
     int cap = (int)len + 16;
     ids = pg_xmalloc(sizeof(int32_t) * (size_t)cap);
     int n = pg_tokenizer_encode(a->tok, text, len, bos, true, ids, cap);

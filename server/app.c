@@ -233,16 +233,21 @@ void app_run_off_loop(srv_app *a, srv_req *r, app_work_fn fn) {
     a->n_tokenizing++;
 }
 
-int app_render_chat(srv_app *a, const api_messages *m, bool add_generation_prompt, char **out,
-                    api_error *e) {
+int app_render_chat(srv_app *a, const api_messages *m, const cJSON *tools, const cJSON *kwargs,
+                    bool add_generation_prompt, char **out, api_error *e) {
     *out = NULL;
     if (!a->chat)
         return api_err(e, 400, "messages",
                        "this model has no chat template paged can render; start the server with "
                        "--chat-template chatml|llama3|llama2|mistral");
-    if (pg_chat_template_apply(a->chat, m->msgs, m->n, add_generation_prompt, out) < 0)
+    pg_chat_render_opts o = {.tools = tools, .kwargs = kwargs, .add_generation_prompt = add_generation_prompt};
+    if (pg_chat_template_render(a->chat, m->json, &o, out) < 0)
         return api_err(e, 400, "messages", "%s", pg_err_msg());
     return 0;
+}
+
+bool app_chat_add_bos(const srv_app *a) {
+    return pg_tokenizer_add_bos(a->tok) && !(a->chat && pg_chat_template_renders_bos(a->chat));
 }
 
 int app_check_model(srv_app *a, const char *model, api_error *e) {

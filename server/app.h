@@ -22,6 +22,8 @@ typedef struct srv_app {
     pg_engine *engine;
     const pg_tokenizer *tok;
     const pg_chat_template *chat;  // NULL: /v1/chat/completions answers 400
+    pg_struct_vocab *grammar_vocab;  // the vocabulary trie for structured outputs
+    pg_grammar_cache *grammars;      // compiled grammars shared by requests
     srv_http *http;
     uv_async_t async;              // woken by the engine's notify callback
     api_limits lim;
@@ -86,9 +88,14 @@ typedef int (*app_work_fn)(srv_app *a, const char *body, size_t len, sbuf *out, 
 // waits for these like tokenizations (they use the engine's tokenizer).
 void app_run_off_loop(srv_app *a, srv_req *r, app_work_fn fn);
 
-// Renders chat messages with the model's template (400 without one).
-int app_render_chat(srv_app *a, const api_messages *m, bool add_generation_prompt, char **out,
-                    api_error *e);
+// Renders chat messages (m->json) with the model's template, with `tools`
+// (a JSON array or NULL) and chat_template_kwargs `kwargs` (object or
+// NULL); 400 without a template or when the template refuses.
+int app_render_chat(srv_app *a, const api_messages *m, const cJSON *tools, const cJSON *kwargs,
+                    bool add_generation_prompt, char **out, api_error *e);
+// Whether a rendered chat prompt is tokenized with BOS added (not when the
+// template writes BOS itself, as Jinja templates do).
+bool app_chat_add_bos(const srv_app *a);
 
 // Checks the "model" field against the served name (404 when unknown).
 int app_check_model(srv_app *a, const char *model, api_error *e);

@@ -460,6 +460,17 @@ int cmd_serve(int argc, char **argv) {
     if (a->lim.max_n > SCHED_MAX_N) a->lim.max_n = SCHED_MAX_N;
     a->lim.allow_priority = cfg.sched.policy == SCHED_POLICY_PRIORITY;
     srv_metrics_init(&a->metrics, a->served_name, a->lim.max_model_len);
+    // Structured outputs: the vocabulary trie once, and a cache of compiled
+    // grammars. Compilation runs on the loop thread, so its caps are tighter
+    // than the library's defaults (a few ms at worst).
+    pg_grammar_limits gl;
+    pg_grammar_limits_default(&gl);
+    gl.max_input = 256 << 10;
+    gl.max_elements = 1 << 18;
+    if (pg_struct_vocab_from_tokenizer(a->tok, &a->grammar_vocab) == 0)
+        a->grammars = pg_grammar_cache_create(a->grammar_vocab, &gl, 64);
+    else
+        PG_LOGW("paged serve: structured outputs off: %s", pg_err_msg());
 
     srv_http_handlers h = {.on_request = srv_route, .error_body = on_error_body,
                            .on_response = on_response, .ctx = a};
@@ -511,6 +522,8 @@ out:
     srv_metrics_free(&a->metrics);
     if (uv_loop_close(&loop) != 0) PG_LOGW("paged serve: handles left open at exit");
     free(a->evbuf);
+    pg_grammar_cache_free(a->grammars);
+    pg_struct_vocab_free(a->grammar_vocab);
     free(a->served_name);
     free(a->model_path);
     free(a->api_key);

@@ -166,7 +166,14 @@ void gen_job_start(gen_job *j) {
     for (int i = 0; i < j->n_subs; i++) {
         gen_sub *s = &j->subs[i];
         pg_gen_request gr = {.prompt = s->ids, .n_prompt = s->n_ids, .sp = s->sp,
-                             .priority = j->p.priority, .user = s};
+                             .priority = j->p.priority, .user = s,
+                             .grammar = j->p.grammar,  // the engine takes its own reference
+                             .allowed_ids = j->p.allowed_ids, .n_allowed = j->p.n_allowed,
+                             .bad_off = j->p.bad_off, .bad_ids = j->p.bad_ids,
+                             .n_bad = j->p.n_bad_seqs};
+        gr.sp.n_logit_bias = j->p.n_logit_bias;  // copied by the engine
+        gr.sp.bias_ids = j->p.bias_ids;
+        gr.sp.bias_values = j->p.bias_values;
         s->engine_id = pg_engine_submit(a->engine, &gr);
         s->live = true;
         j->n_live++;
@@ -284,6 +291,7 @@ static void choice_token(gen_job *j, gen_choice *c, const sched_event *ev, int64
         met_inc(a->metrics.prompt_tokens, s->n_ids);
     }
     if (j->p.logprobs >= 0) choice_add_lp(c, &ev->out);
+    c->cum_logprob += ev->out.logprob;
     // EOS / stop token ids end the output without appearing in it (unless
     // include_stop_str_in_output), as in vLLM.
     int32_t tok = ev->out.token;

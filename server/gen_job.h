@@ -37,6 +37,7 @@ typedef struct gen_choice {
     int n_lps, cap_lps;
     int64_t fmt_offset;        // formatter state (completions text_offset)
     int32_t n_tokens;          // tokens accepted into the output
+    double cum_logprob;        // sum of the sampled tokens' logprobs (best_of ranks by it)
     bool finished;
     const char *finish_reason; // "stop", "length", "abort", "error"
     int stop_string;           // index into params.stop that matched, or -1
@@ -84,6 +85,7 @@ struct gen_job {
     int n_subs, n_live;
     gen_choice *choices;       // [n_subs * p.sp.n]
     int n_choices;
+    int best_n;                // best_of: choices returned per prompt (0 = all of them)
     bool headers_sent, failed;
     gen_job *prev, *next;      // the app's live jobs
 };

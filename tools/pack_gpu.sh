@@ -37,7 +37,7 @@ mkdir -p "$out/lib"
 link() { # NAME OBJECT
     # shellcheck disable=SC2016,SC2046
     gcc -pthread -o "$out/$1" "$2" -Wl,--whole-archive "$cudalib" -Wl,--no-whole-archive build/rel/libpaged.a \
-        -l:libuv_a.a -lcjson -lopenblas -lpcre2-8 -lxxhash -lm -lpthread -ldl $(tools/cuda_libs.sh "$cudalib") \
+        -l:libuv_a.a -lcjson -lopenblas -lpcre2-8 -lxxhash -lssl -lcrypto -lm -lpthread -ldl $(tools/cuda_libs.sh "$cudalib") \
         -Wl,-rpath,'$ORIGIN/lib'
     strip --strip-debug "$out/$1"
 }

@@ -136,6 +136,17 @@ void pg_sampler_sample(pg_sampler *s, const pg_sample_params *p, const int32_t *
         int32_t t = tokens[p->ban_offset + i];
         if (t >= 0 && t < v) logits[t] = -INFINITY;
     }
+    for (int32_t i = 0; i < p->n_bias; i++) {
+        int32_t t = tokens[p->bias_offset + 2 * i];
+        float b;
+        memcpy(&b, &tokens[p->bias_offset + 2 * i + 1], sizeof b);
+        if (t >= 0 && t < v) logits[t] += b;
+    }
+    if (p->n_mask > 0) {
+        const uint32_t *m = (const uint32_t *)(tokens + p->mask_offset);
+        for (int32_t i = 0; i < v; i++)
+            if ((i >> 5) >= p->n_mask || !(m[i >> 5] >> (i & 31) & 1)) logits[i] = -INFINITY;
+    }
     int32_t best = 0;
     for (int32_t i = 1; i < v; i++)
         if (logits[i] > logits[best]) best = i;

@@ -532,6 +532,11 @@ sample_kernel(pg_sample_out *outs, const T *logits, int64_t ld, int vocab, int64
                 }
                 if (c & CNT_BAN) l = -INFINITY;
             }
+            if (pp.n_mask > 0) { // allowed-token bitmask (structured outputs)
+                const int w = i >> 5;
+                if (w >= pp.n_mask || !((uint32_t)tokens[pp.mask_offset + w] >> (i & 31) & 1u))
+                    l = -INFINITY;
+            }
             v8[e] = l;
             uint64_t key = make_key(l, i);
             best = key > best ? key : best;
@@ -541,6 +546,23 @@ sample_kernel(pg_sample_out *outs, const T *logits, int64_t ld, int vocab, int64
             *reinterpret_cast<float4 *>(proc + i0 + 4) = make_float4(v8[4], v8[5], v8[6], v8[7]);
         } else {
             for (int e = 0; e < 8 && i0 + e < vocab; e++) proc[i0 + e] = v8[e];
+        }
+    }
+    if (pp.n_bias > 0) {
+        // Logit bias, after the bans and before the mask takes effect (a
+        // masked token stays at -inf), then the maximum again over the row:
+        // a negative bias may have lowered the best token.
+        __syncthreads();
+        for (int j = tid; j < pp.n_bias; j += THREADS) {
+            const int t = tokens[pp.bias_offset + 2 * j];
+            const float bv = __int_as_float(tokens[pp.bias_offset + 2 * j + 1]);
+            if (t >= 0 && t < vocab && proc[t] != -INFINITY) proc[t] = __fadd_rn(proc[t], bv);
+        }
+        __syncthreads();
+        best = 0;
+        for (int i = tid; i < vocab; i += THREADS) {
+            uint64_t key = make_key(proc[i], i);
+            best = key > best ? key : best;
         }
     }
     best = block_max_u64(best, sm.red);

@@ -1461,6 +1461,27 @@ static void test_sampling(int n, int vocab, int kind, bool bf16_logits, Rng &r) 
             for (int i = 0; i < p.n_stop_ids; i++) tokens.push_back(p.stop_ids[i]);
             g.n_ban = 1 + p.n_stop_ids;
         }
+        if (s % 6 == 4) { // logit bias: +100 on one token, -100 on another, small ones
+            g.bias_offset = (int32_t)tokens.size();
+            g.n_bias = 4;
+            const float vals[4] = {100.0f, -100.0f, 2.5f, -0.75f};
+            for (int k = 0; k < 4; k++) {
+                tokens.push_back((int)(r.next() % (uint64_t)vocab));
+                int32_t bits;
+                memcpy(&bits, &vals[k], sizeof bits);
+                tokens.push_back(bits);
+            }
+        }
+        if (s % 7 == 3) { // structured outputs: about a third of the tokens allowed
+            g.mask_offset = (int32_t)tokens.size();
+            g.n_mask = (vocab + 31) / 32;
+            for (int w = 0; w < g.n_mask; w++) {
+                uint32_t m = (uint32_t)r.next() & (uint32_t)r.next();
+                m |= (uint32_t)r.next() & (uint32_t)r.next() & (uint32_t)r.next();
+                if (w == 0) m |= 1u << 7; // never empty
+                tokens.push_back((int32_t)m);
+            }
+        }
     }
     if (tokens.empty()) tokens.push_back(0);
     // GPU.
@@ -1485,6 +1506,13 @@ static void test_sampling(int n, int vocab, int kind, bool bf16_logits, Rng &r) 
         pg_sample_out co;
         pg_sampler_sample(cpu, &gp[s], tokens.data(), row.data(), &co);
         const pg_sample_out &o = go[s];
+        if (gp[s].n_mask > 0) { // a masked token is never sampled
+            uint32_t w = (uint32_t)tokens[gp[s].mask_offset + (o.token >> 5)];
+            if (!(w >> (o.token & 31) & 1u)) {
+                tok_bad++;
+                printf("     seq %d: gpu sampled masked token %d\n", s, o.token);
+            }
+        }
         if (co.token != o.token) {
             tok_bad++;
             if (tok_bad <= 5)

@@ -117,14 +117,44 @@ def main():
             expect(400, "POST", "/v1/completions", {"prompt": "Hi", "logprobs": 2, "echo": True}, param="echo")
             expect(400, "POST", "/v1/completions", {"prompt": "Hi", "stream_options": {"include_usage": True}},
                    param="stream_options")
-            expect(400, "POST", "/v1/completions", {"prompt": "Hi", "logit_bias": {"1": 5}}, param="logit_bias")
-            expect(400, "POST", "/v1/completions", {"prompt": "Hi", "n": 2, "best_of": 3}, param="best_of")
+            expect(400, "POST", "/v1/completions", {"prompt": "Hi", "n": 2, "best_of": 3, "stream": True},
+                   param="best_of", contains="stream")
+            expect(400, "POST", "/v1/completions", {"prompt": "Hi", "n": 3, "best_of": 2}, param="best_of")
             expect(400, "POST", "/v1/chat/completions",
                    {"messages": [{"role": "user", "content": "Hi"}], "tools": [{"type": "function"}]},
                    param="tools")
+
+        def structured_output_errors():
+            chat = {"messages": [{"role": "user", "content": "Hi"}]}
+            schema = lambda s: {"type": "json_schema", "json_schema": {"name": "x", "schema": s}}
             expect(400, "POST", "/v1/chat/completions",
-                   {"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "json_object"}},
-                   param="response_format")
+                   {**chat, "response_format": schema({"type": "string", "pattern": "(a"})},
+                   param="response_format", contains="cannot be compiled")
+            expect(400, "POST", "/v1/chat/completions",
+                   {**chat, "response_format": schema({"$ref": "#/$defs/Missing"})},
+                   param="response_format", contains="#/$defs/Missing")
+            expect(400, "POST", "/v1/chat/completions", {**chat, "response_format": schema({"not": {}})},
+                   param="response_format", contains="not is not supported")
+            expect(400, "POST", "/v1/completions", {"prompt": "Hi", "guided_grammar": "root ::= x"},
+                   param="guided_grammar", contains="undefined rule 'x'")
+            expect(400, "POST", "/v1/completions", {"prompt": "Hi", "guided_regex": "(a)\\1"},
+                   param="guided_regex", contains="backreferences")
+            expect(400, "POST", "/v1/completions", {"prompt": "Hi", "guided_choice": []}, param="guided_choice")
+            expect(400, "POST", "/v1/completions", {"prompt": "Hi", "guided_regex": "a", "guided_choice": ["a"]},
+                   param="guided_choice", contains="only one")
+            # A hostile schema (deep nesting) is refused quickly, not compiled.
+            deep = True
+            for _ in range(500):
+                deep = {"type": "array", "items": deep}
+            expect(400, "POST", "/v1/chat/completions", {**chat, "response_format": schema(deep)},
+                   param="response_format", contains="deeper")
+            expect(400, "POST", "/v1/completions",
+                   {"prompt": "Hi", "logit_bias": {str(i): 1 for i in range(301)}},
+                   param="logit_bias", contains="at most 300")
+            expect(400, "POST", "/v1/completions", {"prompt": "Hi", "logit_bias": {"99999999": 1}},
+                   param="logit_bias")
+            expect(400, "POST", "/v1/completions", {"prompt": "Hi", "logit_bias": {"5": 101}},
+                   param="logit_bias")
 
         def not_found_and_methods():
             # ("/" is the chat page, docs/server.md "Browser clients")
@@ -240,6 +270,7 @@ def main():
             ("ids outside the vocabulary, prompts beyond the model length -> 400", vocabulary_and_length),
             ("too many / too long stop strings -> 400", stop_limits),
             ("unsupported fields -> 400", unsupported),
+            ("structured output compile errors -> 400", structured_output_errors),
             ("unknown route / model -> 404, wrong method -> 405", not_found_and_methods),
             ("413 body, 414 URL, 431 headers, 400 malformed HTTP", oversize),
             ("408 slow headers and body", timeouts),

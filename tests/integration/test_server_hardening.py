@@ -100,7 +100,11 @@ def unsupported_fields(srv):
         assert "function" in r["error"]["message"], r
     st, r = su.post(port, "/v1/chat/completions", {"messages": msgs, "logit_bias": {}, "max_tokens": 1})
     assert st == 200, r
+    # logit_bias is supported (structured outputs and the request surface):
+    # a bias is applied, one outside OpenAI's [-100, 100] is a 400.
     st, r = su.post(port, "/v1/completions", {"prompt": "Hi", "logit_bias": {"5": 1}, "max_tokens": 1})
+    assert st == 200, r
+    st, r = su.post(port, "/v1/completions", {"prompt": "Hi", "logit_bias": {"5": 200}, "max_tokens": 1})
     assert st == 400 and r["error"]["param"] == "logit_bias", r
     # The SDK sends logit_bias={} as is.
     c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)

@@ -76,10 +76,63 @@ static void test_errors(void **state) {
     pg_chat_template_free(t);
 }
 
+// The Jinja path: a real template (Qwen2.5's) with tools, a tool call and
+// its result, bos/eos and chat_template_kwargs.
+static void test_jinja_render(void **state) {
+    char path[4096], *text;
+    size_t len;
+    assert_true(tw_repo_path("tests/data/chat_templates/Qwen-Qwen2.5-7B-Instruct.jinja", path, sizeof path));
+    assert_int_equal(pg_read_file(path, 1 << 20, &text, &len), 0);
+    pg_chat_template *t;
+    assert_int_equal(pg_chat_template_create(text, &t), 0);
+    assert_int_equal(pg_chat_template_family(t), PG_CHAT_JINJA);
+    assert_true(pg_chat_template_renders_bos(t));
+    assert_non_null(strstr(pg_chat_template_source(t), "<tool_call>"));
+    pg_chat_template_set_tokens(t, "<|endoftext|>", "<|im_end|>");
+    cJSON *msgs = cJSON_Parse(
+        "[{\"role\":\"user\",\"content\":\"Weather in Paris?\"},"
+        "{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\","
+        "\"function\":{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Paris\"}}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"21 C\"}]");
+    cJSON *tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{}}}]");
+    pg_chat_render_opts o = {.tools = tools, .add_generation_prompt = true};
+    char *out;
+    assert_int_equal(pg_chat_template_render(t, msgs, &o, &out), 0);
+    const char *want[] = {"<|im_start|>system\nYou are Qwen", "<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"",
+                          "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+                          "<tool_response>\n21 C\n</tool_response>"};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(out, want[i])) fail_msg("missing %s in\n%s", want[i], out);
+    assert_true(strlen(out) > 20 && !strcmp(out + strlen(out) - 22, "<|im_start|>assistant\n"));
+    free(out);
+    // chat_template_kwargs become variables; HF's own variables win over them.
+    cJSON *kw = cJSON_Parse("{\"add_generation_prompt\": false, \"custom\": 1}");
+    pg_chat_render_opts o2 = {.kwargs = kw, .add_generation_prompt = true};
+    assert_int_equal(pg_chat_template_render(t, msgs, &o2, &out), 0);
+    assert_true(!strcmp(out + strlen(out) - 22, "<|im_start|>assistant\n"));
+    free(out);
+    pg_chat_template_free(t);
+    // A native family refuses tools and tool calls with a clear message.
+    assert_int_equal(pg_chat_template_create("chatml", &t), 0);
+    assert_int_equal(pg_chat_template_render(t, msgs, &o, &out), PG_EINVAL);
+    assert_non_null(strstr(pg_err_msg(), "cannot render tools"));
+    pg_chat_template_free(t);
+    // Text the Jinja engine cannot parse falls back to its native family.
+    assert_int_equal(pg_chat_template_create("{% call x %}<|im_start|>{% endcall %}", &t), 0);
+    assert_int_equal(pg_chat_template_family(t), PG_CHAT_CHATML);
+    pg_chat_template_free(t);
+    assert_int_equal(pg_chat_template_create("{% if %}", &t), PG_EINVAL);
+    cJSON_Delete(kw);
+    cJSON_Delete(tools);
+    cJSON_Delete(msgs);
+    free(text);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_jinja_render),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
