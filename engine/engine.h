@@ -30,6 +30,8 @@ typedef struct pg_engine_config {
     int64_t swap_bytes;          // host swap space (0 = none)
     int32_t max_model_len;       // 0 = the model's context length
     sched_config sched;          // block size, budgets, policy, preemption
+    bool batched_tokens_set;     // --max-num-batched-tokens given: else a per-device default
+                                 //   (engine/setup.c: 256 on the CPU, the scheduler's 2048 on a GPU)
     // GPU (device "cuda", or "auto" when a GPU is found).
     double gpu_memory_utilization; // share of device memory for weights, workspace and KV (0 = 0.9)
     const char *load_format;     // NULL or "auto": weights from model_path; "dummy": random

@@ -40,7 +40,8 @@ const char *pg_engine_options_help =
     "  --preemption-mode MODE        recompute (default) or swap\n"
     "  --max-model-len N             prompt + output limit (default: the model's)\n"
     "  --max-num-seqs N              sequences per step (default 256)\n"
-    "  --max-num-batched-tokens N    tokens per step (default 2048)\n"
+    "  --max-num-batched-tokens N    tokens per step (default 256 on the CPU, where a step\n"
+    "                                stays a few hundred ms; 2048 on a GPU)\n"
     "  --long-prefill-token-threshold N  prefill tokens one request gets per step while\n"
     "                                others are live (default: a quarter of the step\n"
     "                                budget; 0 = no cap)\n"
@@ -139,6 +140,7 @@ int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
     INT_FLAG("--block-size", 1, 1024, c->sched.block_size)
     INT_FLAG("--max-model-len", 1, INT32_MAX, c->max_model_len)
     INT_FLAG("--max-num-seqs", 1, 65536, c->sched.max_num_seqs)
+    if (!strcmp(f, "--max-num-batched-tokens")) c->batched_tokens_set = true;
     INT_FLAG("--max-num-batched-tokens", 1, INT32_MAX, c->sched.max_num_batched_tokens)
     INT_FLAG("--max-waiting", 0, INT32_MAX, c->sched.max_waiting)
     INT_FLAG("--long-prefill-token-threshold", 0, INT32_MAX, c->sched.long_prefill_token_threshold)

@@ -130,6 +130,12 @@ int eng_setup(pg_engine *e) {
     const pg_model_config *mc = &e->model->cfg;
     sched_config sc = cfg->sched;
     if (sc.block_size <= 0) sc.block_size = 16;
+    // The step budget per device: on the CPU 2048 tokens are seconds of
+    // work, during which every running stream waits; 256 keeps a step near a
+    // few hundred milliseconds on the default model (issue 18's measurements,
+    // docs/benchmarks.md), and the long-prefill cap follows at a quarter.
+    // Without chunked prefill a prompt must fit one step: keep the larger one.
+    if (!cfg->batched_tokens_set && on_cpu && sc.enable_chunked_prefill) sc.max_num_batched_tokens = 256;
     e->max_model_len = cfg->max_model_len > 0 ? cfg->max_model_len : mc->max_pos;
     if (e->max_model_len > mc->max_pos)
         PG_LOGW("max model length %d is beyond the model's %d positions", e->max_model_len, mc->max_pos);

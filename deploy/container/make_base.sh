@@ -21,7 +21,7 @@ mkdir -p "$(dirname "$TAR")"
 if [ ! -s "$TAR" ]; then
     echo "make_base: mmdebstrap bookworm -> $TAR"
     # minbase: essential packages + apt; no documentation, no apt caches.
-    mmdebstrap --variant=minbase --quiet \
+    mmdebstrap --variant=minbase --format=tar --quiet \
         --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
         --dpkgopt='path-exclude=/usr/share/locale/*' \
         bookworm "$TAR.tmp" && mv "$TAR.tmp" "$TAR"
