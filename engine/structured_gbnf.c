@@ -452,21 +452,7 @@ static void skip_space(parser *ps, bool newlines) {
 // Decodes one UTF-8 code point of the grammar text (invalid bytes pass as
 // themselves, as Latin-1).
 static uint32_t next_cp(parser *ps) {
-    const unsigned char *s = (const unsigned char *)ps->p;
-    size_t left = (size_t)(ps->end - ps->p);
-    unsigned char c = s[0];
-    int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
-    if ((size_t)n > left) n = 1;
-    uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
-    for (int i = 1; i < n; i++) {
-        if ((s[i] & 0xC0) != 0x80) {
-            ps->p++;
-            return c;
-        }
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    ps->p += n;
-    return cp;
+    return sg_next_cp(&ps->p, ps->end);
 }
 
 static int hex_escape(parser *ps, int digits, uint32_t *out) {

@@ -89,3 +89,24 @@ int sg_choice_to_gbnf(const char *json, size_t len, sg_buf *out, char *err, size
 // word boundaries.
 int sg_regex_to_gbnf(const char *re, size_t len, bool json_string, const pg_grammar_limits *lim,
                      sg_buf *out, char *err, size_t err_cap);
+
+// Decodes one UTF-8 code point at *p (< end) and advances past it; an
+// invalid or truncated sequence passes its first byte as itself (Latin-1).
+// The GBNF and regex compilers share it.
+static inline uint32_t sg_next_cp(const char **p, const char *end) {
+    const unsigned char *s = (const unsigned char *)*p;
+    size_t left = (size_t)(end - *p);
+    unsigned char c = s[0];
+    int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+    if ((size_t)n > left) n = 1;
+    uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
+    for (int i = 1; i < n; i++) {
+        if ((s[i] & 0xC0) != 0x80) {
+            (*p)++;
+            return c;
+        }
+        cp = (cp << 6) | (s[i] & 0x3F);
+    }
+    *p += n;
+    return cp;
+}

@@ -152,21 +152,7 @@ static int emit_set(rx *r, rset *s) {
 }
 
 static uint32_t rx_cp(rx *r) {
-    const unsigned char *s = (const unsigned char *)r->p;
-    size_t left = (size_t)(r->end - r->p);
-    unsigned char c = s[0];
-    int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
-    if ((size_t)n > left) n = 1;
-    uint32_t cp = n == 1 ? c : n == 2 ? (c & 0x1F) : n == 3 ? (c & 0x0F) : (c & 0x07);
-    for (int i = 1; i < n; i++) {
-        if ((s[i] & 0xC0) != 0x80) {
-            r->p++;
-            return c;
-        }
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    r->p += n;
-    return cp;
+    return sg_next_cp(&r->p, r->end);
 }
 
 static int rx_hex(rx *r, int digits, uint32_t *out) {
