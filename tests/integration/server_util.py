@@ -190,8 +190,9 @@ def post(port, path, obj, headers=None, timeout=120):
         return st, data
 
 
-def sse_stream(port, path, obj, timeout=120):
-    """POST a streaming request; returns (status, list of parsed events, saw_done)."""
+def sse_stream(port, path, obj, timeout=120, on_event=None):
+    """POST a streaming request; returns (status, list of parsed events, saw_done).
+    on_event, if given, is called with each parsed event as it arrives."""
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         c.request("POST", path, body=json.dumps(obj), headers={"Content-Type": "application/json"})
@@ -211,6 +212,8 @@ def sse_stream(port, path, obj, timeout=120):
                 continue
             assert not done, "data after [DONE]"
             events.append(json.loads(payload))
+            if on_event:
+                on_event(events[-1])
         return r.status, events, done
     finally:
         c.close()

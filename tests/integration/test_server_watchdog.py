@@ -19,6 +19,7 @@ import server_util as su  # noqa: E402
 su.require_model_and_binary()
 
 EXIT_ENGINE_FAILED = 70
+FAULT_STEP = 100
 
 
 def fault(kind, extra_args=()):
@@ -27,19 +28,27 @@ def fault(kind, extra_args=()):
     try:
         port = srv.port
         out = {}
+        started = threading.Event()
 
+        # Long requests, a fault many steps in: the stream has begun (its
+        # first event arrived) before the second request is sent, and both
+        # are in flight when the fault's step comes (about a second of
+        # CPU steps later), however slow the machine.
         def stream():
-            out["stream"] = su.sse_stream(port, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 50,
-                                                                    "ignore_eos": True, "stream": True})
+            out["stream"] = su.sse_stream(port, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 1000,
+                                                                    "ignore_eos": True, "stream": True},
+                                          on_event=lambda ev: started.set())
+            started.set()
 
         def whole():
             out["whole"] = su.post(port, "/v1/chat/completions",
-                                   {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 50,
+                                   {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1000,
                                     "ignore_eos": True})
 
         threads = [threading.Thread(target=stream), threading.Thread(target=whole)]
-        for t in threads:
-            t.start()
+        threads[0].start()
+        assert started.wait(60), srv.log()[-3000:]
+        threads[1].start()
         # /health turns 503 (with the reason) before the process goes.
         health = None
         deadline = time.time() + 60
@@ -73,13 +82,13 @@ def fault(kind, extra_args=()):
 
 
 def stall():
-    msg, log = fault("stall:3")
+    msg, log = fault("stall:%d" % FAULT_STEP)
     assert "has not finished in" in msg, msg
-    assert "fault injection: stalling step 3" in log
+    assert "fault injection: stalling step %d" % FAULT_STEP in log
 
 
 def fail():
-    msg, log = fault("fail:2")
+    msg, log = fault("fail:%d" % FAULT_STEP)
     assert "step failed" in msg and "fault injection" in msg, msg
 
 
