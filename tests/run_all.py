@@ -3,6 +3,8 @@
 
   unit:NAME      build/tests/test_* (cmocka), one entry per binary
   asan:NAME      the same under AddressSanitizer + UBSan (build/asan/tests)
+  tsan:NAME      the few unit tests built under ThreadSanitizer too
+                 (build/tsan/tests, TSAN_UNIT_TESTS in tools/gen_build.py)
   fuzz:NAME      each fuzz target replays its corpus and mutates for a few
                  seconds (build/fuzz/fuzz_*, ASan build)
   libfuzzer:NAME the same targets under clang's libFuzzer (coverage-guided,
@@ -13,7 +15,7 @@
   gpu:NAME       tests/gpu/run_gpu_tests.sh: every GPU check, or a SKIP line
                  saying why not (no GPU)
 
-Usage: tests/run_all.py [-k SUBSTRING] [--fuzz-seconds N] [--no-asan]
+Usage: tests/run_all.py [-k SUBSTRING] [--fuzz-seconds N] [--no-asan] [--no-tsan]
 Exits non-zero when any test fails. Run by deploy/quickstart.sh test.
 """
 import argparse
@@ -53,6 +55,7 @@ def main():
     ap.add_argument("-k", default="", help="only tests whose name contains this")
     ap.add_argument("--fuzz-seconds", type=int, default=int(os.environ.get("PAGED_FUZZ_SECONDS", "10")))
     ap.add_argument("--no-asan", action="store_true")
+    ap.add_argument("--no-tsan", action="store_true")
     args = ap.parse_args()
 
     tests = [("build:ninja-fresh", [sys.executable, "tools/gen_build.py", "--check"], 60),
@@ -66,6 +69,10 @@ def main():
         for b in sorted(glob.glob(os.path.join(ROOT, "build/asan/tests/test_*"))):
             if not b.endswith(".d"):
                 tests.append((f"asan:{os.path.basename(b)}", [b], 900))
+    if not args.no_tsan:
+        for b in sorted(glob.glob(os.path.join(ROOT, "build/tsan/tests/test_*"))):
+            if not b.endswith(".d"):
+                tests.append((f"tsan:{os.path.basename(b)}", [b], 300))
     for b in sorted(glob.glob(os.path.join(ROOT, "build/fuzz/fuzz_*"))):
         name = os.path.basename(b)
         corpus = os.path.join(ROOT, "tests/fuzz/corpus", name[len("fuzz_"):])
@@ -93,6 +100,8 @@ def main():
     env = dict(os.environ)
     env.setdefault("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")
     env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
+    # A race report fails the test (exit code 66) even when the test passes.
+    env.setdefault("TSAN_OPTIONS", "halt_on_error=0 exitcode=66 second_deadlock_stack=1")
     counts = {"pass": 0, "fail": 0, "skip": 0}
     failed = []
     for name, cmd, timeout in tests:

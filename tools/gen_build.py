@@ -14,6 +14,8 @@ Conventions the generator relies on (docs/build.md):
       AddressSanitizer + UBSan as build/asan/tests/test_* (`ninja asan`)
   server/main.c -> build/paged, and build/asan/paged (ASan + UBSan, `ninja asan`),
       and build/tsan/paged (ThreadSanitizer, `ninja tsan`)
+  TSAN_UNIT_TESTS (tests/unit/test_comm.c) -> also build/tsan/tests/test_*
+      under ThreadSanitizer (`ninja tsan`; tests/run_all.py runs them as tsan:*)
   tests/fuzz/fuzz_*.c -> build/fuzz/fuzz_* (standalone replay + mutation
       driver, gcc) and build/fuzz/libfuzzer_* (clang -fsanitize=fuzzer,
       `ninja fuzz-libfuzzer`)
@@ -53,6 +55,10 @@ LIB_DIRS = [d for m in MODULES.values() for d in m["dirs"]]
 SOURCE_EXTS = (".c", ".h", ".cu", ".cuh")
 LLHTTP_DIR = "/usr/share/llhttp"
 LLHTTP_SRCS = ["api.c", "http.c", "llhttp.c"]
+# Unit tests that also run under ThreadSanitizer (build/tsan/tests/test_*):
+# the ones whose subject is threads meeting each other. Few, since every one
+# costs a TSan build of its objects and CI time.
+TSAN_UNIT_TESTS = ["tests/unit/test_comm.c"]
 # Files compiled into the binary as C arrays (tools/embed.py): source, symbol.
 EMBEDS = [("server/webui/index.html", "paged_webui_index_html"),
           ("server/openapi.json", "paged_openapi_json")]
@@ -233,6 +239,22 @@ def generate():
     w(f"build build/tsan/paged: link {' '.join(tsan_objs)} {cuda_lib}")
     w("  extra = $tsanflags")
     w(f"  cudaobjs = {cuda_lib}")
+    # The same objects (less main.o) as an archive, for the TSan unit tests.
+    tsan_main_o = obj("server/main.c", "tsan")
+    w(f"build build/tsan/libpaged.a: ar {' '.join(o for o in tsan_objs if o != tsan_main_o)}")
+    tsan_test_bins = []
+    for s in TSAN_UNIT_TESTS:
+        if not os.path.exists(os.path.join(ROOT, s)):
+            continue
+        name = os.path.splitext(os.path.basename(s))[0]
+        o = obj(s, "tsan")
+        w(f"build {o}: cc {s}")
+        w("  extra = $tsanflags")
+        b = f"build/tsan/tests/{name}"
+        w(f"build {b}: link {o} build/tsan/libpaged.a")
+        w("  libs = $libs -lcmocka")
+        w("  extra = $tsanflags")
+        tsan_test_bins.append(b)
 
     test_bins = {"rel": [], "asan": []}
     for variant, extra in variants.items():
@@ -344,10 +366,10 @@ def generate():
     w("")
     w(f"build asan: phony build/asan/paged {' '.join(test_bins['asan'] + fuzz_bins)}")
     w(f"build fuzz: phony {' '.join(fuzz_bins)}")
-    w("build tsan: phony build/tsan/paged")
+    w(f"build tsan: phony build/tsan/paged {' '.join(tsan_test_bins)}")
     w(f"build gpu: phony {' '.join(gpu_bins)}")
     w(f"build fuzz-libfuzzer: phony {' '.join(libfuzzer_bins)}")
-    w(f"build all: phony {' '.join(defaults + ['build/asan/paged'] + test_bins['asan'] + fuzz_bins + libfuzzer_bins + ['build/tsan/paged'])}")
+    w(f"build all: phony {' '.join(defaults + ['build/asan/paged'] + test_bins['asan'] + fuzz_bins + libfuzzer_bins + ['build/tsan/paged'] + tsan_test_bins)}")
     w(f"default {' '.join(defaults)}")
     return "\n".join(out) + "\n"
 
