@@ -198,7 +198,7 @@ static void step_begin(pg_engine *e, const pg_batch_plan *plan, open_step *st) {
         st->failed = true;
         return;
     }
-    if (pg_runner_begin(e->runner, plan) < 0) {
+    if (pg_executor_begin(e->exec, plan) < 0) {
         PG_LOGE("step failed: %s", pg_err_msg());
         mark_failed(e, pg_err_msg());
         st->failed = true; // every request of the plan finishes with an error
@@ -214,7 +214,7 @@ static void step_finish(pg_engine *e, open_step *st, pg_gen_event **out, int *ca
     const pg_step_output *sop = &so;
     if (st->failed) {
         sop = NULL;
-    } else if (st->begun && pg_runner_end(e->runner, &so) < 0) {
+    } else if (st->begun && pg_executor_end(e->exec, &so) < 0) {
         PG_LOGE("step failed: %s", pg_err_msg());
         mark_failed(e, pg_err_msg());
         sop = NULL;
@@ -222,10 +222,9 @@ static void step_finish(pg_engine *e, open_step *st, pg_gen_event **out, int *ca
     int64_t t1 = pg_now_ns();
     // Memory for /metrics: lazily captured graphs and other processes move
     // the numbers (read at most once a second).
-    pg_runner_mem gm;
     bool gm_new = t1 - e->mem_polled_ns >= 1000000000LL;
     if (gm_new) {
-        pg_runner_mem_get(e->runner, &gm);
+        if (pg_executor_mem_refresh(e->exec) < 0) PG_LOGW("device memory: %s", pg_err_msg());
         e->mem_polled_ns = t1;
     }
     sched_events evs;
@@ -258,7 +257,7 @@ static void step_finish(pg_engine *e, open_step *st, pg_gen_event **out, int *ca
         e->stats.prompt_tokens_computed += st->n_tokens;
     }
     e->last_end_ns = t1;
-    if (gm_new) eng_stats_memory(e, &gm);
+    if (gm_new) eng_stats_memory(e);
     pthread_mutex_unlock(&e->stats_mu);
 }
 
@@ -418,9 +417,7 @@ void pg_engine_destroy(pg_engine *e) {
             l = n;
         }
     sched_destroy(e->sched);
-    pg_runner_free(e->runner);
-    pg_model_free(e->model);
-    if (e->backend) e->backend->destroy(e->backend);
+    pg_executor_free(e->exec);
     pg_chat_template_free(e->chat);
     pg_tokenizer_free(e->tok);
     free(e->events);

@@ -45,9 +45,19 @@ typedef struct pg_engine_config {
                                  //   (e4m3, scale 1.0; CUDA only)
     const char *async_scheduling; // NULL or "auto" (on with CUDA, off on the CPU), "on", "off":
                                  //   plan step N + 1 while step N runs (scheduler/sched.h)
+    int32_t tensor_parallel;     // ranks (0 or 1: none); engine/executor.h
+    const char *tp_comm;         // NULL or "auto" (nccl on CUDA, cpu on the CPU), "cpu", "nccl"
+    int32_t nnodes, node_rank;   // tensor parallelism across nodes (engine/remote.h)
+    const char *master_addr;     //   node 0's address (default 127.0.0.1)
+    int32_t master_port;         //   its control port (default 29500; the tcp data plane + 1)
 } pg_engine_config;
 
 void pg_engine_config_default(pg_engine_config *c);
+
+// Nodes 1..n-1 of a multi-node tensor-parallel group (c->node_rank > 0):
+// loads this node's ranks and runs node 0's steps on them until node 0
+// stops. 0 when node 0 said quit; else an error.
+int pg_engine_follow(const pg_engine_config *c);
 
 // A generation request. The prompt ids are copied.
 typedef struct pg_gen_request {
@@ -110,6 +120,11 @@ const pg_model_config *pg_engine_model_config(const pg_engine *e);
 int32_t pg_engine_max_model_len(const pg_engine *e);
 const char *pg_engine_device_name(const pg_engine *e);
 
+#define PG_ENGINE_MAX_RANKS 64
+typedef struct pg_engine_rank_mem {
+    int64_t weights, kv, workspace, graphs, other, total, free;
+} pg_engine_rank_mem;
+
 // Thread-safe snapshot of the scheduler statistics, updated every step, and
 // timing counters for the metrics endpoint.
 typedef struct pg_engine_stats {
@@ -126,6 +141,10 @@ typedef struct pg_engine_stats {
     bool on_gpu;
     int64_t gpu_total_bytes, gpu_free_bytes, graph_bytes, other_bytes;
     int64_t host_swap_bytes;     // pinned host memory of the swap space
+    // Per tensor-parallel rank (the fields above are rank 0's): each rank's
+    // device by category (total and free on the GPU only).
+    int32_t n_ranks;
+    pg_engine_rank_mem ranks[PG_ENGINE_MAX_RANKS];
 } pg_engine_stats;
 void pg_engine_stats_get(pg_engine *e, pg_engine_stats *out);
 

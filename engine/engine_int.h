@@ -6,6 +6,7 @@
 #include <stdbool.h>
 
 #include "engine/engine.h"
+#include "engine/executor.h"
 #include "engine/runner.h"
 
 // A submission: a new request, an abort or an early finish of one sequence.
@@ -47,11 +48,11 @@ typedef struct live {
 
 struct pg_engine {
     pg_engine_config cfg;
-    pg_backend *backend;
-    pg_model *model;
+    pg_executor *exec;           // every rank's backend, model shard and runner
+    pg_backend *backend;         // rank 0's (borrowed from exec)
+    const pg_model *model;       // rank 0's shard: the config, the format (borrowed)
     pg_tokenizer *tok;
     pg_chat_template *chat;
-    pg_runner *runner;
     sched *sched;
     bool async;                  // plan step N + 1 while step N runs (sched.h, async scheduling)
     int32_t max_model_len;
@@ -96,7 +97,7 @@ struct pg_engine {
 // setup.c: everything pg_engine_create does before the thread starts.
 int eng_setup(pg_engine *e);
 // setup.c: device memory into e->stats (engine thread or set-up).
-void eng_stats_memory(pg_engine *e, const pg_runner_mem *m);
+void eng_stats_memory(pg_engine *e); // every rank's memory as of the last pg_executor_mem_refresh
 
 // --- token masks (engine/engine_masks.c) ----------------------------------------
 

@@ -138,7 +138,7 @@ void eng_masks_fill(pg_engine *e, const pg_batch_plan *plan) {
         e->mask_ptr[i] = w;
         any = true;
     }
-    if (any) pg_runner_set_masks(e->runner, e->mask_ptr, plan->n_seqs, words);
+    if (any) pg_executor_set_masks(e->exec, e->mask_ptr, plan->n_seqs, words);
 }
 
 void eng_masks_advance(pg_engine *e, const pg_step_output *out) {

@@ -20,12 +20,20 @@
 
 #include "common/err.h"
 
+// The residual stream summed across ranks (each rank added its partial
+// product; rank 0 also kept the stream): a no-op without tensor parallelism.
+static int reduce(const pg_model *m, pg_tensor x) {
+    if (!m->comm) return 0;
+    return m->comm->all_reduce_sum(m->comm, x.data, x.rows * x.stride, x.dtype);
+}
+
 int pg_model_forward_layers(const pg_model *m, pg_bkv *kv, const pg_fwd_buffers *bufs,
                             const pg_fwd_step *s) {
     const pg_model_config *c = &m->cfg;
+    const pg_model_shard *sh = &m->shard;
     pg_backend *be = m->be;
     const int64_t n = s->n_tokens, hd = c->head_dim;
-    const int64_t q_dim = (int64_t)c->n_heads * hd, kv_dim = (int64_t)c->n_kv_heads * hd;
+    const int64_t q_dim = (int64_t)sh->n_heads * hd, kv_dim = (int64_t)sh->n_kv_heads * hd;
     if (n == 0) return 0;
     const float scale = 1.0f / sqrtf((float)hd);
     pg_tensor x = pg_tensor_view(bufs->x, 0, n, 0, bufs->x.cols);
@@ -37,29 +45,36 @@ int pg_model_forward_layers(const pg_model *m, pg_bkv *kv, const pg_fwd_buffers 
     pg_tensor attn = pg_tensor_view(bufs->attn, 0, n, 0, q_dim);
     pg_tensor gu = pg_tensor_view(bufs->gu, 0, n, 0, bufs->gu.cols);
     pg_tensor h = pg_tensor_view(bufs->h, 0, n, 0, bufs->h.cols);
+    // Row-parallel products: rank 0 adds its part to the stream, the others
+    // write theirs over it; the all-reduce then sums stream and parts.
+    const bool residual = sh->rank == 0;
 
-    PG_TRY(be->embed(be, x, s->tokens, m->tok_emb));
+    PG_TRY(be->embed(be, x, s->tokens, m->tok_emb, sh->vocab0));
+    PG_TRY(reduce(m, x));
     for (int32_t l = 0; l < c->n_layers; l++) {
         const pg_model_layer *L = &m->layers[l];
         // Attention block.
         PG_TRY(be->linear(be, qkv, x, L->attn_norm, c->rms_eps, L->qkv, L->qkv_bias, false, xn));
         if (L->q_norm) {
-            PG_TRY(be->head_rmsnorm(be, q, c->n_heads, L->q_norm, c->rms_eps));
-            PG_TRY(be->head_rmsnorm(be, k, c->n_kv_heads, L->k_norm, c->rms_eps));
+            PG_TRY(be->head_rmsnorm(be, q, sh->n_heads, L->q_norm, c->rms_eps));
+            PG_TRY(be->head_rmsnorm(be, k, sh->n_kv_heads, L->k_norm, c->rms_eps));
         }
-        PG_TRY(be->rope_kv_write(be, q, k, v, s->pos, s->slots, c->n_heads, m->inv_freq, kv->k[l],
+        PG_TRY(be->rope_kv_write(be, q, k, v, s->pos, s->slots, sh->n_heads, m->inv_freq, kv->k[l],
                                  kv->v[l], kv->shape));
-        PG_TRY(be->attention(be, attn, q, &s->attn, kv->k[l], kv->v[l], kv->shape, c->n_heads, scale));
-        PG_TRY(be->linear(be, x, attn, NULL, 0.0f, L->o, NULL, true, xn));
+        PG_TRY(be->attention(be, attn, q, &s->attn, kv->k[l], kv->v[l], kv->shape, sh->n_heads, scale));
+        PG_TRY(be->linear(be, x, attn, NULL, 0.0f, L->o, NULL, residual, xn));
+        PG_TRY(reduce(m, x));
         // MLP block.
         PG_TRY(be->gate_up_silu(be, h, x, L->ffn_norm, c->rms_eps, L->gate_up, xn, gu));
-        PG_TRY(be->linear(be, x, h, NULL, 0.0f, L->down, NULL, true, xn));
+        PG_TRY(be->linear(be, x, h, NULL, 0.0f, L->down, NULL, residual, xn));
+        PG_TRY(reduce(m, x));
     }
     return 0;
 }
 
 int pg_model_forward_logits(const pg_model *m, const pg_fwd_buffers *bufs, const pg_fwd_step *s) {
     const pg_model_config *c = &m->cfg;
+    const pg_model_shard *sh = &m->shard;
     pg_backend *be = m->be;
     const int64_t ns = s->n_logits;
     if (ns == 0) return 0;
@@ -69,5 +84,18 @@ int pg_model_forward_logits(const pg_model *m, const pg_fwd_buffers *bufs, const
     // Only the rows that sample need the final norm and the LM head.
     PG_TRY(be->gather(be, g, x, s->logit_rows));
     PG_TRY(be->rmsnorm(be, g, g, m->final_norm, c->rms_eps));
-    return be->linear(be, logits, g, NULL, 0.0f, m->lm_head, NULL, false, g);
+    if (!m->comm) return be->linear(be, logits, g, NULL, 0.0f, m->lm_head, NULL, false, g);
+    // This rank's vocabulary slice, then every rank's side by side: each
+    // rank samples from all the logits, and the same values give the same
+    // token on every rank (docs/tensor_parallel.md).
+    pg_tensor part = pg_tensor_view(bufs->lg_part, 0, ns, 0, sh->vocab);
+    part.stride = sh->vocab; // contiguous [ns][vocab slice]: what the all-gather moves
+    PG_TRY(be->linear(be, part, g, NULL, 0.0f, m->lm_head, NULL, false, g));
+    const size_t el = part.dtype == PG_DTYPE_F32 ? 4 : 2, bytes = (size_t)ns * (size_t)sh->vocab * el;
+    PG_TRY(m->comm->all_gather(m->comm, part.data, bufs->lg_all, bytes));
+    for (int32_t r = 0; r < sh->size; r++) {
+        pg_tensor src = {(char *)bufs->lg_all + (size_t)r * bytes, part.dtype, ns, sh->vocab, sh->vocab};
+        PG_TRY(be->copy(be, pg_tensor_view(logits, 0, ns, (int64_t)r * sh->vocab, sh->vocab), src));
+    }
+    return 0;
 }

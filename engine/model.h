@@ -13,6 +13,7 @@
 
 #include "engine/model_config.h"
 #include "kernels/backend.h"
+#include "kernels/comm.h"
 
 typedef struct pg_model_layer {
     pg_bweight *attn_norm; // [hidden]
@@ -26,8 +27,27 @@ typedef struct pg_model_layer {
     pg_bweight *down;      // [hidden][ffn]
 } pg_model_layer;
 
+// This rank's part of the model under tensor parallelism (Megatron-style,
+// docs/tensor_parallel.md): query heads, FFN columns and vocabulary rows
+// split evenly; KV heads split, or replicated (one per rank) when the model
+// has fewer KV heads than ranks. Without tensor parallelism: rank 0 of 1,
+// everything whole.
+typedef struct pg_model_shard {
+    int32_t rank, size;
+    int32_t n_heads, n_kv_heads; // this rank's query and KV heads
+    int32_t head0, kv_head0;     // the model's first query / KV head this rank holds
+    int32_t ffn, ffn0;           // FFN columns [ffn0, ffn0 + ffn)
+    int32_t vocab, vocab0;       // vocabulary rows [vocab0, vocab0 + vocab)
+} pg_model_shard;
+
+// The shard of rank `rank` of `size`; PG_EINVAL naming the numbers when the
+// model cannot be split so (heads, KV heads, FFN or vocabulary not divisible).
+int pg_model_shard_plan(const pg_model_config *c, int32_t rank, int32_t size, pg_model_shard *out);
+
 typedef struct pg_model {
     pg_model_config cfg;
+    pg_model_shard shard;
+    pg_comm *comm;           // borrowed; NULL without tensor parallelism
     pg_backend *be;          // borrowed: outlives the model
     pg_bweight *tok_emb;     // [vocab][hidden]
     pg_bweight *lm_head;     // [vocab][hidden]; the same handle as tok_emb when tied
@@ -50,6 +70,10 @@ typedef struct pg_model_load_opts {
     const char *hf_config;  // config.json (file or directory) for dummy weights
     uint64_t dummy_seed;
     float dummy_std;        // 0 = 0.02
+    // Tensor parallelism: this rank's shard is read (only its slices of each
+    // tensor), and the forward's collectives go through comm (borrowed;
+    // comm->size ranks, this one comm->rank). NULL: the whole model.
+    pg_comm *comm;
 } pg_model_load_opts;
 
 // Reads the config and makes every weight on `be` (which must outlive the
@@ -70,6 +94,11 @@ typedef struct pg_fwd_buffers {
     pg_tensor h;      // [n][ffn]
     pg_tensor lg_in;  // [s][hidden] the sampled rows' last hidden states
     pg_tensor logits; // [s][vocab] (stride: vocab rounded up to 8)
+    // Tensor parallelism (shard.size > 1): this rank's vocabulary slice of
+    // the logits [s][shard vocab], and every rank's, gathered [size][s][shard
+    // vocab] before they are put side by side in `logits`.
+    pg_tensor lg_part;
+    void *lg_all;
 } pg_fwd_buffers;
 
 // One step's inputs in backend memory (the runner uploads them).
@@ -83,8 +112,13 @@ typedef struct pg_fwd_step {
 
 // The embedding and every layer for the step's rows (what a decode graph
 // captures): writes the KV cache of the step's slots and leaves the
-// residual stream in bufs->x. Enqueued on the backend.
+// residual stream in bufs->x. Enqueued on the backend. Under tensor
+// parallelism each rank runs its shard and the residual stream is summed
+// across ranks after the embedding and after each row-parallel product, so
+// every rank holds the same bufs->x.
 int pg_model_forward_layers(const pg_model *m, pg_bkv *kv, const pg_fwd_buffers *bufs,
                             const pg_fwd_step *s);
-// The logit rows: gather, final norm, LM head into bufs->logits.
+// The logit rows: gather, final norm, LM head into bufs->logits (under
+// tensor parallelism each rank's vocabulary slice, gathered so that every
+// rank holds every logit and samples the same token).
 int pg_model_forward_logits(const pg_model *m, const pg_fwd_buffers *bufs, const pg_fwd_step *s);

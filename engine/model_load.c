@@ -10,6 +10,13 @@
 // forward uses the Hugging Face rotate-half layout, so those rows are put
 // back in order (a row copy, valid for any block-quantized type since
 // blocks run along rows). The same forward then serves every file.
+//
+// Tensor parallelism: each rank reads only its slices (engine/model_shard.c
+// says which): the rows of a column-parallel tensor (a pointer into the
+// mapping), the columns of a row-parallel one (O, down: copied row by row,
+// at block boundaries of the stored type), and dummy weights are made as
+// windows of the whole tensor's random values, so a shard holds exactly the
+// values it would have unsplit.
 #include <stdio.h>
 #include <string.h>
 
@@ -110,6 +117,20 @@ static int64_t dim_of(const pg_model_config *c, dim d) {
     return 0;
 }
 
+// This rank's range [*lo, *lo + *n) of a dimension; false when the
+// dimension is not split (hidden, head_dim, one).
+static bool shard_range(const pg_model *m, dim d, int64_t *lo, int64_t *n) {
+    const pg_model_shard *sh = &m->shard;
+    const int64_t hd = m->cfg.head_dim;
+    switch (d) {
+    case DIM_Q: *lo = sh->head0 * hd, *n = sh->n_heads * hd; return true;
+    case DIM_KV: *lo = sh->kv_head0 * hd, *n = sh->n_kv_heads * hd; return true;
+    case DIM_FFN: *lo = sh->ffn0, *n = sh->ffn; return true;
+    case DIM_VOCAB: *lo = sh->vocab0, *n = sh->vocab; return true;
+    default: return false;
+    }
+}
+
 static bool needed(const pg_model_config *c, need n) {
     return n == NEED_ALWAYS || (n == NEED_QKV_BIAS && c->qkv_bias) || (n == NEED_QK_NORM && c->qk_norm);
 }
@@ -153,6 +174,36 @@ static void unpermute_rows(pg_model *m, pg_weight *w, int32_t n_heads) {
     w->data = dst;
 }
 
+// Rows [r0, r0 + n) of a stored tensor: a view into the same data.
+static void slice_rows(pg_weight *w, int64_t r0, int64_t n) {
+    if (w->data) w->data = (const char *)w->data + (size_t)r0 * w->row_bytes;
+    w->rows = n;
+}
+
+// Columns [c0, c0 + n) of a stored tensor: a view for a vector, a copy for
+// a matrix. Blocks of a quantized type run along rows, so the cut must fall
+// on a block boundary.
+static int slice_cols(pg_model *m, const char *path, const char *name, pg_weight *w, int64_t c0, int64_t n) {
+    const int be = pg_dtype_block_elems(w->dtype);
+    if (c0 % be || n % be)
+        return pg_err_set(PG_EINVAL,
+                          "%s: tensor '%s' (%s, blocks of %d) cannot be split at columns %lld..%lld for tensor "
+                          "parallelism",
+                          path, name, pg_dtype_name(w->dtype), be, (long long)c0, (long long)(c0 + n));
+    const size_t off = pg_dtype_row_bytes(w->dtype, c0), rb = pg_dtype_row_bytes(w->dtype, n);
+    if (w->data && w->rows == 1) {
+        w->data = (const char *)w->data + off;
+    } else if (w->data) {
+        char *dst = own(m, pg_xmalloc(rb * (size_t)w->rows));
+        for (int64_t r = 0; r < w->rows; r++)
+            memcpy(dst + (size_t)r * rb, (const char *)w->data + (size_t)r * w->row_bytes + off, rb);
+        w->data = dst;
+    }
+    w->cols = n;
+    w->row_bytes = rb;
+    return 0;
+}
+
 // Looks up and checks one stored tensor (rows x cols expected).
 static int find_checked(const source *s, const char *name, int64_t rows, int64_t cols, pg_weight *w) {
     if (!src_find(s, name, w))
@@ -179,12 +230,10 @@ typedef struct {
 } loader;
 
 // Makes a backend weight from stored parts (random ones for dummy weights:
-// matrices N(0, std^2), vectors 1).
-static int make(loader *ld, const source *s, const pg_weight *parts, int n, bool vector,
-                float dummy_fill, pg_bweight **out) {
+// matrices N(0, std^2) in the windows `win` of the whole tensor, vectors 1).
+static int make(loader *ld, const source *s, const pg_weight *parts, const pg_rand_window *win, int n,
+                bool vector, float dummy_fill, pg_bweight **out) {
     pg_backend *be = ld->m->be;
-    int64_t rows = 0;
-    for (int i = 0; i < n; i++) rows += parts[i].rows;
     int rc;
     if (s->kind == SRC_DUMMY) {
         const float std = ld->o->dummy_std > 0 ? ld->o->dummy_std : 0.02f;
@@ -192,8 +241,9 @@ static int make(loader *ld, const source *s, const pg_weight *parts, int n, bool
         if (!vector) key = ld->o->dummy_seed * 0x9e3779b97f4a7c15ull + (++ld->tensor) * 0xd1b54a32d192ed03ull;
         int64_t len = 0;
         for (int i = 0; i < n; i++) len += parts[i].cols;
-        rc = vector ? be->weight_random(be, 1, len, 0, 0.0f, dummy_fill, out)
-                    : be->weight_random(be, rows, parts[0].cols, key, std, 0.0f, out);
+        const pg_rand_window vec = {.rows = 1, .cols = len, .full_cols = len};
+        rc = vector ? be->weight_random(be, &vec, 1, 0, 0.0f, dummy_fill, out)
+                    : be->weight_random(be, win, n, key, std, 0.0f, out);
     } else if (vector && n > 1) {
         // Concatenated vectors (Q|K|V biases) become one f32 vector.
         int64_t len = 0;
@@ -222,15 +272,32 @@ static int load_layers(loader *ld, const source *s) {
     for (int32_t l = 0; l < c->n_layers; l++) {
         pg_model_layer *L = &m->layers[l];
         pg_weight parts[F_COUNT][3];
+        pg_rand_window win[F_COUNT][3];
+        int64_t fused_rows[F_COUNT] = {0}; // rows of the whole fused tensor before this part
         int n_parts[F_COUNT] = {0};
         for (int t = 0; t < N_LAYER_TENSORS; t++) {
             const layer_tensor *lt = &LAYER[t];
             if (!needed(c, lt->need)) continue;
             snprintf(name, sizeof name, s->kind == SRC_GGUF ? lt->gguf : lt->hf, l);
             pg_weight *w = &parts[lt->field][lt->part];
-            PG_TRY(find_checked(s, name, dim_of(c, lt->rows), dim_of(c, lt->cols), w));
+            const int64_t rows = dim_of(c, lt->rows), cols = dim_of(c, lt->cols);
+            PG_TRY(find_checked(s, name, rows, cols, w));
+            // This rank's slice, and where it sits in the whole (fused) tensor.
+            int64_t lo = 0, n = 0;
+            pg_rand_window *rw = &win[lt->field][lt->part];
+            *rw = (pg_rand_window){.rows = rows, .cols = cols, .row0 = fused_rows[lt->field], .full_cols = cols};
+            if (shard_range(m, lt->rows, &lo, &n)) {
+                slice_rows(w, lo, n);
+                rw->rows = n;
+                rw->row0 += lo;
+            } else if (shard_range(m, lt->cols, &lo, &n)) {
+                PG_TRY(slice_cols(m, s->path, name, w, lo, n));
+                rw->cols = n;
+                rw->col0 = lo;
+            }
+            fused_rows[lt->field] += rows;
             if (s->kind == SRC_GGUF && lt->unpermute && !strcmp(c->arch, "llama"))
-                unpermute_rows(m, w, lt->unpermute == 1 ? c->n_heads : c->n_kv_heads);
+                unpermute_rows(m, w, lt->unpermute == 1 ? m->shard.n_heads : m->shard.n_kv_heads);
             n_parts[lt->field]++;
             if (l == 0 && lt->field == F_QKV && lt->part == 0 && s->kind != SRC_DUMMY)
                 snprintf(m->format, sizeof m->format, "%s %s", s->kind == SRC_GGUF ? "gguf" : "safetensors",
@@ -240,7 +307,7 @@ static int load_layers(loader *ld, const source *s) {
             if (!n_parts[f]) continue;
             const bool vector = parts[f][0].rows == 1;
             // Dummy weights: norms 1, biases 0.
-            int rc = make(ld, s, parts[f], n_parts[f], vector, f == F_QKV_BIAS ? 0.0f : 1.0f,
+            int rc = make(ld, s, parts[f], win[f], n_parts[f], vector, f == F_QKV_BIAS ? 0.0f : 1.0f,
                           field_ptr(L, (field)f));
             if (rc < 0) return pg_err_wrap(rc, "layer %d: ", l);
         }
@@ -304,18 +371,28 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
     }
     if (rc < 0) goto fail;
     pg_model_config *c = &m->cfg;
+    // Under tensor parallelism a model that cannot be split stops here,
+    // before any weight is read.
+    m->comm = o->comm;
+    if ((rc = pg_model_shard_plan(c, o->comm ? o->comm->rank : 0, o->comm ? o->comm->size : 1, &m->shard)) < 0)
+        goto fail;
     m->layers = pg_xcalloc((size_t)c->n_layers, sizeof(pg_model_layer));
     loader ld = {.m = m, .o = o};
     // Weights are read from the mapping here (the pages come in as the
     // backend converts or copies them): a progress bar on a terminal.
     // (None when the backend borrows the mapping: nothing is read now.)
-    pg_progress_begin(&ld.pr, "loading weights", be->weights_borrow ? 0 : stored_bytes(&s, c),
-                      be->weights_borrow ? NULL : stderr);
+    // (Under tensor parallelism rank 0 shows its share; the others none.)
+    const bool show = !be->weights_borrow && m->shard.rank == 0;
+    pg_progress_begin(&ld.pr, "loading weights", show ? stored_bytes(&s, c) / m->shard.size : 0,
+                      show ? stderr : NULL);
     const int64_t H = c->hidden, V = c->vocab_size;
+    // The embedding and the LM head: this rank's vocabulary rows.
+    const pg_rand_window vwin = {.rows = m->shard.vocab, .cols = H, .row0 = m->shard.vocab0, .full_cols = H};
     pg_weight w;
     const char *emb_name = s.kind == SRC_GGUF ? "token_embd.weight" : "model.embed_tokens.weight";
-    if ((rc = find_checked(&s, emb_name, V, H, &w)) < 0 || (rc = make(&ld, &s, &w, 1, false, 0, &m->tok_emb)) < 0)
-        goto fail_progress;
+    if ((rc = find_checked(&s, emb_name, V, H, &w)) < 0) goto fail_progress;
+    slice_rows(&w, m->shard.vocab0, m->shard.vocab);
+    if ((rc = make(&ld, &s, &w, &vwin, 1, false, 0, &m->tok_emb)) < 0) goto fail_progress;
     // The LM head: its own tensor, else the embedding (tied).
     const char *head_name = s.kind == SRC_GGUF ? "output.weight" : "lm_head.weight";
     pg_weight hw;
@@ -323,15 +400,16 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
     if (s.kind == SRC_HF && c->tie_embeddings) {
         // tie_word_embeddings wins over a stored copy (HF ignores it too).
     } else if (has_head) {
-        if ((rc = find_checked(&s, head_name, V, H, &hw)) < 0 || (rc = make(&ld, &s, &hw, 1, false, 0, &m->lm_head)) < 0)
-            goto fail_progress;
+        if ((rc = find_checked(&s, head_name, V, H, &hw)) < 0) goto fail_progress;
+        slice_rows(&hw, m->shard.vocab0, m->shard.vocab);
+        if ((rc = make(&ld, &s, &hw, &vwin, 1, false, 0, &m->lm_head)) < 0) goto fail_progress;
     }
     if (!m->lm_head) {
         m->lm_head = m->tok_emb;
         c->tie_embeddings = true;
     }
     if ((rc = find_checked(&s, s.kind == SRC_GGUF ? "output_norm.weight" : "model.norm.weight", 1, H, &w)) < 0 ||
-        (rc = make(&ld, &s, &w, 1, true, 1.0f, &m->final_norm)) < 0)
+        (rc = make(&ld, &s, &w, NULL, 1, true, 1.0f, &m->final_norm)) < 0)
         goto fail_progress;
     if ((rc = load_layers(&ld, &s)) < 0) goto fail_progress;
     // Rotary frequencies (Llama-3 GGUF files carry the frequency scaling as
@@ -351,7 +429,7 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
     }
     {
         double secs = pg_progress_end(&ld.pr);
-        if (!o->dummy && !be->weights_borrow)
+        if (!o->dummy && !be->weights_borrow && m->shard.rank == 0)
             PG_LOGI("loaded %lld tensors, %.2f GB in %.2f s (%.2f GB/s, read and copied to the %s)",
                     (long long)ld.pr.items, (double)ld.pr.done / 1e9, secs,
                     secs > 0 ? (double)ld.pr.done / 1e9 / secs : 0.0, be->name);

@@ -26,6 +26,14 @@ const char *pg_engine_options_help =
     "                                (default 0.9); the KV cache gets what is left\n"
     "  --cuda-graphs on|off|lazy     decode CUDA graphs: captured at start-up (on, default),\n"
     "                                on a batch shape's first step (lazy), or none (off)\n"
+    "  -tp, --tensor-parallel-size N shard the model over N GPUs (one worker thread each),\n"
+    "                                or N CPU ranks sharing the CPU's threads (default 1)\n"
+    "  --tp-comm auto|cpu|nccl       the ranks' communicator (auto: nccl on GPUs, the\n"
+    "                                in-process one on the CPU)\n"
+    "  --nnodes N --node-rank R      tensor parallelism over N nodes (-tp / N ranks each):\n"
+    "                                node 0 serves HTTP and schedules, the others follow\n"
+    "  --master-addr A --master-port P  node 0's address and control port (default\n"
+    "                                127.0.0.1:29500; the CPU data plane uses P + 1)\n"
     "KV cache and scheduling:\n"
     "  --kv-cache-memory BYTES       KV cache size, e.g. 2G (default 2G on CPU; on the GPU,\n"
     "                                what --gpu-memory-utilization leaves)\n"
@@ -112,6 +120,27 @@ int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
         if (strcmp(v, "on") && strcmp(v, "off") && strcmp(v, "lazy"))
             return pg_err_set(PG_EINVAL, "--cuda-graphs must be on, off or lazy");
         c->cuda_graphs = v;
+        return 1;
+    }
+    if (!strcmp(f, "--tensor-parallel-size") || !strcmp(f, "-tp")) {
+        NEED_VALUE();
+        if (pg_parse_int(v, 1, 64, &n) < 0) return pg_err_wrap(PG_EINVAL, "%s: ", f);
+        c->tensor_parallel = (int32_t)n;
+        return 1;
+    }
+    INT_FLAG("--nnodes", 1, 64, c->nnodes)
+    INT_FLAG("--node-rank", 0, 63, c->node_rank)
+    INT_FLAG("--master-port", 1, 65534, c->master_port)
+    if (!strcmp(f, "--master-addr")) {
+        NEED_VALUE();
+        c->master_addr = v;
+        return 1;
+    }
+    if (!strcmp(f, "--tp-comm")) {
+        NEED_VALUE();
+        if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "nccl"))
+            return pg_err_set(PG_EINVAL, "--tp-comm must be auto, cpu or nccl");
+        c->tp_comm = v;
         return 1;
     }
     if (!strcmp(f, "--async-scheduling")) {

@@ -67,21 +67,26 @@ static size_t input_capacity(const pg_runner *r) {
 // Carves the workspace (sizes only when c->base is null).
 static void carve_workspace(pg_runner *r, carver *c) {
     const pg_model_config *mc = &r->model->cfg;
+    const pg_model_shard *sh = &r->model->shard; // this rank's heads, FFN and vocabulary
     const int32_t dt = r->be->act_dtype;
     const int64_t T = r->max_tokens, S = r->max_seqs, H = mc->hidden, hd = mc->head_dim;
-    const int64_t q_dim = (int64_t)mc->n_heads * hd, qkv_dim = q_dim + 2 * (int64_t)mc->n_kv_heads * hd;
+    const int64_t q_dim = (int64_t)sh->n_heads * hd, qkv_dim = q_dim + 2 * (int64_t)sh->n_kv_heads * hd;
     pg_fwd_buffers *b = &r->bufs;
     b->x = act(c, dt, T, H);
     b->xn = act(c, dt, T, H); // normalised rows, or a [T][hidden] product before the residual add
     b->qkv = act(c, dt, T, qkv_dim);
     b->attn = act(c, dt, T, q_dim);
-    b->gu = act(c, dt, T, 2 * (int64_t)mc->ffn);
-    b->h = act(c, dt, T, mc->ffn);
+    b->gu = act(c, dt, T, 2 * (int64_t)sh->ffn);
+    b->h = act(c, dt, T, sh->ffn);
     b->lg_in = act(c, dt, S, H);
     // 16-byte rows for cuBLASLt and the sampler: vocab rounded up to 8.
     const int64_t ld = ((int64_t)mc->vocab_size + 7) / 8 * 8;
     b->logits = act(c, dt, S, ld);
     b->logits.cols = mc->vocab_size;
+    if (r->model->comm) { // tensor parallelism (engine/model.c pg_model_forward_logits)
+        b->lg_part = act(c, dt, S, sh->vocab);
+        b->lg_all = take(c, (size_t)sh->size * (size_t)S * (size_t)sh->vocab * (dt == PG_DTYPE_F32 ? 4 : 2));
+    }
     r->attn_ws = r->attn_ws_bytes ? take(c, r->attn_ws_bytes) : NULL;
     r->samp_ws = r->samp_ws_bytes ? take(c, r->samp_ws_bytes) : NULL;
     r->out_dev = take(c, sizeof(pg_sample_out) * (size_t)S);
@@ -224,7 +229,7 @@ static int profile(pg_runner *r) {
                     .start_pos = start, .cu_q = cu, .max_decode_ctx = 16, .max_prefill_q = n_pre_tok,
                     .n_sample = n_seqs, .sample_rows = rows, .params = pp, .sample_tokens = tok,
                     .n_sample_tokens = 1};
-    pg_kv_shape ks = {tmp_blocks, bs, mc->n_kv_heads, mc->head_dim, r->cfg.kv_dtype};
+    pg_kv_shape ks = {tmp_blocks, bs, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype};
     int rc = be->kv_create(be, mc->n_layers, ks, 0, &r->kv);
     // Twice: the first loads kernels and creates GEMM plans, the second
     // shows the steady state (and is what a capture would see).
@@ -263,7 +268,7 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
     int rc = 0;
     int64_t free0 = 0, total = 0;
     if ((rc = be->sync(be)) < 0 || (rc = be->mem_info(be, &free0, &total)) < 0) goto fail;
-    r->attn_ws_bytes = be->attn_workspace_bytes(be, r->max_seqs, mc->n_heads, mc->n_kv_heads,
+    r->attn_ws_bytes = be->attn_workspace_bytes(be, r->max_seqs, r->model->shard.n_heads, r->model->shard.n_kv_heads,
                                                 mc->head_dim, cfg->max_model_len);
     r->samp_ws_bytes = be->sample_workspace_bytes(be, r->max_seqs, mc->vocab_size);
     r->in_cap = input_capacity(r);
@@ -327,7 +332,7 @@ void pg_runner_free(pg_runner *r) {
 
 size_t pg_runner_kv_bytes_per_block(const pg_runner *r) {
     const pg_model_config *mc = &r->model->cfg;
-    pg_kv_shape s = {1, r->cfg.block_size, mc->n_kv_heads, mc->head_dim, r->cfg.kv_dtype};
+    pg_kv_shape s = {1, r->cfg.block_size, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype};
     return r->be->kv_block_bytes(r->be, mc->n_layers, s);
 }
 
@@ -357,7 +362,7 @@ int pg_runner_alloc_kv(pg_runner *r, int32_t n_blocks, int32_t n_host_blocks) {
     PG_ARG(!r->kv, "runner: alloc_kv twice");
     PG_ARG(n_blocks >= 2 && n_host_blocks >= 0, "runner: %d KV blocks", n_blocks);
     const pg_model_config *mc = &r->model->cfg;
-    pg_kv_shape s = {n_blocks, r->cfg.block_size, mc->n_kv_heads, mc->head_dim, r->cfg.kv_dtype};
+    pg_kv_shape s = {n_blocks, r->cfg.block_size, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype};
     PG_TRY(r->be->kv_create(r->be, mc->n_layers, s, n_host_blocks, &r->kv));
     r->n_blocks = n_blocks;
     r->n_host_blocks = n_host_blocks;

@@ -2,6 +2,7 @@
 // starts: the device and its backend, the KV cache dtype, the model, the
 // tokenizer and chat template, the runner, the KV pool's size from the
 // memory that is left, the scheduler, and the start-up memory log.
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -63,38 +64,66 @@ static int load_tokenizer(pg_engine *e) {
     return rc;
 }
 
-// The device: cpu, cuda, or auto (the GPU when one is found).
-static int make_backend(pg_engine *e) {
-    const pg_engine_config *cfg = &e->cfg;
-    const char *dev = cfg->device ? cfg->device : "cpu";
-    if (!strcmp(dev, "cuda") || !strcmp(dev, "auto")) {
-        char why[160] = "";
-        if (pg_backend_cuda_probe(why, sizeof why) > 0) return pg_backend_cuda_create(0, &e->backend);
-        if (!strcmp(dev, "cuda")) return pg_err_set(PG_EUNSUPP, "--device cuda: %s", why);
-        PG_LOGI("--device auto: %s; running on the CPU", why);
-    } else if (strcmp(dev, "cpu")) {
-        return pg_err_set(PG_EUNSUPP, "device '%s' is not known (cpu, cuda, auto)", dev);
+void eng_stats_memory(pg_engine *e) {
+    pg_engine_stats *st = &e->stats;
+    st->on_gpu = strcmp(e->backend->name, "cpu") != 0;
+    st->n_ranks = pg_executor_size(e->exec);
+    for (int32_t r = 0; r < st->n_ranks && r < PG_ENGINE_MAX_RANKS; r++) {
+        pg_runner_mem m;
+        pg_executor_mem_get(e->exec, r, &m);
+        st->ranks[r] = (pg_engine_rank_mem){.weights = m.weights, .kv = m.kv, .workspace = m.workspace,
+                                            .graphs = m.graphs, .other = m.other,
+                                            .total = st->on_gpu ? m.total : 0, .free = st->on_gpu ? m.free : 0};
+        if (r) continue;
+        st->weight_bytes = m.weights;
+        st->kv_bytes = m.kv;
+        st->workspace_bytes = m.workspace;
+        st->graph_bytes = m.graphs;
+        st->other_bytes = m.other;
+        st->gpu_total_bytes = st->on_gpu ? m.total : 0;
+        st->gpu_free_bytes = st->on_gpu ? m.free : 0;
+        st->host_swap_bytes = m.host_swap;
     }
-    return pg_backend_cpu_create(cfg->n_threads, cfg->matmul_mode, &e->backend);
 }
 
-void eng_stats_memory(pg_engine *e, const pg_runner_mem *m) {
-    e->stats.on_gpu = strcmp(e->backend->name, "cpu") != 0;
-    e->stats.weight_bytes = m->weights;
-    e->stats.kv_bytes = m->kv;
-    e->stats.workspace_bytes = m->workspace;
-    e->stats.graph_bytes = m->graphs;
-    e->stats.other_bytes = m->other;
-    e->stats.gpu_total_bytes = e->stats.on_gpu ? m->total : 0;
-    e->stats.gpu_free_bytes = e->stats.on_gpu ? m->free : 0;
-    e->stats.host_swap_bytes = m->host_swap;
+// The device: cpu, cuda, or auto (the GPU when one is found), before any
+// weight is read (so a wrong --device fails at once).
+static bool wants_cuda(const pg_engine_config *cfg) {
+    const char *dev = cfg->device ? cfg->device : "cpu";
+    if (!strcmp(dev, "cuda")) return true;
+    char why[160];
+    return !strcmp(dev, "auto") && pg_backend_cuda_probe(why, sizeof why) > 0;
+}
+
+// The model and the ranks, the same on every node.
+static void executor_config(const pg_engine_config *cfg, pg_model_load_opts *mo, pg_executor_config *ec) {
+    *mo = (pg_model_load_opts){.path = cfg->model_path, .dummy = is_dummy(cfg), .hf_config = cfg->hf_config,
+                               .dummy_seed = 0x5eedull, .dummy_std = 0.02f};
+    *ec = (pg_executor_config){.tp = cfg->tensor_parallel > 1 ? cfg->tensor_parallel : 1, .device = cfg->device,
+                               .n_threads = cfg->n_threads, .matmul_mode = cfg->matmul_mode, .comm = cfg->tp_comm,
+                               .nnodes = cfg->nnodes, .node_rank = cfg->node_rank,
+                               .master_addr = cfg->master_addr,
+                               .master_port = cfg->master_port > 0 ? cfg->master_port : 29500};
+}
+
+int pg_engine_follow(const pg_engine_config *cfg) {
+    PG_ARG(cfg->nnodes > 1 && cfg->node_rank > 0, "following needs --nnodes > 1 and --node-rank > 0");
+    pg_model_load_opts mo;
+    pg_executor_config ec;
+    executor_config(cfg, &mo, &ec);
+    pg_executor *ex;
+    PG_TRY(pg_executor_create(&ec, &mo, &ex));
+    int rc = pg_executor_follow(ex);
+    pg_executor_free(ex);
+    return rc;
 }
 
 int eng_setup(pg_engine *e) {
     const pg_engine_config *cfg = &e->cfg;
-    PG_TRY(make_backend(e));
-    pg_backend *be = e->backend;
-    const bool on_cpu = !strcmp(be->name, "cpu");
+    if (cfg->nnodes > 1 && cfg->node_rank > 0)
+        return pg_err_set(PG_EINVAL, "--node-rank %d follows node 0 (pg_engine_follow): it runs no engine of its own",
+                          cfg->node_rank);
+    const bool on_cpu = !wants_cuda(cfg);
     // KV cache element type: auto = the device's native one (bf16 / f32).
     const char *kvd = cfg->kv_cache_dtype ? cfg->kv_cache_dtype : "auto";
     const bool kv_fp8 = !strcmp(kvd, "fp8");
@@ -121,9 +150,14 @@ int eng_setup(pg_engine *e) {
     else if (strcmp(gmode, "on"))
         return pg_err_set(PG_EINVAL, "cuda graphs '%s' is not known (on, off, lazy)", gmode);
 
-    pg_model_load_opts mo = {.path = cfg->model_path, .dummy = is_dummy(cfg), .hf_config = cfg->hf_config,
-                             .dummy_seed = 0x5eedull, .dummy_std = 0.02f};
-    PG_TRY(pg_model_load(&mo, be, &e->model));
+    pg_model_load_opts mo;
+    pg_executor_config ec;
+    executor_config(cfg, &mo, &ec);
+    const int32_t tp = ec.tp;
+    PG_TRY(pg_executor_create(&ec, &mo, &e->exec));
+    e->backend = pg_executor_backend(e->exec, 0);
+    e->model = pg_executor_model(e->exec, 0);
+    pg_backend *be = e->backend;
     PG_TRY(load_tokenizer(e));
     PG_TRY(pg_chat_template_load(e->cfg.chat_template, tokenizer_source(e), e->tok, &e->chat));
 
@@ -152,17 +186,27 @@ int eng_setup(pg_engine *e) {
                              .max_num_batched_tokens = sc.max_num_batched_tokens,
                              .max_model_len = e->max_model_len,
                              .kv_dtype = kv_fp8 ? PG_KV_FP8_E4M3 : PG_KV_BF16, .graphs = graphs};
-    PG_TRY(pg_runner_create(e->model, &rcfg, &e->runner));
+    PG_TRY(pg_executor_runners_create(e->exec, &rcfg));
+    PG_TRY(pg_executor_mem_refresh(e->exec));
     pg_runner_mem gm;
-    pg_runner_mem_get(e->runner, &gm);
-    const size_t per_block = pg_runner_kv_bytes_per_block(e->runner);
+    const size_t per_block = pg_executor_kv_bytes_per_block(e->exec);
     int64_t kv_bytes;
     if (be->measures_memory) {
         double util = cfg->gpu_memory_utilization > 0 ? cfg->gpu_memory_utilization : DEFAULT_GPU_MEMORY_UTILIZATION;
         // Everything in use now (weights, workspace, context, other
         // processes) counts against the utilization budget, as in vLLM, and
-        // so do the graphs captured after the pool is allocated.
-        int64_t budget = (int64_t)(util * (double)gm.total) - (gm.total - gm.free) - gm.graphs_reserved;
+        // so do the graphs captured after the pool is allocated. Every rank
+        // holds the same blocks: the tightest rank sizes the pool.
+        int64_t budget = INT64_MAX;
+        for (int32_t r = 0; r < tp; r++) {
+            pg_runner_mem m;
+            pg_executor_mem_get(e->exec, r, &m);
+            int64_t b = (int64_t)(util * (double)m.total) - (m.total - m.free) - m.graphs_reserved;
+            if (b < budget) {
+                budget = b;
+                gm = m;
+            }
+        }
         kv_bytes = cfg->kv_cache_bytes > 0 ? cfg->kv_cache_bytes : budget;
         if (kv_bytes < (int64_t)per_block * 2)
             return pg_err_set(PG_ENOMEM,
@@ -172,7 +216,10 @@ int eng_setup(pg_engine *e) {
                               (double)gm.total / (1 << 30), (double)(gm.total - gm.free) / (1 << 30),
                               (double)gm.weights / (1 << 30), (double)gm.workspace / (1 << 30), util);
     } else {
-        kv_bytes = cfg->kv_cache_bytes > 0 ? cfg->kv_cache_bytes : DEFAULT_CPU_KV_BYTES;
+        pg_executor_mem_get(e->exec, 0, &gm);
+        // Host memory is one for every rank: the size (2 GiB by default) is
+        // the whole pool's, and each rank holds its share of every block.
+        kv_bytes = (cfg->kv_cache_bytes > 0 ? cfg->kv_cache_bytes : DEFAULT_CPU_KV_BYTES) / tp;
     }
     int64_t kv_blocks64 = cfg->kv_blocks > 0 ? cfg->kv_blocks : kv_bytes / (int64_t)per_block;
     e->kv_blocks = kv_blocks64 > INT32_MAX ? INT32_MAX : (int32_t)kv_blocks64;
@@ -195,21 +242,35 @@ int eng_setup(pg_engine *e) {
     sc.num_blocks = e->kv_blocks;
     sc.num_host_blocks = host_blocks;
     sc.max_model_len = e->max_model_len;
-    PG_TRY(pg_runner_alloc_kv(e->runner, e->kv_blocks, host_blocks));
-    pg_runner_mem_get(e->runner, &gm);
+    PG_TRY(pg_executor_alloc_kv(e->exec, e->kv_blocks, host_blocks));
+    PG_TRY(pg_executor_mem_refresh(e->exec));
+    pg_executor_mem_get(e->exec, 0, &gm);
     PG_TRY(sched_create(&sc, &e->sched));
     e->cfg.sched = sc;
     e->stats.kv_blocks = e->kv_blocks;
     e->stats.block_size = sc.block_size;
-    eng_stats_memory(e, &gm);
+    eng_stats_memory(e);
     sched_stats_get(e->sched, &e->stats.sched);
 
     const double G = 1 << 30;
-    PG_LOGI("model %s (%s, %s): %d layers, hidden %d, %d/%d heads, vocab %d; weights %.1f MiB on %s",
+    PG_LOGI("model %s (%s, %s): %d layers, hidden %d, %d/%d heads, vocab %d; weights %.1f MiB on %s%s",
             mc->name[0] ? mc->name : cfg->model_path, mc->arch, e->model->format, mc->n_layers,
             mc->hidden, mc->n_heads, mc->n_kv_heads, mc->vocab_size,
-            (double)e->model->weight_bytes / (1 << 20), be->name);
+            (double)e->model->weight_bytes / (1 << 20), be->name, tp > 1 ? " (rank 0's shard)" : "");
     PG_LOGI("device %s", gm.device);
+    if (tp > 1)
+        PG_LOGI("tensor parallel: %d ranks (%d heads, %d KV heads, %d FFN columns and %d vocabulary rows each)%s", tp,
+                e->model->shard.n_heads, e->model->shard.n_kv_heads, e->model->shard.ffn, e->model->shard.vocab,
+                cfg->nnodes > 1 ? " across nodes" : "");
+    // Every rank's memory (rank 0's below stands for the rest on one node).
+    for (int32_t r = 1; r < tp && be->measures_memory; r++) {
+        pg_runner_mem m;
+        pg_executor_mem_get(e->exec, r, &m);
+        PG_LOGI("rank %d device memory: total %.2f GiB = weights %.2f + KV cache %.2f + workspace %.2f + graphs "
+                "%.2f + other %.2f + free %.2f GiB (%s)",
+                r, m.total / G, m.weights / G, m.kv / G, m.workspace / G, m.graphs / G, m.other / G, m.free / G,
+                m.device);
+    }
     const char *kv_type = kv_fp8 ? "fp8 e4m3" : be->kv_native == PG_DTYPE_F32 ? "f32" : "bf16";
     if (be->measures_memory)
         PG_LOGI("device memory: total %.2f GiB = weights %.2f + KV cache %.2f + workspace %.2f (profiled at "
@@ -217,13 +278,13 @@ int eng_setup(pg_engine *e) {
                 gm.total / G, gm.weights / G, gm.kv / G, gm.workspace / G, sc.max_num_batched_tokens,
                 sc.max_num_seqs, gm.workspace_buffers / G, gm.graphs / G, gm.other / G, gm.free / G);
     else
-        PG_LOGI("memory: weights %.1f MiB + KV cache %.1f MiB + workspace %.1f MiB (buffers for %d tokens / %d "
+        PG_LOGI("memory%s: weights %.1f MiB + KV cache %.1f MiB + workspace %.1f MiB (buffers for %d tokens / %d "
                 "sequences per step)",
-                gm.weights / (double)(1 << 20), gm.kv / (double)(1 << 20), gm.workspace / (double)(1 << 20),
-                sc.max_num_batched_tokens, sc.max_num_seqs);
-    PG_LOGI("KV cache on %s: %d blocks x %d tokens = %lld tokens (%.2f GiB, %s, %zu KiB per block); "
+                tp > 1 ? " per rank" : "", gm.weights / (double)(1 << 20), gm.kv / (double)(1 << 20),
+                gm.workspace / (double)(1 << 20), sc.max_num_batched_tokens, sc.max_num_seqs);
+    PG_LOGI("KV cache on %s%s: %d blocks x %d tokens = %lld tokens (%.2f GiB, %s, %zu KiB per block); "
             "swap %d blocks (%.2f GiB); max model length %d",
-            be->name, e->kv_blocks - 1, sc.block_size, (long long)(e->kv_blocks - 1) * sc.block_size,
+            be->name, tp > 1 ? " (each rank: its heads of every block)" : "", e->kv_blocks - 1, sc.block_size, (long long)(e->kv_blocks - 1) * sc.block_size,
             gm.kv / G, kv_type, per_block >> 10, host_blocks, gm.host_swap / G, e->max_model_len);
     PG_LOGI("async scheduling %s", e->async ? "on (the next step is planned while one runs)" : "off");
     return 0;

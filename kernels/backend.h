@@ -86,6 +86,14 @@ typedef struct pg_attn_batch {
     size_t workspace_bytes;
 } pg_attn_batch;
 
+// Rows [row0, row0 + rows) x columns [col0, col0 + cols) of a virtual
+// matrix `full_cols` wide: element (i, j) is the generator's element
+// (row0 + i) * full_cols + col0 + j (weight_random).
+typedef struct pg_rand_window {
+    int64_t rows, cols;
+    int64_t row0, col0, full_cols;
+} pg_rand_window;
+
 typedef struct pg_backend pg_backend;
 
 struct pg_backend {
@@ -101,6 +109,10 @@ struct pg_backend {
                             //   (PG_DTYPE_F32 on the CPU, PG_DTYPE_BF16 on CUDA)
 
     void (*destroy)(pg_backend *b);
+    // Makes this backend's device the calling thread's (CUDA: cudaSetDevice;
+    // nothing on the CPU). Tensor-parallel workers call it before their
+    // rank's work, so that every allocation and launch goes to the rank's GPU.
+    int (*bind_thread)(pg_backend *b);
 
     // --- device and memory ------------------------------------------------------
     // One line: the device's name and size ("NVIDIA H200, 132 SMs, ...").
@@ -136,9 +148,12 @@ struct pg_backend {
     // A weight of random values made on the device: N(0, std^2) from a
     // counter-based generator keyed by (key, element) when std > 0, else
     // every element `fill` (norms). The same key gives the same values on
-    // every backend (to bf16 rounding).
-    int (*weight_random)(pg_backend *b, int64_t rows, int64_t cols, uint64_t key, float std,
-                         float fill, pg_bweight **out);
+    // every backend (to bf16 rounding). The weight is the windows' rows
+    // concatenated (one cols); a window is a block of a larger virtual
+    // matrix, so a tensor-parallel shard gets exactly its slice of the
+    // values the whole tensor would have.
+    int (*weight_random)(pg_backend *b, const pg_rand_window *windows, int n_windows, uint64_t key,
+                         float std, float fill, pg_bweight **out);
     // An f32 vector kept in f32 on every backend (rotary frequencies, whose
     // angles need the precision; norms and biases go through weight_upload).
     int (*vector_f32)(pg_backend *b, const float *v, int64_t n, pg_bweight **out);
@@ -179,9 +194,12 @@ struct pg_backend {
     size_t (*sample_workspace_bytes)(pg_backend *b, int32_t max_seqs, int32_t vocab);
 
     // --- layer ops -----------------------------------------------------------------
-    // out[i] = table[ids[i]] for i < out.rows (ids in backend memory; an id
-    // outside the table gives a zero row). The token embedding.
-    int (*embed)(pg_backend *b, pg_tensor out, const int32_t *ids, const pg_bweight *table);
+    // out[i] = table[ids[i] - id0] for i < out.rows (ids in backend memory;
+    // an id outside [id0, id0 + table rows) gives a zero row). The token
+    // embedding; id0 is a vocabulary shard's first id (tensor parallelism).
+    int (*embed)(pg_backend *b, pg_tensor out, const int32_t *ids, const pg_bweight *table, int32_t id0);
+    // dst = src (views of one shape and dtype, any strides).
+    int (*copy)(pg_backend *b, pg_tensor dst, pg_tensor src);
     // out[i] = x[rows[i]] for i < out.rows (rows in backend memory).
     int (*gather)(pg_backend *b, pg_tensor out, pg_tensor x, const int32_t *rows);
     // out[i] = x[i] * rsqrt(mean(x[i]^2) + eps) * w; out may be x.

@@ -411,6 +411,18 @@ int cmd_serve(int argc, char **argv) {
         return 2;
     }
 
+    // A following node of a multi-node tensor-parallel group serves no HTTP:
+    // it runs node 0's steps on its ranks until node 0 stops.
+    if (cfg.nnodes > 1 && cfg.node_rank > 0) {
+        srv_tls_ctx_free(tls);
+        srv_cors_free(&f.cors);
+        if (pg_engine_follow(&cfg) < 0) {
+            fprintf(stderr, "paged serve: %s\n", pg_err_msg());
+            return 1;
+        }
+        return 0;
+    }
+
     serve *s = pg_xcalloc(1, sizeof *s);
     srv_app *a = &s->app;
     uv_loop_t loop;

@@ -119,14 +119,22 @@ void srv_metrics_refresh(srv_metrics *m, const pg_engine_stats *st, int n_connec
     // Memory: on the GPU every category of the card (they sum to its total);
     // on the CPU the host bytes the backend holds (weights as loaded, the
     // f32 KV pool, activation buffers), with no total, free or graphs.
+    // Under tensor parallelism one device label per rank ("cuda:1"), each
+    // with its own categories; one device keeps the plain "cuda" / "cpu".
     static const char *cats[] = {"weights", "kv_cache", "workspace", "graphs", "other", "free"};
-    const double mem[] = {(double)st->weight_bytes, (double)st->kv_bytes, (double)st->workspace_bytes,
-                          (double)st->graph_bytes,  (double)st->other_bytes, (double)st->gpu_free_bytes};
-    const char *dev = st->on_gpu ? "cuda" : "cpu";
-    for (int i = 0; i < (st->on_gpu ? 6 : 3); i++)
-        met_set(met_child_get(m->mem, (const char *[]){m->model_name, dev, cats[i]}), mem[i]);
-    if (st->on_gpu)
-        met_set(met_child_get(m->mem_total, (const char *[]){m->model_name, dev}), (double)st->gpu_total_bytes);
+    const int32_t n_ranks = st->n_ranks > 1 ? st->n_ranks : 1;
+    for (int32_t r = 0; r < n_ranks && r < PG_ENGINE_MAX_RANKS; r++) {
+        const pg_engine_rank_mem *rm = &st->ranks[r];
+        const double mem[] = {(double)rm->weights, (double)rm->kv, (double)rm->workspace,
+                              (double)rm->graphs, (double)rm->other, (double)rm->free};
+        char dev[24];
+        if (n_ranks > 1) snprintf(dev, sizeof dev, "%s:%d", st->on_gpu ? "cuda" : "cpu", r);
+        else snprintf(dev, sizeof dev, "%s", st->on_gpu ? "cuda" : "cpu");
+        for (int i = 0; i < (st->on_gpu ? 6 : 3); i++)
+            met_set(met_child_get(m->mem, (const char *[]){m->model_name, dev, cats[i]}), mem[i]);
+        if (st->on_gpu)
+            met_set(met_child_get(m->mem_total, (const char *[]){m->model_name, dev}), (double)rm->total);
+    }
     met_set(m->connections, n_connections);
     met_set(m->jobs, n_jobs);
     // Counters mirrored from the engine's monotonic totals.

@@ -320,7 +320,11 @@ def generate():
         o = obj(s, "rel")
         w(f"build {o}: cc {s}")
         b = f"build/tests/tools/{name}"
-        w(f"build {b}: link {o} {libs['rel']} {cuda_lib}")
+        # Like build/paged (they run the engine's executor, which can make
+        # CUDA backends): the CUDA archive whole and first.
+        w(f"build {b}: link_cuda {o} {libs['rel']} {cuda_lib}")
+        w(f"  objs = {o}")
+        w(f"  archives = {libs['rel']}")
         w(f"  cudaobjs = {cuda_lib}")
         tool_bins.append(b)
     defaults += tool_bins

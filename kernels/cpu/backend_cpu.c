@@ -70,6 +70,11 @@ static void cpu_free(pg_backend *b, void *p) {
     free(p);
 }
 
+static int cpu_bind_thread(pg_backend *b) {
+    (void)b;
+    return 0;
+}
+
 static int cpu_copy(pg_backend *b, void *dst, const void *src, size_t bytes) {
     (void)b;
     if (dst != src && bytes) memcpy(dst, src, bytes);
@@ -132,35 +137,49 @@ static uint64_t splitmix64(uint64_t x) {
 // The device generator of kernels/cuda/backend_cuda.cu, element for element
 // (Box-Muller on 2 x 24 bits of splitmix64(key ^ splitmix64(i))), stored as
 // bf16 like the GPU's weights.
-static int cpu_weight_random(pg_backend *b, int64_t rows, int64_t cols, uint64_t key, float std,
+static int cpu_weight_random(pg_backend *b, const pg_rand_window *win, int n_win, uint64_t key, float std,
                              float fill, pg_bweight **out) {
+    PG_ARG(n_win >= 1, "cpu weight_random: no windows");
+    int64_t rows = 0;
+    const int64_t cols = win[0].cols;
+    for (int p = 0; p < n_win; p++) {
+        PG_ARG(win[p].cols == cols && win[p].rows >= 0 && win[p].col0 + win[p].cols <= win[p].full_cols,
+               "cpu weight_random: window %d of %lldx%lld at (%lld, %lld) in %lld columns", p,
+               (long long)win[p].rows, (long long)win[p].cols, (long long)win[p].row0, (long long)win[p].col0,
+               (long long)win[p].full_cols);
+        rows += win[p].rows;
+    }
     const int64_t n = rows * cols;
     uint16_t *data = malloc(sizeof(uint16_t) * (size_t)(n > 0 ? n : 1));
     if (!data) return pg_err_set(PG_ENOMEM, "cpu: cannot allocate %lldx%lld random weights",
                                  (long long)rows, (long long)cols);
-    for (int64_t i = 0; i < n; i++) {
-        float v = fill;
-        if (std > 0) {
-            uint64_t r = splitmix64(key ^ splitmix64((uint64_t)i));
-            float u1 = ((float)(r >> 40) + 1.0f) * (1.0f / 16777216.0f);
-            float u2 = (float)(r & 0xffffffu) * (1.0f / 16777216.0f);
-            v = sqrtf(-2.0f * logf(u1)) * cosf(6.28318530718f * u2) * std;
-        }
-        uint32_t bits;
-        memcpy(&bits, &v, 4);
-        bits += 0x7fffu + ((bits >> 16) & 1u); // round to nearest even (finite values)
-        data[i] = (uint16_t)(bits >> 16);
-    }
-    pg_weight p = {.data = data, .dtype = PG_DTYPE_BF16, .rows = rows, .cols = cols,
+    uint16_t *o = data;
+    for (int p = 0; p < n_win; p++)
+        for (int64_t i = 0; i < win[p].rows; i++)
+            for (int64_t j = 0; j < cols; j++) {
+                const uint64_t e = (uint64_t)((win[p].row0 + i) * win[p].full_cols + win[p].col0 + j);
+                float v = fill;
+                if (std > 0) {
+                    uint64_t r = splitmix64(key ^ splitmix64(e));
+                    float u1 = ((float)(r >> 40) + 1.0f) * (1.0f / 16777216.0f);
+                    float u2 = (float)(r & 0xffffffu) * (1.0f / 16777216.0f);
+                    v = sqrtf(-2.0f * logf(u1)) * cosf(6.28318530718f * u2) * std;
+                }
+                uint32_t bits;
+                memcpy(&bits, &v, 4);
+                bits += 0x7fffu + ((bits >> 16) & 1u); // round to nearest even (finite values)
+                *o++ = (uint16_t)(bits >> 16);
+            }
+    pg_weight w = {.data = data, .dtype = PG_DTYPE_BF16, .rows = rows, .cols = cols,
                    .row_bytes = (size_t)cols * 2};
-    int rc = cpu_weight_upload(b, &p, 1, out);
+    int rc = cpu_weight_upload(b, &w, 1, out);
     if (rc < 0) {
         free(data);
         return rc;
     }
-    cpu_weight *w = (cpu_weight *)*out;
-    if (w->vec) free(data); // copied to f32
-    else w->owned = data;
+    cpu_weight *cwt = (cpu_weight *)*out;
+    if (cwt->vec) free(data); // copied to f32
+    else cwt->owned = data;
     return 0;
 }
 
@@ -301,16 +320,27 @@ static int check_rows(pg_tensor t, const char *what) {
     return 0;
 }
 
-static int cpu_embed(pg_backend *b, pg_tensor out, const int32_t *ids, const pg_bweight *table) {
+static int cpu_embed(pg_backend *b, pg_tensor out, const int32_t *ids, const pg_bweight *table, int32_t id0) {
     (void)b;
     const pg_weight *e = &cw(table)->parts[0];
     for (int64_t i = 0; i < out.rows; i++) {
         float *o = F32(out) + i * out.stride;
-        if (ids[i] < 0 || ids[i] >= e->rows)
+        const int64_t id = (int64_t)ids[i] - id0;
+        if (id < 0 || id >= e->rows)
             memset(o, 0, sizeof(float) * (size_t)e->cols);
         else
-            pg_dequantize_row(e->dtype, (const char *)e->data + (size_t)ids[i] * e->row_bytes, o, e->cols);
+            pg_dequantize_row(e->dtype, (const char *)e->data + (size_t)id * e->row_bytes, o, e->cols);
     }
+    return 0;
+}
+
+static int cpu_copy_view(pg_backend *b, pg_tensor dst, pg_tensor src) {
+    (void)b;
+    PG_ARG(dst.rows == src.rows && dst.cols == src.cols && dst.dtype == src.dtype && dst.dtype == PG_DTYPE_F32,
+           "cpu copy: %lldx%lld into %lldx%lld", (long long)src.rows, (long long)src.cols, (long long)dst.rows,
+           (long long)dst.cols);
+    for (int64_t i = 0; i < src.rows; i++)
+        memcpy(F32(dst) + i * dst.stride, F32(src) + i * src.stride, sizeof(float) * (size_t)src.cols);
     return 0;
 }
 
@@ -529,7 +559,9 @@ int pg_backend_cpu_create(int n_threads, pg_matmul_mode mode, pg_backend **out) 
         .graph_free = cpu_graph_free,
         .attn_workspace_bytes = cpu_attn_ws,
         .sample_workspace_bytes = cpu_sample_ws,
+        .bind_thread = cpu_bind_thread,
         .embed = cpu_embed,
+        .copy = cpu_copy_view,
         .gather = cpu_gather,
         .rmsnorm = cpu_rmsnorm_op,
         .linear = cpu_linear,

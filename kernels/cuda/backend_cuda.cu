@@ -72,6 +72,18 @@ const void *wdata(const pg_bweight *w) {
     return ((const CudaWeight *)w)->data;
 }
 
+} // namespace
+
+// For the NCCL communicator (comm_nccl.cu): the compute stream and device.
+extern "C" void *pg_cuda_backend_stream(pg_backend *b) {
+    return ctx_of(b)->stream;
+}
+extern "C" int pg_cuda_backend_device(pg_backend *b) {
+    return ctx_of(b)->device;
+}
+
+namespace {
+
 // --- dummy weights --------------------------------------------------------------------
 
 __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
@@ -83,10 +95,15 @@ __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
 
 // w[i] = std * N(0, 1) by Box-Muller on 2 x 24 bits of splitmix64(key, i)
 // (the CPU backend's cpu_weight_random computes the same values).
-__global__ void init_normal_kernel(bf16 *w, int64_t n, uint64_t key, float std) {
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+// A window of rows x cols at (row0, col0) of a virtual matrix full_cols
+// wide (pg_rand_window): element i of w is the generator's element of its
+// place in the virtual matrix.
+__global__ void init_normal_kernel(bf16 *w, int64_t rows, int64_t cols, int64_t row0, int64_t col0,
+                                   int64_t full_cols, uint64_t key, float std) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, n = rows * cols;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        uint64_t r = splitmix64(key ^ splitmix64((uint64_t)i));
+        const int64_t e = (row0 + i / cols) * full_cols + col0 + i % cols;
+        uint64_t r = splitmix64(key ^ splitmix64((uint64_t)e));
         float u1 = ((float)(r >> 40) + 1.0f) * (1.0f / 16777216.0f); // (0, 1]
         float u2 = (float)(r & 0xffffffu) * (1.0f / 16777216.0f);    // [0, 1)
         float z = sqrtf(-2.0f * __logf(u1)) * __cosf(6.28318530718f * u2);
@@ -279,18 +296,34 @@ static int cu_weight_upload(pg_backend *b, const pg_weight *parts, int n_parts, 
     return 0;
 }
 
-static int cu_weight_random(pg_backend *b, int64_t rows, int64_t cols, uint64_t key, float std,
+static int cu_weight_random(pg_backend *b, const pg_rand_window *win, int n_win, uint64_t key, float std,
                             float fill, pg_bweight **out) {
     *out = nullptr;
+    PG_ARG(n_win >= 1, "cuda weight_random: no windows");
     CudaCtx *c = ctx_of(b);
     PG_CUDA_TRY(cudaSetDevice(c->device));
+    int64_t rows = 0;
+    const int64_t cols = win[0].cols;
+    for (int p = 0; p < n_win; p++) {
+        PG_ARG(win[p].cols == cols && win[p].rows >= 0 && win[p].col0 + win[p].cols <= win[p].full_cols,
+               "cuda weight_random: window %d of %lldx%lld at (%lld, %lld) in %lld columns", p,
+               (long long)win[p].rows, (long long)win[p].cols, (long long)win[p].row0, (long long)win[p].col0,
+               (long long)win[p].full_cols);
+        rows += win[p].rows;
+    }
     CudaWeight *w;
     PG_TRY(new_weight(rows, cols, PG_DTYPE_BF16, 2, &w));
-    const int64_t n = rows * cols;
-    if (std > 0)
-        init_normal_kernel<<<fill_grid(n), 256, 0, c->stream>>>((bf16 *)w->data, n, key, std);
-    else
-        fill_kernel<<<fill_grid(n), 256, 0, c->stream>>>((bf16 *)w->data, n, fill);
+    bf16 *dst = (bf16 *)w->data;
+    for (int p = 0; p < n_win; p++) {
+        const int64_t n = win[p].rows * cols;
+        if (n == 0) continue;
+        if (std > 0)
+            init_normal_kernel<<<fill_grid(n), 256, 0, c->stream>>>(dst, win[p].rows, cols, win[p].row0, win[p].col0,
+                                                                    win[p].full_cols, key, std);
+        else
+            fill_kernel<<<fill_grid(n), 256, 0, c->stream>>>(dst, n, fill);
+        dst += n;
+    }
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) {
@@ -532,8 +565,26 @@ static size_t cu_sample_ws(pg_backend *b, int32_t max_seqs, int32_t vocab) {
 
 // --- layer ops ------------------------------------------------------------------------------
 
-static int cu_embed(pg_backend *b, pg_tensor out, const int32_t *ids, const pg_bweight *table) {
-    return pg_cuda_embed(out.data, wdata(table), ids, out.rows, table->cols, table->rows, ctx_of(b)->stream);
+static int cu_embed(pg_backend *b, pg_tensor out, const int32_t *ids, const pg_bweight *table, int32_t id0) {
+    return pg_cuda_embed_shard(out.data, wdata(table), ids, out.rows, table->cols, table->rows, id0,
+                               ctx_of(b)->stream);
+}
+
+static int cu_bind_thread(pg_backend *b) {
+    PG_CUDA_TRY(cudaSetDevice(ctx_of(b)->device));
+    return 0;
+}
+
+static int cu_copy(pg_backend *b, pg_tensor dst, pg_tensor src) {
+    PG_ARG(dst.rows == src.rows && dst.cols == src.cols && dst.dtype == src.dtype,
+           "cuda copy: %lldx%lld into %lldx%lld", (long long)src.rows, (long long)src.cols, (long long)dst.rows,
+           (long long)dst.cols);
+    if (src.rows == 0 || src.cols == 0) return 0;
+    const size_t el = src.dtype == PG_DTYPE_F32 ? 4 : 2;
+    PG_CUDA_TRY(cudaMemcpy2DAsync(dst.data, (size_t)dst.stride * el, src.data, (size_t)src.stride * el,
+                                  (size_t)src.cols * el, (size_t)src.rows, cudaMemcpyDeviceToDevice,
+                                  ctx_of(b)->stream));
+    return 0;
 }
 
 static int cu_gather(pg_backend *b, pg_tensor out, pg_tensor x, const int32_t *rows) {
@@ -780,7 +831,9 @@ extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
     b->graph_free = cu_graph_free;
     b->attn_workspace_bytes = cu_attn_ws;
     b->sample_workspace_bytes = cu_sample_ws;
+    b->bind_thread = cu_bind_thread;
     b->embed = cu_embed;
+    b->copy = cu_copy;
     b->gather = cu_gather;
     b->rmsnorm = cu_rmsnorm;
     b->linear = cu_linear;

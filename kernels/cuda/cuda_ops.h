@@ -179,8 +179,18 @@ int pg_cuda_silu_mul(void *out, const void *gate_up, int64_t m, int64_t ffn, voi
 // Row gather: out[i][0:dim] = table[ids[i]][0:dim] for i < m; an id outside
 // [0, n_rows) gives a zero row. Embedding lookup, and the gather of the
 // last hidden state of each sampled sequence before the LM head.
+// A CUDA backend's compute stream (a cudaStream_t) and device, for the
+// NCCL communicator (comm_nccl.cu), which enqueues on that stream.
+struct pg_backend;
+void *pg_cuda_backend_stream(struct pg_backend *b);
+int pg_cuda_backend_device(struct pg_backend *b);
+
 int pg_cuda_embed(void *out, const void *table, const int32_t *ids, int64_t m, int64_t dim,
                   int64_t n_rows, void *stream);
+// The same with table row r holding id id0 + r (a vocabulary shard): ids
+// outside [id0, id0 + n_rows) give zero rows.
+int pg_cuda_embed_shard(void *out, const void *table, const int32_t *ids, int64_t m, int64_t dim,
+                        int64_t n_rows, int32_t id0, void *stream);
 
 // Copy-on-write block copies for all layers at once: for each pair p <
 // n_pairs and layer l < n_layers, block pairs[2p] -> pairs[2p+1] of

@@ -304,11 +304,11 @@ __global__ void silu_mul_scalar_kernel(bf16 *out, const bf16 *gate_up, int64_t m
 // --- row gather -------------------------------------------------------------------------
 
 __global__ void embed_kernel(bf16 *out, const bf16 *table, const int32_t *ids, int64_t dim, int64_t n_rows,
-                             bool vec) {
+                             int32_t id0, bool vec) {
     pg_pdl_wait(); // PDL: ids and (a row gather) the table may be earlier kernels' output
     pg_pdl_trigger();
     const int64_t i = blockIdx.x;
-    const int32_t id = ids[i];
+    const int64_t id = (int64_t)ids[i] - id0;
     bf16 *o = out + i * dim;
     const bool ok = id >= 0 && id < n_rows;
     const bf16 *t = table + (ok ? (int64_t)id : 0) * dim;
@@ -457,6 +457,11 @@ extern "C" int pg_cuda_silu_mul(void *out, const void *gate_up, int64_t m, int64
 
 extern "C" int pg_cuda_embed(void *out, const void *table, const int32_t *ids, int64_t m, int64_t dim,
                              int64_t n_rows, void *stream) {
+    return pg_cuda_embed_shard(out, table, ids, m, dim, n_rows, 0, stream);
+}
+
+extern "C" int pg_cuda_embed_shard(void *out, const void *table, const int32_t *ids, int64_t m, int64_t dim,
+                                   int64_t n_rows, int32_t id0, void *stream) {
     PG_ARG(out && table && ids, "embed: null pointer");
     PG_ARG(m >= 0 && dim > 0 && n_rows > 0, "embed: m %lld dim %lld rows %lld", (long long)m, (long long)dim,
            (long long)n_rows);
@@ -464,7 +469,7 @@ extern "C" int pg_cuda_embed(void *out, const void *table, const int32_t *ids, i
     bool vec = dim % 8 == 0 && aligned16(out) && aligned16(table);
     int threads = vec ? (dim / 8 >= 256 ? 256 : (int)((dim / 8 + 31) / 32 * 32)) : 256;
     PG_CUDA_TRY(pg_launch_pdl(embed_kernel, dim3((unsigned)m), dim3(threads), 0, pg_stream(stream), (bf16 *)out,
-                              (const bf16 *)table, ids, dim, n_rows, vec));
+                              (const bf16 *)table, ids, dim, n_rows, id0, vec));
     PG_CUDA_LAUNCHED("embed_kernel");
     return 0;
 }

@@ -32,6 +32,8 @@
 #   5. the watchdog after a real device error (PAGED_CUDA_FAULT: a trapping
 #      kernel): the stream ends with an error event and [DONE], /health 503,
 #      exit code 70.
+#   6. tensor parallelism: -tp 1 through NCCL gives check 3's texts exactly;
+#      -tp beyond the GPUs is refused; -tp 2 when there are two GPUs.
 # Programs come from build/gpu-pack/ (tools/pack_gpu.sh; its .tar.xz is
 # unpacked here when only the archive was carried), else build/.
 # Logs and JSON go to $OUT (the device tool's folder) or /tmp/paged-gpu.
@@ -326,6 +328,59 @@ kill $fpid 2>/dev/null
 grep -E 'WARN|ERROR|watchdog|step failed' /tmp/paged-fault.log | tail -6
 if [ $wd = pass ]; then echo "PASS: watchdog"; else echo "FAIL: watchdog"; fail=1; fi
 note "watchdog after an injected CUDA error: $wd"
+
+# --- 6. the tensor-parallel path on the GPUs there are ---------------------------------------
+# -tp 1 --tp-comm nccl: every collective of the sharded forward runs through
+# NCCL (a group of one: the all-reduces and the logits all-gather are
+# copies), so the texts must equal check 3's CUDA run exactly. Then -tp N on
+# every visible GPU (when more than one) against -tp 1 on the first 16
+# characters, as check 3 compares devices; and -tp beyond the GPUs is a
+# one-line start-up error.
+n_gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+NCCL_NVLS_ENABLE=0 "$PAGED" generate --model $m64 --device cuda -tp 1 --tp-comm nccl --prompts-file $prompts \
+    >/tmp/paged-gen-nccl1.jsonl 2>/tmp/paged-gen-nccl1.log
+rc=$?
+same_n=$(python3 - <<'PY'
+import json
+a = [json.loads(l) for l in open("/tmp/paged-gen-cuda.jsonl")]
+b = [json.loads(l) for l in open("/tmp/paged-gen-nccl1.jsonl")]
+same = sum(1 for x, y in zip(a, b) if "error" not in y and x.get("text") == y.get("text"))
+print(f"{same}/{len(a)}" if len(a) == len(b) == 8 else f"0/{len(a)}")
+PY
+)
+if [ $rc -ne 0 ] || [ "$same_n" != "8/8" ]; then
+    echo "FAIL: -tp 1 through NCCL (exit $rc, identical $same_n)"
+    tail -5 /tmp/paged-gen-nccl1.log
+    fail=1
+else
+    echo "PASS: -tp 1 through NCCL (identical texts $same_n)"
+fi
+note "generate -tp 1 --tp-comm nccl vs no communicator: identical $same_n (exit $rc)"
+over=$((n_gpus + 1))
+"$PAGED" generate --model $m64 --device cuda -tp $over --prompts-file $prompts >/dev/null 2>/tmp/paged-gen-over.log
+rc=$?
+if [ $rc -ne 0 ] && grep -q "only $n_gpus CUDA device" /tmp/paged-gen-over.log; then
+    echo "PASS: -tp $over on $n_gpus GPU(s) refused: $(tail -1 /tmp/paged-gen-over.log)"
+else
+    echo "FAIL: -tp $over on $n_gpus GPU(s) (exit $rc)"
+    tail -3 /tmp/paged-gen-over.log
+    fail=1
+fi
+if [ "$n_gpus" -gt 1 ]; then
+    tpn=2 # the test model has 2 KV heads and 8 heads: 2 divides both
+    NCCL_NVLS_ENABLE=0 "$PAGED" generate --model $m64 --device cuda -tp $tpn --prompts-file $prompts \
+        >/tmp/paged-gen-tpn.jsonl 2>/tmp/paged-gen-tpn.log
+    rc=$?
+    same_t=$(python3 - <<'PY'
+import json
+a = [json.loads(l) for l in open("/tmp/paged-gen-cuda.jsonl")]
+b = [json.loads(l) for l in open("/tmp/paged-gen-tpn.jsonl")]
+print(f"{sum(1 for x, y in zip(a, b) if 'error' not in y and x.get('text', '')[:16] == y.get('text', '')[:16])}/{len(a)}")
+PY
+)
+    if [ $rc -ne 0 ] || [ "${same_t%%/*}" -lt 6 ]; then echo "FAIL: -tp $tpn (exit $rc, $same_t)"; fail=1; else echo "PASS: -tp $tpn ($same_t)"; fi
+    note "generate -tp $tpn vs -tp 1: same first 16 characters $same_t (exit $rc)"
+fi
 
 echo "== summary"
 printf "%b" "$summary"

@@ -769,29 +769,35 @@ static void test_silu(int m, int ffn, Rng &r) {
     report(name, rel_err(out, ref), 1e-2);
 }
 
-static void test_embed(int m, int dim, int vocab, Rng &r) {
+// id0 > 0: a vocabulary shard (tensor parallelism) holding ids [id0, id0 +
+// vocab): ids below and above it give zero rows.
+static void test_embed(int m, int dim, int vocab, Rng &r, int id0 = 0) {
     char name[160];
-    snprintf(name, sizeof name, "embed m=%d dim=%d vocab=%d", m, dim, vocab);
+    snprintf(name, sizeof name, "embed m=%d dim=%d vocab=%d id0=%d", m, dim, vocab, id0);
     if (!selected(name)) return;
     std::vector<uint16_t> table((size_t)vocab * dim);
     fill_bf16(table, r, 1.0f);
     std::vector<int32_t> ids(m);
-    for (int i = 0; i < m; i++) ids[i] = (i == 5) ? vocab + 3 : (i == 6 ? -1 : r.below(vocab));
+    for (int i = 0; i < m; i++)
+        ids[i] = (i == 5) ? id0 + vocab + 3 : (i == 6 ? -1 : (i == 7 && id0 ? id0 - 1 : id0 + r.below(vocab)));
+    if (id0)
+        for (int i = 8; i < m; i += 3) ids[i] = r.below(id0 + 2 * vocab); // in and out of the shard
     DBuf dt, di, dout((size_t)m * dim * 2);
     dt.up(table);
     di.up(ids);
     CK(cudaMemset(dout.p, 0xFF, dout.n));
-    PK(pg_cuda_embed(dout.p, dt.p, di.as<int32_t>(), m, dim, vocab, nullptr));
+    PK(pg_cuda_embed_shard(dout.p, dt.p, di.as<int32_t>(), m, dim, vocab, id0, nullptr));
     CK(cudaDeviceSynchronize());
     std::vector<uint16_t> go((size_t)m * dim);
     dout.down(go);
     bool ok = true;
     for (int i = 0; i < m; i++)
         for (int e = 0; e < dim; e++) {
-            bool valid = ids[i] >= 0 && ids[i] < vocab;
-            ok &= go[(size_t)i * dim + e] == (valid ? table[(size_t)ids[i] * dim + e] : (uint16_t)0);
+            const int64_t row = (int64_t)ids[i] - id0;
+            bool valid = row >= 0 && row < vocab;
+            ok &= go[(size_t)i * dim + e] == (valid ? table[(size_t)row * dim + e] : (uint16_t)0);
         }
-    report_bool(name, ok, ok ? "rows exact, bad ids zero" : "mismatch");
+    report_bool(name, ok, ok ? "rows exact, ids outside the table zero" : "mismatch");
 }
 
 // Async scheduling: tokens[row] = prev[j].token for (row, j) pairs; the other
@@ -1637,6 +1643,8 @@ int main(int argc, char **argv) {
     test_silu(3, 100, r); // scalar path
     test_embed(40, 4096, 1000, r);
     test_embed(11, 100, 77, r);
+    test_embed(40, 576, 16384, r, 16384);
+    test_embed(33, 100, 77, r, 154);
     test_feed_tokens(1, 1, 1, r);
     test_feed_tokens(300, 256, 256, r);
     test_feed_tokens(2048, 256, 200, r);

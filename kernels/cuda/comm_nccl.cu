@@ -1,0 +1,207 @@
+// kernels/cuda/comm_nccl.cu - the NCCL communicator (kernels/comm.h).
+//
+// Collectives are enqueued on the rank's CUDA backend compute stream, so
+// they order with the layer kernels and a CUDA graph of a decode step
+// captures them (NCCL supports stream capture). libnccl is opened with
+// dlopen at the first use: a CUDA build then starts, and serves on one GPU,
+// on a machine without NCCL; only tensor parallelism needs it. NVLink
+// multicast (NVLS) stays as the environment says; the GPU machines we test
+// on require NCCL_NVLS_ENABLE=0, which paged sets when it is unset.
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+extern "C" {
+#include "common/err.h"
+#include "kernels/backend.h"
+#include "kernels/comm.h"
+}
+
+namespace {
+
+// The NCCL entry points paged calls, resolved from libnccl.so.2.
+struct NcclApi {
+    ncclResult_t (*GetUniqueId)(ncclUniqueId *);
+    ncclResult_t (*CommInitAll)(ncclComm_t *, int, const int *);
+    ncclResult_t (*CommInitRank)(ncclComm_t *, int, ncclUniqueId, int);
+    ncclResult_t (*CommDestroy)(ncclComm_t);
+    ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+    ncclResult_t (*AllGather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
+    ncclResult_t (*Broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*GroupStart)();
+    ncclResult_t (*GroupEnd)();
+    const char *(*GetErrorString)(ncclResult_t);
+};
+
+NcclApi g_nccl;
+int g_nccl_rc = 1; // 1: not tried, 0: loaded, < 0: failed (g_nccl_why)
+char g_nccl_why[256];
+pthread_once_t g_nccl_once = PTHREAD_ONCE_INIT;
+
+void load_nccl() {
+    // The GPU machines need NVLink multicast off (see the file comment).
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
+    const char *names[] = {"libnccl.so.2", "libnccl.so"};
+    void *h = nullptr;
+    for (const char *n : names)
+        if ((h = dlopen(n, RTLD_NOW | RTLD_LOCAL))) break;
+    if (!h) {
+        snprintf(g_nccl_why, sizeof g_nccl_why, "cannot load libnccl.so.2: %s", dlerror());
+        g_nccl_rc = PG_EUNSUPP;
+        return;
+    }
+    struct {
+        void **slot;
+        const char *name;
+    } syms[] = {
+        {(void **)&g_nccl.GetUniqueId, "ncclGetUniqueId"},   {(void **)&g_nccl.CommInitAll, "ncclCommInitAll"},
+        {(void **)&g_nccl.CommInitRank, "ncclCommInitRank"}, {(void **)&g_nccl.CommDestroy, "ncclCommDestroy"},
+        {(void **)&g_nccl.AllReduce, "ncclAllReduce"},       {(void **)&g_nccl.AllGather, "ncclAllGather"},
+        {(void **)&g_nccl.Broadcast, "ncclBroadcast"},       {(void **)&g_nccl.GroupStart, "ncclGroupStart"},
+        {(void **)&g_nccl.GroupEnd, "ncclGroupEnd"},         {(void **)&g_nccl.GetErrorString, "ncclGetErrorString"},
+    };
+    for (auto &s : syms)
+        if (!(*s.slot = dlsym(h, s.name))) {
+            snprintf(g_nccl_why, sizeof g_nccl_why, "libnccl.so.2 has no %s", s.name);
+            g_nccl_rc = PG_EUNSUPP;
+            return;
+        }
+    g_nccl_rc = 0;
+}
+
+int nccl_ready() {
+    pthread_once(&g_nccl_once, load_nccl);
+    if (g_nccl_rc < 0) return pg_err_set(g_nccl_rc, "nccl: %s", g_nccl_why);
+    return 0;
+}
+
+#define NCCL_TRY(call)                                                                             \
+    do {                                                                                           \
+        ncclResult_t r_ = (call);                                                                  \
+        if (r_ != ncclSuccess)                                                                     \
+            return pg_err_set(PG_EIO, "nccl: %s: %s", #call, g_nccl.GetErrorString(r_));           \
+    } while (0)
+
+struct NcclComm {
+    pg_comm base;
+    ncclComm_t comm;
+    cudaStream_t stream;
+    int device;
+    float *one; // a device float for the barrier
+};
+
+NcclComm *nc(pg_comm *c) {
+    return (NcclComm *)c;
+}
+
+ncclDataType_t nccl_type(int32_t dtype) {
+    return dtype == PG_DTYPE_F32 ? ncclFloat32 : ncclBfloat16;
+}
+
+int nccl_all_reduce(pg_comm *c, void *buf, int64_t count, int32_t dtype) {
+    PG_ARG(dtype == PG_DTYPE_F32 || dtype == PG_DTYPE_BF16, "nccl all-reduce: dtype %d", dtype);
+    if (count == 0) return 0;
+    NcclComm *n = nc(c);
+    NCCL_TRY(g_nccl.AllReduce(buf, buf, (size_t)count, nccl_type(dtype), ncclSum, n->comm, n->stream));
+    return 0;
+}
+
+int nccl_all_gather(pg_comm *c, const void *send, void *recv, size_t bytes) {
+    if (bytes == 0) return 0;
+    NcclComm *n = nc(c);
+    NCCL_TRY(g_nccl.AllGather(send, recv, bytes, ncclUint8, n->comm, n->stream));
+    return 0;
+}
+
+int nccl_broadcast(pg_comm *c, void *buf, size_t bytes, int32_t root) {
+    PG_ARG(root >= 0 && root < c->size, "nccl broadcast: root %d of %d", root, c->size);
+    if (bytes == 0) return 0;
+    NcclComm *n = nc(c);
+    NCCL_TRY(g_nccl.Broadcast(buf, buf, bytes, ncclUint8, root, n->comm, n->stream));
+    return 0;
+}
+
+int nccl_barrier(pg_comm *c) {
+    NcclComm *n = nc(c);
+    NCCL_TRY(g_nccl.AllReduce(n->one, n->one, 1, ncclFloat32, ncclSum, n->comm, n->stream));
+    PG_CUDA_TRY(cudaStreamSynchronize(n->stream));
+    return 0;
+}
+
+void nccl_destroy(pg_comm *c) {
+    if (!c) return;
+    NcclComm *n = nc(c);
+    cudaSetDevice(n->device);
+    if (n->comm) g_nccl.CommDestroy(n->comm);
+    cudaFree(n->one);
+    free(n);
+}
+
+int wrap(pg_backend *be, int32_t rank, int32_t size, ncclComm_t comm, pg_comm **out) {
+    NcclComm *n = (NcclComm *)calloc(1, sizeof *n);
+    if (!n) return pg_err_set(PG_ENOMEM, "nccl: out of host memory");
+    n->base = pg_comm{"nccl", rank, size, n, nccl_all_reduce, nccl_all_gather, nccl_broadcast, nccl_barrier,
+                      nccl_destroy};
+    n->comm = comm;
+    n->stream = (cudaStream_t)pg_cuda_backend_stream(be);
+    n->device = pg_cuda_backend_device(be);
+    cudaError_t e = cudaSetDevice(n->device);
+    if (e == cudaSuccess) e = cudaMalloc(&n->one, sizeof(float));
+    if (e != cudaSuccess) {
+        const int dev = n->device;
+        free(n);
+        return pg_err_set(PG_EIO, "nccl: device %d: %s", dev, cudaGetErrorString(e));
+    }
+    *out = &n->base;
+    return 0;
+}
+
+} // namespace
+
+extern "C" int pg_comm_nccl_create_all(pg_backend *const *backends, int32_t n, pg_comm **out) {
+    PG_ARG(n >= 1 && n <= 64, "nccl: %d ranks", n);
+    PG_TRY(nccl_ready());
+    int devs[64];
+    ncclComm_t comms[64];
+    for (int32_t r = 0; r < n; r++) devs[r] = pg_cuda_backend_device(backends[r]);
+    NCCL_TRY(g_nccl.CommInitAll(comms, n, devs));
+    for (int32_t r = 0; r < n; r++) {
+        int rc = wrap(backends[r], r, n, comms[r], &out[r]);
+        if (rc < 0) {
+            for (int32_t i = 0; i < r; i++) nccl_destroy(out[i]);
+            for (int32_t i = r; i < n; i++) g_nccl.CommDestroy(comms[i]);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+extern "C" int pg_comm_nccl_unique_id(uint8_t out[PG_NCCL_ID_BYTES]) {
+    static_assert(sizeof(ncclUniqueId) == PG_NCCL_ID_BYTES, "ncclUniqueId is 128 bytes");
+    PG_TRY(nccl_ready());
+    ncclUniqueId id;
+    NCCL_TRY(g_nccl.GetUniqueId(&id));
+    memcpy(out, &id, sizeof id);
+    return 0;
+}
+
+extern "C" int pg_comm_nccl_create_rank(pg_backend *be, int32_t rank, int32_t size,
+                                        const uint8_t id[PG_NCCL_ID_BYTES], pg_comm **out) {
+    PG_ARG(size >= 1 && rank >= 0 && rank < size, "nccl: rank %d of %d", rank, size);
+    PG_TRY(nccl_ready());
+    ncclUniqueId uid;
+    memcpy(&uid, id, sizeof uid);
+    PG_CUDA_TRY(cudaSetDevice(pg_cuda_backend_device(be)));
+    ncclComm_t comm;
+    NCCL_TRY(g_nccl.CommInitRank(&comm, size, uid, rank));
+    int rc = wrap(be, rank, size, comm, out);
+    if (rc < 0) g_nccl.CommDestroy(comm);
+    return rc;
+}
