@@ -494,7 +494,11 @@ uint32_t *sg_compute_mask(pg_grammar *g, int32_t s) {
     uint32_t *words = pg_xcalloc((size_t)g->nw, sizeof(uint32_t));
     int32_t *walk = g->walk;
     walk[0] = s;
+    int32_t poll = 0;
     for (int32_t i = 0; i < v->n_nodes;) {
+        // A dropped grammar's copy stops within microseconds (the result
+        // is then thrown away): sg_warm_release waits for it.
+        if (g->cancel && ++poll % 4096 == 0 && atomic_load_explicit(g->cancel, memory_order_relaxed)) break;
         int32_t d = v->ndepth[i];
         int32_t t = step_fast(g, walk[d - 1], v->nbyte[i]);
         if (t < 0) {

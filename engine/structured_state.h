@@ -85,6 +85,7 @@ struct pg_grammar {
     // masks were dropped): the precomputing copy then publishes nothing.
     bool spent;
     bool reference;       // the slow exact form for tests: no classes, no shortcuts
+    atomic_bool *cancel;  // the precomputing copy's stop flag (sg_compute_mask polls it)
     struct sg_warm *warm; // the background precomputation, NULL if none
 };
 
@@ -121,8 +122,8 @@ sg_warm *sg_warm_start(const char *gbnf, const pg_struct_vocab *v, const pg_gram
 // The finished copy (read-only, its masks final), or NULL while running
 // or when it gave up. Safe from any thread.
 const pg_grammar *sg_warm_result(sg_warm *w);
-// Stops it (if still running) and drops the caller's hold; the thread
-// frees what is left when it exits.
+// Stops it (if still running), waits until it has (microseconds: it polls
+// a flag), and drops the caller's hold.
 void sg_warm_release(sg_warm *w);
 // Waits up to timeout_ms for the thread to finish; true when a result is
 // published. Fills the stats for pg_grammar_precompute_stats.

@@ -125,6 +125,7 @@ static bool precompute(sg_warm *w) {
     pg_grammar *g;
     if (sg_grammar_new(&ir, w->v, &w->lim, &g, err, sizeof err) < 0) return false;
     w->copy = g;
+    g->cancel = &w->cancel;
     double t0 = now_ms();
     size_t mask_bytes = 0;
     for (int32_t s = 0; s < g->n_states; s++) {
@@ -202,9 +203,15 @@ const pg_grammar *sg_warm_result(sg_warm *w) {
     return atomic_load_explicit(&w->result, memory_order_acquire);
 }
 
+// Waits for the thread: it reads the vocabulary, which the caller may free
+// once the grammar is gone. Cancelled, it stops within one poll of the
+// trie walk (sg_compute_mask) or one transition.
 void sg_warm_release(sg_warm *w) {
     if (!w) return;
     atomic_store(&w->cancel, true);
+    pthread_mutex_lock(&w->mu);
+    while (!atomic_load(&w->done)) pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
     warm_drop(w);
 }
 
