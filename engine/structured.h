@@ -12,10 +12,14 @@
 // with xgrammar: docs/structured_outputs.md.
 //
 // Threads: compiling (pg_grammar_compile) touches only the new grammar and
-// the immutable vocabulary, so it may run on any thread. After that the
+// the immutable vocabulary, so it may run on any thread; it starts the
+// grammar's background precomputation of masks (a thread working on a
+// private copy, published when done; structured_warm.c). After that the
 // lazily built states belong to one thread (the engine thread): matchers
-// of one grammar, and pg_grammar_mask_bytes, must not be used from two
-// threads at once. Reference counts (pg_grammar_ref/unref) are atomic.
+// of one grammar must not be used from two threads at once. Reference
+// counts (pg_grammar_ref/unref) are atomic; the last unref waits (for
+// microseconds) until the precomputation has stopped, so the vocabulary
+// may be freed right after it.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>

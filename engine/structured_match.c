@@ -555,7 +555,7 @@ void pg_grammar_limits_default(pg_grammar_limits *l) {
     l->max_stack_depth = 1024;
     l->max_state_bytes = (size_t)256 << 20;
     l->precompute_states = 8192;
-    l->precompute_bytes = (size_t)64 << 20;
+    l->precompute_bytes = (size_t)32 << 20;
     l->precompute_ms = 2000;
 }
 
