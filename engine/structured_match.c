@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/err.h"
 #include "engine/structured_state.h"
@@ -488,6 +489,15 @@ static inline int32_t step_fast(pg_grammar *g, int32_t s, uint8_t b) {
     return step(g, s, b);
 }
 
+// The precomputing copy's poll: dropped, or past its deadline.
+static bool copy_should_stop(const pg_grammar *g) {
+    if (atomic_load_explicit(g->cancel, memory_order_relaxed)) return true;
+    if (g->deadline_ms <= 0) return false;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6 > g->deadline_ms;
+}
+
 // Walks the vocabulary trie from state s.
 uint32_t *sg_compute_mask(pg_grammar *g, int32_t s) {
     const pg_struct_vocab *v = g->v;
@@ -498,7 +508,10 @@ uint32_t *sg_compute_mask(pg_grammar *g, int32_t s) {
     for (int32_t i = 0; i < v->n_nodes;) {
         // A dropped grammar's copy stops within microseconds (the result
         // is then thrown away): sg_warm_release waits for it.
-        if (g->cancel && ++poll % 4096 == 0 && atomic_load_explicit(g->cancel, memory_order_relaxed)) break;
+        if (g->cancel && ++poll % 4096 == 0 && copy_should_stop(g)) {
+            g->cut = true;
+            break;
+        }
         int32_t d = v->ndepth[i];
         int32_t t = step_fast(g, walk[d - 1], v->nbyte[i]);
         if (t < 0) {
@@ -601,14 +614,25 @@ int pg_grammar_to_gbnf(pg_grammar_kind kind, const char *text, size_t len,
 }
 
 // Partitions the bytes into classes by their membership in every byte set
-// (structured_state.h). Past 4096 sets the partition is left at one byte
-// per class: exact, only without the sharing, and it bounds the work.
+// an element uses (structured_state.h; the IR keeps all 256 one-byte sets
+// whether used or not). Past 1024 distinct sets the partition is left at
+// one byte per class: exact, only without the sharing, and it bounds the
+// work (256 steps per set) to well under a millisecond.
 static void byte_classes(pg_grammar *g) {
     uint8_t cls[256] = {0};
     int32_t n = 1;
-    if (g->ir.n_sets <= 4096 && !g->reference) {
-        for (int32_t k = 0; k < g->ir.n_sets && n < 256; k++) {
-            const uint32_t *set = g->ir.sets[k];
+    int32_t *used = pg_xmalloc(sizeof(int32_t) * (size_t)(g->ir.n_sets + 1));
+    uint8_t *seen = pg_xcalloc((size_t)g->ir.n_sets + 1, 1);
+    int32_t n_used = 0;
+    for (int32_t e = 0; e < g->ir.n_el && n_used <= 1024; e++)
+        if (g->ir.el[e].kind == SG_BYTES && !seen[g->ir.el[e].arg]) {
+            seen[g->ir.el[e].arg] = 1;
+            used[n_used++] = g->ir.el[e].arg;
+        }
+    free(seen);
+    if (n_used <= 1024 && !g->reference) {
+        for (int32_t k = 0; k < n_used && n < 256; k++) {
+            const uint32_t *set = g->ir.sets[used[k]];
             int16_t split[256];  // class -> new class for members of set k
             for (int i = 0; i < 256; i++) split[i] = -1;
             uint8_t has_out[256] = {0};
@@ -626,6 +650,7 @@ static void byte_classes(pg_grammar *g) {
         for (int b = 0; b < 256; b++) cls[b] = (uint8_t)b;
         n = 256;
     }
+    free(used);
     int16_t last[256];
     for (int i = 0; i < 256; i++) last[i] = -1;
     int16_t first[256];

@@ -86,6 +86,8 @@ struct pg_grammar {
     bool spent;
     bool reference;       // the slow exact form for tests: no classes, no shortcuts
     atomic_bool *cancel;  // the precomputing copy's stop flag (sg_compute_mask polls it)
+    double deadline_ms;   // and its deadline (CLOCK_MONOTONIC ms; 0: none)
+    bool cut;             // sg_compute_mask stopped early for either: its mask is partial
     struct sg_warm *warm; // the background precomputation, NULL if none
 };
 

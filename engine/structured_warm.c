@@ -127,6 +127,7 @@ static bool precompute(sg_warm *w) {
     w->copy = g;
     g->cancel = &w->cancel;
     double t0 = now_ms();
+    g->deadline_ms = t0 + w->lim.precompute_ms;
     size_t mask_bytes = 0;
     for (int32_t s = 0; s < g->n_states; s++) {
         if (atomic_load_explicit(&w->cancel, memory_order_relaxed)) return false;
@@ -134,6 +135,10 @@ static bool precompute(sg_warm *w) {
             now_ms() - t0 > w->lim.precompute_ms)
             break;  // the rest is built on first use
         uint32_t *m = sg_compute_mask(g, s);
+        if (g->cut) {  // partial: dropped, or out of time (what is done stays)
+            free(m);
+            break;
+        }
         g->states[s].mask = pool_put(&w->pool, m, g->nw, &mask_bytes);
         g->states[s].borrowed = true;
         for (int32_t r = 0; r < g->n_reps; r++) {
@@ -142,6 +147,7 @@ static bool precompute(sg_warm *w) {
         }
         if (g->spent) return false;
     }
+    if (atomic_load(&w->cancel)) return false;
     // States past the cut have no mask: the engine builds those itself.
     w->stats.states = g->n_states;
     w->stats.masks = w->pool.n;
