@@ -12,10 +12,14 @@
 // with xgrammar: docs/structured_outputs.md.
 //
 // Threads: compiling (pg_grammar_compile) touches only the new grammar and
-// the immutable vocabulary, so it may run on any thread. After that the
+// the immutable vocabulary, so it may run on any thread; it starts the
+// grammar's background precomputation of masks (a thread working on a
+// private copy, published when done; structured_warm.c). After that the
 // lazily built states belong to one thread (the engine thread): matchers
-// of one grammar, and pg_grammar_mask_bytes, must not be used from two
-// threads at once. Reference counts (pg_grammar_ref/unref) are atomic.
+// of one grammar must not be used from two threads at once. Reference
+// counts (pg_grammar_ref/unref) are atomic; the last unref waits (for
+// microseconds) until the precomputation has stopped, so the vocabulary
+// may be freed right after it.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
@@ -62,6 +66,13 @@ typedef struct pg_grammar_limits {
     int32_t max_stacks;         // parser stacks in one state (ambiguity)
     int32_t max_stack_depth;    // frames in one stack (nesting of the output)
     size_t max_state_bytes;     // transition rows, keys and masks of one grammar
+    // Background precomputation after compile (docs/structured_outputs.md):
+    // the masks of up to this many states, breadth first from the start,
+    // built on a thread of its own so the first request finds them ready
+    // (0: none, every mask is built on first use).
+    int32_t precompute_states;
+    size_t precompute_bytes;    // memory the precomputed states and masks may hold
+    int32_t precompute_ms;      // wall time it may take
 } pg_grammar_limits;
 
 void pg_grammar_limits_default(pg_grammar_limits *l);
@@ -89,6 +100,23 @@ int pg_grammar_to_gbnf(pg_grammar_kind kind, const char *text, size_t len,
 // their count: for metrics and the benchmarks.
 size_t pg_grammar_state_bytes(const pg_grammar *g);
 int32_t pg_grammar_state_count(const pg_grammar *g);
+
+// The background precomputation of a grammar's masks.
+typedef struct pg_grammar_precompute {
+    bool started;               // false: switched off, or too many were running
+    bool done;                  // the thread has finished
+    bool published;             // its masks are in use (false: gave up on a cap)
+    int32_t states;             // states it built
+    int32_t masks;              // distinct masks among them (equal ones are shared)
+    size_t bytes;               // its distinct masks (its states and rows: pg_grammar_state_bytes)
+    double ms;                  // wall time it took
+} pg_grammar_precompute;
+
+// Waits up to timeout_ms for the precomputation; true when its masks are
+// in use. For the benchmark and tests; the engine never waits (a mask not
+// yet precomputed is built on first use, as without it).
+bool pg_grammar_precompute_wait(pg_grammar *g, int timeout_ms);
+void pg_grammar_precompute_stats(pg_grammar *g, pg_grammar_precompute *out);
 
 // --- matcher ---------------------------------------------------------------------
 

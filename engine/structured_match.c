@@ -12,30 +12,14 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/err.h"
-#include "engine/structured_int.h"
+#include "engine/structured_state.h"
 #include "engine/tokenizer.h"
 
 // --- vocabulary ------------------------------------------------------------------
 
-struct pg_struct_vocab {
-    int32_t n;
-    int32_t eos;
-    int32_t *off;      // [n + 1] token bytes are bytes[off[i]..off[i+1])
-    uint8_t *bytes;
-    uint8_t *text;     // [n] 1 when the token can be matched as text
-    // The trie of text tokens in pre-order: node i has byte nbyte[i] at
-    // depth ndepth[i] (1 = first byte), its subtree ends before nskip[i],
-    // and tokens toks[ntok[i]..ntok[i+1]) end exactly there.
-    int32_t n_nodes;
-    uint8_t *nbyte;
-    uint16_t *ndepth;
-    int32_t *nskip;
-    int32_t *ntok;     // [n_nodes + 1]
-    int32_t *toks;
-    int32_t max_depth;
-};
 
 static int cmp_tok(const void *a, const void *b, void *ctx) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
@@ -91,6 +75,20 @@ static void build_trie(pg_struct_vocab *v) {
     // ntok[i] was the token count when node i was created; a node's own
     // tokens are those added before the next node was created.
     v->max_depth = maxd;
+    // Children of i are i + 1, then each child's nskip, up to nskip[i];
+    // going backwards every child is done before its parent.
+    v->nplain = pg_xmalloc((size_t)v->n_nodes + 1);
+    v->nsdepth = pg_xmalloc((size_t)v->n_nodes + 1);
+    for (int32_t i = v->n_nodes - 1; i >= 0; i--) {
+        uint8_t ok = 1;
+        int sd = 0;
+        for (int32_t c = i + 1; c < v->nskip[i]; c = v->nskip[c]) {
+            ok = ok && v->nplain[c] && sg_plain_byte(v->nbyte[c]);
+            if (v->nsdepth[c] + 1 > sd) sd = v->nsdepth[c] + 1;
+        }
+        v->nplain[i] = ok;
+        v->nsdepth[i] = (uint8_t)(sd > 255 ? 255 : sd);
+    }
     free(order);
 }
 
@@ -159,6 +157,8 @@ void pg_struct_vocab_free(pg_struct_vocab *v) {
     free(v->nskip);
     free(v->ntok);
     free(v->toks);
+    free(v->nplain);
+    free(v->nsdepth);
     free(v);
 }
 
@@ -166,38 +166,6 @@ int32_t pg_struct_vocab_size(const pg_struct_vocab *v) { return v->n; }
 
 // --- grammar and states ----------------------------------------------------------
 
-#define ROW_UNKNOWN (-2)
-#define DEAD (-1)
-// Closure work per state (stack visits): beyond it the state is cut short.
-#define CLOSURE_WORK 200000
-#define CLOSURE_RECURSION 4000
-
-typedef struct st_state {
-    size_t key_off;       // stacks, serialized: [len, positions...] per stack, sorted
-    int32_t key_len;
-    uint32_t hash;
-    int32_t *row;         // [256] next state per byte, ROW_UNKNOWN until computed
-    uint32_t *mask;       // [nw] allowed tokens, NULL until computed
-    uint32_t first[8];    // bytes some stack can take
-    bool accepting;       // holds an empty stack: the output may end here
-} st_state;
-
-struct pg_grammar {
-    atomic_int refs;
-    sg_ir ir;
-    const pg_struct_vocab *v;
-    pg_grammar_limits lim;
-    int32_t nw;           // mask words
-    int32_t start;
-    st_state *states;
-    int32_t n_states, cap_states;
-    int32_t *keys;
-    size_t keys_len, keys_cap;
-    int32_t *hash;        // open addressing over states, -1 = empty
-    int32_t hash_cap;
-    size_t bytes;         // rows + keys + masks
-    int32_t *walk;        // [max_depth + 1] state per trie depth
-};
 
 // The stacks a step or a closure produces, before interning.
 typedef struct builder {
@@ -298,12 +266,16 @@ static uint32_t hash_key(const int32_t *k, int32_t n) {
 }
 
 static void evict_masks(pg_grammar *g) {
-    for (int32_t s = 0; s < g->n_states; s++)
-        if (g->states[s].mask) {
-            free(g->states[s].mask);
-            g->states[s].mask = NULL;
+    g->spent = true;
+    for (int32_t s = 0; s < g->n_states; s++) {
+        st_state *st = &g->states[s];
+        if (st->mask && !st->borrowed) {
+            free(st->mask);
             g->bytes -= sizeof(uint32_t) * (size_t)g->nw;
         }
+        st->mask = NULL;
+        st->borrowed = false;
+    }
 }
 
 static void hash_put(pg_grammar *g, int32_t s) {
@@ -338,18 +310,15 @@ static int32_t intern(pg_grammar *g, builder *B) {
     }
     free(order);
     uint32_t h = hash_key(key, (int32_t)klen);
-    for (uint32_t i = h & (uint32_t)(g->hash_cap - 1); g->hash[i] >= 0;
-         i = (i + 1) & (uint32_t)(g->hash_cap - 1)) {
-        st_state *s = &g->states[g->hash[i]];
-        if (s->hash == h && s->key_len == (int32_t)klen &&
-            !memcmp(g->keys + s->key_off, key, sizeof(int32_t) * klen)) {
-            free(key);
-            return g->hash[i];
-        }
+    int32_t found = sg_find_state(g, key, (int32_t)klen, h);
+    if (found >= 0) {
+        free(key);
+        return found;
     }
     size_t need = sizeof(st_state) + sizeof(int32_t) * klen + 8;
     if (g->bytes + need > g->lim.max_state_bytes) evict_masks(g);
     if (g->bytes + need > g->lim.max_state_bytes) {
+        g->spent = true;
         free(key);
         return DEAD;
     }
@@ -364,6 +333,7 @@ static int32_t intern(pg_grammar *g, builder *B) {
     int32_t id = g->n_states++;
     st_state *s = &g->states[id];
     memset(s, 0, sizeof *s);
+    s->chain = CHAIN_UNKNOWN;
     s->key_off = g->keys_len;
     s->key_len = (int32_t)klen;
     s->hash = h;
@@ -390,6 +360,17 @@ static int32_t intern(pg_grammar *g, builder *B) {
         hash_put(g, id);
     }
     return id;
+}
+
+int32_t sg_find_state(const pg_grammar *g, const int32_t *key, int32_t klen, uint32_t h) {
+    for (uint32_t i = h & (uint32_t)(g->hash_cap - 1); g->hash[i] >= 0;
+         i = (i + 1) & (uint32_t)(g->hash_cap - 1)) {
+        const st_state *s = &g->states[g->hash[i]];
+        if (s->hash == h && s->key_len == klen &&
+            !memcmp(g->keys + s->key_off, key, sizeof(int32_t) * (size_t)klen))
+            return g->hash[i];
+    }
+    return -1;
 }
 
 // The state after byte b from state s (DEAD when no stack takes b).
@@ -424,29 +405,128 @@ static int32_t step(pg_grammar *g, int32_t s, uint8_t b) {
     free(key);
     int32_t t = intern(g, &B);
     builder_free(&B);
-    g->states[s].row[b] = t;
+    // The whole byte class goes where b goes (structured_state.h).
+    int32_t *row = g->states[s].row;
+    row[b] = t;
+    for (uint8_t c = g->cls_next[b]; c != b; c = g->cls_next[c]) row[c] = t;
     return t;
 }
 
+int32_t sg_step(pg_grammar *g, int32_t s, uint8_t b) { return step(g, s, b); }
+
+// How many plain bytes in a row (structured_state.h) state t is sure to
+// take: t_0 = t, and while every plain byte leads from t_j to one same
+// live state t_{j+1}, one more. CHAIN_LOOP when that goes round a cycle
+// (a JSON string body: every plain byte leads back to t); a string with a
+// maxLength counts down. Then every token below a plain trie node whose
+// subtree is no deeper than the chain is accepted, and the walk takes the
+// subtree whole instead of node by node. Exact: it is what stepping each
+// byte finds. Computed once per state (94 transitions, most shared by
+// byte class).
+
+static int32_t plain_next(pg_grammar *g, int32_t t) {
+    int32_t u = -1;
+    for (int b = 0x20; b <= 0x7E; b++) {
+        if (!sg_plain_byte((uint8_t)b)) continue;
+        int32_t x = step(g, t, (uint8_t)b);
+        if (x < 0 || (u >= 0 && x != u)) return -1;
+        u = x;
+    }
+    return u;
+}
+
+static uint32_t plain_chain(pg_grammar *g, int32_t t) {
+    if (g->states[t].chain != CHAIN_UNKNOWN) return g->states[t].chain;
+    int32_t path[CHAIN_MAX + 1];
+    int32_t n = 0, cur = t;
+    uint32_t tail = 0;  // the chain of the state after the path's last
+    for (;;) {
+        if (g->states[cur].chain != CHAIN_UNKNOWN) {
+            tail = g->states[cur].chain;
+            break;
+        }
+        bool seen = false;
+        for (int32_t k = 0; k < n && !seen; k++) seen = path[k] == cur;
+        if (seen) {  // a cycle: the chain never ends
+            tail = CHAIN_LOOP;
+            break;
+        }
+        if (n == CHAIN_MAX) {  // cur not checked: a lower bound for the path
+            tail = 0;
+            break;
+        }
+        path[n++] = cur;
+        int32_t nx = plain_next(g, cur);
+        if (nx < 0) {
+            g->states[cur].chain = 0;
+            n--;
+            tail = 0;
+            break;
+        }
+        cur = nx;
+    }
+    for (int32_t k = n - 1; k >= 0; k--) {
+        if (tail != CHAIN_LOOP) tail = tail + 1 > CHAIN_MAX ? CHAIN_MAX : tail + 1;
+        g->states[path[k]].chain = (uint16_t)tail;
+    }
+    return g->states[t].chain;
+}
+
+// Whether the whole subtree below node i is taken from state t.
+static bool take_subtree(pg_grammar *g, int32_t i, int32_t t) {
+    const pg_struct_vocab *v = g->v;
+    if (g->reference || !v->nplain[i] || v->nskip[i] == i + 1) return false;
+    uint32_t c = plain_chain(g, t);
+    uint8_t d = v->nsdepth[i];
+    return c == CHAIN_LOOP || (d < 255 && c >= d);
+}
+
+// The transition, from the row when it is known (the walk's inner loop).
+static inline int32_t step_fast(pg_grammar *g, int32_t s, uint8_t b) {
+    const st_state *st = &g->states[s];
+    if (!(st->first[b >> 5] >> (b & 31) & 1)) return DEAD;
+    if (st->row && st->row[b] != ROW_UNKNOWN) return st->row[b];
+    return step(g, s, b);
+}
+
+// The precomputing copy's poll: dropped, or past its deadline.
+static bool copy_should_stop(const pg_grammar *g) {
+    if (atomic_load_explicit(g->cancel, memory_order_relaxed)) return true;
+    if (g->deadline_ms <= 0) return false;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6 > g->deadline_ms;
+}
+
 // Walks the vocabulary trie from state s.
-static uint32_t *compute_mask(pg_grammar *g, int32_t s) {
+uint32_t *sg_compute_mask(pg_grammar *g, int32_t s) {
     const pg_struct_vocab *v = g->v;
     uint32_t *words = pg_xcalloc((size_t)g->nw, sizeof(uint32_t));
     int32_t *walk = g->walk;
     walk[0] = s;
+    int32_t poll = 0;
     for (int32_t i = 0; i < v->n_nodes;) {
+        // A dropped grammar's copy stops within microseconds (the result
+        // is then thrown away): sg_warm_release waits for it.
+        if (g->cancel && ++poll % 4096 == 0 && copy_should_stop(g)) {
+            g->cut = true;
+            break;
+        }
         int32_t d = v->ndepth[i];
-        int32_t t = step(g, walk[d - 1], v->nbyte[i]);
+        int32_t t = step_fast(g, walk[d - 1], v->nbyte[i]);
         if (t < 0) {
             i = v->nskip[i];
             continue;
         }
         walk[d] = t;
-        for (int32_t k = v->ntok[i]; k < v->ntok[i + 1]; k++) {
+        // A plain subtree from a state that loops on plain bytes: all of it.
+        bool whole = take_subtree(g, i, t);
+        int32_t end = whole ? v->ntok[v->nskip[i]] : v->ntok[i + 1];
+        for (int32_t k = v->ntok[i]; k < end; k++) {
             int32_t id = v->toks[k];
             words[id >> 5] |= 1u << (id & 31);
         }
-        i++;
+        i = whole ? v->nskip[i] : i + 1;
     }
     bool any = false;
     for (int32_t w = 0; w < g->nw && !any; w++) any = words[w] != 0;
@@ -454,11 +534,26 @@ static uint32_t *compute_mask(pg_grammar *g, int32_t s) {
     return words;
 }
 
+// A state with the same stacks in the precomputed copy has the same mask
+// (the automaton is deterministic in its stacks): borrow it.
+static const uint32_t *borrow_mask(pg_grammar *g, int32_t s) {
+    const pg_grammar *pre = g->warm ? sg_warm_result(g->warm) : NULL;
+    if (!pre) return NULL;
+    st_state *st = &g->states[s];
+    int32_t id = sg_find_state(pre, g->keys + st->key_off, st->key_len, st->hash);
+    if (id < 0 || !pre->states[id].mask) return NULL;
+    st->mask = pre->states[id].mask;
+    st->borrowed = true;
+    return st->mask;
+}
+
 static const uint32_t *state_mask(pg_grammar *g, int32_t s) {
     if (g->states[s].mask) return g->states[s].mask;
+    const uint32_t *b = borrow_mask(g, s);
+    if (b) return b;
     size_t sz = sizeof(uint32_t) * (size_t)g->nw;
     if (g->bytes + sz > g->lim.max_state_bytes) evict_masks(g);
-    uint32_t *m = compute_mask(g, s);
+    uint32_t *m = sg_compute_mask(g, s);
     g->states[s].mask = m;  // compute_mask may have grown g->states: index again
     g->bytes += sz;
     return m;
@@ -472,6 +567,9 @@ void pg_grammar_limits_default(pg_grammar_limits *l) {
     l->max_stacks = 256;
     l->max_stack_depth = 1024;
     l->max_state_bytes = (size_t)256 << 20;
+    l->precompute_states = 8192;
+    l->precompute_bytes = (size_t)32 << 20;
+    l->precompute_ms = 2000;
 }
 
 int pg_grammar_to_gbnf(pg_grammar_kind kind, const char *text, size_t len,
@@ -515,25 +613,68 @@ int pg_grammar_to_gbnf(pg_grammar_kind kind, const char *text, size_t len,
     return 0;
 }
 
-int pg_grammar_compile(pg_grammar_kind kind, const char *text, size_t len,
-                       const pg_struct_vocab *v, const pg_grammar_limits *lim, pg_grammar **out,
-                       char *err, size_t err_cap) {
+// Partitions the bytes into classes by their membership in every byte set
+// an element uses (structured_state.h; the IR keeps all 256 one-byte sets
+// whether used or not). Past 1024 distinct sets the partition is left at
+// one byte per class: exact, only without the sharing, and it bounds the
+// work (256 steps per set) to well under a millisecond.
+static void byte_classes(pg_grammar *g) {
+    uint8_t cls[256] = {0};
+    int32_t n = 1;
+    int32_t *used = pg_xmalloc(sizeof(int32_t) * (size_t)(g->ir.n_sets + 1));
+    uint8_t *seen = pg_xcalloc((size_t)g->ir.n_sets + 1, 1);
+    int32_t n_used = 0;
+    for (int32_t e = 0; e < g->ir.n_el && n_used <= 1024; e++)
+        if (g->ir.el[e].kind == SG_BYTES && !seen[g->ir.el[e].arg]) {
+            seen[g->ir.el[e].arg] = 1;
+            used[n_used++] = g->ir.el[e].arg;
+        }
+    free(seen);
+    if (n_used <= 1024 && !g->reference) {
+        for (int32_t k = 0; k < n_used && n < 256; k++) {
+            const uint32_t *set = g->ir.sets[used[k]];
+            int16_t split[256];  // class -> new class for members of set k
+            for (int i = 0; i < 256; i++) split[i] = -1;
+            uint8_t has_out[256] = {0};
+            for (int b = 0; b < 256; b++)
+                if (!(set[b >> 5] >> (b & 31) & 1)) has_out[cls[b]] = 1;
+            int32_t m = n;
+            for (int b = 0; b < 256; b++) {
+                if (!(set[b >> 5] >> (b & 31) & 1) || !has_out[cls[b]]) continue;
+                if (split[cls[b]] < 0) split[cls[b]] = (int16_t)m++;
+                cls[b] = (uint8_t)split[cls[b]];
+            }
+            n = m;
+        }
+    } else {
+        for (int b = 0; b < 256; b++) cls[b] = (uint8_t)b;
+        n = 256;
+    }
+    free(used);
+    int16_t last[256];
+    for (int i = 0; i < 256; i++) last[i] = -1;
+    int16_t first[256];
+    g->n_reps = 0;
+    for (int b = 0; b < 256; b++) {
+        if (last[cls[b]] < 0) {
+            first[cls[b]] = (int16_t)b;
+            g->reps[g->n_reps++] = (uint8_t)b;
+        } else {
+            g->cls_next[last[cls[b]]] = (uint8_t)b;
+        }
+        last[cls[b]] = (int16_t)b;
+    }
+    for (int c = 0; c < 256; c++)
+        if (last[c] >= 0) g->cls_next[last[c]] = (uint8_t)first[c];
+}
+
+static int grammar_new(sg_ir *ir, const pg_struct_vocab *v, const pg_grammar_limits *lim,
+                       bool reference, pg_grammar **out, char *err, size_t err_cap) {
     *out = NULL;
-    pg_grammar_limits dl;
-    if (!lim) {
-        pg_grammar_limits_default(&dl);
-        lim = &dl;
-    }
-    char *gbnf = NULL;
-    int rc = pg_grammar_to_gbnf(kind, text, len, lim, &gbnf, err, err_cap);
-    if (rc < 0) return rc;
     pg_grammar *g = pg_xcalloc(1, sizeof *g);
-    rc = sg_parse_gbnf(gbnf, strlen(gbnf), lim, &g->ir, err, err_cap);
-    free(gbnf);
-    if (rc < 0) {
-        free(g);
-        return rc;
-    }
+    g->reference = reference;
+    g->ir = *ir;
+    memset(ir, 0, sizeof *ir);
     atomic_init(&g->refs, 1);
     g->v = v;
     g->lim = *lim;
@@ -542,6 +683,7 @@ int pg_grammar_compile(pg_grammar_kind kind, const char *text, size_t len,
     g->hash = pg_xmalloc(sizeof(int32_t) * (size_t)g->hash_cap);
     for (int32_t i = 0; i < g->hash_cap; i++) g->hash[i] = -1;
     g->walk = pg_xmalloc(sizeof(int32_t) * (size_t)(v->max_depth + 2));
+    byte_classes(g);
     builder B = {0};
     const sg_rule *root = &g->ir.rules[g->ir.root];
     for (int32_t a = 0; a < root->n_alts && !B.overflow; a++) {
@@ -562,6 +704,58 @@ int pg_grammar_compile(pg_grammar_kind kind, const char *text, size_t len,
     return 0;
 }
 
+int sg_grammar_new(sg_ir *ir, const pg_struct_vocab *v, const pg_grammar_limits *lim,
+                   pg_grammar **out, char *err, size_t err_cap) {
+    return grammar_new(ir, v, lim, false, out, err, err_cap);
+}
+
+int sg_grammar_compile_reference(pg_grammar_kind kind, const char *text, size_t len,
+                                 const pg_struct_vocab *v, pg_grammar **out, char *err, size_t err_cap) {
+    *out = NULL;
+    pg_grammar_limits lim;
+    pg_grammar_limits_default(&lim);
+    lim.precompute_states = 0;
+    char *gbnf = NULL;
+    int rc = pg_grammar_to_gbnf(kind, text, len, &lim, &gbnf, err, err_cap);
+    if (rc < 0) return rc;
+    sg_ir ir = {0};
+    rc = sg_parse_gbnf(gbnf, strlen(gbnf), &lim, &ir, err, err_cap);
+    if (rc == 0) rc = grammar_new(&ir, v, &lim, true, out, err, err_cap);
+    free(gbnf);
+    return rc;
+}
+
+int pg_grammar_compile(pg_grammar_kind kind, const char *text, size_t len,
+                       const pg_struct_vocab *v, const pg_grammar_limits *lim, pg_grammar **out,
+                       char *err, size_t err_cap) {
+    *out = NULL;
+    pg_grammar_limits dl;
+    if (!lim) {
+        pg_grammar_limits_default(&dl);
+        lim = &dl;
+    }
+    char *gbnf = NULL;
+    int rc = pg_grammar_to_gbnf(kind, text, len, lim, &gbnf, err, err_cap);
+    if (rc < 0) return rc;
+    sg_ir ir = {0};
+    rc = sg_parse_gbnf(gbnf, strlen(gbnf), lim, &ir, err, err_cap);
+    if (rc == 0) rc = sg_grammar_new(&ir, v, lim, out, err, err_cap);
+    // The copy is compiled again from the text on its own thread: parsing
+    // costs about what copying the IR would, and shares nothing.
+    if (rc == 0) (*out)->warm = sg_warm_start(gbnf, v, lim);
+    free(gbnf);
+    return rc;
+}
+
+bool pg_grammar_precompute_wait(pg_grammar *g, int timeout_ms) {
+    return g->warm && sg_warm_wait(g->warm, timeout_ms);
+}
+
+void pg_grammar_precompute_stats(pg_grammar *g, pg_grammar_precompute *out) {
+    memset(out, 0, sizeof *out);
+    if (g->warm) sg_warm_stats(g->warm, out);
+}
+
 pg_grammar *pg_grammar_ref(pg_grammar *g) {
     atomic_fetch_add(&g->refs, 1);
     return g;
@@ -569,9 +763,10 @@ pg_grammar *pg_grammar_ref(pg_grammar *g) {
 
 void pg_grammar_unref(pg_grammar *g) {
     if (!g || atomic_fetch_sub(&g->refs, 1) != 1) return;
+    sg_warm_release(g->warm);
     for (int32_t s = 0; s < g->n_states; s++) {
         free(g->states[s].row);
-        free(g->states[s].mask);
+        if (!g->states[s].borrowed) free(g->states[s].mask);
     }
     free(g->states);
     free(g->keys);
@@ -581,21 +776,48 @@ void pg_grammar_unref(pg_grammar *g) {
     free(g);
 }
 
-size_t pg_grammar_state_bytes(const pg_grammar *g) { return g->bytes; }
-int32_t pg_grammar_state_count(const pg_grammar *g) { return g->n_states; }
+// With a published copy its states count too (its pooled masks are in
+// pg_grammar_precompute_stats' bytes, not here).
+size_t pg_grammar_state_bytes(const pg_grammar *g) {
+    const pg_grammar *pre = g->warm ? sg_warm_result(g->warm) : NULL;
+    return g->bytes + (pre ? pre->bytes : 0);
+}
+int32_t pg_grammar_state_count(const pg_grammar *g) {
+    const pg_grammar *pre = g->warm ? sg_warm_result(g->warm) : NULL;
+    return g->n_states + (pre ? pre->n_states : 0);
+}
 
 // --- matcher ---------------------------------------------------------------------
 
 struct pg_matcher {
     pg_grammar *g;
+    pg_grammar *cur;  // whose state `state` is: g, or its precomputed copy
     int32_t state;
     bool terminated;
 };
 
+// Once the precomputed copy is published it becomes the grammar's state
+// store (its rows and masks are all built, and only the engine thread
+// touches it from then on): a matcher moves over to the same stacks there
+// and finds every transition and mask already computed. A state the copy
+// lacks (past its cut) keeps the matcher in g, where it builds as before.
+static void move_to_copy(pg_matcher *m) {
+    if (m->cur != m->g || !m->g->warm) return;
+    pg_grammar *pre = (pg_grammar *)sg_warm_result(m->g->warm);
+    if (!pre) return;
+    const st_state *st = &m->g->states[m->state];
+    int32_t id = sg_find_state(pre, m->g->keys + st->key_off, st->key_len, st->hash);
+    if (id < 0) return;
+    m->cur = pre;
+    m->state = id;
+}
+
 pg_matcher *pg_matcher_create(pg_grammar *g) {
     pg_matcher *m = pg_xcalloc(1, sizeof *m);
     m->g = pg_grammar_ref(g);
+    m->cur = g;
     m->state = g->start;
+    move_to_copy(m);
     return m;
 }
 
@@ -606,8 +828,10 @@ void pg_matcher_free(pg_matcher *m) {
 }
 
 void pg_matcher_reset(pg_matcher *m) {
+    m->cur = m->g;
     m->state = m->g->start;
     m->terminated = false;
+    move_to_copy(m);
 }
 
 static bool state_final(const pg_grammar *g, int32_t s) {
@@ -619,7 +843,8 @@ static bool state_final(const pg_grammar *g, int32_t s) {
 }
 
 int pg_matcher_advance(pg_matcher *m, int32_t token) {
-    pg_grammar *g = m->g;
+    move_to_copy(m);
+    pg_grammar *g = m->cur;
     const pg_struct_vocab *v = g->v;
     if (m->terminated || token < 0 || token >= v->n)
         return pg_err_set(PG_EINVAL, "grammar: token %d after the end", token);
@@ -646,7 +871,8 @@ int pg_matcher_advance(pg_matcher *m, int32_t token) {
 }
 
 void pg_matcher_fill_mask(pg_matcher *m, uint32_t *words) {
-    pg_grammar *g = m->g;
+    move_to_copy(m);
+    pg_grammar *g = m->cur;
     if (m->terminated) {
         memset(words, 0, sizeof(uint32_t) * (size_t)g->nw);
         if (g->v->eos >= 0) words[g->v->eos >> 5] |= 1u << (g->v->eos & 31);
@@ -658,5 +884,23 @@ void pg_matcher_fill_mask(pg_matcher *m, uint32_t *words) {
 bool pg_matcher_is_terminated(const pg_matcher *m) { return m->terminated; }
 
 bool pg_matcher_can_end(const pg_matcher *m) {
-    return m->terminated || m->g->states[m->state].accepting;
+    return m->terminated || m->cur->states[m->state].accepting;
+}
+
+void sg_matcher_reference_mask(pg_matcher *m, uint32_t *words) {
+    pg_grammar *g = m->cur;
+    const pg_struct_vocab *v = g->v;
+    memset(words, 0, sizeof(uint32_t) * (size_t)g->nw);
+    bool any = false;
+    if (!m->terminated)
+        for (int32_t t = 0; t < v->n; t++) {
+            if (!v->text[t]) continue;
+            int32_t s = m->state;
+            for (int32_t i = v->off[t]; i < v->off[t + 1] && s >= 0; i++) s = step(g, s, v->bytes[i]);
+            if (s < 0) continue;
+            words[t >> 5] |= 1u << (t & 31);
+            any = true;
+        }
+    if (v->eos >= 0 && (m->terminated || !any || g->states[m->state].accepting))
+        words[v->eos >> 5] |= 1u << (v->eos & 31);
 }

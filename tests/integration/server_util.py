@@ -1,13 +1,16 @@
 """Helpers for the `paged serve` integration tests.
 
 Each test starts build/paged serve (or $PAGED_BIN, e.g. build/asan/paged) on
-a free port with the default model, waits for /health, runs its checks and
-always stops the server (Server is a context manager). Exit code 77 means
+a free port with the default model (or $PAGED_MODEL), waits for /health, runs
+its checks and always stops the server (Server is a context manager).
+$PAGED_EXTRA_ARGS (split as a shell would) is appended to every serve
+command line, e.g. "--device cuda" on a GPU host. Exit code 77 means
 "skipped" to tests/run_all.py.
 """
 import http.client
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -20,6 +23,7 @@ MODEL = os.environ.get("PAGED_MODEL") or os.path.join(ROOT, "models", "SmolLM2-1
 # Small enough for several servers in a row, big enough for every test:
 # 2048-token context, 256 MiB of KV cache (f32 on CPU: ~5800 tokens).
 DEFAULT_ARGS = ["--max-model-len", "2048", "--kv-cache-memory", "256M"]
+EXTRA_ARGS = shlex.split(os.environ.get("PAGED_EXTRA_ARGS", ""))
 
 
 def skip(msg):
@@ -90,7 +94,7 @@ class Server:
         cmd = [binary(), "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", str(self.port)]
         if self.default_args:
             cmd += DEFAULT_ARGS
-        cmd += self.args
+        cmd += self.args + EXTRA_ARGS
         self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT, env=self.env,
                                      cwd=ROOT)
         deadline = time.time() + self.ready_timeout

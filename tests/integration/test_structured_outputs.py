@@ -14,7 +14,18 @@ model, with the official openai SDK:
 - logit_bias -100 removes a token, +100 forces it; allowed_token_ids;
   bad_words; best_of.
 
-PAGED_SCHEMAS=N changes the count of random schemas (default 200)."""
+PAGED_SCHEMAS=N changes the count of random schemas (default 200).
+
+On another machine (a GPU host, which may lack jsonschema, openai and
+pydantic), run only the random schemas and keep the outputs:
+
+    PAGED_BIN=build/paged PAGED_MODEL=M PAGED_EXTRA_ARGS="--device cuda" \
+        python3 tests/integration/test_structured_outputs.py --dump out.json
+
+(needs nothing beyond the standard library), then validate them here:
+
+    python3 tests/integration/test_structured_outputs.py --validate out.json
+"""
 import concurrent.futures as cf
 import json
 import os
@@ -26,13 +37,28 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import server_util as su  # noqa: E402
 
-su.require_model_and_binary()
-su.require_openai()
+def usage():
+    print(__doc__)
+    sys.exit(2)
 
-import jsonschema  # noqa: E402
-import openai  # noqa: E402
-from typing import List, Literal, Optional  # noqa: E402
-from pydantic import BaseModel, Field  # noqa: E402
+
+# "full" (every check), "dump" (random schemas' outputs to a file) or
+# "validate" (a dumped file against its schemas, no server).
+MODE, MODE_FILE = "full", None
+if len(sys.argv) == 3 and sys.argv[1] in ("--dump", "--validate"):
+    MODE, MODE_FILE = sys.argv[1][2:], sys.argv[2]
+elif len(sys.argv) != 1:
+    usage()
+
+if MODE != "validate":
+    su.require_model_and_binary()
+if MODE != "dump":
+    # The repository's .venv has these (deploy/quickstart.sh setup).
+    if MODE == "full":
+        su.require_openai()
+    import jsonschema  # noqa: E402
+if MODE == "full":
+    import openai  # noqa: E402
 
 N_SCHEMAS = int(os.environ.get("PAGED_SCHEMAS", "200"))
 
@@ -88,38 +114,121 @@ def gen_schema(rng, depth=0):
     return s
 
 
+def random_schema_list():
+    rng = random.Random(17)
+    schemas = [gen_schema(rng) for _ in range(N_SCHEMAS)]
+    # The root is an object (as OpenAI requires) about half the time.
+    return [s if s.get("type") == "object" or i % 2 else
+            {"type": "object", "properties": {"value": s}, "required": ["value"]}
+            for i, s in enumerate(schemas)]
+
+
+def generate(port, model, schemas):
+    """Each schema's request; a list of {i, schema, http, finish_reason, text}."""
+    def one(i):
+        s = schemas[i]
+        body = {"model": model, "messages": [{"role": "user", "content": "Produce JSON for this schema: " + json.dumps(s)}],
+                "response_format": {"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": s, "strict": True}},
+                "max_tokens": 500, "temperature": 0.8, "seed": i}
+        st, _, data = su.request(port, "POST", "/v1/chat/completions", body, timeout=600)
+        r = {"i": i, "schema": s, "http": st, "finish_reason": None, "text": None}
+        if st != 200:
+            r["text"] = data[:200].decode("utf-8", "replace") if isinstance(data, bytes) else str(data)[:200]
+            return r
+        ch = json.loads(data)["choices"][0]
+        r["finish_reason"] = ch["finish_reason"]
+        r["text"] = ch["message"]["content"]
+        return r
+
+    with cf.ThreadPoolExecutor(16) as ex:
+        return list(ex.map(one, range(len(schemas))))
+
+
+def check(results):
+    """Validates generate()'s results with jsonschema; prints the first
+    failures and returns how many failed."""
+    bad = []
+    for r in results:
+        s, text = r["schema"], r["text"]
+        jsonschema.Draft202012Validator.check_schema(s)
+        if r["http"] != 200:
+            bad.append((r["i"], s, "http %d: %s" % (r["http"], text)))
+        elif r["finish_reason"] != "stop":
+            bad.append((r["i"], s, "finish_reason %s: %s" % (r["finish_reason"], text[:200])))
+        else:
+            try:
+                jsonschema.validate(json.loads(text), s)
+            except Exception as ex:  # noqa: BLE001
+                bad.append((r["i"], s, "invalid: %s: %s" % (str(ex).splitlines()[0], text[:200])))
+    for i, s, why in bad[:10]:
+        print(f"     schema {i}: {json.dumps(s)}\n       {why}")
+    cut = sum(1 for _, _, w in bad if w.startswith("finish_reason length"))
+    print(f"     {len(results) - len(bad)}/{len(results)} schemas valid ({cut} cut by max_tokens)")
+    return len(bad)
+
+
+def dump_main():
+    with su.Server() as srv:
+        model = json.loads(su.request(srv.port, "GET", "/v1/models")[2])["data"][0]["id"]
+        t0 = time.time()
+        results = generate(srv.port, model, random_schema_list())
+        with open(MODE_FILE, "w") as f:
+            json.dump({"model": model, "server_args": su.EXTRA_ARGS, "results": results}, f, indent=1)
+    print(f"test_structured_outputs: {len(results)} outputs in {time.time() - t0:.0f} s written to {MODE_FILE}"
+          f" (validate: {sys.argv[0]} --validate {MODE_FILE})")
+
+
+def validate_main():
+    with open(MODE_FILE) as f:
+        d = json.load(f)
+    print(f"     {MODE_FILE}: model {d['model']}, server args {d['server_args']}")
+    n_bad = check(d["results"])
+    if n_bad:
+        print(f"test_structured_outputs --validate: {n_bad} of {len(d['results'])} outputs failed")
+        sys.exit(1)
+    print("test_structured_outputs --validate: all valid")
+
+
 # --- Pydantic models for parse() --------------------------------------------------------
 
-class Pet(BaseModel):
-    name: str = Field(max_length=20)
-    species: Literal["cat", "dog", "bird"]
-    age: int = Field(ge=0, le=30)
+def define_models():
+    """The Pydantic models, as module globals (full mode only: pydantic
+    may be missing where --dump runs)."""
+    from typing import List, Literal, Optional
+    from pydantic import BaseModel, Field
+    global Pet, Person, Weather, Step, MathAnswer
 
+    class Pet(BaseModel):
+        name: str = Field(max_length=20)
+        species: Literal["cat", "dog", "bird"]
+        age: int = Field(ge=0, le=30)
 
-class Person(BaseModel):
-    name: str = Field(max_length=30)
-    age: int = Field(ge=0, le=120)
-    pets: List[Pet] = Field(max_length=3)
+    class Person(BaseModel):
+        name: str = Field(max_length=30)
+        age: int = Field(ge=0, le=120)
+        pets: List[Pet] = Field(max_length=3)
 
+    class Weather(BaseModel):
+        city: str = Field(max_length=30)
+        temperature_c: float = Field(ge=-50, le=60)
+        condition: Literal["sunny", "cloudy", "rain", "snow"]
+        humidity: Optional[int] = Field(ge=0, le=100)
 
-class Weather(BaseModel):
-    city: str = Field(max_length=30)
-    temperature_c: float = Field(ge=-50, le=60)
-    condition: Literal["sunny", "cloudy", "rain", "snow"]
-    humidity: Optional[int] = Field(ge=0, le=100)
+    class Step(BaseModel):
+        explanation: str = Field(max_length=60)
+        output: str = Field(max_length=30)
 
-
-class Step(BaseModel):
-    explanation: str = Field(max_length=60)
-    output: str = Field(max_length=30)
-
-
-class MathAnswer(BaseModel):
-    steps: List[Step] = Field(max_length=3)
-    final_answer: str = Field(max_length=20)
+    class MathAnswer(BaseModel):
+        steps: List[Step] = Field(max_length=3)
+        final_answer: str = Field(max_length=20)
 
 
 def main():
+    if MODE == "dump":
+        return dump_main()
+    if MODE == "validate":
+        return validate_main()
+    define_models()
     with su.Server() as srv:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", timeout=300, max_retries=0)
         port = srv.port
@@ -144,41 +253,11 @@ def main():
                 print(f"     {cls.__name__}: {msg.content}")
 
         def random_schemas():
-            rng = random.Random(17)
-            schemas = [gen_schema(rng) for _ in range(N_SCHEMAS)]
-            # The root is an object (as OpenAI requires) about half the time.
-            schemas = [s if s.get("type") == "object" or i % 2 else
-                       {"type": "object", "properties": {"value": s}, "required": ["value"]}
-                       for i, s in enumerate(schemas)]
-
-            def one(i):
-                s = schemas[i]
-                jsonschema.Draft202012Validator.check_schema(s)
-                body = {"model": model, "messages": [{"role": "user", "content": "Produce JSON for this schema: " + json.dumps(s)}],
-                        "response_format": {"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": s, "strict": True}},
-                        "max_tokens": 500, "temperature": 0.8, "seed": i}
-                st, _, data = su.request(port, "POST", "/v1/chat/completions", body, timeout=600)
-                if st != 200:
-                    return i, "http %d: %s" % (st, data[:200])
-                ch = json.loads(data)["choices"][0]
-                text = ch["message"]["content"]
-                if ch["finish_reason"] != "stop":
-                    return i, "finish_reason %s: %s" % (ch["finish_reason"], text[:200])
-                try:
-                    jsonschema.validate(json.loads(text), s)
-                except Exception as ex:  # noqa: BLE001
-                    return i, "invalid: %s: %s" % (str(ex).splitlines()[0], text[:200])
-                return i, None
-
             t0 = time.time()
-            with cf.ThreadPoolExecutor(16) as ex:
-                results = list(ex.map(one, range(len(schemas))))
-            bad = [(i, why) for i, why in results if why]
-            for i, why in bad[:10]:
-                print(f"     schema {i}: {json.dumps(schemas[i])}\n       {why}")
-            print(f"     {len(schemas) - len(bad)}/{len(schemas)} schemas valid in {time.time() - t0:.0f} s"
-                  f" ({sum(1 for _, w in bad if w.startswith('finish_reason length'))} cut by max_tokens)")
-            assert not bad, f"{len(bad)} of {len(schemas)} outputs failed"
+            schemas = random_schema_list()
+            n_bad = check(generate(port, model, schemas))
+            print(f"     in {time.time() - t0:.0f} s")
+            assert not n_bad, f"{n_bad} of {len(schemas)} outputs failed"
 
         def other_spellings():
             r = chat("List three colors as a JSON object.", response_format={"type": "json_object"}, max_tokens=200)

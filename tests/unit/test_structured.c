@@ -20,6 +20,7 @@
 
 #include "common/err.h"
 #include "engine/structured.h"
+#include "engine/structured_state.h"  // the slow exact reference (sg_*_reference)
 #include "engine/tokenizer.h"
 
 // --- fake vocabulary --------------------------------------------------------------
@@ -526,6 +527,196 @@ static void test_real_vocab_schema_walks(void **st) {
     pg_tokenizer_free(t);
 }
 
+// --- fast masks against the slow exact ones ------------------------------------------
+//
+// Random schemas; for each, three grammars: the normal one with its
+// background precomputation finished (masks from the copy), one with the
+// precomputation off (masks from the trie walk with byte classes and
+// plain-subtree shortcuts), and the reference (one byte per class, no
+// shortcuts) whose masks are computed token by token. Random walks through
+// all three must see identical masks at every step.
+
+typedef struct sg_buf_t {
+    char *p;
+    size_t n, cap;
+} sg_buf_t;
+
+static void rand_schema(sg_buf_t *b, int depth);
+
+static void bput(sg_buf_t *b, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    char tmp[512];
+    int k = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (b->n + (size_t)k + 1 > b->cap) {
+        b->cap = (b->n + (size_t)k + 1) * 2;
+        b->p = realloc(b->p, b->cap);
+    }
+    memcpy(b->p + b->n, tmp, (size_t)k + 1);
+    b->n += (size_t)k;
+}
+
+static const char *PATTERNS[] = {"^[a-z]+@[a-z]+\\\\.com$", "^[0-9]{3}-[0-9]{4}$", "^[A-Z][a-z]*$",
+                                 "^(ab|cd)+x?$", "^\\\\w+ \\\\d+$"};
+
+static void rand_schema(sg_buf_t *b, int depth) {
+    int k = (int)(rnd() % (depth >= 2 ? 7 : 10));
+    switch (k) {
+    case 0: case 1:
+        switch (rnd() % 5) {
+        case 0: bput(b, "{\"type\":\"string\"}"); break;
+        case 1: bput(b, "{\"type\":\"string\",\"maxLength\":%u}", 1 + rnd() % 40); break;
+        case 2: bput(b, "{\"type\":\"string\",\"minLength\":%u,\"maxLength\":%u}", rnd() % 3, 3 + rnd() % 20); break;
+        case 3: bput(b, "{\"type\":\"string\",\"pattern\":\"%s\"}", PATTERNS[rnd() % 5]); break;
+        default: bput(b, "{\"type\":\"string\",\"format\":\"%s\"}", (const char *[]){"date", "uuid", "email", "time"}[rnd() % 4]);
+        }
+        break;
+    case 2: bput(b, "{\"type\":\"integer\",\"minimum\":%d,\"maximum\":%d}", -(int)(rnd() % 50), (int)(rnd() % 5000)); break;
+    case 3: bput(b, "{\"type\":\"number\"}"); break;
+    case 4: bput(b, "{\"type\":\"boolean\"}"); break;
+    case 5: bput(b, "{\"enum\":[\"red\",\"green\",%u,null]}", rnd() % 100); break;
+    case 6: bput(b, "{\"type\":[\"string\",\"null\"]}"); break;
+    case 7:
+        bput(b, "{\"type\":\"array\",\"items\":");
+        rand_schema(b, depth + 1);
+        bput(b, ",\"maxItems\":%u}", 1 + rnd() % 4);
+        break;
+    case 8:
+        bput(b, "{\"anyOf\":[");
+        rand_schema(b, depth + 1);
+        bput(b, ",");
+        rand_schema(b, depth + 1);
+        bput(b, "]}");
+        break;
+    default: {
+        int np = 1 + (int)(rnd() % 4);
+        bput(b, "{\"type\":\"object\",\"properties\":{");
+        for (int i = 0; i < np; i++) {
+            bput(b, "%s\"p%d\":", i ? "," : "", i);
+            rand_schema(b, depth + 1);
+        }
+        bput(b, "},\"required\":[");
+        int nr = 0;
+        for (int i = 0; i < np; i++)
+            if (rnd() % 2) bput(b, "%s\"p%d\"", nr++ ? "," : "", i);
+        bput(b, "]}");
+    }
+    }
+}
+
+// Compares the three grammars' masks along `walks` random walks of up to
+// `steps` tokens; returns the masks compared.
+static int compare_masks(const char *schema, pg_struct_vocab *v, int32_t n, int walks, int steps) {
+    char err[256];
+    pg_grammar *fast = NULL, *lazy = NULL, *ref = NULL;
+    pg_grammar_limits lim;
+    pg_grammar_limits_default(&lim);
+    if (pg_grammar_compile(PG_GRAMMAR_JSON_SCHEMA, schema, strlen(schema), v, &lim, &fast, err, sizeof err))
+        fail_msg("compile %s: %s", schema, err);
+    if (!pg_grammar_precompute_wait(fast, 60000)) fail_msg("no precomputation for %s", schema);
+    lim.precompute_states = 0;
+    assert_int_equal(pg_grammar_compile(PG_GRAMMAR_JSON_SCHEMA, schema, strlen(schema), v, &lim, &lazy, err, sizeof err), 0);
+    assert_int_equal(sg_grammar_compile_reference(PG_GRAMMAR_JSON_SCHEMA, schema, strlen(schema), v, &ref, err, sizeof err), 0);
+    int32_t nw = (n + 31) / 32;
+    uint32_t *a = malloc(4 * (size_t)nw), *bm = malloc(4 * (size_t)nw), *c = malloc(4 * (size_t)nw);
+    int32_t *allowed = malloc(sizeof(int32_t) * (size_t)n);
+    int compared = 0;
+    for (int w = 0; w < walks; w++) {
+        pg_matcher *ma = pg_matcher_create(fast), *mb = pg_matcher_create(lazy), *mc = pg_matcher_create(ref);
+        for (int s = 0; s < steps && !pg_matcher_is_terminated(mc); s++) {
+            pg_matcher_fill_mask(ma, a);
+            pg_matcher_fill_mask(mb, bm);
+            sg_matcher_reference_mask(mc, c);
+            compared++;
+            for (int32_t i = 0; i < nw; i++)
+                if (a[i] != c[i] || bm[i] != c[i])
+                    fail_msg("schema %s, walk %d step %d: mask word %d: precomputed %08x lazy %08x exact %08x",
+                             schema, w, s, i, a[i], bm[i], c[i]);
+            int32_t na = 0;
+            for (int32_t t = 0; t < n; t++)
+                if (c[t >> 5] >> (t & 31) & 1) allowed[na++] = t;
+            assert_true(na > 0);
+            // Mostly short tokens so walks get through strings, sometimes any.
+            int32_t pick = allowed[rnd() % (uint32_t)na];
+            assert_int_equal(pg_matcher_advance(ma, pick), 0);
+            assert_int_equal(pg_matcher_advance(mb, pick), 0);
+            assert_int_equal(pg_matcher_advance(mc, pick), 0);
+        }
+        pg_matcher_free(ma);
+        pg_matcher_free(mb);
+        pg_matcher_free(mc);
+    }
+    free(a);
+    free(bm);
+    free(c);
+    free(allowed);
+    pg_grammar_unref(fast);
+    pg_grammar_unref(lazy);
+    pg_grammar_unref(ref);
+    return compared;
+}
+
+// The real 49k vocabulary and, grown from it as bench_structured does, a
+// synthetic 128k one (pairs of tokens concatenated, as BPE merges are).
+static void test_fast_masks_equal_exact_masks(void **st) {
+    (void)st;
+    pg_tokenizer *t = load_smollm();
+    if (!t) {
+        fprintf(stderr, "SKIP: tests/data/tokenizer_smollm2.json not found (run from the repo root)\n");
+        skip();
+    }
+    int32_t n = pg_tokenizer_vocab_size(t), big = 128256;
+    char **tok = calloc((size_t)big, sizeof(char *));
+    int32_t *len = calloc((size_t)big, sizeof(int32_t));
+    bool *sp = calloc((size_t)big, sizeof(bool));
+    for (int32_t i = 0; i < n; i++) {
+        char buf[1024];
+        int k = pg_tokenizer_token_bytes(t, i, buf, sizeof buf);
+        if (k < 0 || k > (int)sizeof buf) k = 0;
+        tok[i] = malloc((size_t)k + 1);
+        memcpy(tok[i], buf, (size_t)k);
+        len[i] = k;
+        sp[i] = pg_tokenizer_is_special(t, i);
+    }
+    rng_state = 99;
+    for (int32_t i = n; i < big; i++) {
+        int32_t x, y;
+        do {
+            x = (int32_t)(rnd() % (uint32_t)n);
+            y = (int32_t)(rnd() % (uint32_t)n);
+        } while (sp[x] || sp[y] || !len[x] || !len[y] || len[x] + len[y] > 24);
+        len[i] = len[x] + len[y];
+        tok[i] = malloc((size_t)len[i]);
+        memcpy(tok[i], tok[x], (size_t)len[x]);
+        memcpy(tok[i] + len[x], tok[y], (size_t)len[y]);
+    }
+    // PAGED_TEST_QUICK=1: fewer schemas (ASan is slower by several times).
+    const char *q = getenv("PAGED_TEST_QUICK");
+    bool quick = q && *q && strcmp(q, "0");
+    int schemas[2] = {quick ? 8 : 30, quick ? 3 : 8};
+    for (int pass = 0; pass < 2; pass++) {
+        int32_t nv = pass ? big : n;
+        pg_struct_vocab *v;
+        assert_int_equal(pg_struct_vocab_create(nv, (const char *const *)tok, len, sp, pg_tokenizer_eos(t), &v), 0);
+        int compared = 0;
+        for (int k = 0; k < schemas[pass]; k++) {
+            sg_buf_t b = {0};
+            rand_schema(&b, 0);
+            compared += compare_masks(b.p, v, nv, 2, 40);
+            free(b.p);
+        }
+        fprintf(stderr, "  %d-token vocabulary: %d schemas, %d masks equal to the exact ones\n", nv,
+                schemas[pass], compared);
+        pg_struct_vocab_free(v);
+    }
+    for (int32_t i = 0; i < big; i++) free(tok[i]);
+    free(tok);
+    free(len);
+    free(sp);
+    pg_tokenizer_free(t);
+}
+
 int main(void) {
     setlocale(LC_ALL, "C.UTF-8");  // regexec counts characters, not bytes
     const struct CMUnitTest tests[] = {
@@ -541,6 +732,7 @@ int main(void) {
         cmocka_unit_test(test_regex_outputs_match),
         cmocka_unit_test(test_choice),
         cmocka_unit_test(test_real_vocab_schema_walks),
+        cmocka_unit_test(test_fast_masks_equal_exact_masks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
