@@ -134,12 +134,6 @@ def generate():
     w("rule link_cuda")
     w("  command = $cc $extra -pthread -o $out $objs -Wl,--whole-archive $cudaobjs -Wl,--no-whole-archive $archives $libs $$(tools/cuda_libs.sh $cudaobjs)")
     w("  description = LINK $out")
-    w("# bench_structured runs on other machines (the GPU host's CPU): only libc,")
-    w("# libm and pthread at run time, so cJSON is compiled in (third_party/cjson)")
-    w("# and PCRE2 and xxHash are linked statically.")
-    w("rule link_portable")
-    w("  command = $cc -pthread -o $out $in -Wl,-Bstatic -lpcre2-8 -lxxhash -Wl,-Bdynamic -lm -lpthread")
-    w("  description = LINK $out")
     w("rule clang_cc")
     w("  command = $clang -MMD -MF $out.d -std=c11 -D_GNU_SOURCE -O1 -g -march=x86-64-v3 $incs -fsanitize=fuzzer-no-link,address,undefined -c $in -o $out")
     w("  depfile = $out.d")
@@ -341,13 +335,8 @@ def generate():
         o = obj(s, "rel")
         w(f"build {o}: cc {s}")
         b = f"build/bench/{name}"
-        if name == "bench_structured":
-            cj = "build/rel/obj/third_party/cjson/cJSON.o"
-            w(f"build {cj}: cc_third_party third_party/cjson/cJSON.c")
-            w(f"build {b}: link_portable {o} {cj} {libs['rel']}")
-        else:
-            w(f"build {b}: link {o} {libs['rel']} {cuda_lib}")
-            w(f"  cudaobjs = {cuda_lib}")
+        w(f"build {b}: link {o} {libs['rel']} {cuda_lib}")
+        w(f"  cudaobjs = {cuda_lib}")
         bench_bins.append(b)
     defaults += bench_bins
 
