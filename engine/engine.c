@@ -13,6 +13,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "engine/engine_int.h"
+#include "engine/structured.h"
 
 void pg_engine_config_default(pg_engine_config *c) {
     memset(c, 0, sizeof *c);
@@ -97,10 +98,42 @@ static void reject(pg_engine *e, const sub *s, int code, const char *msg) {
 
 // --- the engine thread -------------------------------------------------------------
 
+// The longest a request waits for its grammar's precomputation: its own
+// bound is 2 s (engine/structured.h); past this the masks are built on use.
+#define GRAMMAR_HOLD_NS ((int64_t)3000 * 1000000)
+
+// True when `s` should wait for its grammar's background precomputation.
+static bool grammar_pending(const sub *s) {
+    if (s->kind != SUB_ADD || !s->x || !s->x->grammar) return false;
+    if (s->held_ns && pg_now_ns() - s->held_ns > GRAMMAR_HOLD_NS) return false;
+    pg_grammar_precompute st;
+    pg_grammar_precompute_stats(s->x->grammar, &st);
+    return st.started && !st.done;
+}
+
 static void apply_submissions(pg_engine *e, sub *list) {
     while (list) {
         sub *s = list;
         list = s->next;
+        if (s->kind == SUB_ABORT) {
+            // A held request that is aborted goes in first, so that its
+            // abort ends it the usual way (one final event).
+            for (sub **h = &e->held; *h; h = &(*h)->next)
+                if ((*h)->id == s->id) {
+                    sub *held = *h;
+                    *h = held->next;
+                    held->next = NULL;
+                    held->held_ns = -GRAMMAR_HOLD_NS; // admit now
+                    apply_submissions(e, held);
+                    break;
+                }
+        }
+        if (s->kind == SUB_ADD && s->held_ns >= 0 && grammar_pending(s)) {
+            if (!s->held_ns) s->held_ns = pg_now_ns();
+            s->next = e->held;
+            e->held = s;
+            continue;
+        }
         if (s->kind == SUB_ADD) {
             sched_request r = {.id = s->id, .prompt = s->req.prompt, .n_prompt = s->req.n_prompt,
                                .sp = &s->req.sp, .priority = s->req.priority,
@@ -275,8 +308,19 @@ static void *engine_main(void *arg) {
     int cur_i = 0;
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        while (!e->stop && !e->subs_head && !sched_has_work(e->sched))
-            pthread_cond_wait(&e->cv, &e->mu);
+        while (!e->stop && !e->subs_head && !sched_has_work(e->sched)) {
+            if (!e->held) {
+                pthread_cond_wait(&e->cv, &e->mu);
+                continue;
+            }
+            // Held requests: look again in a millisecond.
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 1000000;
+            if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+            pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+            break;
+        }
         if (e->stop) {
             pthread_mutex_unlock(&e->mu);
             break;
@@ -284,6 +328,10 @@ static void *engine_main(void *arg) {
         sub *list = e->subs_head;
         e->subs_head = e->subs_tail = NULL;
         pthread_mutex_unlock(&e->mu);
+        // Held requests whose grammar is ready go first (they came first).
+        sub *ready = e->held;
+        e->held = NULL;
+        apply_submissions(e, ready);
         apply_submissions(e, list);
         if (prev && !sched_can_run_ahead(e->sched)) {
             step_finish(e, prev, &out, &cap_out);
@@ -400,15 +448,17 @@ void pg_engine_destroy(pg_engine *e) {
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->thread, NULL);
     }
-    for (sub *s = e->subs_head; s;) {
-        sub *n = s->next;
-        if (s->kind == SUB_ADD) {
-            free((void *)s->req.prompt);
-            eng_masks_free(s->x);
+    sub *lists[2] = {e->subs_head, e->held};
+    for (int k = 0; k < 2; k++)
+        for (sub *s = lists[k]; s;) {
+            sub *n = s->next;
+            if (s->kind == SUB_ADD) {
+                free((void *)s->req.prompt);
+                eng_masks_free(s->x);
+            }
+            free(s);
+            s = n;
         }
-        free(s);
-        s = n;
-    }
     for (int i = 0; i < LIVE_BUCKETS; i++)
         for (live *l = e->live[i]; l;) {
             live *n = l->next;

@@ -33,6 +33,7 @@ typedef struct sub {
     int32_t seq_index;
     pg_gen_request req;   // SUB_ADD: prompt points to memory owned by the sub
     req_masks *x;         // SUB_ADD: owned, NULL when the request has none
+    int64_t held_ns;      // SUB_ADD: when it was first held for its grammar (0: not held)
     struct sub *next;
 } sub;
 
@@ -63,6 +64,10 @@ struct pg_engine {
     pthread_cond_t cv;
     bool stop;
     sub *subs_head, *subs_tail;  // guarded by mu
+    // Requests whose grammar is still precomputing its masks (engine thread
+    // only): admitted when it is done, as vLLM holds a request until its
+    // grammar is compiled, so the first tokens do not pay for cold masks.
+    sub *held;
     int64_t next_id;             // guarded by mu
 
     // Events published by the engine thread, drained by pg_engine_poll.
