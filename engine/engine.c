@@ -23,7 +23,7 @@ void pg_engine_config_default(pg_engine_config *c) {
 // --- live request map (engine thread) --------------------------------------------
 
 static void live_put(pg_engine *e, int64_t id, void *user, req_masks *x) {
-    live *l = pg_xmalloc(sizeof *l);
+    live *l = pg_xcalloc(1, sizeof *l);  // fields other modules add start zeroed
     l->id = id;
     l->user = user;
     l->x = x;
