@@ -71,7 +71,7 @@ static int64_t one_step(bench_state *b, int32_t *n_seqs, int32_t *n_tok, int32_t
         exit(1);
     }
     int64_t t1 = pg_now_ns();
-    pg_step_output out = {0, b->outs};
+    pg_step_output out = {.n = 0, .outs = b->outs};
     for (int32_t i = 0; i < p->n_seqs; i++) {
         if (!p->seqs[i].sample) continue;
         pg_seq_output *o = &b->outs[out.n++];

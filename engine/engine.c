@@ -24,7 +24,7 @@ void pg_engine_config_default(pg_engine_config *c) {
 // --- live request map (engine thread) --------------------------------------------
 
 static void live_put(pg_engine *e, int64_t id, void *user, req_masks *x) {
-    live *l = pg_xmalloc(sizeof *l);
+    live *l = pg_xcalloc(1, sizeof *l);  // fields other modules add start zeroed
     l->id = id;
     l->user = user;
     l->x = x;
@@ -40,6 +40,7 @@ static void *live_get(pg_engine *e, int64_t id, bool remove) {
         if (remove) {
             *p = l->next;
             eng_masks_free(l->x);
+            free(l->plp);
             free(l);
         }
         return user;
@@ -145,6 +146,7 @@ static void apply_submissions(pg_engine *e, sub *list) {
                 eng_masks_free(s->x);
             } else {
                 live_put(e, s->id, s->req.user, s->x);
+                eng_plp_start(e->live[s->id % LIVE_BUCKETS], &s->req); // the entry just put
             }
             free((void *)s->req.prompt);
         } else if (s->kind == SUB_ABORT) {
@@ -243,7 +245,7 @@ static void step_begin(pg_engine *e, const pg_batch_plan *plan, open_step *st) {
 // Waits for the step's outputs, hands them to the scheduler and publishes
 // the events; statistics.
 static void step_finish(pg_engine *e, open_step *st, pg_gen_event **out, int *cap_out) {
-    pg_step_output so = {0, NULL};
+    pg_step_output so = {0};
     const pg_step_output *sop = &so;
     if (st->failed) {
         sop = NULL;
@@ -260,6 +262,7 @@ static void step_finish(pg_engine *e, open_step *st, pg_gen_event **out, int *ca
         if (pg_executor_mem_refresh(e->exec) < 0) PG_LOGW("device memory: %s", pg_err_msg());
         e->mem_polled_ns = t1;
     }
+    if (sop) eng_plp_store(e, sop);  // before the events below retire finished requests
     sched_events evs;
     if (sched_resolve(e->sched, sop, &evs) < 0) PG_LOGE("scheduler update: %s", pg_err_msg());
     if (sop) eng_masks_advance(e, sop);  // before the events below retire finished requests
@@ -271,6 +274,7 @@ static void step_finish(pg_engine *e, open_step *st, pg_gen_event **out, int *ca
         pg_gen_event *g = &(*out)[i];
         memset(g, 0, sizeof *g);
         g->ev = evs.ev[i];
+        eng_plp_attach(e, g);
         g->user = live_get(e, evs.ev[i].req_id, evs.ev[i].req_finished);
         if (evs.ev[i].finish == SCHED_FINISH_ERROR) {
             g->error_code = PG_EINVAL;
@@ -463,6 +467,7 @@ void pg_engine_destroy(pg_engine *e) {
         for (live *l = e->live[i]; l;) {
             live *n = l->next;
             eng_masks_free(l->x);
+            free(l->plp);
             free(l);
             l = n;
         }
@@ -470,6 +475,7 @@ void pg_engine_destroy(pg_engine *e) {
     pg_executor_free(e->exec);
     pg_chat_template_free(e->chat);
     pg_tokenizer_free(e->tok);
+    for (int i = e->ev_head; i < e->n_events; i++) free(e->events[i].prompt_lp); // never polled
     free(e->events);
     free(e->mask_buf);
     free(e->mask_ptr);

@@ -90,6 +90,12 @@ typedef struct pg_gen_event {
     int error_code;
     char error[256];
     int64_t publish_ns;          // pg_now_ns() when the engine published it (latency metrics)
+    // Prompt logprobs (sp.want_prompt_logprobs): on the request's first
+    // event with a token, prompt_lp[p] for every prompt position p >= 1
+    // (entry 0 unused; n_prompt_lp = the prompt's length). Owned by whoever
+    // polls the event: free() it (NULL otherwise).
+    pg_prompt_logprob *prompt_lp;
+    int32_t n_prompt_lp;
 } pg_gen_event;
 
 typedef void (*pg_engine_notify_fn)(void *ctx);

@@ -42,6 +42,11 @@ typedef struct live {
     int64_t id;
     void *user;
     req_masks *x;         // owned, may be NULL
+    // Prompt logprobs (engine/engine_prompt_logprobs.c): [n_prompt] by
+    // position as the steps score them, until handed to the first event
+    // with a token; NULL when not asked for or handed over.
+    pg_prompt_logprob *plp;
+    int32_t n_prompt;
     struct live *next;
 } live;
 
@@ -117,3 +122,12 @@ void eng_masks_fill(pg_engine *e, const pg_batch_plan *plan);
 // Advances the matchers by a resolved step's tokens; a sequence whose
 // grammar is complete is finished (finish_reason "stop").
 void eng_masks_advance(pg_engine *e, const pg_step_output *out);
+
+// --- prompt logprobs (engine/engine_prompt_logprobs.c) --------------------------
+
+// A new live request: its accumulator when req asks for prompt logprobs.
+void eng_plp_start(live *l, const pg_gen_request *req);
+// A step's scored prompt positions into their requests' accumulators.
+void eng_plp_store(pg_engine *e, const pg_step_output *out);
+// Hands a request's prompt logprobs to its first event with a token.
+void eng_plp_attach(pg_engine *e, pg_gen_event *g);

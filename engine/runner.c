@@ -90,6 +90,8 @@ static void carve_workspace(pg_runner *r, carver *c) {
     r->attn_ws = r->attn_ws_bytes ? take(c, r->attn_ws_bytes) : NULL;
     r->samp_ws = r->samp_ws_bytes ? take(c, r->samp_ws_bytes) : NULL;
     r->out_dev = take(c, sizeof(pg_sample_out) * (size_t)S);
+    r->plp_in_dev = take(c, runner_plp_in_bytes(r)); // prompt logprobs (runner_prompt_logprobs.c)
+    r->plp_out_dev = take(c, runner_plp_out_bytes(r));
     r->in_dev = take(c, r->in_cap);
 }
 
@@ -287,6 +289,7 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
         if ((rc = be->host_alloc(be, r->in_cap, (void **)&r->in_host[i])) < 0 ||
             (rc = be->host_alloc(be, sizeof(pg_sample_out) * (size_t)r->max_seqs, (void **)&r->out_host[i])) < 0)
             goto fail;
+    if ((rc = runner_plp_alloc(r)) < 0) goto fail;
     const size_t T = (size_t)r->max_tokens, S = (size_t)r->max_seqs;
     r->tokens = xmalloc_n(T, 4), r->pos = xmalloc_n(T, 4), r->slots = xmalloc_n(T, 4);
     r->bt = xmalloc_n(S * (size_t)r->max_bt, 4);
@@ -323,6 +326,7 @@ void pg_runner_free(pg_runner *r) {
         be->host_free(be, r->in_host[i]);
         be->host_free(be, r->out_host[i]);
     }
+    runner_plp_free(r);
     free(r->tokens), free(r->pos), free(r->slots), free(r->bt);
     free(r->seq_lens), free(r->start_pos), free(r->cu_q), free(r->order), free(r->row0);
     free(r->sample_rows), free(r->params), free(r->stok), free(r->outs);
@@ -521,6 +525,7 @@ static int queue_step(pg_runner *r, const step_desc *s) {
         PG_TRY(be->graph_launch(be, r->graph_exec[slot]));
     else
         PG_TRY(runner_layers(r, run, &d));
+    PG_TRY(runner_plp_enqueue(r, s->n_tokens, r->next_buf)); // before the tail: it reuses the logits
     PG_TRY(enqueue_tail(r, run, &d, r->out_host[r->next_buf]));
     // First eager step of this bucket: capture it for the next ones. The
     // capture wants an idle stream; this step then ends synchronously.
@@ -604,9 +609,10 @@ int pg_runner_begin(pg_runner *r, const pg_batch_plan *p) {
     }
     r->masks = NULL;  // for this begin only
     r->n_masks = 0;
+    PG_TRY(runner_plp_collect(r, p, buf));
     if (n_stok > INT32_MAX) return pg_err_set(PG_EINVAL, "plan: %lld history tokens", (long long)n_stok);
 
-    if (row > 0 || ns > 0) {
+    if (row > 0 || ns > 0 || r->n_plp > 0) {
         step_desc st = {.n_tokens = row, .tokens = r->tokens, .pos = r->pos, .slots = r->slots,
                         .n_seqs = p->n_seqs, .n_decode = n_dec, .block_tables = r->bt,
                         .bt_stride = bt_stride, .seq_lens = r->seq_lens, .start_pos = r->start_pos,
@@ -620,6 +626,7 @@ int pg_runner_begin(pg_runner *r, const pg_batch_plan *p) {
     r->n_sampled[buf] = ns;
     r->open[r->n_open].buf = buf;
     r->open[r->n_open].n_sample = ns;
+    r->open[r->n_open].n_plp = r->n_plp;
     r->n_open++;
     r->next_buf = buf ^ 1;
     return 0;
@@ -628,9 +635,11 @@ int pg_runner_begin(pg_runner *r, const pg_batch_plan *p) {
 int pg_runner_end(pg_runner *r, pg_step_output *out) {
     out->n = 0;
     out->outs = r->outs;
+    out->n_prompt_lp = 0;
+    out->prompt_lp = NULL;
     if (r->n_open == 0) return pg_err_set(PG_EINVAL, "runner: no step begun");
     const int buf = r->open[0].buf;
-    const int32_t ns = r->open[0].n_sample;
+    const int32_t ns = r->open[0].n_sample, n_plp = r->open[0].n_plp;
     r->open[0] = r->open[1];
     r->n_open--;
     PG_TRY(r->be->wait(r->be, buf));
@@ -647,12 +656,15 @@ int pg_runner_end(pg_runner *r, pg_step_output *out) {
         memcpy(o->top_logprobs, so->top_logprobs, sizeof(float) * (size_t)o->n_top);
     }
     out->n = ns;
+    runner_plp_output(r, buf, n_plp, out);
     return 0;
 }
 
 int pg_runner_execute(pg_runner *r, const pg_batch_plan *p, pg_step_output *out) {
     out->n = 0;
     out->outs = r->outs;
+    out->n_prompt_lp = 0;
+    out->prompt_lp = NULL;
     if (r->n_open > 0) return pg_err_set(PG_EINVAL, "runner: a begun step is not ended");
     PG_TRY(pg_runner_begin(r, p));
     return pg_runner_end(r, out);

@@ -61,6 +61,7 @@ struct pg_runner {
         int buf;
         int32_t n_sample;
         int32_t n_seq_ids;
+        int32_t n_plp; // scored prompt rows
     } open[2]; // begun, not ended, oldest first
     int n_open;
     int32_t last_n_sample; // of the last ended step (pg_runner_last_logits)
@@ -85,6 +86,18 @@ struct pg_runner {
     int32_t n_sampled[2];
     int32_t *feed;       // [max_seqs][2]
 
+    // Prompt logprobs (runner_prompt_logprobs.c): this begin's scored rows,
+    // at most max_tokens. Device: inputs (rows, forced params) and scores
+    // in the workspace; host: two pinned images alternating as in_host.
+    char *plp_in_dev;            // [runner_plp_in_bytes]
+    pg_sample_out *plp_out_dev;  // [max_tokens]
+    char *plp_in_host[2];
+    pg_sample_out *plp_host[2];  // [max_tokens]
+    int64_t *plp_seq[2];         // [max_tokens] seq id and scored position per row
+    int32_t *plp_pos[2];
+    int32_t n_plp;               // of the step being begun
+    pg_prompt_logprob *plp_outs; // [max_tokens] the last ended step's
+
     // Decode graphs [n_bbuckets][n_cbuckets] (runner_graphs.c).
     bool graphs_on;
     int64_t graph_reserve; // bytes planned for every bucket's graph
@@ -105,6 +118,22 @@ struct pg_runner {
 int runner_pack(pg_runner *r, const step_desc *s, dev_in *d);
 // The embedding and every layer for `s` (what a decode graph captures).
 int runner_layers(pg_runner *r, const step_desc *s, const dev_in *d);
+
+// runner_prompt_logprobs.c: bytes of the device input image and scores.
+size_t runner_plp_in_bytes(const pg_runner *r);
+size_t runner_plp_out_bytes(const pg_runner *r);
+// The pinned images and host arrays (create); free takes what alloc made.
+int runner_plp_alloc(pg_runner *r);
+void runner_plp_free(pg_runner *r);
+// The plan's scored rows into image `buf` (begin, after the rows are
+// flattened: r->row0); sets r->n_plp. PG_EINVAL on an entry that scores
+// rows it does not have.
+int runner_plp_collect(pg_runner *r, const pg_batch_plan *p, int buf);
+// After the layers of a step of n_tokens rows: uploads image `buf`, scores
+// the rows in slices of max_seqs and queues the copy of the scores back.
+int runner_plp_enqueue(pg_runner *r, int32_t n_tokens, int buf);
+// The n scores of the ended step that used `buf` into out->prompt_lp.
+void runner_plp_output(pg_runner *r, int buf, int32_t n, pg_step_output *out);
 
 // runner_graphs.c
 int runner_graphs_setup(pg_runner *r);

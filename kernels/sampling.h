@@ -12,7 +12,8 @@
 // <= 0 or top_k == 1; else temperature, a window of 30 nats, top-k, top-p,
 // min-p over the candidates sorted by logit (ties by lower id) and a draw
 // u = pg_sampler_uniform(seed, n_generated) walked down that order, so a
-// seeded request gives the same text however it is batched.
+// seeded request gives the same text however it is batched. A forced row
+// skips all of it: its token is given and only scored.
 #pragma once
 #include <stdint.h>
 
@@ -45,6 +46,10 @@ typedef struct pg_sample_params {
     int32_t n_mask;           //   bit (t & 31) of tokens[mask_offset + (t >> 5)], n_mask
                               //   words (0 = no mask; tokens past them are not allowed).
                               //   Applied last: a token whose bit is clear is never sampled.
+    int32_t forced;           // 1: no sampling: out->token = forced_token, scored from the raw
+    int32_t forced_token;     //   logits (logprob, rank, top-N); prompt logprobs (the runner's
+                              //   engine/runner_prompt_logprobs.c). Every other field but
+                              //   logprobs is ignored then.
 } pg_sample_params;
 
 // Per-sequence result, an array [n] in the backend's memory; the host reads
@@ -53,6 +58,8 @@ typedef struct pg_sample_out {
     int32_t token;
     float logprob; // log-softmax of the raw logits at `token` (0 when logprobs < 0)
     int32_t n_top; // min(logprobs, 20) entries, most likely first, ties by lower id
+    int32_t rank;  // forced with logprobs >= 0: 1 + the tokens whose raw logit is greater
+                   //   than token's (vLLM's rank); else 0
     int32_t top_ids[PG_SAMPLE_MAX_LOGPROBS];
     float top_logprobs[PG_SAMPLE_MAX_LOGPROBS];
 } pg_sample_out;

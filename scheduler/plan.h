@@ -42,6 +42,13 @@ typedef struct pg_sampling_params {
     // computes from the previous step's token: such a request never runs
     // ahead (sched_can_run_ahead).
     bool constrained;
+    // Prompt logprobs (vLLM's prompt_logprobs; echo with logprobs): for
+    // every prompt position p >= 1 the logprob and rank of prompt token p
+    // under the logits at p - 1, and the top prompt_logprobs entries
+    // (0..PG_MAX_LOGPROBS). Such a request computes every prompt position:
+    // it takes no prefix-cache hits. A flag, so a zeroed struct asks none.
+    bool want_prompt_logprobs;
+    int32_t prompt_logprobs;
 } pg_sampling_params;
 
 // Fills `p` with the defaults: temperature 1, top_p 1, top_k off, n 1,
@@ -75,6 +82,11 @@ typedef struct pg_plan_seq {
     uint64_t rng_seed;         // per-sequence seed (request seed, or random)
     bool mask_eos;             // min_tokens not reached: EOS/stop ids banned
     int32_t eos_id;            // -1 when none
+    // Prompt logprobs (sp->want_prompt_logprobs): rows [0, n_prompt_lp) of
+    // this entry are scored; row t (position start_pos + t) at the prompt
+    // token history[start_pos + t + 1]. 0 = none (also past the prompt).
+    // history, n_history and sp are valid whenever n_prompt_lp > 0.
+    int32_t n_prompt_lp;
 } pg_plan_seq;
 
 // A block move: from -> to (device<->host swaps, or device copy for COW).
@@ -109,7 +121,21 @@ typedef struct pg_seq_output {
     float top_logprobs[PG_MAX_LOGPROBS];
 } pg_seq_output;
 
+// One scored prompt position (pg_plan_seq.n_prompt_lp).
+typedef struct pg_prompt_logprob {
+    int64_t seq_id;
+    int32_t pos;               // the prompt position scored (>= 1): the logits at pos - 1
+    int32_t token;             // the prompt token at pos
+    float logprob;             // its log-softmax (raw logits)
+    int32_t rank;              // 1 + the tokens with a greater logit (vLLM's rank)
+    int32_t n_top;             // sp->prompt_logprobs entries, most likely first
+    int32_t top_ids[PG_MAX_LOGPROBS];
+    float top_logprobs[PG_MAX_LOGPROBS];
+} pg_prompt_logprob;
+
 typedef struct pg_step_output {
     int32_t n;
     pg_seq_output *outs;       // [n], in plan order of the sampled sequences
+    int32_t n_prompt_lp;       // scored prompt positions, plan order then position
+    const pg_prompt_logprob *prompt_lp; // [n_prompt_lp]; the scheduler ignores them
 } pg_step_output;

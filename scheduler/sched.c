@@ -502,6 +502,15 @@ static int32_t build_items(sched *s, req *r, const budget *b, int32_t lead_hits,
     return n;
 }
 
+// Rows of a chunk [start, start + c) that score a prompt token (position
+// p scores the token at p + 1 < n_prompt), while the request has not had
+// its prompt logprobs (they come before its first token).
+static int32_t prompt_lp_rows(const req *r, int32_t start, int32_t c) {
+    if (!r->sp.want_prompt_logprobs || r->usage.first_token_ns) return 0;
+    int32_t n = r->n_prompt - 1 - start;
+    return n <= 0 ? 0 : n < c ? n : c;
+}
+
 // Adds the grown items of r to the plan and spends the budget.
 static void commit_items(sched *s, req *r, int32_t n, int32_t n_tok, budget *b) {
     const pg_sampling_params *sp = &r->sp;
@@ -530,6 +539,7 @@ static void commit_items(sched *s, req *r, int32_t n, int32_t n_tok, budget *b) 
             .rng_seed = q->rng_seed,
             .mask_eos = n_gen < sp->min_tokens,
             .eos_id = r->eos_id,
+            .n_prompt_lp = prompt_lp_rows(r, q->n_computed, c),
         };
     }
     s->plan.n_tokens += n_tok;
@@ -587,7 +597,11 @@ static bool admit_waiting(sched *s, req *r, budget *b) {
     maybe_fork(s, r); // a one-token prompt forks at once (no blocks yet)
     int32_t hits = 0;
     seq *lead = &r->seqs[r->lead];
-    if (!r->forked) hits = kvp_table_lookup(s->pool, &lead->table, lead->hist, lead_target(r));
+    // A request that wants prompt logprobs computes every prompt position
+    // (vLLM skips the cache for it too) until it has had them, i.e. until
+    // its first token: a recompute after that may take hits again.
+    bool plp = r->sp.want_prompt_logprobs && !r->usage.first_token_ns;
+    if (!r->forked && !plp) hits = kvp_table_lookup(s->pool, &lead->table, lead->hist, lead_target(r));
     int32_t n_tok, n = build_items(s, r, b, hits, &n_tok);
     if (n == 0) return false;
     int32_t copies_before = s->copies.n;

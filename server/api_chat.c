@@ -217,6 +217,9 @@ static void full_response(gen_job *j, sbuf *out) {
         cJSON_AddItemToArray(chs, ch);
     }
     cJSON_AddItemToObject(o, "usage", gen_usage_json(j));
+    // vLLM puts a chat request's prompt logprobs on the response, not a choice.
+    if (j->p.prompt_logprobs >= 0 && j->n_subs > 0)
+        cJSON_AddItemToObject(o, "prompt_logprobs", gen_prompt_logprobs_json(j, &j->subs[0], j->p.prompt_logprobs));
     char *s = cJSON_PrintUnformatted(o);
     sbuf_puts(out, s);
     free(s);
@@ -273,7 +276,6 @@ void api_chat_completions(srv_app *a, srv_req *r) {
     if (api_parse_params(body, API_CHAT, &a->lim, &c->p, &e) < 0) goto fail;
     if (app_check_model(a, c->p.model, &e) < 0) goto fail;
     if (api_compile_grammar(a->grammars, &c->p, &e) < 0) goto fail;
-    if (api_check_engine_support(&c->p, &e) < 0) goto fail;
     api_tokenize_bad_words(a->tok, &c->p);
     if (api_parse_messages(body, &msgs, &e) < 0) goto fail;
     if (api_get_bool(body, "add_generation_prompt", &gen_prompt, &e) < 0) goto fail;

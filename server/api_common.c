@@ -270,8 +270,16 @@ int api_parse_params(const cJSON *body, api_kind kind, const api_limits *lim, ap
         if (api_get_int(body, "max_completion_tokens", 1, INT32_MAX, &v, &has_mct, e) < 0) goto fail;
         if (has_mct) sp->max_tokens = (int32_t)v, p->max_tokens_set = true;
     }
-    if (api_get_int(body, "max_tokens", 1, INT32_MAX, &v, &has, e) < 0) goto fail;
+    // Completions: max_tokens 0 with echo returns the prompt alone (vLLM).
+    if (kind == API_COMPLETION && api_get_bool(body, "echo", &p->echo, e) < 0) goto fail;
+    if (api_get_int(body, "max_tokens", kind == API_COMPLETION && p->echo ? 0 : 1, INT32_MAX, &v,
+                    &has, e) < 0)
+        goto fail;
     if (has && !has_mct) sp->max_tokens = (int32_t)v, p->max_tokens_set = true;
+    if (has && !has_mct && v == 0) {
+        p->echo_only = true;
+        sp->max_tokens = 1;  // one engine step; its token is dropped (server/gen_job.c)
+    }
     if (api_get_int(body, "min_tokens", 0, INT32_MAX, &v, &has, e) < 0) goto fail;
     if (has) sp->min_tokens = (int32_t)v;
     if (api_get_bool(body, "ignore_eos", &sp->ignore_eos, e) < 0) goto fail;
@@ -280,12 +288,8 @@ int api_parse_params(const cJSON *body, api_kind kind, const api_limits *lim, ap
     if (parse_stop(body, lim, p, e) < 0) goto fail;
 
     if (kind == API_COMPLETION) {
-        if (api_get_bool(body, "echo", &p->echo, e) < 0) goto fail;
         if (api_get_int(body, "logprobs", 0, lim->max_logprobs, &v, &has, e) < 0) goto fail;
         if (has) p->logprobs = (int32_t)v;
-        // echo with logprobs reports the prompt's tokens too (OpenAI's
-        // legacy completions): the prompt logprobs at the same top-N.
-        if (p->echo && p->logprobs >= 0) p->prompt_logprobs = p->logprobs;
     } else {
         bool lp = false;
         if (api_get_bool(body, "logprobs", &lp, e) < 0) goto fail;
@@ -347,6 +351,15 @@ int api_parse_params(const cJSON *body, api_kind kind, const api_limits *lim, ap
         goto fail;
     }
     if (api_parse_guided(body, kind, lim, p, e) < 0) goto fail;
+    // What the engine scores: prompt_logprobs (not in a stream: vLLM sends
+    // none there, and refuses k > 0), and echo with logprobs, which reports
+    // the prompt's tokens too (OpenAI's legacy completions) at logprobs' N.
+    int32_t k = p->stream ? -1 : p->prompt_logprobs;
+    if (p->echo && p->logprobs > k) k = p->logprobs;
+    if (k >= 0) {
+        sp->want_prompt_logprobs = true;
+        sp->prompt_logprobs = k;
+    }
     return 0;
 fail:
     api_params_free(p);

@@ -60,6 +60,9 @@ typedef struct api_params {
     bool max_tokens_set;         // max_tokens / max_completion_tokens given
     bool stream, include_usage;
     bool echo;                   // completions
+    bool echo_only;              // completions: echo with max_tokens 0 (vLLM's): the prompt
+                                 //   and its logprobs only; the engine runs max_tokens 1 and
+                                 //   the token is not shown
     int32_t logprobs;            // -1 = none; completions: top-N, chat: top_logprobs
     bool skip_special_tokens;    // default true
     bool include_stop_str;       // include_stop_str_in_output
@@ -89,7 +92,9 @@ typedef struct api_params {
     int32_t *bad_off;            // [n_bad_seqs + 1] owned: sequence k is bad_ids[off[k] .. off[k+1])
     int32_t *bad_ids;            // owned
     int32_t best_of;             // completions: candidates per choice (>= n); 0 = n
-    int32_t prompt_logprobs;     // -1 = none; top-N per prompt position (echo+logprobs sets it)
+    int32_t prompt_logprobs;     // -1 = none; the prompt_logprobs field: top-N per prompt
+                                 //   position (sp.want_prompt_logprobs also follows echo +
+                                 //   logprobs, which reports the prompt at logprobs' N)
     pg_grammar *grammar;         // owned reference, set by api_compile_grammar
     struct api_tools *tools;     // chat: owned; NULL without tools (server/tool_calls.h)
     cJSON *chat_template_kwargs; // chat: owned copy of the object; NULL when absent
@@ -123,9 +128,6 @@ int api_compile_grammar(pg_grammar_cache *c, api_params *p, api_error *e);
 // vLLM does), into p->bad_off / bad_ids.
 void api_tokenize_bad_words(const pg_tokenizer *t, api_params *p);
 
-// A 400 for the fields that are parsed but that the engine does not apply
-// yet (best_of > n, prompt logprobs), naming the first one given.
-int api_check_engine_support(const api_params *p, api_error *e);
 
 // Sets the default max_tokens (completions: 16; chat: the rest of the
 // context, capped at lim->default_max_tokens) and checks prompt + max_tokens

@@ -22,10 +22,51 @@ static int64_t utf8_chars(const char *s, size_t n) {
     return k;
 }
 
-// OpenAI's legacy logprobs object for c->lps[0..n_lps): tokens,
-// token_logprobs, top_logprobs (token text -> logprob, the sampled token
-// always included) and text_offset (characters into the choice's text).
-static cJSON *logprobs_json(gen_job *j, gen_choice *c) {
+// The echoed prompt's entries of the legacy logprobs (echo + logprobs):
+// one per prompt token, the first with null logprob and null top_logprobs
+// (nothing scores it), the others from the engine's prompt logprobs;
+// text_offset counts the tokens' characters from 0, and c->fmt_offset
+// continues from there for the generated tokens (vLLM's offsets).
+static void prompt_entries(gen_job *j, gen_choice *c, cJSON *toks, cJSON *lps, cJSON *tops,
+                           cJSON *offs, sbuf *t) {
+    const pg_tokenizer *tok = j->app->tok;
+    const gen_sub *s = c->sub;
+    int64_t off = 0;
+    for (int32_t p = 0; p < s->n_ids; p++) {
+        const pg_prompt_logprob *e = p > 0 && s->plp ? &s->plp[p] : NULL;
+        sbuf_reset(t);
+        gen_token_text(tok, s->ids[p], t);
+        cJSON_AddItemToArray(toks, cJSON_CreateString(sbuf_str(t)));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
+        off += utf8_chars(t->p ? t->p : "", t->len);
+        if (!e) {
+            cJSON_AddItemToArray(lps, cJSON_CreateNull());
+            cJSON_AddItemToArray(tops, cJSON_CreateNull());
+            continue;
+        }
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(gen_logprob(e->logprob)));
+        cJSON *top = cJSON_CreateObject();
+        int n_top = e->n_top < j->p.logprobs ? e->n_top : j->p.logprobs;
+        for (int i = 0; i < n_top; i++) {
+            sbuf_reset(t);
+            gen_token_text(tok, e->top_ids[i], t);
+            if (!cJSON_GetObjectItemCaseSensitive(top, sbuf_str(t)))
+                cJSON_AddNumberToObject(top, sbuf_str(t), gen_logprob(e->top_logprobs[i]));
+        }
+        sbuf_reset(t);
+        gen_token_text(tok, s->ids[p], t);
+        if (!cJSON_GetObjectItemCaseSensitive(top, sbuf_str(t)))
+            cJSON_AddNumberToObject(top, sbuf_str(t), gen_logprob(e->logprob));
+        cJSON_AddItemToArray(tops, top);
+    }
+    c->fmt_offset = off;
+}
+
+// OpenAI's legacy logprobs object for c->lps[0..n_lps), after the echoed
+// prompt's entries when `with_prompt`: tokens, token_logprobs,
+// top_logprobs (token text -> logprob, the sampled token always included)
+// and text_offset (characters into the choice's text).
+static cJSON *logprobs_json(gen_job *j, gen_choice *c, bool with_prompt) {
     if (j->p.logprobs < 0) return cJSON_CreateNull();
     const pg_tokenizer *tok = j->app->tok;
     cJSON *o = cJSON_CreateObject();
@@ -34,6 +75,7 @@ static cJSON *logprobs_json(gen_job *j, gen_choice *c) {
     cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs");
     cJSON *offs = cJSON_AddArrayToObject(o, "text_offset");
     sbuf t = {0};
+    if (with_prompt) prompt_entries(j, c, toks, lps, tops, offs, &t);
     for (int k = 0; k < c->n_lps; k++) {
         const pg_seq_output *so = &c->lps[k];
         sbuf_reset(&t);
@@ -76,11 +118,14 @@ static void add_stop_reason(gen_job *j, const gen_choice *c, cJSON *choice) {
     cJSON_AddNullToObject(choice, "stop_reason");
 }
 
-static cJSON *choice_json(gen_job *j, gen_choice *c, const char *text, const char *finish) {
+// with_prompt: the choice's text starts with the echoed prompt (its
+// logprobs first, and prompt_logprobs when asked, as vLLM's first chunk).
+static cJSON *choice_json(gen_job *j, gen_choice *c, const char *text, const char *finish,
+                          bool with_prompt) {
     cJSON *ch = cJSON_CreateObject();
     cJSON_AddNumberToObject(ch, "index", c->index);
     cJSON_AddStringToObject(ch, "text", text);
-    cJSON_AddItemToObject(ch, "logprobs", logprobs_json(j, c));
+    cJSON_AddItemToObject(ch, "logprobs", logprobs_json(j, c, with_prompt && j->p.echo));
     if (finish)
         cJSON_AddStringToObject(ch, "finish_reason", finish);
     else
@@ -89,30 +134,41 @@ static cJSON *choice_json(gen_job *j, gen_choice *c, const char *text, const cha
         add_stop_reason(j, c, ch);
     else
         cJSON_AddNullToObject(ch, "stop_reason");
+    // vLLM's field on the choice (never streamed: k > 0 is refused there).
+    if (with_prompt && j->p.prompt_logprobs >= 0 && !j->p.stream)
+        cJSON_AddItemToObject(ch, "prompt_logprobs",
+                              gen_prompt_logprobs_json(j, c->sub, j->p.prompt_logprobs));
     return ch;
 }
 
+// Streamed echo: the prompt as the choice's first chunk, with its logprobs
+// when asked (then it waits for the engine's first event, which brings them).
+static void send_echo(gen_job *j, gen_choice *c) {
+    const char *text = c->sub->text ? c->sub->text : "";
+    c->fmt_offset = utf8_chars(text, strlen(text));
+    c->echo_sent = true;
+    cJSON *o = gen_chunk_new(j);
+    cJSON *chs = cJSON_AddArrayToObject(o, "choices");
+    int saved = c->n_lps;
+    c->n_lps = 0;
+    cJSON_AddItemToArray(chs, choice_json(j, c, text, NULL, true));
+    c->n_lps = saved;
+    sse_send_json(j->req, o);
+    cJSON_Delete(o);
+}
+
 static void stream_start(gen_job *j) {
-    if (!j->p.echo) return;
-    for (int i = 0; i < j->n_choices; i++) {
-        gen_choice *c = &j->choices[i];
-        const char *text = c->sub->text ? c->sub->text : "";
-        c->fmt_offset = utf8_chars(text, strlen(text));
-        cJSON *o = gen_chunk_new(j);
-        cJSON *chs = cJSON_AddArrayToObject(o, "choices");
-        int saved = c->n_lps;
-        c->n_lps = 0;
-        cJSON_AddItemToArray(chs, choice_json(j, c, text, NULL));
-        c->n_lps = saved;
-        sse_send_json(j->req, o);
-        cJSON_Delete(o);
-    }
+    // Without logprobs every echo goes out now; with them each waits for its
+    // prompt's logprobs (stream_chunk).
+    if (!j->p.echo || j->p.logprobs >= 0) return;
+    for (int i = 0; i < j->n_choices; i++) send_echo(j, &j->choices[i]);
 }
 
 static void stream_chunk(gen_job *j, gen_choice *c, const char *finish) {
+    if (j->p.echo && !c->echo_sent) send_echo(j, c);
     cJSON *o = gen_chunk_new(j);
     cJSON *chs = cJSON_AddArrayToObject(o, "choices");
-    cJSON_AddItemToArray(chs, choice_json(j, c, sbuf_str(&c->delta), finish));
+    cJSON_AddItemToArray(chs, choice_json(j, c, sbuf_str(&c->delta), finish, false));
     sse_send_json(j->req, o);
     cJSON_Delete(o);
 }
@@ -148,7 +204,7 @@ static void full_response(gen_job *j, sbuf *out) {
             c->fmt_offset = utf8_chars(c->sub->text, strlen(c->sub->text));
         }
         sbuf_append(&text, c->text.p ? c->text.p : "", c->text.len);
-        cJSON_AddItemToArray(chs, choice_json(j, c, sbuf_str(&text), c->finish_reason));
+        cJSON_AddItemToArray(chs, choice_json(j, c, sbuf_str(&text), c->finish_reason, true));
     }
     free(order);
     sbuf_free(&text);
@@ -253,7 +309,6 @@ void api_completions(srv_app *a, srv_req *r) {
         c->p.sp.n = c->p.best_of;
         if (c->p.sp.logprobs < 0) c->p.sp.logprobs = 0;
     }
-    if (api_check_engine_support(&c->p, &e) < 0) goto fail;
     api_tokenize_bad_words(a->tok, &c->p);
     if (api_parse_prompts(body, &a->lim, c->p.sp.n, &c->ps, &c->n_ps, &e) < 0) goto fail;
     cJSON_Delete(body);

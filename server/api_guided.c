@@ -298,6 +298,8 @@ int api_parse_guided(const cJSON *body, api_kind kind, const api_limits *lim, ap
     int64_t v;
     bool has;
     if (api_get_int(body, "prompt_logprobs", 0, lim->max_logprobs, &v, &has, e) < 0) return -1;
+    if (has && v > 0 && p->stream)  // vLLM's rule: 0 streams (and reports nothing)
+        return api_err(e, 400, "prompt_logprobs", "`prompt_logprobs` are not available when `stream=True`.");
     if (has) p->prompt_logprobs = (int32_t)v;
     if (kind == API_COMPLETION) {
         if (api_get_int(body, "best_of", 1, lim->max_n, &v, &has, e) < 0) return -1;
@@ -348,11 +350,3 @@ void api_tokenize_bad_words(const pg_tokenizer *t, api_params *p) {
         }
 }
 
-int api_check_engine_support(const api_params *p, api_error *e) {
-    // Parsed and validated above, not applied by the engine yet: a clear
-    // 400 rather than a silently different answer.
-    const char *what = p->prompt_logprobs >= 0 ? (p->echo ? "echo" : "prompt_logprobs")
-                                                  : NULL;
-    if (!what) return 0;
-    return api_err(e, 400, what, "%s is validated but not yet applied by this server's engine", what);
-}

@@ -44,6 +44,40 @@ void gen_token_text(const pg_tokenizer *t, int32_t id, sbuf *out) {
     if (buf != small) free(buf);
 }
 
+static void add_plp_entry(cJSON *dict, const pg_tokenizer *tok, int32_t id, float lp, int32_t rank,
+                          sbuf *t) {
+    char key[16];
+    snprintf(key, sizeof key, "%d", id);
+    if (cJSON_GetObjectItemCaseSensitive(dict, key)) return;
+    cJSON *o = cJSON_AddObjectToObject(dict, key);
+    cJSON_AddNumberToObject(o, "logprob", gen_logprob(lp));
+    cJSON_AddNumberToObject(o, "rank", rank);
+    sbuf_reset(t);
+    gen_token_text(tok, id, t);
+    cJSON_AddStringToObject(o, "decoded_token", sbuf_str(t));
+}
+
+cJSON *gen_prompt_logprobs_json(const gen_job *j, const gen_sub *s, int32_t k) {
+    if (!s->plp) return cJSON_CreateNull();
+    const pg_tokenizer *tok = j->app->tok;
+    cJSON *list = cJSON_CreateArray();
+    sbuf t = {0};
+    for (int32_t p = 0; p < s->n_ids; p++) {
+        if (p == 0) { // nothing before the first token to score it
+            cJSON_AddItemToArray(list, cJSON_CreateNull());
+            continue;
+        }
+        const pg_prompt_logprob *e = &s->plp[p];
+        cJSON *d = cJSON_CreateObject();
+        add_plp_entry(d, tok, s->ids[p], e->logprob, e->rank, &t);
+        int32_t n = e->n_top < k ? e->n_top : k;
+        for (int32_t i = 0; i < n; i++) add_plp_entry(d, tok, e->top_ids[i], e->top_logprobs[i], i + 1, &t);
+        cJSON_AddItemToArray(list, d);
+    }
+    sbuf_free(&t);
+    return list;
+}
+
 cJSON *gen_usage_json(const gen_job *j) {
     int64_t prompt = 0, completion = 0, cached = 0;
     for (int i = 0; i < j->n_subs; i++) {
@@ -122,6 +156,7 @@ static void job_free(gen_job *j) {
     for (int i = 0; i < j->n_subs; i++) {
         free(j->subs[i].ids);
         free(j->subs[i].text);
+        free(j->subs[i].plp);
     }
     free(j->subs);
     free(j->choices);
@@ -280,16 +315,17 @@ static void choice_finish(gen_job *j, gen_choice *c, const char *reason) {
 static void choice_token(gen_job *j, gen_choice *c, const sched_event *ev, int64_t now) {
     srv_app *a = j->app;
     gen_sub *s = c->sub;
-    c->n_tokens++;
-    met_inc(a->metrics.generation_tokens, 1);
-    if (c->last_token_ns) met_observe(a->metrics.itl, (double)(now - c->last_token_ns) * 1e-9);
-    if (!c->first_token_ns) c->first_token_ns = now;
-    c->last_token_ns = now;
     if (!s->got_token) {
         s->got_token = true;
         met_observe(a->metrics.ttft, (double)(now - j->arrival_ns) * 1e-9);
         met_inc(a->metrics.prompt_tokens, s->n_ids);
     }
+    if (j->p.echo_only) return; // max_tokens 0: the engine's one token is not part of the answer
+    c->n_tokens++;
+    met_inc(a->metrics.generation_tokens, 1);
+    if (c->last_token_ns) met_observe(a->metrics.itl, (double)(now - c->last_token_ns) * 1e-9);
+    if (!c->first_token_ns) c->first_token_ns = now;
+    c->last_token_ns = now;
     if (j->p.logprobs >= 0) choice_add_lp(c, &ev->out);
     c->cum_logprob += ev->out.logprob;
     // EOS / stop token ids end the output without appearing in it (unless
@@ -322,6 +358,10 @@ static void choice_end(gen_job *j, gen_choice *c, const sched_event *ev) {
         return;
     }
     stop_matcher_flush(&c->stop, sink);
+    if (j->p.echo_only) { // no output at all: max_tokens 0 reached
+        choice_finish(j, c, "length");
+        return;
+    }
     c->stop_token = ev->stop_token;
     choice_finish(j, c, sched_finish_name(ev->finish));
 }
@@ -347,6 +387,11 @@ static void sub_finished(gen_job *j, gen_sub *s, const sched_usage *u) {
 
 void gen_on_event(srv_app *a, const pg_gen_event *ge) {
     gen_sub *s = ge->user;
+    // The event's prompt logprobs are ours (engine.h): kept by the sub, else freed.
+    if (ge->prompt_lp && s && !s->plp && ge->n_prompt_lp == s->n_ids)
+        s->plp = ge->prompt_lp;
+    else
+        free(ge->prompt_lp);
     if (!s) return;
     gen_job *j = s->job;
     const sched_event *ev = &ge->ev;

@@ -39,6 +39,7 @@ typedef struct gen_choice {
     int32_t n_tokens;          // tokens accepted into the output
     double cum_logprob;        // sum of the sampled tokens' logprobs (best_of ranks by it)
     bool finished;
+    bool echo_sent;            // streamed completions: the echoed prompt's chunk went out
     const char *finish_reason; // "stop", "length", "abort", "error"
     int stop_string;           // index into params.stop that matched, or -1
     int32_t stop_token;        // EOS / stop token id that ended it, or -1
@@ -57,6 +58,9 @@ struct gen_sub {
     char *text;                // prompt text for echo (owned, may be NULL)
     pg_sampling_params sp;
     sched_usage usage;         // final in the req_finished event
+    // Prompt logprobs (sp.want_prompt_logprobs), from the engine's first
+    // event with a token: plp[p] for positions 1 .. n_ids - 1 (owned).
+    pg_prompt_logprob *plp;
 };
 
 // How a route formats its output.
@@ -125,6 +129,12 @@ cJSON *gen_chunk_new(const gen_job *j);
 
 // {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details"}
 cJSON *gen_usage_json(const gen_job *j);
+
+// vLLM's prompt_logprobs for prompt `s`: [null, {"<id>": {"logprob", "rank",
+// "decoded_token"}, ...}, ...], one entry per prompt token, each dict the
+// prompt token first, then the top k (by rank) not already in it. JSON null
+// when the engine delivered none (the request failed first).
+cJSON *gen_prompt_logprobs_json(const gen_job *j, const gen_sub *s, int32_t k);
 
 // A token's text for logprobs: its bytes, with ill-formed UTF-8 replaced by U+FFFD.
 void gen_token_text(const pg_tokenizer *t, int32_t id, sbuf *out);

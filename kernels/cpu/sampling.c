@@ -96,6 +96,19 @@ static void fill_logprobs(pg_sampler *s, const pg_sample_params *p, const float 
     for (int32_t i = 0; i < out->n_top; i++) out->top_logprobs[i] -= lse;
 }
 
+// A forced row (prompt logprobs): the given token's logprob, rank and the
+// top entries of the raw logits; nothing is sampled or modified.
+static void score_forced(pg_sampler *s, const pg_sample_params *p, const float *logits,
+                         pg_sample_out *out) {
+    int32_t t = p->forced_token;
+    out->token = t;
+    if (p->logprobs < 0 || t < 0 || t >= s->vocab) return;
+    fill_logprobs(s, p, logits, out);
+    int32_t above = 0; // strictly greater, as vLLM's (logprobs > token's).sum() + 1
+    for (int32_t i = 0; i < s->vocab; i++) above += logits[i] > logits[t];
+    out->rank = above + 1;
+}
+
 static void apply_penalties(pg_sampler *s, const pg_sample_params *p, const int32_t *history,
                             float *logits) {
     bool rep = p->repetition_penalty != 1.0f && p->repetition_penalty > 0;
@@ -124,6 +137,10 @@ void pg_sampler_sample(pg_sampler *s, const pg_sample_params *p, const int32_t *
                        float *logits, pg_sample_out *out) {
     const int32_t v = s->vocab;
     memset(out, 0, sizeof *out);
+    if (p->forced) {
+        score_forced(s, p, logits, out);
+        return;
+    }
     // Raw logprobs are computed after the token is known; keep a copy of
     // the raw logit of every token only if logprobs were asked for.
     float *raw = NULL;

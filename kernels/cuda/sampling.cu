@@ -22,6 +22,9 @@
 //       scan finds the element. A bin over 4096 elements (near-constant
 //       logits) is narrowed by 8-bit radix digits of the key first.
 //     - min-p is a count of s >= log(min_p) (the top candidate has s = 0).
+//   A forced row (prompt logprobs) is scored only: logprobs_kernel adds the
+//   given token's rank (a third pass counting greater logits), and
+//   sample_kernel writes the token and its logprob and returns.
 //   The weights are integers where the CPU sums doubles; the pick differs
 //   only when u * total falls within ~1e-12 (relative) of a boundary.
 // The RNG is pg_sampler_uniform(seed, n_generated), bit for bit.
@@ -182,6 +185,7 @@ logprobs_kernel(pg_sample_out *outs, const T *logits, int64_t ld, int vocab, con
         if (threadIdx.x == 0) {
             out->n_top = 0;
             out->logprob = 0.0f;
+            out->rank = 0;
         }
         return;
     }
@@ -244,9 +248,26 @@ logprobs_kernel(pg_sample_out *outs, const T *logits, int64_t ld, int vocab, con
         }
         n_top++;
     }
+    int rank = 0;
+    const int ft = params[seq].forced_token;
+    if (params[seq].forced && ft >= 0 && ft < vocab) {
+        // Strictly greater, as the CPU (and vLLM): ties do not push it down.
+        const float ref = ld_logit(row, ft);
+        double above = 0.0;
+        for (int st = 0; st < steps; st++) {
+            const int i0 = (st * LP_THREADS + threadIdx.x) * 8;
+            float v8[8];
+            load8(row, i0, vocab, vec, v8);
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                if (i0 + e < vocab && v8[e] > ref) above += 1.0;
+        }
+        rank = (int)block_sum_f64(above, sh_d) + 1;
+    }
     if (threadIdx.x == 0) {
         out->n_top = n_top;
         out->logprob = lse;
+        out->rank = rank;
     }
 }
 
@@ -485,6 +506,15 @@ sample_kernel(pg_sample_out *outs, const T *logits, int64_t ld, int vocab, int64
     const int seq = blockIdx.x, tid = threadIdx.x;
     const pg_sample_params pp = params[seq];
     const T *row = logits + (size_t)seq * ld;
+    if (pp.forced) { // scored only (logprobs_kernel left the log-sum-exp); the whole block returns
+        if (tid == 0) {
+            pg_sample_out *out = outs + seq;
+            const int t = pp.forced_token;
+            out->token = t;
+            out->logprob = pp.logprobs >= 0 && t >= 0 && t < vocab ? ld_logit(row, t) - out->logprob : 0.0f;
+        }
+        return;
+    }
     float *proc = ws_proc + (size_t)seq * vocab_pad;
     uint32_t *cnt = ws_cnt + (size_t)seq * vocab_pad;
 

@@ -1423,6 +1423,9 @@ static void test_sampling(int n, int vocab, int kind, bool bf16_logits, Rng &r) 
         case 11: p.top_p = 0.3f; p.min_p = 0.2f; break;
         }
         if (s % 4 == 1) p.logprobs = (s / 4) % 3 == 0 ? 0 : ((s / 4) % 3 == 1 ? 5 : 20);
+        // Every 9th row is forced (prompt logprobs): scored, not sampled.
+        const bool forced = s % 9 == 4;
+        if (forced) p.logprobs = (s / 9) % 3 == 0 ? 0 : ((s / 9) % 3 == 1 ? 5 : 20);
         // History: prompt then output, with repeats.
         int np = 1 + r.below(50), no = r.below(30);
         for (int i = 0; i < np + no; i++) hist[s].push_back(r.below(4) == 0 && i ? hist[s][r.below(i)] : r.below(vocab));
@@ -1455,6 +1458,14 @@ static void test_sampling(int n, int vocab, int kind, bool bf16_logits, Rng &r) 
         g.frequency_penalty = p.frequency_penalty;
         g.top_k = p.top_k;
         g.logprobs = p.logprobs;
+        if (forced) {
+            g.forced = 1;
+            // Half the time the row's best token (rank 1), else any.
+            int best = 0;
+            for (int i = 1; i < vocab; i++)
+                if (lf[(size_t)s * vocab + i] > lf[(size_t)s * vocab + best]) best = i;
+            g.forced_token = r.below(2) ? best : r.below(vocab);
+        }
         g.seed = q.rng_seed;
         g.n_generated = q.n_generated;
         g.hist_offset = (int32_t)tokens.size();
@@ -1512,7 +1523,7 @@ static void test_sampling(int n, int vocab, int kind, bool bf16_logits, Rng &r) 
         pg_sample_out co;
         pg_sampler_sample(cpu, &gp[s], tokens.data(), row.data(), &co);
         const pg_sample_out &o = go[s];
-        if (gp[s].n_mask > 0) { // a masked token is never sampled
+        if (gp[s].n_mask > 0 && !gp[s].forced) { // a masked token is never sampled
             uint32_t w = (uint32_t)tokens[gp[s].mask_offset + (o.token >> 5)];
             if (!(w >> (o.token & 31) & 1u)) {
                 tok_bad++;
@@ -1526,7 +1537,7 @@ static void test_sampling(int n, int vocab, int kind, bool bf16_logits, Rng &r) 
         }
         if (sps[s].logprobs >= 0) {
             double d = fabs((double)co.logprob - o.logprob);
-            bool ok = d <= 1e-4 && co.n_top == o.n_top;
+            bool ok = d <= 1e-4 && co.n_top == o.n_top && co.rank == o.rank; // ranks: exact comparisons
             for (int i = 0; ok && i < co.n_top; i++) {
                 ok &= co.top_ids[i] == o.top_ids[i];
                 double e = fabs((double)co.top_logprobs[i] - o.top_logprobs[i]);

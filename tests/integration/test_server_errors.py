@@ -114,7 +114,10 @@ def main():
             expect(400, "POST", "/v1/completions", {"prompt": "Hi", "stop": [""]}, param="stop")
 
         def unsupported():
-            expect(400, "POST", "/v1/completions", {"prompt": "Hi", "logprobs": 2, "echo": True}, param="echo")
+            # echo + logprobs is served now (test_prompt_logprobs.py); prompt logprobs in a stream are not.
+            expect(400, "POST", "/v1/completions", {"prompt": "Hi", "prompt_logprobs": 2, "stream": True},
+                   param="prompt_logprobs", contains="stream=True")
+            expect(400, "POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 0}, param="max_tokens")
             expect(400, "POST", "/v1/completions", {"prompt": "Hi", "stream_options": {"include_usage": True}},
                    param="stream_options")
             expect(400, "POST", "/v1/completions", {"prompt": "Hi", "n": 2, "best_of": 3, "stream": True},

@@ -160,6 +160,13 @@ static void test_token_controls(void **st) {
     assert_string_equal(p.bad_words[1], "bar baz");
     assert_int_equal(p.sp.min_tokens, 2);
     assert_int_equal(p.prompt_logprobs, 3);
+    assert_true(p.sp.want_prompt_logprobs);
+    assert_int_equal(p.sp.prompt_logprobs, 3);
+    api_params_free(&p);
+    // A stream takes prompt_logprobs 0 (and reports nothing), refuses more (vLLM).
+    expect_400("{\"prompt_logprobs\":2,\"stream\":true}", API_CHAT, "prompt_logprobs", "stream=True");
+    assert_int_equal(parse("{\"prompt_logprobs\":0,\"stream\":true}", API_COMPLETION, &p, &e), 0);
+    assert_false(p.sp.want_prompt_logprobs);
     api_params_free(&p);
     expect_400("{\"allowed_token_ids\":[]}", API_CHAT, "allowed_token_ids", NULL);
     expect_400("{\"allowed_token_ids\":[1000]}", API_CHAT, "allowed_token_ids", NULL);
@@ -175,12 +182,26 @@ static void test_token_controls(void **st) {
     expect_400("{\"n\":2,\"best_of\":1}", API_COMPLETION, "best_of", NULL);
     expect_400("{\"best_of\":3,\"stream\":true}", API_COMPLETION, "best_of", "stream");
     expect_400("{\"best_of\":3}", API_CHAT, "best_of", "completions");
-    // echo with logprobs asks for the prompt's logprobs at the same depth.
-    assert_int_equal(parse("{\"echo\":true,\"logprobs\":2}", API_COMPLETION, &p, &e), 0);
-    assert_int_equal(p.prompt_logprobs, 2);
-    assert_int_equal(api_check_engine_support(&p, &e), -1);
-    assert_string_equal(e.param, "echo");
+    // echo with logprobs asks for the prompt's logprobs at the same depth
+    // (the larger of it and prompt_logprobs); streamed too, in the echo chunk.
+    assert_int_equal(parse("{\"echo\":true,\"logprobs\":2,\"stream\":true}", API_COMPLETION, &p, &e), 0);
+    assert_int_equal(p.prompt_logprobs, -1);
+    assert_true(p.sp.want_prompt_logprobs);
+    assert_int_equal(p.sp.prompt_logprobs, 2);
     api_params_free(&p);
+    assert_int_equal(parse("{\"echo\":true,\"logprobs\":2,\"prompt_logprobs\":4}", API_COMPLETION, &p, &e), 0);
+    assert_int_equal(p.sp.prompt_logprobs, 4);
+    api_params_free(&p);
+    assert_int_equal(parse("{\"logprobs\":2}", API_COMPLETION, &p, &e), 0);
+    assert_false(p.sp.want_prompt_logprobs);
+    api_params_free(&p);
+    // max_tokens 0: only with echo (the prompt alone, vLLM's), one engine token.
+    assert_int_equal(parse("{\"echo\":true,\"max_tokens\":0}", API_COMPLETION, &p, &e), 0);
+    assert_true(p.echo_only);
+    assert_int_equal(p.sp.max_tokens, 1);
+    api_params_free(&p);
+    expect_400("{\"max_tokens\":0}", API_COMPLETION, "max_tokens", NULL);
+    expect_400("{\"echo\":true,\"max_tokens\":0}", API_CHAT, "max_tokens", NULL);
 }
 
 static void test_compile_through_cache(void **st) {
@@ -201,7 +222,6 @@ static void test_compile_through_cache(void **st) {
                            API_COMPLETION, &q, &e), 0);
     assert_int_equal(api_compile_grammar(c, &q, &e), 0);
     assert_ptr_equal(p.grammar, q.grammar);  // shared: its states are warm for the second request
-    assert_int_equal(api_check_engine_support(&q, &e), 0);  // grammars are applied
     api_params_free(&q);
     // A schema that does not compile is a 400 naming the field and the reason.
     assert_int_equal(parse("{\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","

@@ -186,6 +186,50 @@ static void test_penalties_and_eos_mask(void **state) {
     pg_sampler_free(f.s);
 }
 
+// A forced row (prompt logprobs) scores the given token: its logprob, its
+// rank (1 + strictly greater logits, ties do not push it down), the top-N,
+// and nothing the sampling rules would change (penalties, bans, the mask).
+static void test_forced_token_scoring(void **state) {
+    fixture f;
+    setup_fixture(&f);
+    f.p.forced = 1;
+    f.p.forced_token = 60;
+    f.p.logprobs = 3;
+    f.p.temperature = 0.7f;         // ignored
+    f.tok[16] = 60;                 // a ban of the forced token: ignored
+    f.p.ban_offset = 16;
+    f.p.n_ban = 1;
+    float l[V];
+    logits_ramp(l);
+    l[10] = 61 / 8.0f; // ties 61: the forced token has 4 strictly above it (63, 62, 61, 10)
+    pg_sample_out o;
+    pg_sampler_sample(f.s, &f.p, f.tok, l, &o);
+    double lse = 0;
+    for (int i = 0; i < V; i++) lse += exp((double)l[i]);
+    lse = log(lse);
+    assert_int_equal(o.token, 60);
+    assert_float_equal(o.logprob, 60 / 8.0 - lse, 1e-5);
+    assert_int_equal(o.rank, 5);
+    assert_int_equal(o.n_top, 3);
+    assert_int_equal(o.top_ids[0], 63);
+    assert_int_equal(o.top_ids[1], 62);
+    assert_int_equal(o.top_ids[2], 10); // ties by lower id
+    assert_float_equal(o.logprob, l[60] - lse, 1e-5); // logits not modified by the ban
+    // The most likely token ranks 1; logprobs 0 gives no top entries.
+    f.p.forced_token = 63;
+    f.p.logprobs = 0;
+    pg_sampler_sample(f.s, &f.p, f.tok, l, &o);
+    assert_int_equal(o.token, 63);
+    assert_int_equal(o.rank, 1);
+    assert_int_equal(o.n_top, 0);
+    // An unforced row reports rank 0.
+    f.p.forced = 0;
+    f.p.n_ban = 0;
+    pg_sampler_sample(f.s, &f.p, f.tok, l, &o);
+    assert_int_equal(o.rank, 0);
+    pg_sampler_free(f.s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_and_logprobs),
@@ -193,6 +237,7 @@ int main(void) {
         cmocka_unit_test(test_distribution),
         cmocka_unit_test(test_seed_determinism),
         cmocka_unit_test(test_penalties_and_eos_mask),
+        cmocka_unit_test(test_forced_token_scoring),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

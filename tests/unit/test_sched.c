@@ -72,7 +72,7 @@ typedef int32_t (*token_fn)(const pg_plan_seq *ps, void *ctx);
 
 // Answers every sampling entry of the plan with fn(entry) and updates.
 static const sched_events *h_update_fn(harness *h, token_fn fn, void *ctx) {
-    pg_step_output out = {0, h->outs};
+    pg_step_output out = {.n = 0, .outs = h->outs};
     for (int32_t i = 0; i < h->plan->n_seqs; i++) {
         const pg_plan_seq *ps = &h->plan->seqs[i];
         if (!ps->sample) continue;
@@ -1015,7 +1015,7 @@ static void test_step_failure_finishes_with_error(void **state) {
     assert_int_equal(h_add(h, 3, (req_opts){.n_prompt = 4}), 0);
     h_step(h);
     pg_seq_output o = {.seq_id = 12345, .token = 1};
-    pg_step_output out = {1, &o};
+    pg_step_output out = {.n = 1, .outs = &o};
     assert_int_equal(sched_update(h->s, &out, &h->ev), PG_EINVAL);
     h_check(h);
     assert_int_equal(h->ev.ev[0].finish, SCHED_FINISH_ERROR);

@@ -551,7 +551,7 @@ static void run_sim(const sim_config *cfg, sim_result *res) {
 
     int32_t concurrency = cfg->max_concurrency;
     bool pending = false; // async: an advanced step awaits sched_resolve
-    pg_step_output prev_out = {0, NULL};
+    pg_step_output prev_out = {0};
     while (m->n_submitted < cfg->n_requests || m->n_live > 0 || pending) {
         if (pending && m->n_submitted == cfg->n_requests && m->n_live == 0) {
             sched_events ev; // the last step planned nothing: only its resolve is left
