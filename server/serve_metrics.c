@@ -124,7 +124,12 @@ void srv_metrics_refresh(srv_metrics *m, const pg_engine_stats *st, int n_connec
     static const char *cats[] = {"weights", "kv_cache", "workspace", "graphs", "other", "free"};
     const int32_t n_ranks = st->n_ranks > 1 ? st->n_ranks : 1;
     for (int32_t r = 0; r < n_ranks && r < PG_ENGINE_MAX_RANKS; r++) {
-        const pg_engine_rank_mem *rm = &st->ranks[r];
+        // One device: the flat fields (rank 0's) are the figures.
+        const pg_engine_rank_mem one = {.weights = st->weight_bytes, .kv = st->kv_bytes,
+                                        .workspace = st->workspace_bytes, .graphs = st->graph_bytes,
+                                        .other = st->other_bytes, .total = st->gpu_total_bytes,
+                                        .free = st->gpu_free_bytes};
+        const pg_engine_rank_mem *rm = n_ranks > 1 ? &st->ranks[r] : &one;
         const double mem[] = {(double)rm->weights, (double)rm->kv, (double)rm->workspace,
                               (double)rm->graphs, (double)rm->other, (double)rm->free};
         char dev[24];
