@@ -38,6 +38,8 @@ typedef struct pg_model_shard {
     int32_t head0, kv_head0;     // the model's first query / KV head this rank holds
     int32_t ffn, ffn0;           // FFN columns [ffn0, ffn0 + ffn)
     int32_t vocab, vocab0;       // vocabulary rows [vocab0, vocab0 + vocab)
+    bool comm;                   // the forward's collectives run (size > 1, or a
+                                 //   communicator named for one rank)
 } pg_model_shard;
 
 // The shard of rank `rank` of `size`; PG_EINVAL naming the numbers when the
@@ -80,6 +82,24 @@ typedef struct pg_model_load_opts {
 // model). Errors name the file and the reason: a missing tensor, a shape
 // that disagrees with the config, a type the backend cannot hold.
 int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out);
+
+// How a backend holds weights (kernels/backend.h weight_upload), so that
+// their bytes can be known before loading: matrices in a type it runs in
+// place stay as stored, others become convert_dtype; vectors (norms,
+// biases) take vector_bytes per element; random (dummy) weights are bf16.
+typedef struct pg_weight_rules {
+    bool (*runs_in_place)(int dtype);
+    int32_t convert_dtype;
+    int32_t vector_bytes;
+} pg_weight_rules;
+
+// The bytes of rank `rank` of `size`'s weights under `rules`, and the
+// model's config, read from the headers only (the GGUF tensor table, the
+// safetensors headers, config.json): the loader's table, names, shape
+// checks and tensor-parallel slicing, without touching a weight. The
+// loader's errors (a missing tensor, a shape, a split off a block boundary).
+int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size, const pg_weight_rules *rules,
+                         pg_model_config *cfg, int64_t *bytes);
 void pg_model_free(pg_model *m);
 
 // The activation buffers of one step, views of the runner's workspace for

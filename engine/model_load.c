@@ -338,37 +338,118 @@ static int64_t stored_bytes(const source *s, const pg_model_config *c) {
 static void close_gguf(void *p) { gguf_close(p); }
 static void close_st(void *p) { pg_st_model_close(p); }
 
+// Opens o's source and reads its config: the GGUF header and tensor table,
+// the safetensors headers, or the config.json of dummy weights. Both files
+// are mapped, so nothing past the headers is read here.
+static int source_open(const pg_model_load_opts *o, source *s, pg_model_config *c) {
+    *s = (source){.path = o->dummy ? o->hf_config : o->path};
+    if (o->dummy) {
+        s->kind = SRC_DUMMY;
+        if (!o->hf_config) return pg_err_set(PG_EINVAL, "--load-format dummy needs --hf-config (a config.json)");
+        return pg_is_dir(o->hf_config) ? pg_config_from_hf_dir(o->hf_config, c) : pg_config_from_hf_file(o->hf_config, c);
+    }
+    if (!o->path) return pg_err_set(PG_EINVAL, "no model path");
+    if (pg_is_dir(o->path)) {
+        s->kind = SRC_HF;
+        PG_TRY(pg_config_from_hf_dir(o->path, c));
+        return pg_st_model_open(o->path, &s->st);
+    }
+    s->kind = SRC_GGUF;
+    PG_TRY(gguf_open(o->path, &s->gguf));
+    return pg_config_from_gguf(s->gguf, c);
+}
+
+static void source_close(source *s) {
+    if (s->gguf) gguf_close(s->gguf);
+    if (s->st) pg_st_model_close(s->st);
+    s->gguf = NULL, s->st = NULL;
+}
+
+// Bytes a weight of these (sliced) parts takes on a backend with `r`'s
+// rules: what make() above would upload, without the data.
+static int64_t planned_bytes(const pg_weight_rules *r, src_kind kind, const pg_weight *parts, int n, bool vector) {
+    int64_t b = 0;
+    for (int i = 0; i < n; i++) {
+        const int64_t elems = parts[i].rows * parts[i].cols;
+        if (vector) // norms and biases: the backend's vector type
+            b += elems * r->vector_bytes;
+        else if (kind == SRC_DUMMY) // random weights are made in bf16 (weight_random)
+            b += elems * 2;
+        else if (r->runs_in_place(parts[i].dtype))
+            b += parts[i].rows * (int64_t)parts[i].row_bytes;
+        else
+            b += elems * (int64_t)pg_dtype_row_bytes(r->convert_dtype, 1);
+    }
+    return b;
+}
+
+int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size, const pg_weight_rules *rules,
+                         pg_model_config *cfg, int64_t *bytes) {
+    *bytes = 0;
+    pg_model m = {0}; // only cfg and shard: what the slicing rules read
+    source s;
+    int rc = source_open(o, &s, &m.cfg);
+    if (rc == 0) rc = pg_model_shard_plan(&m.cfg, rank, size, &m.shard);
+    if (rc < 0) goto done;
+    const pg_model_config *c = &m.cfg;
+    const int64_t H = c->hidden, V = c->vocab_size;
+    char name[160];
+    pg_weight w;
+    // The embedding and the LM head (one weight when tied), as the loader
+    // decides it.
+    const char *emb_name = s.kind == SRC_GGUF ? "token_embd.weight" : "model.embed_tokens.weight";
+    if ((rc = find_checked(&s, emb_name, V, H, &w)) < 0) goto done;
+    w.data = NULL;
+    slice_rows(&w, m.shard.vocab0, m.shard.vocab);
+    *bytes += planned_bytes(rules, s.kind, &w, 1, false);
+    const char *head_name = s.kind == SRC_GGUF ? "output.weight" : "lm_head.weight";
+    const bool has_head = s.kind == SRC_DUMMY ? !c->tie_embeddings : src_find(&s, head_name, &w);
+    if (has_head && !(s.kind == SRC_HF && c->tie_embeddings)) {
+        if ((rc = find_checked(&s, head_name, V, H, &w)) < 0) goto done;
+        w.data = NULL;
+        slice_rows(&w, m.shard.vocab0, m.shard.vocab);
+        *bytes += planned_bytes(rules, s.kind, &w, 1, false);
+    } else {
+        m.cfg.tie_embeddings = true;
+    }
+    if ((rc = find_checked(&s, s.kind == SRC_GGUF ? "output_norm.weight" : "model.norm.weight", 1, H, &w)) < 0)
+        goto done;
+    *bytes += planned_bytes(rules, s.kind, &w, 1, true);
+    for (int32_t l = 0; l < c->n_layers; l++)
+        for (int t = 0; t < N_LAYER_TENSORS; t++) {
+            const layer_tensor *lt = &LAYER[t];
+            if (!needed(c, lt->need)) continue;
+            snprintf(name, sizeof name, s.kind == SRC_GGUF ? lt->gguf : lt->hf, l);
+            const int64_t rows = dim_of(c, lt->rows), cols = dim_of(c, lt->cols);
+            if ((rc = find_checked(&s, name, rows, cols, &w)) < 0) {
+                pg_err_wrap(rc, "layer %d: ", l);
+                goto done;
+            }
+            w.data = NULL; // slice the shape only: no data is copied or read
+            int64_t lo = 0, n = 0;
+            if (shard_range(&m, lt->rows, &lo, &n))
+                slice_rows(&w, lo, n);
+            else if (shard_range(&m, lt->cols, &lo, &n) && (rc = slice_cols(NULL, s.path, name, &w, lo, n)) < 0)
+                goto done;
+            *bytes += planned_bytes(rules, s.kind, &w, 1, w.rows == 1);
+        }
+    // (The rotary frequencies, head_dim / 2 floats, are not counted: nor
+    // are they in pg_model.weight_bytes.)
+    *cfg = m.cfg;
+done:
+    source_close(&s);
+    return rc;
+}
+
 int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
     *out = NULL;
     pg_model *m = pg_xcalloc(1, sizeof *m);
     m->be = be;
-    source s = {.path = o->dummy ? o->hf_config : o->path};
-    int rc = 0;
-    if (o->dummy) {
-        s.kind = SRC_DUMMY;
-        if (!o->hf_config) {
-            rc = pg_err_set(PG_EINVAL, "--load-format dummy needs --hf-config (a config.json)");
-            goto fail;
-        }
-        rc = pg_is_dir(o->hf_config) ? pg_config_from_hf_dir(o->hf_config, &m->cfg)
-                                     : pg_config_from_hf_file(o->hf_config, &m->cfg);
-        snprintf(m->format, sizeof m->format, "dummy (random bf16)");
-    } else if (!o->path) {
-        rc = pg_err_set(PG_EINVAL, "no model path");
-    } else if (pg_is_dir(o->path)) {
-        s.kind = SRC_HF;
-        if ((rc = pg_config_from_hf_dir(o->path, &m->cfg)) == 0 && (rc = pg_st_model_open(o->path, &s.st)) == 0) {
-            m->source = s.st;
-            m->source_close = close_st;
-        }
-    } else {
-        s.kind = SRC_GGUF;
-        if ((rc = gguf_open(o->path, &s.gguf)) == 0) {
-            m->source = s.gguf;
-            m->source_close = close_gguf;
-            rc = pg_config_from_gguf(s.gguf, &m->cfg);
-        }
-    }
+    source s;
+    int rc = source_open(o, &s, &m->cfg);
+    if (s.gguf) m->source = s.gguf, m->source_close = close_gguf;
+    if (s.st) m->source = s.st, m->source_close = close_st;
+    if (s.kind == SRC_DUMMY) snprintf(m->format, sizeof m->format, "dummy (random bf16)");
     if (rc < 0) goto fail;
     pg_model_config *c = &m->cfg;
     // Under tensor parallelism a model that cannot be split stops here,
@@ -376,6 +457,7 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
     m->comm = o->comm;
     if ((rc = pg_model_shard_plan(c, o->comm ? o->comm->rank : 0, o->comm ? o->comm->size : 1, &m->shard)) < 0)
         goto fail;
+    m->shard.comm = o->comm != NULL;
     m->layers = pg_xcalloc((size_t)c->n_layers, sizeof(pg_model_layer));
     loader ld = {.m = m, .o = o};
     // Weights are read from the mapping here (the pages come in as the

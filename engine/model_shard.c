@@ -25,7 +25,7 @@ int pg_model_shard_plan(const pg_model_config *c, int32_t rank, int32_t size, pg
     if (c->vocab_size % size)
         return pg_err_set(PG_EINVAL, "tensor parallel size %d does not divide the model's vocabulary of %d",
                           size, c->vocab_size);
-    pg_model_shard s = {.rank = rank, .size = size};
+    pg_model_shard s = {.rank = rank, .size = size, .comm = size > 1};
     s.n_heads = c->n_heads / size;
     s.head0 = rank * s.n_heads;
     if (c->n_kv_heads >= size) {

@@ -45,11 +45,12 @@ static pg_tensor act(carver *c, int32_t dtype, int64_t rows, int64_t cols) {
 }
 
 // Bytes of packed step inputs at the limits (each array padded to 16 bytes).
-static size_t input_capacity(const pg_runner *r) {
-    const size_t T = (size_t)r->max_tokens, S = (size_t)r->max_seqs;
+static size_t input_capacity(const pg_model_config *mc, const pg_runner_config *cfg, int32_t max_tokens,
+                             int32_t max_seqs) {
+    const size_t T = (size_t)max_tokens, S = (size_t)max_seqs;
     // The profiling step's prefill sequence may be longer than max_model_len.
-    const int32_t bs = r->cfg.block_size, len = r->cfg.max_model_len;
-    const int32_t longest = len > r->max_tokens ? len : r->max_tokens;
+    const int32_t bs = cfg->block_size, len = cfg->max_model_len;
+    const int32_t longest = len > max_tokens ? len : max_tokens;
     const size_t max_bt = (size_t)((longest + bs - 1) / bs) + 1;
     size_t n = 0;
     n += 3 * (T * 4 + 16);                                 // tokens, pos, slots
@@ -59,19 +60,25 @@ static size_t input_capacity(const pg_runner *r) {
     n += S * sizeof(pg_sample_params) + 16;                // params
     n += S * ((size_t)len + PG_MAX_STOP_IDS + 1) * 4 + 16; // histories and ban lists
     // logit bias pairs and allowed-token masks
-    n += S * (2 * (size_t)PG_MAX_LOGIT_BIAS + ((size_t)r->model->cfg.vocab_size + 31) / 32) * 4;
+    n += S * (2 * (size_t)PG_MAX_LOGIT_BIAS + ((size_t)mc->vocab_size + 31) / 32) * 4;
     n += S * 2 * 4 + 16;                                   // fed tokens (row, sample) pairs
     return align_up(n, 4096);
 }
 
-// Carves the workspace (sizes only when c->base is null).
-static void carve_workspace(pg_runner *r, carver *c) {
-    const pg_model_config *mc = &r->model->cfg;
-    const pg_model_shard *sh = &r->model->shard; // this rank's heads, FFN and vocabulary
-    const int32_t dt = r->be->act_dtype;
-    const int64_t T = r->max_tokens, S = r->max_seqs, H = mc->hidden, hd = mc->head_dim;
+// Where each piece of the workspace goes (offsets when c->base is null).
+typedef struct {
+    pg_fwd_buffers bufs;
+    void *attn_ws, *samp_ws, *out_dev, *in_dev, *plp_in_dev, *plp_out_dev;
+} ws_carved;
+
+// Carves the workspace for `p`'s limits: activations in dt, the backend's
+// attention and sampler workspaces, the samples and the packed inputs.
+static void carve_workspace(const pg_model_config *mc, const pg_model_shard *sh, int32_t dt,
+                            const pg_runner_ws_plan *p, carver *c, ws_carved *o) {
+    const int64_t T = p->max_tokens, S = p->max_seqs, H = mc->hidden, hd = mc->head_dim;
+    // This rank's heads, FFN columns and vocabulary rows.
     const int64_t q_dim = (int64_t)sh->n_heads * hd, qkv_dim = q_dim + 2 * (int64_t)sh->n_kv_heads * hd;
-    pg_fwd_buffers *b = &r->bufs;
+    pg_fwd_buffers *b = &o->bufs;
     b->x = act(c, dt, T, H);
     b->xn = act(c, dt, T, H); // normalised rows, or a [T][hidden] product before the residual add
     b->qkv = act(c, dt, T, qkv_dim);
@@ -83,16 +90,34 @@ static void carve_workspace(pg_runner *r, carver *c) {
     const int64_t ld = ((int64_t)mc->vocab_size + 7) / 8 * 8;
     b->logits = act(c, dt, S, ld);
     b->logits.cols = mc->vocab_size;
-    if (r->model->comm) { // tensor parallelism (engine/model.c pg_model_forward_logits)
+    if (sh->comm) { // tensor parallelism (engine/model.c pg_model_forward_logits)
         b->lg_part = act(c, dt, S, sh->vocab);
         b->lg_all = take(c, (size_t)sh->size * (size_t)S * (size_t)sh->vocab * (dt == PG_DTYPE_F32 ? 4 : 2));
     }
-    r->attn_ws = r->attn_ws_bytes ? take(c, r->attn_ws_bytes) : NULL;
-    r->samp_ws = r->samp_ws_bytes ? take(c, r->samp_ws_bytes) : NULL;
-    r->out_dev = take(c, sizeof(pg_sample_out) * (size_t)S);
-    r->plp_in_dev = take(c, runner_plp_in_bytes(r)); // prompt logprobs (runner_prompt_logprobs.c)
-    r->plp_out_dev = take(c, runner_plp_out_bytes(r));
-    r->in_dev = take(c, r->in_cap);
+    o->attn_ws = p->attn ? take(c, p->attn) : NULL;
+    o->samp_ws = p->sample ? take(c, p->sample) : NULL;
+    o->out_dev = take(c, sizeof(pg_sample_out) * (size_t)S);
+    o->plp_in_dev = take(c, runner_plp_in_bytes(p->max_tokens)); // prompt logprobs (runner_prompt_logprobs.c)
+    o->plp_out_dev = take(c, runner_plp_out_bytes(p->max_tokens));
+    o->in_dev = take(c, p->inputs);
+}
+
+void pg_runner_ws_limits(const pg_runner_config *cfg, int32_t *max_tokens, int32_t *max_seqs) {
+    *max_tokens = cfg->max_num_batched_tokens;
+    *max_seqs = cfg->max_num_seqs < cfg->max_num_batched_tokens ? cfg->max_num_seqs : cfg->max_num_batched_tokens;
+}
+
+void pg_runner_workspace_plan(const pg_model_config *mc, const pg_model_shard *sh, const pg_runner_config *cfg,
+                              int32_t act_dtype, size_t attn_ws, size_t sample_ws, pg_runner_ws_plan *out) {
+    *out = (pg_runner_ws_plan){.attn = attn_ws, .sample = sample_ws};
+    pg_runner_ws_limits(cfg, &out->max_tokens, &out->max_seqs);
+    out->inputs = input_capacity(mc, cfg, out->max_tokens, out->max_seqs);
+    carver c = {0};
+    ws_carved o;
+    carve_workspace(mc, sh, act_dtype, out, &c, &o);
+    out->bytes = align_up(c.used, ALIGN);
+    out->pinned = 2 * (out->inputs + sizeof(pg_sample_out) * (size_t)out->max_seqs +
+                       runner_plp_in_bytes(out->max_tokens) + runner_plp_out_bytes(out->max_tokens));
 }
 
 // --- packing --------------------------------------------------------------------------
@@ -263,9 +288,7 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
     r->model = model;
     r->be = be;
     r->cfg = *cfg;
-    r->max_tokens = cfg->max_num_batched_tokens;
-    r->max_seqs = cfg->max_num_seqs < cfg->max_num_batched_tokens ? cfg->max_num_seqs
-                                                                   : cfg->max_num_batched_tokens;
+    pg_runner_ws_limits(cfg, &r->max_tokens, &r->max_seqs);
     r->max_bt = (cfg->max_model_len + cfg->block_size - 1) / cfg->block_size;
     int rc = 0;
     int64_t free0 = 0, total = 0;
@@ -273,18 +296,24 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
     r->attn_ws_bytes = be->attn_workspace_bytes(be, r->max_seqs, r->model->shard.n_heads, r->model->shard.n_kv_heads,
                                                 mc->head_dim, cfg->max_model_len);
     r->samp_ws_bytes = be->sample_workspace_bytes(be, r->max_seqs, mc->vocab_size);
-    r->in_cap = input_capacity(r);
-    carver c = {0};
-    carve_workspace(r, &c);
-    r->ws_bytes = align_up(c.used, ALIGN);
+    // The same pure plan `paged plan` sizes (engine/memplan.c).
+    pg_runner_ws_plan wp;
+    pg_runner_workspace_plan(mc, &model->shard, cfg, be->act_dtype, r->attn_ws_bytes, r->samp_ws_bytes, &wp);
+    r->in_cap = wp.inputs;
+    r->ws_bytes = wp.bytes;
     if ((rc = be->alloc(be, r->ws_bytes, &r->ws)) < 0) {
         pg_err_wrap(rc, "the workspace for %d tokens / %d sequences per step (%.2f GiB; lower "
                         "--max-num-batched-tokens or --max-num-seqs): ",
                     r->max_tokens, r->max_seqs, (double)r->ws_bytes / (1 << 30));
         goto fail;
     }
-    c = (carver){0, r->ws};
-    carve_workspace(r, &c);
+    carver c = {0, r->ws};
+    ws_carved o;
+    carve_workspace(mc, &model->shard, be->act_dtype, &wp, &c, &o);
+    r->bufs = o.bufs;
+    r->attn_ws = o.attn_ws, r->samp_ws = o.samp_ws;
+    r->out_dev = o.out_dev, r->in_dev = o.in_dev;
+    r->plp_in_dev = o.plp_in_dev, r->plp_out_dev = o.plp_out_dev;
     for (int i = 0; i < 2; i++)
         if ((rc = be->host_alloc(be, r->in_cap, (void **)&r->in_host[i])) < 0 ||
             (rc = be->host_alloc(be, sizeof(pg_sample_out) * (size_t)r->max_seqs, (void **)&r->out_host[i])) < 0)

@@ -45,6 +45,28 @@ typedef struct pg_runner_config {
     pg_graph_mode graphs;
 } pg_runner_config;
 
+// The runner's buffers for a configuration, computed from the dims alone
+// (no backend, no weights): pg_runner_create allocates exactly `bytes` and
+// two pinned images of `pinned / 2`; `paged plan` and the start-up advice
+// (engine/memplan.h) size the same numbers before loading anything.
+typedef struct pg_runner_ws_plan {
+    int32_t max_tokens, max_seqs; // the largest step: max_num_batched_tokens, and
+                                  //   max_num_seqs capped by it
+    size_t inputs;                // packed step inputs (block tables, histories, masks)
+    size_t attn, sample;          // the backend's attention and sampler workspaces
+    size_t bytes;                 // the whole workspace allocation (activations, logits,
+                                  //   the two above, samples, inputs)
+    size_t pinned;                // host: the two pinned input/output images
+} pg_runner_ws_plan;
+
+// The step limits the workspace is carved for (what attn_ws and sample_ws
+// below are asked for: the backend's attn_workspace_bytes(max_seqs, shard
+// heads, ..., max_model_len) and sample_workspace_bytes(max_seqs, vocab)).
+void pg_runner_ws_limits(const pg_runner_config *cfg, int32_t *max_tokens, int32_t *max_seqs);
+// The workspace of rank `sh` for `cfg` with activations in act_dtype.
+void pg_runner_workspace_plan(const pg_model_config *mc, const pg_model_shard *sh, const pg_runner_config *cfg,
+                              int32_t act_dtype, size_t attn_ws, size_t sample_ws, pg_runner_ws_plan *out);
+
 // `model` (and its backend) are borrowed and must outlive the runner.
 int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runner **out);
 void pg_runner_free(pg_runner *r);

@@ -120,8 +120,8 @@ int runner_pack(pg_runner *r, const step_desc *s, dev_in *d);
 int runner_layers(pg_runner *r, const step_desc *s, const dev_in *d);
 
 // runner_prompt_logprobs.c: bytes of the device input image and scores.
-size_t runner_plp_in_bytes(const pg_runner *r);
-size_t runner_plp_out_bytes(const pg_runner *r);
+size_t runner_plp_in_bytes(int32_t max_tokens);
+size_t runner_plp_out_bytes(int32_t max_tokens);
 // The pinned images and host arrays (create); free takes what alloc made.
 int runner_plp_alloc(pg_runner *r);
 void runner_plp_free(pg_runner *r);

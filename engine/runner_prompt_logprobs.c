@@ -20,24 +20,24 @@
 #include "engine/runner_int.h"
 
 // The per-step input image: rows [T] then params [T], 16-byte aligned.
-static size_t params_offset(const pg_runner *r) {
-    return ((size_t)r->max_tokens * sizeof(int32_t) + 15) / 16 * 16;
+static size_t params_offset(int32_t max_tokens) {
+    return ((size_t)max_tokens * sizeof(int32_t) + 15) / 16 * 16;
 }
 
-size_t runner_plp_in_bytes(const pg_runner *r) {
-    return params_offset(r) + (size_t)r->max_tokens * sizeof(pg_sample_params);
+size_t runner_plp_in_bytes(int32_t max_tokens) {
+    return params_offset(max_tokens) + (size_t)max_tokens * sizeof(pg_sample_params);
 }
 
-size_t runner_plp_out_bytes(const pg_runner *r) {
-    return (size_t)r->max_tokens * sizeof(pg_sample_out);
+size_t runner_plp_out_bytes(int32_t max_tokens) {
+    return (size_t)max_tokens * sizeof(pg_sample_out);
 }
 
 int runner_plp_alloc(pg_runner *r) {
     pg_backend *be = r->be;
     const size_t T = (size_t)r->max_tokens;
     for (int i = 0; i < 2; i++) {
-        PG_TRY(be->host_alloc(be, runner_plp_in_bytes(r), (void **)&r->plp_in_host[i]));
-        PG_TRY(be->host_alloc(be, runner_plp_out_bytes(r), (void **)&r->plp_host[i]));
+        PG_TRY(be->host_alloc(be, runner_plp_in_bytes(r->max_tokens), (void **)&r->plp_in_host[i]));
+        PG_TRY(be->host_alloc(be, runner_plp_out_bytes(r->max_tokens), (void **)&r->plp_host[i]));
         r->plp_seq[i] = pg_xcalloc(T, sizeof(int64_t));
         r->plp_pos[i] = pg_xcalloc(T, sizeof(int32_t));
     }
@@ -58,7 +58,7 @@ void runner_plp_free(pg_runner *r) {
 int runner_plp_collect(pg_runner *r, const pg_batch_plan *p, int buf) {
     int32_t n = 0;
     int32_t *rows = (int32_t *)r->plp_in_host[buf];
-    pg_sample_params *pp = (pg_sample_params *)(r->plp_in_host[buf] + params_offset(r));
+    pg_sample_params *pp = (pg_sample_params *)(r->plp_in_host[buf] + params_offset(r->max_tokens));
     for (int32_t i = 0; i < p->n_seqs; i++) {
         const pg_plan_seq *s = &p->seqs[i];
         if (s->n_prompt_lp <= 0) continue;
@@ -88,9 +88,9 @@ int runner_plp_enqueue(pg_runner *r, int32_t n_tokens, int buf) {
     if (n == 0) return 0;
     pg_backend *be = r->be;
     const int32_t *rows = (const int32_t *)r->plp_in_dev;
-    const pg_sample_params *params = (const pg_sample_params *)(r->plp_in_dev + params_offset(r));
+    const pg_sample_params *params = (const pg_sample_params *)(r->plp_in_dev + params_offset(r->max_tokens));
     PG_TRY(be->upload(be, r->plp_in_dev, r->plp_in_host[buf], sizeof(int32_t) * (size_t)n));
-    PG_TRY(be->upload(be, (void *)params, r->plp_in_host[buf] + params_offset(r),
+    PG_TRY(be->upload(be, (void *)params, r->plp_in_host[buf] + params_offset(r->max_tokens),
                       sizeof(pg_sample_params) * (size_t)n));
     const int32_t S = r->max_seqs; // rows of bufs.lg_in / bufs.logits and of the sampler workspace
     for (int32_t off = 0; off < n; off += S) {

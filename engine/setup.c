@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "engine/engine_int.h"
 #include "engine/gguf.h"
+#include "engine/memplan.h"
 
 #define DEFAULT_CPU_KV_BYTES ((int64_t)2 << 30)
 #define DEFAULT_GPU_MEMORY_UTILIZATION 0.9
@@ -208,13 +209,15 @@ int eng_setup(pg_engine *e) {
             }
         }
         kv_bytes = cfg->kv_cache_bytes > 0 ? cfg->kv_cache_bytes : budget;
-        if (kv_bytes < (int64_t)per_block * 2)
-            return pg_err_set(PG_ENOMEM,
+        if (kv_bytes < (int64_t)per_block * 2) {
+            pg_err_set(PG_ENOMEM,
                               "no device memory left for the KV cache: %.2f GiB total, %.2f GiB in use after the "
                               "weights (%.2f GiB) and workspace (%.2f GiB) at --gpu-memory-utilization %.2f; raise "
                               "it, or lower --max-num-batched-tokens / --max-num-seqs",
                               (double)gm.total / (1 << 30), (double)(gm.total - gm.free) / (1 << 30),
                               (double)gm.weights / (1 << 30), (double)gm.workspace / (1 << 30), util);
+            return pg_memplan_refuse(cfg, true, gm.total, gm.other, PG_ENOMEM, pg_err_msg());
+        }
     } else {
         pg_executor_mem_get(e->exec, 0, &gm);
         // Host memory is one for every rank: the size (2 GiB by default) is
@@ -233,12 +236,14 @@ int eng_setup(pg_engine *e) {
     // A pool that cannot hold one sequence of the full model length is a
     // configuration error, reported with what would fit.
     int32_t need = (e->max_model_len + sc.block_size - 1) / sc.block_size + 1;
-    if (e->kv_blocks < need)
-        return pg_err_set(PG_EINVAL,
+    if (e->kv_blocks < need) {
+        pg_err_set(PG_EINVAL,
                           "KV cache of %d blocks (%d tokens) cannot hold one sequence of max model "
                           "length %d; lower --max-model-len to %d or give the cache at least %zu MiB",
                           e->kv_blocks, (e->kv_blocks - 1) * sc.block_size, e->max_model_len,
                           (e->kv_blocks - 1) * sc.block_size, ((size_t)need * per_block) >> 20);
+        return pg_memplan_refuse(cfg, !on_cpu, gm.total, gm.other, PG_EINVAL, pg_err_msg());
+    }
     sc.num_blocks = e->kv_blocks;
     sc.num_host_blocks = host_blocks;
     sc.max_model_len = e->max_model_len;

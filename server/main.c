@@ -1,4 +1,4 @@
-// server/main.c - the paged binary: `paged serve` and `paged generate`.
+// server/main.c - the paged binary: `paged serve`, `generate`, `plan`, `render-template`.
 #include <stdio.h>
 #include <string.h>
 
@@ -13,6 +13,7 @@ static const char *usage =
     "usage: paged <command> [options]\n"
     "  serve      run the OpenAI-compatible HTTP server\n"
     "  generate   generate text from the command line\n"
+    "  plan       say what fits in memory (and what would) before loading\n"
     "  render-template  render a Jinja chat template with a JSON context\n"
     "  version    print the version\n"
     "Run `paged <command> --help` for the options of a command.\n";
@@ -24,6 +25,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "generate")) return cmd_generate(argc - 2, argv + 2);
     if (!strcmp(argv[1], "serve")) return cmd_serve(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "plan")) return cmd_plan(argc - 2, argv + 2);
     if (!strcmp(argv[1], "render-template")) return cmd_render_template(argc - 2, argv + 2);
     if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version")) {
         puts("paged " PAGED_VERSION);

@@ -1,0 +1,485 @@
+// engine/memplan.c - the memory plan: per rank weights, workspace, graphs
+// and the KV pool that is left, from the headers and the flags alone; and
+// the flags that would make a configuration fit (engine/memplan.h).
+//
+// The CPU numbers are exact (the same functions start-up uses). On CUDA
+// the buffers are exact but three figures are measured at start-up and
+// estimated here from the H200 runs of docs/benchmarks.md: what the
+// profiling forward adds to the buffers, the graph reserve, and the CUDA
+// context (docs/memory_planning.md says which and how to compare).
+#include "engine/memplan.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/log.h"
+#include "engine/model.h"
+#include "engine/runner.h"
+#include "kernels/backend.h"
+#include "kernels/dtype.h"
+
+#define MiB ((int64_t)1 << 20)
+#define GiB ((int64_t)1 << 30)
+#define DEFAULT_CPU_KV_BYTES (2 * GiB)          // engine/setup.c
+#define DEFAULT_GPU_MEMORY_UTILIZATION 0.9      // engine/setup.c
+#define DEFAULT_GPU_SWAP_BYTES (4 * GiB)        // engine/setup.c
+// CUDA estimates (docs/memory_planning.md): the H200 start-ups of runs 1,
+// 5 and 6 logged "other 0.52 GiB" (context, cuBLASLt handle, NCCL-free),
+// and a profiled workspace 0.01 GiB above its buffers (lazily loaded
+// kernels, cuBLASLt plans); the graph probe reserves at least 1 MiB per
+// bucket with a 1.5x margin plus 16 MiB (engine/runner_graphs.c).
+#define CUDA_OTHER_ESTIMATE (532 * MiB)
+#define CUDA_PROFILE_EXTRA (16 * MiB)
+#define CUDA_GRAPH_PER_BUCKET MiB
+#define H200_SMS 132
+
+// --- the devices' rules (mirrors of the backends' functions) ------------------------
+
+// kernels/cpu/backend_cpu.c cpu_runs_in_place: every GGUF block type.
+static bool cpu_in_place(int dtype) { return pg_dtype_block_elems(dtype) > 0; }
+// kernels/cuda/backend_cuda.cu cu_runs_in_place: bf16 only; the rest is
+// dequantized to bf16 at load.
+static bool cuda_in_place(int dtype) { return dtype == PG_DTYPE_BF16; }
+
+static const pg_weight_rules CPU_RULES = {cpu_in_place, PG_DTYPE_F32, 4};
+static const pg_weight_rules CUDA_RULES = {cuda_in_place, PG_DTYPE_BF16, 2};
+
+// cpu_kv_block_bytes / cu_kv_block_bytes.
+static size_t kv_block_bytes(bool cuda, bool fp8, const pg_model_config *mc, int32_t n_kv, int32_t bs) {
+    const size_t elem = !cuda ? 4 : fp8 ? 1 : 2;
+    return (size_t)2 * (size_t)mc->n_layers * (size_t)bs * (size_t)n_kv * (size_t)mc->head_dim * elem;
+}
+
+// pg_cuda_sample_workspace_size (kernels/cuda/sampling.cu), exact.
+static size_t cuda_sample_ws(int32_t n, int32_t vocab) {
+    if (n <= 0 || vocab <= 0) return 0;
+    return (size_t)n * (((size_t)vocab + 63) / 64 * 64) * 8 + 256;
+}
+
+// pg_cuda_decode_workspace_size depends on the SM count and the kernels'
+// occupancy; its split-K partials (n_seqs x n_heads x splits x (head_dim +
+// 1) floats) are only large while the grid is under about two waves, so
+// this bound takes two waves of 4 CTAs on each of an H200's SMs, capped by
+// what max_seqs sequences of max_len keys could split into (64-key tiles,
+// at most 256 splits).
+static size_t cuda_attn_ws(int32_t max_seqs, int32_t nh, int32_t nkv, int32_t hd, int32_t len) {
+    if (max_seqs <= 0 || nh <= 0 || nkv <= 0 || nh % nkv) return 0;
+    const int64_t group = nh / nkv, tiles = ((int64_t)len + 63) / 64;
+    const int64_t splits = tiles < 256 ? tiles : 256;
+    if (splits < 2) return 0;
+    int64_t items = (int64_t)2 * H200_SMS * 4 * group; // (sequence, head, split) triples of two waves
+    const int64_t cap = (int64_t)max_seqs * nh * splits;
+    if (items > cap) items = cap;
+    return (size_t)items * (size_t)(hd + 1) * 4 + 256;
+}
+
+// The graph reserve of engine/runner_graphs.c: every (batch, context)
+// bucket at the probe's floor of 1 MiB, times 1.5, plus 16 MiB.
+static int64_t cuda_graph_reserve(int32_t max_seqs, int32_t max_len) {
+    int64_t nb = 0, nc = 0;
+    for (int32_t b = 1; b < max_seqs && nb < 15; b *= 2) nb++;
+    nb++;
+    for (int64_t c = 256; c < max_len && nc < 31; c *= 2) nc++;
+    nc++;
+    const int64_t n = nb * nc;
+    return CUDA_GRAPH_PER_BUCKET * n + CUDA_GRAPH_PER_BUCKET * n / 2 + 16 * MiB;
+}
+
+static bool graphs_on(const pg_engine_config *c) {
+    const char *env = getenv("PAGED_CUDA_GRAPHS");
+    if (env && env[0] == '0') return false;
+    return !c->cuda_graphs || strcmp(c->cuda_graphs, "off");
+}
+
+// --- the plan -------------------------------------------------------------------------
+
+int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
+    memset(p, 0, sizeof *p);
+    const pg_engine_config *cfg = &in->cfg;
+    const bool cuda = in->cuda;
+    const char *kvd = cfg->kv_cache_dtype ? cfg->kv_cache_dtype : "auto";
+    if (strcmp(kvd, "auto") && strcmp(kvd, "bf16") && strcmp(kvd, "fp8"))
+        return pg_err_set(PG_EINVAL, "KV cache dtype '%s' is not known (auto, bf16, fp8)", kvd);
+    if (!cuda && strcmp(kvd, "auto"))
+        return pg_err_set(PG_EUNSUPP, "--kv-cache-dtype %s needs --device cuda: the CPU backend's KV "
+                                      "cache is f32 (use auto)", kvd);
+    if (cuda && in->device_total <= 0)
+        return pg_err_set(PG_EINVAL, "no GPU size to plan for: pass --device-memory BYTES (e.g. 141G for an H200)");
+    const int32_t tp = cfg->tensor_parallel > 1 ? cfg->tensor_parallel : 1;
+    if (tp > PG_MEMPLAN_MAX_RANKS) return pg_err_set(PG_EINVAL, "-tp %d: at most %d ranks", tp, PG_MEMPLAN_MAX_RANKS);
+    const bool dummy = cfg->load_format && !strcmp(cfg->load_format, "dummy");
+    const pg_model_load_opts mo = {.path = cfg->model_path, .dummy = dummy, .hf_config = cfg->hf_config};
+    const pg_weight_rules *rules = cuda ? &CUDA_RULES : &CPU_RULES;
+    p->cuda = cuda;
+    p->kv_fp8 = !strcmp(kvd, "fp8");
+    p->tp = tp;
+    for (int32_t r = 0; r < tp; r++)
+        PG_TRY(pg_model_weight_plan(&mo, r, tp, rules, &p->mc, &p->ranks[r].weights));
+    const pg_model_config *mc = &p->mc;
+
+    // The limits, as engine/setup.c derives them.
+    const sched_config *sc = &cfg->sched;
+    p->block_size = sc->block_size > 0 ? sc->block_size : 16;
+    p->max_num_seqs = sc->max_num_seqs;
+    p->max_num_batched_tokens =
+        !cfg->batched_tokens_set && !cuda && sc->enable_chunked_prefill ? 256 : sc->max_num_batched_tokens;
+    p->max_model_len = cfg->max_model_len > 0 ? cfg->max_model_len : mc->max_pos;
+    if (mc->sliding_window > 0 && p->max_model_len > mc->sliding_window) p->max_model_len = mc->sliding_window;
+    p->plan_seq_len = in->plan_seq_len > 0 ? in->plan_seq_len : p->max_model_len;
+    p->util = cfg->gpu_memory_utilization > 0 ? cfg->gpu_memory_utilization : DEFAULT_GPU_MEMORY_UTILIZATION;
+    p->device_total = cuda ? in->device_total : 0;
+    const pg_runner_config rc = {.block_size = p->block_size, .max_num_seqs = p->max_num_seqs,
+                                 .max_num_batched_tokens = p->max_num_batched_tokens,
+                                 .max_model_len = p->max_model_len,
+                                 .kv_dtype = p->kv_fp8 ? PG_KV_FP8_E4M3 : PG_KV_BF16};
+    int32_t max_tokens, max_seqs;
+    pg_runner_ws_limits(&rc, &max_tokens, &max_seqs);
+
+    int64_t budget = INT64_MAX;
+    for (int32_t r = 0; r < tp; r++) {
+        pg_model_shard sh;
+        PG_TRY(pg_model_shard_plan(mc, r, tp, &sh));
+        pg_memplan_rank *k = &p->ranks[r];
+        const size_t attn = cuda ? cuda_attn_ws(max_seqs, sh.n_heads, sh.n_kv_heads, mc->head_dim, p->max_model_len) : 0;
+        const size_t samp = cuda ? cuda_sample_ws(max_seqs, mc->vocab_size) : 0;
+        pg_runner_ws_plan wp;
+        pg_runner_workspace_plan(mc, &sh, &rc, cuda ? PG_DTYPE_BF16 : PG_DTYPE_F32, attn, samp, &wp);
+        k->workspace_buffers = (int64_t)wp.bytes;
+        k->workspace_extra = cuda ? CUDA_PROFILE_EXTRA : 0;
+        k->workspace = k->workspace_buffers + k->workspace_extra;
+        if (r == 0) p->per_block = kv_block_bytes(cuda, p->kv_fp8, mc, sh.n_kv_heads, p->block_size);
+        if (!cuda) continue;
+        k->graphs = graphs_on(cfg) ? cuda_graph_reserve(max_seqs, p->max_model_len) : 0;
+        k->other = in->device_other >= 0 ? in->device_other : CUDA_OTHER_ESTIMATE;
+        k->reserved = in->device_total - (int64_t)(p->util * (double)in->device_total);
+        // engine/setup.c: utilization x total - everything in use - the graph reserve.
+        const int64_t b = (int64_t)(p->util * (double)in->device_total) - k->other - k->weights - k->workspace - k->graphs;
+        if (b < budget) budget = b;
+    }
+
+    int64_t kv_bytes;
+    if (cuda) {
+        kv_bytes = cfg->kv_cache_bytes > 0 ? cfg->kv_cache_bytes : budget;
+        if (kv_bytes < (int64_t)p->per_block * 2) {
+            snprintf(p->why, sizeof p->why,
+                     "no device memory left for the KV cache: %.2f GiB of %.2f GiB at --gpu-memory-utilization %.2f "
+                     "go to weights, workspace, graphs and the CUDA context",
+                     (double)(p->util * (double)in->device_total - (double)budget) / GiB,
+                     (double)in->device_total / GiB, p->util);
+            kv_bytes = 0;
+        }
+    } else {
+        kv_bytes = (cfg->kv_cache_bytes > 0 ? cfg->kv_cache_bytes : DEFAULT_CPU_KV_BYTES) / tp;
+    }
+    int64_t blocks = cfg->kv_blocks > 0 ? cfg->kv_blocks : kv_bytes / (int64_t)p->per_block;
+    if (kv_bytes == 0 && cfg->kv_blocks <= 0) blocks = 0;
+    p->kv_blocks = blocks > INT32_MAX ? INT32_MAX : (int32_t)blocks;
+    p->kv_tokens = p->kv_blocks > 0 ? (int64_t)(p->kv_blocks - 1) * p->block_size : 0;
+    int64_t host = cfg->swap_bytes > 0 ? cfg->swap_bytes / (int64_t)p->per_block : 0;
+    if (sc->preemption_mode == SCHED_PREEMPT_SWAP && host == 0) {
+        host = p->kv_blocks;
+        if (cuda && host * (int64_t)p->per_block > DEFAULT_GPU_SWAP_BYTES) host = DEFAULT_GPU_SWAP_BYTES / (int64_t)p->per_block;
+    }
+    p->host_blocks = (int32_t)host;
+    for (int32_t r = 0; r < tp; r++) {
+        pg_memplan_rank *k = &p->ranks[r];
+        k->kv = (int64_t)p->kv_blocks * (int64_t)p->per_block;
+        if (cuda) k->free = in->device_total - k->other - k->weights - k->workspace - k->graphs - k->kv;
+    }
+    const int32_t per_seq = (p->plan_seq_len + p->block_size - 1) / p->block_size;
+    p->seqs = p->kv_blocks > 1 ? (int64_t)(p->kv_blocks - 1) / per_seq : 0;
+    p->need_blocks = (p->max_model_len + p->block_size - 1) / p->block_size + 1;
+    p->fits = !p->why[0] && p->kv_blocks >= p->need_blocks;
+    if (!p->why[0] && !p->fits)
+        snprintf(p->why, sizeof p->why,
+                 "KV cache of %d blocks (%lld tokens) cannot hold one sequence of max model length %d",
+                 p->kv_blocks, (long long)p->kv_tokens, p->max_model_len);
+    if (cuda && p->ranks[0].free < 0 && p->fits) {
+        p->fits = false;
+        snprintf(p->why, sizeof p->why, "the KV cache (--kv-cache-memory) is larger than the %.2f GiB the GPU has left",
+                 (double)(budget + p->ranks[0].reserved) / GiB);
+    }
+    return 0;
+}
+
+// --- advice ---------------------------------------------------------------------------
+
+typedef struct {
+    pg_memplan_advice *out;
+    int n, cap;
+} adv_list;
+
+// Adds `flags` when the plan of `in` with them fits; true when it did.
+static bool try_add(adv_list *a, const pg_memplan_in *in, const char *flags) {
+    if (a->n >= a->cap) return false;
+    pg_memplan_advice *x = &a->out[a->n];
+    if (pg_memplan_compute(in, &x->plan) < 0 || !x->plan.fits) return false;
+    snprintf(x->flags, sizeof x->flags, "%s", flags);
+    a->n++;
+    return true;
+}
+
+int pg_memplan_advise(const pg_memplan_in *in0, pg_memplan_advice *out, int cap) {
+    pg_memplan *p = malloc(sizeof *p);
+    if (!p) return 0;
+    if (pg_memplan_compute(in0, p) < 0) {
+        free(p);
+        return 0;
+    }
+    adv_list a = {out, 0, cap};
+    char f[96];
+    // A shorter max model length: the tokens the pool holds (the workspace
+    // shrinks with it, so a few rounds settle it).
+    if (p->kv_blocks >= 2) {
+        pg_memplan_in in = *in0;
+        int64_t len = p->kv_tokens;
+        for (int round = 0; round < 4 && len > 0 && len < p->max_model_len; round++) {
+            in.cfg.max_model_len = (int32_t)len;
+            snprintf(f, sizeof f, "--max-model-len %lld", (long long)len);
+            if (try_add(&a, &in, f)) break;
+            pg_memplan q;
+            if (pg_memplan_compute(&in, &q) < 0 || q.kv_blocks < 2) break;
+            len = q.kv_tokens < len ? q.kv_tokens : len - p->block_size;
+        }
+    }
+    // A larger pool: the blocks one sequence needs.
+    if (in0->cfg.kv_blocks > 0) {
+        pg_memplan_in in = *in0;
+        in.cfg.kv_blocks = p->need_blocks;
+        snprintf(f, sizeof f, "--kv-blocks %d", p->need_blocks);
+        try_add(&a, &in, f);
+    } else if (!p->cuda || in0->cfg.kv_cache_bytes > 0) {
+        pg_memplan_in in = *in0;
+        const int64_t need = (int64_t)p->need_blocks * (int64_t)p->per_block * (p->cuda ? 1 : p->tp);
+        in.cfg.kv_cache_bytes = (need + MiB - 1) / MiB * MiB;
+        snprintf(f, sizeof f, "--kv-cache-memory %lldM", (long long)(in.cfg.kv_cache_bytes / MiB));
+        try_add(&a, &in, f);
+    }
+    if (p->cuda) {
+        if (!p->kv_fp8) {
+            pg_memplan_in in = *in0;
+            in.cfg.kv_cache_dtype = "fp8";
+            try_add(&a, &in, "--kv-cache-dtype fp8");
+        }
+        for (int32_t t = 2; t <= 8; t *= 2) {
+            if (t <= p->tp) continue;
+            pg_memplan_in in = *in0;
+            in.cfg.tensor_parallel = t;
+            snprintf(f, sizeof f, "-tp %d", t);
+            if (try_add(&a, &in, f)) break;
+        }
+        for (int32_t s = p->max_num_seqs / 2; s >= 1; s /= 2) {
+            pg_memplan_in in = *in0;
+            in.cfg.sched.max_num_seqs = s;
+            snprintf(f, sizeof f, "--max-num-seqs %d", s);
+            if (try_add(&a, &in, f)) break;
+        }
+        for (int32_t t = p->max_num_batched_tokens / 2; t >= 64; t /= 2) {
+            pg_memplan_in in = *in0;
+            in.cfg.sched.max_num_batched_tokens = t;
+            in.cfg.batched_tokens_set = true;
+            snprintf(f, sizeof f, "--max-num-batched-tokens %d", t);
+            if (try_add(&a, &in, f)) break;
+        }
+        if (p->util < 0.95 && in0->cfg.kv_cache_bytes <= 0) {
+            pg_memplan_in in = *in0;
+            in.cfg.gpu_memory_utilization = 0.95;
+            try_add(&a, &in, "--gpu-memory-utilization 0.95");
+        }
+    }
+    free(p);
+    return a.n;
+}
+
+// --- output ---------------------------------------------------------------------------
+
+// A growing string (server/sbuf.h is above this module).
+typedef struct {
+    char *p;
+    size_t len, cap;
+} sbuf_min;
+
+__attribute__((format(printf, 2, 3))) static void sbm_printf(sbuf_min *b, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        const size_t room = b->cap - b->len;
+        const int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? room : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) return;
+        if (b->p && (size_t)n < room) {
+            b->len += (size_t)n;
+            return;
+        }
+        b->cap = (b->cap ? b->cap : 1024) * 2 + (size_t)n;
+        b->p = pg_xrealloc(b->p, b->cap);
+    }
+}
+
+static char *sbm_take(sbuf_min *b) {
+    if (!b->p) sbm_printf(b, "%s", "");
+    return b->p;
+}
+
+static void put_size(sbuf_min *b, int64_t v) {
+    if (v >= GiB || v <= -GiB)
+        sbm_printf(b, "%9.2f GiB", (double)v / GiB);
+    else
+        sbm_printf(b, "%9.1f MiB", (double)v / MiB);
+}
+
+static void advice_line(sbuf_min *b, const pg_memplan_advice *x) {
+    const pg_memplan *q = &x->plan;
+    sbm_printf(b, "  %s: KV cache %lld tokens (%d blocks), %lld sequence%s of %d tokens (max model length %d)\n",
+               x->flags, (long long)q->kv_tokens, q->kv_blocks - 1, (long long)q->seqs, q->seqs == 1 ? "" : "s",
+               q->plan_seq_len, q->max_model_len);
+}
+
+char *pg_memplan_advice_text(const pg_memplan_advice *adv, int n) {
+    sbuf_min b = {0};
+    for (int i = 0; i < n; i++) advice_line(&b, &adv[i]);
+    return sbm_take(&b);
+}
+
+char *pg_memplan_text(const pg_memplan *p, const pg_memplan_advice *adv, int n_adv) {
+    sbuf_min b = {0};
+    const pg_model_config *mc = &p->mc;
+    sbm_printf(&b, "model %s (%s): %d layers, hidden %d, %d/%d heads (head dim %d), FFN %d, vocab %d, %d positions\n",
+               mc->name[0] ? mc->name : "?", mc->arch, mc->n_layers, mc->hidden, mc->n_heads, mc->n_kv_heads,
+               mc->head_dim, mc->ffn, mc->vocab_size, mc->max_pos);
+    if (p->cuda)
+        sbm_printf(&b, "device cuda: %.2f GiB per GPU, --gpu-memory-utilization %.2f, %d rank%s\n",
+                   (double)p->device_total / GiB, p->util, p->tp, p->tp > 1 ? "s" : "");
+    else
+        sbm_printf(&b, "device cpu: host memory, %d rank%s\n", p->tp, p->tp > 1 ? "s" : "");
+    sbm_printf(&b, "limits: max model length %d, %d tokens / %d sequences per step, blocks of %d tokens\n",
+               p->max_model_len, p->max_num_batched_tokens, p->max_num_seqs, p->block_size);
+    for (int32_t r = 0; r < p->tp; r++) {
+        const pg_memplan_rank *k = &p->ranks[r];
+        if (r > 0 && !memcmp(k, &p->ranks[0], sizeof *k)) continue; // the same as rank 0
+        if (p->tp > 1)
+            sbm_printf(&b, "rank %d%s:\n", r, r == 0 ? " (and every rank the same as it)" : "");
+        else
+            sbm_printf(&b, "memory:\n");
+        sbm_printf(&b, "  weights   "), put_size(&b, k->weights), sbm_printf(&b, "  (%s)\n",
+            p->cuda ? "bf16 on the GPU: types it does not run in place are dequantized" : "as stored, mapped");
+        sbm_printf(&b, "  KV cache  "), put_size(&b, k->kv),
+            sbm_printf(&b, "  (%s, %zu KiB per block)\n", p->kv_fp8 ? "fp8 e4m3" : p->cuda ? "bf16" : "f32",
+                       p->per_block >> 10);
+        sbm_printf(&b, "  workspace "), put_size(&b, k->workspace);
+        if (p->cuda)
+            sbm_printf(&b, "  (buffers %.1f MiB + profiled extra %.1f MiB, estimate)\n",
+                       (double)k->workspace_buffers / MiB, (double)k->workspace_extra / MiB);
+        else
+            sbm_printf(&b, "  (buffers for %d tokens / %d sequences per step)\n", p->max_num_batched_tokens,
+                       p->max_num_seqs);
+        if (p->cuda) {
+            sbm_printf(&b, "  graphs    "), put_size(&b, k->graphs), sbm_printf(&b, "  (reserve, estimate)\n");
+            sbm_printf(&b, "  other     "), put_size(&b, k->other), sbm_printf(&b, "  (CUDA context, estimate)\n");
+            sbm_printf(&b, "  free      "), put_size(&b, k->free),
+                sbm_printf(&b, "  (of which %.2f GiB outside --gpu-memory-utilization %.2f)\n",
+                           (double)k->reserved / GiB, p->util);
+        }
+    }
+    sbm_printf(&b, "KV cache: %d blocks x %d tokens = %lld tokens%s; swap %d blocks\n", p->kv_blocks > 0 ? p->kv_blocks - 1 : 0,
+               p->block_size, (long long)p->kv_tokens, p->tp > 1 ? " (each rank: its heads of every block)" : "",
+               p->host_blocks);
+    sbm_printf(&b, "concurrent sequences of %d tokens: %lld\n", p->plan_seq_len, (long long)p->seqs);
+    if (!p->fits) {
+        sbm_printf(&b, "does not fit: %s\n", p->why);
+        if (n_adv) {
+            sbm_printf(&b, "would fit:\n");
+            for (int i = 0; i < n_adv; i++) advice_line(&b, &adv[i]);
+        } else {
+            sbm_printf(&b, "no flag of this build makes it fit\n");
+        }
+    }
+    return sbm_take(&b);
+}
+
+static void json_plan(sbuf_min *b, const pg_memplan *p) {
+    sbm_printf(b, "{\"device\":\"%s\",\"tensor_parallel\":%d,\"kv_cache_dtype\":\"%s\",\"max_model_len\":%d,"
+                  "\"max_num_seqs\":%d,\"max_num_batched_tokens\":%d,\"block_size\":%d,",
+               p->cuda ? "cuda" : "cpu", p->tp, p->kv_fp8 ? "fp8" : p->cuda ? "bf16" : "f32", p->max_model_len,
+               p->max_num_seqs, p->max_num_batched_tokens, p->block_size);
+    if (p->cuda)
+        sbm_printf(b, "\"device_memory_bytes\":%lld,\"gpu_memory_utilization\":%.4f,", (long long)p->device_total,
+                   p->util);
+    sbm_printf(b, "\"ranks\":[");
+    for (int32_t r = 0; r < p->tp; r++) {
+        const pg_memplan_rank *k = &p->ranks[r];
+        sbm_printf(b, "%s{\"rank\":%d,\"weights_bytes\":%lld,\"kv_cache_bytes\":%lld,\"workspace_bytes\":%lld,"
+                      "\"workspace_buffers_bytes\":%lld,\"workspace_extra_bytes\":%lld,\"graphs_bytes\":%lld,"
+                      "\"other_bytes\":%lld,\"reserved_bytes\":%lld,\"free_bytes\":%lld}",
+                   r ? "," : "", r, (long long)k->weights, (long long)k->kv, (long long)k->workspace,
+                   (long long)k->workspace_buffers, (long long)k->workspace_extra, (long long)k->graphs,
+                   (long long)k->other, (long long)k->reserved, (long long)k->free);
+    }
+    sbm_printf(b, "],\"kv_block_bytes\":%zu,\"kv_bytes_per_token\":%zu,\"kv_blocks\":%d,\"kv_tokens\":%lld,"
+                  "\"swap_blocks\":%d,\"plan_seq_len\":%d,\"sequences\":%lld,\"fits\":%s",
+               p->per_block, p->per_block / (size_t)p->block_size, p->kv_blocks > 0 ? p->kv_blocks - 1 : 0,
+               (long long)p->kv_tokens, p->host_blocks, p->plan_seq_len, (long long)p->seqs,
+               p->fits ? "true" : "false");
+    if (!p->fits) {
+        sbm_printf(b, ",\"why\":\"");
+        for (const char *c = p->why; *c; c++) sbm_printf(b, *c == '"' || *c == '\\' ? "\\%c" : "%c", *c);
+        sbm_printf(b, "\"");
+    }
+    sbm_printf(b, "}");
+}
+
+char *pg_memplan_json(const pg_memplan *p, const pg_memplan_advice *adv, int n_adv) {
+    sbuf_min b = {0};
+    const pg_model_config *mc = &p->mc;
+    sbm_printf(&b, "{\"model\":{\"arch\":\"%s\",\"n_layers\":%d,\"hidden\":%d,\"n_heads\":%d,\"n_kv_heads\":%d,"
+                   "\"head_dim\":%d,\"ffn\":%d,\"vocab_size\":%d,\"max_position_embeddings\":%d},\"plan\":",
+               mc->arch, mc->n_layers, mc->hidden, mc->n_heads, mc->n_kv_heads, mc->head_dim, mc->ffn, mc->vocab_size,
+               mc->max_pos);
+    json_plan(&b, p);
+    sbm_printf(&b, ",\"advice\":[");
+    for (int i = 0; i < n_adv; i++) {
+        sbm_printf(&b, "%s{\"flags\":\"%s\",\"plan\":", i ? "," : "", adv[i].flags);
+        json_plan(&b, &adv[i].plan);
+        sbm_printf(&b, "}");
+    }
+    sbm_printf(&b, "]}\n");
+    return sbm_take(&b);
+}
+
+int pg_memplan_refuse(const pg_engine_config *cfg, bool cuda, int64_t device_total, int64_t device_other, int code,
+                      const char *msg) {
+    char first[768];
+    snprintf(first, sizeof first, "%s", msg);
+    pg_memplan_in in = {.cfg = *cfg, .cuda = cuda, .device_total = device_total,
+                        .device_other = cuda ? device_other : -1};
+    pg_memplan_advice *adv = malloc(sizeof *adv * PG_MEMPLAN_MAX_ADVICE);
+    const int n = adv ? pg_memplan_advise(&in, adv, PG_MEMPLAN_MAX_ADVICE) : 0;
+    char flags[256] = "";
+    size_t len = 0;
+    if (n) PG_LOGE("would fit (`paged plan` with the same flags says more):");
+    for (int i = 0; i < n; i++) {
+        const pg_memplan *q = &adv[i].plan;
+        PG_LOGE("  %s: KV cache %lld tokens (%d blocks), %lld sequence%s of %d tokens", adv[i].flags,
+                (long long)q->kv_tokens, q->kv_blocks - 1, (long long)q->seqs, q->seqs == 1 ? "" : "s",
+                q->plan_seq_len);
+        int k = snprintf(flags + len, sizeof flags - len, "%s%s", i ? " | " : "", adv[i].flags);
+        if (k > 0 && (size_t)k < sizeof flags - len) len += (size_t)k;
+    }
+    free(adv);
+    return n ? pg_err_set(code, "%s; would fit: %s", first, flags) : pg_err_set(code, "%s", first);
+}
+
+int pg_memplan_local_gpu(int64_t *total, int64_t *in_use) {
+    char why[160];
+    if (pg_backend_cuda_probe(why, sizeof why) <= 0) return pg_err_set(PG_EUNSUPP, "no GPU here (%s)", why);
+    pg_backend *be;
+    PG_TRY(pg_backend_cuda_create(0, &be));
+    int64_t free_b = 0;
+    int rc = be->mem_info(be, &free_b, total);
+    be->destroy(be);
+    *in_use = *total - free_b;
+    return rc;
+}

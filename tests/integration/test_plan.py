@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""`paged plan` against the real start-up on the CPU: for several flag sets
+the planned weights and workspace equal the bytes `paged serve` reports
+(/metrics, per rank) and the KV tokens its start-up line; --json carries the
+same numbers; a configuration that cannot fit is refused by serve with the
+planner's advice, and following that advice really starts. Then a
+llama3-8b-shape dummy config planned for a 141G GPU (bf16 and fp8 KV),
+checked for internal consistency, and bad flags (exit 2)."""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import server_util as su  # noqa: E402
+
+ROOT = su.ROOT
+PAGED = os.environ.get("PAGED_BIN", os.path.join(ROOT, "build/paged"))
+MODEL = su.MODEL
+SHAPE = os.path.join(ROOT, "tests/gpu/llama3-8b-shape.json")
+KV_LINE = re.compile(r"KV cache on cpu.*? (\d+) blocks x (\d+) tokens = (\d+) tokens")
+MEM_LINE = re.compile(r"memory( per rank)?: weights ([\d.]+) MiB \+ KV cache ([\d.]+) MiB \+ workspace ([\d.]+) MiB")
+
+
+def plan(*args, model=True):
+    cmd = [PAGED, "plan"] + (["--model", MODEL] if model else []) + list(args)
+    p = subprocess.run(cmd, capture_output=True, timeout=120, cwd=ROOT)
+    return p.returncode, p.stdout.decode(), p.stderr.decode()
+
+
+def plan_json(*args, model=True):
+    rc, out, err = plan("--json", *args, model=model)
+    assert rc in (0, 1), (rc, out, err)
+    return rc, json.loads(out)
+
+
+def serve_numbers(args):
+    """Starts serve with `args`; returns per-rank (weights, kv, workspace) bytes and KV tokens."""
+    with su.Server(*args, default_args=False) as s:
+        m = su.metrics(s.port)
+        log = s.log()
+    ranks = {}
+    for key, v in m.items():
+        if not key.startswith("paged:device_memory_bytes{"):
+            continue
+        dev = re.search(r'device="([^"]+)"', key).group(1)
+        cat = re.search(r'category="([^"]+)"', key).group(1)
+        ranks.setdefault(dev, {})[cat] = int(v)
+    kv = KV_LINE.search(log)
+    assert kv and MEM_LINE.search(log), log
+    return ranks, int(kv.group(3)), log
+
+
+def check_against_serve(args):
+    rc, d = plan_json(*args)
+    p = d["plan"]
+    assert rc == 0 and p["fits"], d
+    ranks, tokens, log = serve_numbers(args)
+    devs = sorted(ranks)
+    assert len(devs) == len(p["ranks"]), (devs, p["ranks"])
+    for dev, pr in zip(devs, p["ranks"]):
+        real = ranks[dev]
+        assert pr["weights_bytes"] == real["weights"], (args, dev, pr, real)
+        assert pr["workspace_bytes"] == real["workspace"], (args, dev, pr, real)
+        assert pr["kv_cache_bytes"] == real["kv_cache"], (args, dev, pr, real)
+    assert abs(p["kv_tokens"] - tokens) <= tokens * 0.01, (args, p["kv_tokens"], tokens)
+    # The text names the same numbers.
+    rc, out, _ = plan(*args)
+    assert f"= {p['kv_tokens']} tokens" in out and f"sequences of {p['plan_seq_len']} tokens: {p['sequences']}" in out, out
+    print(f"  {' '.join(args) or '(defaults)'}: weights {p['ranks'][0]['weights_bytes']} B, workspace "
+          f"{p['ranks'][0]['workspace_bytes']} B, KV {p['kv_tokens']} tokens (serve: {tokens}), "
+          f"{p['sequences']} sequences of {p['plan_seq_len']}")
+
+
+def test_matches_startup():
+    for args in ([], ["--kv-cache-memory", "512M"], ["--max-model-len", "4096", "--max-num-seqs", "16"],
+                 ["-tp", "3"]):
+        check_against_serve(args)
+
+
+def test_plan_seq_len():
+    _, d = plan_json("--plan-seq-len", "1000")
+    p = d["plan"]
+    assert p["plan_seq_len"] == 1000 and p["sequences"] == p["kv_tokens"] // (63 * 16), p  # 1000 tokens = 63 blocks
+
+
+def test_does_not_fit_advice():
+    args = ["--kv-cache-memory", "64M"]
+    rc, out, _ = plan(*args)
+    assert rc == 1 and "does not fit" in out and "would fit:" in out, out
+    _, d = plan_json(*args)
+    assert not d["plan"]["fits"] and d["advice"], d
+    flags = [a["flags"] for a in d["advice"]]
+    mml = [f for f in flags if f.startswith("--max-model-len")]
+    assert mml, flags
+    # serve refuses with the same advice.
+    p = subprocess.run([PAGED, "serve", "--model", MODEL, "--port", str(su.free_port()), *args],
+                       capture_output=True, timeout=120, cwd=ROOT)
+    err = p.stderr.decode()
+    assert p.returncode != 0 and "cannot hold one sequence" in err and "would fit" in err, err
+    for f in flags:
+        assert f in err, (f, err)
+    # Following the advice starts, with the planned KV tokens.
+    adv = next(a for a in d["advice"] if a["flags"] == mml[0])
+    ranks, tokens, _ = serve_numbers(args + mml[0].split())
+    assert tokens == adv["plan"]["kv_tokens"], (tokens, adv["plan"])
+    print(f"  {' '.join(args)}: advice {flags}; {mml[0]} starts with {tokens} KV tokens")
+    # 1M: not even one block; the --kv-cache-memory advice starts.
+    rc, d = plan_json("--kv-cache-memory", "1M")
+    kvm = [a["flags"] for a in d["advice"] if a["flags"].startswith("--kv-cache-memory")]
+    assert rc == 1 and kvm, d
+    p = subprocess.run([PAGED, "serve", "--model", MODEL, "--port", str(su.free_port()), "--kv-cache-memory", "1M"],
+                       capture_output=True, timeout=120, cwd=ROOT)
+    assert p.returncode != 0 and kvm[0] in p.stderr.decode(), p.stderr.decode()
+    serve_numbers(kvm[0].split())
+
+
+def test_gpu_shape_consistency():
+    with open(SHAPE) as f:
+        c = json.load(f)
+    H, F, L, V = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    hd, nh, nkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+    params = V * H * (1 if c["tie_word_embeddings"] else 2) + H  # embedding, LM head, final norm
+    params += L * (H * (nh + 2 * nkv) * hd + nh * hd * H + 3 * F * H + 2 * H)
+    base = ["--device", "cuda", "--device-memory", "141G", "--load-format", "dummy", "--hf-config", SHAPE]
+    for kvd, elem in (("auto", 2), ("fp8", 1)):
+        t0 = time.time()
+        rc, out, err = plan(*base, "--kv-cache-dtype", kvd, model=False)
+        secs = time.time() - t0
+        print(out)
+        assert rc == 0, (out, err)
+        assert secs < 5, secs  # the config only: no weight is made
+        _, d = plan_json(*base, "--kv-cache-dtype", kvd, model=False)
+        p, r = d["plan"], d["plan"]["ranks"][0]
+        assert r["weights_bytes"] == params * 2, (r["weights_bytes"], params * 2)
+        per_token = 2 * L * nkv * hd * elem
+        assert p["kv_bytes_per_token"] == per_token and p["kv_block_bytes"] == per_token * 16, p
+        assert (p["kv_blocks"] + 1) * p["kv_block_bytes"] == r["kv_cache_bytes"], p  # + the null block
+        assert p["kv_tokens"] * per_token == p["kv_blocks"] * p["kv_block_bytes"], p
+        total = 141 << 30
+        assert r["weights_bytes"] + r["kv_cache_bytes"] + r["workspace_bytes"] + r["graphs_bytes"] + \
+            r["other_bytes"] + r["free_bytes"] == total, r
+        assert r["free_bytes"] >= r["reserved_bytes"] == total - int(0.9 * total), r
+        assert p["sequences"] == p["kv_tokens"] // 131072, p
+    # fp8 holds twice the tokens, to a block.
+    _, a = plan_json(*base, model=False)
+    _, b = plan_json(*base, "--kv-cache-dtype", "fp8", model=False)
+    assert abs(b["plan"]["kv_blocks"] - 2 * a["plan"]["kv_blocks"]) <= 2, (a["plan"], b["plan"])
+    # -tp 2: each rank holds half the layers' heads and FFN columns.
+    _, t = plan_json(*base, "-tp", "2", model=False)
+    assert len(t["plan"]["ranks"]) == 2 and t["plan"]["ranks"][0]["weights_bytes"] < params * 2 // 2 + 2 * H * L * 2, t
+
+
+def test_gpu_does_not_fit():
+    # An 8B shape on a 24 GiB GPU at the full 128K length: KV room for about
+    # 40K tokens; the advice names a shorter length and -tp 2, each of which
+    # fits by the plan.
+    base = ["--device", "cuda", "--device-memory", "24G", "--load-format", "dummy", "--hf-config", SHAPE]
+    rc, out, _ = plan(*base, model=False)
+    assert rc == 1 and "does not fit" in out, out
+    _, d = plan_json(*base, model=False)
+    flags = " ".join(a["flags"] for a in d["advice"])
+    assert "-tp 2" in flags and "--max-model-len" in flags and all(a["plan"]["fits"] for a in d["advice"]), d["advice"]
+    print(out)
+
+
+def test_bad_flags():
+    for args in (["--plan-seq-len", "0"], ["--plan-seq-len"], ["--device-memory", "lots"], ["--bogus"],
+                 ["--device", "cpu", "--device-memory", "141G"], ["--kv-cache-dtype", "fp9"]):
+        rc, out, err = plan(*args)
+        lines = [l for l in err.splitlines() if l.strip()]
+        assert rc == 2 and len(lines) == 1 and lines[0].startswith("paged plan: "), (args, rc, out, err)
+    rc, out, err = plan("--device", "cuda")
+    if not subprocess.run(["sh", "-c", "nvidia-smi -L 2>/dev/null | grep -q GPU"]).returncode == 0:
+        assert rc == 2 and "--device-memory" in err, err
+
+
+if __name__ == "__main__":
+    if not os.path.exists(MODEL):
+        print("SKIP: default model missing")
+        sys.exit(77)
+    for name, fn in list(globals().items()):
+        if name.startswith("test_"):
+            print(name)
+            fn()
+    print("ok")
