@@ -99,3 +99,24 @@ int pg_model_forward_logits(const pg_model *m, const pg_fwd_buffers *bufs, const
     }
     return 0;
 }
+
+int pg_model_forward_greedy(const pg_model *m, const pg_fwd_buffers *bufs, const pg_fwd_step *s, pg_sample_out *out) {
+    const pg_model_config *c = &m->cfg;
+    const pg_model_shard *sh = &m->shard;
+    pg_backend *be = m->be;
+    const int64_t ns = s->n_logits;
+    PG_ARG(m->comm, "pg_model_forward_greedy without tensor parallelism");
+    if (ns == 0) return 0;
+    pg_tensor x = pg_tensor_view(bufs->x, 0, s->n_tokens, 0, bufs->x.cols);
+    pg_tensor g = pg_tensor_view(bufs->lg_in, 0, ns, 0, bufs->lg_in.cols);
+    PG_TRY(be->gather(be, g, x, s->logit_rows));
+    PG_TRY(be->rmsnorm(be, g, g, m->final_norm, c->rms_eps));
+    pg_tensor part = pg_tensor_view(bufs->lg_part, 0, ns, 0, sh->vocab);
+    part.stride = sh->vocab;
+    PG_TRY(be->linear(be, part, g, NULL, 0.0f, m->lm_head, NULL, false, g));
+    // Rank r's maxima at cand + r * ns: the all-gather's layout.
+    PG_TRY(be->argmax_rows(be, bufs->cand + (size_t)sh->rank * (size_t)ns, part));
+    PG_TRY(m->comm->all_gather(m->comm, bufs->cand + (size_t)sh->rank * (size_t)ns, bufs->cand,
+                               sizeof(pg_argmax) * (size_t)ns));
+    return be->argmax_pick(be, out, bufs->cand, sh->size, (int32_t)ns, sh->vocab);
+}

@@ -119,6 +119,7 @@ typedef struct pg_fwd_buffers {
     // vocab] before they are put side by side in `logits`.
     pg_tensor lg_part;
     void *lg_all;
+    pg_argmax *cand; // [size][s]: every rank's row maxima (pg_model_forward_greedy)
 } pg_fwd_buffers;
 
 // One step's inputs in backend memory (the runner uploads them).
@@ -142,3 +143,8 @@ int pg_model_forward_layers(const pg_model *m, pg_bkv *kv, const pg_fwd_buffers 
 // tensor parallelism each rank's vocabulary slice, gathered so that every
 // rank holds every logit and samples the same token).
 int pg_model_forward_logits(const pg_model *m, const pg_fwd_buffers *bufs, const pg_fwd_step *s);
+// Under tensor parallelism, for a step whose every sampled row is plain
+// greedy: the LM head of this rank's vocabulary slice, each row's maximum,
+// an exchange of those (value, id) pairs and the same pick on every rank,
+// into out [n_logits] (device memory) - no all-gather of the logits.
+int pg_model_forward_greedy(const pg_model *m, const pg_fwd_buffers *bufs, const pg_fwd_step *s, pg_sample_out *out);

@@ -93,6 +93,7 @@ static void carve_workspace(const pg_model_config *mc, const pg_model_shard *sh,
     if (sh->comm) { // tensor parallelism (engine/model.c pg_model_forward_logits)
         b->lg_part = act(c, dt, S, sh->vocab);
         b->lg_all = take(c, (size_t)sh->size * (size_t)S * (size_t)sh->vocab * (dt == PG_DTYPE_F32 ? 4 : 2));
+        b->cand = take(c, sizeof(pg_argmax) * (size_t)sh->size * (size_t)S);
     }
     o->attn_ws = p->attn ? take(c, p->attn) : NULL;
     o->samp_ws = p->sample ? take(c, p->sample) : NULL;
@@ -196,10 +197,27 @@ int runner_layers(pg_runner *r, const step_desc *s, const dev_in *d) {
 }
 
 // Logit rows, sampling and the copy of the samples to `host`; does not wait.
+// A row the ranks' maxima decide alone: greedy, and nothing that reads or
+// changes other logits (logprobs, penalties, bans, bias, a mask).
+static bool plain_greedy(const pg_sample_params *p) {
+    return (p->temperature <= 0 || p->top_k == 1) && p->logprobs < 0 && p->repetition_penalty == 1.0f &&
+           p->presence_penalty == 0 && p->frequency_penalty == 0 && p->n_ban == 0 && p->n_bias == 0 &&
+           p->n_mask == 0;
+}
+
 static int enqueue_tail(pg_runner *r, const step_desc *s, const dev_in *d, pg_sample_out *host) {
     if (s->n_sample == 0) return 0;
     pg_backend *be = r->be;
     pg_fwd_step fs = fwd_step(r, s, d);
+    // Tensor parallelism, every row plain greedy: the ranks exchange row
+    // maxima instead of gathering every logit (docs/tensor_parallel.md).
+    bool greedy = r->model->comm && !r->cfg.full_logits;
+    for (int32_t i = 0; i < s->n_sample && greedy; i++) greedy = plain_greedy(&s->params[i]);
+    r->logits_valid = !greedy;
+    if (greedy) {
+        PG_TRY(pg_model_forward_greedy(r->model, &r->bufs, &fs, r->out_dev));
+        return be->download(be, host, r->out_dev, sizeof(pg_sample_out) * (size_t)s->n_sample);
+    }
     PG_TRY(pg_model_forward_logits(r->model, &r->bufs, &fs));
     pg_tensor logits = pg_tensor_view(r->bufs.logits, 0, s->n_sample, 0, r->bufs.logits.cols);
     PG_TRY(be->sample(be, r->out_dev, logits, d->params, s->n_sample_tokens ? d->stok : d->tok,
@@ -406,6 +424,9 @@ int pg_runner_last_logits(pg_runner *r, float *out, int32_t n) {
     PG_ARG(n >= 0 && n <= r->last_n_sample, "last_logits: %d rows, the last step sampled %d", n,
            r->last_n_sample);
     if (n == 0) return 0;
+    if (!r->logits_valid)
+        return pg_err_set(PG_EINVAL, "last_logits: the last step was greedy across tensor-parallel ranks and "
+                                     "gathered no logits (pg_runner_config.full_logits)");
     return r->be->read_f32(r->be, r->bufs.logits, n, out);
 }
 

@@ -43,6 +43,10 @@ typedef struct pg_runner_config {
     int32_t max_model_len;
     int32_t kv_dtype;               // PG_KV_BF16 (the backend's native type) or PG_KV_FP8_E4M3
     pg_graph_mode graphs;
+    // Tensor parallelism: gather every logit even for plain-greedy steps,
+    // whose ranks otherwise exchange only row maxima (pg_runner_last_logits
+    // needs the logits: tests).
+    bool full_logits;
 } pg_runner_config;
 
 // The runner's buffers for a configuration, computed from the dims alone

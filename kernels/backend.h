@@ -94,6 +94,12 @@ typedef struct pg_rand_window {
     int64_t row0, col0, full_cols;
 } pg_rand_window;
 
+// A row's largest value and its column (argmax_rows).
+typedef struct pg_argmax {
+    float value;
+    int32_t index;
+} pg_argmax;
+
 typedef struct pg_backend pg_backend;
 
 struct pg_backend {
@@ -237,6 +243,17 @@ struct pg_backend {
     // backend memory; workspace: sample_workspace_bytes.
     int (*sample)(pg_backend *b, pg_sample_out *out, pg_tensor logits, const pg_sample_params *params,
                   const int32_t *tokens, void *workspace, size_t workspace_bytes);
+    // Greedy sampling over a vocabulary split across tensor-parallel ranks,
+    // without gathering the logits: each rank takes its rows' maxima, the
+    // ranks exchange them (n_ranks x rows pairs), and each picks the best.
+    // out[i] = the largest value of row i of x and its column, ties to the
+    // lower column (the sampler's greedy rule).
+    int (*argmax_rows)(pg_backend *b, pg_argmax *out, pg_tensor x);
+    // out[i].token = r * ids_per_rank + cand[r * n + i].index for the rank r
+    // whose cand[r * n + i].value is largest (ties to the lower r, which
+    // holds the lower ids), logprob 0, n_top 0; for i < n.
+    int (*argmax_pick)(pg_backend *b, pg_sample_out *out, const pg_argmax *cand, int32_t n_ranks, int32_t n,
+                       int32_t ids_per_rank);
     // tokens[pairs[2i]] = prev[pairs[2i + 1]].token for i < n (async
     // scheduling: a step's inputs from the previous step's samples).
     int (*feed_tokens)(pg_backend *b, int32_t *tokens, const pg_sample_out *prev,

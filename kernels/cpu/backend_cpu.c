@@ -320,6 +320,32 @@ static int check_rows(pg_tensor t, const char *what) {
     return 0;
 }
 
+static int cpu_argmax_rows(pg_backend *b, pg_argmax *out, pg_tensor x) {
+    (void)b;
+    PG_ARG(x.dtype == PG_DTYPE_F32 && x.cols > 0, "cpu argmax_rows: f32 rows");
+    for (int64_t i = 0; i < x.rows; i++) {
+        const float *row = F32(x) + i * x.stride;
+        pg_argmax best = {row[0], 0};
+        for (int64_t j = 1; j < x.cols; j++)
+            if (row[j] > best.value) best = (pg_argmax){row[j], (int32_t)j};
+        out[i] = best;
+    }
+    return 0;
+}
+
+static int cpu_argmax_pick(pg_backend *b, pg_sample_out *out, const pg_argmax *cand, int32_t n_ranks, int32_t n,
+                           int32_t ids_per_rank) {
+    (void)b;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t best = 0;
+        for (int32_t r = 1; r < n_ranks; r++)
+            if (cand[(size_t)r * n + i].value > cand[(size_t)best * n + i].value) best = r;
+        memset(&out[i], 0, sizeof out[i]);
+        out[i].token = best * ids_per_rank + cand[(size_t)best * n + i].index;
+    }
+    return 0;
+}
+
 static int cpu_embed(pg_backend *b, pg_tensor out, const int32_t *ids, const pg_bweight *table, int32_t id0) {
     (void)b;
     const pg_weight *e = &cw(table)->parts[0];
@@ -560,6 +586,8 @@ int pg_backend_cpu_create(int n_threads, pg_matmul_mode mode, pg_backend **out) 
         .attn_workspace_bytes = cpu_attn_ws,
         .sample_workspace_bytes = cpu_sample_ws,
         .bind_thread = cpu_bind_thread,
+        .argmax_rows = cpu_argmax_rows,
+        .argmax_pick = cpu_argmax_pick,
         .embed = cpu_embed,
         .copy = cpu_copy_view,
         .gather = cpu_gather,

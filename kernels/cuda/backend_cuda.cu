@@ -570,6 +570,15 @@ static int cu_embed(pg_backend *b, pg_tensor out, const int32_t *ids, const pg_b
                                ctx_of(b)->stream);
 }
 
+static int cu_argmax_rows(pg_backend *b, pg_argmax *out, pg_tensor x) {
+    return pg_cuda_argmax_rows(out, x.data, x.dtype, x.rows, x.cols, x.stride, ctx_of(b)->stream);
+}
+
+static int cu_argmax_pick(pg_backend *b, pg_sample_out *out, const pg_argmax *cand, int32_t n_ranks, int32_t n,
+                          int32_t ids_per_rank) {
+    return pg_cuda_argmax_pick(out, cand, n_ranks, n, ids_per_rank, ctx_of(b)->stream);
+}
+
 static int cu_bind_thread(pg_backend *b) {
     PG_CUDA_TRY(cudaSetDevice(ctx_of(b)->device));
     return 0;
@@ -832,6 +841,8 @@ extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
     b->attn_workspace_bytes = cu_attn_ws;
     b->sample_workspace_bytes = cu_sample_ws;
     b->bind_thread = cu_bind_thread;
+    b->argmax_rows = cu_argmax_rows;
+    b->argmax_pick = cu_argmax_pick;
     b->embed = cu_embed;
     b->copy = cu_copy;
     b->gather = cu_gather;

@@ -179,6 +179,17 @@ int pg_cuda_silu_mul(void *out, const void *gate_up, int64_t m, int64_t ffn, voi
 // Row gather: out[i][0:dim] = table[ids[i]][0:dim] for i < m; an id outside
 // [0, n_rows) gives a zero row. Embedding lookup, and the gather of the
 // last hidden state of each sampled sequence before the LM head.
+// Tensor-parallel greedy sampling (argmax.cu; kernels/backend.h argmax_rows
+// and argmax_pick): out[i] = (max, column) of row i of x ([rows][ld],
+// f32 or bf16; ties to the lower column); and the winner across ranks of
+// cand [n_ranks][n] (ties to the lower rank), as pg_sample_out tokens.
+struct pg_argmax;
+struct pg_sample_out;
+int pg_cuda_argmax_rows(struct pg_argmax *out, const void *x, int dtype, int64_t rows, int64_t cols, int64_t ld,
+                        void *stream);
+int pg_cuda_argmax_pick(struct pg_sample_out *out, const struct pg_argmax *cand, int32_t n_ranks, int32_t n,
+                        int32_t ids_per_rank, void *stream);
+
 // A CUDA backend's compute stream (a cudaStream_t) and device, for the
 // NCCL communicator (comm_nccl.cu), which enqueues on that stream.
 struct pg_backend;

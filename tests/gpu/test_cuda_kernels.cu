@@ -19,6 +19,7 @@
 #include "bench/cuda/attention_decode_v3.cuh" // for bench/cuda/ and are still checked here
 
 extern "C" {
+#include "kernels/backend.h" // pg_argmax, PG_DTYPE_*
 #include "kernels/cpu/sampling.h"
 #include "scheduler/plan.h"
 }
@@ -798,6 +799,58 @@ static void test_embed(int m, int dim, int vocab, Rng &r, int id0 = 0) {
             ok &= go[(size_t)i * dim + e] == (valid ? table[(size_t)row * dim + e] : (uint16_t)0);
         }
     report_bool(name, ok, ok ? "rows exact, ids outside the table zero" : "mismatch");
+}
+
+// Tensor-parallel greedy sampling: per-rank row maxima of bf16 logits
+// (with planted ties, which go to the lower column) and the pick across
+// ranks (ties to the lower rank), against a host loop, exactly.
+static void test_argmax(int ranks, int rows, int cols, Rng &r) {
+    char name[160];
+    snprintf(name, sizeof name, "argmax ranks=%d rows=%d cols=%d", ranks, rows, cols);
+    if (!selected(name)) return;
+    std::vector<uint16_t> x((size_t)ranks * rows * cols);
+    fill_bf16(x, r, 4.0f);
+    for (int i = 0; i < ranks * rows; i += 3) { // a tie inside the row: the lower column wins
+        uint16_t *row = &x[(size_t)i * cols];
+        int a = r.below(cols), b = r.below(cols);
+        uint16_t mx = row[0];
+        for (int j = 1; j < cols; j++)
+            if (bf2f(row[j]) > bf2f(mx)) mx = row[j];
+        row[a] = row[b] = mx;
+    }
+    DBuf dx, dc((size_t)ranks * rows * sizeof(pg_argmax)), dout((size_t)rows * sizeof(pg_sample_out));
+    dx.up(x);
+    for (int k = 0; k < ranks; k++)
+        PK(pg_cuda_argmax_rows((pg_argmax *)dc.p + (size_t)k * rows, (const uint16_t *)dx.p + (size_t)k * rows * cols,
+                               PG_DTYPE_BF16, rows, cols, cols, nullptr));
+    PK(pg_cuda_argmax_pick((pg_sample_out *)dout.p, (const pg_argmax *)dc.p, ranks, rows, cols, nullptr));
+    CK(cudaDeviceSynchronize());
+    std::vector<pg_argmax> cand((size_t)ranks * rows);
+    std::vector<pg_sample_out> out(rows);
+    CK(cudaMemcpy(cand.data(), dc.p, cand.size() * sizeof(pg_argmax), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(out.data(), dout.p, out.size() * sizeof(pg_sample_out), cudaMemcpyDeviceToHost));
+    bool ok = true;
+    for (int i = 0; i < rows; i++) {
+        // The whole vocabulary row (rank k's slice is columns k * cols ..):
+        // the first maximum is the greedy token.
+        int best = -1;
+        float bv = 0;
+        for (int k = 0; k < ranks; k++)
+            for (int j = 0; j < cols; j++) {
+                float v = bf2f(x[((size_t)k * rows + i) * cols + j]);
+                if (best < 0 || v > bv) best = k * cols + j, bv = v;
+            }
+        ok &= out[i].token == best && out[i].n_top == 0;
+        for (int k = 0; k < ranks; k++) {
+            const pg_argmax &c = cand[(size_t)k * rows + i];
+            ok &= c.index >= 0 && c.index < cols && c.value == bf2f(x[((size_t)k * rows + i) * cols + c.index]);
+            for (int j = 0; j < cols; j++) {
+                float v = bf2f(x[((size_t)k * rows + i) * cols + j]);
+                ok &= v < c.value || (v == c.value && j >= c.index);
+            }
+        }
+    }
+    report_bool(name, ok, ok ? "maxima, ties and picks exact" : "mismatch");
 }
 
 // Async scheduling: tokens[row] = prev[j].token for (row, j) pairs; the other
@@ -1655,6 +1708,10 @@ int main(int argc, char **argv) {
     test_embed(40, 4096, 1000, r);
     test_embed(11, 100, 77, r);
     test_embed(40, 576, 16384, r, 16384);
+    test_argmax(1, 7, 1000, r);
+    test_argmax(2, 64, 64128, r);
+    test_argmax(8, 300, 16032, r);
+    test_argmax(3, 5, 17, r);
     test_embed(33, 100, 77, r, 154);
     test_feed_tokens(1, 1, 1, r);
     test_feed_tokens(300, 256, 256, r);

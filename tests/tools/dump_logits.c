@@ -54,7 +54,8 @@ int main(int argc, char **argv) {
     const pg_model *m = pg_executor_model(ex, 0);
     const int bs = 16, nb = (n + bs - 1) / bs + 1;
     pg_runner_config rc = {.block_size = bs, .max_num_seqs = 1, .max_num_batched_tokens = n,
-                           .max_model_len = nb * bs, .kv_dtype = PG_KV_BF16, .graphs = PG_GRAPHS_OFF};
+                           .max_model_len = nb * bs, .kv_dtype = PG_KV_BF16, .graphs = PG_GRAPHS_OFF,
+                           .full_logits = true};
     if (pg_executor_runners_create(ex, &rc) < 0 || pg_executor_alloc_kv(ex, nb + 1, 0) < 0)
         return fprintf(stderr, "%s\n", pg_err_msg()), 1;
     int32_t *table = malloc(sizeof(int32_t) * (size_t)nb);
