@@ -74,7 +74,8 @@ typedef enum {
     // for Q4_1 weights, Q8_0 for Q4_0/Q8_0) and multiplied with integer dot
     // products; RMSNorm, RoPE, softmax and SwiGLU with ggml's rounding and
     // its vectorized exp; K, V, Q and the attention probabilities rounded to
-    // fp16 as in llama.cpp's f16 KV cache (kernels/cpu/llama_compat.h). On
+    // fp16 as in llama.cpp's f16 KV cache (kernels/cpu/llama_compat.h; a
+    // bf16 or q8_0 cache holds that type's rounding of f32 instead). On
     // the default model the logits are bit-identical to llama.cpp's (they
     // differ from the exact mode's by 1-9%). Weight types without an
     // integer kernel (K-quants, f16, bf16, f32) keep f32 products.
