@@ -41,8 +41,9 @@ typedef struct pg_engine_config {
                                  //   NULL = the model's (dummy: a synthetic byte-level one)
     const char *cuda_graphs;     // decode CUDA graphs: NULL or "on" (captured at start-up),
                                  //   "lazy" (on a bucket's first step), "off"
-    const char *kv_cache_dtype;  // NULL or "auto" (bf16 on CUDA, f32 on the CPU), "bf16", "fp8"
-                                 //   (e4m3, scale 1.0; CUDA only)
+    const char *kv_cache_dtype;  // NULL or "auto" (bf16 on CUDA; on the CPU f16, f32 in exact
+                                 //   numerics), "bf16", "fp8" (e4m3, scale 1.0; CUDA only),
+                                 //   "f32", "f16", "q8_0" (CPU only)
     const char *async_scheduling; // NULL or "auto" (on with CUDA, off on the CPU), "on", "off":
                                  //   plan step N + 1 while step N runs (scheduler/sched.h)
     int32_t tensor_parallel;     // ranks (0 or 1: none); engine/executor.h

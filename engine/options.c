@@ -39,9 +39,11 @@ const char *pg_engine_options_help =
     "                                what --gpu-memory-utilization leaves)\n"
     "  --kv-blocks N                 KV cache size in blocks (overrides the above)\n"
     "  --block-size N                tokens per KV block (default 16)\n"
-    "  --kv-cache-dtype auto|bf16|fp8  KV cache elements: auto (bf16 on the GPU, f32 on the\n"
-    "                                CPU), bf16, or fp8 (e4m3, scale 1.0, saturating; GPU only:\n"
-    "                                twice the tokens in the same memory)\n"
+    "  --kv-cache-dtype T            KV cache elements: auto (bf16 on the GPU; on the CPU f16,\n"
+    "                                f32 with --matmul-mode exact), bf16, fp8 (e4m3, scale 1.0,\n"
+    "                                saturating; GPU only: twice the tokens), f32, f16, q8_0\n"
+    "                                (CPU only; q8_0: int8 with an f16 scale per 32 elements of\n"
+    "                                head_dim, 3.76x f32's tokens in the same memory)\n"
     "  --async-scheduling auto|on|off  plan the next step while the device runs this one\n"
     "                                (auto: on with the GPU, off on the CPU)\n"
     "  --swap-space BYTES            host swap space for preempted requests\n"
@@ -152,8 +154,10 @@ int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
     }
     if (!strcmp(f, "--kv-cache-dtype")) {
         NEED_VALUE();
-        if (strcmp(v, "auto") && strcmp(v, "bf16") && strcmp(v, "fp8"))
-            return pg_err_set(PG_EINVAL, "--kv-cache-dtype must be auto, bf16 or fp8");
+        static const char *const kv_types[] = {"auto", "f32", "f16", "bf16", "q8_0", "fp8"};
+        bool known = false;
+        for (size_t t = 0; t < sizeof kv_types / sizeof kv_types[0]; t++) known |= !strcmp(v, kv_types[t]);
+        if (!known) return pg_err_set(PG_EINVAL, "--kv-cache-dtype must be auto, f32, f16, bf16, q8_0 or fp8");
         c->kv_cache_dtype = v;
         return 1;
     }

@@ -41,7 +41,7 @@ typedef struct pg_runner_config {
     int32_t max_num_seqs;           // the scheduler's limits: the workspace is
     int32_t max_num_batched_tokens; //   sized for the largest step they allow
     int32_t max_model_len;
-    int32_t kv_dtype;               // PG_KV_BF16 (the backend's native type) or PG_KV_FP8_E4M3
+    int32_t kv_dtype;               // PG_KV_* (kernels/kernels.h): native, fp8 (CUDA), f32/f16/bf16/q8_0 (CPU)
     pg_graph_mode graphs;
     // Tensor parallelism: gather every logit even for plain-greedy steps,
     // whose ranks otherwise exchange only row maxima (pg_runner_last_logits

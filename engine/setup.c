@@ -119,20 +119,54 @@ int pg_engine_follow(const pg_engine_config *cfg) {
     return rc;
 }
 
+// The KV cache's element type from --kv-cache-dtype, before the model is
+// read: auto is resolved later (kv_dtype_auto); PG_KV_NATIVE means bf16 on
+// the GPU. fp8 is CUDA's alone, f32 / f16 / q8_0 the CPU's.
+static int kv_dtype_choose(const char *name, bool on_cpu, int32_t *out) {
+    static const struct {
+        const char *name;
+        int32_t cpu, cuda; // -1: not on that device
+    } types[] = {
+        {"auto", PG_KV_NATIVE, PG_KV_NATIVE}, {"bf16", PG_KV_BF16_CPU, PG_KV_BF16},
+        {"fp8", -1, PG_KV_FP8_E4M3},          {"f32", PG_KV_F32, -1},
+        {"f16", PG_KV_F16, -1},               {"q8_0", PG_KV_Q8_0, -1},
+    };
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        if (strcmp(name, types[i].name)) continue;
+        *out = on_cpu ? types[i].cpu : types[i].cuda;
+        if (*out >= 0) return 0;
+        if (on_cpu)
+            return pg_err_set(PG_EUNSUPP, "--kv-cache-dtype %s needs --device cuda: the CPU backend's KV "
+                                          "cache is f32, f16, bf16 or q8_0 (or auto)", name);
+        return pg_err_set(PG_EUNSUPP, "--kv-cache-dtype %s is CPU-only: the CUDA backend's KV cache is bf16 "
+                                      "or fp8 (or auto)", name);
+    }
+    return pg_err_set(PG_EINVAL, "KV cache dtype '%s' is not known (auto, f32, f16, bf16, q8_0, fp8)", name);
+}
+
+// auto on the CPU: f16 where the llama.cpp-compatible attention runs, which
+// rounds K and V to f16 anyway (so storing f16 changes no output and halves
+// the bytes, as llama.cpp's default cache); f32 in the exact mode (the
+// reference) and where that attention does not run (head_dim % 8).
+static int32_t kv_dtype_auto(const pg_engine_config *cfg, int32_t head_dim) {
+    return cfg->matmul_mode != PG_MATMUL_EXACT && head_dim % 8 == 0 && head_dim <= 512 ? PG_KV_F16 : PG_KV_F32;
+}
+
+// The start-up log's name of the KV type.
+static const char *kv_dtype_log_name(const pg_backend *be, int32_t dtype) {
+    if (dtype != PG_KV_NATIVE) return pg_kv_dtype_name(dtype);
+    return be->kv_native == PG_DTYPE_F32 ? "f32" : "bf16";
+}
+
 int eng_setup(pg_engine *e) {
     const pg_engine_config *cfg = &e->cfg;
     if (cfg->nnodes > 1 && cfg->node_rank > 0)
         return pg_err_set(PG_EINVAL, "--node-rank %d follows node 0 (pg_engine_follow): it runs no engine of its own",
                           cfg->node_rank);
     const bool on_cpu = !wants_cuda(cfg);
-    // KV cache element type: auto = the device's native one (bf16 / f32).
     const char *kvd = cfg->kv_cache_dtype ? cfg->kv_cache_dtype : "auto";
-    const bool kv_fp8 = !strcmp(kvd, "fp8");
-    if (strcmp(kvd, "auto") && strcmp(kvd, "bf16") && !kv_fp8)
-        return pg_err_set(PG_EINVAL, "KV cache dtype '%s' is not known (auto, bf16, fp8)", kvd);
-    if (on_cpu && strcmp(kvd, "auto"))
-        return pg_err_set(PG_EUNSUPP, "--kv-cache-dtype %s needs --device cuda: the CPU backend's KV "
-                                      "cache is f32 (use auto)", kvd);
+    int32_t kv_dtype = PG_KV_NATIVE;
+    PG_TRY(kv_dtype_choose(kvd, on_cpu, &kv_dtype));
     // Async scheduling: auto = on with the GPU (the host plans the next step
     // while the device runs this one); on the CPU the same thread does both,
     // so it only adds a discarded token per finished sequence.
@@ -163,6 +197,11 @@ int eng_setup(pg_engine *e) {
     PG_TRY(pg_chat_template_load(e->cfg.chat_template, tokenizer_source(e), e->tok, &e->chat));
 
     const pg_model_config *mc = &e->model->cfg;
+    if (on_cpu && !strcmp(kvd, "auto")) kv_dtype = kv_dtype_auto(cfg, mc->head_dim);
+    if (kv_dtype == PG_KV_Q8_0 && mc->head_dim % 32)
+        return pg_err_set(PG_EUNSUPP, "--kv-cache-dtype q8_0 needs a head dimension that is a multiple of 32 "
+                                      "(blocks of 32 along head_dim): the model's head_dim is %d (use f16 or bf16)",
+                          mc->head_dim);
     sched_config sc = cfg->sched;
     if (sc.block_size <= 0) sc.block_size = 16;
     // The step budget per device: on the CPU 2048 tokens are seconds of
@@ -186,7 +225,7 @@ int eng_setup(pg_engine *e) {
     pg_runner_config rcfg = {.block_size = sc.block_size, .max_num_seqs = sc.max_num_seqs,
                              .max_num_batched_tokens = sc.max_num_batched_tokens,
                              .max_model_len = e->max_model_len,
-                             .kv_dtype = kv_fp8 ? PG_KV_FP8_E4M3 : PG_KV_BF16, .graphs = graphs};
+                             .kv_dtype = kv_dtype, .graphs = graphs};
     PG_TRY(pg_executor_runners_create(e->exec, &rcfg));
     PG_TRY(pg_executor_mem_refresh(e->exec));
     pg_runner_mem gm;
@@ -276,7 +315,7 @@ int eng_setup(pg_engine *e) {
                 r, m.total / G, m.weights / G, m.kv / G, m.workspace / G, m.graphs / G, m.other / G, m.free / G,
                 m.device);
     }
-    const char *kv_type = kv_fp8 ? "fp8 e4m3" : be->kv_native == PG_DTYPE_F32 ? "f32" : "bf16";
+    const char *kv_type = kv_dtype_log_name(be, kv_dtype);
     if (be->measures_memory)
         PG_LOGI("device memory: total %.2f GiB = weights %.2f + KV cache %.2f + workspace %.2f (profiled at "
                 "%d tokens / %d sequences; buffers %.2f) + graphs %.2f + other %.2f + free %.2f GiB",
@@ -287,10 +326,10 @@ int eng_setup(pg_engine *e) {
                 "sequences per step)",
                 tp > 1 ? " per rank" : "", gm.weights / (double)(1 << 20), gm.kv / (double)(1 << 20),
                 gm.workspace / (double)(1 << 20), sc.max_num_batched_tokens, sc.max_num_seqs);
-    PG_LOGI("KV cache on %s%s: %d blocks x %d tokens = %lld tokens (%.2f GiB, %s, %zu KiB per block); "
+    PG_LOGI("KV cache on %s%s: %d blocks x %d tokens = %lld tokens (%.2f GiB, %s, %zu bytes per block); "
             "swap %d blocks (%.2f GiB); max model length %d",
             be->name, tp > 1 ? " (each rank: its heads of every block)" : "", e->kv_blocks - 1, sc.block_size, (long long)(e->kv_blocks - 1) * sc.block_size,
-            gm.kv / G, kv_type, per_block >> 10, host_blocks, gm.host_swap / G, e->max_model_len);
+            gm.kv / G, kv_type, per_block, host_blocks, gm.host_swap / G, e->max_model_len);
     PG_LOGI("async scheduling %s", e->async ? "on (the next step is planned while one runs)" : "off");
     return 0;
 }

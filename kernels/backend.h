@@ -57,7 +57,8 @@ typedef struct pg_bweight {
 
 // The paged KV cache of every layer, in backend memory, plus its host swap
 // blocks. k[l] and v[l] are [n_blocks][block_size][n_kv_heads][head_dim] of
-// the shape's element type (the backend's native type or fp8).
+// the shape's element type (PG_KV_*: the native type, fp8 on CUDA; f32,
+// f16, bf16 or q8_0 rows on the CPU).
 typedef struct pg_bkv {
     pg_kv_shape shape;
     int32_t n_layers;

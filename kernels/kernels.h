@@ -7,6 +7,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" { // the .cu files include this too
+#endif
+
 // A weight matrix: `rows` output features, each a row of `cols` input
 // features stored contiguously in `dtype` (quantized types in blocks along
 // the row). The room for per-tensor scales of future int8/fp8 layouts is
@@ -19,15 +23,33 @@ typedef struct pg_weight {
     const float *scales; // reserved: per-row scales for future layouts
 } pg_weight;
 
-// Element types of the KV cache (pg_kv_shape.dtype).
+// Element types of the KV cache (pg_kv_shape.dtype). 0 and 1 keep their
+// old meaning (0 is the backend's native type everywhere, so a shape
+// initialized without a dtype means native); 2..5 are the CPU backend's
+// explicit types, which the CUDA backend refuses.
 enum {
     // The backend's native type: bf16 on CUDA, f32 on the CPU (pg_backend.kv_native).
     PG_KV_BF16 = 0,
+    PG_KV_NATIVE = PG_KV_BF16,
     // fp8 e4m3 (CUDA only), scale 1.0: values are converted with saturation
     // to +-448 and without a calibrated scale (vLLM's fp8 default without
     // scales). 1 byte per element.
     PG_KV_FP8_E4M3 = 1,
+    // CPU only: f32 elements (the same bytes as the CPU's native type).
+    PG_KV_F32 = 2,
+    // CPU only: IEEE fp16, round to nearest even (llama.cpp's default cache).
+    PG_KV_F16 = 3,
+    // CPU only: bfloat16, round to nearest even. (On CUDA, bf16 is
+    // PG_KV_NATIVE; a separate value because the CPU's native type is f32.)
+    PG_KV_BF16_CPU = 4,
+    // CPU only: llama.cpp's Q8_0 along head_dim (a multiple of 32): per 32
+    // elements an fp16 scale d = max|x| / 127 and 32 int8 q = round(x / d),
+    // 34 bytes, x ~ d * q. A row of head_dim elements is head_dim / 32 blocks.
+    PG_KV_Q8_0 = 5,
 };
+
+// "native", "fp8 e4m3", "f32", "f16", "bf16", "q8_0" (logs); "unknown" otherwise.
+const char *pg_kv_dtype_name(int32_t dtype);
 
 // Shape of the paged KV cache of one layer: [n_blocks][block_size][n_kv_heads][head_dim].
 // `dtype` is last, so positional initializers of the first four fields
@@ -52,7 +74,8 @@ typedef enum {
     // for Q4_1 weights, Q8_0 for Q4_0/Q8_0) and multiplied with integer dot
     // products; RMSNorm, RoPE, softmax and SwiGLU with ggml's rounding and
     // its vectorized exp; K, V, Q and the attention probabilities rounded to
-    // fp16 as in llama.cpp's f16 KV cache (kernels/cpu/llama_compat.h). On
+    // fp16 as in llama.cpp's f16 KV cache (kernels/cpu/llama_compat.h; a
+    // bf16 or q8_0 cache holds that type's rounding of f32 instead). On
     // the default model the logits are bit-identical to llama.cpp's (they
     // differ from the exact mode's by 1-9%). Weight types without an
     // integer kernel (K-quants, f16, bf16, f32) keep f32 products.
@@ -63,3 +86,7 @@ typedef enum {
 const char *pg_matmul_mode_name(pg_matmul_mode mode);
 // Parses one of those names; PG_EINVAL (with a message) for anything else.
 int pg_matmul_mode_parse(const char *name, pg_matmul_mode *out);
+
+#ifdef __cplusplus
+}
+#endif

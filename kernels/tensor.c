@@ -1,4 +1,4 @@
-// kernels/tensor.c - tensor views (kernels/backend.h).
+// kernels/tensor.c - tensor views (kernels/backend.h) and the KV dtype names (kernels/kernels.h).
 #include "kernels/backend.h"
 
 pg_tensor pg_tensor_view(pg_tensor t, int64_t r0, int64_t n, int64_t c0, int64_t nc) {
@@ -8,4 +8,22 @@ pg_tensor pg_tensor_view(pg_tensor t, int64_t r0, int64_t n, int64_t c0, int64_t
     v.rows = n;
     v.cols = nc;
     return v;
+}
+
+const char *pg_kv_dtype_name(int32_t dtype) {
+    switch (dtype) {
+    case PG_KV_NATIVE:
+        return "native";
+    case PG_KV_FP8_E4M3:
+        return "fp8 e4m3";
+    case PG_KV_F32:
+        return "f32";
+    case PG_KV_F16:
+        return "f16";
+    case PG_KV_BF16_CPU:
+        return "bf16";
+    case PG_KV_Q8_0:
+        return "q8_0";
+    }
+    return "unknown";
 }

@@ -10,6 +10,12 @@
 //    fma chains over head dimensions taken in llama.cpp's interleaved-pair
 //    order, a two-pass softmax with ggml's expf, probabilities rounded to
 //    fp16, and each output dimension as 8-lane fma chains over positions.
+// The cache holds f32, f16, bf16 or q8_0 rows (kv_cache.c); they are read
+// as f32 a row at a time into a tile on the stack (K, and V in the exact
+// mode) or 8 lanes at a time in registers (V in the compatible mode), never
+// as a dequantized copy of the cache. Every stored value is exactly an f32,
+// so an f16 cache gives the f32 cache's results bit for bit when the values
+// written were already f16 (the compatible mode rounds them so).
 #include <math.h>
 #include <string.h>
 
@@ -17,7 +23,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/llama_compat.h"
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define HAVE_AVX2 1
 #endif
@@ -32,18 +38,34 @@ typedef struct {
     const pg_attn_seq *seqs;
     int32_t n_seqs, n_heads;
     float scale;
-    const float *k_cache, *v_cache;
+    const char *k_cache, *v_cache;
     pg_kv_shape kv;
+    size_t row_bytes;  // one slot: n_kv_heads rows of head_dim elements in kv.dtype
+    size_t head_bytes; // one head's row of head_dim elements
     const int64_t *task_start; // [n_seqs + 1] first task index of each sequence
     pg_cpu_ctx *c;             // per-thread scratch (compat scores)
     bool compat;               // llama.cpp-compatible numerics
 } attn_job;
 
-static inline const float *kv_row(const float *cache, pg_kv_shape kv, const int32_t *table,
-                                  int32_t pos, int32_t kvh) {
-    int64_t block = table[pos / kv.block_size];
-    int64_t slot = block * kv.block_size + pos % kv.block_size;
-    return cache + (slot * kv.n_kv_heads + kvh) * kv.head_dim;
+static inline const void *kv_row(const attn_job *j, const char *cache, const int32_t *table,
+                                 int32_t pos, int32_t kvh) {
+    int64_t block = table[pos / j->kv.block_size];
+    int64_t slot = block * j->kv.block_size + pos % j->kv.block_size;
+    return cache + (size_t)slot * j->row_bytes + (size_t)kvh * j->head_bytes;
+}
+
+static inline bool kv_is_f32(int32_t dtype) {
+    return dtype == PG_KV_NATIVE || dtype == PG_KV_F32;
+}
+
+// One head's row as f32: the cache itself when it is f32, else converted
+// into `tile` [head_dim].
+static inline const float *kv_row_f32(const attn_job *j, const char *cache, const int32_t *table,
+                                      int32_t pos, int32_t kvh, float *tile) {
+    const void *r = kv_row(j, cache, table, pos, kvh);
+    if (kv_is_f32(j->kv.dtype)) return r;
+    pg_cpu_kv_load_row(j->kv.dtype, r, tile, j->kv.head_dim);
+    return tile;
 }
 
 static void attend_one(const attn_job *j, const pg_attn_seq *s, int32_t h, int32_t qi) {
@@ -52,7 +74,7 @@ static void attend_one(const attn_job *j, const pg_attn_seq *s, int32_t h, int32
     const float *q = j->q + (int64_t)(s->q_start + qi) * j->q_stride + (int64_t)h * hd;
     float *out = j->out + ((int64_t)(s->q_start + qi) * j->n_heads + h) * hd;
     const int32_t n_keys = s->start_pos + qi + 1; // causal: keys up to its own position
-    float acc[512];
+    float acc[512], ktile[512], vtile[512];
     float scores[KEY_CHUNK];
     float m = -INFINITY, l = 0.0f;
     memset(acc, 0, sizeof(float) * (size_t)hd);
@@ -60,7 +82,7 @@ static void attend_one(const attn_job *j, const pg_attn_seq *s, int32_t h, int32
         int32_t n = n_keys - t0 < KEY_CHUNK ? n_keys - t0 : KEY_CHUNK;
         float cmax = -INFINITY;
         for (int32_t t = 0; t < n; t++) {
-            const float *k = kv_row(j->k_cache, j->kv, s->block_table, t0 + t, kvh);
+            const float *k = kv_row_f32(j, j->k_cache, s->block_table, t0 + t, kvh, ktile);
             float d = 0.0f;
             for (int32_t e = 0; e < hd; e++) d += q[e] * k[e];
             scores[t] = d * j->scale;
@@ -73,7 +95,7 @@ static void attend_one(const attn_job *j, const pg_attn_seq *s, int32_t h, int32
         for (int32_t t = 0; t < n; t++) {
             float p = expf(scores[t] - m_new);
             l += p;
-            const float *v = kv_row(j->v_cache, j->kv, s->block_table, t0 + t, kvh);
+            const float *v = kv_row_f32(j, j->v_cache, s->block_table, t0 + t, kvh, vtile);
             for (int32_t e = 0; e < hd; e++) acc[e] += p * v[e];
         }
         m = m_new;
@@ -118,6 +140,76 @@ static inline __attribute__((always_inline)) void scores_avx2(const int G, const
         scores[(size_t)g * stride] = _mm_cvtss_f32(r) * scale;
     }
 }
+
+// Dimensions [e0, e0 + 8) of a cache row of type DT as f32 (e0 a multiple
+// of 8, so the 8 lanes never straddle a q8_0 block). DT is a constant at
+// every call site.
+static inline __attribute__((always_inline)) __m256 load8(const int DT, const void *row, int32_t e0) {
+    switch (DT) {
+    case PG_KV_F16:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + e0)));
+    case PG_KV_BF16_CPU: {
+        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + e0)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+    }
+    case PG_KV_Q8_0: {
+        const uint8_t *blk = (const uint8_t *)row + (size_t)(e0 / PG_KV_Q8_0_ELEMS) * PG_KV_Q8_0_BYTES;
+        uint16_t dh;
+        memcpy(&dh, blk, 2);
+        __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + e0 % PG_KV_Q8_0_ELEMS)));
+        return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dh)), _mm256_cvtepi32_ps(q));
+    }
+    default:
+        return _mm256_loadu_ps((const float *)row + e0);
+    }
+}
+
+// out[e] = sum over positions t of vrow[t][e] * p[t]: lane t % 8 of an fma
+// chain per dimension, the lanes summed like ggml's hsum.
+static inline __attribute__((always_inline)) void vsum_avx2(const int DT, const void *const *vrow,
+                                                            const float *p, int32_t n_keys,
+                                                            int32_t hd, float *out) {
+    for (int32_t e0 = 0; e0 < hd; e0 += 8) {
+        __m256 acc[8];
+#pragma GCC unroll 8
+        for (int l = 0; l < 8; l++) acc[l] = _mm256_setzero_ps();
+        int32_t t0 = 0;
+        for (; t0 + 8 <= n_keys; t0 += 8)
+#pragma GCC unroll 8
+            for (int l = 0; l < 8; l++)
+                acc[l] = _mm256_fmadd_ps(load8(DT, vrow[t0 + l], e0), _mm256_broadcast_ss(p + t0 + l),
+                                         acc[l]);
+#pragma GCC unroll 8
+        for (int l = 0; l < 8; l++)
+            if (t0 + l < n_keys)
+                acc[l] = _mm256_fmadd_ps(load8(DT, vrow[t0 + l], e0), _mm256_broadcast_ss(p + t0 + l),
+                                         acc[l]);
+        __m256 r = _mm256_add_ps(
+            _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
+            _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
+        _mm256_storeu_ps(out + e0, r);
+    }
+}
+#else
+// Element e of a cache row as f32 (the scalar build's V reads).
+static inline float kv_elem(int32_t dtype, const void *row, int32_t e) {
+    float x;
+    switch (dtype) {
+    case PG_KV_F16:
+        return pg_f16_to_f32(((const uint16_t *)row)[e]);
+    case PG_KV_BF16_CPU:
+        return pg_bf16_to_f32(((const uint16_t *)row)[e]);
+    case PG_KV_Q8_0: {
+        const uint8_t *blk = (const uint8_t *)row + (size_t)(e / PG_KV_Q8_0_ELEMS) * PG_KV_Q8_0_BYTES;
+        uint16_t dh;
+        memcpy(&dh, blk, 2);
+        return pg_f16_to_f32(dh) * (float)(int8_t)blk[2 + e % PG_KV_Q8_0_ELEMS];
+    }
+    default:
+        memcpy(&x, (const float *)row + e, sizeof x);
+        return x;
+    }
+}
 #endif
 
 static void attend_group_compat(const attn_job *j, const pg_attn_seq *s, int32_t kvh, int32_t qi,
@@ -125,14 +217,16 @@ static void attend_group_compat(const attn_job *j, const pg_attn_seq *s, int32_t
     const int32_t hd = j->kv.head_dim, half = hd / 2, G = j->n_heads / j->kv.n_kv_heads;
     const int32_t n_keys = s->start_pos + qi + 1;
     const int64_t row = (int64_t)(s->q_start + qi) * j->n_heads + (int64_t)kvh * G; // first head
-    // Scratch: q in llama.cpp's order rounded to fp16, the scores of every
-    // head of the group (then their probabilities), the value rows.
+    // Scratch: q in llama.cpp's order rounded to fp16, one K row as f32
+    // (a cache of another type), the scores of every head of the group (then
+    // their probabilities), the value rows.
     const size_t n_p = ((size_t)n_keys + 7) & ~(size_t)7;
-    float *q16 =
-        pg_cpu_scratch(j->c, thread, (size_t)G * hd + (size_t)G * n_p + 2 * (size_t)n_keys + 8);
-    float *p = q16 + (size_t)G * hd;
-    const float **vrow = (const float **)(void *)(p + (size_t)G * n_p +
-                                                  ((uintptr_t)(p + (size_t)G * n_p) % 8 ? 1 : 0));
+    float *q16 = pg_cpu_scratch(j->c, thread,
+                                (size_t)G * hd + hd + (size_t)G * n_p + 2 * (size_t)n_keys + 8);
+    float *ktile = q16 + (size_t)G * hd;
+    float *p = ktile + hd;
+    const void **vrow = (const void **)(void *)(p + (size_t)G * n_p +
+                                                ((uintptr_t)(p + (size_t)G * n_p) % 8 ? 1 : 0));
     for (int32_t g = 0; g < G; g++) {
         const float *q = j->q + (int64_t)(s->q_start + qi) * j->q_stride + ((int64_t)kvh * G + g) * hd;
         for (int32_t d = 0; d < hd; d++)
@@ -141,14 +235,14 @@ static void attend_group_compat(const attn_job *j, const pg_attn_seq *s, int32_t
     // Scores: per head, 8-lane fma chains over the dimensions (tinyBLAS's
     // f16 gemm), the lanes summed like ggml's hsum.
     for (int32_t t = 0; t < n_keys; t++) {
-        const float *k = kv_row(j->k_cache, j->kv, s->block_table, t, kvh);
-        vrow[t] = kv_row(j->v_cache, j->kv, s->block_table, t, kvh);
+        const float *k = kv_row_f32(j, j->k_cache, s->block_table, t, kvh, ktile);
+        vrow[t] = kv_row(j, j->v_cache, s->block_table, t, kvh);
 #ifdef HAVE_AVX2
         // The cache streams from DRAM at long contexts: fetch a few rows ahead.
         if (t + 4 < n_keys) {
-            const char *kn = (const char *)kv_row(j->k_cache, j->kv, s->block_table, t + 4, kvh);
-            const char *vn = (const char *)kv_row(j->v_cache, j->kv, s->block_table, t + 4, kvh);
-            for (int32_t o = 0; o < hd * (int32_t)sizeof(float); o += 64) {
+            const char *kn = kv_row(j, j->k_cache, s->block_table, t + 4, kvh);
+            const char *vn = kv_row(j, j->v_cache, s->block_table, t + 4, kvh);
+            for (size_t o = 0; o < j->head_bytes; o += 64) {
                 _mm_prefetch(kn + o, _MM_HINT_T0);
                 _mm_prefetch(vn + o, _MM_HINT_T0);
             }
@@ -199,36 +293,29 @@ static void attend_group_compat(const attn_job *j, const pg_attn_seq *s, int32_t
         pg_lc_softmax_row(pg, pg, n_keys);
         for (int32_t t = 0; t < n_keys; t++) pg[t] = pg_lc_f16(pg[t]);
     }
-    // out[e] = sum over positions t of v[t][e] * p[t]: lane t % 8 of an fma
-    // chain per dimension, the lanes summed like ggml's hsum.
+    // out[e] = sum over positions t of v[t][e] * p[t] (vsum_avx2).
     for (int32_t g = 0; g < G; g++) {
         const float *pg = p + g * n_p;
         float *out = j->out + (row + g) * hd;
 #ifdef HAVE_AVX2
-        for (int32_t e0 = 0; e0 < hd; e0 += 8) {
-            __m256 acc[8];
-#pragma GCC unroll 8
-            for (int l = 0; l < 8; l++) acc[l] = _mm256_setzero_ps();
-            int32_t t0 = 0;
-            for (; t0 + 8 <= n_keys; t0 += 8)
-#pragma GCC unroll 8
-                for (int l = 0; l < 8; l++)
-                    acc[l] = _mm256_fmadd_ps(_mm256_loadu_ps(vrow[t0 + l] + e0),
-                                             _mm256_broadcast_ss(pg + t0 + l), acc[l]);
-#pragma GCC unroll 8
-            for (int l = 0; l < 8; l++)
-                if (t0 + l < n_keys)
-                    acc[l] = _mm256_fmadd_ps(_mm256_loadu_ps(vrow[t0 + l] + e0),
-                                             _mm256_broadcast_ss(pg + t0 + l), acc[l]);
-            __m256 r = _mm256_add_ps(
-                _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
-                _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
-            _mm256_storeu_ps(out + e0, r);
+        switch (j->kv.dtype) { // a constant type keeps the conversion inline
+        case PG_KV_F16:
+            vsum_avx2(PG_KV_F16, vrow, pg, n_keys, hd, out);
+            break;
+        case PG_KV_BF16_CPU:
+            vsum_avx2(PG_KV_BF16_CPU, vrow, pg, n_keys, hd, out);
+            break;
+        case PG_KV_Q8_0:
+            vsum_avx2(PG_KV_Q8_0, vrow, pg, n_keys, hd, out);
+            break;
+        default:
+            vsum_avx2(PG_KV_F32, vrow, pg, n_keys, hd, out);
         }
 #else
         for (int32_t e = 0; e < hd; e++) {
             float a[8] = {0};
-            for (int32_t t = 0; t < n_keys; t++) a[t % 8] = fmaf(vrow[t][e], pg[t], a[t % 8]);
+            for (int32_t t = 0; t < n_keys; t++)
+                a[t % 8] = fmaf(kv_elem(j->kv.dtype, vrow[t], e), pg[t], a[t % 8]);
             out[e] = pg_lc_hsum8(a);
         }
 #endif
@@ -255,8 +342,10 @@ static void attn_task(void *ctx, int64_t t, int thread) {
 
 void pg_cpu_attention(pg_cpu_ctx *c, float *out, const float *q, int64_t q_stride,
                       const pg_attn_seq *seqs, int32_t n_seqs, int32_t n_heads, float scale,
-                      const float *k_cache, const float *v_cache, pg_kv_shape kv) {
+                      const void *k_cache, const void *v_cache, pg_kv_shape kv) {
     PG_CHECK(kv.head_dim <= 512 && n_heads % kv.n_kv_heads == 0);
+    const size_t head_bytes = pg_cpu_kv_row_bytes(kv.dtype, kv.head_dim);
+    PG_CHECK(head_bytes > 0); // kv_create refused the others
     const bool compat =
         pg_cpu_attention_compat(c, kv.head_dim) && n_heads / kv.n_kv_heads <= MAX_GROUP;
     const int32_t units = compat ? kv.n_kv_heads : n_heads; // tasks per chunk of queries
@@ -266,8 +355,10 @@ void pg_cpu_attention(pg_cpu_ctx *c, float *out, const float *q, int64_t q_strid
     starts[0] = 0;
     for (int32_t i = 0; i < n_seqs; i++)
         starts[i + 1] = starts[i] + (int64_t)units * ((seqs[i].n_q + Q_PER_TASK - 1) / Q_PER_TASK);
-    attn_job j = {out,     q,       q_stride, seqs,   n_seqs, n_heads, scale,
-                  k_cache, v_cache, kv,       starts, c,      compat};
+    attn_job j = {.out = out, .q = q, .q_stride = q_stride, .seqs = seqs, .n_seqs = n_seqs,
+                  .n_heads = n_heads, .scale = scale, .k_cache = k_cache, .v_cache = v_cache, .kv = kv,
+                  .row_bytes = head_bytes * (size_t)kv.n_kv_heads, .head_bytes = head_bytes,
+                  .task_start = starts, .c = c, .compat = compat};
     pg_pool_run(c->pool, starts[n_seqs], attn_task, &j);
     if (starts != stack_starts) free(starts);
 }

@@ -5,7 +5,8 @@
 // op) before the op returns, so the step synchronisation calls are no-ops
 // and "device" memory is host memory. Matrices are borrowed from the
 // caller's host data (the mapped checkpoint: zero copy); vectors are copied
-// to f32. The KV cache is f32, calloc'ed so untouched blocks cost nothing.
+// to f32. The KV cache is f32 (native), f16, bf16 or q8_0 (kv_cache.c),
+// calloc'ed so untouched blocks cost nothing.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -199,13 +200,16 @@ static void cpu_weight_free(pg_backend *b, pg_bweight *bw) {
 
 // --- KV cache ---------------------------------------------------------------------
 
-static size_t block_elems(pg_kv_shape s) {
-    return (size_t)s.block_size * (size_t)s.n_kv_heads * (size_t)s.head_dim;
+// Bytes of one block of one layer's K (or V): block_size slots of
+// n_kv_heads rows of head_dim elements in s.dtype; 0 for a type the CPU
+// does not store.
+static size_t layer_block_bytes(pg_kv_shape s) {
+    return (size_t)s.block_size * (size_t)s.n_kv_heads * pg_cpu_kv_row_bytes(s.dtype, s.head_dim);
 }
 
 static size_t cpu_kv_block_bytes(pg_backend *b, int32_t n_layers, pg_kv_shape s) {
     (void)b;
-    return (size_t)2 * (size_t)n_layers * block_elems(s) * sizeof(float);
+    return (size_t)2 * (size_t)n_layers * layer_block_bytes(s);
 }
 
 static void cpu_kv_free(pg_backend *b, pg_bkv *kv) {
@@ -225,8 +229,13 @@ static int cpu_kv_create(pg_backend *b, int32_t n_layers, pg_kv_shape s, int32_t
     *out = NULL;
     PG_ARG(n_layers > 0 && s.n_blocks > 0 && s.block_size > 0 && n_host_blocks >= 0,
            "cpu KV cache: %d layers, %d blocks", n_layers, s.n_blocks);
-    if (s.dtype != PG_KV_BF16)
-        return pg_err_set(PG_EUNSUPP, "cpu KV cache: only the native f32 elements (fp8 needs CUDA)");
+    if (s.dtype == PG_KV_FP8_E4M3)
+        return pg_err_set(PG_EUNSUPP, "cpu KV cache: fp8 e4m3 needs CUDA (the CPU stores f32, f16, bf16, q8_0)");
+    if (s.dtype == PG_KV_Q8_0 && s.head_dim % PG_KV_Q8_0_ELEMS)
+        return pg_err_set(PG_EUNSUPP, "cpu KV cache: q8_0 needs head_dim a multiple of %d, the model's is %d",
+                          PG_KV_Q8_0_ELEMS, s.head_dim);
+    if (layer_block_bytes(s) == 0)
+        return pg_err_set(PG_EINVAL, "cpu KV cache: element type %d is not known", s.dtype);
     pg_bkv *kv = pg_xcalloc(1, sizeof *kv);
     kv->shape = s;
     kv->n_layers = n_layers;
@@ -234,14 +243,14 @@ static int cpu_kv_create(pg_backend *b, int32_t n_layers, pg_kv_shape s, int32_t
     // k[0..L) device blocks, k[L..2L) host blocks (the same for v).
     kv->k = pg_xcalloc(2 * (size_t)n_layers, sizeof(void *));
     kv->v = pg_xcalloc(2 * (size_t)n_layers, sizeof(void *));
-    const size_t n = (size_t)s.n_blocks * block_elems(s), nh = (size_t)n_host_blocks * block_elems(s);
+    const size_t n = (size_t)s.n_blocks * layer_block_bytes(s), nh = (size_t)n_host_blocks * layer_block_bytes(s);
     for (int32_t l = 0; l < n_layers; l++) {
         // calloc: untouched pages cost nothing until blocks are used.
-        kv->k[l] = calloc(n, sizeof(float));
-        kv->v[l] = calloc(n, sizeof(float));
+        kv->k[l] = calloc(n, 1);
+        kv->v[l] = calloc(n, 1);
         if (nh) {
-            kv->k[n_layers + l] = calloc(nh, sizeof(float));
-            kv->v[n_layers + l] = calloc(nh, sizeof(float));
+            kv->k[n_layers + l] = calloc(nh, 1);
+            kv->v[n_layers + l] = calloc(nh, 1);
         }
         if (!kv->k[l] || !kv->v[l] || (nh && (!kv->k[n_layers + l] || !kv->v[n_layers + l]))) {
             cpu_kv_free(b, kv);
@@ -255,12 +264,14 @@ static int cpu_kv_create(pg_backend *b, int32_t n_layers, pg_kv_shape s, int32_t
     return 0;
 }
 
+// Whole blocks as bytes: every element type (q8_0's scales included) is
+// moved unchanged.
 static void move_blocks(pg_bkv *kv, void **dst, void **src, const int32_t *pairs, int32_t n) {
-    const size_t be = block_elems(kv->shape);
+    const size_t bb = layer_block_bytes(kv->shape);
     for (int32_t l = 0; l < kv->n_layers; l++)
         for (int32_t i = 0; i < n; i++)
-            memcpy((float *)dst[l] + (size_t)pairs[2 * i + 1] * be,
-                   (const float *)src[l] + (size_t)pairs[2 * i] * be, be * sizeof(float));
+            memcpy((char *)dst[l] + (size_t)pairs[2 * i + 1] * bb, (const char *)src[l] + (size_t)pairs[2 * i] * bb,
+                   bb);
 }
 
 static int cpu_kv_swap(pg_backend *b, pg_bkv *kv, const int32_t *pairs, int32_t n, bool to_host) {

@@ -3,7 +3,7 @@
 //
 // The CPU backend (backend_cpu.c) implements kernels/backend.h with f32
 // activations over these kernels; weights stay as stored (GGUF block types
-// included) and the KV cache is f32.
+// included) and the KV cache is f32, f16, bf16 or q8_0 (kv_cache.c).
 #pragma once
 #include "common/thread_pool.h"
 #include "kernels/backend.h"
@@ -40,6 +40,22 @@ typedef struct pg_attn_seq {
     const int32_t *block_table; // [ceil((start_pos + n_q) / block_size)]
 } pg_attn_seq;
 
+// --- KV cache elements (kv_cache.c) --------------------------------------------------
+// A cache row is one token's K (or V) of one or more heads, head_dim
+// elements each, in pg_kv_shape.dtype: PG_KV_NATIVE / PG_KV_F32 (f32),
+// PG_KV_F16, PG_KV_BF16_CPU, PG_KV_Q8_0 (blocks of 32 along the row: fp16
+// d, then 32 int8; rows of whole heads, head_dim a multiple of 32).
+#define PG_KV_Q8_0_ELEMS 32
+#define PG_KV_Q8_0_BYTES 34
+
+// Bytes of a row of n elements; 0 for a type the CPU does not store (fp8)
+// or a q8_0 row that is not whole blocks.
+size_t pg_cpu_kv_row_bytes(int32_t dtype, int64_t n);
+// dst (pg_cpu_kv_row_bytes(dtype, n) bytes) = src[0:n] stored as dtype.
+void pg_cpu_kv_store_row(int32_t dtype, void *dst, const float *src, int64_t n);
+// dst[0:n] = the row at src as f32 (exact: every stored value is an f32).
+void pg_cpu_kv_load_row(int32_t dtype, const void *src, float *dst, int64_t n);
+
 // Returns thread `t`'s scratch with room for at least `n` floats.
 float *pg_cpu_scratch(pg_cpu_ctx *c, int t, size_t n);
 
@@ -68,16 +84,18 @@ void pg_cpu_rmsnorm(pg_cpu_ctx *c, float *out, const float *x, const float *weig
 void pg_cpu_silu_mul(pg_cpu_ctx *c, float *out, const float *gate_up, int64_t m, int64_t ffn);
 // RoPE of q (rows q_stride apart, n_heads heads) and k (rows k_stride
 // apart, kv.n_kv_heads heads) in place at positions pos[m], then k and v
-// (rows v_stride apart) to the cache at slots[m] (< 0: no write).
+// (rows v_stride apart) to the cache at slots[m] (< 0: no write), stored
+// as kv.dtype.
 void pg_cpu_rope_kv_write(pg_cpu_ctx *c, float *q, int64_t q_stride, float *k, int64_t k_stride,
                           const float *v, int64_t v_stride, const int32_t *pos,
                           const int32_t *slots, int64_t m, int32_t n_heads, const float *inv_freq,
-                          float *k_cache, float *v_cache, pg_kv_shape kv);
+                          void *k_cache, void *v_cache, pg_kv_shape kv);
 // Causal attention over the paged cache: out[m][n_heads][head_dim]
-// (contiguous) from q rows q_stride apart.
+// (contiguous) from q rows q_stride apart; the caches hold kv.dtype rows,
+// read as f32 a row (or 8 lanes) at a time.
 void pg_cpu_attention(pg_cpu_ctx *c, float *out, const float *q, int64_t q_stride,
                       const pg_attn_seq *seqs, int32_t n_seqs, int32_t n_heads, float scale,
-                      const float *k_cache, const float *v_cache, pg_kv_shape kv);
+                      const void *k_cache, const void *v_cache, pg_kv_shape kv);
 
 // Single-threaded dot products of one weight row with x rows, used by the
 // matmul and tested against the dequantize-then-dot reference.

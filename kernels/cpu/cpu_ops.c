@@ -1,5 +1,6 @@
 // kernels/cpu/cpu_ops.c - the CPU backend's element-wise ops: RMSNorm, SiLU * mul,
-// RoPE + KV write (exact, and llama.cpp-compatible), and the numerics modes.
+// RoPE + KV write (exact, and llama.cpp-compatible; every KV element type), and
+// the numerics modes.
 #include <math.h>
 #include <string.h>
 
@@ -103,18 +104,29 @@ static float compat_theta_scale(const float *inv_freq, int32_t half) {
     return inv_freq[1];
 }
 
+// Whether the compatible mode rounds K and V through fp16 before they are
+// stored: llama.cpp's f16 cache does, so f32 and f16 caches hold the same
+// values (and give the same output); bf16 and q8_0 caches round from f32
+// as llama.cpp's -ctk bf16 / q8_0 would.
+static bool compat_rounds_f16(int32_t dtype) {
+    return dtype == PG_KV_NATIVE || dtype == PG_KV_F32 || dtype == PG_KV_F16;
+}
+
 void pg_cpu_rope_kv_write(pg_cpu_ctx *c, float *q, int64_t q_stride, float *k, int64_t k_stride,
                           const float *v, int64_t v_stride, const int32_t *pos,
                           const int32_t *slots, int64_t m, int32_t n_heads, const float *inv_freq,
-                          float *k_cache, float *v_cache, pg_kv_shape kv) {
+                          void *k_cache, void *v_cache, pg_kv_shape kv) {
     const int32_t hd = kv.head_dim, nkv = kv.n_kv_heads;
+    const size_t row = (size_t)nkv * (size_t)hd, row_bytes = pg_cpu_kv_row_bytes(kv.dtype, (int64_t)row);
+    char *kb = k_cache, *vb = v_cache;
     if (pg_cpu_attention_compat(c, hd)) {
         // llama.cpp: ggml's rope (or, with scaled frequencies, ours), then K
-        // and V stored in an f16 cache; K in llama.cpp's dimension order
+        // and V stored in the cache; K in llama.cpp's dimension order
         // (attention.c reads it so).
         const float theta_scale = compat_theta_scale(inv_freq, hd / 2);
+        const bool f16 = compat_rounds_f16(kv.dtype);
         float cs[512];
-        size_t row = (size_t)nkv * (size_t)hd;
+        float *tk = pg_cpu_scratch(c, 0, 2 * row), *tv = tk + row; // the rows as stored, in f32
         for (int64_t i = 0; i < m; i++) {
             if (theta_scale != 0.0f) {
                 pg_lc_rope_cache(pos[i], theta_scale, hd / 2, cs);
@@ -129,12 +141,15 @@ void pg_cpu_rope_kv_write(pg_cpu_ctx *c, float *q, int64_t q_stride, float *k, i
                     rope_rotate(k + i * k_stride + h * hd, hd, pos[i], inv_freq);
             }
             if (slots[i] < 0) continue;
-            float *kc = k_cache + (size_t)slots[i] * row, *vc = v_cache + (size_t)slots[i] * row;
             const float *ki = k + i * k_stride, *vi = v + i * v_stride;
             for (int32_t h = 0; h < nkv; h++)
-                for (int32_t d = 0; d < hd; d++)
-                    kc[h * hd + d] = pg_lc_f16(ki[h * hd + (d % 2 ? hd / 2 + d / 2 : d / 2)]);
-            for (size_t e = 0; e < row; e++) vc[e] = pg_lc_f16(vi[e]);
+                for (int32_t d = 0; d < hd; d++) {
+                    float x = ki[h * hd + (d % 2 ? hd / 2 + d / 2 : d / 2)];
+                    tk[h * hd + d] = f16 ? pg_lc_f16(x) : x;
+                }
+            for (size_t e = 0; e < row; e++) tv[e] = f16 ? pg_lc_f16(vi[e]) : vi[e];
+            pg_cpu_kv_store_row(kv.dtype, kb + (size_t)slots[i] * row_bytes, tk, (int64_t)row);
+            pg_cpu_kv_store_row(kv.dtype, vb + (size_t)slots[i] * row_bytes, tv, (int64_t)row);
         }
         return;
     }
@@ -142,8 +157,7 @@ void pg_cpu_rope_kv_write(pg_cpu_ctx *c, float *q, int64_t q_stride, float *k, i
         for (int32_t h = 0; h < n_heads; h++) rope_rotate(q + i * q_stride + h * hd, hd, pos[i], inv_freq);
         for (int32_t h = 0; h < nkv; h++) rope_rotate(k + i * k_stride + h * hd, hd, pos[i], inv_freq);
         if (slots[i] < 0) continue;
-        size_t row = (size_t)nkv * (size_t)hd;
-        memcpy(k_cache + (size_t)slots[i] * row, k + i * k_stride, row * sizeof(float));
-        memcpy(v_cache + (size_t)slots[i] * row, v + i * v_stride, row * sizeof(float));
+        pg_cpu_kv_store_row(kv.dtype, kb + (size_t)slots[i] * row_bytes, k + i * k_stride, (int64_t)row);
+        pg_cpu_kv_store_row(kv.dtype, vb + (size_t)slots[i] * row_bytes, v + i * v_stride, (int64_t)row);
     }
 }

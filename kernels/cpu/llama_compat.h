@@ -11,7 +11,8 @@
 //    multiplication, cosf/sinf, and the rotation with fused multiply-adds
 //    x0' = fma(x0, cos, -(x1 * sin)), x1' = fma(x0, sin, x1 * cos);
 //  - attention (llama.cpp without flash attention, f16 KV cache): K, V and Q
-//    rounded to fp16; scores and the value sums as 8-lane fma chains summed
+//    rounded to fp16 (K and V, with an f32 or f16 cache; a bf16 or q8_0
+//    cache holds its own rounding of f32); scores and the value sums as 8-lane fma chains summed
 //    like ggml's hsum (tinyBLAS); softmax with ggml's vectorized expf and its
 //    sums in double; probabilities rounded to fp16 (kernels/cpu/attention.c);
 //  - SwiGLU: silu(g) = g / (1 + expf(-g)) with ggml's vectorized expf.

@@ -390,7 +390,10 @@ static int cu_kv_create(pg_backend *b, int32_t n_layers, pg_kv_shape s, int32_t 
     CudaCtx *c = ctx_of(b);
     PG_ARG(n_layers > 0 && s.n_blocks > 0 && n_host_blocks >= 0, "cuda KV cache: %d layers, %d blocks",
            n_layers, s.n_blocks);
-    PG_ARG(s.dtype == PG_KV_BF16 || s.dtype == PG_KV_FP8_E4M3, "cuda KV cache: dtype %d", s.dtype);
+    if (s.dtype != PG_KV_BF16 && s.dtype != PG_KV_FP8_E4M3)
+        return pg_err_set(PG_EUNSUPP,
+                          "cuda KV cache: %s elements are CPU-only (the CUDA kernels read bf16 or fp8 e4m3)",
+                          pg_kv_dtype_name(s.dtype));
     PG_ARG(s.block_size >= 8 && (s.block_size & (s.block_size - 1)) == 0,
            "cuda KV cache: block size %d (a power of two >= 8)", s.block_size);
     if (s.head_dim != 64 && s.head_dim != 128)

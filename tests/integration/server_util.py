@@ -21,9 +21,22 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.environ.get("PAGED_MODEL") or os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 # Small enough for several servers in a row, big enough for every test:
-# 2048-token context, 256 MiB of KV cache (f32 on CPU: ~5800 tokens).
+# 2048-token context, 256 MiB of KV cache (f16 on the CPU by default: ~11,600
+# tokens; f32 in --matmul-mode exact: ~5,800).
 DEFAULT_ARGS = ["--max-model-len", "2048", "--kv-cache-memory", "256M"]
 EXTRA_ARGS = shlex.split(os.environ.get("PAGED_EXTRA_ARGS", ""))
+
+# Twenty varied prompts, the held-out set of the greedy-equality tests
+# (test_tensor_parallel, test_kv_cache_dtype).
+PROMPTS_20 = [
+    "The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
+    "The three primary colors are", "Water boils at a temperature of", "My favourite book is",
+    "In 1969, the first human", "The quick brown fox", "To make a cup of tea, first",
+    "A haiku about autumn:", "The largest planet in the solar system", "Photosynthesis is the process",
+    "Translate to French: Good morning", "The best way to learn a language is", "import numpy as np\n",
+    "Dear Sir or Madam,", "The recipe calls for two cups of", "Mount Everest is located in",
+    "Three reasons to exercise daily:", "The meaning of life is",
+]
 
 
 def skip(msg):

@@ -88,13 +88,37 @@ def test_cuda_graphs_flag():
 
 def test_kv_cache_dtype_flag():
     rc, out, err = generate("--kv-cache-dtype", "int4", "--prompt", "Hi")
-    assert rc == 2 and "--kv-cache-dtype must be auto, bf16 or fp8" in err, err
-    # fp8 (and bf16) KV caches are CUDA only: a clear start-up error on the CPU.
+    assert rc == 2 and "--kv-cache-dtype must be auto, f32, f16, bf16, q8_0 or fp8" in err, err
+    # fp8 is CUDA only: a clear start-up error on the CPU.
     rc, out, err = generate("--device", "cpu", "--kv-cache-dtype", "fp8", "--prompt", "Hi", "--max-tokens", "2")
     assert rc != 0 and "--kv-cache-dtype fp8 needs --device cuda" in err, err
     assert err.count("\n") <= 2, err
-    rc, out, err = generate("--device", "cpu", "--kv-cache-dtype", "auto", "--prompt", "Hi", "--max-tokens", "2")
-    assert rc == 0, err
+    # The CPU's own types run, and the log names them (auto: f16 in the
+    # default numerics, f32 in the exact ones).
+    for dt, named, mode in (("auto", "f16", "default"), ("auto", "f32", "exact"), ("f32", "f32", "default"),
+                            ("f16", "f16", "default"), ("bf16", "bf16", "default"), ("q8_0", "q8_0", "exact")):
+        rc, out, err = generate("--device", "cpu", "--kv-cache-dtype", dt, "--matmul-mode", mode, "--prompt", "Hi",
+                                "--max-tokens", "2")
+        assert rc == 0, (dt, mode, err)
+        assert f", {named}, " in err and "bytes per block" in err, (dt, mode, err)
+    # q8_0 needs head_dim a multiple of 32: a dummy model of head_dim 48 is
+    # refused at start-up with a line naming it (f16 runs it).
+    with tempfile.TemporaryDirectory() as d:
+        cfg = os.path.join(d, "hd48.json")
+        with open(cfg, "w") as f:
+            json.dump({"architectures": ["LlamaForCausalLM"], "hidden_size": 96, "num_hidden_layers": 1,
+                       "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 128,
+                       "vocab_size": 300, "max_position_embeddings": 256}, f)
+        dummy = ("--device", "cpu", "--load-format", "dummy", "--hf-config", cfg, "--prompt", "Hi", "--max-tokens", "2")
+        rc, out, err = generate(*dummy, "--kv-cache-dtype", "q8_0")
+        assert rc != 0 and "q8_0 needs a head dimension that is a multiple of 32" in err, err
+        assert "head_dim is 48" in err and err.count("\n") <= 3, err
+        rc, out, err = generate(*dummy, "--kv-cache-dtype", "f16")
+        assert rc == 0, err
+    if has_gpu():
+        # The CUDA backend refuses the CPU-only types by name.
+        rc, out, err = generate("--device", "cuda", "--kv-cache-dtype", "q8_0", "--prompt", "Hi")
+        assert rc != 0 and "--kv-cache-dtype q8_0 is CPU-only" in err, err
 
 
 def test_prompt_ids():

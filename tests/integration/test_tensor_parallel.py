@@ -143,15 +143,7 @@ def check_logits():
                     assert tok == ref_tok and int(np.argmax(got)) == int(np.argmax(ref)), (name, kind, tp)
 
 
-PROMPTS = [
-    "The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
-    "The three primary colors are", "Water boils at a temperature of", "My favourite book is",
-    "In 1969, the first human", "The quick brown fox", "To make a cup of tea, first",
-    "A haiku about autumn:", "The largest planet in the solar system", "Photosynthesis is the process",
-    "Translate to French: Good morning", "The best way to learn a language is", "import numpy as np\n",
-    "Dear Sir or Madam,", "The recipe calls for two cups of", "Mount Everest is located in",
-    "Three reasons to exercise daily:", "The meaning of life is",
-]
+PROMPTS = su.PROMPTS_20  # the held-out set the server tests share
 
 
 def greedy_texts(tp, mode="exact"):

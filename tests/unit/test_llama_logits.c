@@ -83,7 +83,10 @@ static void run(pg_matmul_mode mode, const int32_t *ids, int n, float *logits, i
     assert_int_equal(pg_model_load(&mo, be, &model), 0);
     assert_int_equal(model->cfg.vocab_size, 49152);
     pg_runner_config rc = {.block_size = 16, .max_num_seqs = 1, .max_num_batched_tokens = 512,
-                           .max_model_len = 63 * 16, .kv_dtype = PG_KV_BF16};
+                           // The engine's auto KV type: f16 (llama.cpp's) in the
+                           // compatible numerics, f32 in the exact ones.
+                           .max_model_len = 63 * 16,
+                           .kv_dtype = mode == PG_MATMUL_EXACT ? PG_KV_F32 : PG_KV_F16};
     pg_runner *r;
     assert_int_equal(pg_runner_create(model, &rc, &r), 0);
     assert_int_equal(pg_runner_alloc_kv(r, 64, 0), 0);
