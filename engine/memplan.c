@@ -47,10 +47,57 @@ static bool cuda_in_place(int dtype) { return dtype == PG_DTYPE_BF16; }
 static const pg_weight_rules CPU_RULES = {cpu_in_place, PG_DTYPE_F32, 4};
 static const pg_weight_rules CUDA_RULES = {cuda_in_place, PG_DTYPE_BF16, 2};
 
-// cpu_kv_block_bytes / cu_kv_block_bytes.
-static size_t kv_block_bytes(bool cuda, bool fp8, const pg_model_config *mc, int32_t n_kv, int32_t bs) {
-    const size_t elem = !cuda ? 4 : fp8 ? 1 : 2;
-    return (size_t)2 * (size_t)mc->n_layers * (size_t)bs * (size_t)n_kv * (size_t)mc->head_dim * elem;
+// cpu_kv_block_bytes / cu_kv_block_bytes: K and V of every layer.
+static size_t kv_block_bytes(bool cuda, int32_t dtype, const pg_model_config *mc, int32_t n_kv, int32_t bs) {
+    return (size_t)2 * (size_t)mc->n_layers * (size_t)bs * (size_t)n_kv * pg_kv_row_bytes(dtype, mc->head_dim, !cuda);
+}
+
+// The KV type's name for the plan (the backend's native type by its name).
+static const char *kv_name(const pg_memplan *p) {
+    if (p->kv_dtype != PG_KV_NATIVE) return pg_kv_dtype_name(p->kv_dtype);
+    return p->cuda ? "bf16" : "f32";
+}
+
+// --- the KV cache type (engine/setup.c uses the same rules) ---------------------------
+
+int pg_kv_dtype_parse(const char *name, bool on_cpu, int32_t *out) {
+    static const struct {
+        const char *name;
+        int32_t cpu, cuda; // -1: not on that device
+    } types[] = {
+        {"auto", PG_KV_NATIVE, PG_KV_NATIVE}, {"bf16", PG_KV_BF16_CPU, PG_KV_BF16},
+        {"fp8", -1, PG_KV_FP8_E4M3},          {"f32", PG_KV_F32, -1},
+        {"f16", PG_KV_F16, -1},               {"q8_0", PG_KV_Q8_0, -1},
+    };
+    if (!name) name = "auto";
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        if (strcmp(name, types[i].name)) continue;
+        *out = on_cpu ? types[i].cpu : types[i].cuda;
+        if (*out >= 0) return 0;
+        if (on_cpu)
+            return pg_err_set(PG_EUNSUPP, "--kv-cache-dtype %s needs --device cuda: the CPU backend's KV "
+                                          "cache is f32, f16, bf16 or q8_0 (or auto)", name);
+        return pg_err_set(PG_EUNSUPP, "--kv-cache-dtype %s is CPU-only: the CUDA backend's KV cache is bf16 "
+                                      "or fp8 (or auto)", name);
+    }
+    return pg_err_set(PG_EINVAL, "KV cache dtype '%s' is not known (auto, f32, f16, bf16, q8_0, fp8)", name);
+}
+
+int pg_kv_dtype_resolve(const pg_engine_config *cfg, bool on_cpu, int32_t head_dim, int32_t *out) {
+    int32_t d;
+    PG_TRY(pg_kv_dtype_parse(cfg->kv_cache_dtype, on_cpu, &d));
+    // auto on the CPU: f16 where the llama.cpp-compatible attention runs,
+    // which rounds K and V to f16 anyway (so storing f16 changes no output
+    // and halves the bytes, as llama.cpp's default cache); f32 in the exact
+    // mode (the reference) and where that attention does not run.
+    if (on_cpu && d == PG_KV_NATIVE)
+        d = cfg->matmul_mode != PG_MATMUL_EXACT && head_dim % 8 == 0 && head_dim <= 512 ? PG_KV_F16 : PG_KV_F32;
+    if (d == PG_KV_Q8_0 && head_dim % PG_KV_Q8_0_ELEMS)
+        return pg_err_set(PG_EUNSUPP, "--kv-cache-dtype q8_0 needs a head dimension that is a multiple of 32 "
+                                      "(blocks of 32 along head_dim): the model's head_dim is %d (use f16 or bf16)",
+                          head_dim);
+    *out = d;
+    return 0;
 }
 
 // pg_cuda_sample_workspace_size (kernels/cuda/sampling.cu), exact.
@@ -100,12 +147,8 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
     memset(p, 0, sizeof *p);
     const pg_engine_config *cfg = &in->cfg;
     const bool cuda = in->cuda;
-    const char *kvd = cfg->kv_cache_dtype ? cfg->kv_cache_dtype : "auto";
-    if (strcmp(kvd, "auto") && strcmp(kvd, "bf16") && strcmp(kvd, "fp8"))
-        return pg_err_set(PG_EINVAL, "KV cache dtype '%s' is not known (auto, bf16, fp8)", kvd);
-    if (!cuda && strcmp(kvd, "auto"))
-        return pg_err_set(PG_EUNSUPP, "--kv-cache-dtype %s needs --device cuda: the CPU backend's KV "
-                                      "cache is f32 (use auto)", kvd);
+    int32_t kv_parsed;
+    PG_TRY(pg_kv_dtype_parse(cfg->kv_cache_dtype, !cuda, &kv_parsed));
     if (cuda && in->device_total <= 0)
         return pg_err_set(PG_EINVAL, "no GPU size to plan for: pass --device-memory BYTES (e.g. 141G for an H200)");
     const int32_t tp = cfg->tensor_parallel > 1 ? cfg->tensor_parallel : 1;
@@ -114,11 +157,12 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
     const pg_model_load_opts mo = {.path = cfg->model_path, .dummy = dummy, .hf_config = cfg->hf_config};
     const pg_weight_rules *rules = cuda ? &CUDA_RULES : &CPU_RULES;
     p->cuda = cuda;
-    p->kv_fp8 = !strcmp(kvd, "fp8");
     p->tp = tp;
     for (int32_t r = 0; r < tp; r++)
         PG_TRY(pg_model_weight_plan(&mo, r, tp, rules, &p->mc, &p->ranks[r].weights));
     const pg_model_config *mc = &p->mc;
+    PG_TRY(pg_kv_dtype_resolve(cfg, !cuda, mc->head_dim, &p->kv_dtype));
+    p->kv_fp8 = p->kv_dtype == PG_KV_FP8_E4M3;
 
     // The limits, as engine/setup.c derives them.
     const sched_config *sc = &cfg->sched;
@@ -134,7 +178,7 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
     const pg_runner_config rc = {.block_size = p->block_size, .max_num_seqs = p->max_num_seqs,
                                  .max_num_batched_tokens = p->max_num_batched_tokens,
                                  .max_model_len = p->max_model_len,
-                                 .kv_dtype = p->kv_fp8 ? PG_KV_FP8_E4M3 : PG_KV_BF16};
+                                 .kv_dtype = p->kv_dtype};
     int32_t max_tokens, max_seqs;
     pg_runner_ws_limits(&rc, &max_tokens, &max_seqs);
 
@@ -150,7 +194,7 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
         k->workspace_buffers = (int64_t)wp.bytes;
         k->workspace_extra = cuda ? CUDA_PROFILE_EXTRA : 0;
         k->workspace = k->workspace_buffers + k->workspace_extra;
-        if (r == 0) p->per_block = kv_block_bytes(cuda, p->kv_fp8, mc, sh.n_kv_heads, p->block_size);
+        if (r == 0) p->per_block = kv_block_bytes(cuda, p->kv_dtype, mc, sh.n_kv_heads, p->block_size);
         if (!cuda) continue;
         k->graphs = graphs_on(cfg) ? cuda_graph_reserve(max_seqs, p->max_model_len) : 0;
         k->other = in->device_other >= 0 ? in->device_other : CUDA_OTHER_ESTIMATE;
@@ -367,8 +411,7 @@ char *pg_memplan_text(const pg_memplan *p, const pg_memplan_advice *adv, int n_a
         sbm_printf(&b, "  weights   "), put_size(&b, k->weights), sbm_printf(&b, "  (%s)\n",
             p->cuda ? "bf16 on the GPU: types it does not run in place are dequantized" : "as stored, mapped");
         sbm_printf(&b, "  KV cache  "), put_size(&b, k->kv),
-            sbm_printf(&b, "  (%s, %zu KiB per block)\n", p->kv_fp8 ? "fp8 e4m3" : p->cuda ? "bf16" : "f32",
-                       p->per_block >> 10);
+            sbm_printf(&b, "  (%s, %zu bytes per block)\n", kv_name(p), p->per_block);
         sbm_printf(&b, "  workspace "), put_size(&b, k->workspace);
         if (p->cuda)
             sbm_printf(&b, "  (buffers %.1f MiB + profiled extra %.1f MiB, estimate)\n",
@@ -403,7 +446,7 @@ char *pg_memplan_text(const pg_memplan *p, const pg_memplan_advice *adv, int n_a
 static void json_plan(sbuf_min *b, const pg_memplan *p) {
     sbm_printf(b, "{\"device\":\"%s\",\"tensor_parallel\":%d,\"kv_cache_dtype\":\"%s\",\"max_model_len\":%d,"
                   "\"max_num_seqs\":%d,\"max_num_batched_tokens\":%d,\"block_size\":%d,",
-               p->cuda ? "cuda" : "cpu", p->tp, p->kv_fp8 ? "fp8" : p->cuda ? "bf16" : "f32", p->max_model_len,
+               p->cuda ? "cuda" : "cpu", p->tp, kv_name(p), p->max_model_len,
                p->max_num_seqs, p->max_num_batched_tokens, p->block_size);
     if (p->cuda)
         sbm_printf(b, "\"device_memory_bytes\":%lld,\"gpu_memory_utilization\":%.4f,", (long long)p->device_total,

@@ -46,6 +46,7 @@ typedef struct pg_memplan_rank {
 typedef struct pg_memplan {
     pg_model_config mc;
     bool cuda, kv_fp8;
+    int32_t kv_dtype;          // pg_kv_shape.dtype (kernels/kernels.h)
     int32_t tp, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, plan_seq_len;
     double util;                 // CUDA: --gpu-memory-utilization
     int64_t device_total;        // CUDA: per GPU
@@ -70,6 +71,15 @@ typedef struct pg_memplan_advice {
 // options that start-up would refuse (a fitting failure is not an error:
 // out->fits is false and out->why says why).
 int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *out);
+
+// The KV cache's element type from --kv-cache-dtype (NULL: auto) for the
+// CPU or CUDA backend: PG_KV_NATIVE for auto (resolved with the model), or
+// an error naming what each device takes. Read before the model loads.
+int pg_kv_dtype_parse(const char *name, bool on_cpu, int32_t *out);
+// The same with the model's head_dim: auto on the CPU is f16 in the
+// llama.cpp-compatible numerics and f32 in exact ones; q8_0 needs head_dim
+// % 32 == 0. The one rule engine/setup.c and the planner both follow.
+int pg_kv_dtype_resolve(const pg_engine_config *cfg, bool on_cpu, int32_t head_dim, int32_t *out);
 
 // Alternatives to `in` that fit (only flags this build has), best first;
 // the number written (0 when nothing found). Each one is a full plan.

@@ -119,39 +119,6 @@ int pg_engine_follow(const pg_engine_config *cfg) {
     return rc;
 }
 
-// The KV cache's element type from --kv-cache-dtype, before the model is
-// read: auto is resolved later (kv_dtype_auto); PG_KV_NATIVE means bf16 on
-// the GPU. fp8 is CUDA's alone, f32 / f16 / q8_0 the CPU's.
-static int kv_dtype_choose(const char *name, bool on_cpu, int32_t *out) {
-    static const struct {
-        const char *name;
-        int32_t cpu, cuda; // -1: not on that device
-    } types[] = {
-        {"auto", PG_KV_NATIVE, PG_KV_NATIVE}, {"bf16", PG_KV_BF16_CPU, PG_KV_BF16},
-        {"fp8", -1, PG_KV_FP8_E4M3},          {"f32", PG_KV_F32, -1},
-        {"f16", PG_KV_F16, -1},               {"q8_0", PG_KV_Q8_0, -1},
-    };
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-        if (strcmp(name, types[i].name)) continue;
-        *out = on_cpu ? types[i].cpu : types[i].cuda;
-        if (*out >= 0) return 0;
-        if (on_cpu)
-            return pg_err_set(PG_EUNSUPP, "--kv-cache-dtype %s needs --device cuda: the CPU backend's KV "
-                                          "cache is f32, f16, bf16 or q8_0 (or auto)", name);
-        return pg_err_set(PG_EUNSUPP, "--kv-cache-dtype %s is CPU-only: the CUDA backend's KV cache is bf16 "
-                                      "or fp8 (or auto)", name);
-    }
-    return pg_err_set(PG_EINVAL, "KV cache dtype '%s' is not known (auto, f32, f16, bf16, q8_0, fp8)", name);
-}
-
-// auto on the CPU: f16 where the llama.cpp-compatible attention runs, which
-// rounds K and V to f16 anyway (so storing f16 changes no output and halves
-// the bytes, as llama.cpp's default cache); f32 in the exact mode (the
-// reference) and where that attention does not run (head_dim % 8).
-static int32_t kv_dtype_auto(const pg_engine_config *cfg, int32_t head_dim) {
-    return cfg->matmul_mode != PG_MATMUL_EXACT && head_dim % 8 == 0 && head_dim <= 512 ? PG_KV_F16 : PG_KV_F32;
-}
-
 // The start-up log's name of the KV type.
 static const char *kv_dtype_log_name(const pg_backend *be, int32_t dtype) {
     if (dtype != PG_KV_NATIVE) return pg_kv_dtype_name(dtype);
@@ -166,7 +133,7 @@ int eng_setup(pg_engine *e) {
     const bool on_cpu = !wants_cuda(cfg);
     const char *kvd = cfg->kv_cache_dtype ? cfg->kv_cache_dtype : "auto";
     int32_t kv_dtype = PG_KV_NATIVE;
-    PG_TRY(kv_dtype_choose(kvd, on_cpu, &kv_dtype));
+    PG_TRY(pg_kv_dtype_parse(kvd, on_cpu, &kv_dtype)); // a bad type fails before the model loads
     // Async scheduling: auto = on with the GPU (the host plans the next step
     // while the device runs this one); on the CPU the same thread does both,
     // so it only adds a discarded token per finished sequence.
@@ -197,11 +164,7 @@ int eng_setup(pg_engine *e) {
     PG_TRY(pg_chat_template_load(e->cfg.chat_template, tokenizer_source(e), e->tok, &e->chat));
 
     const pg_model_config *mc = &e->model->cfg;
-    if (on_cpu && !strcmp(kvd, "auto")) kv_dtype = kv_dtype_auto(cfg, mc->head_dim);
-    if (kv_dtype == PG_KV_Q8_0 && mc->head_dim % 32)
-        return pg_err_set(PG_EUNSUPP, "--kv-cache-dtype q8_0 needs a head dimension that is a multiple of 32 "
-                                      "(blocks of 32 along head_dim): the model's head_dim is %d (use f16 or bf16)",
-                          mc->head_dim);
+    PG_TRY(pg_kv_dtype_resolve(cfg, on_cpu, mc->head_dim, &kv_dtype));
     sched_config sc = cfg->sched;
     if (sc.block_size <= 0) sc.block_size = 16;
     // The step budget per device: on the CPU 2048 tokens are seconds of

@@ -47,9 +47,17 @@ enum {
     // 34 bytes, x ~ d * q. A row of head_dim elements is head_dim / 32 blocks.
     PG_KV_Q8_0 = 5,
 };
+// q8_0 KV rows: blocks of 32 elements along head_dim, each an fp16 scale
+// then 32 int8 (llama.cpp's Q8_0 layout).
+#define PG_KV_Q8_0_ELEMS 32
+#define PG_KV_Q8_0_BYTES 34
 
 // "native", "fp8 e4m3", "f32", "f16", "bf16", "q8_0" (logs); "unknown" otherwise.
 const char *pg_kv_dtype_name(int32_t dtype);
+// Bytes of one KV row (one head's head_dim elements) in `dtype` on a backend
+// whose native type (PG_KV_NATIVE) is f32 (the CPU) or bf16 (CUDA); 0 when
+// the type cannot hold that row (q8_0 needs head_dim % 32 == 0).
+size_t pg_kv_row_bytes(int32_t dtype, int64_t head_dim, bool native_f32);
 
 // Shape of the paged KV cache of one layer: [n_blocks][block_size][n_kv_heads][head_dim].
 // `dtype` is last, so positional initializers of the first four fields

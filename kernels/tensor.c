@@ -27,3 +27,15 @@ const char *pg_kv_dtype_name(int32_t dtype) {
     }
     return "unknown";
 }
+
+size_t pg_kv_row_bytes(int32_t dtype, int64_t n, bool native_f32) {
+    switch (dtype) {
+    case PG_KV_NATIVE: return (size_t)n * (native_f32 ? sizeof(float) : sizeof(uint16_t));
+    case PG_KV_FP8_E4M3: return (size_t)n;
+    case PG_KV_F32: return (size_t)n * sizeof(float);
+    case PG_KV_F16:
+    case PG_KV_BF16_CPU: return (size_t)n * sizeof(uint16_t);
+    case PG_KV_Q8_0: return n % PG_KV_Q8_0_ELEMS ? 0 : (size_t)(n / PG_KV_Q8_0_ELEMS) * PG_KV_Q8_0_BYTES;
+    }
+    return 0;
+}

@@ -45,8 +45,7 @@ typedef struct pg_attn_seq {
 // elements each, in pg_kv_shape.dtype: PG_KV_NATIVE / PG_KV_F32 (f32),
 // PG_KV_F16, PG_KV_BF16_CPU, PG_KV_Q8_0 (blocks of 32 along the row: fp16
 // d, then 32 int8; rows of whole heads, head_dim a multiple of 32).
-#define PG_KV_Q8_0_ELEMS 32
-#define PG_KV_Q8_0_BYTES 34
+// (PG_KV_Q8_0_ELEMS and PG_KV_Q8_0_BYTES: kernels/kernels.h.)
 
 // Bytes of a row of n elements; 0 for a type the CPU does not store (fp8)
 // or a q8_0 row that is not whole blocks.

@@ -19,17 +19,7 @@
 #endif
 
 size_t pg_cpu_kv_row_bytes(int32_t dtype, int64_t n) {
-    switch (dtype) {
-    case PG_KV_NATIVE:
-    case PG_KV_F32:
-        return (size_t)n * sizeof(float);
-    case PG_KV_F16:
-    case PG_KV_BF16_CPU:
-        return (size_t)n * sizeof(uint16_t);
-    case PG_KV_Q8_0:
-        return n % PG_KV_Q8_0_ELEMS ? 0 : (size_t)(n / PG_KV_Q8_0_ELEMS) * PG_KV_Q8_0_BYTES;
-    }
-    return 0;
+    return dtype == PG_KV_FP8_E4M3 ? 0 : pg_kv_row_bytes(dtype, n, true);
 }
 
 static void store_q8_0_block(uint8_t *dst, const float *x) {
