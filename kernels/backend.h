@@ -95,6 +95,10 @@ typedef struct pg_rand_window {
     int64_t row0, col0, full_cols;
 } pg_rand_window;
 
+// The total rows of windows that share one column count and lie inside
+// their virtual matrices; PG_EINVAL naming `who` and the window otherwise.
+int pg_rand_windows_rows(const pg_rand_window *w, int n, const char *who, int64_t *rows);
+
 // A row's largest value and its column (argmax_rows).
 typedef struct pg_argmax {
     float value;

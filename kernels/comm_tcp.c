@@ -46,6 +46,7 @@
 #include "common/err.h"
 #include "common/half.h"
 #include "kernels/comm.h"
+#include "kernels/comm_op.h"
 #include "kernels/dtype.h"
 
 #define HELLO_MAGIC 0x48434750u // "PGCH"
@@ -59,18 +60,6 @@
 // scratch (this, plus twice as much f32 accumulator for bf16).
 #define CHUNK_BYTES (1u << 20)
 #define MAX_WHY 512
-
-enum { OP_ALL_REDUCE = 1, OP_ALL_GATHER, OP_BROADCAST, OP_BARRIER };
-
-static const char *op_name(int op) {
-    switch (op) {
-    case OP_ALL_REDUCE: return "all_reduce_sum";
-    case OP_ALL_GATHER: return "all_gather";
-    case OP_BROADCAST: return "broadcast";
-    case OP_BARRIER: return "barrier";
-    default: return "an unknown collective";
-    }
-}
 
 typedef struct {
     uint8_t op, dtype;
@@ -137,13 +126,13 @@ static bool frame_decode(const uint8_t p[HEADER_BYTES], frame *f) {
 
 static void frame_describe(char *out, size_t cap, const frame *f) {
     if (f->op == OP_ALL_REDUCE)
-        snprintf(out, cap, "%s #%u (%llu bytes of %s)", op_name(f->op), f->seq, (unsigned long long)f->bytes,
+        snprintf(out, cap, "%s #%u (%llu bytes of %s)", pg_comm_op_name(f->op), f->seq, (unsigned long long)f->bytes,
                  pg_dtype_name(f->dtype));
     else if (f->op == OP_BROADCAST)
-        snprintf(out, cap, "%s #%u (%llu bytes from rank %d)", op_name(f->op), f->seq, (unsigned long long)f->bytes,
+        snprintf(out, cap, "%s #%u (%llu bytes from rank %d)", pg_comm_op_name(f->op), f->seq, (unsigned long long)f->bytes,
                  f->root);
     else
-        snprintf(out, cap, "%s #%u (%llu bytes)", op_name(f->op), f->seq, (unsigned long long)f->bytes);
+        snprintf(out, cap, "%s #%u (%llu bytes)", pg_comm_op_name(f->op), f->seq, (unsigned long long)f->bytes);
 }
 
 // ---------------------------------------------------------------- socket I/O
@@ -242,7 +231,7 @@ static int root_fail(tcp_ctx *t, int code, const frame *self, const char *why) {
 
 static int peer_io_fail(tcp_ctx *t, const frame *f, int who, int rc) {
     char why[MAX_WHY];
-    snprintf(why, sizeof why, "%s #%u: rank %d %s", op_name(f->op), f->seq, who, io_reason(rc));
+    snprintf(why, sizeof why, "%s #%u: rank %d %s", pg_comm_op_name(f->op), f->seq, who, io_reason(rc));
     return fail(t, PG_EIO, why);
 }
 
@@ -251,7 +240,7 @@ static int peer_io_fail(tcp_ctx *t, const frame *f, int who, int rc) {
 static int root_read_fail(tcp_ctx *t, const frame *f, int who, int rc, bool answered) {
     if (answered) return peer_io_fail(t, f, who, rc);
     char why[MAX_WHY];
-    snprintf(why, sizeof why, "%s #%u: rank %d %s", op_name(f->op), f->seq, who, io_reason(rc));
+    snprintf(why, sizeof why, "%s #%u: rank %d %s", pg_comm_op_name(f->op), f->seq, who, io_reason(rc));
     return root_fail(t, PG_EIO, f, why);
 }
 
@@ -264,12 +253,12 @@ static int root_headers(tcp_ctx *t, const frame *self) {
         int rc = read_all(t->fds[r], h, sizeof h, -1);
         char why[MAX_WHY];
         if (rc < 0) {
-            snprintf(why, sizeof why, "%s #%u: rank %d %s", op_name(self->op), self->seq, r, io_reason(rc));
+            snprintf(why, sizeof why, "%s #%u: rank %d %s", pg_comm_op_name(self->op), self->seq, r, io_reason(rc));
             return root_fail(t, PG_EIO, self, why);
         }
         frame f;
         if (!frame_decode(h, &f)) {
-            snprintf(why, sizeof why, "%s #%u: rank %d sent a malformed frame header", op_name(self->op),
+            snprintf(why, sizeof why, "%s #%u: rank %d sent a malformed frame header", pg_comm_op_name(self->op),
                      self->seq, r);
             return root_fail(t, PG_EIO, self, why);
         }
@@ -383,7 +372,7 @@ static int peer_answer_header(tcp_ctx *t, const frame *self, const uint8_t h[HEA
     frame f;
     char why[MAX_WHY];
     if (!frame_decode(h, &f)) {
-        snprintf(why, sizeof why, "%s #%u: rank 0 sent a malformed frame header", op_name(self->op), self->seq);
+        snprintf(why, sizeof why, "%s #%u: rank 0 sent a malformed frame header", pg_comm_op_name(self->op), self->seq);
         return fail(t, PG_EIO, why);
     }
     if (f.status) {
@@ -430,7 +419,7 @@ static int begin(pg_comm *c, frame *f, int op) {
     *f = (frame){.op = (uint8_t)op, .seq = t->seq++};
     if (t->broken)
         return pg_err_set(PG_EIO, "tcp communicator (rank %d of %d): %s: broken earlier: %s", t->rank, t->size,
-                          op_name(op), t->why);
+                          pg_comm_op_name(op), t->why);
     return 0;
 }
 
@@ -438,7 +427,7 @@ static int begin(pg_comm *c, frame *f, int op) {
 // so the communicator breaks (its sockets shut down) and they fail too.
 static int bad_call(tcp_ctx *t, int op, const char *what) {
     char why[MAX_WHY];
-    snprintf(why, sizeof why, "%s called with %s", op_name(op), what);
+    snprintf(why, sizeof why, "%s called with %s", pg_comm_op_name(op), what);
     return fail(t, PG_EINVAL, why);
 }
 

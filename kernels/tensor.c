@@ -1,6 +1,8 @@
 // kernels/tensor.c - tensor views (kernels/backend.h) and the KV dtype names (kernels/kernels.h).
 #include "kernels/backend.h"
 
+#include "common/err.h"
+
 pg_tensor pg_tensor_view(pg_tensor t, int64_t r0, int64_t n, int64_t c0, int64_t nc) {
     const size_t elem = t.dtype == PG_DTYPE_F32 ? 4 : 2;
     pg_tensor v = t;
@@ -36,6 +38,19 @@ size_t pg_kv_row_bytes(int32_t dtype, int64_t n, bool native_f32) {
     case PG_KV_F16:
     case PG_KV_BF16_CPU: return (size_t)n * sizeof(uint16_t);
     case PG_KV_Q8_0: return n % PG_KV_Q8_0_ELEMS ? 0 : (size_t)(n / PG_KV_Q8_0_ELEMS) * PG_KV_Q8_0_BYTES;
+    }
+    return 0;
+}
+
+int pg_rand_windows_rows(const pg_rand_window *w, int n, const char *who, int64_t *rows) {
+    PG_ARG(n >= 1, "%s weight_random: no windows", who);
+    *rows = 0;
+    for (int p = 0; p < n; p++) {
+        PG_ARG(w[p].cols == w[0].cols && w[p].rows >= 0 && w[p].col0 >= 0 && w[p].col0 + w[p].cols <= w[p].full_cols,
+               "%s weight_random: window %d of %lldx%lld at (%lld, %lld) in %lld columns", who, p,
+               (long long)w[p].rows, (long long)w[p].cols, (long long)w[p].row0, (long long)w[p].col0,
+               (long long)w[p].full_cols);
+        *rows += w[p].rows;
     }
     return 0;
 }

@@ -140,16 +140,9 @@ static uint64_t splitmix64(uint64_t x) {
 // bf16 like the GPU's weights.
 static int cpu_weight_random(pg_backend *b, const pg_rand_window *win, int n_win, uint64_t key, float std,
                              float fill, pg_bweight **out) {
-    PG_ARG(n_win >= 1, "cpu weight_random: no windows");
-    int64_t rows = 0;
+    int64_t rows;
+    PG_TRY(pg_rand_windows_rows(win, n_win, "cpu", &rows));
     const int64_t cols = win[0].cols;
-    for (int p = 0; p < n_win; p++) {
-        PG_ARG(win[p].cols == cols && win[p].rows >= 0 && win[p].col0 + win[p].cols <= win[p].full_cols,
-               "cpu weight_random: window %d of %lldx%lld at (%lld, %lld) in %lld columns", p,
-               (long long)win[p].rows, (long long)win[p].cols, (long long)win[p].row0, (long long)win[p].col0,
-               (long long)win[p].full_cols);
-        rows += win[p].rows;
-    }
     const int64_t n = rows * cols;
     uint16_t *data = malloc(sizeof(uint16_t) * (size_t)(n > 0 ? n : 1));
     if (!data) return pg_err_set(PG_ENOMEM, "cpu: cannot allocate %lldx%lld random weights",

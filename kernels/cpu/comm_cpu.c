@@ -29,6 +29,7 @@
 #include "common/err.h"
 #include "common/half.h"
 #include "kernels/comm.h"
+#include "kernels/comm_op.h"
 #include "kernels/dtype.h"
 
 #if defined(__x86_64__)
@@ -49,18 +50,6 @@
 // Elements summed per block in a register-sized temporary (f32), so the
 // rank-order loop streams each input once and vectorizes.
 #define BLOCK 512
-
-enum { OP_ALL_REDUCE = 1, OP_ALL_GATHER, OP_BROADCAST, OP_BARRIER };
-
-static const char *op_name(int op) {
-    switch (op) {
-    case OP_ALL_REDUCE: return "all_reduce_sum";
-    case OP_ALL_GATHER: return "all_gather";
-    case OP_BROADCAST: return "broadcast";
-    case OP_BARRIER: return "barrier";
-    default: return "?";
-    }
-}
 
 // One rank's published call. Written by its rank before barrier 1, read by
 // all ranks between barrier 1 and barrier 2 of the same collective.
@@ -99,7 +88,7 @@ static int aborted_err(group *g, int rank, int op) {
     memcpy(why, g->why, sizeof why);
     pthread_mutex_unlock(&g->mu);
     return pg_err_set(PG_EIO, "cpu communicator (rank %d of %d): %s: group aborted: %s", rank, g->n,
-                      op_name(op), why);
+                      pg_comm_op_name(op), why);
 }
 
 static void group_abort(group *g, const char *why) {
@@ -197,8 +186,8 @@ static int enter(pg_comm *c, slot s) {
         snprintf(why, sizeof why,
                  "collectives differ between ranks: rank 0 calls %s #%llu (%lld elements, %zu bytes, root %d), "
                  "rank %d calls %s #%llu (%lld elements, %zu bytes, root %d)",
-                 op_name(a->op), (unsigned long long)a->seq, (long long)a->count, a->bytes, a->root, r,
-                 op_name(b->op), (unsigned long long)b->seq, (long long)b->count, b->bytes, b->root);
+                 pg_comm_op_name(a->op), (unsigned long long)a->seq, (long long)a->count, a->bytes, a->root, r,
+                 pg_comm_op_name(b->op), (unsigned long long)b->seq, (long long)b->count, b->bytes, b->root);
         group_abort(g, why);
         barrier(g, c->rank, s.op, false); // others still read the slots
         return aborted_err(g, c->rank, s.op);
@@ -211,7 +200,7 @@ static int enter(pg_comm *c, slot s) {
 static int bad_call(pg_comm *c, int op, const char *what) {
     rank_ctx *rc = c->ctx;
     char why[200];
-    snprintf(why, sizeof why, "rank %d called %s with %s", c->rank, op_name(op), what);
+    snprintf(why, sizeof why, "rank %d called %s with %s", c->rank, pg_comm_op_name(op), what);
     group_abort(rc->g, why);
     return pg_err_set(PG_EINVAL, "cpu communicator: %s", why);
 }

@@ -299,18 +299,11 @@ static int cu_weight_upload(pg_backend *b, const pg_weight *parts, int n_parts, 
 static int cu_weight_random(pg_backend *b, const pg_rand_window *win, int n_win, uint64_t key, float std,
                             float fill, pg_bweight **out) {
     *out = nullptr;
-    PG_ARG(n_win >= 1, "cuda weight_random: no windows");
+    int64_t rows;
+    PG_TRY(pg_rand_windows_rows(win, n_win, "cuda", &rows));
+    const int64_t cols = win[0].cols;
     CudaCtx *c = ctx_of(b);
     PG_CUDA_TRY(cudaSetDevice(c->device));
-    int64_t rows = 0;
-    const int64_t cols = win[0].cols;
-    for (int p = 0; p < n_win; p++) {
-        PG_ARG(win[p].cols == cols && win[p].rows >= 0 && win[p].col0 + win[p].cols <= win[p].full_cols,
-               "cuda weight_random: window %d of %lldx%lld at (%lld, %lld) in %lld columns", p,
-               (long long)win[p].rows, (long long)win[p].cols, (long long)win[p].row0, (long long)win[p].col0,
-               (long long)win[p].full_cols);
-        rows += win[p].rows;
-    }
     CudaWeight *w;
     PG_TRY(new_weight(rows, cols, PG_DTYPE_BF16, 2, &w));
     bf16 *dst = (bf16 *)w->data;
