@@ -264,8 +264,19 @@ int pg_executor_create(const pg_executor_config *cfg, const pg_model_load_opts *
     return 0;
 }
 
+// A rank's runner and model, freed on its own thread with its device bound.
+static int free_rank(pg_executor *ex, int32_t rank, void *arg) {
+    (void)arg;
+    pg_runner_free(ex->runner[rank]);
+    pg_model_free(ex->model[rank]);
+    ex->runner[rank] = NULL;
+    ex->model[rank] = NULL;
+    return 0;
+}
+
 void pg_executor_free(pg_executor *ex) {
     if (!ex) return;
+    if (ex->n_workers == ex->n - 1) run_all(ex, free_rank, NULL);
     if (ex->remote.n) {
         // The other nodes stop when told (or when the link closes).
         if (pg_remote_send(&ex->remote, PG_REMOTE_QUIT, NULL, 0) == 0) pg_remote_collect(&ex->remote, NULL);
