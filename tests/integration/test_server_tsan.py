@@ -5,7 +5,8 @@ engine thread (submissions, events through uv_async, aborts of clients that
 leave, stop strings finishing sequences, /metrics reading the engine's
 stats), libuv's thread pool (large /tokenize, /detokenize and prompts), the
 CPU backend's worker pool (every forward), and a SIGTERM drain with a
-stream running. Passes when every request got its answer, the server
+stream running; then the same mix at -tp 3 (the tensor-parallel workers
+and the in-process communicator). Passes when every request got its answer, the server
 exited 0, and TSan reported nothing."""
 import json
 import os
@@ -125,7 +126,29 @@ def main():
         raise
     finally:
         srv.stop()
+    tensor_parallel()
     print("test_server_tsan: all passed")
+
+
+def tensor_parallel():
+    """-tp 3 on the CPU: the executor's worker threads and the in-process
+    communicator (each step's all-reduces and the greedy exchange or the
+    logits all-gather) under the same mix, then a drain."""
+    srv = su.Server("--max-model-len", "1024", "--kv-cache-memory", "64M", "-tp", "3", default_args=False,
+                    ready_timeout=300)
+    srv.start()
+    try:
+        t0 = time.time()
+        mix(srv.port)
+        assert srv.stop() == 0, srv.log()[-8000:]
+        log = srv.log()
+        assert "ThreadSanitizer" not in log, log[-12000:]
+        print(f"ok   the same mix at -tp 3 (executor workers, cpu communicator), no report ({time.time() - t0:.1f}s)",
+              flush=True)
+    except BaseException:
+        sys.stderr.write(f"--- server log (-tp 3) ---\n{srv.log()[-12000:]}\n")
+        srv.stop()
+        raise
 
 
 if __name__ == "__main__":
