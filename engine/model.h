@@ -60,6 +60,7 @@ typedef struct pg_model {
     char format[64];         // how the weights were stored: "gguf q4_1", "safetensors bf16", "dummy"
     int32_t quantization;    // PG_QUANT_* applied at load (PG_QUANT_NONE: as stored)
     int32_t layer_dtype;     // the type layer 0's Q|K|V runs in (after quantization)
+    int32_t layer_dtypes[4]; // layer 0's Q|K|V, O, gate|up, down types (int4: g128 or g64 by shape)
     int64_t layer_bytes[4];  // one layer's Q|K|V, O, gate|up, down in backend memory (rank's shard)
     // What the backend may point into (weights_borrow): the mapped file(s)
     // and the host copies the loader made (re-ordered GGUF Q/K rows).

@@ -351,7 +351,10 @@ static int load_layers(loader *ld, const source *s) {
                           field_ptr(L, (field)f));
             if (rc < 0) return pg_err_wrap(rc, "layer %d: ", l);
             const int slot = f == F_QKV ? 0 : f == F_O ? 1 : f == F_GATE_UP ? 2 : f == F_DOWN ? 3 : -1;
-            if (l == 0 && slot >= 0) m->layer_bytes[slot] = (int64_t)(*field_ptr(L, (field)f))->bytes;
+            if (l == 0 && slot >= 0) {
+                m->layer_bytes[slot] = (int64_t)(*field_ptr(L, (field)f))->bytes;
+                m->layer_dtypes[slot] = parts[f][0].dtype;
+            }
             if (l == 0 && f == F_QKV) m->layer_dtype = parts[f][0].dtype;
         }
     }

@@ -272,10 +272,12 @@ int eng_setup(pg_engine *e) {
             (double)e->model->weight_bytes / (1 << 20), be->name, tp > 1 ? " (rank 0's shard)" : "");
     if (e->model->quantization != PG_QUANT_NONE) {
         const int64_t *lb = e->model->layer_bytes;
-        PG_LOGI("quantization %s: layer matrices in %s; per layer Q|K|V %.2f MiB, O %.2f MiB, gate|up %.2f MiB, "
-                "down %.2f MiB (scales included); embedding, LM head and norms as stored",
-                pg_quantization_name(e->model->quantization), pg_dtype_name(e->model->layer_dtype),
-                lb[0] / 1048576.0, lb[1] / 1048576.0, lb[2] / 1048576.0, lb[3] / 1048576.0);
+        const int32_t *ld = e->model->layer_dtypes;
+        PG_LOGI("quantization %s: per layer Q|K|V %s %.2f MiB, O %s %.2f MiB, gate|up %s %.2f MiB, down %s %.2f MiB "
+                "(scales included); embedding, LM head and norms as stored",
+                pg_quantization_name(e->model->quantization), pg_dtype_name(ld[0]), lb[0] / 1048576.0,
+                pg_dtype_name(ld[1]), lb[1] / 1048576.0, pg_dtype_name(ld[2]), lb[2] / 1048576.0,
+                pg_dtype_name(ld[3]), lb[3] / 1048576.0);
     }
     PG_LOGI("device %s", gm.device);
     if (tp > 1)
