@@ -489,6 +489,7 @@ void pg_engine_destroy(pg_engine *e) {
 const pg_tokenizer *pg_engine_tokenizer(const pg_engine *e) { return e->tok; }
 const pg_chat_template *pg_engine_chat_template(const pg_engine *e) { return e->chat; }
 const pg_model_config *pg_engine_model_config(const pg_engine *e) { return &e->model->cfg; }
+const char *pg_engine_quantization(const pg_engine *e) { return pg_quantization_name(e->model->quantization); }
 int32_t pg_engine_max_model_len(const pg_engine *e) { return e->max_model_len; }
 const char *pg_engine_device_name(const pg_engine *e) { return e->backend->name; }
 

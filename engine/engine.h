@@ -41,6 +41,7 @@ typedef struct pg_engine_config {
                                  //   NULL = the model's (dummy: a synthetic byte-level one)
     const char *cuda_graphs;     // decode CUDA graphs: NULL or "on" (captured at start-up),
                                  //   "lazy" (on a bucket's first step), "off"
+    int32_t quantization;        // PG_QUANT_* (engine/model.h): online quantization at load
     const char *kv_cache_dtype;  // NULL or "auto" (bf16 on CUDA; on the CPU f16, f32 in exact
                                  //   numerics), "bf16", "fp8" (e4m3, scale 1.0; CUDA only),
                                  //   "f32", "f16", "q8_0" (CPU only)
@@ -124,6 +125,8 @@ int pg_engine_poll(pg_engine *e, pg_gen_event *out, int cap);
 const pg_tokenizer *pg_engine_tokenizer(const pg_engine *e);
 const pg_chat_template *pg_engine_chat_template(const pg_engine *e); // NULL if none
 const pg_model_config *pg_engine_model_config(const pg_engine *e);
+// The --quantization the weights were loaded with: "none", "fp8", "int4".
+const char *pg_engine_quantization(const pg_engine *e);
 int32_t pg_engine_max_model_len(const pg_engine *e);
 const char *pg_engine_device_name(const pg_engine *e);
 

@@ -407,9 +407,12 @@ static int parse_tensor_info(gguf_cursor *c, uint64_t alignment, gguf_tensor *t)
     PG_TRY(cur_u32(c, &t->type));
     PG_TRY(cur_u64(c, &t->offset));
 
-    int be = t->type < PG_DTYPE_COUNT ? pg_dtype_block_elems((int)t->type) : 0;
+    // paged's own types (FP8_E4M3 and up) need scales a GGUF file does not
+    // carry: such a number is unknown here, as it is to GGML.
+    const bool ggml_type = t->type < PG_DTYPE_FP8_E4M3;
+    int be = ggml_type ? pg_dtype_block_elems((int)t->type) : 0;
     if (be == 0) {
-        const char *tname = t->type < PG_DTYPE_COUNT ? pg_dtype_name((int)t->type) : "unknown";
+        const char *tname = ggml_type ? pg_dtype_name((int)t->type) : "unknown";
         if (strcmp(tname, "unknown") == 0)
             return pg_err_set(PG_EUNSUPP, "%s: tensor '%s' has unknown type %" PRIu32, path, tn, t->type);
         return pg_err_set(PG_EUNSUPP, "%s: tensor '%s' has unsupported type %s (%" PRIu32 ")", path, tn,

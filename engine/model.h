@@ -58,6 +58,10 @@ typedef struct pg_model {
     pg_model_layer *layers;  // [n_layers]
     int64_t weight_bytes;    // backend memory of every weight
     char format[64];         // how the weights were stored: "gguf q4_1", "safetensors bf16", "dummy"
+    int32_t quantization;    // PG_QUANT_* applied at load (PG_QUANT_NONE: as stored)
+    int32_t layer_dtype;     // the type layer 0's Q|K|V runs in (after quantization)
+    int32_t layer_dtypes[4]; // layer 0's Q|K|V, O, gate|up, down types (int4: g128 or g64 by shape)
+    int64_t layer_bytes[4];  // one layer's Q|K|V, O, gate|up, down in backend memory (rank's shard)
     // What the backend may point into (weights_borrow): the mapped file(s)
     // and the host copies the loader made (re-ordered GGUF Q/K rows).
     void *source;
@@ -76,7 +80,32 @@ typedef struct pg_model_load_opts {
     // tensor), and the forward's collectives go through comm (borrowed;
     // comm->size ranks, this one comm->rank). NULL: the whole model.
     pg_comm *comm;
+    // Online quantization of the layers' matrices (PG_QUANT_*; engine/model_quant.c).
+    int32_t quantization;
 } pg_model_load_opts;
+
+// --quantization (vLLM's flag): the layers' linear weights quantized at
+// load from their stored type. fp8: e4m3 with per-row scales (W8A8 on the
+// CPU's quant numerics); int4: group 128 with scales and zero points
+// (weight-only). Formats: kernels/dtype.h, docs/quantization.md.
+enum { PG_QUANT_NONE = 0, PG_QUANT_FP8 = 1, PG_QUANT_INT4 = 2,
+       // Not flags: the quality comparison's reference and GGUF types made
+       // the same way (tests/tools/quant_quality.c).
+       PG_QUANT_BF16 = 3, PG_QUANT_Q8_0 = 4, PG_QUANT_Q4_0 = 5 };
+// "none", "fp8", "int4"; "unknown" otherwise.
+const char *pg_quantization_name(int q);
+// Parses one of those names; PG_EINVAL naming the choices otherwise.
+int pg_quantization_parse(const char *s, int *out);
+// The weight type of a quantization (PG_DTYPE_FP8_E4M3, _INT4_G128); -1 for none.
+int pg_quantization_dtype(int q);
+// Bytes of a rows x cols matrix quantized so (scales included); -1 for none.
+int64_t pg_quantized_bytes(int q, int64_t rows, int64_t cols);
+// Replaces *w by its quantization (its data dequantized row by row first):
+// new memory in *data_out and *scales_out (NULL when the type has no row
+// scales, or when w already is in that type and is left as it is), which
+// the caller owns. PG_EINVAL for a shape the format cannot hold (int4:
+// columns not a multiple of 128), PG_EUNSUPP for an FP8 source.
+int pg_quantize_weight(int q, const char *name, pg_weight *w, void **data_out, float **scales_out);
 
 // Reads the config and makes every weight on `be` (which must outlive the
 // model). Errors name the file and the reason: a missing tensor, a shape

@@ -177,6 +177,7 @@ static void unpermute_rows(pg_model *m, pg_weight *w, int32_t n_heads) {
 // Rows [r0, r0 + n) of a stored tensor: a view into the same data.
 static void slice_rows(pg_weight *w, int64_t r0, int64_t n) {
     if (w->data) w->data = (const char *)w->data + (size_t)r0 * w->row_bytes;
+    if (w->scales) w->scales += r0; // per-row scales (FP8) follow their rows
     w->rows = n;
 }
 
@@ -204,8 +205,33 @@ static int slice_cols(pg_model *m, const char *path, const char *name, pg_weight
     return 0;
 }
 
-// Looks up and checks one stored tensor (rows x cols expected).
-static int find_checked(const source *s, const char *name, int64_t rows, int64_t cols, pg_weight *w) {
+// An FP8 checkpoint's `NAME_scale` (Hugging Face fp8 / compressed-tensors:
+// `x.weight` in F8_E4M3 beside `x.weight_scale`, one f32/bf16/f16 value
+// per tensor or per output row) as per-row f32 scales in memory the model
+// owns (m NULL: checked only, for planning). `input_scale` (static
+// activation scales) is ignored: activations are scaled per token at run
+// time (dynamic), which needs none.
+static int attach_fp8_scales(pg_model *m, const source *s, const char *name, pg_weight *w) {
+    char sname[192];
+    snprintf(sname, sizeof sname, "%s_scale", name);
+    pg_weight sc;
+    if (s->kind != SRC_HF || !src_find(s, sname, &sc))
+        return pg_err_set(PG_EFORMAT, "%s: FP8 tensor '%s' has no '%s'", s->path, name, sname);
+    const int64_t n = sc.rows * sc.cols;
+    if ((n != 1 && n != w->rows) || pg_dtype_block_elems(sc.dtype) != 1 || pg_dtype_has_row_scales(sc.dtype))
+        return pg_err_set(PG_EFORMAT, "%s: '%s' has %lld values of type %s; expected 1 or %lld (f32, bf16, f16)",
+                          s->path, sname, (long long)n, pg_dtype_name(sc.dtype), (long long)w->rows);
+    if (!m) return 0;
+    float *v = own(m, pg_xmalloc(sizeof(float) * (size_t)w->rows));
+    pg_dequantize_row(sc.dtype, sc.data, v, n);
+    for (int64_t r = n; r < w->rows; r++) v[r] = v[0]; // a per-tensor scale on every row
+    w->scales = v;
+    return 0;
+}
+
+// Looks up and checks one stored tensor (rows x cols expected); FP8
+// weights get their scales (see attach_fp8_scales).
+static int find_checked(pg_model *m, const source *s, const char *name, int64_t rows, int64_t cols, pg_weight *w) {
     if (!src_find(s, name, w))
         return pg_err_set(PG_EFORMAT, "%s: tensor '%s' is missing", s->path, name);
     if (s->kind == SRC_DUMMY) {
@@ -219,6 +245,11 @@ static int find_checked(const source *s, const char *name, int64_t rows, int64_t
     if (pg_dtype_block_elems(w->dtype) == 0 || w->row_bytes == 0)
         return pg_err_set(PG_EUNSUPP, "%s: tensor '%s' has type %s, which is not supported", s->path,
                           name, pg_dtype_name(w->dtype));
+    if (pg_dtype_has_row_scales(w->dtype)) {
+        if (rows == 1)
+            return pg_err_set(PG_EUNSUPP, "%s: vector '%s' is stored in %s", s->path, name, pg_dtype_name(w->dtype));
+        PG_TRY(attach_fp8_scales(m, s, name, w));
+    }
     return 0;
 }
 
@@ -281,7 +312,7 @@ static int load_layers(loader *ld, const source *s) {
             snprintf(name, sizeof name, s->kind == SRC_GGUF ? lt->gguf : lt->hf, l);
             pg_weight *w = &parts[lt->field][lt->part];
             const int64_t rows = dim_of(c, lt->rows), cols = dim_of(c, lt->cols);
-            PG_TRY(find_checked(s, name, rows, cols, w));
+            PG_TRY(find_checked(ld->m, s, name, rows, cols, w));
             // This rank's slice, and where it sits in the whole (fused) tensor.
             int64_t lo = 0, n = 0;
             pg_rand_window *rw = &win[lt->field][lt->part];
@@ -306,10 +337,25 @@ static int load_layers(loader *ld, const source *s) {
         for (int f = 0; f < F_COUNT; f++) {
             if (!n_parts[f]) continue;
             const bool vector = parts[f][0].rows == 1;
+            if (!vector && ld->o->quantization != PG_QUANT_NONE && s->kind != SRC_DUMMY)
+                for (int p = 0; p < n_parts[f]; p++) {
+                    void *qd;
+                    float *qs;
+                    snprintf(name, sizeof name, "layer %d matrix %d part %d", l, f, p);
+                    PG_TRY(pg_quantize_weight(ld->o->quantization, name, &parts[f][p], &qd, &qs));
+                    if (qd) own(m, qd);
+                    if (qs) own(m, qs);
+                }
             // Dummy weights: norms 1, biases 0.
             int rc = make(ld, s, parts[f], win[f], n_parts[f], vector, f == F_QKV_BIAS ? 0.0f : 1.0f,
                           field_ptr(L, (field)f));
             if (rc < 0) return pg_err_wrap(rc, "layer %d: ", l);
+            const int slot = f == F_QKV ? 0 : f == F_O ? 1 : f == F_GATE_UP ? 2 : f == F_DOWN ? 3 : -1;
+            if (l == 0 && slot >= 0) {
+                m->layer_bytes[slot] = (int64_t)(*field_ptr(L, (field)f))->bytes;
+                m->layer_dtypes[slot] = parts[f][0].dtype;
+            }
+            if (l == 0 && f == F_QKV) m->layer_dtype = parts[f][0].dtype;
         }
     }
     return 0;
@@ -398,21 +444,21 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
     // The embedding and the LM head (one weight when tied), as the loader
     // decides it.
     const char *emb_name = s.kind == SRC_GGUF ? "token_embd.weight" : "model.embed_tokens.weight";
-    if ((rc = find_checked(&s, emb_name, V, H, &w)) < 0) goto done;
+    if ((rc = find_checked(NULL, &s, emb_name, V, H, &w)) < 0) goto done;
     w.data = NULL;
     slice_rows(&w, m.shard.vocab0, m.shard.vocab);
     *bytes += planned_bytes(rules, s.kind, &w, 1, false);
     const char *head_name = s.kind == SRC_GGUF ? "output.weight" : "lm_head.weight";
     const bool has_head = s.kind == SRC_DUMMY ? !c->tie_embeddings : src_find(&s, head_name, &w);
     if (has_head && !(s.kind == SRC_HF && c->tie_embeddings)) {
-        if ((rc = find_checked(&s, head_name, V, H, &w)) < 0) goto done;
+        if ((rc = find_checked(NULL, &s, head_name, V, H, &w)) < 0) goto done;
         w.data = NULL;
         slice_rows(&w, m.shard.vocab0, m.shard.vocab);
         *bytes += planned_bytes(rules, s.kind, &w, 1, false);
     } else {
         m.cfg.tie_embeddings = true;
     }
-    if ((rc = find_checked(&s, s.kind == SRC_GGUF ? "output_norm.weight" : "model.norm.weight", 1, H, &w)) < 0)
+    if ((rc = find_checked(NULL, &s, s.kind == SRC_GGUF ? "output_norm.weight" : "model.norm.weight", 1, H, &w)) < 0)
         goto done;
     *bytes += planned_bytes(rules, s.kind, &w, 1, true);
     for (int32_t l = 0; l < c->n_layers; l++)
@@ -421,7 +467,7 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
             if (!needed(c, lt->need)) continue;
             snprintf(name, sizeof name, s.kind == SRC_GGUF ? lt->gguf : lt->hf, l);
             const int64_t rows = dim_of(c, lt->rows), cols = dim_of(c, lt->cols);
-            if ((rc = find_checked(&s, name, rows, cols, &w)) < 0) {
+            if ((rc = find_checked(NULL, &s, name, rows, cols, &w)) < 0) {
                 pg_err_wrap(rc, "layer %d: ", l);
                 goto done;
             }
@@ -431,7 +477,10 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
                 slice_rows(&w, lo, n);
             else if (shard_range(&m, lt->cols, &lo, &n) && (rc = slice_cols(NULL, s.path, name, &w, lo, n)) < 0)
                 goto done;
-            *bytes += planned_bytes(rules, s.kind, &w, 1, w.rows == 1);
+            if (w.rows > 1 && o->quantization != PG_QUANT_NONE && s.kind != SRC_DUMMY)
+                *bytes += pg_quantized_bytes(o->quantization, w.rows, w.cols);
+            else
+                *bytes += planned_bytes(rules, s.kind, &w, 1, w.rows == 1);
         }
     // (The rotary frequencies, head_dim / 2 floats, are not counted: nor
     // are they in pg_model.weight_bytes.)
@@ -472,7 +521,12 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
     const pg_rand_window vwin = {.rows = m->shard.vocab, .cols = H, .row0 = m->shard.vocab0, .full_cols = H};
     pg_weight w;
     const char *emb_name = s.kind == SRC_GGUF ? "token_embd.weight" : "model.embed_tokens.weight";
-    if ((rc = find_checked(&s, emb_name, V, H, &w)) < 0) goto fail_progress;
+    if ((rc = find_checked(m, &s, emb_name, V, H, &w)) < 0) goto fail_progress;
+    if (pg_dtype_has_row_scales(w.dtype)) { // the embed op reads rows without scales
+        rc = pg_err_set(PG_EUNSUPP, "%s: the embedding '%s' is stored in %s, which is not supported", s.path,
+                        emb_name, pg_dtype_name(w.dtype));
+        goto fail_progress;
+    }
     slice_rows(&w, m->shard.vocab0, m->shard.vocab);
     if ((rc = make(&ld, &s, &w, &vwin, 1, false, 0, &m->tok_emb)) < 0) goto fail_progress;
     // The LM head: its own tensor, else the embedding (tied).
@@ -482,7 +536,7 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
     if (s.kind == SRC_HF && c->tie_embeddings) {
         // tie_word_embeddings wins over a stored copy (HF ignores it too).
     } else if (has_head) {
-        if ((rc = find_checked(&s, head_name, V, H, &hw)) < 0) goto fail_progress;
+        if ((rc = find_checked(m, &s, head_name, V, H, &hw)) < 0) goto fail_progress;
         slice_rows(&hw, m->shard.vocab0, m->shard.vocab);
         if ((rc = make(&ld, &s, &hw, &vwin, 1, false, 0, &m->lm_head)) < 0) goto fail_progress;
     }
@@ -490,10 +544,21 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
         m->lm_head = m->tok_emb;
         c->tie_embeddings = true;
     }
-    if ((rc = find_checked(&s, s.kind == SRC_GGUF ? "output_norm.weight" : "model.norm.weight", 1, H, &w)) < 0 ||
+    if ((rc = find_checked(m, &s, s.kind == SRC_GGUF ? "output_norm.weight" : "model.norm.weight", 1, H, &w)) < 0 ||
         (rc = make(&ld, &s, &w, NULL, 1, true, 1.0f, &m->final_norm)) < 0)
         goto fail_progress;
+    if (o->quantization != PG_QUANT_NONE && s.kind == SRC_DUMMY) {
+        rc = pg_err_set(PG_EUNSUPP, "--quantization %s: not with --load-format dummy (random weights are made "
+                        "on the device in bf16)", pg_quantization_name(o->quantization));
+        goto fail_progress;
+    }
+    m->quantization = o->quantization;
     if ((rc = load_layers(&ld, &s)) < 0) goto fail_progress;
+    if (o->quantization != PG_QUANT_NONE) {
+        const size_t len = strlen(m->format);
+        snprintf(m->format + len, sizeof m->format - len, ", layers %s (--quantization %s)",
+                 pg_dtype_name(m->layer_dtype), pg_quantization_name(o->quantization));
+    }
     // Rotary frequencies (Llama-3 GGUF files carry the frequency scaling as
     // a tensor of divisors).
     {

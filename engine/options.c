@@ -39,6 +39,10 @@ const char *pg_engine_options_help =
     "                                what --gpu-memory-utilization leaves)\n"
     "  --kv-blocks N                 KV cache size in blocks (overrides the above)\n"
     "  --block-size N                tokens per KV block (default 16)\n"
+    "  --quantization fp8|int4|none  quantize the layers' linear weights at load (the embedding,\n"
+    "                                LM head and norms stay as stored): fp8 = e4m3 with a scale per\n"
+    "                                row (W8A8 in the quant numerics), int4 = group 128 with scales\n"
+    "                                and zero points (weight-only); CPU only for now\n"
     "  --kv-cache-dtype T            KV cache elements: auto (bf16 on the GPU; on the CPU f16,\n"
     "                                f32 with --matmul-mode exact), bf16, fp8 (e4m3, scale 1.0,\n"
     "                                saturating; GPU only: twice the tokens), f32, f16, q8_0\n"
@@ -150,6 +154,13 @@ int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
         if (strcmp(v, "auto") && strcmp(v, "on") && strcmp(v, "off"))
             return pg_err_set(PG_EINVAL, "--async-scheduling must be auto, on or off");
         c->async_scheduling = v;
+        return 1;
+    }
+    if (!strcmp(f, "--quantization") || !strcmp(f, "-q")) {
+        NEED_VALUE();
+        int q;
+        PG_TRY(pg_quantization_parse(v, &q));
+        c->quantization = q;
         return 1;
     }
     if (!strcmp(f, "--kv-cache-dtype")) {

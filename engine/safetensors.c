@@ -73,6 +73,9 @@ static size_t dtype_from_str(const char *s, int *dtype) {
     if (!strcmp(s, "F32")) return *dtype = PG_DTYPE_F32, 4;
     if (!strcmp(s, "F16")) return *dtype = PG_DTYPE_F16, 2;
     if (!strcmp(s, "BF16")) return *dtype = PG_DTYPE_BF16, 2;
+    // FP8 checkpoints: the loader pairs each such weight with its
+    // `weight_scale` (engine/model_load.c); alone it is not a weight.
+    if (!strcmp(s, "F8_E4M3")) return *dtype = PG_DTYPE_FP8_E4M3, 1;
     return 0;
 }
 
@@ -111,7 +114,7 @@ static int parse_tensor(const char *path, const cJSON *e, uint64_t data_size, pg
     size_t esize = dtype_from_str(dt->valuestring, &t->dtype);
     if (!esize) {
         char db[128];
-        return pg_err_set(PG_EUNSUPP, "%s: tensor '%s' has unsupported dtype '%s' (F32, F16 and BF16 are supported)",
+        return pg_err_set(PG_EUNSUPP, "%s: tensor '%s' has unsupported dtype '%s' (F32, F16, BF16, and F8_E4M3 are supported)",
                           path, tn, name_fmt(dt->valuestring, db));
     }
 

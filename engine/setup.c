@@ -99,7 +99,8 @@ static bool wants_cuda(const pg_engine_config *cfg) {
 // The model and the ranks, the same on every node.
 static void executor_config(const pg_engine_config *cfg, pg_model_load_opts *mo, pg_executor_config *ec) {
     *mo = (pg_model_load_opts){.path = cfg->model_path, .dummy = is_dummy(cfg), .hf_config = cfg->hf_config,
-                               .dummy_seed = 0x5eedull, .dummy_std = 0.02f};
+                               .dummy_seed = 0x5eedull, .dummy_std = 0.02f,
+                               .quantization = cfg->quantization};
     *ec = (pg_executor_config){.tp = cfg->tensor_parallel > 1 ? cfg->tensor_parallel : 1, .device = cfg->device,
                                .n_threads = cfg->n_threads, .matmul_mode = cfg->matmul_mode, .comm = cfg->tp_comm,
                                .nnodes = cfg->nnodes, .node_rank = cfg->node_rank,
@@ -141,6 +142,11 @@ int eng_setup(pg_engine *e) {
     if (strcmp(asy, "auto") && strcmp(asy, "on") && strcmp(asy, "off"))
         return pg_err_set(PG_EINVAL, "async scheduling '%s' is not known (auto, on, off)", asy);
     e->async = !strcmp(asy, "on") || (!strcmp(asy, "auto") && !on_cpu);
+    // The quantized formats have only their CPU kernels so far; the CUDA
+    // backend would have to dequantize them (and lose the point): refuse.
+    if (!on_cpu && cfg->quantization != PG_QUANT_NONE)
+        return pg_err_set(PG_EUNSUPP, "--quantization %s: not yet on the CUDA backend (device %s); use --device cpu",
+                          pg_quantization_name(cfg->quantization), cfg->device ? cfg->device : "auto");
     if (cfg->load_format && strcmp(cfg->load_format, "auto") && !is_dummy(cfg))
         return pg_err_set(PG_EINVAL, "load format '%s' is not known (auto, dummy)", cfg->load_format);
     pg_graph_mode graphs = PG_GRAPHS_STARTUP;
@@ -264,6 +270,15 @@ int eng_setup(pg_engine *e) {
             mc->name[0] ? mc->name : cfg->model_path, mc->arch, e->model->format, mc->n_layers,
             mc->hidden, mc->n_heads, mc->n_kv_heads, mc->vocab_size,
             (double)e->model->weight_bytes / (1 << 20), be->name, tp > 1 ? " (rank 0's shard)" : "");
+    if (e->model->quantization != PG_QUANT_NONE) {
+        const int64_t *lb = e->model->layer_bytes;
+        const int32_t *ld = e->model->layer_dtypes;
+        PG_LOGI("quantization %s: per layer Q|K|V %s %.2f MiB, O %s %.2f MiB, gate|up %s %.2f MiB, down %s %.2f MiB "
+                "(scales included); embedding, LM head and norms as stored",
+                pg_quantization_name(e->model->quantization), pg_dtype_name(ld[0]), lb[0] / 1048576.0,
+                pg_dtype_name(ld[1]), lb[1] / 1048576.0, pg_dtype_name(ld[2]), lb[2] / 1048576.0,
+                pg_dtype_name(ld[3]), lb[3] / 1048576.0);
+    }
     PG_LOGI("device %s", gm.device);
     if (tp > 1)
         PG_LOGI("tensor parallel: %d ranks (%d heads, %d KV heads, %d FFN columns and %d vocabulary rows each)%s", tp,

@@ -8,6 +8,7 @@
 // bit-identical to ggml and to gguf-py (tests/unit/test_dtype.c checks this).
 #include "kernels/dtype.h"
 
+#include <math.h>
 #include <string.h>
 
 #if defined(__F16C__) || defined(__AVX2__)
@@ -71,6 +72,9 @@ static const dtype_info dtype_table[] = {
     [28] = {"f64", 0, 0},
     [29] = {"iq1_m", 0, 0},
     [PG_DTYPE_BF16] = {"bf16", 1, 2},
+    [PG_DTYPE_FP8_E4M3] = {"fp8_e4m3", 1, 1},
+    [PG_DTYPE_INT4_G128] = {"int4_g128", PG_INT4_GROUP, PG_INT4_BLOCK_BYTES},
+    [PG_DTYPE_INT4_G64] = {"int4_g64", 64, PG_INT4_BLOCK_BYTES_G(64)},
 };
 _Static_assert(sizeof dtype_table / sizeof dtype_table[0] == PG_DTYPE_COUNT,
                "dtype_table must cover every type number below PG_DTYPE_COUNT");
@@ -300,6 +304,90 @@ static void dequant_q6_k(const uint8_t *restrict src, float *restrict dst, int64
     }
 }
 
+// --- paged's quantized types (kernels/dtype.h) -----------------------------------
+
+float pg_fp8_e4m3_to_f32(uint8_t v) {
+    const int e = (v >> 3) & 15, mant = v & 7;
+    float a;
+    if (e == 15 && mant == 7) a = NAN;
+    else if (e == 0) a = ldexpf((float)mant, -9); // subnormal: mant * 2^-6 / 8
+    else a = ldexpf((float)(8 + mant), e - 10);   // (1 + mant / 8) * 2^(e - 7)
+    return (v & 0x80) ? -a : a;
+}
+
+uint8_t pg_f32_to_fp8_e4m3(float x) {
+    const uint8_t sign = signbit(x) ? 0x80 : 0;
+    float a = fabsf(x);
+    if (isnan(a)) return sign | 0x7f;
+    if (a >= PG_FP8_E4M3_MAX) return sign | 0x7e;
+    if (a < 0x1p-6f) {
+        // Subnormals step by 2^-9; q == 8 is the smallest normal, whose code
+        // (exponent 1, mantissa 0) is also 8.
+        return sign | (uint8_t)rintf(a * 512.0f);
+    }
+    int e;
+    frexpf(a, &e); // a = f * 2^e, f in [0.5, 1): the unbiased exponent is e - 1
+    int E = e - 1;
+    int q = (int)rintf(ldexpf(a, 3 - E)) - 8; // mantissa steps of 1/8, exact up to rint
+    if (q == 8) E++, q = 0;
+    int code = ((E + 7) << 3) | q;
+    if (code > 0x7e) code = 0x7e; // cannot happen below 448; kept as a guard
+    return sign | (uint8_t)code;
+}
+
+void pg_quantize_row_fp8(const float *x, int64_t n, uint8_t *q, float *scale) {
+    float amax = 0;
+    for (int64_t j = 0; j < n; j++) amax = fmaxf(amax, fabsf(x[j]));
+    const float s = amax > 0 ? amax / PG_FP8_E4M3_MAX : 1.0f;
+    const float inv = 1.0f / s;
+    for (int64_t j = 0; j < n; j++) q[j] = pg_f32_to_fp8_e4m3(x[j] * inv);
+    *scale = s;
+}
+
+void pg_quantize_row_int4(const float *x, int64_t n, int G, void *dst) {
+    PG_CHECK((G == 64 || G == 128) && n % G == 0);
+    uint8_t *o = dst;
+    for (int64_t g = 0; g < n / G; g++, x += G, o += PG_INT4_BLOCK_BYTES_G(G)) {
+        float mx = x[0], mn = x[0];
+        for (int j = 1; j < G; j++) mx = fmaxf(mx, x[j]), mn = fminf(mn, x[j]);
+        float d = (mx - mn) / 15.0f;
+        if (d < 1e-5f) d = 1e-5f;
+        const uint16_t dh = pg_f32_to_f16(d);
+        d = pg_f16_to_f32(dh); // quantize against the scale as stored
+        float zf = -rintf(mn / d);
+        int z = zf < 0 ? 0 : zf > 15 ? 15 : (int)zf;
+        memcpy(o, &dh, 2);
+        o[2] = (uint8_t)z;
+        o[3] = 0;
+        uint8_t *qs = o + 4;
+        memset(qs, 0, (size_t)G / 2);
+        for (int j = 0; j < G; j++) {
+            float qf = rintf(x[j] / d) + (float)z;
+            int q = qf < 0 ? 0 : qf > 15 ? 15 : (int)qf;
+            const int run = j / 32, k = j % 32;
+            qs[16 * run + (k & 15)] |= (uint8_t)(k < 16 ? q : q << 4);
+        }
+    }
+}
+
+static void dequant_fp8_e4m3(const uint8_t *restrict src, float *restrict dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = pg_fp8_e4m3_to_f32(src[i]);
+}
+
+// INT4_G128 / INT4_G64 (groups of G): see kernels/dtype.h for the block.
+static void dequant_int4(const uint8_t *restrict src, float *restrict dst, int64_t n, int G) {
+    for (int64_t b = 0; b < n / G; b++, src += PG_INT4_BLOCK_BYTES_G(G), dst += G) {
+        const float d = rd_f16(src);
+        const int z = src[2];
+        const uint8_t *qs = src + 4;
+        for (int run = 0; run < G / 32; run++)
+            for (int j = 0; j < 16; j++) {
+                dst[32 * run + j] = (float)((qs[16 * run + j] & 0x0f) - z) * d;
+                dst[32 * run + 16 + j] = (float)((qs[16 * run + j] >> 4) - z) * d;
+            }
+    }
+}
+
 // --- dispatch ------------------------------------------------------------------
 
 void pg_dequantize_row(int dtype, const void *src, float *dst, int64_t n) {
@@ -318,6 +406,9 @@ void pg_dequantize_row(int dtype, const void *src, float *dst, int64_t n) {
     case PG_DTYPE_Q4_K: dequant_q4_k(s, dst, n); break;
     case PG_DTYPE_Q5_K: dequant_q5_k(s, dst, n); break;
     case PG_DTYPE_Q6_K: dequant_q6_k(s, dst, n); break;
+    case PG_DTYPE_FP8_E4M3: dequant_fp8_e4m3(s, dst, n); break;
+    case PG_DTYPE_INT4_G128: dequant_int4(s, dst, n, 128); break;
+    case PG_DTYPE_INT4_G64: dequant_int4(s, dst, n, 64); break;
     default: PG_CHECK(0); // unreachable: every type with a block size has a case
     }
 }

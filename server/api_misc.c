@@ -40,6 +40,8 @@ void api_models(srv_app *a, srv_req *r) {
     cJSON_AddStringToObject(m, "root", a->model_path);
     cJSON_AddNullToObject(m, "parent");
     cJSON_AddNumberToObject(m, "max_model_len", a->lim.max_model_len);
+    // vLLM's --quantization name ("none" for weights as stored).
+    cJSON_AddStringToObject(m, "quantization", a->quantization ? a->quantization : "none");
     cJSON_AddArrayToObject(m, "permission");
     cJSON_AddItemToArray(data, m);
     send_cjson(r, 200, o);

@@ -29,6 +29,7 @@ typedef struct srv_app {
     api_limits lim;
     char *served_name;             // the model id clients name
     char *model_path;
+    const char *quantization;      // "none", "fp8", "int4" (pg_engine_quantization)
     char *api_key;                 // NULL: no authentication
     size_t api_key_len;
     int64_t created;               // unix time at start (for /v1/models)

@@ -447,6 +447,7 @@ int cmd_serve(int argc, char **argv) {
     a->tok = pg_engine_tokenizer(a->engine);
     a->chat = pg_engine_chat_template(a->engine);
     a->model_path = pg_xstrdup(cfg.model_path);
+    a->quantization = pg_engine_quantization(a->engine);
     // Random (dummy) weights are named after their config ("llama3-8b-shape"),
     // not after the default model file they never read.
     const bool dummy = cfg.load_format && !strcmp(cfg.load_format, "dummy");

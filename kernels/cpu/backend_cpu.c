@@ -117,6 +117,7 @@ static int cpu_weight_upload(pg_backend *b, const pg_weight *parts, int n_parts,
         w->parts[i] = parts[i];
         w->base.rows += parts[i].rows;
         w->base.bytes += parts[i].row_bytes * (size_t)parts[i].rows;
+        if (parts[i].scales) w->base.bytes += sizeof(float) * (size_t)parts[i].rows; // FP8 row scales
     }
     if (w->base.rows == 1) { // a vector: f32, owned
         w->vec = pg_xmalloc(sizeof(float) * (size_t)w->base.cols);

@@ -11,7 +11,19 @@
 //    traffic) are read exactly once; for m large (prefill) panels of 64
 //    weight rows are dequantized to f32 in per-thread scratch and multiplied
 //    with single-threaded OpenBLAS sgemm, the panels spread over the pool.
+//
+// paged's own types (kernels/dtype.h, docs/quantization.md):
+//  - FP8_E4M3 rows carry an f32 scale each (pg_weight.scales), applied to
+//    each row's dot product. In the quantized mode (W8A8) x is first
+//    quantized per row to e4m3 with a dynamic scale (pg_quantize_row_fp8)
+//    and put back to f32, so the products are those of the two e4m3 values
+//    (exact in f32) times both scales, summed in f32: what an FP8 GEMM with
+//    f32 accumulation computes, up to the order of the sum. In the exact
+//    mode x stays f32.
+//  - INT4_G128 is weight-only in both modes: x stays f32, each 128-element
+//    group is unpacked in registers and dotted, (q - z) * d.
 #include <cblas.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "common/err.h"
@@ -131,6 +143,48 @@ static void dot_q8_0(const uint8_t *w, int64_t nb, const float *x, int64_t m, in
     for (int64_t i = 0; i < m; i++) out[i * os] = hsum8(acc[i]);
 }
 
+// INT4_G128: per 128-element group, four Q4_0-ordered 32-element runs
+// sharing d and z: (q - z) * d as an fma of d with (q - z).
+static void dot_int4(const uint8_t *w, int64_t nb, int G, const float *x, int64_t m, int64_t ld,
+                     float *out, int64_t os) {
+    __m256 acc[FUSED_MAX_M];
+    for (int64_t i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();
+    __m256 v[4];
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * PG_INT4_BLOCK_BYTES_G(G);
+        const __m256 d = _mm256_set1_ps(f16(blk)), z = _mm256_set1_ps(-(float)blk[2]);
+        for (int run = 0; run < G / 32; run++) {
+            unpack_q4(blk + 4 + 16 * run, z, v);
+            fma_block(v, d, x + b * G + 32 * run, m, ld, acc);
+        }
+    }
+    for (int64_t i = 0; i < m; i++) out[i * os] = hsum8(acc[i]);
+}
+
+// e4m3 -> f32 for every byte (filled once; a gather reads 8 at a time).
+static float fp8_lut[256];
+static void fp8_lut_init(void) {
+    for (int i = 0; i < 256; i++) fp8_lut[i] = pg_fp8_e4m3_to_f32((uint8_t)i);
+}
+
+// FP8_E4M3, unscaled (the caller multiplies by the row's scale).
+static void dot_fp8(const uint8_t *w, int64_t cols, const float *x, int64_t m, int64_t ld, float *out,
+                    int64_t os) {
+    __m256 acc[FUSED_MAX_M];
+    for (int64_t i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= cols; j += 8) {
+        __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(w + j)));
+        __m256 wv = _mm256_i32gather_ps(fp8_lut, idx, 4);
+        for (int64_t i = 0; i < m; i++)
+            acc[i] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i * ld + j), acc[i]);
+    }
+    float tail[FUSED_MAX_M] = {0};
+    for (; j < cols; j++)
+        for (int64_t i = 0; i < m; i++) tail[i] += fp8_lut[w[j]] * x[i * ld + j];
+    for (int64_t i = 0; i < m; i++) out[i * os] = hsum8(acc[i]) + tail[i];
+}
+
 // Plain types: 8 elements at a time, converted to f32 in registers.
 static inline __m256 load8(int dtype, const void *w, int64_t j) {
     switch (dtype) {
@@ -167,6 +221,16 @@ static void dot_plain(int dtype, const void *w, int64_t cols, const float *x, in
     for (int64_t i = 0; i < m; i++) out[i * os] = hsum8(acc[i]) + tail[i];
 }
 #endif // HAVE_AVX2
+
+static void fp8_lut_init_all(void) {
+#ifdef HAVE_AVX2
+    fp8_lut_init();
+#endif
+}
+static void fp8_ready(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, fp8_lut_init_all);
+}
 
 // Any type: dequantize the row, then dot. The reference for the fast paths.
 static void dot_generic(int dtype, const void *wrow, int64_t cols, const float *x, int64_t m,
@@ -216,6 +280,15 @@ static void dot_rows(int dtype, const void *wrow, int64_t cols, const float *x, 
         case PG_DTYPE_Q8_0:
             dot_q8_0(wrow, cols / 32, xi, mm, ld, oi, os);
             continue;
+        case PG_DTYPE_INT4_G128:
+            dot_int4(wrow, cols / 128, 128, xi, mm, ld, oi, os);
+            continue;
+        case PG_DTYPE_INT4_G64:
+            dot_int4(wrow, cols / 64, 64, xi, mm, ld, oi, os);
+            continue;
+        case PG_DTYPE_FP8_E4M3:
+            dot_fp8(wrow, cols, xi, mm, ld, oi, os);
+            continue;
         case PG_DTYPE_F32:
         case PG_DTYPE_F16:
         case PG_DTYPE_BF16:
@@ -232,6 +305,7 @@ static void dot_rows(int dtype, const void *wrow, int64_t cols, const float *x, 
 void pg_cpu_dot_rows(int dtype, const void *wrow, int64_t cols, const float *x, int64_t m,
                      int64_t ld, float *out, int64_t os) {
     float *xsum = NULL;
+    fp8_ready();
     if (dtype == PG_DTYPE_Q4_1) {
         xsum = pg_xmalloc(sizeof(float) * (size_t)(m * (cols / 32) + 1));
         block_sums(x, m, ld, cols, xsum);
@@ -252,6 +326,7 @@ typedef struct {
     const float *xsum; // [m][cols / 32] for Q4_1 (exact fused path)
     int64_t task_rows; // weight rows per task (row-split paths)
     pg_xq *xq;         // quantized x (quantized path)
+    const float *xscale; // [m] activation scales (1 unless W8A8), with w->scales
 } mm_job;
 
 // Weight rows per task, a multiple of `align`, for `rows` rows of
@@ -270,9 +345,12 @@ static void fused_task(void *ctx, int64_t t, int thread) {
     mm_job *j = ctx;
     const pg_weight *w = j->w;
     int64_t r0 = t * j->task_rows, r1 = r0 + j->task_rows < w->rows ? r0 + j->task_rows : w->rows;
-    for (int64_t r = r0; r < r1; r++)
+    for (int64_t r = r0; r < r1; r++) {
         dot_rows(w->dtype, (const char *)w->data + (size_t)r * w->row_bytes, w->cols, j->x, j->m,
                  w->cols, j->xsum, j->out + r, j->ldo);
+        if (w->scales)
+            for (int64_t i = 0; i < j->m; i++) j->out[r + i * j->ldo] *= w->scales[r] * j->xscale[i];
+    }
 }
 
 static void panel_task(void *ctx, int64_t t, int thread) {
@@ -291,11 +369,15 @@ static void panel_task(void *ctx, int64_t t, int thread) {
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)j->m, (int)n, (int)w->cols, 1.0f,
                 j->x, (int)w->cols, panel, (int)w->cols, 0.0f, j->out + r0, (int)j->ldo);
+    // Row scales after the product, as the fused path and a GPU epilogue do.
+    if (w->scales)
+        for (int64_t i = 0; i < j->m; i++)
+            for (int64_t r = 0; r < n; r++) j->out[i * j->ldo + r0 + r] *= w->scales[r0 + r] * j->xscale[i];
 }
 
 static void exact_matmul(pg_cpu_ctx *c, float *out, int64_t ldo, const float *x, int64_t m,
-                         const pg_weight *w) {
-    mm_job j = {.c = c, .out = out, .ldo = ldo, .x = x, .m = m, .w = w};
+                         const pg_weight *w, const float *xscale) {
+    mm_job j = {.c = c, .out = out, .ldo = ldo, .x = x, .m = m, .w = w, .xscale = xscale};
     if (m <= FUSED_MAX_M) {
         float xsum[FUSED_MAX_M * 1024];
         float *xs = NULL;
@@ -360,11 +442,39 @@ bool pg_cpu_matmul_quantizes(const pg_cpu_ctx *c, int dtype) {
     return c->mode != PG_MATMUL_EXACT && pg_qdot_supported(dtype);
 }
 
+// FP8 weights: the activation rows' scales (1, or W8A8's per-token
+// scales with x replaced by its e4m3 values) and a matmul with those.
+static void fp8_matmul(pg_cpu_ctx *c, float *out, int64_t ldo, const float *x, int64_t m,
+                       const pg_weight *w) {
+    fp8_ready();
+    float *xs = pg_xmalloc(sizeof(float) * (size_t)m);
+    if (c->mode == PG_MATMUL_EXACT) {
+        for (int64_t i = 0; i < m; i++) xs[i] = 1.0f;
+        exact_matmul(c, out, ldo, x, m, w, xs);
+        free(xs);
+        return;
+    }
+    const int64_t k = w->cols;
+    float *xd = pg_xmalloc(sizeof(float) * (size_t)(m * k));
+    uint8_t *q = pg_xmalloc((size_t)k);
+    for (int64_t i = 0; i < m; i++) {
+        pg_quantize_row_fp8(x + i * k, k, q, &xs[i]);
+        for (int64_t t = 0; t < k; t++) xd[i * k + t] = pg_fp8_e4m3_to_f32(q[t]);
+    }
+    free(q);
+    exact_matmul(c, out, ldo, xd, m, w, xs);
+    free(xd);
+    free(xs);
+}
+
 void pg_cpu_matmul(pg_cpu_ctx *c, float *out, int64_t ldo, const float *x, int64_t m,
                    const pg_weight *w) {
     if (m <= 0 || w->rows <= 0) return;
-    if (pg_cpu_matmul_quantizes(c, w->dtype))
+    if (w->dtype == PG_DTYPE_FP8_E4M3) {
+        PG_CHECK(w->scales != NULL); // the loaders always give FP8 rows their scales
+        fp8_matmul(c, out, ldo, x, m, w);
+    } else if (pg_cpu_matmul_quantizes(c, w->dtype))
         quant_matmul(c, out, ldo, x, m, w);
     else
-        exact_matmul(c, out, ldo, x, m, w);
+        exact_matmul(c, out, ldo, x, m, w, NULL);
 }

@@ -276,6 +276,11 @@ static int cu_weight_upload(pg_backend *b, const pg_weight *parts, int n_parts, 
         PG_ARG(parts[i].data && parts[i].cols == parts[0].cols && pg_dtype_block_elems(parts[i].dtype) > 0,
                "cuda weight: part %d is %lldx%lld of type %s", i, (long long)parts[i].rows,
                (long long)parts[i].cols, pg_dtype_name(parts[i].dtype));
+        // paged's quantized types have no CUDA kernels yet, and FP8 rows
+        // need their scales, which the bf16 conversion below would drop.
+        if (parts[i].dtype == PG_DTYPE_FP8_E4M3 || pg_dtype_is_int4(parts[i].dtype))
+            return pg_err_set(PG_EUNSUPP, "cuda weight: %s weights are not yet run on the CUDA backend",
+                              pg_dtype_name(parts[i].dtype));
         rows += parts[i].rows;
     }
     PG_ARG(parts[0].cols <= PG_CUDA_UPLOAD_ELEMS, "cuda weight: %lld columns", (long long)parts[0].cols);
