@@ -154,10 +154,12 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
     const int32_t tp = cfg->tensor_parallel > 1 ? cfg->tensor_parallel : 1;
     if (tp > PG_MEMPLAN_MAX_RANKS) return pg_err_set(PG_EINVAL, "-tp %d: at most %d ranks", tp, PG_MEMPLAN_MAX_RANKS);
     const bool dummy = cfg->load_format && !strcmp(cfg->load_format, "dummy");
-    const pg_model_load_opts mo = {.path = cfg->model_path, .dummy = dummy, .hf_config = cfg->hf_config};
+    const pg_model_load_opts mo = {.path = cfg->model_path, .dummy = dummy, .hf_config = cfg->hf_config,
+                                   .quantization = cfg->quantization};
     const pg_weight_rules *rules = cuda ? &CUDA_RULES : &CPU_RULES;
     p->cuda = cuda;
     p->tp = tp;
+    p->quantization = cfg->quantization;
     for (int32_t r = 0; r < tp; r++)
         PG_TRY(pg_model_weight_plan(&mo, r, tp, rules, &p->mc, &p->ranks[r].weights));
     const pg_model_config *mc = &p->mc;
@@ -409,7 +411,8 @@ char *pg_memplan_text(const pg_memplan *p, const pg_memplan_advice *adv, int n_a
         else
             sbm_printf(&b, "memory:\n");
         sbm_printf(&b, "  weights   "), put_size(&b, k->weights), sbm_printf(&b, "  (%s)\n",
-            p->cuda ? "bf16 on the GPU: types it does not run in place are dequantized" : "as stored, mapped");
+            p->quantization != PG_QUANT_NONE ? "layer matrices quantized at load, the rest as stored"
+            : p->cuda ? "bf16 on the GPU: types it does not run in place are dequantized" : "as stored, mapped");
         sbm_printf(&b, "  KV cache  "), put_size(&b, k->kv),
             sbm_printf(&b, "  (%s, %zu bytes per block)\n", kv_name(p), p->per_block);
         sbm_printf(&b, "  workspace "), put_size(&b, k->workspace);

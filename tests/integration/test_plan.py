@@ -76,7 +76,7 @@ def check_against_serve(args):
 
 def test_matches_startup():
     for args in ([], ["--kv-cache-memory", "512M"], ["--max-model-len", "4096", "--max-num-seqs", "16"],
-                 ["-tp", "3"]):
+                 ["-tp", "3"], ["--quantization", "int4"], ["--quantization", "fp8", "--kv-cache-dtype", "q8_0"]):
         check_against_serve(args)
 
 
