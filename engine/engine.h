@@ -27,7 +27,8 @@ typedef struct pg_engine_config {
     pg_matmul_mode matmul_mode;  // CPU: exact f32 or llama.cpp-style quantized activations
     int64_t kv_cache_bytes;      // device KV memory (0 = default)
     int32_t kv_blocks;           // overrides kv_cache_bytes when > 0
-    int64_t swap_bytes;          // host swap space (0 = none)
+    int64_t swap_bytes;          // host KV blocks: swap space + host tier (-1 = default, 0 = none)
+    bool no_host_kv_cache;       // host blocks for swap preemption only (no host tier)
     int32_t max_model_len;       // 0 = the model's context length
     sched_config sched;          // block size, budgets, policy, preemption
     bool batched_tokens_set;     // --max-num-batched-tokens given: else a per-device default
@@ -150,7 +151,12 @@ typedef struct pg_engine_stats {
     // then at most once a second by the engine thread after a step.
     bool on_gpu;
     int64_t gpu_total_bytes, gpu_free_bytes, graph_bytes, other_bytes;
-    int64_t host_swap_bytes;     // pinned host memory of the swap space
+    int64_t host_swap_bytes;     // pinned host memory of the swap space (swap preemption + host KV tier)
+    // Host memory by category (rank 0's; pg_runner_mem): weights mapped from
+    // the model file (CPU), the KV pool (CPU), the pinned step images.
+    int64_t host_weights_mapped_bytes, host_kv_bytes, host_pinned_bytes;
+    int32_t host_kv_blocks;      // host blocks (0 = no swap space, no host tier)
+    bool host_kv_tier;           // evicted prefix blocks kept in the host blocks
     // Per tensor-parallel rank (the fields above are rank 0's): each rank's
     // device by category (total and free on the GPU only).
     int32_t n_ranks;

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "common/log.h"
@@ -25,7 +26,7 @@
 #define GiB ((int64_t)1 << 30)
 #define DEFAULT_CPU_KV_BYTES (2 * GiB)          // engine/setup.c
 #define DEFAULT_GPU_MEMORY_UTILIZATION 0.9      // engine/setup.c
-#define DEFAULT_GPU_SWAP_BYTES (4 * GiB)        // engine/setup.c
+#define DEFAULT_GPU_SWAP_BYTES (4 * GiB)        // vLLM's --swap-space; also the host tier's default
 // CUDA estimates (docs/memory_planning.md): the H200 start-ups of runs 1,
 // 5 and 6 logged "other 0.52 GiB" (context, cuBLASLt handle, NCCL-free),
 // and a profiled workspace 0.01 GiB above its buffers (lazily loaded
@@ -224,12 +225,8 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
     if (kv_bytes == 0 && cfg->kv_blocks <= 0) blocks = 0;
     p->kv_blocks = blocks > INT32_MAX ? INT32_MAX : (int32_t)blocks;
     p->kv_tokens = p->kv_blocks > 0 ? (int64_t)(p->kv_blocks - 1) * p->block_size : 0;
-    int64_t host = cfg->swap_bytes > 0 ? cfg->swap_bytes / (int64_t)p->per_block : 0;
-    if (sc->preemption_mode == SCHED_PREEMPT_SWAP && host == 0) {
-        host = p->kv_blocks;
-        if (cuda && host * (int64_t)p->per_block > DEFAULT_GPU_SWAP_BYTES) host = DEFAULT_GPU_SWAP_BYTES / (int64_t)p->per_block;
-    }
-    p->host_blocks = (int32_t)host;
+    (void)sc;
+    p->host_blocks = pg_host_kv_blocks(cfg, cuda, p->kv_blocks, p->per_block, pg_host_ram_bytes());
     for (int32_t r = 0; r < tp; r++) {
         pg_memplan_rank *k = &p->ranks[r];
         k->kv = (int64_t)p->kv_blocks * (int64_t)p->per_block;
@@ -528,4 +525,30 @@ int pg_memplan_local_gpu(int64_t *total, int64_t *in_use) {
     be->destroy(be);
     *in_use = *total - free_b;
     return rc;
+}
+
+// ---------------------------------------------------------------------------
+// Host KV blocks
+
+int64_t pg_host_ram_bytes(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (int64_t)pages * (int64_t)size : 0;
+}
+
+int32_t pg_host_kv_blocks(const pg_engine_config *cfg, bool cuda, int32_t kv_blocks, size_t per_block,
+                          int64_t host_ram) {
+    if (per_block == 0) return 0;
+    int64_t host = 0;
+    if (cfg->swap_bytes >= 0) {
+        host = cfg->swap_bytes / (int64_t)per_block;
+    } else if (cuda) {
+        int64_t bytes = DEFAULT_GPU_SWAP_BYTES;
+        if (host_ram > 0 && bytes > host_ram / 10) bytes = host_ram / 10;
+        host = bytes / (int64_t)per_block;
+    }
+    if (cfg->sched.preemption_mode == SCHED_PREEMPT_SWAP && host == 0) {
+        host = kv_blocks;
+        if (cuda && host * (int64_t)per_block > DEFAULT_GPU_SWAP_BYTES) host = DEFAULT_GPU_SWAP_BYTES / (int64_t)per_block;
+    }
+    return host > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)host;
 }

@@ -100,6 +100,22 @@ char *pg_memplan_advice_text(const pg_memplan_advice *adv, int n_adv);
 int pg_memplan_refuse(const pg_engine_config *cfg, bool cuda, int64_t device_total, int64_t device_other, int code,
                       const char *msg);
 
+// Host KV blocks (swap preemption and the host tier of the prefix cache)
+// for a pool of `kv_blocks` device blocks of `per_block` bytes: --swap-space
+// when given (cfg->swap_bytes >= 0); else on the GPU 4 GiB bounded by a
+// tenth of `host_ram` (0 = unknown: no bound); on the CPU none, unless
+// --preemption-mode swap (then as many as the device pool). The CPU's
+// "device" blocks are host memory already: a host tier there would copy
+// KV from host memory to host memory, buying reuse only at the price of
+// RAM that --kv-cache-memory could give the device pool directly; so it
+// is opt-in there (--swap-space), where a test or a small device pool
+// wants it.
+int32_t pg_host_kv_blocks(const pg_engine_config *cfg, bool cuda, int32_t kv_blocks, size_t per_block,
+                          int64_t host_ram);
+
+// Physical memory of this machine, bytes (0 when unknown).
+int64_t pg_host_ram_bytes(void);
+
 // This machine's GPU 0: its size and what is in use on it now (a context
 // made for the question included). 0 with the sizes; PG_EUNSUPP with `why`
 // in the message when there is none (no driver, a build without CUDA).

@@ -50,7 +50,10 @@ const char *pg_engine_options_help =
     "                                head_dim, 3.76x f32's tokens in the same memory)\n"
     "  --async-scheduling auto|on|off  plan the next step while the device runs this one\n"
     "                                (auto: on with the GPU, off on the CPU)\n"
-    "  --swap-space BYTES            host swap space for preempted requests\n"
+    "  --swap-space BYTES            host KV blocks: swap space for preempted requests and\n"
+    "                                the prefix cache's host tier (default: 4 GiB bounded by\n"
+    "                                10% of RAM on a GPU; none on the CPU; 0 = none)\n"
+    "  --no-host-kv-cache            host blocks for swap preemption only (no host tier)\n"
     "  --preemption-mode MODE        recompute (default) or swap\n"
     "  --max-model-len N             prompt + output limit (default: the model's)\n"
     "  --max-num-seqs N              sequences per step (default 256)\n"
@@ -216,6 +219,10 @@ int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
             c->sched.policy = SCHED_POLICY_PRIORITY;
         else
             return pg_err_set(PG_EINVAL, "--scheduling-policy must be fcfs or priority");
+        return 1;
+    }
+    if (!strcmp(f, "--no-host-kv-cache")) {
+        c->no_host_kv_cache = true;
         return 1;
     }
     if (!strcmp(f, "--no-prefix-caching")) {

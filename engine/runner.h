@@ -80,7 +80,12 @@ void pg_runner_free(pg_runner *r);
 typedef struct pg_runner_mem {
     int64_t total, free;
     int64_t weights, kv, workspace, graphs, other;
-    int64_t host_swap;         // host bytes of the swap blocks
+    int64_t host_swap;         // host bytes of the swap blocks (swap preemption + host KV tier)
+    // Host memory by category (the start-up log, paged:host_memory_bytes):
+    // the mapped model file's bytes the weights point into (a backend that
+    // borrows them: the CPU), the KV pool where the device is the host (the
+    // CPU), and the pinned input/output images of the workspace.
+    int64_t host_weights_mapped, host_kv, host_pinned;
     int64_t workspace_buffers; // of `workspace`, the buffers the runner allocated
     int32_t n_graphs;          // graphs captured so far (`graphs` bytes)
     int64_t graphs_reserved;   // bytes set aside for graphs not captured yet (not in

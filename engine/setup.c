@@ -15,7 +15,6 @@
 
 #define DEFAULT_CPU_KV_BYTES ((int64_t)2 << 30)
 #define DEFAULT_GPU_MEMORY_UTILIZATION 0.9
-#define DEFAULT_GPU_SWAP_BYTES ((int64_t)4 << 30) // --preemption-mode swap without --swap-space (vLLM's)
 
 static bool is_dummy(const pg_engine_config *c) { return c->load_format && !strcmp(c->load_format, "dummy"); }
 
@@ -84,6 +83,9 @@ void eng_stats_memory(pg_engine *e) {
         st->gpu_total_bytes = st->on_gpu ? m.total : 0;
         st->gpu_free_bytes = st->on_gpu ? m.free : 0;
         st->host_swap_bytes = m.host_swap;
+        st->host_weights_mapped_bytes = m.host_weights_mapped;
+        st->host_kv_bytes = m.host_kv;
+        st->host_pinned_bytes = m.host_pinned;
     }
 }
 
@@ -234,13 +236,10 @@ int eng_setup(pg_engine *e) {
     }
     int64_t kv_blocks64 = cfg->kv_blocks > 0 ? cfg->kv_blocks : kv_bytes / (int64_t)per_block;
     e->kv_blocks = kv_blocks64 > INT32_MAX ? INT32_MAX : (int32_t)kv_blocks64;
-    int32_t host_blocks = cfg->swap_bytes > 0 ? (int32_t)(cfg->swap_bytes / (int64_t)per_block) : 0;
-    if (sc.preemption_mode == SCHED_PREEMPT_SWAP && host_blocks == 0) {
-        host_blocks = e->kv_blocks;
-        // On the GPU the device pool is far larger than sensible pinned memory.
-        if (!on_cpu && (int64_t)host_blocks * (int64_t)per_block > DEFAULT_GPU_SWAP_BYTES)
-            host_blocks = (int32_t)(DEFAULT_GPU_SWAP_BYTES / (int64_t)per_block);
-    }
+    // Host blocks: swap preemption and the prefix cache's host tier share
+    // them (engine/memplan.c says why the CPU has none by default).
+    int32_t host_blocks = pg_host_kv_blocks(cfg, !on_cpu, e->kv_blocks, per_block, pg_host_ram_bytes());
+    sc.enable_host_kv_cache = host_blocks > 0 && sc.enable_prefix_caching && !cfg->no_host_kv_cache;
     // A pool that cannot hold one sequence of the full model length is a
     // configuration error, reported with what would fit.
     int32_t need = (e->max_model_len + sc.block_size - 1) / sc.block_size + 1;
@@ -261,6 +260,8 @@ int eng_setup(pg_engine *e) {
     PG_TRY(sched_create(&sc, &e->sched));
     e->cfg.sched = sc;
     e->stats.kv_blocks = e->kv_blocks;
+    e->stats.host_kv_blocks = host_blocks;
+    e->stats.host_kv_tier = sc.enable_host_kv_cache;
     e->stats.block_size = sc.block_size;
     eng_stats_memory(e);
     sched_stats_get(e->sched, &e->stats.sched);
@@ -305,9 +306,19 @@ int eng_setup(pg_engine *e) {
                 tp > 1 ? " per rank" : "", gm.weights / (double)(1 << 20), gm.kv / (double)(1 << 20),
                 gm.workspace / (double)(1 << 20), sc.max_num_batched_tokens, sc.max_num_seqs);
     PG_LOGI("KV cache on %s%s: %d blocks x %d tokens = %lld tokens (%.2f GiB, %s, %zu bytes per block); "
-            "swap %d blocks (%.2f GiB); max model length %d",
+            "host blocks %d (%.2f GiB: %s); max model length %d",
             be->name, tp > 1 ? " (each rank: its heads of every block)" : "", e->kv_blocks - 1, sc.block_size, (long long)(e->kv_blocks - 1) * sc.block_size,
-            gm.kv / G, kv_type, per_block, host_blocks, gm.host_swap / G, e->max_model_len);
+            gm.kv / G, kv_type, per_block, host_blocks, gm.host_swap / G,
+            host_blocks == 0                ? "none"
+            : sc.enable_host_kv_cache       ? (sc.preemption_mode == SCHED_PREEMPT_SWAP ? "swap space and host KV tier"
+                                                                                       : "host KV tier")
+                                            : "swap space",
+            e->max_model_len);
+    const double M = 1 << 20;
+    PG_LOGI("host memory%s: weights mapped %.1f MiB + KV cache %.1f MiB + swap/host tier %.1f MiB + pinned "
+            "workspace %.1f MiB",
+            tp > 1 ? " (rank 0)" : "", gm.host_weights_mapped / M, gm.host_kv / M, gm.host_swap / M,
+            gm.host_pinned / M);
     PG_LOGI("async scheduling %s", e->async ? "on (the next step is planned while one runs)" : "off");
     return 0;
 }

@@ -5,7 +5,10 @@
 //     prefix-cache hash; blocks[num_blocks] is the free list's sentinel.
 //   - map: open addressing (linear probing, backward-shift deletion) from a
 //     128-bit hash to the block id holding it; at most one block per hash.
-//   - host blocks: ref counts and a stack of free ids.
+//   - host blocks: the same metadata, their own free list and map (the host
+//     tier: evicted prefix blocks stay findable by hash in host memory).
+//   - holds: host blocks a plan's moves read or write, kept out of the free
+//     list until kvp_release_holds (host tier only).
 //   - scratch arrays (one int per block, all zero between calls) for the
 //     de-duplicating passes of kvp_grow_cost and the swaps.
 #include "kvpool/kvpool.h"
@@ -32,6 +35,13 @@ typedef struct map_slot {
     int32_t id; // block id, -1 when the slot is empty
 } map_slot;
 
+// Hash -> block id of one space (device or host).
+typedef struct kvmap {
+    map_slot *s; // [mask + 1]
+    uint64_t mask;
+    int32_t n; // occupied slots (= hashed blocks)
+} kvmap;
+
 struct kvp_pool {
     kvp_config cfg;
     int32_t bs;            // cfg.block_size
@@ -40,78 +50,91 @@ struct kvp_pool {
     int32_t n_free;        // blocks in the free list
     int32_t n_cached_free; // hashed blocks in the free list
     int32_t n_host;        // cfg.num_host_blocks
-    int32_t *host_ref;     // [n_host]
-    int32_t *host_stack;   // [n_host] free host ids, top = host_stack[n_host_free - 1]
-    int32_t n_host_free;
-    map_slot *map; // [map_mask + 1]
-    uint64_t map_mask;
-    int32_t map_n;         // occupied slots (= hashed blocks)
+    blk *hblocks;          // [n_host + 1], hblocks[n_host] = host free-list sentinel
+    int32_t n_host_free;   // host blocks in the host free list
+    int32_t n_host_cached_free; // hashed host blocks in it (host tier)
+    bool tier;             // host tier on (cfg.enable_host_tier, caching, host blocks)
+    kvmap map;             // device prefix cache
+    kvmap hmap;            // host prefix cache (host tier)
+    int32_t *held;         // [n_held] host ids holding one ref each until kvp_release_holds
+    int32_t n_held, held_cap;
+    kvp_moves tier_out;    // offloads (device -> host) not yet taken
+    kvp_moves tier_in;     // host-hit loads (host -> device) not yet taken
     int32_t *dev_scratch;  // [n]      zero between calls
     int32_t *host_scratch; // [n_host] zero between calls
     unsigned char *hbuf;   // [16 + 4 * bs] hash input: parent hash, token ids
     int64_t prefix_queries, prefix_hits, evictions;
+    int64_t host_hits, offloads, host_evictions;
 };
 
 // ---------------------------------------------------------------------------
 // Free list (doubly linked through blocks[], sentinel at index n)
 
-static void fl_unlink(kvp_pool *p, int32_t b) {
-    blk *x = &p->blocks[b];
-    p->blocks[x->prev].next = x->next;
-    p->blocks[x->next].prev = x->prev;
+// `a` is blocks[] or hblocks[]; `sent` its sentinel index (n or n_host).
+static void fl_unlink(blk *a, int32_t b) {
+    blk *x = &a[b];
+    a[x->prev].next = x->next;
+    a[x->next].prev = x->prev;
 }
 
-static void fl_insert_after(kvp_pool *p, int32_t at, int32_t b) {
-    blk *x = &p->blocks[b];
+static void fl_insert_after(blk *a, int32_t at, int32_t b) {
+    blk *x = &a[b];
     x->prev = at;
-    x->next = p->blocks[at].next;
-    p->blocks[x->next].prev = b;
-    p->blocks[at].next = b;
+    x->next = a[at].next;
+    a[x->next].prev = b;
+    a[at].next = b;
 }
 
-static void fl_push_tail(kvp_pool *p, int32_t b) { fl_insert_after(p, p->blocks[p->n].prev, b); }
-static void fl_push_head(kvp_pool *p, int32_t b) { fl_insert_after(p, p->n, b); }
+static void fl_push_tail(blk *a, int32_t sent, int32_t b) { fl_insert_after(a, a[sent].prev, b); }
+static void fl_push_head(blk *a, int32_t sent, int32_t b) { fl_insert_after(a, sent, b); }
 
 // ---------------------------------------------------------------------------
 // Prefix-cache map
 
-static uint64_t map_slot_of(const kvp_pool *p, kvp_hash h) { return h.lo & p->map_mask; }
+static void map_init(kvmap *m, int32_t n_blocks) {
+    uint64_t slots = 16;
+    while (slots < 2 * (uint64_t)n_blocks) slots *= 2;
+    m->s = pg_xmalloc(sizeof(map_slot) * slots);
+    for (uint64_t i = 0; i < slots; i++) m->s[i].id = -1;
+    m->mask = slots - 1;
+    m->n = 0;
+}
 
 // Block id holding `h`, or -1.
-static int32_t map_find(const kvp_pool *p, kvp_hash h) {
-    for (uint64_t i = map_slot_of(p, h);; i = (i + 1) & p->map_mask) {
-        const map_slot *s = &p->map[i];
+static int32_t map_find(const kvmap *m, kvp_hash h) {
+    for (uint64_t i = h.lo & m->mask;; i = (i + 1) & m->mask) {
+        const map_slot *s = &m->s[i];
         if (s->id < 0) return -1;
         if (s->lo == h.lo && s->hi == h.hi) return s->id;
     }
 }
 
-static void map_insert(kvp_pool *p, kvp_hash h, int32_t id) {
-    uint64_t i = map_slot_of(p, h);
-    while (p->map[i].id >= 0) i = (i + 1) & p->map_mask;
-    p->map[i] = (map_slot){h.lo, h.hi, id};
-    p->map_n++;
+static void map_insert(kvmap *m, kvp_hash h, int32_t id) {
+    uint64_t i = h.lo & m->mask;
+    while (m->s[i].id >= 0) i = (i + 1) & m->mask;
+    m->s[i] = (map_slot){h.lo, h.hi, id};
+    m->n++;
 }
 
 // Removes `h` (which must be present), shifting later probes back so that
 // no tombstones are needed.
-static void map_remove(kvp_pool *p, kvp_hash h) {
-    uint64_t i = map_slot_of(p, h);
-    while (!(p->map[i].lo == h.lo && p->map[i].hi == h.hi)) {
-        PG_CHECK(p->map[i].id >= 0);
-        i = (i + 1) & p->map_mask;
+static void map_remove(kvmap *m, kvp_hash h) {
+    uint64_t i = h.lo & m->mask;
+    while (!(m->s[i].lo == h.lo && m->s[i].hi == h.hi)) {
+        PG_CHECK(m->s[i].id >= 0);
+        i = (i + 1) & m->mask;
     }
-    for (uint64_t j = (i + 1) & p->map_mask;; j = (j + 1) & p->map_mask) {
-        if (p->map[j].id < 0) break;
-        uint64_t home = p->map[j].lo & p->map_mask;
+    for (uint64_t j = (i + 1) & m->mask;; j = (j + 1) & m->mask) {
+        if (m->s[j].id < 0) break;
+        uint64_t home = m->s[j].lo & m->mask;
         // Entry j may move to the hole i if its home is not in (i, j].
         bool stays = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
         if (stays) continue;
-        p->map[i] = p->map[j];
+        m->s[i] = m->s[j];
         i = j;
     }
-    p->map[i].id = -1;
-    p->map_n--;
+    m->s[i].id = -1;
+    m->n--;
 }
 
 // ---------------------------------------------------------------------------
@@ -145,8 +168,8 @@ static void ensure_hashes(kvp_pool *p, kvp_table *t, const int32_t *tokens, int3
 // block computed the same content) or b already has a hash.
 static void cache_offer(kvp_pool *p, int32_t b, kvp_hash h) {
     blk *x = &p->blocks[b];
-    if (x->hashed || map_find(p, h) >= 0) return;
-    map_insert(p, h, b);
+    if (x->hashed || map_find(&p->map, h) >= 0) return;
+    map_insert(&p->map, h, b);
     x->hashed = true;
     x->hash = h;
 }
@@ -154,15 +177,108 @@ static void cache_offer(kvp_pool *p, int32_t b, kvp_hash h) {
 // ---------------------------------------------------------------------------
 // Device and host block primitives
 
+static void moves_push(kvp_moves *m, int32_t from, int32_t to);
+
+// Host block h (ref 0, in the host free list) leaves the list.
+static void host_unlink(kvp_pool *p, int32_t h) {
+    fl_unlink(p->hblocks, h);
+    p->n_host_free--;
+    if (p->hblocks[h].hashed) p->n_host_cached_free--;
+}
+
+// Host block h has no owner left: back in the host free list, a cached one
+// at the tail (host LRU), an empty one at the head.
+static void host_to_free(kvp_pool *p, int32_t h) {
+    p->n_host_free++;
+    if (p->hblocks[h].hashed) {
+        p->n_host_cached_free++;
+        fl_push_tail(p->hblocks, p->n_host, h);
+    } else {
+        fl_push_head(p->hblocks, p->n_host, h);
+    }
+}
+
+// One more ref on host block h, owned by the current plan (its moves read
+// or write h) until kvp_release_holds: no other move of the plan may
+// overwrite it.
+static void held_push(kvp_pool *p, int32_t h) {
+    if (p->n_held == p->held_cap) {
+        p->held_cap = p->held_cap ? p->held_cap * 2 : 16;
+        p->held = pg_xrealloc(p->held, sizeof(int32_t) * (size_t)p->held_cap);
+    }
+    p->held[p->n_held++] = h;
+}
+
+static void host_hold(kvp_pool *p, int32_t h) {
+    if (p->hblocks[h].ref++ == 0) host_unlink(p, h);
+    held_push(p, h);
+}
+
+// Pops the host free-list head (evicting its host-cached hash) with ref 1.
+static int32_t host_alloc(kvp_pool *p) {
+    int32_t h = p->hblocks[p->n_host].next;
+    PG_CHECK(h != p->n_host);
+    host_unlink(p, h);
+    blk *x = &p->hblocks[h];
+    if (x->hashed) {
+        map_remove(&p->hmap, x->hash);
+        x->hashed = false;
+        p->host_evictions++;
+    }
+    x->ref = 1;
+    return h;
+}
+
+static void host_decref(kvp_pool *p, int32_t h) {
+    PG_CHECK(h >= 0 && h < p->n_host && p->hblocks[h].ref > 0);
+    if (p->hblocks[h].ref > 1) {
+        p->hblocks[h].ref--;
+    } else if (p->tier) {
+        // With the host tier any allocation of this plan may take a free
+        // host block as an offload's destination: the last ref goes to the
+        // plan so that a block a swap-in of this plan still reads is never
+        // written by its swap-outs (which run first).
+        held_push(p, h); // the ref stays, owned by the plan now
+    } else {
+        p->hblocks[h].ref = 0;
+        host_to_free(p, h);
+    }
+}
+
+// Device block b (hashed, ref 0) is being evicted: with the host tier and
+// host room, its content goes to a host block first, findable there by its
+// hash. The move is a swap-out of this plan, so it runs before anything of
+// the plan writes b.
+static void offload(kvp_pool *p, int32_t b) {
+    kvp_hash h = p->blocks[b].hash;
+    int32_t hb = map_find(&p->hmap, h);
+    if (hb >= 0) { // the host has it already (it came from there): refresh its LRU place
+        if (p->hblocks[hb].ref == 0) {
+            fl_unlink(p->hblocks, hb);
+            fl_push_tail(p->hblocks, p->n_host, hb);
+        }
+        return;
+    }
+    if (p->n_host_free == 0) return; // every host block is held: forget it
+    hb = host_alloc(p);
+    held_push(p, hb); // its ref: written by this plan
+    p->hblocks[hb].hashed = true;
+    p->hblocks[hb].hash = h;
+    map_insert(&p->hmap, h, hb);
+    moves_push(&p->tier_out, b, hb);
+    p->offloads++;
+}
+
 // Pops the free-list head (evicting its cached hash) with ref 1.
 static int32_t block_alloc(kvp_pool *p) {
     int32_t b = p->blocks[p->n].next;
     PG_CHECK(b != p->n);
-    fl_unlink(p, b);
+    fl_unlink(p->blocks, b);
     p->n_free--;
     blk *x = &p->blocks[b];
     if (x->hashed) {
-        map_remove(p, x->hash);
+        if (p->tier) offload(p, b);
+        map_remove(&p->map, x->hash);
         x->hashed = false;
         p->n_cached_free--;
         p->evictions++;
@@ -175,7 +291,7 @@ static int32_t block_alloc(kvp_pool *p) {
 static void block_incref(kvp_pool *p, int32_t b) {
     blk *x = &p->blocks[b];
     if (x->ref == 0) {
-        fl_unlink(p, b);
+        fl_unlink(p->blocks, b);
         p->n_free--;
         if (x->hashed) p->n_cached_free--;
     }
@@ -189,22 +305,10 @@ static void block_decref(kvp_pool *p, int32_t b) {
     p->n_free++;
     if (x->hashed) {
         p->n_cached_free++;
-        fl_push_tail(p, b); // keep for reuse as long as possible (LRU)
+        fl_push_tail(p->blocks, p->n, b); // keep for reuse as long as possible (LRU)
     } else {
-        fl_push_head(p, b); // nothing worth keeping: hand out first
+        fl_push_head(p->blocks, p->n, b); // nothing worth keeping: hand out first
     }
-}
-
-static int32_t host_alloc(kvp_pool *p) {
-    PG_CHECK(p->n_host_free > 0);
-    int32_t h = p->host_stack[--p->n_host_free];
-    p->host_ref[h] = 1;
-    return h;
-}
-
-static void host_decref(kvp_pool *p, int32_t h) {
-    PG_CHECK(h >= 0 && h < p->n_host && p->host_ref[h] > 0);
-    if (--p->host_ref[h] == 0) p->host_stack[p->n_host_free++] = h;
 }
 
 static void moves_push(kvp_moves *m, int32_t from, int32_t to) {
@@ -251,27 +355,26 @@ int kvp_create(const kvp_config *cfg, kvp_pool **out) {
     p->bs = cfg->block_size;
     p->n = cfg->num_blocks;
     p->n_host = cfg->num_host_blocks;
+    p->tier = cfg->enable_host_tier && cfg->enable_prefix_caching && p->n_host > 0;
     p->blocks = pg_xcalloc((size_t)p->n + 1, sizeof(blk));
+    p->hblocks = pg_xcalloc((size_t)p->n_host + 1, sizeof(blk));
     p->dev_scratch = pg_xcalloc((size_t)p->n, sizeof(int32_t));
-    p->host_ref = pg_xcalloc((size_t)p->n_host, sizeof(int32_t));
-    p->host_stack = pg_xcalloc((size_t)p->n_host, sizeof(int32_t));
     p->host_scratch = pg_xcalloc((size_t)p->n_host, sizeof(int32_t));
     p->hbuf = pg_xmalloc(16 + sizeof(int32_t) * (size_t)p->bs);
 
-    // Free list 1, 2, ..., n-1 so that allocation hands out ascending ids.
+    // Free lists 1, 2, ..., n-1 and 0, ..., n_host-1 so that allocation
+    // hands out ascending ids.
     blk *s = &p->blocks[p->n];
     s->prev = s->next = p->n;
-    for (int32_t b = 1; b < p->n; b++) fl_push_tail(p, b);
+    for (int32_t b = 1; b < p->n; b++) fl_push_tail(p->blocks, p->n, b);
     p->n_free = p->n - 1;
-    // Host stack: top is 0, so host ids also come out ascending.
-    for (int32_t i = 0; i < p->n_host; i++) p->host_stack[i] = p->n_host - 1 - i;
+    s = &p->hblocks[p->n_host];
+    s->prev = s->next = p->n_host;
+    for (int32_t h = 0; h < p->n_host; h++) fl_push_tail(p->hblocks, p->n_host, h);
     p->n_host_free = p->n_host;
 
-    uint64_t slots = 16;
-    while (slots < 2 * (uint64_t)p->n) slots *= 2;
-    p->map = pg_xmalloc(sizeof(map_slot) * slots);
-    for (uint64_t i = 0; i < slots; i++) p->map[i].id = -1;
-    p->map_mask = slots - 1;
+    map_init(&p->map, p->n);
+    map_init(&p->hmap, p->tier ? p->n_host : 0);
     *out = p;
     return 0;
 }
@@ -279,12 +382,15 @@ int kvp_create(const kvp_config *cfg, kvp_pool **out) {
 void kvp_destroy(kvp_pool *p) {
     if (!p) return;
     free(p->blocks);
+    free(p->hblocks);
     free(p->dev_scratch);
-    free(p->host_ref);
-    free(p->host_stack);
     free(p->host_scratch);
     free(p->hbuf);
-    free(p->map);
+    free(p->map.s);
+    free(p->hmap.s);
+    free(p->held);
+    kvp_moves_fini(&p->tier_out);
+    kvp_moves_fini(&p->tier_in);
     free(p);
 }
 
@@ -302,8 +408,15 @@ int32_t kvp_block_ref(const kvp_pool *p, int32_t id) {
 
 int32_t kvp_host_ref(const kvp_pool *p, int32_t id) {
     PG_CHECK(id >= 0 && id < p->n_host);
-    return p->host_ref[id];
+    return p->hblocks[id].ref;
 }
+
+bool kvp_host_cached(const kvp_pool *p, int32_t id) {
+    PG_CHECK(id >= 0 && id < p->n_host);
+    return p->hblocks[id].hashed;
+}
+
+bool kvp_host_tier(const kvp_pool *p) { return p->tier; }
 
 bool kvp_block_cached(const kvp_pool *p, int32_t id) {
     PG_CHECK(id >= 0 && id < p->n);
@@ -315,15 +428,23 @@ void kvp_stats_get(const kvp_pool *p, kvp_stats *o) {
     o->num_blocks = p->n - 1;
     o->num_free = p->n_free;
     o->num_used = p->n - 1 - p->n_free;
-    o->num_cached = p->map_n;
+    o->num_cached = p->map.n;
     o->num_cached_free = p->n_cached_free;
     o->usage = (double)o->num_used / (double)o->num_blocks;
     o->num_host_blocks = p->n_host;
     o->num_host_free = p->n_host_free;
-    o->host_usage = p->n_host ? (double)(p->n_host - p->n_host_free) / p->n_host : 0.0;
+    o->num_host_cached = p->hmap.n;
+    o->num_host_cached_free = p->n_host_cached_free;
+    o->num_host_used = p->n_host - p->n_host_free;
+    // Cached host blocks count as used: they hold KV worth keeping (the
+    // device's usage, by contrast, counts only blocks tables hold).
+    o->host_usage = p->n_host ? (double)(p->n_host - p->n_host_free + p->n_host_cached_free) / p->n_host : 0.0;
     o->prefix_queries = p->prefix_queries;
     o->prefix_hits = p->prefix_hits;
     o->evictions = p->evictions;
+    o->host_hits = p->host_hits;
+    o->offloads = p->offloads;
+    o->host_evictions = p->host_evictions;
 }
 
 // ---------------------------------------------------------------------------
@@ -343,7 +464,11 @@ int32_t kvp_table_lookup(kvp_pool *p, kvp_table *t, const int32_t *tokens, int32
     int32_t max_blocks = (n_tokens - 1) / p->bs;
     ensure_hashes(p, t, tokens, max_blocks);
     int32_t hits = 0;
-    while (hits < max_blocks && map_find(p, t->hashes[hits]) >= 0) hits++;
+    // A block may be on the device or, with the host tier, on the host
+    // only (kvp_grow loads it); the prefix ends at the first that is neither.
+    while (hits < max_blocks && (map_find(&p->map, t->hashes[hits]) >= 0 ||
+                                 (p->tier && map_find(&p->hmap, t->hashes[hits]) >= 0)))
+        hits++;
     return hits;
 }
 
@@ -364,9 +489,16 @@ static void grow_walk(const kvp_pool *p, const kvp_grow_item *items, int32_t n, 
         if (items[i].n_hits > 0) {
             PG_CHECK(t->n_blocks == 0 && !t->swapped && items[i].n_hits <= t->n_hashes);
             for (int32_t j = 0; j < items[i].n_hits; j++) {
-                int32_t b = map_find(p, t->hashes[j]);
-                PG_CHECK(b > 0);
-                if (reset) {
+                int32_t b = map_find(&p->map, t->hashes[j]);
+                if (b < 0) { // on the host only: one device block to load it into
+                    int32_t h = p->tier ? map_find(&p->hmap, t->hashes[j]) : -1;
+                    PG_CHECK(h >= 0);
+                    if (reset) {
+                        p->host_scratch[h] = 0;
+                    } else if (p->host_scratch[h]++ == 0) {
+                        (*cost)++;
+                    }
+                } else if (reset) {
                     p->dev_scratch[b] = 0;
                 } else if (p->dev_scratch[b]++ == 0 && p->blocks[b].ref == 0) {
                     (*cost)++; // leaves the free list
@@ -380,7 +512,7 @@ static void grow_walk(const kvp_pool *p, const kvp_grow_item *items, int32_t n, 
             // Partial tail: the k-th writer copies while others still hold it.
             int32_t tail = t->blocks[n_blk - 1];
             int32_t *scratch = t->swapped ? p->host_scratch : p->dev_scratch;
-            int32_t ref = t->swapped ? p->host_ref[tail] : p->blocks[tail].ref;
+            int32_t ref = t->swapped ? p->hblocks[tail].ref : p->blocks[tail].ref;
             if (reset) {
                 scratch[tail] = 0;
             } else if (++scratch[tail] < ref) {
@@ -402,18 +534,49 @@ int kvp_grow(kvp_pool *p, const kvp_grow_item *items, int32_t n, kvp_moves *copi
     int32_t cost = kvp_grow_cost(p, items, n);
     if (cost > p->n_free) return PG_ENOSPC;
     const int32_t bs = p->bs;
-    // Adopt all hits first so that no allocation below can evict them.
+    // Adopt all device hits and hold all host hits first, so that no
+    // allocation below can evict them; host hits are marked -1 - host id.
+    bool any_host = false;
     for (int32_t i = 0; i < n; i++) {
         kvp_table *t = items[i].t;
         if (items[i].n_hits <= 0) continue;
         table_reserve(t, items[i].n_hits);
         for (int32_t j = 0; j < items[i].n_hits; j++) {
-            int32_t b = map_find(p, t->hashes[j]);
-            block_incref(p, b);
-            t->blocks[j] = b;
+            int32_t b = map_find(&p->map, t->hashes[j]);
+            if (b > 0) {
+                block_incref(p, b);
+                t->blocks[j] = b;
+            } else {
+                int32_t h = map_find(&p->hmap, t->hashes[j]);
+                host_hold(p, h); // read by this plan's swap-in
+                t->blocks[j] = -1 - h;
+                any_host = true;
+            }
         }
         t->n_blocks = t->n_cached = items[i].n_hits;
         t->n_tokens = items[i].n_hits * bs;
+    }
+    // Host hits: a fresh device block each and a (host, device) swap-in
+    // move, which runs before this plan's forward reads it; so the block
+    // enters the device cache now (a same-plan hit on it is safe), and the
+    // host copy stays cached too (evicting the device block again costs no
+    // copy). An earlier item of the batch may have loaded the same hash.
+    for (int32_t i = 0; any_host && i < n; i++) {
+        kvp_table *t = items[i].t;
+        for (int32_t j = 0; j < items[i].n_hits; j++) {
+            if (t->blocks[j] >= 0) continue;
+            int32_t h = -1 - t->blocks[j];
+            int32_t b = map_find(&p->map, t->hashes[j]);
+            if (b > 0) {
+                block_incref(p, b);
+            } else {
+                b = block_alloc(p);
+                moves_push(&p->tier_in, h, b);
+                cache_offer(p, b, t->hashes[j]);
+                p->host_hits += bs;
+            }
+            t->blocks[j] = b;
+        }
     }
     for (int32_t i = 0; i < n; i++) {
         kvp_table *t = items[i].t;
@@ -469,7 +632,7 @@ void kvp_table_fork(kvp_pool *p, const kvp_table *src, kvp_table *dst, int32_t n
     for (int32_t i = 0; i < src->n_blocks; i++) {
         int32_t b = src->blocks[i];
         if (src->swapped) {
-            p->host_ref[b]++;
+            p->hblocks[b].ref++;
         } else {
             block_incref(p, b);
         }
@@ -549,7 +712,7 @@ static void swap_tables(kvp_pool *p, kvp_table *const *tables, int32_t n, kvp_mo
                 map[b] = nb + 1;
                 moves_push(moves, b, nb);
             } else if (to_host) {
-                p->host_ref[map[b] - 1]++;
+                p->hblocks[map[b] - 1].ref++;
             } else {
                 p->blocks[map[b] - 1].ref++;
             }
@@ -592,6 +755,28 @@ int kvp_swap_in(kvp_pool *p, kvp_table *const *tables, int32_t n, kvp_moves *mov
 }
 
 // ---------------------------------------------------------------------------
+// Host tier: the plan's moves and holds
+
+static void moves_append(kvp_moves *dst, kvp_moves *src) {
+    for (int32_t i = 0; i < src->n; i++) moves_push(dst, src->v[i].from, src->v[i].to);
+    src->n = 0;
+}
+
+void kvp_take_tier_moves(kvp_pool *p, kvp_moves *swap_out, kvp_moves *swap_in) {
+    moves_append(swap_out, &p->tier_out);
+    moves_append(swap_in, &p->tier_in);
+}
+
+void kvp_release_holds(kvp_pool *p) {
+    for (int32_t i = 0; i < p->n_held; i++) {
+        int32_t h = p->held[i];
+        PG_CHECK(p->hblocks[h].ref > 0);
+        if (--p->hblocks[h].ref == 0) host_to_free(p, h);
+    }
+    p->n_held = 0;
+}
+
+// ---------------------------------------------------------------------------
 // Moves lists and checks
 
 void kvp_moves_fini(kvp_moves *m) {
@@ -618,7 +803,7 @@ int kvp_check(const kvp_pool *p, const int32_t *dev_owners, const int32_t *host_
         if (x->hashed) {
             n_hashed++;
             n_hashed_free += x->ref == 0;
-            if (map_find(p, x->hash) != b) {
+            if (map_find(&p->map, x->hash) != b) {
                 rc = pg_err_set(PG_EINVAL, "kvpool: block %d hash not mapped to it", b);
                 goto done;
             }
@@ -642,33 +827,54 @@ int kvp_check(const kvp_pool *p, const int32_t *dev_owners, const int32_t *host_
                         walked, n_zero, p->n_free);
         goto done;
     }
-    if (n_hashed != p->map_n || n_hashed_free != p->n_cached_free) {
+    if (n_hashed != p->map.n || n_hashed_free != p->n_cached_free) {
         rc = pg_err_set(PG_EINVAL, "kvpool: %d hashed (%d free) but map %d (%d free)", n_hashed,
-                        n_hashed_free, p->map_n, p->n_cached_free);
+                        n_hashed_free, p->map.n, p->n_cached_free);
         goto done;
     }
     memset(seen, 0, (size_t)(p->n > p->n_host ? p->n : p->n_host) + 1);
-    int32_t host_zero = 0;
-    for (int32_t h = 0; h < p->n_host; h++) {
-        int32_t owners = host_owners ? host_owners[h] : 0;
-        if (p->host_ref[h] != owners) {
-            rc = pg_err_set(PG_EINVAL, "kvpool: host block %d ref %d but %d owners", h,
-                            p->host_ref[h], owners);
-            goto done;
+    // Host refs = the tables' owners + the plan's holds.
+    int32_t *held = pg_xcalloc((size_t)p->n_host + 1, sizeof(int32_t));
+    for (int32_t i = 0; i < p->n_held; i++) held[p->held[i]]++;
+    int32_t host_zero = 0, h_hashed = 0, h_hashed_free = 0;
+    for (int32_t h = 0; h < p->n_host && rc == 0; h++) {
+        const blk *x = &p->hblocks[h];
+        int32_t owners = (host_owners ? host_owners[h] : 0) + held[h];
+        if (x->ref != owners) {
+            rc = pg_err_set(PG_EINVAL, "kvpool: host block %d ref %d but %d owners (%d holds)", h, x->ref,
+                            owners, held[h]);
+        } else if (x->hashed && (host_owners ? host_owners[h] : 0) != 0) {
+            rc = pg_err_set(PG_EINVAL, "kvpool: host block %d is cached and held by a table", h);
+        } else if (x->hashed && map_find(&p->hmap, x->hash) != h) {
+            rc = pg_err_set(PG_EINVAL, "kvpool: host block %d hash not mapped to it", h);
         }
         host_zero += owners == 0;
+        h_hashed += x->hashed;
+        h_hashed_free += x->hashed && owners == 0;
     }
-    for (int32_t i = 0; i < p->n_host_free; i++) {
-        int32_t h = p->host_stack[i];
-        if (h < 0 || h >= p->n_host || seen[h] || p->host_ref[h] != 0) {
-            rc = pg_err_set(PG_EINVAL, "kvpool: host free stack corrupt at %d", h);
+    free(held);
+    if (rc) goto done;
+    walked = 0;
+    for (int32_t h = p->hblocks[p->n_host].next; h != p->n_host; h = p->hblocks[h].next) {
+        if (h < 0 || h > p->n_host || seen[h] || p->hblocks[h].ref != 0 || walked > p->n_host) {
+            rc = pg_err_set(PG_EINVAL, "kvpool: host free list corrupt at %d", h);
+            goto done;
+        }
+        if (p->hblocks[p->hblocks[h].next].prev != h) {
+            rc = pg_err_set(PG_EINVAL, "kvpool: host free list back link broken at %d", h);
             goto done;
         }
         seen[h] = 1;
+        walked++;
     }
-    if (host_zero != p->n_host_free)
-        rc = pg_err_set(PG_EINVAL, "kvpool: %d host blocks unowned, %d free", host_zero,
-                        p->n_host_free);
+    if (walked != p->n_host_free || host_zero != p->n_host_free) {
+        rc = pg_err_set(PG_EINVAL, "kvpool: %d host blocks in free list, %d unowned, n_host_free %d", walked,
+                        host_zero, p->n_host_free);
+        goto done;
+    }
+    if (h_hashed != p->hmap.n || h_hashed_free != p->n_host_cached_free)
+        rc = pg_err_set(PG_EINVAL, "kvpool: %d host blocks hashed (%d free) but host map %d (%d free)", h_hashed,
+                        h_hashed_free, p->hmap.n, p->n_host_cached_free);
 done:
     free(seen);
     return rc;

@@ -30,6 +30,17 @@
 // Swap: kvp_swap_out() / kvp_swap_in() move whole tables between device
 // and host ids, keeping sibling sharing, and report (from, to) moves.
 //
+// Host tier (enable_host_tier, with prefix caching and host blocks): a
+// cached device block that allocation evicts is first copied to a free (or
+// the least recently used host-cached) host block, an offload, and stays
+// findable there by its hash; kvp_table_lookup counts host blocks as hits
+// and kvp_grow loads them into fresh device blocks. Both kinds of move
+// collect in the pool until kvp_take_tier_moves hands them to the plan as
+// swap-out and swap-in moves. Swapped tables take host blocks before the
+// host cache (they evict it; it never evicts them). Every host block a
+// plan's moves read or write is held until kvp_release_holds, so one plan
+// never writes a host block twice nor one that it reads.
+//
 // Not thread-safe: one thread (the engine loop) owns a pool.
 #pragma once
 #include <stdbool.h>
@@ -42,6 +53,7 @@ typedef struct kvp_config {
     int32_t num_host_blocks;    // host swap blocks (0 = no swap space)
     int32_t block_size;         // tokens per block (default 16)
     bool enable_prefix_caching; // default true
+    bool enable_host_tier;      // evicted cached blocks go to free host blocks (default false)
 } kvp_config;
 
 // A 128-bit chained block hash.
@@ -91,11 +103,17 @@ typedef struct kvp_stats {
     int32_t num_cached_free; // cached with ref 0 (evictable)
     double usage;            // num_used / num_blocks, 0..1
     int32_t num_host_blocks;
-    int32_t num_host_free;
-    double host_usage;      // 0..1 (0 when there is no swap space)
+    int32_t num_host_free;        // allocatable now (includes evictable host-cached)
+    int32_t num_host_used;        // held by swapped tables or the plan's holds
+    int32_t num_host_cached;      // host blocks holding a hash (host tier)
+    int32_t num_host_cached_free; // of those, not held (evictable)
+    double host_usage;      // (used + cached) / num_host_blocks, 0..1 (0 without swap space)
     int64_t prefix_queries; // tokens looked up in the prefix cache
-    int64_t prefix_hits;    // of those, tokens found cached
-    int64_t evictions;      // cached blocks handed out again
+    int64_t prefix_hits;    // of those, tokens found cached (device or host)
+    int64_t evictions;      // cached device blocks handed out again
+    int64_t host_hits;      // of prefix_hits, tokens loaded from the host tier
+    int64_t offloads;       // evicted device blocks copied to the host tier
+    int64_t host_evictions; // host-cached blocks handed out again
 } kvp_stats;
 
 // Fills `c` with defaults: block_size 16, prefix caching on, no host blocks,
@@ -126,6 +144,10 @@ int32_t kvp_block_ref(const kvp_pool *p, int32_t id);
 int32_t kvp_host_ref(const kvp_pool *p, int32_t id);
 // Whether device block `id` is in the prefix cache.
 bool kvp_block_cached(const kvp_pool *p, int32_t id);
+// Whether host block `id` is in the host tier's cache.
+bool kvp_host_cached(const kvp_pool *p, int32_t id);
+// Whether the host tier is on.
+bool kvp_host_tier(const kvp_pool *p);
 
 // ---------------------------------------------------------------------------
 // Tables
@@ -135,7 +157,8 @@ void kvp_table_init(kvp_table *t);
 // Frees the table's memory. The table must hold no blocks (release first).
 void kvp_table_fini(kvp_table *t);
 
-// Longest cached prefix of the sequence `tokens[0..n_tokens)`, in blocks,
+// Longest cached prefix of the sequence `tokens[0..n_tokens)`, in blocks
+// (on the device or, with the host tier, on the host),
 // capped so that at least the last token is left to compute (a hit never
 // covers all n_tokens: the last position's logits are needed). Computes and
 // keeps the chained hashes it needs in `t`. Returns 0 when caching is off or
@@ -155,7 +178,9 @@ void kvp_note_lookup(kvp_pool *p, int32_t n_query_tokens, int32_t n_hit_tokens);
 // first (the swap-in itself is counted by kvp_swap_in_cost). Pure.
 int32_t kvp_grow_cost(const kvp_pool *p, const kvp_grow_item *items, int32_t n);
 
-// Performs the batch: for each item adopts its hits, copies a shared partial
+// Performs the batch: for each item adopts its hits (host-tier hits: a fresh
+// device block each, loaded by a move kvp_take_tier_moves hands out; the
+// cost counts them), copies a shared partial
 // tail block before the first write into it (appending (old, new) to
 // `copies`), and allocates blocks for the new slots. All or nothing: when
 // kvp_grow_cost > kvp_num_free returns PG_ENOSPC and changes nothing.
@@ -207,13 +232,30 @@ int32_t kvp_swap_in_cost(const kvp_pool *p, kvp_table *const *tables, int32_t n)
 int kvp_swap_in(kvp_pool *p, kvp_table *const *tables, int32_t n, kvp_moves *moves);
 
 // ---------------------------------------------------------------------------
+// Host tier
+
+// Appends the host tier's moves since the last call to the plan's lists:
+// offloads (device, host) to `swap_out`, host-hit loads (host, device) to
+// `swap_in`. The runner performs swap-outs, then swap-ins, then copies,
+// then the forward: an evicted device block is read before anything writes
+// it, a loaded one is written before the forward reads it.
+void kvp_take_tier_moves(kvp_pool *p, kvp_moves *swap_out, kvp_moves *swap_in);
+
+// Drops the holds of the plan made since the last call: its host blocks
+// become free (cached ones at the host LRU's tail). Call before planning
+// the next step (that plan's moves run after this one's) and, when no plan
+// is in flight, to settle the counts. No-op without the host tier.
+void kvp_release_holds(kvp_pool *p);
+
+// ---------------------------------------------------------------------------
 // Moves lists and checks
 
 void kvp_moves_fini(kvp_moves *m);
 
 // Verifies the pool against the owners the caller counted:
 // dev_owners[id] (num_blocks entries) and host_owners[id] (num_host_blocks
-// entries, may be NULL when there is none) must equal the ref counts, and the
+// entries, may be NULL when there is none) must equal the ref counts (host
+// refs: plus the plan's holds, which the pool counts itself), and the
 // free list, free counts and prefix-cache map must be consistent. Returns 0,
 // or PG_EINVAL with the first mismatch in pg_err_msg(). O(blocks).
 int kvp_check(const kvp_pool *p, const int32_t *dev_owners, const int32_t *host_owners);

@@ -635,6 +635,9 @@ int sched_step(sched *s, const pg_batch_plan **out) {
     s->n_preq = 0;
     s->copies.n = s->swap_out.n = s->swap_in.n = 0;
     s->preempted = false;
+    // The previous plan's moves run before this one's: its host blocks may
+    // be reused now.
+    kvp_release_holds(s->pool);
     budget b = {s->cfg.max_num_batched_tokens, s->cfg.max_num_seqs};
     // The long-prefill cap matters only when someone else could use the
     // rest of the budget.
@@ -649,6 +652,9 @@ int sched_step(sched *s, const pg_batch_plan **out) {
             if (!admit_waiting(s, s->waiting.v[0], &b)) break;
     }
 
+    // The host tier's offloads and loads join the swaps: the same ordering
+    // (swap-out, swap-in, copies, forward) makes them safe.
+    kvp_take_tier_moves(s->pool, &s->swap_out, &s->swap_in);
     int32_t n_mv = s->swap_out.n + s->swap_in.n + s->copies.n;
     s->mv = grow_array(s->mv, &s->mv_cap, n_mv, sizeof(pg_block_move));
     copy_moves(s->mv, &s->swap_out);
@@ -856,6 +862,9 @@ int sched_resolve(sched *s, const pg_step_output *out, sched_events *evs) {
         }
     }
     s->advanced = false;
+    // No plan in flight: every move was performed, the holds can go (so
+    // that the counts settle when the engine goes idle).
+    if (!s->in_flight) kvp_release_holds(s->pool);
     evs->n = s->ev.n;
     evs->ev = s->ev.v;
     return rc;
@@ -908,6 +917,7 @@ int sched_create(const sched_config *cfg, sched **out) {
     kc.num_host_blocks = cfg->num_host_blocks;
     kc.block_size = cfg->block_size;
     kc.enable_prefix_caching = cfg->enable_prefix_caching;
+    kc.enable_host_tier = cfg->enable_host_kv_cache;
     kvp_pool *pool;
     int rc = kvp_create(&kc, &pool);
     if (rc < 0) return pg_err_wrap(rc, "scheduler: ");

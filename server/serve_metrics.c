@@ -49,13 +49,25 @@ void srv_metrics_init(srv_metrics *m, const char *model_name, int32_t max_model_
     m->swapped = one(met_gauge(r, "paged:num_requests_swapped", "Number of requests swapped to CPU.", L), mn);
     m->kv_usage = one(met_gauge(r, "paged:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", L), mn);
     m->gpu_usage = one(met_gauge(r, "paged:gpu_cache_usage_perc", "Device KV-cache usage. 1 means 100 percent usage.", L), mn);
-    m->host_kv_usage = one(met_gauge(r, "paged:cpu_cache_usage_perc", "Host (swap) KV-cache usage. 1 means 100 percent usage.", L), mn);
+    m->host_kv_usage = one(met_gauge(r, "paged:cpu_cache_usage_perc", "Host KV-cache usage: blocks held by swapped requests or cached by the host tier. 1 means 100 percent usage.", L), mn);
     m->prefix_hit_rate = one(met_gauge(r, "paged:gpu_prefix_cache_hit_rate", "Prefix cache hit rate (tokens found / tokens looked up).", L), mn);
     met_family *blocks = met_gauge(r, "paged:kv_cache_blocks", "Device KV blocks by state (total usable, used by requests, cached by the prefix cache and free to evict).", "model_name,state");
     PG_CHECK(blocks != NULL);
     m->kv_blocks_total = met_child_get(blocks, (const char *[]){mn, "total"});
     m->kv_blocks_used = met_child_get(blocks, (const char *[]){mn, "used"});
     m->kv_blocks_cached = met_child_get(blocks, (const char *[]){mn, "cached_free"});
+    met_family *hblocks = met_gauge(r, "paged:host_kv_cache_blocks", "Host KV blocks by state (total, used by swapped requests or a step's copies, cached by the host tier and free to evict).", "model_name,state");
+    PG_CHECK(hblocks != NULL);
+    m->host_blocks_total = met_child_get(hblocks, (const char *[]){mn, "total"});
+    m->host_blocks_used = met_child_get(hblocks, (const char *[]){mn, "used"});
+    m->host_blocks_cached = met_child_get(hblocks, (const char *[]){mn, "cached_free"});
+    m->host_mem = met_gauge(r, "paged:host_memory_bytes",
+                            "Host memory by category: weights_mapped (the model file's bytes the weights "
+                            "point into: CPU), kv_cache (the KV pool when the device is the host: CPU), "
+                            "swap (host KV blocks: swap space and host tier), pinned (the workspace's "
+                            "pinned step images).",
+                            "model_name,category");
+    PG_CHECK(m->host_mem != NULL);
     m->block_size = one(met_gauge(r, "paged:kv_cache_block_size", "Tokens per KV block.", L), mn);
     m->mem = met_gauge(r, "paged:device_memory_bytes",
                        "Memory by category: weights, kv_cache, workspace; on a GPU also graphs, other "
@@ -73,7 +85,9 @@ void srv_metrics_init(srv_metrics *m, const char *model_name, int32_t max_model_
     m->generation_tokens = one(met_counter(r, "paged:generation_tokens_total", "Number of generation tokens processed.", L), mn);
     m->preemptions = one(met_counter(r, "paged:num_preemptions_total", "Cumulative number of preemptions from the engine.", L), mn);
     m->prefix_queries = one(met_counter(r, "paged:prefix_cache_queries_total", "Prefix cache queries, in tokens.", L), mn);
-    m->prefix_hits = one(met_counter(r, "paged:prefix_cache_hits_total", "Prefix cache hits, in tokens.", L), mn);
+    m->prefix_hits = one(met_counter(r, "paged:prefix_cache_hits_total", "Prefix cache hits, in tokens (device and host tier).", L), mn);
+    m->prefix_host_hits = one(met_counter(r, "paged:prefix_cache_host_hits_total", "Of the prefix cache hits, tokens loaded from the host tier.", L), mn);
+    m->host_offloads = one(met_counter(r, "paged:kv_host_offloads_total", "Cached device KV blocks copied to the host tier on eviction.", L), mn);
     m->success = met_counter(r, "paged:request_success_total", "Count of finished requests by finish reason.", "model_name,finished_reason");
     PG_CHECK(m->success != NULL);
     static const char *reasons[] = {"stop", "length", "abort", "error"};
@@ -116,6 +130,13 @@ void srv_metrics_refresh(srv_metrics *m, const pg_engine_stats *st, int n_connec
     met_set(m->kv_blocks_used, s->kv.num_used);
     met_set(m->kv_blocks_cached, s->kv.num_cached_free);
     met_set(m->block_size, st->block_size);
+    met_set(m->host_blocks_total, s->kv.num_host_blocks);
+    met_set(m->host_blocks_used, s->kv.num_host_used);
+    met_set(m->host_blocks_cached, s->kv.num_host_cached_free);
+    static const char *hcats[] = {"weights_mapped", "kv_cache", "swap", "pinned"};
+    const double hmem[] = {(double)st->host_weights_mapped_bytes, (double)st->host_kv_bytes,
+                           (double)st->host_swap_bytes, (double)st->host_pinned_bytes};
+    for (int i = 0; i < 4; i++) met_set(met_child_get(m->host_mem, (const char *[]){m->model_name, hcats[i]}), hmem[i]);
     // Memory: on the GPU every category of the card (they sum to its total);
     // on the CPU the host bytes the backend holds (weights as loaded, the
     // f32 KV pool, activation buffers), with no total, free or graphs.
@@ -146,6 +167,8 @@ void srv_metrics_refresh(srv_metrics *m, const pg_engine_stats *st, int n_connec
     met_set(m->preemptions, (double)(s->n_preempt_recompute + s->n_preempt_swap));
     met_set(m->prefix_queries, (double)s->kv.prefix_queries);
     met_set(m->prefix_hits, (double)s->kv.prefix_hits);
+    met_set(m->prefix_host_hits, (double)s->kv.host_hits);
+    met_set(m->host_offloads, (double)s->kv.offloads);
 }
 
 void srv_metrics_finished(srv_metrics *m, const char *reason) {

@@ -18,9 +18,12 @@ typedef struct srv_metrics {
     met_child *kv_blocks_total, *kv_blocks_used, *kv_blocks_cached, *block_size;
     met_family *mem;           // {model_name, device, category}: children made at the first refresh
     met_family *mem_total;     // {model_name, device}: the GPU's memory (no child on the CPU)
+    met_family *host_mem;      // {model_name, category}: host memory by category
+    met_child *host_blocks_total, *host_blocks_used, *host_blocks_cached;
     met_child *connections, *jobs;
     // counters
     met_child *prompt_tokens, *generation_tokens, *preemptions, *prefix_queries, *prefix_hits;
+    met_child *prefix_host_hits, *host_offloads;
     met_family *success;       // {model_name, finished_reason}
     met_family *http;          // {handler, status}
     // histograms

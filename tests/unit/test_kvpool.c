@@ -810,6 +810,371 @@ static void test_random_ops_keep_invariants(void **state) {
     kvp_destroy(p);
 }
 
+// ---------------------------------------------------------------------------
+// Host tier
+
+static kvp_pool *make_tier_pool(int32_t n_blocks, int32_t n_host, int32_t bs) {
+    kvp_config c;
+    kvp_config_default(&c);
+    c.num_blocks = n_blocks;
+    c.num_host_blocks = n_host;
+    c.block_size = bs;
+    c.enable_host_tier = true;
+    kvp_pool *p = NULL;
+    assert_int_equal(kvp_create(&c, &p), 0);
+    assert_true(kvp_host_tier(p));
+    return p;
+}
+
+// A cached device block that allocation evicts is copied to a host block
+// (a swap-out move) and its hash stays findable there; the host block is
+// held by the plan until kvp_release_holds.
+static void test_tier_eviction_offloads_to_host(void **state) {
+    (void)state;
+    kvp_pool *p = make_tier_pool(5, 4, 4);
+    kvp_moves cp = {0}, out = {0}, in = {0};
+    kvp_table a, b;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    int32_t ta[9], tb[16];
+    seq_tokens(ta, 9, 100);
+    seq_tokens(tb, 16, 500);
+    grow(p, &a, 9, &cp); // 1 2 3
+    kvp_table_commit(p, &a, ta, 9); // 1, 2 cached
+    kvp_table_release(p, &a);       // free: 3 4 2 1
+    kvp_take_tier_moves(p, &out, &in);
+    assert_int_equal(out.n + in.n, 0); // nothing evicted yet
+    grow(p, &b, 16, &cp);              // 3 4 2 1: evicts 2 then 1
+    ASSERT_BLOCKS(&b, 3, 4, 2, 1);
+    kvp_take_tier_moves(p, &out, &in);
+    ASSERT_MOVES(&out, 2, 0, 1, 1);
+    assert_int_equal(in.n, 0);
+    assert_true(kvp_host_cached(p, 0) && kvp_host_cached(p, 1));
+    assert_int_equal(kvp_host_ref(p, 0), 1); // held by the plan
+    kvp_table *ts[] = {&b};
+    check_pool(p, ts, 1);
+    kvp_release_holds(p);
+    assert_int_equal(kvp_host_ref(p, 0), 0);
+    check_pool(p, ts, 1);
+    kvp_table probe;
+    kvp_table_init(&probe);
+    assert_int_equal(kvp_table_lookup(p, &probe, ta, 9), 2); // both on the host
+    kvp_stats st;
+    kvp_stats_get(p, &st);
+    assert_int_equal(st.offloads, 2);
+    assert_int_equal(st.evictions, 2);
+    assert_int_equal(st.num_cached, 0);
+    assert_int_equal(st.num_host_cached, 2);
+    assert_int_equal(st.num_host_used, 0);
+    assert_int_equal(st.num_host_free, 4);
+    assert_true(st.host_usage == 0.5); // cached host blocks count as used
+    kvp_table_fini(&probe);
+    kvp_table_release(p, &b);
+    kvp_table_fini(&a);
+    kvp_table_fini(&b);
+    kvp_moves_fini(&cp);
+    kvp_moves_fini(&out);
+    kvp_moves_fini(&in);
+    kvp_destroy(p);
+}
+
+// A lookup that misses on the device hits the host: kvp_grow gives each
+// host hit a fresh device block and a (host, device) swap-in move, enters
+// it in the device cache again and keeps the host copy.
+static void test_tier_lookup_hits_host_and_loads(void **state) {
+    (void)state;
+    kvp_pool *p = make_tier_pool(5, 4, 4);
+    kvp_moves cp = {0}, out = {0}, in = {0};
+    kvp_table a, b, c;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    kvp_table_init(&c);
+    int32_t ta[9], tb[16];
+    seq_tokens(ta, 9, 100);
+    seq_tokens(tb, 16, 500);
+    grow(p, &a, 9, &cp);
+    kvp_table_commit(p, &a, ta, 9);
+    kvp_table_release(p, &a);
+    grow(p, &b, 16, &cp); // offloads 2 -> host 0 (a's block 1), 1 -> host 1 (a's block 0)
+    kvp_take_tier_moves(p, &out, &in);
+    kvp_release_holds(p);
+    kvp_table_release(p, &b); // uncached: free 3 4 2 1
+    out.n = 0;
+    kvp_table *ts[] = {&c};
+    int32_t want_cost;
+    {
+        int32_t hits = kvp_table_lookup(p, &c, ta, 9);
+        assert_int_equal(hits, 2);
+        kvp_grow_item it = {&c, hits, 1};
+        want_cost = kvp_grow_cost(p, &it, 1);
+        assert_int_equal(want_cost, 3); // two loads and one new block
+        assert_int_equal(kvp_grow(p, &it, 1, &cp), 0);
+    }
+    ASSERT_BLOCKS(&c, 3, 4, 2);
+    kvp_take_tier_moves(p, &out, &in);
+    assert_int_equal(out.n, 0);
+    ASSERT_MOVES(&in, 1, 3, 0, 4);
+    assert_true(kvp_block_cached(p, 3) && kvp_block_cached(p, 4));
+    assert_true(kvp_host_cached(p, 0) && kvp_host_cached(p, 1));
+    check_pool(p, ts, 1); // host 0 and 1 held: read by this plan
+    assert_int_equal(kvp_host_ref(p, 1), 1);
+    kvp_release_holds(p);
+    check_pool(p, ts, 1);
+    kvp_stats st;
+    kvp_stats_get(p, &st);
+    assert_int_equal(st.host_hits, 8);
+    // Evicting a block the host still has costs no copy.
+    kvp_table_release(p, &c); // free: 2, 4, 3 cached at the tail
+    kvp_table d;
+    kvp_table_init(&d);
+    grow(p, &d, 16, &cp);
+    in.n = out.n = 0;
+    kvp_take_tier_moves(p, &out, &in);
+    assert_int_equal(out.n + in.n, 0);
+    kvp_stats_get(p, &st);
+    assert_int_equal(st.offloads, 2);
+    kvp_table_release(p, &d);
+    kvp_table_fini(&a);
+    kvp_table_fini(&b);
+    kvp_table_fini(&c);
+    kvp_table_fini(&d);
+    kvp_moves_fini(&cp);
+    kvp_moves_fini(&out);
+    kvp_moves_fini(&in);
+    kvp_destroy(p);
+}
+
+// A full host tier evicts its least recently used block for a new offload;
+// within one plan (every host block held) an evicted device block is
+// simply forgotten.
+static void test_tier_host_lru_eviction_when_full(void **state) {
+    (void)state;
+    kvp_pool *p = make_tier_pool(5, 2, 4);
+    kvp_moves cp = {0}, out = {0}, in = {0};
+    kvp_table a, b, c;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    kvp_table_init(&c);
+    int32_t ta[13], tb[16], tc[9];
+    seq_tokens(ta, 13, 100);
+    seq_tokens(tb, 16, 500);
+    seq_tokens(tc, 9, 900);
+    grow(p, &a, 13, &cp);
+    kvp_table_commit(p, &a, ta, 13); // 1 2 3 cached
+    kvp_table_release(p, &a);        // free: 4 3 2 1
+    grow(p, &b, 16, &cp);            // evicts 3 -> h0, 2 -> h1, 1: no room left
+    kvp_take_tier_moves(p, &out, &in);
+    ASSERT_MOVES(&out, 3, 0, 2, 1);
+    kvp_stats st;
+    kvp_stats_get(p, &st);
+    assert_int_equal(st.offloads, 2);
+    assert_int_equal(st.evictions, 3);
+    kvp_release_holds(p); // host LRU: h0 (a's block 2), h1 (a's block 1)
+    kvp_table_release(p, &b);
+    // The next plan: c's two cached blocks are evicted; the host, full,
+    // gives up its oldest blocks (h0 first).
+    grow(p, &c, 9, &cp);
+    kvp_table_commit(p, &c, tc, 9);
+    kvp_table_release(p, &c);
+    kvp_table d;
+    kvp_table_init(&d);
+    out.n = 0;
+    grow(p, &d, 16, &cp);
+    kvp_take_tier_moves(p, &out, &in);
+    assert_int_equal(out.n, 2);
+    assert_int_equal(out.v[0].to, 0);
+    assert_int_equal(out.v[1].to, 1);
+    kvp_stats_get(p, &st);
+    assert_int_equal(st.host_evictions, 2);
+    assert_int_equal(st.num_host_cached, 2);
+    kvp_release_holds(p);
+    kvp_table probe;
+    kvp_table_init(&probe);
+    assert_int_equal(kvp_table_lookup(p, &probe, tc, 9), 2); // c now on the host
+    kvp_table_fini(&probe);
+    kvp_table_init(&probe);
+    assert_int_equal(kvp_table_lookup(p, &probe, ta, 13), 0); // a gone
+    kvp_table_fini(&probe);
+    kvp_table *ts[] = {&d};
+    check_pool(p, ts, 1);
+    kvp_table_release(p, &d);
+    kvp_table_fini(&a);
+    kvp_table_fini(&b);
+    kvp_table_fini(&c);
+    kvp_table_fini(&d);
+    kvp_moves_fini(&cp);
+    kvp_moves_fini(&out);
+    kvp_moves_fini(&in);
+    kvp_destroy(p);
+}
+
+// Swap preemption has priority: it takes host-cached blocks (evicting
+// them), and while swapped tables hold the host an eviction is not
+// offloaded.
+static void test_tier_swap_takes_host_cache(void **state) {
+    (void)state;
+    kvp_pool *p = make_tier_pool(5, 2, 4);
+    kvp_moves cp = {0}, out = {0}, in = {0}, mv = {0};
+    kvp_table a, b, e;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    kvp_table_init(&e);
+    int32_t ta[9], te[8];
+    seq_tokens(ta, 9, 100);
+    seq_tokens(te, 8, 700);
+    grow(p, &a, 9, &cp);
+    kvp_table_commit(p, &a, ta, 9);
+    kvp_table_release(p, &a); // free 3 4 2 1
+    grow(p, &b, 16, &cp);     // 2 -> h0, 1 -> h1
+    kvp_take_tier_moves(p, &out, &in);
+    kvp_release_holds(p);
+    kvp_table_release(p, &b);
+    assert_int_equal(kvp_num_host_free(p), 2); // cached but evictable
+    grow(p, &e, 8, &cp);                        // 3 4
+    kvp_table_commit(p, &e, te, 8);
+    kvp_table *te_[] = {&e};
+    assert_int_equal(kvp_swap_out(p, te_, 1, &mv), 0);
+    ASSERT_MOVES(&mv, 3, 0, 4, 1);
+    kvp_stats st;
+    kvp_stats_get(p, &st);
+    assert_int_equal(st.host_evictions, 2);
+    assert_int_equal(st.num_host_cached, 0);
+    kvp_table probe;
+    kvp_table_init(&probe);
+    assert_int_equal(kvp_table_lookup(p, &probe, ta, 9), 0);
+    kvp_table_fini(&probe);
+    // e's blocks 3, 4 stay cached on the device; evicting them now finds
+    // no host room (e holds it all): no offload.
+    out.n = 0;
+    kvp_table f;
+    kvp_table_init(&f);
+    grow(p, &f, 16, &cp);
+    kvp_take_tier_moves(p, &out, &in);
+    assert_int_equal(out.n, 0);
+    kvp_table *ts[] = {&e, &f};
+    check_pool(p, ts, 2);
+    kvp_table_release(p, &f);
+    // The swap-in frees e's host blocks to the plan (held), not the pool.
+    mv.n = 0;
+    assert_int_equal(kvp_swap_in(p, te_, 1, &mv), 0);
+    assert_int_equal(kvp_num_host_free(p), 0);
+    check_pool(p, ts, 2);
+    kvp_release_holds(p);
+    assert_int_equal(kvp_num_host_free(p), 2);
+    kvp_table_release(p, &e);
+    check_pool(p, ts, 2);
+    kvp_table_fini(&a);
+    kvp_table_fini(&b);
+    kvp_table_fini(&e);
+    kvp_table_fini(&f);
+    kvp_moves_fini(&cp);
+    kvp_moves_fini(&out);
+    kvp_moves_fini(&in);
+    kvp_moves_fini(&mv);
+    kvp_destroy(p);
+}
+
+// Random plans on a tiny pool with the host tier, against a model of the
+// memory: every block holds the id of the content written into it, the
+// plan's moves are applied in the runner's order (swap-out, swap-in,
+// copies) and then the "forward" checks that every computed block of every
+// table holds the content its tokens call for, and writes the new ones.
+// Ref counts, free counts and the maps are checked after every plan.
+static void test_tier_random_plans_against_model(void **state) {
+    (void)state;
+    enum { NT = 10, MAXTOK = 48, BS = 4, NB = 20, NH = 10 };
+    kvp_pool *p = make_tier_pool(NB, NH, BS);
+    kvp_moves cp = {0}, out = {0}, in = {0};
+    kvp_table t[NT];
+    kvp_table *ts[NT];
+    int32_t tok[NT][MAXTOK], computed[NT] = {0}, dev[NB] = {0}, host[NH] = {0};
+    for (int i = 0; i < NT; i++) {
+        kvp_table_init(&t[i]);
+        ts[i] = &t[i];
+        for (int j = 0; j < MAXTOK; j++) tok[i][j] = (i % 3) * 1000 + j;
+    }
+    uint64_t rng = 7;
+    int64_t hits_total = 0;
+    for (int plan = 0; plan < 4000; plan++) {
+        kvp_release_holds(p);
+        cp.n = out.n = in.n = 0;
+        int n_ops = 1 + (int)(rng_next(&rng) % 4);
+        for (int k = 0; k < n_ops; k++) {
+            int i = (int)(rng_next(&rng) % NT);
+            kvp_table *x = &t[i];
+            switch (rng_next(&rng) % 6) {
+            case 0:
+            case 1: { // grow, with a lookup when empty
+                if (x->swapped) break;
+                int32_t n = 1 + (int32_t)(rng_next(&rng) % 12);
+                if (x->n_tokens + n > MAXTOK) break;
+                int32_t hits = x->n_blocks ? 0 : kvp_table_lookup(p, x, tok[i], x->n_tokens + n);
+                kvp_grow_item it = {x, hits, x->n_tokens + n - hits * BS - x->n_tokens};
+                if (kvp_grow(p, &it, 1, &cp) == 0 && hits) {
+                    computed[i] = hits * BS;
+                    hits_total += hits;
+                }
+                break;
+            }
+            case 2:
+                kvp_table_release(p, x);
+                computed[i] = 0;
+                break;
+            case 3: { // fork
+                int j = (int)(rng_next(&rng) % NT);
+                if (j != i && t[j].n_blocks == 0 && j % 3 == i % 3) {
+                    kvp_table_fork(p, x, &t[j], x->n_tokens);
+                    computed[j] = computed[i];
+                }
+                break;
+            }
+            case 4:
+                if (x->n_blocks && !x->swapped) (void)kvp_swap_out(p, &x, 1, &out);
+                break;
+            case 5:
+                if (x->n_blocks && x->swapped) (void)kvp_swap_in(p, &x, 1, &in);
+                break;
+            }
+        }
+        kvp_take_tier_moves(p, &out, &in);
+        for (int32_t m = 0; m < out.n; m++) host[out.v[m].to] = dev[out.v[m].from];
+        for (int32_t m = 0; m < in.n; m++) dev[in.v[m].to] = host[in.v[m].from];
+        for (int32_t m = 0; m < cp.n; m++) dev[cp.v[m].to] = dev[cp.v[m].from];
+        for (int i = 0; i < NT; i++) {
+            kvp_table *x = &t[i];
+            int32_t n_done = (computed[i] + BS - 1) / BS; // blocks holding computed tokens
+            for (int32_t j = 0; j < n_done; j++) {
+                int32_t have = x->swapped ? host[x->blocks[j]] : dev[x->blocks[j]];
+                int32_t want = (i % 3) * 1000 + j + 1;
+                if (have != want)
+                    fail_msg("plan %d: table %d block %d (%s %d) holds %d, want %d", plan, i, j,
+                             x->swapped ? "host" : "device", x->blocks[j], have, want);
+            }
+            if (x->swapped || x->n_tokens == computed[i] || rng_next(&rng) % 4 == 0) continue;
+            for (int32_t j = computed[i] / BS; j < x->n_blocks; j++) dev[x->blocks[j]] = (i % 3) * 1000 + j + 1;
+            kvp_table_commit(p, x, tok[i], x->n_tokens);
+            computed[i] = x->n_tokens;
+        }
+        check_pool(p, ts, NT);
+    }
+    for (int i = 0; i < NT; i++) {
+        kvp_table_release(p, &t[i]);
+        kvp_table_fini(&t[i]);
+    }
+    kvp_release_holds(p);
+    check_pool(p, ts, 0);
+    kvp_stats st;
+    kvp_stats_get(p, &st);
+    assert_true(hits_total > 200 && st.host_hits > 100 && st.offloads > 100 && st.host_evictions > 20);
+    assert_int_equal(st.num_free, NB - 1);
+    assert_int_equal(st.num_host_used, 0);
+    assert_int_equal(st.num_host_free, NH);
+    kvp_moves_fini(&cp);
+    kvp_moves_fini(&out);
+    kvp_moves_fini(&in);
+    kvp_destroy(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_rejected),
@@ -833,6 +1198,11 @@ int main(void) {
         cmocka_unit_test(test_grow_cost_on_swapped_tables),
         cmocka_unit_test(test_stats_usage),
         cmocka_unit_test(test_random_ops_keep_invariants),
+        cmocka_unit_test(test_tier_eviction_offloads_to_host),
+        cmocka_unit_test(test_tier_lookup_hits_host_and_loads),
+        cmocka_unit_test(test_tier_host_lru_eviction_when_full),
+        cmocka_unit_test(test_tier_swap_takes_host_cache),
+        cmocka_unit_test(test_tier_random_plans_against_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

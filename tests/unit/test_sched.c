@@ -1063,6 +1063,45 @@ static void test_prefix_cache_never_whole_prompt(void **state) {
     h_free(h);
 }
 
+// The host tier: evicted prefix blocks are offloaded by swap-out moves in
+// the plan that evicts them, and a later request with that prefix gets them
+// back by swap-in moves in its admission plan (cached_tokens counts them).
+static void test_host_tier_offload_and_load(void **state) {
+    (void)state;
+    sched_config c;
+    base_config(&c);
+    c.num_blocks = 12; // 11 usable
+    c.num_host_blocks = 8;
+    c.enable_host_kv_cache = true;
+    harness *h = h_new(&c);
+    assert_int_equal(h_add(h, 1, (req_opts){.n_prompt = 20, .max_tokens = 1}), 0);
+    drain(h, 1); // blocks 1..5 cached, free: 6..11 then 5 4 3 2 1
+    assert_int_equal(h_add(h, 2, (req_opts){.n_prompt = 40, .max_tokens = 1, .base = 500}), 0);
+    const pg_batch_plan *p = h_cycle(h, 1); // 32 tokens: 6..11, then evicts 5, 4
+    assert_int_equal(p->n_swap_out, 2);
+    p = h_step(h); // 8 more: evicts 3, 2
+    assert_int_equal(p->n_swap_out, 2);
+    assert_int_equal(p->swap_out[0].from, 3);
+    assert_int_equal(p->swap_out[1].from, 2);
+    h_update(h, 1);
+    assert_false(sched_has_work(h->s));
+    assert_int_equal(h_add(h, 3, (req_opts){.n_prompt = 20, .max_tokens = 1}), 0);
+    p = h_step(h);
+    assert_int_equal(p->seqs[0].start_pos, 16); // block 1 on the device, 3 blocks from the host
+    assert_int_equal(p->n_swap_in, 3);
+    for (int32_t i = 0; i < 3; i++) assert_int_equal(p->seqs[0].block_table[1 + i], p->swap_in[i].to);
+    const sched_events *ev = h_update(h, 1);
+    assert_int_equal(ev->ev[0].usage.cached_tokens, 16);
+    sched_stats st = stats(h);
+    assert_int_equal(st.kv.host_hits, 12);
+    assert_int_equal(st.kv.prefix_hits, 16);
+    assert_true(st.kv.offloads >= 4);
+    assert_int_equal(st.kv.num_used, 0);
+    assert_int_equal(st.kv.num_host_used, 0); // holds released with nothing in flight
+    assert_int_equal(free_blocks(h), 11);
+    h_free(h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_validation),
@@ -1096,6 +1135,7 @@ int main(void) {
         cmocka_unit_test(test_step_failure_finishes_with_error),
         cmocka_unit_test(test_prefix_cache_hit_skips_prompt),
         cmocka_unit_test(test_prefix_cache_never_whole_prompt),
+        cmocka_unit_test(test_host_tier_offload_and_load),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
