@@ -149,6 +149,7 @@ typedef struct pg_fwd_buffers {
     pg_tensor lg_part;
     void *lg_all;
     pg_argmax *cand; // [size][s]: every rank's row maxima (pg_model_forward_greedy)
+    pg_argmax *topk; // [size][s][PG_TOPK_EXCHANGE_MAX]: every rank's best entries (pg_model_forward_topk)
 } pg_fwd_buffers;
 
 // One step's inputs in backend memory (the runner uploads them).
@@ -177,3 +178,12 @@ int pg_model_forward_logits(const pg_model *m, const pg_fwd_buffers *bufs, const
 // an exchange of those (value, id) pairs and the same pick on every rank,
 // into out [n_logits] (device memory) - no all-gather of the logits.
 int pg_model_forward_greedy(const pg_model *m, const pg_fwd_buffers *bufs, const pg_fwd_step *s, pg_sample_out *out);
+// Under tensor parallelism, for a step whose sampled rows are plain greedy
+// or plain top-k (k <= PG_TOPK_EXCHANGE_MAX, the step's largest): the
+// maxima exchange above, each rank's best k entries of its slice in the
+// sampler's order (topk_rows, with the rows' temperatures in `params`,
+// backend memory), an exchange of those, and bufs->logits rebuilt from
+// them (-inf elsewhere), from which the sampler draws the token the
+// gathered logits would give (docs/tensor_parallel.md says why it is exact).
+int pg_model_forward_topk(const pg_model *m, const pg_fwd_buffers *bufs, const pg_fwd_step *s,
+                          const pg_sample_params *params, int32_t k);

@@ -15,6 +15,9 @@
 
 #define DEFAULT_CPU_KV_BYTES ((int64_t)2 << 30)
 #define DEFAULT_GPU_MEMORY_UTILIZATION 0.9
+// Left free beside an explicit --kv-cache-memory: allocation granularity and
+// the CUDA context's growth after start-up.
+#define KV_FREE_MARGIN ((int64_t)256 << 20)
 
 static bool is_dummy(const pg_engine_config *c) { return c->load_format && !strcmp(c->load_format, "dummy"); }
 
@@ -219,6 +222,36 @@ int eng_setup(pg_engine *e) {
             }
         }
         kv_bytes = cfg->kv_cache_bytes > 0 ? cfg->kv_cache_bytes : budget;
+        // An explicit size is checked against what is free now, not against
+        // the utilization: a second server on a shared GPU (vLLM refuses
+        // that) starts when its cache fits beside the first one, and says
+        // what it found when it does not. A small margin stays free for
+        // the allocator's granularity and the graphs captured later.
+        if (cfg->kv_cache_bytes > 0) {
+            int64_t room = INT64_MAX;
+            for (int32_t r = 0; r < tp; r++) {
+                pg_runner_mem m;
+                pg_executor_mem_get(e->exec, r, &m);
+                int64_t f = m.free - m.graphs_reserved - KV_FREE_MARGIN;
+                if (f < room) {
+                    room = f;
+                    gm = m;
+                }
+            }
+            if (cfg->kv_cache_bytes > room) {
+                const int64_t mine = gm.weights + gm.workspace + gm.graphs;
+                const int64_t others = gm.total - gm.free - mine > 0 ? gm.total - gm.free - mine : 0;
+                pg_err_set(PG_ENOMEM,
+                           "--kv-cache-memory %.2f GiB does not fit on %s: %.2f GiB free of %.2f GiB (this process "
+                           "%.2f GiB: weights %.2f, workspace %.2f; other processes and contexts %.2f GiB); at most "
+                           "%.2f GiB fits",
+                           (double)cfg->kv_cache_bytes / (1 << 30), gm.device, (double)gm.free / (1 << 30),
+                           (double)gm.total / (1 << 30), (double)mine / (1 << 30), (double)gm.weights / (1 << 30),
+                           (double)gm.workspace / (1 << 30), (double)others / (1 << 30),
+                           room > 0 ? (double)room / (1 << 30) : 0.0);
+                return pg_memplan_refuse(cfg, true, gm.total, gm.other, PG_ENOMEM, pg_err_msg());
+            }
+        }
         if (kv_bytes < (int64_t)per_block * 2) {
             pg_err_set(PG_ENOMEM,
                               "no device memory left for the KV cache: %.2f GiB total, %.2f GiB in use after the "

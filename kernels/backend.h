@@ -99,11 +99,13 @@ typedef struct pg_rand_window {
 // their virtual matrices; PG_EINVAL naming `who` and the window otherwise.
 int pg_rand_windows_rows(const pg_rand_window *w, int n, const char *who, int64_t *rows);
 
-// A row's largest value and its column (argmax_rows).
+// A row's largest value and its column (argmax_rows; topk_rows' entries).
 typedef struct pg_argmax {
     float value;
     int32_t index;
 } pg_argmax;
+// The largest k of topk_rows: a row that wants more gathers the logits.
+#define PG_TOPK_EXCHANGE_MAX 64
 
 typedef struct pg_backend pg_backend;
 
@@ -259,6 +261,25 @@ struct pg_backend {
     // holds the lower ids), logprob 0, n_top 0; for i < n.
     int (*argmax_pick)(pg_backend *b, pg_sample_out *out, const pg_argmax *cand, int32_t n_ranks, int32_t n,
                        int32_t ids_per_rank);
+    // Top-k sampling over a split vocabulary without gathering the logits
+    // (docs/tensor_parallel.md): each rank keeps its rows' best k entries in
+    // the sampler's own order, the ranks exchange them (n_ranks x rows x k
+    // pairs), and every rank samples from a row that holds only those.
+    // out[i * k + j], j < k = the j-th entry of row i of x in the order of
+    // the sampler's candidates (kernels/cpu/sampling.c): larger scaled value
+    // s = (x - mx_i) * (1 / T_i) (float ops in that order), then lower
+    // column; mx_i = the largest cand[r * n + i].value over r < n_ranks (the
+    // ranks' row maxima, argmax_rows), T_i = params[i].temperature, scaled
+    // by 1 where that is <= 0 or params[i].top_k == 1 (a greedy row: the
+    // order of x). value = the raw x, index = col0 + column; index -1 where
+    // the row has fewer than k columns. n = x.rows.
+    int (*topk_rows)(pg_backend *b, pg_argmax *out, pg_tensor x, int32_t k, const pg_argmax *cand,
+                     int32_t n_ranks, const pg_sample_params *params, int32_t col0);
+    // Row i of logits ([n][cols], n = logits.rows) = -inf everywhere but
+    // logits[i][c.index] = c.value for every c = cand[(r * n + i) * k + j]
+    // (r < n_ranks, j < k) with 0 <= c.index < cols: the sampler then sees
+    // exactly the candidates the ranks kept.
+    int (*topk_scatter)(pg_backend *b, pg_tensor logits, const pg_argmax *cand, int32_t n_ranks, int32_t k);
     // tokens[pairs[2i]] = prev[pairs[2i + 1]].token for i < n (async
     // scheduling: a step's inputs from the previous step's samples).
     int (*feed_tokens)(pg_backend *b, int32_t *tokens, const pg_sample_out *prev,

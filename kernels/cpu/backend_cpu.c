@@ -351,6 +351,66 @@ static int cpu_argmax_pick(pg_backend *b, pg_sample_out *out, const pg_argmax *c
     return 0;
 }
 
+// The sampler's candidate order (kernels/cpu/sampling.c cmp_desc): larger
+// scaled value, then lower column.
+static bool topk_before(float s, int64_t j, float bs, int64_t bj) { return s > bs || (s == bs && j < bj); }
+
+static int cpu_topk_rows(pg_backend *b, pg_argmax *out, pg_tensor x, int32_t k, const pg_argmax *cand,
+                         int32_t n_ranks, const pg_sample_params *params, int32_t col0) {
+    (void)b;
+    PG_ARG(x.dtype == PG_DTYPE_F32 && x.cols > 0, "cpu topk_rows: f32 rows");
+    PG_ARG(k >= 1 && k <= PG_TOPK_EXCHANGE_MAX && n_ranks >= 1, "cpu topk_rows: k %d, %d ranks", k, n_ranks);
+    float *sc = pg_xmalloc(sizeof(float) * (size_t)x.cols);
+    for (int64_t i = 0; i < x.rows; i++) {
+        const float *row = F32(x) + i * x.stride;
+        float mx = cand[i].value;
+        for (int32_t r = 1; r < n_ranks; r++)
+            if (cand[(size_t)r * (size_t)x.rows + (size_t)i].value > mx) mx = cand[(size_t)r * (size_t)x.rows + (size_t)i].value;
+        const pg_sample_params *p = &params[i];
+        const float inv_t = p->temperature <= 0.0f || p->top_k == 1 ? 1.0f : 1.0f / p->temperature;
+        for (int64_t j = 0; j < x.cols; j++) {
+            float s = (row[j] - mx) * inv_t;
+            sc[j] = s != s ? -INFINITY : s == 0.0f ? 0.0f : s; // NaN last; -0 ties +0
+        }
+        // k passes, each the best entry after the previous one: k is small.
+        pg_argmax *o = out + i * k;
+        float ps = INFINITY;
+        int64_t pj = -1;
+        for (int32_t t = 0; t < k; t++) {
+            float bs = -INFINITY;
+            int64_t bj = -1;
+            for (int64_t j = 0; j < x.cols; j++) {
+                if (pj >= 0 && !topk_before(ps, pj, sc[j], j)) continue; // not after the previous pick
+                if (bj < 0 || topk_before(sc[j], j, bs, bj)) bs = sc[j], bj = j;
+            }
+            if (bj < 0) {
+                for (; t < k; t++) o[t] = (pg_argmax){-INFINITY, -1};
+                break;
+            }
+            o[t] = (pg_argmax){row[bj], (int32_t)(col0 + bj)};
+            ps = bs, pj = bj;
+        }
+    }
+    free(sc);
+    return 0;
+}
+
+static int cpu_topk_scatter(pg_backend *b, pg_tensor logits, const pg_argmax *cand, int32_t n_ranks, int32_t k) {
+    (void)b;
+    PG_ARG(logits.dtype == PG_DTYPE_F32, "cpu topk_scatter: f32 rows");
+    const int64_t n = logits.rows;
+    for (int64_t i = 0; i < n; i++) {
+        float *row = F32(logits) + i * logits.stride;
+        for (int64_t j = 0; j < logits.cols; j++) row[j] = -INFINITY;
+        for (int32_t r = 0; r < n_ranks; r++)
+            for (int32_t t = 0; t < k; t++) {
+                const pg_argmax c = cand[((size_t)r * (size_t)n + (size_t)i) * (size_t)k + (size_t)t];
+                if (c.index >= 0 && c.index < logits.cols) row[c.index] = c.value;
+            }
+    }
+    return 0;
+}
+
 static int cpu_embed(pg_backend *b, pg_tensor out, const int32_t *ids, const pg_bweight *table, int32_t id0) {
     (void)b;
     const pg_weight *e = &cw(table)->parts[0];
@@ -593,6 +653,8 @@ int pg_backend_cpu_create(int n_threads, pg_matmul_mode mode, pg_backend **out) 
         .bind_thread = cpu_bind_thread,
         .argmax_rows = cpu_argmax_rows,
         .argmax_pick = cpu_argmax_pick,
+        .topk_rows = cpu_topk_rows,
+        .topk_scatter = cpu_topk_scatter,
         .embed = cpu_embed,
         .copy = cpu_copy_view,
         .gather = cpu_gather,

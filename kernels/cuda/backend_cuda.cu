@@ -580,6 +580,17 @@ static int cu_argmax_pick(pg_backend *b, pg_sample_out *out, const pg_argmax *ca
     return pg_cuda_argmax_pick(out, cand, n_ranks, n, ids_per_rank, ctx_of(b)->stream);
 }
 
+static int cu_topk_rows(pg_backend *b, pg_argmax *out, pg_tensor x, int32_t k, const pg_argmax *cand,
+                        int32_t n_ranks, const pg_sample_params *params, int32_t col0) {
+    return pg_cuda_topk_rows(out, x.data, x.dtype, x.rows, x.cols, x.stride, k, cand, n_ranks, params, col0,
+                             ctx_of(b)->stream);
+}
+
+static int cu_topk_scatter(pg_backend *b, pg_tensor logits, const pg_argmax *cand, int32_t n_ranks, int32_t k) {
+    return pg_cuda_topk_scatter(logits.data, logits.dtype, logits.rows, logits.cols, logits.stride, cand, n_ranks,
+                                k, ctx_of(b)->stream);
+}
+
 static int cu_bind_thread(pg_backend *b) {
     PG_CUDA_TRY(cudaSetDevice(ctx_of(b)->device));
     return 0;
@@ -844,6 +855,8 @@ extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
     b->bind_thread = cu_bind_thread;
     b->argmax_rows = cu_argmax_rows;
     b->argmax_pick = cu_argmax_pick;
+    b->topk_rows = cu_topk_rows;
+    b->topk_scatter = cu_topk_scatter;
     b->embed = cu_embed;
     b->copy = cu_copy;
     b->gather = cu_gather;

@@ -189,6 +189,19 @@ int pg_cuda_argmax_rows(struct pg_argmax *out, const void *x, int dtype, int64_t
                         void *stream);
 int pg_cuda_argmax_pick(struct pg_sample_out *out, const struct pg_argmax *cand, int32_t n_ranks, int32_t n,
                         int32_t ids_per_rank, void *stream);
+// Tensor-parallel top-k (argmax.cu; kernels/backend.h topk_rows and
+// topk_scatter): out [rows][k] = row i's best k entries of x ([rows][ld],
+// f32 or bf16) in the sampler's order (larger s = (x - mx_i) * (1 / T_i),
+// then lower column; mx_i the largest of cand [n_ranks][rows], scale 1 for
+// greedy params), value = raw x, index = col0 + column, (-inf, -1) past
+// cols; 1 <= k <= PG_TOPK_EXCHANGE_MAX. And rows of logits ([rows][ld]) set
+// to -inf but for the entries of cand [n_ranks][rows][k] whose index is in
+// [0, cols). cand, params and out in device memory.
+int pg_cuda_topk_rows(struct pg_argmax *out, const void *x, int dtype, int64_t rows, int64_t cols, int64_t ld,
+                      int32_t k, const struct pg_argmax *cand, int32_t n_ranks,
+                      const struct pg_sample_params *params, int32_t col0, void *stream);
+int pg_cuda_topk_scatter(void *logits, int dtype, int64_t rows, int64_t cols, int64_t ld,
+                         const struct pg_argmax *cand, int32_t n_ranks, int32_t k, void *stream);
 
 // A CUDA backend's compute stream (a cudaStream_t) and device, for the
 // NCCL communicator (comm_nccl.cu), which enqueues on that stream.

@@ -32,7 +32,9 @@
 #   5. the watchdog after a real device error (PAGED_CUDA_FAULT: a trapping
 #      kernel): the stream ends with an error event and [DONE], /health 503,
 #      exit code 70.
-#   6. tensor parallelism: -tp 1 through NCCL gives check 3's texts exactly;
+#   6. tensor parallelism: -tp 1 through NCCL gives the same texts exactly (one
+#      sequence at a time, as 3c), greedy (the maxima exchange) and seeded
+#      top-k (the top-k exchange);
 #      -tp beyond the GPUs is refused; -tp 2 when there are two GPUs.
 # Programs come from build/gpu-pack/ (tools/pack_gpu.sh; its .tar.xz is
 # unpacked here when only the archive was carried), else build/.
@@ -332,19 +334,25 @@ note "watchdog after an injected CUDA error: $wd"
 # --- 6. the tensor-parallel path on the GPUs there are ---------------------------------------
 # -tp 1 --tp-comm nccl: every collective of the sharded forward runs through
 # NCCL (a group of one: the all-reduces and the logits all-gather are
-# copies), so the texts must equal check 3's CUDA run exactly. Then -tp N on
-# every visible GPU (when more than one) against -tp 1 on the first 16
-# characters, as check 3 compares devices; and -tp beyond the GPUs is a
-# one-line start-up error.
+# copies) and plain-greedy steps take the ranks' maxima exchange, so the
+# texts must equal the run without a communicator exactly. Both run one
+# sequence at a time (check 3c's async run is the one without): a batched
+# run's step shapes depend on when the submissions reach the engine, and
+# bf16 products of other shapes flip near-tied greedy picks of a random
+# model, which the batched pair below reports. Then -tp N on every visible
+# GPU (when more than one) against -tp 1 on the first 16 characters, as
+# check 3 compares devices; and -tp beyond the GPUs is a one-line start-up
+# error.
 n_gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
-NCCL_NVLS_ENABLE=0 "$PAGED" generate --model $m64 --device cuda -tp 1 --tp-comm nccl --prompts-file $prompts \
-    >/tmp/paged-gen-nccl1.jsonl 2>/tmp/paged-gen-nccl1.log
+NCCL_NVLS_ENABLE=0 "$PAGED" generate --model $m64 --device cuda --max-num-seqs 1 --async-scheduling on -tp 1 --tp-comm nccl \
+    --prompts-file $prompts >/tmp/paged-gen-nccl1.jsonl 2>/tmp/paged-gen-nccl1.log
 rc=$?
 same_n=$(python3 - <<'PY'
 import json
-a = [json.loads(l) for l in open("/tmp/paged-gen-cuda.jsonl")]
+a = [json.loads(l) for l in open("/tmp/paged-gen-async.jsonl")]
 b = [json.loads(l) for l in open("/tmp/paged-gen-nccl1.jsonl")]
-same = sum(1 for x, y in zip(a, b) if "error" not in y and x.get("text") == y.get("text"))
+same = sum(1 for x, y in zip(a, b) if "error" not in y and x.get("text") == y.get("text")
+           and x.get("completion_tokens") == y.get("completion_tokens"))
 print(f"{same}/{len(a)}" if len(a) == len(b) == 8 else f"0/{len(a)}")
 PY
 )
@@ -353,9 +361,57 @@ if [ $rc -ne 0 ] || [ "$same_n" != "8/8" ]; then
     tail -5 /tmp/paged-gen-nccl1.log
     fail=1
 else
-    echo "PASS: -tp 1 through NCCL (identical texts $same_n)"
+    echo "PASS: -tp 1 through NCCL (identical texts $same_n, one sequence at a time)"
 fi
-note "generate -tp 1 --tp-comm nccl vs no communicator: identical $same_n (exit $rc)"
+note "generate -tp 1 --tp-comm nccl vs no communicator, one sequence at a time: identical $same_n (exit $rc)"
+# Seeded top-k sampling, one sequence at a time: with NCCL the rows go
+# through the top-k exchange (topk_rows, topk_scatter), without it through
+# the sampler on the LM head's logits: the same tokens.
+python3 - "$prompts" /tmp/paged-prompts-topk.jsonl <<'PY'
+import json, sys
+with open(sys.argv[2], "w") as f:
+    for i, l in enumerate(open(sys.argv[1])):
+        d = json.loads(l)
+        d.update(temperature=0.9, top_k=[40, 8, 64, 2][i % 4], top_p=0.95, seed=100 + i)
+        f.write(json.dumps(d) + "\n")
+PY
+"$PAGED" generate --model $m64 --device cuda --max-num-seqs 1 --async-scheduling on \
+    --prompts-file /tmp/paged-prompts-topk.jsonl >/tmp/paged-gen-topk.jsonl 2>/tmp/paged-gen-topk.log
+rc1=$?
+NCCL_NVLS_ENABLE=0 "$PAGED" generate --model $m64 --device cuda --max-num-seqs 1 --async-scheduling on -tp 1 \
+    --tp-comm nccl --prompts-file /tmp/paged-prompts-topk.jsonl >/tmp/paged-gen-topk-nccl.jsonl 2>/tmp/paged-gen-topk-nccl.log
+rc2=$?
+same_k=$(python3 - <<'PY'
+import json
+a = [json.loads(l) for l in open("/tmp/paged-gen-topk.jsonl")]
+b = [json.loads(l) for l in open("/tmp/paged-gen-topk-nccl.jsonl")]
+same = sum(1 for x, y in zip(a, b) if "error" not in x and "error" not in y and x.get("text") == y.get("text"))
+print(f"{same}/{len(a)}" if len(a) == len(b) == 8 else f"0/{len(a)}")
+PY
+)
+if [ $rc1 -ne 0 ] || [ $rc2 -ne 0 ] || [ "$same_k" != "8/8" ]; then
+    echo "FAIL: seeded top-k through the NCCL top-k exchange (exit $rc1/$rc2, identical $same_k)"
+    tail -5 /tmp/paged-gen-topk-nccl.log
+    fail=1
+else
+    echo "PASS: seeded top-k through the NCCL top-k exchange (identical texts $same_k)"
+fi
+note "seeded top-k, -tp 1 nccl (top-k exchange) vs no communicator: identical $same_k (exit $rc1/$rc2)"
+# Batched (reported, not required): NCCL against check 3's run, and check
+# 3's configuration run again, which shows the batched run-to-run spread.
+NCCL_NVLS_ENABLE=0 "$PAGED" generate --model $m64 --device cuda -tp 1 --tp-comm nccl --prompts-file $prompts \
+    >/tmp/paged-gen-nccl1b.jsonl 2>/dev/null
+"$PAGED" generate --model $m64 --device cuda --prompts-file $prompts >/tmp/paged-gen-cuda2.jsonl 2>/dev/null
+batched=$(python3 - <<'PY'
+import json
+ld = lambda f: [json.loads(l) for l in open(f)]
+a, b, c = ld("/tmp/paged-gen-cuda.jsonl"), ld("/tmp/paged-gen-nccl1b.jsonl"), ld("/tmp/paged-gen-cuda2.jsonl")
+same = lambda x, y: sum(1 for p, q in zip(x, y) if p.get("text") == q.get("text"))
+print(f"nccl vs check 3 {same(a, b)}/{len(a)}, check 3 run again {same(a, c)}/{len(a)}")
+PY
+)
+echo "batched, identical texts: $batched"
+note "batched (reported): $batched"
 over=$((n_gpus + 1))
 "$PAGED" generate --model $m64 --device cuda -tp $over --prompts-file $prompts >/dev/null 2>/tmp/paged-gen-over.log
 rc=$?

@@ -853,6 +853,143 @@ static void test_argmax(int ranks, int rows, int cols, Rng &r) {
     report_bool(name, ok, ok ? "maxima, ties and picks exact" : "mismatch");
 }
 
+// Tensor-parallel top-k: each rank's best k entries of its slice of bf16
+// (or f32) logits in the sampler's order, s = (x - mx) * (1 / T) (mx the
+// largest over all ranks, scale 1 for greedy rows), ties to the lower
+// column, (-inf, -1) past the slice; then the exchanged entries scattered
+// into rows of -inf. Against a host loop with the same float ops, exactly;
+// planted ties, rows of stride > cols with NaN padding (never read).
+static void test_topk(int ranks, int rows, int cols, int k, Rng &r, bool f32 = false) {
+    char name[160];
+    snprintf(name, sizeof name, "topk%s ranks=%d rows=%d cols=%d k=%d", f32 ? " f32" : "", ranks, rows, cols, k);
+    std::string sname = std::string(name) + " scatter";
+    if (!selected(name) && !selected(sname.c_str())) return;
+    const int64_t ld = cols + 5, nr = (int64_t)ranks * rows;
+    std::vector<float> xf((size_t)(nr * ld), NAN);
+    for (int64_t q = 0; q < nr; q++) {
+        float *row = &xf[(size_t)(q * ld)];
+        for (int j = 0; j < cols; j++) row[j] = f32 ? r.sym() * 4.0f : bf2f(f2bf(r.sym() * 4.0f));
+        // Ties: the row maximum at two more columns, and copies of other values.
+        float mx = row[0];
+        for (int j = 1; j < cols; j++) mx = std::max(mx, row[j]);
+        row[r.below(cols)] = mx;
+        row[r.below(cols)] = mx;
+        for (int t = 0; t < 8; t++) row[r.below(cols)] = row[r.below(cols)];
+    }
+    DBuf dx;
+    if (f32) {
+        dx.up(xf);
+    } else {
+        std::vector<uint16_t> xb(xf.size());
+        for (size_t e = 0; e < xf.size(); e++) xb[e] = f2bf(xf[e]); // NaN padding stays NaN
+        dx.up(xb);
+    }
+    // The ranks' row maxima (what argmax_rows exchanges), from the data.
+    std::vector<pg_argmax> cand((size_t)nr);
+    for (int64_t q = 0; q < nr; q++) {
+        const float *row = &xf[(size_t)(q * ld)];
+        pg_argmax a{row[0], 0};
+        for (int j = 1; j < cols; j++)
+            if (row[j] > a.value) a = pg_argmax{row[j], j};
+        cand[(size_t)q] = a;
+    }
+    // Temperatures; row 1 greedy (T = 0), row 4 greedy by top_k = 1.
+    const float temps[] = {0.7f, 0.0f, 1.3f, 1.0f, 0.55f, 1.7f, 0.3f};
+    std::vector<pg_sample_params> params(rows);
+    for (int i = 0; i < rows; i++) {
+        memset(&params[i], 0, sizeof params[i]);
+        params[i].temperature = temps[i % 7];
+        params[i].top_p = 1.0f;
+        params[i].repetition_penalty = 1.0f;
+        params[i].top_k = i % 7 == 4 ? 1 : 40;
+        params[i].logprobs = -1;
+    }
+    DBuf dc, dp, dout((size_t)nr * k * sizeof(pg_argmax));
+    dc.up(cand);
+    dp.up(params);
+    const int dt = f32 ? PG_DTYPE_F32 : PG_DTYPE_BF16;
+    const size_t esz = f32 ? 4 : 2;
+    for (int q = 0; q < ranks; q++)
+        PK(pg_cuda_topk_rows((pg_argmax *)dout.p + (size_t)q * rows * k, (const char *)dx.p + (size_t)q * rows * ld * esz,
+                             dt, rows, cols, ld, k, (const pg_argmax *)dc.p, ranks, (const pg_sample_params *)dp.p,
+                             q * cols, nullptr));
+    // The scatter into full-vocabulary rows (stride > vocab, padding poisoned).
+    const int64_t vocab = (int64_t)ranks * cols, lv = vocab + 3;
+    DBuf dl((size_t)(rows * lv) * esz);
+    CK(cudaMemset(dl.p, 0xFF, dl.n)); // NaN in bf16 and f32
+    PK(pg_cuda_topk_scatter(dl.p, dt, rows, vocab, lv, (const pg_argmax *)dout.p, ranks, k, nullptr));
+    CK(cudaDeviceSynchronize());
+    std::vector<pg_argmax> out((size_t)nr * k);
+    dout.down(out);
+
+    bool ok = true;
+    int n_ties = 0;
+    // Row i of the scatter, built from the host order.
+    std::vector<std::vector<float>> ref_rows(rows, std::vector<float>((size_t)vocab, -INFINITY));
+    for (int i = 0; i < rows; i++) {
+        float mx = cand[(size_t)i].value;
+        for (int q = 1; q < ranks; q++) mx = std::max(mx, cand[(size_t)q * rows + i].value);
+        const float t = params[i].temperature;
+        volatile float inv_t = (t <= 0.0f || params[i].top_k == 1) ? 1.0f : 1.0f / t;
+        for (int q = 0; q < ranks; q++) {
+            const float *row = &xf[((size_t)q * rows + i) * ld];
+            std::vector<std::pair<float, int>> sc(cols);
+            for (int j = 0; j < cols; j++) {
+                volatile float d = row[j] - mx; // separate float ops: no contraction
+                volatile float sv = d * inv_t;
+                float s_ = sv;
+                if (s_ != s_) s_ = -INFINITY;
+                sc[j] = {s_, j};
+            }
+            std::sort(sc.begin(), sc.end(), [](const std::pair<float, int> &a, const std::pair<float, int> &b) {
+                return a.first > b.first || (a.first == b.first && a.second < b.second);
+            });
+            const pg_argmax *o = &out[((size_t)q * rows + i) * k];
+            for (int e = 0; e < k; e++) {
+                if (e < cols) {
+                    const int j = sc[e].second;
+                    ok &= o[e].index == q * cols + j && memcmp(&o[e].value, &row[j], 4) == 0;
+                    if (e > 0 && sc[e].first == sc[e - 1].first) n_ties++;
+                    ref_rows[i][(size_t)q * cols + j] = row[j];
+                } else {
+                    ok &= o[e].index == -1 && o[e].value == -INFINITY;
+                }
+            }
+        }
+    }
+    char detail[160];
+    snprintf(detail, sizeof detail, "order, values, ids and padding exact (%d ties inside the top k)", n_ties);
+    report_bool(name, ok && n_ties > 0, ok ? (n_ties > 0 ? detail : "no ties were tested") : "mismatch");
+
+    bool sok = true;
+    int64_t n_kept = 0;
+    if (f32) {
+        std::vector<float> got((size_t)(rows * lv));
+        dl.down(got);
+        for (int i = 0; i < rows; i++) {
+            for (int64_t c = 0; c < vocab; c++) {
+                const float g = got[(size_t)(i * lv + c)], w = ref_rows[i][(size_t)c];
+                sok &= memcmp(&g, &w, 4) == 0;
+                n_kept += w != -INFINITY;
+            }
+            for (int64_t c = vocab; c < lv; c++) sok &= got[(size_t)(i * lv + c)] != got[(size_t)(i * lv + c)];
+        }
+    } else {
+        std::vector<uint16_t> got((size_t)(rows * lv));
+        dl.down(got);
+        for (int i = 0; i < rows; i++) {
+            for (int64_t c = 0; c < vocab; c++) {
+                sok &= got[(size_t)(i * lv + c)] == f2bf(ref_rows[i][(size_t)c]);
+                n_kept += ref_rows[i][(size_t)c] != -INFINITY;
+            }
+            for (int64_t c = vocab; c < lv; c++) sok &= got[(size_t)(i * lv + c)] == 0xFFFF;
+        }
+    }
+    snprintf(detail, sizeof detail, "%lld candidates placed, every other column -inf, padding untouched",
+             (long long)n_kept);
+    report_bool(sname.c_str(), sok, sok ? detail : "mismatch");
+}
+
 // Async scheduling: tokens[row] = prev[j].token for (row, j) pairs; the other
 // rows keep their value. Against a host loop, exactly.
 static void test_feed_tokens(int n_tokens, int n_prev, int n_feed, Rng &r) {
@@ -1712,6 +1849,17 @@ int main(int argc, char **argv) {
     test_argmax(2, 64, 64128, r);
     test_argmax(8, 300, 16032, r);
     test_argmax(3, 5, 17, r);
+    {
+        Rng rt(20251215); // its own stream: the other cases keep their inputs
+        test_topk(1, 3, 1000, 8, rt);
+        test_topk(2, 5, 1000, 50, rt);
+        test_topk(4, 7, 32064, 20, rt);
+        test_topk(2, 4, 40, 64, rt); // fewer columns than k: (-inf, -1) padding
+        test_topk(8, 2, 16032, 64, rt);
+        test_topk(1, 7, 128256, 64, rt); // one rank, a whole Llama-3 vocabulary
+        test_topk(2, 5, 1000, 50, rt, true);
+        test_topk(3, 7, 5000, 33, rt, true);
+    }
     test_embed(33, 100, 77, r, 154);
     test_feed_tokens(1, 1, 1, r);
     test_feed_tokens(300, 256, 256, r);

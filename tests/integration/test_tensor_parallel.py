@@ -19,7 +19,9 @@ compute what one rank computes.
    returns to the pool; seeded sampling (which gathers every logit, where
    plain greedy rows exchange only the ranks' row maxima) gives the same
    text on at least 4 of 5 prompts, and greedy with logprobs (gathered) the
-   same text as plain greedy (exchanged). In the exact numerics (--matmul-mode exact): the
+   same text as plain greedy (exchanged); seeded top-k sampling (each rank's
+   k best exchanged) the same text as the same requests with logprobs
+   (gathered) at the same tp, and as tp 1 on at least 3 of 4. In the exact numerics (--matmul-mode exact): the
    default CPU numerics quantize activations to 8 bits per block as
    llama.cpp does, a discontinuous rounding under which a one-ulp change of
    the residual stream alone (the only thing tensor parallelism changes)
@@ -163,6 +165,18 @@ def greedy_texts(tp, mode="exact"):
                                 "ignore_eos": True})
             assert st == 200, (st, body)
             texts.append(body["choices"][0]["text"])
+        # Seeded top-k sampling: the ranks exchange their k best entries per
+        # row (pg_model_forward_topk); with logprobs asked for, the same
+        # requests gather every logit, and the tokens must be the same.
+        for p in PROMPTS[5:9]:
+            req = {"prompt": p, "max_tokens": 24, "temperature": 0.9, "top_k": 40, "top_p": 0.95, "seed": 11,
+                   "ignore_eos": True}
+            st, body = su.post(srv.port, "/v1/completions", req)
+            assert st == 200, (st, body)
+            st, gathered = su.post(srv.port, "/v1/completions", dict(req, logprobs=1))
+            assert st == 200, (st, gathered)
+            assert body["choices"][0]["text"] == gathered["choices"][0]["text"], (tp, p, body, gathered)
+            texts.append(body["choices"][0]["text"])
         for p in PROMPTS[:3]:
             st, body = su.post(srv.port, "/v1/completions",
                                {"prompt": p, "max_tokens": 24, "temperature": 0, "logprobs": 2, "ignore_eos": True})
@@ -182,9 +196,11 @@ def check_default_model():
     t1, d1, u1 = greedy_texts(1)
     t3, d3, u3 = greedy_texts(3)
     same = sum(a == b for a, b in zip(t1[:20], t3[:20]))
-    seeded = sum(a == b for a, b in zip(t1[20:], t3[20:]))
+    seeded = sum(a == b for a, b in zip(t1[20:25], t3[20:25]))
+    topk = sum(a == b for a, b in zip(t1[25:], t3[25:]))
     print(f"  default model, exact numerics: tp 3 greedy text equals tp 1 on {same}/20 prompts, seeded sampling "
-          f"on {seeded}/5; devices {d3}")
+          f"on {seeded}/5, seeded top-k (exchanged; equal to gathered at tp 3) on {topk}/4; devices {d3}")
+    assert topk >= 3, list(zip(t1[25:], t3[25:]))
     assert seeded >= 4, list(zip(t1[20:], t3[20:]))
     q1, _, _ = greedy_texts(1, "default")
     q3, _, q3u = greedy_texts(3, "default")
