@@ -53,6 +53,7 @@ typedef struct pg_engine_config {
     int32_t nnodes, node_rank;   // tensor parallelism across nodes (engine/remote.h)
     const char *master_addr;     //   node 0's address (default 127.0.0.1)
     int32_t master_port;         //   its control port (default 29500; the tcp data plane + 1)
+    int32_t tp_timeout_ms;       //   tcp data plane: a collective's wait for a silent rank (0 = 300 s)
 } pg_engine_config;
 
 void pg_engine_config_default(pg_engine_config *c);

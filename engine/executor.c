@@ -4,14 +4,21 @@
 // ranks 1..N-1 on their worker threads, woken by a generation counter and
 // joined on a count (one mutex and two condition variables; a step's work
 // is milliseconds, the hand-off microseconds). A rank that fails aborts the
-// in-process communicator so that ranks waiting in a collective for it
-// return too; the first failing rank's message, with its rank, is the
-// call's error. Without tensor parallelism nothing is threaded.
+// communicators of every rank of this node (kernels/comm.h abort), so that
+// no rank here stays blocked in a collective waiting for it; ranks on
+// other nodes see the aborted ranks' connections close. The call's error is
+// the lowest rank's own failure, with its rank, not the echoes of it in
+// the ranks it left waiting (pg_comm_err_is_collective). Without tensor
+// parallelism nothing is threaded.
 //
 // Several nodes: node 0 sends each call to the other nodes first
 // (engine/remote.h), runs it on its own ranks, then collects their replies;
 // the other nodes loop in pg_executor_follow. Ranks are numbered node by
 // node: node k holds ranks [k L, (k + 1) L) with L = tp / nnodes.
+//
+// Fault injection for tests: PAGED_TP_FAULT_RANK=R:STEP makes rank R (of
+// all nodes) fail its STEP-th begin before it starts the forward, so the
+// other ranks wait for it in their first collective.
 #include "engine/executor.h"
 
 #include <pthread.h>
@@ -46,7 +53,12 @@ struct pg_executor {
     bool on_cuda;
     pg_backend *be[MAX_RANKS];
     pg_comm *comm[MAX_RANKS]; // NULL with one rank
-    bool comm_cpu;            // the in-process communicator (abortable)
+    bool comms_made;          // every rank's communicator is made (abort_comms may read them)
+    int32_t reply_timeout_ms; // node 0, after a failure: the wait for the others' replies
+    bool failed;              // node 0: a call failed (the communicators are aborted)
+    int32_t fault_rank;       // PAGED_TP_FAULT_RANK: this rank (of all; -1: none)
+    int64_t fault_step;       //   fails its fault_step-th begin
+    int64_t begins[MAX_RANKS]; // begins so far, each counted by its rank's thread
     pg_model *model[MAX_RANKS];
     pg_runner *runner[MAX_RANKS];
 
@@ -68,6 +80,21 @@ struct pg_executor {
     pg_runner_mem mem[MAX_RANKS]; // every node's ranks, as of the last pg_executor_mem_refresh
 };
 
+// Every communicator of this node, from the thread of a rank that failed:
+// the ranks blocked in a collective (here, and through the closed
+// connections on other nodes) return instead of waiting for it. Only the
+// first abort of a communicator counts; the communicators stay alive until
+// pg_executor_free, after every worker is idle.
+static void abort_comms(pg_executor *ex, int32_t rank) {
+    // (While the ranks make their communicators, each writes its own slot,
+    // and one that fails leaves the others to their set-up timeouts.)
+    if (!ex->comms_made) return;
+    char why[64];
+    snprintf(why, sizeof why, "rank %d failed", ex->g0 + rank);
+    for (int32_t r = 0; r < ex->n; r++)
+        if (ex->comm[r] && ex->comm[r]->abort) ex->comm[r]->abort(ex->comm[r], why);
+}
+
 // Runs fn on this rank and records the result (the message is per thread).
 static void run_rank(pg_executor *ex, int32_t rank) {
     pg_backend *be = ex->be[rank];
@@ -76,8 +103,7 @@ static void run_rank(pg_executor *ex, int32_t rank) {
     ex->rc[rank] = rc;
     if (rc < 0) {
         snprintf(ex->err[rank], sizeof ex->err[rank], "%s", pg_err_msg());
-        // Ranks waiting for this one in a collective give up too.
-        if (ex->comm_cpu && ex->comm[0]) pg_comm_cpu_abort(ex->comm[0], "another rank failed");
+        abort_comms(ex, rank);
     }
 }
 
@@ -100,9 +126,15 @@ static void *worker_main(void *p) {
 }
 
 // fn on every rank at once; 0, or the error of the lowest failing rank
-// that failed for a reason of its own (not because another one aborted).
+// that failed for a reason of its own (not in a collective another rank's
+// failure broke), else of the lowest failing rank.
 static int run_all(pg_executor *ex, rank_fn fn, void *arg) {
-    if (ex->n == 1) return fn(ex, 0, arg);
+    if (ex->n == 1) {
+        // One rank here, maybe more on other nodes, which must not wait.
+        int rc = fn(ex, 0, arg);
+        if (rc < 0) abort_comms(ex, 0);
+        return rc;
+    }
     // (The caller's thread runs rank 0: it must find rank 0's device
     // current, which run_rank makes sure of.)
     ex->fn = fn;
@@ -125,13 +157,13 @@ static int run_all(pg_executor *ex, rank_fn fn, void *arg) {
     for (int32_t r = 0; r < ex->n; r++) {
         if (ex->rc[r] >= 0) continue;
         if (first < 0) first = r;
-        if (!strstr(ex->err[r], "another rank failed")) {
+        if (!pg_comm_err_is_collective(ex->err[r])) {
             first = r;
             break;
         }
     }
     if (first < 0) return 0;
-    return pg_err_set(ex->rc[first], "rank %d: %s", first, ex->err[first]);
+    return pg_err_set(ex->rc[first], "rank %d: %s", ex->g0 + first, ex->err[first]);
 }
 
 static int start_workers(pg_executor *ex) {
@@ -193,7 +225,6 @@ static int make_comms(pg_executor *ex, const pg_executor_config *cfg) {
         if (ex->on_cuda)
             return pg_err_set(PG_EINVAL, "--tp-comm cpu moves host memory: the CUDA backend's tensor "
                                          "parallelism needs --tp-comm nccl");
-        ex->comm_cpu = true;
         return pg_comm_cpu_create_group(ex->n, ex->comm);
     }
     return pg_err_set(PG_EINVAL, "tensor-parallel communicator '%s' is not known (auto, cpu, nccl)", kind);
@@ -203,7 +234,8 @@ static int tcp_rank(pg_executor *ex, int32_t rank, void *arg) {
     const pg_executor_config *cfg = arg;
     pg_comm_tcp_opts o = {.rank = ex->g0 + rank, .size = ex->tp,
                           .host = cfg->master_addr ? cfg->master_addr : "127.0.0.1",
-                          .port = cfg->master_port + 1, .timeout_ms = 300000};
+                          .port = cfg->master_port + 1, .timeout_ms = 300000,
+                          .op_timeout_ms = cfg->op_timeout_ms};
     return pg_comm_tcp_create(&o, &ex->comm[rank]);
 }
 
@@ -234,6 +266,25 @@ static int load_rank(pg_executor *ex, int32_t rank, void *arg) {
     return pg_model_load(&mo, ex->be[rank], &ex->model[rank]);
 }
 
+// PAGED_TP_FAULT_RANK=R:STEP (the file comment). 0, or PG_EINVAL naming
+// the variable.
+static int fault_parse(pg_executor *ex) {
+    ex->fault_rank = -1;
+    const char *v = getenv("PAGED_TP_FAULT_RANK");
+    if (!v || !*v) return 0;
+    int rank = -1;
+    long long step = 0;
+    char end;
+    if (sscanf(v, "%d:%lld%c", &rank, &step, &end) != 2 || rank < 0 || rank >= ex->tp || step < 1)
+        return pg_err_set(PG_EINVAL, "PAGED_TP_FAULT_RANK='%s': expected RANK:STEP, a rank below %d and a step >= 1",
+                          v, ex->tp);
+    ex->fault_rank = rank;
+    ex->fault_step = step;
+    if (rank >= ex->g0 && rank < ex->g0 + ex->n)
+        PG_LOGW("fault injection: rank %d will fail its step %lld before its collectives", rank, step);
+    return 0;
+}
+
 int pg_executor_create(const pg_executor_config *cfg, const pg_model_load_opts *mo, pg_executor **out) {
     *out = NULL;
     PG_ARG(cfg->tp >= 1 && cfg->tp <= MAX_RANKS, "--tensor-parallel-size %d: between 1 and %d", cfg->tp,
@@ -252,11 +303,16 @@ int pg_executor_create(const pg_executor_config *cfg, const pg_model_load_opts *
     ex->n = cfg->tp / nnodes;
     ex->g0 = cfg->node_rank * ex->n;
     ex->ctl_fd = -1;
+    ex->reply_timeout_ms = cfg->op_timeout_ms > 0 ? cfg->op_timeout_ms : 300000;
     for (int i = 0; i < 64; i++) ex->remote.fds[i] = -1;
     int rc;
-    if ((rc = make_backends(ex, cfg)) < 0 || (rc = start_workers(ex)) < 0 ||
-        (rc = nnodes > 1 ? make_node_comms(ex, cfg) : make_comms(ex, cfg)) < 0 ||
-        (rc = run_all(ex, load_rank, (void *)mo)) < 0) {
+    if ((rc = fault_parse(ex)) < 0 || (rc = make_backends(ex, cfg)) < 0 || (rc = start_workers(ex)) < 0 ||
+        (rc = nnodes > 1 ? make_node_comms(ex, cfg) : make_comms(ex, cfg)) < 0) {
+        pg_executor_free(ex);
+        return rc;
+    }
+    ex->comms_made = true;
+    if ((rc = run_all(ex, load_rank, (void *)mo)) < 0) {
         pg_executor_free(ex);
         return rc;
     }
@@ -279,7 +335,7 @@ void pg_executor_free(pg_executor *ex) {
     if (ex->n_workers == ex->n - 1) run_all(ex, free_rank, NULL);
     if (ex->remote.n) {
         // The other nodes stop when told (or when the link closes).
-        if (pg_remote_send(&ex->remote, PG_REMOTE_QUIT, NULL, 0) == 0) pg_remote_collect(&ex->remote, NULL);
+        if (pg_remote_send(&ex->remote, PG_REMOTE_QUIT, NULL, 0) == 0) pg_remote_collect(&ex->remote, NULL, -1);
         pg_remote_close(&ex->remote);
     }
     if (ex->ctl_fd >= 0) close(ex->ctl_fd);
@@ -320,13 +376,23 @@ static int remote_send(pg_executor *ex, uint32_t op, const void *payload, size_t
     return ex->remote.n ? pg_remote_send(&ex->remote, op, payload, len) : 0;
 }
 
-// Node 0: this node's result `rc`, then the other nodes' replies; the
-// local error wins (the other nodes often failed because of it).
+// Node 0: this node's result `rc`, then the other nodes' replies. The
+// local error wins (the other nodes often failed because of it), unless it
+// is a collective's failure and another node's is its own: a rank there
+// failed and this node's ranks only saw its connection close. After a
+// failure (this call's here, or any earlier one) the replies are awaited
+// for the collective timeout at most: the other nodes' ranks fail at once
+// through the broken connections, so a node that does not answer hangs
+// (or is gone without closing its link, as a stopped or cut-off host), and
+// the engine should fail now rather than at the step watchdog.
 static int remote_finish(pg_executor *ex, int rc, pg_wbuf *replies) {
     if (!ex->remote.n) return rc;
     char local[400] = "";
     if (rc < 0) snprintf(local, sizeof local, "%s", pg_err_msg());
-    int rrc = pg_remote_collect(&ex->remote, replies);
+    int rrc = pg_remote_collect(&ex->remote, replies, rc < 0 || ex->failed ? ex->reply_timeout_ms : -1);
+    if (rc < 0 || rrc < 0) ex->failed = true;
+    if (rc < 0 && rrc < 0 && pg_comm_err_is_collective(local) && !pg_comm_err_is_collective(pg_err_msg()))
+        return rrc;
     if (rc < 0) return pg_err_set(rc, "%s", local);
     return rrc;
 }
@@ -382,6 +448,9 @@ int pg_executor_alloc_kv(pg_executor *ex, int32_t n_blocks, int32_t n_host_block
 // --- steps ---------------------------------------------------------------------------------
 
 static int begin_rank(pg_executor *ex, int32_t rank, void *arg) {
+    if (ex->g0 + rank == ex->fault_rank && ++ex->begins[rank] == ex->fault_step)
+        return pg_err_set(PG_EIO, "fault injection (PAGED_TP_FAULT_RANK): rank %d failed step %lld before its "
+                                  "collectives", ex->fault_rank, (long long)ex->fault_step);
     return pg_runner_begin(ex->runner[rank], arg);
 }
 

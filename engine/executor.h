@@ -32,6 +32,9 @@ typedef struct pg_executor_config {
     int32_t nnodes, node_rank;  // 0 or 1 node: one host
     const char *master_addr;
     int32_t master_port;
+    // tcp: a collective's wait for a peer that sends nothing before it
+    // fails (0 = 300 s; --tp-timeout).
+    int32_t op_timeout_ms;
 } pg_executor_config;
 
 // Makes every rank's backend and communicator and loads every rank's shard

@@ -34,6 +34,9 @@ const char *pg_engine_options_help =
     "                                node 0 serves HTTP and schedules, the others follow\n"
     "  --master-addr A --master-port P  node 0's address and control port (default\n"
     "                                127.0.0.1:29500; the CPU data plane uses P + 1)\n"
+    "  --tp-timeout S                CPU data plane across nodes: a collective waiting S\n"
+    "                                seconds for a rank that sends nothing fails the step\n"
+    "                                (default 300)\n"
     "KV cache and scheduling:\n"
     "  --kv-cache-memory BYTES       KV cache size, e.g. 2G (default 2G on CPU; on the GPU,\n"
     "                                what --gpu-memory-utilization leaves)\n"
@@ -140,6 +143,13 @@ int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
     INT_FLAG("--nnodes", 1, 64, c->nnodes)
     INT_FLAG("--node-rank", 0, 63, c->node_rank)
     INT_FLAG("--master-port", 1, 65534, c->master_port)
+    if (!strcmp(f, "--tp-timeout")) {
+        NEED_VALUE();
+        double s;
+        if (pg_parse_float(v, 0.001, 2e6, &s) < 0) return pg_err_wrap(PG_EINVAL, "%s: ", f);
+        c->tp_timeout_ms = (int32_t)(s * 1000 + 0.5);
+        return 1;
+    }
     if (!strcmp(f, "--master-addr")) {
         NEED_VALUE();
         c->master_addr = v;

@@ -9,6 +9,8 @@
 //   reply  u32 'PGNR' | i32 rc | u64 len | payload (rc < 0: the message)
 #include "engine/remote.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +20,7 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "engine/runner.h"
+#include "kernels/comm.h"
 
 #define HELLO 0x484e4750u  // "PGNH"
 #define ANSWER 0x414e4750u // "PGNA"
@@ -137,20 +140,38 @@ int pg_remote_send(pg_remote *r, uint32_t op, const void *payload, size_t len) {
     return 0;
 }
 
-int pg_remote_collect(pg_remote *r, pg_wbuf *replies) {
+// The first node's error, unless it is a collective's failure and a later
+// node's is its own (kernels/comm.h pg_comm_err_is_collective): that node's
+// rank failed, the others saw its connection close. A broken link (a node
+// that died) counts as the node's own.
+int pg_remote_collect(pg_remote *r, pg_wbuf *replies, int timeout_ms) {
     int first = 0;
+    bool echo = false; // first is a collective's failure
     pg_wbuf tmp = {0};
     char msg[400] = "";
     for (int i = 0; i < r->n; i++) {
         pg_wbuf *b = replies ? &replies[i] : &tmp;
         int32_t status = 0;
-        int rc = recv_frame(r->fds[i], REPLY, &status, b);
-        if (rc < 0 && !first) {
-            first = rc;
-            snprintf(msg, sizeof msg, "node %d: %s", i + 1, pg_err_msg());
-        } else if (rc == 0 && status < 0 && !first) {
-            first = status;
-            snprintf(msg, sizeof msg, "node %d: %.*s", i + 1, (int)b->len, (const char *)b->data);
+        int rc = 0;
+        if (timeout_ms >= 0) {
+            struct pollfd pfd = {.fd = r->fds[i], .events = POLLIN};
+            int pr;
+            while ((pr = poll(&pfd, 1, timeout_ms)) < 0 && errno == EINTR) {
+            }
+            if (pr == 0) rc = pg_err_set(PG_EIO, "sent no reply for %.1f s", timeout_ms * 1e-3);
+        }
+        if (rc == 0) rc = recv_frame(r->fds[i], REPLY, &status, b);
+        char m[400] = "";
+        if (rc < 0)
+            snprintf(m, sizeof m, "node %d: %s", i + 1, pg_err_msg());
+        else if (status < 0)
+            snprintf(m, sizeof m, "node %d: %.*s", i + 1, (int)b->len, (const char *)b->data);
+        int e = rc < 0 ? rc : status < 0 ? status : 0;
+        bool e_echo = e < 0 && pg_comm_err_is_collective(m);
+        if (e < 0 && (!first || (echo && !e_echo))) {
+            first = e;
+            echo = e_echo;
+            snprintf(msg, sizeof msg, "%s", m);
         }
     }
     pg_wbuf_free(&tmp);

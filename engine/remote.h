@@ -46,8 +46,12 @@ void pg_remote_close(pg_remote *r);
 // Sends one call to every other node.
 int pg_remote_send(pg_remote *r, uint32_t op, const void *payload, size_t len);
 // One reply from every other node: replies[i] gets node i + 1's payload
-// (replies may be NULL); a node's error becomes "node N: message".
-int pg_remote_collect(pg_remote *r, pg_wbuf *replies);
+// (replies may be NULL); a node's error becomes "node N: message" (the
+// first node's, or a later one's own failure over a collective's echo of it).
+// timeout_ms >= 0 bounds the wait for each node's reply ("node N sent no
+// reply for X s"; the link is then out of step: for a call that already
+// failed here), < 0 waits as long as the call takes.
+int pg_remote_collect(pg_remote *r, pg_wbuf *replies, int timeout_ms);
 
 // Nodes 1..n-1: connects to node 0, says who it is, receives the blob.
 int pg_remote_follower_open(const pg_remote_opts *o, void *blob, size_t blob_len, int *fd_out);

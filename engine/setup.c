@@ -110,7 +110,8 @@ static void executor_config(const pg_engine_config *cfg, pg_model_load_opts *mo,
                                .n_threads = cfg->n_threads, .matmul_mode = cfg->matmul_mode, .comm = cfg->tp_comm,
                                .nnodes = cfg->nnodes, .node_rank = cfg->node_rank,
                                .master_addr = cfg->master_addr,
-                               .master_port = cfg->master_port > 0 ? cfg->master_port : 29500};
+                               .master_port = cfg->master_port > 0 ? cfg->master_port : 29500,
+                               .op_timeout_ms = cfg->tp_timeout_ms};
 }
 
 int pg_engine_follow(const pg_engine_config *cfg) {

@@ -47,25 +47,47 @@ struct pg_comm {
     // Returns when every rank has called it (nccl: when the stream's work
     // before it is done on every rank).
     int (*barrier)(pg_comm *c);
+    // Breaks the communicator for good, from any thread, also while other
+    // threads are blocked in collectives of it (or of another rank of its
+    // group): every pending and later collective fails promptly with
+    // PG_EIO and a message containing `why`. A rank that fails before it
+    // calls a collective aborts, so the ranks waiting for it there do not
+    // wait forever (cpu: the whole in-process group; tcp: this rank's
+    // sockets shut down, and the other ranks, in any process, fail with a
+    // closed connection naming it; nccl: ncclCommAbort). The caller keeps
+    // `c` alive (not destroyed) during the call.
+    void (*abort)(pg_comm *c, const char *why);
     // Frees this rank's communicator (each rank destroys its own).
     void (*destroy)(pg_comm *c);
 };
 
+// True when `msg` (a pg_err_msg) is a collective's failure in a
+// communicator (they say "tcp communicator (rank R of N): ..."; nccl only
+// once aborted): a collective aborted, a peer that closed its connection,
+// went silent or reported a failure. Such a failure is usually the echo of
+// another rank's own, so callers report that one first (engine/executor.c).
+bool pg_comm_err_is_collective(const char *msg);
+
 // n in-process communicators, out[r] for rank r (1 <= n <= 64). A rank
 // whose thread stops calling leaves the others waiting: callers abort the
-// group with pg_comm_cpu_abort, which makes every pending and later
-// collective fail with PG_EIO.
+// group through any rank's `abort` (or pg_comm_cpu_abort, the same), which
+// makes every pending and later collective of every rank fail with PG_EIO.
 int pg_comm_cpu_create_group(int32_t n, pg_comm **out);
 void pg_comm_cpu_abort(pg_comm *any_rank_of_group, const char *why);
 
 // One rank of a group over TCP. Rank 0 listens on `port` (on every
 // address when host is NULL), the others connect to host:port, retrying
 // until timeout_ms has passed; errors name the address and the reason.
+// A collective that waits op_timeout_ms for a peer that sends nothing
+// fails with PG_EIO ("...: rank 2 sent nothing for 300.0 s") and breaks
+// the communicator, so a rank that hangs (or a host that vanishes without
+// closing its connections) cannot block the group forever.
 typedef struct pg_comm_tcp_opts {
     int32_t rank, size;
     const char *host; // master address (rank 0 binds it when given)
     int32_t port;
-    int32_t timeout_ms; // 0 = 60 s
+    int32_t timeout_ms;    // set-up; 0 = 60 s
+    int32_t op_timeout_ms; // a collective's wait for a peer; 0 = 300 s
 } pg_comm_tcp_opts;
 int pg_comm_tcp_create(const pg_comm_tcp_opts *o, pg_comm **out);
 

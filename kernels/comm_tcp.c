@@ -18,7 +18,15 @@
 // Failure: any socket error or a mismatch breaks the communicator; rank 0
 // tells the peers still waiting for its answer why (an error header and a
 // message), then shuts every socket down, so no rank waits forever. Every
-// later collective fails at once with the first reason.
+// later collective fails at once with the first reason. abort (any thread)
+// breaks it the same way: shutting the sockets down wakes this rank's
+// thread blocked in recv, poll or send, and the other ranks see the
+// connection close. While rank 0 waits for the peers' headers it polls
+// every peer, so a peer that goes away is noticed whichever peer it is
+// waiting for. A wait for a peer that sends nothing is bounded by
+// op_timeout_ms (a peer waits a quarter longer for rank 0 than rank 0
+// waits for each peer, so rank 0, which sees every rank, normally names the
+// silent one and tells the others).
 //
 // Wire format (little-endian):
 //   hello   u32 'PGCH' | u32 version | i32 rank | i32 size
@@ -33,11 +41,13 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -60,6 +70,7 @@
 // scratch (this, plus twice as much f32 accumulator for bf16).
 #define CHUNK_BYTES (1u << 20)
 #define MAX_WHY 512
+#define DEFAULT_OP_TIMEOUT_MS 300000
 
 typedef struct {
     uint8_t op, dtype;
@@ -75,8 +86,17 @@ typedef struct {
     // Rank 0: fds[r] is the socket to rank r (fds[0] unused). A peer:
     // fds[0] is its socket to rank 0.
     int *fds;
-    uint32_t seq; // collectives called so far
-    bool broken;
+    // Rank 0: root_headers' poll set and which peers' headers it has read
+    // (size - 1 each; groups of up to MAX_RANKS are too big for a stack).
+    struct pollfd *pfd;
+    bool *got;
+    uint32_t seq;          // collectives called so far
+    int32_t op_timeout_ms; // rank 0's wait for each peer
+    int32_t wait_ms;       // this rank's wait for a peer: rank 0's, or a quarter more on a peer
+    // The collective's thread and abort (any thread) both break it: `mu`
+    // guards these three.
+    pthread_mutex_t mu;
+    bool broken, aborted;
     char why[MAX_WHY]; // the reason the communicator broke
     // Rank 0's all_reduce scratch, allocated at the first one.
     void *scratch; // CHUNK_BYTES
@@ -158,22 +178,20 @@ static int write_buf(int fd, const void *a, size_t na, const void *b, size_t nb)
     return write_all(fd, iov, nb ? 2 : 1);
 }
 
-// Reads exactly n bytes. 0, -errno, or -ENOTCONN when the other side
-// closed first. deadline_ns < 0: no deadline; else -ETIMEDOUT past it.
+// Reads exactly n bytes by deadline_ns. 0, -errno, -ENOTCONN when the
+// other side closed first, or -ETIMEDOUT past the deadline.
 static int read_all(int fd, void *buf, size_t n, int64_t deadline_ns) {
     char *p = buf;
     while (n > 0) {
-        if (deadline_ns >= 0) {
-            int64_t left = deadline_ns - pg_now_ns();
-            if (left <= 0) return -ETIMEDOUT;
-            struct pollfd pfd = {.fd = fd, .events = POLLIN};
-            int pr = poll(&pfd, 1, (int)(left / 1000000 + 1));
-            if (pr < 0 && errno != EINTR) return -errno;
-            if (pr <= 0) continue;
-        }
-        ssize_t k = recv(fd, p, n, 0);
+        int64_t left = deadline_ns - pg_now_ns();
+        if (left <= 0) return -ETIMEDOUT;
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int pr = poll(&pfd, 1, (int)(left / 1000000 + 1));
+        if (pr < 0 && errno != EINTR) return -errno;
+        if (pr <= 0) continue;
+        ssize_t k = recv(fd, p, n, MSG_DONTWAIT);
         if (k < 0) {
-            if (errno == EINTR) continue;
+            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
             return -errno;
         }
         if (k == 0) return -ENOTCONN;
@@ -183,10 +201,41 @@ static int read_all(int fd, void *buf, size_t n, int64_t deadline_ns) {
     return 0;
 }
 
-static const char *io_reason(int rc) {
+// Reads exactly n bytes of a collective: as read_all, but -ETIMEDOUT when
+// nothing arrives for idle_ms (a peer that hangs, or a host gone without
+// closing its connections).
+static int read_idle(int fd, void *buf, size_t n, int32_t idle_ms) {
+    char *p = buf;
+    while (n > 0) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int pr = poll(&pfd, 1, idle_ms);
+        if (pr < 0 && errno != EINTR) return -errno;
+        if (pr == 0) return -ETIMEDOUT;
+        if (pr < 0) continue;
+        ssize_t k = recv(fd, p, n, MSG_DONTWAIT);
+        if (k < 0) {
+            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+            return -errno;
+        }
+        if (k == 0) return -ENOTCONN;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+// What a failed transfer with a peer says after "rank N ". A timeout is
+// reported with this rank's wait (reads; writes time out through
+// SO_SNDTIMEO, set to the same wait).
+static const char *io_reason(const tcp_ctx *t, int rc) {
     if (rc == -ENOTCONN || rc == -EPIPE || rc == -ECONNRESET) return "closed the connection";
     static _Thread_local char buf[128];
-    snprintf(buf, sizeof buf, "failed: %s", strerror(-rc));
+    if (rc == -ETIMEDOUT)
+        snprintf(buf, sizeof buf, "sent nothing for %.1f s", t->wait_ms * 1e-3);
+    else if (rc == -EAGAIN || rc == -EWOULDBLOCK)
+        snprintf(buf, sizeof buf, "took no data for %.1f s", t->wait_ms * 1e-3);
+    else
+        snprintf(buf, sizeof buf, "failed: %s", strerror(-rc));
     return buf;
 }
 
@@ -198,21 +247,37 @@ static void shutdown_all(tcp_ctx *t) {
         if (t->fds[r] >= 0) shutdown(t->fds[r], SHUT_RDWR);
 }
 
+static bool is_broken(tcp_ctx *t) {
+    pthread_mutex_lock(&t->mu);
+    bool b = t->broken;
+    pthread_mutex_unlock(&t->mu);
+    return b;
+}
+
 // Breaks the communicator with `why` (the first reason stays) and returns
-// `code` with the message set.
+// `code` with the message set. After an abort the failure this rank's own
+// shut-down sockets caused is reported as the abort and its reason.
 static int fail(tcp_ctx *t, int code, const char *why) {
+    char first[MAX_WHY];
+    pthread_mutex_lock(&t->mu);
     if (!t->broken) {
         t->broken = true;
         snprintf(t->why, sizeof t->why, "%s", why);
         shutdown_all(t);
     }
+    bool aborted = t->aborted;
+    memcpy(first, t->why, sizeof first);
+    pthread_mutex_unlock(&t->mu);
+    if (aborted) return pg_err_set(PG_EIO, "tcp communicator (rank %d of %d): %s", t->rank, t->size, first);
     return pg_err_set(code, "tcp communicator (rank %d of %d): %s", t->rank, t->size, why);
 }
 
 // Rank 0, before it has answered: tells every peer why (best effort, they
 // are all waiting for an answer header), then breaks.
 static int root_fail(tcp_ctx *t, int code, const frame *self, const char *why) {
-    if (!t->broken) {
+    // (An abort racing with this may shut the sockets down first: these
+    // best-effort sends then fail, and fail() below reports the abort.)
+    if (!is_broken(t)) {
         size_t len = strlen(why);
         frame e = *self;
         e.status = (uint16_t)-code; // the PG_E* code, negated
@@ -231,7 +296,7 @@ static int root_fail(tcp_ctx *t, int code, const frame *self, const char *why) {
 
 static int peer_io_fail(tcp_ctx *t, const frame *f, int who, int rc) {
     char why[MAX_WHY];
-    snprintf(why, sizeof why, "%s #%u: rank %d %s", pg_comm_op_name(f->op), f->seq, who, io_reason(rc));
+    snprintf(why, sizeof why, "%s #%u: rank %d %s", pg_comm_op_name(f->op), f->seq, who, io_reason(t, rc));
     return fail(t, PG_EIO, why);
 }
 
@@ -240,35 +305,83 @@ static int peer_io_fail(tcp_ctx *t, const frame *f, int who, int rc) {
 static int root_read_fail(tcp_ctx *t, const frame *f, int who, int rc, bool answered) {
     if (answered) return peer_io_fail(t, f, who, rc);
     char why[MAX_WHY];
-    snprintf(why, sizeof why, "%s #%u: rank %d %s", pg_comm_op_name(f->op), f->seq, who, io_reason(rc));
+    snprintf(why, sizeof why, "%s #%u: rank %d %s", pg_comm_op_name(f->op), f->seq, who, io_reason(t, rc));
     return root_fail(t, PG_EIO, f, why);
 }
 
 // ---------------------------------------------------------------- rank 0
 
-// Reads every peer's header and checks it against rank 0's own call.
+// Checks peer r's header against rank 0's own call.
+static int root_check_header(tcp_ctx *t, const frame *self, int r, const uint8_t h[HEADER_BYTES]) {
+    char why[MAX_WHY];
+    frame f;
+    if (!frame_decode(h, &f)) {
+        snprintf(why, sizeof why, "%s #%u: rank %d sent a malformed frame header", pg_comm_op_name(self->op),
+                 self->seq, r);
+        return root_fail(t, PG_EIO, self, why);
+    }
+    if (f.op != self->op || f.seq != self->seq || f.bytes != self->bytes || f.dtype != self->dtype ||
+        f.root != self->root) {
+        char a[160], b[160];
+        frame_describe(a, sizeof a, self);
+        frame_describe(b, sizeof b, &f);
+        snprintf(why, sizeof why, "collectives differ between ranks: rank 0 calls %s, rank %d calls %s", a, r, b);
+        return root_fail(t, PG_EINVAL, self, why);
+    }
+    return 0;
+}
+
+// Reads every peer's header, in the order they come, and checks each
+// against rank 0's own call. Every peer is polled, those already read for
+// a hang-up only (their data may follow the header): a peer that goes
+// away fails the collective at once, not after the peer rank 0 happens to
+// be waiting for. A peer whose header has not come within op_timeout_ms
+// fails it too, named.
 static int root_headers(tcp_ctx *t, const frame *self) {
-    for (int r = 1; r < t->size; r++) {
-        uint8_t h[HEADER_BYTES];
-        int rc = read_all(t->fds[r], h, sizeof h, -1);
-        char why[MAX_WHY];
-        if (rc < 0) {
-            snprintf(why, sizeof why, "%s #%u: rank %d %s", pg_comm_op_name(self->op), self->seq, r, io_reason(rc));
+    struct pollfd *pfd = t->pfd;
+    bool *got = t->got; // got[r - 1]: rank r's header is read
+    memset(got, 0, sizeof(bool) * (size_t)(t->size - 1));
+    int left = t->size - 1;
+    const int64_t deadline = pg_now_ns() + (int64_t)t->op_timeout_ms * 1000000;
+    char why[MAX_WHY];
+    while (left > 0) {
+        for (int r = 1; r < t->size; r++) {
+            short want = got[r - 1] ? POLLRDHUP : POLLIN | POLLRDHUP;
+            pfd[r - 1] = (struct pollfd){.fd = t->fds[r], .events = want};
+        }
+        int64_t wait = deadline - pg_now_ns();
+        int pr = wait > 0 ? poll(pfd, (nfds_t)(t->size - 1), (int)(wait / 1000000 + 1)) : 0;
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr < 0) {
+            snprintf(why, sizeof why, "%s #%u: poll: %s", pg_comm_op_name(self->op), self->seq, strerror(errno));
             return root_fail(t, PG_EIO, self, why);
         }
-        frame f;
-        if (!frame_decode(h, &f)) {
-            snprintf(why, sizeof why, "%s #%u: rank %d sent a malformed frame header", pg_comm_op_name(self->op),
-                     self->seq, r);
+        if (pr == 0 && pg_now_ns() < deadline) continue;
+        if (pr == 0) {
+            int r = 1;
+            while (got[r - 1]) r++;
+            snprintf(why, sizeof why, "%s #%u: rank %d %s", pg_comm_op_name(self->op), self->seq, r,
+                     io_reason(t, -ETIMEDOUT));
             return root_fail(t, PG_EIO, self, why);
         }
-        if (f.op != self->op || f.seq != self->seq || f.bytes != self->bytes || f.dtype != self->dtype ||
-            f.root != self->root) {
-            char a[160], b[160];
-            frame_describe(a, sizeof a, self);
-            frame_describe(b, sizeof b, &f);
-            snprintf(why, sizeof why, "collectives differ between ranks: rank 0 calls %s, rank %d calls %s", a, r, b);
-            return root_fail(t, PG_EINVAL, self, why);
+        for (int r = 1; r < t->size; r++) {
+            short ev = pfd[r - 1].revents;
+            if (!ev) continue;
+            int rc = -ENOTCONN;
+            if (!got[r - 1] && (ev & POLLIN)) {
+                uint8_t h[HEADER_BYTES];
+                rc = read_idle(t->fds[r], h, sizeof h, t->op_timeout_ms);
+                if (rc == 0) {
+                    PG_TRY(root_check_header(t, self, r, h));
+                    got[r - 1] = true;
+                    left--;
+                    continue;
+                }
+            } else if (got[r - 1] && !(ev & (POLLRDHUP | POLLHUP | POLLERR))) {
+                continue;
+            }
+            snprintf(why, sizeof why, "%s #%u: rank %d %s", pg_comm_op_name(self->op), self->seq, r, io_reason(t, rc));
+            return root_fail(t, PG_EIO, self, why);
         }
     }
     return 0;
@@ -301,7 +414,7 @@ static int root_all_reduce(tcp_ctx *t, const frame *self, void *buf, int64_t cou
         if (bf16)
             for (int64_t i = 0; i < m; i++) t->acc[i] = pg_bf16_to_f32(((const uint16_t *)mine)[i]);
         for (int r = 1; r < t->size; r++) {
-            int rc = read_all(t->fds[r], t->scratch, (size_t)m * esz, -1);
+            int rc = read_idle(t->fds[r], t->scratch, (size_t)m * esz, t->wait_ms);
             if (rc < 0) return root_read_fail(t, self, r, rc, off > 0);
             if (bf16) {
                 const uint16_t *x = t->scratch;
@@ -324,7 +437,7 @@ static int root_all_gather(tcp_ctx *t, const frame *self, const void *send, void
     PG_TRY(root_headers(t, self));
     if (recv != send && bytes) memmove(recv, send, bytes);
     for (int r = 1; r < t->size; r++) {
-        int rc = read_all(t->fds[r], (char *)recv + (size_t)r * bytes, bytes, -1);
+        int rc = read_idle(t->fds[r], (char *)recv + (size_t)r * bytes, bytes, t->wait_ms);
         if (rc < 0) return root_read_fail(t, self, r, rc, false);
     }
     for (int r = 1; r < t->size; r++) PG_TRY(root_answer(t, self, r, true, recv, bytes * (size_t)t->size));
@@ -334,7 +447,7 @@ static int root_all_gather(tcp_ctx *t, const frame *self, const void *send, void
 static int root_broadcast(tcp_ctx *t, const frame *self, void *buf, size_t bytes, int32_t root) {
     PG_TRY(root_headers(t, self));
     if (root != 0) {
-        int rc = read_all(t->fds[root], buf, bytes, -1);
+        int rc = read_idle(t->fds[root], buf, bytes, t->wait_ms);
         if (rc < 0) return root_read_fail(t, self, root, rc, false);
     }
     for (int r = 1; r < t->size; r++) PG_TRY(root_answer(t, self, r, true, buf, r == root ? 0 : bytes));
@@ -363,7 +476,7 @@ static int peer_send(tcp_ctx *t, const frame *self, bool with_header, const void
 // Reads rank 0's answer header: an error it reports, or the same call.
 static int peer_answer(tcp_ctx *t, const frame *self) {
     uint8_t h[HEADER_BYTES];
-    int rc = read_all(t->fds[0], h, sizeof h, -1);
+    int rc = read_idle(t->fds[0], h, sizeof h, t->wait_ms);
     if (rc < 0) return peer_io_fail(t, self, 0, rc);
     return peer_answer_header(t, self, h);
 }
@@ -393,7 +506,7 @@ static int peer_answer_header(tcp_ctx *t, const frame *self, const uint8_t h[HEA
 }
 
 static int peer_recv(tcp_ctx *t, const frame *self, void *data, size_t n) {
-    int rc = read_all(t->fds[0], data, n, -1);
+    int rc = read_idle(t->fds[0], data, n, t->wait_ms);
     return rc < 0 ? peer_io_fail(t, self, 0, rc) : 0;
 }
 
@@ -417,9 +530,14 @@ static int peer_all_reduce(tcp_ctx *t, const frame *self, void *buf, int64_t cou
 static int begin(pg_comm *c, frame *f, int op) {
     tcp_ctx *t = c->ctx;
     *f = (frame){.op = (uint8_t)op, .seq = t->seq++};
-    if (t->broken)
+    char why[MAX_WHY];
+    pthread_mutex_lock(&t->mu);
+    bool broken = t->broken;
+    if (broken) memcpy(why, t->why, sizeof why);
+    pthread_mutex_unlock(&t->mu);
+    if (broken)
         return pg_err_set(PG_EIO, "tcp communicator (rank %d of %d): %s: broken earlier: %s", t->rank, t->size,
-                          pg_comm_op_name(op), t->why);
+                          pg_comm_op_name(op), why);
     return 0;
 }
 
@@ -488,14 +606,31 @@ static int tcp_barrier(pg_comm *c) {
     return peer_answer(t, &f);
 }
 
+// Any thread, while this rank's thread may be inside a collective: the
+// shut-down sockets wake it (recv and poll return, a blocked send fails),
+// and it reports the abort; the other ranks see the connections close.
+static void tcp_abort(pg_comm *c, const char *why) {
+    tcp_ctx *t = c->ctx;
+    pthread_mutex_lock(&t->mu);
+    if (!t->broken) {
+        t->broken = t->aborted = true;
+        snprintf(t->why, sizeof t->why, "aborted: %s", why && *why ? why : "(no reason given)");
+        shutdown_all(t);
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
 static void tcp_free(tcp_ctx *t) {
     if (!t) return;
+    pthread_mutex_destroy(&t->mu);
     if (t->fds) {
         int n = t->rank == 0 ? t->size : 1;
         for (int r = 0; r < n; r++)
             if (t->fds[r] >= 0) close(t->fds[r]);
         free(t->fds);
     }
+    free(t->pfd);
+    free(t->got);
     free(t->scratch);
     free(t->acc);
     free(t);
@@ -719,7 +854,7 @@ static int join(tcp_ctx *t, const char *host, int port, int64_t t0, int64_t dead
                           t->rank, t->size, t->addr, secs_since(t0));
     if (rc < 0)
         return pg_err_set(PG_EIO, "tcp communicator (rank %d of %d): rank 0 at %s %s before welcoming this rank",
-                          t->rank, t->size, t->addr, io_reason(rc));
+                          t->rank, t->size, t->addr, io_reason(t, rc));
     if (get32(w) != HELLO_MAGIC)
         return pg_err_set(PG_EIO, "tcp communicator (rank %d of %d): %s is not a paged communicator", t->rank,
                           t->size, t->addr);
@@ -743,6 +878,7 @@ int pg_comm_tcp_create(const pg_comm_tcp_opts *o, pg_comm **out) {
     PG_ARG(o->rank == 0 || (o->host && *o->host), "tcp communicator (rank %d of %d): no master host to connect to",
            o->rank, o->size);
     PG_ARG(o->timeout_ms >= 0, "tcp communicator: negative timeout %d ms", o->timeout_ms);
+    PG_ARG(o->op_timeout_ms >= 0, "tcp communicator: negative collective timeout %d ms", o->op_timeout_ms);
     int64_t t0 = pg_now_ns();
     int64_t deadline = t0 + (int64_t)(o->timeout_ms ? o->timeout_ms : 60000) * 1000000;
 
@@ -750,15 +886,25 @@ int pg_comm_tcp_create(const pg_comm_tcp_opts *o, pg_comm **out) {
     pg_comm *c = calloc(1, sizeof *c);
     int n_fds = o->rank == 0 ? o->size : 1;
     if (t) t->fds = malloc(sizeof(int) * (size_t)n_fds);
-    if (!t || !c || !t->fds) {
-        if (t) free(t->fds);
+    if (t && o->rank == 0 && o->size > 1) {
+        t->pfd = malloc(sizeof(struct pollfd) * (size_t)(o->size - 1));
+        t->got = malloc(sizeof(bool) * (size_t)(o->size - 1));
+    }
+    if (!t || !c || !t->fds || (o->rank == 0 && o->size > 1 && (!t->pfd || !t->got))) {
+        if (t) free(t->fds), free(t->pfd), free(t->got);
         free(t);
         free(c);
         return pg_err_set(PG_ENOMEM, "tcp communicator: out of memory");
     }
     for (int i = 0; i < n_fds; i++) t->fds[i] = -1;
+    pthread_mutex_init(&t->mu, NULL);
     t->rank = o->rank;
     t->size = o->size;
+    t->op_timeout_ms = o->op_timeout_ms ? o->op_timeout_ms : DEFAULT_OP_TIMEOUT_MS;
+    // A peer waits a quarter longer, so that rank 0 names a silent peer
+    // before the others give up on rank 0 (at most 2^31 ms).
+    int64_t peer_wait = (int64_t)t->op_timeout_ms + t->op_timeout_ms / 4;
+    t->wait_ms = o->rank == 0 ? t->op_timeout_ms : (int32_t)(peer_wait < INT32_MAX ? peer_wait : INT32_MAX);
     snprintf(t->addr, sizeof t->addr, "%s:%d", o->host ? o->host : "*", o->port);
 
     int rc = 0;
@@ -778,6 +924,11 @@ int pg_comm_tcp_create(const pg_comm_tcp_opts *o, pg_comm **out) {
         free(c);
         return rc;
     }
+    // A send blocked by a peer that stops reading gives up after the same
+    // wait as a read (EAGAIN, "took no data for X s").
+    struct timeval tv = {.tv_sec = t->wait_ms / 1000, .tv_usec = (t->wait_ms % 1000) * 1000};
+    for (int i = 0; i < n_fds; i++)
+        if (t->fds[i] >= 0) setsockopt(t->fds[i], SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     *c = (pg_comm){.name = "tcp",
                    .rank = o->rank,
                    .size = o->size,
@@ -786,6 +937,7 @@ int pg_comm_tcp_create(const pg_comm_tcp_opts *o, pg_comm **out) {
                    .all_gather = tcp_all_gather,
                    .broadcast = tcp_broadcast,
                    .barrier = tcp_barrier,
+                   .abort = tcp_abort,
                    .destroy = tcp_destroy};
     *out = c;
     return 0;

@@ -291,6 +291,8 @@ static int cpu_barrier(pg_comm *c) {
     return leave(c, OP_BARRIER);
 }
 
+static void cpu_abort(pg_comm *c, const char *why) { group_abort(((rank_ctx *)c->ctx)->g, why); }
+
 static void cpu_destroy(pg_comm *c) {
     if (!c) return;
     rank_ctx *rc = c->ctx;
@@ -339,6 +341,7 @@ int pg_comm_cpu_create_group(int32_t n, pg_comm **out) {
                        .all_gather = cpu_all_gather,
                        .broadcast = cpu_broadcast,
                        .barrier = cpu_barrier,
+                       .abort = cpu_abort,
                        .destroy = cpu_destroy};
         out[r] = c;
     }
@@ -350,5 +353,5 @@ int pg_comm_cpu_create_group(int32_t n, pg_comm **out) {
 // group. A communicator that is not a cpu one is ignored.
 void pg_comm_cpu_abort(pg_comm *any_rank_of_group, const char *why) {
     if (!any_rank_of_group || any_rank_of_group->destroy != cpu_destroy) return;
-    group_abort(((rank_ctx *)any_rank_of_group->ctx)->g, why);
+    cpu_abort(any_rank_of_group, why);
 }

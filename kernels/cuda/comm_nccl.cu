@@ -7,6 +7,15 @@
 // on a machine without NCCL; only tensor parallelism needs it. NVLink
 // multicast (NVLS) stays as the environment says; the GPU machines we test
 // on require NCCL_NVLS_ENABLE=0, which paged sets when it is unset.
+//
+// abort (kernels/comm.h) is ncclCommAbort, from any thread: it ends the
+// communicator's uncompleted operations, so a rank blocked in a stream
+// synchronize behind a collective whose peer never came returns; later
+// collectives fail before they reach NCCL. The aborted communicator is
+// freed (destroy does not free it again). NCCL itself must tolerate the
+// abort racing with another thread's enqueue on the same communicator:
+// paged does not hold a lock across an enqueue, which can block (a lazy
+// connection to a peer), so an abort never waits behind a hung one.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <nccl.h>
@@ -32,6 +41,7 @@ struct NcclApi {
     ncclResult_t (*CommInitAll)(ncclComm_t *, int, const int *);
     ncclResult_t (*CommInitRank)(ncclComm_t *, int, ncclUniqueId, int);
     ncclResult_t (*CommDestroy)(ncclComm_t);
+    ncclResult_t (*CommAbort)(ncclComm_t);
     ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
     ncclResult_t (*AllGather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
     ncclResult_t (*Broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
@@ -63,6 +73,7 @@ void load_nccl() {
     } syms[] = {
         {(void **)&g_nccl.GetUniqueId, "ncclGetUniqueId"},   {(void **)&g_nccl.CommInitAll, "ncclCommInitAll"},
         {(void **)&g_nccl.CommInitRank, "ncclCommInitRank"}, {(void **)&g_nccl.CommDestroy, "ncclCommDestroy"},
+        {(void **)&g_nccl.CommAbort, "ncclCommAbort"},
         {(void **)&g_nccl.AllReduce, "ncclAllReduce"},       {(void **)&g_nccl.AllGather, "ncclAllGather"},
         {(void **)&g_nccl.Broadcast, "ncclBroadcast"},       {(void **)&g_nccl.GroupStart, "ncclGroupStart"},
         {(void **)&g_nccl.GroupEnd, "ncclGroupEnd"},         {(void **)&g_nccl.GetErrorString, "ncclGetErrorString"},
@@ -91,14 +102,30 @@ int nccl_ready() {
 
 struct NcclComm {
     pg_comm base;
-    ncclComm_t comm;
+    ncclComm_t comm; // set once by wrap: the collectives read it while abort runs
     cudaStream_t stream;
     int device;
     float *one; // a device float for the barrier
+    // abort (any thread) against the collectives' check: `mu` guards these.
+    pthread_mutex_t mu;
+    bool aborted;
+    char why[256];
 };
 
 NcclComm *nc(pg_comm *c) {
     return (NcclComm *)c;
+}
+
+// 0, or PG_EIO naming the abort's reason once the communicator is aborted.
+int check_live(NcclComm *n, const char *op) {
+    pthread_mutex_lock(&n->mu);
+    bool aborted = n->aborted;
+    char why[sizeof n->why];
+    memcpy(why, n->why, sizeof why);
+    pthread_mutex_unlock(&n->mu);
+    if (!aborted) return 0;
+    return pg_err_set(PG_EIO, "nccl communicator (rank %d of %d): %s: aborted: %s", n->base.rank, n->base.size, op,
+                      why);
 }
 
 ncclDataType_t nccl_type(int32_t dtype) {
@@ -109,6 +136,7 @@ int nccl_all_reduce(pg_comm *c, void *buf, int64_t count, int32_t dtype) {
     PG_ARG(dtype == PG_DTYPE_F32 || dtype == PG_DTYPE_BF16, "nccl all-reduce: dtype %d", dtype);
     if (count == 0) return 0;
     NcclComm *n = nc(c);
+    PG_TRY(check_live(n, "all_reduce_sum"));
     NCCL_TRY(g_nccl.AllReduce(buf, buf, (size_t)count, nccl_type(dtype), ncclSum, n->comm, n->stream));
     return 0;
 }
@@ -116,6 +144,7 @@ int nccl_all_reduce(pg_comm *c, void *buf, int64_t count, int32_t dtype) {
 int nccl_all_gather(pg_comm *c, const void *send, void *recv, size_t bytes) {
     if (bytes == 0) return 0;
     NcclComm *n = nc(c);
+    PG_TRY(check_live(n, "all_gather"));
     NCCL_TRY(g_nccl.AllGather(send, recv, bytes, ncclUint8, n->comm, n->stream));
     return 0;
 }
@@ -124,23 +153,49 @@ int nccl_broadcast(pg_comm *c, void *buf, size_t bytes, int32_t root) {
     PG_ARG(root >= 0 && root < c->size, "nccl broadcast: root %d of %d", root, c->size);
     if (bytes == 0) return 0;
     NcclComm *n = nc(c);
+    PG_TRY(check_live(n, "broadcast"));
     NCCL_TRY(g_nccl.Broadcast(buf, buf, bytes, ncclUint8, root, n->comm, n->stream));
     return 0;
 }
 
 int nccl_barrier(pg_comm *c) {
     NcclComm *n = nc(c);
+    PG_TRY(check_live(n, "barrier"));
     NCCL_TRY(g_nccl.AllReduce(n->one, n->one, 1, ncclFloat32, ncclSum, n->comm, n->stream));
     PG_CUDA_TRY(cudaStreamSynchronize(n->stream));
     return 0;
+}
+
+void nccl_abort(pg_comm *c, const char *why) {
+    NcclComm *n = nc(c);
+    pthread_mutex_lock(&n->mu);
+    const bool first = !n->aborted;
+    if (first) {
+        n->aborted = true;
+        snprintf(n->why, sizeof n->why, "%s", why && *why ? why : "(no reason given)");
+    }
+    pthread_mutex_unlock(&n->mu);
+    // Outside the lock, so the collectives' check does not wait behind it
+    // (the abort waits for NCCL's kernels and proxy threads to stop); on the
+    // communicator's device and back, as the caller is another rank's
+    // thread, bound to its own device.
+    if (first) {
+        int prev = -1;
+        cudaGetDevice(&prev);
+        cudaSetDevice(n->device);
+        g_nccl.CommAbort(n->comm);
+        if (prev >= 0) cudaSetDevice(prev);
+    }
 }
 
 void nccl_destroy(pg_comm *c) {
     if (!c) return;
     NcclComm *n = nc(c);
     cudaSetDevice(n->device);
-    if (n->comm) g_nccl.CommDestroy(n->comm);
+    // (An aborted communicator is freed already.)
+    if (n->comm && !n->aborted) g_nccl.CommDestroy(n->comm);
     cudaFree(n->one);
+    pthread_mutex_destroy(&n->mu);
     free(n);
 }
 
@@ -148,14 +203,16 @@ int wrap(pg_backend *be, int32_t rank, int32_t size, ncclComm_t comm, pg_comm **
     NcclComm *n = (NcclComm *)calloc(1, sizeof *n);
     if (!n) return pg_err_set(PG_ENOMEM, "nccl: out of host memory");
     n->base = pg_comm{"nccl", rank, size, n, nccl_all_reduce, nccl_all_gather, nccl_broadcast, nccl_barrier,
-                      nccl_destroy};
+                      nccl_abort, nccl_destroy};
     n->comm = comm;
+    pthread_mutex_init(&n->mu, nullptr);
     n->stream = (cudaStream_t)pg_cuda_backend_stream(be);
     n->device = pg_cuda_backend_device(be);
     cudaError_t e = cudaSetDevice(n->device);
     if (e == cudaSuccess) e = cudaMalloc(&n->one, sizeof(float));
     if (e != cudaSuccess) {
         const int dev = n->device;
+        pthread_mutex_destroy(&n->mu);
         free(n);
         return pg_err_set(PG_EIO, "nccl: device %d: %s", dev, cudaGetErrorString(e));
     }

@@ -35,6 +35,18 @@ compute what one rank computes.
    followers exit 0 when node 0 stops; a follower with other flags is
    refused by name; a follower that dies fails node 0's engine (a 500 for
    the request in flight, exit code 70) instead of leaving it hanging.
+   Two nodes of two ranks each (--tp 4 --nnodes 2, a dummy model whose 8
+   heads split 4 ways), and of one (--tp 2): one local rank fails its step
+   before its first collective (PAGED_TP_FAULT_RANK), on the follower or
+   on node 0, while the others wait in the collective; its node aborts
+   every local rank's communicator, the other node's ranks see the
+   connections close, and
+   node 0 answers the request in flight with an error (a 500, or a stream's
+   error event and [DONE]) naming the fault, not an echo of it, /health
+   turns 503 and it exits 70, within seconds. A follower that stops
+   (SIGSTOP: a hung or cut-off host, whose connections stay open) with
+   --tp-timeout 1: node 0's collective times out, its wait for the
+   follower's reply too, and it fails the same way within a few seconds.
 4. Bad configurations stop before any weight is read, with one line naming
    the numbers: --tp 2 on the default model (9 heads), the nccl communicator
    on the CPU.
@@ -306,6 +318,132 @@ def check_node_dies():
                 p.wait(30)
 
 
+def check_local_rank_fails():
+    su.require_model_and_binary()
+    import threading
+    import time
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = dict(BASE, architectures=["LlamaForCausalLM"], model_type="llama", num_key_value_heads=8,
+                   max_position_embeddings=4096)
+        write_config(tmp, cfg)
+        dummy = ["--load-format", "dummy", "--hf-config", os.path.join(tmp, "config.json")]
+        # (-tp, failing rank, streamed): at -tp 4 rank 3 is node 1's second
+        # rank, rank 1 node 0's second (rank 0 waits for it on node 0, the
+        # others on node 1); at -tp 2 rank 1 is node 1's only rank.
+        for tp, fault_rank, stream in ((4, 3, False), (4, 1, True), (2, 1, False)):
+            port = su.free_port()
+            env = dict(os.environ, PAGED_TP_FAULT_RANK=f"{fault_rank}:8")
+            log = open(os.path.join(tmp, f"node1-{fault_rank}.log"), "w+")
+            follower = subprocess.Popen([su.binary(), "serve", "--model", su.MODEL, *dummy, "-tp", str(tp), "--nnodes",
+                                         "2", "--node-rank", "1", "--master-port", str(port)],
+                                        stdout=log, stderr=subprocess.STDOUT, env=env)
+            try:
+                # The step timeout is a safety net far above the bound asserted
+                # below: the failure must come from the abort, not the watchdog.
+                srv = su.Server(*dummy, "-tp", str(tp), "--nnodes", "2", "--node-rank", "0", "--master-port",
+                                str(port), "--step-timeout", "120", env={"PAGED_TP_FAULT_RANK": f"{fault_rank}:8"})
+                srv.start()
+                try:
+                    st, _ = complete(srv.port, "Hello", 3)  # steps 1-3 are fine
+                    assert st == 200, st
+                    body = {"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+                    out = {}
+                    t0 = time.time()
+                    if stream:
+                        t = threading.Thread(target=lambda: out.setdefault(
+                            "r", su.sse_stream(srv.port, "/v1/completions", dict(body, stream=True), timeout=60)))
+                    else:
+                        t = threading.Thread(target=lambda: out.setdefault(
+                            "r", su.post(srv.port, "/v1/completions", body, timeout=60)))
+                    t.start()
+                    t.join(60)
+                    assert not t.is_alive(), "the request in flight hangs"
+                    took = time.time() - t0
+                    if stream:
+                        st, events, done = out["r"]
+                        assert st == 200 and done and "error" in events[-1], (st, events[-3:], done)
+                    else:
+                        st, resp = out["r"]
+                        assert st == 500, (st, resp)
+                        su.error_of(resp)
+                    assert took < 15, f"the error took {took:.1f} s"
+                    # The watchdog (twice a second) turns /health to 503 until the exit.
+                    hst, deadline = None, time.time() + 10
+                    while hst != 503 and time.time() < deadline:
+                        try:
+                            hst = su.request(srv.port, "GET", "/health", timeout=5)[0]
+                        except OSError:
+                            break  # exited already
+                        time.sleep(0.05)
+                    assert hst in (503, None) or srv.proc.poll() is not None, hst
+                    rc = srv.wait(60)
+                    assert rc == 70, (rc, srv.log()[-3000:])
+                    want = f"fault injection (PAGED_TP_FAULT_RANK): rank {fault_rank} failed step 8"
+                    failed = [l for l in srv.log().splitlines() if "engine failed" in l]
+                    assert failed and want in failed[0], (want, srv.log()[-3000:])
+                    # The follower stops once node 0 is gone.
+                    follower.wait(60)
+                    print(f"  -tp {tp}, rank {fault_rank} fails ({'stream' if stream else '500'}): error after {took:.2f} s, "
+                          f"exit {rc}; {failed[0].split('engine failed: ')[-1][:110]}")
+                finally:
+                    srv.stop()
+            finally:
+                if follower.poll() is None:
+                    follower.kill()
+                follower.wait(30)
+
+
+def check_node_stalls():
+    su.require_model_and_binary()
+    import signal
+    import threading
+    import time
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = dict(BASE, architectures=["LlamaForCausalLM"], model_type="llama", num_key_value_heads=8,
+                   max_position_embeddings=4096)
+        write_config(tmp, cfg)
+        common = ["--load-format", "dummy", "--hf-config", os.path.join(tmp, "config.json"), "-tp", "4",
+                  "--nnodes", "2", "--tp-timeout", "1"]
+        port = su.free_port()
+        log = open(os.path.join(tmp, "node1.log"), "w+")
+        follower = subprocess.Popen([su.binary(), "serve", "--model", su.MODEL, *common, "--node-rank", "1",
+                                     "--master-port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            srv = su.Server(*common, "--node-rank", "0", "--master-port", str(port), "--step-timeout", "120")
+            srv.start()
+            try:
+                st, _ = complete(srv.port, "Hello", 3)
+                assert st == 200, st
+                # Stopped between requests: the next step's collectives wait for it.
+                follower.send_signal(signal.SIGSTOP)
+                out = {}
+                t = threading.Thread(target=lambda: out.setdefault("r", su.post(
+                    srv.port, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 200, "temperature": 0,
+                                                  "ignore_eos": True}, timeout=60)))
+                t0 = time.time()
+                t.start()
+                t.join(60)
+                assert not t.is_alive(), "the request in flight hangs"
+                took = time.time() - t0
+                st, resp = out["r"]
+                assert st == 500, (st, resp)
+                assert took < 10, f"the error took {took:.1f} s"
+                rc = srv.wait(60)
+                assert rc == 70, (rc, srv.log()[-3000:])
+                failed = [l for l in srv.log().splitlines() if "engine failed" in l]
+                assert failed and ("sent nothing for 1.0 s" in failed[0] or "sent no reply for 1.0 s" in failed[0]), \
+                    srv.log()[-3000:]
+                print(f"  follower stopped: error after {took:.2f} s, exit {rc}; "
+                      f"{failed[0].split('engine failed: ')[-1][:100]}")
+            finally:
+                srv.stop()
+        finally:
+            follower.send_signal(signal.SIGCONT)
+            if follower.poll() is None:
+                follower.kill()
+            follower.wait(30)
+
+
 def check_refused():
     su.require_model_and_binary()
     cases = [
@@ -328,6 +466,9 @@ def main():
         ("--tp 3 over 3 processes (--nnodes 3) answers as one process does", check_nodes),
         ("a follower with other flags is refused by name", check_node_refused),
         ("a follower that dies fails node 0's engine: 500, exit 70", check_node_dies),
+        ("a local rank that fails before its collective fails the group at once: 500, exit 70",
+         check_local_rank_fails),
+        ("a follower that stops fails node 0 past --tp-timeout: 500, exit 70", check_node_stalls),
         ("bad tensor-parallel configurations stop with one line", check_refused),
     ])
     print("test_tensor_parallel: all passed")

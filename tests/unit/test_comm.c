@@ -3,9 +3,11 @@
 // collective at 1..8 ranks and sizes from 0 to 1M elements, f32 and bf16,
 // each rank with its own random values, compared bit for bit against a sum
 // in rank order on every rank; hundreds of mixed collectives back to back
-// (generation races); abort while ranks wait; and for tcp a peer that
-// leaves mid-collective, a wrong group size, a duplicate rank, collectives
-// called in different orders, and a connect that times out.
+// (generation races); abort while ranks wait (pg_comm_cpu_abort, and the
+// table's abort from another thread for cpu and tcp); and for tcp a peer
+// that leaves mid-collective, a silent peer past the collective timeout, a
+// wrong group size, a duplicate rank, collectives called in different
+// orders, and a connect that times out.
 //
 // Also built under ThreadSanitizer (build/tsan/tests/test_comm): there, or
 // with PAGED_TEST_COMM_QUICK=1, the sizes stop at 64K elements and the
@@ -57,6 +59,7 @@ struct rank_thread {
     int claimed_size;   // tcp: the size this rank says in its hello (0: n)
     int claimed_rank;   // tcp: -1: its own
     int timeout_ms;     // tcp
+    int op_timeout_ms;  // tcp
     pg_comm *c;         // cpu: made by the main thread
     rank_fn fn;
     void *arg;
@@ -83,7 +86,8 @@ static void *rank_main(void *p) {
                               .size = t->claimed_size ? t->claimed_size : t->n,
                               .host = "127.0.0.1",
                               .port = t->port,
-                              .timeout_ms = t->timeout_ms ? t->timeout_ms : 20000};
+                              .timeout_ms = t->timeout_ms ? t->timeout_ms : 20000,
+                              .op_timeout_ms = t->op_timeout_ms};
         t->create_rc = pg_comm_tcp_create(&o, &c);
         if (t->create_rc < 0) {
             snprintf(t->err, sizeof t->err, "%s", pg_err_msg());
@@ -96,10 +100,9 @@ static void *rank_main(void *p) {
     return NULL;
 }
 
-// Runs fn on n rank threads (tcp: each makes its communicator), waits for
-// all. ts[] holds the results.
-static void run_ranks_custom(impl kind, int n, rank_thread *ts) {
-    pthread_t th[MAX_N + 2];
+// Starts n rank threads running ts[r].fn (tcp: each makes its
+// communicator first).
+static void start_ranks(impl kind, int n, rank_thread *ts, pthread_t *th) {
     int port = kind == IMPL_TCP ? free_port() : 0;
     pg_comm *cs[MAX_N] = {0};
     if (kind == IMPL_CPU) assert_int_equal(pg_comm_cpu_create_group(n, cs), 0);
@@ -112,6 +115,12 @@ static void run_ranks_custom(impl kind, int n, rank_thread *ts) {
         ts[r].err[0] = 0;
         assert_int_equal(pthread_create(&th[r], NULL, rank_main, &ts[r]), 0);
     }
+}
+
+// Runs fn on n rank threads, waits for all. ts[] holds the results.
+static void run_ranks_custom(impl kind, int n, rank_thread *ts) {
+    pthread_t th[MAX_N];
+    start_ranks(kind, n, ts, th);
     for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
 }
 
@@ -491,7 +500,154 @@ static void test_cpu_bad_arguments(void **state) {
     cs[0]->destroy(cs[0]);
 }
 
+// ---------------------------------------------------------------- abort through the table
+
+// One rank never calls the collective; the others wait in it until
+// another thread (the test's) calls abort on one rank's communicator, as
+// the executor does from the thread of a rank that failed.
+typedef struct {
+    impl kind;
+    int idle_rank, aborted_rank, op;
+    pg_comm *_Atomic comms[MAX_N]; // published by the rank threads
+    _Atomic int ready;
+    _Atomic bool done; // abort returned: every rank may destroy its communicator
+    double waited[MAX_N];
+} table_abort_arg;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int call_op(pg_comm *c, int op) {
+    float buf[64] = {0};
+    uint8_t g[MAX_N * 8];
+    return op == 0   ? c->all_reduce_sum(c, buf, 64, PG_DTYPE_F32)
+           : op == 1 ? c->barrier(c)
+           : op == 2 ? c->all_gather(c, buf, g, 8)
+                     : c->broadcast(c, buf, 16, 0);
+}
+
+static int do_wait_for_table_abort(rank_thread *t, pg_comm *c) {
+    table_abort_arg *aa = t->arg;
+    atomic_store(&aa->comms[t->rank], c);
+    atomic_fetch_add(&aa->ready, 1);
+    int bad = 0;
+    if (t->rank != aa->idle_rank) {
+        double t0 = now_s();
+        int e = call_op(c, aa->op);
+        aa->waited[t->rank] = now_s() - t0;
+        // cpu: every rank of the group is aborted. tcp: the aborted rank
+        // says why; the others see its connections close, named.
+        char want[96];
+        if (aa->kind == IMPL_CPU || t->rank == aa->aborted_rank)
+            snprintf(want, sizeof want, "the test pulled the plug");
+        else
+            snprintf(want, sizeof want, "rank %d closed the connection", aa->aborted_rank);
+        if (e != PG_EIO)
+            bad = rank_fail(t, "op %d returned %d, want PG_EIO (%s)", aa->op, e, pg_err_msg());
+        else if (!strstr(pg_err_msg(), want))
+            bad = rank_fail(t, "op %d: message without '%s': %s", aa->op, want, pg_err_msg());
+        else if (c->barrier(c) != PG_EIO || c->all_reduce_sum(c, (float[4]){0}, 4, PG_DTYPE_F32) != PG_EIO)
+            bad = rank_fail(t, "a collective after the abort did not fail");
+    }
+    // The caller of abort must hold the communicator during the call.
+    while (!atomic_load(&aa->done)) sched_yield();
+    return bad;
+}
+
+static void table_abort_case(impl kind, int n, int op, int idle_rank, int aborted_rank) {
+    rank_thread ts[MAX_N];
+    memset(ts, 0, sizeof ts);
+    table_abort_arg aa = {.kind = kind, .idle_rank = idle_rank, .aborted_rank = aborted_rank, .op = op};
+    for (int r = 0; r < n; r++) ts[r].fn = do_wait_for_table_abort, ts[r].arg = &aa, ts[r].claimed_rank = -1;
+    pthread_t th[MAX_N];
+    start_ranks(kind, n, ts, th);
+    double give_up = now_s() + 30;
+    while (atomic_load(&aa.ready) < n && now_s() < give_up) sched_yield();
+    int ready = atomic_load(&aa.ready);
+    if (ready < n) fail_msg("%s: only %d of %d ranks started", impl_name(kind), ready, n);
+    struct timespec pause = {0, 50 * 1000000L}; // the waiting ranks are blocked by now
+    nanosleep(&pause, NULL);
+    pg_comm *victim = atomic_load(&aa.comms[aborted_rank]);
+    victim->abort(victim, "the test pulled the plug");
+    atomic_store(&aa.done, true);
+    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < n; r++) {
+        if (ts[r].rc) fail_msg("%s, %d ranks, op %d, rank %d aborted: rank %d: %s", impl_name(kind), n, op,
+                               aborted_rank, r, ts[r].err);
+        // About 50 ms; a bound far from a hang, loose enough for TSan.
+        if (r != idle_rank && aa.waited[r] > 3.0)
+            fail_msg("%s op %d: rank %d returned %.2f s after it called", impl_name(kind), op, r, aa.waited[r]);
+    }
+}
+
+static void test_cpu_abort_from_another_thread(void **state) {
+    for (int op = 0; op < 4; op++) {
+        table_abort_case(IMPL_CPU, 3, op, 2, 2); // the idle rank's communicator
+        table_abort_case(IMPL_CPU, 4, op, 3, 1); // a waiting rank's
+    }
+}
+
+static void test_tcp_abort_from_another_thread(void **state) {
+    for (int op = 0; op < 4; op++) {
+        table_abort_case(IMPL_TCP, 3, op, 2, 2); // the idle rank's: the others see it close
+        table_abort_case(IMPL_TCP, 3, op, 2, 1); // a waiting peer's, while it waits
+        table_abort_case(IMPL_TCP, 3, op, 2, 0); // rank 0's, while it waits for rank 2
+    }
+}
+
 // ---------------------------------------------------------------- tcp failures
+
+// Rank `silent` never calls (but keeps its connection open): past the
+// collective timeout the others fail, rank 0 naming the silent rank.
+typedef struct {
+    int silent, op;
+    _Atomic int finished; // ranks that returned from the collective
+    double waited[MAX_N];
+} silent_arg;
+
+static int do_with_silent_rank(rank_thread *t, pg_comm *c) {
+    silent_arg *sa = t->arg;
+    if (t->rank == sa->silent) {
+        while (atomic_load(&sa->finished) < t->n - 1) sched_yield();
+        return 0;
+    }
+    double t0 = now_s();
+    int e = call_op(c, sa->op);
+    sa->waited[t->rank] = now_s() - t0;
+    char named[64];
+    snprintf(named, sizeof named, "rank %d sent nothing for 0.2 s", sa->silent);
+    int bad = 0;
+    if (e != PG_EIO)
+        bad = rank_fail(t, "op %d returned %d, want PG_EIO (%s)", sa->op, e, pg_err_msg());
+    // Rank 0 names the silent rank; a peer reports that (or, had rank 0
+    // been slower to start waiting than the peer, its own wait for rank 0).
+    else if (!strstr(pg_err_msg(), t->rank == 0 ? named : "sent nothing for 0."))
+        bad = rank_fail(t, "op %d: message: %s", sa->op, pg_err_msg());
+    else if (c->barrier(c) != PG_EIO || !strstr(pg_err_msg(), "broken earlier"))
+        bad = rank_fail(t, "a barrier after the timeout: %s", pg_err_msg());
+    atomic_fetch_add(&sa->finished, 1);
+    return bad;
+}
+
+static void test_tcp_silent_rank_times_out(void **state) {
+    for (int op = 0; op < 4; op++) {
+        int n = op == 1 ? 2 : 3;
+        silent_arg sa = {.silent = n - 1, .op = op};
+        rank_thread ts[MAX_N];
+        memset(ts, 0, sizeof ts);
+        for (int r = 0; r < n; r++)
+            ts[r] = (rank_thread){.fn = do_with_silent_rank, .arg = &sa, .claimed_rank = -1, .op_timeout_ms = 200};
+        run_ranks_custom(IMPL_TCP, n, ts);
+        for (int r = 0; r < n; r++) {
+            if (ts[r].rc) fail_msg("op %d, %d ranks: rank %d: %s", op, n, r, ts[r].err);
+            if (r != sa.silent && (sa.waited[r] < 0.15 || sa.waited[r] > 0.9))
+                fail_msg("op %d: rank %d gave up after %.3f s (timeout 0.2 s)", op, r, sa.waited[r]);
+        }
+    }
+}
 
 static int do_big_reduce_expect_eio(rank_thread *t, pg_comm *c) {
     if (t->rank == 2) return 0; // leaves at once: destroy closes its socket
@@ -600,10 +756,13 @@ int main(void) {
         cmocka_unit_test(test_cpu_abort_wakes_waiting_ranks),
         cmocka_unit_test(test_cpu_mismatched_calls_fail_on_every_rank),
         cmocka_unit_test(test_cpu_bad_arguments),
+        cmocka_unit_test(test_cpu_abort_from_another_thread),
         cmocka_unit_test(test_tcp_all_reduce_1_2_3_5_ranks),
         cmocka_unit_test(test_tcp_all_gather_broadcast),
         cmocka_unit_test(test_tcp_mixed_collectives_back_to_back),
         cmocka_unit_test(test_tcp_peer_that_leaves_fails_the_collective),
+        cmocka_unit_test(test_tcp_abort_from_another_thread),
+        cmocka_unit_test(test_tcp_silent_rank_times_out),
         cmocka_unit_test(test_tcp_mismatched_calls_fail_on_every_rank),
         cmocka_unit_test(test_tcp_wrong_group_size_is_refused),
         cmocka_unit_test(test_tcp_duplicate_rank_is_refused),
