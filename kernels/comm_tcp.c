@@ -178,16 +178,24 @@ static int write_buf(int fd, const void *a, size_t na, const void *b, size_t nb)
     return write_all(fd, iov, nb ? 2 : 1);
 }
 
-// Reads exactly n bytes by deadline_ns. 0, -errno, -ENOTCONN when the
-// other side closed first, or -ETIMEDOUT past the deadline.
-static int read_all(int fd, void *buf, size_t n, int64_t deadline_ns) {
+// Reads exactly n bytes. 0, -errno, -ENOTCONN when the other side closed
+// first, or -ETIMEDOUT: past deadline_ns (< 0: none), or when nothing
+// arrives for idle_ms (< 0: no bound; a collective's peer that hangs, or a
+// host gone without closing its connections).
+static int read_bytes(int fd, void *buf, size_t n, int64_t deadline_ns, int32_t idle_ms) {
     char *p = buf;
     while (n > 0) {
-        int64_t left = deadline_ns - pg_now_ns();
-        if (left <= 0) return -ETIMEDOUT;
+        int wait = idle_ms;
+        if (deadline_ns >= 0) {
+            int64_t left = deadline_ns - pg_now_ns();
+            if (left <= 0) return -ETIMEDOUT;
+            const int64_t l = left / 1000000 + 1;
+            if (wait < 0 || l < wait) wait = (int)l;
+        }
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        int pr = poll(&pfd, 1, (int)(left / 1000000 + 1));
+        int pr = poll(&pfd, 1, wait);
         if (pr < 0 && errno != EINTR) return -errno;
+        if (pr == 0 && wait == idle_ms) return -ETIMEDOUT; // idle too long (the deadline is checked above)
         if (pr <= 0) continue;
         ssize_t k = recv(fd, p, n, MSG_DONTWAIT);
         if (k < 0) {
@@ -200,29 +208,8 @@ static int read_all(int fd, void *buf, size_t n, int64_t deadline_ns) {
     }
     return 0;
 }
-
-// Reads exactly n bytes of a collective: as read_all, but -ETIMEDOUT when
-// nothing arrives for idle_ms (a peer that hangs, or a host gone without
-// closing its connections).
-static int read_idle(int fd, void *buf, size_t n, int32_t idle_ms) {
-    char *p = buf;
-    while (n > 0) {
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        int pr = poll(&pfd, 1, idle_ms);
-        if (pr < 0 && errno != EINTR) return -errno;
-        if (pr == 0) return -ETIMEDOUT;
-        if (pr < 0) continue;
-        ssize_t k = recv(fd, p, n, MSG_DONTWAIT);
-        if (k < 0) {
-            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-            return -errno;
-        }
-        if (k == 0) return -ENOTCONN;
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
+static int read_all(int fd, void *buf, size_t n, int64_t deadline_ns) { return read_bytes(fd, buf, n, deadline_ns, -1); }
+static int read_idle(int fd, void *buf, size_t n, int32_t idle_ms) { return read_bytes(fd, buf, n, -1, idle_ms); }
 
 // What a failed transfer with a peer says after "rank N ". A timeout is
 // reported with this rank's wait (reads; writes time out through
