@@ -113,8 +113,12 @@ static size_t cuda_sample_ws(int32_t n, int32_t vocab) {
 // this bound takes two waves of 4 CTAs on each of an H200's SMs, capped by
 // what max_seqs sequences of max_len keys could split into (64-key tiles,
 // at most 256 splits).
+// Where a GPU is visible (`paged plan --device cuda` on the GPU host, a
+// refused start-up) the backend's own function gives the exact figure.
 static size_t cuda_attn_ws(int32_t max_seqs, int32_t nh, int32_t nkv, int32_t hd, int32_t len) {
     if (max_seqs <= 0 || nh <= 0 || nkv <= 0 || nh % nkv) return 0;
+    size_t exact;
+    if (pg_backend_cuda_attn_workspace(max_seqs, nh, nkv, hd, len, &exact)) return exact;
     const int64_t group = nh / nkv, tiles = ((int64_t)len + 63) / 64;
     const int64_t splits = tiles < 256 ? tiles : 256;
     if (splits < 2) return 0;

@@ -299,6 +299,12 @@ int pg_backend_cuda_create(int device, pg_backend **out);
 // The number of usable CUDA devices; 0 with `why` saying why not ("built
 // without CUDA", no device). Never fails.
 int pg_backend_cuda_probe(char *why, size_t cap);
+// The decode-attention workspace the CUDA backend sizes for these shapes
+// on this machine's GPU (the function its runner calls: it depends on the
+// SM count), for the memory planner: 1 and *bytes set when a device is
+// visible, 0 otherwise (no CUDA, no device).
+int pg_backend_cuda_attn_workspace(int32_t max_seqs, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                   int32_t max_len, size_t *bytes);
 
 #ifdef __cplusplus
 }

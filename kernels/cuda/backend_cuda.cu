@@ -775,6 +775,13 @@ extern "C" int pg_backend_cuda_probe(char *why, size_t cap) {
     return n;
 }
 
+extern "C" int pg_backend_cuda_attn_workspace(int32_t max_seqs, int32_t n_heads, int32_t n_kv_heads,
+                                              int32_t head_dim, int32_t max_len, size_t *bytes) {
+    if (pg_cuda_device_count() <= 0) return 0;
+    *bytes = pg_cuda_decode_workspace_size(max_seqs, n_heads, n_kv_heads, head_dim, max_len);
+    return 1;
+}
+
 extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
     *out = nullptr;
     PG_CUDA_TRY(cudaSetDevice(device));

@@ -14,6 +14,12 @@ int pg_backend_cuda_probe(char *why, size_t cap) {
     return 0;
 }
 
+int pg_backend_cuda_attn_workspace(int32_t max_seqs, int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                   int32_t max_len, size_t *bytes) {
+    (void)max_seqs, (void)n_heads, (void)n_kv_heads, (void)head_dim, (void)max_len, (void)bytes;
+    return 0;
+}
+
 int pg_backend_cuda_create(int device, pg_backend **out) {
     (void)device;
     *out = NULL;
