@@ -111,12 +111,14 @@ int pg_int4_ckpt_config(const cJSON *qc, const char *path, pg_model_config *c) {
     bool has_bits, has_group;
     PG_TRY(int_field(qc, "bits", "w_bit", path, &bits, &has_bits));
     PG_TRY(int_field(qc, "group_size", "q_group_size", path, &group, &has_group));
-    if (!has_bits || bits != 4)
+    if (!has_bits) return pg_err_set(PG_EINVAL, "%s: quantization_config has no bits for %s", path, method);
+    if (!has_group) return pg_err_set(PG_EINVAL, "%s: quantization_config has no group_size for %s", path, method);
+    if (bits != 4)
         return pg_err_set(PG_EUNSUPP, "%s: quantization_config.bits is %d for %s; only 4-bit is supported", path,
-                          has_bits ? bits : 0, method);
-    if (!has_group || (group != 128 && group != 64))
+                          bits, method);
+    if (group != 128 && group != 64)
         return pg_err_set(PG_EUNSUPP, "%s: quantization_config.group_size is %d for %s; only 128 and 64 are supported",
-                          path, has_group ? group : 0, method);
+                          path, group, method);
     if (awq) {
         // GEMV / Marlin / ExLlama variants pack differently; only GEMM's is read.
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(qc, "version");
