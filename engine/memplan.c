@@ -412,7 +412,8 @@ char *pg_memplan_text(const pg_memplan *p, const pg_memplan_advice *adv, int n_a
         else
             sbm_printf(&b, "memory:\n");
         sbm_printf(&b, "  weights   "), put_size(&b, k->weights), sbm_printf(&b, "  (%s)\n",
-            p->quantization != PG_QUANT_NONE ? "layer matrices quantized at load, the rest as stored"
+            p->mc.ckpt_quant != PG_QUANT_NONE ? "layer matrices int4 from the AWQ / GPTQ checkpoint, the rest as stored"
+            : p->quantization != PG_QUANT_NONE ? "layer matrices quantized at load, the rest as stored"
             : p->cuda ? "bf16 on the GPU: types it does not run in place are dequantized" : "as stored, mapped");
         sbm_printf(&b, "  KV cache  "), put_size(&b, k->kv),
             sbm_printf(&b, "  (%s, %zu bytes per block)\n", kv_name(p), p->per_block);

@@ -91,11 +91,17 @@ typedef struct pg_model_load_opts {
 enum { PG_QUANT_NONE = 0, PG_QUANT_FP8 = 1, PG_QUANT_INT4 = 2,
        // Not flags: the quality comparison's reference and GGUF types made
        // the same way (tests/tools/quant_quality.c).
-       PG_QUANT_BF16 = 3, PG_QUANT_Q8_0 = 4, PG_QUANT_Q4_0 = 5 };
-// "none", "fp8", "int4"; "unknown" otherwise.
+       PG_QUANT_BF16 = 3, PG_QUANT_Q8_0 = 4, PG_QUANT_Q4_0 = 5,
+       // Pre-quantized int4 checkpoints, repacked at load into INT4_G128 /
+       // _G64 (engine/int4_ckpt.c): inferred from config.json, and accepted
+       // as flags that must then match it.
+       PG_QUANT_AWQ = 6, PG_QUANT_GPTQ = 7 };
+// "none", "fp8", "int4", "awq", "gptq"; "unknown" otherwise.
 const char *pg_quantization_name(int q);
 // Parses one of those names; PG_EINVAL naming the choices otherwise.
 int pg_quantization_parse(const char *s, int *out);
+// True for awq and gptq: the checkpoint's format, not a quantization made at load.
+static inline bool pg_quantization_is_checkpoint(int q) { return q == PG_QUANT_AWQ || q == PG_QUANT_GPTQ; }
 // The weight type of a quantization (PG_DTYPE_FP8_E4M3, _INT4_G128); -1 for none.
 int pg_quantization_dtype(int q);
 // Bytes of a rows x cols matrix quantized so (scales included); -1 for none.

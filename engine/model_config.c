@@ -9,6 +9,7 @@
 #include "common/err.h"
 #include "common/file.h"
 #include "engine/gguf.h"
+#include "engine/int4_ckpt.h"
 
 // --- GGUF ------------------------------------------------------------------------
 
@@ -266,6 +267,7 @@ static int config_from_hf(const char *config_path, const char *gen_path, const c
             goto out;
         }
     }
+    if ((rc = pg_int4_ckpt_config(cJSON_GetObjectItemCaseSensitive(j, "quantization_config"), path, c)) < 0) goto out;
     cJSON_Delete(j);
     j = NULL;
     // generation_config.json is optional: it overrides eos ids and gives

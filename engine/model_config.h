@@ -41,6 +41,11 @@ typedef struct pg_model_config {
     // Generation defaults (generation_config.json), 0/neg when unset.
     float default_temperature, default_top_p;
     int32_t default_top_k;
+    // A pre-quantized int4 checkpoint (config.json's quantization_config,
+    // engine/int4_ckpt.c): PG_QUANT_AWQ or PG_QUANT_GPTQ (engine/model.h),
+    // PG_QUANT_NONE otherwise; its group size (128 or 64); and what is added
+    // to each stored zero (1 for GPTQ's v1 format, which stores z - 1).
+    int32_t ckpt_quant, ckpt_group, ckpt_zero_offset;
 } pg_model_config;
 
 int pg_config_from_gguf(const struct gguf_file *f, pg_model_config *c);

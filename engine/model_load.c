@@ -17,6 +17,11 @@
 // at block boundaries of the stored type), and dummy weights are made as
 // windows of the whole tensor's random values, so a shard holds exactly the
 // values it would have unsplit.
+//
+// AWQ / GPTQ checkpoints (engine/int4_ckpt.c): a quantized linear has no
+// `x.weight` but `x.qweight`, `x.qzeros`, `x.scales`; it is repacked into
+// int4 group blocks after its slice is known, so a rank repacks only its
+// rows or columns (which must fall on group boundaries, as for any blocks).
 #include <stdio.h>
 #include <string.h>
 
@@ -25,6 +30,7 @@
 #include "common/log.h"
 #include "common/progress.h"
 #include "engine/gguf.h"
+#include "engine/int4_ckpt.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"
 
@@ -37,6 +43,7 @@ typedef struct {
     const char *path;
     gguf_file *gguf;
     pg_st_model *st;
+    const pg_model_config *cfg; // read from this source (ckpt_quant: an AWQ / GPTQ checkpoint)
 } source;
 
 // The stored tensor `name` as rows x cols (1 x n for a vector); false when
@@ -229,9 +236,94 @@ static int attach_fp8_scales(pg_model *m, const source *s, const char *name, pg_
     return 0;
 }
 
+static const char *ckpt_name(int q) { return q == PG_QUANT_GPTQ ? "GPTQ" : "AWQ"; }
+
+// A quantized linear `NAME` ("x.weight", rows x cols) of an AWQ / GPTQ
+// checkpoint, stored as x.qweight, x.qzeros, x.scales (and GPTQ's x.g_idx;
+// layouts in engine/int4_ckpt.h): checks each one's type and shape and
+// refuses act-order, describes the tensors in *t, and gives *w the int4
+// type and shape it is repacked to, without data.
+static int ckpt_find(const source *s, const char *name, int64_t rows, int64_t cols, pg_weight *w,
+                     pg_int4_ckpt_tensor *t) {
+    const pg_model_config *c = s->cfg;
+    const bool gptq = c->ckpt_quant == PG_QUANT_GPTQ;
+    const char *fmt = ckpt_name(c->ckpt_quant);
+    const int64_t G = c->ckpt_group;
+    static const char *const suffix[4] = {"qweight", "qzeros", "scales", "g_idx"};
+    const int stem = (int)(strlen(name) - strlen("weight"));
+    char nm[4][192];
+    for (int k = 0; k < 4; k++) snprintf(nm[k], sizeof nm[k], "%.*s%s", stem, name, suffix[k]);
+    pg_weight p[4];
+    if (!src_find(s, nm[0], &p[0]))
+        return pg_err_set(PG_EFORMAT, "%s: tensor '%s' is missing (nor is the %s checkpoint's '%s' there)", s->path,
+                          name, fmt, nm[0]);
+    if (cols % G || rows % 8)
+        return pg_err_set(PG_EFORMAT, "%s: %s linear '%s' is %lldx%lld: the input dimension must be a multiple of "
+                          "the group size %lld and the output one of 8", s->path, fmt, name, (long long)rows,
+                          (long long)cols, (long long)G);
+    // The stored [rows][cols] of qweight, qzeros, scales (W is [out = rows][in = cols]).
+    const int64_t want[3][2] = {{gptq ? cols / 8 : cols, gptq ? rows : rows / 8}, {cols / G, rows / 8},
+                                {cols / G, rows}};
+    for (int k = 0; k < 3; k++) {
+        if (k > 0 && !src_find(s, nm[k], &p[k]))
+            return pg_err_set(PG_EFORMAT, "%s: %s tensor '%s' is missing", s->path, fmt, nm[k]);
+        const int dt = k == 2 ? PG_DTYPE_F16 : PG_DTYPE_I32;
+        if (p[k].dtype != dt || p[k].rows != want[k][0] || p[k].cols != want[k][1])
+            return pg_err_set(PG_EFORMAT, "%s: %s tensor '%s' is %s %lldx%lld; expected %s %lldx%lld", s->path, fmt,
+                              nm[k], pg_dtype_name(p[k].dtype), (long long)p[k].rows, (long long)p[k].cols,
+                              pg_dtype_name(dt), (long long)want[k][0], (long long)want[k][1]);
+    }
+    // GPTQ's g_idx: only the plain order (row i in group i / G) maps onto
+    // groups of consecutive columns; act-order would need the columns (and
+    // the activations) permuted.
+    if (gptq && src_find(s, nm[3], &p[3])) {
+        if (p[3].dtype != PG_DTYPE_I32 || p[3].rows * p[3].cols != cols)
+            return pg_err_set(PG_EFORMAT, "%s: GPTQ tensor '%s' is %s with %lld values; expected i32 with %lld",
+                              s->path, nm[3], pg_dtype_name(p[3].dtype), (long long)(p[3].rows * p[3].cols),
+                              (long long)cols);
+        const uint8_t *g = p[3].data;
+        for (int64_t i = 0; i < cols; i++) {
+            const int32_t v = (int32_t)((uint32_t)g[4 * i] | (uint32_t)g[4 * i + 1] << 8 |
+                                        (uint32_t)g[4 * i + 2] << 16 | (uint32_t)g[4 * i + 3] << 24);
+            if (v != i / G)
+                return pg_err_set(PG_EUNSUPP, "%s: GPTQ tensor '%s' is act-order (input row %lld is in group %d, "
+                                  "not %lld): only g_idx = row / group_size is supported", s->path, nm[3],
+                                  (long long)i, v, (long long)(i / G));
+        }
+    }
+    *t = (pg_int4_ckpt_tensor){.gptq = gptq, .group = (int)G, .zero_offset = c->ckpt_zero_offset, .in = cols,
+                               .out = rows, .qweight = p[0].data, .qzeros = p[1].data, .scales = p[2].data};
+    const int dt = G == 128 ? PG_DTYPE_INT4_G128 : PG_DTYPE_INT4_G64;
+    *w = (pg_weight){.dtype = dt, .rows = rows, .cols = cols, .row_bytes = pg_dtype_row_bytes(dt, cols)};
+    return 0;
+}
+
+// The rows [r0, r0 + w->rows) x columns [c0, c0 + w->cols) of checkpoint
+// tensor t, repacked into memory the model owns.
+static void ckpt_repack(pg_model *m, const pg_int4_ckpt_tensor *t, int64_t r0, int64_t c0, pg_weight *w) {
+    void *d = own(m, pg_xmalloc(w->row_bytes * (size_t)w->rows));
+    pg_int4_ckpt_repack(t, r0, w->rows, c0, w->cols, d);
+    w->data = d;
+}
+
 // Looks up and checks one stored tensor (rows x cols expected); FP8
-// weights get their scales (see attach_fp8_scales).
-static int find_checked(pg_model *m, const source *s, const char *name, int64_t rows, int64_t cols, pg_weight *w) {
+// weights get their scales (see attach_fp8_scales). A quantized linear of
+// an AWQ / GPTQ checkpoint is described in *pending (when not NULL) for the
+// caller to repack once sliced; else it is repacked whole here (m NULL:
+// checked only).
+static int find_checked(pg_model *m, const source *s, const char *name, int64_t rows, int64_t cols, pg_weight *w,
+                        pg_int4_ckpt_tensor *pending) {
+    const size_t nl = strlen(name);
+    if (s->kind == SRC_HF && s->cfg->ckpt_quant != PG_QUANT_NONE && !src_find(s, name, w) && nl > 7 &&
+        !strcmp(name + nl - 7, ".weight")) {
+        pg_int4_ckpt_tensor t;
+        PG_TRY(ckpt_find(s, name, rows, cols, w, &t));
+        if (pending)
+            *pending = t;
+        else if (m)
+            ckpt_repack(m, &t, 0, 0, w);
+        return 0;
+    }
     if (!src_find(s, name, w))
         return pg_err_set(PG_EFORMAT, "%s: tensor '%s' is missing", s->path, name);
     if (s->kind == SRC_DUMMY) {
@@ -251,6 +343,12 @@ static int find_checked(pg_model *m, const source *s, const char *name, int64_t 
         PG_TRY(attach_fp8_scales(m, s, name, w));
     }
     return 0;
+}
+
+// --quantization fp8|int4 (and the comparison's formats): the layers'
+// matrices quantized at load; not awq|gptq, which name the checkpoint.
+static bool online_quant(const pg_model_load_opts *o) {
+    return o->quantization != PG_QUANT_NONE && !pg_quantization_is_checkpoint(o->quantization);
 }
 
 typedef struct {
@@ -312,20 +410,26 @@ static int load_layers(loader *ld, const source *s) {
             snprintf(name, sizeof name, s->kind == SRC_GGUF ? lt->gguf : lt->hf, l);
             pg_weight *w = &parts[lt->field][lt->part];
             const int64_t rows = dim_of(c, lt->rows), cols = dim_of(c, lt->cols);
-            PG_TRY(find_checked(ld->m, s, name, rows, cols, w));
+            pg_int4_ckpt_tensor ck = {0};
+            PG_TRY(find_checked(ld->m, s, name, rows, cols, w, &ck));
             // This rank's slice, and where it sits in the whole (fused) tensor.
-            int64_t lo = 0, n = 0;
+            // (A checkpoint's int4 tensor has no data yet: the slices set
+            // its shape, and it is repacked from r0, c0 below.)
+            int64_t lo = 0, n = 0, r0 = 0, c0 = 0;
             pg_rand_window *rw = &win[lt->field][lt->part];
             *rw = (pg_rand_window){.rows = rows, .cols = cols, .row0 = fused_rows[lt->field], .full_cols = cols};
             if (shard_range(m, lt->rows, &lo, &n)) {
                 slice_rows(w, lo, n);
                 rw->rows = n;
                 rw->row0 += lo;
+                r0 = lo;
             } else if (shard_range(m, lt->cols, &lo, &n)) {
                 PG_TRY(slice_cols(m, s->path, name, w, lo, n));
                 rw->cols = n;
                 rw->col0 = lo;
+                c0 = lo;
             }
+            if (ck.qweight) ckpt_repack(m, &ck, r0, c0, w);
             fused_rows[lt->field] += rows;
             if (s->kind == SRC_GGUF && lt->unpermute && !strcmp(c->arch, "llama"))
                 unpermute_rows(m, w, lt->unpermute == 1 ? m->shard.n_heads : m->shard.n_kv_heads);
@@ -337,7 +441,7 @@ static int load_layers(loader *ld, const source *s) {
         for (int f = 0; f < F_COUNT; f++) {
             if (!n_parts[f]) continue;
             const bool vector = parts[f][0].rows == 1;
-            if (!vector && ld->o->quantization != PG_QUANT_NONE && s->kind != SRC_DUMMY)
+            if (!vector && online_quant(ld->o) && s->kind != SRC_DUMMY)
                 for (int p = 0; p < n_parts[f]; p++) {
                     void *qd;
                     float *qs;
@@ -382,13 +486,28 @@ static int64_t stored_bytes(const source *s, const pg_model_config *c) {
 }
 
 static void close_gguf(void *p) { gguf_close(p); }
+
+// An explicit --quantization awq|gptq must name the checkpoint's format,
+// and a checkpoint of one is not quantized again (fp8, int4).
+static int check_quant_flag(const pg_model_load_opts *o, const source *s, pg_model_config *c) {
+    if (s->kind != SRC_HF) c->ckpt_quant = PG_QUANT_NONE; // dummy weights: random bf16 whatever the config says
+    const int q = o->quantization, k = c->ckpt_quant;
+    if (pg_quantization_is_checkpoint(q) && q != k)
+        return pg_err_set(PG_EINVAL, "--quantization %s: %s's config.json does not say quant_method \"%s\" (%s%s%s)",
+                          pg_quantization_name(q), s->path, pg_quantization_name(q), k ? "it says \"" : "no AWQ / GPTQ",
+                          k ? pg_quantization_name(k) : " quantization_config", k ? "\"" : "");
+    if (k && q != PG_QUANT_NONE && q != k)
+        return pg_err_set(PG_EINVAL, "--quantization %s: %s is a pre-quantized checkpoint (config.json's quant_method "
+                          "\"%s\"); leave the flag out or pass --quantization %s", pg_quantization_name(q), s->path,
+                          pg_quantization_name(k), pg_quantization_name(k));
+    return 0;
+}
 static void close_st(void *p) { pg_st_model_close(p); }
 
 // Opens o's source and reads its config: the GGUF header and tensor table,
 // the safetensors headers, or the config.json of dummy weights. Both files
 // are mapped, so nothing past the headers is read here.
-static int source_open(const pg_model_load_opts *o, source *s, pg_model_config *c) {
-    *s = (source){.path = o->dummy ? o->hf_config : o->path};
+static int source_open_kind(const pg_model_load_opts *o, source *s, pg_model_config *c) {
     if (o->dummy) {
         s->kind = SRC_DUMMY;
         if (!o->hf_config) return pg_err_set(PG_EINVAL, "--load-format dummy needs --hf-config (a config.json)");
@@ -403,6 +522,12 @@ static int source_open(const pg_model_load_opts *o, source *s, pg_model_config *
     s->kind = SRC_GGUF;
     PG_TRY(gguf_open(o->path, &s->gguf));
     return pg_config_from_gguf(s->gguf, c);
+}
+
+static int source_open(const pg_model_load_opts *o, source *s, pg_model_config *c) {
+    *s = (source){.path = o->dummy ? o->hf_config : o->path, .cfg = c};
+    PG_TRY(source_open_kind(o, s, c));
+    return check_quant_flag(o, s, c);
 }
 
 static void source_close(source *s) {
@@ -444,21 +569,22 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
     // The embedding and the LM head (one weight when tied), as the loader
     // decides it.
     const char *emb_name = s.kind == SRC_GGUF ? "token_embd.weight" : "model.embed_tokens.weight";
-    if ((rc = find_checked(NULL, &s, emb_name, V, H, &w)) < 0) goto done;
+    if ((rc = find_checked(NULL, &s, emb_name, V, H, &w, NULL)) < 0) goto done;
     w.data = NULL;
     slice_rows(&w, m.shard.vocab0, m.shard.vocab);
     *bytes += planned_bytes(rules, s.kind, &w, 1, false);
     const char *head_name = s.kind == SRC_GGUF ? "output.weight" : "lm_head.weight";
     const bool has_head = s.kind == SRC_DUMMY ? !c->tie_embeddings : src_find(&s, head_name, &w);
     if (has_head && !(s.kind == SRC_HF && c->tie_embeddings)) {
-        if ((rc = find_checked(NULL, &s, head_name, V, H, &w)) < 0) goto done;
+        if ((rc = find_checked(NULL, &s, head_name, V, H, &w, NULL)) < 0) goto done;
         w.data = NULL;
         slice_rows(&w, m.shard.vocab0, m.shard.vocab);
         *bytes += planned_bytes(rules, s.kind, &w, 1, false);
     } else {
         m.cfg.tie_embeddings = true;
     }
-    if ((rc = find_checked(NULL, &s, s.kind == SRC_GGUF ? "output_norm.weight" : "model.norm.weight", 1, H, &w)) < 0)
+    const char *norm_name = s.kind == SRC_GGUF ? "output_norm.weight" : "model.norm.weight";
+    if ((rc = find_checked(NULL, &s, norm_name, 1, H, &w, NULL)) < 0)
         goto done;
     *bytes += planned_bytes(rules, s.kind, &w, 1, true);
     for (int32_t l = 0; l < c->n_layers; l++)
@@ -467,7 +593,7 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
             if (!needed(c, lt->need)) continue;
             snprintf(name, sizeof name, s.kind == SRC_GGUF ? lt->gguf : lt->hf, l);
             const int64_t rows = dim_of(c, lt->rows), cols = dim_of(c, lt->cols);
-            if ((rc = find_checked(NULL, &s, name, rows, cols, &w)) < 0) {
+            if ((rc = find_checked(NULL, &s, name, rows, cols, &w, NULL)) < 0) {
                 pg_err_wrap(rc, "layer %d: ", l);
                 goto done;
             }
@@ -477,7 +603,7 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
                 slice_rows(&w, lo, n);
             else if (shard_range(&m, lt->cols, &lo, &n) && (rc = slice_cols(NULL, s.path, name, &w, lo, n)) < 0)
                 goto done;
-            if (w.rows > 1 && o->quantization != PG_QUANT_NONE && s.kind != SRC_DUMMY)
+            if (w.rows > 1 && online_quant(o) && s.kind != SRC_DUMMY)
                 *bytes += pg_quantized_bytes(o->quantization, w.rows, w.cols);
             else
                 *bytes += planned_bytes(rules, s.kind, &w, 1, w.rows == 1);
@@ -521,7 +647,7 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
     const pg_rand_window vwin = {.rows = m->shard.vocab, .cols = H, .row0 = m->shard.vocab0, .full_cols = H};
     pg_weight w;
     const char *emb_name = s.kind == SRC_GGUF ? "token_embd.weight" : "model.embed_tokens.weight";
-    if ((rc = find_checked(m, &s, emb_name, V, H, &w)) < 0) goto fail_progress;
+    if ((rc = find_checked(m, &s, emb_name, V, H, &w, NULL)) < 0) goto fail_progress;
     if (pg_dtype_has_row_scales(w.dtype)) { // the embed op reads rows without scales
         rc = pg_err_set(PG_EUNSUPP, "%s: the embedding '%s' is stored in %s, which is not supported", s.path,
                         emb_name, pg_dtype_name(w.dtype));
@@ -536,7 +662,7 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
     if (s.kind == SRC_HF && c->tie_embeddings) {
         // tie_word_embeddings wins over a stored copy (HF ignores it too).
     } else if (has_head) {
-        if ((rc = find_checked(m, &s, head_name, V, H, &hw)) < 0) goto fail_progress;
+        if ((rc = find_checked(m, &s, head_name, V, H, &hw, NULL)) < 0) goto fail_progress;
         slice_rows(&hw, m->shard.vocab0, m->shard.vocab);
         if ((rc = make(&ld, &s, &hw, &vwin, 1, false, 0, &m->lm_head)) < 0) goto fail_progress;
     }
@@ -544,7 +670,8 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
         m->lm_head = m->tok_emb;
         c->tie_embeddings = true;
     }
-    if ((rc = find_checked(m, &s, s.kind == SRC_GGUF ? "output_norm.weight" : "model.norm.weight", 1, H, &w)) < 0 ||
+    const char *norm_name = s.kind == SRC_GGUF ? "output_norm.weight" : "model.norm.weight";
+    if ((rc = find_checked(m, &s, norm_name, 1, H, &w, NULL)) < 0 ||
         (rc = make(&ld, &s, &w, NULL, 1, true, 1.0f, &m->final_norm)) < 0)
         goto fail_progress;
     if (o->quantization != PG_QUANT_NONE && s.kind == SRC_DUMMY) {
@@ -552,9 +679,15 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
                         "on the device in bf16)", pg_quantization_name(o->quantization));
         goto fail_progress;
     }
-    m->quantization = o->quantization;
+    // An AWQ / GPTQ checkpoint names its own format (check_quant_flag made
+    // an explicit flag agree with it).
+    m->quantization = c->ckpt_quant != PG_QUANT_NONE ? c->ckpt_quant : o->quantization;
     if ((rc = load_layers(&ld, &s)) < 0) goto fail_progress;
-    if (o->quantization != PG_QUANT_NONE) {
+    if (c->ckpt_quant != PG_QUANT_NONE) {
+        const size_t len = strlen(m->format);
+        snprintf(m->format + len, sizeof m->format - len, " (%s checkpoint, group %d, repacked at load)",
+                 pg_quantization_name(c->ckpt_quant), c->ckpt_group);
+    } else if (o->quantization != PG_QUANT_NONE) {
         const size_t len = strlen(m->format);
         snprintf(m->format + len, sizeof m->format - len, ", layers %s (--quantization %s)",
                  pg_dtype_name(m->layer_dtype), pg_quantization_name(o->quantization));

@@ -24,14 +24,17 @@ const char *pg_quantization_name(int q) {
     case PG_QUANT_BF16: return "bf16";
     case PG_QUANT_Q8_0: return "q8_0";
     case PG_QUANT_Q4_0: return "q4_0";
+    case PG_QUANT_AWQ: return "awq";
+    case PG_QUANT_GPTQ: return "gptq";
     default: return "unknown";
     }
 }
 
 int pg_quantization_parse(const char *s, int *out) {
-    for (int q = PG_QUANT_NONE; q <= PG_QUANT_INT4; q++) // the flag's choices only
-        if (!strcmp(s, pg_quantization_name(q))) return *out = q, 0;
-    return pg_err_set(PG_EINVAL, "--quantization must be fp8, int4 or none, not '%s'", s);
+    static const int flags[] = {PG_QUANT_NONE, PG_QUANT_FP8, PG_QUANT_INT4, PG_QUANT_AWQ, PG_QUANT_GPTQ};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) // the flag's choices only
+        if (!strcmp(s, pg_quantization_name(flags[i]))) return *out = flags[i], 0;
+    return pg_err_set(PG_EINVAL, "--quantization must be fp8, int4, awq, gptq or none, not '%s'", s);
 }
 
 int pg_quantization_dtype(int q) {

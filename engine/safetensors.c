@@ -76,6 +76,9 @@ static size_t dtype_from_str(const char *s, int *dtype) {
     // FP8 checkpoints: the loader pairs each such weight with its
     // `weight_scale` (engine/model_load.c); alone it is not a weight.
     if (!strcmp(s, "F8_E4M3")) return *dtype = PG_DTYPE_FP8_E4M3, 1;
+    // AWQ / GPTQ checkpoints: int32-packed nibbles and indices, repacked
+    // by the loader (engine/int4_ckpt.c); alone it is not a weight either.
+    if (!strcmp(s, "I32")) return *dtype = PG_DTYPE_I32, 4;
     return 0;
 }
 
@@ -114,7 +117,7 @@ static int parse_tensor(const char *path, const cJSON *e, uint64_t data_size, pg
     size_t esize = dtype_from_str(dt->valuestring, &t->dtype);
     if (!esize) {
         char db[128];
-        return pg_err_set(PG_EUNSUPP, "%s: tensor '%s' has unsupported dtype '%s' (F32, F16, BF16, and F8_E4M3 are supported)",
+        return pg_err_set(PG_EUNSUPP, "%s: tensor '%s' has unsupported dtype '%s' (F32, F16, BF16, F8_E4M3 and I32 are supported)",
                           path, tn, name_fmt(dt->valuestring, db));
     }
 

@@ -29,7 +29,7 @@
 // dims {hidden, vocab}, the same dims a GGUF file would give it.
 typedef struct {
     char *name;             // NUL-terminated, owned by the file
-    int dtype;              // PG_DTYPE_F32, PG_DTYPE_F16 or PG_DTYPE_BF16
+    int dtype;              // PG_DTYPE_F32, _F16, _BF16, _FP8_E4M3 or _I32
     uint32_t n_dims;        // 0..PG_ST_MAX_DIMS (0: a scalar)
     uint64_t shape[PG_ST_MAX_DIMS]; // [n_dims] outermost first; rest 1
     uint64_t dims[PG_ST_MAX_DIMS];  // [n_dims] innermost first; rest 1

@@ -15,6 +15,9 @@ typedef enum {
     PG_DTYPE_Q4_K = 12,
     PG_DTYPE_Q5_K = 13,
     PG_DTYPE_Q6_K = 14,
+    // GGML's number; no block size here (not a weight type): safetensors'
+    // I32 of AWQ / GPTQ packed tensors, which the loader repacks.
+    PG_DTYPE_I32 = 26,
     PG_DTYPE_BF16 = 30,
     // paged's own types (numbers past GGML's, which never reach a GGUF
     // file): docs/quantization.md has the layouts the GPU kernels must read.

@@ -4,7 +4,7 @@
 // tensor-parallel sizes (tests/integration/test_tensor_parallel.py).
 //
 //   build/tests/tools/dump_logits MODEL|--dummy CONFIG.json [--mode exact|quant|default]
-//       [--tp N] [--threads N] [--quantization fp8|int4|none] ID,ID,...
+//       [--tp N] [--threads N] [--quantization fp8|int4|awq|gptq|none] ID,ID,...
 //
 // Prints one JSON line: {"vocab": V, "logits": [...]} for the last position.
 // --dummy: random weights of that config's shape (the same values at every
