@@ -44,8 +44,8 @@ typedef struct pg_engine_config {
                                  //   "lazy" (on a bucket's first step), "off"
     int32_t quantization;        // PG_QUANT_* (engine/model.h): online quantization at load
     const char *kv_cache_dtype;  // NULL or "auto" (bf16 on CUDA; on the CPU f16, f32 in exact
-                                 //   numerics), "bf16", "fp8" (e4m3, scale 1.0; CUDA only),
-                                 //   "f32", "f16", "q8_0" (CPU only)
+                                 //   numerics), "bf16", "fp8" (e4m3, scale 1.0), "f32", "f16",
+                                 //   "q8_0", "fp8_e4m3_scaled" (CPU only)
     const char *async_scheduling; // NULL or "auto" (on with CUDA, off on the CPU), "on", "off":
                                  //   plan step N + 1 while step N runs (scheduler/sched.h)
     int32_t tensor_parallel;     // ranks (0 or 1: none); engine/executor.h

@@ -430,6 +430,8 @@ size_t pg_executor_kv_bytes_per_block(const pg_executor *ex) {
     return pg_runner_kv_bytes_per_block(ex->runner[0]);
 }
 
+const pg_bkv *pg_executor_kv(const pg_executor *ex, int32_t rank) { return pg_runner_kv(ex->runner[rank]); }
+
 typedef struct {
     int32_t n_blocks, n_host_blocks;
 } kv_args;

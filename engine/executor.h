@@ -58,6 +58,8 @@ int pg_executor_mem_refresh(pg_executor *ex);
 void pg_executor_mem_get(const pg_executor *ex, int32_t rank, pg_runner_mem *out);
 // Bytes of one KV block on one rank (the same on every rank).
 size_t pg_executor_kv_bytes_per_block(const pg_executor *ex);
+// Rank `rank`'s KV cache (pg_runner_kv).
+const pg_bkv *pg_executor_kv(const pg_executor *ex, int32_t rank);
 int pg_executor_alloc_kv(pg_executor *ex, int32_t n_blocks, int32_t n_host_blocks);
 
 // pg_runner_begin/_end/_execute/_set_masks on every rank; outputs are rank

@@ -67,8 +67,9 @@ int pg_kv_dtype_parse(const char *name, bool on_cpu, int32_t *out) {
         int32_t cpu, cuda; // -1: not on that device
     } types[] = {
         {"auto", PG_KV_NATIVE, PG_KV_NATIVE}, {"bf16", PG_KV_BF16_CPU, PG_KV_BF16},
-        {"fp8", -1, PG_KV_FP8_E4M3},          {"f32", PG_KV_F32, -1},
+        {"fp8", PG_KV_FP8_E4M3, PG_KV_FP8_E4M3}, {"f32", PG_KV_F32, -1},
         {"f16", PG_KV_F16, -1},               {"q8_0", PG_KV_Q8_0, -1},
+        {"fp8_e4m3_scaled", PG_KV_FP8_E4M3_SCALED, -1},
     };
     if (!name) name = "auto";
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
@@ -77,11 +78,12 @@ int pg_kv_dtype_parse(const char *name, bool on_cpu, int32_t *out) {
         if (*out >= 0) return 0;
         if (on_cpu)
             return pg_err_set(PG_EUNSUPP, "--kv-cache-dtype %s needs --device cuda: the CPU backend's KV "
-                                          "cache is f32, f16, bf16 or q8_0 (or auto)", name);
+                                          "cache is f32, f16, bf16, q8_0, fp8 or fp8_e4m3_scaled (or auto)", name);
         return pg_err_set(PG_EUNSUPP, "--kv-cache-dtype %s is CPU-only: the CUDA backend's KV cache is bf16 "
                                       "or fp8 (or auto)", name);
     }
-    return pg_err_set(PG_EINVAL, "KV cache dtype '%s' is not known (auto, f32, f16, bf16, q8_0, fp8)", name);
+    return pg_err_set(PG_EINVAL, "KV cache dtype '%s' is not known (auto, f32, f16, bf16, q8_0, fp8, fp8_e4m3_scaled)",
+                      name);
 }
 
 int pg_kv_dtype_resolve(const pg_engine_config *cfg, bool on_cpu, int32_t head_dim, int32_t *out) {

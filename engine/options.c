@@ -51,9 +51,11 @@ const char *pg_engine_options_help =
     "                                given, it must match); CPU only for now\n"
     "  --kv-cache-dtype T            KV cache elements: auto (bf16 on the GPU; on the CPU f16,\n"
     "                                f32 with --matmul-mode exact), bf16, fp8 (e4m3, scale 1.0,\n"
-    "                                saturating; GPU only: twice the tokens), f32, f16, q8_0\n"
-    "                                (CPU only; q8_0: int8 with an f16 scale per 32 elements of\n"
-    "                                head_dim, 3.76x f32's tokens in the same memory)\n"
+    "                                saturating; twice bf16's tokens), f32, f16, q8_0,\n"
+    "                                fp8_e4m3_scaled (CPU only; q8_0: int8 with an f16 scale per\n"
+    "                                32 elements of head_dim, 3.76x f32's tokens in the same\n"
+    "                                memory; fp8_e4m3_scaled: e4m3 with an f32 scale max|x|/448\n"
+    "                                per head row, nothing saturates, head_dim + 4 bytes a row)\n"
     "  --async-scheduling auto|on|off  plan the next step while the device runs this one\n"
     "                                (auto: on with the GPU, off on the CPU)\n"
     "  --swap-space BYTES            host KV blocks: swap space for preempted requests and\n"
@@ -181,10 +183,10 @@ int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
     }
     if (!strcmp(f, "--kv-cache-dtype")) {
         NEED_VALUE();
-        static const char *const kv_types[] = {"auto", "f32", "f16", "bf16", "q8_0", "fp8"};
+        static const char *const kv_types[] = {"auto", "f32", "f16", "bf16", "q8_0", "fp8", "fp8_e4m3_scaled"};
         bool known = false;
         for (size_t t = 0; t < sizeof kv_types / sizeof kv_types[0]; t++) known |= !strcmp(v, kv_types[t]);
-        if (!known) return pg_err_set(PG_EINVAL, "--kv-cache-dtype must be auto, f32, f16, bf16, q8_0 or fp8");
+        if (!known) return pg_err_set(PG_EINVAL, "--kv-cache-dtype must be auto, f32, f16, bf16, q8_0, fp8 or fp8_e4m3_scaled");
         c->kv_cache_dtype = v;
         return 1;
     }

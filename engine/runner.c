@@ -402,6 +402,8 @@ void pg_runner_free(pg_runner *r) {
     free(r);
 }
 
+const pg_bkv *pg_runner_kv(const pg_runner *r) { return r->kv; }
+
 size_t pg_runner_kv_bytes_per_block(const pg_runner *r) {
     const pg_model_config *mc = &r->model->cfg;
     pg_kv_shape s = {1, r->cfg.block_size, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype};

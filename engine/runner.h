@@ -96,6 +96,9 @@ void pg_runner_mem_get(const pg_runner *r, pg_runner_mem *out);
 
 // Bytes of one KV block (every layer, K and V) in the configured dtype.
 size_t pg_runner_kv_bytes_per_block(const pg_runner *r);
+// The KV cache (NULL before pg_runner_alloc_kv), for tools that read it
+// (tests/tools/kv_quality.c: the magnitudes of K and V).
+const pg_bkv *pg_runner_kv(const pg_runner *r);
 
 // Allocates n_blocks KV blocks (block 0 is the pool's null block) and
 // n_host_blocks swap blocks; PG_ENOMEM saying what would fit. Then, in the

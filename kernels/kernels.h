@@ -25,15 +25,16 @@ typedef struct pg_weight {
 
 // Element types of the KV cache (pg_kv_shape.dtype). 0 and 1 keep their
 // old meaning (0 is the backend's native type everywhere, so a shape
-// initialized without a dtype means native); 2..5 are the CPU backend's
-// explicit types, which the CUDA backend refuses.
+// initialized without a dtype means native); 2..6 are the CPU backend's
+// explicit types, which the CUDA backend refuses. fp8 e4m3 (1) is both
+// backends' (the same conversion: kernels/dtype.h pg_f32_to_fp8_e4m3).
 enum {
     // The backend's native type: bf16 on CUDA, f32 on the CPU (pg_backend.kv_native).
     PG_KV_BF16 = 0,
     PG_KV_NATIVE = PG_KV_BF16,
-    // fp8 e4m3 (CUDA only), scale 1.0: values are converted with saturation
-    // to +-448 and without a calibrated scale (vLLM's fp8 default without
-    // scales). 1 byte per element.
+    // fp8 e4m3, scale 1.0: values are converted (round to nearest even) with
+    // saturation to +-448 and without a calibrated scale (vLLM's fp8 default
+    // without scales). 1 byte per element. CUDA and the CPU.
     PG_KV_FP8_E4M3 = 1,
     // CPU only: f32 elements (the same bytes as the CPU's native type).
     PG_KV_F32 = 2,
@@ -46,13 +47,19 @@ enum {
     // elements an fp16 scale d = max|x| / 127 and 32 int8 q = round(x / d),
     // 34 bytes, x ~ d * q. A row of head_dim elements is head_dim / 32 blocks.
     PG_KV_Q8_0 = 5,
+    // CPU only: fp8 e4m3 with a scale per head row: each head's row of one
+    // token is an f32 s = max|x| / 448 then head_dim e4m3 q = fp8(x / s),
+    // x ~ s * q: nothing saturates and no calibration is needed, for 4
+    // bytes per head_dim (head_dim + 4 bytes a row). A row is one head's.
+    PG_KV_FP8_E4M3_SCALED = 6,
 };
 // q8_0 KV rows: blocks of 32 elements along head_dim, each an fp16 scale
 // then 32 int8 (llama.cpp's Q8_0 layout).
 #define PG_KV_Q8_0_ELEMS 32
 #define PG_KV_Q8_0_BYTES 34
 
-// "native", "fp8 e4m3", "f32", "f16", "bf16", "q8_0" (logs); "unknown" otherwise.
+// "native", "fp8 e4m3", "f32", "f16", "bf16", "q8_0", "fp8 e4m3 scaled"
+// (logs); "unknown" otherwise.
 const char *pg_kv_dtype_name(int32_t dtype);
 // Bytes of one KV row (one head's head_dim elements) in `dtype` on a backend
 // whose native type (PG_KV_NATIVE) is f32 (the CPU) or bf16 (CUDA); 0 when

@@ -26,6 +26,8 @@ const char *pg_kv_dtype_name(int32_t dtype) {
         return "bf16";
     case PG_KV_Q8_0:
         return "q8_0";
+    case PG_KV_FP8_E4M3_SCALED:
+        return "fp8 e4m3 scaled";
     }
     return "unknown";
 }
@@ -38,6 +40,7 @@ size_t pg_kv_row_bytes(int32_t dtype, int64_t n, bool native_f32) {
     case PG_KV_F16:
     case PG_KV_BF16_CPU: return (size_t)n * sizeof(uint16_t);
     case PG_KV_Q8_0: return n % PG_KV_Q8_0_ELEMS ? 0 : (size_t)(n / PG_KV_Q8_0_ELEMS) * PG_KV_Q8_0_BYTES;
+    case PG_KV_FP8_E4M3_SCALED: return (size_t)n + sizeof(float); // n is one head's head_dim
     }
     return 0;
 }

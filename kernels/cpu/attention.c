@@ -10,7 +10,8 @@
 //    fma chains over head dimensions taken in llama.cpp's interleaved-pair
 //    order, a two-pass softmax with ggml's expf, probabilities rounded to
 //    fp16, and each output dimension as 8-lane fma chains over positions.
-// The cache holds f32, f16, bf16 or q8_0 rows (kv_cache.c); they are read
+// The cache holds f32, f16, bf16, q8_0 or fp8 e4m3 (scale 1.0 or per head
+// row) rows (kv_cache.c); they are read
 // as f32 a row at a time into a tile on the stack (K, and V in the exact
 // mode) or 8 lanes at a time in registers (V in the compatible mode), never
 // as a dequantized copy of the cache. Every stored value is exactly an f32,
@@ -45,6 +46,7 @@ typedef struct {
     const int64_t *task_start; // [n_seqs + 1] first task index of each sequence
     pg_cpu_ctx *c;             // per-thread scratch (compat scores)
     bool compat;               // llama.cpp-compatible numerics
+    const float *fp8;          // the e4m3 codes as f32 (pg_cpu_fp8_e4m3_table)
 } attn_job;
 
 static inline const void *kv_row(const attn_job *j, const char *cache, const int32_t *table,
@@ -142,9 +144,10 @@ static inline __attribute__((always_inline)) void scores_avx2(const int G, const
 }
 
 // Dimensions [e0, e0 + 8) of a cache row of type DT as f32 (e0 a multiple
-// of 8, so the 8 lanes never straddle a q8_0 block). DT is a constant at
-// every call site.
-static inline __attribute__((always_inline)) __m256 load8(const int DT, const void *row, int32_t e0) {
+// of 8, so the 8 lanes never straddle a q8_0 block); fp8 codes through the
+// table `fp8`. DT is a constant at every call site.
+static inline __attribute__((always_inline)) __m256 load8(const int DT, const void *row, int32_t e0,
+                                                          const float *fp8) {
     switch (DT) {
     case PG_KV_F16:
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + e0)));
@@ -159,6 +162,17 @@ static inline __attribute__((always_inline)) __m256 load8(const int DT, const vo
         __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + e0 % PG_KV_Q8_0_ELEMS)));
         return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dh)), _mm256_cvtepi32_ps(q));
     }
+    case PG_KV_FP8_E4M3: {
+        __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)((const uint8_t *)row + e0)));
+        return _mm256_i32gather_ps(fp8, idx, 4);
+    }
+    case PG_KV_FP8_E4M3_SCALED: {
+        float sc;
+        memcpy(&sc, row, sizeof sc);
+        const uint8_t *q = (const uint8_t *)row + sizeof sc + e0;
+        __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+        return _mm256_mul_ps(_mm256_set1_ps(sc), _mm256_i32gather_ps(fp8, idx, 4));
+    }
     default:
         return _mm256_loadu_ps((const float *)row + e0);
     }
@@ -168,7 +182,7 @@ static inline __attribute__((always_inline)) __m256 load8(const int DT, const vo
 // chain per dimension, the lanes summed like ggml's hsum.
 static inline __attribute__((always_inline)) void vsum_avx2(const int DT, const void *const *vrow,
                                                             const float *p, int32_t n_keys,
-                                                            int32_t hd, float *out) {
+                                                            int32_t hd, const float *fp8, float *out) {
     for (int32_t e0 = 0; e0 < hd; e0 += 8) {
         __m256 acc[8];
 #pragma GCC unroll 8
@@ -177,12 +191,12 @@ static inline __attribute__((always_inline)) void vsum_avx2(const int DT, const 
         for (; t0 + 8 <= n_keys; t0 += 8)
 #pragma GCC unroll 8
             for (int l = 0; l < 8; l++)
-                acc[l] = _mm256_fmadd_ps(load8(DT, vrow[t0 + l], e0), _mm256_broadcast_ss(p + t0 + l),
+                acc[l] = _mm256_fmadd_ps(load8(DT, vrow[t0 + l], e0, fp8), _mm256_broadcast_ss(p + t0 + l),
                                          acc[l]);
 #pragma GCC unroll 8
         for (int l = 0; l < 8; l++)
             if (t0 + l < n_keys)
-                acc[l] = _mm256_fmadd_ps(load8(DT, vrow[t0 + l], e0), _mm256_broadcast_ss(p + t0 + l),
+                acc[l] = _mm256_fmadd_ps(load8(DT, vrow[t0 + l], e0, fp8), _mm256_broadcast_ss(p + t0 + l),
                                          acc[l]);
         __m256 r = _mm256_add_ps(
             _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
@@ -192,7 +206,7 @@ static inline __attribute__((always_inline)) void vsum_avx2(const int DT, const 
 }
 #else
 // Element e of a cache row as f32 (the scalar build's V reads).
-static inline float kv_elem(int32_t dtype, const void *row, int32_t e) {
+static inline float kv_elem(int32_t dtype, const void *row, int32_t e, const float *fp8) {
     float x;
     switch (dtype) {
     case PG_KV_F16:
@@ -205,6 +219,11 @@ static inline float kv_elem(int32_t dtype, const void *row, int32_t e) {
         memcpy(&dh, blk, 2);
         return pg_f16_to_f32(dh) * (float)(int8_t)blk[2 + e % PG_KV_Q8_0_ELEMS];
     }
+    case PG_KV_FP8_E4M3:
+        return fp8[((const uint8_t *)row)[e]];
+    case PG_KV_FP8_E4M3_SCALED:
+        memcpy(&x, row, sizeof x);
+        return x * fp8[((const uint8_t *)row)[sizeof x + (size_t)e]];
     default:
         memcpy(&x, (const float *)row + e, sizeof x);
         return x;
@@ -300,22 +319,28 @@ static void attend_group_compat(const attn_job *j, const pg_attn_seq *s, int32_t
 #ifdef HAVE_AVX2
         switch (j->kv.dtype) { // a constant type keeps the conversion inline
         case PG_KV_F16:
-            vsum_avx2(PG_KV_F16, vrow, pg, n_keys, hd, out);
+            vsum_avx2(PG_KV_F16, vrow, pg, n_keys, hd, j->fp8, out);
             break;
         case PG_KV_BF16_CPU:
-            vsum_avx2(PG_KV_BF16_CPU, vrow, pg, n_keys, hd, out);
+            vsum_avx2(PG_KV_BF16_CPU, vrow, pg, n_keys, hd, j->fp8, out);
             break;
         case PG_KV_Q8_0:
-            vsum_avx2(PG_KV_Q8_0, vrow, pg, n_keys, hd, out);
+            vsum_avx2(PG_KV_Q8_0, vrow, pg, n_keys, hd, j->fp8, out);
+            break;
+        case PG_KV_FP8_E4M3:
+            vsum_avx2(PG_KV_FP8_E4M3, vrow, pg, n_keys, hd, j->fp8, out);
+            break;
+        case PG_KV_FP8_E4M3_SCALED:
+            vsum_avx2(PG_KV_FP8_E4M3_SCALED, vrow, pg, n_keys, hd, j->fp8, out);
             break;
         default:
-            vsum_avx2(PG_KV_F32, vrow, pg, n_keys, hd, out);
+            vsum_avx2(PG_KV_F32, vrow, pg, n_keys, hd, j->fp8, out);
         }
 #else
         for (int32_t e = 0; e < hd; e++) {
             float a[8] = {0};
             for (int32_t t = 0; t < n_keys; t++)
-                a[t % 8] = fmaf(kv_elem(j->kv.dtype, vrow[t], e), pg[t], a[t % 8]);
+                a[t % 8] = fmaf(kv_elem(j->kv.dtype, vrow[t], e, j->fp8), pg[t], a[t % 8]);
             out[e] = pg_lc_hsum8(a);
         }
 #endif
@@ -358,7 +383,7 @@ void pg_cpu_attention(pg_cpu_ctx *c, float *out, const float *q, int64_t q_strid
     attn_job j = {.out = out, .q = q, .q_stride = q_stride, .seqs = seqs, .n_seqs = n_seqs,
                   .n_heads = n_heads, .scale = scale, .k_cache = k_cache, .v_cache = v_cache, .kv = kv,
                   .row_bytes = head_bytes * (size_t)kv.n_kv_heads, .head_bytes = head_bytes,
-                  .task_start = starts, .c = c, .compat = compat};
+                  .task_start = starts, .c = c, .compat = compat, .fp8 = pg_cpu_fp8_e4m3_table()};
     pg_pool_run(c->pool, starts[n_seqs], attn_task, &j);
     if (starts != stack_starts) free(starts);
 }

@@ -223,8 +223,6 @@ static int cpu_kv_create(pg_backend *b, int32_t n_layers, pg_kv_shape s, int32_t
     *out = NULL;
     PG_ARG(n_layers > 0 && s.n_blocks > 0 && s.block_size > 0 && n_host_blocks >= 0,
            "cpu KV cache: %d layers, %d blocks", n_layers, s.n_blocks);
-    if (s.dtype == PG_KV_FP8_E4M3)
-        return pg_err_set(PG_EUNSUPP, "cpu KV cache: fp8 e4m3 needs CUDA (the CPU stores f32, f16, bf16, q8_0)");
     if (s.dtype == PG_KV_Q8_0 && s.head_dim % PG_KV_Q8_0_ELEMS)
         return pg_err_set(PG_EUNSUPP, "cpu KV cache: q8_0 needs head_dim a multiple of %d, the model's is %d",
                           PG_KV_Q8_0_ELEMS, s.head_dim);

@@ -41,19 +41,23 @@ typedef struct pg_attn_seq {
 } pg_attn_seq;
 
 // --- KV cache elements (kv_cache.c) --------------------------------------------------
-// A cache row is one token's K (or V) of one or more heads, head_dim
-// elements each, in pg_kv_shape.dtype: PG_KV_NATIVE / PG_KV_F32 (f32),
-// PG_KV_F16, PG_KV_BF16_CPU, PG_KV_Q8_0 (blocks of 32 along the row: fp16
-// d, then 32 int8; rows of whole heads, head_dim a multiple of 32).
+// A cache row is one token's K (or V) of one head, head_dim elements, in
+// pg_kv_shape.dtype: PG_KV_NATIVE / PG_KV_F32 (f32), PG_KV_F16,
+// PG_KV_BF16_CPU, PG_KV_Q8_0 (blocks of 32 along the row: fp16 d, then 32
+// int8; head_dim a multiple of 32), PG_KV_FP8_E4M3 (1 byte an element,
+// scale 1.0), PG_KV_FP8_E4M3_SCALED (an f32 scale, then head_dim e4m3).
+// The types without a per-head part also take rows of several heads.
 // (PG_KV_Q8_0_ELEMS and PG_KV_Q8_0_BYTES: kernels/kernels.h.)
 
-// Bytes of a row of n elements; 0 for a type the CPU does not store (fp8)
-// or a q8_0 row that is not whole blocks.
+// Bytes of a row of n elements; 0 for a q8_0 row that is not whole blocks.
 size_t pg_cpu_kv_row_bytes(int32_t dtype, int64_t n);
 // dst (pg_cpu_kv_row_bytes(dtype, n) bytes) = src[0:n] stored as dtype.
 void pg_cpu_kv_store_row(int32_t dtype, void *dst, const float *src, int64_t n);
-// dst[0:n] = the row at src as f32 (exact: every stored value is an f32).
+// dst[0:n] = the row at src as f32 (exact: every stored value is an f32;
+// fp8 e4m3 scaled: the product of two, rounded once).
 void pg_cpu_kv_load_row(int32_t dtype, const void *src, float *dst, int64_t n);
+// The 256 e4m3 codes as f32 (pg_fp8_e4m3_to_f32), for the attention's loads.
+const float *pg_cpu_fp8_e4m3_table(void);
 
 // Returns thread `t`'s scratch with room for at least `n` floats.
 float *pg_cpu_scratch(pg_cpu_ctx *c, int t, size_t n);

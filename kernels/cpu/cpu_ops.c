@@ -112,12 +112,23 @@ static bool compat_rounds_f16(int32_t dtype) {
     return dtype == PG_KV_NATIVE || dtype == PG_KV_F32 || dtype == PG_KV_F16;
 }
 
+// One token's K and V of every KV head into its slot, a head at a time
+// (fp8 e4m3 scaled keeps a scale per head row).
+static void store_heads(pg_kv_shape kv, char *kd, char *vd, const float *k, const float *v) {
+    const size_t hb = pg_cpu_kv_row_bytes(kv.dtype, kv.head_dim);
+    for (int32_t h = 0; h < kv.n_kv_heads; h++) {
+        pg_cpu_kv_store_row(kv.dtype, kd + (size_t)h * hb, k + (size_t)h * kv.head_dim, kv.head_dim);
+        pg_cpu_kv_store_row(kv.dtype, vd + (size_t)h * hb, v + (size_t)h * kv.head_dim, kv.head_dim);
+    }
+}
+
 void pg_cpu_rope_kv_write(pg_cpu_ctx *c, float *q, int64_t q_stride, float *k, int64_t k_stride,
                           const float *v, int64_t v_stride, const int32_t *pos,
                           const int32_t *slots, int64_t m, int32_t n_heads, const float *inv_freq,
                           void *k_cache, void *v_cache, pg_kv_shape kv) {
     const int32_t hd = kv.head_dim, nkv = kv.n_kv_heads;
-    const size_t row = (size_t)nkv * (size_t)hd, row_bytes = pg_cpu_kv_row_bytes(kv.dtype, (int64_t)row);
+    const size_t row = (size_t)nkv * (size_t)hd, head_bytes = pg_cpu_kv_row_bytes(kv.dtype, hd);
+    const size_t row_bytes = (size_t)nkv * head_bytes;
     char *kb = k_cache, *vb = v_cache;
     if (pg_cpu_attention_compat(c, hd)) {
         // llama.cpp: ggml's rope (or, with scaled frequencies, ours), then K
@@ -148,8 +159,7 @@ void pg_cpu_rope_kv_write(pg_cpu_ctx *c, float *q, int64_t q_stride, float *k, i
                     tk[h * hd + d] = f16 ? pg_lc_f16(x) : x;
                 }
             for (size_t e = 0; e < row; e++) tv[e] = f16 ? pg_lc_f16(vi[e]) : vi[e];
-            pg_cpu_kv_store_row(kv.dtype, kb + (size_t)slots[i] * row_bytes, tk, (int64_t)row);
-            pg_cpu_kv_store_row(kv.dtype, vb + (size_t)slots[i] * row_bytes, tv, (int64_t)row);
+            store_heads(kv, kb + (size_t)slots[i] * row_bytes, vb + (size_t)slots[i] * row_bytes, tk, tv);
         }
         return;
     }
@@ -157,7 +167,7 @@ void pg_cpu_rope_kv_write(pg_cpu_ctx *c, float *q, int64_t q_stride, float *k, i
         for (int32_t h = 0; h < n_heads; h++) rope_rotate(q + i * q_stride + h * hd, hd, pos[i], inv_freq);
         for (int32_t h = 0; h < nkv; h++) rope_rotate(k + i * k_stride + h * hd, hd, pos[i], inv_freq);
         if (slots[i] < 0) continue;
-        pg_cpu_kv_store_row(kv.dtype, kb + (size_t)slots[i] * row_bytes, k + i * k_stride, (int64_t)row);
-        pg_cpu_kv_store_row(kv.dtype, vb + (size_t)slots[i] * row_bytes, v + i * v_stride, (int64_t)row);
+        store_heads(kv, kb + (size_t)slots[i] * row_bytes, vb + (size_t)slots[i] * row_bytes, k + i * k_stride,
+                    v + i * v_stride);
     }
 }

@@ -8,15 +8,17 @@ model (SmolLM2-135M: 30 layers, 3 KV heads of head_dim 64), each with
    in the default numerics, which round K and V to f16 before they are
    used whatever the cache holds (kernels/cpu/llama_compat.h), so an f16
    cache changes nothing; auto is f16 there and gives the same texts. With
-   bf16 and q8_0 the count of equal texts is reported, not asserted beyond
-   "no error, non-empty text".
+   bf16, q8_0, fp8 (e4m3, scale 1.0, saturating: CUDA's fp8 cache) and
+   fp8_e4m3_scaled (e4m3 with an f32 scale per head row) the count of equal
+   texts is reported, not asserted beyond "no error, non-empty text".
 2. Capacity: the start-up line "KV cache on cpu: N blocks x 16 tokens = T
    tokens (..., TYPE, B bytes per block)". B is the layout's: 2 (K and V) x
    30 layers x 16 tokens x 3 heads x row bytes (f32 256, f16 128, q8_0
-   2 x 34 = 68), T = (floor(2 GiB / B) - 1) x 16 (block 0 is the null
-   block); /metrics' paged:kv_cache_blocks{state="total"} agrees. So
-   T(f16) / T(f32) is 2 and T(q8_0) / T(f32) is 128 / 34 = 3.765 up to the
-   rounding of whole blocks (< 0.1% here).
+   2 x 34 = 68, fp8 64, fp8_e4m3_scaled 4 + 64 = 68), T = (floor(2 GiB / B)
+   - 1) x 16 (block 0 is the null block); /metrics'
+   paged:kv_cache_blocks{state="total"} agrees. So T(f16) / T(f32) is 2,
+   T(q8_0) / T(f32) and T(fp8_e4m3_scaled) / T(f32) are 256 / 68 = 3.765 and
+   T(fp8) / T(f32) is 4, up to the rounding of whole blocks (< 0.1% here).
 3. Every KV block is back in the pool after the requests (wait_idle, then
    paged:kv_cache_blocks{state="used"} == 0).
 """
@@ -29,8 +31,11 @@ import server_util as su  # noqa: E402
 
 KV_BYTES = 2 << 30
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK = 30, 3, 64, 16
-ROW_BYTES = {"f32": 4 * HEAD_DIM, "f16": 2 * HEAD_DIM, "bf16": 2 * HEAD_DIM, "q8_0": HEAD_DIM // 32 * 34}
-LINE = re.compile(r"KV cache on cpu: (\d+) blocks x (\d+) tokens = (\d+) tokens \([\d.]+ GiB, (\S+), "
+ROW_BYTES = {"f32": 4 * HEAD_DIM, "f16": 2 * HEAD_DIM, "bf16": 2 * HEAD_DIM, "q8_0": HEAD_DIM // 32 * 34,
+             "fp8": HEAD_DIM, "fp8_e4m3_scaled": HEAD_DIM + 4}
+# The flag's name -> the log's (pg_kv_dtype_name).
+LOG_NAME = {"fp8": "fp8 e4m3", "fp8_e4m3_scaled": "fp8 e4m3 scaled"}
+LINE = re.compile(r"KV cache on cpu: (\d+) blocks x (\d+) tokens = (\d+) tokens \([\d.]+ GiB, ([^,]+), "
                   r"(\d+) bytes per block\)")
 
 
@@ -58,7 +63,7 @@ def run(dtype, mode="default"):
 
 def check_capacity(name, r):
     expect_block = 2 * LAYERS * BLOCK * KV_HEADS * ROW_BYTES[name]
-    assert r["named"] == name and r["bs"] == BLOCK, r
+    assert r["named"] == LOG_NAME.get(name, name) and r["bs"] == BLOCK, r
     assert r["per_block"] == expect_block, (name, r["per_block"], expect_block)
     assert r["tokens"] == (KV_BYTES // expect_block - 1) * BLOCK == r["blocks"] * BLOCK, (name, r)
     # /metrics counts the same usable blocks (or those plus the null block).
@@ -68,17 +73,17 @@ def check_capacity(name, r):
 
 def main():
     su.require_model_and_binary()
-    res = {dt: run(dt) for dt in ("f32", "f16", "q8_0", "bf16")}
+    res = {dt: run(dt) for dt in ("f32", "f16", "q8_0", "bf16", "fp8", "fp8_e4m3_scaled")}
     auto = run("auto")
     for name, r in res.items():
         check_capacity(name, r)
-        print(f"ok   {name:5s}: {r['tokens']} tokens in 2 GiB ({r['per_block']} bytes per block), "
+        print(f"ok   {name:15s}: {r['tokens']} tokens in 2 GiB ({r['per_block']} bytes per block), "
               f"all blocks free after the requests")
     # auto is f16 in the default numerics (test_device_flags checks exact: f32).
     assert auto["named"] == "f16" and auto["tokens"] == res["f16"]["tokens"], auto
     # Ratios: exactly the layouts' up to whole blocks.
     f32 = res["f32"]["tokens"]
-    for name, want in (("f16", 2.0), ("q8_0", 4 * 32 / 34)):
+    for name, want in (("f16", 2.0), ("q8_0", 4 * 32 / 34), ("fp8", 4.0), ("fp8_e4m3_scaled", 256 / 68)):
         got = res[name]["tokens"] / f32
         print(f"ok   capacity {name} / f32 = {got:.4f} (layout: {want:.4f})")
         assert abs(got / want - 1) < 0.002, (name, got, want)
@@ -88,7 +93,7 @@ def main():
     assert same == 20, diff
     assert auto["texts"] == res["f16"]["texts"]
     print("ok   f16 greedy texts equal f32's on 20/20 prompts (auto: the same)")
-    for name in ("bf16", "q8_0"):
+    for name in ("bf16", "q8_0", "fp8", "fp8_e4m3_scaled"):
         texts = res[name]["texts"]
         assert all(t.strip() for t in texts), texts
         n = sum(a == b for a, b in zip(texts, res["f32"]["texts"]))

@@ -76,7 +76,8 @@ def check_against_serve(args):
 
 def test_matches_startup():
     for args in ([], ["--kv-cache-memory", "512M"], ["--max-model-len", "4096", "--max-num-seqs", "16"],
-                 ["-tp", "3"], ["--quantization", "int4"], ["--quantization", "fp8", "--kv-cache-dtype", "q8_0"]):
+                 ["-tp", "3"], ["--quantization", "int4"], ["--quantization", "fp8", "--kv-cache-dtype", "q8_0"],
+                 ["--kv-cache-dtype", "fp8"], ["--kv-cache-dtype", "fp8_e4m3_scaled", "--kv-cache-memory", "512M"]):
         check_against_serve(args)
 
 
@@ -172,6 +173,11 @@ def test_bad_flags():
         rc, out, err = plan(*args)
         lines = [l for l in err.splitlines() if l.strip()]
         assert rc == 2 and len(lines) == 1 and lines[0].startswith("paged plan: "), (args, rc, out, err)
+    # fp8 with per-row scales is the CPU's: the CUDA plan refuses it by name.
+    rc, out, err = plan("--device", "cuda", "--device-memory", "24G", "--load-format", "dummy", "--hf-config", SHAPE,
+                        "--kv-cache-dtype", "fp8_e4m3_scaled", model=False)
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert rc == 2 and len(lines) == 1 and "fp8_e4m3_scaled is CPU-only" in err, (rc, out, err)
     rc, out, err = plan("--device", "cuda")
     if not subprocess.run(["sh", "-c", "nvidia-smi -L 2>/dev/null | grep -q GPU"]).returncode == 0:
         assert rc == 2 and "--device-memory" in err, err

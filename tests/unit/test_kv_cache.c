@@ -1,6 +1,7 @@
 // tests/unit/test_kv_cache.c - the CPU KV cache's element types (f16, bf16,
-// q8_0; kernels/cpu/kv_cache.c): the row codecs, the q8_0 block layout and
-// round trip, attention over each type against the f32 cache on random
+// q8_0, fp8 e4m3 with scale 1.0 and with a scale per head row;
+// kernels/cpu/kv_cache.c): the row codecs, the q8_0 block layout and round
+// trip, the fp8 rows (saturation at scale 1.0, the per-row scale), attention over each type against the f32 cache on random
 // inputs (both numerics, several head dims, GQA groups, context lengths,
 // prefill and decode), and the byte moves (swap out / in, copy-on-write).
 #include <setjmp.h>
@@ -16,6 +17,7 @@
 #include "common/err.h"
 #include "common/half.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/dtype.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static float frand(void) { // uniform in [-1, 1)
@@ -48,7 +50,84 @@ static void test_half_rows_round_trip(void **state) {
     pg_cpu_kv_store_row(PG_KV_F32, y, x, N);
     assert_memory_equal(x, y, sizeof x);
     assert_int_equal(pg_cpu_kv_row_bytes(PG_KV_NATIVE, N), 4 * N);
-    assert_int_equal(pg_cpu_kv_row_bytes(PG_KV_FP8_E4M3, N), 0);
+}
+
+// fp8 e4m3 at scale 1.0 (the CUDA cache's bytes): each element is
+// pg_f32_to_fp8_e4m3 (round to nearest even), read back exactly as that
+// code's value; beyond +-448 it saturates to +-448 (0x7e / 0xfe), never
+// NaN; storing what was read gives the same bytes. n = 37: the AVX2 body
+// and the scalar tail.
+static void test_fp8_rows_saturate(void **state) {
+    enum { N = 37 };
+    float x[N], y[N], z[N];
+    uint8_t b[N], b2[N];
+    assert_int_equal(pg_cpu_kv_row_bytes(PG_KV_FP8_E4M3, N), N);
+    for (int trial = 0; trial < 50; trial++) {
+        const float mag = powf(10.0f, (float)urand(7) - 3.0f); // 1e-3 .. 1e3
+        for (int i = 0; i < N; i++) x[i] = frand() * mag;
+        x[0] = 1000.0f, x[1] = -1e6f, x[2] = 448.0f, x[3] = 0.0f, x[4] = 0.3f * 0x1p-6f; // a subnormal
+        x[5] = 1.0625f; // halfway between 1 and 1.125: rounds to even (1)
+        pg_cpu_kv_store_row(PG_KV_FP8_E4M3, b, x, N);
+        pg_cpu_kv_load_row(PG_KV_FP8_E4M3, b, y, N);
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(b[i], pg_f32_to_fp8_e4m3(x[i]));
+            assert_true(y[i] == pg_fp8_e4m3_to_f32(b[i]));
+            assert_true(fabsf(y[i]) <= 448.0f);
+            if (fabsf(x[i]) >= 0x1p-6f && fabsf(x[i]) <= 448.0f) // normal: within half a step, 2^-4 relative
+                assert_true(fabsf(y[i] - x[i]) <= 0x1p-4f * fabsf(x[i]));
+        }
+        assert_int_equal(b[0], 0x7e);
+        assert_int_equal(b[1], 0xfe);
+        assert_true(y[0] == 448.0f && y[1] == -448.0f && y[2] == 448.0f && y[3] == 0.0f && y[5] == 1.0f);
+        pg_cpu_kv_store_row(PG_KV_FP8_E4M3, b2, y, N);
+        assert_memory_equal(b, b2, sizeof b);
+        pg_cpu_kv_load_row(PG_KV_FP8_E4M3, b2, z, N);
+        assert_memory_equal(y, z, sizeof y);
+    }
+}
+
+// fp8 e4m3 scaled: a head row is the f32 s = max|x| / 448 (bytes 0-3) then
+// head_dim codes q = e4m3(x * (1 / s)), as pg_quantize_row_fp8 makes FP8
+// weight rows; it reads back as s * e4m3(q). So the largest element comes
+// back within an f32 rounding, nothing saturates at any magnitude (1e-4 ..
+// 1e6 here, where scale 1.0 clips everything above 448), normal elements
+// are within 2^-4 relative, and an all-zero row is zeros (s = 1). The row
+// is head_dim + 4 bytes.
+static void test_fp8_scaled_rows(void **state) {
+    enum { HD = 64 };
+    assert_int_equal(pg_cpu_kv_row_bytes(PG_KV_FP8_E4M3_SCALED, HD), HD + 4);
+    assert_int_equal(pg_cpu_kv_row_bytes(PG_KV_FP8_E4M3_SCALED, 40), 44);
+    for (int trial = 0; trial < 200; trial++) {
+        float x[HD], y[HD], z[HD];
+        uint8_t b[HD + 4], b2[HD + 4], q[HD];
+        const float mag = powf(10.0f, (float)urand(11) - 4.0f); // 1e-4 .. 1e6
+        for (int i = 0; i < HD; i++) x[i] = frand() * mag;
+        if (trial % 7 == 0) memset(x, 0, sizeof x);
+        if (trial % 5 == 1) x[17] = -30.0f * mag; // an outlier
+        pg_cpu_kv_store_row(PG_KV_FP8_E4M3_SCALED, b, x, HD);
+        pg_cpu_kv_load_row(PG_KV_FP8_E4M3_SCALED, b, y, HD);
+        float amax = 0.0f, s, want;
+        for (int i = 0; i < HD; i++) amax = fmaxf(amax, fabsf(x[i]));
+        memcpy(&s, b, 4);
+        pg_quantize_row_fp8(x, HD, q, &want);
+        assert_true(s == want && s == (amax > 0 ? amax / 448.0f : 1.0f));
+        assert_memory_equal(b + 4, q, HD);
+        for (int i = 0; i < HD; i++) {
+            assert_true(y[i] == s * pg_fp8_e4m3_to_f32(b[4 + i]));
+            if (fabsf(x[i]) == amax) assert_true(fabsf(fabsf(y[i]) - amax) <= 1e-6f * amax);
+            if (fabsf(x[i]) >= 0x1p-6f * s) // normal after scaling
+                assert_true(fabsf(y[i] - x[i]) <= 0x1p-4f * fabsf(x[i]) * (1 + 1e-6f));
+            else
+                assert_true(fabsf(y[i] - x[i]) <= 0x1p-10f * s * (1 + 1e-6f)); // half a subnormal step
+        }
+        if (amax == 0.0f)
+            for (int i = 0; i < HD; i++) assert_true(y[i] == 0.0f);
+        // Storing what was read gives the same codes (the scale may differ
+        // by an f32 rounding of the largest element: the values match).
+        pg_cpu_kv_store_row(PG_KV_FP8_E4M3_SCALED, b2, y, HD);
+        pg_cpu_kv_load_row(PG_KV_FP8_E4M3_SCALED, b2, z, HD);
+        for (int i = 0; i < HD; i++) assert_true(fabsf(z[i] - y[i]) <= 1e-6f * amax);
+    }
 }
 
 // q8_0 is llama.cpp's block_q8_0: bytes 0-1 the fp16 d = amax / 127, then
@@ -120,12 +199,20 @@ static void check_types(pg_matmul_mode mode, int n_seqs, int n_heads, int n_kv, 
     // 1/127 of its block's max (uniform values: RMS error 1/254 of the RMS
     // value; measured 1/225 with K's part): bound 1/127. In the compatible
     // mode f32 and f16 caches hold the same f16-rounded values: identical.
+    // fp8 e4m3: 3 mantissa bits, each normal element within 2^-4
+    // relative, RMS about 2^-4 / sqrt(3) of |x| for uniform mantissas;
+    // values below 2^-6 are subnormal at scale 1.0 (steps of 2^-9): bound
+    // 0.05 for both, measured 0.024 .. 0.029 (uniform values in [-1, 1):
+    // the per-row scale gains nothing where scale 1.0 neither saturates nor
+    // goes much into subnormals).
     const kv_type types[] = {
         {PG_KV_F16, "f16", compat ? 0.0 : 5e-4},
         {PG_KV_BF16_CPU, "bf16", 4e-3},
-        {PG_KV_Q8_0, "q8_0", 1.0 / 127},
+        {PG_KV_FP8_E4M3, "fp8", 0.05},
+        {PG_KV_FP8_E4M3_SCALED, "fp8s", 0.05},
+        {PG_KV_Q8_0, "q8_0", 1.0 / 127}, // last: only with head_dim % 32 == 0
     };
-    const int nt = hd % 32 == 0 ? 3 : 2;
+    const int nt = hd % 32 == 0 ? 5 : 4;
     const int blocks_per_seq = (max_ctx + bs - 1) / bs, n_blocks = 1 + n_seqs * blocks_per_seq;
     int32_t *perm = malloc(sizeof(int32_t) * (size_t)n_blocks);
     for (int i = 0; i < n_blocks - 1; i++) perm[i] = i + 1;
@@ -164,7 +251,7 @@ static void check_types(pg_matmul_mode mode, int n_seqs, int n_heads, int n_kv, 
     for (int ti = -1; ti < nt; ti++) { // -1: the f32 reference
         const int32_t dt = ti < 0 ? PG_KV_F32 : types[ti].dtype;
         const pg_kv_shape kv = {n_blocks, bs, n_kv, hd, dt};
-        const size_t bytes = (size_t)n_blocks * bs * pg_cpu_kv_row_bytes(dt, (int64_t)row);
+        const size_t bytes = (size_t)n_blocks * bs * n_kv * pg_cpu_kv_row_bytes(dt, hd); // rows of one head
         void *kc = calloc(bytes, 1), *vc = calloc(bytes, 1);
         memcpy(kw, k0, sizeof(float) * row * (size_t)total_kv); // RoPE rotates k in place
         float no_q[1] = {0}; // n_heads 0: no q is rotated
@@ -212,7 +299,7 @@ static void test_attention_types_match_f32_compat(void **state) {
 // --- block moves -----------------------------------------------------------------------
 
 // kv_block_bytes follows each layout, and swap out / swap in / copy-on-write
-// move whole blocks unchanged (q8_0's scales included): random bytes in
+// move whole blocks unchanged (q8_0's and fp8 scaled's scales included): random bytes in
 // every device block, moved, compared.
 static void test_swap_and_copy_preserve_bytes(void **state) {
     pg_backend *be;
@@ -221,7 +308,9 @@ static void test_swap_and_copy_preserve_bytes(void **state) {
     const struct {
         int32_t dtype;
         size_t row; // bytes of one head's row
-    } types[] = {{PG_KV_NATIVE, 256}, {PG_KV_F32, 256}, {PG_KV_F16, 128}, {PG_KV_BF16_CPU, 128}, {PG_KV_Q8_0, 68}};
+    } types[] = {{PG_KV_NATIVE, 256},  {PG_KV_F32, 256},    {PG_KV_F16, 128},
+                 {PG_KV_BF16_CPU, 128}, {PG_KV_Q8_0, 68},    {PG_KV_FP8_E4M3, 64},
+                 {PG_KV_FP8_E4M3_SCALED, 68}};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const pg_kv_shape s = {nb, bs, nkv, hd, types[ti].dtype};
         const size_t lbb = (size_t)bs * nkv * types[ti].row; // one layer's K block
@@ -273,12 +362,12 @@ static void test_swap_and_copy_preserve_bytes(void **state) {
         free(before_k), free(before_v);
         be->kv_free(be, kv);
     }
-    // Refusals: q8_0 with head_dim 48 names it; fp8 is CUDA's.
+    // Refusals: q8_0 with head_dim 48 names it; an unknown type.
     pg_bkv *kv = NULL;
     assert_int_equal(be->kv_create(be, L, (pg_kv_shape){nb, bs, nkv, 48, PG_KV_Q8_0}, 0, &kv), PG_EUNSUPP);
     assert_non_null(strstr(pg_err_msg(), "head_dim"));
     assert_non_null(strstr(pg_err_msg(), "48"));
-    assert_int_equal(be->kv_create(be, L, (pg_kv_shape){nb, bs, nkv, hd, PG_KV_FP8_E4M3}, 0, &kv), PG_EUNSUPP);
+    assert_int_equal(be->kv_create(be, L, (pg_kv_shape){nb, bs, nkv, hd, 99}, 0, &kv), PG_EINVAL);
     assert_null(kv);
     be->destroy(be);
 }
@@ -287,6 +376,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_half_rows_round_trip),
         cmocka_unit_test(test_q8_0_block_round_trip),
+        cmocka_unit_test(test_fp8_rows_saturate),
+        cmocka_unit_test(test_fp8_scaled_rows),
         cmocka_unit_test(test_attention_types_match_f32_exact),
         cmocka_unit_test(test_attention_types_match_f32_compat),
         cmocka_unit_test(test_swap_and_copy_preserve_bytes),

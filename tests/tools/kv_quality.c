@@ -1,0 +1,219 @@
+// tests/tools/kv_quality.c - what the CPU KV cache's element types cost in
+// output quality, through the real model and runner.
+//
+//   build/tests/tools/kv_quality MODEL TEXT [--tokens N] [--window W] [--threads N]
+//       [--mode exact|quant|default] [--kv f16,bf16,q8_0,fp8,fp8_e4m3_scaled]
+//
+// The sibling of quant_quality.c (weights) for the KV cache: the same text,
+// tokens and windows (decode steps over one sequence, so the numbers are the
+// runner's logits as served), the model's weights as stored in every run,
+// and one executor per --kv-cache-dtype stepped in lockstep with the
+// reference, an f32 cache. Per type: perplexity, mean KL(f32 || type) of the
+// next-token distributions, and the mean and max |logit - f32 logit| over
+// every position and vocabulary entry. It also prints the magnitudes of K
+// and V as the f32 cache holds them (max |x| per layer, and how many
+// elements are beyond e4m3's 448 or below its smallest normal 2^-6), so the
+// reader sees whether fp8 at scale 1.0 saturates on this model. Markdown.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "engine/executor.h"
+#include "engine/gguf.h"
+#include "engine/memplan.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+
+#define MAX_TYPES 8
+
+typedef struct {
+    const char *name;
+    int32_t dtype;
+    pg_executor *ex;
+    float *logits;
+    double nll, kl, abs_sum, abs_max;
+} kv_run;
+
+// K or V magnitudes of one layer over the run.
+typedef struct {
+    float amax[2];              // K, V
+    int64_t over[2], under[2];  // |x| > 448; 0 < |x| < 2^-6
+} layer_mag;
+
+static int fail(void) { return fprintf(stderr, "%s\n", pg_err_msg()), 1; }
+
+static char *read_all(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    *len = fread(s, 1, (size_t)n, f);
+    fclose(f);
+    return s;
+}
+
+// log-softmax of v[n] into out.
+static void log_softmax(const float *v, int n, double *out) {
+    double mx = v[0], s = 0;
+    for (int i = 1; i < n; i++) mx = v[i] > mx ? v[i] : mx;
+    for (int i = 0; i < n; i++) s += exp(v[i] - mx);
+    const double lse = mx + log(s);
+    for (int i = 0; i < n; i++) out[i] = v[i] - lse;
+}
+
+// The f32 cache's K and V of positions [0, n) (slot bs + t: the table is
+// blocks 1, 2, ...) into the per-layer magnitudes.
+static void scan_kv(const pg_bkv *kv, int32_t n, layer_mag *mag) {
+    const size_t row = (size_t)kv->shape.n_kv_heads * (size_t)kv->shape.head_dim;
+    for (int32_t l = 0; l < kv->n_layers; l++)
+        for (int kvi = 0; kvi < 2; kvi++) {
+            const float *c = (const float *)(kvi ? kv->v[l] : kv->k[l]) + (size_t)kv->shape.block_size * row;
+            for (size_t e = 0; e < (size_t)n * row; e++) {
+                const float a = fabsf(c[e]);
+                mag[l].amax[kvi] = a > mag[l].amax[kvi] ? a : mag[l].amax[kvi];
+                mag[l].over[kvi] += a > 448.0f;
+                mag[l].under[kvi] += a > 0.0f && a < 0x1p-6f;
+            }
+        }
+}
+
+int main(int argc, char **argv) {
+    const char *model = NULL, *text = NULL, *types = "f16,bf16,q8_0,fp8,fp8_e4m3_scaled";
+    int n_tokens = 2048, window = 256, threads = 0;
+    pg_matmul_mode mode = PG_MATMUL_DEFAULT;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--tokens") && i + 1 < argc) n_tokens = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--window") && i + 1 < argc) window = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--kv") && i + 1 < argc) types = argv[++i];
+        else if (!strcmp(argv[i], "--mode") && i + 1 < argc) {
+            if (pg_matmul_mode_parse(argv[++i], &mode) < 0) return fail();
+        } else if (!model) model = argv[i];
+        else text = argv[i];
+    }
+    if (!model || !text || window < 2) {
+        fprintf(stderr, "usage: kv_quality MODEL.gguf TEXT [--tokens N] [--window W] [--threads N] "
+                        "[--mode M] [--kv f16,bf16,q8_0,fp8,fp8_e4m3_scaled]\n");
+        return 2;
+    }
+    // Tokens of the text.
+    gguf_file *gf;
+    pg_tokenizer *tok;
+    if (gguf_open(model, &gf) < 0 || pg_tokenizer_from_gguf(gf, &tok) < 0) return fail();
+    size_t len;
+    char *s = read_all(text, &len);
+    if (!s) return fprintf(stderr, "%s: cannot read\n", text), 1;
+    int n_all = pg_tokenizer_encode(tok, s, len, false, false, NULL, 0);
+    if (n_all < 0) return fail();
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n_all);
+    pg_tokenizer_encode(tok, s, len, false, false, ids, n_all);
+    if (n_all < n_tokens) n_tokens = n_all;
+    n_tokens -= n_tokens % window;
+    fprintf(stderr, "%s: %d tokens, %d used in windows of %d\n", text, n_all, n_tokens, window);
+
+    // The reference (an f32 cache) and the types, each its own executor.
+    kv_run r[MAX_TYPES] = {{.name = "f32 (reference)", .dtype = PG_KV_F32}};
+    int nr = 1;
+    char *list = strdup(types);
+    for (char *save, *t = strtok_r(list, ",", &save); t && nr < MAX_TYPES; t = strtok_r(NULL, ",", &save)) {
+        int32_t d;
+        if (pg_kv_dtype_parse(t, true, &d) < 0) return fail();
+        r[nr++] = (kv_run){.name = t, .dtype = d};
+    }
+    const int bs = 16, nb = window / bs + 2;
+    int32_t *table = malloc(sizeof(int32_t) * (size_t)nb);
+    for (int i = 0; i < nb; i++) table[i] = i + 1;
+    int32_t V = 0;
+    for (int k = 0; k < nr; k++) {
+        pg_model_load_opts mo = {.path = model};
+        pg_executor_config ec = {.tp = 1, .device = "cpu", .n_threads = threads, .matmul_mode = mode};
+        if (pg_executor_create(&ec, &mo, &r[k].ex) < 0) return fail();
+        pg_runner_config rc = {.block_size = bs, .max_num_seqs = 1, .max_num_batched_tokens = 1,
+                               .max_model_len = nb * bs, .kv_dtype = r[k].dtype, .graphs = PG_GRAPHS_OFF,
+                               .full_logits = true};
+        if (pg_executor_runners_create(r[k].ex, &rc) < 0 || pg_executor_alloc_kv(r[k].ex, nb + 1, 0) < 0)
+            return fail();
+        V = pg_executor_model(r[k].ex, 0)->cfg.vocab_size;
+        r[k].logits = malloc(sizeof(float) * (size_t)V);
+        fprintf(stderr, "ready %s: %s, %zu bytes per KV block\n", r[k].name, pg_kv_dtype_name(r[k].dtype),
+                pg_executor_kv_bytes_per_block(r[k].ex));
+    }
+    const pg_bkv *ref_kv = pg_executor_kv(r[0].ex, 0);
+    layer_mag *mag = calloc((size_t)ref_kv->n_layers, sizeof *mag);
+    double *ref = malloc(sizeof(double) * (size_t)V), *lp = malloc(sizeof(double) * (size_t)V);
+    pg_sampling_params sp;
+    pg_sampling_params_default(&sp);
+    sp.temperature = 0;
+    int64_t n_pred = 0;
+    for (int w0 = 0; w0 < n_tokens; w0 += window) {
+        for (int i = 0; i < window - 1; i++) { // token w0 + i predicts w0 + i + 1
+            pg_plan_seq q = {.seq_id = 1, .tokens = ids + w0 + i, .n_tokens = 1, .start_pos = i,
+                             .block_table = table, .n_blocks = nb, .sample = true, .sp = &sp, .eos_id = -1};
+            pg_batch_plan p = {.n_seqs = 1, .seqs = &q, .n_tokens = 1};
+            pg_step_output o;
+            const int32_t next = ids[w0 + i + 1];
+            for (int k = 0; k < nr; k++) {
+                if (pg_executor_execute(r[k].ex, &p, &o) < 0 || pg_executor_last_logits(r[k].ex, r[k].logits, 1) < 0)
+                    return fail();
+                log_softmax(r[k].logits, V, k == 0 ? ref : lp);
+                const double *l = k == 0 ? ref : lp;
+                r[k].nll -= l[next];
+                if (k == 0) continue;
+                double kl = 0;
+                for (int32_t t = 0; t < V; t++) {
+                    kl += exp(ref[t]) * (ref[t] - l[t]);
+                    const double d = fabs((double)r[k].logits[t] - r[0].logits[t]);
+                    r[k].abs_sum += d;
+                    r[k].abs_max = d > r[k].abs_max ? d : r[k].abs_max;
+                }
+                r[k].kl += kl;
+            }
+            n_pred++;
+        }
+        scan_kv(ref_kv, window - 1, mag); // before the next window overwrites the slots
+        fprintf(stderr, "window %d/%d\n", w0 / window + 1, n_tokens / window);
+    }
+    printf("| KV cache | bytes per token | perplexity | mean KL vs f32 | mean abs logit diff | max abs logit diff |\n"
+           "|---|---|---|---|---|---|\n");
+    for (int k = 0; k < nr; k++) {
+        const double per_token = (double)pg_executor_kv_bytes_per_block(r[k].ex) / bs;
+        const double ppl = exp(r[k].nll / (double)n_pred);
+        if (k == 0)
+            printf("| %s | %.0f | %.4f | 0 (itself) | 0 | 0 |\n", r[k].name, per_token, ppl);
+        else
+            printf("| %s | %.0f | %.4f | %.6f | %.5f | %.4f |\n", r[k].name, per_token, ppl,
+                   r[k].kl / (double)n_pred, r[k].abs_sum / ((double)n_pred * V), r[k].abs_max);
+    }
+    printf("\n%lld predictions (%d windows of %d tokens), matmul mode %s\n\n", (long long)n_pred, n_tokens / window,
+           window, pg_matmul_mode_name(mode));
+    // Magnitudes: the largest layers and the totals.
+    const int64_t per_layer = (int64_t)n_pred * ref_kv->shape.n_kv_heads * ref_kv->shape.head_dim;
+    float amax[2] = {0, 0};
+    int64_t over[2] = {0, 0}, under[2] = {0, 0};
+    printf("| layer | max \\|K\\| | max \\|V\\| | K > 448 | V > 448 | K below 2^-6 | V below 2^-6 |\n"
+           "|---|---|---|---|---|---|---|\n");
+    for (int32_t l = 0; l < ref_kv->n_layers; l++) {
+        for (int kvi = 0; kvi < 2; kvi++) {
+            amax[kvi] = mag[l].amax[kvi] > amax[kvi] ? mag[l].amax[kvi] : amax[kvi];
+            over[kvi] += mag[l].over[kvi], under[kvi] += mag[l].under[kvi];
+        }
+        printf("| %d | %.2f | %.2f | %lld | %lld | %.2f%% | %.2f%% |\n", l, mag[l].amax[0], mag[l].amax[1],
+               (long long)mag[l].over[0], (long long)mag[l].over[1], 100.0 * (double)mag[l].under[0] / (double)per_layer,
+               100.0 * (double)mag[l].under[1] / (double)per_layer);
+    }
+    const double all = (double)per_layer * ref_kv->n_layers;
+    printf("| all | %.2f | %.2f | %lld | %lld | %.2f%% | %.2f%% |\n\n", amax[0], amax[1], (long long)over[0],
+           (long long)over[1], 100.0 * (double)under[0] / all, 100.0 * (double)under[1] / all);
+    printf("K and V of the f32 cache over %lld elements each (%d layers x %d heads x %d x %lld positions)\n",
+           (long long)(per_layer * ref_kv->n_layers), ref_kv->n_layers, ref_kv->shape.n_kv_heads,
+           ref_kv->shape.head_dim, (long long)n_pred);
+    for (int k = 0; k < nr; k++) pg_executor_free(r[k].ex), free(r[k].logits);
+    free(mag), free(ref), free(lp), free(table), free(ids), free(s), free(list);
+    pg_tokenizer_free(tok);
+    gguf_close(gf);
+    return 0;
+}
