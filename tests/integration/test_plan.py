@@ -5,7 +5,9 @@ the planned weights and workspace equal the bytes `paged serve` reports
 same numbers; a configuration that cannot fit is refused by serve with the
 planner's advice, and following that advice really starts. Then a
 llama3-8b-shape dummy config planned for a 141G GPU (bf16 and fp8 KV),
-checked for internal consistency, and bad flags (exit 2)."""
+checked for internal consistency; llama3-70b-shape refused on one 139.8 GiB
+GPU with -tp 2 as the advice and split evenly at -tp 4 and 8; and bad flags
+(exit 2)."""
 import json
 import os
 import re
@@ -152,6 +154,32 @@ def test_gpu_shape_consistency():
     # -tp 2: each rank holds half the layers' heads and FFN columns.
     _, t = plan_json(*base, "-tp", "2", model=False)
     assert len(t["plan"]["ranks"]) == 2 and t["plan"]["ranks"][0]["weights_bytes"] < params * 2 // 2 + 2 * H * L * 2, t
+
+
+def test_gpu_70b_shape():
+    # llama3-70b-shape (the multi-GPU issue's config) on 139.8 GiB H200s:
+    # the weights (2 bytes a parameter) do not fit one GPU, the advice is
+    # -tp 2, and -tp 4 / -tp 8 split the weights evenly and fit.
+    shape70 = os.path.join(ROOT, "tests/gpu/llama3-70b-shape.json")
+    with open(shape70) as f:
+        c = json.load(f)
+    H, F, L, V = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    hd, nh, nkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+    per_layer = H * (nh + 2 * nkv) * hd + nh * hd * H + 3 * F * H
+    base = ["--device", "cuda", "--device-memory", "139.8G", "--load-format", "dummy", "--hf-config", shape70]
+    rc, d = plan_json(*base, model=False)
+    assert rc == 1 and not d["plan"]["fits"], d["plan"]
+    flags = [a["flags"] for a in d["advice"]]
+    assert flags and flags[0] == "-tp 2" and all(a["plan"]["fits"] for a in d["advice"]), d["advice"]
+    for tp in (4, 8):
+        rc, t = plan_json(*base, "-tp", str(tp), model=False)
+        ranks = t["plan"]["ranks"]
+        assert rc == 0 and t["plan"]["fits"] and len(ranks) == tp, t["plan"]
+        # Each rank: 1/tp of every layer's matrices and of the vocabulary
+        # (embedding and LM head), the norms whole.
+        want = 2 * (L * per_layer // tp + 2 * V * H // tp + L * 2 * H + H)
+        assert all(r["weights_bytes"] == want for r in ranks), (tp, [r["weights_bytes"] for r in ranks], want)
+        print(f"  70b shape -tp {tp}: weights {want / 2**30:.2f} GiB per rank, KV {t['plan']['kv_tokens']} tokens")
 
 
 def test_gpu_does_not_fit():
