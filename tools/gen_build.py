@@ -30,7 +30,7 @@ Conventions the generator relies on (docs/build.md):
       CUDA archive, linked like build/paged; tests/gpu/run_gpu_tests.sh)
   tests/gpu/test_*.cu, bench/bench_cuda_*.cu -> build/gpu/* (standalone GPU
       programs: nvcc links them with the CUDA archive, common/err.o and, for
-      tests, kernels/cpu/sampling.o, and only libcublasLt dynamically; without nvcc
+      tests, kernels/cpu/sampling.o and kernels/dtype.o, and only libcublasLt dynamically; without nvcc
       they are stubs that print "skipped" and exit 77)
 """
 import os
@@ -348,7 +348,9 @@ def generate():
         w(f"build {o}: nvcc {s} | tools/nvcc_or_stub.sh")
         support = [obj("common/err.c", "rel")]
         if s.startswith("tests/"):
-            support.append(obj("kernels/cpu/sampling.c", "rel"))
+            # the CPU sampler, and the quantizers / dequantizers the
+            # quantized-weight cases (qgemv, qgemm) take their data from
+            support += [obj("kernels/cpu/sampling.c", "rel"), obj("kernels/dtype.c", "rel")]
         b = f"build/gpu/{name}"
         w(f"build {b}: nvcc_link {o} {cuda_lib} {' '.join(support)} | tools/nvcc_or_stub.sh")
         gpu_bins.append(b)

@@ -4,7 +4,9 @@
 // One compute stream carries every op, in call order; swaps run on their own
 // stream, ordered with events. Activations and weights are bf16 (weights of
 // other stored types are dequantized row by row on the host and converted on
-// the device at upload); the KV cache is bf16 or fp8 e4m3. Small batches
+// the device at upload), except paged's FP8 / int4 types, which stay as
+// stored under PAGED_CUDA_QUANT=1 (qgemv.cu; docs/quantization.md, "CUDA");
+// the KV cache is bf16 or fp8 e4m3. Small batches
 // (rows <= gemv_rows) take the weight-streaming GEMV with the RMSNorm (and
 // for gate/up the SiLU) fused in; larger ones add_rmsnorm + cuBLASLt. The
 // residual stream is bf16 and the O and down projections add into it inside
@@ -37,6 +39,15 @@ struct CudaCtx {
     // loses at m >= 4 (bench_cuda_gemv). PAGED_CUDA_GEMV=N sets it
     // (0 = cuBLASLt only, at most PG_CUDA_GEMV_MAX_M).
     int64_t gemv_rows;
+    // Quantized weights (FP8 e4m3, int4; PAGED_CUDA_QUANT=1): steps of at
+    // most qgemv_rows rows take pg_cuda_qgemv (PAGED_CUDA_QGEMV=N, default
+    // and at most PG_CUDA_QGEMV_MAX_M), larger ones dequantize the weight into
+    // qscratch (bf16, sized for the largest quantized matrix uploaded,
+    // qmax_elems; allocated at the first such step, i.e. in the runner's
+    // profiling forward, so it is measured as workspace) and run cuBLASLt.
+    int64_t qgemv_rows;
+    int64_t qmax_elems, qscratch_elems;
+    bf16 *qscratch;
     float *upload_f32;        // device staging for weight conversion: allocated at the first
     float *upload_host;       //   weight that needs it, with its host twin (pinned)
     int32_t *pairs_dev;       // copy-on-write pairs staging
@@ -50,7 +61,8 @@ struct CudaCtx {
 
 struct CudaWeight {
     pg_bweight base;
-    void *data; // device [rows][cols] of base.dtype
+    void *data;    // device [rows][cols] of base.dtype (quantized: [rows][row bytes] as stored)
+    float *scales; // FP8_E4M3: device [rows] f32 row scales (in data's allocation); else null
 };
 
 struct CudaKv {
@@ -70,6 +82,18 @@ CudaCtx *ctx_of(pg_backend *b) {
 
 const void *wdata(const pg_bweight *w) {
     return ((const CudaWeight *)w)->data;
+}
+
+// paged's quantized types, which the CUDA backend keeps as stored.
+bool is_quant(int dtype) {
+    return dtype == PG_DTYPE_FP8_E4M3 || pg_dtype_is_int4(dtype);
+}
+
+// The development gate: PAGED_CUDA_QUANT=1 lets FP8 / int4 weights onto the
+// device (kernels compiled, not yet run on a GPU; docs/quantization.md).
+bool quant_gate() {
+    const char *e = getenv("PAGED_CUDA_QUANT");
+    return e && !strcmp(e, "1");
 }
 
 } // namespace
@@ -212,7 +236,7 @@ static int cu_sync(pg_backend *b) {
 
 static bool cu_runs_in_place(pg_backend *b, int dtype) {
     (void)b;
-    return dtype == PG_DTYPE_BF16;
+    return dtype == PG_DTYPE_BF16 || (is_quant(dtype) && quant_gate());
 }
 
 static int new_weight(int64_t rows, int64_t cols, int32_t dtype, size_t elem, CudaWeight **out) {
@@ -267,24 +291,91 @@ static int upload_part(CudaCtx *c, bf16 *dst, int64_t row0, const pg_weight *p) 
     return 0;
 }
 
+// A weight of FP8 / int4 parts (one type), kept as stored: the parts' rows
+// back to back, then (FP8) their row scales, f32 [rows], 256-byte aligned,
+// in the same allocation (the CPU's layout: pg_weight.data and .scales).
+static int upload_quant(CudaCtx *c, const pg_weight *parts, int n_parts, int64_t rows, pg_bweight **out) {
+    const int dtype = parts[0].dtype;
+    const int64_t cols = parts[0].cols;
+    const size_t rb = pg_dtype_row_bytes(dtype, cols);
+    const bool fp8 = dtype == PG_DTYPE_FP8_E4M3;
+    for (int i = 0; i < n_parts; i++) {
+        if (parts[i].dtype != dtype)
+            return pg_err_set(PG_EUNSUPP, "cuda weight: parts of types %s and %s in one weight",
+                              pg_dtype_name(dtype), pg_dtype_name(parts[i].dtype));
+        PG_ARG(rb > 0 && parts[i].row_bytes >= rb && (!fp8 || parts[i].scales),
+               "cuda weight: %s part %d: %lld columns, row bytes %zu%s", pg_dtype_name(dtype), i, (long long)cols,
+               parts[i].row_bytes, fp8 && !parts[i].scales ? ", no row scales" : "");
+    }
+    const int64_t elems = rows * cols;
+    if (c->qscratch && elems > c->qscratch_elems)
+        return pg_err_set(PG_EUNSUPP,
+                          "cuda weight: a %lldx%lld %s weight uploaded after the dequantization scratch was sized "
+                          "for %lld elements",
+                          (long long)rows, (long long)cols, pg_dtype_name(dtype), (long long)c->qscratch_elems);
+    const size_t data_bytes = (size_t)rows * rb, scale_off = (data_bytes + 255) / 256 * 256;
+    const size_t bytes = fp8 ? scale_off + sizeof(float) * (size_t)rows : data_bytes;
+    CudaWeight *w = (CudaWeight *)calloc(1, sizeof *w);
+    if (!w) return pg_err_set(PG_ENOMEM, "cuda weight: out of host memory");
+    w->base.rows = rows, w->base.cols = cols, w->base.dtype = dtype, w->base.bytes = bytes;
+    cudaError_t e = cudaMalloc(&w->data, bytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        size_t f = 0, t = 0;
+        cudaMemGetInfo(&f, &t);
+        free(w);
+        return pg_err_set(PG_ENOMEM, "cuda: a %lldx%lld %s weight needs %.2f MiB of device memory, %.2f GiB are free",
+                          (long long)rows, (long long)cols, pg_dtype_name(dtype), (double)bytes / (1 << 20),
+                          (double)f / (1 << 30));
+    }
+    if (fp8) w->scales = (float *)((char *)w->data + scale_off);
+    int64_t row0 = 0;
+    for (int i = 0; i < n_parts && e == cudaSuccess; i++) {
+        const pg_weight *p = &parts[i];
+        if (p->rows > 0)
+            e = cudaMemcpy2DAsync((char *)w->data + (size_t)row0 * rb, rb, p->data, p->row_bytes, rb, (size_t)p->rows,
+                                  cudaMemcpyHostToDevice, c->stream);
+        if (e == cudaSuccess && fp8 && p->rows > 0)
+            e = cudaMemcpyAsync(w->scales + row0, p->scales, sizeof(float) * (size_t)p->rows, cudaMemcpyHostToDevice,
+                                c->stream);
+        row0 += p->rows;
+    }
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        cudaFree(w->data);
+        free(w);
+        return pg_err_set(PG_EIO, "cuda: %s weight upload: %s", pg_dtype_name(dtype), cudaGetErrorString(e));
+    }
+    if (elems > c->qmax_elems) c->qmax_elems = elems;
+    *out = &w->base;
+    return 0;
+}
+
 static int cu_weight_upload(pg_backend *b, const pg_weight *parts, int n_parts, pg_bweight **out) {
     *out = nullptr;
     CudaCtx *c = ctx_of(b);
     PG_ARG(n_parts >= 1 && n_parts <= 3, "cuda weight: %d parts", n_parts);
     int64_t rows = 0;
+    bool quant = false;
     for (int i = 0; i < n_parts; i++) {
         PG_ARG(parts[i].data && parts[i].cols == parts[0].cols && pg_dtype_block_elems(parts[i].dtype) > 0,
                "cuda weight: part %d is %lldx%lld of type %s", i, (long long)parts[i].rows,
                (long long)parts[i].cols, pg_dtype_name(parts[i].dtype));
-        // paged's quantized types have no CUDA kernels yet, and FP8 rows
-        // need their scales, which the bf16 conversion below would drop.
-        if (parts[i].dtype == PG_DTYPE_FP8_E4M3 || pg_dtype_is_int4(parts[i].dtype))
-            return pg_err_set(PG_EUNSUPP, "cuda weight: %s weights are not yet run on the CUDA backend",
+        // paged's quantized types run as stored (qgemv.cu), behind the
+        // development gate until their kernels have run on a GPU; never
+        // through the bf16 conversion below, which would drop FP8's scales.
+        if (is_quant(parts[i].dtype) && !quant_gate())
+            return pg_err_set(PG_EUNSUPP,
+                              "cuda weight: %s weights are not yet run on the CUDA backend (set PAGED_CUDA_QUANT=1 "
+                              "to try the untested kernels)",
                               pg_dtype_name(parts[i].dtype));
+        quant |= is_quant(parts[i].dtype);
         rows += parts[i].rows;
     }
     PG_ARG(parts[0].cols <= PG_CUDA_UPLOAD_ELEMS, "cuda weight: %lld columns", (long long)parts[0].cols);
     PG_CUDA_TRY(cudaSetDevice(c->device));
+    if (quant) return upload_quant(c, parts, n_parts, rows, out); // refuses mixed types
     CudaWeight *w;
     PG_TRY(new_weight(rows, parts[0].cols, PG_DTYPE_BF16, 2, &w));
     int64_t row0 = 0;
@@ -567,6 +658,8 @@ static size_t cu_sample_ws(pg_backend *b, int32_t max_seqs, int32_t vocab) {
 // --- layer ops ------------------------------------------------------------------------------
 
 static int cu_embed(pg_backend *b, pg_tensor out, const int32_t *ids, const pg_bweight *table, int32_t id0) {
+    if (table->dtype != PG_DTYPE_BF16)
+        return pg_err_set(PG_EUNSUPP, "cuda embed: a %s table (the embedding stays bf16)", pg_dtype_name(table->dtype));
     return pg_cuda_embed_shard(out.data, wdata(table), ids, out.rows, table->cols, table->rows, id0,
                                ctx_of(b)->stream);
 }
@@ -630,12 +723,55 @@ static int gemm(CudaCtx *c, void *out, int64_t ldo, const void *x, int64_t ldx, 
                              PG_CUDA_GEMM_WORKSPACE, c->stream);
 }
 
+// The same for a quantized weight (FP8 / int4): pg_cuda_qgemv for small
+// batches (a shape it declines falls through), else the weight dequantized
+// into the bf16 scratch and cuBLASLt.
+static int qgemm(CudaCtx *c, void *out, int64_t ldo, const void *x, int64_t ldx, const pg_bweight *bw, int64_t rows,
+                 int accumulate) {
+    const CudaWeight *w = (const CudaWeight *)bw;
+    const int64_t n = bw->rows, k = bw->cols;
+    if (rows <= c->qgemv_rows) {
+        int rc = pg_cuda_qgemv(out, ldo, x, ldx, w->data, w->scales, bw->dtype, rows, n, k, accumulate, c->stream);
+        if (rc != PG_EUNSUPP) return rc;
+    }
+    if (rows == 0) return 0;
+    if (!c->qscratch) {
+        // Once, for the largest quantized matrix: every quantized weight is
+        // uploaded before the first step (upload_quant refuses a larger one
+        // afterwards), so a captured graph never sees this pointer change.
+        const int64_t elems = c->qmax_elems > n * k ? c->qmax_elems : n * k;
+        cudaError_t e = cudaMalloc((void **)&c->qscratch, sizeof(bf16) * (size_t)elems);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            c->qscratch = nullptr;
+            return pg_err_set(PG_ENOMEM, "cuda: %.2f MiB for the dequantized weight scratch: %s",
+                              (double)elems * 2 / (1 << 20), cudaGetErrorString(e));
+        }
+        c->qscratch_elems = elems;
+        PG_LOGI("cuda: %.1f MiB bf16 scratch for quantized weights in large batches (%lld elements)",
+                (double)elems * 2 / (1 << 20), (long long)elems);
+    }
+    PG_ARG(n * k <= c->qscratch_elems, "cuda linear: a %lldx%lld weight over the %lld-element scratch", (long long)n,
+           (long long)k, (long long)c->qscratch_elems);
+    PG_TRY(pg_cuda_qdequant_bf16(c->qscratch, w->data, w->scales, bw->dtype, n, k, c->stream));
+    return pg_cuda_gemm_bf16(c->gemm, out, ldo, x, ldx, c->qscratch, rows, n, k, accumulate, c->gemm_ws,
+                             PG_CUDA_GEMM_WORKSPACE, c->stream);
+}
+
 static int cu_linear(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *norm, float eps,
                      const pg_bweight *w, const pg_bweight *bias, bool accumulate, pg_tensor scratch) {
     CudaCtx *c = ctx_of(b);
     const int64_t rows = x.rows, n = w->rows, k = w->cols;
     PG_ARG(!(norm && accumulate), "cuda linear: a norm and accumulate in one call");
-    if (norm) {
+    if (is_quant(w->dtype)) {
+        // No fused-norm variant: add_rmsnorm into scratch, then the product.
+        if (norm) {
+            PG_TRY(pg_cuda_add_rmsnorm(scratch.data, x.data, nullptr, wdata(norm), rows, k, eps, c->stream));
+            PG_TRY(qgemm(c, out.data, out.stride, scratch.data, k, w, rows, 0));
+        } else {
+            PG_TRY(qgemm(c, out.data, out.stride, x.data, x.stride, w, rows, accumulate ? 1 : 0));
+        }
+    } else if (norm) {
         // out = RMSNorm(x) * norm . w^T: the GEMV with the norm in its
         // prologue for small batches, else add_rmsnorm into scratch and the
         // GEMM (the same numbers either way).
@@ -662,6 +798,11 @@ static int cu_gate_up_silu(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bwe
                            const pg_bweight *w, pg_tensor sxn, pg_tensor sgu) {
     CudaCtx *c = ctx_of(b);
     const int64_t rows = x.rows, H = x.cols, ffn = w->rows / 2;
+    if (is_quant(w->dtype)) {
+        PG_TRY(pg_cuda_add_rmsnorm(sxn.data, x.data, nullptr, wdata(norm), rows, H, eps, c->stream));
+        PG_TRY(qgemm(c, sgu.data, sgu.stride, sxn.data, sxn.stride, w, rows, 0));
+        return pg_cuda_silu_mul(h.data, sgu.data, rows, ffn, c->stream);
+    }
     if (rows <= c->gemv_rows) {
         int rc = pg_cuda_gemv_rmsnorm_silu_bf16(h.data, h.stride, x.data, x.stride, wdata(norm), eps, wdata(w),
                                                 rows, ffn, H, c->stream);
@@ -755,6 +896,7 @@ static void cu_destroy(pg_backend *b) {
         pg_cuda_gemm_destroy(c->gemm);
         cudaFree(c->gemm_ws);
         cudaFree(c->upload_f32);
+        cudaFree(c->qscratch);
         cudaFree(c->pairs_dev);
         if (c->upload_host) cudaFreeHost(c->upload_host);
         if (c->pairs_host) cudaFreeHost(c->pairs_host);
@@ -814,6 +956,10 @@ extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
         c->gemv_rows = genv && genv[0] ? atoi(genv) : 2;
         if (c->gemv_rows < 0) c->gemv_rows = 0;
         if (c->gemv_rows > PG_CUDA_GEMV_MAX_M) c->gemv_rows = PG_CUDA_GEMV_MAX_M;
+        const char *qenv = getenv("PAGED_CUDA_QGEMV");
+        c->qgemv_rows = qenv && qenv[0] ? atoi(qenv) : PG_CUDA_QGEMV_MAX_M;
+        if (c->qgemv_rows < 0) c->qgemv_rows = 0;
+        if (c->qgemv_rows > PG_CUDA_QGEMV_MAX_M) c->qgemv_rows = PG_CUDA_QGEMV_MAX_M;
     }
     if (pg_cuda_device_describe(c->desc, sizeof c->desc) < 0) snprintf(c->desc, sizeof c->desc, "cuda");
     {

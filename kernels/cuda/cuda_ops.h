@@ -311,6 +311,38 @@ int pg_cuda_gemv_kernel_set(int kind);
 // setting.
 int pg_cuda_gemv_preload_set(int on);
 
+// --- quantized weights: FP8 e4m3 per row, int4 groups (qgemv.cu) -------------------------
+//
+// Weights in paged's own types as the host stores them (kernels/dtype.h,
+// docs/quantization.md "CUDA"), dtype a pg_dtype:
+//   PG_DTYPE_FP8_E4M3  w [n][k] bytes of e4m3, scales f32 [n] (w[j][t] = e4m3 * scales[j])
+//   PG_DTYPE_INT4_G128 w [n][k / 128] blocks of 68 bytes, scales unused (NULL)
+//   PG_DTYPE_INT4_G64  w [n][k / 64] blocks of 36 bytes, scales unused
+// int4 weights 4-byte aligned (every block is), k a multiple of the group.
+// Compiled, not yet run on a GPU: tests/gpu/test_cuda_kernels -k qgemv / -k qgemm.
+
+// The largest m pg_cuda_qgemv takes (kernels templated on m = 1..8).
+#define PG_CUDA_QGEMV_MAX_M 8
+
+// pg_cuda_gemv_bf16's contract for a quantized weight: out[i][j] =
+// sum_t x[i][t] * w[j][t] (+ out[i][j] when `accumulate`), bf16 x and out,
+// the weight dequantized in registers (weight-only: x is not quantized),
+// f32 accumulation, one pass over the weight's bytes. PG_EUNSUPP (the
+// caller falls back to pg_cuda_qdequant_bf16 + pg_cuda_gemm_bf16) when m >
+// PG_CUDA_QGEMV_MAX_M, k or ldx is not a multiple of 8, x is not 16-byte
+// aligned, an fp8 k is not a multiple of 16 or w not 16-byte aligned, or m *
+// k * 2 bytes of x exceed a CTA's shared memory. m == 0 does nothing.
+int pg_cuda_qgemv(void *out, int64_t ldo, const void *x, int64_t ldx, const void *w, const float *scales,
+                  int dtype, int64_t m, int64_t n, int64_t k, int accumulate, void *stream);
+
+// out bf16 [n][k] (contiguous) = the weight dequantized: bf16(e4m3(q) *
+// scales[j]) or bf16((q - z) * d), one rounding each: pg_dequantize_row's
+// f32 value (times the row scale for fp8, an f32 product) rounded to
+// nearest even, bit for bit. For the large-batch path: this, then
+// pg_cuda_gemm_bf16 on `out`.
+int pg_cuda_qdequant_bf16(void *out, const void *w, const float *scales, int dtype, int64_t n, int64_t k,
+                          void *stream);
+
 // --- sampling -----------------------------------------------------------------------
 
 // Parameters and results: pg_sample_params, pg_sample_out (kernels/sampling.h).

@@ -5,7 +5,8 @@
 // relative error ||out - ref|| / ||ref|| is printed and checked against a
 // bound suited to bf16. The sampler is compared with kernels/cpu/sampling.c
 // itself (linked in): identical tokens for greedy and seeded sampling,
-// logprobs within 1e-4.
+// logprobs within 1e-4. The quantized-weight cases (qgemv, qgemm) take their
+// weights from kernels/dtype.c's quantizers (linked in).
 //
 // Usage: build/gpu/test_cuda_kernels [-k SUBSTRING]   exit 0 = all passed,
 // 1 = a failure, 77 = no CUDA device (skipped).
@@ -20,6 +21,7 @@
 
 extern "C" {
 #include "kernels/backend.h" // pg_argmax, PG_DTYPE_*
+#include "kernels/dtype.h"   // the quantizers and dequantizers (kernels/dtype.c, linked in)
 #include "kernels/cpu/sampling.h"
 #include "scheduler/plan.h"
 }
@@ -1411,6 +1413,311 @@ static void gemv_tests(pg_cuda_gemm *g, DBuf &ws, Rng &r) {
     test_gemv_unsupported();
 }
 
+// --- quantized weights: FP8 e4m3 per row, int4 groups (kernels/cuda/qgemv.cu) ---------
+//
+// Weights quantized on the host with the repository's own quantizers
+// (pg_quantize_row_fp8 / pg_quantize_row_int4, kernels/dtype.c), so the
+// device reads exactly the bytes the CPU backend runs; the references are
+// fp64 over pg_dequantize_row's values (times the row scale for fp8) and the
+// same bf16 activations. Bounds, relative to the output's max |y| (max_rel):
+// 2e-3 for the GEMV (f32 sums; the bf16 output rounding alone is up to
+// 2^-9 = 1.95e-3 of |y|), 1e-2 for dequantize + bf16 cuBLASLt (the weight is
+// rounded to bf16 too). The FP8 GEMV is weight-only; the CPU twin's quant
+// numerics are W8A8 (activations to e4m3 per token), recomputed here from
+// pg_quantize_row_fp8: that difference is the activations' e4m3 rounding (3
+// mantissa bits, ~3% rms per element), far above bf16 noise, so that
+// comparison is a sanity bound (rel_err 6e-2), not an equality.
+static bool qdtype_fp8(int dtype) { return dtype == PG_DTYPE_FP8_E4M3; }
+
+// max |out - ref| / max |ref|, NaN when any output is NaN.
+static double max_rel(const std::vector<double> &out, const std::vector<double> &ref) {
+    double d = 0, mx = 0;
+    for (size_t i = 0; i < out.size(); i++) {
+        if (!(out[i] == out[i])) return NAN;
+        d = std::max(d, fabs(out[i] - ref[i]));
+        mx = std::max(mx, fabs(ref[i]));
+    }
+    return mx > 0 ? d / mx : d;
+}
+
+// A quantized weight [n][k], host and device, made on first use.
+struct QWeight {
+    int dtype, n, k;
+    uint64_t seed;
+    size_t rb = 0;
+    std::vector<uint8_t> q;     // [n][rb] as stored
+    std::vector<float> scales;  // fp8: [n]
+    std::vector<float> deq;     // [n][k] pg_dequantize_row (fp8: unscaled)
+    DBuf dq, ds;
+    QWeight(int dtype_, int n_, int k_, Rng &r) : dtype(dtype_), n(n_), k(k_), seed(r.next()) {}
+    const char *tname() const { return pg_dtype_name(dtype); }
+    QWeight &get() {
+        if (!q.empty()) return *this;
+        rb = pg_dtype_row_bytes(dtype, k);
+        const bool f8 = qdtype_fp8(dtype);
+        const int G = f8 ? 0 : pg_dtype_block_elems(dtype);
+        q.assign((size_t)n * rb, 0);
+        deq.resize((size_t)n * k);
+        if (f8) scales.resize((size_t)n);
+        parallel_for(n, [&](int64_t row) {
+            Rng rr(seed + (uint64_t)row);
+            std::vector<float> w((size_t)k);
+            const float mag = 0.02f * (float)(1 + row % 7); // rows of different ranges
+            for (int j = 0; j < k; j++) w[(size_t)j] = rr.sym() * mag * (j % 61 == row % 61 ? 8.0f : 1.0f);
+            uint8_t *qr = &q[(size_t)row * rb];
+            if (f8) {
+                pg_quantize_row_fp8(w.data(), k, qr, &scales[(size_t)row]);
+            } else {
+                pg_quantize_row_int4(w.data(), k, G, qr);
+                // GPTQ v1's real zero 0 arrives as z = 16: a whole byte.
+                const size_t bb = pg_dtype_block_bytes(dtype);
+                for (int b = 0; b < k / G; b++)
+                    if ((row + b) % 5 == 0) qr[(size_t)b * bb + 2] = 16;
+            }
+            pg_dequantize_row(dtype, qr, &deq[(size_t)row * k], k);
+        });
+        dq.up(q);
+        if (f8) ds.up(scales);
+        return *this;
+    }
+    const float *dscales() const { return qdtype_fp8(dtype) ? ds.as<float>() : nullptr; }
+    double scale(int row) const { return qdtype_fp8(dtype) ? (double)scales[(size_t)row] : 1.0; }
+};
+
+// pg_cuda_qgemv against fp64 on the dequantized weight (and, for fp8,
+// against the CPU twin's W8A8 numerics). Without `acc` the output starts as
+// NaN (every entry must be written); columns in [n, ldo) must stay untouched.
+static void test_qgemv(QWeight &wt, int m, int ldx, int ldo, bool acc, Rng &r) {
+    const int n = wt.n, k = wt.k;
+    char name[160];
+    snprintf(name, sizeof name, "qgemv %s m=%d n=%d k=%d ldx=%d ldo=%d%s", wt.tname(), m, n, k, ldx, ldo,
+             acc ? " accumulate" : "");
+    if (!selected(name)) return;
+    QWeight &W = wt.get();
+    std::vector<uint16_t> x((size_t)m * ldx), o0((size_t)m * ldo);
+    fill_bf16(x, r, 1.0f);
+    if (acc) fill_bf16(o0, r, 1.0f);
+    else o0.assign(o0.size(), POISON);
+    DBuf dx, dout;
+    dx.up(x);
+    dout.up(o0);
+    int rc = pg_cuda_qgemv(dout.p, ldo, dx.p, ldx, W.dq.p, W.dscales(), W.dtype, m, n, k, acc, nullptr);
+    if (rc != 0) {
+        report_bool(name, false, pg_err_msg());
+        return;
+    }
+    CK(cudaDeviceSynchronize());
+    std::vector<uint16_t> go(o0.size());
+    dout.down(go);
+    std::vector<double> ref((size_t)m * n), out;
+    parallel_for((int64_t)m * n, [&](int64_t t) {
+        const int i = (int)(t / n), j = (int)(t % n);
+        const uint16_t *xr = &x[(size_t)i * ldx];
+        const float *wr = &W.deq[(size_t)j * k];
+        double s = 0;
+        for (int e = 0; e < k; e++) s += (double)bf2f(xr[e]) * (double)wr[e];
+        ref[(size_t)t] = s * W.scale(j) + (acc ? (double)bf2f(o0[(size_t)i * ldo + j]) : 0.0);
+    });
+    const bool outside_ok = gemv_out(go, o0, m, n, ldo, out);
+    report(name, outside_ok ? max_rel(out, ref) : NAN, 2e-3, "max_rel");
+    if (!qdtype_fp8(W.dtype) || acc) return;
+    // The CPU twin (pg_cpu_matmul, quant numerics): x quantized per token.
+    std::vector<double> ref8((size_t)m * n);
+    std::vector<uint8_t> xq((size_t)m * k);
+    std::vector<float> xs((size_t)m);
+    for (int i = 0; i < m; i++) {
+        std::vector<float> xf((size_t)k);
+        for (int e = 0; e < k; e++) xf[(size_t)e] = bf2f(x[(size_t)i * ldx + e]);
+        pg_quantize_row_fp8(xf.data(), k, &xq[(size_t)i * k], &xs[(size_t)i]);
+    }
+    parallel_for((int64_t)m * n, [&](int64_t t) {
+        const int i = (int)(t / n), j = (int)(t % n);
+        const uint8_t *xr = &xq[(size_t)i * k];
+        const float *wr = &W.deq[(size_t)j * k];
+        double s = 0;
+        for (int e = 0; e < k; e++) s += (double)pg_fp8_e4m3_to_f32(xr[e]) * (double)wr[e];
+        ref8[(size_t)t] = s * W.scale(j) * (double)xs[(size_t)i];
+    });
+    char nm[200];
+    snprintf(nm, sizeof nm, "%s vs W8A8", name);
+    report(nm, rel_err(out, ref8), 6e-2);
+}
+
+// pg_cuda_qdequant_bf16 bit for bit against pg_dequantize_row's values
+// (times the row scale, an f32 product, for fp8) rounded to bf16.
+static void test_qdequant(QWeight &wt) {
+    char name[160];
+    snprintf(name, sizeof name, "qgemm dequant %s n=%d k=%d (bit-exact)", wt.tname(), wt.n, wt.k);
+    if (!selected(name)) return;
+    QWeight &W = wt.get();
+    const size_t ne = (size_t)W.n * W.k;
+    DBuf dout(ne * 2);
+    CK(cudaMemset(dout.p, 0xff, ne * 2));
+    int rc = pg_cuda_qdequant_bf16(dout.p, W.dq.p, W.dscales(), W.dtype, W.n, W.k, nullptr);
+    if (rc != 0) {
+        report_bool(name, false, pg_err_msg());
+        return;
+    }
+    CK(cudaDeviceSynchronize());
+    std::vector<uint16_t> go(ne);
+    dout.down(go);
+    std::atomic<int64_t> bad{0};
+    parallel_for(W.n, [&](int64_t row) {
+        const float sc = (float)W.scale((int)row);
+        int64_t b = 0;
+        for (int j = 0; j < W.k; j++) {
+            const size_t e = (size_t)row * W.k + j;
+            const float v = qdtype_fp8(W.dtype) ? W.deq[e] * sc : W.deq[e];
+            const uint16_t want = f2bf(v), got = go[e];
+            const bool both_nan = v != v && (got & 0x7fff) > 0x7f80;
+            if (got != want && !both_nan) b++;
+        }
+        bad += b;
+    });
+    char detail[96];
+    snprintf(detail, sizeof detail, "%lld of %zu values differ", (long long)bad.load(), ne);
+    report_bool(name, bad.load() == 0, detail);
+}
+
+// Every e4m3 code (NaN included) through the dequantizer, at four scales.
+static void test_qdequant_codes() {
+    const char *name = "qgemm dequant fp8_e4m3 every code (bit-exact)";
+    if (!selected(name)) return;
+    const int n = 4, k = 512;
+    std::vector<uint8_t> q((size_t)n * k);
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < k; j++) q[(size_t)r * k + j] = (uint8_t)((j + 37 * r) & 255);
+    const std::vector<float> sc = {1.0f, 0.37f, 1e-3f, 300.0f};
+    DBuf dq, ds, dout((size_t)n * k * 2);
+    dq.up(q);
+    ds.up(sc);
+    PK(pg_cuda_qdequant_bf16(dout.p, dq.p, ds.as<float>(), PG_DTYPE_FP8_E4M3, n, k, nullptr));
+    CK(cudaDeviceSynchronize());
+    std::vector<uint16_t> go((size_t)n * k);
+    dout.down(go);
+    int bad = 0;
+    for (int r = 0; r < n; r++)
+        for (int j = 0; j < k; j++) {
+            const float v = pg_fp8_e4m3_to_f32(q[(size_t)r * k + j]) * sc[(size_t)r];
+            const uint16_t got = go[(size_t)r * k + j];
+            if (v != v ? (got & 0x7fff) <= 0x7f80 : got != f2bf(v)) bad++;
+        }
+    char detail[64];
+    snprintf(detail, sizeof detail, "%d of %d values differ", bad, n * k);
+    report_bool(name, bad == 0, detail);
+}
+
+// The large-batch path as the backend runs it: pg_cuda_qdequant_bf16 into a
+// bf16 scratch, then pg_cuda_gemm_bf16. m > 64: every 8th row is checked.
+static void test_qgemm(pg_cuda_gemm *g, DBuf &ws, QWeight &wt, int m, Rng &r) {
+    const int n = wt.n, k = wt.k;
+    char name[160];
+    snprintf(name, sizeof name, "qgemm %s m=%d n=%d k=%d", wt.tname(), m, n, k);
+    if (!selected(name)) return;
+    QWeight &W = wt.get();
+    std::vector<uint16_t> x((size_t)m * k), o0((size_t)m * n, POISON);
+    fill_bf16(x, r, 1.0f);
+    DBuf dx, dout, scratch((size_t)n * k * 2);
+    dx.up(x);
+    dout.up(o0);
+    PK(pg_cuda_qdequant_bf16(scratch.p, W.dq.p, W.dscales(), W.dtype, n, k, nullptr));
+    int rc = pg_cuda_gemm_bf16(g, dout.p, n, dx.p, k, scratch.p, m, n, k, 0, ws.p, ws.n, nullptr);
+    if (rc != 0) {
+        report_bool(name, false, pg_err_msg());
+        return;
+    }
+    CK(cudaDeviceSynchronize());
+    std::vector<uint16_t> go(o0.size());
+    dout.down(go);
+    const int step = m > 64 ? 8 : 1, mr = (m + step - 1) / step;
+    std::vector<double> ref((size_t)mr * n), out((size_t)mr * n);
+    parallel_for((int64_t)mr * n, [&](int64_t t) {
+        const int i = (int)(t / n) * step, j = (int)(t % n);
+        const uint16_t *xr = &x[(size_t)i * k];
+        const float *wr = &W.deq[(size_t)j * k];
+        double s = 0;
+        for (int e = 0; e < k; e++) s += (double)bf2f(xr[e]) * (double)wr[e];
+        ref[(size_t)t] = s * W.scale(j);
+        out[(size_t)t] = bf2f(go[(size_t)i * n + j]);
+    });
+    report(name, max_rel(out, ref), 1e-2, "max_rel");
+}
+
+// Shapes and arguments the launchers decline (PG_EUNSUPP: the backend falls
+// back to dequantize + GEMM) or reject (PG_EINVAL), without writing.
+static void test_qgemv_refusals() {
+    const char *name = "qgemv refusals";
+    if (!selected(name)) return;
+    DBuf o(4096), x(65536), w(65536), s(4096);
+    CK(cudaMemset(o.p, 0x5a, o.n));
+    const float *sc = s.as<float>();
+    struct C {
+        const char *what;
+        int rc, want;
+    } c[] = {
+        {"m 9", pg_cuda_qgemv(o.p, 16, x.p, 64, w.p, sc, PG_DTYPE_FP8_E4M3, 9, 16, 64, 0, nullptr), PG_EUNSUPP},
+        {"fp8 k 24", pg_cuda_qgemv(o.p, 16, x.p, 24, w.p, sc, PG_DTYPE_FP8_E4M3, 1, 16, 24, 0, nullptr), PG_EUNSUPP},
+        {"x misaligned", pg_cuda_qgemv(o.p, 16, (char *)x.p + 2, 64, w.p, sc, PG_DTYPE_FP8_E4M3, 1, 16, 64, 0, nullptr),
+         PG_EUNSUPP},
+        {"m 8 k 16384 (x over shared memory)",
+         pg_cuda_qgemv(o.p, 16, x.p, 16384, w.p, sc, PG_DTYPE_INT4_G128, 8, 1, 16384, 0, nullptr), PG_EUNSUPP},
+        {"fp8 without scales", pg_cuda_qgemv(o.p, 16, x.p, 64, w.p, nullptr, PG_DTYPE_FP8_E4M3, 1, 16, 64, 0, nullptr),
+         PG_EINVAL},
+        {"int4_g128 k 64", pg_cuda_qgemv(o.p, 16, x.p, 64, w.p, nullptr, PG_DTYPE_INT4_G128, 1, 16, 64, 0, nullptr),
+         PG_EINVAL},
+        {"bf16 weight", pg_cuda_qgemv(o.p, 16, x.p, 64, w.p, nullptr, PG_DTYPE_BF16, 1, 16, 64, 0, nullptr), PG_EINVAL},
+        {"dequant int4_g64 k 96", pg_cuda_qdequant_bf16(o.p, w.p, nullptr, PG_DTYPE_INT4_G64, 4, 96, nullptr),
+         PG_EINVAL},
+        {"m 0", pg_cuda_qgemv(o.p, 16, x.p, 64, w.p, sc, PG_DTYPE_FP8_E4M3, 0, 16, 64, 0, nullptr), 0},
+    };
+    CK(cudaDeviceSynchronize());
+    std::vector<uint8_t> ob(o.n);
+    o.down(ob);
+    bool untouched = true;
+    for (uint8_t v : ob) untouched &= v == 0x5a;
+    std::string bad;
+    for (auto &e : c)
+        if (e.rc != e.want) bad += std::string(bad.empty() ? "" : ", ") + e.what + " rc " + std::to_string(e.rc);
+    if (!untouched) bad += std::string(bad.empty() ? "" : ", ") + "output written";
+    report_bool(name, bad.empty(), bad.empty() ? "all declined or rejected, nothing written" : bad.c_str());
+}
+
+static void qgemv_tests(pg_cuda_gemm *g, DBuf &ws, Rng &r) {
+    const int types[] = {PG_DTYPE_FP8_E4M3, PG_DTYPE_INT4_G128, PG_DTYPE_INT4_G64};
+    // Llama-3-8B's shapes (n x k): Q|K|V-, gate/up- and down-sized, and a KV
+    // projection; every m of the GEMV on the small one.
+    const int shapes[][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {1024, 4096}};
+    for (auto &sh : shapes)
+        for (int t : types) {
+            QWeight W(t, sh[0], sh[1], r); // freed after its cases
+            for (int m : {1, 3, 8}) test_qgemv(W, m, W.k, W.n, false, r);
+            if (sh[0] == 1024) {
+                for (int m : {2, 4, 5, 6, 7}) test_qgemv(W, m, W.k, W.n, false, r);
+                test_qgemv(W, 3, W.k + 64, W.n + 24, true, r); // strides past k and n, into a residual
+                test_qgemv(W, 8, W.k, W.n, true, r);
+            }
+            test_qgemm(g, ws, W, 64, r);
+            if (sh[1] == 4096 && sh[0] >= 4096) test_qgemm(g, ws, W, 512, r);
+            test_qdequant(W);
+        }
+    // Odd group counts (SmolLM2's 576 = 9 groups of 64; 1152 = 9 of 128) and
+    // 1536 = 12 of 128; fp8 at k = 576 (36 chunks of 16).
+    const int odd[][3] = {{PG_DTYPE_INT4_G64, 1536, 576},
+                          {PG_DTYPE_INT4_G128, 576, 1152},
+                          {PG_DTYPE_INT4_G128, 576, 1536},
+                          {PG_DTYPE_FP8_E4M3, 1536, 576}};
+    for (auto &o : odd) {
+        QWeight W(o[0], o[1], o[2], r);
+        for (int m : {1, 3, 8}) test_qgemv(W, m, W.k, W.n, false, r);
+        test_qgemv(W, 2, W.k, W.n, true, r);
+        test_qgemm(g, ws, W, 64, r);
+        test_qgemm(g, ws, W, 512, r);
+        test_qdequant(W);
+    }
+    test_qdequant_codes();
+    test_qgemv_refusals();
+}
+
 // --- PDL: the decode chain with and without programmatic dependent launch ---------------
 
 // A batch-1/2 decode step as the model runs it at m <= 2 (embed, then per
@@ -1892,6 +2199,8 @@ int main(int argc, char **argv) {
         pg_cuda_gemv_kernel_set(-1);
         pg_cuda_gemv_preload_set(0);
         g_gemv_tag[0] = 0;
+        Rng rq(20260114); // its own stream: the later cases keep their inputs
+        qgemv_tests(g, ws, rq);
     }
     pg_cuda_gemm_destroy(g);
 
