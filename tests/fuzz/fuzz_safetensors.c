@@ -2,7 +2,7 @@
 //
 // Opens the input as an in-memory safetensors image and, on success, looks
 // every tensor up by name, touches its first and last byte and converts up
-// to MAX_ELEMS of it to f32. On failure the reader must leave the output
+// to MAX_ELEMS of it to f32 (float types; I32 tensors are only touched). On failure the reader must leave the output
 // NULL and set a message.
 #include <stdint.h>
 #include <string.h>
@@ -31,7 +31,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         PG_CHECK(p >= f->map && (uint64_t)(p - f->map) + t->nbytes <= f->map_size);
         if (t->nbytes) sink ^= p[0] ^ p[t->nbytes - 1];
         uint64_t n = t->n_elems < MAX_ELEMS ? t->n_elems : MAX_ELEMS;
-        pg_dequantize_row(t->dtype, t->data, out, (int64_t)n);
+        // Integer tensors (AWQ/GPTQ packing, I32) are read raw by their
+        // users, never converted: only the float types go through f32.
+        if (pg_dtype_block_elems(t->dtype) > 0)
+            pg_dequantize_row(t->dtype, t->data, out, (int64_t)n);
+        else
+            PG_CHECK(t->dtype == PG_DTYPE_I32);
     }
     (void)pg_st_find_tensor(f, ""); // a miss (or the tensor named "")
     pg_st_close(f);
