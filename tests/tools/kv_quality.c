@@ -14,17 +14,8 @@
 // and V as the f32 cache holds them (max |x| per layer, and how many
 // elements are beyond e4m3's 448 or below its smallest normal 2^-6), so the
 // reader sees whether fp8 at scale 1.0 saturates on this model. Markdown.
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "common/err.h"
-#include "engine/executor.h"
-#include "engine/gguf.h"
 #include "engine/memplan.h"
-#include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "tests/tools/quality_common.h"
 
 #define MAX_TYPES 8
 
@@ -41,29 +32,6 @@ typedef struct {
     float amax[2];              // K, V
     int64_t over[2], under[2];  // |x| > 448; 0 < |x| < 2^-6
 } layer_mag;
-
-static int fail(void) { return fprintf(stderr, "%s\n", pg_err_msg()), 1; }
-
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    *len = fread(s, 1, (size_t)n, f);
-    fclose(f);
-    return s;
-}
-
-// log-softmax of v[n] into out.
-static void log_softmax(const float *v, int n, double *out) {
-    double mx = v[0], s = 0;
-    for (int i = 1; i < n; i++) mx = v[i] > mx ? v[i] : mx;
-    for (int i = 0; i < n; i++) s += exp(v[i] - mx);
-    const double lse = mx + log(s);
-    for (int i = 0; i < n; i++) out[i] = v[i] - lse;
-}
 
 // The f32 cache's K and V of positions [0, n) (slot bs + t: the table is
 // blocks 1, 2, ...) into the per-layer magnitudes.
@@ -82,61 +50,32 @@ static void scan_kv(const pg_bkv *kv, int32_t n, layer_mag *mag) {
 }
 
 int main(int argc, char **argv) {
-    const char *model = NULL, *text = NULL, *types = "f16,bf16,q8_0,fp8,fp8_e4m3_scaled";
-    int n_tokens = 2048, window = 256, threads = 0;
-    pg_matmul_mode mode = PG_MATMUL_DEFAULT;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tokens") && i + 1 < argc) n_tokens = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--window") && i + 1 < argc) window = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--kv") && i + 1 < argc) types = argv[++i];
-        else if (!strcmp(argv[i], "--mode") && i + 1 < argc) {
-            if (pg_matmul_mode_parse(argv[++i], &mode) < 0) return fail();
-        } else if (!model) model = argv[i];
-        else text = argv[i];
-    }
-    if (!model || !text || window < 2) {
-        fprintf(stderr, "usage: kv_quality MODEL.gguf TEXT [--tokens N] [--window W] [--threads N] "
-                        "[--mode M] [--kv f16,bf16,q8_0,fp8,fp8_e4m3_scaled]\n");
-        return 2;
-    }
-    // Tokens of the text.
-    gguf_file *gf;
-    pg_tokenizer *tok;
-    if (gguf_open(model, &gf) < 0 || pg_tokenizer_from_gguf(gf, &tok) < 0) return fail();
-    size_t len;
-    char *s = read_all(text, &len);
-    if (!s) return fprintf(stderr, "%s: cannot read\n", text), 1;
-    int n_all = pg_tokenizer_encode(tok, s, len, false, false, NULL, 0);
-    if (n_all < 0) return fail();
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)n_all);
-    pg_tokenizer_encode(tok, s, len, false, false, ids, n_all);
-    if (n_all < n_tokens) n_tokens = n_all;
-    n_tokens -= n_tokens % window;
-    fprintf(stderr, "%s: %d tokens, %d used in windows of %d\n", text, n_all, n_tokens, window);
+    qc_args a = {.list = "f16,bf16,q8_0,fp8,fp8_e4m3_scaled"};
+    int rc = qc_parse(argc, argv, "--kv",
+                      "usage: kv_quality MODEL.gguf TEXT [--tokens N] [--window W] [--threads N] "
+                      "[--mode M] [--kv f16,bf16,q8_0,fp8,fp8_e4m3_scaled]", &a);
+    if (rc) return rc;
+    qc_tokens tx;
+    if ((rc = qc_tokenize(&a, &tx))) return rc;
+    const int32_t *ids = tx.ids;
+    const int n_tokens = a.n_tokens, window = a.window, bs = QC_BLOCK;
 
     // The reference (an f32 cache) and the types, each its own executor.
     kv_run r[MAX_TYPES] = {{.name = "f32 (reference)", .dtype = PG_KV_F32}};
     int nr = 1;
-    char *list = strdup(types);
+    char *list = strdup(a.list);
     for (char *save, *t = strtok_r(list, ",", &save); t && nr < MAX_TYPES; t = strtok_r(NULL, ",", &save)) {
         int32_t d;
-        if (pg_kv_dtype_parse(t, true, &d) < 0) return fail();
+        if (pg_kv_dtype_parse(t, true, &d) < 0) return qc_fail();
         r[nr++] = (kv_run){.name = t, .dtype = d};
     }
-    const int bs = 16, nb = window / bs + 2;
+    const int nb = qc_blocks(&a);
     int32_t *table = malloc(sizeof(int32_t) * (size_t)nb);
     for (int i = 0; i < nb; i++) table[i] = i + 1;
     int32_t V = 0;
     for (int k = 0; k < nr; k++) {
-        pg_model_load_opts mo = {.path = model};
-        pg_executor_config ec = {.tp = 1, .device = "cpu", .n_threads = threads, .matmul_mode = mode};
-        if (pg_executor_create(&ec, &mo, &r[k].ex) < 0) return fail();
-        pg_runner_config rc = {.block_size = bs, .max_num_seqs = 1, .max_num_batched_tokens = 1,
-                               .max_model_len = nb * bs, .kv_dtype = r[k].dtype, .graphs = PG_GRAPHS_OFF,
-                               .full_logits = true};
-        if (pg_executor_runners_create(r[k].ex, &rc) < 0 || pg_executor_alloc_kv(r[k].ex, nb + 1, 0) < 0)
-            return fail();
+        pg_model_load_opts mo = {.path = a.model};
+        if ((rc = qc_executor(&a, &mo, r[k].dtype, &r[k].ex))) return rc;
         V = pg_executor_model(r[k].ex, 0)->cfg.vocab_size;
         r[k].logits = malloc(sizeof(float) * (size_t)V);
         fprintf(stderr, "ready %s: %s, %zu bytes per KV block\n", r[k].name, pg_kv_dtype_name(r[k].dtype),
@@ -151,15 +90,10 @@ int main(int argc, char **argv) {
     int64_t n_pred = 0;
     for (int w0 = 0; w0 < n_tokens; w0 += window) {
         for (int i = 0; i < window - 1; i++) { // token w0 + i predicts w0 + i + 1
-            pg_plan_seq q = {.seq_id = 1, .tokens = ids + w0 + i, .n_tokens = 1, .start_pos = i,
-                             .block_table = table, .n_blocks = nb, .sample = true, .sp = &sp, .eos_id = -1};
-            pg_batch_plan p = {.n_seqs = 1, .seqs = &q, .n_tokens = 1};
-            pg_step_output o;
             const int32_t next = ids[w0 + i + 1];
             for (int k = 0; k < nr; k++) {
-                if (pg_executor_execute(r[k].ex, &p, &o) < 0 || pg_executor_last_logits(r[k].ex, r[k].logits, 1) < 0)
-                    return fail();
-                log_softmax(r[k].logits, V, k == 0 ? ref : lp);
+                if (qc_step(r[k].ex, r[k].logits, ids + w0 + i, i, table, nb, &sp)) return 1;
+                qc_log_softmax(r[k].logits, V, k == 0 ? ref : lp);
                 const double *l = k == 0 ? ref : lp;
                 r[k].nll -= l[next];
                 if (k == 0) continue;
@@ -189,7 +123,7 @@ int main(int argc, char **argv) {
                    r[k].kl / (double)n_pred, r[k].abs_sum / ((double)n_pred * V), r[k].abs_max);
     }
     printf("\n%lld predictions (%d windows of %d tokens), matmul mode %s\n\n", (long long)n_pred, n_tokens / window,
-           window, pg_matmul_mode_name(mode));
+           window, pg_matmul_mode_name(a.mode));
     // Magnitudes: the largest layers and the totals.
     const int64_t per_layer = (int64_t)n_pred * ref_kv->shape.n_kv_heads * ref_kv->shape.head_dim;
     float amax[2] = {0, 0};
@@ -212,8 +146,7 @@ int main(int argc, char **argv) {
            (long long)(per_layer * ref_kv->n_layers), ref_kv->n_layers, ref_kv->shape.n_kv_heads,
            ref_kv->shape.head_dim, (long long)n_pred);
     for (int k = 0; k < nr; k++) pg_executor_free(r[k].ex), free(r[k].logits);
-    free(mag), free(ref), free(lp), free(table), free(ids), free(s), free(list);
-    pg_tokenizer_free(tok);
-    gguf_close(gf);
+    free(mag), free(ref), free(lp), free(table), free(list);
+    qc_tokens_free(&tx);
     return 0;
 }
