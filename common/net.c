@@ -68,6 +68,19 @@ int pg_net_accept(int listen_fd, int timeout_ms, int *fd_out) {
     }
 }
 
+// A connect to a local port that nobody listens on can succeed against
+// itself: when the kernel happens to pick the destination port as the
+// ephemeral source port, TCP's simultaneous open joins the socket to itself
+// (the retry loop below makes that likely enough to have failed a CI run:
+// the follower read its own hello back). Such a socket's two ends are equal.
+bool pg_net_self_connected(int fd) {
+    struct sockaddr_storage me, peer;
+    socklen_t ml = sizeof me, pl = sizeof peer;
+    if (getsockname(fd, (struct sockaddr *)&me, &ml) < 0 || getpeername(fd, (struct sockaddr *)&peer, &pl) < 0)
+        return false;
+    return ml == pl && memcmp(&me, &peer, ml) == 0;
+}
+
 int pg_net_connect(const char *host, int port, int timeout_ms, int *fd_out) {
     const int64_t deadline = pg_now_ns() + (int64_t)timeout_ms * 1000000;
     int err = 0;
@@ -80,13 +93,16 @@ int pg_net_connect(const char *host, int port, int timeout_ms, int *fd_out) {
                 err = errno;
                 continue;
             }
-            if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+            if (connect(fd, a->ai_addr, a->ai_addrlen) < 0) {
+                err = errno;
+            } else if (pg_net_self_connected(fd)) {
+                err = ECONNREFUSED; // nobody listens: what a plain refusal would have said
+            } else {
                 freeaddrinfo(ai);
                 nodelay(fd);
                 *fd_out = fd;
                 return 0;
             }
-            err = errno;
             close(fd);
         }
         freeaddrinfo(ai);

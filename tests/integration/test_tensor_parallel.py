@@ -241,6 +241,20 @@ def start_followers(nnodes, port, tmp, *extra):
     return procs
 
 
+def start_leader(srv, followers):
+    """srv.start(), and when node 0 does not come up, the followers' logs
+    with its own (a follower that failed leaves node 0 waiting)."""
+    try:
+        srv.start()
+    except RuntimeError as e:
+        tails = []
+        for i, (p, log) in enumerate(followers):
+            log.flush()
+            tails.append(f"--- node {i + 1} (exit {p.poll()}):\n{open(log.name).read()[-2000:]}")
+        srv.stop()
+        raise RuntimeError(f"{e}\n" + "\n".join(tails)) from None
+
+
 def complete(port, prompt, max_tokens=24):
     return su.post(port, "/v1/completions", {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                                              "ignore_eos": True})
@@ -256,10 +270,14 @@ def check_nodes():
         try:
             srv = su.Server("-tp", "3", "--nnodes", "3", "--node-rank", "0", "--master-port", str(port),
                             "--matmul-mode", "exact")
-            with srv:
+            start_leader(srv, followers)
+            try:
                 got = [complete(srv.port, p)[1]["choices"][0]["text"] for p in NODE_PROMPTS]
                 su.wait_idle(srv.port)
                 assert su.metric(su.metrics(srv.port), "paged:kv_cache_blocks", state="used") == 0
+            finally:
+                srv.stop()
+            srv.check_clean_exit()
             for (p, log) in followers:
                 assert p.wait(30) == 0, (p.returncode, open(log.name).read()[-2000:])
         finally:
@@ -292,7 +310,7 @@ def check_node_dies():
         try:
             srv = su.Server("-tp", "3", "--nnodes", "3", "--node-rank", "0", "--master-port", str(port),
                             "--matmul-mode", "exact", "--step-timeout", "10")
-            srv.start()
+            start_leader(srv, followers)
             try:
                 st, _ = complete(srv.port, "Hello", 4)
                 assert st == 200

@@ -34,6 +34,7 @@
 
 #include "common/err.h"
 #include "common/half.h"
+#include "common/net.h"
 #include "kernels/comm.h"
 #include "kernels/dtype.h"
 
@@ -694,6 +695,34 @@ static void test_tcp_duplicate_rank_is_refused(void **state) {
     assert_true(ts[1].create_rc < 0 && ts[2].create_rc < 0);
 }
 
+// A socket bound to port P and connected to P joins itself (TCP's
+// simultaneous open): what a retrying connect to a port nobody listens on
+// meets once in thousands of tries. pg_net_self_connected must see it, and
+// pg_net_connect never returns one.
+static void test_self_connected_socket_is_recognised(void **state) {
+    int port = free_port();
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_true(pg_net_self_connected(fd));
+    close(fd);
+    // A real connection is not.
+    int lfd, cfd, sfd;
+    assert_int_equal(pg_net_listen("127.0.0.1", port, 4, &lfd), 0);
+    assert_int_equal(pg_net_connect("127.0.0.1", port, 1000, &cfd), 0);
+    assert_int_equal(pg_net_accept(lfd, 1000, &sfd), 0);
+    assert_false(pg_net_self_connected(cfd));
+    assert_false(pg_net_self_connected(sfd));
+    close(cfd);
+    close(sfd);
+    close(lfd);
+}
+
 static void test_tcp_connect_timeout_names_the_address(void **state) {
     int port = free_port();
     pg_comm_tcp_opts o = {.rank = 1, .size = 2, .host = "127.0.0.1", .port = port, .timeout_ms = 300};
@@ -766,6 +795,7 @@ int main(void) {
         cmocka_unit_test(test_tcp_mismatched_calls_fail_on_every_rank),
         cmocka_unit_test(test_tcp_wrong_group_size_is_refused),
         cmocka_unit_test(test_tcp_duplicate_rank_is_refused),
+        cmocka_unit_test(test_self_connected_socket_is_recognised),
         cmocka_unit_test(test_tcp_connect_timeout_names_the_address),
         cmocka_unit_test(test_tcp_bad_options),
         cmocka_unit_test(test_nccl_stubs_say_built_without_cuda),
