@@ -43,6 +43,8 @@ typedef struct pg_engine_config {
     const char *cuda_graphs;     // decode CUDA graphs: NULL or "on" (captured at start-up),
                                  //   "lazy" (on a bucket's first step), "off"
     int32_t quantization;        // PG_QUANT_* (engine/model.h): online quantization at load
+    int64_t cpu_offload_bytes;   // --cpu-offload-gb: layer weights kept in host memory and
+                                 //   streamed to the device (engine/model_offload.c); 0 = none
     const char *kv_cache_dtype;  // NULL or "auto" (bf16 on CUDA; on the CPU f16, f32 in exact
                                  //   numerics), "bf16", "fp8" (e4m3, scale 1.0), "f32", "f16",
                                  //   "q8_0", "fp8_e4m3_scaled" (CPU only)
@@ -156,6 +158,7 @@ typedef struct pg_engine_stats {
     // Host memory by category (rank 0's; pg_runner_mem): weights mapped from
     // the model file (CPU), the KV pool (CPU), the pinned step images.
     int64_t host_weights_mapped_bytes, host_kv_bytes, host_pinned_bytes;
+    int64_t host_weights_offloaded_bytes; // --cpu-offload-gb's host copies of layer weights
     int32_t host_kv_blocks;      // host blocks (0 = no swap space, no host tier)
     bool host_kv_tier;           // evicted prefix blocks kept in the host blocks
     // Per tensor-parallel rank (the fields above are rank 0's): each rank's

@@ -162,13 +162,13 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
     if (tp > PG_MEMPLAN_MAX_RANKS) return pg_err_set(PG_EINVAL, "-tp %d: at most %d ranks", tp, PG_MEMPLAN_MAX_RANKS);
     const bool dummy = cfg->load_format && !strcmp(cfg->load_format, "dummy");
     const pg_model_load_opts mo = {.path = cfg->model_path, .dummy = dummy, .hf_config = cfg->hf_config,
-                                   .quantization = cfg->quantization};
+                                   .quantization = cfg->quantization, .cpu_offload_bytes = cfg->cpu_offload_bytes};
     const pg_weight_rules *rules = cuda ? &CUDA_RULES : &CPU_RULES;
     p->cuda = cuda;
     p->tp = tp;
     p->quantization = cfg->quantization;
     for (int32_t r = 0; r < tp; r++)
-        PG_TRY(pg_model_weight_plan(&mo, r, tp, rules, &p->mc, &p->ranks[r].weights));
+        PG_TRY(pg_model_weight_plan(&mo, r, tp, rules, &p->mc, &p->ranks[r].weights, &p->ranks[r].offload));
     const pg_model_config *mc = &p->mc;
     PG_TRY(pg_kv_dtype_resolve(cfg, !cuda, mc->head_dim, &p->kv_dtype));
     p->kv_fp8 = p->kv_dtype == PG_KV_FP8_E4M3;
@@ -333,6 +333,34 @@ int pg_memplan_advise(const pg_memplan_in *in0, pg_memplan_advice *out, int cap)
             snprintf(f, sizeof f, "--max-num-batched-tokens %d", t);
             if (try_add(&a, &in, f)) break;
         }
+        // CPU offload: the fewest whole GiB of layer weights in host memory
+        // (doubling, then the exact count) that leave room for the KV cache.
+        if (in0->cfg.cpu_offload_bytes <= 0 && p->ranks[0].weights > 0) {
+            pg_memplan_in in = *in0;
+            const int64_t max_gib = p->ranks[0].weights / GiB + 1;
+            int64_t lo = 0, hi = 0;
+            for (int64_t g = 1; g <= 2 * max_gib; g *= 2) {
+                pg_memplan q;
+                in.cfg.cpu_offload_bytes = g * GiB;
+                if (pg_memplan_compute(&in, &q) == 0 && q.fits) {
+                    hi = g;
+                    break;
+                }
+                lo = g;
+            }
+            while (hi && hi - lo > 1) {
+                const int64_t mid = (lo + hi) / 2;
+                pg_memplan q;
+                in.cfg.cpu_offload_bytes = mid * GiB;
+                if (pg_memplan_compute(&in, &q) == 0 && q.fits) hi = mid;
+                else lo = mid;
+            }
+            if (hi) {
+                in.cfg.cpu_offload_bytes = hi * GiB;
+                snprintf(f, sizeof f, "--cpu-offload-gb %lld", (long long)hi);
+                try_add(&a, &in, f);
+            }
+        }
         if (p->util < 0.95 && in0->cfg.kv_cache_bytes <= 0) {
             pg_memplan_in in = *in0;
             in.cfg.gpu_memory_utilization = 0.95;
@@ -417,6 +445,12 @@ char *pg_memplan_text(const pg_memplan *p, const pg_memplan_advice *adv, int n_a
             p->mc.ckpt_quant != PG_QUANT_NONE ? "layer matrices int4 from the AWQ / GPTQ checkpoint, the rest as stored"
             : p->quantization != PG_QUANT_NONE ? "layer matrices quantized at load, the rest as stored"
             : p->cuda ? "bf16 on the GPU: types it does not run in place are dequantized" : "as stored, mapped");
+        if (k->offload.n_layers)
+            sbm_printf(&b, "  offloaded "), put_size(&b, k->offload.host_bytes),
+                sbm_printf(&b, "  (--cpu-offload-gb: layers 0-%d in host memory, streamed through %d device "
+                              "slot%s of %.1f MiB, which weights include)\n",
+                           k->offload.n_layers - 1, k->offload.n_slots, k->offload.n_slots > 1 ? "s" : "",
+                           (double)k->offload.slot_bytes / MiB);
         sbm_printf(&b, "  KV cache  "), put_size(&b, k->kv),
             sbm_printf(&b, "  (%s, %zu bytes per block)\n", kv_name(p), p->per_block);
         sbm_printf(&b, "  workspace "), put_size(&b, k->workspace);
@@ -463,10 +497,12 @@ static void json_plan(sbuf_min *b, const pg_memplan *p) {
         const pg_memplan_rank *k = &p->ranks[r];
         sbm_printf(b, "%s{\"rank\":%d,\"weights_bytes\":%lld,\"kv_cache_bytes\":%lld,\"workspace_bytes\":%lld,"
                       "\"workspace_buffers_bytes\":%lld,\"workspace_extra_bytes\":%lld,\"graphs_bytes\":%lld,"
-                      "\"other_bytes\":%lld,\"reserved_bytes\":%lld,\"free_bytes\":%lld}",
+                      "\"other_bytes\":%lld,\"reserved_bytes\":%lld,\"free_bytes\":%lld,"
+                      "\"offloaded_layers\":%d,\"offloaded_host_bytes\":%lld,\"offload_slot_bytes\":%lld}",
                    r ? "," : "", r, (long long)k->weights, (long long)k->kv, (long long)k->workspace,
                    (long long)k->workspace_buffers, (long long)k->workspace_extra, (long long)k->graphs,
-                   (long long)k->other, (long long)k->reserved, (long long)k->free);
+                   (long long)k->other, (long long)k->reserved, (long long)k->free, k->offload.n_layers,
+                   (long long)k->offload.host_bytes, (long long)k->offload.slot_bytes);
     }
     sbm_printf(b, "],\"kv_block_bytes\":%zu,\"kv_bytes_per_token\":%zu,\"kv_blocks\":%d,\"kv_tokens\":%lld,"
                   "\"swap_blocks\":%d,\"plan_seq_len\":%d,\"sequences\":%lld,\"fits\":%s",

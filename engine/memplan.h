@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
+#include "engine/model.h"
 #include "engine/model_config.h"
 
 #define PG_MEMPLAN_MAX_RANKS 64
@@ -32,7 +33,8 @@ typedef struct pg_memplan_in {
 } pg_memplan_in;
 
 typedef struct pg_memplan_rank {
-    int64_t weights;            // as the backend holds them
+    int64_t weights;            // as the backend holds them (offload: the resident ones and the slots)
+    pg_offload_plan offload;    // --cpu-offload-gb: what moves to host memory
     int64_t kv;                 // the KV pool (device blocks, block 0 included)
     int64_t workspace;          // buffers + extra
     int64_t workspace_buffers;  // the runner's allocation (exact)

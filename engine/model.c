@@ -49,10 +49,15 @@ int pg_model_forward_layers(const pg_model *m, pg_bkv *kv, const pg_fwd_buffers 
     // write theirs over it; the all-reduce then sums stream and parts.
     const bool residual = sh->rank == 0;
 
+    // --cpu-offload-gb: the first two offloaded layers' copies start now,
+    // each later one once the layer two before it is queued (its slot).
+    PG_TRY(pg_model_offload_prefetch(m, 0));
+    PG_TRY(pg_model_offload_prefetch(m, 1));
     PG_TRY(be->embed(be, x, s->tokens, m->tok_emb, sh->vocab0));
     PG_TRY(reduce(m, x));
     for (int32_t l = 0; l < c->n_layers; l++) {
         const pg_model_layer *L = &m->layers[l];
+        PG_TRY(pg_model_offload_wait(m, l));
         // Attention block.
         PG_TRY(be->linear(be, qkv, x, L->attn_norm, c->rms_eps, L->qkv, L->qkv_bias, false, xn));
         if (L->q_norm) {
@@ -68,6 +73,7 @@ int pg_model_forward_layers(const pg_model *m, pg_bkv *kv, const pg_fwd_buffers 
         PG_TRY(be->gate_up_silu(be, h, x, L->ffn_norm, c->rms_eps, L->gate_up, xn, gu));
         PG_TRY(be->linear(be, x, h, NULL, 0.0f, L->down, NULL, residual, xn));
         PG_TRY(reduce(m, x));
+        PG_TRY(pg_model_offload_prefetch(m, l + 2));
     }
     return 0;
 }

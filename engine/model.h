@@ -46,6 +46,23 @@ typedef struct pg_model_shard {
 // model cannot be split so (heads, KV heads, FFN or vocabulary not divisible).
 int pg_model_shard_plan(const pg_model_config *c, int32_t rank, int32_t size, pg_model_shard *out);
 
+// --cpu-offload-gb (engine/model_offload.c): the first n_layers layers'
+// weights live in host memory (pinned on the GPU) and are copied into one
+// of two device slots before they run, layer l into slot l % 2, the next
+// layer's copy running beside the current layer's compute (double
+// buffering). Every offloaded weight always reads at the same slot address,
+// so captured graphs replay the copies with the rest.
+typedef struct pg_model_offload {
+    int32_t n_layers;     // layers [0, n_layers) are offloaded; 0: none
+    void *slot[2];        // backend memory of slot_bytes each (slot[1] NULL for one layer)
+    size_t slot_bytes;
+    int64_t slots_bytes;  // both slots: the device memory offload takes (in weight_bytes)
+    void **host;          // [n_layers] each layer's weights, packed in the slot layout
+    size_t *bytes;        // [n_layers] bytes of host[l]
+    int64_t host_bytes;   // the host copies in total
+    double h2d_gbps;      // host-to-device copy rate measured at load (0: not measured)
+} pg_model_offload;
+
 typedef struct pg_model {
     pg_model_config cfg;
     pg_model_shard shard;
@@ -56,7 +73,8 @@ typedef struct pg_model {
     pg_bweight *final_norm;  // [hidden]
     pg_bweight *inv_freq;    // [head_dim / 2] rotary inverse frequencies (f32 values)
     pg_model_layer *layers;  // [n_layers]
-    int64_t weight_bytes;    // backend memory of every weight
+    int64_t weight_bytes;    // backend memory of every weight (offload: resident ones and the slots)
+    pg_model_offload offload;
     char format[64];         // how the weights were stored: "gguf q4_1", "safetensors bf16", "dummy"
     int32_t quantization;    // PG_QUANT_* applied at load (PG_QUANT_NONE: as stored)
     int32_t layer_dtype;     // the type layer 0's Q|K|V runs in (after quantization)
@@ -82,6 +100,10 @@ typedef struct pg_model_load_opts {
     pg_comm *comm;
     // Online quantization of the layers' matrices (PG_QUANT_*; engine/model_quant.c).
     int32_t quantization;
+    // --cpu-offload-gb: layers from the first on move to host memory as they
+    // load until at least this many bytes of weights have (vLLM's rule);
+    // 0: none. Per rank under tensor parallelism.
+    int64_t cpu_offload_bytes;
 } pg_model_load_opts;
 
 // --quantization (vLLM's flag): the layers' linear weights quantized at
@@ -133,9 +155,34 @@ typedef struct pg_weight_rules {
 // safetensors headers, config.json): the loader's table, names, shape
 // checks and tensor-parallel slicing, without touching a weight. The
 // loader's errors (a missing tensor, a shape, a split off a block boundary).
+// With o->cpu_offload_bytes, *bytes is what stays on the device (the
+// resident weights and the slots) and *off (when not NULL) what moves.
+typedef struct pg_offload_plan {
+    int32_t n_layers;   // layers offloaded
+    int64_t host_bytes; // their host copies (the slot layout: 256-byte aligned weights)
+    int64_t slot_bytes; // one device slot (the largest of those layers)
+    int32_t n_slots;    // 2, or 1 for one layer, 0 for none
+} pg_offload_plan;
 int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size, const pg_weight_rules *rules,
-                         pg_model_config *cfg, int64_t *bytes);
+                         pg_model_config *cfg, int64_t *bytes, pg_offload_plan *off);
 void pg_model_free(pg_model *m);
+
+// The weights of layer L in a fixed order (norms, Q|K|V, bias, q/k norms, O,
+// FFN norm, gate|up, down), those it has; returns how many (at most 9).
+int pg_model_layer_weights(const pg_model_layer *L, pg_bweight **out);
+// Offload (engine/model_offload.c), for the loader: layer l (the next one
+// after those offloaded so far) moves to host memory; then, once every
+// layer has loaded, finish allocates the slots, points the offloaded
+// weights at them and measures the copy rate (logged).
+int pg_model_offload_layer(pg_model *m, int32_t l);
+int pg_model_offload_finish(pg_model *m);
+// Frees the slots and the host copies (pg_model_free calls it).
+void pg_model_offload_free(pg_model *m);
+// For the forward: starts the copy of offloaded layer l into its slot
+// (nothing when l is not offloaded), and makes the compute work queued
+// next wait for it.
+int pg_model_offload_prefetch(const pg_model *m, int32_t l);
+int pg_model_offload_wait(const pg_model *m, int32_t l);
 
 // The activation buffers of one step, views of the runner's workspace for
 // the step's rows (n tokens, s sampled rows); any row count up to the

@@ -461,8 +461,12 @@ static int load_layers(loader *ld, const source *s) {
             }
             if (l == 0 && f == F_QKV) m->layer_dtype = parts[f][0].dtype;
         }
+        // --cpu-offload-gb: layers move out as they load, so the device
+        // never holds more than the resident layers and one more.
+        const int64_t moved = m->offload.host_bytes;
+        if (ld->o->cpu_offload_bytes > 0 && moved < ld->o->cpu_offload_bytes) PG_TRY(pg_model_offload_layer(m, l));
     }
-    return 0;
+    return pg_model_offload_finish(m);
 }
 
 // Bytes of the weights as stored (for the progress bar); bf16 sizes for
@@ -555,8 +559,9 @@ static int64_t planned_bytes(const pg_weight_rules *r, src_kind kind, const pg_w
 }
 
 int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size, const pg_weight_rules *rules,
-                         pg_model_config *cfg, int64_t *bytes) {
+                         pg_model_config *cfg, int64_t *bytes, pg_offload_plan *off) {
     *bytes = 0;
+    pg_offload_plan op = {0};
     pg_model m = {0}; // only cfg and shard: what the slicing rules read
     source s;
     int rc = source_open(o, &s, &m.cfg);
@@ -587,7 +592,10 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
     if ((rc = find_checked(NULL, &s, norm_name, 1, H, &w, NULL)) < 0)
         goto done;
     *bytes += planned_bytes(rules, s.kind, &w, 1, true);
-    for (int32_t l = 0; l < c->n_layers; l++)
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        // The layer's weights as the loader makes them (a fused weight's
+        // parts summed), and as offload packs them (each 256-byte aligned).
+        int64_t fused[F_COUNT] = {0}, layer = 0, packed = 0;
         for (int t = 0; t < N_LAYER_TENSORS; t++) {
             const layer_tensor *lt = &LAYER[t];
             if (!needed(c, lt->need)) continue;
@@ -603,11 +611,25 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
                 slice_rows(&w, lo, n);
             else if (shard_range(&m, lt->cols, &lo, &n) && (rc = slice_cols(NULL, s.path, name, &w, lo, n)) < 0)
                 goto done;
-            if (w.rows > 1 && online_quant(o) && s.kind != SRC_DUMMY)
-                *bytes += pg_quantized_bytes(o->quantization, w.rows, w.cols);
-            else
-                *bytes += planned_bytes(rules, s.kind, &w, 1, w.rows == 1);
+            const int64_t b = w.rows > 1 && online_quant(o) && s.kind != SRC_DUMMY
+                                  ? pg_quantized_bytes(o->quantization, w.rows, w.cols)
+                                  : planned_bytes(rules, s.kind, &w, 1, w.rows == 1);
+            fused[lt->field] += b;
+            layer += b;
         }
+        for (int f = 0; f < F_COUNT; f++) packed += (fused[f] + 255) / 256 * 256;
+        *bytes += layer;
+        // engine/model_offload.c's rule: layers move until the budget is met.
+        if (o->cpu_offload_bytes > 0 && op.host_bytes < o->cpu_offload_bytes) {
+            op.n_layers++;
+            op.host_bytes += packed;
+            if (packed > op.slot_bytes) op.slot_bytes = packed;
+            *bytes -= layer;
+        }
+    }
+    op.n_slots = op.n_layers > 1 ? 2 : op.n_layers;
+    *bytes += op.slot_bytes * op.n_slots;
+    if (off) *off = op;
     // (The rotary frequencies, head_dim / 2 floats, are not counted: nor
     // are they in pg_model.weight_bytes.)
     *cfg = m.cfg;
@@ -737,12 +759,11 @@ void pg_model_free(pg_model *m) {
     pg_backend *be = m->be;
     if (m->layers)
         for (int32_t l = 0; l < m->cfg.n_layers; l++) {
-            pg_model_layer *L = &m->layers[l];
-            pg_bweight *ws[] = {L->attn_norm, L->qkv, L->qkv_bias, L->q_norm, L->k_norm,
-                                L->o, L->ffn_norm, L->gate_up, L->down};
-            for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-                if (ws[i]) be->weight_free(be, ws[i]);
+            pg_bweight *ws[9];
+            const int n = pg_model_layer_weights(&m->layers[l], ws);
+            for (int i = 0; i < n; i++) be->weight_free(be, ws[i]);
         }
+    pg_model_offload_free(m);
     if (m->lm_head && m->lm_head != m->tok_emb) be->weight_free(be, m->lm_head);
     if (m->tok_emb) be->weight_free(be, m->tok_emb);
     if (m->final_norm) be->weight_free(be, m->final_norm);

@@ -49,6 +49,9 @@ const char *pg_engine_options_help =
     "                                and zero points (weight-only); awq|gptq: an AWQ / GPTQ int4\n"
     "                                checkpoint, repacked at load (inferred from its config.json;\n"
     "                                given, it must match); CPU only for now\n"
+    "  --cpu-offload-gb N            keep at least N GiB of layer weights (from the first\n"
+    "                                layer on) in pinned host memory, copied to the device\n"
+    "                                one layer ahead of use (per GPU; default 0)\n"
     "  --kv-cache-dtype T            KV cache elements: auto (bf16 on the GPU; on the CPU f16,\n"
     "                                f32 with --matmul-mode exact), bf16, fp8 (e4m3, scale 1.0,\n"
     "                                saturating; twice bf16's tokens), f32, f16, q8_0,\n"
@@ -188,6 +191,13 @@ int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
         for (size_t t = 0; t < sizeof kv_types / sizeof kv_types[0]; t++) known |= !strcmp(v, kv_types[t]);
         if (!known) return pg_err_set(PG_EINVAL, "--kv-cache-dtype must be auto, f32, f16, bf16, q8_0, fp8 or fp8_e4m3_scaled");
         c->kv_cache_dtype = v;
+        return 1;
+    }
+    if (!strcmp(f, "--cpu-offload-gb")) {
+        NEED_VALUE();
+        double g;
+        if (pg_parse_float(v, 0.0, 1 << 20, &g) < 0) return pg_err_wrap(PG_EINVAL, "%s: ", f);
+        c->cpu_offload_bytes = (int64_t)(g * (double)(1 << 30));
         return 1;
     }
     if (!strcmp(f, "--gpu-memory-utilization")) {

@@ -423,7 +423,9 @@ void pg_runner_mem_get(const pg_runner *r, pg_runner_mem *out) {
     if (r->graphs_on && r->graph_reserve > r->graph_bytes)
         out->graphs_reserved = r->graph_reserve - r->graph_bytes;
     out->host_swap = r->kv ? (int64_t)r->kv->host_bytes : 0;
-    out->host_weights_mapped = be->weights_borrow ? r->model->weight_bytes : 0;
+    // (Offload slots are the backend's own memory, not the mapping.)
+    out->host_weights_mapped = be->weights_borrow ? r->model->weight_bytes - r->model->offload.slots_bytes : 0;
+    out->host_weights_offloaded = r->model->offload.host_bytes;
     out->host_kv = strcmp(be->name, "cpu") == 0 ? out->kv : 0;
     out->host_pinned = 2 * ((int64_t)r->in_cap + (int64_t)sizeof(pg_sample_out) * r->max_seqs);
     // On the CPU the machine's memory holds everything else too: "other"

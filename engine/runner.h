@@ -86,6 +86,7 @@ typedef struct pg_runner_mem {
     // borrows them: the CPU), the KV pool where the device is the host (the
     // CPU), and the pinned input/output images of the workspace.
     int64_t host_weights_mapped, host_kv, host_pinned;
+    int64_t host_weights_offloaded; // --cpu-offload-gb: the layers' host copies (pinned on a GPU)
     int64_t workspace_buffers; // of `workspace`, the buffers the runner allocated
     int32_t n_graphs;          // graphs captured so far (`graphs` bytes)
     int64_t graphs_reserved;   // bytes set aside for graphs not captured yet (not in

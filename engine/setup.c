@@ -90,6 +90,7 @@ void eng_stats_memory(pg_engine *e) {
         st->host_weights_mapped_bytes = m.host_weights_mapped;
         st->host_kv_bytes = m.host_kv;
         st->host_pinned_bytes = m.host_pinned;
+        st->host_weights_offloaded_bytes = m.host_weights_offloaded;
     }
 }
 
@@ -106,7 +107,7 @@ static bool wants_cuda(const pg_engine_config *cfg) {
 static void executor_config(const pg_engine_config *cfg, pg_model_load_opts *mo, pg_executor_config *ec) {
     *mo = (pg_model_load_opts){.path = cfg->model_path, .dummy = is_dummy(cfg), .hf_config = cfg->hf_config,
                                .dummy_seed = 0x5eedull, .dummy_std = 0.02f,
-                               .quantization = cfg->quantization};
+                               .quantization = cfg->quantization, .cpu_offload_bytes = cfg->cpu_offload_bytes};
     *ec = (pg_executor_config){.tp = cfg->tensor_parallel > 1 ? cfg->tensor_parallel : 1, .device = cfg->device,
                                .n_threads = cfg->n_threads, .matmul_mode = cfg->matmul_mode, .comm = cfg->tp_comm,
                                .nnodes = cfg->nnodes, .node_rank = cfg->node_rank,
@@ -354,10 +355,10 @@ int eng_setup(pg_engine *e) {
                                             : "swap space",
             e->max_model_len);
     const double M = 1 << 20;
-    PG_LOGI("host memory%s: weights mapped %.1f MiB + KV cache %.1f MiB + swap/host tier %.1f MiB + pinned "
-            "workspace %.1f MiB",
-            tp > 1 ? " (rank 0)" : "", gm.host_weights_mapped / M, gm.host_kv / M, gm.host_swap / M,
-            gm.host_pinned / M);
+    PG_LOGI("host memory%s: weights mapped %.1f MiB + weights offloaded %.1f MiB + KV cache %.1f MiB + swap/host "
+            "tier %.1f MiB + pinned workspace %.1f MiB",
+            tp > 1 ? " (rank 0)" : "", gm.host_weights_mapped / M, gm.host_weights_offloaded / M, gm.host_kv / M,
+            gm.host_swap / M, gm.host_pinned / M);
     PG_LOGI("async scheduling %s", e->async ? "on (the next step is planned while one runs)" : "off");
     return 0;
 }

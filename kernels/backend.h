@@ -172,6 +172,27 @@ struct pg_backend {
     int (*vector_f32)(pg_backend *b, const float *v, int64_t n, pg_bweight **out);
     void (*weight_free)(pg_backend *b, pg_bweight *w);
 
+    // --- weight offload (--cpu-offload-gb: engine/model_offload.c) --------------
+    // Bytes of backend memory w takes as one block (its data and any row
+    // scales): what weight_offload moves and a device slot must hold.
+    size_t (*weight_pack_bytes)(pg_backend *b, const pg_bweight *w);
+    // Moves w out of backend memory: its contents are copied to `host` (host
+    // memory of weight_pack_bytes(w) bytes, which the caller keeps while w
+    // lives) and its own backend memory is freed; w->bytes becomes 0. Until
+    // weight_point gives it an address w must not be used. Synchronous.
+    int (*weight_offload)(pg_backend *b, pg_bweight *w, void *host);
+    // From now on ops read offloaded weight w at dst (backend memory of
+    // weight_pack_bytes(w) bytes, 256-byte aligned), which holds w only once
+    // stream_in has copied w's host block there.
+    int (*weight_point)(pg_backend *b, pg_bweight *w, void *dst);
+    // Copies `bytes` from src_host (host_alloc memory) to dst on the copy
+    // stream, after the compute work queued so far (which may still read
+    // dst), as copy `slot` (0 or 1); compute work queued after
+    // stream_in_wait(slot) sees the copy. Both are captured into graphs like
+    // every other op. (The CPU copies at once and waits for nothing.)
+    int (*stream_in)(pg_backend *b, void *dst, const void *src_host, size_t bytes, int slot);
+    int (*stream_in_wait)(pg_backend *b, int slot);
+
     // --- KV cache ----------------------------------------------------------------
     // Bytes of one block over `n_layers` layers, K and V, in shape.dtype.
     size_t (*kv_block_bytes)(pg_backend *b, int32_t n_layers, pg_kv_shape shape);

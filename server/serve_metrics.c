@@ -63,7 +63,8 @@ void srv_metrics_init(srv_metrics *m, const char *model_name, int32_t max_model_
     m->host_blocks_cached = met_child_get(hblocks, (const char *[]){mn, "cached_free"});
     m->host_mem = met_gauge(r, "paged:host_memory_bytes",
                             "Host memory by category: weights_mapped (the model file's bytes the weights "
-                            "point into: CPU), kv_cache (the KV pool when the device is the host: CPU), "
+                            "point into: CPU), weights_offloaded (layer weights kept in host memory by "
+                            "--cpu-offload-gb), kv_cache (the KV pool when the device is the host: CPU), "
                             "swap (host KV blocks: swap space and host tier), pinned (the workspace's "
                             "pinned step images).",
                             "model_name,category");
@@ -133,10 +134,10 @@ void srv_metrics_refresh(srv_metrics *m, const pg_engine_stats *st, int n_connec
     met_set(m->host_blocks_total, s->kv.num_host_blocks);
     met_set(m->host_blocks_used, s->kv.num_host_used);
     met_set(m->host_blocks_cached, s->kv.num_host_cached_free);
-    static const char *hcats[] = {"weights_mapped", "kv_cache", "swap", "pinned"};
-    const double hmem[] = {(double)st->host_weights_mapped_bytes, (double)st->host_kv_bytes,
-                           (double)st->host_swap_bytes, (double)st->host_pinned_bytes};
-    for (int i = 0; i < 4; i++) met_set(met_child_get(m->host_mem, (const char *[]){m->model_name, hcats[i]}), hmem[i]);
+    static const char *hcats[] = {"weights_mapped", "weights_offloaded", "kv_cache", "swap", "pinned"};
+    const double hmem[] = {(double)st->host_weights_mapped_bytes, (double)st->host_weights_offloaded_bytes,
+                           (double)st->host_kv_bytes, (double)st->host_swap_bytes, (double)st->host_pinned_bytes};
+    for (int i = 0; i < 5; i++) met_set(met_child_get(m->host_mem, (const char *[]){m->model_name, hcats[i]}), hmem[i]);
     // Memory: on the GPU every category of the card (they sum to its total);
     // on the CPU the host bytes the backend holds (weights as loaded, the
     // f32 KV pool, activation buffers), with no total, free or graphs.

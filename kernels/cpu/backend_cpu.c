@@ -26,8 +26,9 @@ typedef struct {
     pg_bweight base;
     int n_parts;
     pg_weight parts[3];
-    float *vec;     // rows == 1: the values as f32 (owned)
+    float *vec;     // rows == 1: the values as f32 (owned unless offloaded)
     void *owned;    // weight_random's storage
+    bool offloaded; // weight_offload: parts and vec point into memory the model owns
 } cpu_weight;
 
 static const cpu_weight *cw(const pg_bweight *w) {
@@ -187,9 +188,88 @@ static void cpu_weight_free(pg_backend *b, pg_bweight *bw) {
     (void)b;
     if (!bw) return;
     cpu_weight *w = (cpu_weight *)bw;
-    free(w->vec);
+    if (!w->offloaded) free(w->vec);
     free(w->owned);
     free(w);
+}
+
+// --- weight offload ---------------------------------------------------------------
+// The pack of a weight: each part's rows, then its row scales (FP8), each
+// 64-byte aligned; a vector is its f32 values. The CPU's "device" is host
+// memory, so offload here saves nothing: it runs the model's slot logic
+// (which layer is in which slot when) on the reference backend.
+
+#define PACK_ALIGN 64
+static size_t pack_align(size_t n) { return (n + PACK_ALIGN - 1) & ~(size_t)(PACK_ALIGN - 1); }
+
+static size_t cpu_weight_pack_bytes(pg_backend *b, const pg_bweight *bw) {
+    (void)b;
+    const cpu_weight *w = cw(bw);
+    if (w->vec) return pack_align(sizeof(float) * (size_t)w->base.cols);
+    size_t n = 0;
+    for (int i = 0; i < w->n_parts; i++) {
+        n += pack_align(w->parts[i].row_bytes * (size_t)w->parts[i].rows);
+        if (w->parts[i].scales) n += pack_align(sizeof(float) * (size_t)w->parts[i].rows);
+    }
+    return n;
+}
+
+// Points w's parts (or vector) at the pack at `base` (host copy or slot).
+static void pack_point(cpu_weight *w, char *base) {
+    if (w->vec) {
+        w->vec = (float *)base;
+        return;
+    }
+    for (int i = 0; i < w->n_parts; i++) {
+        pg_weight *p = &w->parts[i];
+        p->data = base;
+        base += pack_align(p->row_bytes * (size_t)p->rows);
+        if (p->scales) {
+            p->scales = (const float *)base;
+            base += pack_align(sizeof(float) * (size_t)p->rows);
+        }
+    }
+}
+
+static int cpu_weight_offload(pg_backend *b, pg_bweight *bw, void *host) {
+    (void)b;
+    cpu_weight *w = (cpu_weight *)bw;
+    PG_ARG(!w->offloaded, "cpu: weight offloaded twice");
+    char *o = host;
+    if (w->vec) {
+        memcpy(o, w->vec, sizeof(float) * (size_t)w->base.cols);
+        free(w->vec);
+    } else {
+        for (int i = 0; i < w->n_parts; i++) {
+            const pg_weight *p = &w->parts[i];
+            memcpy(o, p->data, p->row_bytes * (size_t)p->rows);
+            o += pack_align(p->row_bytes * (size_t)p->rows);
+            if (p->scales) {
+                memcpy(o, p->scales, sizeof(float) * (size_t)p->rows);
+                o += pack_align(sizeof(float) * (size_t)p->rows);
+            }
+        }
+    }
+    free(w->owned); // weight_random's values: now in the host copy
+    w->owned = NULL;
+    pack_point(w, host); // until weight_point: nothing dangles
+    w->offloaded = true;
+    w->base.bytes = 0;
+    return 0;
+}
+
+static int cpu_weight_point(pg_backend *b, pg_bweight *bw, void *dst) {
+    (void)b;
+    cpu_weight *w = (cpu_weight *)bw;
+    PG_ARG(w->offloaded, "cpu: weight_point on a weight that is not offloaded");
+    pack_point(w, dst);
+    return 0;
+}
+
+static int cpu_stream_in(pg_backend *b, void *dst, const void *src_host, size_t bytes, int slot) {
+    (void)b, (void)slot;
+    if (bytes) memcpy(dst, src_host, bytes);
+    return 0;
 }
 
 // --- KV cache ---------------------------------------------------------------------
@@ -637,6 +717,11 @@ int pg_backend_cpu_create(int n_threads, pg_matmul_mode mode, pg_backend **out) 
         .weight_random = cpu_weight_random,
         .vector_f32 = cpu_vector_f32,
         .weight_free = cpu_weight_free,
+        .weight_pack_bytes = cpu_weight_pack_bytes,
+        .weight_offload = cpu_weight_offload,
+        .weight_point = cpu_weight_point,
+        .stream_in = cpu_stream_in,
+        .stream_in_wait = cpu_nop_slot,
         .kv_block_bytes = cpu_kv_block_bytes,
         .kv_create = cpu_kv_create,
         .kv_free = cpu_kv_free,

@@ -32,6 +32,7 @@ struct CudaCtx {
     cudaStream_t stream;      // compute
     cudaStream_t copy_stream; // swaps
     cudaEvent_t ev_compute, ev_copy, ev_done[2];
+    cudaEvent_t ev_in[2]; // stream_in's copies (weight offload), one per slot
     pg_cuda_gemm *gemm;
     void *gemm_ws; // PG_CUDA_GEMM_WORKSPACE, for the compute stream's GEMMs
     // Steps of at most this many rows take the GEMV kernels (gemv.cu), larger
@@ -63,6 +64,8 @@ struct CudaWeight {
     pg_bweight base;
     void *data;    // device [rows][cols] of base.dtype (quantized: [rows][row bytes] as stored)
     float *scales; // FP8_E4M3: device [rows] f32 row scales (in data's allocation); else null
+    size_t pack;   // bytes of data's allocation (scales included): what offload moves
+    bool offloaded; // weight_offload: data points into a slot the model owns (not freed here)
 };
 
 struct CudaKv {
@@ -445,8 +448,66 @@ static void cu_weight_free(pg_backend *b, pg_bweight *bw) {
     (void)b;
     if (!bw) return;
     CudaWeight *w = (CudaWeight *)bw;
-    cudaFree(w->data);
+    if (!w->offloaded) cudaFree(w->data);
     free(w);
+}
+
+// --- weight offload --------------------------------------------------------------------------
+// A weight is one allocation (its row scales inside it), so it moves as one
+// block and a slot holds it at any 256-byte aligned offset.
+
+static size_t cu_weight_pack_bytes(pg_backend *b, const pg_bweight *bw) {
+    (void)b;
+    const CudaWeight *w = (const CudaWeight *)bw;
+    return w->pack ? w->pack : w->base.bytes;
+}
+
+static int cu_weight_offload(pg_backend *b, pg_bweight *bw, void *host) {
+    CudaCtx *c = ctx_of(b);
+    CudaWeight *w = (CudaWeight *)bw;
+    PG_ARG(!w->offloaded, "cuda: weight offloaded twice");
+    if (!w->pack) w->pack = w->base.bytes;
+    // weight_random and the conversions wrote it on the compute stream.
+    PG_CUDA_TRY(cudaStreamSynchronize(c->stream));
+    PG_CUDA_TRY(cudaMemcpy(host, w->data, w->pack, cudaMemcpyDeviceToHost));
+    const size_t scales_off = w->scales ? (size_t)((char *)w->scales - (char *)w->data) : 0;
+    PG_CUDA_TRY(cudaFree(w->data));
+    w->data = nullptr;
+    w->scales = w->scales ? (float *)(uintptr_t)scales_off : nullptr; // an offset until weight_point
+    w->offloaded = true;
+    w->base.bytes = 0;
+    return 0;
+}
+
+static int cu_weight_point(pg_backend *b, pg_bweight *bw, void *dst) {
+    (void)b;
+    CudaWeight *w = (CudaWeight *)bw;
+    PG_ARG(w->offloaded, "cuda: weight_point on a weight that is not offloaded");
+    PG_ARG(((uintptr_t)dst & 255) == 0, "cuda: weight slot %p is not 256-byte aligned", dst);
+    const size_t scales_off = w->scales ? (w->data ? (size_t)((char *)w->scales - (char *)w->data)
+                                                   : (size_t)(uintptr_t)w->scales)
+                                        : 0;
+    w->data = dst;
+    if (w->scales) w->scales = (float *)((char *)dst + scales_off);
+    return 0;
+}
+
+// The copy waits for the compute work queued so far (the slot's previous
+// layer may still read it), then runs beside what compute does next.
+static int cu_stream_in(pg_backend *b, void *dst, const void *src_host, size_t bytes, int slot) {
+    CudaCtx *c = ctx_of(b);
+    PG_CUDA_TRY(cudaEventRecord(c->ev_compute, c->stream));
+    PG_CUDA_TRY(cudaStreamWaitEvent(c->copy_stream, c->ev_compute, 0));
+    if (bytes)
+        PG_CUDA_TRY(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, c->copy_stream));
+    PG_CUDA_TRY(cudaEventRecord(c->ev_in[slot & 1], c->copy_stream));
+    return 0;
+}
+
+static int cu_stream_in_wait(pg_backend *b, int slot) {
+    CudaCtx *c = ctx_of(b);
+    PG_CUDA_TRY(cudaStreamWaitEvent(c->stream, c->ev_in[slot & 1], 0));
+    return 0;
 }
 
 // --- KV cache -------------------------------------------------------------------------------
@@ -904,6 +965,8 @@ static void cu_destroy(pg_backend *b) {
             if (c->ev_done[i]) cudaEventDestroy(c->ev_done[i]);
         if (c->ev_compute) cudaEventDestroy(c->ev_compute);
         if (c->ev_copy) cudaEventDestroy(c->ev_copy);
+        for (int i = 0; i < 2; i++)
+            if (c->ev_in[i]) cudaEventDestroy(c->ev_in[i]);
         if (c->stream) cudaStreamDestroy(c->stream);
         if (c->copy_stream) cudaStreamDestroy(c->copy_stream);
         free(c);
@@ -943,6 +1006,8 @@ extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
         (e = cudaEventCreateWithFlags(&c->ev_copy, cudaEventDisableTiming)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&c->ev_done[0], cudaEventDisableTiming)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&c->ev_done[1], cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&c->ev_in[0], cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&c->ev_in[1], cudaEventDisableTiming)) != cudaSuccess ||
         (e = cudaMalloc((void **)&c->gemm_ws, PG_CUDA_GEMM_WORKSPACE)) != cudaSuccess ||
         (e = cudaMalloc((void **)&c->pairs_dev, (size_t)PAIRS_CAP * 8)) != cudaSuccess ||
         (e = cudaHostAlloc((void **)&c->pairs_host, (size_t)PAIRS_CAP * 8, cudaHostAllocDefault)) != cudaSuccess) {
@@ -994,6 +1059,11 @@ extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
     b->weight_random = cu_weight_random;
     b->vector_f32 = cu_vector_f32;
     b->weight_free = cu_weight_free;
+    b->weight_pack_bytes = cu_weight_pack_bytes;
+    b->weight_offload = cu_weight_offload;
+    b->weight_point = cu_weight_point;
+    b->stream_in = cu_stream_in;
+    b->stream_in_wait = cu_stream_in_wait;
     b->kv_block_bytes = cu_kv_block_bytes;
     b->kv_create = cu_kv_create;
     b->kv_free = cu_kv_free;

@@ -143,6 +143,10 @@ note "runner hd64 bf16: $(tail -c 300 "$out_dir/runner_hd64.json" 2>/dev/null | 
 # f32 weights: the GPU rounds them to bf16, the CPU keeps f32 (a looser bound).
 run runner-hd128-f32 "$RUNNER_TEST" $m128 --tol 3e-2 --json "$out_dir/runner_hd128.json"
 note "runner hd128 f32: $(tail -c 300 "$out_dir/runner_hd128.json" 2>/dev/null | tr -d '\n')"
+# --cpu-offload-gb: the first layers (1 MiB of them) streamed from pinned host
+# memory through two slots (graphs, swaps and copy-on-write included).
+run runner-hd64-offload "$RUNNER_TEST" $m64 --cpu-offload-gb 0.001 --json "$out_dir/runner_hd64_offload.json"
+note "runner hd64 offload: $(tail -c 300 "$out_dir/runner_hd64_offload.json" 2>/dev/null | tr -d '\n')"
 
 # --- 3. the whole engine: generate on both devices ----------------------------------------
 prompts=/tmp/paged-prompts.jsonl

@@ -2,7 +2,11 @@
 // the same runner on the CPU backend (the reference), on the same weights,
 // step by step (in the spirit of llama.cpp's test-backend-ops).
 //
-//   build/gpu/test_cuda_runner MODEL_DIR [--tol 2e-2] [--json FILE]
+//   build/gpu/test_cuda_runner MODEL_DIR [--tol 2e-2] [--json FILE] [--cpu-offload-gb G]
+//
+// --cpu-offload-gb: the GPU model's first layers live in pinned host memory
+// and stream through two device slots (engine/model_offload.c), graphs
+// included; the CPU reference keeps them resident.
 //
 // Both execute the same hand-made plans over 24 steps: prefills of
 // several lengths in one step, a prompt chunked over four steps next to
@@ -64,10 +68,12 @@ static void seq_init(seq *s, const char *name, int32_t n_prompt, int32_t vocab, 
 
 int main(int argc, char **argv) {
     const char *dir = NULL, *json = NULL;
-    double tol = 2e-2;
+    double tol = 2e-2, offload_gb = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tol") && i + 1 < argc)
             tol = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--cpu-offload-gb") && i + 1 < argc)
+            offload_gb = atof(argv[++i]);
         else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json = argv[++i];
         else
@@ -86,8 +92,8 @@ int main(int argc, char **argv) {
     if (pg_backend_cpu_create(0, PG_MATMUL_EXACT, &cbe) < 0 || pg_backend_cuda_create(0, &gbe) < 0)
         return fprintf(stderr, "FAIL: backends: %s\n", pg_err_msg()), 1;
     pg_model *cmodel, *gmodel;
-    pg_model_load_opts mo = {.path = dir};
-    if (pg_model_load(&mo, cbe, &cmodel) < 0 || pg_model_load(&mo, gbe, &gmodel) < 0) {
+    pg_model_load_opts mo = {.path = dir}, gmo = {.path = dir, .cpu_offload_bytes = (int64_t)(offload_gb * (1 << 30))};
+    if (pg_model_load(&mo, cbe, &cmodel) < 0 || pg_model_load(&gmo, gbe, &gmodel) < 0) {
         fprintf(stderr, "FAIL: load %s: %s\n", dir, pg_err_msg());
         return 1;
     }
@@ -96,6 +102,11 @@ int main(int argc, char **argv) {
     printf("model %s: hidden %d, %d layers, %d/%d heads of %d, ffn %d, vocab %d, weights %s%s\n",
            dir, c->hidden, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn, V,
            cmodel->format, c->tie_embeddings ? ", tied" : "");
+    if (offload_gb > 0)
+        printf("cuda: %d of %d layers offloaded (%.1f MiB in pinned host memory, slots of %.1f MiB), "
+               "host-to-device %.1f GB/s\n",
+               gmodel->offload.n_layers, c->n_layers, gmodel->offload.host_bytes / 1048576.0,
+               gmodel->offload.slot_bytes / 1048576.0, gmodel->offload.h2d_gbps);
 
     pg_runner *cpu, *gpu;
     pg_runner_config rc = {.block_size = BS,

@@ -101,7 +101,7 @@ def run(host_tier):
         m = su.wait_idle(port)
         assert su.metric(m, "paged:kv_cache_blocks", state="used") == 0
         assert su.metric(m, "paged:host_kv_cache_blocks", state="used") == 0
-        for cat in ("weights_mapped", "kv_cache", "swap", "pinned"):
+        for cat in ("weights_mapped", "weights_offloaded", "kv_cache", "swap", "pinned"):
             su.metric(m, "paged:host_memory_bytes", category=cat)
         if host_tier:
             assert su.metric(m, "paged:host_memory_bytes", category="swap") > 200e6

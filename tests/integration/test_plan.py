@@ -43,7 +43,7 @@ def serve_numbers(args):
     with su.Server(*args, default_args=False) as s:
         m = su.metrics(s.port)
         log = s.log()
-    ranks = {}
+    ranks = {"host": {"weights_offloaded": int(su.metric(m, "paged:host_memory_bytes", category="weights_offloaded"))}}
     for key, v in m.items():
         if not key.startswith("paged:device_memory_bytes{"):
             continue
@@ -60,6 +60,10 @@ def check_against_serve(args):
     p = d["plan"]
     assert rc == 0 and p["fits"], d
     ranks, tokens, log = serve_numbers(args)
+    # --cpu-offload-gb: the host copies (rank 0's, as /metrics has them).
+    off = ranks.pop("host")["weights_offloaded"]
+    assert off == p["ranks"][0]["offloaded_host_bytes"], (args, off, p["ranks"][0])
+    assert ("cpu offload: layers 0-" in log) == (off > 0), log[-3000:]
     devs = sorted(ranks)
     assert len(devs) == len(p["ranks"]), (devs, p["ranks"])
     for dev, pr in zip(devs, p["ranks"]):
@@ -79,7 +83,9 @@ def check_against_serve(args):
 def test_matches_startup():
     for args in ([], ["--kv-cache-memory", "512M"], ["--max-model-len", "4096", "--max-num-seqs", "16"],
                  ["-tp", "3"], ["--quantization", "int4"], ["--quantization", "fp8", "--kv-cache-dtype", "q8_0"],
-                 ["--kv-cache-dtype", "fp8"], ["--kv-cache-dtype", "fp8_e4m3_scaled", "--kv-cache-memory", "512M"]):
+                 ["--kv-cache-dtype", "fp8"], ["--kv-cache-dtype", "fp8_e4m3_scaled", "--kv-cache-memory", "512M"],
+                 ["--cpu-offload-gb", "0.02"], ["-tp", "3", "--cpu-offload-gb", "0.004"],
+                 ["--quantization", "fp8", "--cpu-offload-gb", "1"]):
         check_against_serve(args)
 
 
@@ -193,6 +199,27 @@ def test_gpu_does_not_fit():
     flags = " ".join(a["flags"] for a in d["advice"])
     assert "-tp 2" in flags and "--max-model-len" in flags and all(a["plan"]["fits"] for a in d["advice"]), d["advice"]
     print(out)
+    # --cpu-offload-gb is advised too, as the fewest whole GiB that fit: the
+    # layers of the 8B shape move from the first on until that many GiB
+    # have (416 MiB of bf16 each), and two slots of one layer stay.
+    off = [a for a in d["advice"] if a["flags"].startswith("--cpu-offload-gb ")]
+    assert off, d["advice"]
+    g = int(off[0]["flags"].split()[1])
+    with open(SHAPE) as f:
+        c = json.load(f)
+    H, F, L = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+    hd, nh, nkv = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"]
+    layer = 2 * (H * (nh + 2 * nkv) * hd + nh * hd * H + 3 * F * H + 2 * H)  # 256-byte multiples already
+    n = min(L, -(-(g << 30) // layer))
+    _, full = plan_json(*base, "--max-model-len", "4096", model=False)
+    _, o = plan_json(*base, "--max-model-len", "4096", "--cpu-offload-gb", str(g), model=False)
+    r0, r = full["plan"]["ranks"][0], o["plan"]["ranks"][0]
+    assert r["offloaded_layers"] == n and r["offloaded_host_bytes"] == n * layer and r["offload_slot_bytes"] == layer, r
+    assert r["weights_bytes"] == r0["weights_bytes"] - n * layer + 2 * layer, (r, r0)
+    _, less = plan_json(*base, "--cpu-offload-gb", str(g - 1), model=False)
+    assert not less["plan"]["fits"], less["plan"]  # the fewest
+    print(f"  24G: --cpu-offload-gb {g} moves {n} layers ({n * layer / 2**30:.2f} GiB), "
+          f"KV {off[0]['plan']['kv_tokens']} tokens")
 
 
 def test_bad_flags():

@@ -4,7 +4,7 @@
 // tensor-parallel sizes (tests/integration/test_tensor_parallel.py).
 //
 //   build/tests/tools/dump_logits MODEL|--dummy CONFIG.json [--mode exact|quant|default]
-//       [--tp N] [--threads N] [--quantization fp8|int4|awq|gptq|none] ID,ID,...
+//       [--tp N] [--threads N] [--quantization fp8|int4|awq|gptq|none] [--cpu-offload-gb G] ID,ID,...
 //
 // Prints one JSON line: {"vocab": V, "logits": [...]} for the last position.
 // --dummy: random weights of that config's shape (the same values at every
@@ -21,11 +21,14 @@ int main(int argc, char **argv) {
     const char *model_path = NULL, *ids_arg = NULL, *dummy = NULL;
     pg_matmul_mode mode = PG_MATMUL_EXACT;
     int tp = 1, threads = 0, quant = 0;
+    int64_t offload = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--mode") && i + 1 < argc) {
             if (pg_matmul_mode_parse(argv[++i], &mode) < 0) return fprintf(stderr, "%s\n", pg_err_msg()), 2;
         } else if (!strcmp(argv[i], "--quantization") && i + 1 < argc) {
             if (pg_quantization_parse(argv[++i], &quant) < 0) return fprintf(stderr, "%s\n", pg_err_msg()), 2;
+        } else if (!strcmp(argv[i], "--cpu-offload-gb") && i + 1 < argc) {
+            offload = (int64_t)(atof(argv[++i]) * (double)(1 << 30));
         } else if (!strcmp(argv[i], "--tp") && i + 1 < argc) {
             tp = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
@@ -40,7 +43,7 @@ int main(int argc, char **argv) {
     }
     if ((!model_path && !dummy) || !ids_arg) {
         fprintf(stderr, "usage: dump_logits MODEL|--dummy CONFIG [--mode exact|quant|default] [--tp N] "
-                        "[--threads N] ID,ID,...\n");
+                        "[--threads N] [--quantization Q] [--cpu-offload-gb G] ID,ID,...\n");
         return 2;
     }
     int32_t ids[4096];
@@ -50,7 +53,8 @@ int main(int argc, char **argv) {
         if (*s == ',') s++;
     }
     pg_model_load_opts mo = {.path = model_path, .dummy = dummy != NULL, .hf_config = dummy,
-                             .dummy_seed = 0x5eedull, .dummy_std = 0.02f, .quantization = quant};
+                             .dummy_seed = 0x5eedull, .dummy_std = 0.02f, .quantization = quant,
+                             .cpu_offload_bytes = offload};
     pg_executor_config ec = {.tp = tp, .device = "cpu", .n_threads = threads, .matmul_mode = mode};
     pg_executor *ex;
     if (pg_executor_create(&ec, &mo, &ex) < 0) return fprintf(stderr, "%s\n", pg_err_msg()), 1;
