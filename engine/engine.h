@@ -46,8 +46,10 @@ typedef struct pg_engine_config {
     int64_t cpu_offload_bytes;   // --cpu-offload-gb: layer weights kept in host memory and
                                  //   streamed to the device (engine/model_offload.c); 0 = none
     const char *kv_cache_dtype;  // NULL or "auto" (bf16 on CUDA; on the CPU f16, f32 in exact
-                                 //   numerics), "bf16", "fp8" (e4m3, scale 1.0), "f32", "f16",
+                                 //   numerics), "bf16", "fp8" (e4m3, scaled: kv_cache_scales), "f32", "f16",
                                  //   "q8_0", "fp8_e4m3_scaled" (CPU only)
+    int32_t kv_cache_scales;     // fp8 KV: PG_KV_SCALES_AUTO (the checkpoint's, else calibrated
+                                 //   at start-up) or _ONE (1.0); engine/runner.h
     const char *async_scheduling; // NULL or "auto" (on with CUDA, off on the CPU), "on", "off":
                                  //   plan step N + 1 while step N runs (scheduler/sched.h)
     int32_t tensor_parallel;     // ranks (0 or 1: none); engine/executor.h

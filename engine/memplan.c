@@ -41,9 +41,11 @@
 
 // kernels/cpu/backend_cpu.c cpu_runs_in_place: every GGUF block type.
 static bool cpu_in_place(int dtype) { return pg_dtype_block_elems(dtype) > 0; }
-// kernels/cuda/backend_cuda.cu cu_runs_in_place: bf16 only; the rest is
-// dequantized to bf16 at load.
-static bool cuda_in_place(int dtype) { return dtype == PG_DTYPE_BF16; }
+// kernels/cuda/backend_cuda.cu cu_runs_in_place: bf16 and paged's FP8 /
+// int4 types (qgemv.cu); the rest (GGUF blocks) is dequantized to bf16 at load.
+static bool cuda_in_place(int dtype) {
+    return dtype == PG_DTYPE_BF16 || dtype == PG_DTYPE_FP8_E4M3 || pg_dtype_is_int4(dtype);
+}
 
 static const pg_weight_rules CPU_RULES = {cpu_in_place, PG_DTYPE_F32, 4};
 static const pg_weight_rules CUDA_RULES = {cuda_in_place, PG_DTYPE_BF16, 2};
@@ -168,7 +170,8 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
     p->tp = tp;
     p->quantization = cfg->quantization;
     for (int32_t r = 0; r < tp; r++)
-        PG_TRY(pg_model_weight_plan(&mo, r, tp, rules, &p->mc, &p->ranks[r].weights, &p->ranks[r].offload));
+        PG_TRY(pg_model_weight_plan(&mo, r, tp, rules, &p->mc, &p->ranks[r].weights, &p->ranks[r].offload,
+                                    &p->ranks[r].quant_max_elems));
     const pg_model_config *mc = &p->mc;
     PG_TRY(pg_kv_dtype_resolve(cfg, !cuda, mc->head_dim, &p->kv_dtype));
     p->kv_fp8 = p->kv_dtype == PG_KV_FP8_E4M3;
@@ -187,7 +190,7 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
     const pg_runner_config rc = {.block_size = p->block_size, .max_num_seqs = p->max_num_seqs,
                                  .max_num_batched_tokens = p->max_num_batched_tokens,
                                  .max_model_len = p->max_model_len,
-                                 .kv_dtype = p->kv_dtype};
+                                 .kv_dtype = p->kv_dtype, .kv_scales = cfg->kv_cache_scales};
     int32_t max_tokens, max_seqs;
     pg_runner_ws_limits(&rc, &max_tokens, &max_seqs);
 
@@ -201,7 +204,10 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
         pg_runner_ws_plan wp;
         pg_runner_workspace_plan(mc, &sh, &rc, cuda ? PG_DTYPE_BF16 : PG_DTYPE_F32, attn, samp, &wp);
         k->workspace_buffers = (int64_t)wp.bytes;
-        k->workspace_extra = cuda ? CUDA_PROFILE_EXTRA : 0;
+        // CUDA: the profiled extra, and for weights kept quantized the bf16
+        // scratch their large-batch products dequantize into (backend_cuda.cu,
+        // sized for the largest such matrix at the profiling forward).
+        k->workspace_extra = cuda ? CUDA_PROFILE_EXTRA + 2 * k->quant_max_elems : 0;
         k->workspace = k->workspace_buffers + k->workspace_extra;
         if (r == 0) p->per_block = kv_block_bytes(cuda, p->kv_dtype, mc, sh.n_kv_heads, p->block_size);
         if (!cuda) continue;
@@ -444,7 +450,9 @@ char *pg_memplan_text(const pg_memplan *p, const pg_memplan_advice *adv, int n_a
         sbm_printf(&b, "  weights   "), put_size(&b, k->weights), sbm_printf(&b, "  (%s)\n",
             p->mc.ckpt_quant != PG_QUANT_NONE ? "layer matrices int4 from the AWQ / GPTQ checkpoint, the rest as stored"
             : p->quantization != PG_QUANT_NONE ? "layer matrices quantized at load, the rest as stored"
-            : p->cuda ? "bf16 on the GPU: types it does not run in place are dequantized" : "as stored, mapped");
+            : p->cuda ? (k->quant_max_elems ? "FP8 layer matrices as stored, the rest bf16 on the GPU"
+                                            : "bf16 on the GPU: types it does not run in place are dequantized")
+                      : "as stored, mapped");
         if (k->offload.n_layers)
             sbm_printf(&b, "  offloaded "), put_size(&b, k->offload.host_bytes),
                 sbm_printf(&b, "  (--cpu-offload-gb: layers 0-%d in host memory, streamed through %d device "

@@ -35,6 +35,7 @@ typedef struct pg_memplan_in {
 typedef struct pg_memplan_rank {
     int64_t weights;            // as the backend holds them (offload: the resident ones and the slots)
     pg_offload_plan offload;    // --cpu-offload-gb: what moves to host memory
+    int64_t quant_max_elems;    // the largest matrix kept quantized (FP8, int4): CUDA's dequantize scratch
     int64_t kv;                 // the KV pool (device blocks, block 0 included)
     int64_t workspace;          // buffers + extra
     int64_t workspace_buffers;  // the runner's allocation (exact)

@@ -17,6 +17,7 @@
 #include "engine/model.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #include "common/err.h"
 
@@ -25,6 +26,26 @@
 static int reduce(const pg_model *m, pg_tensor x) {
     if (!m->comm) return 0;
     return m->comm->all_reduce_sum(m->comm, x.data, x.rows * x.stride, x.dtype);
+}
+
+// Calibration: the largest |x| per KV head of this step's rotated K and V
+// rows (read back synchronously; only the start-up calibration sets
+// bufs->kv_amax), into amax [2][n_kv_heads].
+static int kv_amax(const pg_model *m, pg_tensor k, pg_tensor v, int64_t n, float *amax) {
+    const int32_t nkv = m->shard.n_kv_heads;
+    const int64_t hd = m->cfg.head_dim, w = (int64_t)nkv * hd;
+    float *row = pg_xmalloc(sizeof(float) * (size_t)(n * w));
+    int rc = 0;
+    for (int t = 0; t < 2 && rc == 0; t++) {
+        if ((rc = m->be->read_f32(m->be, t == 0 ? k : v, n, row)) < 0) break;
+        for (int64_t i = 0; i < n * w; i++) {
+            const float a = fabsf(row[i]);
+            float *mx = &amax[t * nkv + (i % w) / hd];
+            if (a > *mx) *mx = a;
+        }
+    }
+    free(row);
+    return rc;
 }
 
 int pg_model_forward_layers(const pg_model *m, pg_bkv *kv, const pg_fwd_buffers *bufs,
@@ -64,9 +85,12 @@ int pg_model_forward_layers(const pg_model *m, pg_bkv *kv, const pg_fwd_buffers 
             PG_TRY(be->head_rmsnorm(be, q, sh->n_heads, L->q_norm, c->rms_eps));
             PG_TRY(be->head_rmsnorm(be, k, sh->n_kv_heads, L->k_norm, c->rms_eps));
         }
-        PG_TRY(be->rope_kv_write(be, q, k, v, s->pos, s->slots, sh->n_heads, m->inv_freq, kv->k[l],
-                                 kv->v[l], kv->shape));
-        PG_TRY(be->attention(be, attn, q, &s->attn, kv->k[l], kv->v[l], kv->shape, sh->n_heads, scale));
+        pg_kv_shape ks = kv->shape;
+        if (bufs->kv_scales && ks.dtype == PG_KV_FP8_E4M3)
+            ks.scales = bufs->kv_scales + (size_t)l * 2 * (size_t)sh->n_kv_heads;
+        PG_TRY(be->rope_kv_write(be, q, k, v, s->pos, s->slots, sh->n_heads, m->inv_freq, kv->k[l], kv->v[l], ks));
+        if (bufs->kv_amax) PG_TRY(kv_amax(m, k, v, n, bufs->kv_amax + (size_t)l * 2 * (size_t)sh->n_kv_heads));
+        PG_TRY(be->attention(be, attn, q, &s->attn, kv->k[l], kv->v[l], ks, sh->n_heads, scale));
         PG_TRY(be->linear(be, x, attn, NULL, 0.0f, L->o, NULL, residual, xn));
         PG_TRY(reduce(m, x));
         // MLP block.

@@ -80,6 +80,10 @@ typedef struct pg_model {
     int32_t layer_dtype;     // the type layer 0's Q|K|V runs in (after quantization)
     int32_t layer_dtypes[4]; // layer 0's Q|K|V, O, gate|up, down types (int4: g128 or g64 by shape)
     int64_t layer_bytes[4];  // one layer's Q|K|V, O, gate|up, down in backend memory (rank's shard)
+    // fp8 KV: the checkpoint's K and V scales per layer, host [n_layers][2]
+    // (one value per tensor, as vLLM's k_scale / v_scale); NULL when the
+    // checkpoint has none (the runner then calibrates: engine/runner_kv_scales.c).
+    float *kv_scales;
     // What the backend may point into (weights_borrow): the mapped file(s)
     // and the host copies the loader made (re-ordered GGUF Q/K rows).
     void *source;
@@ -157,6 +161,9 @@ typedef struct pg_weight_rules {
 // loader's errors (a missing tensor, a shape, a split off a block boundary).
 // With o->cpu_offload_bytes, *bytes is what stays on the device (the
 // resident weights and the slots) and *off (when not NULL) what moves.
+// *quant_max_elems (when not NULL): the elements of the largest (fused)
+// matrix that stays quantized (FP8, int4), for the CUDA backend's bf16
+// dequantize scratch of large batches; 0 for none.
 typedef struct pg_offload_plan {
     int32_t n_layers;   // layers offloaded
     int64_t host_bytes; // their host copies (the slot layout: 256-byte aligned weights)
@@ -164,7 +171,7 @@ typedef struct pg_offload_plan {
     int32_t n_slots;    // 2, or 1 for one layer, 0 for none
 } pg_offload_plan;
 int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size, const pg_weight_rules *rules,
-                         pg_model_config *cfg, int64_t *bytes, pg_offload_plan *off);
+                         pg_model_config *cfg, int64_t *bytes, pg_offload_plan *off, int64_t *quant_max_elems);
 void pg_model_free(pg_model *m);
 
 // The weights of layer L in a fixed order (norms, Q|K|V, bias, q/k norms, O,
@@ -203,6 +210,14 @@ typedef struct pg_fwd_buffers {
     void *lg_all;
     pg_argmax *cand; // [size][s]: every rank's row maxima (pg_model_forward_greedy)
     pg_argmax *topk; // [size][s][PG_TOPK_EXCHANGE_MAX]: every rank's best entries (pg_model_forward_topk)
+    // fp8 KV scales in backend memory, [n_layers][2][shard n_kv_heads] (K's
+    // then V's of each layer): layer l's shape gets kv_scales + 2 l n_kv
+    // (pg_kv_shape.scales). NULL: 1.0.
+    const float *kv_scales;
+    // Calibration (engine/runner_kv_scales.c): when set, the forward reads
+    // back each layer's rotated K and V and raises kv_amax, host
+    // [n_layers][2][shard n_kv_heads], to their largest |x| per KV head.
+    float *kv_amax;
 } pg_fwd_buffers;
 
 // One step's inputs in backend memory (the runner uploads them).

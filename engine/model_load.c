@@ -22,6 +22,7 @@
 // `x.weight` but `x.qweight`, `x.qzeros`, `x.scales`; it is repacked into
 // int4 group blocks after its slice is known, so a rank repacks only its
 // rows or columns (which must fall on group boundaries, as for any blocks).
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -233,6 +234,53 @@ static int attach_fp8_scales(pg_model *m, const source *s, const char *name, pg_
     pg_dequantize_row(sc.dtype, sc.data, v, n);
     for (int64_t r = n; r < w->rows; r++) v[r] = v[0]; // a per-tensor scale on every row
     w->scales = v;
+    return 0;
+}
+
+// An fp8-KV checkpoint's per-layer K and V scales (vLLM / llm-compressor:
+// `self_attn.k_scale` and `v_scale`, an older single `kv_scale`, or
+// compressed-tensors' `k_proj.output_scale` / `v_proj.output_scale`), one
+// positive value each, into m->kv_scales [n_layers][2]; none in the file:
+// left NULL (the runner calibrates). Either every layer has them or it is
+// an error naming the first that has not.
+static int load_kv_scales(pg_model *m, const source *s) {
+    if (s->kind != SRC_HF) return 0;
+    static const char *const names[][2] = {
+        {"model.layers.%d.self_attn.k_scale", "model.layers.%d.self_attn.v_scale"},
+        {"model.layers.%d.self_attn.kv_scale", "model.layers.%d.self_attn.kv_scale"},
+        {"model.layers.%d.self_attn.k_proj.output_scale", "model.layers.%d.self_attn.v_proj.output_scale"},
+    };
+    const int32_t L = m->cfg.n_layers;
+    char nm[160];
+    pg_weight w;
+    int form = -1;
+    for (int f = 0; f < 3 && form < 0; f++) {
+        snprintf(nm, sizeof nm, names[f][0], 0);
+        if (src_find(s, nm, &w)) form = f;
+    }
+    if (form < 0) return 0;
+    float *v = pg_xmalloc(sizeof(float) * 2 * (size_t)L);
+    for (int32_t l = 0; l < L; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            snprintf(nm, sizeof nm, names[form][kv], l);
+            if (!src_find(s, nm, &w)) {
+                free(v);
+                return pg_err_set(PG_EFORMAT, "%s: fp8 KV scales: '%s' is missing (layer 0 has them)", s->path, nm);
+            }
+            if (w.rows * w.cols != 1 || pg_dtype_block_elems(w.dtype) != 1 || pg_dtype_has_row_scales(w.dtype)) {
+                free(v);
+                return pg_err_set(PG_EFORMAT, "%s: '%s' has %lld values of type %s; expected one f32, bf16 or f16",
+                                  s->path, nm, (long long)(w.rows * w.cols), pg_dtype_name(w.dtype));
+            }
+            pg_dequantize_row(w.dtype, w.data, &v[2 * l + kv], 1);
+            if (!(v[2 * l + kv] > 0.0f) || !isfinite(v[2 * l + kv])) {
+                const double bad = v[2 * l + kv];
+                free(v);
+                return pg_err_set(PG_EFORMAT, "%s: '%s' is %g; a KV scale must be positive and finite", s->path, nm,
+                                  bad);
+            }
+        }
+    m->kv_scales = v;
     return 0;
 }
 
@@ -550,8 +598,9 @@ static int64_t planned_bytes(const pg_weight_rules *r, src_kind kind, const pg_w
             b += elems * r->vector_bytes;
         else if (kind == SRC_DUMMY) // random weights are made in bf16 (weight_random)
             b += elems * 2;
-        else if (r->runs_in_place(parts[i].dtype))
-            b += parts[i].rows * (int64_t)parts[i].row_bytes;
+        else if (r->runs_in_place(parts[i].dtype)) // as stored, FP8's row scales included
+            b += parts[i].rows * ((int64_t)parts[i].row_bytes +
+                                  (pg_dtype_has_row_scales(parts[i].dtype) ? (int64_t)sizeof(float) : 0));
         else
             b += elems * (int64_t)pg_dtype_row_bytes(r->convert_dtype, 1);
     }
@@ -559,8 +608,9 @@ static int64_t planned_bytes(const pg_weight_rules *r, src_kind kind, const pg_w
 }
 
 int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size, const pg_weight_rules *rules,
-                         pg_model_config *cfg, int64_t *bytes, pg_offload_plan *off) {
+                         pg_model_config *cfg, int64_t *bytes, pg_offload_plan *off, int64_t *quant_max_elems) {
     *bytes = 0;
+    if (quant_max_elems) *quant_max_elems = 0;
     pg_offload_plan op = {0};
     pg_model m = {0}; // only cfg and shard: what the slicing rules read
     source s;
@@ -595,7 +645,7 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
     for (int32_t l = 0; l < c->n_layers; l++) {
         // The layer's weights as the loader makes them (a fused weight's
         // parts summed), and as offload packs them (each 256-byte aligned).
-        int64_t fused[F_COUNT] = {0}, layer = 0, packed = 0;
+        int64_t fused[F_COUNT] = {0}, layer = 0, packed = 0, qelems[F_COUNT] = {0};
         for (int t = 0; t < N_LAYER_TENSORS; t++) {
             const layer_tensor *lt = &LAYER[t];
             if (!needed(c, lt->need)) continue;
@@ -616,7 +666,13 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
                                   : planned_bytes(rules, s.kind, &w, 1, w.rows == 1);
             fused[lt->field] += b;
             layer += b;
+            const bool quantized = w.rows > 1 && s.kind != SRC_DUMMY &&
+                                   (online_quant(o) || ((w.dtype == PG_DTYPE_FP8_E4M3 || pg_dtype_is_int4(w.dtype)) &&
+                                                        rules->runs_in_place(w.dtype)));
+            if (quantized) qelems[lt->field] += w.rows * w.cols;
         }
+        for (int f = 0; f < F_COUNT; f++)
+            if (quant_max_elems && qelems[f] > *quant_max_elems) *quant_max_elems = qelems[f];
         for (int f = 0; f < F_COUNT; f++) packed += (fused[f] + 255) / 256 * 256;
         *bytes += layer;
         // engine/model_offload.c's rule: layers move until the budget is met.
@@ -704,7 +760,7 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
     // An AWQ / GPTQ checkpoint names its own format (check_quant_flag made
     // an explicit flag agree with it).
     m->quantization = c->ckpt_quant != PG_QUANT_NONE ? c->ckpt_quant : o->quantization;
-    if ((rc = load_layers(&ld, &s)) < 0) goto fail_progress;
+    if ((rc = load_layers(&ld, &s)) < 0 || (rc = load_kv_scales(m, &s)) < 0) goto fail_progress;
     if (c->ckpt_quant != PG_QUANT_NONE) {
         const size_t len = strlen(m->format);
         snprintf(m->format + len, sizeof m->format - len, " (%s checkpoint, group %d, repacked at load)",
@@ -769,6 +825,7 @@ void pg_model_free(pg_model *m) {
     if (m->final_norm) be->weight_free(be, m->final_norm);
     if (m->inv_freq) be->weight_free(be, m->inv_freq);
     free(m->layers);
+    free(m->kv_scales);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
     free(m->owned);
     if (m->source_close) m->source_close(m->source);

@@ -7,6 +7,7 @@
 
 #include "common/err.h"
 #include "common/parse.h"
+#include "engine/runner.h"
 
 const char *pg_engine_options_help =
     "Model and device:\n"
@@ -53,12 +54,16 @@ const char *pg_engine_options_help =
     "                                layer on) in pinned host memory, copied to the device\n"
     "                                one layer ahead of use (per GPU; default 0)\n"
     "  --kv-cache-dtype T            KV cache elements: auto (bf16 on the GPU; on the CPU f16,\n"
-    "                                f32 with --matmul-mode exact), bf16, fp8 (e4m3, scale 1.0,\n"
-    "                                saturating; twice bf16's tokens), f32, f16, q8_0,\n"
+    "                                f32 with --matmul-mode exact), bf16, fp8 (e4m3 with a scale\n"
+    "                                per layer and KV head: --kv-cache-scales; twice bf16's\n"
+    "                                tokens), f32, f16, q8_0,\n"
     "                                fp8_e4m3_scaled (CPU only; q8_0: int8 with an f16 scale per\n"
     "                                32 elements of head_dim, 3.76x f32's tokens in the same\n"
     "                                memory; fp8_e4m3_scaled: e4m3 with an f32 scale max|x|/448\n"
     "                                per head row, nothing saturates, head_dim + 4 bytes a row)\n"
+    "  --kv-cache-scales auto|one    fp8 KV scales: auto = the checkpoint's k_scale/v_scale,\n"
+    "                                else calibrated at start-up (one prefill; per layer and KV\n"
+    "                                head); one = 1.0 (saturating at 448; vLLM's default)\n"
     "  --async-scheduling auto|on|off  plan the next step while the device runs this one\n"
     "                                (auto: on with the GPU, off on the CPU)\n"
     "  --swap-space BYTES            host KV blocks: swap space for preempted requests and\n"
@@ -192,6 +197,10 @@ int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
         if (!known) return pg_err_set(PG_EINVAL, "--kv-cache-dtype must be auto, f32, f16, bf16, q8_0, fp8 or fp8_e4m3_scaled");
         c->kv_cache_dtype = v;
         return 1;
+    }
+    if (!strcmp(f, "--kv-cache-scales")) {
+        NEED_VALUE();
+        return pg_kv_scales_parse(v, &c->kv_cache_scales) < 0 ? PG_EINVAL : 1;
     }
     if (!strcmp(f, "--cpu-offload-gb")) {
         NEED_VALUE();

@@ -68,7 +68,7 @@ static size_t input_capacity(const pg_model_config *mc, const pg_runner_config *
 // Where each piece of the workspace goes (offsets when c->base is null).
 typedef struct {
     pg_fwd_buffers bufs;
-    void *attn_ws, *samp_ws, *out_dev, *in_dev, *plp_in_dev, *plp_out_dev;
+    void *attn_ws, *samp_ws, *out_dev, *in_dev, *plp_in_dev, *plp_out_dev, *kv_scales;
 } ws_carved;
 
 // Carves the workspace for `p`'s limits: activations in dt, the backend's
@@ -78,6 +78,7 @@ static void carve_workspace(const pg_model_config *mc, const pg_model_shard *sh,
     const int64_t T = p->max_tokens, S = p->max_seqs, H = mc->hidden, hd = mc->head_dim;
     // This rank's heads, FFN columns and vocabulary rows.
     const int64_t q_dim = (int64_t)sh->n_heads * hd, qkv_dim = q_dim + 2 * (int64_t)sh->n_kv_heads * hd;
+    *o = (ws_carved){0}; // what this configuration has no use for stays NULL
     pg_fwd_buffers *b = &o->bufs;
     b->x = act(c, dt, T, H);
     b->xn = act(c, dt, T, H); // normalised rows, or a [T][hidden] product before the residual add
@@ -102,6 +103,7 @@ static void carve_workspace(const pg_model_config *mc, const pg_model_shard *sh,
     o->plp_in_dev = take(c, runner_plp_in_bytes(p->max_tokens)); // prompt logprobs (runner_prompt_logprobs.c)
     o->plp_out_dev = take(c, runner_plp_out_bytes(p->max_tokens));
     o->in_dev = take(c, p->inputs);
+    o->kv_scales = p->kv_scales ? take(c, p->kv_scales) : NULL; // fp8 KV (runner_kv_scales.c)
 }
 
 void pg_runner_ws_limits(const pg_runner_config *cfg, int32_t *max_tokens, int32_t *max_seqs) {
@@ -114,6 +116,8 @@ void pg_runner_workspace_plan(const pg_model_config *mc, const pg_model_shard *s
     *out = (pg_runner_ws_plan){.attn = attn_ws, .sample = sample_ws};
     pg_runner_ws_limits(cfg, &out->max_tokens, &out->max_seqs);
     out->inputs = input_capacity(mc, cfg, out->max_tokens, out->max_seqs);
+    if (cfg->kv_dtype == PG_KV_FP8_E4M3 && cfg->kv_scales != PG_KV_SCALES_ONE)
+        out->kv_scales = sizeof(float) * (size_t)mc->n_layers * 2 * (size_t)sh->n_kv_heads;
     carver c = {0};
     ws_carved o;
     carve_workspace(mc, sh, act_dtype, out, &c, &o);
@@ -295,7 +299,7 @@ static int profile(pg_runner *r) {
                     .start_pos = start, .cu_q = cu, .max_decode_ctx = 16, .max_prefill_q = n_pre_tok,
                     .n_sample = n_seqs, .sample_rows = rows, .params = pp, .sample_tokens = tok,
                     .n_sample_tokens = 1};
-    pg_kv_shape ks = {tmp_blocks, bs, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype};
+    pg_kv_shape ks = {tmp_blocks, bs, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype, NULL};
     int rc = be->kv_create(be, mc->n_layers, ks, 0, &r->kv);
     // Twice: the first loads kernels and creates GEMM plans, the second
     // shows the steady state (and is what a capture would see).
@@ -353,6 +357,7 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
     r->attn_ws = o.attn_ws, r->samp_ws = o.samp_ws;
     r->out_dev = o.out_dev, r->in_dev = o.in_dev;
     r->plp_in_dev = o.plp_in_dev, r->plp_out_dev = o.plp_out_dev;
+    r->kv_scales_dev = o.kv_scales;
     for (int i = 0; i < 2; i++)
         if ((rc = be->host_alloc(be, r->in_cap, (void **)&r->in_host[i])) < 0 ||
             (rc = be->host_alloc(be, sizeof(pg_sample_out) * (size_t)r->max_seqs, (void **)&r->out_host[i])) < 0)
@@ -372,6 +377,7 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
     // (lazily loaded kernels, library plans, graph memory); elsewhere the
     // workspace is what was allocated.
     if (be->measures_memory && (rc = profile(r)) < 0) goto fail;
+    if ((rc = runner_kv_scales_init(r)) < 0) goto fail;
     int64_t free1 = free0;
     if ((rc = be->sync(be)) < 0 || (rc = be->mem_info(be, &free1, &total)) < 0) goto fail;
     r->workspace_measured = be->measures_memory ? free0 - free1 : 0;
@@ -406,7 +412,7 @@ const pg_bkv *pg_runner_kv(const pg_runner *r) { return r->kv; }
 
 size_t pg_runner_kv_bytes_per_block(const pg_runner *r) {
     const pg_model_config *mc = &r->model->cfg;
-    pg_kv_shape s = {1, r->cfg.block_size, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype};
+    pg_kv_shape s = {1, r->cfg.block_size, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype, NULL};
     return r->be->kv_block_bytes(r->be, mc->n_layers, s);
 }
 
@@ -441,7 +447,7 @@ int pg_runner_alloc_kv(pg_runner *r, int32_t n_blocks, int32_t n_host_blocks) {
     PG_ARG(!r->kv, "runner: alloc_kv twice");
     PG_ARG(n_blocks >= 2 && n_host_blocks >= 0, "runner: %d KV blocks", n_blocks);
     const pg_model_config *mc = &r->model->cfg;
-    pg_kv_shape s = {n_blocks, r->cfg.block_size, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype};
+    pg_kv_shape s = {n_blocks, r->cfg.block_size, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype, NULL};
     PG_TRY(r->be->kv_create(r->be, mc->n_layers, s, n_host_blocks, &r->kv));
     r->n_blocks = n_blocks;
     r->n_host_blocks = n_host_blocks;

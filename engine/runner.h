@@ -36,12 +36,21 @@ typedef enum pg_graph_mode {
     PG_GRAPHS_LAZY = 2,
 } pg_graph_mode;
 
+// The scales of an fp8 KV cache (engine/runner_kv_scales.c): auto = the
+// checkpoint's k_scale / v_scale, else calibrated at start-up per layer and
+// KV head; one = 1.0 everywhere (vLLM's default without scales).
+enum { PG_KV_SCALES_AUTO = 0, PG_KV_SCALES_ONE = 1 };
+// "auto", "one"; parse also takes "1" and "1.0" for one.
+const char *pg_kv_scales_name(int mode);
+int pg_kv_scales_parse(const char *s, int32_t *out);
+
 typedef struct pg_runner_config {
     int32_t block_size;             // tokens per KV block
     int32_t max_num_seqs;           // the scheduler's limits: the workspace is
     int32_t max_num_batched_tokens; //   sized for the largest step they allow
     int32_t max_model_len;
     int32_t kv_dtype;               // PG_KV_* (kernels/kernels.h): native, fp8 (CUDA), f32/f16/bf16/q8_0 (CPU)
+    int32_t kv_scales;              // fp8 KV: PG_KV_SCALES_* (engine/runner_kv_scales.c)
     pg_graph_mode graphs;
     // Tensor parallelism: gather every logit even for plain-greedy steps,
     // whose ranks otherwise exchange only row maxima (pg_runner_last_logits
@@ -58,6 +67,7 @@ typedef struct pg_runner_ws_plan {
                                   //   max_num_seqs capped by it
     size_t inputs;                // packed step inputs (block tables, histories, masks)
     size_t attn, sample;          // the backend's attention and sampler workspaces
+    size_t kv_scales;             // fp8 KV scales [n_layers][2][n_kv_heads] f32 (0: none)
     size_t bytes;                 // the whole workspace allocation (activations, logits,
                                   //   the two above, samples, inputs)
     size_t pinned;                // host: the two pinned input/output images

@@ -49,6 +49,7 @@ struct pg_runner {
     void *samp_ws;
     size_t samp_ws_bytes;
     pg_sample_out *out_dev; // [max_seqs]
+    float *kv_scales_dev;   // fp8 KV scales in the workspace (runner_kv_scales.c); NULL: none
     char *in_dev;           // packed step inputs
     size_t in_cap;
     int64_t workspace_measured;
@@ -119,6 +120,9 @@ struct pg_runner {
 int runner_pack(pg_runner *r, const step_desc *s, dev_in *d);
 // The embedding and every layer for `s` (what a decode graph captures).
 int runner_layers(pg_runner *r, const step_desc *s, const dev_in *d);
+// fp8 KV: the scales into kv_scales_dev (the checkpoint's, or calibrated by
+// one prefill on a temporary pool) and bufs.kv_scales; a no-op otherwise.
+int runner_kv_scales_init(pg_runner *r);
 
 // runner_prompt_logprobs.c: bytes of the device input image and scores.
 size_t runner_plp_in_bytes(int32_t max_tokens);

@@ -150,15 +150,6 @@ int eng_setup(pg_engine *e) {
     if (strcmp(asy, "auto") && strcmp(asy, "on") && strcmp(asy, "off"))
         return pg_err_set(PG_EINVAL, "async scheduling '%s' is not known (auto, on, off)", asy);
     e->async = !strcmp(asy, "on") || (!strcmp(asy, "auto") && !on_cpu);
-    // The quantized formats' CUDA kernels (kernels/cuda/qgemv.cu) are
-    // compiled but not yet run on a GPU: refused unless the development gate
-    // PAGED_CUDA_QUANT=1 is set (the CUDA weight_upload checks it too).
-    const char *qgate = getenv("PAGED_CUDA_QUANT");
-    if (!on_cpu && cfg->quantization != PG_QUANT_NONE && !(qgate && !strcmp(qgate, "1")))
-        return pg_err_set(PG_EUNSUPP,
-                          "--quantization %s: not yet on the CUDA backend (device %s); use --device cpu (set "
-                          "PAGED_CUDA_QUANT=1 to try the untested kernels)",
-                          pg_quantization_name(cfg->quantization), cfg->device ? cfg->device : "auto");
     if (cfg->load_format && strcmp(cfg->load_format, "auto") && !is_dummy(cfg))
         return pg_err_set(PG_EINVAL, "load format '%s' is not known (auto, dummy)", cfg->load_format);
     pg_graph_mode graphs = PG_GRAPHS_STARTUP;
@@ -206,7 +197,7 @@ int eng_setup(pg_engine *e) {
     pg_runner_config rcfg = {.block_size = sc.block_size, .max_num_seqs = sc.max_num_seqs,
                              .max_num_batched_tokens = sc.max_num_batched_tokens,
                              .max_model_len = e->max_model_len,
-                             .kv_dtype = kv_dtype, .graphs = graphs};
+                             .kv_dtype = kv_dtype, .kv_scales = cfg->kv_cache_scales, .graphs = graphs};
     PG_TRY(pg_executor_runners_create(e->exec, &rcfg));
     PG_TRY(pg_executor_mem_refresh(e->exec));
     pg_runner_mem gm;

@@ -75,6 +75,14 @@ typedef struct pg_kv_shape {
     int32_t n_kv_heads;
     int32_t head_dim;
     int32_t dtype; // PG_KV_*
+    // fp8 e4m3 only (PG_KV_FP8_E4M3): this layer's scales in backend memory,
+    // [2][n_kv_heads] f32, K's then V's, one per KV head: the cache holds
+    // fp8(x / s) and attention reads s * code (CPU: applied to the scores
+    // and to the output, not per element; CUDA: folded the same way into
+    // the softmax scale and the output's normalisation). NULL: scale 1.0.
+    // A layer's shape gets them from the runner (engine/runner_kv_scales.c:
+    // a checkpoint's k_scale / v_scale, or calibrated at start-up).
+    const float *scales;
 } pg_kv_shape;
 
 // The CPU backend's numerics (pg_backend_cpu_create; CUDA has one).

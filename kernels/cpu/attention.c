@@ -70,9 +70,19 @@ static inline const float *kv_row_f32(const attn_job *j, const char *cache, cons
     return tile;
 }
 
+// fp8 layer scales (pg_kv_shape.scales) of KV head kvh: K's multiplies the
+// scores (q . (s k) = s (q . k)), V's the output (sum p (s v) = s sum p v).
+static inline float k_scale(const attn_job *j, int32_t kvh) {
+    return j->kv.dtype == PG_KV_FP8_E4M3 && j->kv.scales ? j->kv.scales[kvh] : 1.0f;
+}
+static inline float v_scale(const attn_job *j, int32_t kvh) {
+    return j->kv.dtype == PG_KV_FP8_E4M3 && j->kv.scales ? j->kv.scales[j->kv.n_kv_heads + kvh] : 1.0f;
+}
+
 static void attend_one(const attn_job *j, const pg_attn_seq *s, int32_t h, int32_t qi) {
     const int32_t hd = j->kv.head_dim;
     const int32_t kvh = h / (j->n_heads / j->kv.n_kv_heads);
+    const float scale = j->scale * k_scale(j, kvh);
     const float *q = j->q + (int64_t)(s->q_start + qi) * j->q_stride + (int64_t)h * hd;
     float *out = j->out + ((int64_t)(s->q_start + qi) * j->n_heads + h) * hd;
     const int32_t n_keys = s->start_pos + qi + 1; // causal: keys up to its own position
@@ -87,7 +97,7 @@ static void attend_one(const attn_job *j, const pg_attn_seq *s, int32_t h, int32
             const float *k = kv_row_f32(j, j->k_cache, s->block_table, t0 + t, kvh, ktile);
             float d = 0.0f;
             for (int32_t e = 0; e < hd; e++) d += q[e] * k[e];
-            scores[t] = d * j->scale;
+            scores[t] = d * scale;
             if (scores[t] > cmax) cmax = scores[t];
         }
         float m_new = cmax > m ? cmax : m;
@@ -102,7 +112,7 @@ static void attend_one(const attn_job *j, const pg_attn_seq *s, int32_t h, int32
         }
         m = m_new;
     }
-    float inv = 1.0f / l;
+    float inv = v_scale(j, kvh) / l;
     for (int32_t e = 0; e < hd; e++) out[e] = acc[e] * inv;
 }
 
@@ -235,6 +245,7 @@ static void attend_group_compat(const attn_job *j, const pg_attn_seq *s, int32_t
                                 int thread) {
     const int32_t hd = j->kv.head_dim, half = hd / 2, G = j->n_heads / j->kv.n_kv_heads;
     const int32_t n_keys = s->start_pos + qi + 1;
+    const float scale = j->scale * k_scale(j, kvh), vs = v_scale(j, kvh);
     const int64_t row = (int64_t)(s->q_start + qi) * j->n_heads + (int64_t)kvh * G; // first head
     // Scratch: q in llama.cpp's order rounded to fp16, one K row as f32
     // (a cache of another type), the scores of every head of the group (then
@@ -268,34 +279,34 @@ static void attend_group_compat(const attn_job *j, const pg_attn_seq *s, int32_t
         }
         switch (G) { // a constant group size keeps the accumulators in registers
         case 1:
-            scores_avx2(1, k, q16, hd, j->scale, p + t, n_p);
+            scores_avx2(1, k, q16, hd, scale, p + t, n_p);
             break;
         case 2:
-            scores_avx2(2, k, q16, hd, j->scale, p + t, n_p);
+            scores_avx2(2, k, q16, hd, scale, p + t, n_p);
             break;
         case 3:
-            scores_avx2(3, k, q16, hd, j->scale, p + t, n_p);
+            scores_avx2(3, k, q16, hd, scale, p + t, n_p);
             break;
         case 4:
-            scores_avx2(4, k, q16, hd, j->scale, p + t, n_p);
+            scores_avx2(4, k, q16, hd, scale, p + t, n_p);
             break;
         case 5:
-            scores_avx2(5, k, q16, hd, j->scale, p + t, n_p);
+            scores_avx2(5, k, q16, hd, scale, p + t, n_p);
             break;
         case 6:
-            scores_avx2(6, k, q16, hd, j->scale, p + t, n_p);
+            scores_avx2(6, k, q16, hd, scale, p + t, n_p);
             break;
         case 7:
-            scores_avx2(7, k, q16, hd, j->scale, p + t, n_p);
+            scores_avx2(7, k, q16, hd, scale, p + t, n_p);
             break;
         case 8:
-            scores_avx2(8, k, q16, hd, j->scale, p + t, n_p);
+            scores_avx2(8, k, q16, hd, scale, p + t, n_p);
             break;
         default:
             for (int32_t g0 = 0; g0 < G; g0 += 8) {
                 int32_t n = G - g0 < 8 ? G - g0 : 8;
                 for (int32_t g = 0; g < n; g++)
-                    scores_avx2(1, k, q16 + (size_t)(g0 + g) * hd, hd, j->scale,
+                    scores_avx2(1, k, q16 + (size_t)(g0 + g) * hd, hd, scale,
                                 p + (size_t)(g0 + g) * n_p + t, n_p);
             }
         }
@@ -303,7 +314,7 @@ static void attend_group_compat(const attn_job *j, const pg_attn_seq *s, int32_t
         for (int32_t g = 0; g < G; g++) {
             float a[8] = {0};
             for (int32_t d = 0; d < hd; d++) a[d % 8] = fmaf(k[d], q16[g * hd + d], a[d % 8]);
-            p[g * n_p + t] = pg_lc_hsum8(a) * j->scale;
+            p[g * n_p + t] = pg_lc_hsum8(a) * scale;
         }
 #endif
     }
@@ -344,6 +355,8 @@ static void attend_group_compat(const attn_job *j, const pg_attn_seq *s, int32_t
             out[e] = pg_lc_hsum8(a);
         }
 #endif
+        if (vs != 1.0f)
+            for (int32_t e = 0; e < hd; e++) out[e] *= vs;
     }
 }
 

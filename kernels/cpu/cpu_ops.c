@@ -112,13 +112,27 @@ static bool compat_rounds_f16(int32_t dtype) {
     return dtype == PG_KV_NATIVE || dtype == PG_KV_F32 || dtype == PG_KV_F16;
 }
 
+// One head's row into the cache; with an fp8 layer scale s (not 1), x / s
+// is what is converted (the CUDA write divides the same way).
+static void store_row(pg_kv_shape kv, char *dst, const float *x, float s) {
+    if (s == 1.0f) {
+        pg_cpu_kv_store_row(kv.dtype, dst, x, kv.head_dim);
+        return;
+    }
+    float t[512];
+    for (int32_t d = 0; d < kv.head_dim; d++) t[d] = x[d] / s;
+    pg_cpu_kv_store_row(kv.dtype, dst, t, kv.head_dim);
+}
+
 // One token's K and V of every KV head into its slot, a head at a time
-// (fp8 e4m3 scaled keeps a scale per head row).
+// (fp8 e4m3 scaled keeps a scale per head row; fp8 e4m3 may have a scale
+// per layer and KV head, kv.scales).
 static void store_heads(pg_kv_shape kv, char *kd, char *vd, const float *k, const float *v) {
     const size_t hb = pg_cpu_kv_row_bytes(kv.dtype, kv.head_dim);
+    const float *sc = kv.dtype == PG_KV_FP8_E4M3 ? kv.scales : NULL;
     for (int32_t h = 0; h < kv.n_kv_heads; h++) {
-        pg_cpu_kv_store_row(kv.dtype, kd + (size_t)h * hb, k + (size_t)h * kv.head_dim, kv.head_dim);
-        pg_cpu_kv_store_row(kv.dtype, vd + (size_t)h * hb, v + (size_t)h * kv.head_dim, kv.head_dim);
+        store_row(kv, kd + (size_t)h * hb, k + (size_t)h * kv.head_dim, sc ? sc[h] : 1.0f);
+        store_row(kv, vd + (size_t)h * hb, v + (size_t)h * kv.head_dim, sc ? sc[kv.n_kv_heads + h] : 1.0f);
     }
 }
 

@@ -136,6 +136,7 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
     const int rg = warp / TG, tg = warp % TG;
     const int seq = blockIdx.x / p.n_kv, kvh = blockIdx.x % p.n_kv;
     const int G = p.group;
+    const float sl2 = p.scale_log2 * kv_k_scale(p, kvh), vsc = kv_v_scale(p, kvh);
     int q_start, n_q, kv_total;
     if (p.cu_q) {
         q_start = p.cu_q[seq];
@@ -255,7 +256,7 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
         for (int j = 0; j < NT; j++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                float v = s[j][e] * p.scale_log2;
+                float v = s[j][e] * sl2;
                 if (need_mask) {
                     int t = tbase + j * 8 + (lane % 4) * 2 + (e & 1);
                     if (t > pos[e >> 1]) v = -INFINITY;
@@ -302,7 +303,7 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
         for (int i = 0; i < 2; i++) {
             if (!row_ok[i]) continue;
             int r = row0 + rg * 16 + lane / 4 + 8 * i;
-            float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+            float inv = l[i] > 0.0f ? vsc / l[i] : 0.0f;
             bf16 *op = p.out + out_index(r) * HD; // prefill (TG == 1) never splits
 #pragma unroll
             for (int n = 0; n < ONT; n++) {
@@ -364,6 +365,8 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
                 acc.x += v.x;
                 acc.y += v.y;
             }
+            acc.x *= vsc;
+            acc.y *= vsc;
             size_t oi = out_index(r);
             if (!partial) {
                 *reinterpret_cast<__nv_bfloat162 *>(p.out + oi * HD + c) = __floats2bfloat162_rn(acc.x, acc.y);
@@ -411,6 +414,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int seq = blockIdx.x / p.n_kv, kvh = blockIdx.x % p.n_kv;
     const int G = p.group;
+    const float sl2 = p.scale_log2 * kv_k_scale(p, kvh), vsc = kv_v_scale(p, kvh);
     const int q_start = p.cu_q[seq], n_q = p.cu_q[seq + 1] - q_start, kv_total = p.start_pos[seq] + n_q;
     const int rows_total = n_q * G;
     const int row0 = (int)(gridDim.y - 1 - blockIdx.y) * ROWS; // long (late) row tiles first
@@ -499,7 +503,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
             for (int j = 0; j < NT; j++) {
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    float v = sc[mt][j][e] * p.scale_log2;
+                    float v = sc[mt][j][e] * sl2;
                     sc[mt][j][e] = v;
                 }
             }
@@ -553,7 +557,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
             lt_ += __shfl_xor_sync(0xffffffffu, lt_, 2);
             const int r = row0 + warp * 32 + mt * 16 + lane / 4 + 8 * i;
             if (r >= rows_total) continue;
-            const float inv = lt_ > 0.0f ? 1.0f / lt_ : 0.0f;
+            const float inv = lt_ > 0.0f ? vsc / lt_ : 0.0f;
             bf16 *op = p.out + ((size_t)(q_start + r / G) * p.n_heads + kvh * G + r % G) * HD;
 #pragma unroll
             for (int n = 0; n < ONT; n++) {

@@ -118,7 +118,18 @@ struct AttnParams {
     float *part_o;             // [n_tokens][n_heads][max_splits][HD] normalized partial O
     float *part_lse;           // [n_tokens][n_heads][max_splits] log2-sum-exp of the split
     int max_splits;
+    const float *kv_scales;    // fp8 KV: this layer's [2][n_kv] K then V scales (pg_kv_shape.scales); null: 1
 };
+
+// The fp8 KV scales of KV head kvh: K's multiplies the softmax scale
+// (q . (s k) = s (q . k)), V's the output's normalisation (sum p (s v) = s
+// sum p v), so the tiles stay raw e4m3 codes and nothing per element changes.
+__device__ __forceinline__ float kv_k_scale(const AttnParams &p, int kvh) {
+    return p.kv_scales ? p.kv_scales[kvh] : 1.0f;
+}
+__device__ __forceinline__ float kv_v_scale(const AttnParams &p, int kvh) {
+    return p.kv_scales ? p.kv_scales[p.n_kv + kvh] : 1.0f;
+}
 
 // Key t of a sequence in the paged cache, in (slot, KV head) rows: its
 // block from the block table bt, its slot in the block, then head kvh of
@@ -381,6 +392,7 @@ inline AttnParams attn_params(void *out, const void *q, int64_t q_stride, const 
     p.group = n_heads / kv.n_kv_heads;
     p.bs_shift = log2_exact(kv.block_size);
     p.scale_log2 = scale * 1.4426950408889634f; // softmax in base 2
+    p.kv_scales = kv.dtype == PG_KV_FP8_E4M3 ? kv.scales : nullptr;
     return p;
 }
 

@@ -139,6 +139,7 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
     const int g8 = lane / 4, t4 = lane % 4; // fragment row group, column pair
     const int seq = blockIdx.x / p.n_kv, kvh = blockIdx.x % p.n_kv;
     const int G = p.group;
+    const float sl2 = p.scale_log2 * kv_k_scale(p, kvh), vsc = kv_v_scale(p, kvh);
     const int kv_end = p.seq_lens[seq];
     const int n_tiles = kv_end > 0 ? (kv_end + KT - 1) / KT : 0;
     const size_t out_row0 = (size_t)seq * p.n_heads + (size_t)kvh * G; // out row of head g: out_row0 + g
@@ -171,8 +172,8 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
             const int d0 = c * 16 + (F8 ? 4 * t4 : 2 * t4), d1 = d0 + (F8 ? 2 : 8);
             uint32_t u0 = ok ? *reinterpret_cast<const uint32_t *>(qp + d0) : 0u;
             uint32_t u1 = ok ? *reinterpret_cast<const uint32_t *>(qp + d1) : 0u;
-            qb[c][0] = F8 ? q_to_f16x2(u0, p.scale_log2) : u0;
-            qb[c][1] = F8 ? q_to_f16x2(u1, p.scale_log2) : u1;
+            qb[c][0] = F8 ? q_to_f16x2(u0, sl2) : u0;
+            qb[c][1] = F8 ? q_to_f16x2(u1, sl2) : u1;
         }
     }
 
@@ -230,7 +231,7 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
         // end get -inf.
         float sv[4];
 #pragma unroll
-        for (int e = 0; e < 4; e++) sv[e] = F8 ? s[0][e] + s[1][e] : (s[0][e] + s[1][e]) * p.scale_log2;
+        for (int e = 0; e < 4; e++) sv[e] = F8 ? s[0][e] + s[1][e] : (s[0][e] + s[1][e]) * sl2;
         if (tile * KT + KT > kv_end) {
             const int k0 = tile * KT + key0 + g8;
             if (k0 >= kv_end) sv[0] = sv[1] = -INFINITY;
@@ -346,6 +347,8 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
             acc.x += v.x;
             acc.y += v.y;
         }
+        acc.x *= vsc;
+        acc.y *= vsc;
         const size_t oi = out_row0 + qh;
         if (!partial) {
             *reinterpret_cast<__nv_bfloat162 *>(p.out + oi * HD + c) = __floats2bfloat162_rn(acc.x, acc.y);

@@ -5,7 +5,7 @@
 // stream, ordered with events. Activations and weights are bf16 (weights of
 // other stored types are dequantized row by row on the host and converted on
 // the device at upload), except paged's FP8 / int4 types, which stay as
-// stored under PAGED_CUDA_QUANT=1 (qgemv.cu; docs/quantization.md, "CUDA");
+// stored (qgemv.cu; docs/quantization.md, "CUDA");
 // the KV cache is bf16 or fp8 e4m3. Small batches
 // (rows <= gemv_rows) take the weight-streaming GEMV with the RMSNorm (and
 // for gate/up the SiLU) fused in; larger ones add_rmsnorm + cuBLASLt. The
@@ -53,6 +53,13 @@ struct CudaCtx {
     float *upload_host;       //   weight that needs it, with its host twin (pinned)
     int32_t *pairs_dev;       // copy-on-write pairs staging
     int32_t *pairs_host;      // pinned
+    // Swaps by kernel (cu_kv_swap): two pinned, mapped pair buffers the
+    // kernel reads directly, each reused only after the launch that read it
+    // two swaps ago has finished (ev_swap), so a swap never waits for the
+    // step before it. swap_mode: PAGED_CUDA_SWAP (auto, kernel, memcpy).
+    int32_t *swap_pairs[2];
+    cudaEvent_t ev_swap[2];
+    int swap_slot, swap_mode;
     char desc[160];
     // PAGED_CUDA_FAULT=N (tests): the N-th step's work ends with a kernel
     // that traps, a real device error (sticky: the context is lost), so the
@@ -73,11 +80,14 @@ struct CudaKv {
     char *mem;          // device: K of layer l at 2l * layer_bytes, V at (2l + 1) * layer_bytes
     size_t block_bytes; // one block of one layer, K or V
     size_t layer_bytes;
-    void **ptrs_dev;    // [2][n_layers]: K pointers then V pointers (copy_blocks)
-    char *host;         // pinned [2 n_layers][n_host_blocks][block_bytes] (the device layout)
+    void **ptrs_dev;    // [2][n_layers]: K pointers then V pointers (move_blocks)
+    char *host;         // pinned, mapped [2 n_layers][n_host_blocks][block_bytes] (the device layout)
+    void **host_ptrs_dev; // [2][n_layers]: the host mirror's K then V pointers, as the device sees them
 };
 
 constexpr int PAIRS_CAP = 4096; // copy-on-write pairs per staged chunk
+constexpr int SWAP_CAP = 8192;  // swap pairs per kernel launch (one pinned buffer)
+enum { SWAP_AUTO = 0, SWAP_KERNEL = 1, SWAP_MEMCPY = 2 };
 
 CudaCtx *ctx_of(pg_backend *b) {
     return (CudaCtx *)b->ctx;
@@ -92,12 +102,6 @@ bool is_quant(int dtype) {
     return dtype == PG_DTYPE_FP8_E4M3 || pg_dtype_is_int4(dtype);
 }
 
-// The development gate: PAGED_CUDA_QUANT=1 lets FP8 / int4 weights onto the
-// device (kernels compiled, not yet run on a GPU; docs/quantization.md).
-bool quant_gate() {
-    const char *e = getenv("PAGED_CUDA_QUANT");
-    return e && !strcmp(e, "1");
-}
 
 } // namespace
 
@@ -239,7 +243,7 @@ static int cu_sync(pg_backend *b) {
 
 static bool cu_runs_in_place(pg_backend *b, int dtype) {
     (void)b;
-    return dtype == PG_DTYPE_BF16 || (is_quant(dtype) && quant_gate());
+    return dtype == PG_DTYPE_BF16 || is_quant(dtype);
 }
 
 static int new_weight(int64_t rows, int64_t cols, int32_t dtype, size_t elem, CudaWeight **out) {
@@ -365,14 +369,19 @@ static int cu_weight_upload(pg_backend *b, const pg_weight *parts, int n_parts, 
         PG_ARG(parts[i].data && parts[i].cols == parts[0].cols && pg_dtype_block_elems(parts[i].dtype) > 0,
                "cuda weight: part %d is %lldx%lld of type %s", i, (long long)parts[i].rows,
                (long long)parts[i].cols, pg_dtype_name(parts[i].dtype));
-        // paged's quantized types run as stored (qgemv.cu), behind the
-        // development gate until their kernels have run on a GPU; never
-        // through the bf16 conversion below, which would drop FP8's scales.
-        if (is_quant(parts[i].dtype) && !quant_gate())
-            return pg_err_set(PG_EUNSUPP,
-                              "cuda weight: %s weights are not yet run on the CUDA backend (set PAGED_CUDA_QUANT=1 "
-                              "to try the untested kernels)",
-                              pg_dtype_name(parts[i].dtype));
+        // paged's quantized types run as stored (qgemv.cu), never through
+        // the bf16 conversion below, which would drop FP8's scales. FP8
+        // needs the e4m3 conversions of sm_89 and newer.
+        if (parts[i].dtype == PG_DTYPE_FP8_E4M3) {
+            int major = 0, minor = 0;
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device);
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device);
+            if (major * 10 + minor < 89)
+                return pg_err_set(PG_EUNSUPP,
+                                  "cuda weight: %s weights need compute capability 8.9 or newer; device %d (%s) is "
+                                  "sm_%d%d: use --device cpu or a bf16 / int4 checkpoint",
+                                  pg_dtype_name(parts[i].dtype), c->device, c->desc, major, minor);
+        }
         quant |= is_quant(parts[i].dtype);
         rows += parts[i].rows;
     }
@@ -528,6 +537,7 @@ static void cu_kv_free(pg_backend *b, pg_bkv *bkv) {
     CudaKv *kv = (CudaKv *)bkv;
     cudaFree(kv->mem);
     cudaFree(kv->ptrs_dev);
+    cudaFree(kv->host_ptrs_dev);
     if (kv->host) cudaFreeHost(kv->host);
     free(kv->base.k);
     free(kv->base.v);
@@ -592,7 +602,8 @@ static int cu_kv_create(pg_backend *b, int32_t n_layers, pg_kv_shape s, int32_t 
     kv->base.bytes = total;
     if (n_host_blocks > 0) {
         const size_t hb = (size_t)n_host_blocks * cu_kv_block_bytes(b, n_layers, s);
-        if (cudaHostAlloc((void **)&kv->host, hb, cudaHostAllocDefault) != cudaSuccess) {
+        // Mapped: the swap kernel reads and writes it from the device.
+        if (cudaHostAlloc((void **)&kv->host, hb, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
             (void)cudaGetLastError();
             kv->host = nullptr;
             rc = pg_err_set(PG_ENOMEM,
@@ -602,6 +613,18 @@ static int cu_kv_create(pg_backend *b, int32_t n_layers, pg_kv_shape s, int32_t 
             goto fail;
         }
         kv->base.host_bytes = hb;
+        const size_t host_layer = (size_t)n_host_blocks * kv->block_bytes;
+        char *hdev = nullptr;
+        if ((e = cudaHostGetDevicePointer((void **)&hdev, kv->host, 0)) != cudaSuccess) goto cuda_fail;
+        for (int32_t l = 0; l < n_layers; l++) {
+            ptrs[l] = hdev + (size_t)(2 * l) * host_layer;
+            ptrs[n_layers + l] = hdev + (size_t)(2 * l + 1) * host_layer;
+        }
+        if ((e = cudaMalloc((void **)&kv->host_ptrs_dev, sizeof(void *) * 2 * (size_t)n_layers)) != cudaSuccess ||
+            (e = cudaMemcpyAsync(kv->host_ptrs_dev, ptrs, sizeof(void *) * 2 * (size_t)n_layers,
+                                 cudaMemcpyHostToDevice, c->stream)) != cudaSuccess ||
+            (e = cudaStreamSynchronize(c->stream)) != cudaSuccess)
+            goto cuda_fail;
     }
     free(ptrs);
     *out = &kv->base;
@@ -614,16 +637,18 @@ fail:
     return rc;
 }
 
-// Swap copies on the copy stream, after everything the compute stream
-// queued (it wrote the blocks) and before what it queues next. The host
-// mirror has the device layout, [2 n_layers][n_host_blocks][block], so a
-// run of consecutive blocks (from and to both consecutive) is one copy per
-// layer and K/V.
-static int cu_kv_swap(pg_backend *b, pg_bkv *bkv, const int32_t *pairs, int32_t n, bool to_host) {
-    CudaCtx *c = ctx_of(b);
-    CudaKv *kv = (CudaKv *)bkv;
-    if (n == 0) return 0;
-    PG_ARG(kv->host, "cuda: swap requested but there is no swap space");
+// Swaps. The host mirror has the device layout, [2 n_layers][n_host_blocks]
+// [block], so a run of consecutive blocks (from and to both consecutive)
+// is one cudaMemcpyAsync per layer and K/V, on the copy stream after
+// everything the compute stream queued and before what it queues next.
+// Evicted prefix blocks are rarely consecutive: at llama3-8b-shape that is
+// 64 copies of 16-32 KB per block, ~2 us each on the copy engine and on the
+// host, which the compute stream waits for. So many short runs go through
+// one move_blocks launch per SWAP_CAP pairs on the compute stream instead,
+// the SMs reading or writing the mapped host mirror over PCIe.
+// PAGED_CUDA_SWAP=kernel|memcpy forces one way (the comparison);
+// auto takes the kernel when there are more than 4 runs.
+static int swap_by_memcpy(CudaCtx *c, CudaKv *kv, const int32_t *pairs, int32_t n, bool to_host) {
     PG_CUDA_TRY(cudaEventRecord(c->ev_compute, c->stream));
     PG_CUDA_TRY(cudaStreamWaitEvent(c->copy_stream, c->ev_compute, 0));
     const int32_t L2 = 2 * kv->base.n_layers;
@@ -650,6 +675,37 @@ static int cu_kv_swap(pg_backend *b, pg_bkv *bkv, const int32_t *pairs, int32_t 
     return 0;
 }
 
+static int swap_by_kernel(CudaCtx *c, CudaKv *kv, const int32_t *pairs, int32_t n, bool to_host) {
+    const void *const *src = (const void *const *)(to_host ? kv->ptrs_dev : kv->host_ptrs_dev);
+    void *const *dst = to_host ? kv->host_ptrs_dev : kv->ptrs_dev;
+    for (int32_t done = 0; done < n;) {
+        const int32_t chunk = n - done < SWAP_CAP ? n - done : SWAP_CAP;
+        const int slot = c->swap_slot;
+        c->swap_slot ^= 1;
+        PG_CUDA_TRY(cudaEventSynchronize(c->ev_swap[slot])); // its last reader, two launches ago
+        memcpy(c->swap_pairs[slot], pairs + 2 * (size_t)done, (size_t)chunk * 8);
+        int32_t *dpairs = nullptr;
+        PG_CUDA_TRY(cudaHostGetDevicePointer((void **)&dpairs, c->swap_pairs[slot], 0));
+        PG_TRY(pg_cuda_move_blocks(src, dst, 2 * kv->base.n_layers, dpairs, chunk, (int64_t)kv->block_bytes,
+                                   c->stream));
+        PG_CUDA_TRY(cudaEventRecord(c->ev_swap[slot], c->stream));
+        done += chunk;
+    }
+    return 0;
+}
+
+static int cu_kv_swap(pg_backend *b, pg_bkv *bkv, const int32_t *pairs, int32_t n, bool to_host) {
+    CudaCtx *c = ctx_of(b);
+    CudaKv *kv = (CudaKv *)bkv;
+    if (n == 0) return 0;
+    PG_ARG(kv->host, "cuda: swap requested but there is no swap space");
+    int32_t runs = 0;
+    for (int32_t i = 0; i < n; i++)
+        runs += i == 0 || pairs[2 * i] != pairs[2 * i - 2] + 1 || pairs[2 * i + 1] != pairs[2 * i - 1] + 1;
+    const bool kernel = c->swap_mode == SWAP_KERNEL || (c->swap_mode == SWAP_AUTO && runs > 4);
+    return kernel ? swap_by_kernel(c, kv, pairs, n, to_host) : swap_by_memcpy(c, kv, pairs, n, to_host);
+}
+
 // Copy-on-write: every layer's K and V of each pair in one launch per chunk
 // of pairs staged through pinned memory.
 static int cu_kv_copy(pg_backend *b, pg_bkv *bkv, const int32_t *pairs, int32_t n) {
@@ -661,7 +717,7 @@ static int cu_kv_copy(pg_backend *b, pg_bkv *bkv, const int32_t *pairs, int32_t 
         memcpy(c->pairs_host, pairs + 2 * (size_t)done, (size_t)chunk * 8);
         PG_CUDA_TRY(cudaMemcpyAsync(c->pairs_dev, c->pairs_host, (size_t)chunk * 8, cudaMemcpyHostToDevice,
                                     c->stream));
-        PG_TRY(pg_cuda_copy_blocks(kv->ptrs_dev, kv->ptrs_dev + L, L, c->pairs_dev, chunk,
+        PG_TRY(pg_cuda_move_blocks((const void *const *)kv->ptrs_dev, kv->ptrs_dev, 2 * L, c->pairs_dev, chunk,
                                    (int64_t)kv->block_bytes, c->stream));
         PG_CUDA_TRY(cudaStreamSynchronize(c->stream)); // the pinned pairs are reused by the next chunk
         done += chunk;
@@ -924,7 +980,9 @@ static int cu_read_f32(pg_backend *b, pg_tensor t, int64_t n, float *out) {
     CudaCtx *c = ctx_of(b);
     PG_ARG(n >= 0 && n <= t.rows, "cuda read: %lld rows of %lld", (long long)n, (long long)t.rows);
     if (n == 0) return 0;
-    const size_t count = (size_t)n * (size_t)t.stride;
+    // A view's last row ends at its columns, not at the stride (a column
+    // view of a wider buffer, as the K and V of the fused QKV rows).
+    const size_t count = (size_t)(n - 1) * (size_t)t.stride + (size_t)t.cols;
     float *tmp = nullptr;
     if (t.dtype == PG_DTYPE_F32) {
         PG_CUDA_TRY(cudaMemcpy2DAsync(out, (size_t)t.cols * 4, t.data, (size_t)t.stride * 4, (size_t)t.cols * 4,
@@ -961,6 +1019,10 @@ static void cu_destroy(pg_backend *b) {
         cudaFree(c->pairs_dev);
         if (c->upload_host) cudaFreeHost(c->upload_host);
         if (c->pairs_host) cudaFreeHost(c->pairs_host);
+        for (int i = 0; i < 2; i++) {
+            if (c->swap_pairs[i]) cudaFreeHost(c->swap_pairs[i]);
+            if (c->ev_swap[i]) cudaEventDestroy(c->ev_swap[i]);
+        }
         for (int i = 0; i < 2; i++)
             if (c->ev_done[i]) cudaEventDestroy(c->ev_done[i]);
         if (c->ev_compute) cudaEventDestroy(c->ev_compute);
@@ -1010,13 +1072,22 @@ extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
         (e = cudaEventCreateWithFlags(&c->ev_in[1], cudaEventDisableTiming)) != cudaSuccess ||
         (e = cudaMalloc((void **)&c->gemm_ws, PG_CUDA_GEMM_WORKSPACE)) != cudaSuccess ||
         (e = cudaMalloc((void **)&c->pairs_dev, (size_t)PAIRS_CAP * 8)) != cudaSuccess ||
-        (e = cudaHostAlloc((void **)&c->pairs_host, (size_t)PAIRS_CAP * 8, cudaHostAllocDefault)) != cudaSuccess) {
+        (e = cudaHostAlloc((void **)&c->pairs_host, (size_t)PAIRS_CAP * 8, cudaHostAllocDefault)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&c->ev_swap[0], cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&c->ev_swap[1], cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaHostAlloc((void **)&c->swap_pairs[0], (size_t)SWAP_CAP * 8, cudaHostAllocMapped | cudaHostAllocPortable)) !=
+            cudaSuccess ||
+        (e = cudaHostAlloc((void **)&c->swap_pairs[1], (size_t)SWAP_CAP * 8, cudaHostAllocMapped | cudaHostAllocPortable)) !=
+            cudaSuccess) {
         (void)cudaGetLastError();
         rc = pg_err_set(PG_EIO, "cuda backend: streams, events and staging buffers: %s", cudaGetErrorString(e));
         goto fail;
     }
     if ((rc = pg_cuda_gemm_create(&c->gemm)) < 0) goto fail;
     {
+        const char *senv = getenv("PAGED_CUDA_SWAP");
+        c->swap_mode = senv && !strcmp(senv, "kernel") ? SWAP_KERNEL : senv && !strcmp(senv, "memcpy") ? SWAP_MEMCPY
+                                                                                                       : SWAP_AUTO;
         const char *genv = getenv("PAGED_CUDA_GEMV");
         c->gemv_rows = genv && genv[0] ? atoi(genv) : 2;
         if (c->gemv_rows < 0) c->gemv_rows = 0;

@@ -143,7 +143,9 @@ int pg_cuda_paged_prefill_attention_v(int version, void *out, const void *q, int
 // [head_dim/2]); then rotated k and v (row at v + i*v_stride) are written to
 // slot slots[i] of the caches. slots[i] < 0 skips the write (padding).
 // kv.dtype PG_KV_FP8_E4M3: the caches take e4m3 (k from the fp32 rotation,
-// v from bf16; saturating at +-448); q and k in place stay bf16.
+// v from bf16; saturating at +-448) of x / s with s the KV head's scale in
+// kv.scales (device [2][n_kv], K's then V's; null: 1); q and k in place
+// stay bf16. The attention launchers apply the same kv.scales.
 int pg_cuda_rope_kv_write(void *q, int64_t q_stride, void *k, int64_t k_stride, const void *v,
                           int64_t v_stride, const int32_t *pos, const int32_t *slots, int32_t m,
                           int32_t n_heads, const float *inv_freq, void *k_cache, void *v_cache,
@@ -216,16 +218,19 @@ int pg_cuda_embed(void *out, const void *table, const int32_t *ids, int64_t m, i
 int pg_cuda_embed_shard(void *out, const void *table, const int32_t *ids, int64_t m, int64_t dim,
                         int64_t n_rows, int32_t id0, void *stream);
 
-// Copy-on-write block copies for all layers at once: for each pair p <
-// n_pairs and layer l < n_layers, block pairs[2p] -> pairs[2p+1] of
-// k_caches[l] and of v_caches[l]. k_caches, v_caches: device arrays of
-// n_layers device pointers; pairs: device int32 [n_pairs][2] (the layout of
-// pg_block_move); block_bytes = block_size * n_kv_heads * head_dim * bytes
-// per element (2 for bf16, 1 for fp8).
+// Block copies for every layer's K and V at once: for each pair p < n_pairs
+// and tensor t < n_tensors, block pairs[2p] of src[t] -> block pairs[2p+1]
+// of dst[t]. src, dst: device arrays of n_tensors pointers (a KV cache's K
+// pointers then V pointers, kernels/cuda/backend_cuda.cu); copy-on-write
+// passes the device cache as both, a swap the device cache and its host
+// mirror (pinned and mapped: the kernel reads or writes it over PCIe).
+// pairs: device-readable int32 [n_pairs][2] (the layout of pg_block_move);
+// block_bytes = block_size * n_kv_heads * head_dim * bytes per element.
 // The pairs are copied in parallel: a destination must not be the source
-// of another pair of the same call (copy-on-write targets are fresh blocks).
-int pg_cuda_copy_blocks(void *const *k_caches, void *const *v_caches, int32_t n_layers,
-                        const int32_t *pairs, int32_t n_pairs, int64_t block_bytes, void *stream);
+// of another pair of the same call (copy-on-write targets are fresh blocks,
+// swaps cross between two pools).
+int pg_cuda_move_blocks(const void *const *src, void *const *dst, int32_t n_tensors, const int32_t *pairs,
+                        int32_t n_pairs, int64_t block_bytes, void *stream);
 
 // out[n] = bf16(in[n]) (round to nearest even; NaN stays NaN).
 int pg_cuda_f32_to_bf16(void *out, const float *in, int64_t n, void *stream);

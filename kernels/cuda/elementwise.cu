@@ -42,7 +42,7 @@ template <bool F8>
 __global__ void rope_kv_write_kernel(bf16 *q, int64_t q_stride, bf16 *k, int64_t k_stride, const bf16 *v,
                                      int64_t v_stride, const int32_t *pos, const int32_t *slots,
                                      int n_heads, int n_kv, int hd, const float *inv_freq, void *k_cache,
-                                     void *v_cache) {
+                                     void *v_cache, const float *scales) {
     extern __shared__ float cs[]; // [half] cos, [half] sin
     pg_pdl_wait(); // PDL: q/k/v, pos and slots may be the previous kernel's output
     pg_pdl_trigger();
@@ -76,8 +76,11 @@ __global__ void rope_kv_write_kernel(bf16 *q, int64_t q_stride, bf16 *k, int64_t
             const size_t ci = ((size_t)slot * n_kv + (h - n_heads)) * hd;
             if constexpr (F8) { // j even: 2-byte aligned pairs
                 __nv_fp8x2_storage_t *c = reinterpret_cast<__nv_fp8x2_storage_t *>(static_cast<uint8_t *>(k_cache) + ci);
-                c[j / 2] = __nv_cvt_float2_to_fp8x2(r0, __NV_SATFINITE, __NV_E4M3);
-                c[(j + half) / 2] = __nv_cvt_float2_to_fp8x2(r1, __NV_SATFINITE, __NV_E4M3);
+                // The layer's scale for this KV head (pg_kv_shape.scales): x / s is stored.
+                const float ks = scales ? scales[h - n_heads] : 1.0f;
+                c[j / 2] = __nv_cvt_float2_to_fp8x2(make_float2(r0.x / ks, r0.y / ks), __NV_SATFINITE, __NV_E4M3);
+                c[(j + half) / 2] =
+                    __nv_cvt_float2_to_fp8x2(make_float2(r1.x / ks, r1.y / ks), __NV_SATFINITE, __NV_E4M3);
             } else {
                 bf16 *c = static_cast<bf16 *>(k_cache) + ci;
                 *reinterpret_cast<__nv_bfloat162 *>(c + j) = y0;
@@ -95,6 +98,11 @@ __global__ void rope_kv_write_kernel(bf16 *q, int64_t q_stride, bf16 *k, int64_t
             for (int e = threadIdx.x * 8; e < n_v; e += blockDim.x * 8) {
                 float f[8];
                 unpack8(*reinterpret_cast<const uint4 *>(vs + e), f);
+                if (scales) { // the 8 never straddle a head: hd % 8 == 0 here
+                    const float s = scales[n_kv + e / hd];
+#pragma unroll
+                    for (int t = 0; t < 8; t++) f[t] /= s;
+                }
                 uint2 o;
                 o.x = (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(f[0], f[1]), __NV_SATFINITE, __NV_E4M3) |
                       ((uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(f[2], f[3]), __NV_SATFINITE, __NV_E4M3) << 16);
@@ -104,7 +112,8 @@ __global__ void rope_kv_write_kernel(bf16 *q, int64_t q_stride, bf16 *k, int64_t
             }
         } else {
             for (int e = threadIdx.x; e < n_v; e += blockDim.x)
-                vd[e] = __nv_cvt_float_to_fp8(__bfloat162float(vs[e]), __NV_SATFINITE, __NV_E4M3);
+                vd[e] = __nv_cvt_float_to_fp8(__bfloat162float(vs[e]) / (scales ? scales[n_kv + e / hd] : 1.0f),
+                                              __NV_SATFINITE, __NV_E4M3);
         }
         return;
     }
@@ -321,16 +330,19 @@ __global__ void embed_kernel(bf16 *out, const bf16 *table, const int32_t *ids, i
     }
 }
 
-// --- block copies (copy-on-write) --------------------------------------------------------
+// --- block copies (copy-on-write, swap) -------------------------------------------------
 
-// grid (n_pairs, n_layers, 2): one CTA copies one block of one layer's K or V.
-__global__ void copy_blocks_kernel(void *const *k_caches, void *const *v_caches, const int32_t *pairs,
+// grid (n_pairs, n_tensors): one CTA copies one block of one tensor (a
+// layer's K or V) from src[t] + from * block_bytes to dst[t] + to *
+// block_bytes. Copy-on-write passes the same arrays twice; a swap passes
+// the device cache's and the (mapped, pinned) host mirror's, so one launch
+// moves every layer of every block however scattered the block ids are.
+__global__ void move_blocks_kernel(const void *const *src_t, void *const *dst_t, const int32_t *pairs,
                                    int64_t block_bytes) {
-    const int p = blockIdx.x, layer = blockIdx.y;
-    char *base = (char *)(blockIdx.z == 0 ? k_caches[layer] : v_caches[layer]);
+    const int p = blockIdx.x, t = blockIdx.y;
     const int64_t from = pairs[2 * p], to = pairs[2 * p + 1];
-    const uint4 *src = reinterpret_cast<const uint4 *>(base + from * block_bytes);
-    uint4 *dst = reinterpret_cast<uint4 *>(base + to * block_bytes);
+    const uint4 *src = reinterpret_cast<const uint4 *>((const char *)src_t[t] + from * block_bytes);
+    uint4 *dst = reinterpret_cast<uint4 *>((char *)dst_t[t] + to * block_bytes);
     for (int64_t e = threadIdx.x; e < block_bytes / 16; e += blockDim.x) dst[e] = src[e];
 }
 
@@ -371,7 +383,8 @@ extern "C" int pg_cuda_rope_kv_write(void *q, int64_t q_stride, void *k, int64_t
     PG_CUDA_TRY(pg_launch_pdl(kv.dtype == PG_KV_FP8_E4M3 ? rope_kv_write_kernel<true> : rope_kv_write_kernel<false>,
                               dim3((unsigned)m), dim3(128), kv.head_dim * sizeof(float), pg_stream(stream), (bf16 *)q,
                               q_stride, (bf16 *)k, k_stride, (const bf16 *)v, v_stride, pos, slots, n_heads,
-                              kv.n_kv_heads, kv.head_dim, inv_freq, k_cache, v_cache));
+                              kv.n_kv_heads, kv.head_dim, inv_freq, k_cache, v_cache,
+                              kv.dtype == PG_KV_FP8_E4M3 ? kv.scales : (const float *)nullptr));
     PG_CUDA_LAUNCHED("rope_kv_write_kernel");
     return 0;
 }
@@ -474,16 +487,17 @@ extern "C" int pg_cuda_embed_shard(void *out, const void *table, const int32_t *
     return 0;
 }
 
-extern "C" int pg_cuda_copy_blocks(void *const *k_caches, void *const *v_caches, int32_t n_layers,
+extern "C" int pg_cuda_move_blocks(const void *const *src, void *const *dst, int32_t n_tensors,
                                    const int32_t *pairs, int32_t n_pairs, int64_t block_bytes, void *stream) {
-    PG_ARG(k_caches && v_caches && pairs, "copy_blocks: null pointer");
-    PG_ARG(n_layers >= 0 && n_pairs >= 0 && n_layers <= 65535, "copy_blocks: %d layers, %d pairs", n_layers, n_pairs);
-    PG_ARG(block_bytes > 0 && block_bytes % 16 == 0, "copy_blocks: block_bytes %lld (a multiple of 16)",
+    PG_ARG(src && dst && pairs, "move_blocks: null pointer");
+    PG_ARG(n_tensors >= 0 && n_pairs >= 0 && n_tensors <= 65535, "move_blocks: %d tensors, %d pairs", n_tensors,
+           n_pairs);
+    PG_ARG(block_bytes > 0 && block_bytes % 16 == 0, "move_blocks: block_bytes %lld (a multiple of 16)",
            (long long)block_bytes);
-    if (n_layers == 0 || n_pairs == 0) return 0;
-    dim3 grid((unsigned)n_pairs, (unsigned)n_layers, 2);
-    copy_blocks_kernel<<<grid, 256, 0, pg_stream(stream)>>>(k_caches, v_caches, pairs, block_bytes);
-    PG_CUDA_LAUNCHED("copy_blocks_kernel");
+    if (n_tensors == 0 || n_pairs == 0) return 0;
+    dim3 grid((unsigned)n_pairs, (unsigned)n_tensors);
+    move_blocks_kernel<<<grid, 256, 0, pg_stream(stream)>>>(src, dst, pairs, block_bytes);
+    PG_CUDA_LAUNCHED("move_blocks_kernel");
     return 0;
 }
 

@@ -16,7 +16,9 @@
 #   2. build/gpu/test_cuda_runner: the CUDA runner against the CPU runner
 #      (--matmul-mode exact) on two random models written here by
 #      tests/gpu/make_random_model.py (head_dim 64 bf16 weights; head_dim 128
-#      f32 weights, tied embeddings, odd vocabulary), step by step.
+#      f32 weights, tied embeddings, odd vocabulary), step by step; then with
+#      --cpu-offload-gb, both swap paths (PAGED_CUDA_SWAP=memcpy|kernel) and
+#      FP8 / int4 weights (--quantization).
 #   3. paged generate --device cuda against --device cpu: greedy texts of
 #      8 prompts through the whole engine (scheduler, runner, sampler). bf16
 #      against f32 flips a greedy pick wherever the top two logits are
@@ -147,6 +149,18 @@ note "runner hd128 f32: $(tail -c 300 "$out_dir/runner_hd128.json" 2>/dev/null |
 # memory through two slots (graphs, swaps and copy-on-write included).
 run runner-hd64-offload "$RUNNER_TEST" $m64 --cpu-offload-gb 0.001 --json "$out_dir/runner_hd64_offload.json"
 note "runner hd64 offload: $(tail -c 300 "$out_dir/runner_hd64_offload.json" 2>/dev/null | tr -d '\n')"
+# Swaps both ways (cu_kv_swap): a cudaMemcpyAsync per run of blocks on the
+# copy stream, and one move_blocks launch through the mapped host mirror.
+for mode in memcpy kernel; do
+    run runner-hd64-swap-$mode env PAGED_CUDA_SWAP=$mode "$RUNNER_TEST" $m64 --json "$out_dir/runner_hd64_swap_$mode.json"
+    note "runner hd64 swap $mode: $(tail -c 200 "$out_dir/runner_hd64_swap_$mode.json" 2>/dev/null | tr -d '\n')"
+done
+# Quantized weights as stored (kernels/cuda/qgemv.cu) against the CPU's
+# exact product of the same bytes.
+for q in fp8 int4; do
+    run runner-hd64-$q "$RUNNER_TEST" $m64 --quantization $q --json "$out_dir/runner_hd64_$q.json"
+    note "runner hd64 $q weights: $(tail -c 300 "$out_dir/runner_hd64_$q.json" 2>/dev/null | tr -d '\n')"
+done
 
 # --- 3. the whole engine: generate on both devices ----------------------------------------
 prompts=/tmp/paged-prompts.jsonl

@@ -3,10 +3,16 @@
 // step by step (in the spirit of llama.cpp's test-backend-ops).
 //
 //   build/gpu/test_cuda_runner MODEL_DIR [--tol 2e-2] [--json FILE] [--cpu-offload-gb G]
+//       [--quantization fp8|int4]
 //
 // --cpu-offload-gb: the GPU model's first layers live in pinned host memory
 // and stream through two device slots (engine/model_offload.c), graphs
 // included; the CPU reference keeps them resident.
+// --quantization: both models quantize the layers' matrices at load the
+// same way (engine/model_quant.c), so both hold the same FP8 / int4 bytes:
+// the GPU runs them as stored (kernels/cuda/qgemv.cu)
+// and the CPU, in the exact mode, dequantizes them to f32: the same
+// weight-only product, so the tolerance stays bf16's.
 //
 // Both execute the same hand-made plans over 24 steps: prefills of
 // several lengths in one step, a prompt chunked over four steps next to
@@ -69,12 +75,15 @@ static void seq_init(seq *s, const char *name, int32_t n_prompt, int32_t vocab, 
 int main(int argc, char **argv) {
     const char *dir = NULL, *json = NULL;
     double tol = 2e-2, offload_gb = 0;
+    int quant = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tol") && i + 1 < argc)
             tol = atof(argv[++i]);
         else if (!strcmp(argv[i], "--cpu-offload-gb") && i + 1 < argc)
             offload_gb = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--json") && i + 1 < argc)
+        else if (!strcmp(argv[i], "--quantization") && i + 1 < argc) {
+            if (pg_quantization_parse(argv[++i], &quant) < 0) return fprintf(stderr, "%s\n", pg_err_msg()), 2;
+        } else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json = argv[++i];
         else
             dir = argv[i];
@@ -92,7 +101,8 @@ int main(int argc, char **argv) {
     if (pg_backend_cpu_create(0, PG_MATMUL_EXACT, &cbe) < 0 || pg_backend_cuda_create(0, &gbe) < 0)
         return fprintf(stderr, "FAIL: backends: %s\n", pg_err_msg()), 1;
     pg_model *cmodel, *gmodel;
-    pg_model_load_opts mo = {.path = dir}, gmo = {.path = dir, .cpu_offload_bytes = (int64_t)(offload_gb * (1 << 30))};
+    pg_model_load_opts mo = {.path = dir, .quantization = quant},
+                       gmo = {.path = dir, .quantization = quant, .cpu_offload_bytes = (int64_t)(offload_gb * (1 << 30))};
     if (pg_model_load(&mo, cbe, &cmodel) < 0 || pg_model_load(&gmo, gbe, &gmodel) < 0) {
         fprintf(stderr, "FAIL: load %s: %s\n", dir, pg_err_msg());
         return 1;

@@ -89,6 +89,34 @@ def test_matches_startup():
         check_against_serve(args)
 
 
+def test_fp8_checkpoint():
+    """A Hugging Face FP8 checkpoint (weights F8_E4M3 with row scales, made
+    by tests/gpu/make_fp8_model.py with torch): the planned weights count
+    the row scales, as the backends hold them."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("  fp8 checkpoint: skipped (no torch)")
+        return
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="paged-plan-fp8-")
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+           "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 64, "vocab_size": 512, "max_position_embeddings": 1024, "rope_theta": 10000.0,
+           "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2}
+    with open(os.path.join(tmp, "shape.json"), "w") as f:
+        json.dump(cfg, f)
+    model = os.path.join(tmp, "fp8")
+    subprocess.run([sys.executable, os.path.join(ROOT, "tests/gpu/make_fp8_model.py"), os.path.join(tmp, "shape.json"),
+                    model], check=True, capture_output=True, timeout=300)
+    try:
+        for args in (["--model", model], ["--model", model, "--kv-cache-dtype", "fp8"]):
+            check_against_serve(args)
+    finally:
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def test_plan_seq_len():
     _, d = plan_json("--plan-seq-len", "1000")
     p = d["plan"]

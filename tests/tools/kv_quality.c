@@ -2,7 +2,7 @@
 // output quality, through the real model and runner.
 //
 //   build/tests/tools/kv_quality MODEL TEXT [--tokens N] [--window W] [--threads N]
-//       [--mode exact|quant|default] [--kv f16,bf16,q8_0,fp8,fp8_e4m3_scaled]
+//       [--mode exact|quant|default] [--kv f16,bf16,q8_0,fp8@1,fp8,fp8_e4m3_scaled]
 //
 // The sibling of quant_quality.c (weights) for the KV cache: the same text,
 // tokens and windows (decode steps over one sequence, so the numbers are the
@@ -13,7 +13,10 @@
 // every position and vocabulary entry. It also prints the magnitudes of K
 // and V as the f32 cache holds them (max |x| per layer, and how many
 // elements are beyond e4m3's 448 or below its smallest normal 2^-6), so the
-// reader sees whether fp8 at scale 1.0 saturates on this model. Markdown.
+// reader sees whether fp8 at scale 1.0 saturates on this model. "fp8" is
+// the fp8 cache as served (scales per layer and KV head, calibrated at
+// start-up: engine/runner_kv_scales.c), "fp8@1" the same cache at scale 1.0
+// (--kv-cache-scales one). Markdown.
 #include "engine/memplan.h"
 #include "tests/tools/quality_common.h"
 
@@ -21,7 +24,7 @@
 
 typedef struct {
     const char *name;
-    int32_t dtype;
+    int32_t dtype, scales;
     pg_executor *ex;
     float *logits;
     double nll, kl, abs_sum, abs_max;
@@ -50,10 +53,10 @@ static void scan_kv(const pg_bkv *kv, int32_t n, layer_mag *mag) {
 }
 
 int main(int argc, char **argv) {
-    qc_args a = {.list = "f16,bf16,q8_0,fp8,fp8_e4m3_scaled"};
+    qc_args a = {.list = "f16,bf16,q8_0,fp8@1,fp8,fp8_e4m3_scaled"};
     int rc = qc_parse(argc, argv, "--kv",
                       "usage: kv_quality MODEL.gguf TEXT [--tokens N] [--window W] [--threads N] "
-                      "[--mode M] [--kv f16,bf16,q8_0,fp8,fp8_e4m3_scaled]", &a);
+                      "[--mode M] [--kv f16,bf16,q8_0,fp8@1,fp8,fp8_e4m3_scaled]", &a);
     if (rc) return rc;
     qc_tokens tx;
     if ((rc = qc_tokenize(&a, &tx))) return rc;
@@ -66,8 +69,11 @@ int main(int argc, char **argv) {
     char *list = strdup(a.list);
     for (char *save, *t = strtok_r(list, ",", &save); t && nr < MAX_TYPES; t = strtok_r(NULL, ",", &save)) {
         int32_t d;
-        if (pg_kv_dtype_parse(t, true, &d) < 0) return qc_fail();
-        r[nr++] = (kv_run){.name = t, .dtype = d};
+        char *at = strchr(t, '@'), type[64];
+        snprintf(type, sizeof type, "%.*s", at ? (int)(at - t) : (int)strlen(t), t);
+        if (at && strcmp(at, "@1")) return fprintf(stderr, "kv_quality: '%s': only @1 (scale 1.0) is known\n", t), 2;
+        if (pg_kv_dtype_parse(type, true, &d) < 0) return qc_fail();
+        r[nr++] = (kv_run){.name = t, .dtype = d, .scales = at ? PG_KV_SCALES_ONE : PG_KV_SCALES_AUTO};
     }
     const int nb = qc_blocks(&a);
     int32_t *table = malloc(sizeof(int32_t) * (size_t)nb);
@@ -75,7 +81,7 @@ int main(int argc, char **argv) {
     int32_t V = 0;
     for (int k = 0; k < nr; k++) {
         pg_model_load_opts mo = {.path = a.model};
-        if ((rc = qc_executor(&a, &mo, r[k].dtype, &r[k].ex))) return rc;
+        if ((rc = qc_executor(&a, &mo, r[k].dtype, r[k].scales, &r[k].ex))) return rc;
         V = pg_executor_model(r[k].ex, 0)->cfg.vocab_size;
         r[k].logits = malloc(sizeof(float) * (size_t)V);
         fprintf(stderr, "ready %s: %s, %zu bytes per KV block\n", r[k].name, pg_kv_dtype_name(r[k].dtype),

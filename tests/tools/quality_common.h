@@ -80,13 +80,16 @@ static void qc_tokens_free(qc_tokens *t) {
 // The KV blocks of one window's sequence: blocks 1, 2, ... (0 is the null block).
 static int qc_blocks(const qc_args *a) { return a->window / QC_BLOCK + 2; }
 
-// A CPU executor for `mo` decoding one sequence of a window, full logits.
-static int qc_executor(const qc_args *a, const pg_model_load_opts *mo, int32_t kv_dtype, pg_executor **ex) {
+// A CPU executor for `mo` decoding one sequence of a window, full logits;
+// kv_scales: PG_KV_SCALES_* for an fp8 cache.
+static int qc_executor(const qc_args *a, const pg_model_load_opts *mo, int32_t kv_dtype, int32_t kv_scales,
+                       pg_executor **ex) {
     const int nb = qc_blocks(a);
     pg_executor_config ec = {.tp = 1, .device = "cpu", .n_threads = a->threads, .matmul_mode = a->mode};
     if (pg_executor_create(&ec, mo, ex) < 0) return qc_fail();
     pg_runner_config rc = {.block_size = QC_BLOCK, .max_num_seqs = 1, .max_num_batched_tokens = 1,
-                           .max_model_len = nb * QC_BLOCK, .kv_dtype = kv_dtype, .graphs = PG_GRAPHS_OFF,
+                           .max_model_len = nb * QC_BLOCK, .kv_dtype = kv_dtype, .kv_scales = kv_scales,
+                           .graphs = PG_GRAPHS_OFF,
                            .full_logits = true};
     if (pg_executor_runners_create(*ex, &rc) < 0 || pg_executor_alloc_kv(*ex, nb + 1, 0) < 0) return qc_fail();
     return 0;

@@ -56,7 +56,7 @@ int main(int argc, char **argv) {
     int32_t V = 0;
     for (int k = 0; k < nf; k++) {
         pg_model_load_opts mo = {.path = a.model, .quantization = f[k].quant};
-        if ((rc = qc_executor(&a, &mo, PG_KV_NATIVE, &f[k].ex))) return rc;
+        if ((rc = qc_executor(&a, &mo, PG_KV_NATIVE, PG_KV_SCALES_AUTO, &f[k].ex))) return rc;
         const pg_model *m = pg_executor_model(f[k].ex, 0);
         V = m->cfg.vocab_size;
         f[k].logits = malloc(sizeof(float) * (size_t)V);

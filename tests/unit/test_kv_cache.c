@@ -250,7 +250,7 @@ static void check_types(pg_matmul_mode mode, int n_seqs, int n_heads, int n_kv, 
     const float scale = 1.0f / sqrtf((float)hd);
     for (int ti = -1; ti < nt; ti++) { // -1: the f32 reference
         const int32_t dt = ti < 0 ? PG_KV_F32 : types[ti].dtype;
-        const pg_kv_shape kv = {n_blocks, bs, n_kv, hd, dt};
+        const pg_kv_shape kv = {n_blocks, bs, n_kv, hd, dt, NULL};
         const size_t bytes = (size_t)n_blocks * bs * n_kv * pg_cpu_kv_row_bytes(dt, hd); // rows of one head
         void *kc = calloc(bytes, 1), *vc = calloc(bytes, 1);
         memcpy(kw, k0, sizeof(float) * row * (size_t)total_kv); // RoPE rotates k in place
@@ -296,6 +296,82 @@ static void test_attention_types_match_f32_compat(void **state) {
     check_types(PG_MATMUL_QUANT_ACT, 2, 4, 1, 64, 1, 40);     // MQA, block size 1
 }
 
+// fp8 e4m3 with a scale per layer and KV head (pg_kv_shape.scales): heads
+// whose K and V live far below 1 (most of e4m3's subnormal range at scale
+// 1.0), near 1, and far above 448 (saturated at scale 1.0). With scales of
+// amax / 200 (K) and amax / 100 (V), as the runner's calibration makes
+// them, every head is within e4m3's normal range: the attention output is
+// within fp8's bound of the f32 cache's, where scale 1.0 is far off; and
+// scales of exactly 1.0 give the bytes and outputs of no scales.
+static double fp8_scaled_err(pg_matmul_mode mode, const float *sc, double *err_one) {
+    pg_backend *be;
+    assert_int_equal(pg_backend_cpu_create(1, mode, &be), 0);
+    pg_cpu_ctx *c = pg_cpu(be);
+    const int n_kv = 3, n_heads = 9, hd = 64, bs = 16, ctx = 90, n_blocks = 8;
+    const float mag[3] = {0.004f, 1.0f, 900.0f}; // per KV head
+    const size_t row = (size_t)n_kv * hd;
+    int32_t table[8] = {3, 1, 6, 2, 7, 5, 4, 0}, slots[90], pos[90];
+    float *k0 = malloc(sizeof(float) * row * ctx), *v0 = malloc(sizeof(float) * row * ctx);
+    float *kw = malloc(sizeof(float) * row * ctx);
+    for (int t = 0; t < ctx; t++) slots[t] = table[t / bs] * bs + t % bs, pos[t] = t;
+    for (size_t i = 0; i < row * ctx; i++) {
+        const float m = mag[(i % row) / (size_t)hd];
+        k0[i] = frand() * m, v0[i] = frand() * m;
+    }
+    float inv_freq[32], q[9 * 64], ref[9 * 64], out[9 * 64], out1[9 * 64];
+    for (int i = 0; i < hd / 2; i++) inv_freq[i] = powf(10000.0f, -2.0f * (float)i / (float)hd);
+    for (int i = 0; i < n_heads * hd; i++) q[i] = frand() / mag[(i / hd) / 3]; // scores of order 1
+    pg_attn_seq seq = {0, 1, ctx - 1, table};
+    const size_t bytes = (size_t)n_blocks * bs * row * 4;
+    const float ones[6] = {1, 1, 1, 1, 1, 1};
+    double rel[3];
+    for (int pass = 0; pass < 4; pass++) { // f32, fp8 scaled, fp8 at 1.0, fp8 with scales of 1.0
+        const pg_kv_shape kv = {n_blocks, bs, n_kv, hd, pass == 0 ? PG_KV_F32 : PG_KV_FP8_E4M3,
+                                pass == 1 ? sc : pass == 3 ? ones : NULL};
+        void *kc = calloc(bytes, 1), *vc = calloc(bytes, 1);
+        memcpy(kw, k0, sizeof(float) * row * ctx); // RoPE rotates k in place
+        float no_q[1] = {0};
+        pg_cpu_rope_kv_write(c, no_q, 0, kw, (int64_t)row, v0, (int64_t)row, pos, slots, ctx, 0, inv_freq, kc, vc, kv);
+        float *o = pass == 0 ? ref : pass == 3 ? out1 : out;
+        pg_cpu_attention(c, o, q, (int64_t)n_heads * hd, &seq, 1, n_heads, 1.0f / sqrtf((float)hd), kc, vc, kv);
+        free(kc), free(vc);
+        if (pass == 0) continue;
+        if (pass == 3) {
+            assert_memory_equal(out1, out, sizeof out); // 1.0 scales = no scales, bit for bit
+            continue;
+        }
+        // Relative RMS per head group, worst group (the heads differ by 10^5 in size).
+        double worst = 0;
+        for (int h = 0; h < n_heads; h++) {
+            double num = 0, den = 0;
+            for (int e = 0; e < hd; e++) {
+                const double d = (double)o[h * hd + e] - ref[h * hd + e];
+                num += d * d, den += (double)ref[h * hd + e] * ref[h * hd + e];
+            }
+            if (sqrt(num / den) > worst) worst = sqrt(num / den);
+        }
+        rel[pass] = worst;
+    }
+    *err_one = rel[2];
+    free(k0), free(v0), free(kw);
+    be->destroy(be);
+    return rel[1];
+}
+
+static void test_fp8_layer_scales(void **state) {
+    const float mag[3] = {0.004f, 1.0f, 900.0f};
+    float sc[6];
+    for (int h = 0; h < 3; h++) sc[h] = mag[h] / 200.0f, sc[3 + h] = mag[h] / 100.0f; // amax / 200, / 100
+    for (int m = 0; m < 2; m++) {
+        double one;
+        const double scaled = fp8_scaled_err(m ? PG_MATMUL_QUANT_ACT : PG_MATMUL_EXACT, sc, &one);
+        print_message("%s: worst head's rel rms against f32: scaled %.3e, scale 1.0 %.3e\n", m ? "compat" : "exact ",
+                      scaled, one);
+        assert_true(scaled < 0.05);   // fp8's bound (check_types)
+        assert_true(one > 4 * scaled); // the subnormal and saturated heads are far off at 1.0
+    }
+}
+
 // --- block moves -----------------------------------------------------------------------
 
 // kv_block_bytes follows each layout, and swap out / swap in / copy-on-write
@@ -312,7 +388,7 @@ static void test_swap_and_copy_preserve_bytes(void **state) {
                  {PG_KV_BF16_CPU, 128}, {PG_KV_Q8_0, 68},    {PG_KV_FP8_E4M3, 64},
                  {PG_KV_FP8_E4M3_SCALED, 68}};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        const pg_kv_shape s = {nb, bs, nkv, hd, types[ti].dtype};
+        const pg_kv_shape s = {nb, bs, nkv, hd, types[ti].dtype, NULL};
         const size_t lbb = (size_t)bs * nkv * types[ti].row; // one layer's K block
         assert_int_equal(be->kv_block_bytes(be, L, s), 2 * (size_t)L * lbb);
         pg_bkv *kv;
@@ -364,10 +440,10 @@ static void test_swap_and_copy_preserve_bytes(void **state) {
     }
     // Refusals: q8_0 with head_dim 48 names it; an unknown type.
     pg_bkv *kv = NULL;
-    assert_int_equal(be->kv_create(be, L, (pg_kv_shape){nb, bs, nkv, 48, PG_KV_Q8_0}, 0, &kv), PG_EUNSUPP);
+    assert_int_equal(be->kv_create(be, L, (pg_kv_shape){nb, bs, nkv, 48, PG_KV_Q8_0, NULL}, 0, &kv), PG_EUNSUPP);
     assert_non_null(strstr(pg_err_msg(), "head_dim"));
     assert_non_null(strstr(pg_err_msg(), "48"));
-    assert_int_equal(be->kv_create(be, L, (pg_kv_shape){nb, bs, nkv, hd, 99}, 0, &kv), PG_EINVAL);
+    assert_int_equal(be->kv_create(be, L, (pg_kv_shape){nb, bs, nkv, hd, 99, NULL}, 0, &kv), PG_EINVAL);
     assert_null(kv);
     be->destroy(be);
 }
@@ -380,6 +456,7 @@ int main(void) {
         cmocka_unit_test(test_fp8_scaled_rows),
         cmocka_unit_test(test_attention_types_match_f32_exact),
         cmocka_unit_test(test_attention_types_match_f32_compat),
+        cmocka_unit_test(test_fp8_layer_scales),
         cmocka_unit_test(test_swap_and_copy_preserve_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
