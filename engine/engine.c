@@ -113,6 +113,23 @@ static bool grammar_pending(const sub *s) {
     return st.started && !st.done;
 }
 
+// A held request's grammar finished its precomputation
+// (pg_grammar_precompute_notify, on that thread): the loop looks again.
+static void held_wake(void *arg) {
+    pg_engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    e->held_wake = true;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+// The grammar hooks of the held requests (none may be set while e->mu is
+// held: held_wake takes it on the precomputing thread, under its lock).
+static void held_hooks(pg_engine *e, bool on) {
+    for (sub *s = e->held; s; s = s->next)
+        pg_grammar_precompute_notify(s->x->grammar, on ? held_wake : NULL, on ? e : NULL);
+}
+
 static void apply_submissions(pg_engine *e, sub *list) {
     while (list) {
         sub *s = list;
@@ -136,6 +153,9 @@ static void apply_submissions(pg_engine *e, sub *list) {
             e->held = s;
             continue;
         }
+        // Admitted after a hold: its grammar's hook goes (held_hooks sets
+        // it again for any request still held on the same grammar).
+        if (s->kind == SUB_ADD && s->held_ns != 0) pg_grammar_precompute_notify(s->x->grammar, NULL, NULL);
         if (s->kind == SUB_ADD) {
             sched_request r = {.id = s->id, .prompt = s->req.prompt, .n_prompt = s->req.n_prompt,
                                .sp = &s->req.sp, .priority = s->req.priority,
@@ -318,14 +338,23 @@ static void *engine_main(void *arg) {
                 pthread_cond_wait(&e->cv, &e->mu);
                 continue;
             }
-            // Held requests: look again in a millisecond.
+            // Held requests: their grammars' hooks wake the loop (held_wake);
+            // else the earliest end of a hold does.
+            if (e->held_wake) break;
+            int64_t until = INT64_MAX;
+            for (sub *s = e->held; s; s = s->next)
+                if (s->held_ns + GRAMMAR_HOLD_NS < until) until = s->held_ns + GRAMMAR_HOLD_NS;
+            const int64_t left = until - pg_now_ns() + 1000000; // past the deadline by a millisecond
+            if (left <= 0) break;
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 1000000;
+            ts.tv_sec += (time_t)(left / 1000000000);
+            ts.tv_nsec += (long)(left % 1000000000);
             if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
             pthread_cond_timedwait(&e->cv, &e->mu, &ts);
             break;
         }
+        e->held_wake = false;
         if (e->stop) {
             pthread_mutex_unlock(&e->mu);
             break;
@@ -338,6 +367,7 @@ static void *engine_main(void *arg) {
         e->held = NULL;
         apply_submissions(e, ready);
         apply_submissions(e, list);
+        held_hooks(e, true);
         if (prev && !sched_can_run_ahead(e->sched)) {
             step_finish(e, prev, &out, &cap_out);
             prev = NULL;
@@ -453,6 +483,7 @@ void pg_engine_destroy(pg_engine *e) {
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->thread, NULL);
     }
+    held_hooks(e, false); // no precomputing thread calls into e after this
     sub *lists[2] = {e->subs_head, e->held};
     for (int k = 0; k < 2; k++)
         for (sub *s = lists[k]; s;) {

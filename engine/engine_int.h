@@ -73,6 +73,7 @@ struct pg_engine {
     // only): admitted when it is done, as vLLM holds a request until its
     // grammar is compiled, so the first tokens do not pay for cold masks.
     sub *held;
+    bool held_wake;              // guarded by mu: a held request's grammar is done (its hook ran)
     int64_t next_id;             // guarded by mu
 
     // Events published by the engine thread, drained by pg_engine_poll.

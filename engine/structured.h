@@ -117,6 +117,13 @@ typedef struct pg_grammar_precompute {
 // yet precomputed is built on first use, as without it).
 bool pg_grammar_precompute_wait(pg_grammar *g, int timeout_ms);
 void pg_grammar_precompute_stats(pg_grammar *g, pg_grammar_precompute *out);
+// Calls fn(arg) once when g's precomputation has finished (at once when it
+// has, or when there is none): how the engine learns that a request it
+// holds can go in, without polling. Replaces an earlier hook on g; fn
+// NULL clears it, and once that returns no call is in flight. fn runs on
+// the precomputing thread under its lock: it must only signal (and the
+// caller must not hold a lock fn takes while setting or clearing it).
+void pg_grammar_precompute_notify(pg_grammar *g, void (*fn)(void *), void *arg);
 
 // --- matcher ---------------------------------------------------------------------
 

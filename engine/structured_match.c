@@ -751,6 +751,13 @@ bool pg_grammar_precompute_wait(pg_grammar *g, int timeout_ms) {
     return g->warm && sg_warm_wait(g->warm, timeout_ms);
 }
 
+void pg_grammar_precompute_notify(pg_grammar *g, void (*fn)(void *), void *arg) {
+    if (g->warm)
+        sg_warm_notify(g->warm, fn, arg);
+    else if (fn)
+        fn(arg); // nothing to wait for
+}
+
 void pg_grammar_precompute_stats(pg_grammar *g, pg_grammar_precompute *out) {
     memset(out, 0, sizeof *out);
     if (g->warm) sg_warm_stats(g->warm, out);

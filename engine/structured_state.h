@@ -131,3 +131,8 @@ void sg_warm_release(sg_warm *w);
 // published. Fills the stats for pg_grammar_precompute_stats.
 bool sg_warm_wait(sg_warm *w, int timeout_ms);
 void sg_warm_stats(sg_warm *w, pg_grammar_precompute *st);
+// Calls fn(arg) once when the thread has finished (at once when it has):
+// replaces an earlier hook; fn NULL clears it. fn runs on the thread with
+// w's lock held, so once a clear has returned no call is in flight; it
+// must only signal (it must not call back into w).
+void sg_warm_notify(sg_warm *w, void (*fn)(void *), void *arg);

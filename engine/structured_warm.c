@@ -53,6 +53,8 @@ struct sg_warm {
     pg_grammar *copy;                // the thread's until done
     mask_pool pool;
     pg_grammar_precompute stats;     // written by the thread before done
+    void (*notify)(void *);          // with mu: called once when done (sg_warm_notify)
+    void *notify_arg;
 };
 
 static double now_ms(void) {
@@ -169,6 +171,8 @@ static void *warm_main(void *arg) {
     if (ok) atomic_store_explicit(&w->result, w->copy, memory_order_release);
     atomic_store(&w->done, true);
     pthread_cond_broadcast(&w->cv);
+    if (w->notify) w->notify(w->notify_arg);
+    w->notify = NULL;
     pthread_mutex_unlock(&w->mu);
     warm_drop(w);
     return NULL;
@@ -235,6 +239,17 @@ bool sg_warm_wait(sg_warm *w, int timeout_ms) {
         if (pthread_cond_timedwait(&w->cv, &w->mu, &ts) != 0) break;
     pthread_mutex_unlock(&w->mu);
     return sg_warm_result(w) != NULL;
+}
+
+void sg_warm_notify(sg_warm *w, void (*fn)(void *), void *arg) {
+    pthread_mutex_lock(&w->mu);
+    if (fn && atomic_load(&w->done)) {
+        fn(arg);
+        fn = NULL;
+    }
+    w->notify = fn;
+    w->notify_arg = arg;
+    pthread_mutex_unlock(&w->mu);
 }
 
 void sg_warm_stats(sg_warm *w, pg_grammar_precompute *st) {

@@ -9,6 +9,7 @@
 #include <regex.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -657,6 +658,47 @@ static int compare_masks(const char *schema, pg_struct_vocab *v, int32_t n, int 
     return compared;
 }
 
+// pg_grammar_precompute_notify, the engine's wake-up for a request it holds
+// while the grammar's masks are precomputed: called once when the thread
+// finishes (before pg_grammar_precompute_wait returns), at once when it has
+// already finished or when there is no precomputation, never after a clear.
+static atomic_int notified;
+static void count_notify(void *arg) {
+    assert_ptr_equal(arg, &notified);
+    atomic_fetch_add(&notified, 1);
+}
+
+static void test_precompute_notify(void **st) {
+    (void)st;
+    fake f = fake_make();
+    char err[256];
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}},"
+                         "\"b\":{\"type\":\"integer\",\"minimum\":3}},\"required\":[\"a\",\"b\"]}";
+    pg_grammar_limits lim;
+    pg_grammar_limits_default(&lim);
+    pg_grammar *g = NULL;
+    assert_int_equal(pg_grammar_compile(PG_GRAMMAR_JSON_SCHEMA, schema, strlen(schema), f.v, &lim, &g, err, sizeof err), 0);
+    pg_grammar_precompute pc;
+    pg_grammar_precompute_stats(g, &pc);
+    assert_true(pc.started);
+    atomic_store(&notified, 0);
+    pg_grammar_precompute_notify(g, count_notify, &notified);
+    assert_true(pg_grammar_precompute_wait(g, 60000));
+    assert_int_equal(atomic_load(&notified), 1); // once, by the time the wait returns
+    pg_grammar_precompute_notify(g, count_notify, &notified); // already done: at once
+    assert_int_equal(atomic_load(&notified), 2);
+    pg_grammar_precompute_notify(g, NULL, NULL);
+    assert_int_equal(atomic_load(&notified), 2);
+    pg_grammar_unref(g);
+    // No precomputation at all: at once too.
+    lim.precompute_states = 0;
+    assert_int_equal(pg_grammar_compile(PG_GRAMMAR_JSON_SCHEMA, schema, strlen(schema), f.v, &lim, &g, err, sizeof err), 0);
+    pg_grammar_precompute_notify(g, count_notify, &notified);
+    assert_int_equal(atomic_load(&notified), 3);
+    pg_grammar_unref(g);
+    fake_free(&f);
+}
+
 // The real 49k vocabulary and, grown from it as bench_structured does, a
 // synthetic 128k one (pairs of tokens concatenated, as BPE merges are).
 static void test_fast_masks_equal_exact_masks(void **st) {
@@ -733,6 +775,7 @@ int main(void) {
         cmocka_unit_test(test_choice),
         cmocka_unit_test(test_real_vocab_schema_walks),
         cmocka_unit_test(test_fast_masks_equal_exact_masks),
+        cmocka_unit_test(test_precompute_notify),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
