@@ -39,16 +39,10 @@
 
 // --- the devices' rules (mirrors of the backends' functions) ------------------------
 
-// kernels/cpu/backend_cpu.c cpu_runs_in_place: every GGUF block type.
-static bool cpu_in_place(int dtype) { return pg_dtype_block_elems(dtype) > 0; }
-// kernels/cuda/backend_cuda.cu cu_runs_in_place: bf16 and paged's FP8 /
-// int4 types (qgemv.cu); the rest (GGUF blocks) is dequantized to bf16 at load.
-static bool cuda_in_place(int dtype) {
-    return dtype == PG_DTYPE_BF16 || dtype == PG_DTYPE_FP8_E4M3 || pg_dtype_is_int4(dtype);
-}
-
-static const pg_weight_rules CPU_RULES = {cpu_in_place, PG_DTYPE_F32, 4};
-static const pg_weight_rules CUDA_RULES = {cuda_in_place, PG_DTYPE_BF16, 2};
+// The backends' own rules (kernels/backend.h), and the type each converts
+// the rest to.
+static const pg_weight_rules CPU_RULES = {pg_cpu_runs_type_in_place, PG_DTYPE_F32, 4};
+static const pg_weight_rules CUDA_RULES = {pg_cuda_runs_type_in_place, PG_DTYPE_BF16, 2};
 
 // cpu_kv_block_bytes / cu_kv_block_bytes: K and V of every layer.
 static size_t kv_block_bytes(bool cuda, int32_t dtype, const pg_model_config *mc, int32_t n_kv, int32_t bs) {

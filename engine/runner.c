@@ -735,9 +735,7 @@ int pg_runner_end(pg_runner *r, pg_step_output *out) {
         o->seq_id = r->sampled[buf][j];
         o->token = so->token;
         o->logprob = so->logprob;
-        o->n_top = so->n_top < 0 ? 0 : so->n_top > PG_MAX_LOGPROBS ? PG_MAX_LOGPROBS : so->n_top;
-        memcpy(o->top_ids, so->top_ids, sizeof(int32_t) * (size_t)o->n_top);
-        memcpy(o->top_logprobs, so->top_logprobs, sizeof(float) * (size_t)o->n_top);
+        o->n_top = runner_copy_top(so, o->top_ids, o->top_logprobs);
     }
     out->n = ns;
     runner_plp_output(r, buf, n_plp, out);

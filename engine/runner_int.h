@@ -1,6 +1,8 @@
 // engine/runner_int.h - the runner's state, shared by runner.c (steps,
 // set-up) and runner_graphs.c (decode-graph buckets). Internal.
 #pragma once
+#include <string.h>
+
 #include "engine/runner.h"
 
 // One step flattened on the host: rows of decode sequences (one query each,
@@ -120,6 +122,15 @@ struct pg_runner {
 int runner_pack(pg_runner *r, const step_desc *s, dev_in *d);
 // The embedding and every layer for `s` (what a decode graph captures).
 int runner_layers(pg_runner *r, const step_desc *s, const dev_in *d);
+// A sample's top list (at most PG_MAX_LOGPROBS) into an output's arrays;
+// returns its length. Generated tokens and scored prompt rows alike.
+static inline int32_t runner_copy_top(const pg_sample_out *so, int32_t *ids, float *logprobs) {
+    const int32_t n = so->n_top < 0 ? 0 : so->n_top > PG_MAX_LOGPROBS ? PG_MAX_LOGPROBS : so->n_top;
+    memcpy(ids, so->top_ids, sizeof(int32_t) * (size_t)n);
+    memcpy(logprobs, so->top_logprobs, sizeof(float) * (size_t)n);
+    return n;
+}
+
 // fp8 KV: the scales into kv_scales_dev (the checkpoint's, or calibrated by
 // one prefill on a temporary pool) and bufs.kv_scales; a no-op otherwise.
 int runner_kv_scales_init(pg_runner *r);

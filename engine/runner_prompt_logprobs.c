@@ -115,9 +115,7 @@ void runner_plp_output(pg_runner *r, int buf, int32_t n, pg_step_output *out) {
         o->token = so->token;
         o->logprob = so->logprob;
         o->rank = so->rank;
-        o->n_top = so->n_top < 0 ? 0 : so->n_top > PG_MAX_LOGPROBS ? PG_MAX_LOGPROBS : so->n_top;
-        memcpy(o->top_ids, so->top_ids, sizeof(int32_t) * (size_t)o->n_top);
-        memcpy(o->top_logprobs, so->top_logprobs, sizeof(float) * (size_t)o->n_top);
+        o->n_top = runner_copy_top(so, o->top_ids, o->top_logprobs);
     }
     out->n_prompt_lp = n;
     out->prompt_lp = r->plp_outs;

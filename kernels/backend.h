@@ -49,6 +49,17 @@ pg_tensor pg_tensor_view(pg_tensor t, int64_t r0, int64_t n, int64_t c0, int64_t
 // feature), or a vector (rows = 1: norms, biases, rotary frequencies).
 // Made by weight_upload / weight_random; the backend allocates a larger
 // struct with this at its start.
+// Which stored weight types each backend runs as stored (the rest it
+// converts at upload), as pure functions of the type: the backends'
+// runs_in_place and `paged plan` (engine/memplan.c), which plans without a
+// backend, ask the same rule. CPU: every GGUF block type and paged's FP8 /
+// int4 (kernels/cpu/matmul.c); CUDA: bf16, FP8 e4m3 and int4
+// (kernels/cuda/qgemv.cu), the rest is dequantized to bf16.
+static inline bool pg_cpu_runs_type_in_place(int dtype) { return pg_dtype_block_elems(dtype) > 0; }
+static inline bool pg_cuda_runs_type_in_place(int dtype) {
+    return dtype == PG_DTYPE_BF16 || dtype == PG_DTYPE_FP8_E4M3 || pg_dtype_is_int4(dtype);
+}
+
 typedef struct pg_bweight {
     int64_t rows, cols;
     int32_t dtype; // the type the backend runs it in (pg_dtype)

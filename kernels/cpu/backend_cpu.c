@@ -97,7 +97,7 @@ static int cpu_sync(pg_backend *b) {
 
 static bool cpu_runs_in_place(pg_backend *b, int dtype) {
     (void)b;
-    return pg_dtype_block_elems(dtype) > 0;
+    return pg_cpu_runs_type_in_place(dtype);
 }
 
 static int cpu_weight_upload(pg_backend *b, const pg_weight *parts, int n_parts, pg_bweight **out) {

@@ -243,7 +243,7 @@ static int cu_sync(pg_backend *b) {
 
 static bool cu_runs_in_place(pg_backend *b, int dtype) {
     (void)b;
-    return dtype == PG_DTYPE_BF16 || is_quant(dtype);
+    return pg_cuda_runs_type_in_place(dtype);
 }
 
 static int new_weight(int64_t rows, int64_t cols, int32_t dtype, size_t elem, CudaWeight **out) {
