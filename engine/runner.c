@@ -457,6 +457,8 @@ int pg_runner_alloc_kv(pg_runner *r, int32_t n_blocks, int32_t n_host_blocks) {
 int pg_runner_last_logits(pg_runner *r, float *out, int32_t n) {
     PG_ARG(n >= 0 && n <= r->last_n_sample, "last_logits: %d rows, the last step sampled %d", n,
            r->last_n_sample);
+    // A step begun since has overwritten the logits (and logits_valid).
+    PG_ARG(r->n_open == 0, "last_logits: a later step is begun, so the last ended step's logits are gone");
     if (n == 0) return 0;
     if (!r->logits_valid)
         return pg_err_set(PG_EINVAL, "last_logits: the last step was greedy across tensor-parallel ranks and "

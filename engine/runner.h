@@ -140,5 +140,6 @@ void pg_runner_set_masks(pg_runner *r, const uint32_t *const *masks, int32_t n, 
 int pg_runner_end(pg_runner *r, pg_step_output *out);
 
 // For tests: the f32 logits of the last ended step's sampled sequences, in
-// plan order, out[n][vocab], as the model computed them (before penalties).
+// plan order, out[n][vocab], as the model computed them (before penalties);
+// PG_EINVAL once a later step is begun (its forward writes the same buffer).
 int pg_runner_last_logits(pg_runner *r, float *out, int32_t n);

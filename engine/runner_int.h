@@ -68,7 +68,8 @@ struct pg_runner {
     } open[2]; // begun, not ended, oldest first
     int n_open;
     int32_t last_n_sample; // of the last ended step (pg_runner_last_logits)
-    bool logits_valid;     // the last queued step computed every logit (no exchange across ranks)
+    bool logits_valid;     // the last queued step computed every logit (no exchange across ranks);
+                           //   read by pg_runner_last_logits only when no step is open
 
     // Per-step host arrays, sized for the limits at create.
     int32_t *tokens, *pos, *slots;        // [max_tokens]

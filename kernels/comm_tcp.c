@@ -55,6 +55,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/half.h"
+#include "common/net.h"
 #include "kernels/comm.h"
 #include "kernels/comm_op.h"
 #include "kernels/dtype.h"
@@ -783,11 +784,14 @@ static int try_connect(const char *host, int port, int64_t deadline) {
                 break;
             }
         }
-        if (rc == 0) {
+        if (rc == 0 && !pg_net_self_connected(fd)) {
             freeaddrinfo(ai);
             return fd;
         }
-        err = errno ? errno : ECONNREFUSED;
+        // A socket joined to itself by TCP's simultaneous open (its
+        // ephemeral port was the one it dialled, on this host, before rank 0
+        // listened) is nobody: a refusal, retried (common/net.c).
+        err = rc == 0 ? ECONNREFUSED : errno ? errno : ECONNREFUSED;
         close(fd);
     }
     freeaddrinfo(ai);
