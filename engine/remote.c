@@ -22,6 +22,8 @@
 #include "engine/runner.h"
 #include "kernels/comm.h"
 
+#define HELLO_WAIT_MS 10000
+
 #define HELLO 0x484e4750u  // "PGNH"
 #define ANSWER 0x414e4750u // "PGNA"
 #define CALL 0x434e4750u   // "PGNC"
@@ -92,9 +94,17 @@ int pg_remote_leader_open(const pg_remote_opts *o, const void *blob, size_t blob
                              o->nnodes - 1 - got == 1 ? "" : "s", o->master_port);
             break;
         }
+        // A node says hello as soon as it connects: a connection silent for
+        // HELLO_WAIT_MS (a port scanner, a stray client) is dropped rather
+        // than left to block the accept loop.
         hello h;
-        if ((rc = pg_net_read_all(fd, &h, sizeof h)) < 0 || h.magic != HELLO) {
-            PG_LOGW("control link: a connection that is not a paged node, ignored");
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int pr;
+        while ((pr = poll(&pfd, 1, HELLO_WAIT_MS)) < 0 && errno == EINTR) {
+        }
+        if (pr <= 0 || (rc = pg_net_read_all(fd, &h, sizeof h)) < 0 || h.magic != HELLO) {
+            PG_LOGW("control link: a connection that is not a paged node (%s), ignored",
+                    pr <= 0 ? "no hello within 10 s" : "no paged hello");
             close(fd);
             rc = 0;
             continue;

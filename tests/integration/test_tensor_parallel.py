@@ -241,18 +241,37 @@ def start_followers(nnodes, port, tmp, *extra):
     return procs
 
 
-def start_leader(srv, followers):
-    """srv.start(), and when node 0 does not come up, the followers' logs
-    with its own (a follower that failed leaves node 0 waiting)."""
+def start_leader(srv, followers, spawn):
+    """Starts node 0 (srv.start()); once it listens on the master port, the
+    followers that spawn() starts, added to `followers` (the caller's, for
+    its clean-up). Leader first, so no follower dials the port before
+    anything listens there (a window where a dial can even join a socket to
+    itself: common/net.c; the followers retry either way). When node 0 does
+    not come up, the followers' logs go with its own."""
+    import threading
+    import time
+
+    def later():
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if srv.proc is not None and ("waiting on port" in srv.log() or srv.proc.poll() is not None):
+                break
+            time.sleep(0.05)
+        followers.extend(spawn())
+
+    th = threading.Thread(target=later)
+    th.start()
     try:
         srv.start()
     except RuntimeError as e:
+        th.join()
         tails = []
         for i, (p, log) in enumerate(followers):
             log.flush()
             tails.append(f"--- node {i + 1} (exit {p.poll()}):\n{open(log.name).read()[-2000:]}")
         srv.stop()
         raise RuntimeError(f"{e}\n" + "\n".join(tails)) from None
+    th.join()
 
 
 def complete(port, prompt, max_tokens=24):
@@ -266,11 +285,11 @@ def check_nodes():
         ref = [complete(srv.port, p)[1]["choices"][0]["text"] for p in NODE_PROMPTS]
     with tempfile.TemporaryDirectory() as tmp:
         port = su.free_port()
-        followers = start_followers(3, port, tmp)
+        followers = []
         try:
             srv = su.Server("-tp", "3", "--nnodes", "3", "--node-rank", "0", "--master-port", str(port),
                             "--matmul-mode", "exact")
-            start_leader(srv, followers)
+            start_leader(srv, followers, lambda: start_followers(3, port, tmp))
             try:
                 got = [complete(srv.port, p)[1]["choices"][0]["text"] for p in NODE_PROMPTS]
                 su.wait_idle(srv.port)
@@ -306,11 +325,11 @@ def check_node_dies():
     su.require_model_and_binary()
     with tempfile.TemporaryDirectory() as tmp:
         port = su.free_port()
-        followers = start_followers(3, port, tmp)
+        followers = []
         try:
             srv = su.Server("-tp", "3", "--nnodes", "3", "--node-rank", "0", "--master-port", str(port),
                             "--matmul-mode", "exact", "--step-timeout", "10")
-            start_leader(srv, followers)
+            start_leader(srv, followers, lambda: start_followers(3, port, tmp))
             try:
                 st, _ = complete(srv.port, "Hello", 4)
                 assert st == 200
@@ -352,15 +371,17 @@ def check_local_rank_fails():
             port = su.free_port()
             env = dict(os.environ, PAGED_TP_FAULT_RANK=f"{fault_rank}:8")
             log = open(os.path.join(tmp, f"node1-{fault_rank}.log"), "w+")
-            follower = subprocess.Popen([su.binary(), "serve", "--model", su.MODEL, *dummy, "-tp", str(tp), "--nnodes",
-                                         "2", "--node-rank", "1", "--master-port", str(port)],
-                                        stdout=log, stderr=subprocess.STDOUT, env=env)
+            nodes = []
+            spawn = lambda: [(subprocess.Popen([su.binary(), "serve", "--model", su.MODEL, *dummy, "-tp", str(tp),  # noqa: E731
+                                                "--nnodes", "2", "--node-rank", "1", "--master-port", str(port)],
+                                               stdout=log, stderr=subprocess.STDOUT, env=env), log)]
             try:
                 # The step timeout is a safety net far above the bound asserted
                 # below: the failure must come from the abort, not the watchdog.
                 srv = su.Server(*dummy, "-tp", str(tp), "--nnodes", "2", "--node-rank", "0", "--master-port",
                                 str(port), "--step-timeout", "120", env={"PAGED_TP_FAULT_RANK": f"{fault_rank}:8"})
-                srv.start()
+                start_leader(srv, nodes, spawn)
+                follower = nodes[0][0]
                 try:
                     st, _ = complete(srv.port, "Hello", 3)  # steps 1-3 are fine
                     assert st == 200, st
@@ -406,9 +427,10 @@ def check_local_rank_fails():
                 finally:
                     srv.stop()
             finally:
-                if follower.poll() is None:
-                    follower.kill()
-                follower.wait(30)
+                for p, _ in nodes:
+                    if p.poll() is None:
+                        p.kill()
+                    p.wait(30)
 
 
 def check_node_stalls():
@@ -424,11 +446,13 @@ def check_node_stalls():
                   "--nnodes", "2", "--tp-timeout", "1"]
         port = su.free_port()
         log = open(os.path.join(tmp, "node1.log"), "w+")
-        follower = subprocess.Popen([su.binary(), "serve", "--model", su.MODEL, *common, "--node-rank", "1",
-                                     "--master-port", str(port)], stdout=log, stderr=subprocess.STDOUT)
+        nodes = []
         try:
             srv = su.Server(*common, "--node-rank", "0", "--master-port", str(port), "--step-timeout", "120")
-            srv.start()
+            start_leader(srv, nodes, lambda: [(subprocess.Popen(
+                [su.binary(), "serve", "--model", su.MODEL, *common, "--node-rank", "1", "--master-port", str(port)],
+                stdout=log, stderr=subprocess.STDOUT), log)])
+            follower = nodes[0][0]
             try:
                 st, _ = complete(srv.port, "Hello", 3)
                 assert st == 200, st
@@ -456,10 +480,11 @@ def check_node_stalls():
             finally:
                 srv.stop()
         finally:
-            follower.send_signal(signal.SIGCONT)
-            if follower.poll() is None:
-                follower.kill()
-            follower.wait(30)
+            for p, _ in nodes:
+                p.send_signal(signal.SIGCONT)
+                if p.poll() is None:
+                    p.kill()
+                p.wait(30)
 
 
 def check_refused():
