@@ -243,6 +243,11 @@ static int read_bounds(sc *c, const cJSON *s, int64_t *lo, int64_t *hi) {
     double il = isinf(l) ? l : (xl ? floor(l) + 1 : ceil(l));
     double ih = isinf(h) ? h : (xh ? ceil(h) - 1 : floor(h));
     if (il > ih) return sc_fail(c, PG_EUNSUPP, "the range [%g, %g] holds no integer this compiler can produce", l, h);
+    // An end past +-1e15 on the wrong side (a minimum above it, a maximum
+    // below minus it) has no int64 to stand for it (the fuzzer's maximum of
+    // -1e300 became INT64_MIN, whose negation overflows in gen_number).
+    if (il > LIM || ih < -LIM)
+        return sc_fail(c, PG_EUNSUPP, "the range [%g, %g] lies beyond the +-1e15 this compiler produces", l, h);
     *lo = il < -LIM ? -UNBOUNDED : (int64_t)il;
     *hi = ih > LIM ? UNBOUNDED : (int64_t)ih;
     return 0;

@@ -662,6 +662,34 @@ static int compare_masks(const char *schema, pg_struct_vocab *v, int32_t n, int 
 // while the grammar's masks are precomputed: called once when the thread
 // finishes (before pg_grammar_precompute_wait returns), at once when it has
 // already finished or when there is no precomputation, never after a clear.
+// Bounds past +-1e15 on the wrong side have no int64 to stand for them
+// (the fuzzer's maximum of -1e300 overflowed a negation): refused by name.
+static void test_schema_far_bounds_refused(void **st) {
+    (void)st;
+    fake f = fake_make();
+    const char *bad[] = {"{\"type\":\"number\",\"maximum\":-1e300}", "{\"type\":\"integer\",\"minimum\":1e300}",
+                         "{\"type\":\"number\",\"exclusiveMaximum\":-1e16}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char err[256] = "";
+        pg_grammar_limits lim;
+        pg_grammar_limits_default(&lim);
+        pg_grammar *g = NULL;
+        assert_int_not_equal(pg_grammar_compile(PG_GRAMMAR_JSON_SCHEMA, bad[i], strlen(bad[i]), f.v, &lim, &g, err,
+                                                sizeof err), 0);
+        assert_null(g);
+        assert_non_null(strstr(err, "1e15"));
+    }
+    // Far bounds on the open side stay open.
+    const char *ok = "{\"type\":\"number\",\"minimum\":-1e300,\"maximum\":3}";
+    char err[256];
+    pg_grammar_limits lim;
+    pg_grammar_limits_default(&lim);
+    pg_grammar *g = NULL;
+    assert_int_equal(pg_grammar_compile(PG_GRAMMAR_JSON_SCHEMA, ok, strlen(ok), f.v, &lim, &g, err, sizeof err), 0);
+    pg_grammar_unref(g);
+    fake_free(&f);
+}
+
 static atomic_int notified;
 static void count_notify(void *arg) {
     assert_ptr_equal(arg, &notified);
@@ -776,6 +804,7 @@ int main(void) {
         cmocka_unit_test(test_real_vocab_schema_walks),
         cmocka_unit_test(test_fast_masks_equal_exact_masks),
         cmocka_unit_test(test_precompute_notify),
+        cmocka_unit_test(test_schema_far_bounds_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
