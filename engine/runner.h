@@ -40,8 +40,7 @@ typedef enum pg_graph_mode {
 // checkpoint's k_scale / v_scale, else calibrated at start-up per layer and
 // KV head; one = 1.0 everywhere (vLLM's default without scales).
 enum { PG_KV_SCALES_AUTO = 0, PG_KV_SCALES_ONE = 1 };
-// "auto", "one"; parse also takes "1" and "1.0" for one.
-const char *pg_kv_scales_name(int mode);
+// "auto" or "one" (also "1" and "1.0"); PG_EINVAL naming the flag otherwise.
 int pg_kv_scales_parse(const char *s, int32_t *out);
 
 typedef struct pg_runner_config {

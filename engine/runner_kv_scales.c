@@ -36,14 +36,6 @@
 #define K_RANGE      200.0f
 #define V_RANGE      100.0f
 
-const char *pg_kv_scales_name(int mode) {
-    switch (mode) {
-    case PG_KV_SCALES_AUTO: return "auto";
-    case PG_KV_SCALES_ONE: return "one";
-    default: return "unknown";
-    }
-}
-
 int pg_kv_scales_parse(const char *s, int32_t *out) {
     if (!strcmp(s, "auto")) return *out = PG_KV_SCALES_AUTO, 0;
     if (!strcmp(s, "one") || !strcmp(s, "1") || !strcmp(s, "1.0")) return *out = PG_KV_SCALES_ONE, 0;
