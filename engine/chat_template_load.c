@@ -18,7 +18,7 @@
 #include "common/file.h"
 #include "common/log.h"
 #include "engine/chat_template.h"
-#include "engine/gguf.h"
+#include "formats/gguf.h"
 #include "engine/tokenizer.h"
 
 #define MAX_TEMPLATE (4u << 20)

@@ -8,7 +8,7 @@
 
 #include "common/err.h"
 #include "common/file.h"
-#include "engine/gguf.h"
+#include "formats/gguf.h"
 #include "engine/int4_ckpt.h"
 
 // --- GGUF ------------------------------------------------------------------------

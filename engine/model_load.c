@@ -30,10 +30,10 @@
 #include "common/file.h"
 #include "common/log.h"
 #include "common/progress.h"
-#include "engine/gguf.h"
+#include "formats/gguf.h"
 #include "engine/int4_ckpt.h"
 #include "engine/model.h"
-#include "engine/safetensors.h"
+#include "formats/safetensors.h"
 
 // --- tensor sources ---------------------------------------------------------------
 

@@ -11,7 +11,7 @@
 #include "common/file.h"
 #include "common/log.h"
 #include "engine/engine_int.h"
-#include "engine/gguf.h"
+#include "formats/gguf.h"
 #include "engine/memplan.h"
 
 #define DEFAULT_CPU_KV_BYTES ((int64_t)2 << 30)

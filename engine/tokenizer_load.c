@@ -12,7 +12,7 @@
 #include "common/err.h"
 #include "common/file.h"
 #include "common/log.h"
-#include "engine/gguf.h"
+#include "formats/gguf.h"
 #include "engine/tokenizer_int.h"
 
 static bool is_byte_token_text(const char *s, size_t n) {

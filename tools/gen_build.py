@@ -5,7 +5,7 @@ Run after adding or removing a source file: `python3 tools/gen_build.py`.
 `--check` exits non-zero when build.ninja is stale (the test runner calls it).
 
 Conventions the generator relies on (docs/build.md):
-  common/ kvpool/ scheduler/ kernels/cpu/ kernels/cuda/ engine/ server/ *.c -> build/libpaged.a
+  every library directory of MODULES (common/ ... server/) *.c -> build/libpaged.a
       (server/main.c is the CLI entry and is linked only into build/paged;
       kernels/cuda/cuda_stub.c is the CUDA model ABI of a build without CUDA)
   kernels/cuda/*.cu  -> compiled by tools/nvcc_or_stub.sh: real CUDA objects
@@ -48,7 +48,10 @@ MODULES = {
     "kvpool": {"deps": ["common"], "dirs": ["kvpool"]},
     "scheduler": {"deps": ["kvpool", "common"], "dirs": ["scheduler"]},
     "kernels": {"deps": ["common"], "dirs": ["kernels", "kernels/cpu", "kernels/cuda"]},
-    "engine": {"deps": ["kernels", "scheduler", "kvpool", "common"], "dirs": ["engine"]},
+    # The model-file readers (GGUF, safetensors): below text/ (the tokenizer
+    # and chat template come out of a GGUF file) and engine/ (the weights).
+    "formats": {"deps": ["kernels", "common"], "dirs": ["formats"]},
+    "engine": {"deps": ["formats", "kernels", "scheduler", "kvpool", "common"], "dirs": ["engine"]},
     "server": {"deps": ["engine", "scheduler", "kvpool", "common"], "dirs": ["server"]},
 }
 LIB_DIRS = [d for m in MODULES.values() for d in m["dirs"]]

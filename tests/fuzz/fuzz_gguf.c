@@ -13,7 +13,7 @@
 
 #include "common/err.h"
 #include "kernels/dtype.h"
-#include "engine/gguf.h"
+#include "formats/gguf.h"
 
 #define MAX_ROW 4096
 

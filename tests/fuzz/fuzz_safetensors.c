@@ -9,7 +9,7 @@
 
 #include "common/err.h"
 #include "kernels/dtype.h"
-#include "engine/safetensors.h"
+#include "formats/safetensors.h"
 
 #define MAX_ELEMS 4096
 

@@ -26,7 +26,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
-#include "engine/gguf.h"
+#include "formats/gguf.h"
 #include "engine/tokenizer.h"
 
 #define CHECK(c)                                                                          \

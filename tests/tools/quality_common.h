@@ -10,7 +10,7 @@
 
 #include "common/err.h"
 #include "engine/executor.h"
-#include "engine/gguf.h"
+#include "formats/gguf.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 

@@ -15,7 +15,7 @@
 
 #include "common/err.h"
 #include "kernels/dtype.h"
-#include "engine/gguf.h"
+#include "formats/gguf.h"
 #include "tests/unit/gguf_writer.h"
 
 // --- helpers -----------------------------------------------------------------------

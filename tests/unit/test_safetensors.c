@@ -16,7 +16,7 @@
 #include "common/err.h"
 #include "common/half.h"
 #include "kernels/dtype.h"
-#include "engine/safetensors.h"
+#include "formats/safetensors.h"
 #include "tests/unit/gguf_writer.h"
 
 // --- helpers -----------------------------------------------------------------------

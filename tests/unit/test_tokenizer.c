@@ -22,7 +22,7 @@
 
 #include "common/err.h"
 #include "common/file.h"
-#include "engine/gguf.h"
+#include "formats/gguf.h"
 #include "engine/tokenizer.h"
 #include "tests/unit/gguf_writer.h"
 

@@ -1,11 +1,11 @@
-// engine/safetensors.c - safetensors reader over a read-only mmap, and the
-// sharded-model view. See engine/safetensors.h for the format and contract.
+// formats/safetensors.c - safetensors reader over a read-only mmap, and the
+// sharded-model view. See formats/safetensors.h for the format and contract.
 //
 // The JSON header is parsed with cJSON_ParseWithLengthOpts on the mapped
 // bytes (never as a C string: the mapping is not NUL-terminated), the tree
 // is turned into a flat tensor table with every number checked to be an
 // exact non-negative integer, and freed before returning.
-#include "engine/safetensors.h"
+#include "formats/safetensors.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -1,4 +1,4 @@
-// engine/gguf.h - GGUF v2/v3 reader over a read-only mmap.
+// formats/gguf.h - GGUF v2/v3 reader over a read-only mmap.
 //
 // Every count, offset and size read from the file is bounds-checked before
 // use; a malformed file yields PG_EFORMAT (or PG_EUNSUPP for an unknown

@@ -1,4 +1,4 @@
-// engine/gguf.c - GGUF v2/v3 reader over a read-only mmap.
+// formats/gguf.c - GGUF v2/v3 reader over a read-only mmap.
 //
 // File layout (all integers little-endian, no padding unless stated):
 //   magic "GGUF" | u32 version | u64 n_tensors | u64 n_kv
@@ -16,7 +16,7 @@
 // is allocated, so a hostile header cannot make us allocate more than a small
 // multiple of the file size. Nothing is copied out of the image: strings,
 // arrays and tensor data point into it.
-#include "engine/gguf.h"
+#include "formats/gguf.h"
 
 #include <errno.h>
 #include <fcntl.h>

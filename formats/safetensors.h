@@ -1,4 +1,4 @@
-// engine/safetensors.h - Hugging Face safetensors reader over a read-only mmap,
+// formats/safetensors.h - Hugging Face safetensors reader over a read-only mmap,
 // and a sharded-model view (model.safetensors.index.json).
 //
 // File layout: u64 little-endian header length N | N bytes of JSON | data.
