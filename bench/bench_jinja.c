@@ -1,4 +1,4 @@
-// bench/bench_jinja.c - time to render a chat template (engine/jinja.h).
+// bench/bench_jinja.c - time to render a chat template (text/template/jinja.h).
 //
 // Renders every template of a directory (default tests/data/chat_templates)
 // with a 6-message conversation with tools (the shape of an agent request),
@@ -16,7 +16,7 @@
 
 #include "common/err.h"
 #include "common/file.h"
-#include "engine/jinja.h"
+#include "text/template/jinja.h"
 
 static const char *CONTEXT =
     "{\"messages\": ["

@@ -27,8 +27,8 @@
 #include <time.h>
 
 #include "common/err.h"
-#include "engine/structured.h"
-#include "engine/tokenizer.h"
+#include "text/grammar/structured.h"
+#include "text/tokenizer/tokenizer.h"
 
 static const char *SCHEMA =
     "{\"type\":\"object\",\"properties\":{"

@@ -13,7 +13,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "engine/engine_int.h"
-#include "engine/structured.h"
+#include "text/grammar/structured.h"
 
 void pg_engine_config_default(pg_engine_config *c) {
     memset(c, 0, sizeof *c);
@@ -101,7 +101,7 @@ static void reject(pg_engine *e, const sub *s, int code, const char *msg) {
 // --- the engine thread -------------------------------------------------------------
 
 // The longest a request waits for its grammar's precomputation: its own
-// bound is 2 s (engine/structured.h); past this the masks are built on use.
+// bound is 2 s (text/grammar/structured.h); past this the masks are built on use.
 #define GRAMMAR_HOLD_NS ((int64_t)3000 * 1000000)
 
 // True when `s` should wait for its grammar's background precomputation.

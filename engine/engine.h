@@ -12,9 +12,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/chat_template.h"
+#include "text/template/chat_template.h"
 #include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 #include "scheduler/sched.h"
 
 typedef struct pg_engine pg_engine;
@@ -74,7 +74,7 @@ typedef struct pg_gen_request {
     pg_sampling_params sp;
     int32_t priority;
     void *user;                  // returned with every event
-    // Token masks (engine/structured.h): a grammar every sequence's output
+    // Token masks (text/grammar/structured.h): a grammar every sequence's output
     // must match, and/or the only token ids that may be sampled. The engine
     // takes its own reference to `grammar` and copies the ids, and copies
     // sp's logit_bias arrays: the caller's may go after pg_engine_submit.

@@ -1,5 +1,5 @@
 // engine/engine_masks.c - per-request token controls on the engine thread:
-// logit_bias copies, structured-output matchers (engine/structured.h) and
+// logit_bias copies, structured-output matchers (text/grammar/structured.h) and
 // allowed_token_ids masks.
 //
 // Each step, before the runner begins it, every constrained sequence that
@@ -15,7 +15,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "engine/engine_int.h"
-#include "engine/structured.h"
+#include "text/grammar/structured.h"
 
 req_masks *eng_masks_from_request(const pg_engine *e, pg_gen_request *req) {
     pg_sampling_params *sp = &req->sp;

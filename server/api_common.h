@@ -11,9 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/chat_template.h"
-#include "engine/structured.h"
-#include "engine/tokenizer.h"
+#include "text/template/chat_template.h"
+#include "text/grammar/structured.h"
+#include "text/tokenizer/tokenizer.h"
 #include "scheduler/plan.h"
 #include "server/sbuf.h"
 
@@ -71,7 +71,7 @@ typedef struct api_params {
     char **stop;                 // [n_stop] owned
     size_t *stop_lens;           // [n_stop] owned
     char *model;                 // owned; NULL when absent
-    // Structured outputs (server/api_guided.c, engine/structured.h): at
+    // Structured outputs (server/api_guided.c, text/grammar/structured.h): at
     // most one constraint. guided_json is a JSON schema text (from
     // response_format json_schema, guided_json, structured_outputs.json, or
     // set by tool calling for tool_choice required / named); otherwise

@@ -16,8 +16,8 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/structured.h"
-#include "engine/tokenizer.h"
+#include "text/grammar/structured.h"
+#include "text/tokenizer/tokenizer.h"
 #include "server/api_common.h"
 
 // OpenAI's limits.

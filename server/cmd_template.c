@@ -10,7 +10,7 @@
 
 #include "common/err.h"
 #include "common/file.h"
-#include "engine/jinja.h"
+#include "text/template/jinja.h"
 #include "server/commands.h"
 
 static const char *usage =

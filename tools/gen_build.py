@@ -51,8 +51,12 @@ MODULES = {
     # The model-file readers (GGUF, safetensors): below text/ (the tokenizer
     # and chat template come out of a GGUF file) and engine/ (the weights).
     "formats": {"deps": ["kernels", "common"], "dirs": ["formats"]},
-    "engine": {"deps": ["formats", "kernels", "scheduler", "kvpool", "common"], "dirs": ["engine"]},
-    "server": {"deps": ["engine", "scheduler", "kvpool", "common"], "dirs": ["server"]},
+    # What turns text into tokens and back and constrains them: used by the
+    # server (templates, tokenizing, stop strings) and the engine (grammar
+    # masks). Never includes the engine.
+    "text": {"deps": ["formats", "common"], "dirs": ["text/tokenizer", "text/template", "text/grammar"]},
+    "engine": {"deps": ["text", "formats", "kernels", "scheduler", "kvpool", "common"], "dirs": ["engine"]},
+    "server": {"deps": ["engine", "text", "scheduler", "kvpool", "common"], "dirs": ["server"]},
 }
 LIB_DIRS = [d for m in MODULES.values() for d in m["dirs"]]
 SOURCE_EXTS = (".c", ".h", ".cu", ".cuh")

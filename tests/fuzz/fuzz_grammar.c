@@ -1,5 +1,5 @@
 // tests/fuzz/fuzz_grammar.c - fuzz target for the structured-output
-// compilers and matcher (engine/structured.h).
+// compilers and matcher (text/grammar/structured.h).
 //
 // Input: byte 0 picks the kind (GBNF, JSON schema, JSON object, regex,
 // choice list) and seeds the walk; the rest is the text. Compiled against a
@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/structured.h"
+#include "text/grammar/structured.h"
 
 #define CHECK(c)                                                                          \
     do {                                                                                  \

@@ -1,4 +1,4 @@
-// tests/fuzz/fuzz_jinja.c - fuzz target for the Jinja engine (engine/jinja.h).
+// tests/fuzz/fuzz_jinja.c - fuzz target for the Jinja engine (text/template/jinja.h).
 //
 // Input: a template source (arbitrary bytes). It is parsed and, when it
 // parses, rendered with a fixed chat context (system/user/assistant
@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/jinja.h"
+#include "text/template/jinja.h"
 
 #define CHECK(c)                                                                        \
     do {                                                                                \

@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "engine/chat_template.h"
+#include "text/template/chat_template.h"
 #include "server/api_common.h"
 #include "server/json_strict.h"
 

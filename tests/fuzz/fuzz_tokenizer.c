@@ -27,7 +27,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "formats/gguf.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 #define CHECK(c)                                                                          \
     do {                                                                                  \

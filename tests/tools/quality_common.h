@@ -12,7 +12,7 @@
 #include "engine/executor.h"
 #include "formats/gguf.h"
 #include "engine/model.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 #define QC_BLOCK 16 // KV block size of every run
 

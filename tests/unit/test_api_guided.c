@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "engine/structured.h"
+#include "text/grammar/structured.h"
 #include "server/api_common.h"
 
 static api_limits limits(void) {

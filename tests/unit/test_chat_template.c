@@ -13,7 +13,7 @@
 
 #include "common/err.h"
 #include "common/file.h"
-#include "engine/chat_template.h"
+#include "text/template/chat_template.h"
 #include "tests/unit/gguf_writer.h"
 
 static void test_golden(void **state) {

@@ -15,7 +15,7 @@
 #include <cmocka.h>
 
 #include "common/err.h"
-#include "engine/jinja.h"
+#include "text/template/jinja.h"
 
 static int render(const char *src, const char *ctx_json, const pg_jinja_limits *lim, char **out) {
     *out = NULL;

@@ -20,9 +20,9 @@
 #include <cmocka.h>
 
 #include "common/err.h"
-#include "engine/structured.h"
-#include "engine/structured_state.h"  // the slow exact reference (sg_*_reference)
-#include "engine/tokenizer.h"
+#include "text/grammar/structured.h"
+#include "text/grammar/structured_state.h"  // the slow exact reference (sg_*_reference)
+#include "text/tokenizer/tokenizer.h"
 
 // --- fake vocabulary --------------------------------------------------------------
 

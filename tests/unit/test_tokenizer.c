@@ -23,7 +23,7 @@
 #include "common/err.h"
 #include "common/file.h"
 #include "formats/gguf.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 #include "tests/unit/gguf_writer.h"
 
 #define SMOLLM_GGUF "models/SmolLM2-135M-Instruct.Q4_1.gguf"

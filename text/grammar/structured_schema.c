@@ -1,4 +1,4 @@
-// engine/structured_schema.c - JSON Schema, "any JSON object" and choice
+// text/grammar/structured_schema.c - JSON Schema, "any JSON object" and choice
 // lists into GBNF.
 //
 // Output is compact JSON: one optional space after ':' and ',' (and inside
@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/structured_int.h"
+#include "text/grammar/structured_int.h"
 
 // --- shared JSON rules -----------------------------------------------------------
 

@@ -1,4 +1,4 @@
-// engine/jinja_lex.c - Jinja2 source to tokens.
+// text/template/jinja_lex.c - Jinja2 source to tokens.
 //
 // Follows jinja2's lexer with Hugging Face's settings: newlines normalised
 // to "\n", one trailing newline dropped (keep_trailing_newline=False),
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/jinja_int.h"
+#include "text/template/jinja_int.h"
 
 _Noreturn void jp_fail(jparse *p, int line, const char *fmt, ...) {
     va_list ap;

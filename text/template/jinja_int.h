@@ -1,4 +1,4 @@
-// engine/jinja_int.h - what the parts of the Jinja engine share (not public).
+// text/template/jinja_int.h - what the parts of the Jinja engine share (not public).
 //
 // jinja_lex.c    source -> tokens (whitespace control, trim/lstrip_blocks)
 // jinja_parse.c  tokens -> AST

@@ -1,13 +1,13 @@
-// engine/structured_int.h - what the structured-output files share: the
+// text/grammar/structured_int.h - what the structured-output files share: the
 // rule IR every grammar compiles to, a growable text buffer, and the
-// converters to GBNF. Not a public header: only engine/structured_*.c
+// converters to GBNF. Not a public header: only text/grammar/structured_*.c
 // include it.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/structured.h"
+#include "text/grammar/structured.h"
 
 // --- text buffer ---------------------------------------------------------------
 

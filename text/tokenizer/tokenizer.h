@@ -1,4 +1,4 @@
-// engine/tokenizer.h - text <-> token ids.
+// text/tokenizer/tokenizer.h - text <-> token ids.
 //
 // Two model families:
 //   - byte-level BPE (GPT-2 style: gpt2, llama3, qwen2, smollm/starcoder

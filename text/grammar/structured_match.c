@@ -1,4 +1,4 @@
-// engine/structured_match.c - the vocabulary trie, the lazily determinized
+// text/grammar/structured_match.c - the vocabulary trie, the lazily determinized
 // pushdown automaton, token masks and the per-sequence matcher.
 //
 // A parser stack is a list of rule-element positions (structured_int.h);
@@ -15,8 +15,8 @@
 #include <time.h>
 
 #include "common/err.h"
-#include "engine/structured_state.h"
-#include "engine/tokenizer.h"
+#include "text/grammar/structured_state.h"
+#include "text/tokenizer/tokenizer.h"
 
 // --- vocabulary ------------------------------------------------------------------
 

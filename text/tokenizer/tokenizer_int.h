@@ -1,6 +1,6 @@
-// engine/tokenizer_int.h - internals shared by the tokenizer's source files.
+// text/tokenizer/tokenizer_int.h - internals shared by the tokenizer's source files.
 //
-// Not a public header: only engine/tokenizer*.c include it.
+// Not a public header: only text/tokenizer/tokenizer*.c include it.
 //   tokenizer_build.c  building a pg_tokenizer: vocabulary, lookup tables,
 //                      merges, pre-tokenizer regexes; UTF-8 helpers
 //   tokenizer_load.c   the GGUF and tokenizer.json loaders
@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 // Token types, numbered as GGUF's tokenizer.ggml.token_type.
 enum {

@@ -1,4 +1,4 @@
-// engine/structured_cache.c - compiled grammars shared by requests that
+// text/grammar/structured_cache.c - compiled grammars shared by requests that
 // give the same constraint (structured.h).
 //
 // A small array searched linearly with a use clock: capacities are tens of
@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/structured.h"
+#include "text/grammar/structured.h"
 
 typedef struct entry {
     pg_grammar_kind kind;

@@ -1,4 +1,4 @@
-// engine/structured_gbnf.c - GBNF text (llama.cpp's grammar format) into the
+// text/grammar/structured_gbnf.c - GBNF text (llama.cpp's grammar format) into the
 // rule IR of structured_int.h.
 //
 // Syntax: `name ::= alternatives`, one rule per line (a rule may continue
@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/structured_int.h"
+#include "text/grammar/structured_int.h"
 
 // --- text buffer ---------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-// engine/jinja_value.c - the arena, values, and Python's str(), repr() and
+// text/template/jinja_value.c - the arena, values, and Python's str(), repr() and
 // json.dumps() of them (chat templates print lists and dicts with str() and
 // tools with tojson, so both must match Python byte for byte).
 #include <cjson/cJSON.h>
@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/jinja_int.h"
+#include "text/template/jinja_int.h"
 
 // --- arena ----------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-// engine/jinja.h - a Jinja2 template engine for chat templates.
+// text/template/jinja.h - a Jinja2 template engine for chat templates.
 //
 // Models ship their prompt format as a Jinja2 template (GGUF
 // tokenizer.chat_template, tokenizer_config.json "chat_template",

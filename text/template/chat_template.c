@@ -1,5 +1,5 @@
-// engine/chat_template.c - native rendering of the common chat templates.
-#include "engine/chat_template.h"
+// text/template/chat_template.c - native rendering of the common chat templates.
+#include "text/template/chat_template.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,7 +7,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
-#include "engine/jinja.h"
+#include "text/template/jinja.h"
 
 struct pg_chat_template {
     pg_chat_family family;

@@ -1,4 +1,4 @@
-// engine/structured_regex.c - regular expressions (vLLM's guided_regex, JSON
+// text/grammar/structured_regex.c - regular expressions (vLLM's guided_regex, JSON
 // schema "pattern") into GBNF expressions.
 //
 // Supported: literals and escapes (\d \w \s and their negations, \n \t \r
@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/structured_int.h"
+#include "text/grammar/structured_int.h"
 
 typedef struct {
     uint32_t lo, hi;

@@ -1,4 +1,4 @@
-// engine/tokenizer_synthetic.c - a byte-level tokenizer for a model with no
+// text/tokenizer/tokenizer_synthetic.c - a byte-level tokenizer for a model with no
 // tokenizer of its own (--load-format dummy without --tokenizer).
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 // GPT-2's byte-to-unicode map: printable bytes map to themselves, the rest
 // to U+0100 + n in order.

@@ -1,4 +1,4 @@
-// engine/structured_state.h - the automaton's data, shared by the matcher
+// text/grammar/structured_state.h - the automaton's data, shared by the matcher
 // (structured_match.c) and the background precomputation of masks
 // (structured_warm.c). Not a public header.
 #pragma once
@@ -6,7 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine/structured_int.h"
+#include "text/grammar/structured_int.h"
 
 struct pg_struct_vocab {
     int32_t n;

@@ -1,4 +1,4 @@
-// engine/tokenizer.c - encode, decode and incremental detokenization.
+// text/tokenizer/tokenizer.c - encode, decode and incremental detokenization.
 //
 // Encoding runs in three steps:
 //   1. added/special tokens are matched in the raw text (leftmost, then
@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/tokenizer_int.h"
+#include "text/tokenizer/tokenizer_int.h"
 
 // --- per-call encoder state -------------------------------------------------
 

@@ -1,4 +1,4 @@
-// engine/tokenizer_load.c - tokenizer loaders: GGUF metadata and Hugging
+// text/tokenizer/tokenizer_load.c - tokenizer loaders: GGUF metadata and Hugging
 // Face tokenizer.json (+ tokenizer_config.json).
 //
 // Both translate their format into the pg_tok_* build calls, so a model
@@ -13,7 +13,7 @@
 #include "common/file.h"
 #include "common/log.h"
 #include "formats/gguf.h"
-#include "engine/tokenizer_int.h"
+#include "text/tokenizer/tokenizer_int.h"
 
 static bool is_byte_token_text(const char *s, size_t n) {
     return n == 6 && s[0] == '<' && s[1] == '0' && s[2] == 'x' && s[5] == '>';

@@ -1,4 +1,4 @@
-// engine/chat_template_load.c - finding a model's chat template.
+// text/template/chat_template_load.c - finding a model's chat template.
 //
 // Where the text comes from, first match wins (as vLLM and transformers):
 //   1. --chat-template: a family name (chatml, llama3, llama2, mistral), a
@@ -17,9 +17,9 @@
 #include "common/err.h"
 #include "common/file.h"
 #include "common/log.h"
-#include "engine/chat_template.h"
+#include "text/template/chat_template.h"
 #include "formats/gguf.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer/tokenizer.h"
 
 #define MAX_TEMPLATE (4u << 20)
 

@@ -1,4 +1,4 @@
-// engine/structured_warm.c - precomputes a grammar's token masks in the
+// text/grammar/structured_warm.c - precomputes a grammar's token masks in the
 // background right after it is compiled, so that a schema's first request
 // finds them built (structured_state.h, docs/structured_outputs.md).
 //
@@ -27,7 +27,7 @@
 #include <time.h>
 
 #include "common/err.h"
-#include "engine/structured_state.h"
+#include "text/grammar/structured_state.h"
 
 #define MAX_RUNNING 2
 

@@ -1,4 +1,4 @@
-// engine/structured.h - structured outputs: grammars, their compilers, and
+// text/grammar/structured.h - structured outputs: grammars, their compilers, and
 // the per-sequence matcher that masks the vocabulary.
 //
 // A request's constraint (a JSON schema, "any JSON", a regex, a list of

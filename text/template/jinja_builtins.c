@@ -1,4 +1,4 @@
-// engine/jinja_builtins.c - filters, tests, methods of str/dict/list and
+// text/template/jinja_builtins.c - filters, tests, methods of str/dict/list and
 // the global functions, as jinja2 3.x and Python define them (chat
 // templates rely on their exact output: `trim`, `tojson`, `indent`,
 // `title`, str.split, ...). Case mapping is ASCII-only; everything else
@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/jinja_int.h"
+#include "text/template/jinja_int.h"
 
 const char *const jfunc_names[JF_COUNT] = {"range", "namespace", "dict", "raise_exception", "strftime_now"};
 

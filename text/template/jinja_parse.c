@@ -1,10 +1,10 @@
-// engine/jinja_parse.c - tokens to an AST, by recursive descent with
+// text/template/jinja_parse.c - tokens to an AST, by recursive descent with
 // jinja2's precedence (parser.py): condexpr < or < and < not < compare <
 // + - < ~ < * / // % < ** < unary < primary with postfix, then filters and
 // tests.
 #include <string.h>
 
-#include "engine/jinja_int.h"
+#include "text/template/jinja_int.h"
 
 #define MAX_NEST 200  // expression and block nesting: bounds the C stack
 

@@ -1,4 +1,4 @@
-// engine/tokenizer_build.c - building a pg_tokenizer: vocabulary, lookup
+// text/tokenizer/tokenizer_build.c - building a pg_tokenizer: vocabulary, lookup
 // tables, merges and pre-tokenizer regexes; UTF-8 helpers.
 //
 // The loaders (tokenizer_load.c) only translate a file format into calls
@@ -11,7 +11,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
-#include "engine/tokenizer_int.h"
+#include "text/tokenizer/tokenizer_int.h"
 
 // --- UTF-8 and the byte-level alphabet --------------------------------------
 

@@ -1,8 +1,8 @@
-// engine/chat_template.h - turning chat messages into a prompt.
+// text/template/chat_template.h - turning chat messages into a prompt.
 //
 // The model's own Jinja template (GGUF tokenizer.chat_template,
 // tokenizer_config.json chat_template, chat_template.jinja, or
-// --chat-template FILE) is rendered by engine/jinja.h with the variables
+// --chat-template FILE) is rendered by text/template/jinja.h with the variables
 // Hugging Face's apply_chat_template passes: messages, tools,
 // add_generation_prompt, bos_token, eos_token and the request's
 // chat_template_kwargs. Four families are also rendered natively, as
@@ -29,7 +29,7 @@ typedef struct {
 typedef struct pg_chat_template pg_chat_template;
 typedef struct pg_tokenizer pg_tokenizer;
 
-// Finds and loads the chat template (engine/chat_template_load.c): `want`
+// Finds and loads the chat template (text/template/chat_template_load.c): `want`
 // is --chat-template (a family name, a file or Jinja text; NULL = the
 // model's own), `model_src` the model's GGUF file or directory (NULL: a
 // dummy model). bos/eos text comes from `tok` (may be NULL). *out stays

@@ -1,5 +1,5 @@
-// engine/jinja_eval.c - rendering: statements, expressions, scopes, and the
-// public entry points of engine/jinja.h.
+// text/template/jinja_eval.c - rendering: statements, expressions, scopes, and the
+// public entry points of text/template/jinja.h.
 //
 // Scopes follow jinja2: the render variables and top-level sets form the
 // global scope; each for-loop iteration gets a fresh scope (a set inside a
@@ -12,8 +12,8 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/jinja.h"
-#include "engine/jinja_int.h"
+#include "text/template/jinja.h"
+#include "text/template/jinja_int.h"
 
 struct pg_jinja_template {
     jarena ar;
