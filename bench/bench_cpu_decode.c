@@ -16,7 +16,7 @@
 
 #include "common/clock.h"
 #include "common/err.h"
-#include "engine/runner.h"
+#include "engine/runner/runner.h"
 
 static double cpu_s(void) {
     struct timespec ts;

@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 #include "text/template/chat_template.h"
-#include "engine/model.h"
+#include "engine/model/model.h"
 #include "text/tokenizer/tokenizer.h"
 #include "scheduler/sched.h"
 
@@ -42,19 +42,19 @@ typedef struct pg_engine_config {
                                  //   NULL = the model's (dummy: a synthetic byte-level one)
     const char *cuda_graphs;     // decode CUDA graphs: NULL or "on" (captured at start-up),
                                  //   "lazy" (on a bucket's first step), "off"
-    int32_t quantization;        // PG_QUANT_* (engine/model.h): online quantization at load
+    int32_t quantization;        // PG_QUANT_* (engine/model/model.h): online quantization at load
     int64_t cpu_offload_bytes;   // --cpu-offload-gb: layer weights kept in host memory and
-                                 //   streamed to the device (engine/model_offload.c); 0 = none
+                                 //   streamed to the device (engine/model/model_offload.c); 0 = none
     const char *kv_cache_dtype;  // NULL or "auto" (bf16 on CUDA; on the CPU f16, f32 in exact
                                  //   numerics), "bf16", "fp8" (e4m3, scaled: kv_cache_scales), "f32", "f16",
                                  //   "q8_0", "fp8_e4m3_scaled" (CPU only)
     int32_t kv_cache_scales;     // fp8 KV: PG_KV_SCALES_AUTO (the checkpoint's, else calibrated
-                                 //   at start-up) or _ONE (1.0); engine/runner.h
+                                 //   at start-up) or _ONE (1.0); engine/runner/runner.h
     const char *async_scheduling; // NULL or "auto" (on with CUDA, off on the CPU), "on", "off":
                                  //   plan step N + 1 while step N runs (scheduler/sched.h)
-    int32_t tensor_parallel;     // ranks (0 or 1: none); engine/executor.h
+    int32_t tensor_parallel;     // ranks (0 or 1: none); engine/dist/executor.h
     const char *tp_comm;         // NULL or "auto" (nccl on CUDA, cpu on the CPU), "cpu", "nccl"
-    int32_t nnodes, node_rank;   // tensor parallelism across nodes (engine/remote.h)
+    int32_t nnodes, node_rank;   // tensor parallelism across nodes (engine/dist/remote.h)
     const char *master_addr;     //   node 0's address (default 127.0.0.1)
     int32_t master_port;         //   its control port (default 29500; the tcp data plane + 1)
     int32_t tp_timeout_ms;       //   tcp data plane: a collective's wait for a silent rank (0 = 300 s)

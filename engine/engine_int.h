@@ -6,8 +6,8 @@
 #include <stdbool.h>
 
 #include "engine/engine.h"
-#include "engine/executor.h"
-#include "engine/runner.h"
+#include "engine/dist/executor.h"
+#include "engine/runner/runner.h"
 
 // A submission: a new request, an abort or an early finish of one sequence.
 typedef enum { SUB_ADD, SUB_ABORT, SUB_FINISH_SEQ } sub_kind;

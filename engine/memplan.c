@@ -17,8 +17,8 @@
 
 #include "common/err.h"
 #include "common/log.h"
-#include "engine/model.h"
-#include "engine/runner.h"
+#include "engine/model/model.h"
+#include "engine/runner/runner.h"
 #include "kernels/backend.h"
 #include "kernels/dtype.h"
 
@@ -31,7 +31,7 @@
 // 5 and 6 logged "other 0.52 GiB" (context, cuBLASLt handle, NCCL-free),
 // and a profiled workspace 0.01 GiB above its buffers (lazily loaded
 // kernels, cuBLASLt plans); the graph probe reserves at least 1 MiB per
-// bucket with a 1.5x margin plus 16 MiB (engine/runner_graphs.c).
+// bucket with a 1.5x margin plus 16 MiB (engine/runner/runner_graphs.c).
 #define CUDA_OTHER_ESTIMATE (532 * MiB)
 #define CUDA_PROFILE_EXTRA (16 * MiB)
 #define CUDA_GRAPH_PER_BUCKET MiB
@@ -126,7 +126,7 @@ static size_t cuda_attn_ws(int32_t max_seqs, int32_t nh, int32_t nkv, int32_t hd
     return (size_t)items * (size_t)(hd + 1) * 4 + 256;
 }
 
-// The graph reserve of engine/runner_graphs.c: every (batch, context)
+// The graph reserve of engine/runner/runner_graphs.c: every (batch, context)
 // bucket at the probe's floor of 1 MiB, times 1.5, plus 16 MiB.
 static int64_t cuda_graph_reserve(int32_t max_seqs, int32_t max_len) {
     int64_t nb = 0, nc = 0;

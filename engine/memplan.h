@@ -16,8 +16,8 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
-#include "engine/model.h"
-#include "engine/model_config.h"
+#include "engine/model/model.h"
+#include "engine/model/model_config.h"
 
 #define PG_MEMPLAN_MAX_RANKS 64
 #define PG_MEMPLAN_MAX_ADVICE 12
@@ -50,7 +50,7 @@ typedef struct pg_memplan {
     pg_model_config mc;
     bool cuda, kv_fp8;
     int32_t kv_dtype;          // pg_kv_shape.dtype (kernels/kernels.h)
-    int32_t quantization;      // PG_QUANT_* (engine/model.h): --quantization
+    int32_t quantization;      // PG_QUANT_* (engine/model/model.h): --quantization
     int32_t tp, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, plan_seq_len;
     double util;                 // CUDA: --gpu-memory-utilization
     int64_t device_total;        // CUDA: per GPU

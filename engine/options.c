@@ -7,7 +7,7 @@
 
 #include "common/err.h"
 #include "common/parse.h"
-#include "engine/runner.h"
+#include "engine/runner/runner.h"
 
 const char *pg_engine_options_help =
     "Model and device:\n"

@@ -74,10 +74,10 @@ static size_t dtype_from_str(const char *s, int *dtype) {
     if (!strcmp(s, "F16")) return *dtype = PG_DTYPE_F16, 2;
     if (!strcmp(s, "BF16")) return *dtype = PG_DTYPE_BF16, 2;
     // FP8 checkpoints: the loader pairs each such weight with its
-    // `weight_scale` (engine/model_load.c); alone it is not a weight.
+    // `weight_scale` (engine/model/model_load.c); alone it is not a weight.
     if (!strcmp(s, "F8_E4M3")) return *dtype = PG_DTYPE_FP8_E4M3, 1;
     // AWQ / GPTQ checkpoints: int32-packed nibbles and indices, repacked
-    // by the loader (engine/int4_ckpt.c); alone it is not a weight either.
+    // by the loader (engine/model/int4_ckpt.c); alone it is not a weight either.
     if (!strcmp(s, "I32")) return *dtype = PG_DTYPE_I32, 4;
     return 0;
 }

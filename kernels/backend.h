@@ -1,8 +1,8 @@
 // kernels/backend.h - the backend interface: device, memory, weights, KV
 // cache, fused layer ops, step synchronisation and graph capture (C ABI).
 //
-// The model (engine/model.c, the layer loop written once) and the runner
-// (engine/runner.c, one for every device) call only this table; the CPU
+// The model (engine/model/model.c, the layer loop written once) and the runner
+// (engine/runner/runner.c, one for every device) call only this table; the CPU
 // backend (kernels/cpu/backend_cpu.c, the reference) and the CUDA backend
 // (kernels/cuda/backend_cuda.cu, CUDA C++ behind this C ABI) implement it.
 // Design and the choices against ggml's and vLLM's splits: docs/backend.md.
@@ -183,7 +183,7 @@ struct pg_backend {
     int (*vector_f32)(pg_backend *b, const float *v, int64_t n, pg_bweight **out);
     void (*weight_free)(pg_backend *b, pg_bweight *w);
 
-    // --- weight offload (--cpu-offload-gb: engine/model_offload.c) --------------
+    // --- weight offload (--cpu-offload-gb: engine/model/model_offload.c) --------------
     // Bytes of backend memory w takes as one block (its data and any row
     // scales): what weight_offload moves and a device slot must hold.
     size_t (*weight_pack_bytes)(pg_backend *b, const pg_bweight *w);

@@ -65,7 +65,7 @@ struct pg_comm {
 // communicator (they say "tcp communicator (rank R of N): ..."; nccl only
 // once aborted): a collective aborted, a peer that closed its connection,
 // went silent or reported a failure. Such a failure is usually the echo of
-// another rank's own, so callers report that one first (engine/executor.c).
+// another rank's own, so callers report that one first (engine/dist/executor.c).
 bool pg_comm_err_is_collective(const char *msg);
 
 // n in-process communicators, out[r] for rank r (1 <= n <= 64). A rank

@@ -80,7 +80,7 @@ typedef struct pg_kv_shape {
     // fp8(x / s) and attention reads s * code (CPU: applied to the scores
     // and to the output, not per element; CUDA: folded the same way into
     // the softmax scale and the output's normalisation). NULL: scale 1.0.
-    // A layer's shape gets them from the runner (engine/runner_kv_scales.c:
+    // A layer's shape gets them from the runner (engine/runner/runner_kv_scales.c:
     // a checkpoint's k_scale / v_scale, or calibrated at start-up).
     const float *scales;
 } pg_kv_shape;

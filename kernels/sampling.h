@@ -2,7 +2,7 @@
 //
 // One parameter struct and one result struct for the CPU sampler
 // (kernels/cpu/sampling.c, the reference) and the GPU sampler
-// (kernels/cuda/sampling.cu). The runner (engine/runner.c) fills them from
+// (kernels/cuda/sampling.cu). The runner (engine/runner/runner.c) fills them from
 // the scheduler's plan, once for every backend.
 //
 // Order of operations (as vLLM): logprobs are taken from the raw logits;
@@ -48,7 +48,7 @@ typedef struct pg_sample_params {
                               //   Applied last: a token whose bit is clear is never sampled.
     int32_t forced;           // 1: no sampling: out->token = forced_token, scored from the raw
     int32_t forced_token;     //   logits (logprob, rank, top-N); prompt logprobs (the runner's
-                              //   engine/runner_prompt_logprobs.c). Every other field but
+                              //   engine/runner/runner_prompt_logprobs.c). Every other field but
                               //   logprobs is ignored then.
 } pg_sample_params;
 

@@ -6,7 +6,7 @@ an 8B bf16 file would first need that 16 GB file).
   tests/gpu/make_fp8_model.py CONFIG.json OUT_DIR [--seed 1]
 
 Hugging Face's "fp8" layout, as vLLM and our loader read it
-(engine/model_load.c, attach_fp8_scales): every linear weight of the
+(engine/model/model_load.c, attach_fp8_scales): every linear weight of the
 layers in F8_E4M3 with `weight_scale` f32 [rows, 1] = max|row| / 448; the
 embedding, norms and LM head bf16; config.json's quantization_config
 {"quant_method": "fp8", "activation_scheme": "dynamic"}; a byte-level

@@ -6,10 +6,10 @@
 //       [--quantization fp8|int4]
 //
 // --cpu-offload-gb: the GPU model's first layers live in pinned host memory
-// and stream through two device slots (engine/model_offload.c), graphs
+// and stream through two device slots (engine/model/model_offload.c), graphs
 // included; the CPU reference keeps them resident.
 // --quantization: both models quantize the layers' matrices at load the
-// same way (engine/model_quant.c), so both hold the same FP8 / int4 bytes:
+// same way (engine/model/model_quant.c), so both hold the same FP8 / int4 bytes:
 // the GPU runs them as stored (kernels/cuda/qgemv.cu)
 // and the CPU, in the exact mode, dequantizes them to f32: the same
 // weight-only product, so the tolerance stays bf16's.
@@ -34,8 +34,8 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/model.h"
-#include "engine/runner.h"
+#include "engine/model/model.h"
+#include "engine/runner/runner.h"
 
 #define BS         16
 #define N_BLOCKS   512

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""--cpu-offload-gb (engine/model_offload.c) on the CPU backend: layers from
+"""--cpu-offload-gb (engine/model/model_offload.c) on the CPU backend: layers from
 the first on move to host copies as they load and run from two slots, layer
 l from slot l % 2, the copy of layer l + 2 queued after layer l's ops. The
 CPU backend runs each op when it is called, so a copy queued too early (a

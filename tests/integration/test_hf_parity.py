@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Every architecture of the one model definition (engine/model.c) against
+"""Every architecture of the one model definition (engine/model/model.c) against
 Hugging Face transformers on the CPU: a tiny random checkpoint of each family
 is written here by transformers itself (save_pretrained: config.json +
 model.safetensors, float32), paged's CPU backend in exact mode computes the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""fp8 KV cache scales end to end on the CPU (engine/runner_kv_scales.c).
+"""fp8 KV cache scales end to end on the CPU (engine/runner/runner_kv_scales.c).
 
 A small random Llama checkpoint (f32 safetensors, numpy; K and V of order
 1) is served by the real `paged serve` on a real socket, and vLLM's

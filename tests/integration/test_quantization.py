@@ -16,7 +16,7 @@ and `paged generate` names the quantization in its log.
 
 AWQ (GEMM) and GPTQ (v1 and v2) int4 checkpoints, groups of 128 and 64,
 are written here by a numpy packer of their documented layouts
-(engine/int4_ckpt.h); each must load (inferred from config.json) to the
+(engine/model/int4_ckpt.h); each must load (inferred from config.json) to the
 logits of its numpy-dequantized float32 reference, within the same 1e-4;
 the g64 ones also at --tp 2 (the g128 ones cannot split O's 128 columns
 into two groups: a one-line error naming the tensor). Bad inputs: bits 8

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tensor parallelism on the CPU backend (engine/executor.h, the in-process
+"""Tensor parallelism on the CPU backend (engine/dist/executor.h, the in-process
 communicator of kernels/comm.h): the same model split over N ranks must
 compute what one rank computes.
 
@@ -28,7 +28,7 @@ compute what one rank computes.
    moves the logits by about 2% (docs/tensor_parallel.md has the
    measurement), so there greedy texts part after a few tokens whatever the
    split; the test prints that figure too.
-3. Several nodes on loopback (engine/remote.h): --tp 3 --nnodes 3 as three
+3. Several nodes on loopback (engine/dist/remote.h): --tp 3 --nnodes 3 as three
    processes (node 0 serves HTTP and schedules; nodes 1 and 2 follow, the
    collectives over the tcp communicator) answer completions through the
    real server with the same greedy text as one process at --tp 1; the

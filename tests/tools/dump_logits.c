@@ -8,14 +8,14 @@
 //
 // Prints one JSON line: {"vocab": V, "logits": [...]} for the last position.
 // --dummy: random weights of that config's shape (the same values at every
-// --tp). --tp N: N ranks on the in-process communicator (engine/executor.h).
+// --tp). --tp N: N ranks on the in-process communicator (engine/dist/executor.h).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/executor.h"
-#include "engine/model.h"
+#include "engine/dist/executor.h"
+#include "engine/model/model.h"
 
 int main(int argc, char **argv) {
     const char *model_path = NULL, *ids_arg = NULL, *dummy = NULL;

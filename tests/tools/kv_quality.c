@@ -15,7 +15,7 @@
 // elements are beyond e4m3's 448 or below its smallest normal 2^-6), so the
 // reader sees whether fp8 at scale 1.0 saturates on this model. "fp8" is
 // the fp8 cache as served (scales per layer and KV head, calibrated at
-// start-up: engine/runner_kv_scales.c), "fp8@1" the same cache at scale 1.0
+// start-up: engine/runner/runner_kv_scales.c), "fp8@1" the same cache at scale 1.0
 // (--kv-cache-scales one). Markdown.
 #include "engine/memplan.h"
 #include "tests/tools/quality_common.h"

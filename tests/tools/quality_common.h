@@ -9,9 +9,9 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/executor.h"
+#include "engine/dist/executor.h"
 #include "formats/gguf.h"
-#include "engine/model.h"
+#include "engine/model/model.h"
 #include "text/tokenizer/tokenizer.h"
 
 #define QC_BLOCK 16 // KV block size of every run

@@ -10,7 +10,7 @@
 // steps over one sequence, so the numbers come from the runner's logits as
 // served). The reference is the model with its layer matrices in bf16
 // (dequantized from the stored type); each format is loaded beside it
-// (the layers requantized from the stored weights by engine/model_quant.c;
+// (the layers requantized from the stored weights by engine/model/model_quant.c;
 // "stored" is the file as it is) and stepped in lockstep, so the KL
 // divergence KL(ref || format) of the next-token distributions is taken
 // position by position without keeping any distribution. The embedding,

@@ -1,4 +1,4 @@
-// tests/unit/test_int4_ckpt.c - AWQ / GPTQ int4 checkpoints (engine/int4_ckpt.h):
+// tests/unit/test_int4_ckpt.c - AWQ / GPTQ int4 checkpoints (engine/model/int4_ckpt.h):
 // the two nibble orders against hand-made words, and the repack into
 // paged's int4 blocks against the formats' definition w = (q - z) * scale,
 // through pg_dequantize_row (so the block layout is checked too). The
@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "common/half.h"
-#include "engine/int4_ckpt.h"
+#include "engine/model/int4_ckpt.h"
 #include "kernels/dtype.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
@@ -69,7 +69,7 @@ static void check_repack(int gptq, int G, int zero_offset, int64_t out, int64_t 
         zs[i] = (uint8_t)(rnd() & 15); // with zero_offset 1, a stored 15 (v1's -1) reads 16
         d[i] = pg_f32_to_f16((float)(rnd() % 1000 + 1) * 1e-4f);
     }
-    // Packing, from the layouts (engine/int4_ckpt.h).
+    // Packing, from the layouts (engine/model/int4_ckpt.h).
     const int64_t qw_words = out * in / 8;
     uint8_t *qw = calloc((size_t)qw_words * 4 + 1, 1), *qz = calloc((size_t)(ng * out / 8) * 4 + 1, 1);
     uint8_t *qwp = qw + 1, *qzp = qz + 1; // unaligned, as in a safetensors mapping

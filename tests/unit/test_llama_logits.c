@@ -20,8 +20,8 @@
 
 #include "common/err.h"
 #include "common/file.h"
-#include "engine/model.h"
-#include "engine/runner.h"
+#include "engine/model/model.h"
+#include "engine/runner/runner.h"
 #include "tests/unit/gguf_writer.h"
 
 static char model_path[4096];

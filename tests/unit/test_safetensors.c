@@ -227,7 +227,7 @@ static void test_bad_json_is_rejected(void **state) {
 
 static void test_unsupported_dtypes_name_the_tensor(void **state) {
     (void)state;
-    // (F8_E4M3 is read: FP8 checkpoints, engine/model_load.c; e5m2 is not.)
+    // (F8_E4M3 is read: FP8 checkpoints, engine/model/model_load.c; e5m2 is not.)
     const char *dts[] = {"I64", "F64", "U8", "BOOL", "F8_E5M2", "f32", "Q9"};
     for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++) {
         char entry[256], want[128];

@@ -1,5 +1,5 @@
-// engine/remote.c - the control link of a multi-node tensor-parallel group
-// (engine/remote.h).
+// engine/dist/remote.c - the control link of a multi-node tensor-parallel group
+// (engine/dist/remote.h).
 //
 // Wire format (host byte order: every node runs the same build, which the
 // hello checks through the sizes of the structs that cross):
@@ -7,7 +7,7 @@
 //   answer u32 'PGNA' | i32 status | u64 len | len bytes (the blob, or why)
 //   call   u32 'PGNC' | u32 op | u64 len | payload
 //   reply  u32 'PGNR' | i32 rc | u64 len | payload (rc < 0: the message)
-#include "engine/remote.h"
+#include "engine/dist/remote.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -19,7 +19,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/net.h"
-#include "engine/runner.h"
+#include "engine/runner/runner.h"
 #include "kernels/comm.h"
 
 #define HELLO_WAIT_MS 10000

@@ -1,9 +1,9 @@
-// engine/model.h - the one model definition of the Llama family, on any
+// engine/model/model.h - the one model definition of the Llama family, on any
 // backend.
 //
 // Llama 2/3/3.1 (RoPE scaling), Mistral, Qwen2/2.5 (QKV bias) and Qwen3
-// (per-head q/k RMSNorm) are one layer loop (engine/model.c) selected by
-// config flags (engine/model_config.h). Weights are backend handles
+// (per-head q/k RMSNorm) are one layer loop (engine/model/model.c) selected by
+// config flags (engine/model/model_config.h). Weights are backend handles
 // (kernels/backend.h) made once at load from a GGUF file, a Hugging Face
 // directory or random values; the forward enqueues fused ops on the
 // backend: the CPU and CUDA backends run the same code.
@@ -11,7 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine/model_config.h"
+#include "engine/model/model_config.h"
 #include "kernels/backend.h"
 #include "kernels/comm.h"
 
@@ -46,7 +46,7 @@ typedef struct pg_model_shard {
 // model cannot be split so (heads, KV heads, FFN or vocabulary not divisible).
 int pg_model_shard_plan(const pg_model_config *c, int32_t rank, int32_t size, pg_model_shard *out);
 
-// --cpu-offload-gb (engine/model_offload.c): the first n_layers layers'
+// --cpu-offload-gb (engine/model/model_offload.c): the first n_layers layers'
 // weights live in host memory (pinned on the GPU) and are copied into one
 // of two device slots before they run, layer l into slot l % 2, the next
 // layer's copy running beside the current layer's compute (double
@@ -82,7 +82,7 @@ typedef struct pg_model {
     int64_t layer_bytes[4];  // one layer's Q|K|V, O, gate|up, down in backend memory (rank's shard)
     // fp8 KV: the checkpoint's K and V scales per layer, host [n_layers][2]
     // (one value per tensor, as vLLM's k_scale / v_scale); NULL when the
-    // checkpoint has none (the runner then calibrates: engine/runner_kv_scales.c).
+    // checkpoint has none (the runner then calibrates: engine/runner/runner_kv_scales.c).
     float *kv_scales;
     // What the backend may point into (weights_borrow): the mapped file(s)
     // and the host copies the loader made (re-ordered GGUF Q/K rows).
@@ -102,7 +102,7 @@ typedef struct pg_model_load_opts {
     // tensor), and the forward's collectives go through comm (borrowed;
     // comm->size ranks, this one comm->rank). NULL: the whole model.
     pg_comm *comm;
-    // Online quantization of the layers' matrices (PG_QUANT_*; engine/model_quant.c).
+    // Online quantization of the layers' matrices (PG_QUANT_*; engine/model/model_quant.c).
     int32_t quantization;
     // --cpu-offload-gb: layers from the first on move to host memory as they
     // load until at least this many bytes of weights have (vLLM's rule);
@@ -119,7 +119,7 @@ enum { PG_QUANT_NONE = 0, PG_QUANT_FP8 = 1, PG_QUANT_INT4 = 2,
        // the same way (tests/tools/quant_quality.c).
        PG_QUANT_BF16 = 3, PG_QUANT_Q8_0 = 4, PG_QUANT_Q4_0 = 5,
        // Pre-quantized int4 checkpoints, repacked at load into INT4_G128 /
-       // _G64 (engine/int4_ckpt.c): inferred from config.json, and accepted
+       // _G64 (engine/model/int4_ckpt.c): inferred from config.json, and accepted
        // as flags that must then match it.
        PG_QUANT_AWQ = 6, PG_QUANT_GPTQ = 7 };
 // "none", "fp8", "int4", "awq", "gptq"; "unknown" otherwise.
@@ -177,7 +177,7 @@ void pg_model_free(pg_model *m);
 // The weights of layer L in a fixed order (norms, Q|K|V, bias, q/k norms, O,
 // FFN norm, gate|up, down), those it has; returns how many (at most 9).
 int pg_model_layer_weights(const pg_model_layer *L, pg_bweight **out);
-// Offload (engine/model_offload.c), for the loader: layer l (the next one
+// Offload (engine/model/model_offload.c), for the loader: layer l (the next one
 // after those offloaded so far) moves to host memory; then, once every
 // layer has loaded, finish allocates the slots, points the offloaded
 // weights at them and measures the copy rate (logged).
@@ -214,7 +214,7 @@ typedef struct pg_fwd_buffers {
     // then V's of each layer): layer l's shape gets kv_scales + 2 l n_kv
     // (pg_kv_shape.scales). NULL: 1.0.
     const float *kv_scales;
-    // Calibration (engine/runner_kv_scales.c): when set, the forward reads
+    // Calibration (engine/runner/runner_kv_scales.c): when set, the forward reads
     // back each layer's rotated K and V and raises kv_amax, host
     // [n_layers][2][shard n_kv_heads], to their largest |x| per KV head.
     float *kv_amax;

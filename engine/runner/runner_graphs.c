@@ -1,4 +1,4 @@
-// engine/runner_graphs.c - CUDA graphs of decode steps, on any backend that
+// engine/runner/runner_graphs.c - CUDA graphs of decode steps, on any backend that
 // captures (pg_backend.has_graphs).
 //
 // A step whose sequences all decode is padded to a batch bucket B (powers
@@ -17,7 +17,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
-#include "engine/runner_int.h"
+#include "engine/runner/runner_int.h"
 
 int runner_graphs_setup(pg_runner *r) {
     const char *env = getenv("PAGED_CUDA_GRAPHS");

@@ -1,4 +1,4 @@
-// engine/runner.h - executes scheduler batch plans on any backend.
+// engine/runner/runner.h - executes scheduler batch plans on any backend.
 //
 // The one runner: plan checks, input flattening (decode sequences first),
 // one upload of the step's inputs, the model's forward, sampling, step
@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/model.h"
+#include "engine/model/model.h"
 #include "scheduler/plan.h"
 
 typedef struct pg_runner pg_runner;
@@ -36,7 +36,7 @@ typedef enum pg_graph_mode {
     PG_GRAPHS_LAZY = 2,
 } pg_graph_mode;
 
-// The scales of an fp8 KV cache (engine/runner_kv_scales.c): auto = the
+// The scales of an fp8 KV cache (engine/runner/runner_kv_scales.c): auto = the
 // checkpoint's k_scale / v_scale, else calibrated at start-up per layer and
 // KV head; one = 1.0 everywhere (vLLM's default without scales).
 enum { PG_KV_SCALES_AUTO = 0, PG_KV_SCALES_ONE = 1 };
@@ -49,7 +49,7 @@ typedef struct pg_runner_config {
     int32_t max_num_batched_tokens; //   sized for the largest step they allow
     int32_t max_model_len;
     int32_t kv_dtype;               // PG_KV_* (kernels/kernels.h): native, fp8 (CUDA), f32/f16/bf16/q8_0 (CPU)
-    int32_t kv_scales;              // fp8 KV: PG_KV_SCALES_* (engine/runner_kv_scales.c)
+    int32_t kv_scales;              // fp8 KV: PG_KV_SCALES_* (engine/runner/runner_kv_scales.c)
     pg_graph_mode graphs;
     // Tensor parallelism: gather every logit even for plain-greedy steps,
     // whose ranks otherwise exchange only row maxima (pg_runner_last_logits

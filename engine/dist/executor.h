@@ -1,4 +1,4 @@
-// engine/executor.h - the tensor-parallel workers: one backend, model shard
+// engine/dist/executor.h - the tensor-parallel workers: one backend, model shard
 // and runner per rank, all driven by the same step plan.
 //
 // With one rank (no tensor parallelism) everything runs on the caller's
@@ -14,8 +14,8 @@
 #pragma once
 #include <stdint.h>
 
-#include "engine/model.h"
-#include "engine/runner.h"
+#include "engine/model/model.h"
+#include "engine/runner/runner.h"
 #include "kernels/kernels.h"
 
 typedef struct pg_executor pg_executor;
@@ -26,7 +26,7 @@ typedef struct pg_executor_config {
     int32_t n_threads;          // CPU backend threads in all (0 = every online CPU), split across ranks
     pg_matmul_mode matmul_mode; // CPU numerics
     const char *comm;           // "auto" (NULL: nccl on CUDA, cpu on the CPU), "cpu", "nccl"
-    // Several nodes (engine/remote.h): tp / nnodes ranks on each; node 0
+    // Several nodes (engine/dist/remote.h): tp / nnodes ranks on each; node 0
     // drives, the others follow (pg_executor_follow). The collectives go
     // over NCCL on GPUs, else over the tcp communicator on master_port + 1.
     int32_t nnodes, node_rank;  // 0 or 1 node: one host
@@ -40,7 +40,7 @@ typedef struct pg_executor_config {
 // Makes every rank's backend and communicator and loads every rank's shard
 // (in parallel). Bad configurations fail before any weight is read, with
 // one line naming the numbers: more ranks than GPUs, a model that does not
-// split (engine/model.h pg_model_shard_plan), a communicator that cannot
+// split (engine/model/model.h pg_model_shard_plan), a communicator that cannot
 // serve the device.
 int pg_executor_create(const pg_executor_config *cfg, const pg_model_load_opts *mo, pg_executor **out);
 void pg_executor_free(pg_executor *ex);
@@ -50,7 +50,7 @@ int32_t pg_executor_size(const pg_executor *ex);
 pg_backend *pg_executor_backend(const pg_executor *ex, int32_t rank);
 const pg_model *pg_executor_model(const pg_executor *ex, int32_t rank);
 
-// The runners (engine/runner.h), one per rank, each sized by `cfg`.
+// The runners (engine/runner/runner.h), one per rank, each sized by `cfg`.
 int pg_executor_runners_create(pg_executor *ex, const pg_runner_config *cfg);
 // Device memory by category per rank, as of the last refresh (each rank
 // reads its own device on its own thread).

@@ -1,4 +1,4 @@
-// engine/int4_ckpt.h - AWQ and GPTQ int4 checkpoints: their config.json
+// engine/model/int4_ckpt.h - AWQ and GPTQ int4 checkpoints: their config.json
 // quantization_config, and the repack of their int32-packed tensors into
 // paged's own int4 group blocks (PG_DTYPE_INT4_G128 / _G64, kernels/dtype.h),
 // so the CPU int4 products run them unchanged. Layouts: docs/quantization.md.

@@ -1,4 +1,4 @@
-// engine/model_shard.c - how a model splits across tensor-parallel ranks
+// engine/model/model_shard.c - how a model splits across tensor-parallel ranks
 // (Megatron-style; docs/tensor_parallel.md).
 //
 // Query heads, FFN columns and vocabulary rows split evenly. KV heads
@@ -7,7 +7,7 @@
 // head hold copies of it), which needs size to be a multiple of the KV
 // head count so that no rank's query heads straddle two groups.
 #include "common/err.h"
-#include "engine/model.h"
+#include "engine/model/model.h"
 
 int pg_model_shard_plan(const pg_model_config *c, int32_t rank, int32_t size, pg_model_shard *out) {
     PG_ARG(size >= 1 && rank >= 0 && rank < size, "tensor parallel rank %d of %d", rank, size);

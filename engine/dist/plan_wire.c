@@ -1,11 +1,11 @@
-// engine/plan_wire.c - step plans as bytes (engine/plan_wire.h).
+// engine/dist/plan_wire.c - step plans as bytes (engine/dist/plan_wire.h).
 //
 // Layout: the plan's counts, then per sequence its fixed fields, its
 // sampling parameters (the struct, then the logit-bias arrays it points
 // to), its tokens, block table and history; then the block moves; then
 // the masks (a flag per sequence, then the words). Decoding measures the
 // arrays first and makes one allocation for all of them.
-#include "engine/plan_wire.h"
+#include "engine/dist/plan_wire.h"
 
 #include <stdbool.h>
 #include <stdlib.h>

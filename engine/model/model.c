@@ -1,4 +1,4 @@
-// engine/model.c - the Llama-family forward pass: the one place a
+// engine/model/model.c - the Llama-family forward pass: the one place a
 // transformer layer is written.
 //
 //   x = emb[tokens]
@@ -14,7 +14,7 @@
 // Every step is one op of kernels/backend.h at the fused granularity the
 // GPU runs (the backend picks GEMV or GEMM, fuses the norm into the GEMV's
 // prologue, ...), so this file has no device code and no copies.
-#include "engine/model.h"
+#include "engine/model/model.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-// engine/runner_kv_scales.c - the scales of an fp8 e4m3 KV cache: one per
+// engine/runner/runner_kv_scales.c - the scales of an fp8 e4m3 KV cache: one per
 // layer, K or V, and KV head, in backend memory for the forward
 // (pg_fwd_buffers.kv_scales -> pg_kv_shape.scales; docs/engine.md, "fp8 KV
 // scales").
@@ -30,7 +30,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
-#include "engine/runner_int.h"
+#include "engine/runner/runner_int.h"
 
 #define CALIB_TOKENS 512
 #define K_RANGE      200.0f

@@ -1,9 +1,9 @@
-// engine/runner_int.h - the runner's state, shared by runner.c (steps,
+// engine/runner/runner_int.h - the runner's state, shared by runner.c (steps,
 // set-up) and runner_graphs.c (decode-graph buckets). Internal.
 #pragma once
 #include <string.h>
 
-#include "engine/runner.h"
+#include "engine/runner/runner.h"
 
 // One step flattened on the host: rows of decode sequences (one query each,
 // the last of its context) first: sequence s < n_decode owns row s;

@@ -1,5 +1,5 @@
-// engine/int4_ckpt.c - AWQ / GPTQ int4 checkpoints: quantization_config and
-// the repack into paged's int4 group blocks (see engine/int4_ckpt.h).
+// engine/model/int4_ckpt.c - AWQ / GPTQ int4 checkpoints: quantization_config and
+// the repack into paged's int4 group blocks (see engine/model/int4_ckpt.h).
 //
 // Why a repack and not kernels for the stored layout: paged's block keeps a
 // group's scale and zero beside its nibbles along the row (one read per
@@ -8,7 +8,7 @@
 // integer zeros), so every consumer of int4 rows works on them unchanged.
 // The formats are implemented from their description (docs/quantization.md),
 // not from another implementation's code.
-#include "engine/int4_ckpt.h"
+#include "engine/model/int4_ckpt.h"
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>
@@ -16,8 +16,8 @@
 #include <strings.h>
 
 #include "common/err.h"
-#include "engine/model.h"
-#include "engine/model_config.h"
+#include "engine/model/model.h"
+#include "engine/model/model_config.h"
 #include "kernels/dtype.h"
 
 const uint8_t PG_AWQ_ORDER[8] = {0, 2, 4, 6, 1, 3, 5, 7};

@@ -1,5 +1,5 @@
-// engine/model_offload.c - --cpu-offload-gb: layer weights in host memory,
-// streamed into two device slots one layer ahead (engine/model.h
+// engine/model/model_offload.c - --cpu-offload-gb: layer weights in host memory,
+// streamed into two device slots one layer ahead (engine/model/model.h
 // pg_model_offload; design: docs/memory_planning.md "CPU weight offload").
 //
 // A layer's weights are packed back to back (256-byte aligned) into one
@@ -20,7 +20,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
-#include "engine/model.h"
+#include "engine/model/model.h"
 
 #define SLOT_ALIGN 256
 

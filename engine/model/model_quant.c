@@ -1,4 +1,4 @@
-// engine/model_quant.c - online quantization of a model's linear weights at
+// engine/model/model_quant.c - online quantization of a model's linear weights at
 // load (--quantization fp8|int4), from whatever type they are stored in.
 //
 // Only the matrices of the layers (Q|K|V, O, gate|up, down) are quantized;
@@ -13,7 +13,7 @@
 #include "common/half.h"
 
 #include "common/err.h"
-#include "engine/model.h"
+#include "engine/model/model.h"
 #include "kernels/dtype.h"
 
 const char *pg_quantization_name(int q) {

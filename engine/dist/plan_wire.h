@@ -1,5 +1,5 @@
-// engine/plan_wire.h - a step plan (and its token masks) as bytes, for the
-// nodes of a multi-node tensor-parallel group (engine/remote.h): node 0's
+// engine/dist/plan_wire.h - a step plan (and its token masks) as bytes, for the
+// nodes of a multi-node tensor-parallel group (engine/dist/remote.h): node 0's
 // scheduler makes the plan, every node's ranks run it.
 //
 // The encoding is this build's own (host byte order, the structs' fields

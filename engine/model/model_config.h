@@ -1,4 +1,4 @@
-// engine/model_config.h - the architecture of a Llama-family model.
+// engine/model/model_config.h - the architecture of a Llama-family model.
 //
 // Filled from GGUF metadata (llama.* keys) or a Hugging Face config.json
 // (plus generation_config.json); everything the forward pass and the memory
@@ -14,7 +14,7 @@ struct gguf_file;
 typedef enum { PG_ROPE_SCALING_NONE = 0, PG_ROPE_SCALING_LLAMA3 = 1, PG_ROPE_SCALING_LINEAR = 2 } pg_rope_scaling;
 
 typedef struct pg_model_config {
-    char arch[32];          // "llama", "mistral", "qwen2", "qwen3" (one layer loop, engine/model.c)
+    char arch[32];          // "llama", "mistral", "qwen2", "qwen3" (one layer loop, engine/model/model.c)
     char name[128];         // for logs and /v1/models
     int32_t vocab_size;
     int32_t hidden;         // model dimension
@@ -42,7 +42,7 @@ typedef struct pg_model_config {
     float default_temperature, default_top_p;
     int32_t default_top_k;
     // A pre-quantized int4 checkpoint (config.json's quantization_config,
-    // engine/int4_ckpt.c): PG_QUANT_AWQ or PG_QUANT_GPTQ (engine/model.h),
+    // engine/model/int4_ckpt.c): PG_QUANT_AWQ or PG_QUANT_GPTQ (engine/model/model.h),
     // PG_QUANT_NONE otherwise; its group size (128 or 64); and what is added
     // to each stored zero (1 for GPTQ's v1 format, which stores z - 1).
     int32_t ckpt_quant, ckpt_group, ckpt_zero_offset;

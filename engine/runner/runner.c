@@ -1,4 +1,4 @@
-// engine/runner.c - batch plan -> block moves, one upload, the forward,
+// engine/runner/runner.c - batch plan -> block moves, one upload, the forward,
 // sampling; the workspace and the profiling forward. One runner for every
 // backend (kernels/backend.h): on the CPU each op runs when called, on the
 // GPU a step is queued in begin and read back in end.
@@ -9,7 +9,7 @@
 // uploaded in one copy; then the embedding and the layers (one CUDA graph
 // per decode bucket, runner_graphs.c), the logit rows, the sampler, and a
 // copy of the samples (172 B per sequence) back to pinned memory.
-#include "engine/runner_int.h"
+#include "engine/runner/runner_int.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,7 +91,7 @@ static void carve_workspace(const pg_model_config *mc, const pg_model_shard *sh,
     const int64_t ld = ((int64_t)mc->vocab_size + 7) / 8 * 8;
     b->logits = act(c, dt, S, ld);
     b->logits.cols = mc->vocab_size;
-    if (sh->comm) { // tensor parallelism (engine/model.c pg_model_forward_logits)
+    if (sh->comm) { // tensor parallelism (engine/model/model.c pg_model_forward_logits)
         b->lg_part = act(c, dt, S, sh->vocab);
         b->lg_all = take(c, (size_t)sh->size * (size_t)S * (size_t)sh->vocab * (dt == PG_DTYPE_F32 ? 4 : 2));
         b->cand = take(c, sizeof(pg_argmax) * (size_t)sh->size * (size_t)S);

@@ -1,4 +1,4 @@
-// engine/remote.h - the control link of a multi-node tensor-parallel group.
+// engine/dist/remote.h - the control link of a multi-node tensor-parallel group.
 //
 // Node 0 runs the HTTP server, the scheduler and its share of the ranks;
 // nodes 1..n-1 run only their ranks (`paged serve --nnodes N --node-rank R
@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/plan_wire.h"
+#include "engine/dist/plan_wire.h"
 
 typedef struct pg_remote_opts {
     int32_t nnodes, node_rank, tp;

@@ -1,4 +1,4 @@
-// engine/executor.c - one runner per tensor-parallel rank, driven together.
+// engine/dist/executor.c - one runner per tensor-parallel rank, driven together.
 //
 // Every call fans out to the ranks: rank 0 runs on the caller's thread,
 // ranks 1..N-1 on their worker threads, woken by a generation counter and
@@ -12,14 +12,14 @@
 // parallelism nothing is threaded.
 //
 // Several nodes: node 0 sends each call to the other nodes first
-// (engine/remote.h), runs it on its own ranks, then collects their replies;
+// (engine/dist/remote.h), runs it on its own ranks, then collects their replies;
 // the other nodes loop in pg_executor_follow. Ranks are numbered node by
 // node: node k holds ranks [k L, (k + 1) L) with L = tp / nnodes.
 //
 // Fault injection for tests: PAGED_TP_FAULT_RANK=R:STEP makes rank R (of
 // all nodes) fail its STEP-th begin before it starts the forward, so the
 // other ranks wait for it in their first collective.
-#include "engine/executor.h"
+#include "engine/dist/executor.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -29,7 +29,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
-#include "engine/remote.h"
+#include "engine/dist/remote.h"
 
 #define MAX_RANKS 64
 
@@ -560,7 +560,7 @@ static int follow_one(pg_executor *ex, uint32_t op, const pg_wbuf *in, pg_wbuf *
         PG_TRY(pg_plan_decode(in->data, in->len, &d));
         for (int32_t r = 0; r < ex->n && d.masks; r++)
             pg_runner_set_masks(ex->runner[r], d.masks, d.plan.n_seqs, d.words);
-        // begin copies what it needs of the plan (engine/runner.h).
+        // begin copies what it needs of the plan (engine/runner/runner.h).
         int rc = run_all(ex, begin_rank, &d.plan);
         pg_plan_decoded_free(&d);
         return rc;

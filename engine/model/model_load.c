@@ -1,4 +1,4 @@
-// engine/model_load.c - every weight of a pg_model from a GGUF file, a
+// engine/model/model_load.c - every weight of a pg_model from a GGUF file, a
 // Hugging Face directory, or random values, through one table.
 //
 // The table below names each tensor of a layer once, with its GGUF and its
@@ -11,14 +11,14 @@
 // back in order (a row copy, valid for any block-quantized type since
 // blocks run along rows). The same forward then serves every file.
 //
-// Tensor parallelism: each rank reads only its slices (engine/model_shard.c
+// Tensor parallelism: each rank reads only its slices (engine/model/model_shard.c
 // says which): the rows of a column-parallel tensor (a pointer into the
 // mapping), the columns of a row-parallel one (O, down: copied row by row,
 // at block boundaries of the stored type), and dummy weights are made as
 // windows of the whole tensor's random values, so a shard holds exactly the
 // values it would have unsplit.
 //
-// AWQ / GPTQ checkpoints (engine/int4_ckpt.c): a quantized linear has no
+// AWQ / GPTQ checkpoints (engine/model/int4_ckpt.c): a quantized linear has no
 // `x.weight` but `x.qweight`, `x.qzeros`, `x.scales`; it is repacked into
 // int4 group blocks after its slice is known, so a rank repacks only its
 // rows or columns (which must fall on group boundaries, as for any blocks).
@@ -31,8 +31,8 @@
 #include "common/log.h"
 #include "common/progress.h"
 #include "formats/gguf.h"
-#include "engine/int4_ckpt.h"
-#include "engine/model.h"
+#include "engine/model/int4_ckpt.h"
+#include "engine/model/model.h"
 #include "formats/safetensors.h"
 
 // --- tensor sources ---------------------------------------------------------------
@@ -288,7 +288,7 @@ static const char *ckpt_name(int q) { return q == PG_QUANT_GPTQ ? "GPTQ" : "AWQ"
 
 // A quantized linear `NAME` ("x.weight", rows x cols) of an AWQ / GPTQ
 // checkpoint, stored as x.qweight, x.qzeros, x.scales (and GPTQ's x.g_idx;
-// layouts in engine/int4_ckpt.h): checks each one's type and shape and
+// layouts in engine/model/int4_ckpt.h): checks each one's type and shape and
 // refuses act-order, describes the tensors in *t, and gives *w the int4
 // type and shape it is repacked to, without data.
 static int ckpt_find(const source *s, const char *name, int64_t rows, int64_t cols, pg_weight *w,
@@ -675,7 +675,7 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
             if (quant_max_elems && qelems[f] > *quant_max_elems) *quant_max_elems = qelems[f];
         for (int f = 0; f < F_COUNT; f++) packed += (fused[f] + 255) / 256 * 256;
         *bytes += layer;
-        // engine/model_offload.c's rule: layers move until the budget is met.
+        // engine/model/model_offload.c's rule: layers move until the budget is met.
         if (o->cpu_offload_bytes > 0 && op.host_bytes < o->cpu_offload_bytes) {
             op.n_layers++;
             op.host_bytes += packed;

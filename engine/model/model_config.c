@@ -1,5 +1,5 @@
-// engine/model_config.c - model architecture from GGUF metadata or config.json.
-#include "engine/model_config.h"
+// engine/model/model_config.c - model architecture from GGUF metadata or config.json.
+#include "engine/model/model_config.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -9,7 +9,7 @@
 #include "common/err.h"
 #include "common/file.h"
 #include "formats/gguf.h"
-#include "engine/int4_ckpt.h"
+#include "engine/model/int4_ckpt.h"
 
 // --- GGUF ------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-// engine/runner_prompt_logprobs.c - prompt logprobs: scoring the rows of
+// engine/runner/runner_prompt_logprobs.c - prompt logprobs: scoring the rows of
 // prefill chunks at the prompt's own next tokens.
 //
 // A plan entry with n_prompt_lp > 0 wants, for each of its first
@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "engine/runner_int.h"
+#include "engine/runner/runner_int.h"
 
 // The per-step input image: rows [T] then params [T], 16-byte aligned.
 static size_t params_offset(int32_t max_tokens) {
