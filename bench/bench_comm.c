@@ -1,5 +1,5 @@
 // bench/bench_comm.c - all_reduce_sum time per size for the cpu and tcp
-// communicators (kernels/comm.h) at 2, 4 and 8 ranks, every rank a thread
+// communicators (kernels/comm/comm.h) at 2, 4 and 8 ranks, every rank a thread
 // of this process (tcp over loopback). Prints the median microseconds per
 // f32 all-reduce and the bytes per second of one rank's buffer.
 //
@@ -18,7 +18,7 @@
 
 #include "common/clock.h"
 #include "common/err.h"
-#include "kernels/comm.h"
+#include "kernels/comm/comm.h"
 #include "kernels/dtype.h"
 
 #define MAX_N 8

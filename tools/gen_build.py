@@ -8,7 +8,7 @@ Conventions the generator relies on (docs/build.md):
   every library directory of MODULES (common/ ... server/) *.c -> build/libpaged.a
       (server/main.c is the CLI entry and is linked only into build/paged;
       kernels/cuda/cuda_stub.c is the CUDA model ABI of a build without CUDA)
-  kernels/cuda/*.cu  -> compiled by tools/nvcc_or_stub.sh: real CUDA objects
+  kernels/cuda/*.cu, kernels/comm/*.cu -> compiled by tools/nvcc_or_stub.sh: real CUDA objects
       where nvcc exists, an empty object elsewhere (the CPU build still links)
   tests/unit/test_*.c -> build/tests/test_* (cmocka), and the same under
       AddressSanitizer + UBSan as build/asan/tests/test_* (`ninja asan`)
@@ -47,7 +47,7 @@ MODULES = {
     "common": {"deps": [], "dirs": ["common"]},
     "kvpool": {"deps": ["common"], "dirs": ["kvpool"]},
     "scheduler": {"deps": ["kvpool", "common"], "dirs": ["scheduler"]},
-    "kernels": {"deps": ["common"], "dirs": ["kernels", "kernels/cpu", "kernels/cuda"]},
+    "kernels": {"deps": ["common"], "dirs": ["kernels", "kernels/cpu", "kernels/cuda", "kernels/comm"]},
     # The model-file readers (GGUF, safetensors): below text/ (the tokenizer
     # and chat template come out of a GGUF file) and engine/ (the weights).
     "formats": {"deps": ["kernels", "common"], "dirs": ["formats"]},
@@ -89,7 +89,7 @@ def obj(src, variant):
 
 def generate():
     lib_srcs = [s for d in LIB_DIRS for s in sources(d) if s != "server/main.c"]
-    cuda_srcs = sources("kernels/cuda", ".cu")
+    cuda_srcs = sources("kernels/cuda", ".cu") + sources("kernels/comm", ".cu")
     unit_tests = sources("tests/unit", prefix="test_")
     test_support = [s for s in sources("tests/unit") if not os.path.basename(s).startswith("test_")]
     fuzz_targets = sources("tests/fuzz", prefix="fuzz_")

@@ -4,7 +4,7 @@
 // ranks 1..N-1 on their worker threads, woken by a generation counter and
 // joined on a count (one mutex and two condition variables; a step's work
 // is milliseconds, the hand-off microseconds). A rank that fails aborts the
-// communicators of every rank of this node (kernels/comm.h abort), so that
+// communicators of every rank of this node (kernels/comm/comm.h abort), so that
 // no rank here stays blocked in a collective waiting for it; ranks on
 // other nodes see the aborted ranks' connections close. The call's error is
 // the lowest rank's own failure, with its rank, not the echoes of it in

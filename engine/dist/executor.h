@@ -9,7 +9,7 @@
 // on every rank at once and returns when all are done, with the first
 // failing rank's error. Block ids are the same on every rank, so the
 // scheduler and the KV pool see one device. Ranks meet in the model's
-// collectives (kernels/comm.h: NCCL on CUDA, the in-process communicator
+// collectives (kernels/comm/comm.h: NCCL on CUDA, the in-process communicator
 // on the CPU). Design: docs/tensor_parallel.md.
 #pragma once
 #include <stdint.h>

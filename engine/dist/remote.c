@@ -20,7 +20,7 @@
 #include "common/log.h"
 #include "common/net.h"
 #include "engine/runner/runner.h"
-#include "kernels/comm.h"
+#include "kernels/comm/comm.h"
 
 #define HELLO_WAIT_MS 10000
 
@@ -151,7 +151,7 @@ int pg_remote_send(pg_remote *r, uint32_t op, const void *payload, size_t len) {
 }
 
 // The first node's error, unless it is a collective's failure and a later
-// node's is its own (kernels/comm.h pg_comm_err_is_collective): that node's
+// node's is its own (kernels/comm/comm.h pg_comm_err_is_collective): that node's
 // rank failed, the others saw its connection close. A broken link (a node
 // that died) counts as the node's own.
 int pg_remote_collect(pg_remote *r, pg_wbuf *replies, int timeout_ms) {

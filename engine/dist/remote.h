@@ -10,7 +10,7 @@
 // allocate KV, begin a step with its plan, end it, quit) to the other
 // nodes and collects one reply from each: a status, and a payload or the
 // error message. The collectives themselves do not go here: NCCL, or the
-// tcp communicator (kernels/comm.h) on master port + 1.
+// tcp communicator (kernels/comm/comm.h) on master port + 1.
 #pragma once
 #include <stdbool.h>
 #include <stddef.h>

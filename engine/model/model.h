@@ -13,7 +13,7 @@
 
 #include "engine/model/model_config.h"
 #include "kernels/backend.h"
-#include "kernels/comm.h"
+#include "kernels/comm/comm.h"
 
 typedef struct pg_model_layer {
     pg_bweight *attn_norm; // [hidden]

@@ -7,7 +7,7 @@
 
 #include "common/err.h"
 #include "kernels/backend.h"
-#include "kernels/comm.h"
+#include "kernels/comm/comm.h"
 
 int pg_backend_cuda_probe(char *why, size_t cap) {
     snprintf(why, cap, "this binary was built without CUDA (no nvcc at build time)");
@@ -26,7 +26,7 @@ int pg_backend_cuda_create(int device, pg_backend **out) {
     return pg_err_set(PG_EUNSUPP, "built without CUDA (no nvcc at build time)");
 }
 
-// The NCCL communicator (kernels/comm.h): kernels/cuda/comm_nccl.cu where
+// The NCCL communicator (kernels/comm/comm.h): kernels/comm/comm_nccl.cu where
 // nvcc exists.
 
 int pg_comm_nccl_create_all(pg_backend *const *backends, int32_t n, pg_comm **out) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Tensor parallelism on the CPU backend (engine/dist/executor.h, the in-process
-communicator of kernels/comm.h): the same model split over N ranks must
+communicator of kernels/comm/comm.h): the same model split over N ranks must
 compute what one rank computes.
 
 1. Logits: random-weight models of shapes that split 2, 4 and 8 ways (MHA,

@@ -1,4 +1,4 @@
-// tests/unit/test_comm.c - the communicators of kernels/comm.h (cpu, and
+// tests/unit/test_comm.c - the communicators of kernels/comm/comm.h (cpu, and
 // tcp over loopback with every rank a thread of this process): every
 // collective at 1..8 ranks and sizes from 0 to 1M elements, f32 and bf16,
 // each rank with its own random values, compared bit for bit against a sum
@@ -35,7 +35,7 @@
 #include "common/err.h"
 #include "common/half.h"
 #include "common/net.h"
-#include "kernels/comm.h"
+#include "kernels/comm/comm.h"
 #include "kernels/dtype.h"
 
 #define MAX_N 8

@@ -1,5 +1,5 @@
-// kernels/comm_err.c - telling a communicator's failures from a rank's own
-// (kernels/comm.h pg_comm_err_is_collective).
+// kernels/comm/comm_err.c - telling a communicator's failures from a rank's own
+// (kernels/comm/comm.h pg_comm_err_is_collective).
 //
 // When one rank fails, the ranks waiting for it in a collective fail too
 // (aborted, a closed connection, a timeout); the caller that collects
@@ -11,6 +11,6 @@
 // that rank's own failure.
 #include <string.h>
 
-#include "kernels/comm.h"
+#include "kernels/comm/comm.h"
 
 bool pg_comm_err_is_collective(const char *msg) { return msg && strstr(msg, " communicator (rank ") != NULL; }

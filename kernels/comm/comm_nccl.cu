@@ -1,4 +1,4 @@
-// kernels/cuda/comm_nccl.cu - the NCCL communicator (kernels/comm.h).
+// kernels/comm/comm_nccl.cu - the NCCL communicator (kernels/comm/comm.h).
 //
 // Collectives are enqueued on the rank's CUDA backend compute stream, so
 // they order with the layer kernels and a CUDA graph of a decode step
@@ -8,7 +8,7 @@
 // multicast (NVLS) stays as the environment says; the GPU machines we test
 // on require NCCL_NVLS_ENABLE=0, which paged sets when it is unset.
 //
-// abort (kernels/comm.h) is ncclCommAbort, from any thread: it ends the
+// abort (kernels/comm/comm.h) is ncclCommAbort, from any thread: it ends the
 // communicator's uncompleted operations, so a rank blocked in a stream
 // synchronize behind a collective whose peer never came returns; later
 // collectives fail before they reach NCCL. The aborted communicator is
@@ -30,7 +30,7 @@
 extern "C" {
 #include "common/err.h"
 #include "kernels/backend.h"
-#include "kernels/comm.h"
+#include "kernels/comm/comm.h"
 }
 
 namespace {

@@ -1,4 +1,4 @@
-// kernels/cpu/comm_cpu.c - the in-process communicator (kernels/comm.h):
+// kernels/comm/comm_cpu.c - the in-process communicator (kernels/comm/comm.h):
 // n rank threads of one process share one group state.
 //
 // Every collective is the same three steps:
@@ -28,8 +28,8 @@
 
 #include "common/err.h"
 #include "common/half.h"
-#include "kernels/comm.h"
-#include "kernels/comm_op.h"
+#include "kernels/comm/comm.h"
+#include "kernels/comm/comm_op.h"
 #include "kernels/dtype.h"
 
 #if defined(__x86_64__)

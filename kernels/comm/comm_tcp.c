@@ -1,4 +1,4 @@
-// kernels/comm_tcp.c - the TCP communicator (kernels/comm.h): one rank per
+// kernels/comm/comm_tcp.c - the TCP communicator (kernels/comm/comm.h): one rank per
 // call, the ranks in any process on any host, a star through rank 0.
 //
 // Set-up: rank 0 listens and accepts size - 1 connections; each peer sends
@@ -12,7 +12,7 @@
 // does the work and answers each peer with a header and the result.
 // all_reduce_sum goes in chunks of CHUNK_BYTES in lock step (peers send a
 // chunk, rank 0 adds the ranks' chunks in rank order 0..n-1 in f32 and
-// rounds once, exactly as kernels/cpu/comm_cpu.c does, and sends the sum
+// rounds once, exactly as kernels/comm/comm_cpu.c does, and sends the sum
 // back), so rank 0's scratch memory stays bounded whatever the size.
 //
 // Failure: any socket error or a mismatch breaks the communicator; rank 0
@@ -56,8 +56,8 @@
 #include "common/err.h"
 #include "common/half.h"
 #include "common/net.h"
-#include "kernels/comm.h"
-#include "kernels/comm_op.h"
+#include "kernels/comm/comm.h"
+#include "kernels/comm/comm_op.h"
 #include "kernels/dtype.h"
 
 #define HELLO_MAGIC 0x48434750u // "PGCH"
