@@ -17,7 +17,7 @@
 
 void pg_engine_config_default(pg_engine_config *c) {
     memset(c, 0, sizeof *c);
-    c->device = "cpu";
+    // device NULL: "auto" (pg_engine_config_device)
     c->swap_bytes = -1; // the default (pg_host_kv_blocks)
     sched_config_default(&c->sched);
 }

@@ -22,7 +22,7 @@ typedef struct pg_engine pg_engine;
 typedef struct pg_engine_config {
     const char *model_path;      // GGUF file or Hugging Face directory
     const char *chat_template;   // NULL = the model's; a family name or a file
-    const char *device;          // "cpu" (default), "cuda", "auto"
+    const char *device;          // "auto" (NULL: the GPU when one is found), "cpu", "cuda"
     int n_threads;               // CPU backend threads (0 = all)
     pg_matmul_mode matmul_mode;  // CPU: exact f32 or llama.cpp-style quantized activations
     int64_t kv_cache_bytes;      // device KV memory (0 = default)
@@ -134,6 +134,10 @@ const pg_model_config *pg_engine_model_config(const pg_engine *e);
 // The --quantization the weights were loaded with: "none", "fp8", "int4".
 const char *pg_engine_quantization(const pg_engine *e);
 int32_t pg_engine_max_model_len(const pg_engine *e);
+// The device a configuration asks for: cfg->device, or "auto" when none is
+// given (as vLLM: `serve --model M` on a GPU host runs on the GPU). The one
+// place that default lives.
+const char *pg_engine_config_device(const pg_engine_config *cfg);
 const char *pg_engine_device_name(const pg_engine *e);
 
 #define PG_ENGINE_MAX_RANKS 64

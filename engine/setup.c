@@ -96,8 +96,12 @@ void eng_stats_memory(pg_engine *e) {
 
 // The device: cpu, cuda, or auto (the GPU when one is found), before any
 // weight is read (so a wrong --device fails at once).
+const char *pg_engine_config_device(const pg_engine_config *cfg) {
+    return cfg->device ? cfg->device : "auto";
+}
+
 static bool wants_cuda(const pg_engine_config *cfg) {
-    const char *dev = cfg->device ? cfg->device : "cpu";
+    const char *dev = pg_engine_config_device(cfg);
     if (!strcmp(dev, "cuda")) return true;
     char why[160];
     return !strcmp(dev, "auto") && pg_backend_cuda_probe(why, sizeof why) > 0;
@@ -108,7 +112,7 @@ static void executor_config(const pg_engine_config *cfg, pg_model_load_opts *mo,
     *mo = (pg_model_load_opts){.path = cfg->model_path, .dummy = is_dummy(cfg), .hf_config = cfg->hf_config,
                                .dummy_seed = 0x5eedull, .dummy_std = 0.02f,
                                .quantization = cfg->quantization, .cpu_offload_bytes = cfg->cpu_offload_bytes};
-    *ec = (pg_executor_config){.tp = cfg->tensor_parallel > 1 ? cfg->tensor_parallel : 1, .device = cfg->device,
+    *ec = (pg_executor_config){.tp = cfg->tensor_parallel > 1 ? cfg->tensor_parallel : 1, .device = pg_engine_config_device(cfg),
                                .n_threads = cfg->n_threads, .matmul_mode = cfg->matmul_mode, .comm = cfg->tp_comm,
                                .nnodes = cfg->nnodes, .node_rank = cfg->node_rank,
                                .master_addr = cfg->master_addr,

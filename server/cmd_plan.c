@@ -77,7 +77,7 @@ int cmd_plan(int argc, char **argv) {
         if (r < 0) return fail2(pg_err_msg());
     }
     // The device: --device-memory plans a GPU that need not be here.
-    const char *dev = in.cfg.device ? in.cfg.device : "cpu";
+    const char *dev = pg_engine_config_device(&in.cfg);
     if (in.device_total > 0) {
         if (!strcmp(dev, "cpu")) return fail2("--device-memory is the size of a GPU: it needs --device cuda (or auto)");
         in.cuda = true;

@@ -183,8 +183,9 @@ static int start_workers(pg_executor *ex) {
 // --- set-up ------------------------------------------------------------------------------
 
 static int make_backends(pg_executor *ex, const pg_executor_config *cfg) {
-    const char *dev = cfg->device ? cfg->device : "cpu";
+    const char *dev = cfg->device;
     const int32_t n = ex->n;
+    if (!dev) return pg_err_set(PG_EINVAL, "executor: no device given (cpu, cuda, auto)");
     if (!strcmp(dev, "cuda") || !strcmp(dev, "auto")) {
         char why[160] = "";
         int n_gpus = pg_backend_cuda_probe(why, sizeof why);

@@ -22,7 +22,7 @@ typedef struct pg_executor pg_executor;
 
 typedef struct pg_executor_config {
     int32_t tp;                 // ranks (>= 1)
-    const char *device;         // "cpu" (NULL), "cuda", "auto" (the GPUs when found)
+    const char *device;         // "cpu", "cuda", "auto" (the GPUs when found); required
     int32_t n_threads;          // CPU backend threads in all (0 = every online CPU), split across ranks
     pg_matmul_mode matmul_mode; // CPU numerics
     const char *comm;           // "auto" (NULL: nccl on CUDA, cpu on the CPU), "cpu", "nccl"

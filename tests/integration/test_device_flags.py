@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Device selection on a machine without a GPU (CI): `--device cuda` fails
-with a clear one-line reason, `--device auto` runs on the CPU, random
+with a clear one-line reason, `--device auto` (also the default) runs on the CPU, random
 (dummy) weights run on the CPU backend too, and `--prompts-file` accepts
 token ids."""
 import json
@@ -38,6 +38,19 @@ def test_auto_falls_back():
     rc, out, err = generate("--device", "auto", "--prompt", "Hi", "--max-tokens", "3", "--temperature", "0")
     assert rc == 0, err
     assert "KV cache on cpu" in err, err
+
+
+def test_default_is_auto():
+    # No --device: auto, as a vLLM user expects (the GPU when one is found).
+    # Here, without one, the engine says so and serves on the CPU; on a GPU
+    # host the same command runs on the GPU.
+    rc, out, err = generate("--prompt", "Hi", "--max-tokens", "2", "--temperature", "0")
+    assert rc == 0, err
+    if has_gpu():
+        assert "KV cache on cpu" not in err, err
+    else:
+        assert "--device auto:" in err and "running on the CPU" in err, err
+        assert "KV cache on cpu" in err, err
 
 
 def test_dummy_weights_on_cpu():
