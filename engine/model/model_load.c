@@ -27,51 +27,13 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "common/file.h"
 #include "common/log.h"
 #include "common/progress.h"
 #include "formats/gguf.h"
 #include "engine/model/int4_ckpt.h"
 #include "engine/model/model.h"
+#include "engine/model/model_source_int.h"
 #include "formats/safetensors.h"
-
-// --- tensor sources ---------------------------------------------------------------
-
-typedef enum { SRC_GGUF, SRC_HF, SRC_DUMMY } src_kind;
-
-typedef struct {
-    src_kind kind;
-    const char *path;
-    gguf_file *gguf;
-    pg_st_model *st;
-    const pg_model_config *cfg; // read from this source (ckpt_quant: an AWQ / GPTQ checkpoint)
-} source;
-
-// The stored tensor `name` as rows x cols (1 x n for a vector); false when
-// the file has none. Dummy sources have every tensor, without data.
-static bool src_find(const source *s, const char *name, pg_weight *w) {
-    memset(w, 0, sizeof *w);
-    if (s->kind == SRC_GGUF) {
-        const gguf_tensor *t = gguf_find_tensor(s->gguf, name);
-        if (!t) return false;
-        int64_t rows = 1;
-        for (uint32_t d = 1; d < t->n_dims; d++) rows *= (int64_t)t->dims[d];
-        *w = (pg_weight){.data = t->data, .dtype = (int)t->type, .rows = rows,
-                         .cols = (int64_t)t->dims[0],
-                         .row_bytes = pg_dtype_row_bytes((int)t->type, (int64_t)t->dims[0])};
-        return true;
-    }
-    if (s->kind == SRC_HF) {
-        const pg_st_tensor *t = pg_st_model_find(s->st, name, NULL);
-        if (!t) return false;
-        int64_t cols = t->n_dims >= 1 ? (int64_t)t->dims[0] : 1;
-        int64_t rows = (int64_t)t->n_elems / (cols > 0 ? cols : 1);
-        *w = (pg_weight){.data = t->data, .dtype = t->dtype, .rows = rows, .cols = cols,
-                         .row_bytes = pg_dtype_row_bytes(t->dtype, cols)};
-        return true;
-    }
-    return true;
-}
 
 // --- the table of a layer's tensors --------------------------------------------------
 
@@ -223,7 +185,7 @@ static int attach_fp8_scales(pg_model *m, const source *s, const char *name, pg_
     char sname[192];
     snprintf(sname, sizeof sname, "%s_scale", name);
     pg_weight sc;
-    if (s->kind != SRC_HF || !src_find(s, sname, &sc))
+    if (s->kind != SRC_HF || !pg_model_src_find(s, sname, &sc))
         return pg_err_set(PG_EFORMAT, "%s: FP8 tensor '%s' has no '%s'", s->path, name, sname);
     const int64_t n = sc.rows * sc.cols;
     if ((n != 1 && n != w->rows) || pg_dtype_block_elems(sc.dtype) != 1 || pg_dtype_has_row_scales(sc.dtype))
@@ -256,14 +218,14 @@ static int load_kv_scales(pg_model *m, const source *s) {
     int form = -1;
     for (int f = 0; f < 3 && form < 0; f++) {
         snprintf(nm, sizeof nm, names[f][0], 0);
-        if (src_find(s, nm, &w)) form = f;
+        if (pg_model_src_find(s, nm, &w)) form = f;
     }
     if (form < 0) return 0;
     float *v = pg_xmalloc(sizeof(float) * 2 * (size_t)L);
     for (int32_t l = 0; l < L; l++)
         for (int kv = 0; kv < 2; kv++) {
             snprintf(nm, sizeof nm, names[form][kv], l);
-            if (!src_find(s, nm, &w)) {
+            if (!pg_model_src_find(s, nm, &w)) {
                 free(v);
                 return pg_err_set(PG_EFORMAT, "%s: fp8 KV scales: '%s' is missing (layer 0 has them)", s->path, nm);
             }
@@ -302,7 +264,7 @@ static int ckpt_find(const source *s, const char *name, int64_t rows, int64_t co
     char nm[4][192];
     for (int k = 0; k < 4; k++) snprintf(nm[k], sizeof nm[k], "%.*s%s", stem, name, suffix[k]);
     pg_weight p[4];
-    if (!src_find(s, nm[0], &p[0]))
+    if (!pg_model_src_find(s, nm[0], &p[0]))
         return pg_err_set(PG_EFORMAT, "%s: tensor '%s' is missing (nor is the %s checkpoint's '%s' there)", s->path,
                           name, fmt, nm[0]);
     if (cols % G || rows % 8)
@@ -313,7 +275,7 @@ static int ckpt_find(const source *s, const char *name, int64_t rows, int64_t co
     const int64_t want[3][2] = {{gptq ? cols / 8 : cols, gptq ? rows : rows / 8}, {cols / G, rows / 8},
                                 {cols / G, rows}};
     for (int k = 0; k < 3; k++) {
-        if (k > 0 && !src_find(s, nm[k], &p[k]))
+        if (k > 0 && !pg_model_src_find(s, nm[k], &p[k]))
             return pg_err_set(PG_EFORMAT, "%s: %s tensor '%s' is missing", s->path, fmt, nm[k]);
         const int dt = k == 2 ? PG_DTYPE_F16 : PG_DTYPE_I32;
         if (p[k].dtype != dt || p[k].rows != want[k][0] || p[k].cols != want[k][1])
@@ -324,7 +286,7 @@ static int ckpt_find(const source *s, const char *name, int64_t rows, int64_t co
     // GPTQ's g_idx: only the plain order (row i in group i / G) maps onto
     // groups of consecutive columns; act-order would need the columns (and
     // the activations) permuted.
-    if (gptq && src_find(s, nm[3], &p[3])) {
+    if (gptq && pg_model_src_find(s, nm[3], &p[3])) {
         if (p[3].dtype != PG_DTYPE_I32 || p[3].rows * p[3].cols != cols)
             return pg_err_set(PG_EFORMAT, "%s: GPTQ tensor '%s' is %s with %lld values; expected i32 with %lld",
                               s->path, nm[3], pg_dtype_name(p[3].dtype), (long long)(p[3].rows * p[3].cols),
@@ -362,7 +324,7 @@ static void ckpt_repack(pg_model *m, const pg_int4_ckpt_tensor *t, int64_t r0, i
 static int find_checked(pg_model *m, const source *s, const char *name, int64_t rows, int64_t cols, pg_weight *w,
                         pg_int4_ckpt_tensor *pending) {
     const size_t nl = strlen(name);
-    if (s->kind == SRC_HF && s->cfg->ckpt_quant != PG_QUANT_NONE && !src_find(s, name, w) && nl > 7 &&
+    if (s->kind == SRC_HF && s->cfg->ckpt_quant != PG_QUANT_NONE && !pg_model_src_find(s, name, w) && nl > 7 &&
         !strcmp(name + nl - 7, ".weight")) {
         pg_int4_ckpt_tensor t;
         PG_TRY(ckpt_find(s, name, rows, cols, w, &t));
@@ -372,7 +334,7 @@ static int find_checked(pg_model *m, const source *s, const char *name, int64_t 
             ckpt_repack(m, &t, 0, 0, w);
         return 0;
     }
-    if (!src_find(s, name, w))
+    if (!pg_model_src_find(s, name, w))
         return pg_err_set(PG_EFORMAT, "%s: tensor '%s' is missing", s->path, name);
     if (s->kind == SRC_DUMMY) {
         *w = (pg_weight){.data = NULL, .dtype = PG_DTYPE_BF16, .rows = rows, .cols = cols,
@@ -529,63 +491,12 @@ static int64_t stored_bytes(const source *s, const pg_model_config *c) {
             if (!needed(c, lt->need)) continue;
             snprintf(name, sizeof name, s->kind == SRC_GGUF ? lt->gguf : lt->hf, l);
             pg_weight w;
-            if (s->kind != SRC_DUMMY && src_find(s, name, &w))
+            if (s->kind != SRC_DUMMY && pg_model_src_find(s, name, &w))
                 total += w.rows * (int64_t)w.row_bytes;
             else
                 total += dim_of(c, lt->rows) * dim_of(c, lt->cols) * 2;
         }
     return total;
-}
-
-static void close_gguf(void *p) { gguf_close(p); }
-
-// An explicit --quantization awq|gptq must name the checkpoint's format,
-// and a checkpoint of one is not quantized again (fp8, int4).
-static int check_quant_flag(const pg_model_load_opts *o, const source *s, pg_model_config *c) {
-    if (s->kind != SRC_HF) c->ckpt_quant = PG_QUANT_NONE; // dummy weights: random bf16 whatever the config says
-    const int q = o->quantization, k = c->ckpt_quant;
-    if (pg_quantization_is_checkpoint(q) && q != k)
-        return pg_err_set(PG_EINVAL, "--quantization %s: %s's config.json does not say quant_method \"%s\" (%s%s%s)",
-                          pg_quantization_name(q), s->path, pg_quantization_name(q), k ? "it says \"" : "no AWQ / GPTQ",
-                          k ? pg_quantization_name(k) : " quantization_config", k ? "\"" : "");
-    if (k && q != PG_QUANT_NONE && q != k)
-        return pg_err_set(PG_EINVAL, "--quantization %s: %s is a pre-quantized checkpoint (config.json's quant_method "
-                          "\"%s\"); leave the flag out or pass --quantization %s", pg_quantization_name(q), s->path,
-                          pg_quantization_name(k), pg_quantization_name(k));
-    return 0;
-}
-static void close_st(void *p) { pg_st_model_close(p); }
-
-// Opens o's source and reads its config: the GGUF header and tensor table,
-// the safetensors headers, or the config.json of dummy weights. Both files
-// are mapped, so nothing past the headers is read here.
-static int source_open_kind(const pg_model_load_opts *o, source *s, pg_model_config *c) {
-    if (o->dummy) {
-        s->kind = SRC_DUMMY;
-        if (!o->hf_config) return pg_err_set(PG_EINVAL, "--load-format dummy needs --hf-config (a config.json)");
-        return pg_is_dir(o->hf_config) ? pg_config_from_hf_dir(o->hf_config, c) : pg_config_from_hf_file(o->hf_config, c);
-    }
-    if (!o->path) return pg_err_set(PG_EINVAL, "no model path");
-    if (pg_is_dir(o->path)) {
-        s->kind = SRC_HF;
-        PG_TRY(pg_config_from_hf_dir(o->path, c));
-        return pg_st_model_open(o->path, &s->st);
-    }
-    s->kind = SRC_GGUF;
-    PG_TRY(gguf_open(o->path, &s->gguf));
-    return pg_config_from_gguf(s->gguf, c);
-}
-
-static int source_open(const pg_model_load_opts *o, source *s, pg_model_config *c) {
-    *s = (source){.path = o->dummy ? o->hf_config : o->path, .cfg = c};
-    PG_TRY(source_open_kind(o, s, c));
-    return check_quant_flag(o, s, c);
-}
-
-static void source_close(source *s) {
-    if (s->gguf) gguf_close(s->gguf);
-    if (s->st) pg_st_model_close(s->st);
-    s->gguf = NULL, s->st = NULL;
 }
 
 // Bytes a weight of these (sliced) parts takes on a backend with `r`'s
@@ -614,7 +525,7 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
     pg_offload_plan op = {0};
     pg_model m = {0}; // only cfg and shard: what the slicing rules read
     source s;
-    int rc = source_open(o, &s, &m.cfg);
+    int rc = pg_model_src_open(o, &s, &m.cfg);
     if (rc == 0) rc = pg_model_shard_plan(&m.cfg, rank, size, &m.shard);
     if (rc < 0) goto done;
     const pg_model_config *c = &m.cfg;
@@ -629,7 +540,7 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
     slice_rows(&w, m.shard.vocab0, m.shard.vocab);
     *bytes += planned_bytes(rules, s.kind, &w, 1, false);
     const char *head_name = s.kind == SRC_GGUF ? "output.weight" : "lm_head.weight";
-    const bool has_head = s.kind == SRC_DUMMY ? !c->tie_embeddings : src_find(&s, head_name, &w);
+    const bool has_head = s.kind == SRC_DUMMY ? !c->tie_embeddings : pg_model_src_find(&s, head_name, &w);
     if (has_head && !(s.kind == SRC_HF && c->tie_embeddings)) {
         if ((rc = find_checked(NULL, &s, head_name, V, H, &w, NULL)) < 0) goto done;
         w.data = NULL;
@@ -690,7 +601,7 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
     // are they in pg_model.weight_bytes.)
     *cfg = m.cfg;
 done:
-    source_close(&s);
+    pg_model_src_close(&s);
     return rc;
 }
 
@@ -699,9 +610,9 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
     pg_model *m = pg_xcalloc(1, sizeof *m);
     m->be = be;
     source s;
-    int rc = source_open(o, &s, &m->cfg);
-    if (s.gguf) m->source = s.gguf, m->source_close = close_gguf;
-    if (s.st) m->source = s.st, m->source_close = close_st;
+    int rc = pg_model_src_open(o, &s, &m->cfg);
+    if (s.gguf) m->source = s.gguf, m->source_close = pg_model_src_close_gguf;
+    if (s.st) m->source = s.st, m->source_close = pg_model_src_close_st;
     if (s.kind == SRC_DUMMY) snprintf(m->format, sizeof m->format, "dummy (random bf16)");
     if (rc < 0) goto fail;
     pg_model_config *c = &m->cfg;
@@ -736,7 +647,7 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
     // The LM head: its own tensor, else the embedding (tied).
     const char *head_name = s.kind == SRC_GGUF ? "output.weight" : "lm_head.weight";
     pg_weight hw;
-    const bool has_head = s.kind == SRC_DUMMY ? !c->tie_embeddings : src_find(&s, head_name, &hw);
+    const bool has_head = s.kind == SRC_DUMMY ? !c->tie_embeddings : pg_model_src_find(&s, head_name, &hw);
     if (s.kind == SRC_HF && c->tie_embeddings) {
         // tie_word_embeddings wins over a stored copy (HF ignores it too).
     } else if (has_head) {
