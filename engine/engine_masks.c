@@ -138,7 +138,9 @@ void eng_masks_fill(pg_engine *e, const pg_batch_plan *plan) {
         e->mask_ptr[i] = w;
         any = true;
     }
-    if (any) pg_executor_set_masks(e->exec, e->mask_ptr, plan->n_seqs, words);
+    // The plan carries them to every rank and node (pg_plan_seq.mask).
+    if (any && sched_set_masks(e->sched, e->mask_ptr, words) < 0)
+        PG_LOGE("token masks: %s", pg_err_msg()); // a broken step order: the sequences run unmasked
 }
 
 void eng_masks_advance(pg_engine *e, const pg_step_output *out) {

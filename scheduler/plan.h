@@ -87,6 +87,13 @@ typedef struct pg_plan_seq {
     // token history[start_pos + t + 1]. 0 = none (also past the prompt).
     // history, n_history and sp are valid whenever n_prompt_lp > 0.
     int32_t n_prompt_lp;
+    // The tokens this sample may take (valid when sample): bit t & 31 of
+    // word t >> 5, plan->mask_words words (tokens past them are not
+    // allowed); NULL: any. The engine sets it (sched_set_masks) from a
+    // grammar, allowed_token_ids and bad_words after sched_step, so the
+    // plan alone carries it to every rank and node, as vLLM's scheduler
+    // output carries the grammar bitmask.
+    const uint32_t *mask;
 } pg_plan_seq;
 
 // A block move: from -> to (device<->host swaps, or device copy for COW).
@@ -109,6 +116,7 @@ typedef struct pg_batch_plan {
     const pg_block_move *swap_out;
     const pg_block_move *swap_in;
     const pg_block_move *copies;
+    int32_t mask_words;        // uint32 words of each seqs[i].mask (0 when none has one)
 } pg_batch_plan;
 
 // What the runner returns for each sequence with sample = true.

@@ -668,9 +668,18 @@ int sched_step(sched *s, const pg_batch_plan **out) {
     p->swap_out = s->mv;
     p->swap_in = s->mv + s->swap_out.n;
     p->copies = s->mv + s->swap_out.n + s->swap_in.n;
+    p->mask_words = 0; // sched_set_masks; every entry's mask starts NULL
     s->in_flight = true;
     s->st.n_steps++;
     *out = p;
+    return 0;
+}
+
+int sched_set_masks(sched *s, const uint32_t *const *masks, int32_t words) {
+    if (!s->in_flight) return pg_err_set(PG_EINVAL, "sched_set_masks: no plan in flight");
+    if (words <= 0) return pg_err_set(PG_EINVAL, "sched_set_masks: %d words", words);
+    for (int32_t i = 0; i < s->plan.n_seqs; i++) s->pseqs[i].mask = s->pseqs[i].sample ? masks[i] : NULL;
+    s->plan.mask_words = words;
     return 0;
 }
 

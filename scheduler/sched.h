@@ -195,6 +195,16 @@ int sched_finish_seq(sched *s, int64_t id, int32_t seq_index, sched_finish_reaso
 // plan was not updated.
 int sched_step(sched *s, const pg_batch_plan **plan);
 
+// The token masks of the plan just made (before the runner begins it):
+// masks[i] for plan->seqs[i] (NULL: none; ignored where the entry does not
+// sample), `words` uint32 words each. The plan carries them to the runner
+// (pg_plan_seq.mask, pg_batch_plan.mask_words); the caller owns them, and
+// they must stay valid until the runner has begun the step. The engine
+// computes them from the tokens resolved so far (a constrained request
+// never runs ahead: sched_can_run_ahead). PG_EINVAL without a plan in
+// flight.
+int sched_set_masks(sched *s, const uint32_t *const *masks, int32_t words);
+
 // Consumes the runner's output for the plan in flight: advances computed
 // tokens, appends sampled tokens, applies stop rules, frees finished
 // requests, and returns this step's events (and those of aborts since the

@@ -48,8 +48,6 @@ struct pg_executor {
     pg_remote remote; // node 0: the links to the other nodes
     int ctl_fd;       // the other nodes: the link to node 0
     uint8_t nccl_id[PG_NCCL_ID_BYTES];
-    const uint32_t *const *masks; // for the next begin (pg_executor_set_masks)
-    int32_t n_masks, mask_words;
     bool on_cuda;
     pg_backend *be[MAX_RANKS];
     pg_comm *comm[MAX_RANKS]; // NULL with one rank
@@ -463,21 +461,14 @@ static int end_rank(pg_executor *ex, int32_t rank, void *arg) {
 }
 
 int pg_executor_begin(pg_executor *ex, const pg_batch_plan *plan) {
-    if (ex->tp == 1) {
-        if (ex->masks) pg_runner_set_masks(ex->runner[0], ex->masks, ex->n_masks, ex->mask_words);
-        ex->masks = NULL;
-        return pg_runner_begin(ex->runner[0], plan);
-    }
+    if (ex->tp == 1) return pg_runner_begin(ex->runner[0], plan);
     if (ex->remote.n) {
         pg_wbuf b = {0};
-        pg_plan_encode(&b, plan, ex->masks, ex->mask_words);
+        pg_plan_encode(&b, plan);
         int rc = remote_send(ex, PG_REMOTE_BEGIN, b.data, b.len);
         pg_wbuf_free(&b);
         PG_TRY(rc);
     }
-    for (int32_t r = 0; r < ex->n && ex->masks; r++)
-        pg_runner_set_masks(ex->runner[r], ex->masks, ex->n_masks, ex->mask_words);
-    ex->masks = NULL;
     return remote_finish(ex, run_all(ex, begin_rank, (void *)plan), NULL);
 }
 
@@ -529,13 +520,6 @@ int pg_executor_execute(pg_executor *ex, const pg_batch_plan *plan, pg_step_outp
     return pg_executor_end(ex, out);
 }
 
-void pg_executor_set_masks(pg_executor *ex, const uint32_t *const *masks, int32_t n, int32_t words) {
-    // Kept for the next begin, which hands them to every rank (and node).
-    ex->masks = masks;
-    ex->n_masks = n;
-    ex->mask_words = words;
-}
-
 int pg_executor_last_logits(pg_executor *ex, float *out, int32_t n) {
     return pg_runner_last_logits(ex->runner[0], out, n);
 }
@@ -559,8 +543,6 @@ static int follow_one(pg_executor *ex, uint32_t op, const pg_wbuf *in, pg_wbuf *
     case PG_REMOTE_BEGIN: {
         pg_plan_decoded d;
         PG_TRY(pg_plan_decode(in->data, in->len, &d));
-        for (int32_t r = 0; r < ex->n && d.masks; r++)
-            pg_runner_set_masks(ex->runner[r], d.masks, d.plan.n_seqs, d.words);
         // begin copies what it needs of the plan (engine/runner/runner.h).
         int rc = run_all(ex, begin_rank, &d.plan);
         pg_plan_decoded_free(&d);

@@ -62,13 +62,13 @@ size_t pg_executor_kv_bytes_per_block(const pg_executor *ex);
 const pg_bkv *pg_executor_kv(const pg_executor *ex, int32_t rank);
 int pg_executor_alloc_kv(pg_executor *ex, int32_t n_blocks, int32_t n_host_blocks);
 
-// pg_runner_begin/_end/_execute/_set_masks on every rank; outputs are rank
+// pg_runner_begin/_end/_execute on every rank (and node: the plan carries
+// the token masks); outputs are rank
 // 0's (every rank samples the same tokens from the same logits; end checks
 // that they did).
 int pg_executor_begin(pg_executor *ex, const pg_batch_plan *plan);
 int pg_executor_end(pg_executor *ex, pg_step_output *out);
 int pg_executor_execute(pg_executor *ex, const pg_batch_plan *plan, pg_step_output *out);
-void pg_executor_set_masks(pg_executor *ex, const uint32_t *const *masks, int32_t n, int32_t words);
 int pg_executor_last_logits(pg_executor *ex, float *out, int32_t n);
 
 // Nodes 1..n-1: runs node 0's calls on this node's ranks until node 0 says

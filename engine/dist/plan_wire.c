@@ -3,7 +3,7 @@
 // Layout: the plan's counts, then per sequence its fixed fields, its
 // sampling parameters (the struct, then the logit-bias arrays it points
 // to), its tokens, block table and history; then the block moves; then
-// the masks (a flag per sequence, then the words). Decoding measures the
+// the mask words and the masks (a flag per sequence, then the words). Decoding measures the
 // arrays first and makes one allocation for all of them.
 #include "engine/dist/plan_wire.h"
 
@@ -31,7 +31,7 @@ void pg_wbuf_free(pg_wbuf *b) {
 
 static void put_i32(pg_wbuf *b, int32_t v) { pg_wbuf_put(b, &v, sizeof v); }
 
-void pg_plan_encode(pg_wbuf *b, const pg_batch_plan *p, const uint32_t *const *masks, int32_t words) {
+void pg_plan_encode(pg_wbuf *b, const pg_batch_plan *p) {
     put_i32(b, p->n_seqs);
     put_i32(b, p->n_tokens);
     for (int32_t i = 0; i < p->n_seqs; i++) {
@@ -39,6 +39,7 @@ void pg_plan_encode(pg_wbuf *b, const pg_batch_plan *p, const uint32_t *const *m
         pg_plan_seq fixed = *s;
         fixed.tokens = fixed.block_table = fixed.history = NULL;
         fixed.sp = NULL;
+        fixed.mask = NULL;
         pg_wbuf_put(b, &fixed, sizeof fixed);
         const bool has_sp = s->sp != NULL;
         put_i32(b, has_sp);
@@ -61,12 +62,12 @@ void pg_plan_encode(pg_wbuf *b, const pg_batch_plan *p, const uint32_t *const *m
     pg_wbuf_put(b, p->swap_out, sizeof(pg_block_move) * (size_t)p->n_swap_out);
     pg_wbuf_put(b, p->swap_in, sizeof(pg_block_move) * (size_t)p->n_swap_in);
     pg_wbuf_put(b, p->copies, sizeof(pg_block_move) * (size_t)p->n_copies);
-    put_i32(b, masks ? words : -1);
-    if (masks)
-        for (int32_t i = 0; i < p->n_seqs; i++) {
-            put_i32(b, masks[i] != NULL);
-            if (masks[i]) pg_wbuf_put(b, masks[i], sizeof(uint32_t) * (size_t)words);
-        }
+    put_i32(b, p->mask_words);
+    for (int32_t i = 0; i < p->n_seqs && p->mask_words > 0; i++) {
+        const uint32_t *m = p->seqs[i].mask;
+        put_i32(b, m != NULL);
+        if (m) pg_wbuf_put(b, m, sizeof(uint32_t) * (size_t)p->mask_words);
+    }
 }
 
 // A reader over the bytes; `bad` once anything ran past the end.
@@ -148,25 +149,18 @@ static int decode_pass(const uint8_t *data, size_t len, char *arena, size_t *siz
     const pg_block_move *si = copy_out(&r, sizeof(pg_block_move) * (size_t)n_in, arena, &off);
     const pg_block_move *cp = copy_out(&r, sizeof(pg_block_move) * (size_t)n_cp, arena, &off);
     const int32_t words = get_i32(&r);
-    size_t masks_at = (off + 15) & ~(size_t)15;
-    const uint32_t **masks = NULL;
-    if (words >= 0) {
-        off = masks_at + sizeof(uint32_t *) * (size_t)(n_seqs ? n_seqs : 1);
-        masks = arena ? (const uint32_t **)(arena + masks_at) : NULL;
-        for (int32_t i = 0; i < n_seqs && !r.bad; i++) {
-            const bool has = get_i32(&r) != 0;
-            const uint32_t *m = has ? copy_out(&r, sizeof(uint32_t) * (size_t)words, arena, &off) : NULL;
-            if (masks) masks[i] = m;
-        }
+    if (words < 0 || words > (1 << 20)) return pg_err_set(PG_EFORMAT, "plan: %d mask words", words);
+    for (int32_t i = 0; i < n_seqs && words > 0 && !r.bad; i++) {
+        const bool has = get_i32(&r) != 0;
+        const uint32_t *m = has ? copy_out(&r, sizeof(uint32_t) * (size_t)words, arena, &off) : NULL;
+        if (seqs) seqs[i].mask = m;
     }
     if (r.bad || r.p != r.end) return pg_err_set(PG_EFORMAT, "plan: %zu bytes are not one plan", len);
     *size = off;
     if (out) {
         out->plan = (pg_batch_plan){.n_seqs = n_seqs, .seqs = seqs, .n_tokens = n_tokens,
                                     .n_swap_out = n_out, .n_swap_in = n_in, .n_copies = n_cp,
-                                    .swap_out = so, .swap_in = si, .copies = cp};
-        out->masks = (const uint32_t *const *)masks;
-        out->words = words >= 0 ? words : 0;
+                                    .swap_out = so, .swap_in = si, .copies = cp, .mask_words = words};
     }
     return 0;
 }

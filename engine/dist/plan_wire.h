@@ -1,4 +1,4 @@
-// engine/dist/plan_wire.h - a step plan (and its token masks) as bytes, for the
+// engine/dist/plan_wire.h - a step plan (its token masks included) as bytes, for the
 // nodes of a multi-node tensor-parallel group (engine/dist/remote.h): node 0's
 // scheduler makes the plan, every node's ranks run it.
 //
@@ -18,15 +18,12 @@ typedef struct pg_wbuf {
 void pg_wbuf_put(pg_wbuf *b, const void *p, size_t n);
 void pg_wbuf_free(pg_wbuf *b);
 
-// Appends `plan` and the masks of its sequences (masks[i] for seqs[i], NULL
-// for none; `words` uint32 each; masks NULL: none at all).
-void pg_plan_encode(pg_wbuf *b, const pg_batch_plan *plan, const uint32_t *const *masks, int32_t words);
+// Appends `plan`, its sequences' token masks included (pg_plan_seq.mask).
+void pg_plan_encode(pg_wbuf *b, const pg_batch_plan *plan);
 
 // A decoded plan: every pointer inside points into this struct's arrays.
 typedef struct pg_plan_decoded {
     pg_batch_plan plan;
-    const uint32_t *const *masks; // NULL when the plan had none
-    int32_t words;
     void *mem; // one allocation holding everything
 } pg_plan_decoded;
 // PG_EFORMAT when the bytes are not a whole plan.

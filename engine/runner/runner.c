@@ -479,7 +479,7 @@ static int32_t *stok_reserve(pg_runner *r, int64_t used, int64_t more) {
 // The plan's sampling parameters for the sampler, field by field; the
 // history only when a penalty reads it, the bans only while min_tokens is
 // not reached.
-static void fill_params(pg_runner *r, const pg_plan_seq *s, const uint32_t *mask, pg_sample_params *pp,
+static void fill_params(pg_runner *r, const pg_plan_seq *s, int32_t mask_words, pg_sample_params *pp,
                         int64_t *n_stok) {
     const pg_sampling_params *sp = s->sp;
     memset(pp, 0, sizeof *pp);
@@ -523,19 +523,13 @@ static void fill_params(pg_runner *r, const pg_plan_seq *s, const uint32_t *mask
         pp->n_bias = n;
         *n_stok += 2 * n;
     }
-    if (mask) {
-        int32_t *dst = stok_reserve(r, *n_stok, r->mask_words);
-        memcpy(dst, mask, sizeof(uint32_t) * (size_t)r->mask_words);
+    if (s->mask && mask_words > 0) { // the plan's token mask (pg_plan_seq.mask), copied at begin
+        int32_t *dst = stok_reserve(r, *n_stok, mask_words);
+        memcpy(dst, s->mask, sizeof(uint32_t) * (size_t)mask_words);
         pp->mask_offset = (int32_t)*n_stok;
-        pp->n_mask = r->mask_words;
-        *n_stok += r->mask_words;
+        pp->n_mask = mask_words;
+        *n_stok += mask_words;
     }
-}
-
-void pg_runner_set_masks(pg_runner *r, const uint32_t *const *masks, int32_t n, int32_t words) {
-    r->masks = masks;
-    r->n_masks = n;
-    r->mask_words = words;
 }
 
 // Index of seq_id among the samples of the step begun last, or -1. Plans
@@ -689,12 +683,9 @@ int pg_runner_begin(pg_runner *r, const pg_batch_plan *p) {
         if (!s->sample) continue;
         r->sample_rows[ns] = r->row0[i] + s->n_tokens - 1;
         r->sampled[buf][ns] = s->seq_id;
-        const uint32_t *mask = r->masks && i < r->n_masks ? r->masks[i] : NULL;
-        fill_params(r, s, mask, &r->params[ns], &n_stok);
+        fill_params(r, s, p->mask_words, &r->params[ns], &n_stok);
         ns++;
     }
-    r->masks = NULL;  // for this begin only
-    r->n_masks = 0;
     PG_TRY(runner_plp_collect(r, p, buf));
     if (n_stok > INT32_MAX) return pg_err_set(PG_EINVAL, "plan: %lld history tokens", (long long)n_stok);
 

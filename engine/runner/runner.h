@@ -130,12 +130,6 @@ int pg_runner_execute(pg_runner *r, const pg_batch_plan *plan, pg_step_output *o
 // step did not sample it.
 int pg_runner_begin(pg_runner *r, const pg_batch_plan *plan);
 
-// Allowed-token bitmasks for the next pg_runner_begin (or execute) only:
-// masks[i] is for plan->seqs[i] (NULL: no mask), `words` uint32 words each
-// (bit t & 31 of word t >> 5; tokens past them are not allowed). Copied at
-// begin; n must equal the plan's n_seqs. Structured outputs
-// (text/grammar/structured.h) and allowed_token_ids fill them.
-void pg_runner_set_masks(pg_runner *r, const uint32_t *const *masks, int32_t n, int32_t words);
 int pg_runner_end(pg_runner *r, pg_step_output *out);
 
 // For tests: the f32 logits of the last ended step's sampled sequences, in

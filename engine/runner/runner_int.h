@@ -81,10 +81,6 @@ struct pg_runner {
     pg_sample_params *params;             // [max_seqs]
     int32_t *stok;                        // histories and ban lists (grown on demand)
     int64_t cap_stok;
-    // Token masks for the next begin, by plan sequence (pg_runner_set_masks);
-    // NULL or an entry NULL: none.
-    const uint32_t *const *masks;
-    int32_t n_masks, mask_words;
     pg_seq_output *outs;                  // [max_seqs]
     // Per begun step: the seq ids of its samples in plan order.
     int64_t *sampled[2]; // [max_seqs]

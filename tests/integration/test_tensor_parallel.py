@@ -279,10 +279,28 @@ def complete(port, prompt, max_tokens=24):
                                              "ignore_eos": True})
 
 
+# Token masks travel to the other nodes inside the plan (pg_plan_seq.mask):
+# a grammar and an allowed-token set must constrain every node's ranks alike.
+NODE_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+               "required": ["name", "age"]}
+
+
+def complete_masked(port, prompt):
+    code, r = su.post(port, "/v1/completions", {"prompt": prompt, "max_tokens": 40, "temperature": 0,
+                                                "guided_json": NODE_SCHEMA})
+    assert code == 200, r
+    code, r2 = su.post(port, "/v1/completions", {"prompt": prompt, "max_tokens": 6, "temperature": 0,
+                                                 "ignore_eos": True, "allowed_token_ids": [28, 30, 253, 260],
+                                                 "logprobs": 1})
+    assert code == 200, r2
+    return r["choices"][0]["text"], r2["choices"][0]["logprobs"]["tokens"]
+
+
 def check_nodes():
     su.require_model_and_binary()
     with su.Server("--matmul-mode", "exact") as srv:
         ref = [complete(srv.port, p)[1]["choices"][0]["text"] for p in NODE_PROMPTS]
+        ref_masked = complete_masked(srv.port, NODE_PROMPTS[0])
     with tempfile.TemporaryDirectory() as tmp:
         port = su.free_port()
         followers = []
@@ -292,6 +310,7 @@ def check_nodes():
             start_leader(srv, followers, lambda: start_followers(3, port, tmp))
             try:
                 got = [complete(srv.port, p)[1]["choices"][0]["text"] for p in NODE_PROMPTS]
+                got_masked = complete_masked(srv.port, NODE_PROMPTS[0])
                 su.wait_idle(srv.port)
                 assert su.metric(su.metrics(srv.port), "paged:kv_cache_blocks", state="used") == 0
             finally:
@@ -305,6 +324,11 @@ def check_nodes():
                     p.kill()
     print(f"  3 processes: {sum(a == b for a, b in zip(ref, got))}/{len(ref)} greedy texts equal one process's")
     assert got == ref, list(zip(ref, got))
+    # The masked requests: the same valid JSON and the same allowed tokens.
+    obj = json.loads(got_masked[0])
+    assert set(obj) == {"name", "age"} and isinstance(obj["age"], int), got_masked
+    assert got_masked == ref_masked, (got_masked, ref_masked)
+    print(f"  3 processes: masked requests equal one process's ({got_masked[0]!r}, {got_masked[1]})")
 
 
 def check_node_refused():
