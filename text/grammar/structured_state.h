@@ -1,6 +1,8 @@
-// text/grammar/structured_state.h - the automaton's data, shared by the matcher
-// (structured_match.c) and the background precomputation of masks
-// (structured_warm.c). Not a public header.
+// text/grammar/structured_state.h - the automaton's data, shared by the
+// vocabulary (structured_vocab.c), the automaton (structured_automaton.c),
+// the mask walk (structured_mask.c), the matcher (structured_match.c) and
+// the background precomputation of masks (structured_warm.c). Not a public
+// header.
 #pragma once
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -27,7 +29,7 @@ struct pg_struct_vocab {
     // [n_nodes] 1 when every byte below node i (its descendants, not i
     // itself) is plain: printable ASCII other than '"' and '\\', the bytes
     // a JSON string body takes one by one (see plain_chain in
-    // structured_match.c); nsdepth[i]: how deep the subtree below i goes
+    // structured_mask.c); nsdepth[i]: how deep the subtree below i goes
     // (0: a leaf), 255 meaning 255 or more.
     uint8_t *nplain;
     uint8_t *nsdepth;
@@ -37,7 +39,7 @@ struct pg_struct_vocab {
 static inline bool sg_plain_byte(uint8_t b) { return b >= 0x20 && b <= 0x7E && b != '"' && b != '\\'; }
 
 #define ROW_UNKNOWN (-2)
-// st_state.chain (structured_match.c, plain_chain): not yet known; a cycle;
+// st_state.chain (structured_mask.c, plain_chain): not yet known; a cycle;
 // the longest chain followed (a lower bound beyond it).
 #define CHAIN_UNKNOWN 0xFFFF
 #define CHAIN_LOOP 0xFFFE
@@ -91,18 +93,29 @@ struct pg_grammar {
     struct sg_warm *warm; // the background precomputation, NULL if none
 };
 
-// --- what structured_match.c provides -------------------------------------------
+// --- what structured_automaton.c provides ---------------------------------------
 
 // Binds a parsed IR (taken over; freed on failure) to v as a new grammar
-// with one reference and its start state, without background work.
-int sg_grammar_new(sg_ir *ir, const pg_struct_vocab *v, const pg_grammar_limits *lim,
+// with one reference and its start state, without background work;
+// `reference` builds the slow exact form (no byte classes, no shortcuts).
+int sg_grammar_new(sg_ir *ir, const pg_struct_vocab *v, const pg_grammar_limits *lim, bool reference,
                    pg_grammar **out, char *err, size_t err_cap);
+// Frees a grammar (NULL: nothing) regardless of its count, leaving g->warm
+// alone: pg_grammar_unref releases that before calling it.
+void sg_grammar_free(pg_grammar *g);
 // The state after byte b from s (DEAD when refused); builds it if new.
 int32_t sg_step(pg_grammar *g, int32_t s, uint8_t b);
-// A new mask (malloc'd, nw words) for s by the exact trie walk.
-uint32_t *sg_compute_mask(pg_grammar *g, int32_t s);
 // The id of the state whose key is key[0..klen) (hash as interned), or -1.
 int32_t sg_find_state(const pg_grammar *g, const int32_t *key, int32_t klen, uint32_t hash);
+// Drops the masks the grammar computed, to stay under lim.max_state_bytes.
+void sg_evict_masks(pg_grammar *g);
+
+// --- what structured_mask.c provides --------------------------------------------
+
+// A new mask (malloc'd, nw words) for s by the exact trie walk.
+uint32_t *sg_compute_mask(pg_grammar *g, int32_t s);
+
+// --- what structured_match.c provides -------------------------------------------
 
 // For tests: the grammar in its slow exact form (one byte per class, the
 // trie walked node by node, nothing precomputed), and a mask computed

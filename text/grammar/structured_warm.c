@@ -104,7 +104,7 @@ static uint32_t *pool_put(mask_pool *p, uint32_t *m, int32_t nw, size_t *bytes) 
 
 static void warm_free(sg_warm *w) {
     // The pool owns the copy's masks (all borrowed): unref skips them.
-    pg_grammar_unref(w->copy);
+    sg_grammar_free(w->copy);
     for (int32_t i = 0; i < w->pool.cap; i++) free(w->pool.m[i]);
     free(w->pool.m);
     free(w->pool.h);
@@ -125,7 +125,7 @@ static bool precompute(sg_warm *w) {
     sg_ir ir = {0};
     if (sg_parse_gbnf(w->gbnf, strlen(w->gbnf), &w->lim, &ir, err, sizeof err) < 0) return false;
     pg_grammar *g;
-    if (sg_grammar_new(&ir, w->v, &w->lim, &g, err, sizeof err) < 0) return false;
+    if (sg_grammar_new(&ir, w->v, &w->lim, false, &g, err, sizeof err) < 0) return false;
     w->copy = g;
     g->cancel = &w->cancel;
     double t0 = now_ms();

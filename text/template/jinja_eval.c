@@ -6,7 +6,6 @@
 // loop does not survive the iteration, hence namespace()); a macro call
 // gets a scope whose parent is the global scope as it is at call time.
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,26 +23,6 @@ struct jscope {
     jscope *parent;
     jdict vars;
 };
-
-_Noreturn void jr_fail(jrender *r, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int k = snprintf(r->err, sizeof r->err, "jinja line %d: ", r->line);
-    vsnprintf(r->err + k, sizeof r->err - (size_t)k, fmt, ap);
-    va_end(ap);
-    longjmp(r->jb, 1);
-}
-
-_Noreturn void jr_raise(jrender *r, const char *msg, size_t n) {
-    snprintf(r->err, sizeof r->err, "%.*s", (int)n, msg);
-    if (!r->err[0]) snprintf(r->err, sizeof r->err, "raise_exception called with an empty message");
-    longjmp(r->jb, 1);
-}
-
-void jr_step(jrender *r) {
-    if (++r->steps > r->max_steps)
-        jr_fail(r, "template exceeded %zu evaluation steps (a loop that does not end?)", r->max_steps);
-}
 
 void pg_jinja_limits_default(pg_jinja_limits *l) {
     l->max_output = 8u << 20;
@@ -81,107 +60,14 @@ static jscope *push_scope(jrender *r, jscope *parent) {
     return s;
 }
 
-// --- attribute and item access --------------------------------------------------------
-
-static const char *undef_name(jval v) { return v.name ? v.name : "value"; }
-
-jval jgetattr(jrender *r, jval obj, const char *name, size_t n) {
-    switch (obj.t) {
-    case JT_UNDEF: jr_fail(r, "'%s' is undefined", undef_name(obj));
-    case JT_DICT: case JT_NS: {
-        bool found;
-        jval v = jd_get(obj.u.d, name, n, &found);
-        return found ? v : jv_undef(name);
-    }
-    case JT_LOOP: {
-        const jloop *l = obj.u.loop;
-        int64_t i = (int64_t)l->i, len = (int64_t)l->items->n;
-#define IS(s) (n == strlen(s) && !memcmp(name, s, n))
-        if (IS("index")) return jv_int(i + 1);
-        if (IS("index0")) return jv_int(i);
-        if (IS("revindex")) return jv_int(len - i);
-        if (IS("revindex0")) return jv_int(len - i - 1);
-        if (IS("first")) return jv_bool(i == 0);
-        if (IS("last")) return jv_bool(i == len - 1);
-        if (IS("length")) return jv_int(len);
-        if (IS("depth")) return jv_int(1);
-        if (IS("depth0")) return jv_int(0);
-        if (IS("previtem")) return i > 0 ? l->items->v[i - 1] : jv_undef("previtem");
-        if (IS("nextitem")) return i + 1 < len ? l->items->v[i + 1] : jv_undef("nextitem");
-#undef IS
-        return jv_undef(name);
-    }
-    default: return jv_undef(name);
-    }
-}
-
-static bool as_index(jval k, int64_t *out) {
-    if (k.t == JT_INT) { *out = k.u.i; return true; }
-    if (k.t == JT_BOOL) { *out = k.u.b; return true; }
-    return false;
-}
-
-jval jgetitem(jrender *r, jval obj, jval key) {
-    int64_t i;
-    switch (obj.t) {
-    case JT_UNDEF: jr_fail(r, "'%s' is undefined", undef_name(obj));
-    case JT_DICT: case JT_NS:
-        for (size_t k = 0; k < obj.u.d->n; k++)
-            if (jv_equal(obj.u.d->k[k], key)) return obj.u.d->v[k];
-        return jv_undef(key.t == JT_STR ? ja_strndup(&r->ar, key.u.s.s, key.u.s.n) : NULL);
-    case JT_LIST:
-        if (!as_index(key, &i)) return jv_undef(NULL);
-        if (i < 0) i += (int64_t)obj.u.l->n;
-        if (i < 0 || i >= (int64_t)obj.u.l->n) return jv_undef(NULL);
-        return obj.u.l->v[i];
-    case JT_STR: {
-        if (!as_index(key, &i)) return jv_undef(NULL);
-        int64_t len = (int64_t)utf8_len(obj.u.s.s, obj.u.s.n);
-        if (i < 0) i += len;
-        if (i < 0 || i >= len) return jv_undef(NULL);
-        size_t a = utf8_offset(obj.u.s.s, obj.u.s.n, (size_t)i), b = utf8_offset(obj.u.s.s, obj.u.s.n, (size_t)i + 1);
-        return jv_str(obj.u.s.s + a, b - a);
-    }
-    case JT_LOOP:
-        if (key.t == JT_STR) return jgetattr(r, obj, key.u.s.s, key.u.s.n);
-        return jv_undef(NULL);
-    default: return jv_undef(NULL);
-    }
-}
-
-jval jiter_list(jrender *r, jval v) {
-    switch (v.t) {
-    case JT_UNDEF: return jv_list(r, 0);
-    case JT_LIST: return v;
-    case JT_DICT: {
-        jval l = jv_list(r, v.u.d->n);
-        for (size_t i = 0; i < v.u.d->n; i++) l.u.l->v[i] = v.u.d->k[i];
-        return l;
-    }
-    case JT_STR: {
-        size_t n = utf8_len(v.u.s.s, v.u.s.n);
-        jval l = jv_list(r, n);
-        size_t off = 0;
-        for (size_t i = 0; i < n; i++) {
-            size_t e = off + 1;
-            while (e < v.u.s.n && ((unsigned char)v.u.s.s[e] & 0xC0) == 0x80) e++;
-            l.u.l->v[i] = jv_str(v.u.s.s + off, e - off);
-            off = e;
-        }
-        return l;
-    }
-    default: jr_fail(r, "'%s' object is not iterable", jv_type_name(v));
-    }
-}
-
 // Python slice semantics over n items: the selected indices.
 static size_t slice_indices(jrender *r, int64_t n, jval a, jval b, jval c, int64_t *start, int64_t *step) {
     int64_t st = 1;
-    if (c.t != JT_NONE && c.t != JT_UNDEF && !as_index(c, &st)) jr_fail(r, "slice indices must be integers");
+    if (c.t != JT_NONE && c.t != JT_UNDEF && !jv_as_index(c, &st)) jr_fail(r, "slice indices must be integers");
     if (st == 0) jr_fail(r, "slice step cannot be zero");
     int64_t lo = 0, hi = 0;
     bool has_a = a.t != JT_NONE && a.t != JT_UNDEF, has_b = b.t != JT_NONE && b.t != JT_UNDEF;
-    if ((has_a && !as_index(a, &lo)) || (has_b && !as_index(b, &hi))) jr_fail(r, "slice indices must be integers");
+    if ((has_a && !jv_as_index(a, &lo)) || (has_b && !jv_as_index(b, &hi))) jr_fail(r, "slice indices must be integers");
     if (st > 0) {
         if (!has_a) lo = 0;
         else if (lo < 0) lo = lo + n < 0 ? 0 : lo + n;
@@ -228,15 +114,15 @@ static jval do_slice(jrender *r, jval obj, jval a, jval b, jval c) {
         }
         return jb_to_str(r, &out);
     }
-    if (obj.t == JT_UNDEF) jr_fail(r, "'%s' is undefined", undef_name(obj));
+    if (obj.t == JT_UNDEF) jr_fail(r, "'%s' is undefined", jv_undef_name(obj));
     return jv_undef(NULL);
 }
 
 // --- operators --------------------------------------------------------------------------
 
 static _Noreturn void bad_operands(jrender *r, const char *op, jval a, jval b) {
-    if (a.t == JT_UNDEF) jr_fail(r, "'%s' is undefined", undef_name(a));
-    if (b.t == JT_UNDEF) jr_fail(r, "'%s' is undefined", undef_name(b));
+    if (a.t == JT_UNDEF) jr_fail(r, "'%s' is undefined", jv_undef_name(a));
+    if (b.t == JT_UNDEF) jr_fail(r, "'%s' is undefined", jv_undef_name(b));
     jr_fail(r, "unsupported operand types for %s: '%s' and '%s'", op, jv_type_name(a), jv_type_name(b));
 }
 
@@ -244,7 +130,6 @@ static bool both_int(jval a, jval b) {
     return (a.t == JT_INT || a.t == JT_BOOL) && (b.t == JT_INT || b.t == JT_BOOL);
 }
 static int64_t ival(jval v) { return v.t == JT_BOOL ? v.u.b : v.u.i; }
-
 
 static jval repeat(jrender *r, jval seq, int64_t k) {
     if (k < 0) k = 0;
@@ -377,29 +262,9 @@ static int compare(jrender *r, jval a, jval b, const char *op) {
         }
         return (a.u.l->n > b.u.l->n) - (a.u.l->n < b.u.l->n);
     }
-    if (a.t == JT_UNDEF) jr_fail(r, "'%s' is undefined", undef_name(a));
-    if (b.t == JT_UNDEF) jr_fail(r, "'%s' is undefined", undef_name(b));
+    if (a.t == JT_UNDEF) jr_fail(r, "'%s' is undefined", jv_undef_name(a));
+    if (b.t == JT_UNDEF) jr_fail(r, "'%s' is undefined", jv_undef_name(b));
     jr_fail(r, "'%s' not supported between instances of '%s' and '%s'", op, jv_type_name(a), jv_type_name(b));
-}
-
-bool jcontains(jrender *r, jval hay, jval needle) {
-    jr_step(r);
-    switch (hay.t) {
-    case JT_STR:
-        if (needle.t != JT_STR) jr_fail(r, "'in <string>' requires string as left operand, not %s", jv_type_name(needle));
-        if (!needle.u.s.n) return true;
-        return memmem(hay.u.s.s, hay.u.s.n, needle.u.s.s, needle.u.s.n) != NULL;
-    case JT_LIST:
-        for (size_t i = 0; i < hay.u.l->n; i++)
-            if (jv_equal(hay.u.l->v[i], needle)) return true;
-        return false;
-    case JT_DICT: case JT_NS:
-        for (size_t i = 0; i < hay.u.d->n; i++)
-            if (jv_equal(hay.u.d->k[i], needle)) return true;
-        return false;
-    case JT_UNDEF: return false;
-    default: jr_fail(r, "argument of type '%s' is not iterable", jv_type_name(hay));
-    }
 }
 
 static jval cmp_op(jrender *r, jop op, jval a, jval b) {
@@ -483,7 +348,7 @@ static jval call_value(jrender *r, jval callee, jargs a) {
     switch (callee.t) {
     case JT_MACRO: return jcall_macro(r, callee.u.macro, a.args, a.nargs, a.kw, a.kwv, a.nkw);
     case JT_FUNC: return jcall_func(r, callee.u.func, a.args, a.nargs, a.kw, a.kwv, a.nkw);
-    case JT_UNDEF: jr_fail(r, "'%s' is undefined", undef_name(callee));
+    case JT_UNDEF: jr_fail(r, "'%s' is undefined", jv_undef_name(callee));
     default: jr_fail(r, "'%s' object is not callable", jv_type_name(callee));
     }
 }
@@ -492,7 +357,7 @@ static jval eval_call(jrender *r, const jnode *e) {
     const jnode *f = e->a;
     if (f->kind == E_ATTR) {
         jval obj = jeval(r, f->a);
-        if (obj.t == JT_UNDEF) jr_fail(r, "'%s' is undefined", undef_name(obj));
+        if (obj.t == JT_UNDEF) jr_fail(r, "'%s' is undefined", jv_undef_name(obj));
         jargs a = eval_args(r, e);
         jval out;
         if (jmethod(r, obj, f->name, a.args, a.nargs, a.kw, a.kwv, a.nkw, &out)) return out;

@@ -1,10 +1,20 @@
 // text/template/jinja_int.h - what the parts of the Jinja engine share (not public).
 //
-// jinja_lex.c    source -> tokens (whitespace control, trim/lstrip_blocks)
-// jinja_parse.c  tokens -> AST
-// jinja_value.c  the value type, the arena, str()/repr()/json.dumps()
-// jinja_eval.c   statements and expressions over values
-// jinja_builtins.c filters, tests, methods and globals
+// jinja_lex.c      source -> tokens (whitespace control, trim/lstrip_blocks)
+// jinja_parse.c    tokens -> AST
+// jinja_value.c    the value type, the arena, str()/repr()/json.dumps(), and
+//                  the render's error exits and step count
+// jinja_access.c   obj.name, obj[key], iteration as a list, `in`
+// jinja_strings.c  string filters and str methods, `%` formatting, escaping
+// jinja_filters.c  the filter and method entry points; list, dict and number
+//                  filters, dict and list methods
+// jinja_tests.c    tests (`is defined`, ...) and the global functions
+// jinja_eval.c     statements and expressions over values
+//
+// Calls between the files go one way (docs/chat_templates.md has the graph,
+// tools/file_calls.py checks it): eval -> filters -> strings, tests ->
+// access -> value; lex and parse -> value. Nothing below eval calls into
+// it, so nothing a filter or test does can re-enter the evaluator.
 //
 // Memory: everything of one parse (tokens, AST) lives in the template's
 // arena, everything of one render (values, strings) in the render's arena;
@@ -87,7 +97,7 @@ static inline jval jv_int(int64_t i) { jval v = {.t = JT_INT}; v.u.i = i; return
 static inline jval jv_float(double f) { jval v = {.t = JT_FLOAT}; v.u.f = f; return v; }
 static inline jval jv_str(const char *s, size_t n) { jval v = {.t = JT_STR}; v.u.s.s = s; v.u.s.n = n; return v; }
 
-// --- the render state (jinja_eval.c owns it; builtins use it) ------------------------
+// --- the render state (jinja_eval.c drives it; jinja_value.c fails it) ----------------
 
 typedef struct jscope jscope;
 typedef struct jrender {
@@ -109,6 +119,15 @@ void jr_step(jrender *r);    // counts one step, fails past the limit
 
 // --- jinja_value.c --------------------------------------------------------------------
 
+// The name an undefined value was looked up under, for messages.
+static inline const char *jv_undef_name(jval v) { return v.name ? v.name : "value"; }
+// An int or bool key as an index (Python's __index__).
+static inline bool jv_as_index(jval k, int64_t *out) {
+    if (k.t == JT_INT) { *out = k.u.i; return true; }
+    if (k.t == JT_BOOL) { *out = k.u.b; return true; }
+    return false;
+}
+
 void jb_add(jrender *r, jbuf *b, const char *s, size_t n);
 void jb_addc(jrender *r, jbuf *b, char c);
 void jb_addz(jrender *r, jbuf *b, const char *s);
@@ -117,6 +136,7 @@ jval jb_to_str(jrender *r, jbuf *b);   // the text as a JT_STR; b is left empty
 jval jv_strz(jrender *r, const char *s);
 jval jv_list(jrender *r, size_t n);          // n undef items, to be filled
 jval jv_dict(jrender *r);
+void jl_push(jrender *r, jval *l, size_t *cap, jval v);   // append, growing *cap
 void jd_set(jrender *r, jdict *d, jval k, jval v);
 jval jd_get(const jdict *d, const char *k, size_t n, bool *found);
 jval jv_from_json(jrender *r, const void *cjson);
@@ -196,11 +216,14 @@ void jlex(jparse *p, const char *src, size_t len);
 // Parses the token stream into a N_BLOCK.
 jnode *jparse_template(jparse *p);
 
-// --- jinja_eval.c / jinja_builtins.c --------------------------------------------------
+// --- jinja_eval.c ---------------------------------------------------------------------
 
 jval jeval(jrender *r, const jnode *e);
 jval jcall_macro(jrender *r, const jnode *m, const jval *args, int nargs, const char **kw,
                  const jval *kwv, int nkw);
+
+// --- the builtins: jinja_filters.c, jinja_tests.c, jinja_strings.c ------------------------
+
 // Filters, tests, methods and global functions. `name` is the filter/test/method.
 jval jfilter(jrender *r, const char *name, jval v, const jval *args, int nargs, const char **kw,
              const jval *kwv, int nkw, int line);
@@ -211,11 +234,17 @@ jval jcall_func(jrender *r, int func, const jval *args, int nargs, const char **
                 const jval *kwv, int nkw);
 enum { JF_RANGE, JF_NAMESPACE, JF_DICT, JF_RAISE, JF_STRFTIME, JF_COUNT };
 extern const char *const jfunc_names[JF_COUNT];
+
+// --- jinja_access.c -------------------------------------------------------------------
+
 // obj.name for a loop object, a namespace or a dict (attribute lookup order as
 // Jinja's getattr: attribute first, then item).
 jval jgetattr(jrender *r, jval obj, const char *name, size_t n);
 jval jgetitem(jrender *r, jval obj, jval key);
-jval jiter_list(jrender *r, jval v);
+jval jiter_list(jrender *r, jval v);   // a JT_LIST of the items of v (dict: keys; string: chars)
 bool jcontains(jrender *r, jval hay, jval needle);   // Python's `needle in hay`
+
+// --- jinja_strings.c ---------------------------------------------------------------------
+
 jval jhtml_escape(jrender *r, jval s);                // markupsafe.escape (a Markup)
-jval jformat_percent(jrender *r, jval fmt, jval args); // Python's `fmt % args`   // a JT_LIST of the items of v (dict: keys; string: chars)
+jval jformat_percent(jrender *r, jval fmt, jval args); // Python's `fmt % args`

@@ -3,12 +3,40 @@
 // tools with tojson, so both must match Python byte for byte).
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/err.h"
 #include "text/template/jinja_int.h"
+
+// --- render errors and limits ------------------------------------------------------
+//
+// Here rather than in jinja_eval.c: everything that builds a value (the
+// buffers, json.dumps) fails or counts steps through them, so they sit at
+// the bottom with the values.
+
+_Noreturn void jr_fail(jrender *r, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int k = snprintf(r->err, sizeof r->err, "jinja line %d: ", r->line);
+    vsnprintf(r->err + k, sizeof r->err - (size_t)k, fmt, ap);
+    va_end(ap);
+    longjmp(r->jb, 1);
+}
+
+_Noreturn void jr_raise(jrender *r, const char *msg, size_t n) {
+    snprintf(r->err, sizeof r->err, "%.*s", (int)n, msg);
+    if (!r->err[0]) snprintf(r->err, sizeof r->err, "raise_exception called with an empty message");
+    longjmp(r->jb, 1);
+}
+
+void jr_step(jrender *r) {
+    if (++r->steps > r->max_steps)
+        jr_fail(r, "template exceeded %zu evaluation steps (a loop that does not end?)", r->max_steps);
+}
 
 // --- arena ----------------------------------------------------------------------
 
@@ -97,6 +125,20 @@ jval jv_list(jrender *r, size_t n) {
     v.u.l->n = n;
     v.u.l->v = n ? ja_alloc(&r->ar, sizeof(jval) * n) : NULL;
     return v;
+}
+
+// Appends v to the list l, growing its storage (capacity *cap) by doubling
+// in the render arena; the builtins build lists item by item with it.
+void jl_push(jrender *r, jval *l, size_t *cap, jval v) {
+    jlist *x = l->u.l;
+    if (x->n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 8;
+        jval *nv = ja_alloc(&r->ar, sizeof(jval) * nc);
+        if (x->n) memcpy(nv, x->v, sizeof(jval) * x->n);
+        x->v = nv;
+        *cap = nc;
+    }
+    x->v[x->n++] = v;
 }
 
 jval jv_dict(jrender *r) {
