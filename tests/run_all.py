@@ -60,6 +60,13 @@ def main():
 
     tests = [("build:ninja-fresh", [sys.executable, "tools/gen_build.py", "--check"], 60),
              ("build:layering", [sys.executable, "tools/gen_build.py", "--check-layering"], 60)]
+    # No circle of calls between the files of the engine, nor of text/
+    # (tools/file_calls.py reads the built objects).
+    obj = "build/rel/obj/"
+    tests.append(("build:file-circles-engine", [sys.executable, "tools/file_calls.py"] +
+                  [obj + d for d in ("engine", "engine/model", "engine/runner", "engine/dist")], 60))
+    tests.append(("build:file-circles-text", [sys.executable, "tools/file_calls.py"] +
+                  [obj + d for d in ("text/tokenizer", "text/template", "text/grammar")], 60))
     for t in sorted(glob.glob(os.path.join(ROOT, "tests/tools/test_*.py"))):
         tests.append((f"tools:{os.path.basename(t)}", [sys.executable, t], 120))
     for b in sorted(glob.glob(os.path.join(ROOT, "build/tests/test_*"))):

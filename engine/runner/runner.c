@@ -8,7 +8,9 @@
 // sequence s at row s), packed into a pinned image at 16-byte offsets and
 // uploaded in one copy; then the embedding and the layers (one CUDA graph
 // per decode bucket, runner_graphs.c), the logit rows, the sampler, and a
-// copy of the samples (172 B per sequence) back to pinned memory.
+// copy of the samples (172 B per sequence) back to pinned memory. The
+// packing and the layers are runner_step.c, below this file, the graphs
+// (runner_graphs.c) and the KV-scale calibration (runner_kv_scales.c).
 #include "engine/runner/runner_int.h"
 
 #include <stdio.h>
@@ -126,81 +128,6 @@ void pg_runner_workspace_plan(const pg_model_config *mc, const pg_model_shard *s
                        runner_plp_in_bytes(out->max_tokens) + runner_plp_out_bytes(out->max_tokens));
 }
 
-// --- packing --------------------------------------------------------------------------
-
-// Packs host arrays into the pinned image at 16-byte aligned offsets; the
-// same offsets address the device copy after one upload.
-typedef struct {
-    char *host, *dev;
-    size_t cap, used;
-    bool overflow;
-} packer;
-
-static const void *put(packer *p, const void *src, size_t bytes) {
-    size_t off = align_up(p->used, 16);
-    if (off + bytes > p->cap) {
-        p->overflow = true;
-        return NULL;
-    }
-    if (bytes) memcpy(p->host + off, src, bytes);
-    p->used = off + bytes;
-    return p->dev + off;
-}
-
-int runner_pack(pg_runner *r, const step_desc *s, dev_in *d) {
-    const int32_t n = s->n_tokens, n_pre = s->n_seqs - s->n_decode;
-    PG_ARG(n <= r->max_tokens && s->n_seqs <= r->max_seqs && s->n_sample <= r->max_seqs &&
-               s->n_decode >= 0 && n_pre >= 0,
-           "step: %d tokens / %d sequences (%d decode) beyond the limits %d / %d", n, s->n_seqs,
-           s->n_decode, r->max_tokens, r->max_seqs);
-    packer pk = {.host = r->in_host[r->next_buf], .dev = r->in_dev, .cap = r->in_cap};
-    d->tok = put(&pk, s->tokens, sizeof(int32_t) * (size_t)n);
-    d->pos = put(&pk, s->pos, sizeof(int32_t) * (size_t)n);
-    d->slots = put(&pk, s->slots, sizeof(int32_t) * (size_t)n);
-    d->bt = put(&pk, s->block_tables, sizeof(int32_t) * (size_t)s->n_seqs * (size_t)s->bt_stride);
-    d->lens = put(&pk, s->seq_lens, sizeof(int32_t) * (size_t)s->n_seqs);
-    d->start = put(&pk, s->start_pos, sizeof(int32_t) * (size_t)s->n_seqs);
-    d->cu = put(&pk, s->cu_q, sizeof(int32_t) * (size_t)(n_pre + 1));
-    d->rows = put(&pk, s->sample_rows, sizeof(int32_t) * (size_t)s->n_sample);
-    d->params = put(&pk, s->params, sizeof(pg_sample_params) * (size_t)s->n_sample);
-    d->stok = put(&pk, s->sample_tokens, sizeof(int32_t) * (size_t)s->n_sample_tokens);
-    // Last: no graph reads it, so the addresses above stay a graph bucket's.
-    d->feed = put(&pk, s->feed, sizeof(int32_t) * 2 * (size_t)s->n_feed);
-    if (pk.overflow)
-        return pg_err_set(PG_EINVAL,
-                          "step: inputs exceed the %zu bytes sized at start (block tables of "
-                          "stride %d, %d history tokens)",
-                          pk.cap, s->bt_stride, s->n_sample_tokens);
-    return r->be->upload(r->be, r->in_dev, pk.host, pk.used);
-}
-
-static pg_fwd_step fwd_step(const pg_runner *r, const step_desc *s, const dev_in *d) {
-    return (pg_fwd_step){
-        .n_tokens = s->n_tokens,
-        .tokens = d->tok,
-        .pos = d->pos,
-        .slots = d->slots,
-        .attn = {.n_seqs = s->n_seqs,
-                 .n_decode = s->n_decode,
-                 .block_tables = d->bt,
-                 .bt_stride = s->bt_stride,
-                 .seq_lens = d->lens,
-                 .start_pos = d->start,
-                 .cu_q = d->cu,
-                 .max_decode_ctx = s->max_decode_ctx,
-                 .max_prefill_q = s->max_prefill_q,
-                 .workspace = r->attn_ws,
-                 .workspace_bytes = r->attn_ws_bytes},
-        .n_logits = s->n_sample,
-        .logit_rows = d->rows,
-    };
-}
-
-int runner_layers(pg_runner *r, const step_desc *s, const dev_in *d) {
-    pg_fwd_step fs = fwd_step(r, s, d);
-    return pg_model_forward_layers(r->model, r->kv, &r->bufs, &fs);
-}
-
 // Logit rows, sampling and the copy of the samples to `host`; does not wait.
 // A row the ranks' maxima decide alone: greedy, and nothing that reads or
 // changes other logits (logprobs, penalties, bans, bias, a mask) or fixes
@@ -231,7 +158,7 @@ static int32_t tp_exchange_k(const pg_runner *r, const step_desc *s) {
 static int enqueue_tail(pg_runner *r, const step_desc *s, const dev_in *d, pg_sample_out *host) {
     if (s->n_sample == 0) return 0;
     pg_backend *be = r->be;
-    pg_fwd_step fs = fwd_step(r, s, d);
+    pg_fwd_step fs = runner_fwd_step(r, s, d);
     const int32_t k = tp_exchange_k(r, s);
     // Every logit is in bufs.logits only when they were gathered (the
     // top-k exchange leaves -inf outside the ranks' candidates).

@@ -113,10 +113,14 @@ struct pg_runner {
     int32_t g_max_bt;
 };
 
+// --- runner_step.c: below the runner, its graphs and its KV-scale calibration ---
+
 // Packs the host arrays of `s` into this step's pinned image and uploads
 // them in one copy. Offsets depend only on the array sizes, so two steps of
 // one graph bucket find their inputs at the same device addresses.
 int runner_pack(pg_runner *r, const step_desc *s, dev_in *d);
+// The model's view of a packed step `s` (its inputs at d's device addresses).
+pg_fwd_step runner_fwd_step(const pg_runner *r, const step_desc *s, const dev_in *d);
 // The embedding and every layer for `s` (what a decode graph captures).
 int runner_layers(pg_runner *r, const step_desc *s, const dev_in *d);
 // A sample's top list (at most PG_MAX_LOGPROBS) into an output's arrays;
