@@ -2,8 +2,9 @@
 // backend.
 //
 // Llama 2/3/3.1 (RoPE scaling), Mistral, Qwen2/2.5 (QKV bias) and Qwen3
-// (per-head q/k RMSNorm) are one layer loop (engine/model/model.c) selected by
-// config flags (engine/model/model_config.h). Weights are backend handles
+// (per-head q/k RMSNorm) are one family, one layer loop (engine/model/llama.c,
+// over the shared helpers of engine/model/layers.h) selected by config
+// flags (engine/model/model_config.h). Weights are backend handles
 // (kernels/backend.h) made once at load from a GGUF file, a Hugging Face
 // directory or random values; the forward enqueues fused ops on the
 // backend: the CPU and CUDA backends run the same code.
@@ -65,6 +66,7 @@ typedef struct pg_model_offload {
 
 typedef struct pg_model {
     pg_model_config cfg;
+    const struct pg_model_family *family; // its layers' builder (engine/model/family.h)
     pg_model_shard shard;
     pg_comm *comm;           // borrowed; NULL without tensor parallelism
     pg_backend *be;          // borrowed: outlives the model

@@ -31,6 +31,7 @@
 #include "common/progress.h"
 #include "formats/gguf.h"
 #include "engine/model/int4_ckpt.h"
+#include "engine/model/family.h"
 #include "engine/model/model.h"
 #include "engine/model/model_source_int.h"
 #include "formats/safetensors.h"
@@ -616,6 +617,10 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
     if (s.kind == SRC_DUMMY) snprintf(m->format, sizeof m->format, "dummy (random bf16)");
     if (rc < 0) goto fail;
     pg_model_config *c = &m->cfg;
+    if (!(m->family = pg_model_family_of(c))) {
+        rc = PG_EUNSUPP;
+        goto fail;
+    }
     // Under tensor parallelism a model that cannot be split stops here,
     // before any weight is read.
     m->comm = o->comm;

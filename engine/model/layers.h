@@ -1,0 +1,57 @@
+// engine/model/layers.h - the shared layer helpers every model family's
+// builder is written in (llama.cpp's build_norm / build_attn / build_ffn
+// idea): each is one block of a transformer layer at the fused granularity
+// of kernels/backend.h, and tensor parallelism lives here, in the helpers,
+// as vLLM keeps it in its parallel linear layers (column-parallel products
+// need nothing; a row-parallel product adds its part to the residual
+// stream on rank 0 only and all-reduces; the vocabulary-parallel embedding
+// all-reduces), never in a family's layer loop.
+//
+// A family (engine/model/family.h) is one file whose forward is a loop over
+// these; a new family (Gemma's GeGLU and sliding windows, a mixture of
+// experts) adds the helpers it needs here, beside these.
+#pragma once
+#include <stdint.h>
+
+#include "engine/model/model.h"
+
+// One step's activations, as views of the runner's buffers for its n rows;
+// made once per step (pg_step_views_make) and shared by every layer.
+typedef struct pg_step_views {
+    int64_t n;        // tokens of the step
+    pg_tensor x;      // [n][hidden] the residual stream
+    pg_tensor xn;     // [n][hidden] scratch of the fused norms and products
+    pg_tensor qkv;    // [n][(heads + 2 kv heads) head_dim] this rank's
+    pg_tensor q, k, v; // column views of qkv
+    pg_tensor attn;   // [n][heads head_dim]
+    pg_tensor gu;     // [n][2 ffn] this rank's gate | up
+    pg_tensor h;      // [n][ffn]
+} pg_step_views;
+
+void pg_step_views_make(const pg_model *m, const pg_fwd_buffers *bufs, int64_t n, pg_step_views *v);
+
+// The residual stream summed across ranks (each rank added its partial
+// product; rank 0 also kept the stream): a no-op without tensor parallelism.
+int pg_layer_all_reduce(const pg_model *m, pg_tensor x);
+
+// Vocabulary-parallel embedding: x = emb[tokens] from this rank's rows
+// (zero for tokens outside them), summed across ranks.
+int pg_layer_embed(const pg_model *m, pg_tensor x, const int32_t *tokens);
+
+// Row-parallel product into the residual stream: x += in . w^T summed over
+// the ranks' input slices (rank 0 keeps the stream, the others write their
+// part over it, then the all-reduce).
+int pg_layer_row_linear(const pg_model *m, pg_tensor x, pg_tensor in, const pg_bweight *w, pg_tensor scratch);
+
+// The attention block of layer l with pre-norm: qkv = RMSNorm(x) . Wqkv^T
+// (+ bias; column-parallel: this rank's heads), per-head q/k RMSNorm when
+// the layer has it, RoPE with the KV cache write, paged causal attention,
+// and x += attn . Wo^T (row-parallel). bufs carries the fp8 KV scales and
+// the calibration's maxima (engine/runner/runner_kv_scales.c).
+int pg_layer_attention(const pg_model *m, int32_t l, pg_bkv *kv, const pg_fwd_buffers *bufs,
+                       const pg_fwd_step *s, const pg_step_views *v);
+
+// The SwiGLU feed-forward block of layer l with pre-norm:
+// h = silu(g) * u, [g | u] = RMSNorm(x) . Wgu^T (column-parallel), then
+// x += h . Wdown^T (row-parallel).
+int pg_layer_ffn_swiglu(const pg_model *m, int32_t l, const pg_step_views *v);
