@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "server/api_format.h"
 #include "server/app.h"
-#include "server/gen_job.h"
 
 #ifndef PAGED_VERSION
 #define PAGED_VERSION "0.1.0"
@@ -142,7 +142,7 @@ static int tokenize_body(srv_app *a, const char *json, size_t json_len, sbuf *ou
         sbuf_puts(out, "[");
         for (int i = 0; i < n; i++) {
             sbuf_reset(&tok);
-            gen_token_text(a->tok, ids[i], &tok);
+            api_format_token_text(a->tok, ids[i], &tok);
             if (i) sbuf_puts(out, ",");
             api_json_string(out, sbuf_str(&tok), tok.len);
         }
