@@ -122,13 +122,7 @@ static int tokenize_body(srv_app *a, const char *json, size_t json_len, sbuf *ou
     }
     // A Jinja template writes BOS itself: then it is not added again.
     bool bos = special && (msgs.json ? app_chat_add_bos(a) : pg_tokenizer_add_bos(a->tok));
-    int cap = (int)len + 16;
-    ids = pg_xmalloc(sizeof(int32_t) * (size_t)cap);
-    int n = pg_tokenizer_encode(a->tok, text, len, bos, true, ids, cap);
-    if (n > cap) {
-        ids = pg_xrealloc(ids, sizeof(int32_t) * (size_t)n);
-        n = pg_tokenizer_encode(a->tok, text, len, bos, true, ids, n);
-    }
+    int n = pg_tokenizer_encode_alloc(a->tok, text, len, bos, true, &ids);
     if (n < 0) {
         api_err(e, 400, "prompt", "cannot tokenize the input: %s", pg_err_msg());
         goto out;
