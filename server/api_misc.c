@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "server/api_format.h"
 #include "server/app.h"
-#include "server/gen_job.h"
 
 #ifndef PAGED_VERSION
 #define PAGED_VERSION "0.1.0"
@@ -122,13 +122,7 @@ static int tokenize_body(srv_app *a, const char *json, size_t json_len, sbuf *ou
     }
     // A Jinja template writes BOS itself: then it is not added again.
     bool bos = special && (msgs.json ? app_chat_add_bos(a) : pg_tokenizer_add_bos(a->tok));
-    int cap = (int)len + 16;
-    ids = pg_xmalloc(sizeof(int32_t) * (size_t)cap);
-    int n = pg_tokenizer_encode(a->tok, text, len, bos, true, ids, cap);
-    if (n > cap) {
-        ids = pg_xrealloc(ids, sizeof(int32_t) * (size_t)n);
-        n = pg_tokenizer_encode(a->tok, text, len, bos, true, ids, n);
-    }
+    int n = pg_tokenizer_encode_alloc(a->tok, text, len, bos, true, &ids);
     if (n < 0) {
         api_err(e, 400, "prompt", "cannot tokenize the input: %s", pg_err_msg());
         goto out;
@@ -142,7 +136,7 @@ static int tokenize_body(srv_app *a, const char *json, size_t json_len, sbuf *ou
         sbuf_puts(out, "[");
         for (int i = 0; i < n; i++) {
             sbuf_reset(&tok);
-            gen_token_text(a->tok, ids[i], &tok);
+            api_format_token_text(a->tok, ids[i], &tok);
             if (i) sbuf_puts(out, ",");
             api_json_string(out, sbuf_str(&tok), tok.len);
         }

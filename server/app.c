@@ -56,21 +56,12 @@ typedef struct tok_batch {
 static void tok_run(tok_batch *b) {
     const pg_tokenizer *tok = b->a->tok;
     for (int i = 0; i < b->n && !b->failed; i++) {
-        int cap = (int)b->lens[i] + 16;
-        int32_t *buf = pg_xmalloc(sizeof(int32_t) * (size_t)cap);
-        int got = pg_tokenizer_encode(tok, b->texts[i], b->lens[i], b->add_bos, true, buf, cap);
-        if (got > cap) {
-            cap = got;
-            buf = pg_xrealloc(buf, sizeof(int32_t) * (size_t)cap);
-            got = pg_tokenizer_encode(tok, b->texts[i], b->lens[i], b->add_bos, true, buf, cap);
-        }
+        int got = pg_tokenizer_encode_alloc(tok, b->texts[i], b->lens[i], b->add_bos, true, &b->ids[i]);
         if (got < 0) {
-            free(buf);
             snprintf(b->err, sizeof b->err, "%s", pg_err_msg());
             b->failed = i + 1;
             break;
         }
-        b->ids[i] = buf;
         b->counts[i] = got;
     }
 }

@@ -106,17 +106,10 @@ static int encode_job(pg_engine *e, job *j, const char *system) {
         PG_TRY(pg_chat_template_apply(ct, msgs, n, true, &rendered));
         text = rendered;
     }
-    size_t len = strlen(text);
-    int cap = (int)len + 16;
     // A Jinja chat template writes BOS itself.
     bool add_bos = pg_tokenizer_add_bos(tok) &&
                    !(j->chat && pg_chat_template_renders_bos(pg_engine_chat_template(e)));
-    j->ids = pg_xmalloc(sizeof(int32_t) * (size_t)cap);
-    int n = pg_tokenizer_encode(tok, text, len, add_bos, true, j->ids, cap);
-    if (n > cap) {
-        j->ids = pg_xrealloc(j->ids, sizeof(int32_t) * (size_t)n);
-        n = pg_tokenizer_encode(tok, text, len, add_bos, true, j->ids, n);
-    }
+    int n = pg_tokenizer_encode_alloc(tok, text, strlen(text), add_bos, true, &j->ids);
     free(rendered);
     if (n < 0) return n;
     if (n == 0) return pg_err_set(PG_EINVAL, "the prompt is empty");

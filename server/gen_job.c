@@ -1,8 +1,8 @@
 // server/gen_job.c - generation jobs: engine submissions, events,
-// detokenization, stop strings and the response.
+// detokenization, stop strings, and when the response goes out (its JSON
+// comes from server/api_format.c).
 #include "server/gen_job.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,97 +11,16 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "server/api_format.h"
 #include "server/sse.h"
-
-// --- helpers --------------------------------------------------------------------
-
-double gen_logprob(float lp) { return isfinite(lp) && lp > -9999.0f ? (double)lp : -9999.0; }
-
-void gen_token_text(const pg_tokenizer *t, int32_t id, sbuf *out) {
-    char small[256];
-    int n = pg_tokenizer_token_bytes(t, id, small, sizeof small);
-    char *buf = small;
-    if (n > (int)sizeof small) {
-        buf = pg_xmalloc((size_t)n);
-        n = pg_tokenizer_token_bytes(t, id, buf, n);
-    }
-    if (n < 0) n = 0;
-    // Append, replacing each ill-formed sequence with U+FFFD.
-    for (int i = 0; i < n;) {
-        int k = 1;
-        unsigned char c = (unsigned char)buf[i];
-        if (c >= 0x80) {
-            k = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 0;
-            if (k == 0 || i + k > n || !api_utf8_valid(buf + i, (size_t)k)) {
-                sbuf_puts(out, "\xEF\xBF\xBD");
-                i++;
-                continue;
-            }
-        }
-        sbuf_append(out, buf + i, (size_t)k);
-        i += k;
-    }
-    if (buf != small) free(buf);
-}
-
-static void add_plp_entry(cJSON *dict, const pg_tokenizer *tok, int32_t id, float lp, int32_t rank,
-                          sbuf *t) {
-    char key[16];
-    snprintf(key, sizeof key, "%d", id);
-    if (cJSON_GetObjectItemCaseSensitive(dict, key)) return;
-    cJSON *o = cJSON_AddObjectToObject(dict, key);
-    cJSON_AddNumberToObject(o, "logprob", gen_logprob(lp));
-    cJSON_AddNumberToObject(o, "rank", rank);
-    sbuf_reset(t);
-    gen_token_text(tok, id, t);
-    cJSON_AddStringToObject(o, "decoded_token", sbuf_str(t));
-}
-
-cJSON *gen_prompt_logprobs_json(const gen_job *j, const gen_sub *s, int32_t k) {
-    if (!s->plp) return cJSON_CreateNull();
-    const pg_tokenizer *tok = j->app->tok;
-    cJSON *list = cJSON_CreateArray();
-    sbuf t = {0};
-    for (int32_t p = 0; p < s->n_ids; p++) {
-        if (p == 0) { // nothing before the first token to score it
-            cJSON_AddItemToArray(list, cJSON_CreateNull());
-            continue;
-        }
-        const pg_prompt_logprob *e = &s->plp[p];
-        cJSON *d = cJSON_CreateObject();
-        add_plp_entry(d, tok, s->ids[p], e->logprob, e->rank, &t);
-        int32_t n = e->n_top < k ? e->n_top : k;
-        for (int32_t i = 0; i < n; i++) add_plp_entry(d, tok, e->top_ids[i], e->top_logprobs[i], i + 1, &t);
-        cJSON_AddItemToArray(list, d);
-    }
-    sbuf_free(&t);
-    return list;
-}
-
-cJSON *gen_usage_json(const gen_job *j) {
-    int64_t prompt = 0, completion = 0, cached = 0;
-    for (int i = 0; i < j->n_subs; i++) {
-        prompt += j->subs[i].n_ids;
-        cached += j->subs[i].usage.cached_tokens;
-    }
-    for (int i = 0; i < j->n_choices; i++) completion += j->choices[i].n_tokens;
-    cJSON *u = cJSON_CreateObject();
-    cJSON_AddNumberToObject(u, "prompt_tokens", (double)prompt);
-    cJSON_AddNumberToObject(u, "completion_tokens", (double)completion);
-    cJSON_AddNumberToObject(u, "total_tokens", (double)(prompt + completion));
-    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    cJSON_AddNumberToObject(d, "cached_tokens", (double)cached);
-    return u;
-}
 
 // --- life cycle ------------------------------------------------------------------
 
-gen_job *gen_job_new(srv_app *a, srv_req *r, api_kind kind, const gen_ops *ops, api_params *p,
-                     int n_prompts, const char *id_prefix) {
+gen_job *gen_job_new(srv_app *a, srv_req *r, api_kind kind, api_params *p, int n_prompts,
+                     const char *id_prefix) {
     gen_job *j = pg_xcalloc(1, sizeof *j);
     j->app = a;
     j->req = r;
-    j->ops = ops;
     j->kind = kind;
     j->p = *p;
     memset(p, 0, sizeof *p);
@@ -225,7 +144,7 @@ static void ensure_stream(gen_job *j) {
     if (j->headers_sent || !j->req) return;
     j->headers_sent = true;
     sse_begin(j->req);
-    if (j->ops->stream_start) j->ops->stream_start(j);
+    api_format_stream_start(j);
 }
 
 // Ends the HTTP side of a failed job: an error response, or an error event
@@ -252,28 +171,12 @@ static void job_fail(gen_job *j, int status, const char *msg) {
     srv_resp_end(r);
 }
 
-// Common fields of a streamed chunk: id, object, created, model.
-cJSON *gen_chunk_new(const gen_job *j) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "id", j->id);
-    cJSON_AddStringToObject(o, "object", j->ops->chunk_object);
-    cJSON_AddNumberToObject(o, "created", (double)j->created);
-    cJSON_AddStringToObject(o, "model", j->app->served_name);
-    return o;
-}
-
 static void job_complete(gen_job *j) {
     if (j->req && !j->failed) {
         if (j->p.stream) {
             ensure_stream(j);
             srv_req *r = j->req;
-            if (j->p.include_usage) {
-                cJSON *o = gen_chunk_new(j);
-                cJSON_AddArrayToObject(o, "choices");
-                cJSON_AddItemToObject(o, "usage", gen_usage_json(j));
-                sse_send_json(r, o);
-                cJSON_Delete(o);
-            }
+            if (j->p.include_usage) api_format_stream_usage(j);
             sse_send_done(r);
             j->req = NULL;
             srv_resp_end(r);
@@ -281,7 +184,7 @@ static void job_complete(gen_job *j) {
             srv_req *r = j->req;
             j->req = NULL;
             sbuf b = {0};
-            j->ops->full_response(j, &b);
+            api_format_response(j, &b);
             app_send_json(r, 200, b.p, b.len);
             sbuf_free(&b);
         }
@@ -419,7 +322,7 @@ void gen_on_event(srv_app *a, const pg_gen_event *ge) {
         if (j->p.stream && j->req && !j->failed &&
             (c->delta.len > 0 || c->n_lps > 0 || finished_now)) {
             ensure_stream(j);
-            j->ops->stream_chunk(j, c, finished_now ? c->finish_reason : NULL);
+            api_format_stream_chunk(j, c, finished_now ? c->finish_reason : NULL);
             sbuf_reset(&c->delta);
             c->n_lps = 0;
             if (ev->has_token && ge->publish_ns > 0)

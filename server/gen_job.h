@@ -1,6 +1,6 @@
 // server/gen_job.h - one HTTP generation request in flight: its engine
-// submissions, per-choice detokenization and stop strings, and the response
-// (streamed or whole).
+// submissions, per-choice detokenization and stop strings, and when the
+// response (streamed or whole) goes out; server/api_format.h writes its JSON.
 //
 // A job submits one engine request per prompt (each with n sequences) and
 // registers a gen_sub as that request's pg_gen_request.user. Engine events
@@ -35,7 +35,7 @@ typedef struct gen_choice {
     sbuf delta;                // output of the current event (streamed)
     pg_seq_output *lps;        // logprobs not yet emitted (all, when not streaming)
     int n_lps, cap_lps;
-    int64_t fmt_offset;        // formatter state (completions text_offset)
+    int64_t fmt_offset;        // api_format's state (completions text_offset)
     int32_t n_tokens;          // tokens accepted into the output
     double cum_logprob;        // sum of the sampled tokens' logprobs (best_of ranks by it)
     bool finished;
@@ -63,24 +63,10 @@ struct gen_sub {
     pg_prompt_logprob *plp;
 };
 
-// How a route formats its output.
-typedef struct gen_ops {
-    const char *chunk_object;  // "text_completion" / "chat.completion.chunk"
-    // Streamed: after the event-stream headers (chat: role chunks;
-    // completions: echoed prompts).
-    void (*stream_start)(gen_job *j);
-    // Streamed: one chunk for choice `c` with c->delta and c->lps[0..n_lps);
-    // `finish` is the finish reason when the choice ended with this chunk.
-    void (*stream_chunk)(gen_job *j, gen_choice *c, const char *finish);
-    // Whole response body (200) once every choice has finished.
-    void (*full_response)(gen_job *j, sbuf *out);
-} gen_ops;
-
 struct gen_job {
     srv_app *app;
     srv_req *req;              // NULL once the response ended or the client left
-    const gen_ops *ops;
-    api_kind kind;
+    api_kind kind;             // the route, which picks the output's shape (server/api_format.h)
     api_params p;
     char id[64];
     int64_t created;           // unix seconds
@@ -96,8 +82,8 @@ struct gen_job {
 
 // A new job for `r` with `n_prompts` prompts; takes `p` (its contents are
 // moved, *p is zeroed). Prompts are set with gen_job_set_prompt before start.
-gen_job *gen_job_new(srv_app *a, srv_req *r, api_kind kind, const gen_ops *ops, api_params *p,
-                     int n_prompts, const char *id_prefix);
+gen_job *gen_job_new(srv_app *a, srv_req *r, api_kind kind, api_params *p, int n_prompts,
+                     const char *id_prefix);
 // Prompt i: takes `ids` and `text` (may be NULL); `sp` is its parameters
 // (max_tokens resolved for this prompt's length).
 void gen_job_set_prompt(gen_job *j, int i, int32_t *ids, int32_t n_ids, char *text,
@@ -123,20 +109,3 @@ void gen_fail_all(srv_app *a, const char *msg);
 // Frees every job, live or not: only after the engine is destroyed and the
 // connections are closed (end of shutdown).
 void gen_free_all(srv_app *a);
-
-// A streamed chunk object with id, object, created and model set.
-cJSON *gen_chunk_new(const gen_job *j);
-
-// {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details"}
-cJSON *gen_usage_json(const gen_job *j);
-
-// vLLM's prompt_logprobs for prompt `s`: [null, {"<id>": {"logprob", "rank",
-// "decoded_token"}, ...}, ...], one entry per prompt token, each dict the
-// prompt token first, then the top k (by rank) not already in it. JSON null
-// when the engine delivered none (the request failed first).
-cJSON *gen_prompt_logprobs_json(const gen_job *j, const gen_sub *s, int32_t k);
-
-// A token's text for logprobs: its bytes, with ill-formed UTF-8 replaced by U+FFFD.
-void gen_token_text(const pg_tokenizer *t, int32_t id, sbuf *out);
-// vLLM clamps -inf logprobs to -9999.
-double gen_logprob(float lp);

@@ -642,6 +642,64 @@ static void test_queries_capacity_and_bad_ids(void **state) {
     pg_tokenizer_free(t);
 }
 
+// pg_tokenizer_encode_alloc gives exactly pg_tokenizer_encode's ids, in an
+// array the caller frees (the ASan build checks it is freed whole).
+static void check_alloc_matches(const pg_tokenizer *t, const char *s, size_t n, bool bos, bool special) {
+    int want = pg_tokenizer_encode(t, s, n, bos, special, NULL, 0);
+    assert_true(want >= 0);
+    int32_t *ref = malloc(((size_t)want + 1) * sizeof *ref);
+    assert_int_equal(pg_tokenizer_encode(t, s, n, bos, special, ref, want), want);
+    int32_t *ids = NULL;
+    assert_int_equal(pg_tokenizer_encode_alloc(t, s, n, bos, special, &ids), want);
+    assert_non_null(ids);
+    if (want > 0) assert_memory_equal(ids, ref, (size_t)want * sizeof *ids);
+    free(ids);
+    free(ref);
+}
+
+static void test_encode_alloc_matches_encode(void **state) {
+    (void)state;
+    pg_tokenizer *hf = load_hf_smollm();  // byte-level BPE
+    char path[4096];
+    assert_true(tw_repo_path("tests/data/tokenizer_spm_tiny.gguf", path, sizeof path));
+    gguf_file *f;
+    pg_tokenizer *spm = load_gguf_path(path, &f);  // SPM, with BOS and the '▁' prefix
+    // A long text (about 40 KB): words, a special token, invalid UTF-8.
+    const char *piece = "The quick brown fox <|im_start|> jumps \xe2\x82\xac 12345 caf\xc3\xa9\xff\n";
+    size_t plen = strlen(piece), long_len = 0;
+    char *long_text = malloc(40000 + plen);
+    while (long_len < 40000) {
+        memcpy(long_text + long_len, piece, plen);
+        long_len += plen;
+    }
+    const char *texts[] = {"", "hi", "a\x80 b\xc3( \xe2\x82 <s> ok", long_text};
+    const size_t lens[] = {0, 2, strlen(texts[2]), long_len};
+    pg_tokenizer *ts[] = {hf, spm};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 4; i++)
+            for (int bos = 0; bos < 2; bos++)
+                for (int special = 0; special < 2; special++)
+                    check_alloc_matches(ts[k], texts[i], lens[i], bos, special);
+    // Empty text: count 0 without BOS, 1 with; an array to free either way.
+    int32_t *ids = NULL;
+    assert_int_equal(pg_tokenizer_encode_alloc(spm, "", 0, false, false, &ids), 0);
+    assert_non_null(ids);
+    free(ids);
+    assert_int_equal(pg_tokenizer_encode_alloc(spm, "", 0, true, false, &ids), 1);
+    assert_int_equal(ids[0], pg_tokenizer_bos(spm));
+    free(ids);
+    // Errors are pg_tokenizer_encode's (message set), with nothing allocated.
+    ids = (int32_t *)1;
+    assert_true(pg_tokenizer_encode_alloc(hf, NULL, 5, false, false, &ids) < 0);
+    assert_null(ids);
+    assert_true(strstr(pg_err_msg(), "bad arguments") != NULL);
+    assert_true(pg_tokenizer_encode_alloc(hf, "x", 1, false, false, NULL) < 0);
+    free(long_text);
+    pg_tokenizer_free(spm);
+    gguf_close(f);
+    pg_tokenizer_free(hf);
+}
+
 static void test_load_errors(void **state) {
     (void)state;
     char dir[512], p[1024];
@@ -868,6 +926,7 @@ int main(void) {
         cmocka_unit_test(test_detok_holds_back_split_characters),
         cmocka_unit_test(test_invalid_utf8_is_encoded_byte_by_byte),
         cmocka_unit_test(test_queries_capacity_and_bad_ids),
+        cmocka_unit_test(test_encode_alloc_matches_encode),
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_pretokenizer_whitespace_is_unicode_white_space),
         cmocka_unit_test(test_long_inputs_are_fast),

@@ -399,6 +399,32 @@ int pg_tokenizer_encode(const pg_tokenizer *t, const char *text, size_t len, boo
     return rc < 0 ? rc : e.n;
 }
 
+int pg_tokenizer_encode_alloc(const pg_tokenizer *t, const char *text, size_t len, bool add_bos,
+                              bool parse_special, int32_t **ids_out) {
+    if (!ids_out) return pg_err_set(PG_EINVAL, "tokenizer: bad arguments to encode");
+    *ids_out = NULL;
+    // pg_tokenizer_encode refuses such a text; checked first so the guess
+    // below cannot overflow.
+    if (len > (size_t)INT_MAX / 4)
+        return pg_err_set(PG_EINVAL, "tokenizer: text of %zu bytes is too long", len);
+    // A token covers at least one byte of most texts; the slack is for BOS
+    // and SPM's leading '▁'. A text that needs more takes a second pass at
+    // the exact count.
+    int cap = (int)len + 16;
+    int32_t *ids = pg_xmalloc(sizeof *ids * (size_t)cap);
+    int n = pg_tokenizer_encode(t, text, len, add_bos, parse_special, ids, cap);
+    if (n > cap) {
+        ids = pg_xrealloc(ids, sizeof *ids * (size_t)n);
+        n = pg_tokenizer_encode(t, text, len, add_bos, parse_special, ids, n);
+    }
+    if (n < 0) {
+        free(ids);
+        return n;
+    }
+    *ids_out = ids;
+    return n;
+}
+
 // --- queries ----------------------------------------------------------------
 
 pg_tok_kind pg_tokenizer_kind(const pg_tokenizer *t) { return t->kind; }

@@ -72,6 +72,15 @@ const char *pg_tokenizer_pre_name(const pg_tokenizer *t);
 // arguments or text over INT_MAX / 4 bytes, PG_ENOMEM).
 int pg_tokenizer_encode(const pg_tokenizer *t, const char *text, size_t len, bool add_bos,
                         bool parse_special, int32_t *ids, int cap);
+// pg_tokenizer_encode into an array it allocates: on success returns the
+// count n >= 0 and sets *ids_out to a malloc'd array of n ids (never NULL,
+// even for n == 0), which the caller frees with free(); the ids are exactly
+// what pg_tokenizer_encode gives for the same arguments. On error returns
+// pg_tokenizer_encode's negative error (message set) with *ids_out NULL.
+// Usually one encode pass: the first guess (len + 16 ids) is enough for
+// most texts, and a second pass at the exact size covers the rest.
+int pg_tokenizer_encode_alloc(const pg_tokenizer *t, const char *text, size_t len, bool add_bos,
+                              bool parse_special, int32_t **ids_out);
 
 // The bytes a token decodes to (byte-level BPE: Ġ -> space etc., SPM: ▁ ->
 // space, <0xAB> -> byte 0xAB). May be a partial UTF-8 sequence. Returns the
