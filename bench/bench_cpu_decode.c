@@ -104,7 +104,7 @@ int main(int argc, char **argv) {
            S * P / tp);
     pg_runner_free(r);
     pg_model_free(m);
-    be->destroy(be);
+    be->dev->destroy(be);
     free(tables), free(tok), free(seqs);
     return 0;
 fail:

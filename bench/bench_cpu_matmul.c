@@ -185,7 +185,7 @@ int main(int argc, char **argv) {
                     printf("%-22s %4lld %-5s %2d %10.1f %8.2f %9.2f\n", sh->name, (long long)m,
                            r->mode, r->threads, r->us, r->gbs, r->gflops);
                     fflush(stdout);
-                    b->destroy(b);
+                    b->dev->destroy(b);
                 }
             }
             free(x);

@@ -566,8 +566,8 @@ int pg_memplan_local_gpu(int64_t *total, int64_t *in_use) {
     pg_backend *be;
     PG_TRY(pg_backend_cuda_create(0, &be));
     int64_t free_b = 0;
-    int rc = be->mem_info(be, &free_b, total);
-    be->destroy(be);
+    int rc = be->dev->mem_info(be, &free_b, total);
+    be->dev->destroy(be);
     *in_use = *total - free_b;
     return rc;
 }

@@ -120,25 +120,20 @@ typedef struct pg_argmax {
 
 typedef struct pg_backend pg_backend;
 
-struct pg_backend {
-    const char *name;       // "cpu", "cuda"
-    void *ctx;              // the backend's state
-    int32_t act_dtype;      // activations: PG_DTYPE_F32 (CPU) or PG_DTYPE_BF16 (CUDA)
-    bool weights_borrow;    // weight_upload keeps pointers into the host data, which
-                            //   must outlive the weight (CPU); else it copies (CUDA)
-    bool measures_memory;   // mem_info tracks what allocations and kernels take, so the
-                            //   runner's profiling forward means something (CUDA)
-    bool has_graphs;        // graph_begin/graph_end capture (CUDA)
-    int32_t kv_native;      // the KV cache's native element type, for messages
-                            //   (PG_DTYPE_F32 on the CPU, PG_DTYPE_BF16 on CUDA)
-
+// The backend interface in three tables, as ggml separates devices,
+// buffers and compute: `dev` (the device, its memory, copies, events and
+// graph capture), `store` (what lives in backend memory across steps: the
+// weights, their offload, the KV cache and its swaps), and `ops` (the
+// compute of a step at the fused granularity the GPU runs). Each backend
+// fills three static tables; callers say which part they use
+// (be->ops->linear(be, ...)). Every function takes the backend itself.
+typedef struct pg_backend_dev {
     void (*destroy)(pg_backend *b);
     // Makes this backend's device the calling thread's (CUDA: cudaSetDevice;
     // nothing on the CPU). Tensor-parallel workers call it before their
     // rank's work, so that every allocation and launch goes to the rank's GPU.
     int (*bind_thread)(pg_backend *b);
 
-    // --- device and memory ------------------------------------------------------
     // One line: the device's name and size ("NVIDIA H200, 132 SMs, ...").
     void (*describe)(pg_backend *b, char *out, size_t cap);
     // Bytes of device memory free and in total (host memory on the CPU).
@@ -160,6 +155,18 @@ struct pg_backend {
     int (*wait)(pg_backend *b, int slot);
     int (*sync)(pg_backend *b);
 
+    // --- graphs ------------------------------------------------------------------
+    // Records every op queued between begin and end into a graph that
+    // graph_launch replays with the same arguments (the same buffers; their
+    // contents may change). PG_EUNSUPP without graphs. A failed capture
+    // leaves the stream usable.
+    int (*graph_begin)(pg_backend *b);
+    int (*graph_end)(pg_backend *b, void **graph);
+    int (*graph_launch)(pg_backend *b, void *graph);
+    void (*graph_free)(pg_backend *b, void *graph);
+} pg_backend_dev;
+
+typedef struct pg_backend_store {
     // --- weights ---------------------------------------------------------------
     // True when weights stored in `dtype` run as stored (no conversion at load).
     bool (*runs_in_place)(pg_backend *b, int dtype);
@@ -220,17 +227,9 @@ struct pg_backend {
     // pair's source). pairs: host int32 [n][2].
     int (*kv_swap)(pg_backend *b, pg_bkv *kv, const int32_t *pairs, int32_t n, bool to_host);
     int (*kv_copy)(pg_backend *b, pg_bkv *kv, const int32_t *pairs, int32_t n);
+} pg_backend_store;
 
-    // --- graphs ------------------------------------------------------------------
-    // Records every op queued between begin and end into a graph that
-    // graph_launch replays with the same arguments (the same buffers; their
-    // contents may change). PG_EUNSUPP without graphs. A failed capture
-    // leaves the stream usable.
-    int (*graph_begin)(pg_backend *b);
-    int (*graph_end)(pg_backend *b, void **graph);
-    int (*graph_launch)(pg_backend *b, void *graph);
-    void (*graph_free)(pg_backend *b, void *graph);
-
+typedef struct pg_backend_ops {
     // --- workspace sizes -----------------------------------------------------------
     // Bytes attention wants for any step of up to max_seqs sequences of up to
     // max_len keys (split-K partials); 0 when it needs none.
@@ -319,6 +318,23 @@ struct pg_backend {
     // Reads rows [0, n) of t as f32 into out[n][t.cols] (host): tests and
     // pg_runner_last_logits. Synchronous.
     int (*read_f32)(pg_backend *b, pg_tensor t, int64_t n, float *out);
+} pg_backend_ops;
+
+struct pg_backend {
+    const char *name;       // "cpu", "cuda"
+    void *ctx;              // the backend's state
+    int32_t act_dtype;      // activations: PG_DTYPE_F32 (CPU) or PG_DTYPE_BF16 (CUDA)
+    bool weights_borrow;    // weight_upload keeps pointers into the host data, which
+                            //   must outlive the weight (CPU); else it copies (CUDA)
+    bool measures_memory;   // mem_info tracks what allocations and kernels take, so the
+                            //   runner's profiling forward means something (CUDA)
+    bool has_graphs;        // graph_begin/graph_end capture (CUDA)
+    int32_t kv_native;      // the KV cache's native element type, for messages
+                            //   (PG_DTYPE_F32 on the CPU, PG_DTYPE_BF16 on CUDA)
+
+    const pg_backend_dev *dev;     // device and memory
+    const pg_backend_store *store; // weights, KV cache, offload, swap
+    const pg_backend_ops *ops;     // the compute of a step
 };
 
 // The CPU backend with `n_threads` threads (0 = all online CPUs) and the

@@ -88,7 +88,7 @@ static int bitwise(int threads) {
             free(out);
             ggml_free(ctx);
         }
-    be->destroy(be);
+    be->dev->destroy(be);
     return bad;
 }
 

@@ -96,7 +96,7 @@ static void abort_comms(pg_executor *ex, int32_t rank) {
 // Runs fn on this rank and records the result (the message is per thread).
 static void run_rank(pg_executor *ex, int32_t rank) {
     pg_backend *be = ex->be[rank];
-    int rc = be->bind_thread(be);
+    int rc = be->dev->bind_thread(be);
     if (rc >= 0) rc = ex->fn(ex, rank, ex->arg);
     ex->rc[rank] = rc;
     if (rc < 0) {
@@ -357,7 +357,7 @@ void pg_executor_free(pg_executor *ex) {
     for (int32_t r = 0; r < ex->n; r++)
         if (ex->comm[r]) ex->comm[r]->destroy(ex->comm[r]);
     for (int32_t r = 0; r < ex->n; r++)
-        if (ex->be[r]) ex->be[r]->destroy(ex->be[r]);
+        if (ex->be[r]) ex->be[r]->dev->destroy(ex->be[r]);
     free(ex);
 }
 

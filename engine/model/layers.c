@@ -29,7 +29,7 @@ int pg_layer_all_reduce(const pg_model *m, pg_tensor x) {
 }
 
 int pg_layer_embed(const pg_model *m, pg_tensor x, const int32_t *tokens) {
-    PG_TRY(m->be->embed(m->be, x, tokens, m->tok_emb, m->shard.vocab0));
+    PG_TRY(m->be->ops->embed(m->be, x, tokens, m->tok_emb, m->shard.vocab0));
     return pg_layer_all_reduce(m, x);
 }
 
@@ -37,7 +37,7 @@ int pg_layer_row_linear(const pg_model *m, pg_tensor x, pg_tensor in, const pg_b
     // Rank 0 adds its part to the stream, the others write theirs over it;
     // the all-reduce then sums stream and parts.
     const bool residual = m->shard.rank == 0;
-    PG_TRY(m->be->linear(m->be, x, in, NULL, 0.0f, w, NULL, residual, scratch));
+    PG_TRY(m->be->ops->linear(m->be, x, in, NULL, 0.0f, w, NULL, residual, scratch));
     return pg_layer_all_reduce(m, x);
 }
 
@@ -50,7 +50,7 @@ static int kv_amax(const pg_model *m, pg_tensor k, pg_tensor v, int64_t n, float
     float *row = pg_xmalloc(sizeof(float) * (size_t)(n * w));
     int rc = 0;
     for (int t = 0; t < 2 && rc == 0; t++) {
-        if ((rc = m->be->read_f32(m->be, t == 0 ? k : v, n, row)) < 0) break;
+        if ((rc = m->be->ops->read_f32(m->be, t == 0 ? k : v, n, row)) < 0) break;
         for (int64_t i = 0; i < n * w; i++) {
             const float a = fabsf(row[i]);
             float *mx = &amax[t * nkv + (i % w) / hd];
@@ -68,24 +68,24 @@ int pg_layer_attention(const pg_model *m, int32_t l, pg_bkv *kv, const pg_fwd_bu
     const pg_model_layer *L = &m->layers[l];
     pg_backend *be = m->be;
     const float scale = 1.0f / sqrtf((float)c->head_dim);
-    PG_TRY(be->linear(be, v->qkv, v->x, L->attn_norm, c->rms_eps, L->qkv, L->qkv_bias, false, v->xn));
+    PG_TRY(be->ops->linear(be, v->qkv, v->x, L->attn_norm, c->rms_eps, L->qkv, L->qkv_bias, false, v->xn));
     if (L->q_norm) {
-        PG_TRY(be->head_rmsnorm(be, v->q, sh->n_heads, L->q_norm, c->rms_eps));
-        PG_TRY(be->head_rmsnorm(be, v->k, sh->n_kv_heads, L->k_norm, c->rms_eps));
+        PG_TRY(be->ops->head_rmsnorm(be, v->q, sh->n_heads, L->q_norm, c->rms_eps));
+        PG_TRY(be->ops->head_rmsnorm(be, v->k, sh->n_kv_heads, L->k_norm, c->rms_eps));
     }
     pg_kv_shape ks = kv->shape;
     if (bufs->kv_scales && ks.dtype == PG_KV_FP8_E4M3)
         ks.scales = bufs->kv_scales + (size_t)l * 2 * (size_t)sh->n_kv_heads;
-    PG_TRY(be->rope_kv_write(be, v->q, v->k, v->v, s->pos, s->slots, sh->n_heads, m->inv_freq, kv->k[l], kv->v[l],
+    PG_TRY(be->ops->rope_kv_write(be, v->q, v->k, v->v, s->pos, s->slots, sh->n_heads, m->inv_freq, kv->k[l], kv->v[l],
                              ks));
     if (bufs->kv_amax)
         PG_TRY(kv_amax(m, v->k, v->v, v->n, bufs->kv_amax + (size_t)l * 2 * (size_t)sh->n_kv_heads));
-    PG_TRY(be->attention(be, v->attn, v->q, &s->attn, kv->k[l], kv->v[l], ks, sh->n_heads, scale));
+    PG_TRY(be->ops->attention(be, v->attn, v->q, &s->attn, kv->k[l], kv->v[l], ks, sh->n_heads, scale));
     return pg_layer_row_linear(m, v->x, v->attn, L->o, v->xn);
 }
 
 int pg_layer_ffn_swiglu(const pg_model *m, int32_t l, const pg_step_views *v) {
     const pg_model_layer *L = &m->layers[l];
-    PG_TRY(m->be->gate_up_silu(m->be, v->h, v->x, L->ffn_norm, m->cfg.rms_eps, L->gate_up, v->xn, v->gu));
+    PG_TRY(m->be->ops->gate_up_silu(m->be, v->h, v->x, L->ffn_norm, m->cfg.rms_eps, L->gate_up, v->xn, v->gu));
     return pg_layer_row_linear(m, v->x, v->h, L->down, v->xn);
 }

@@ -30,20 +30,20 @@ int pg_model_forward_logits(const pg_model *m, const pg_fwd_buffers *bufs, const
     pg_tensor g = pg_tensor_view(bufs->lg_in, 0, ns, 0, bufs->lg_in.cols);
     pg_tensor logits = pg_tensor_view(bufs->logits, 0, ns, 0, c->vocab_size);
     // Only the rows that sample need the final norm and the LM head.
-    PG_TRY(be->gather(be, g, x, s->logit_rows));
-    PG_TRY(be->rmsnorm(be, g, g, m->final_norm, c->rms_eps));
-    if (!m->comm) return be->linear(be, logits, g, NULL, 0.0f, m->lm_head, NULL, false, g);
+    PG_TRY(be->ops->gather(be, g, x, s->logit_rows));
+    PG_TRY(be->ops->rmsnorm(be, g, g, m->final_norm, c->rms_eps));
+    if (!m->comm) return be->ops->linear(be, logits, g, NULL, 0.0f, m->lm_head, NULL, false, g);
     // This rank's vocabulary slice, then every rank's side by side: each
     // rank samples from all the logits, and the same values give the same
     // token on every rank (docs/tensor_parallel.md).
     pg_tensor part = pg_tensor_view(bufs->lg_part, 0, ns, 0, sh->vocab);
     part.stride = sh->vocab; // contiguous [ns][vocab slice]: what the all-gather moves
-    PG_TRY(be->linear(be, part, g, NULL, 0.0f, m->lm_head, NULL, false, g));
+    PG_TRY(be->ops->linear(be, part, g, NULL, 0.0f, m->lm_head, NULL, false, g));
     const size_t el = part.dtype == PG_DTYPE_F32 ? 4 : 2, bytes = (size_t)ns * (size_t)sh->vocab * el;
     PG_TRY(m->comm->all_gather(m->comm, part.data, bufs->lg_all, bytes));
     for (int32_t r = 0; r < sh->size; r++) {
         pg_tensor src = {(char *)bufs->lg_all + (size_t)r * bytes, part.dtype, ns, sh->vocab, sh->vocab};
-        PG_TRY(be->copy(be, pg_tensor_view(logits, 0, ns, (int64_t)r * sh->vocab, sh->vocab), src));
+        PG_TRY(be->ops->copy(be, pg_tensor_view(logits, 0, ns, (int64_t)r * sh->vocab, sh->vocab), src));
     }
     return 0;
 }
@@ -57,13 +57,13 @@ static int head_maxima(const pg_model *m, const pg_fwd_buffers *bufs, const pg_f
     const int64_t ns = s->n_logits;
     pg_tensor x = pg_tensor_view(bufs->x, 0, s->n_tokens, 0, bufs->x.cols);
     pg_tensor g = pg_tensor_view(bufs->lg_in, 0, ns, 0, bufs->lg_in.cols);
-    PG_TRY(be->gather(be, g, x, s->logit_rows));
-    PG_TRY(be->rmsnorm(be, g, g, m->final_norm, c->rms_eps));
+    PG_TRY(be->ops->gather(be, g, x, s->logit_rows));
+    PG_TRY(be->ops->rmsnorm(be, g, g, m->final_norm, c->rms_eps));
     *part = pg_tensor_view(bufs->lg_part, 0, ns, 0, sh->vocab);
     part->stride = sh->vocab;
-    PG_TRY(be->linear(be, *part, g, NULL, 0.0f, m->lm_head, NULL, false, g));
+    PG_TRY(be->ops->linear(be, *part, g, NULL, 0.0f, m->lm_head, NULL, false, g));
     // Rank r's maxima at cand + r * ns: the all-gather's layout.
-    PG_TRY(be->argmax_rows(be, bufs->cand + (size_t)sh->rank * (size_t)ns, *part));
+    PG_TRY(be->ops->argmax_rows(be, bufs->cand + (size_t)sh->rank * (size_t)ns, *part));
     return m->comm->all_gather(m->comm, bufs->cand + (size_t)sh->rank * (size_t)ns, bufs->cand,
                                sizeof(pg_argmax) * (size_t)ns);
 }
@@ -75,7 +75,7 @@ int pg_model_forward_greedy(const pg_model *m, const pg_fwd_buffers *bufs, const
     if (ns == 0) return 0;
     pg_tensor part;
     PG_TRY(head_maxima(m, bufs, s, &part));
-    return m->be->argmax_pick(m->be, out, bufs->cand, sh->size, (int32_t)ns, sh->vocab);
+    return m->be->ops->argmax_pick(m->be, out, bufs->cand, sh->size, (int32_t)ns, sh->vocab);
 }
 
 int pg_model_forward_topk(const pg_model *m, const pg_fwd_buffers *bufs, const pg_fwd_step *s,
@@ -92,7 +92,7 @@ int pg_model_forward_topk(const pg_model *m, const pg_fwd_buffers *bufs, const p
     // sampler's own scaled values: the k best of the union of every rank's
     // k best are the k best of the whole row, float ties included.
     pg_argmax *mine = bufs->topk + (size_t)sh->rank * (size_t)ns * (size_t)k;
-    PG_TRY(be->topk_rows(be, mine, part, k, bufs->cand, sh->size, params, sh->vocab0));
+    PG_TRY(be->ops->topk_rows(be, mine, part, k, bufs->cand, sh->size, params, sh->vocab0));
     PG_TRY(m->comm->all_gather(m->comm, mine, bufs->topk, sizeof(pg_argmax) * (size_t)ns * (size_t)k));
-    return be->topk_scatter(be, pg_tensor_view(bufs->logits, 0, ns, 0, m->cfg.vocab_size), bufs->topk, sh->size, k);
+    return be->ops->topk_scatter(be, pg_tensor_view(bufs->logits, 0, ns, 0, m->cfg.vocab_size), bufs->topk, sh->size, k);
 }

@@ -382,8 +382,8 @@ static int make(loader *ld, const source *s, const pg_weight *parts, const pg_ra
         int64_t len = 0;
         for (int i = 0; i < n; i++) len += parts[i].cols;
         const pg_rand_window vec = {.rows = 1, .cols = len, .full_cols = len};
-        rc = vector ? be->weight_random(be, &vec, 1, 0, 0.0f, dummy_fill, out)
-                    : be->weight_random(be, win, n, key, std, 0.0f, out);
+        rc = vector ? be->store->weight_random(be, &vec, 1, 0, 0.0f, dummy_fill, out)
+                    : be->store->weight_random(be, win, n, key, std, 0.0f, out);
     } else if (vector && n > 1) {
         // Concatenated vectors (Q|K|V biases) become one f32 vector.
         int64_t len = 0;
@@ -393,9 +393,9 @@ static int make(loader *ld, const source *s, const pg_weight *parts, const pg_ra
             pg_dequantize_row(parts[i].dtype, parts[i].data, v + off, parts[i].cols);
         pg_weight one = {.data = v, .dtype = PG_DTYPE_F32, .rows = 1, .cols = len,
                          .row_bytes = sizeof(float) * (size_t)len};
-        rc = be->weight_upload(be, &one, 1, out);
+        rc = be->store->weight_upload(be, &one, 1, out);
     } else {
-        rc = be->weight_upload(be, parts, n, out);
+        rc = be->store->weight_upload(be, parts, n, out);
     }
     if (rc < 0) return rc;
     ld->m->weight_bytes += (int64_t)(*out)->bytes;
@@ -699,7 +699,7 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
             }
             for (int32_t i = 0; i < c->head_dim / 2; i++) inv[i] /= ((const float *)rf->data)[i];
         }
-        if ((rc = be->vector_f32(be, inv, c->head_dim / 2, &m->inv_freq)) < 0) goto fail_progress;
+        if ((rc = be->store->vector_f32(be, inv, c->head_dim / 2, &m->inv_freq)) < 0) goto fail_progress;
     }
     {
         double secs = pg_progress_end(&ld.pr);
@@ -733,13 +733,13 @@ void pg_model_free(pg_model *m) {
         for (int32_t l = 0; l < m->cfg.n_layers; l++) {
             pg_bweight *ws[9];
             const int n = pg_model_layer_weights(&m->layers[l], ws);
-            for (int i = 0; i < n; i++) be->weight_free(be, ws[i]);
+            for (int i = 0; i < n; i++) be->store->weight_free(be, ws[i]);
         }
     pg_model_offload_free(m);
-    if (m->lm_head && m->lm_head != m->tok_emb) be->weight_free(be, m->lm_head);
-    if (m->tok_emb) be->weight_free(be, m->tok_emb);
-    if (m->final_norm) be->weight_free(be, m->final_norm);
-    if (m->inv_freq) be->weight_free(be, m->inv_freq);
+    if (m->lm_head && m->lm_head != m->tok_emb) be->store->weight_free(be, m->lm_head);
+    if (m->tok_emb) be->store->weight_free(be, m->tok_emb);
+    if (m->final_norm) be->store->weight_free(be, m->final_norm);
+    if (m->inv_freq) be->store->weight_free(be, m->inv_freq);
     free(m->layers);
     free(m->kv_scales);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);

@@ -38,15 +38,15 @@ int pg_model_layer_weights(const pg_model_layer *L, pg_bweight **out) {
 int pg_model_offload_layer(pg_model *m, int32_t l) {
     pg_backend *be = m->be;
     pg_model_offload *o = &m->offload;
-    PG_ARG(be->weight_offload && be->weight_point && be->stream_in,
+    PG_ARG(be->store->weight_offload && be->store->weight_point && be->store->stream_in,
            "--cpu-offload-gb: the %s backend cannot offload weights", be->name);
     PG_ARG(l == o->n_layers && l < m->cfg.n_layers, "offload: layer %d after %d offloaded layers", l, o->n_layers);
     pg_bweight *ws[9];
     const int n = pg_model_layer_weights(&m->layers[l], ws);
     size_t total = 0;
-    for (int i = 0; i < n; i++) total += align_up(be->weight_pack_bytes(be, ws[i]));
+    for (int i = 0; i < n; i++) total += align_up(be->store->weight_pack_bytes(be, ws[i]));
     void *host;
-    int rc = be->host_alloc(be, total, &host);
+    int rc = be->dev->host_alloc(be, total, &host);
     if (rc < 0) return pg_err_wrap(rc, "--cpu-offload-gb: layer %d: ", l);
     o->host = pg_xrealloc(o->host, sizeof(void *) * (size_t)(l + 1));
     o->bytes = pg_xrealloc(o->bytes, sizeof(size_t) * (size_t)(l + 1));
@@ -56,9 +56,9 @@ int pg_model_offload_layer(pg_model *m, int32_t l) {
     o->host_bytes += (int64_t)total;
     size_t off = 0;
     for (int i = 0; i < n; i++) {
-        const size_t pack = be->weight_pack_bytes(be, ws[i]);
+        const size_t pack = be->store->weight_pack_bytes(be, ws[i]);
         const int64_t had = (int64_t)ws[i]->bytes;
-        if ((rc = be->weight_offload(be, ws[i], (char *)host + off)) < 0)
+        if ((rc = be->store->weight_offload(be, ws[i], (char *)host + off)) < 0)
             return pg_err_wrap(rc, "--cpu-offload-gb: layer %d: ", l);
         m->weight_bytes -= had;
         off += align_up(pack);
@@ -74,9 +74,9 @@ static int measure(pg_model *m, double *gbps) {
     double t[3];
     for (int i = 0; i < 3; i++) {
         const int64_t t0 = pg_now_ns();
-        PG_TRY(be->stream_in(be, o->slot[0], o->host[0], o->bytes[0], 0));
-        PG_TRY(be->stream_in_wait(be, 0));
-        PG_TRY(be->sync(be));
+        PG_TRY(be->store->stream_in(be, o->slot[0], o->host[0], o->bytes[0], 0));
+        PG_TRY(be->store->stream_in_wait(be, 0));
+        PG_TRY(be->dev->sync(be));
         t[i] = (double)(pg_now_ns() - t0) * 1e-9;
     }
     const double lo = t[0] < t[1] ? t[0] : t[1], hi = t[0] < t[1] ? t[1] : t[0];
@@ -93,7 +93,7 @@ int pg_model_offload_finish(pg_model *m) {
         if (o->bytes[l] > o->slot_bytes) o->slot_bytes = o->bytes[l];
     const int n_slots = o->n_layers > 1 ? 2 : 1;
     for (int s = 0; s < n_slots; s++) {
-        int rc = be->alloc(be, o->slot_bytes, &o->slot[s]);
+        int rc = be->dev->alloc(be, o->slot_bytes, &o->slot[s]);
         if (rc < 0)
             return pg_err_wrap(rc, "--cpu-offload-gb: the %d device slot%s of %.1f MiB for the offloaded layers: ",
                                n_slots, n_slots > 1 ? "s" : "", (double)o->slot_bytes / (1 << 20));
@@ -106,8 +106,8 @@ int pg_model_offload_finish(pg_model *m) {
         char *slot = o->slot[l % 2];
         size_t off = 0;
         for (int i = 0; i < n; i++) {
-            PG_TRY(be->weight_point(be, ws[i], slot + off));
-            off += align_up(be->weight_pack_bytes(be, ws[i]));
+            PG_TRY(be->store->weight_point(be, ws[i], slot + off));
+            off += align_up(be->store->weight_pack_bytes(be, ws[i]));
         }
     }
     PG_TRY(measure(m, &o->h2d_gbps));
@@ -132,8 +132,8 @@ void pg_model_offload_free(pg_model *m) {
     pg_backend *be = m->be;
     pg_model_offload *o = &m->offload;
     for (int s = 0; s < 2; s++)
-        if (o->slot[s]) be->free(be, o->slot[s]);
-    for (int32_t l = 0; l < o->n_layers; l++) be->host_free(be, o->host[l]);
+        if (o->slot[s]) be->dev->free(be, o->slot[s]);
+    for (int32_t l = 0; l < o->n_layers; l++) be->dev->host_free(be, o->host[l]);
     free(o->host);
     free(o->bytes);
     memset(o, 0, sizeof *o);
@@ -142,10 +142,10 @@ void pg_model_offload_free(pg_model *m) {
 int pg_model_offload_prefetch(const pg_model *m, int32_t l) {
     const pg_model_offload *o = &m->offload;
     if (l >= o->n_layers) return 0;
-    return m->be->stream_in(m->be, o->slot[l % 2], o->host[l], o->bytes[l], l % 2);
+    return m->be->store->stream_in(m->be, o->slot[l % 2], o->host[l], o->bytes[l], l % 2);
 }
 
 int pg_model_offload_wait(const pg_model *m, int32_t l) {
     if (l >= m->offload.n_layers) return 0;
-    return m->be->stream_in_wait(m->be, l % 2);
+    return m->be->store->stream_in_wait(m->be, l % 2);
 }

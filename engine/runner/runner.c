@@ -165,16 +165,16 @@ static int enqueue_tail(pg_runner *r, const step_desc *s, const dev_in *d, pg_sa
     r->logits_valid = k == 0;
     if (k == 1) {
         PG_TRY(pg_model_forward_greedy(r->model, &r->bufs, &fs, r->out_dev));
-        return be->download(be, host, r->out_dev, sizeof(pg_sample_out) * (size_t)s->n_sample);
+        return be->dev->download(be, host, r->out_dev, sizeof(pg_sample_out) * (size_t)s->n_sample);
     }
     if (k > 1)
         PG_TRY(pg_model_forward_topk(r->model, &r->bufs, &fs, d->params, k));
     else
         PG_TRY(pg_model_forward_logits(r->model, &r->bufs, &fs));
     pg_tensor logits = pg_tensor_view(r->bufs.logits, 0, s->n_sample, 0, r->bufs.logits.cols);
-    PG_TRY(be->sample(be, r->out_dev, logits, d->params, s->n_sample_tokens ? d->stok : d->tok,
+    PG_TRY(be->ops->sample(be, r->out_dev, logits, d->params, s->n_sample_tokens ? d->stok : d->tok,
                       r->samp_ws, r->samp_ws_bytes));
-    return be->download(be, host, r->out_dev, sizeof(pg_sample_out) * (size_t)s->n_sample);
+    return be->dev->download(be, host, r->out_dev, sizeof(pg_sample_out) * (size_t)s->n_sample);
 }
 
 // --- set-up -----------------------------------------------------------------------------
@@ -227,20 +227,20 @@ static int profile(pg_runner *r) {
                     .n_sample = n_seqs, .sample_rows = rows, .params = pp, .sample_tokens = tok,
                     .n_sample_tokens = 1};
     pg_kv_shape ks = {tmp_blocks, bs, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype, NULL};
-    int rc = be->kv_create(be, mc->n_layers, ks, 0, &r->kv);
+    int rc = be->store->kv_create(be, mc->n_layers, ks, 0, &r->kv);
     // Twice: the first loads kernels and creates GEMM plans, the second
     // shows the steady state (and is what a capture would see).
     for (int it = 0; it < 2 && rc == 0; it++) {
         dev_in d;
         if ((rc = runner_pack(r, &st, &d)) == 0 && (rc = runner_layers(r, &st, &d)) == 0 &&
             (rc = enqueue_tail(r, &st, &d, r->out_host[0])) == 0)
-            rc = be->sync(be);
+            rc = be->dev->sync(be);
     }
     if (rc < 0)
         pg_err_wrap(rc, "profiling step (%d tokens, %d sequences): ", T, n_seqs);
     else if (r->graphs_on)
         runner_graphs_probe(r); // on the temporary pool; never an error
-    be->kv_free(be, r->kv);
+    be->store->kv_free(be, r->kv);
     r->kv = NULL;
     free(tok), free(pos), free(slots), free(bt), free(lens), free(start), free(rows), free(pp);
     return rc;
@@ -262,16 +262,16 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
     r->max_bt = (cfg->max_model_len + cfg->block_size - 1) / cfg->block_size;
     int rc = 0;
     int64_t free0 = 0, total = 0;
-    if ((rc = be->sync(be)) < 0 || (rc = be->mem_info(be, &free0, &total)) < 0) goto fail;
-    r->attn_ws_bytes = be->attn_workspace_bytes(be, r->max_seqs, r->model->shard.n_heads, r->model->shard.n_kv_heads,
+    if ((rc = be->dev->sync(be)) < 0 || (rc = be->dev->mem_info(be, &free0, &total)) < 0) goto fail;
+    r->attn_ws_bytes = be->ops->attn_workspace_bytes(be, r->max_seqs, r->model->shard.n_heads, r->model->shard.n_kv_heads,
                                                 mc->head_dim, cfg->max_model_len);
-    r->samp_ws_bytes = be->sample_workspace_bytes(be, r->max_seqs, mc->vocab_size);
+    r->samp_ws_bytes = be->ops->sample_workspace_bytes(be, r->max_seqs, mc->vocab_size);
     // The same pure plan `paged plan` sizes (engine/memplan.c).
     pg_runner_ws_plan wp;
     pg_runner_workspace_plan(mc, &model->shard, cfg, be->act_dtype, r->attn_ws_bytes, r->samp_ws_bytes, &wp);
     r->in_cap = wp.inputs;
     r->ws_bytes = wp.bytes;
-    if ((rc = be->alloc(be, r->ws_bytes, &r->ws)) < 0) {
+    if ((rc = be->dev->alloc(be, r->ws_bytes, &r->ws)) < 0) {
         pg_err_wrap(rc, "the workspace for %d tokens / %d sequences per step (%.2f GiB; lower "
                         "--max-num-batched-tokens or --max-num-seqs): ",
                     r->max_tokens, r->max_seqs, (double)r->ws_bytes / (1 << 30));
@@ -286,8 +286,8 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
     r->plp_in_dev = o.plp_in_dev, r->plp_out_dev = o.plp_out_dev;
     r->kv_scales_dev = o.kv_scales;
     for (int i = 0; i < 2; i++)
-        if ((rc = be->host_alloc(be, r->in_cap, (void **)&r->in_host[i])) < 0 ||
-            (rc = be->host_alloc(be, sizeof(pg_sample_out) * (size_t)r->max_seqs, (void **)&r->out_host[i])) < 0)
+        if ((rc = be->dev->host_alloc(be, r->in_cap, (void **)&r->in_host[i])) < 0 ||
+            (rc = be->dev->host_alloc(be, sizeof(pg_sample_out) * (size_t)r->max_seqs, (void **)&r->out_host[i])) < 0)
             goto fail;
     if ((rc = runner_plp_alloc(r)) < 0) goto fail;
     const size_t T = (size_t)r->max_tokens, S = (size_t)r->max_seqs;
@@ -306,7 +306,7 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
     if (be->measures_memory && (rc = profile(r)) < 0) goto fail;
     if ((rc = runner_kv_scales_init(r)) < 0) goto fail;
     int64_t free1 = free0;
-    if ((rc = be->sync(be)) < 0 || (rc = be->mem_info(be, &free1, &total)) < 0) goto fail;
+    if ((rc = be->dev->sync(be)) < 0 || (rc = be->dev->mem_info(be, &free1, &total)) < 0) goto fail;
     r->workspace_measured = be->measures_memory ? free0 - free1 : 0;
     if (r->workspace_measured < (int64_t)r->ws_bytes) r->workspace_measured = (int64_t)r->ws_bytes;
     *out = r;
@@ -319,13 +319,13 @@ fail:
 void pg_runner_free(pg_runner *r) {
     if (!r) return;
     pg_backend *be = r->be;
-    be->sync(be);
+    be->dev->sync(be);
     runner_graphs_free(r);
-    if (r->kv) be->kv_free(be, r->kv);
-    be->free(be, r->ws);
+    if (r->kv) be->store->kv_free(be, r->kv);
+    be->dev->free(be, r->ws);
     for (int i = 0; i < 2; i++) {
-        be->host_free(be, r->in_host[i]);
-        be->host_free(be, r->out_host[i]);
+        be->dev->host_free(be, r->in_host[i]);
+        be->dev->host_free(be, r->out_host[i]);
     }
     runner_plp_free(r);
     free(r->tokens), free(r->pos), free(r->slots), free(r->bt);
@@ -340,13 +340,13 @@ const pg_bkv *pg_runner_kv(const pg_runner *r) { return r->kv; }
 size_t pg_runner_kv_bytes_per_block(const pg_runner *r) {
     const pg_model_config *mc = &r->model->cfg;
     pg_kv_shape s = {1, r->cfg.block_size, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype, NULL};
-    return r->be->kv_block_bytes(r->be, mc->n_layers, s);
+    return r->be->store->kv_block_bytes(r->be, mc->n_layers, s);
 }
 
 void pg_runner_mem_get(const pg_runner *r, pg_runner_mem *out) {
     memset(out, 0, sizeof *out);
     pg_backend *be = r->be;
-    if (be->mem_info(be, &out->free, &out->total) < 0) out->free = out->total = 0;
+    if (be->dev->mem_info(be, &out->free, &out->total) < 0) out->free = out->total = 0;
     out->weights = r->model->weight_bytes;
     out->kv = r->kv ? (int64_t)r->kv->bytes : 0;
     out->workspace = r->workspace_measured;
@@ -367,7 +367,7 @@ void pg_runner_mem_get(const pg_runner *r, pg_runner_mem *out) {
         out->other = out->total - out->free - out->weights - out->kv - out->workspace - out->graphs;
         if (out->other < 0) out->other = 0;
     }
-    be->describe(be, out->device, sizeof out->device);
+    be->dev->describe(be, out->device, sizeof out->device);
 }
 
 int pg_runner_alloc_kv(pg_runner *r, int32_t n_blocks, int32_t n_host_blocks) {
@@ -375,7 +375,7 @@ int pg_runner_alloc_kv(pg_runner *r, int32_t n_blocks, int32_t n_host_blocks) {
     PG_ARG(n_blocks >= 2 && n_host_blocks >= 0, "runner: %d KV blocks", n_blocks);
     const pg_model_config *mc = &r->model->cfg;
     pg_kv_shape s = {n_blocks, r->cfg.block_size, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype, NULL};
-    PG_TRY(r->be->kv_create(r->be, mc->n_layers, s, n_host_blocks, &r->kv));
+    PG_TRY(r->be->store->kv_create(r->be, mc->n_layers, s, n_host_blocks, &r->kv));
     r->n_blocks = n_blocks;
     r->n_host_blocks = n_host_blocks;
     return runner_graphs_capture_all(r); // a no-op unless graphs are captured at start-up
@@ -390,7 +390,7 @@ int pg_runner_last_logits(pg_runner *r, float *out, int32_t n) {
     if (!r->logits_valid)
         return pg_err_set(PG_EINVAL, "last_logits: the last step was greedy across tensor-parallel ranks and "
                                      "gathered no logits (pg_runner_config.full_logits)");
-    return r->be->read_f32(r->be, r->bufs.logits, n, out);
+    return r->be->ops->read_f32(r->be, r->bufs.logits, n, out);
 }
 
 // --- a step -----------------------------------------------------------------------------
@@ -527,9 +527,9 @@ static int queue_step(pg_runner *r, const step_desc *s) {
     // Tokens sampled by the step before (async scheduling), straight from
     // its sampler output, which that step's copy to the host has already
     // read in stream order and this step's sampler overwrites later.
-    if (s->n_feed > 0) PG_TRY(be->feed_tokens(be, (int32_t *)d.tok, r->out_dev, d.feed, s->n_feed));
+    if (s->n_feed > 0) PG_TRY(be->ops->feed_tokens(be, (int32_t *)d.tok, r->out_dev, d.feed, s->n_feed));
     if (g && r->graph_state[slot] == 1)
-        PG_TRY(be->graph_launch(be, r->graph_exec[slot]));
+        PG_TRY(be->dev->graph_launch(be, r->graph_exec[slot]));
     else
         PG_TRY(runner_layers(r, run, &d));
     PG_TRY(runner_plp_enqueue(r, s->n_tokens, r->next_buf)); // before the tail: it reuses the logits
@@ -537,7 +537,7 @@ static int queue_step(pg_runner *r, const step_desc *s) {
     // First eager step of this bucket: capture it for the next ones. The
     // capture wants an idle stream; this step then ends synchronously.
     if (g && r->graph_state[slot] == 0) {
-        PG_TRY(be->sync(be));
+        PG_TRY(be->dev->sync(be));
         runner_graph_capture(r, run, &d, slot);
     }
     return 0;
@@ -553,9 +553,9 @@ int pg_runner_begin(pg_runner *r, const pg_batch_plan *p) {
 
     // Block moves first: swap-out, swap-in (ordered after the compute work
     // queued so far), then copy-on-write copies.
-    if (p->n_swap_out) PG_TRY(be->kv_swap(be, r->kv, (const int32_t *)p->swap_out, p->n_swap_out, true));
-    if (p->n_swap_in) PG_TRY(be->kv_swap(be, r->kv, (const int32_t *)p->swap_in, p->n_swap_in, false));
-    if (p->n_copies) PG_TRY(be->kv_copy(be, r->kv, (const int32_t *)p->copies, p->n_copies));
+    if (p->n_swap_out) PG_TRY(be->store->kv_swap(be, r->kv, (const int32_t *)p->swap_out, p->n_swap_out, true));
+    if (p->n_swap_in) PG_TRY(be->store->kv_swap(be, r->kv, (const int32_t *)p->swap_in, p->n_swap_in, false));
+    if (p->n_copies) PG_TRY(be->store->kv_copy(be, r->kv, (const int32_t *)p->copies, p->n_copies));
 
     // Decode sequences (one query token) first, each group in plan order.
     int32_t n_dec = 0, k;
@@ -626,7 +626,7 @@ int pg_runner_begin(pg_runner *r, const pg_batch_plan *p) {
                         .n_sample_tokens = (int32_t)n_stok, .n_feed = n_feed, .feed = r->feed};
         PG_TRY(queue_step(r, &st));
     }
-    PG_TRY(be->record(be, buf));
+    PG_TRY(be->dev->record(be, buf));
     r->n_sampled[buf] = ns;
     r->open[r->n_open].buf = buf;
     r->open[r->n_open].n_sample = ns;
@@ -646,7 +646,7 @@ int pg_runner_end(pg_runner *r, pg_step_output *out) {
     const int32_t ns = r->open[0].n_sample, n_plp = r->open[0].n_plp;
     r->open[0] = r->open[1];
     r->n_open--;
-    PG_TRY(r->be->wait(r->be, buf));
+    PG_TRY(r->be->dev->wait(r->be, buf));
     r->last_n_sample = ns;
     for (int32_t j = 0; j < ns; j++) {
         const pg_sample_out *so = &r->out_host[buf][j];

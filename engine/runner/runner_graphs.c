@@ -44,7 +44,7 @@ int runner_graphs_setup(pg_runner *r) {
 
 void runner_graphs_free(pg_runner *r) {
     for (int32_t i = 0; r->graph_state && i < r->n_bbuckets * r->n_cbuckets; i++)
-        if (r->graph_state[i] == 1) r->be->graph_free(r->be, r->graph_exec[i]);
+        if (r->graph_state[i] == 1) r->be->dev->graph_free(r->be, r->graph_exec[i]);
     free(r->graph_exec), free(r->graph_state);
     free(r->g_tok), free(r->g_pos), free(r->g_slots), free(r->g_lens), free(r->g_start), free(r->g_bt);
 }
@@ -114,15 +114,15 @@ static void pad_step(pg_runner *r, int32_t bi, int32_t ci, step_desc *ps) {
 static bool capture(pg_runner *r, const step_desc *ps, const dev_in *d, void **exec, int *rc_out) {
     pg_backend *be = r->be;
     *exec = NULL;
-    int rc = be->graph_begin(be);
+    int rc = be->dev->graph_begin(be);
     if (rc == 0) {
         int lrc = runner_layers(r, ps, d);
-        rc = be->graph_end(be, exec); // always ends the capture
+        rc = be->dev->graph_end(be, exec); // always ends the capture
         if (lrc < 0) rc = lrc;
     }
-    if (rc == 0) rc = be->sync(be);
+    if (rc == 0) rc = be->dev->sync(be);
     if (rc < 0 && *exec) {
-        be->graph_free(be, *exec);
+        be->dev->graph_free(be, *exec);
         *exec = NULL;
     }
     *rc_out = rc;
@@ -131,7 +131,7 @@ static bool capture(pg_runner *r, const step_desc *ps, const dev_in *d, void **e
 
 void runner_graph_capture(pg_runner *r, const step_desc *ps, const dev_in *d, int32_t slot) {
     int64_t f0 = 0, f1 = 0, t = 0;
-    r->be->mem_info(r->be, &f0, &t);
+    r->be->dev->mem_info(r->be, &f0, &t);
     void *exec;
     int rc;
     if (!capture(r, ps, d, &exec, &rc)) {
@@ -144,7 +144,7 @@ void runner_graph_capture(pg_runner *r, const step_desc *ps, const dev_in *d, in
     r->graph_exec[slot] = exec;
     r->graph_state[slot] = 1;
     r->n_graphs++;
-    r->be->mem_info(r->be, &f1, &t);
+    r->be->dev->mem_info(r->be, &f1, &t);
     if (f0 > f1) r->graph_bytes += f0 - f1;
 }
 
@@ -166,17 +166,17 @@ void runner_graphs_probe(pg_runner *r) {
     dev_in d;
     rc = runner_pack(r, &ps, &d);
     if (rc == 0) rc = runner_layers(r, &ps, &d);
-    if (rc == 0) rc = be->sync(be);
-    if (rc == 0) rc = be->mem_info(be, &f0, &t);
+    if (rc == 0) rc = be->dev->sync(be);
+    if (rc == 0) rc = be->dev->mem_info(be, &f0, &t);
     for (int i = 0; rc == 0 && i < N_PROBE; i++)
         if (capture(r, &ps, &d, &ex[i], &rc)) n_ok++;
-    if (n_ok == N_PROBE && be->mem_info(be, &f1, &t) == 0)
+    if (n_ok == N_PROBE && be->dev->mem_info(be, &f1, &t) == 0)
         per = f0 > f1 ? (f0 - f1) / N_PROBE : 0;
     else
         PG_LOGW("graphs: the memory probe failed (%s); reserving %lld MiB per graph", pg_err_msg(),
                 (long long)(per >> 20));
     for (int i = 0; i < N_PROBE; i++)
-        if (ex[i]) be->graph_free(be, ex[i]);
+        if (ex[i]) be->dev->graph_free(be, ex[i]);
     // The probe sees 2 MiB pages: on the H200 at llama3-8b-shape it measured
     // 0.5 MiB per graph where 90 captures took 0.93 MiB each. Hence a floor of
     // 1 MiB per graph and a 1.5x margin.
@@ -210,7 +210,7 @@ int runner_graphs_capture_all(pg_runner *r) {
             // context (GEMM plans of this batch size, both decode paths: one
             // pass and split + reduce), so the capture loads no kernel.
             if (ci == 0 || ci == n_ci - 1) PG_TRY(runner_layers(r, &ps, &d));
-            PG_TRY(be->sync(be)); // idle stream; the host image is reused
+            PG_TRY(be->dev->sync(be)); // idle stream; the host image is reused
             runner_graph_capture(r, &ps, &d, slot);
         }
     clock_gettime(CLOCK_MONOTONIC, &t1);

@@ -61,7 +61,7 @@ static int calibrate(pg_runner *r, int32_t n, float *amax) {
     }
     for (int32_t b = 0; b < nb; b++) bt[b] = 1 + b;
     pg_kv_shape ks = {nb + 1, bs, r->model->shard.n_kv_heads, mc->head_dim, PG_KV_NATIVE, NULL};
-    int rc = be->kv_create(be, mc->n_layers, ks, 0, &r->kv);
+    int rc = be->store->kv_create(be, mc->n_layers, ks, 0, &r->kv);
     r->bufs.kv_amax = amax;
     for (int32_t t0 = 0; t0 < n && rc == 0; t0 += chunk) {
         const int32_t m = n - t0 < chunk ? n - t0 : chunk;
@@ -70,10 +70,10 @@ static int calibrate(pg_runner *r, int32_t n, float *amax) {
                         .n_decode = 0, .block_tables = bt, .bt_stride = nb, .seq_lens = lens, .start_pos = start,
                         .cu_q = cu, .max_prefill_q = m};
         dev_in d;
-        if ((rc = runner_pack(r, &st, &d)) == 0 && (rc = runner_layers(r, &st, &d)) == 0) rc = be->sync(be);
+        if ((rc = runner_pack(r, &st, &d)) == 0 && (rc = runner_layers(r, &st, &d)) == 0) rc = be->dev->sync(be);
     }
     r->bufs.kv_amax = NULL;
-    if (r->kv) be->kv_free(be, r->kv);
+    if (r->kv) be->store->kv_free(be, r->kv);
     r->kv = NULL;
     free(tok), free(pos), free(slots), free(bt);
     if (rc < 0) pg_err_wrap(rc, "fp8 KV scale calibration (%d tokens): ", n);
@@ -110,7 +110,7 @@ int runner_kv_scales_init(pg_runner *r) {
         from = "calibrated";
     }
     PG_CHECK(r->kv_scales_dev != NULL); // carved when kv_dtype is fp8 (pg_runner_workspace_plan)
-    if ((rc = r->be->upload(r->be, r->kv_scales_dev, h, sizeof(float) * n)) < 0 || (rc = r->be->sync(r->be)) < 0)
+    if ((rc = r->be->dev->upload(r->be, r->kv_scales_dev, h, sizeof(float) * n)) < 0 || (rc = r->be->dev->sync(r->be)) < 0)
         goto done;
     r->bufs.kv_scales = r->kv_scales_dev;
     if (m->shard.rank == 0) {

@@ -36,8 +36,8 @@ int runner_plp_alloc(pg_runner *r) {
     pg_backend *be = r->be;
     const size_t T = (size_t)r->max_tokens;
     for (int i = 0; i < 2; i++) {
-        PG_TRY(be->host_alloc(be, runner_plp_in_bytes(r->max_tokens), (void **)&r->plp_in_host[i]));
-        PG_TRY(be->host_alloc(be, runner_plp_out_bytes(r->max_tokens), (void **)&r->plp_host[i]));
+        PG_TRY(be->dev->host_alloc(be, runner_plp_in_bytes(r->max_tokens), (void **)&r->plp_in_host[i]));
+        PG_TRY(be->dev->host_alloc(be, runner_plp_out_bytes(r->max_tokens), (void **)&r->plp_host[i]));
         r->plp_seq[i] = pg_xcalloc(T, sizeof(int64_t));
         r->plp_pos[i] = pg_xcalloc(T, sizeof(int32_t));
     }
@@ -47,8 +47,8 @@ int runner_plp_alloc(pg_runner *r) {
 
 void runner_plp_free(pg_runner *r) {
     for (int i = 0; i < 2; i++) {
-        if (r->plp_in_host[i]) r->be->host_free(r->be, r->plp_in_host[i]);
-        if (r->plp_host[i]) r->be->host_free(r->be, r->plp_host[i]);
+        if (r->plp_in_host[i]) r->be->dev->host_free(r->be, r->plp_in_host[i]);
+        if (r->plp_host[i]) r->be->dev->host_free(r->be, r->plp_host[i]);
         free(r->plp_seq[i]);
         free(r->plp_pos[i]);
     }
@@ -89,8 +89,8 @@ int runner_plp_enqueue(pg_runner *r, int32_t n_tokens, int buf) {
     pg_backend *be = r->be;
     const int32_t *rows = (const int32_t *)r->plp_in_dev;
     const pg_sample_params *params = (const pg_sample_params *)(r->plp_in_dev + params_offset(r->max_tokens));
-    PG_TRY(be->upload(be, r->plp_in_dev, r->plp_in_host[buf], sizeof(int32_t) * (size_t)n));
-    PG_TRY(be->upload(be, (void *)params, r->plp_in_host[buf] + params_offset(r->max_tokens),
+    PG_TRY(be->dev->upload(be, r->plp_in_dev, r->plp_in_host[buf], sizeof(int32_t) * (size_t)n));
+    PG_TRY(be->dev->upload(be, (void *)params, r->plp_in_host[buf] + params_offset(r->max_tokens),
                       sizeof(pg_sample_params) * (size_t)n));
     const int32_t S = r->max_seqs; // rows of bufs.lg_in / bufs.logits and of the sampler workspace
     for (int32_t off = 0; off < n; off += S) {
@@ -99,10 +99,10 @@ int runner_plp_enqueue(pg_runner *r, int32_t n_tokens, int buf) {
         PG_TRY(pg_model_forward_logits(r->model, &r->bufs, &fs));
         pg_tensor logits = pg_tensor_view(r->bufs.logits, 0, m, 0, r->bufs.logits.cols);
         // Forced rows read no history: any valid pointer does for tokens.
-        PG_TRY(be->sample(be, r->plp_out_dev + off, logits, params + off, rows, r->samp_ws,
+        PG_TRY(be->ops->sample(be, r->plp_out_dev + off, logits, params + off, rows, r->samp_ws,
                           r->samp_ws_bytes));
     }
-    return be->download(be, r->plp_host[buf], r->plp_out_dev, sizeof(pg_sample_out) * (size_t)n);
+    return be->dev->download(be, r->plp_host[buf], r->plp_out_dev, sizeof(pg_sample_out) * (size_t)n);
 }
 
 void runner_plp_output(pg_runner *r, int buf, int32_t n, pg_step_output *out) {

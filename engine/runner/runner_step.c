@@ -53,7 +53,7 @@ int runner_pack(pg_runner *r, const step_desc *s, dev_in *d) {
                           "step: inputs exceed the %zu bytes sized at start (block tables of "
                           "stride %d, %d history tokens)",
                           pk.cap, s->bt_stride, s->n_sample_tokens);
-    return r->be->upload(r->be, r->in_dev, pk.host, pk.used);
+    return r->be->dev->upload(r->be, r->in_dev, pk.host, pk.used);
 }
 
 pg_fwd_step runner_fwd_step(const pg_runner *r, const step_desc *s, const dev_in *d) {

@@ -1049,6 +1049,67 @@ extern "C" int pg_backend_cuda_attn_workspace(int32_t max_seqs, int32_t n_heads,
     return 1;
 }
 
+// --- the three tables (kernels/backend.h) ---------------------------------------
+
+static const pg_backend_dev cu_dev = {
+    .destroy = cu_destroy,
+    .bind_thread = cu_bind_thread,
+    .describe = cu_describe,
+    .mem_info = cu_mem_info,
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .host_alloc = cu_host_alloc,
+    .host_free = cu_host_free,
+    .upload = cu_upload,
+    .download = cu_download,
+    .record = cu_record,
+    .wait = cu_wait,
+    .sync = cu_sync,
+    .graph_begin = cu_graph_begin,
+    .graph_end = cu_graph_end,
+    .graph_launch = cu_graph_launch,
+    .graph_free = cu_graph_free,
+};
+
+static const pg_backend_store cu_store = {
+    .runs_in_place = cu_runs_in_place,
+    .weight_upload = cu_weight_upload,
+    .weight_random = cu_weight_random,
+    .vector_f32 = cu_vector_f32,
+    .weight_free = cu_weight_free,
+    .weight_pack_bytes = cu_weight_pack_bytes,
+    .weight_offload = cu_weight_offload,
+    .weight_point = cu_weight_point,
+    .stream_in = cu_stream_in,
+    .stream_in_wait = cu_stream_in_wait,
+    .kv_block_bytes = cu_kv_block_bytes,
+    .kv_create = cu_kv_create,
+    .kv_free = cu_kv_free,
+    .kv_swap = cu_kv_swap,
+    .kv_copy = cu_kv_copy,
+};
+
+static const pg_backend_ops cu_ops = {
+    .attn_workspace_bytes = cu_attn_ws,
+    .sample_workspace_bytes = cu_sample_ws,
+    .embed = cu_embed,
+    .copy = cu_copy,
+    .gather = cu_gather,
+    .rmsnorm = cu_rmsnorm,
+    .linear = cu_linear,
+    .gate_up_silu = cu_gate_up_silu,
+    .head_rmsnorm = cu_head_rmsnorm,
+    .rope_kv_write = cu_rope_kv_write,
+    .attention = cu_attention,
+    .sample = cu_sample,
+    .argmax_rows = cu_argmax_rows,
+    .argmax_pick = cu_argmax_pick,
+    .topk_rows = cu_topk_rows,
+    .topk_scatter = cu_topk_scatter,
+    .feed_tokens = cu_feed_tokens,
+    .read_f32 = cu_read_f32,
+};
+
 extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
     *out = nullptr;
     PG_CUDA_TRY(cudaSetDevice(device));
@@ -1113,56 +1174,9 @@ extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
     b->measures_memory = true;
     b->has_graphs = true;
     b->kv_native = PG_DTYPE_BF16;
-    b->destroy = cu_destroy;
-    b->describe = cu_describe;
-    b->mem_info = cu_mem_info;
-    b->alloc = cu_alloc;
-    b->free = cu_free;
-    b->host_alloc = cu_host_alloc;
-    b->host_free = cu_host_free;
-    b->upload = cu_upload;
-    b->download = cu_download;
-    b->record = cu_record;
-    b->wait = cu_wait;
-    b->sync = cu_sync;
-    b->runs_in_place = cu_runs_in_place;
-    b->weight_upload = cu_weight_upload;
-    b->weight_random = cu_weight_random;
-    b->vector_f32 = cu_vector_f32;
-    b->weight_free = cu_weight_free;
-    b->weight_pack_bytes = cu_weight_pack_bytes;
-    b->weight_offload = cu_weight_offload;
-    b->weight_point = cu_weight_point;
-    b->stream_in = cu_stream_in;
-    b->stream_in_wait = cu_stream_in_wait;
-    b->kv_block_bytes = cu_kv_block_bytes;
-    b->kv_create = cu_kv_create;
-    b->kv_free = cu_kv_free;
-    b->kv_swap = cu_kv_swap;
-    b->kv_copy = cu_kv_copy;
-    b->graph_begin = cu_graph_begin;
-    b->graph_end = cu_graph_end;
-    b->graph_launch = cu_graph_launch;
-    b->graph_free = cu_graph_free;
-    b->attn_workspace_bytes = cu_attn_ws;
-    b->sample_workspace_bytes = cu_sample_ws;
-    b->bind_thread = cu_bind_thread;
-    b->argmax_rows = cu_argmax_rows;
-    b->argmax_pick = cu_argmax_pick;
-    b->topk_rows = cu_topk_rows;
-    b->topk_scatter = cu_topk_scatter;
-    b->embed = cu_embed;
-    b->copy = cu_copy;
-    b->gather = cu_gather;
-    b->rmsnorm = cu_rmsnorm;
-    b->linear = cu_linear;
-    b->gate_up_silu = cu_gate_up_silu;
-    b->head_rmsnorm = cu_head_rmsnorm;
-    b->rope_kv_write = cu_rope_kv_write;
-    b->attention = cu_attention;
-    b->sample = cu_sample;
-    b->feed_tokens = cu_feed_tokens;
-    b->read_f32 = cu_read_f32;
+    b->dev = &cu_dev;
+    b->store = &cu_store;
+    b->ops = &cu_ops;
     *out = b;
     return 0;
 fail:

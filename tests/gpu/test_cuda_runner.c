@@ -334,7 +334,7 @@ int main(int argc, char **argv) {
     pg_runner_free(cpu);
     pg_model_free(gmodel);
     pg_model_free(cmodel);
-    gbe->destroy(gbe);
-    cbe->destroy(cbe);
+    gbe->dev->destroy(gbe);
+    cbe->dev->destroy(cbe);
     return (!failed && tok_ok && err_ok && lp_ok) ? 0 : 1;
 }

@@ -98,7 +98,7 @@ static void check_config(int n_seqs, int n_heads, int n_kv, int hd, int bs, int 
     assert_true(rel < 1e-5);
     for (int s = 0; s < n_seqs; s++) free(ks[s]), free(vs[s]);
     free(ks), free(vs), free(ctx), free(seqs), free(perm), free(q), free(out), free(ref), free(kc), free(vc);
-    be->destroy(be);
+    be->dev->destroy(be);
 }
 
 static void test_attention_matches_dense_reference(void **state) {
@@ -136,7 +136,7 @@ static void test_rope_kv_write(void **state) {
         assert_memory_equal(kc + slots[t] * nkv * hd, k + t * nkv * hd, sizeof(float) * nkv * hd);
         assert_memory_equal(vc + slots[t] * nkv * hd, v + t * nkv * hd, sizeof(float) * nkv * hd);
     }
-    be->destroy(be);
+    be->dev->destroy(be);
 }
 
 int main(void) {

@@ -348,8 +348,8 @@ static void check_dtype(int dtype, const shape *shapes, int n_shapes) {
         }
         free_weight(&t);
     }
-    exact->destroy(exact);
-    quant->destroy(quant);
+    exact->dev->destroy(exact);
+    quant->dev->destroy(quant);
 }
 
 // Rows not a multiple of the tile height (4) and of the task size, and
@@ -448,8 +448,8 @@ static void test_quantized_results_independent_of_threads_and_tiling(void **stat
         free(x);
         free_weight(&t);
     }
-    b1->destroy(b1);
-    b3->destroy(b3);
+    b1->dev->destroy(b1);
+    b3->dev->destroy(b3);
 }
 
 // PG_MATMUL_DEFAULT quantizes on the CPU; the names round-trip.
@@ -471,8 +471,8 @@ static void test_mode_default_is_quantized_and_names_parse(void **state) {
     free(c);
     free(x);
     free_weight(&t);
-    d->destroy(d);
-    q->destroy(q);
+    d->dev->destroy(d);
+    q->dev->destroy(q);
 }
 
 int main(void) {

@@ -276,7 +276,7 @@ static void check_types(pg_matmul_mode mode, int n_seqs, int n_heads, int n_kv, 
             assert_true(rel < types[ti].bound);
     }
     free(q), free(ref), free(out), free(k0), free(v0), free(kw), free(slots), free(pos), free(seqs), free(perm);
-    be->destroy(be);
+    be->dev->destroy(be);
 }
 
 static void test_attention_types_match_f32_exact(void **state) {
@@ -354,7 +354,7 @@ static double fp8_scaled_err(pg_matmul_mode mode, const float *sc, double *err_o
     }
     *err_one = rel[2];
     free(k0), free(v0), free(kw);
-    be->destroy(be);
+    be->dev->destroy(be);
     return rel[1];
 }
 
@@ -390,9 +390,9 @@ static void test_swap_and_copy_preserve_bytes(void **state) {
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const pg_kv_shape s = {nb, bs, nkv, hd, types[ti].dtype, NULL};
         const size_t lbb = (size_t)bs * nkv * types[ti].row; // one layer's K block
-        assert_int_equal(be->kv_block_bytes(be, L, s), 2 * (size_t)L * lbb);
+        assert_int_equal(be->store->kv_block_bytes(be, L, s), 2 * (size_t)L * lbb);
         pg_bkv *kv;
-        assert_int_equal(be->kv_create(be, L, s, nh, &kv), 0);
+        assert_int_equal(be->store->kv_create(be, L, s, nh, &kv), 0);
         assert_int_equal(kv->bytes, 2 * (size_t)L * lbb * nb);
         for (int32_t l = 0; l < L; l++)
             for (size_t i = 0; i < lbb * nb; i++)
@@ -406,7 +406,7 @@ static void test_swap_and_copy_preserve_bytes(void **state) {
 #define OLD_V(l, b) (before_v + (l) * lbb * nb + (size_t)(b) * lbb)
         // Swap device blocks 2, 5, 7 out to host blocks 3, 0, 1.
         const int32_t out_pairs[] = {2, 3, 5, 0, 7, 1};
-        assert_int_equal(be->kv_swap(be, kv, out_pairs, 3, true), 0);
+        assert_int_equal(be->store->kv_swap(be, kv, out_pairs, 3, true), 0);
         for (int32_t l = 0; l < L; l++)
             for (int i = 0; i < 3; i++) {
                 assert_memory_equal((uint8_t *)kv->k[L + l] + (size_t)out_pairs[2 * i + 1] * lbb,
@@ -416,7 +416,7 @@ static void test_swap_and_copy_preserve_bytes(void **state) {
             }
         // Swap them back in to device blocks 1, 4, 6 (overwritten).
         const int32_t in_pairs[] = {3, 1, 0, 4, 1, 6};
-        assert_int_equal(be->kv_swap(be, kv, in_pairs, 3, false), 0);
+        assert_int_equal(be->store->kv_swap(be, kv, in_pairs, 3, false), 0);
         for (int32_t l = 0; l < L; l++)
             for (int i = 0; i < 3; i++) {
                 assert_memory_equal(DEV_K(l, in_pairs[2 * i + 1]), OLD_K(l, out_pairs[2 * i]), lbb);
@@ -424,7 +424,7 @@ static void test_swap_and_copy_preserve_bytes(void **state) {
             }
         // Copy-on-write: block 2 -> 3, 5 -> 0; every other block unchanged.
         const int32_t cow[] = {2, 3, 5, 0};
-        assert_int_equal(be->kv_copy(be, kv, cow, 2), 0);
+        assert_int_equal(be->store->kv_copy(be, kv, cow, 2), 0);
         for (int32_t l = 0; l < L; l++) {
             assert_memory_equal(DEV_K(l, 3), OLD_K(l, 2), lbb);
             assert_memory_equal(DEV_V(l, 0), OLD_V(l, 5), lbb);
@@ -436,16 +436,16 @@ static void test_swap_and_copy_preserve_bytes(void **state) {
 #undef OLD_K
 #undef OLD_V
         free(before_k), free(before_v);
-        be->kv_free(be, kv);
+        be->store->kv_free(be, kv);
     }
     // Refusals: q8_0 with head_dim 48 names it; an unknown type.
     pg_bkv *kv = NULL;
-    assert_int_equal(be->kv_create(be, L, (pg_kv_shape){nb, bs, nkv, 48, PG_KV_Q8_0, NULL}, 0, &kv), PG_EUNSUPP);
+    assert_int_equal(be->store->kv_create(be, L, (pg_kv_shape){nb, bs, nkv, 48, PG_KV_Q8_0, NULL}, 0, &kv), PG_EUNSUPP);
     assert_non_null(strstr(pg_err_msg(), "head_dim"));
     assert_non_null(strstr(pg_err_msg(), "48"));
-    assert_int_equal(be->kv_create(be, L, (pg_kv_shape){nb, bs, nkv, hd, 99, NULL}, 0, &kv), PG_EINVAL);
+    assert_int_equal(be->store->kv_create(be, L, (pg_kv_shape){nb, bs, nkv, hd, 99, NULL}, 0, &kv), PG_EINVAL);
     assert_null(kv);
-    be->destroy(be);
+    be->dev->destroy(be);
 }
 
 int main(void) {

@@ -171,7 +171,7 @@ static void test_rope_kv_write_compat(void **state) {
     }
     free(kc);
     free(vc);
-    b->destroy(b);
+    b->dev->destroy(b);
 }
 
 // --- attention -----------------------------------------------------------------------------
@@ -256,8 +256,8 @@ static void test_attention_compat_matches_plain_reference(void **state) {
     print_message("compat vs exact attention: rel %.2e\n", sqrt(num / den));
     assert_true(sqrt(num / den) < 3e-3);
     free(k), free(v), free(kc), free(kx), free(vc);
-    b->destroy(b);
-    x->destroy(x);
+    b->dev->destroy(b);
+    x->dev->destroy(x);
 }
 
 int main(void) {

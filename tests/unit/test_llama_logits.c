@@ -114,7 +114,7 @@ static void run(pg_matmul_mode mode, const int32_t *ids, int n, float *logits, i
     }
     pg_runner_free(r);
     pg_model_free(model);
-    be->destroy(be);
+    be->dev->destroy(be);
 }
 
 static double rel_err(const float *a, const float *ref, size_t n) {

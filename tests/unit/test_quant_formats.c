@@ -209,7 +209,7 @@ static void check_matmul(int dtype, int64_t rows, int64_t cols) {
             }
             free(x), free(xq), free(out), free(ref), free(ref_x);
         }
-        b->destroy(b);
+        b->dev->destroy(b);
     }
     free(q.data), free(q.scales);
 }

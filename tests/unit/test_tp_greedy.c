@@ -44,10 +44,10 @@ static void check(pg_backend *b, int ranks, int rows, int per) {
         for (int i = 0; i < rows; i++)
             memcpy(slice + (size_t)i * per, full + (size_t)i * vocab + (size_t)k * per, sizeof(float) * (size_t)per);
         pg_tensor t = {slice, PG_DTYPE_F32, rows, per, per};
-        assert_int_equal(b->argmax_rows(b, cand + (size_t)k * rows, t), 0);
+        assert_int_equal(b->ops->argmax_rows(b, cand + (size_t)k * rows, t), 0);
     }
     pg_sample_out *out = malloc(sizeof(pg_sample_out) * (size_t)rows);
-    assert_int_equal(b->argmax_pick(b, out, cand, ranks, rows, per), 0);
+    assert_int_equal(b->ops->argmax_pick(b, out, cand, ranks, rows, per), 0);
     for (int i = 0; i < rows; i++) {
         const float *row = full + (size_t)i * vocab;
         int best = 0;
@@ -67,7 +67,7 @@ static void test_greedy_across_ranks_is_the_whole_rows_greedy(void **state) {
     check(b, 2, 17, 64);
     check(b, 3, 33, 1000);
     check(b, 8, 64, 257);
-    b->destroy(b);
+    b->dev->destroy(b);
 }
 
 // One row set split over `ranks`: the sampler on the rebuilt rows gives the
@@ -100,15 +100,15 @@ static void check_topk(pg_backend *b, int ranks, int rows, int per, int k, float
         for (int i = 0; i < rows; i++)
             memcpy(sl + (size_t)i * per, full + (size_t)i * vocab + (size_t)r * per, sizeof(float) * (size_t)per);
         pg_tensor t = {sl, PG_DTYPE_F32, rows, per, per};
-        assert_int_equal(b->argmax_rows(b, cand + (size_t)r * rows, t), 0);
+        assert_int_equal(b->ops->argmax_rows(b, cand + (size_t)r * rows, t), 0);
     }
     for (int r = 0; r < ranks; r++) {
         pg_tensor t = {slice + (size_t)r * rows * per, PG_DTYPE_F32, rows, per, per};
-        assert_int_equal(b->topk_rows(b, tk + (size_t)r * rows * k, t, k, cand, ranks, params, r * per), 0);
+        assert_int_equal(b->ops->topk_rows(b, tk + (size_t)r * rows * k, t, k, cand, ranks, params, r * per), 0);
     }
     float *rebuilt = malloc(sizeof(float) * (size_t)rows * vocab);
     pg_tensor lt = {rebuilt, PG_DTYPE_F32, rows, vocab, vocab};
-    assert_int_equal(b->topk_scatter(b, lt, tk, ranks, k), 0);
+    assert_int_equal(b->ops->topk_scatter(b, lt, tk, ranks, k), 0);
     pg_sampler *smp;
     assert_int_equal(pg_sampler_create(vocab, &smp), 0);
     float *copy = malloc(sizeof(float) * (size_t)vocab);
@@ -159,7 +159,7 @@ static void test_topk_across_ranks_samples_the_whole_rows_token(void **state) {
     check_topk(b, 4, 8, 40, 64, 0.7f, 0.95f, 0.0f); // slices shorter than k: entries -1
     check_topk(b, 8, 16, 257, 64, 2.0f, 0.8f, 0.1f);
     check_topk(b, 2, 6, 64, 2, 0.5f, 1.0f, 0.0f);
-    b->destroy(b);
+    b->dev->destroy(b);
 }
 
 int main(void) {
