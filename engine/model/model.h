@@ -210,8 +210,8 @@ typedef struct pg_fwd_buffers {
     // vocab] before they are put side by side in `logits`.
     pg_tensor lg_part;
     void *lg_all;
-    pg_argmax *cand; // [size][s]: every rank's row maxima (pg_model_forward_greedy)
-    pg_argmax *topk; // [size][s][PG_TOPK_EXCHANGE_MAX]: every rank's best entries (pg_model_forward_topk)
+    pg_argmax *cand; // [size][s]: every rank's row maxima (engine/runner/sampler.c)
+    pg_argmax *topk; // [size][s][PG_TOPK_EXCHANGE_MAX]: every rank's best entries (engine/runner/sampler.c)
     // fp8 KV scales in backend memory, [n_layers][2][shard n_kv_heads] (K's
     // then V's of each layer): layer l's shape gets kv_scales + 2 l n_kv
     // (pg_kv_shape.scales). NULL: 1.0.
@@ -243,17 +243,8 @@ int pg_model_forward_layers(const pg_model *m, pg_bkv *kv, const pg_fwd_buffers 
 // tensor parallelism each rank's vocabulary slice, gathered so that every
 // rank holds every logit and samples the same token).
 int pg_model_forward_logits(const pg_model *m, const pg_fwd_buffers *bufs, const pg_fwd_step *s);
-// Under tensor parallelism, for a step whose every sampled row is plain
-// greedy: the LM head of this rank's vocabulary slice, each row's maximum,
-// an exchange of those (value, id) pairs and the same pick on every rank,
-// into out [n_logits] (device memory) - no all-gather of the logits.
-int pg_model_forward_greedy(const pg_model *m, const pg_fwd_buffers *bufs, const pg_fwd_step *s, pg_sample_out *out);
-// Under tensor parallelism, for a step whose sampled rows are plain greedy
-// or plain top-k (k <= PG_TOPK_EXCHANGE_MAX, the step's largest): the
-// maxima exchange above, each rank's best k entries of its slice in the
-// sampler's order (topk_rows, with the rows' temperatures in `params`,
-// backend memory), an exchange of those, and bufs->logits rebuilt from
-// them (-inf elsewhere), from which the sampler draws the token the
-// gathered logits would give (docs/tensor_parallel.md says why it is exact).
-int pg_model_forward_topk(const pg_model *m, const pg_fwd_buffers *bufs, const pg_fwd_step *s,
-                          const pg_sample_params *params, int32_t k);
+// The sampled rows' logits over this rank's vocabulary slice: gather, final
+// norm and the LM head's rows [vocab0, vocab0 + vocab) into bufs->lg_part,
+// *part its contiguous [n_logits][shard vocab] view. What the tensor-parallel
+// exchanges of the sampler (engine/runner/sampler.h) start from.
+int pg_model_head_slice(const pg_model *m, const pg_fwd_buffers *bufs, const pg_fwd_step *s, pg_tensor *part);

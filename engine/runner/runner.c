@@ -13,6 +13,8 @@
 // (runner_graphs.c) and the KV-scale calibration (runner_kv_scales.c).
 #include "engine/runner/runner_int.h"
 
+#include "engine/runner/sampler.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,46 +131,22 @@ void pg_runner_workspace_plan(const pg_model_config *mc, const pg_model_shard *s
 }
 
 // Logit rows, sampling and the copy of the samples to `host`; does not wait.
-// A row the ranks' maxima decide alone: greedy, and nothing that reads or
-// changes other logits (logprobs, penalties, bans, bias, a mask) or fixes
-// the token (a prompt-logprob row).
-static bool plain(const pg_sample_params *p) {
-    return !p->forced && p->logprobs < 0 && p->repetition_penalty == 1.0f && p->presence_penalty == 0 &&
-           p->frequency_penalty == 0 && p->n_ban == 0 && p->n_bias == 0 && p->n_mask == 0;
-}
-static bool plain_greedy(const pg_sample_params *p) { return plain(p) && (p->temperature <= 0 || p->top_k == 1); }
-
-// How a tensor-parallel step's rows reach the sampler: 0 gathers every
-// logit, 1 exchanges the ranks' maxima (every row plain greedy), k > 1
-// exchanges each rank's k best (every row plain greedy or plain top-k up
-// to PG_TOPK_EXCHANGE_MAX; the sampler depends on a top-k row's k best
-// entries alone). docs/tensor_parallel.md.
-static int32_t tp_exchange_k(const pg_runner *r, const step_desc *s) {
-    if (!r->model->comm || r->cfg.full_logits) return 0;
-    int32_t k = 1;
-    for (int32_t i = 0; i < s->n_sample; i++) {
-        const pg_sample_params *p = &s->params[i];
-        if (plain_greedy(p)) continue;
-        if (!plain(p) || p->top_k < 2 || p->top_k > PG_TOPK_EXCHANGE_MAX) return 0;
-        if (p->top_k > k) k = p->top_k;
-    }
-    return k;
-}
-
+// Under tensor parallelism the sampler's exchanges (engine/runner/sampler.h)
+// spare gathering every logit where the rows allow it.
 static int enqueue_tail(pg_runner *r, const step_desc *s, const dev_in *d, pg_sample_out *host) {
     if (s->n_sample == 0) return 0;
     pg_backend *be = r->be;
     pg_fwd_step fs = runner_fwd_step(r, s, d);
-    const int32_t k = tp_exchange_k(r, s);
+    const int32_t k = pg_sampler_exchange_k(s->params, s->n_sample, r->model->comm && !r->cfg.full_logits);
     // Every logit is in bufs.logits only when they were gathered (the
     // top-k exchange leaves -inf outside the ranks' candidates).
     r->logits_valid = k == 0;
     if (k == 1) {
-        PG_TRY(pg_model_forward_greedy(r->model, &r->bufs, &fs, r->out_dev));
+        PG_TRY(pg_sampler_tp_greedy(r->model, &r->bufs, &fs, r->out_dev));
         return be->dev->download(be, host, r->out_dev, sizeof(pg_sample_out) * (size_t)s->n_sample);
     }
     if (k > 1)
-        PG_TRY(pg_model_forward_topk(r->model, &r->bufs, &fs, d->params, k));
+        PG_TRY(pg_sampler_tp_topk(r->model, &r->bufs, &fs, d->params, k));
     else
         PG_TRY(pg_model_forward_logits(r->model, &r->bufs, &fs));
     pg_tensor logits = pg_tensor_view(r->bufs.logits, 0, s->n_sample, 0, r->bufs.logits.cols);
