@@ -32,9 +32,11 @@ typedef struct pg_engine_config {
     int32_t max_model_len;       // 0 = the model's context length
     sched_config sched;          // block size, budgets, policy, preemption
     bool batched_tokens_set;     // --max-num-batched-tokens given: else a per-device default
-                                 //   (engine/setup.c: 256 on the CPU, the scheduler's 2048 on a GPU)
+                                 //   (pg_engine_sched_limits: PG_DEFAULT_CPU_BATCHED_TOKENS on
+                                 //   the CPU, the scheduler's default on a GPU)
     // GPU (device "cuda", or "auto" when a GPU is found).
-    double gpu_memory_utilization; // share of device memory for weights, workspace and KV (0 = 0.9)
+    double gpu_memory_utilization; // share of device memory for weights, workspace and KV
+                                   //   (0 = PG_DEFAULT_GPU_MEMORY_UTILIZATION)
     const char *load_format;     // NULL or "auto": weights from model_path; "dummy": random
                                  //   weights generated on the GPU, shape from hf_config
     const char *hf_config;       // config.json (file or directory) for load_format "dummy"
@@ -61,6 +63,37 @@ typedef struct pg_engine_config {
 } pg_engine_config;
 
 void pg_engine_config_default(pg_engine_config *c);
+
+// The defaults of pg_engine_config's zero fields that depend on the device,
+// one definition each for start-up (engine/setup.c), `paged plan`
+// (engine/memplan.c) and --help (engine/options.c).
+#define PG_DEFAULT_GPU_MEMORY_UTILIZATION 0.9
+#define PG_DEFAULT_CPU_KV_GIB 2 // the CPU's KV pool (host memory), all ranks together
+// The CPU's step budget: 2048 tokens are seconds of CPU work, during
+// which every running stream waits (docs/benchmarks.md, issue 18).
+#define PG_DEFAULT_CPU_BATCHED_TOKENS 256
+
+// The scheduler limits an engine of `cfg` runs with: cfg->sched with the
+// block size defaulted and, on the CPU with chunked prefill and no
+// --max-num-batched-tokens, PG_DEFAULT_CPU_BATCHED_TOKENS per step.
+// Start-up and `paged plan` both take them from here.
+sched_config pg_engine_sched_limits(const pg_engine_config *cfg, bool on_cpu);
+// --gpu-memory-utilization, or its default.
+double pg_engine_gpu_memory_utilization(const pg_engine_config *cfg);
+// Each of `tp` CPU ranks' KV bytes: --kv-cache-memory or the default, the
+// whole pool's (host memory is one for every rank), shared out.
+int64_t pg_engine_cpu_kv_bytes(const pg_engine_config *cfg, int32_t tp);
+// The KV bytes the utilization leaves one GPU rank of `total` bytes:
+// util x total minus everything in use (weights, workspace, context, other
+// processes) and the graphs still to be captured, as in vLLM. Start-up
+// passes what it measured, `paged plan` its model of the same.
+int64_t pg_engine_gpu_kv_budget(const pg_engine_config *cfg, int64_t total, int64_t in_use, int64_t graphs_reserved);
+// The pool's blocks, the null block 0 included: --kv-blocks, else as many
+// as kv_bytes holds (at most INT32_MAX).
+int32_t pg_engine_kv_blocks(const pg_engine_config *cfg, int64_t kv_bytes, size_t per_block);
+// The least pool that starts: one sequence of max_model_len tokens plus
+// the null block.
+int32_t pg_engine_kv_blocks_needed(int32_t max_model_len, int32_t block_size);
 
 // Nodes 1..n-1 of a multi-node tensor-parallel group (c->node_rank > 0):
 // loads this node's ranks and runs node 0's steps on them until node 0

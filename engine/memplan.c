@@ -7,6 +7,10 @@
 // estimated here from the H200 runs of docs/benchmarks.md: what the
 // profiling forward adds to the buffers, the graph reserve, and the CUDA
 // context (docs/memory_planning.md says which and how to compare).
+// Every rule and default comes from its owner, called here, never copied:
+// the limits and defaults from engine/setup.c, the KV block from
+// kernels/kernels.h, the sampler's and decode's workspaces from
+// kernels/cuda/cuda_ops.h, the graph reserve from the runner.
 #include "engine/memplan.h"
 
 #include <stdarg.h>
@@ -20,33 +24,32 @@
 #include "engine/model/model.h"
 #include "engine/runner/runner.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_ops.h" // the CUDA workspaces' sizes, callable without a GPU
 #include "kernels/dtype.h"
 
 #define MiB ((int64_t)1 << 20)
 #define GiB ((int64_t)1 << 30)
-#define DEFAULT_CPU_KV_BYTES (2 * GiB)          // engine/setup.c
-#define DEFAULT_GPU_MEMORY_UTILIZATION 0.9      // engine/setup.c
 #define DEFAULT_GPU_SWAP_BYTES (4 * GiB)        // vLLM's --swap-space; also the host tier's default
 // CUDA estimates (docs/memory_planning.md): the H200 start-ups of runs 1,
 // 5 and 6 logged "other 0.52 GiB" (context, cuBLASLt handle, NCCL-free),
 // and a profiled workspace 0.01 GiB above its buffers (lazily loaded
-// kernels, cuBLASLt plans); the graph probe reserves at least 1 MiB per
-// bucket with a 1.5x margin plus 16 MiB (engine/runner/runner_graphs.c).
+// kernels, cuBLASLt plans); the graph probe's measure is taken at its floor
+// (pg_runner_graph_reserve).
 #define CUDA_OTHER_ESTIMATE (532 * MiB)
 #define CUDA_PROFILE_EXTRA (16 * MiB)
-#define CUDA_GRAPH_PER_BUCKET MiB
 #define H200_SMS 132
 
-// --- the devices' rules (mirrors of the backends' functions) ------------------------
+// --- the devices' rules (the backends' own functions) ----------------------------------
 
 // The backends' own rules (kernels/backend.h), and the type each converts
 // the rest to.
 static const pg_weight_rules CPU_RULES = {pg_cpu_runs_type_in_place, PG_DTYPE_F32, 4};
 static const pg_weight_rules CUDA_RULES = {pg_cuda_runs_type_in_place, PG_DTYPE_BF16, 2};
 
-// cpu_kv_block_bytes / cu_kv_block_bytes: K and V of every layer.
+// K and V of every layer: the function both backends' kv_block_bytes call.
 static size_t kv_block_bytes(bool cuda, int32_t dtype, const pg_model_config *mc, int32_t n_kv, int32_t bs) {
-    return (size_t)2 * (size_t)mc->n_layers * (size_t)bs * (size_t)n_kv * pg_kv_row_bytes(dtype, mc->head_dim, !cuda);
+    const pg_kv_shape s = {.block_size = bs, .n_kv_heads = n_kv, .head_dim = mc->head_dim, .dtype = dtype};
+    return pg_kv_block_bytes(mc->n_layers, s, !cuda);
 }
 
 // The KV type's name for the plan (the backend's native type by its name).
@@ -99,49 +102,36 @@ int pg_kv_dtype_resolve(const pg_engine_config *cfg, bool on_cpu, int32_t head_d
     return 0;
 }
 
-// pg_cuda_sample_workspace_size (kernels/cuda/sampling.cu), exact.
-static size_t cuda_sample_ws(int32_t n, int32_t vocab) {
-    if (n <= 0 || vocab <= 0) return 0;
-    return (size_t)n * (((size_t)vocab + 63) / 64 * 64) * 8 + 256;
-}
-
 // pg_cuda_decode_workspace_size depends on the SM count and the kernels'
 // occupancy; its split-K partials (n_seqs x n_heads x splits x (head_dim +
 // 1) floats) are only large while the grid is under about two waves, so
 // this bound takes two waves of 4 CTAs on each of an H200's SMs, capped by
-// what max_seqs sequences of max_len keys could split into (64-key tiles,
-// at most 256 splits).
+// what max_seqs sequences of max_len keys could split into (the plan's
+// tiles and split limit, kernels/cuda/cuda_ops.h).
 // Where a GPU is visible (`paged plan --device cuda` on the GPU host, a
 // refused start-up) the backend's own function gives the exact figure.
 static size_t cuda_attn_ws(int32_t max_seqs, int32_t nh, int32_t nkv, int32_t hd, int32_t len) {
     if (max_seqs <= 0 || nh <= 0 || nkv <= 0 || nh % nkv) return 0;
     size_t exact;
     if (pg_backend_cuda_attn_workspace(max_seqs, nh, nkv, hd, len, &exact)) return exact;
-    const int64_t group = nh / nkv, tiles = ((int64_t)len + 63) / 64;
-    const int64_t splits = tiles < 256 ? tiles : 256;
+    const int64_t group = nh / nkv;
+    const int64_t tiles = ((int64_t)len + PG_CUDA_DECODE_TILE_KEYS - 1) / PG_CUDA_DECODE_TILE_KEYS;
+    const int64_t splits = tiles < PG_CUDA_DECODE_MAX_SPLITS ? tiles : PG_CUDA_DECODE_MAX_SPLITS;
     if (splits < 2) return 0;
     int64_t items = (int64_t)2 * H200_SMS * 4 * group; // (sequence, head, split) triples of two waves
     const int64_t cap = (int64_t)max_seqs * nh * splits;
     if (items > cap) items = cap;
-    return (size_t)items * (size_t)(hd + 1) * 4 + 256;
+    return pg_cuda_decode_split_ws_bytes(items, hd);
 }
 
-// The graph reserve of engine/runner/runner_graphs.c: every (batch, context)
-// bucket at the probe's floor of 1 MiB, times 1.5, plus 16 MiB.
-static int64_t cuda_graph_reserve(int32_t max_seqs, int32_t max_len) {
-    int64_t nb = 0, nc = 0;
-    for (int32_t b = 1; b < max_seqs && nb < 15; b *= 2) nb++;
-    nb++;
-    for (int64_t c = 256; c < max_len && nc < 31; c *= 2) nc++;
-    nc++;
-    const int64_t n = nb * nc;
-    return CUDA_GRAPH_PER_BUCKET * n + CUDA_GRAPH_PER_BUCKET * n / 2 + 16 * MiB;
-}
-
-static bool graphs_on(const pg_engine_config *c) {
-    const char *env = getenv("PAGED_CUDA_GRAPHS");
-    if (env && env[0] == '0') return false;
-    return !c->cuda_graphs || strcmp(c->cuda_graphs, "off");
+// The graph reserve (the runner's function), each graph at the probe's
+// floor; none where graphs are off (the runner's reader of the mode and of
+// PAGED_CUDA_GRAPHS).
+static int cuda_graph_reserve(const pg_engine_config *cfg, int32_t max_seqs, int32_t max_len, int64_t *out) {
+    pg_graph_mode mode;
+    PG_TRY(pg_graph_mode_parse(cfg->cuda_graphs, &mode));
+    *out = pg_runner_graphs_wanted(mode) ? pg_runner_graph_reserve(max_seqs, max_len, PG_RUNNER_GRAPH_MIN_BYTES) : 0;
+    return 0;
 }
 
 // --- the plan -------------------------------------------------------------------------
@@ -170,16 +160,15 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
     PG_TRY(pg_kv_dtype_resolve(cfg, !cuda, mc->head_dim, &p->kv_dtype));
     p->kv_fp8 = p->kv_dtype == PG_KV_FP8_E4M3;
 
-    // The limits, as engine/setup.c derives them.
-    const sched_config *sc = &cfg->sched;
-    p->block_size = sc->block_size > 0 ? sc->block_size : 16;
-    p->max_num_seqs = sc->max_num_seqs;
-    p->max_num_batched_tokens =
-        !cfg->batched_tokens_set && !cuda && sc->enable_chunked_prefill ? 256 : sc->max_num_batched_tokens;
+    // The limits start-up runs with (engine/setup.c).
+    const sched_config sc = pg_engine_sched_limits(cfg, !cuda);
+    p->block_size = sc.block_size;
+    p->max_num_seqs = sc.max_num_seqs;
+    p->max_num_batched_tokens = sc.max_num_batched_tokens;
     p->max_model_len = cfg->max_model_len > 0 ? cfg->max_model_len : mc->max_pos;
     if (mc->sliding_window > 0 && p->max_model_len > mc->sliding_window) p->max_model_len = mc->sliding_window;
     p->plan_seq_len = in->plan_seq_len > 0 ? in->plan_seq_len : p->max_model_len;
-    p->util = cfg->gpu_memory_utilization > 0 ? cfg->gpu_memory_utilization : DEFAULT_GPU_MEMORY_UTILIZATION;
+    p->util = pg_engine_gpu_memory_utilization(cfg);
     p->device_total = cuda ? in->device_total : 0;
     const pg_runner_config rc = {.block_size = p->block_size, .max_num_seqs = p->max_num_seqs,
                                  .max_num_batched_tokens = p->max_num_batched_tokens,
@@ -194,7 +183,7 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
         PG_TRY(pg_model_shard_plan(mc, r, tp, &sh));
         pg_memplan_rank *k = &p->ranks[r];
         const size_t attn = cuda ? cuda_attn_ws(max_seqs, sh.n_heads, sh.n_kv_heads, mc->head_dim, p->max_model_len) : 0;
-        const size_t samp = cuda ? cuda_sample_ws(max_seqs, mc->vocab_size) : 0;
+        const size_t samp = cuda ? pg_cuda_sample_workspace_size(max_seqs, mc->vocab_size) : 0;
         pg_runner_ws_plan wp;
         pg_runner_workspace_plan(mc, &sh, &rc, cuda ? PG_DTYPE_BF16 : PG_DTYPE_F32, attn, samp, &wp);
         k->workspace_buffers = (int64_t)wp.bytes;
@@ -205,11 +194,11 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
         k->workspace = k->workspace_buffers + k->workspace_extra;
         if (r == 0) p->per_block = kv_block_bytes(cuda, p->kv_dtype, mc, sh.n_kv_heads, p->block_size);
         if (!cuda) continue;
-        k->graphs = graphs_on(cfg) ? cuda_graph_reserve(max_seqs, p->max_model_len) : 0;
+        PG_TRY(cuda_graph_reserve(cfg, max_seqs, p->max_model_len, &k->graphs));
         k->other = in->device_other >= 0 ? in->device_other : CUDA_OTHER_ESTIMATE;
         k->reserved = in->device_total - (int64_t)(p->util * (double)in->device_total);
-        // engine/setup.c: utilization x total - everything in use - the graph reserve.
-        const int64_t b = (int64_t)(p->util * (double)in->device_total) - k->other - k->weights - k->workspace - k->graphs;
+        // Start-up's budget (engine/setup.c) of what this rank would have in use.
+        const int64_t b = pg_engine_gpu_kv_budget(cfg, in->device_total, k->other + k->weights + k->workspace, k->graphs);
         if (b < budget) budget = b;
     }
 
@@ -225,13 +214,10 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
             kv_bytes = 0;
         }
     } else {
-        kv_bytes = (cfg->kv_cache_bytes > 0 ? cfg->kv_cache_bytes : DEFAULT_CPU_KV_BYTES) / tp;
+        kv_bytes = pg_engine_cpu_kv_bytes(cfg, tp);
     }
-    int64_t blocks = cfg->kv_blocks > 0 ? cfg->kv_blocks : kv_bytes / (int64_t)p->per_block;
-    if (kv_bytes == 0 && cfg->kv_blocks <= 0) blocks = 0;
-    p->kv_blocks = blocks > INT32_MAX ? INT32_MAX : (int32_t)blocks;
+    p->kv_blocks = pg_engine_kv_blocks(cfg, kv_bytes, p->per_block); // kv_bytes 0 (no room): 0 blocks
     p->kv_tokens = p->kv_blocks > 0 ? (int64_t)(p->kv_blocks - 1) * p->block_size : 0;
-    (void)sc;
     p->host_blocks = pg_host_kv_blocks(cfg, cuda, p->kv_blocks, p->per_block, pg_host_ram_bytes());
     for (int32_t r = 0; r < tp; r++) {
         pg_memplan_rank *k = &p->ranks[r];
@@ -240,7 +226,7 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
     }
     const int32_t per_seq = (p->plan_seq_len + p->block_size - 1) / p->block_size;
     p->seqs = p->kv_blocks > 1 ? (int64_t)(p->kv_blocks - 1) / per_seq : 0;
-    p->need_blocks = (p->max_model_len + p->block_size - 1) / p->block_size + 1;
+    p->need_blocks = pg_engine_kv_blocks_needed(p->max_model_len, p->block_size);
     p->fits = !p->why[0] && p->kv_blocks >= p->need_blocks;
     if (!p->why[0] && !p->fits)
         snprintf(p->why, sizeof p->why,

@@ -9,6 +9,11 @@
 #include "common/parse.h"
 #include "engine/runner/runner.h"
 
+// A number's macro as a string literal, so the help states the defaults
+// (engine/engine.h, scheduler/sched.h) the code uses.
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
 const char *pg_engine_options_help =
     "Model and device:\n"
     "  --model PATH                  GGUF file or Hugging Face model directory\n"
@@ -25,7 +30,7 @@ const char *pg_engine_options_help =
     "                                --hf-config (no checkpoint needed; GPU only)\n"
     "  --hf-config PATH              config.json (or its directory) for --load-format dummy\n"
     "  --gpu-memory-utilization F    share of GPU memory for weights, workspace and KV cache\n"
-    "                                (default 0.9); the KV cache gets what is left\n"
+    "                                (default " STR(PG_DEFAULT_GPU_MEMORY_UTILIZATION) "); the KV cache gets what is left\n"
     "  --cuda-graphs on|off|lazy     decode CUDA graphs: captured at start-up (on, default),\n"
     "                                on a batch shape's first step (lazy), or none (off)\n"
     "  -tp, --tensor-parallel-size N shard the model over N GPUs (one worker thread each),\n"
@@ -40,10 +45,10 @@ const char *pg_engine_options_help =
     "                                seconds for a rank that sends nothing fails the step\n"
     "                                (default 300)\n"
     "KV cache and scheduling:\n"
-    "  --kv-cache-memory BYTES       KV cache size, e.g. 2G (default 2G on CPU; on the GPU,\n"
+    "  --kv-cache-memory BYTES       KV cache size, e.g. 2G (default " STR(PG_DEFAULT_CPU_KV_GIB) "G on CPU; on the GPU,\n"
     "                                what --gpu-memory-utilization leaves)\n"
     "  --kv-blocks N                 KV cache size in blocks (overrides the above)\n"
-    "  --block-size N                tokens per KV block (default 16)\n"
+    "  --block-size N                tokens per KV block (default " STR(SCHED_DEFAULT_BLOCK_SIZE) ")\n"
     "  --quantization Q              fp8|int4|awq|gptq|none: quantize the layers' linear weights at\n"
     "                                load (the embedding, LM head and norms stay as stored): fp8 =\n"
     "                                e4m3 with a scale per\n"
@@ -73,9 +78,9 @@ const char *pg_engine_options_help =
     "  --no-host-kv-cache            host blocks for swap preemption only (no host tier)\n"
     "  --preemption-mode MODE        recompute (default) or swap\n"
     "  --max-model-len N             prompt + output limit (default: the model's)\n"
-    "  --max-num-seqs N              sequences per step (default 256)\n"
-    "  --max-num-batched-tokens N    tokens per step (default 256 on the CPU, where a step\n"
-    "                                stays a few hundred ms; 2048 on a GPU)\n"
+    "  --max-num-seqs N              sequences per step (default " STR(SCHED_DEFAULT_MAX_NUM_SEQS) ")\n"
+    "  --max-num-batched-tokens N    tokens per step (default " STR(PG_DEFAULT_CPU_BATCHED_TOKENS) " on the CPU, where a step\n"
+    "                                stays a few hundred ms; " STR(SCHED_DEFAULT_MAX_NUM_BATCHED_TOKENS) " on a GPU)\n"
     "  --long-prefill-token-threshold N  prefill tokens one request gets per step while\n"
     "                                others are live (default: a quarter of the step\n"
     "                                budget; 0 = no cap)\n"
@@ -143,8 +148,8 @@ int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
     }
     if (!strcmp(f, "--cuda-graphs")) {
         NEED_VALUE();
-        if (strcmp(v, "on") && strcmp(v, "off") && strcmp(v, "lazy"))
-            return pg_err_set(PG_EINVAL, "--cuda-graphs must be on, off or lazy");
+        pg_graph_mode m;
+        if (pg_graph_mode_parse(v, &m) < 0) return pg_err_set(PG_EINVAL, "--cuda-graphs must be on, off or lazy");
         c->cuda_graphs = v;
         return 1;
     }

@@ -14,8 +14,6 @@
 #include "formats/gguf.h"
 #include "engine/memplan.h"
 
-#define DEFAULT_CPU_KV_BYTES ((int64_t)2 << 30)
-#define DEFAULT_GPU_MEMORY_UTILIZATION 0.9
 // Left free beside an explicit --kv-cache-memory: allocation granularity and
 // the CUDA context's growth after start-up.
 #define KV_FREE_MARGIN ((int64_t)256 << 20)
@@ -94,6 +92,40 @@ void eng_stats_memory(pg_engine *e) {
     }
 }
 
+sched_config pg_engine_sched_limits(const pg_engine_config *cfg, bool on_cpu) {
+    sched_config sc = cfg->sched;
+    if (sc.block_size <= 0) sc.block_size = SCHED_DEFAULT_BLOCK_SIZE;
+    // The step budget per device: on the CPU 2048 tokens are seconds of
+    // work, during which every running stream waits; 256 keeps a step near a
+    // few hundred milliseconds on the default model (issue 18's measurements,
+    // docs/benchmarks.md), and the long-prefill cap follows at a quarter.
+    // Without chunked prefill a prompt must fit one step: keep the larger one.
+    if (!cfg->batched_tokens_set && on_cpu && sc.enable_chunked_prefill)
+        sc.max_num_batched_tokens = PG_DEFAULT_CPU_BATCHED_TOKENS;
+    return sc;
+}
+
+double pg_engine_gpu_memory_utilization(const pg_engine_config *cfg) {
+    return cfg->gpu_memory_utilization > 0 ? cfg->gpu_memory_utilization : PG_DEFAULT_GPU_MEMORY_UTILIZATION;
+}
+
+int64_t pg_engine_cpu_kv_bytes(const pg_engine_config *cfg, int32_t tp) {
+    return (cfg->kv_cache_bytes > 0 ? cfg->kv_cache_bytes : (int64_t)PG_DEFAULT_CPU_KV_GIB << 30) / tp;
+}
+
+int64_t pg_engine_gpu_kv_budget(const pg_engine_config *cfg, int64_t total, int64_t in_use, int64_t graphs_reserved) {
+    return (int64_t)(pg_engine_gpu_memory_utilization(cfg) * (double)total) - in_use - graphs_reserved;
+}
+
+int32_t pg_engine_kv_blocks(const pg_engine_config *cfg, int64_t kv_bytes, size_t per_block) {
+    const int64_t n = cfg->kv_blocks > 0 ? cfg->kv_blocks : kv_bytes / (int64_t)per_block;
+    return n > INT32_MAX ? INT32_MAX : (int32_t)n;
+}
+
+int32_t pg_engine_kv_blocks_needed(int32_t max_model_len, int32_t block_size) {
+    return (max_model_len + block_size - 1) / block_size + 1;
+}
+
 // The device: cpu, cuda, or auto (the GPU when one is found), before any
 // weight is read (so a wrong --device fails at once).
 const char *pg_engine_config_device(const pg_engine_config *cfg) {
@@ -156,14 +188,8 @@ int eng_setup(pg_engine *e) {
     e->async = !strcmp(asy, "on") || (!strcmp(asy, "auto") && !on_cpu);
     if (cfg->load_format && strcmp(cfg->load_format, "auto") && !is_dummy(cfg))
         return pg_err_set(PG_EINVAL, "load format '%s' is not known (auto, dummy)", cfg->load_format);
-    pg_graph_mode graphs = PG_GRAPHS_STARTUP;
-    const char *gmode = cfg->cuda_graphs ? cfg->cuda_graphs : "on";
-    if (!strcmp(gmode, "off"))
-        graphs = PG_GRAPHS_OFF;
-    else if (!strcmp(gmode, "lazy"))
-        graphs = PG_GRAPHS_LAZY;
-    else if (strcmp(gmode, "on"))
-        return pg_err_set(PG_EINVAL, "cuda graphs '%s' is not known (on, off, lazy)", gmode);
+    pg_graph_mode graphs;
+    PG_TRY(pg_graph_mode_parse(cfg->cuda_graphs, &graphs));
 
     pg_model_load_opts mo;
     pg_executor_config ec;
@@ -178,14 +204,7 @@ int eng_setup(pg_engine *e) {
 
     const pg_model_config *mc = &e->model->cfg;
     PG_TRY(pg_kv_dtype_resolve(cfg, on_cpu, mc->head_dim, &kv_dtype));
-    sched_config sc = cfg->sched;
-    if (sc.block_size <= 0) sc.block_size = 16;
-    // The step budget per device: on the CPU 2048 tokens are seconds of
-    // work, during which every running stream waits; 256 keeps a step near a
-    // few hundred milliseconds on the default model (issue 18's measurements,
-    // docs/benchmarks.md), and the long-prefill cap follows at a quarter.
-    // Without chunked prefill a prompt must fit one step: keep the larger one.
-    if (!cfg->batched_tokens_set && on_cpu && sc.enable_chunked_prefill) sc.max_num_batched_tokens = 256;
+    sched_config sc = pg_engine_sched_limits(cfg, on_cpu);
     e->max_model_len = cfg->max_model_len > 0 ? cfg->max_model_len : mc->max_pos;
     if (e->max_model_len > mc->max_pos)
         PG_LOGW("max model length %d is beyond the model's %d positions", e->max_model_len, mc->max_pos);
@@ -208,7 +227,7 @@ int eng_setup(pg_engine *e) {
     const size_t per_block = pg_executor_kv_bytes_per_block(e->exec);
     int64_t kv_bytes;
     if (be->measures_memory) {
-        double util = cfg->gpu_memory_utilization > 0 ? cfg->gpu_memory_utilization : DEFAULT_GPU_MEMORY_UTILIZATION;
+        const double util = pg_engine_gpu_memory_utilization(cfg);
         // Everything in use now (weights, workspace, context, other
         // processes) counts against the utilization budget, as in vLLM, and
         // so do the graphs captured after the pool is allocated. Every rank
@@ -217,7 +236,7 @@ int eng_setup(pg_engine *e) {
         for (int32_t r = 0; r < tp; r++) {
             pg_runner_mem m;
             pg_executor_mem_get(e->exec, r, &m);
-            int64_t b = (int64_t)(util * (double)m.total) - (m.total - m.free) - m.graphs_reserved;
+            const int64_t b = pg_engine_gpu_kv_budget(cfg, m.total, m.total - m.free, m.graphs_reserved);
             if (b < budget) {
                 budget = b;
                 gm = m;
@@ -265,19 +284,18 @@ int eng_setup(pg_engine *e) {
         }
     } else {
         pg_executor_mem_get(e->exec, 0, &gm);
-        // Host memory is one for every rank: the size (2 GiB by default) is
-        // the whole pool's, and each rank holds its share of every block.
-        kv_bytes = (cfg->kv_cache_bytes > 0 ? cfg->kv_cache_bytes : DEFAULT_CPU_KV_BYTES) / tp;
+        // Host memory is one for every rank: the size is the whole pool's,
+        // and each rank holds its share of every block.
+        kv_bytes = pg_engine_cpu_kv_bytes(cfg, tp);
     }
-    int64_t kv_blocks64 = cfg->kv_blocks > 0 ? cfg->kv_blocks : kv_bytes / (int64_t)per_block;
-    e->kv_blocks = kv_blocks64 > INT32_MAX ? INT32_MAX : (int32_t)kv_blocks64;
+    e->kv_blocks = pg_engine_kv_blocks(cfg, kv_bytes, per_block);
     // Host blocks: swap preemption and the prefix cache's host tier share
     // them (engine/memplan.c says why the CPU has none by default).
     int32_t host_blocks = pg_host_kv_blocks(cfg, !on_cpu, e->kv_blocks, per_block, pg_host_ram_bytes());
     sc.enable_host_kv_cache = host_blocks > 0 && sc.enable_prefix_caching && !cfg->no_host_kv_cache;
     // A pool that cannot hold one sequence of the full model length is a
     // configuration error, reported with what would fit.
-    int32_t need = (e->max_model_len + sc.block_size - 1) / sc.block_size + 1;
+    const int32_t need = pg_engine_kv_blocks_needed(e->max_model_len, sc.block_size);
     if (e->kv_blocks < need) {
         pg_err_set(PG_EINVAL,
                           "KV cache of %d blocks (%d tokens) cannot hold one sequence of max model "

@@ -85,6 +85,16 @@ typedef struct pg_kv_shape {
     const float *scales;
 } pg_kv_shape;
 
+// Bytes of one block of one layer's K (or V): block_size slots of
+// n_kv_heads rows of head_dim elements in s.dtype on a backend whose
+// native type is f32 or bf16 (pg_kv_row_bytes); 0 for a type that cannot
+// hold the row.
+size_t pg_kv_layer_block_bytes(pg_kv_shape s, bool native_f32);
+// Bytes of one KV block (K and V of n_layers layers): what both backends'
+// kv_block_bytes return and what `paged plan` (engine/memplan.c) sizes the
+// pool by, so one formula decides the pool on both sides.
+size_t pg_kv_block_bytes(int32_t n_layers, pg_kv_shape s, bool native_f32);
+
 // The CPU backend's numerics (pg_backend_cpu_create; CUDA has one).
 typedef enum {
     // The backend's choice. CPU: PG_MATMUL_QUANT_ACT.

@@ -45,6 +45,14 @@ size_t pg_kv_row_bytes(int32_t dtype, int64_t n, bool native_f32) {
     return 0;
 }
 
+size_t pg_kv_layer_block_bytes(pg_kv_shape s, bool native_f32) {
+    return (size_t)s.block_size * (size_t)s.n_kv_heads * pg_kv_row_bytes(s.dtype, s.head_dim, native_f32);
+}
+
+size_t pg_kv_block_bytes(int32_t n_layers, pg_kv_shape s, bool native_f32) {
+    return (size_t)2 * (size_t)n_layers * pg_kv_layer_block_bytes(s, native_f32);
+}
+
 int pg_rand_windows_rows(const pg_rand_window *w, int n, const char *who, int64_t *rows) {
     PG_ARG(n >= 1, "%s weight_random: no windows", who);
     *rows = 0;

@@ -891,10 +891,10 @@ int sched_update(sched *s, const pg_step_output *out, sched_events *evs) {
 
 void sched_config_default(sched_config *c) {
     memset(c, 0, sizeof *c);
-    c->block_size = 16;
+    c->block_size = SCHED_DEFAULT_BLOCK_SIZE;
     c->enable_prefix_caching = true;
-    c->max_num_batched_tokens = 2048;
-    c->max_num_seqs = 256;
+    c->max_num_batched_tokens = SCHED_DEFAULT_MAX_NUM_BATCHED_TOKENS;
+    c->max_num_seqs = SCHED_DEFAULT_MAX_NUM_SEQS;
     c->enable_chunked_prefill = true;
     c->long_prefill_token_threshold = SCHED_LONG_PREFILL_AUTO;
     c->policy = SCHED_POLICY_FCFS;

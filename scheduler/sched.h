@@ -162,6 +162,11 @@ typedef struct sched_stats {
 // long prefill cap auto (512 of 2048).
 // num_blocks and max_model_len are left 0: the caller sets them.
 void sched_config_default(sched_config *c);
+// The numbers of those defaults, for what else states them (the engine's
+// fallback block size, its --help).
+#define SCHED_DEFAULT_BLOCK_SIZE 16
+#define SCHED_DEFAULT_MAX_NUM_BATCHED_TOKENS 2048
+#define SCHED_DEFAULT_MAX_NUM_SEQS 256
 
 // Creates a scheduler and its block pool. PG_EINVAL on a bad config.
 int sched_create(const sched_config *cfg, sched **out);

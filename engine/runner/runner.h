@@ -35,6 +35,23 @@ typedef enum pg_graph_mode {
     PG_GRAPHS_OFF = 1,
     PG_GRAPHS_LAZY = 2,
 } pg_graph_mode;
+// --cuda-graphs: NULL or "on" (startup), "off", "lazy"; PG_EINVAL otherwise.
+// Start-up (engine/setup.c), its option check and `paged plan` read the
+// names here.
+int pg_graph_mode_parse(const char *name, pg_graph_mode *out);
+// Whether decode steps may run as graphs in `mode` (on a backend that
+// captures): not in mode off, nor with PAGED_CUDA_GRAPHS=0 in the
+// environment. The knob's one reader: the runner and `paged plan` ask here.
+bool pg_runner_graphs_wanted(pg_graph_mode mode);
+// The bytes per graph the reserve counts at least: the probe sees the
+// allocator's 2 MiB pages, so it can measure less than a graph takes
+// (engine/runner/runner_graphs.c). `paged plan` estimates with it.
+#define PG_RUNNER_GRAPH_MIN_BYTES ((int64_t)1 << 20)
+// The device bytes the KV budget leaves for the decode graphs of a runner
+// with these limits (max_seqs as pg_runner_ws_limits caps it): every
+// (batch, context) bucket at `per_graph` bytes, times 1.5, plus 16 MiB.
+// The runner passes its probe's measure, `paged plan` the floor above.
+int64_t pg_runner_graph_reserve(int32_t max_seqs, int32_t max_model_len, int64_t per_graph);
 
 // The scales of an fp8 KV cache (engine/runner/runner_kv_scales.c): auto = the
 // checkpoint's k_scale / v_scale, else calibrated at start-up per layer and

@@ -19,18 +19,47 @@
 #include "common/log.h"
 #include "engine/runner/runner_int.h"
 
-int runner_graphs_setup(pg_runner *r) {
+int pg_graph_mode_parse(const char *name, pg_graph_mode *out) {
+    if (!name || !strcmp(name, "on"))
+        *out = PG_GRAPHS_STARTUP;
+    else if (!strcmp(name, "off"))
+        *out = PG_GRAPHS_OFF;
+    else if (!strcmp(name, "lazy"))
+        *out = PG_GRAPHS_LAZY;
+    else
+        return pg_err_set(PG_EINVAL, "cuda graphs '%s' is not known (on, off, lazy)", name);
+    return 0;
+}
+
+bool pg_runner_graphs_wanted(pg_graph_mode mode) {
     const char *env = getenv("PAGED_CUDA_GRAPHS");
-    pg_graph_mode mode = r->cfg.graphs;
-    if (env && env[0] == '0') mode = PG_GRAPHS_OFF;
-    r->graphs_on = r->be->has_graphs && mode != PG_GRAPHS_OFF;
+    return mode != PG_GRAPHS_OFF && !(env && env[0] == '0');
+}
+
+// The buckets of max_seqs x max_model_len: batches 1, 2, 4, ... below
+// max_seqs, then max_seqs; contexts 256, 512, ... below max_model_len, then
+// max_model_len; as many as the arrays hold.
+static void graph_buckets(int32_t max_seqs, int32_t max_model_len, int32_t bb[RUNNER_MAX_BBUCKETS], int32_t *nb,
+                          int32_t cb[RUNNER_MAX_CBUCKETS], int32_t *nc) {
+    *nb = *nc = 0;
+    for (int32_t b = 1; b < max_seqs && *nb < RUNNER_MAX_BBUCKETS - 1; b *= 2) bb[(*nb)++] = b;
+    bb[(*nb)++] = max_seqs;
+    for (int64_t c = 256; c < max_model_len && *nc < RUNNER_MAX_CBUCKETS - 1; c *= 2) cb[(*nc)++] = (int32_t)c;
+    cb[(*nc)++] = max_model_len;
+}
+
+int64_t pg_runner_graph_reserve(int32_t max_seqs, int32_t max_model_len, int64_t per_graph) {
+    int32_t bb[RUNNER_MAX_BBUCKETS], cb[RUNNER_MAX_CBUCKETS], nb, nc;
+    graph_buckets(max_seqs, max_model_len, bb, &nb, cb, &nc);
+    const int64_t n_all = (int64_t)nb * nc;
+    return per_graph * n_all + per_graph * n_all / 2 + ((int64_t)16 << 20);
+}
+
+int runner_graphs_setup(pg_runner *r) {
+    r->graphs_on = r->be->has_graphs && pg_runner_graphs_wanted(r->cfg.graphs);
     if (!r->graphs_on) return 0;
     const int32_t S = r->max_seqs, bs = r->cfg.block_size;
-    for (int32_t b = 1; b < S && r->n_bbuckets < 15; b *= 2) r->bbuckets[r->n_bbuckets++] = b;
-    r->bbuckets[r->n_bbuckets++] = S;
-    for (int64_t c = 256; c < r->cfg.max_model_len && r->n_cbuckets < 31; c *= 2)
-        r->cbuckets[r->n_cbuckets++] = (int32_t)c;
-    r->cbuckets[r->n_cbuckets++] = r->cfg.max_model_len;
+    graph_buckets(S, r->cfg.max_model_len, r->bbuckets, &r->n_bbuckets, r->cbuckets, &r->n_cbuckets);
     r->g_max_bt = (r->cfg.max_model_len + bs - 1) / bs;
     const size_t ng = (size_t)r->n_bbuckets * (size_t)r->n_cbuckets;
     r->graph_exec = pg_xcalloc(ng, sizeof(void *));
@@ -179,9 +208,9 @@ void runner_graphs_probe(pg_runner *r) {
         if (ex[i]) be->dev->graph_free(be, ex[i]);
     // The probe sees 2 MiB pages: on the H200 at llama3-8b-shape it measured
     // 0.5 MiB per graph where 90 captures took 0.93 MiB each. Hence a floor of
-    // 1 MiB per graph and a 1.5x margin.
-    if (per < ((int64_t)1 << 20)) per = (int64_t)1 << 20;
-    r->graph_reserve = per * n_all + per * n_all / 2 + ((int64_t)16 << 20);
+    // 1 MiB per graph and a 1.5x margin (pg_runner_graph_reserve).
+    if (per < PG_RUNNER_GRAPH_MIN_BYTES) per = PG_RUNNER_GRAPH_MIN_BYTES;
+    r->graph_reserve = pg_runner_graph_reserve(r->max_seqs, r->cfg.max_model_len, per);
     PG_LOGI("%s graphs: %.2f MiB per graph measured; %.1f MiB reserved for %lld buckets", be->name,
             (double)per / (1 << 20), (double)r->graph_reserve / (1 << 20), (long long)n_all);
 }

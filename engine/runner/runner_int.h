@@ -5,6 +5,9 @@
 
 #include "engine/runner/runner.h"
 
+// The decode graphs' bucket arrays (runner_graphs.c): batch sizes, contexts.
+enum { RUNNER_MAX_BBUCKETS = 16, RUNNER_MAX_CBUCKETS = 32 };
+
 // One step flattened on the host: rows of decode sequences (one query each,
 // the last of its context) first: sequence s < n_decode owns row s;
 // sequence s >= n_decode owns rows [n_decode + cu_q[s - n_decode],
@@ -102,8 +105,8 @@ struct pg_runner {
     // Decode graphs [n_bbuckets][n_cbuckets] (runner_graphs.c).
     bool graphs_on;
     int64_t graph_reserve; // bytes planned for every bucket's graph
-    int32_t bbuckets[16], n_bbuckets; // 1, 2, 4, ... < max_seqs, max_seqs
-    int32_t cbuckets[32], n_cbuckets; // 256, 512, ... < max_model_len, max_model_len
+    int32_t bbuckets[RUNNER_MAX_BBUCKETS], n_bbuckets; // 1, 2, 4, ... < max_seqs, max_seqs
+    int32_t cbuckets[RUNNER_MAX_CBUCKETS], n_cbuckets; // 256, 512, ... < max_model_len, max_model_len
     void **graph_exec;
     int8_t *graph_state; // 0 none yet, 1 ready, -1 capture failed (stays eager)
     int64_t graph_bytes;

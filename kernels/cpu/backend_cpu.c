@@ -274,16 +274,13 @@ static int cpu_stream_in(pg_backend *b, void *dst, const void *src_host, size_t 
 
 // --- KV cache ---------------------------------------------------------------------
 
-// Bytes of one block of one layer's K (or V): block_size slots of
-// n_kv_heads rows of head_dim elements in s.dtype; 0 for a type the CPU
-// does not store.
-static size_t layer_block_bytes(pg_kv_shape s) {
-    return (size_t)s.block_size * (size_t)s.n_kv_heads * pg_cpu_kv_row_bytes(s.dtype, s.head_dim);
-}
+// Bytes of one block of one layer's K (or V) in the CPU's types (f32
+// native); 0 for a type the CPU does not store.
+static size_t layer_block_bytes(pg_kv_shape s) { return pg_kv_layer_block_bytes(s, true); }
 
 static size_t cpu_kv_block_bytes(pg_backend *b, int32_t n_layers, pg_kv_shape s) {
     (void)b;
-    return (size_t)2 * (size_t)n_layers * layer_block_bytes(s);
+    return pg_kv_block_bytes(n_layers, s, true);
 }
 
 static void cpu_kv_free(pg_backend *b, pg_bkv *kv) {

@@ -18,7 +18,7 @@
 
 namespace {
 
-constexpr int KT = 64;        // keys per KV tile
+constexpr int KT = PG_CUDA_DECODE_TILE_KEYS; // keys per KV tile (kernels/cuda/cuda_ops.h)
 constexpr int NTHREADS = 128; // 4 warps
 
 // --- PTX wrappers ------------------------------------------------------------------
@@ -335,7 +335,7 @@ struct SplitPlan {
 // of batch 16 x 4096 in CTA start-ups and the second (reduce) launch; this
 // one gives 2 splits of 32 tiles (256 CTAs, one wave) there, no split at
 // batch >= 64 x 4096, and ~200 CTAs for one long sequence.
-constexpr int MAX_SPLITS = 256;
+constexpr int MAX_SPLITS = PG_CUDA_DECODE_MAX_SPLITS;
 constexpr double SPLIT_OVH = 2.0;  // from the H200 runs: 4-tile splits reached 65% of the wave-limited rate
 constexpr double SPLIT_RHO = 1.25; // assumed, not measured
 
@@ -371,7 +371,7 @@ SplitPlan plan_decode(int n_seqs, int n_kv, int row_tiles, int group, int max_se
 }
 
 size_t split_ws_bytes(int n_seqs, int n_heads, int head_dim, int n_splits) {
-    return (size_t)n_seqs * n_heads * n_splits * (size_t)(head_dim + 1) * sizeof(float) + 256;
+    return pg_cuda_decode_split_ws_bytes((int64_t)n_seqs * n_heads * n_splits, head_dim);
 }
 
 // What every launch of the AttnParams kernels (decode v2/v4, prefill v1/v2)

@@ -521,14 +521,10 @@ static int cu_stream_in_wait(pg_backend *b, int slot) {
 
 // --- KV cache -------------------------------------------------------------------------------
 
-static size_t elem_bytes(pg_kv_shape s) {
-    return s.dtype == PG_KV_FP8_E4M3 ? 1 : sizeof(bf16);
-}
-
+// bf16 native (2 bytes) or fp8 e4m3 (1): the types cu_kv_create takes.
 static size_t cu_kv_block_bytes(pg_backend *b, int32_t n_layers, pg_kv_shape s) {
     (void)b;
-    return (size_t)2 * (size_t)n_layers * (size_t)s.block_size * (size_t)s.n_kv_heads *
-           (size_t)s.head_dim * elem_bytes(s);
+    return pg_kv_block_bytes(n_layers, s, false);
 }
 
 static void cu_kv_free(pg_backend *b, pg_bkv *bkv) {
@@ -566,7 +562,7 @@ static int cu_kv_create(pg_backend *b, int32_t n_layers, pg_kv_shape s, int32_t 
     kv->base.shape = s;
     kv->base.n_layers = n_layers;
     kv->base.n_host_blocks = n_host_blocks;
-    kv->block_bytes = (size_t)s.block_size * (size_t)s.n_kv_heads * (size_t)s.head_dim * elem_bytes(s);
+    kv->block_bytes = pg_kv_layer_block_bytes(s, false);
     kv->layer_bytes = (size_t)s.n_blocks * kv->block_bytes;
     const size_t total = 2 * (size_t)n_layers * kv->layer_bytes;
     kv->base.k = (void **)calloc((size_t)n_layers, sizeof(void *));

@@ -94,6 +94,17 @@ int pg_cuda_paged_decode_attention(void *out, const void *q, int64_t q_stride,
 // `max_seqs` sequences of up to `max_seq_len` tokens on the current device.
 size_t pg_cuda_decode_workspace_size(int32_t max_seqs, int32_t n_heads, int32_t n_kv_heads,
                                      int32_t head_dim, int32_t max_seq_len);
+// The split plan's units: keys per KV tile (a split is whole tiles) and the
+// most splits of one (sequence, KV head).
+#define PG_CUDA_DECODE_TILE_KEYS 64
+#define PG_CUDA_DECODE_MAX_SPLITS 256
+// Workspace of a split plan with `n_items` (sequence, head, split) partials:
+// head_dim output floats and one softmax sum each, plus 256 bytes to align
+// the start. Inline and free of CUDA so the memory planner
+// (engine/memplan.c) bounds pg_cuda_decode_workspace_size without a GPU.
+static inline size_t pg_cuda_decode_split_ws_bytes(int64_t n_items, int32_t head_dim) {
+    return (size_t)n_items * (size_t)(head_dim + 1) * sizeof(float) + 256;
+}
 
 // The same contract through numbered versions, for tests and benchmarks:
 // 2 = the tensor-core split-K kernel above with the GQA group as 16 mma rows
@@ -352,8 +363,17 @@ int pg_cuda_qdequant_bf16(void *out, const void *w, const float *scales, int dty
 
 // Parameters and results: pg_sample_params, pg_sample_out (kernels/sampling.h).
 
-// Device workspace for n sequences over a vocabulary of `vocab`.
-size_t pg_cuda_sample_workspace_size(int32_t n, int32_t vocab);
+// The columns of the sampler's per-row buffers: the vocabulary rounded up
+// to 64.
+static inline size_t pg_cuda_sample_vocab_pad(int32_t vocab) { return ((size_t)vocab + 63) / 64 * 64; }
+// Device workspace for n sequences over a vocabulary of `vocab`: per row
+// the processed logits (f32) and their counters (u32) over the padded
+// vocabulary, plus 256 bytes to align the start. Inline and free of CUDA
+// so the memory planner (engine/memplan.c) sizes it without a GPU.
+static inline size_t pg_cuda_sample_workspace_size(int32_t n, int32_t vocab) {
+    if (n <= 0 || vocab <= 0) return 0;
+    return (size_t)n * pg_cuda_sample_vocab_pad(vocab) * (sizeof(float) + sizeof(uint32_t)) + 256;
+}
 
 // Samples one token per row of logits [n][ld_logits] (PG_CUDA_F32 or
 // PG_CUDA_BF16; the first `vocab` columns are used; they are not modified),

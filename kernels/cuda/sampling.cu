@@ -679,8 +679,6 @@ sample_kernel(pg_sample_out *outs, const T *logits, int64_t ld, int vocab, int64
     }
 }
 
-size_t vocab_pad_of(int vocab) { return ((size_t)vocab + 63) / 64 * 64; }
-
 template <typename T>
 int launch_sample(pg_sample_out *out, const void *logits, int64_t ld, int n, int vocab,
                   const pg_sample_params *params, const int32_t *tokens, void *workspace, cudaStream_t st) {
@@ -692,7 +690,7 @@ int launch_sample(pg_sample_out *out, const void *logits, int64_t ld, int n, int
         PG_CUDA_TRY(cudaFuncSetAttribute(sample_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sizeof(Smem)));
         done.fetch_or(1ull << (dev & 63));
     }
-    const size_t vp = vocab_pad_of(vocab);
+    const size_t vp = pg_cuda_sample_vocab_pad(vocab);
     uintptr_t base = ((uintptr_t)workspace + 255) & ~(uintptr_t)255;
     float *proc = (float *)base;
     uint32_t *cnt = (uint32_t *)(proc + (size_t)n * vp);
@@ -705,11 +703,6 @@ int launch_sample(pg_sample_out *out, const void *logits, int64_t ld, int n, int
 }
 
 } // namespace
-
-extern "C" size_t pg_cuda_sample_workspace_size(int32_t n, int32_t vocab) {
-    if (n <= 0 || vocab <= 0) return 0;
-    return (size_t)n * vocab_pad_of(vocab) * (sizeof(float) + sizeof(uint32_t)) + 256;
-}
 
 extern "C" int pg_cuda_sample(pg_sample_out *out, const void *logits, int logits_dtype, int64_t ld_logits,
                               int32_t n, int32_t vocab, const pg_sample_params *params, const int32_t *tokens,
