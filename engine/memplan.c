@@ -41,11 +41,6 @@
 
 // --- the devices' rules (the backends' own functions) ----------------------------------
 
-// The backends' own rules (kernels/backend.h), and the type each converts
-// the rest to.
-static const pg_weight_rules CPU_RULES = {pg_cpu_runs_type_in_place, PG_DTYPE_F32, 4};
-static const pg_weight_rules CUDA_RULES = {pg_cuda_runs_type_in_place, PG_DTYPE_BF16, 2};
-
 // K and V of every layer: the function both backends' kv_block_bytes call.
 static size_t kv_block_bytes(bool cuda, int32_t dtype, const pg_model_config *mc, int32_t n_kv, int32_t bs) {
     const pg_kv_shape s = {.block_size = bs, .n_kv_heads = n_kv, .head_dim = mc->head_dim, .dtype = dtype};
@@ -149,12 +144,14 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
     const bool dummy = cfg->load_format && !strcmp(cfg->load_format, "dummy");
     const pg_model_load_opts mo = {.path = cfg->model_path, .dummy = dummy, .hf_config = cfg->hf_config,
                                    .quantization = cfg->quantization, .cpu_offload_bytes = cfg->cpu_offload_bytes};
-    const pg_weight_rules *rules = cuda ? &CUDA_RULES : &CPU_RULES;
+    // What the backend would do with each weight: asked of its kind
+    // (kernels/backend.h pg_backend_caps), which a live backend answers too.
+    const pg_backend_caps *caps = cuda ? pg_backend_cuda_caps() : pg_backend_cpu_caps();
     p->cuda = cuda;
     p->tp = tp;
     p->quantization = cfg->quantization;
     for (int32_t r = 0; r < tp; r++)
-        PG_TRY(pg_model_weight_plan(&mo, r, tp, rules, &p->mc, &p->ranks[r].weights, &p->ranks[r].offload,
+        PG_TRY(pg_model_weight_plan(&mo, r, tp, caps, &p->mc, &p->ranks[r].weights, &p->ranks[r].offload,
                                     &p->ranks[r].quant_max_elems));
     const pg_model_config *mc = &p->mc;
     PG_TRY(pg_kv_dtype_resolve(cfg, !cuda, mc->head_dim, &p->kv_dtype));

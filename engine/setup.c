@@ -167,7 +167,7 @@ int pg_engine_follow(const pg_engine_config *cfg) {
 // The start-up log's name of the KV type.
 static const char *kv_dtype_log_name(const pg_backend *be, int32_t dtype) {
     if (dtype != PG_KV_NATIVE) return pg_kv_dtype_name(dtype);
-    return be->kv_native == PG_DTYPE_F32 ? "f32" : "bf16";
+    return be->caps->kv_native == PG_DTYPE_F32 ? "f32" : "bf16";
 }
 
 int eng_setup(pg_engine *e) {
@@ -226,7 +226,7 @@ int eng_setup(pg_engine *e) {
     pg_runner_mem gm;
     const size_t per_block = pg_executor_kv_bytes_per_block(e->exec);
     int64_t kv_bytes;
-    if (be->measures_memory) {
+    if (be->caps->measures_memory) {
         const double util = pg_engine_gpu_memory_utilization(cfg);
         // Everything in use now (weights, workspace, context, other
         // processes) counts against the utilization budget, as in vLLM, and
@@ -339,7 +339,7 @@ int eng_setup(pg_engine *e) {
                 e->model->shard.n_heads, e->model->shard.n_kv_heads, e->model->shard.ffn, e->model->shard.vocab,
                 cfg->nnodes > 1 ? " across nodes" : "");
     // Every rank's memory (rank 0's below stands for the rest on one node).
-    for (int32_t r = 1; r < tp && be->measures_memory; r++) {
+    for (int32_t r = 1; r < tp && be->caps->measures_memory; r++) {
         pg_runner_mem m;
         pg_executor_mem_get(e->exec, r, &m);
         PG_LOGI("rank %d device memory: total %.2f GiB = weights %.2f + KV cache %.2f + workspace %.2f + graphs "
@@ -348,7 +348,7 @@ int eng_setup(pg_engine *e) {
                 m.device);
     }
     const char *kv_type = kv_dtype_log_name(be, kv_dtype);
-    if (be->measures_memory)
+    if (be->caps->measures_memory)
         PG_LOGI("device memory: total %.2f GiB = weights %.2f + KV cache %.2f + workspace %.2f (profiled at "
                 "%d tokens / %d sequences; buffers %.2f) + graphs %.2f + other %.2f + free %.2f GiB",
                 gm.total / G, gm.weights / G, gm.kv / G, gm.workspace / G, sc.max_num_batched_tokens,

@@ -49,17 +49,6 @@ pg_tensor pg_tensor_view(pg_tensor t, int64_t r0, int64_t n, int64_t c0, int64_t
 // feature), or a vector (rows = 1: norms, biases, rotary frequencies).
 // Made by weight_upload / weight_random; the backend allocates a larger
 // struct with this at its start.
-// Which stored weight types each backend runs as stored (the rest it
-// converts at upload), as pure functions of the type: the backends'
-// runs_in_place and `paged plan` (engine/memplan.c), which plans without a
-// backend, ask the same rule. CPU: every GGUF block type and paged's FP8 /
-// int4 (kernels/cpu/matmul.c); CUDA: bf16, FP8 e4m3 and int4
-// (kernels/cuda/qgemv.cu), the rest is dequantized to bf16.
-static inline bool pg_cpu_runs_type_in_place(int dtype) { return pg_dtype_block_elems(dtype) > 0; }
-static inline bool pg_cuda_runs_type_in_place(int dtype) {
-    return dtype == PG_DTYPE_BF16 || dtype == PG_DTYPE_FP8_E4M3 || pg_dtype_is_int4(dtype);
-}
-
 typedef struct pg_bweight {
     int64_t rows, cols;
     int32_t dtype; // the type the backend runs it in (pg_dtype)
@@ -119,6 +108,33 @@ typedef struct pg_argmax {
 #define PG_TOPK_EXCHANGE_MAX 64
 
 typedef struct pg_backend pg_backend;
+
+// What a kind of backend can do, known without making one: `paged plan`
+// (engine/memplan.c) plans for a GPU that need not be on this machine, so
+// it asks the kind (pg_backend_cpu_caps, pg_backend_cuda_caps) what a live
+// backend answers through be->caps, instead of rules copied beside it.
+typedef struct pg_backend_caps {
+    int32_t act_dtype;       // activations: PG_DTYPE_F32 (CPU) or PG_DTYPE_BF16 (CUDA)
+    int32_t kv_native;       // the KV cache's native element type, for messages
+                             //   (PG_DTYPE_F32 on the CPU, PG_DTYPE_BF16 on CUDA)
+    bool weights_borrow;     // weight_upload keeps pointers into the host data, which
+                             //   must outlive the weight (CPU); else it copies (CUDA)
+    bool measures_memory;    // mem_info tracks what allocations and kernels take, so the
+                             //   runner's profiling forward means something (CUDA)
+    bool has_graphs;         // graph_begin/graph_end capture (CUDA)
+    // Weights stored in `dtype` run as stored when true (no conversion at
+    // load); the rest become weight_dtype at upload. CPU: every GGUF block
+    // type and paged's FP8 / int4 (kernels/cpu/matmul.c); CUDA: bf16, FP8
+    // e4m3 and int4 (kernels/cuda/qgemv.cu), the rest dequantized to bf16.
+    bool (*runs_in_place)(int dtype);
+    int32_t weight_dtype;    // what a weight it does not run in place becomes
+    int32_t vector_bytes;    // bytes per element of norms and biases
+} pg_backend_caps;
+
+const pg_backend_caps *pg_backend_cpu_caps(void);
+// Always linked (kernels/cuda/cuda_caps.c), also in a build without CUDA.
+const pg_backend_caps *pg_backend_cuda_caps(void);
+
 
 // The backend interface in three tables, as ggml separates devices,
 // buffers and compute: `dev` (the device, its memory, copies, events and
@@ -321,17 +337,9 @@ typedef struct pg_backend_ops {
 } pg_backend_ops;
 
 struct pg_backend {
-    const char *name;       // "cpu", "cuda"
-    void *ctx;              // the backend's state
-    int32_t act_dtype;      // activations: PG_DTYPE_F32 (CPU) or PG_DTYPE_BF16 (CUDA)
-    bool weights_borrow;    // weight_upload keeps pointers into the host data, which
-                            //   must outlive the weight (CPU); else it copies (CUDA)
-    bool measures_memory;   // mem_info tracks what allocations and kernels take, so the
-                            //   runner's profiling forward means something (CUDA)
-    bool has_graphs;        // graph_begin/graph_end capture (CUDA)
-    int32_t kv_native;      // the KV cache's native element type, for messages
-                            //   (PG_DTYPE_F32 on the CPU, PG_DTYPE_BF16 on CUDA)
-
+    const char *name;              // "cpu", "cuda"
+    void *ctx;                     // the backend's state
+    const pg_backend_caps *caps;   // what it can do (pg_backend_cpu_caps / _cuda_caps)
     const pg_backend_dev *dev;     // device and memory
     const pg_backend_store *store; // weights, KV cache, offload, swap
     const pg_backend_ops *ops;     // the compute of a step

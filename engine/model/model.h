@@ -146,17 +146,10 @@ int pg_quantize_weight(int q, const char *name, pg_weight *w, void **data_out, f
 // that disagrees with the config, a type the backend cannot hold.
 int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out);
 
-// How a backend holds weights (kernels/backend.h weight_upload), so that
-// their bytes can be known before loading: matrices in a type it runs in
-// place stay as stored, others become convert_dtype; vectors (norms,
-// biases) take vector_bytes per element; random (dummy) weights are bf16.
-typedef struct pg_weight_rules {
-    bool (*runs_in_place)(int dtype);
-    int32_t convert_dtype;
-    int32_t vector_bytes;
-} pg_weight_rules;
 
-// The bytes of rank `rank` of `size`'s weights under `rules`, and the
+// The bytes of rank `rank` of `size`'s weights on a backend of `caps`
+// (kernels/backend.h: what it runs as stored, what it converts the rest
+// to, its vector type; random weights are bf16), and the
 // model's config, read from the headers only (the GGUF tensor table, the
 // safetensors headers, config.json): the loader's table, names, shape
 // checks and tensor-parallel slicing, without touching a weight. The
@@ -172,7 +165,7 @@ typedef struct pg_offload_plan {
     int64_t slot_bytes; // one device slot (the largest of those layers)
     int32_t n_slots;    // 2, or 1 for one layer, 0 for none
 } pg_offload_plan;
-int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size, const pg_weight_rules *rules,
+int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size, const pg_backend_caps *caps,
                          pg_model_config *cfg, int64_t *bytes, pg_offload_plan *off, int64_t *quant_max_elems);
 void pg_model_free(pg_model *m);
 

@@ -500,9 +500,9 @@ static int64_t stored_bytes(const source *s, const pg_model_config *c) {
     return total;
 }
 
-// Bytes a weight of these (sliced) parts takes on a backend with `r`'s
-// rules: what make() above would upload, without the data.
-static int64_t planned_bytes(const pg_weight_rules *r, src_kind kind, const pg_weight *parts, int n, bool vector) {
+// Bytes a weight of these (sliced) parts takes on a backend of caps `r`:
+// what make() above would upload, without the data.
+static int64_t planned_bytes(const pg_backend_caps *r, src_kind kind, const pg_weight *parts, int n, bool vector) {
     int64_t b = 0;
     for (int i = 0; i < n; i++) {
         const int64_t elems = parts[i].rows * parts[i].cols;
@@ -514,12 +514,12 @@ static int64_t planned_bytes(const pg_weight_rules *r, src_kind kind, const pg_w
             b += parts[i].rows * ((int64_t)parts[i].row_bytes +
                                   (pg_dtype_has_row_scales(parts[i].dtype) ? (int64_t)sizeof(float) : 0));
         else
-            b += elems * (int64_t)pg_dtype_row_bytes(r->convert_dtype, 1);
+            b += elems * (int64_t)pg_dtype_row_bytes(r->weight_dtype, 1);
     }
     return b;
 }
 
-int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size, const pg_weight_rules *rules,
+int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size, const pg_backend_caps *caps,
                          pg_model_config *cfg, int64_t *bytes, pg_offload_plan *off, int64_t *quant_max_elems) {
     *bytes = 0;
     if (quant_max_elems) *quant_max_elems = 0;
@@ -539,21 +539,21 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
     if ((rc = find_checked(NULL, &s, emb_name, V, H, &w, NULL)) < 0) goto done;
     w.data = NULL;
     slice_rows(&w, m.shard.vocab0, m.shard.vocab);
-    *bytes += planned_bytes(rules, s.kind, &w, 1, false);
+    *bytes += planned_bytes(caps, s.kind, &w, 1, false);
     const char *head_name = s.kind == SRC_GGUF ? "output.weight" : "lm_head.weight";
     const bool has_head = s.kind == SRC_DUMMY ? !c->tie_embeddings : pg_model_src_find(&s, head_name, &w);
     if (has_head && !(s.kind == SRC_HF && c->tie_embeddings)) {
         if ((rc = find_checked(NULL, &s, head_name, V, H, &w, NULL)) < 0) goto done;
         w.data = NULL;
         slice_rows(&w, m.shard.vocab0, m.shard.vocab);
-        *bytes += planned_bytes(rules, s.kind, &w, 1, false);
+        *bytes += planned_bytes(caps, s.kind, &w, 1, false);
     } else {
         m.cfg.tie_embeddings = true;
     }
     const char *norm_name = s.kind == SRC_GGUF ? "output_norm.weight" : "model.norm.weight";
     if ((rc = find_checked(NULL, &s, norm_name, 1, H, &w, NULL)) < 0)
         goto done;
-    *bytes += planned_bytes(rules, s.kind, &w, 1, true);
+    *bytes += planned_bytes(caps, s.kind, &w, 1, true);
     for (int32_t l = 0; l < c->n_layers; l++) {
         // The layer's weights as the loader makes them (a fused weight's
         // parts summed), and as offload packs them (each 256-byte aligned).
@@ -575,12 +575,12 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
                 goto done;
             const int64_t b = w.rows > 1 && online_quant(o) && s.kind != SRC_DUMMY
                                   ? pg_quantized_bytes(o->quantization, w.rows, w.cols)
-                                  : planned_bytes(rules, s.kind, &w, 1, w.rows == 1);
+                                  : planned_bytes(caps, s.kind, &w, 1, w.rows == 1);
             fused[lt->field] += b;
             layer += b;
             const bool quantized = w.rows > 1 && s.kind != SRC_DUMMY &&
                                    (online_quant(o) || ((w.dtype == PG_DTYPE_FP8_E4M3 || pg_dtype_is_int4(w.dtype)) &&
-                                                        rules->runs_in_place(w.dtype)));
+                                                        caps->runs_in_place(w.dtype)));
             if (quantized) qelems[lt->field] += w.rows * w.cols;
         }
         for (int f = 0; f < F_COUNT; f++)
@@ -633,7 +633,7 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
     // backend converts or copies them): a progress bar on a terminal.
     // (None when the backend borrows the mapping: nothing is read now.)
     // (Under tensor parallelism rank 0 shows its share; the others none.)
-    const bool show = !be->weights_borrow && m->shard.rank == 0;
+    const bool show = !be->caps->weights_borrow && m->shard.rank == 0;
     pg_progress_begin(&ld.pr, "loading weights", show ? stored_bytes(&s, c) / m->shard.size : 0,
                       show ? stderr : NULL);
     const int64_t H = c->hidden, V = c->vocab_size;
@@ -703,14 +703,14 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
     }
     {
         double secs = pg_progress_end(&ld.pr);
-        if (!o->dummy && !be->weights_borrow && m->shard.rank == 0)
+        if (!o->dummy && !be->caps->weights_borrow && m->shard.rank == 0)
             PG_LOGI("loaded %lld tensors, %.2f GB in %.2f s (%.2f GB/s, read and copied to the %s)",
                     (long long)ld.pr.items, (double)ld.pr.done / 1e9, secs,
                     secs > 0 ? (double)ld.pr.done / 1e9 / secs : 0.0, be->name);
     }
     // A backend that copied the weights needs neither the mapping nor the
     // loader's host copies any more.
-    if (!be->weights_borrow) {
+    if (!be->caps->weights_borrow) {
         for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
         m->n_owned = 0;
         if (m->source_close) m->source_close(m->source);

@@ -246,7 +246,7 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
     r->samp_ws_bytes = be->ops->sample_workspace_bytes(be, r->max_seqs, mc->vocab_size);
     // The same pure plan `paged plan` sizes (engine/memplan.c).
     pg_runner_ws_plan wp;
-    pg_runner_workspace_plan(mc, &model->shard, cfg, be->act_dtype, r->attn_ws_bytes, r->samp_ws_bytes, &wp);
+    pg_runner_workspace_plan(mc, &model->shard, cfg, be->caps->act_dtype, r->attn_ws_bytes, r->samp_ws_bytes, &wp);
     r->in_cap = wp.inputs;
     r->ws_bytes = wp.bytes;
     if ((rc = be->dev->alloc(be, r->ws_bytes, &r->ws)) < 0) {
@@ -257,7 +257,7 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
     }
     carver c = {0, r->ws};
     ws_carved o;
-    carve_workspace(mc, &model->shard, be->act_dtype, &wp, &c, &o);
+    carve_workspace(mc, &model->shard, be->caps->act_dtype, &wp, &c, &o);
     r->bufs = o.bufs;
     r->attn_ws = o.attn_ws, r->samp_ws = o.samp_ws;
     r->out_dev = o.out_dev, r->in_dev = o.in_dev;
@@ -281,11 +281,11 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
     // The profiling forward, where the backend can measure what it takes
     // (lazily loaded kernels, library plans, graph memory); elsewhere the
     // workspace is what was allocated.
-    if (be->measures_memory && (rc = profile(r)) < 0) goto fail;
+    if (be->caps->measures_memory && (rc = profile(r)) < 0) goto fail;
     if ((rc = runner_kv_scales_init(r)) < 0) goto fail;
     int64_t free1 = free0;
     if ((rc = be->dev->sync(be)) < 0 || (rc = be->dev->mem_info(be, &free1, &total)) < 0) goto fail;
-    r->workspace_measured = be->measures_memory ? free0 - free1 : 0;
+    r->workspace_measured = be->caps->measures_memory ? free0 - free1 : 0;
     if (r->workspace_measured < (int64_t)r->ws_bytes) r->workspace_measured = (int64_t)r->ws_bytes;
     *out = r;
     return 0;
@@ -335,13 +335,13 @@ void pg_runner_mem_get(const pg_runner *r, pg_runner_mem *out) {
         out->graphs_reserved = r->graph_reserve - r->graph_bytes;
     out->host_swap = r->kv ? (int64_t)r->kv->host_bytes : 0;
     // (Offload slots are the backend's own memory, not the mapping.)
-    out->host_weights_mapped = be->weights_borrow ? r->model->weight_bytes - r->model->offload.slots_bytes : 0;
+    out->host_weights_mapped = be->caps->weights_borrow ? r->model->weight_bytes - r->model->offload.slots_bytes : 0;
     out->host_weights_offloaded = r->model->offload.host_bytes;
     out->host_kv = strcmp(be->name, "cpu") == 0 ? out->kv : 0;
     out->host_pinned = 2 * ((int64_t)r->in_cap + (int64_t)sizeof(pg_sample_out) * r->max_seqs);
     // On the CPU the machine's memory holds everything else too: "other"
     // means something only where mem_info tracks the backend's allocations.
-    if (be->measures_memory) {
+    if (be->caps->measures_memory) {
         out->other = out->total - out->free - out->weights - out->kv - out->workspace - out->graphs;
         if (out->other < 0) out->other = 0;
     }

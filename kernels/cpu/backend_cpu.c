@@ -95,9 +95,25 @@ static int cpu_sync(pg_backend *b) {
 
 // --- weights ----------------------------------------------------------------------
 
+// Every GGUF block type and paged's FP8 / int4 run as stored (matmul.c).
+static bool cpu_runs_type_in_place(int dtype) { return pg_dtype_block_elems(dtype) > 0; }
+
+static const pg_backend_caps CPU_CAPS = {
+    .act_dtype = PG_DTYPE_F32,
+    .kv_native = PG_DTYPE_F32,
+    .weights_borrow = true,
+    .measures_memory = false,
+    .has_graphs = false,
+    .runs_in_place = cpu_runs_type_in_place,
+    .weight_dtype = PG_DTYPE_F32,
+    .vector_bytes = 4,
+};
+
+const pg_backend_caps *pg_backend_cpu_caps(void) { return &CPU_CAPS; }
+
 static bool cpu_runs_in_place(pg_backend *b, int dtype) {
     (void)b;
-    return pg_cpu_runs_type_in_place(dtype);
+    return CPU_CAPS.runs_in_place(dtype);
 }
 
 static int cpu_weight_upload(pg_backend *b, const pg_weight *parts, int n_parts, pg_bweight **out) {
@@ -753,11 +769,7 @@ int pg_backend_cpu_create(int n_threads, pg_matmul_mode mode, pg_backend **out) 
     *b = (pg_backend){
         .name = "cpu",
         .ctx = c,
-        .act_dtype = PG_DTYPE_F32,
-        .weights_borrow = true,
-        .measures_memory = false,
-        .has_graphs = false,
-        .kv_native = PG_DTYPE_F32,
+        .caps = &CPU_CAPS,
         .dev = &cpu_dev,
         .store = &cpu_store,
         .ops = &cpu_ops,

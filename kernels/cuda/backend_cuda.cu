@@ -243,7 +243,7 @@ static int cu_sync(pg_backend *b) {
 
 static bool cu_runs_in_place(pg_backend *b, int dtype) {
     (void)b;
-    return pg_cuda_runs_type_in_place(dtype);
+    return pg_backend_cuda_caps()->runs_in_place(dtype);
 }
 
 static int new_weight(int64_t rows, int64_t cols, int32_t dtype, size_t elem, CudaWeight **out) {
@@ -1165,11 +1165,7 @@ extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
     // (docs/cuda_kernels.md, GEMV).
     pg_cuda_gemv_preload_set(1);
     b->name = "cuda";
-    b->act_dtype = PG_DTYPE_BF16;
-    b->weights_borrow = false;
-    b->measures_memory = true;
-    b->has_graphs = true;
-    b->kv_native = PG_DTYPE_BF16;
+    b->caps = pg_backend_cuda_caps();
     b->dev = &cu_dev;
     b->store = &cu_store;
     b->ops = &cu_ops;
