@@ -22,31 +22,31 @@ void pg_engine_config_default(pg_engine_config *c) {
     sched_config_default(&c->sched);
 }
 
-// --- live request map (engine thread) --------------------------------------------
+// --- per-request state (engine thread) ---------------------------------------------
 
-static void live_put(pg_engine *e, int64_t id, void *user, req_masks *x) {
+// A request's engine-side state, owned by the scheduler's entry for it
+// (sched_request.owner) until its last event: the one request map is the
+// scheduler's.
+static live *live_new(const sub *s) {
     live *l = pg_xcalloc(1, sizeof *l);  // fields other modules add start zeroed
-    l->id = id;
-    l->user = user;
-    l->x = x;
-    l->next = e->live[id % LIVE_BUCKETS];
-    e->live[id % LIVE_BUCKETS] = l;
+    l->id = s->id;
+    l->user = s->req.user;
+    l->x = s->x;
+    eng_plp_start(l, &s->req);
+    return l;
 }
 
-static void *live_get(pg_engine *e, int64_t id, bool remove) {
-    for (live **p = &e->live[id % LIVE_BUCKETS]; *p; p = &(*p)->next) {
-        if ((*p)->id != id) continue;
-        live *l = *p;
-        void *user = l->user;
-        if (remove) {
-            *p = l->next;
-            eng_masks_free(l->x);
-            free(l->plp);
-            free(l);
-        }
-        return user;
-    }
-    return NULL;
+static void live_free(live *l) {
+    if (!l) return;
+    eng_masks_free(l->x);
+    free(l->plp);
+    free(l);
+}
+
+// sched_for_each_owner's callback at stop.
+static void live_free_owner(void *owner, void *ctx) {
+    (void)ctx;
+    live_free(owner);
 }
 
 // --- events ---------------------------------------------------------------------
@@ -157,17 +157,16 @@ static void apply_submissions(pg_engine *e, sub *list) {
         // it again for any request still held on the same grammar).
         if (s->kind == SUB_ADD && s->held_ns != 0) pg_grammar_precompute_notify(s->x->grammar, NULL, NULL);
         if (s->kind == SUB_ADD) {
+            live *l = live_new(s); // takes s->x
             sched_request r = {.id = s->id, .prompt = s->req.prompt, .n_prompt = s->req.n_prompt,
                                .sp = &s->req.sp, .priority = s->req.priority,
                                .arrival_ns = pg_now_ns(),
-                               .eos_id = e->model->cfg.n_eos ? e->model->cfg.eos_ids[0] : -1};
+                               .eos_id = e->model->cfg.n_eos ? e->model->cfg.eos_ids[0] : -1,
+                               .owner = l};
             int rc = sched_add_request(e->sched, &r);
             if (rc < 0) {
                 reject(e, s, rc, pg_err_msg());
-                eng_masks_free(s->x);
-            } else {
-                live_put(e, s->id, s->req.user, s->x);
-                eng_plp_start(e->live[s->id % LIVE_BUCKETS], &s->req); // the entry just put
+                live_free(l);
             }
             free((void *)s->req.prompt);
         } else if (s->kind == SUB_ABORT) {
@@ -283,10 +282,12 @@ static void step_finish(pg_engine *e, open_step *st, pg_gen_event **out, int *ca
         if (pg_executor_mem_refresh(e->exec) < 0) PG_LOGW("device memory: %s", pg_err_msg());
         e->mem_polled_ns = t1;
     }
-    if (sop) eng_plp_store(e, sop);  // before the events below retire finished requests
+    // Before the resolve: it ends the requests that finish in this step,
+    // and the scheduler's map forgets them (their events keep the owner).
+    if (sop) eng_plp_store(e, sop);
     sched_events evs;
     if (sched_resolve(e->sched, sop, &evs) < 0) PG_LOGE("scheduler update: %s", pg_err_msg());
-    if (sop) eng_masks_advance(e, sop);  // before the events below retire finished requests
+    eng_masks_advance(e, &evs);  // before the loop below frees the finished requests' state
     if (evs.n > *cap_out) {
         *cap_out = evs.n * 2;
         *out = pg_xrealloc(*out, sizeof(pg_gen_event) * (size_t)*cap_out);
@@ -295,8 +296,11 @@ static void step_finish(pg_engine *e, open_step *st, pg_gen_event **out, int *ca
         pg_gen_event *g = &(*out)[i];
         memset(g, 0, sizeof *g);
         g->ev = evs.ev[i];
-        eng_plp_attach(e, g);
-        g->user = live_get(e, evs.ev[i].req_id, evs.ev[i].req_finished);
+        g->ev.owner = NULL; // the engine's, freed below with the last event: not the poller's
+        live *l = evs.ev[i].owner;
+        eng_plp_attach(l, g);
+        g->user = l ? l->user : NULL;
+        if (evs.ev[i].req_finished) live_free(l); // the request's last event
         if (evs.ev[i].finish == SCHED_FINISH_ERROR) {
             g->error_code = PG_EINVAL;
             snprintf(g->error, sizeof g->error, "the model step failed");
@@ -495,14 +499,8 @@ void pg_engine_destroy(pg_engine *e) {
             free(s);
             s = n;
         }
-    for (int i = 0; i < LIVE_BUCKETS; i++)
-        for (live *l = e->live[i]; l;) {
-            live *n = l->next;
-            eng_masks_free(l->x);
-            free(l->plp);
-            free(l);
-            l = n;
-        }
+    // The requests still live (and those whose last event never came).
+    if (e->sched) sched_for_each_owner(e->sched, live_free_owner, NULL);
     sched_destroy(e->sched);
     pg_executor_free(e->exec);
     pg_chat_template_free(e->chat);

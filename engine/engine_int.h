@@ -37,20 +37,22 @@ typedef struct sub {
     struct sub *next;
 } sub;
 
-// Per live request on the engine side: the submitter's pointer.
+// Per live request on the engine side: what it carries beyond the
+// scheduler's view. engine.c allocates one at admission and hands it to the
+// scheduler as the request's owner (sched_request.owner), which keeps it
+// with the request and returns it in every event (sched_event.owner) and by
+// id (sched_request_owner): the scheduler's id map is the only one. Freed
+// by engine.c with the request's last event (req_finished), or at stop.
 typedef struct live {
     int64_t id;
-    void *user;
+    void *user;           // the submitter's (pg_gen_request.user), into every pg_gen_event
     req_masks *x;         // owned, may be NULL
     // Prompt logprobs (engine/engine_prompt_logprobs.c): [n_prompt] by
     // position as the steps score them, until handed to the first event
     // with a token; NULL when not asked for or handed over.
     pg_prompt_logprob *plp;
     int32_t n_prompt;
-    struct live *next;
 } live;
-
-#define LIVE_BUCKETS 1024
 
 struct pg_engine {
     pg_engine_config cfg;
@@ -83,7 +85,6 @@ struct pg_engine {
     pg_engine_notify_fn notify;
     void *notify_ctx;
 
-    live *live[LIVE_BUCKETS];    // engine thread only
     uint32_t *mask_buf;          // [cap_masks * mask_words] this step's token masks
     const uint32_t **mask_ptr;   // [cap_masks] by plan sequence
     int32_t cap_masks, mask_words;
@@ -116,19 +117,24 @@ void eng_stats_memory(pg_engine *e); // every rank's memory as of the last pg_ex
 // with req->sp's bias pointers moved to them); NULL when it needs none.
 req_masks *eng_masks_from_request(const pg_engine *e, pg_gen_request *req);
 void eng_masks_free(req_masks *x);
-// The live entry of a request id, or NULL.
+// The live entry of a request id (its scheduler owner), or NULL once the
+// scheduler has ended it (sched_request_owner).
 live *eng_live_find(pg_engine *e, int64_t id);
 // Fills the runner's masks for the plan's constrained sequences.
 void eng_masks_fill(pg_engine *e, const pg_batch_plan *plan);
-// Advances the matchers by a resolved step's tokens; a sequence whose
-// grammar is complete is finished (finish_reason "stop").
-void eng_masks_advance(pg_engine *e, const pg_step_output *out);
+// Advances the matchers by a resolved step's tokens, read from its events
+// (the owner of each: requests that finished in the step are already gone
+// from the scheduler's map); a sequence whose grammar is complete is
+// finished (finish_reason "stop").
+void eng_masks_advance(pg_engine *e, const sched_events *evs);
 
 // --- prompt logprobs (engine/engine_prompt_logprobs.c) --------------------------
 
 // A new live request: its accumulator when req asks for prompt logprobs.
 void eng_plp_start(live *l, const pg_gen_request *req);
-// A step's scored prompt positions into their requests' accumulators.
+// A step's scored prompt positions into their requests' accumulators;
+// before sched_resolve, which ends (and forgets) the requests that finish
+// in the step.
 void eng_plp_store(pg_engine *e, const pg_step_output *out);
-// Hands a request's prompt logprobs to its first event with a token.
-void eng_plp_attach(pg_engine *e, pg_gen_event *g);
+// Hands l's prompt logprobs (l: the event's owner) to its first event with a token.
+void eng_plp_attach(live *l, pg_gen_event *g);

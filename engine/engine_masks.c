@@ -75,11 +75,7 @@ void eng_masks_free(req_masks *x) {
     free(x);
 }
 
-live *eng_live_find(pg_engine *e, int64_t id) {
-    for (live *l = e->live[id % LIVE_BUCKETS]; l; l = l->next)
-        if (l->id == id) return l;
-    return NULL;
-}
+live *eng_live_find(pg_engine *e, int64_t id) { return sched_request_owner(e->sched, id); }
 
 static pg_matcher *matcher_of(req_masks *x, int32_t idx) {
     if (!x->grammar || idx < 0 || idx >= x->n) return NULL;
@@ -143,12 +139,16 @@ void eng_masks_fill(pg_engine *e, const pg_batch_plan *plan) {
         PG_LOGE("token masks: %s", pg_err_msg()); // a broken step order: the sequences run unmasked
 }
 
-void eng_masks_advance(pg_engine *e, const pg_step_output *out) {
-    for (int32_t k = 0; out && k < out->n; k++) {
-        const pg_seq_output *o = &out->outs[k];
-        int64_t req_id = o->seq_id / SCHED_MAX_N;
-        int32_t idx = (int32_t)(o->seq_id % SCHED_MAX_N);
-        live *l = eng_live_find(e, req_id);
+void eng_masks_advance(pg_engine *e, const sched_events *evs) {
+    for (int32_t k = 0; k < evs->n; k++) {
+        const sched_event *ev = &evs->ev[k];
+        // Every token the scheduler took (an output it dropped belongs to a
+        // sequence that has ended: its matcher has no further use).
+        if (!ev->has_token) continue;
+        const pg_seq_output *o = &ev->out;
+        int64_t req_id = ev->req_id;
+        int32_t idx = ev->seq_index;
+        live *l = ev->owner;
         if (!l || !l->x || !l->x->grammar) continue;
         pg_matcher *m = matcher_of(l->x, idx);
         if (pg_matcher_is_terminated(m)) continue;

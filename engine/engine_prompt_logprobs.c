@@ -28,10 +28,8 @@ void eng_plp_store(pg_engine *e, const pg_step_output *out) {
     }
 }
 
-void eng_plp_attach(pg_engine *e, pg_gen_event *g) {
-    if (!g->ev.has_token) return;
-    live *l = eng_live_find(e, g->ev.req_id);
-    if (!l || !l->plp) return;
+void eng_plp_attach(live *l, pg_gen_event *g) {
+    if (!g->ev.has_token || !l || !l->plp) return;
     g->prompt_lp = l->plp;
     g->n_prompt_lp = l->n_prompt;
     l->plp = NULL;

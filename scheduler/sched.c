@@ -30,9 +30,9 @@ typedef enum { RQ_WAITING, RQ_RUNNING, RQ_SWAPPED, RQ_FINISHED } rq_state;
 struct req;
 
 typedef struct seq {
-    struct req *owner;
+    struct req *rq;     // its request
     int32_t index;      // in the request, 0..n-1
-    int64_t seq_id;     // owner id * SCHED_MAX_N + index
+    int64_t seq_id;     // request id * SCHED_MAX_N + index
     int32_t *hist;      // [hist_cap] prompt then output; grows only in
     int32_t n_hist;     //   sched_update, when no plan points into it
     int32_t hist_cap;   //   (<= n_prompt + max_tokens)
@@ -51,6 +51,7 @@ typedef struct seq {
 
 typedef struct req {
     int64_t id;
+    void *owner;        // sched_request.owner: the caller's, never read here
     pg_sampling_params sp;
     int32_t prio;       // key: priority (priority policy) or 0
     int64_t arrival_ns; // key
@@ -338,6 +339,7 @@ static void emit_events(sched *s, evbuf *b, req *r) {
         sched_event *e = &b->v[b->n++];
         memset(e, 0, sizeof *e);
         e->req_id = r->id;
+        e->owner = r->owner;
         e->seq_index = i;
         if (q->ev_out) {
             e->has_token = true;
@@ -744,7 +746,7 @@ int sched_advance(sched *s) {
     s->n_ures_seq = s->n_ures_req = 0;
     for (int32_t i = 0; i < s->plan.n_seqs; i++) {
         seq *q = s->pref[i];
-        req *r = q->owner;
+        req *r = q->rq;
         int32_t n_sched = q->n_sched;
         q->n_sched = 0;
         // Every sampled entry has an output to match (sched_resolve drops
@@ -1047,6 +1049,7 @@ int sched_add_request(sched *s, const sched_request *in) {
     int32_t cap = in->n_prompt + (sp->max_tokens < 16 ? sp->max_tokens : 16);
     req *r = pg_xcalloc(1, sizeof(req) + sizeof(seq) * (size_t)n);
     r->id = in->id;
+    r->owner = in->owner;
     r->sp = *sp;
     r->prio = s->cfg.policy == SCHED_POLICY_PRIORITY ? in->priority : 0;
     r->arrival_ns = in->arrival_ns;
@@ -1059,7 +1062,7 @@ int sched_add_request(sched *s, const sched_request *in) {
     uint64_t seed = sp->has_seed ? sp->seed : mix64(s->rng++);
     for (int32_t i = 0; i < n; i++) {
         seq *q = &r->seqs[i];
-        q->owner = r;
+        q->rq = r;
         q->index = i;
         q->seq_id = in->id * SCHED_MAX_N + i;
         q->hist = pg_xmalloc(sizeof(int32_t) * (size_t)cap);
@@ -1106,6 +1109,24 @@ int sched_finish_seq(sched *s, int64_t id, int32_t seq_index, sched_finish_reaso
     }
     end_now(s, r, seq_index, reason);
     return 0;
+}
+
+void *sched_request_owner(const sched *s, int64_t id) {
+    const req *r = idmap_get(&s->ids, id);
+    // n_live 0: its last event is out, though a plan still holds it
+    // (sched_resolve ended it while it is in the next plan).
+    return r && r->n_live > 0 ? r->owner : NULL;
+}
+
+void sched_for_each_owner(sched *s, void (*fn)(void *owner, void *ctx), void *ctx) {
+    for (uint64_t i = 0; s->ids.vals && i <= s->ids.mask; i++) {
+        const req *r = s->ids.vals[i];
+        if (r && r->n_live > 0) fn(r->owner, ctx);
+    }
+    // Ended by an abort or an early finish since the last update: gone
+    // from the map, their last event still to deliver.
+    for (int32_t k = 0; k < s->pending.n; k++)
+        if (s->pending.v[k].req_finished) fn(s->pending.v[k].owner, ctx);
 }
 
 bool sched_has_work(const sched *s) {

@@ -88,6 +88,11 @@ typedef struct sched_request {
     int32_t priority;             // lower = served first (priority policy only)
     int64_t arrival_ns;           // same clock as sched_config.now_ns
     int32_t eos_id;               // -1 when none
+    // The caller's per-request data (the engine's: its masks, prompt
+    // logprobs and the submitter's pointer), kept with the request and
+    // handed back in its events, by sched_request_owner and by
+    // sched_for_each_owner; never read or freed here. NULL: none.
+    void *owner;
 } sched_request;
 
 typedef enum sched_finish_reason {
@@ -117,6 +122,7 @@ typedef struct sched_usage {
 // One event: a sequence got a token and/or finished.
 typedef struct sched_event {
     int64_t req_id;
+    void *owner;                // the request's sched_request.owner (also in its last event)
     int32_t seq_index;          // 0 .. n-1
     bool has_token;             // `out` holds a new token (token, logprob, top logprobs)
     pg_seq_output out;          // copy of the runner's output for this sequence
@@ -171,7 +177,8 @@ void sched_config_default(sched_config *c);
 // Creates a scheduler and its block pool. PG_EINVAL on a bad config.
 int sched_create(const sched_config *cfg, sched **out);
 
-// Frees everything, live requests included (no events).
+// Frees everything, live requests included (no events), but not their
+// owners (sched_for_each_owner first).
 void sched_destroy(sched *s);
 
 // Admits a request to the waiting queue. Returns 0, or a negative code with
@@ -254,6 +261,20 @@ int sched_resolve(sched *s, const pg_step_output *out, sched_events *ev);
 // or is constrained (its token mask follows from that token), then the
 // engine resolves first. True with nothing advanced.
 bool sched_can_run_ahead(const sched *s);
+
+// The owner of live request `id` (sched_request.owner), or NULL when no
+// request has this id or it has finished: once its last event
+// (req_finished) is out, even while a plan still holds it, and once an
+// abort or early finish has ended it (at once, or at sched_advance when it
+// is in flight), its events still to come carrying the owner. O(1).
+void *sched_request_owner(const sched *s, int64_t id);
+
+// Calls fn(owner, ctx) once for every request whose last event has not been
+// handed out: the live requests, and those ended by sched_abort or
+// sched_finish_seq whose final event waits for the next sched_update. For
+// the caller to free what it owns before sched_destroy (which hands out
+// no events). fn must not call the scheduler.
+void sched_for_each_owner(sched *s, void (*fn)(void *owner, void *ctx), void *ctx);
 
 // Whether a step would do anything: live requests or undelivered events.
 bool sched_has_work(const sched *s);

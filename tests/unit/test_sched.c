@@ -1,7 +1,8 @@
 // tests/unit/test_sched.c - scheduler: token budget, chunked prefill,
 // preemption (recompute and swap), priorities, abort in every state,
-// parallel sampling, stop rules and admission rejection. Every step is
-// followed by sched_check (ref counts = owners, queues consistent).
+// parallel sampling, stop rules, admission rejection and the caller's
+// per-request owners (sched_request.owner). Every step is followed by
+// sched_check (ref counts = block holders, queues consistent).
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -116,6 +117,7 @@ typedef struct req_opts {
     int64_t arrival;
     uint64_t seed;
     bool has_seed;
+    void *owner; // sched_request.owner
 } req_opts;
 
 static int h_add(harness *h, int64_t id, req_opts o) {
@@ -139,6 +141,7 @@ static int h_add(harness *h, int64_t id, req_opts o) {
         .priority = o.priority,
         .arrival_ns = o.arrival ? o.arrival : h->clock,
         .eos_id = o.eos ? o.eos : -1,
+        .owner = o.owner,
     };
     int rc = sched_add_request(h->s, &r);
     h_check(h);
@@ -1024,6 +1027,201 @@ static void test_step_failure_finishes_with_error(void **state) {
 }
 
 // ---------------------------------------------------------------------------
+// Owners: the caller's per-request data, kept with the request
+
+// Every event of `ev` carries its request's owner (owners[req_id]).
+static void assert_event_owners(const sched_events *ev, void *const *owners) {
+    for (int32_t i = 0; i < ev->n; i++) assert_ptr_equal(ev->ev[i].owner, owners[ev->ev[i].req_id]);
+}
+
+// The owners of the tests below: request i's is &owner_slot[i].
+static int owner_slot[8];
+
+// sched_for_each_owner's callback: counts the visits of each owner.
+static void count_owner(void *owner, void *ctx) {
+    int *counts = ctx;
+    int i = (int)((int *)owner - owner_slot);
+    assert_true(i >= 0 && i < 8);
+    counts[i]++;
+}
+
+// The requests whose owners sched_for_each_owner visits, as a bit set
+// (bit i: request i); each must be visited once.
+static unsigned owners_visited(harness *h) {
+    int counts[8] = {0};
+    sched_for_each_owner(h->s, count_owner, counts);
+    unsigned bits = 0;
+    for (int i = 0; i < 8; i++) {
+        assert_true(counts[i] <= 1);
+        if (counts[i]) bits |= 1u << i;
+    }
+    return bits;
+}
+
+static void test_owner_lookup_and_events(void **state) {
+    (void)state;
+    sched_config c;
+    base_config(&c);
+    harness *h = h_new(&c);
+    void *owners[8];
+    for (int i = 0; i < 8; i++) owners[i] = &owner_slot[i];
+    assert_int_equal(h_add(h, 1, (req_opts){.n_prompt = 6, .max_tokens = 2, .owner = owners[1]}), 0);
+    assert_int_equal(h_add(h, 2, (req_opts){.n_prompt = 6, .max_tokens = 4, .base = 40, .owner = owners[2]}), 0);
+    assert_ptr_equal(sched_request_owner(h->s, 1), owners[1]);
+    assert_ptr_equal(sched_request_owner(h->s, 2), owners[2]);
+    assert_null(sched_request_owner(h->s, 3)); // unknown id
+    assert_int_equal(owners_visited(h), 0x6);
+    // Request 1 samples twice and finishes (max_tokens); its owner is in
+    // every event, the last one included, and is gone after it.
+    bool done = false;
+    for (int k = 0; k < 10 && !done; k++) {
+        h_step(h);
+        const sched_events *ev = h_update(h, 5);
+        assert_event_owners(ev, owners);
+        const sched_event *e1 = find_ev(ev, 1, 0);
+        if (e1 && e1->req_finished) {
+            assert_true(e1->has_token);
+            done = true;
+        }
+    }
+    assert_true(done);
+    assert_null(sched_request_owner(h->s, 1));
+    assert_ptr_equal(sched_request_owner(h->s, 2), owners[2]);
+    assert_int_equal(owners_visited(h), 0x4);
+    drain(h, 5);
+    assert_event_owners(&h->ev, owners);
+    assert_null(sched_request_owner(h->s, 2));
+    assert_int_equal(owners_visited(h), 0);
+    h_free(h);
+}
+
+static void test_owner_of_aborted_request(void **state) {
+    (void)state;
+    sched_config c;
+    base_config(&c);
+    harness *h = h_new(&c);
+    void *owners[8];
+    for (int i = 0; i < 8; i++) owners[i] = &owner_slot[i];
+    // Waiting: the abort ends it at once; its final event, still to come,
+    // keeps the owner, which sched_for_each_owner visits until then.
+    assert_int_equal(h_add(h, 1, (req_opts){.n_prompt = 4, .owner = owners[1]}), 0);
+    assert_int_equal(h_add(h, 2, (req_opts){.n_prompt = 4, .base = 30, .owner = owners[2]}), 0);
+    assert_int_equal(sched_abort(h->s, 1), 0);
+    assert_null(sched_request_owner(h->s, 1));
+    assert_int_equal(owners_visited(h), 0x6);
+    h_step(h);
+    const sched_events *ev = h_update(h, 3);
+    assert_abort_event(ev, 1);
+    assert_event_owners(ev, owners);
+    assert_int_equal(owners_visited(h), 0x4);
+    // In flight: the owner stays until the update ends it.
+    h_step(h);
+    assert_int_equal(sched_abort(h->s, 2), 0);
+    assert_ptr_equal(sched_request_owner(h->s, 2), owners[2]);
+    ev = h_update(h, 3);
+    assert_abort_event(ev, 2);
+    assert_event_owners(ev, owners);
+    assert_null(sched_request_owner(h->s, 2));
+    assert_int_equal(owners_visited(h), 0);
+    assert_false(sched_has_work(h->s));
+    h_free(h);
+}
+
+static void test_owner_with_parallel_sampling(void **state) {
+    (void)state;
+    sched_config c;
+    base_config(&c);
+    harness *h = h_new(&c);
+    void *owners[8];
+    for (int i = 0; i < 8; i++) owners[i] = &owner_slot[i];
+    assert_int_equal(
+        h_add(h, 3, (req_opts){.n_prompt = 6, .max_tokens = 4, .n = 3, .owner = owners[3]}), 0);
+    assert_int_equal(h_add(h, 4, (req_opts){.n_prompt = 5, .max_tokens = 8, .n = 2, .base = 60,
+                                            .owner = owners[4]}),
+                     0);
+    h_cycle(h, 7); // prompts
+    h_step(h);     // the forks sample
+    const sched_events *ev = h_update_fn(h, by_seq_index, NULL);
+    int32_t seen3 = 0;
+    for (int32_t i = 0; i < ev->n; i++) seen3 += ev->ev[i].req_id == 3;
+    assert_int_equal(seen3, 3); // one event per sequence, each with the owner
+    assert_event_owners(ev, owners);
+    // One sequence ends early: the request and its owner stay.
+    assert_int_equal(sched_finish_seq(h->s, 3, 1, SCHED_FINISH_STOP), 0);
+    assert_ptr_equal(sched_request_owner(h->s, 3), owners[3]);
+    assert_int_equal(owners_visited(h), 0x18);
+    // Request 4 ends through both of its sequences: gone, 3 stays.
+    assert_int_equal(sched_finish_seq(h->s, 4, 0, SCHED_FINISH_STOP), 0);
+    assert_int_equal(sched_finish_seq(h->s, 4, 1, SCHED_FINISH_STOP), 0);
+    assert_null(sched_request_owner(h->s, 4));
+    assert_int_equal(owners_visited(h), 0x18); // 4's last event is still to deliver
+    h_step(h);
+    ev = h_update(h, 7);
+    assert_event_owners(ev, owners);
+    assert_int_equal(owners_visited(h), 0x8);
+    drain(h, 7);
+    assert_event_owners(&h->ev, owners);
+    assert_null(sched_request_owner(h->s, 3));
+    assert_int_equal(owners_visited(h), 0);
+    h_free(h);
+}
+
+// Async: a request that sched_resolve ends while it is in the next plan
+// stays in the scheduler until the next sched_advance, but its owner is
+// handed out no more (its last event is out: the caller frees it then).
+static void test_owner_gone_after_last_event_in_next_plan(void **state) {
+    (void)state;
+    sched_config c;
+    base_config(&c);
+    harness *h = h_new(&c);
+    void *owners[8];
+    for (int i = 0; i < 8; i++) owners[i] = &owner_slot[i];
+    assert_int_equal(h_add(h, 1, (req_opts){.n_prompt = 4, .max_tokens = 8, .eos = 2,
+                                            .owner = owners[1]}),
+                     0);
+    assert_int_equal(h_add(h, 2, (req_opts){.n_prompt = 4, .max_tokens = 8, .base = 20,
+                                            .owner = owners[2]}),
+                     0);
+    // Step N: both prompts, both sample; N + 1 planned before N resolves.
+    const pg_batch_plan *p = h_step(h);
+    assert_int_equal(p->n_seqs, 2);
+    pg_seq_output o[2];
+    memset(o, 0, sizeof o);
+    for (int32_t i = 0; i < 2; i++) {
+        o[i].seq_id = p->seqs[i].seq_id;
+        o[i].token = o[i].seq_id == 1 * 256 ? 2 : 9; // 1 stops on EOS
+    }
+    pg_step_output out = {.n = 2, .outs = o};
+    assert_int_equal(sched_advance(h->s), 0);
+    p = h_step(h);
+    assert_int_equal(p->n_seqs, 2);
+    sched_events ev;
+    assert_int_equal(sched_resolve(h->s, &out, &ev), 0);
+    const sched_event *e1 = find_ev(&ev, 1, 0);
+    assert_non_null(e1);
+    assert_true(e1->req_finished);
+    assert_ptr_equal(e1->owner, owners[1]);
+    assert_null(sched_request_owner(h->s, 1));
+    assert_ptr_equal(sched_request_owner(h->s, 2), owners[2]);
+    assert_int_equal(owners_visited(h), 0x4);
+    // Step N + 1: request 1's entry is skipped, its output dropped.
+    for (int32_t i = 0; i < 2; i++) {
+        o[i].seq_id = p->seqs[i].seq_id;
+        o[i].token = 9;
+    }
+    assert_int_equal(sched_advance(h->s), 0);
+    assert_int_equal(sched_resolve(h->s, &out, &ev), 0);
+    h_check(h);
+    assert_null(find_ev(&ev, 1, 0));
+    assert_non_null(find_ev(&ev, 2, 0));
+    assert_event_owners(&ev, owners);
+    assert_int_equal(owners_visited(h), 0x4);
+    drain(h, 9);
+    assert_int_equal(owners_visited(h), 0);
+    h_free(h);
+}
+
+// ---------------------------------------------------------------------------
 // Prefix caching through the scheduler
 
 static void test_prefix_cache_hit_skips_prompt(void **state) {
@@ -1133,6 +1331,10 @@ int main(void) {
         cmocka_unit_test(test_stop_ids_and_ignore_eos),
         cmocka_unit_test(test_finish_seq_in_flight_drops_token),
         cmocka_unit_test(test_step_failure_finishes_with_error),
+        cmocka_unit_test(test_owner_lookup_and_events),
+        cmocka_unit_test(test_owner_of_aborted_request),
+        cmocka_unit_test(test_owner_with_parallel_sampling),
+        cmocka_unit_test(test_owner_gone_after_last_event_in_next_plan),
         cmocka_unit_test(test_prefix_cache_hit_skips_prompt),
         cmocka_unit_test(test_prefix_cache_never_whole_prompt),
         cmocka_unit_test(test_host_tier_offload_and_load),

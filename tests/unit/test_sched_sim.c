@@ -342,7 +342,7 @@ static void submit(sim *m) {
     sim_req *q = &m->reqs[m->n_submitted];
     make_request(m, q, m->n_submitted);
     m->n_submitted++;
-    sched_request in = {q->id, q->prompt, q->n_prompt, &q->sp, q->priority, q->arrival, EOS};
+    sched_request in = {q->id, q->prompt, q->n_prompt, &q->sp, q->priority, q->arrival, EOS, q};
     int rc = sched_add_request(m->s, &in);
     if (expect_reject(m, q)) {
         if (rc != PG_EINVAL) fail_msg("request %lld should be rejected", (long long)q->id);
@@ -407,6 +407,9 @@ static void process_events(sim *m, const sched_events *ev) {
         sim_req *q = &m->reqs[e->req_id];
         if (q->state != 1)
             fail_msg("event for request %lld in state %d", (long long)q->id, q->state);
+        if (e->owner != q) fail_msg("event of request %lld without its owner", (long long)q->id);
+        if (e->req_finished && sched_request_owner(m->s, q->id))
+            fail_msg("request %lld: owner still handed out after its last event", (long long)q->id);
         if (e->seq_index < 0 || e->seq_index >= q->sp.n) fail_msg("bad seq index");
         sim_seq *z = &q->seqs[e->seq_index];
         if (z->finished) fail_msg("event after finish (request %lld)", (long long)q->id);
