@@ -1,5 +1,5 @@
 // server/cli_flags.h - what the subcommands share besides the engine's
-// options (engine/options.h) and the number parsers (common/parse.h).
+// options (server/engine_options.h) and the number parsers (common/parse.h).
 #pragma once
 
 // The default model: $PAGED_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf

@@ -15,7 +15,7 @@
 #include "common/file.h"
 #include "common/log.h"
 #include "common/parse.h"
-#include "engine/options.h"
+#include "server/engine_options.h"
 #include "server/cli_flags.h"
 #include "server/commands.h"
 

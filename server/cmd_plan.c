@@ -13,7 +13,7 @@
 #include "common/err.h"
 #include "common/parse.h"
 #include "engine/memplan.h"
-#include "engine/options.h"
+#include "server/engine_options.h"
 #include "server/cli_flags.h"
 #include "server/commands.h"
 

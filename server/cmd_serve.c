@@ -32,7 +32,7 @@
 #include "common/log.h"
 #include "server/app.h"
 #include "common/parse.h"
-#include "engine/options.h"
+#include "server/engine_options.h"
 #include "server/cli_flags.h"
 #include "server/commands.h"
 #include "server/gen_job.h"

@@ -1,6 +1,6 @@
-// engine/options.c - the engine's command-line options, shared by every
-// subcommand that runs an engine (the server takes them from here).
-#include "engine/options.h"
+// server/engine_options.c - the engine's command-line options and their help
+// text, shared by every subcommand that runs an engine (serve, generate, plan).
+#include "server/engine_options.h"
 
 #include <stdio.h>
 #include <string.h>

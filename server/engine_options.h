@@ -1,8 +1,9 @@
-// engine/options.h - the engine's command-line options.
+// server/engine_options.h - the engine's command-line options.
 //
-// Every subcommand that starts an engine (serve, generate, later plan)
-// accepts the same flags; the engine owns their names, values and help so
-// the front end needs no knowledge of devices, kernels or the KV cache.
+// Every subcommand that starts an engine (serve, generate, plan) accepts
+// the same flags. Their names, help text and parsing into a
+// pg_engine_config live with the rest of the CLI, in server/; the values'
+// meaning (defaults, devices, the KV cache) is the engine's.
 #pragma once
 #include "engine/engine.h"
 
