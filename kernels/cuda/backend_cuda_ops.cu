@@ -1,0 +1,262 @@
+// kernels/cuda/backend_cuda_ops.cu - the CUDA backend's ops
+// (kernels/backend.h pg_backend_ops): a step's compute as launches on the
+// compute stream (GEMV or cuBLASLt, attention, the sampler).
+#include "kernels/cuda/backend_cuda_int.cuh"
+
+static size_t cu_attn_ws(pg_backend *b, int32_t max_seqs, int32_t nh, int32_t nkv, int32_t hd, int32_t len) {
+    (void)b;
+    return pg_cuda_decode_workspace_size(max_seqs, nh, nkv, hd, len);
+}
+
+static size_t cu_sample_ws(pg_backend *b, int32_t max_seqs, int32_t vocab) {
+    (void)b;
+    return pg_cuda_sample_workspace_size(max_seqs, vocab);
+}
+
+// --- layer ops ------------------------------------------------------------------------------
+
+static int cu_embed(pg_backend *b, pg_tensor out, const int32_t *ids, const pg_bweight *table, int32_t id0) {
+    if (table->dtype != PG_DTYPE_BF16)
+        return pg_err_set(PG_EUNSUPP, "cuda embed: a %s table (the embedding stays bf16)", pg_dtype_name(table->dtype));
+    return pg_cuda_embed_shard(out.data, wdata(table), ids, out.rows, table->cols, table->rows, id0,
+                               ctx_of(b)->stream);
+}
+
+static int cu_argmax_rows(pg_backend *b, pg_argmax *out, pg_tensor x) {
+    return pg_cuda_argmax_rows(out, x.data, x.dtype, x.rows, x.cols, x.stride, ctx_of(b)->stream);
+}
+
+static int cu_argmax_pick(pg_backend *b, pg_sample_out *out, const pg_argmax *cand, int32_t n_ranks, int32_t n,
+                          int32_t ids_per_rank) {
+    return pg_cuda_argmax_pick(out, cand, n_ranks, n, ids_per_rank, ctx_of(b)->stream);
+}
+
+static int cu_topk_rows(pg_backend *b, pg_argmax *out, pg_tensor x, int32_t k, const pg_argmax *cand,
+                        int32_t n_ranks, const pg_sample_params *params, int32_t col0) {
+    return pg_cuda_topk_rows(out, x.data, x.dtype, x.rows, x.cols, x.stride, k, cand, n_ranks, params, col0,
+                             ctx_of(b)->stream);
+}
+
+static int cu_topk_scatter(pg_backend *b, pg_tensor logits, const pg_argmax *cand, int32_t n_ranks, int32_t k) {
+    return pg_cuda_topk_scatter(logits.data, logits.dtype, logits.rows, logits.cols, logits.stride, cand, n_ranks,
+                                k, ctx_of(b)->stream);
+}
+
+static int cu_copy(pg_backend *b, pg_tensor dst, pg_tensor src) {
+    PG_ARG(dst.rows == src.rows && dst.cols == src.cols && dst.dtype == src.dtype,
+           "cuda copy: %lldx%lld into %lldx%lld", (long long)src.rows, (long long)src.cols, (long long)dst.rows,
+           (long long)dst.cols);
+    if (src.rows == 0 || src.cols == 0) return 0;
+    const size_t el = src.dtype == PG_DTYPE_F32 ? 4 : 2;
+    PG_CUDA_TRY(cudaMemcpy2DAsync(dst.data, (size_t)dst.stride * el, src.data, (size_t)src.stride * el,
+                                  (size_t)src.cols * el, (size_t)src.rows, cudaMemcpyDeviceToDevice,
+                                  ctx_of(b)->stream));
+    return 0;
+}
+
+static int cu_gather(pg_backend *b, pg_tensor out, pg_tensor x, const int32_t *rows) {
+    PG_ARG(x.stride == x.cols && out.stride == out.cols, "cuda gather: contiguous rows only");
+    return pg_cuda_embed(out.data, x.data, rows, out.rows, x.cols, x.rows, ctx_of(b)->stream);
+}
+
+static int cu_rmsnorm(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *w, float eps) {
+    PG_ARG(x.stride == x.cols && out.stride == out.cols, "cuda rmsnorm: contiguous rows only");
+    return pg_cuda_add_rmsnorm(out.data, x.data, nullptr, wdata(w), x.rows, x.cols, eps, ctx_of(b)->stream);
+}
+
+// Small batches take the weight-streaming GEMV; a shape it declines
+// (PG_EUNSUPP) and larger batches take cuBLASLt.
+static int gemm(CudaCtx *c, void *out, int64_t ldo, const void *x, int64_t ldx, const void *w, int64_t rows,
+                int64_t n, int64_t k, int accumulate) {
+    if (rows <= c->gemv_rows) {
+        int rc = pg_cuda_gemv_bf16(out, ldo, x, ldx, w, rows, n, k, accumulate, c->stream);
+        if (rc != PG_EUNSUPP) return rc;
+    }
+    return pg_cuda_gemm_bf16(c->gemm, out, ldo, x, ldx, w, rows, n, k, accumulate, c->gemm_ws,
+                             PG_CUDA_GEMM_WORKSPACE, c->stream);
+}
+
+// The same for a quantized weight (FP8 / int4): pg_cuda_qgemv for small
+// batches (a shape it declines falls through), else the weight dequantized
+// into the bf16 scratch and cuBLASLt.
+static int qgemm(CudaCtx *c, void *out, int64_t ldo, const void *x, int64_t ldx, const pg_bweight *bw, int64_t rows,
+                 int accumulate) {
+    const CudaWeight *w = (const CudaWeight *)bw;
+    const int64_t n = bw->rows, k = bw->cols;
+    if (rows <= c->qgemv_rows) {
+        int rc = pg_cuda_qgemv(out, ldo, x, ldx, w->data, w->scales, bw->dtype, rows, n, k, accumulate, c->stream);
+        if (rc != PG_EUNSUPP) return rc;
+    }
+    if (rows == 0) return 0;
+    if (!c->qscratch) {
+        // Once, for the largest quantized matrix: every quantized weight is
+        // uploaded before the first step (upload_quant refuses a larger one
+        // afterwards), so a captured graph never sees this pointer change.
+        const int64_t elems = c->qmax_elems > n * k ? c->qmax_elems : n * k;
+        cudaError_t e = cudaMalloc((void **)&c->qscratch, sizeof(bf16) * (size_t)elems);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            c->qscratch = nullptr;
+            return pg_err_set(PG_ENOMEM, "cuda: %.2f MiB for the dequantized weight scratch: %s",
+                              (double)elems * 2 / (1 << 20), cudaGetErrorString(e));
+        }
+        c->qscratch_elems = elems;
+        PG_LOGI("cuda: %.1f MiB bf16 scratch for quantized weights in large batches (%lld elements)",
+                (double)elems * 2 / (1 << 20), (long long)elems);
+    }
+    PG_ARG(n * k <= c->qscratch_elems, "cuda linear: a %lldx%lld weight over the %lld-element scratch", (long long)n,
+           (long long)k, (long long)c->qscratch_elems);
+    PG_TRY(pg_cuda_qdequant_bf16(c->qscratch, w->data, w->scales, bw->dtype, n, k, c->stream));
+    return pg_cuda_gemm_bf16(c->gemm, out, ldo, x, ldx, c->qscratch, rows, n, k, accumulate, c->gemm_ws,
+                             PG_CUDA_GEMM_WORKSPACE, c->stream);
+}
+
+static int cu_linear(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *norm, float eps,
+                     const pg_bweight *w, const pg_bweight *bias, bool accumulate, pg_tensor scratch) {
+    CudaCtx *c = ctx_of(b);
+    const int64_t rows = x.rows, n = w->rows, k = w->cols;
+    PG_ARG(!(norm && accumulate), "cuda linear: a norm and accumulate in one call");
+    if (is_quant(w->dtype)) {
+        // No fused-norm variant: add_rmsnorm into scratch, then the product.
+        if (norm) {
+            PG_TRY(pg_cuda_add_rmsnorm(scratch.data, x.data, nullptr, wdata(norm), rows, k, eps, c->stream));
+            PG_TRY(qgemm(c, out.data, out.stride, scratch.data, k, w, rows, 0));
+        } else {
+            PG_TRY(qgemm(c, out.data, out.stride, x.data, x.stride, w, rows, accumulate ? 1 : 0));
+        }
+    } else if (norm) {
+        // out = RMSNorm(x) * norm . w^T: the GEMV with the norm in its
+        // prologue for small batches, else add_rmsnorm into scratch and the
+        // GEMM (the same numbers either way).
+        int rc = PG_EUNSUPP;
+        if (rows <= c->gemv_rows)
+            rc = pg_cuda_gemv_rmsnorm_bf16(out.data, out.stride, x.data, x.stride, wdata(norm), eps, wdata(w),
+                                           rows, n, k, c->stream);
+        if (rc == PG_EUNSUPP) {
+            PG_TRY(pg_cuda_add_rmsnorm(scratch.data, x.data, nullptr, wdata(norm), rows, k, eps, c->stream));
+            rc = gemm(c, out.data, out.stride, scratch.data, k, wdata(w), rows, n, k, 0);
+        }
+        PG_TRY(rc);
+    } else {
+        PG_TRY(gemm(c, out.data, out.stride, x.data, x.stride, wdata(w), rows, n, k, accumulate ? 1 : 0));
+    }
+    if (bias) PG_TRY(pg_cuda_add_bias(out.data, out.stride, wdata(bias), rows, n, c->stream));
+    return 0;
+}
+
+// h = silu(gate) * up of RMSNorm(x) * norm through the fused [gate|up]
+// weight: one GEMV for small batches, else add_rmsnorm, the GEMM into gu
+// and silu_mul.
+static int cu_gate_up_silu(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bweight *norm, float eps,
+                           const pg_bweight *w, pg_tensor sxn, pg_tensor sgu) {
+    CudaCtx *c = ctx_of(b);
+    const int64_t rows = x.rows, H = x.cols, ffn = w->rows / 2;
+    if (is_quant(w->dtype)) {
+        PG_TRY(pg_cuda_add_rmsnorm(sxn.data, x.data, nullptr, wdata(norm), rows, H, eps, c->stream));
+        PG_TRY(qgemm(c, sgu.data, sgu.stride, sxn.data, sxn.stride, w, rows, 0));
+        return pg_cuda_silu_mul(h.data, sgu.data, rows, ffn, c->stream);
+    }
+    if (rows <= c->gemv_rows) {
+        int rc = pg_cuda_gemv_rmsnorm_silu_bf16(h.data, h.stride, x.data, x.stride, wdata(norm), eps, wdata(w),
+                                                rows, ffn, H, c->stream);
+        if (rc != PG_EUNSUPP) return rc;
+    }
+    PG_TRY(pg_cuda_add_rmsnorm(sxn.data, x.data, nullptr, wdata(norm), rows, H, eps, c->stream));
+    PG_TRY(gemm(c, sgu.data, sgu.stride, sxn.data, sxn.stride, wdata(w), rows, 2 * ffn, H, 0));
+    return pg_cuda_silu_mul(h.data, sgu.data, rows, ffn, c->stream);
+}
+
+static int cu_head_rmsnorm(pg_backend *b, pg_tensor x, int32_t n_heads, const pg_bweight *w, float eps) {
+    return pg_cuda_head_rmsnorm(x.data, x.stride, n_heads, (int32_t)w->cols, wdata(w), eps, x.rows,
+                                ctx_of(b)->stream);
+}
+
+static int cu_rope_kv_write(pg_backend *b, pg_tensor q, pg_tensor k, pg_tensor v, const int32_t *pos,
+                            const int32_t *slots, int32_t n_heads, const pg_bweight *inv_freq, void *k_cache,
+                            void *v_cache, pg_kv_shape shape) {
+    PG_ARG(inv_freq->dtype == PG_DTYPE_F32, "cuda rope: inv_freq must be f32 (vector_f32)");
+    return pg_cuda_rope_kv_write(q.data, q.stride, k.data, k.stride, v.data, v.stride, pos, slots,
+                                 (int32_t)q.rows, n_heads, (const float *)wdata(inv_freq), k_cache, v_cache,
+                                 shape, ctx_of(b)->stream);
+}
+
+// Decode sequences (rows [0, n_decode)) through the split-K decode kernel,
+// prefill chunks through the varlen prefill kernel.
+static int cu_attention(pg_backend *b, pg_tensor out, pg_tensor q, const pg_attn_batch *ab, const void *k_cache,
+                        const void *v_cache, pg_kv_shape shape, int32_t n_heads, float scale) {
+    CudaCtx *c = ctx_of(b);
+    const int32_t n_dec = ab->n_decode, n_pre = ab->n_seqs - ab->n_decode;
+    const int64_t q_dim = (int64_t)n_heads * shape.head_dim;
+    PG_ARG(out.stride == q_dim, "cuda attention: the output rows must be contiguous");
+    if (n_dec > 0)
+        PG_TRY(pg_cuda_paged_decode_attention(out.data, q.data, q.stride, k_cache, v_cache, shape,
+                                              ab->block_tables, ab->bt_stride, ab->seq_lens, n_dec, n_heads,
+                                              scale, ab->max_decode_ctx, ab->workspace, ab->workspace_bytes,
+                                              c->stream));
+    if (n_pre > 0)
+        PG_TRY(pg_cuda_paged_prefill_attention(
+            (bf16 *)out.data + (size_t)n_dec * q_dim, (const bf16 *)q.data + (size_t)n_dec * q.stride,
+            q.stride, k_cache, v_cache, shape, ab->block_tables + (size_t)n_dec * ab->bt_stride, ab->bt_stride,
+            ab->cu_q, ab->start_pos + n_dec, n_pre, n_heads, scale, ab->max_prefill_q, c->stream));
+    return 0;
+}
+
+static int cu_sample(pg_backend *b, pg_sample_out *out, pg_tensor logits, const pg_sample_params *params,
+                     const int32_t *tokens, void *ws, size_t ws_bytes) {
+    return pg_cuda_sample(out, logits.data, PG_CUDA_BF16, logits.stride, (int32_t)logits.rows,
+                          (int32_t)logits.cols, params, tokens, ws, ws_bytes, ctx_of(b)->stream);
+}
+
+static int cu_feed_tokens(pg_backend *b, int32_t *tokens, const pg_sample_out *prev, const int32_t *pairs,
+                          int32_t n) {
+    return pg_cuda_feed_tokens(tokens, prev, pairs, n, ctx_of(b)->stream);
+}
+
+static int cu_read_f32(pg_backend *b, pg_tensor t, int64_t n, float *out) {
+    CudaCtx *c = ctx_of(b);
+    PG_ARG(n >= 0 && n <= t.rows, "cuda read: %lld rows of %lld", (long long)n, (long long)t.rows);
+    if (n == 0) return 0;
+    // A view's last row ends at its columns, not at the stride (a column
+    // view of a wider buffer, as the K and V of the fused QKV rows).
+    const size_t count = (size_t)(n - 1) * (size_t)t.stride + (size_t)t.cols;
+    float *tmp = nullptr;
+    if (t.dtype == PG_DTYPE_F32) {
+        PG_CUDA_TRY(cudaMemcpy2DAsync(out, (size_t)t.cols * 4, t.data, (size_t)t.stride * 4, (size_t)t.cols * 4,
+                                      (size_t)n, cudaMemcpyDeviceToHost, c->stream));
+        PG_CUDA_TRY(cudaStreamSynchronize(c->stream));
+        return 0;
+    }
+    PG_CUDA_TRY(cudaMalloc((void **)&tmp, count * sizeof(float)));
+    int rc = pg_cuda_bf16_to_f32(tmp, t.data, (int64_t)count, c->stream);
+    cudaError_t e = cudaSuccess;
+    if (rc == 0) // rows of `stride` on the device, of `cols` in `out`
+        e = cudaMemcpy2DAsync(out, (size_t)t.cols * sizeof(float), tmp, (size_t)t.stride * sizeof(float),
+                              (size_t)t.cols * sizeof(float), (size_t)n, cudaMemcpyDeviceToHost, c->stream);
+    if (rc == 0 && e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+    cudaFree(tmp);
+    if (rc < 0) return rc;
+    PG_CUDA_TRY(e);
+    return 0;
+}
+
+const pg_backend_ops pg_cuda_ops_table = {
+    .attn_workspace_bytes = cu_attn_ws,
+    .sample_workspace_bytes = cu_sample_ws,
+    .embed = cu_embed,
+    .copy = cu_copy,
+    .gather = cu_gather,
+    .rmsnorm = cu_rmsnorm,
+    .linear = cu_linear,
+    .gate_up_silu = cu_gate_up_silu,
+    .head_rmsnorm = cu_head_rmsnorm,
+    .rope_kv_write = cu_rope_kv_write,
+    .attention = cu_attention,
+    .sample = cu_sample,
+    .argmax_rows = cu_argmax_rows,
+    .argmax_pick = cu_argmax_pick,
+    .topk_rows = cu_topk_rows,
+    .topk_scatter = cu_topk_scatter,
+    .feed_tokens = cu_feed_tokens,
+    .read_f32 = cu_read_f32,
+};
+
