@@ -75,7 +75,7 @@ static void chain_bench(bool quick) {
     const pg_kv_shape kvs = {n_blocks, BS, NKV, HD, PG_KV_BF16};
     const float eps = 1e-5f, scale = 1.0f / sqrtf((float)HD);
 
-    // As the model's layer loop (engine/model/model.c) on the CUDA backend for one decode row.
+    // As the model's layer loop (engine/model/llama.c) on the CUDA backend for one decode row.
     auto mm = [&](bool gv, void *out, int64_t ldo, const void *in, int64_t ldx, const void *wt, int64_t n, int64_t k,
                   int acc) {
         if (gv) PK(pg_cuda_gemv_bf16(out, ldo, in, ldx, wt, 1, n, k, acc, st));

@@ -1,7 +1,7 @@
 // kernels/backend.h - the backend interface: device, memory, weights, KV
 // cache, fused layer ops, step synchronisation and graph capture (C ABI).
 //
-// The model (engine/model/model.c, the layer loop written once) and the runner
+// The model (engine/model/: one builder per family over shared layer helpers) and the runner
 // (engine/runner/runner.c, one for every device) call only this table; the CPU
 // backend (kernels/cpu/backend_cpu.c, the reference) and the CUDA backend
 // (kernels/cuda/backend_cuda.cu, CUDA C++ behind this C ABI) implement it.

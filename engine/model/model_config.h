@@ -14,7 +14,7 @@ struct gguf_file;
 typedef enum { PG_ROPE_SCALING_NONE = 0, PG_ROPE_SCALING_LLAMA3 = 1, PG_ROPE_SCALING_LINEAR = 2 } pg_rope_scaling;
 
 typedef struct pg_model_config {
-    char arch[32];          // "llama", "mistral", "qwen2", "qwen3" (one layer loop, engine/model/model.c)
+    char arch[32];          // "llama", "mistral", "qwen2", "qwen3" (one family: engine/model/llama.c)
     char name[128];         // for logs and /v1/models
     int32_t vocab_size;
     int32_t hidden;         // model dimension

@@ -95,7 +95,7 @@ static void carve_workspace(const pg_model_config *mc, const pg_model_shard *sh,
     const int64_t ld = ((int64_t)mc->vocab_size + 7) / 8 * 8;
     b->logits = act(c, dt, S, ld);
     b->logits.cols = mc->vocab_size;
-    if (sh->comm) { // tensor parallelism (engine/model/model.c pg_model_forward_logits)
+    if (sh->comm) { // tensor parallelism (engine/model/model.c pg_model_forward_logits, engine/runner/sampler.c)
         b->lg_part = act(c, dt, S, sh->vocab);
         b->lg_all = take(c, (size_t)sh->size * (size_t)S * (size_t)sh->vocab * (dt == PG_DTYPE_F32 ? 4 : 2));
         b->cand = take(c, sizeof(pg_argmax) * (size_t)sh->size * (size_t)S);
