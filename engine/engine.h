@@ -65,7 +65,7 @@ typedef struct pg_engine_config {
 void pg_engine_config_default(pg_engine_config *c);
 
 // The defaults of pg_engine_config's zero fields that depend on the device,
-// one definition each for start-up (engine/setup.c), `paged plan`
+// one definition each (read through engine/sizing.c) for start-up, `paged plan`
 // (engine/memplan.c) and --help (server/engine_options.c).
 #define PG_DEFAULT_GPU_MEMORY_UTILIZATION 0.9
 #define PG_DEFAULT_CPU_KV_GIB 2 // the CPU's KV pool (host memory), all ranks together

@@ -8,7 +8,7 @@
 // profiling forward adds to the buffers, the graph reserve, and the CUDA
 // context (docs/memory_planning.md says which and how to compare).
 // Every rule and default comes from its owner, called here, never copied:
-// the limits and defaults from engine/setup.c, the KV block from
+// the limits and defaults from engine/sizing.c, the KV block from
 // kernels/kernels.h, the sampler's and decode's workspaces from
 // kernels/cuda/cuda_ops.h, the graph reserve from the runner.
 #include "engine/memplan.h"

@@ -1,0 +1,47 @@
+// engine/sizing.c - the engine's defaults and sizing rules (engine/engine.h):
+// the step limits, the GPU memory share, the CPU KV budget, KV blocks, the
+// device choice. One place, read by set-up (engine/setup.c) and by the
+// memory plan (engine/memplan.c, `paged plan`), which must reach the same
+// numbers without starting an engine; below both, so neither calls into
+// the other for them.
+#include <stdint.h>
+
+#include "engine/engine.h"
+
+sched_config pg_engine_sched_limits(const pg_engine_config *cfg, bool on_cpu) {
+    sched_config sc = cfg->sched;
+    if (sc.block_size <= 0) sc.block_size = SCHED_DEFAULT_BLOCK_SIZE;
+    // The step budget per device: on the CPU 2048 tokens are seconds of
+    // work, during which every running stream waits; 256 keeps a step near a
+    // few hundred milliseconds on the default model (issue 18's measurements,
+    // docs/benchmarks.md), and the long-prefill cap follows at a quarter.
+    // Without chunked prefill a prompt must fit one step: keep the larger one.
+    if (!cfg->batched_tokens_set && on_cpu && sc.enable_chunked_prefill)
+        sc.max_num_batched_tokens = PG_DEFAULT_CPU_BATCHED_TOKENS;
+    return sc;
+}
+
+double pg_engine_gpu_memory_utilization(const pg_engine_config *cfg) {
+    return cfg->gpu_memory_utilization > 0 ? cfg->gpu_memory_utilization : PG_DEFAULT_GPU_MEMORY_UTILIZATION;
+}
+
+int64_t pg_engine_cpu_kv_bytes(const pg_engine_config *cfg, int32_t tp) {
+    return (cfg->kv_cache_bytes > 0 ? cfg->kv_cache_bytes : (int64_t)PG_DEFAULT_CPU_KV_GIB << 30) / tp;
+}
+
+int64_t pg_engine_gpu_kv_budget(const pg_engine_config *cfg, int64_t total, int64_t in_use, int64_t graphs_reserved) {
+    return (int64_t)(pg_engine_gpu_memory_utilization(cfg) * (double)total) - in_use - graphs_reserved;
+}
+
+int32_t pg_engine_kv_blocks(const pg_engine_config *cfg, int64_t kv_bytes, size_t per_block) {
+    const int64_t n = cfg->kv_blocks > 0 ? cfg->kv_blocks : kv_bytes / (int64_t)per_block;
+    return n > INT32_MAX ? INT32_MAX : (int32_t)n;
+}
+
+int32_t pg_engine_kv_blocks_needed(int32_t max_model_len, int32_t block_size) {
+    return (max_model_len + block_size - 1) / block_size + 1;
+}
+
+const char *pg_engine_config_device(const pg_engine_config *cfg) {
+    return cfg->device ? cfg->device : "auto";
+}
