@@ -295,7 +295,8 @@ int eng_setup(pg_engine *e) {
                 pg_dtype_name(ld[1]), lb[1] / 1048576.0, pg_dtype_name(ld[2]), lb[2] / 1048576.0,
                 pg_dtype_name(ld[3]), lb[3] / 1048576.0);
     }
-    PG_LOGI("device %s", gm.device);
+    const char *note = pg_executor_device_note(e->exec);
+    PG_LOGI("device %s%s%s%s", gm.device, note[0] ? " (" : "", note, note[0] ? ")" : "");
     if (tp > 1)
         PG_LOGI("tensor parallel: %d ranks (%d heads, %d KV heads, %d FFN columns and %d vocabulary rows each)%s", tp,
                 e->model->shard.n_heads, e->model->shard.n_kv_heads, e->model->shard.ffn, e->model->shard.vocab,

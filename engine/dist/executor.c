@@ -45,6 +45,9 @@ struct pg_executor {
     int32_t n;       // ranks on this node
     int32_t tp, g0;  // ranks in all; this node's first
     int32_t nnodes, node_rank;
+    // --device auto without a GPU: why not (the start-up log's device line
+    // says it, rather than a line of its own before a model file's error).
+    char device_note[200];
     pg_remote remote; // node 0: the links to the other nodes
     int ctl_fd;       // the other nodes: the link to node 0
     uint8_t nccl_id[PG_NCCL_ID_BYTES];
@@ -196,7 +199,7 @@ static int make_backends(pg_executor *ex, const pg_executor_config *cfg) {
             return 0;
         }
         if (!strcmp(dev, "cuda")) return pg_err_set(PG_EUNSUPP, "--device cuda: %s", why);
-        PG_LOGI("--device auto: %s; running on the CPU", why);
+        snprintf(ex->device_note, sizeof ex->device_note, "--device auto: %s; running on the CPU", why);
     } else if (strcmp(dev, "cpu")) {
         return pg_err_set(PG_EUNSUPP, "device '%s' is not known (cpu, cuda, auto)", dev);
     }
@@ -519,6 +522,8 @@ int pg_executor_execute(pg_executor *ex, const pg_batch_plan *plan, pg_step_outp
     PG_TRY(pg_executor_begin(ex, plan));
     return pg_executor_end(ex, out);
 }
+
+const char *pg_executor_device_note(const pg_executor *ex) { return ex->device_note; }
 
 int pg_executor_last_logits(pg_executor *ex, float *out, int32_t n) {
     return pg_runner_last_logits(ex->runner[0], out, n);

@@ -70,6 +70,9 @@ int pg_executor_begin(pg_executor *ex, const pg_batch_plan *plan);
 int pg_executor_end(pg_executor *ex, pg_step_output *out);
 int pg_executor_execute(pg_executor *ex, const pg_batch_plan *plan, pg_step_output *out);
 int pg_executor_last_logits(pg_executor *ex, float *out, int32_t n);
+// Why --device auto chose the CPU ("--device auto: no CUDA device found
+// ...; running on the CPU"), or "" when it did not.
+const char *pg_executor_device_note(const pg_executor *ex);
 
 // Nodes 1..n-1: runs node 0's calls on this node's ranks until node 0 says
 // quit (0) or the link breaks (an error).
