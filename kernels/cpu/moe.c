@@ -114,7 +114,8 @@ int pg_cpu_moe_ffn(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *
            (long long)m, (long long)hidden);
     PG_ARG(n_experts >= 1 && top_k >= 1 && top_k <= n_experts, "cpu moe_ffn: top %d of %d experts", top_k,
            n_experts);
-    PG_TRY(check_weight(router, n_experts, hidden, "router", -1));
+    PG_ARG(router && router->rows == n_experts && router->cols == hidden,
+           "cpu moe_ffn: the router is not [%d experts][%lld]", n_experts, (long long)hidden);
     PG_ARG(down && gate_up && down[0], "cpu moe_ffn: no expert weights");
     const int64_t ffn = down[0]->cols;
     for (int32_t e = 0; e < n_experts; e++) {
