@@ -275,6 +275,28 @@ typedef struct pg_backend_ops {
     // scratch_gu [x.rows][2 ffn].
     int (*gate_up_silu)(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bweight *norm, float eps,
                         const pg_bweight *w, pg_tensor scratch_xn, pg_tensor scratch_gu);
+    // Mixture-of-experts feed-forward (Mixtral, Qwen3-MoE; docs/moe.md):
+    // for i < x.rows, with xn = norm ? RMSNorm(x[i]) * norm : x[i],
+    // p = softmax(xn . router^T) over the n_experts experts, S = the top_k
+    // experts by p (ties to the lower expert id), w_e = p_e / sum_{S} p when
+    // renorm, else p_e:
+    //   out[i][0:hidden] = sum_{e in S} w_e * down[e] . (silu(g) * u),
+    //   [g | u] = xn . gate_up[e]^T,
+    // summed in ascending expert order in f32 (the same result for any
+    // thread count). accumulate adds into out instead (the residual folded
+    // in, as linear); out may be x. router [n_experts][hidden]; gate_up and
+    // down are host arrays [n_experts] of weights, gate_up[e] the fused
+    // [gate | up] [2 ffn][hidden] and down[e] [hidden][ffn], of any type
+    // the backend runs (the same as linear's). Experts no row chose cost
+    // nothing. workspace: moe_workspace_bytes for at least x.rows rows.
+    // NULL in a backend without MoE (CUDA for now): callers check.
+    int (*moe_ffn)(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *norm, float eps,
+                   const pg_bweight *router, const pg_bweight *const *gate_up,
+                   const pg_bweight *const *down, int32_t n_experts, int32_t top_k, bool renorm,
+                   bool accumulate, void *workspace, size_t workspace_bytes);
+    // Bytes moe_ffn wants for up to max_rows rows of this shape; NULL with moe_ffn.
+    size_t (*moe_workspace_bytes)(pg_backend *b, int32_t max_rows, int32_t hidden, int32_t ffn,
+                                  int32_t n_experts, int32_t top_k);
     // Per-head RMSNorm in place (Qwen3's q/k norm): each of the n_heads
     // head_dim-wide column groups of every row of x, weight w [head_dim].
     int (*head_rmsnorm)(pg_backend *b, pg_tensor x, int32_t n_heads, const pg_bweight *w, float eps);

@@ -541,15 +541,18 @@ static int cpu_rmsnorm_op(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bw
     return 0;
 }
 
-// out[i][0:w.rows] = x[i] . w^T, part by part into column ranges.
-static void matmul_parts(pg_cpu_ctx *c, float *out, int64_t ldo, const float *x, int64_t m,
-                         const cpu_weight *w) {
+// Part by part into column ranges (cpu_backend.h).
+void pg_cpu_matmul_weight(pg_cpu_ctx *c, float *out, int64_t ldo, const float *x, int64_t m,
+                          const pg_bweight *bw) {
+    const cpu_weight *w = cw(bw);
     int64_t off = 0;
     for (int i = 0; i < w->n_parts; i++) {
         pg_cpu_matmul(c, out + off, ldo, x, m, &w->parts[i]);
         off += w->parts[i].rows;
     }
 }
+
+const float *pg_cpu_weight_vec(const pg_bweight *w) { return cw(w)->vec; }
 
 static int cpu_linear(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *norm, float eps,
                       const pg_bweight *w, const pg_bweight *bias, bool accumulate, pg_tensor scratch) {
@@ -565,14 +568,14 @@ static int cpu_linear(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweigh
     }
     if (accumulate) {
         // The product goes to scratch, then into the residual stream.
-        matmul_parts(c, F32(scratch), w->rows, src, m, cw(w));
+        pg_cpu_matmul_weight(c, F32(scratch), w->rows, src, m, w);
         for (int64_t i = 0; i < m; i++) {
             float *o = F32(out) + i * out.stride;
             const float *p = F32(scratch) + i * w->rows;
             for (int64_t j = 0; j < w->rows; j++) o[j] += p[j];
         }
     } else {
-        matmul_parts(c, F32(out), out.stride, src, m, cw(w));
+        pg_cpu_matmul_weight(c, F32(out), out.stride, src, m, w);
     }
     if (bias)
         for (int64_t i = 0; i < m; i++) {
@@ -589,7 +592,7 @@ static int cpu_gate_up_silu(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bw
     PG_TRY(check_rows(x, "gate_up_silu"));
     PG_TRY(check_rows(h, "gate_up_silu"));
     pg_cpu_rmsnorm(c, F32(sxn), F32(x), cw(norm)->vec, m, x.cols, eps);
-    matmul_parts(c, F32(sgu), w->rows, F32(sxn), m, cw(w));
+    pg_cpu_matmul_weight(c, F32(sgu), w->rows, F32(sxn), m, w);
     pg_cpu_silu_mul(c, F32(h), F32(sgu), m, ffn);
     return 0;
 }
@@ -740,6 +743,8 @@ static const pg_backend_ops cpu_ops = {
     .rmsnorm = cpu_rmsnorm_op,
     .linear = cpu_linear,
     .gate_up_silu = cpu_gate_up_silu,
+    .moe_ffn = pg_cpu_moe_ffn,
+    .moe_workspace_bytes = pg_cpu_moe_workspace_bytes,
     .head_rmsnorm = cpu_head_rmsnorm,
     .rope_kv_write = cpu_rope_kv_write,
     .attention = cpu_attention,

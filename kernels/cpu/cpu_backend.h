@@ -80,6 +80,20 @@ static inline bool pg_cpu_attention_compat(const pg_cpu_ctx *c, int32_t head_dim
 // floats apart, x rows contiguous.
 void pg_cpu_matmul(pg_cpu_ctx *c, float *out, int64_t ldo, const float *x, int64_t m,
                    const pg_weight *w);
+// pg_cpu_matmul over a backend weight: out[i][0:w->rows] = x[i] . w^T for
+// i < m, its parts (Q|K|V, gate|up) into consecutive column ranges; any
+// type the CPU runs (GGUF blocks, f32, bf16, FP8, int4). ldo as above.
+void pg_cpu_matmul_weight(pg_cpu_ctx *c, float *out, int64_t ldo, const float *x, int64_t m,
+                          const pg_bweight *w);
+// A vector weight's values as f32 (rows == 1: norms, biases).
+const float *pg_cpu_weight_vec(const pg_bweight *w);
+// The MoE feed-forward (kernels/backend.h moe_ffn; kernels/cpu/moe.c).
+int pg_cpu_moe_ffn(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *norm, float eps,
+                   const pg_bweight *router, const pg_bweight *const *gate_up,
+                   const pg_bweight *const *down, int32_t n_experts, int32_t top_k, bool renorm,
+                   bool accumulate, void *workspace, size_t workspace_bytes);
+size_t pg_cpu_moe_workspace_bytes(pg_backend *b, int32_t max_rows, int32_t hidden, int32_t ffn,
+                                  int32_t n_experts, int32_t top_k);
 // out[m][dim] = x * rsqrt(mean(x^2) + eps) * weight; out may alias x.
 void pg_cpu_rmsnorm(pg_cpu_ctx *c, float *out, const float *x, const float *weight, int64_t m,
                     int64_t dim, float eps);
