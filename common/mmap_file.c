@@ -53,3 +53,22 @@ void pg_mmap_file_close(int fd, const void *map, size_t size) {
     if (map) munmap((void *)map, size);
     if (fd >= 0) close(fd);
 }
+
+int pg_mapped_file_open(pg_mapped_file *m, const char *path, size_t min_size, const char *what) {
+    const void *map;
+    *m = (pg_mapped_file){.fd = -1};
+    int rc = pg_mmap_file(path, min_size, what, &m->fd, &map, &m->size);
+    if (rc < 0) return rc;
+    m->data = map;
+    m->owned = true;
+    return 0;
+}
+
+void pg_mapped_file_borrow(pg_mapped_file *m, const void *buf, size_t size) {
+    *m = (pg_mapped_file){.data = buf, .size = buf ? size : 0, .fd = -1};
+}
+
+void pg_mapped_file_close(pg_mapped_file *m) {
+    if (m->owned) pg_mmap_file_close(m->fd, m->data, m->size);
+    *m = (pg_mapped_file){.fd = -1};
+}

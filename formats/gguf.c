@@ -53,7 +53,6 @@ typedef struct {
 // member, so the pointer handed out converts back with a cast.
 typedef struct {
     gguf_file pub;
-    bool owns_map;              // true: munmap + close at gguf_close
     gguf_name_ref *kv_sorted;   // [n_kv], sorted by key
     gguf_name_ref *t_sorted;    // [n_tensors], sorted by name
 } gguf_impl;
@@ -464,12 +463,12 @@ static int read_alignment(gguf_impl *fi, uint64_t *out) {
 static int gguf_parse(gguf_impl *fi) {
     gguf_file *f = &fi->pub;
     const char *path = f->path;
-    gguf_cursor c = {.base = f->map, .size = f->map_size, .path = path, .what = "header"};
+    gguf_cursor c = {.base = f->file.data, .size = f->file.size, .path = path, .what = "header"};
 
-    if (f->map_size < 4 || memcmp(f->map, GGUF_MAGIC, 4) != 0) {
-        if (f->map_size < 4)
+    if (f->file.size < 4 || memcmp(f->file.data, GGUF_MAGIC, 4) != 0) {
+        if (f->file.size < 4)
             return pg_err_set(PG_EFORMAT, "%s: file of %zu bytes is too small to be GGUF (bad magic)", path,
-                              f->map_size);
+                              f->file.size);
         return pg_err_set(PG_EFORMAT, "%s: bad magic (not a GGUF file)", path);
     }
     c.pos = 4;
@@ -489,10 +488,10 @@ static int gguf_parse(gguf_impl *fi) {
     // before allocating for them.
     if (f->n_kv > cur_left(&c) / GGUF_MIN_KV_BYTES)
         return pg_err_set(PG_EFORMAT, "%s: header claims %" PRIu64 " metadata entries, more than a %zu-byte file can hold",
-                          path, f->n_kv, f->map_size);
+                          path, f->n_kv, f->file.size);
     if (f->n_tensors > (cur_left(&c) - f->n_kv * GGUF_MIN_KV_BYTES) / GGUF_MIN_TENSOR_INFO_BYTES)
         return pg_err_set(PG_EFORMAT, "%s: header claims %" PRIu64 " tensors, more than a %zu-byte file can hold",
-                          path, f->n_tensors, f->map_size);
+                          path, f->n_tensors, f->file.size);
 
     f->kv = calloc(f->n_kv ? (size_t)f->n_kv : 1, sizeof *f->kv);
     f->tensors = calloc(f->n_tensors ? (size_t)f->n_tensors : 1, sizeof *f->tensors);
@@ -524,7 +523,7 @@ static int gguf_parse(gguf_impl *fi) {
     f->data_offset = pad > UINT64_MAX - pos ? UINT64_MAX : pos + pad;
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         gguf_tensor *t = &f->tensors[i];
-        uint64_t size = f->map_size;
+        uint64_t size = f->file.size;
         bool ok = f->data_offset <= size && t->offset <= size - f->data_offset &&
                   t->nbytes <= size - f->data_offset - t->offset;
         if (!ok) {
@@ -532,9 +531,9 @@ static int gguf_parse(gguf_impl *fi) {
             return pg_err_set(PG_EFORMAT,
                               "%s: tensor '%s' data [offset %" PRIu64 ", %" PRIu64 " bytes] past end of file "
                               "(size %zu, data section at %" PRIu64 ")",
-                              path, str_fmt(t->name, nb), t->offset, t->nbytes, f->map_size, f->data_offset);
+                              path, str_fmt(t->name, nb), t->offset, t->nbytes, f->file.size, f->data_offset);
         }
-        t->data = f->map + f->data_offset + t->offset;
+        t->data = f->file.data + f->data_offset + t->offset;
     }
     return 0;
 }
@@ -549,9 +548,7 @@ static void gguf_free(gguf_impl *fi) {
     free(f->tensors);
     free(fi->kv_sorted);
     free(fi->t_sorted);
-    if (fi->owns_map) {
-        pg_mmap_file_close(f->fd, f->map, f->map_size);
-    }
+    pg_mapped_file_close(&f->file);
     free(f->path);
     free(fi);
 }
@@ -559,7 +556,7 @@ static void gguf_free(gguf_impl *fi) {
 static gguf_impl *gguf_alloc(const char *path) {
     gguf_impl *fi = calloc(1, sizeof *fi);
     if (!fi) return NULL;
-    fi->pub.fd = -1;
+    fi->pub.file.fd = -1;
     fi->pub.path = strdup(path);
     if (!fi->pub.path) {
         free(fi);
@@ -573,8 +570,7 @@ int gguf_open_memory(const void *buf, size_t size, const char *name, gguf_file *
     const char *path = name ? name : "<memory>";
     gguf_impl *fi = gguf_alloc(path);
     if (!fi) return pg_err_set(PG_ENOMEM, "%s: out of memory", path);
-    fi->pub.map = buf;
-    fi->pub.map_size = buf ? size : 0;
+    pg_mapped_file_borrow(&fi->pub.file, buf, size);
     int rc = gguf_parse(fi);
     if (rc < 0) {
         gguf_free(fi);
@@ -589,15 +585,10 @@ int gguf_open(const char *path, gguf_file **out) {
     int rc;
     gguf_impl *fi = gguf_alloc(path);
     if (!fi) return pg_err_set(PG_ENOMEM, "%s: out of memory", path);
-    fi->owns_map = true;
     gguf_file *f = &fi->pub;
 
-    const void *map;
-    size_t size;
-    rc = pg_mmap_file(path, 4, "GGUF (bad magic)", &f->fd, &map, &size);
+    rc = pg_mapped_file_open(&f->file, path, 4, "GGUF (bad magic)");
     if (rc < 0) goto fail;
-    f->map = map;
-    f->map_size = size;
     rc = gguf_parse(fi);
     if (rc < 0) goto fail;
     *out = f;

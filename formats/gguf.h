@@ -5,6 +5,7 @@
 // tensor type) with a message naming the file and the reason. Strings and
 // tensor data point into the mapping and live as long as the gguf_file.
 #pragma once
+#include "common/mmap_file.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -76,9 +77,7 @@ typedef struct {
 // file (and so every pointer into the mapping) lives until gguf_close.
 typedef struct gguf_file {
     char *path;             // as given to gguf_open (or the memory name)
-    int fd;                 // open read-only while mapped; -1 for memory images
-    const uint8_t *map;     // [map_size] the whole file, PROT_READ
-    size_t map_size;
+    pg_mapped_file file;    // the whole file mapped (or the memory image read in its place)
     uint32_t version;       // 2 or 3
     uint64_t alignment;     // general.alignment or 32; a power of two
     uint64_t n_kv, n_tensors;

@@ -33,7 +33,6 @@
 
 typedef struct {
     pg_st_file pub;
-    bool owns_map;
     uint64_t *sorted; // [n_tensors] tensor indices sorted by name
 } st_impl;
 
@@ -174,18 +173,18 @@ static int st_parse(st_impl *fi) {
     cJSON *root = NULL;
     int rc = 0;
 
-    if (f->map_size < 8)
-        return pg_err_set(PG_EFORMAT, "%s: file of %zu bytes is too small to be safetensors", path, f->map_size);
-    uint64_t n = le64(f->map);
+    if (f->file.size < 8)
+        return pg_err_set(PG_EFORMAT, "%s: file of %zu bytes is too small to be safetensors", path, f->file.size);
+    uint64_t n = le64(f->file.data);
     if (n > PG_ST_MAX_HEADER)
         return pg_err_set(PG_EFORMAT, "%s: header length %" PRIu64 " exceeds the %u-byte limit (not a safetensors file?)",
                           path, n, PG_ST_MAX_HEADER);
-    if (n > f->map_size - 8)
+    if (n > f->file.size - 8)
         return pg_err_set(PG_EFORMAT, "%s: header length %" PRIu64 " past end of file (size %zu)", path, n,
-                          f->map_size);
+                          f->file.size);
     f->header_len = n;
     f->data_offset = 8 + n;
-    const char *json = (const char *)f->map + 8;
+    const char *json = (const char *)f->file.data + 8;
     if (n == 0 || json[0] != '{')
         return pg_err_set(PG_EFORMAT, "%s: header does not start with '{' (not a safetensors file)", path);
 
@@ -221,7 +220,7 @@ static int st_parse(st_impl *fi) {
         rc = pg_err_set(PG_ENOMEM, "%s: out of memory for %" PRIu64 " tensors", path, count);
         goto out;
     }
-    uint64_t data_size = f->map_size - f->data_offset;
+    uint64_t data_size = f->file.size - f->data_offset;
     cJSON_ArrayForEach(e, root) {
         if (!strcmp(e->string, "__metadata__")) continue;
         pg_st_tensor *t = &f->tensors[f->n_tensors];
@@ -232,7 +231,7 @@ static int st_parse(st_impl *fi) {
         }
         f->n_tensors++; // counted now so close frees the name on failure
         if ((rc = parse_tensor(path, e, data_size, t)) < 0) goto out;
-        t->data = f->map + f->data_offset + t->offset;
+        t->data = f->file.data + f->data_offset + t->offset;
     }
 
     for (uint64_t i = 0; i < f->n_tensors; i++) fi->sorted[i] = i;
@@ -257,9 +256,7 @@ static void st_free(st_impl *fi) {
         for (uint64_t i = 0; i < f->n_tensors; i++) free(f->tensors[i].name);
     free(f->tensors);
     free(fi->sorted);
-    if (fi->owns_map) {
-        pg_mmap_file_close(f->fd, f->map, f->map_size);
-    }
+    pg_mapped_file_close(&f->file);
     free(f->path);
     free(fi);
 }
@@ -267,7 +264,7 @@ static void st_free(st_impl *fi) {
 static st_impl *st_alloc(const char *path) {
     st_impl *fi = calloc(1, sizeof *fi);
     if (!fi) return NULL;
-    fi->pub.fd = -1;
+    fi->pub.file.fd = -1;
     fi->pub.path = strdup(path);
     if (!fi->pub.path) {
         free(fi);
@@ -281,8 +278,7 @@ int pg_st_open_memory(const void *buf, size_t size, const char *name, pg_st_file
     const char *path = name ? name : "<memory>";
     st_impl *fi = st_alloc(path);
     if (!fi) return pg_err_set(PG_ENOMEM, "%s: out of memory", path);
-    fi->pub.map = buf;
-    fi->pub.map_size = buf ? size : 0;
+    pg_mapped_file_borrow(&fi->pub.file, buf, size);
     int rc = st_parse(fi);
     if (rc < 0) {
         st_free(fi);
@@ -297,13 +293,8 @@ int pg_st_open(const char *path, pg_st_file **out) {
     int rc;
     st_impl *fi = st_alloc(path);
     if (!fi) return pg_err_set(PG_ENOMEM, "%s: out of memory", path);
-    fi->owns_map = true;
     pg_st_file *f = &fi->pub;
-    const void *map;
-    size_t size;
-    if ((rc = pg_mmap_file(path, 8, "safetensors", &f->fd, &map, &size)) < 0) goto fail;
-    f->map = map;
-    f->map_size = size;
+    if ((rc = pg_mapped_file_open(&f->file, path, 8, "safetensors")) < 0) goto fail;
     if ((rc = st_parse(fi)) < 0) goto fail;
     *out = f;
     return 0;

@@ -13,6 +13,7 @@
 // file (and the tensor). Tensor data points into the mapping and lives as
 // long as the pg_st_file.
 #pragma once
+#include "common/mmap_file.h"
 #include <stddef.h>
 #include <stdint.h>
 
@@ -44,9 +45,7 @@ typedef struct {
 // Everything is owned by the pg_st_file and read-only for callers.
 typedef struct pg_st_file {
     char *path;             // as given (or the memory name)
-    int fd;                 // open read-only while mapped; -1 for memory images
-    const uint8_t *map;     // [map_size] the whole file, PROT_READ
-    size_t map_size;
+    pg_mapped_file file;    // the whole file mapped (or the memory image read in its place)
     uint64_t header_len;    // N, the JSON length
     uint64_t data_offset;   // 8 + N: start of the data section
     uint64_t n_tensors;

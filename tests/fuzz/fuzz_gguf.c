@@ -77,7 +77,7 @@ static void walk_tensor(const gguf_file *f, const gguf_tensor *t, float *row) {
     PG_CHECK(t->n_dims <= 4);
     PG_CHECK(pg_dtype_block_elems((int)t->type) > 0);
     const uint8_t *p = t->data;
-    PG_CHECK(p >= f->map && (uint64_t)(p - f->map) + t->nbytes <= f->map_size);
+    PG_CHECK(p >= f->file.data && (uint64_t)(p - f->file.data) + t->nbytes <= f->file.size);
     touch(t->data, t->nbytes);
     // The first row, when the tensor has one and it is small.
     size_t rb = pg_dtype_row_bytes((int)t->type, (int64_t)t->dims[0]);

@@ -28,7 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         PG_CHECK(pg_st_find_tensor(f, t->name) == t);
         PG_CHECK(t->n_dims <= PG_ST_MAX_DIMS);
         const uint8_t *p = t->data;
-        PG_CHECK(p >= f->map && (uint64_t)(p - f->map) + t->nbytes <= f->map_size);
+        PG_CHECK(p >= f->file.data && (uint64_t)(p - f->file.data) + t->nbytes <= f->file.size);
         if (t->nbytes) sink ^= p[0] ^ p[t->nbytes - 1];
         uint64_t n = t->n_elems < MAX_ELEMS ? t->n_elems : MAX_ELEMS;
         // Integer tensors (AWQ/GPTQ packing, I32) are read raw by their

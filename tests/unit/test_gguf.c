@@ -351,7 +351,7 @@ static void check_sample_tensors(const gguf_file *f, const tw_buf *b) {
     assert_int_equal(((const uint8_t *)k->data)[2], 3);
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         const gguf_tensor *t = &f->tensors[i];
-        size_t abs = (size_t)((const uint8_t *)t->data - f->map);
+        size_t abs = (size_t)((const uint8_t *)t->data - f->file.data);
         assert_int_equal(abs % f->alignment, 0);
         assert_int_equal(t->offset % f->alignment, 0);
         assert_int_equal(abs, f->data_offset + t->offset);
@@ -369,7 +369,7 @@ static void test_v2_and_v3_files_open(void **state) {
         assert_int_equal(f->version, version);
         assert_int_equal(f->alignment, 32);
         assert_string_equal(f->path, "t.gguf");
-        assert_int_equal(f->fd, -1);
+        assert_int_equal(f->file.fd, -1);
         check_sample_tensors(f, &b);
         gguf_close(f);
         free(copy);
@@ -773,8 +773,8 @@ static void test_open_from_disk(void **state) {
     gguf_file *f = NULL;
     assert_int_equal(gguf_open(path, &f), 0);
     assert_string_equal(f->path, path);
-    assert_true(f->fd >= 0);
-    assert_int_equal(f->map_size, b.len);
+    assert_true(f->file.fd >= 0);
+    assert_int_equal(f->file.size, b.len);
     check_sample_tensors(f, &b);
     char *arch = NULL;
     assert_int_equal(gguf_get_str(f, "general.architecture", &arch), 0);

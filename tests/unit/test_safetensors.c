@@ -110,7 +110,7 @@ static void check_sample(const pg_st_file *f) {
     assert_null(pg_st_find_tensor(f, "__metadata__"));
     assert_null(pg_st_find_tensor(f, "model.embed"));
     assert_int_equal(f->data_offset, 8 + f->header_len);
-    assert_int_equal((const uint8_t *)e->data - f->map, f->data_offset);
+    assert_int_equal((const uint8_t *)e->data - f->file.data, f->data_offset);
 }
 
 // --- valid files -----------------------------------------------------------------------
@@ -122,7 +122,7 @@ static void test_valid_file_parses_with_both_dim_orders(void **state) {
     pg_st_file *f = NULL;
     assert_int_equal(open_copy(b.data, b.len, &f, &copy), 0);
     assert_string_equal(f->path, "t.safetensors");
-    assert_int_equal(f->fd, -1);
+    assert_int_equal(f->file.fd, -1);
     check_sample(f);
     pg_st_close(f);
     free(copy);
@@ -356,7 +356,7 @@ static void test_open_from_disk_and_single_file_model(void **state) {
 
     pg_st_file *f = NULL;
     assert_int_equal(pg_st_open(path, &f), 0);
-    assert_true(f->fd >= 0);
+    assert_true(f->file.fd >= 0);
     check_sample(f);
     pg_st_close(f);
 
