@@ -24,6 +24,7 @@
 #include "engine/model/model.h"
 #include "engine/runner/runner.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h" // the CPU's MoE workspace size
 #include "kernels/cuda/cuda_ops.h" // the CUDA workspaces' sizes, callable without a GPU
 #include "kernels/dtype.h"
 
@@ -182,7 +183,12 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
         const size_t attn = cuda ? cuda_attn_ws(max_seqs, sh.n_heads, sh.n_kv_heads, mc->head_dim, p->max_model_len) : 0;
         const size_t samp = cuda ? pg_cuda_sample_workspace_size(max_seqs, mc->vocab_size) : 0;
         pg_runner_ws_plan wp;
-        pg_runner_workspace_plan(mc, &sh, &rc, cuda ? PG_DTYPE_BF16 : PG_DTYPE_F32, attn, samp, &wp);
+        // The CPU's MoE workspace (CUDA has no MoE op yet: start-up refuses).
+        const size_t moe = !cuda && mc->n_experts > 0
+                               ? pg_cpu_moe_workspace_bytes(NULL, max_tokens, mc->hidden, sh.moe_ffn, mc->n_experts,
+                                                            mc->n_experts_used)
+                               : 0;
+        pg_runner_workspace_plan(mc, &sh, &rc, cuda ? PG_DTYPE_BF16 : PG_DTYPE_F32, attn, samp, moe, &wp);
         k->workspace_buffers = (int64_t)wp.bytes;
         // CUDA: the profiled extra, and for weights kept quantized the bf16
         // scratch their large-batch products dequantize into (backend_cuda.cu,
@@ -410,6 +416,13 @@ char *pg_memplan_text(const pg_memplan *p, const pg_memplan_advice *adv, int n_a
     sbm_printf(&b, "model %s (%s): %d layers, hidden %d, %d/%d heads (head dim %d), FFN %d, vocab %d, %d positions\n",
                mc->name[0] ? mc->name : "?", mc->arch, mc->n_layers, mc->hidden, mc->n_heads, mc->n_kv_heads,
                mc->head_dim, mc->ffn, mc->vocab_size, mc->max_pos);
+    if (mc->n_experts > 0) {
+        int64_t total, active;
+        pg_config_params(mc, &total, &active);
+        sbm_printf(&b, "experts: %d of FFN %d per MoE layer (every %d), %d used per token; parameters %.3g B total, "
+                       "%.3g B active\n",
+                   mc->n_experts, mc->moe_ffn, mc->moe_step, mc->n_experts_used, total / 1e9, active / 1e9);
+    }
     if (p->cuda)
         sbm_printf(&b, "device cuda: %.2f GiB per GPU, --gpu-memory-utilization %.2f, %d rank%s\n",
                    (double)p->device_total / GiB, p->util, p->tp, p->tp > 1 ? "s" : "");
@@ -506,9 +519,16 @@ char *pg_memplan_json(const pg_memplan *p, const pg_memplan_advice *adv, int n_a
     sbuf_min b = {0};
     const pg_model_config *mc = &p->mc;
     sbm_printf(&b, "{\"model\":{\"arch\":\"%s\",\"n_layers\":%d,\"hidden\":%d,\"n_heads\":%d,\"n_kv_heads\":%d,"
-                   "\"head_dim\":%d,\"ffn\":%d,\"vocab_size\":%d,\"max_position_embeddings\":%d},\"plan\":",
+                   "\"head_dim\":%d,\"ffn\":%d,\"vocab_size\":%d,\"max_position_embeddings\":%d",
                mc->arch, mc->n_layers, mc->hidden, mc->n_heads, mc->n_kv_heads, mc->head_dim, mc->ffn, mc->vocab_size,
                mc->max_pos);
+    int64_t total, active;
+    pg_config_params(mc, &total, &active);
+    if (mc->n_experts > 0)
+        sbm_printf(&b, ",\"n_experts\":%d,\"n_experts_used\":%d,\"moe_ffn\":%d,\"moe_step\":%d", mc->n_experts,
+                   mc->n_experts_used, mc->moe_ffn, mc->moe_step);
+    sbm_printf(&b, ",\"params_total\":%lld,\"params_active\":%lld},\"plan\":", (long long)total,
+               (long long)active);
     json_plan(&b, p);
     sbm_printf(&b, ",\"advice\":[");
     for (int i = 0; i < n_adv; i++) {

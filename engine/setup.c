@@ -286,6 +286,13 @@ int eng_setup(pg_engine *e) {
             mc->name[0] ? mc->name : cfg->model_path, mc->arch, e->model->format, mc->n_layers,
             mc->hidden, mc->n_heads, mc->n_kv_heads, mc->vocab_size,
             (double)e->model->weight_bytes / (1 << 20), be->name, tp > 1 ? " (rank 0's shard)" : "");
+    if (mc->n_experts > 0) {
+        int64_t total, active;
+        pg_config_params(mc, &total, &active);
+        PG_LOGI("mixture of experts: %d experts of FFN %d per MoE layer, %d used per token; %.3g B parameters, "
+                "%.3g B active per token", mc->n_experts, mc->moe_ffn, mc->n_experts_used, total / 1e9,
+                active / 1e9);
+    }
     if (e->model->quantization != PG_QUANT_NONE) {
         const int64_t *lb = e->model->layer_bytes;
         const int32_t *ld = e->model->layer_dtypes;

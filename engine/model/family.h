@@ -19,7 +19,10 @@ typedef struct pg_model_family {
 } pg_model_family;
 
 extern const pg_model_family pg_llama_family;
+extern const pg_model_family pg_moe_family; // Mixtral, Qwen3-MoE (engine/model/moe.c)
 
-// The family of a config's architecture (cfg->arch), or NULL with PG_EUNSUPP
+// The family of a config's architecture (cfg->arch; any config with
+// experts, such as a GGUF Mixtral, which calls itself "llama": the MoE
+// family), or NULL with PG_EUNSUPP
 // set, naming it.
 const pg_model_family *pg_model_family_of(const pg_model_config *cfg);

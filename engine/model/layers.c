@@ -21,6 +21,8 @@ void pg_step_views_make(const pg_model *m, const pg_fwd_buffers *bufs, int64_t n
     v->attn = pg_tensor_view(bufs->attn, 0, n, 0, q_dim);
     v->gu = pg_tensor_view(bufs->gu, 0, n, 0, bufs->gu.cols);
     v->h = pg_tensor_view(bufs->h, 0, n, 0, bufs->h.cols);
+    v->moe_ws = bufs->moe_ws;
+    v->moe_ws_bytes = bufs->moe_ws_bytes;
 }
 
 int pg_layer_all_reduce(const pg_model *m, pg_tensor x) {
@@ -88,4 +90,15 @@ int pg_layer_ffn_swiglu(const pg_model *m, int32_t l, const pg_step_views *v) {
     const pg_model_layer *L = &m->layers[l];
     PG_TRY(m->be->ops->gate_up_silu(m->be, v->h, v->x, L->ffn_norm, m->cfg.rms_eps, L->gate_up, v->xn, v->gu));
     return pg_layer_row_linear(m, v->x, v->h, L->down, v->xn);
+}
+
+int pg_layer_ffn_moe(const pg_model *m, int32_t l, const pg_step_views *v) {
+    const pg_model_layer *L = &m->layers[l];
+    const pg_model_config *c = &m->cfg;
+    const bool residual = m->shard.rank == 0;
+    PG_TRY(m->be->ops->moe_ffn(m->be, v->x, v->x, L->ffn_norm, c->rms_eps, L->router,
+                               (const pg_bweight *const *)L->exp_gate_up, (const pg_bweight *const *)L->exp_down,
+                               c->n_experts, c->n_experts_used, c->moe_renorm, residual, v->moe_ws,
+                               v->moe_ws_bytes));
+    return pg_layer_all_reduce(m, v->x);
 }

@@ -26,6 +26,8 @@ typedef struct pg_step_views {
     pg_tensor attn;   // [n][heads head_dim]
     pg_tensor gu;     // [n][2 ffn] this rank's gate | up
     pg_tensor h;      // [n][ffn]
+    void *moe_ws;     // the backend's moe_ffn workspace (MoE models), and its bytes
+    size_t moe_ws_bytes;
 } pg_step_views;
 
 void pg_step_views_make(const pg_model *m, const pg_fwd_buffers *bufs, int64_t n, pg_step_views *v);
@@ -55,3 +57,10 @@ int pg_layer_attention(const pg_model *m, int32_t l, pg_bkv *kv, const pg_fwd_bu
 // h = silu(g) * u, [g | u] = RMSNorm(x) . Wgu^T (column-parallel), then
 // x += h . Wdown^T (row-parallel).
 int pg_layer_ffn_swiglu(const pg_model *m, int32_t l, const pg_step_views *v);
+
+// The mixture-of-experts feed-forward block of layer l with pre-norm
+// (kernels/backend.h moe_ffn): the router whole on every rank, so every
+// rank picks the same experts; each rank runs its slice of every chosen
+// expert's columns and adds its part to the stream as a row-parallel
+// product does (rank 0 keeps the stream), then the all-reduce.
+int pg_layer_ffn_moe(const pg_model *m, int32_t l, const pg_step_views *v);

@@ -1,13 +1,14 @@
-// engine/model/model.h - the one model definition of the Llama family, on any
-// backend.
+// engine/model/model.h - the model: its config, its weights as backend
+// handles, and its forward, on any backend.
 //
-// Llama 2/3/3.1 (RoPE scaling), Mistral, Qwen2/2.5 (QKV bias) and Qwen3
-// (per-head q/k RMSNorm) are one family, one layer loop (engine/model/llama.c,
-// over the shared helpers of engine/model/layers.h) selected by config
-// flags (engine/model/model_config.h). Weights are backend handles
-// (kernels/backend.h) made once at load from a GGUF file, a Hugging Face
-// directory or random values; the forward enqueues fused ops on the
-// backend: the CPU and CUDA backends run the same code.
+// Llama 2/3/3.1, Mistral, Qwen2/2.5 (QKV bias) and Qwen3 (per-head q/k
+// RMSNorm) are one family (engine/model/llama.c), Mixtral and Qwen3-MoE
+// another (engine/model/moe.c); each is one layer loop over the shared
+// helpers of engine/model/layers.h, selected by the config
+// (engine/model/family.h). Weights are backend handles (kernels/backend.h)
+// made once at load from a GGUF file, a Hugging Face directory or random
+// values; the forward enqueues fused ops on the backend: the CPU and CUDA
+// backends run the same code.
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
@@ -26,6 +27,12 @@ typedef struct pg_model_layer {
     pg_bweight *ffn_norm;  // [hidden]
     pg_bweight *gate_up;   // [2 ffn][hidden]: gate rows, then up
     pg_bweight *down;      // [hidden][ffn]
+    // A mixture-of-experts layer (pg_config_layer_is_moe) has these instead
+    // of gate_up and down: the router, whole on every rank, and every
+    // expert's slice of this rank's columns.
+    pg_bweight *router;    // [n_experts][hidden]
+    pg_bweight **exp_gate_up; // [n_experts], each [2 moe_ffn][hidden]: gate rows, then up
+    pg_bweight **exp_down;    // [n_experts], each [hidden][moe_ffn]
 } pg_model_layer;
 
 // This rank's part of the model under tensor parallelism (Megatron-style,
@@ -38,6 +45,7 @@ typedef struct pg_model_shard {
     int32_t n_heads, n_kv_heads; // this rank's query and KV heads
     int32_t head0, kv_head0;     // the model's first query / KV head this rank holds
     int32_t ffn, ffn0;           // FFN columns [ffn0, ffn0 + ffn)
+    int32_t moe_ffn, moe_ffn0;   // every expert's columns [moe_ffn0, moe_ffn0 + moe_ffn)
     int32_t vocab, vocab0;       // vocabulary rows [vocab0, vocab0 + vocab)
     bool comm;                   // the forward's collectives run (size > 1, or a
                                  //   communicator named for one rank)
@@ -205,6 +213,9 @@ typedef struct pg_fwd_buffers {
     void *lg_all;
     pg_argmax *cand; // [size][s]: every rank's row maxima (engine/runner/sampler.c)
     pg_argmax *topk; // [size][s][PG_TOPK_EXCHANGE_MAX]: every rank's best entries (engine/runner/sampler.c)
+    // The backend's moe_ffn workspace for n rows (MoE models; else NULL, 0).
+    void *moe_ws;
+    size_t moe_ws_bytes;
     // fp8 KV scales in backend memory, [n_layers][2][shard n_kv_heads] (K's
     // then V's of each layer): layer l's shape gets kv_scales + 2 l n_kv
     // (pg_kv_shape.scales). NULL: 1.0.

@@ -40,6 +40,7 @@ static void config_defaults(pg_model_config *c) {
     c->rope_theta = 10000.0f;
     c->bos_id = -1;
     c->max_pos = 2048;
+    c->moe_step = 1;
 }
 
 int pg_config_from_gguf(const gguf_file *f, pg_model_config *c) {
@@ -48,16 +49,16 @@ int pg_config_from_gguf(const gguf_file *f, pg_model_config *c) {
     int rc = gguf_get_str(f, "general.architecture", &arch);
     if (rc < 0) return pg_err_set(PG_EFORMAT, "%s: no general.architecture", f->path);
     if (strcmp(arch, "llama") && strcmp(arch, "mistral") && strcmp(arch, "qwen2") &&
-        strcmp(arch, "qwen3")) {
+        strcmp(arch, "qwen3") && strcmp(arch, "qwen3moe")) {
         rc = pg_err_set(PG_EUNSUPP,
-                        "%s: architecture '%s' is not supported (llama, mistral, qwen2, qwen3)",
+                        "%s: architecture '%s' is not supported (llama, mistral, qwen2, qwen3, qwen3moe)",
                         f->path, arch);
         free(arch);
         return rc;
     }
     snprintf(c->arch, sizeof c->arch, "%s", arch);
     c->qkv_bias = !strcmp(arch, "qwen2");
-    c->qk_norm = !strcmp(arch, "qwen3");
+    c->qk_norm = !strcmp(arch, "qwen3") || !strcmp(arch, "qwen3moe");
     char *name = NULL;
     if (gguf_get_str(f, "general.name", &name) == 0) snprintf(c->name, sizeof c->name, "%s", name);
     free(name);
@@ -77,6 +78,11 @@ int pg_config_from_gguf(const gguf_file *f, pg_model_config *c) {
         {"rope.dimension_count", &c->rope_dim, false},
         {"vocab_size", &c->vocab_size, false},
         {"attention.key_length", &c->head_dim, false},
+        // Mixtral is "llama" with experts (its experts' width is
+        // feed_forward_length); Qwen3-MoE has its own key for it.
+        {"expert_count", &c->n_experts, false},
+        {"expert_used_count", &c->n_experts_used, false},
+        {"expert_feed_forward_length", &c->moe_ffn, false},
     };
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         v = -1;
@@ -101,6 +107,14 @@ int pg_config_from_gguf(const gguf_file *f, pg_model_config *c) {
         c->rope_factor = factor;
     }
     free(stype);
+    if (c->n_experts > 0) {
+        if (c->moe_ffn == 0) c->moe_ffn = c->ffn;
+        // llama.cpp: Mixtral always renormalises; others say so (Qwen3-MoE: true).
+        c->moe_renorm = true;
+        snprintf(key, sizeof key, "%s.expert_weights_norm", arch);
+        bool norm;
+        if (strcmp(arch, "llama") && gguf_get_bool(f, key, &norm) == 0) c->moe_renorm = norm;
+    }
     if (c->n_kv_heads == 0) c->n_kv_heads = c->n_heads;
     if (c->vocab_size == 0) {
         const gguf_kv *toks = gguf_find_kv(f, "tokenizer.ggml.tokens");
@@ -176,6 +190,33 @@ static int load_json(const char *path, cJSON **out) {
     return 0;
 }
 
+// The experts of a Mixtral (num_local_experts of width intermediate_size,
+// always renormalised) or a Qwen3-MoE (num_experts of width
+// moe_intermediate_size, norm_topk_prob, every decoder_sparse_step-th
+// layer; intermediate_size is then the dense layers' width).
+static int hf_moe(const cJSON *j, const char *arch, const char *path, pg_model_config *c) {
+    const bool mixtral = !strcmp(arch, "mixtral");
+    if (!mixtral && strcmp(arch, "qwen3moe")) return 0;
+    c->moe_step = 1;
+    // Qwen3-MoE's own configs say num_experts; transformers 5 writes
+    // num_local_experts for both.
+    const bool local = cJSON_GetObjectItemCaseSensitive(j, "num_local_experts") != NULL;
+    PG_TRY(json_int(j, mixtral || local ? "num_local_experts" : "num_experts", &c->n_experts, true, path));
+    PG_TRY(json_int(j, "num_experts_per_tok", &c->n_experts_used, true, path));
+    if (mixtral) {
+        c->moe_ffn = c->ffn;
+        c->moe_renorm = true;
+        return 0;
+    }
+    PG_TRY(json_int(j, "moe_intermediate_size", &c->moe_ffn, true, path));
+    PG_TRY(json_int(j, "decoder_sparse_step", &c->moe_step, false, path));
+    c->moe_renorm = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "norm_topk_prob"));
+    const cJSON *only = cJSON_GetObjectItemCaseSensitive(j, "mlp_only_layers");
+    if (cJSON_GetArraySize(only) > 0)
+        return pg_err_set(PG_EUNSUPP, "%s: mlp_only_layers (dense layers among the experts) is not supported", path);
+    return 0;
+}
+
 // config.json at `config_path`; generation_config.json at `gen_path` when
 // that file exists (NULL: none); `name` names the model; `where` prefixes
 // validation errors.
@@ -194,14 +235,16 @@ static int config_from_hf(const char *config_path, const char *gen_path, const c
     } archs_known[] = {{"LlamaForCausalLM", "llama"},
                        {"MistralForCausalLM", "mistral"},
                        {"Qwen2ForCausalLM", "qwen2"},
-                       {"Qwen3ForCausalLM", "qwen3"}};
+                       {"Qwen3ForCausalLM", "qwen3"},
+                       {"MixtralForCausalLM", "mixtral"},
+                       {"Qwen3MoeForCausalLM", "qwen3moe"}};
     const char *short_name = NULL;
     for (size_t i = 0; i < sizeof archs_known / sizeof archs_known[0]; i++)
         if (!strcmp(arch, archs_known[i].hf)) short_name = archs_known[i].name;
     if (!short_name) {
         rc = pg_err_set(PG_EUNSUPP,
                         "%s: architecture %s is not supported (LlamaForCausalLM, MistralForCausalLM, "
-                        "Qwen2ForCausalLM, Qwen3ForCausalLM)",
+                        "Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM)",
                         path, arch);
         goto out;
     }
@@ -209,7 +252,7 @@ static int config_from_hf(const char *config_path, const char *gen_path, const c
     // Qwen2 always has Q/K/V biases; Llama and Qwen3 say so with attention_bias.
     const cJSON *ab = cJSON_GetObjectItemCaseSensitive(j, "attention_bias");
     c->qkv_bias = !strcmp(short_name, "qwen2") || cJSON_IsTrue(ab);
-    c->qk_norm = !strcmp(short_name, "qwen3");
+    c->qk_norm = !strcmp(short_name, "qwen3") || !strcmp(short_name, "qwen3moe");
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "mlp_bias"))) {
         rc = pg_err_set(PG_EUNSUPP, "%s: mlp_bias is not supported", path);
         goto out;
@@ -218,7 +261,7 @@ static int config_from_hf(const char *config_path, const char *gen_path, const c
     const cJSON *usw = cJSON_GetObjectItemCaseSensitive(j, "use_sliding_window");
     // Qwen2/3 configs carry a sliding_window that use_sliding_window turns off.
     if (cJSON_IsNumber(sw) && sw->valuedouble > 0 && !cJSON_IsFalse(usw) &&
-        (strcmp(short_name, "mistral") == 0 || cJSON_IsTrue(usw)))
+        (!strcmp(short_name, "mistral") || !strcmp(short_name, "mixtral") || cJSON_IsTrue(usw)))
         c->sliding_window = sw->valuedouble > INT32_MAX ? INT32_MAX : (int32_t)sw->valuedouble;
     snprintf(c->name, sizeof c->name, "%s", name);
     if ((rc = json_int(j, "vocab_size", &c->vocab_size, true, path)) < 0 ||
@@ -232,6 +275,7 @@ static int config_from_hf(const char *config_path, const char *gen_path, const c
         (rc = json_float(j, "rms_norm_eps", &c->rms_eps, path)) < 0 ||
         (rc = json_float(j, "rope_theta", &c->rope_theta, path)) < 0)
         goto out;
+    if ((rc = hf_moe(j, short_name, path, c)) < 0) goto out;
     if (c->n_kv_heads == 0) c->n_kv_heads = c->n_heads;
     if (c->head_dim == 0 && c->n_heads > 0) c->head_dim = c->hidden / c->n_heads;
     c->rope_dim = c->head_dim;
@@ -325,7 +369,32 @@ int pg_config_validate(const pg_model_config *c) {
         return pg_err_set(PG_EFORMAT, "model shape is implausibly large");
     if (!(c->rms_eps > 0) || !(c->rope_theta > 0))
         return pg_err_set(PG_EFORMAT, "rms_norm_eps and rope_theta must be positive");
+    if (c->n_experts > 0) {
+        if (c->moe_step <= 0 || c->moe_step > c->n_layers)
+            return pg_err_set(PG_EFORMAT, "decoder_sparse_step %d for %d layers", c->moe_step, c->n_layers);
+        if (c->n_experts > 1024 || c->n_experts_used < 1 || c->n_experts_used > c->n_experts)
+            return pg_err_set(PG_EFORMAT, "%d experts with %d used per token", c->n_experts, c->n_experts_used);
+        if (c->moe_ffn <= 0 || c->moe_ffn > 1 << 20)
+            return pg_err_set(PG_EFORMAT, "expert FFN width %d", c->moe_ffn);
+    }
     return 0;
+}
+
+void pg_config_params(const pg_model_config *c, int64_t *total, int64_t *active) {
+    const int64_t H = c->hidden, hd = c->head_dim;
+    const int64_t attn = H * hd * (2 * (int64_t)c->n_heads + 2 * (int64_t)c->n_kv_heads) + 2 * H;
+    const int64_t dense = 3 * H * c->ffn, expert = 3 * H * c->moe_ffn;
+    const int64_t emb = (int64_t)c->vocab_size * H * (c->tie_embeddings ? 1 : 2) + H;
+    *total = *active = emb;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        if (pg_config_layer_is_moe(c, l)) {
+            *total += attn + (int64_t)c->n_experts * (expert + H);
+            *active += attn + (int64_t)c->n_experts_used * expert + (int64_t)c->n_experts * H;
+        } else {
+            *total += attn + dense;
+            *active += attn + dense;
+        }
+    }
 }
 
 void pg_config_rope_inv_freq(const pg_model_config *c, float *inv_freq) {

@@ -14,7 +14,8 @@ struct gguf_file;
 typedef enum { PG_ROPE_SCALING_NONE = 0, PG_ROPE_SCALING_LLAMA3 = 1, PG_ROPE_SCALING_LINEAR = 2 } pg_rope_scaling;
 
 typedef struct pg_model_config {
-    char arch[32];          // "llama", "mistral", "qwen2", "qwen3" (one family: engine/model/llama.c)
+    char arch[32];          // "llama", "mistral", "qwen2", "qwen3" (engine/model/llama.c); "mixtral",
+                            //   "qwen3moe" (engine/model/moe.c; a GGUF Mixtral is "llama" with experts)
     char name[128];         // for logs and /v1/models
     int32_t vocab_size;
     int32_t hidden;         // model dimension
@@ -34,6 +35,14 @@ typedef struct pg_model_config {
     bool tie_embeddings;    // LM head shares the token embedding
     bool qkv_bias;          // Q, K and V projections have biases (Qwen2, Llama attention_bias)
     bool qk_norm;           // per-head RMSNorm of q and k before RoPE (Qwen3)
+    // Mixture of experts (Mixtral, Qwen3-MoE; docs/moe.md); n_experts 0: dense.
+    // Layer l's FFN is the experts' when pg_config_layer_is_moe(c, l), else
+    // the dense SwiGLU of width ffn.
+    int32_t n_experts;      // experts per MoE layer (num_local_experts / num_experts)
+    int32_t n_experts_used; // top-k (num_experts_per_tok)
+    int32_t moe_ffn;        // one expert's intermediate size (Mixtral: intermediate_size)
+    int32_t moe_step;       // every moe_step-th layer is MoE (Qwen3-MoE decoder_sparse_step; 1)
+    bool moe_renorm;        // top-k weights renormalised to sum 1 (Mixtral: always; Qwen3-MoE: norm_topk_prob)
     int32_t sliding_window; // Mistral's attention window (0 = none); max model length is capped to it
     int32_t bos_id;         // -1 when none
     int32_t n_eos;
@@ -56,6 +65,13 @@ int pg_config_from_hf_dir(const char *dir, pg_model_config *c);
 int pg_config_from_hf_file(const char *config_path, pg_model_config *c);
 // Checks shapes are consistent (heads divide hidden, GQA ratio integral...).
 int pg_config_validate(const pg_model_config *c);
+// Whether layer l's feed-forward is a mixture of experts.
+static inline bool pg_config_layer_is_moe(const pg_model_config *c, int32_t l) {
+    return c->n_experts > 0 && (l + 1) % c->moe_step == 0;
+}
+// Parameters per token: every weight (total) and those one token reads
+// (active: the dense ones and n_experts_used of each MoE layer's experts).
+void pg_config_params(const pg_model_config *c, int64_t *total, int64_t *active);
 // Fills inv_freq[rope_dim / 2] with the rotary inverse frequencies,
 // including Llama-3 frequency scaling when configured.
 void pg_config_rope_inv_freq(const pg_model_config *c, float *inv_freq);

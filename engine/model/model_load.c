@@ -1,15 +1,17 @@
 // engine/model/model_load.c - every weight of a pg_model from a GGUF file, a
 // Hugging Face directory, or random values, through one table.
 //
-// The table below names each tensor of a layer once, with its GGUF and its
-// Hugging Face name and its shape from the config; the three sources only
-// say how to find a stored tensor by name. Fused weights (Q|K|V, gate|up)
-// are uploaded as their parts, which the backend concatenates (or keeps
-// apart, as the CPU backend does over the mapped file). GGUF Q and K rows
-// of the "llama" architecture are interleaved for llama.cpp's RoPE; the
-// forward uses the Hugging Face rotate-half layout, so those rows are put
-// back in order (a row copy, valid for any block-quantized type since
-// blocks run along rows). The same forward then serves every file.
+// The table of a layer's tensors (engine/model/layer_tensors.c) names each
+// once, with its GGUF and its Hugging Face name and its shape from the
+// config; the three sources only say how to find a stored tensor by name.
+// Fused weights (Q|K|V, gate|up) are uploaded as their parts, which the
+// backend concatenates (or keeps apart, as the CPU backend does over the
+// mapped file). GGUF Q and K rows of the "llama" architecture are
+// interleaved for llama.cpp's RoPE; the forward uses the Hugging Face
+// rotate-half layout, so those rows are put back in order (a row copy,
+// valid for any block-quantized type since blocks run along rows). The
+// same forward then serves every file. A mixture-of-experts layer adds its
+// router and every expert's gate|up and down (docs/moe.md).
 //
 // Tensor parallelism: each rank reads only its slices (engine/model/model_shard.c
 // says which): the rows of a column-parallel tensor (a pointer into the
@@ -32,94 +34,10 @@
 #include "formats/gguf.h"
 #include "engine/model/int4_ckpt.h"
 #include "engine/model/family.h"
+#include "engine/model/layer_tensors_int.h"
 #include "engine/model/model.h"
 #include "engine/model/model_source_int.h"
 #include "formats/safetensors.h"
-
-// --- the table of a layer's tensors --------------------------------------------------
-
-typedef enum { DIM_ONE, DIM_HIDDEN, DIM_Q, DIM_KV, DIM_FFN, DIM_HEAD, DIM_VOCAB } dim;
-
-typedef enum {
-    F_ATTN_NORM, F_QKV, F_QKV_BIAS, F_Q_NORM, F_K_NORM, F_O, F_FFN_NORM, F_GATE_UP, F_DOWN,
-    F_COUNT
-} field;
-
-typedef enum { NEED_ALWAYS, NEED_QKV_BIAS, NEED_QK_NORM } need;
-
-// One stored tensor of a layer: the weight it is part `part` of.
-typedef struct {
-    field field;
-    int part;
-    const char *gguf, *hf; // names with %d for the layer
-    dim rows, cols;        // the stored shape, from the config
-    need need;
-    int unpermute;         // GGUF "llama": head count whose rows to re-order (1 = q, 2 = k)
-} layer_tensor;
-
-static const layer_tensor LAYER[] = {
-    {F_ATTN_NORM, 0, "blk.%d.attn_norm.weight", "model.layers.%d.input_layernorm.weight", DIM_ONE, DIM_HIDDEN, NEED_ALWAYS, 0},
-    {F_QKV, 0, "blk.%d.attn_q.weight", "model.layers.%d.self_attn.q_proj.weight", DIM_Q, DIM_HIDDEN, NEED_ALWAYS, 1},
-    {F_QKV, 1, "blk.%d.attn_k.weight", "model.layers.%d.self_attn.k_proj.weight", DIM_KV, DIM_HIDDEN, NEED_ALWAYS, 2},
-    {F_QKV, 2, "blk.%d.attn_v.weight", "model.layers.%d.self_attn.v_proj.weight", DIM_KV, DIM_HIDDEN, NEED_ALWAYS, 0},
-    {F_QKV_BIAS, 0, "blk.%d.attn_q.bias", "model.layers.%d.self_attn.q_proj.bias", DIM_ONE, DIM_Q, NEED_QKV_BIAS, 0},
-    {F_QKV_BIAS, 1, "blk.%d.attn_k.bias", "model.layers.%d.self_attn.k_proj.bias", DIM_ONE, DIM_KV, NEED_QKV_BIAS, 0},
-    {F_QKV_BIAS, 2, "blk.%d.attn_v.bias", "model.layers.%d.self_attn.v_proj.bias", DIM_ONE, DIM_KV, NEED_QKV_BIAS, 0},
-    {F_Q_NORM, 0, "blk.%d.attn_q_norm.weight", "model.layers.%d.self_attn.q_norm.weight", DIM_ONE, DIM_HEAD, NEED_QK_NORM, 0},
-    {F_K_NORM, 0, "blk.%d.attn_k_norm.weight", "model.layers.%d.self_attn.k_norm.weight", DIM_ONE, DIM_HEAD, NEED_QK_NORM, 0},
-    {F_O, 0, "blk.%d.attn_output.weight", "model.layers.%d.self_attn.o_proj.weight", DIM_HIDDEN, DIM_Q, NEED_ALWAYS, 0},
-    {F_FFN_NORM, 0, "blk.%d.ffn_norm.weight", "model.layers.%d.post_attention_layernorm.weight", DIM_ONE, DIM_HIDDEN, NEED_ALWAYS, 0},
-    {F_GATE_UP, 0, "blk.%d.ffn_gate.weight", "model.layers.%d.mlp.gate_proj.weight", DIM_FFN, DIM_HIDDEN, NEED_ALWAYS, 0},
-    {F_GATE_UP, 1, "blk.%d.ffn_up.weight", "model.layers.%d.mlp.up_proj.weight", DIM_FFN, DIM_HIDDEN, NEED_ALWAYS, 0},
-    {F_DOWN, 0, "blk.%d.ffn_down.weight", "model.layers.%d.mlp.down_proj.weight", DIM_HIDDEN, DIM_FFN, NEED_ALWAYS, 0},
-};
-#define N_LAYER_TENSORS ((int)(sizeof LAYER / sizeof LAYER[0]))
-
-static int64_t dim_of(const pg_model_config *c, dim d) {
-    switch (d) {
-    case DIM_ONE: return 1;
-    case DIM_HIDDEN: return c->hidden;
-    case DIM_Q: return (int64_t)c->n_heads * c->head_dim;
-    case DIM_KV: return (int64_t)c->n_kv_heads * c->head_dim;
-    case DIM_FFN: return c->ffn;
-    case DIM_HEAD: return c->head_dim;
-    case DIM_VOCAB: return c->vocab_size;
-    }
-    return 0;
-}
-
-// This rank's range [*lo, *lo + *n) of a dimension; false when the
-// dimension is not split (hidden, head_dim, one).
-static bool shard_range(const pg_model *m, dim d, int64_t *lo, int64_t *n) {
-    const pg_model_shard *sh = &m->shard;
-    const int64_t hd = m->cfg.head_dim;
-    switch (d) {
-    case DIM_Q: *lo = sh->head0 * hd, *n = sh->n_heads * hd; return true;
-    case DIM_KV: *lo = sh->kv_head0 * hd, *n = sh->n_kv_heads * hd; return true;
-    case DIM_FFN: *lo = sh->ffn0, *n = sh->ffn; return true;
-    case DIM_VOCAB: *lo = sh->vocab0, *n = sh->vocab; return true;
-    default: return false;
-    }
-}
-
-static bool needed(const pg_model_config *c, need n) {
-    return n == NEED_ALWAYS || (n == NEED_QKV_BIAS && c->qkv_bias) || (n == NEED_QK_NORM && c->qk_norm);
-}
-
-static pg_bweight **field_ptr(pg_model_layer *L, field f) {
-    switch (f) {
-    case F_ATTN_NORM: return &L->attn_norm;
-    case F_QKV: return &L->qkv;
-    case F_QKV_BIAS: return &L->qkv_bias;
-    case F_Q_NORM: return &L->q_norm;
-    case F_K_NORM: return &L->k_norm;
-    case F_O: return &L->o;
-    case F_FFN_NORM: return &L->ffn_norm;
-    case F_GATE_UP: return &L->gate_up;
-    case F_DOWN: return &L->down;
-    default: return NULL;
-    }
-}
 
 // --- helpers ------------------------------------------------------------------------
 
@@ -356,6 +274,14 @@ static int find_checked(pg_model *m, const source *s, const char *name, int64_t 
     return 0;
 }
 
+// --cpu-offload-gb moves whole layers; a layer of experts is not yet one
+// block of weights (engine/model/model_offload.c).
+static int moe_offload_check(const pg_model_load_opts *o, const pg_model_config *c) {
+    if (o->cpu_offload_bytes > 0 && c->n_experts > 0)
+        return pg_err_set(PG_EUNSUPP, "--cpu-offload-gb: not supported for mixture-of-experts models yet");
+    return 0;
+}
+
 // --quantization fp8|int4 (and the comparison's formats): the layers'
 // matrices quantized at load; not awq|gptq, which name the checkpoint.
 static bool online_quant(const pg_model_load_opts *o) {
@@ -405,79 +331,112 @@ static int make(loader *ld, const source *s, const pg_weight *parts, const pg_ra
     return 0;
 }
 
+// One stored tensor of a layer, found, checked and cut to this rank's part
+// (an expert's rows of a stacked tensor first): *w that part, *rw its
+// window of the whole (fused) tensor for random weights, whose rows before
+// this part are fused_row0.
+static int load_part(loader *ld, const source *s, const pg_layer_tensor *lt, int64_t fused_row0, pg_weight *w,
+                     pg_rand_window *rw) {
+    pg_model *m = ld->m;
+    const pg_model_config *c = &m->cfg;
+    pg_int4_ckpt_tensor ck = {0};
+    PG_TRY(find_checked(m, s, lt->name, lt->stored_rows, lt->cols, w, &ck));
+    if (lt->stored_rows != lt->rows) slice_rows(w, lt->row0, lt->rows);
+    // This rank's slice, and where it sits in the whole (fused) tensor.
+    // (A checkpoint's int4 tensor has no data yet: the slices set its
+    // shape, and it is repacked from r0, c0 below.)
+    int64_t lo = 0, n = 0, r0 = 0, c0 = 0;
+    *rw = (pg_rand_window){.rows = lt->rows, .cols = lt->cols, .row0 = fused_row0, .full_cols = lt->cols};
+    if (pg_lt_shard_range(c, &m->shard, lt->rows_dim, &lo, &n)) {
+        slice_rows(w, lo, n);
+        rw->rows = n;
+        rw->row0 += lo;
+        r0 = lo;
+    } else if (pg_lt_shard_range(c, &m->shard, lt->cols_dim, &lo, &n)) {
+        PG_TRY(slice_cols(m, s->path, lt->name, w, lo, n));
+        rw->cols = n;
+        rw->col0 = lo;
+        c0 = lo;
+    }
+    if (ck.qweight) ckpt_repack(m, &ck, r0, c0, w);
+    if (s->kind == SRC_GGUF && lt->unpermute && !strcmp(c->arch, "llama"))
+        unpermute_rows(m, w, lt->unpermute == 1 ? m->shard.n_heads : m->shard.n_kv_heads);
+    return 0;
+}
+
+// Makes layer l's weight of lt's field (and expert) from its n parts:
+// quantized first under --quantization (not the router: routing stays in
+// the stored precision, as vLLM keeps it), random for dummy weights (norms
+// 1, biases 0).
+static int make_weight(loader *ld, const source *s, int32_t l, const pg_layer_tensor *lt, pg_weight *parts,
+                       const pg_rand_window *win, int n) {
+    pg_model *m = ld->m;
+    const pg_lt_field f = lt->field;
+    const bool vector = parts[0].rows == 1;
+    if (!vector && f != F_ROUTER && online_quant(ld->o) && s->kind != SRC_DUMMY)
+        for (int p = 0; p < n; p++) {
+            void *qd;
+            float *qs;
+            char name[200];
+            snprintf(name, sizeof name, "%s (layer %d)", lt->name, l);
+            PG_TRY(pg_quantize_weight(ld->o->quantization, name, &parts[p], &qd, &qs));
+            if (qd) own(m, qd);
+            if (qs) own(m, qs);
+        }
+    pg_bweight **dst = pg_lt_field_ptr(&m->layers[l], f, lt->expert);
+    int rc = make(ld, s, parts, win, n, vector, f == F_QKV_BIAS ? 0.0f : 1.0f, dst);
+    if (rc < 0) return pg_err_wrap(rc, "layer %d: ", l);
+    // Layer 0's matrices for the start-up log and the plan (a MoE layer:
+    // its first expert's).
+    const int slot = f == F_QKV ? 0 : f == F_O ? 1 : f == F_GATE_UP || f == F_EXP_GATE_UP ? 2
+                    : f == F_DOWN || f == F_EXP_DOWN ? 3 : -1;
+    if (l == 0 && slot >= 0 && lt->expert <= 0) {
+        m->layer_bytes[slot] = (int64_t)(*dst)->bytes;
+        m->layer_dtypes[slot] = parts[0].dtype;
+    }
+    if (l == 0 && f == F_QKV) m->layer_dtype = parts[0].dtype;
+    return 0;
+}
+
 static int load_layers(loader *ld, const source *s) {
     pg_model *m = ld->m;
     const pg_model_config *c = &m->cfg;
-    char name[160];
-    for (int32_t l = 0; l < c->n_layers; l++) {
+    pg_layer_tensor *lts = pg_xmalloc(sizeof *lts * (size_t)pg_layer_tensors_max(c));
+    int rc = 0;
+    for (int32_t l = 0; l < c->n_layers && rc == 0; l++) {
         pg_model_layer *L = &m->layers[l];
-        pg_weight parts[F_COUNT][3];
-        pg_rand_window win[F_COUNT][3];
-        int64_t fused_rows[F_COUNT] = {0}; // rows of the whole fused tensor before this part
-        int n_parts[F_COUNT] = {0};
-        for (int t = 0; t < N_LAYER_TENSORS; t++) {
-            const layer_tensor *lt = &LAYER[t];
-            if (!needed(c, lt->need)) continue;
-            snprintf(name, sizeof name, s->kind == SRC_GGUF ? lt->gguf : lt->hf, l);
-            pg_weight *w = &parts[lt->field][lt->part];
-            const int64_t rows = dim_of(c, lt->rows), cols = dim_of(c, lt->cols);
-            pg_int4_ckpt_tensor ck = {0};
-            PG_TRY(find_checked(ld->m, s, name, rows, cols, w, &ck));
-            // This rank's slice, and where it sits in the whole (fused) tensor.
-            // (A checkpoint's int4 tensor has no data yet: the slices set
-            // its shape, and it is repacked from r0, c0 below.)
-            int64_t lo = 0, n = 0, r0 = 0, c0 = 0;
-            pg_rand_window *rw = &win[lt->field][lt->part];
-            *rw = (pg_rand_window){.rows = rows, .cols = cols, .row0 = fused_rows[lt->field], .full_cols = cols};
-            if (shard_range(m, lt->rows, &lo, &n)) {
-                slice_rows(w, lo, n);
-                rw->rows = n;
-                rw->row0 += lo;
-                r0 = lo;
-            } else if (shard_range(m, lt->cols, &lo, &n)) {
-                PG_TRY(slice_cols(m, s->path, name, w, lo, n));
-                rw->cols = n;
-                rw->col0 = lo;
-                c0 = lo;
-            }
-            if (ck.qweight) ckpt_repack(m, &ck, r0, c0, w);
-            fused_rows[lt->field] += rows;
-            if (s->kind == SRC_GGUF && lt->unpermute && !strcmp(c->arch, "llama"))
-                unpermute_rows(m, w, lt->unpermute == 1 ? m->shard.n_heads : m->shard.n_kv_heads);
-            n_parts[lt->field]++;
+        if (pg_config_layer_is_moe(c, l)) {
+            L->exp_gate_up = pg_xcalloc((size_t)c->n_experts, sizeof(pg_bweight *));
+            L->exp_down = pg_xcalloc((size_t)c->n_experts, sizeof(pg_bweight *));
+        }
+        // The parts of one weight are next to each other in the list: each
+        // weight is made once its last part is read.
+        const int nt = pg_layer_tensors(c, s->kind == SRC_GGUF, l, lts);
+        pg_weight parts[3];
+        pg_rand_window win[3];
+        int np = 0;
+        int64_t fused = 0; // rows of the whole fused tensor before this part
+        for (int t = 0; t < nt && rc == 0; t++) {
+            const pg_layer_tensor *lt = &lts[t];
+            if ((rc = load_part(ld, s, lt, fused, &parts[np], &win[np])) < 0) break;
             if (l == 0 && lt->field == F_QKV && lt->part == 0 && s->kind != SRC_DUMMY)
                 snprintf(m->format, sizeof m->format, "%s %s", s->kind == SRC_GGUF ? "gguf" : "safetensors",
-                         pg_dtype_name(w->dtype));
-        }
-        for (int f = 0; f < F_COUNT; f++) {
-            if (!n_parts[f]) continue;
-            const bool vector = parts[f][0].rows == 1;
-            if (!vector && online_quant(ld->o) && s->kind != SRC_DUMMY)
-                for (int p = 0; p < n_parts[f]; p++) {
-                    void *qd;
-                    float *qs;
-                    snprintf(name, sizeof name, "layer %d matrix %d part %d", l, f, p);
-                    PG_TRY(pg_quantize_weight(ld->o->quantization, name, &parts[f][p], &qd, &qs));
-                    if (qd) own(m, qd);
-                    if (qs) own(m, qs);
-                }
-            // Dummy weights: norms 1, biases 0.
-            int rc = make(ld, s, parts[f], win[f], n_parts[f], vector, f == F_QKV_BIAS ? 0.0f : 1.0f,
-                          field_ptr(L, (field)f));
-            if (rc < 0) return pg_err_wrap(rc, "layer %d: ", l);
-            const int slot = f == F_QKV ? 0 : f == F_O ? 1 : f == F_GATE_UP ? 2 : f == F_DOWN ? 3 : -1;
-            if (l == 0 && slot >= 0) {
-                m->layer_bytes[slot] = (int64_t)(*field_ptr(L, (field)f))->bytes;
-                m->layer_dtypes[slot] = parts[f][0].dtype;
-            }
-            if (l == 0 && f == F_QKV) m->layer_dtype = parts[f][0].dtype;
+                         pg_dtype_name(parts[np].dtype));
+            fused += lt->rows;
+            np++;
+            if (t + 1 < nt && lts[t + 1].field == lt->field && lts[t + 1].expert == lt->expert) continue;
+            rc = make_weight(ld, s, l, lt, parts, win, np);
+            np = 0;
+            fused = 0;
         }
         // --cpu-offload-gb: layers move out as they load, so the device
         // never holds more than the resident layers and one more.
         const int64_t moved = m->offload.host_bytes;
-        if (ld->o->cpu_offload_bytes > 0 && moved < ld->o->cpu_offload_bytes) PG_TRY(pg_model_offload_layer(m, l));
+        if (rc == 0 && ld->o->cpu_offload_bytes > 0 && moved < ld->o->cpu_offload_bytes)
+            rc = pg_model_offload_layer(m, l);
     }
-    return pg_model_offload_finish(m);
+    free(lts);
+    return rc < 0 ? rc : pg_model_offload_finish(m);
 }
 
 // Bytes of the weights as stored (for the progress bar); bf16 sizes for
@@ -485,18 +444,18 @@ static int load_layers(loader *ld, const source *s) {
 static int64_t stored_bytes(const source *s, const pg_model_config *c) {
     const int64_t H = c->hidden;
     int64_t total = (int64_t)c->vocab_size * H * 2 * (c->tie_embeddings ? 1 : 2);
-    char name[160];
-    for (int32_t l = 0; l < c->n_layers; l++)
-        for (int t = 0; t < N_LAYER_TENSORS; t++) {
-            const layer_tensor *lt = &LAYER[t];
-            if (!needed(c, lt->need)) continue;
-            snprintf(name, sizeof name, s->kind == SRC_GGUF ? lt->gguf : lt->hf, l);
+    pg_layer_tensor *lts = pg_xmalloc(sizeof *lts * (size_t)pg_layer_tensors_max(c));
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        const int nt = pg_layer_tensors(c, s->kind == SRC_GGUF, l, lts);
+        for (int t = 0; t < nt; t++) {
             pg_weight w;
-            if (s->kind != SRC_DUMMY && pg_model_src_find(s, name, &w))
-                total += w.rows * (int64_t)w.row_bytes;
+            if (s->kind != SRC_DUMMY && pg_model_src_find(s, lts[t].name, &w))
+                total += w.row_bytes * lts[t].rows; // an expert's share of a stacked tensor
             else
-                total += dim_of(c, lt->rows) * dim_of(c, lt->cols) * 2;
+                total += lts[t].rows * lts[t].cols * 2;
         }
+    }
+    free(lts);
     return total;
 }
 
@@ -525,14 +484,15 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
     if (quant_max_elems) *quant_max_elems = 0;
     pg_offload_plan op = {0};
     pg_model m = {0}; // only cfg and shard: what the slicing rules read
+    pg_layer_tensor *lts = NULL;
     source s;
     int rc = pg_model_src_open(o, &s, &m.cfg);
     if (rc == 0) rc = pg_model_shard_plan(&m.cfg, rank, size, &m.shard);
     if (rc < 0) goto done;
     const pg_model_config *c = &m.cfg;
     const int64_t H = c->hidden, V = c->vocab_size;
-    char name[160];
     pg_weight w;
+    if ((rc = moe_offload_check(o, c)) < 0) goto done;
     // The embedding and the LM head (one weight when tied), as the loader
     // decides it.
     const char *emb_name = s.kind == SRC_GGUF ? "token_embd.weight" : "model.embed_tokens.weight";
@@ -554,38 +514,41 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
     if ((rc = find_checked(NULL, &s, norm_name, 1, H, &w, NULL)) < 0)
         goto done;
     *bytes += planned_bytes(caps, s.kind, &w, 1, true);
+    lts = pg_xmalloc(sizeof *lts * (size_t)pg_layer_tensors_max(c));
     for (int32_t l = 0; l < c->n_layers; l++) {
         // The layer's weights as the loader makes them (a fused weight's
         // parts summed), and as offload packs them (each 256-byte aligned).
-        int64_t fused[F_COUNT] = {0}, layer = 0, packed = 0, qelems[F_COUNT] = {0};
-        for (int t = 0; t < N_LAYER_TENSORS; t++) {
-            const layer_tensor *lt = &LAYER[t];
-            if (!needed(c, lt->need)) continue;
-            snprintf(name, sizeof name, s.kind == SRC_GGUF ? lt->gguf : lt->hf, l);
-            const int64_t rows = dim_of(c, lt->rows), cols = dim_of(c, lt->cols);
-            if ((rc = find_checked(NULL, &s, name, rows, cols, &w, NULL)) < 0) {
+        int64_t fused = 0, layer = 0, packed = 0, qelems = 0;
+        const int nt = pg_layer_tensors(c, s.kind == SRC_GGUF, l, lts);
+        for (int t = 0; t < nt; t++) {
+            const pg_layer_tensor *lt = &lts[t];
+            if ((rc = find_checked(NULL, &s, lt->name, lt->stored_rows, lt->cols, &w, NULL)) < 0) {
                 pg_err_wrap(rc, "layer %d: ", l);
                 goto done;
             }
             w.data = NULL; // slice the shape only: no data is copied or read
+            if (lt->stored_rows != lt->rows) slice_rows(&w, lt->row0, lt->rows);
             int64_t lo = 0, n = 0;
-            if (shard_range(&m, lt->rows, &lo, &n))
+            if (pg_lt_shard_range(c, &m.shard, lt->rows_dim, &lo, &n))
                 slice_rows(&w, lo, n);
-            else if (shard_range(&m, lt->cols, &lo, &n) && (rc = slice_cols(NULL, s.path, name, &w, lo, n)) < 0)
+            else if (pg_lt_shard_range(c, &m.shard, lt->cols_dim, &lo, &n) &&
+                     (rc = slice_cols(NULL, s.path, lt->name, &w, lo, n)) < 0)
                 goto done;
-            const int64_t b = w.rows > 1 && online_quant(o) && s.kind != SRC_DUMMY
-                                  ? pg_quantized_bytes(o->quantization, w.rows, w.cols)
-                                  : planned_bytes(caps, s.kind, &w, 1, w.rows == 1);
-            fused[lt->field] += b;
+            const bool quant_now = w.rows > 1 && lt->field != F_ROUTER && online_quant(o) && s.kind != SRC_DUMMY;
+            const int64_t b = quant_now ? pg_quantized_bytes(o->quantization, w.rows, w.cols)
+                                        : planned_bytes(caps, s.kind, &w, 1, w.rows == 1);
+            fused += b;
             layer += b;
             const bool quantized = w.rows > 1 && s.kind != SRC_DUMMY &&
-                                   (online_quant(o) || ((w.dtype == PG_DTYPE_FP8_E4M3 || pg_dtype_is_int4(w.dtype)) &&
-                                                        caps->runs_in_place(w.dtype)));
-            if (quantized) qelems[lt->field] += w.rows * w.cols;
+                                   (quant_now || ((w.dtype == PG_DTYPE_FP8_E4M3 || pg_dtype_is_int4(w.dtype)) &&
+                                                  caps->runs_in_place(w.dtype)));
+            if (quantized) qelems += w.rows * w.cols;
+            if (t + 1 < nt && lts[t + 1].field == lt->field && lts[t + 1].expert == lt->expert) continue;
+            // The weight is complete.
+            if (quant_max_elems && qelems > *quant_max_elems) *quant_max_elems = qelems;
+            packed += (fused + 255) / 256 * 256;
+            fused = qelems = 0;
         }
-        for (int f = 0; f < F_COUNT; f++)
-            if (quant_max_elems && qelems[f] > *quant_max_elems) *quant_max_elems = qelems[f];
-        for (int f = 0; f < F_COUNT; f++) packed += (fused[f] + 255) / 256 * 256;
         *bytes += layer;
         // engine/model/model_offload.c's rule: layers move until the budget is met.
         if (o->cpu_offload_bytes > 0 && op.host_bytes < o->cpu_offload_bytes) {
@@ -602,6 +565,7 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
     // are they in pg_model.weight_bytes.)
     *cfg = m.cfg;
 done:
+    free(lts);
     pg_model_src_close(&s);
     return rc;
 }
@@ -621,6 +585,12 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
         rc = PG_EUNSUPP;
         goto fail;
     }
+    if (c->n_experts > 0 && !be->ops->moe_ffn) {
+        rc = pg_err_set(PG_EUNSUPP, "%s: a mixture-of-experts model; the %s backend has no MoE op yet (docs/moe.md)",
+                        s.path, be->name);
+        goto fail;
+    }
+    if ((rc = moe_offload_check(o, c)) < 0) goto fail;
     // Under tensor parallelism a model that cannot be split stops here,
     // before any weight is read.
     m->comm = o->comm;
@@ -731,9 +701,17 @@ void pg_model_free(pg_model *m) {
     pg_backend *be = m->be;
     if (m->layers)
         for (int32_t l = 0; l < m->cfg.n_layers; l++) {
+            pg_model_layer *L = &m->layers[l];
             pg_bweight *ws[9];
-            const int n = pg_model_layer_weights(&m->layers[l], ws);
+            const int n = pg_model_layer_weights(L, ws);
             for (int i = 0; i < n; i++) be->store->weight_free(be, ws[i]);
+            if (L->router) be->store->weight_free(be, L->router);
+            for (int32_t e = 0; L->exp_gate_up && e < m->cfg.n_experts; e++) {
+                if (L->exp_gate_up[e]) be->store->weight_free(be, L->exp_gate_up[e]);
+                if (L->exp_down[e]) be->store->weight_free(be, L->exp_down[e]);
+            }
+            free(L->exp_gate_up);
+            free(L->exp_down);
         }
     pg_model_offload_free(m);
     if (m->lm_head && m->lm_head != m->tok_emb) be->store->weight_free(be, m->lm_head);

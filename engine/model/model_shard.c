@@ -5,7 +5,9 @@
 // split evenly too; when there are fewer KV heads than ranks each rank
 // holds the one KV head its query heads read (so the ranks sharing a KV
 // head hold copies of it), which needs size to be a multiple of the KV
-// head count so that no rank's query heads straddle two groups.
+// head count so that no rank's query heads straddle two groups. Experts
+// split as the dense FFN does: each rank a slice of every expert's columns
+// (the router is whole on every rank, so all route alike).
 #include "common/err.h"
 #include "engine/model/model.h"
 
@@ -22,6 +24,9 @@ int pg_model_shard_plan(const pg_model_config *c, int32_t rank, int32_t size, pg
     if (c->ffn % size)
         return pg_err_set(PG_EINVAL, "tensor parallel size %d does not divide the model's FFN width %d", size,
                           c->ffn);
+    if (c->n_experts > 0 && c->moe_ffn % size)
+        return pg_err_set(PG_EINVAL, "tensor parallel size %d does not divide the experts' FFN width %d", size,
+                          c->moe_ffn);
     if (c->vocab_size % size)
         return pg_err_set(PG_EINVAL, "tensor parallel size %d does not divide the model's vocabulary of %d",
                           size, c->vocab_size);
@@ -37,6 +42,8 @@ int pg_model_shard_plan(const pg_model_config *c, int32_t rank, int32_t size, pg
     }
     s.ffn = c->ffn / size;
     s.ffn0 = rank * s.ffn;
+    s.moe_ffn = c->moe_ffn / size;
+    s.moe_ffn0 = rank * s.moe_ffn;
     s.vocab = c->vocab_size / size;
     s.vocab0 = rank * s.vocab;
     *out = s;

@@ -101,6 +101,10 @@ static void carve_workspace(const pg_model_config *mc, const pg_model_shard *sh,
         b->cand = take(c, sizeof(pg_argmax) * (size_t)sh->size * (size_t)S);
         b->topk = take(c, sizeof(pg_argmax) * (size_t)sh->size * (size_t)S * PG_TOPK_EXCHANGE_MAX);
     }
+    if (p->moe) { // mixture-of-experts layers (engine/model/moe.c)
+        b->moe_ws = take(c, p->moe);
+        b->moe_ws_bytes = p->moe;
+    }
     o->attn_ws = p->attn ? take(c, p->attn) : NULL;
     o->samp_ws = p->sample ? take(c, p->sample) : NULL;
     o->out_dev = take(c, sizeof(pg_sample_out) * (size_t)S);
@@ -116,8 +120,9 @@ void pg_runner_ws_limits(const pg_runner_config *cfg, int32_t *max_tokens, int32
 }
 
 void pg_runner_workspace_plan(const pg_model_config *mc, const pg_model_shard *sh, const pg_runner_config *cfg,
-                              int32_t act_dtype, size_t attn_ws, size_t sample_ws, pg_runner_ws_plan *out) {
-    *out = (pg_runner_ws_plan){.attn = attn_ws, .sample = sample_ws};
+                              int32_t act_dtype, size_t attn_ws, size_t sample_ws, size_t moe_ws,
+                              pg_runner_ws_plan *out) {
+    *out = (pg_runner_ws_plan){.attn = attn_ws, .sample = sample_ws, .moe = moe_ws};
     pg_runner_ws_limits(cfg, &out->max_tokens, &out->max_seqs);
     out->inputs = input_capacity(mc, cfg, out->max_tokens, out->max_seqs);
     if (cfg->kv_dtype == PG_KV_FP8_E4M3 && cfg->kv_scales != PG_KV_SCALES_ONE)
@@ -245,8 +250,13 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
                                                 mc->head_dim, cfg->max_model_len);
     r->samp_ws_bytes = be->ops->sample_workspace_bytes(be, r->max_seqs, mc->vocab_size);
     // The same pure plan `paged plan` sizes (engine/memplan.c).
+    const size_t moe_ws = mc->n_experts > 0 && be->ops->moe_workspace_bytes
+                              ? be->ops->moe_workspace_bytes(be, r->max_tokens, mc->hidden, model->shard.moe_ffn,
+                                                             mc->n_experts, mc->n_experts_used)
+                              : 0;
     pg_runner_ws_plan wp;
-    pg_runner_workspace_plan(mc, &model->shard, cfg, be->caps->act_dtype, r->attn_ws_bytes, r->samp_ws_bytes, &wp);
+    pg_runner_workspace_plan(mc, &model->shard, cfg, be->caps->act_dtype, r->attn_ws_bytes, r->samp_ws_bytes, moe_ws,
+                             &wp);
     r->in_cap = wp.inputs;
     r->ws_bytes = wp.bytes;
     if ((rc = be->dev->alloc(be, r->ws_bytes, &r->ws)) < 0) {

@@ -83,6 +83,7 @@ typedef struct pg_runner_ws_plan {
                                   //   max_num_seqs capped by it
     size_t inputs;                // packed step inputs (block tables, histories, masks)
     size_t attn, sample;          // the backend's attention and sampler workspaces
+    size_t moe;                   // the backend's moe_ffn workspace for max_tokens rows (MoE models)
     size_t kv_scales;             // fp8 KV scales [n_layers][2][n_kv_heads] f32 (0: none)
     size_t bytes;                 // the whole workspace allocation (activations, logits,
                                   //   the two above, samples, inputs)
@@ -95,7 +96,8 @@ typedef struct pg_runner_ws_plan {
 void pg_runner_ws_limits(const pg_runner_config *cfg, int32_t *max_tokens, int32_t *max_seqs);
 // The workspace of rank `sh` for `cfg` with activations in act_dtype.
 void pg_runner_workspace_plan(const pg_model_config *mc, const pg_model_shard *sh, const pg_runner_config *cfg,
-                              int32_t act_dtype, size_t attn_ws, size_t sample_ws, pg_runner_ws_plan *out);
+                              int32_t act_dtype, size_t attn_ws, size_t sample_ws, size_t moe_ws,
+                              pg_runner_ws_plan *out);
 
 // `model` (and its backend) are borrowed and must outlive the runner.
 int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runner **out);

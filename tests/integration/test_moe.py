@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""Mixture-of-experts models (engine/model/moe.c, docs/moe.md) against Hugging
+Face transformers on the CPU.
+
+1. Parity: tiny random Mixtral and Qwen3-MoE checkpoints written here by
+   transformers itself (save_pretrained, float32): paged's CPU backend in
+   exact mode (build/tests/tools/dump_logits) computes the next-token logits
+   of a few prompts, transformers computes them with torch in float32; they
+   must agree within 1e-4 relative (||paged - hf|| / ||hf||) with the same
+   argmax. Variants: Mixtral (8 experts, top 2, always renormalised);
+   Qwen3-MoE (16 experts, top 4, norm_topk_prob, q/k norms); Qwen3-MoE with
+   norm_topk_prob off and decoder_sparse_step 2 (dense layers between the
+   MoE ones).
+2. GGUF: the same Mixtral and Qwen3-MoE weights written as llama.cpp lays
+   them out (gguf-py: arch "llama" with expert_count for Mixtral, Q/K rows
+   permuted as convert_hf_to_gguf.py does; "qwen3moe"; every layer's experts
+   stacked in one `ffn_{gate,up,down}_exps` tensor and the router in
+   `ffn_gate_inp`) give the safetensors logits within 1e-5 relative.
+3. Tensor parallelism: --tp 2 and --tp 4 (each rank a slice of every
+   expert's columns, the router whole) give the logits of --tp 1 within
+   1e-5 of the largest logit, same argmax.
+4. `paged plan` of the Qwen3-30B-A3B shape (tests/gpu/qwen3-30b-a3b-shape.json,
+   dummy weights, an H200's 141 GB): 30.5 B parameters, 3.35 B active
+   (Qwen's published 30.5 B / 3.3 B), weights = 2 bytes x every parameter.
+5. Errors, one line naming the file and the reason: a missing expert
+   tensor; mlp_only_layers; --cpu-offload-gb with experts; an expert width
+   that --tp does not divide.
+
+Skipped (exit 77) when torch or transformers are not importable.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DUMP = os.path.join(ROOT, "build/tests/tools/dump_logits")
+TOL = 1e-4
+
+try:
+    import numpy as np
+    import torch
+    import transformers
+    from safetensors.torch import load_file, save_file
+except ImportError as e:  # the quickstart installs them; say so when missing
+    print(f"SKIP: transformers/torch not importable ({e})")
+    sys.exit(77)
+
+COMMON = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, vocab_size=312,
+              max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.2, tie_word_embeddings=False)
+
+VARIANTS = {
+    "mixtral": ("MixtralConfig", dict(intermediate_size=96, num_local_experts=8, num_experts_per_tok=2,
+                                      rope_theta=1000000.0, sliding_window=None)),
+    "qwen3moe": ("Qwen3MoeConfig", dict(intermediate_size=160, moe_intermediate_size=48, num_experts=16,
+                                        num_experts_per_tok=4, norm_topk_prob=True, head_dim=32,
+                                        rope_theta=1000000.0, use_sliding_window=False)),
+    "qwen3moe-sparse2": ("Qwen3MoeConfig", dict(intermediate_size=160, moe_intermediate_size=48, num_experts=16,
+                                                num_experts_per_tok=4, norm_topk_prob=False,
+                                                decoder_sparse_step=2, head_dim=16, rope_theta=10000.0,
+                                                use_sliding_window=False)),
+}
+
+PROMPTS = [[1, 17, 5, 230, 99, 42, 7, 310, 8], list(range(3, 3 + 70, 3)), [250] * 5 + [11, 12, 13]]
+
+
+def make_checkpoint(kind, extra, path, seed):
+    cfg = getattr(transformers, kind)(**COMMON, **extra)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # norms away from 1, so they matter
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+    model.eval()
+    model.save_pretrained(path, safe_serialization=True)
+    return model
+
+
+def hf_logits(model, ids):
+    with torch.no_grad():
+        out = model(torch.tensor([ids], dtype=torch.long))
+    return out.logits[0, -1].double().numpy()
+
+
+def dump(args, ids, tp=1):
+    p = subprocess.run([DUMP, *args, "--mode", "exact", "--tp", str(tp), "--threads", "2",
+                        ",".join(map(str, ids))], capture_output=True, text=True, timeout=300)
+    return p
+
+
+def paged_logits(args, ids, tp=1):
+    p = dump(args, ids, tp)
+    assert p.returncode == 0, p.stderr
+    j = json.loads(p.stdout)
+    return j["arch"], np.array(j["logits"], dtype=np.float64)
+
+
+def rel(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+# --- GGUF as llama.cpp writes it ---------------------------------------------------
+
+def permute(w, n_head):
+    # convert_hf_to_gguf.py's LlamaModel.permute: rows of each head interleaved
+    # for llama.cpp's RoPE (paged puts them back at load).
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(name, hf_dir, out):
+    import gguf
+    cfg = json.load(open(os.path.join(hf_dir, "config.json")))
+    sd = {k: v.numpy() for k, v in load_file(os.path.join(hf_dir, "model.safetensors")).items()}
+    mixtral = cfg["model_type"] == "mixtral"
+    arch = "llama" if mixtral else "qwen3moe"
+    w = gguf.GGUFWriter(out, arch)
+    H, L, nh, nkv = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    w.add_name(name)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(H)
+    w.add_block_count(L)
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"] if "rope_parameters" in cfg else cfg["rope_theta"])
+    w.add_vocab_size(cfg["vocab_size"])
+    n_exp = cfg.get("num_local_experts", cfg.get("num_experts"))  # transformers 5 writes the first for both
+    w.add_expert_count(n_exp)
+    w.add_expert_used_count(cfg["num_experts_per_tok"])
+    if mixtral:
+        w.add_feed_forward_length(cfg["intermediate_size"])
+    else:
+        hd = cfg["head_dim"]
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+        w.add_feed_forward_length(cfg["intermediate_size"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    w.add_tensor("output.weight", sd["lm_head.weight"])
+    w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+    for l in range(L):
+        p = f"model.layers.{l}."
+        q, k = sd[p + "self_attn.q_proj.weight"], sd[p + "self_attn.k_proj.weight"]
+        if mixtral:
+            q, k = permute(q, nh), permute(k, nkv)
+        w.add_tensor(f"blk.{l}.attn_norm.weight", sd[p + "input_layernorm.weight"])
+        w.add_tensor(f"blk.{l}.attn_q.weight", q)
+        w.add_tensor(f"blk.{l}.attn_k.weight", k)
+        w.add_tensor(f"blk.{l}.attn_v.weight", sd[p + "self_attn.v_proj.weight"])
+        w.add_tensor(f"blk.{l}.attn_output.weight", sd[p + "self_attn.o_proj.weight"])
+        if not mixtral:
+            w.add_tensor(f"blk.{l}.attn_q_norm.weight", sd[p + "self_attn.q_norm.weight"])
+            w.add_tensor(f"blk.{l}.attn_k_norm.weight", sd[p + "self_attn.k_norm.weight"])
+        w.add_tensor(f"blk.{l}.ffn_norm.weight", sd[p + "post_attention_layernorm.weight"])
+        moe = "block_sparse_moe." if mixtral else "mlp."
+        names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+        w.add_tensor(f"blk.{l}.ffn_gate_inp.weight", sd[p + moe + "gate.weight"])
+        for g, hf in zip(("gate", "up", "down"), names):
+            stacked = np.stack([sd[f"{p}{moe}experts.{e}.{hf}.weight"] for e in range(n_exp)])
+            w.add_tensor(f"blk.{l}.ffn_{g}_exps.weight", stacked)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def main():
+    failed = []
+    worst = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = {}
+        for i, (name, (kind, extra)) in enumerate(VARIANTS.items()):
+            path = os.path.join(tmp, name)
+            model = make_checkpoint(kind, extra, path, seed=101 + i)
+            dirs[name] = path
+            for ids in PROMPTS:
+                ref = hf_logits(model, ids)
+                arch, got = paged_logits([path], ids)
+                err = rel(got, ref)
+                same = int(np.argmax(got)) == int(np.argmax(ref))
+                worst[name] = max(worst.get(name, 0.0), err)
+                print(f"{name:17s} ({arch:8s}) {len(ids):3d} tokens: rel err {err:.2e}, argmax "
+                      f"{'equal' if same else 'DIFFERS'}")
+                if not (err < TOL and same):
+                    failed.append(("parity", name, len(ids), err))
+
+        # 2. GGUF: llama.cpp's layout of the same weights.
+        try:
+            import gguf  # noqa: F401
+            have_gguf = True
+        except ImportError:
+            have_gguf = False
+            print("gguf-py not importable: the GGUF check is left out")
+        for name in ("mixtral", "qwen3moe") if have_gguf else ():
+            out = os.path.join(tmp, name + ".gguf")
+            write_gguf(name, dirs[name], out)
+            for ids in PROMPTS[:2]:
+                _, a = paged_logits([dirs[name]], ids)
+                arch, b = paged_logits([out], ids)
+                err = rel(b, a)
+                print(f"{name:17s} gguf ({arch}) vs safetensors {len(ids):3d} tokens: rel err {err:.2e}")
+                if not (err < 1e-5 and int(np.argmax(a)) == int(np.argmax(b))):
+                    failed.append(("gguf", name, len(ids), err))
+
+        # 3. Tensor parallelism.
+        for name in VARIANTS:
+            for tp in (2, 4):
+                ids = PROMPTS[0]
+                _, a = paged_logits([dirs[name]], ids, 1)
+                _, b = paged_logits([dirs[name]], ids, tp)
+                err = float(np.max(np.abs(a - b)) / np.max(np.abs(a)))
+                print(f"{name:17s} --tp {tp} vs --tp 1: max diff {err:.1e} of the largest logit")
+                if not (err < 1e-5 and int(np.argmax(a)) == int(np.argmax(b))):
+                    failed.append(("tp", name, tp, err))
+
+        # 4. The plan of the Qwen3-30B-A3B shape.
+        shape = os.path.join(ROOT, "tests/gpu/qwen3-30b-a3b-shape.json")
+        p = subprocess.run([os.path.join(ROOT, "build/paged"), "plan", "--load-format", "dummy", "--hf-config", shape,
+                            "--device-memory", "141G", "--json"], capture_output=True, text=True, timeout=60)
+        j = json.loads(p.stdout)
+        tot, act, wb = j["model"]["params_total"], j["model"]["params_active"], j["plan"]["ranks"][0]["weights_bytes"]
+        print(f"plan qwen3-30b-a3b-shape: {tot / 1e9:.2f} B parameters, {act / 1e9:.2f} B active, weights "
+              f"{wb / 2**30:.2f} GiB, {j['model']['n_experts']} experts")
+        if not (30.4e9 < tot < 30.6e9 and 3.3e9 < act < 3.4e9 and abs(wb - 2 * tot) < 1e6
+                and j["model"]["n_experts"] == 128 and j["model"]["n_experts_used"] == 8):
+            failed.append(("plan", tot, act, wb))
+
+        # 5. Errors: one line naming the file and the reason.
+        def refused(args, want, what, tp=1):
+            p = dump(args, PROMPTS[0], tp)
+            lines = p.stderr.strip().splitlines()
+            ok = p.returncode != 0 and len(lines) == 1 and all(w in lines[0] for w in want)
+            print(f"refused, {what}: {lines[-1] if lines else '(nothing)'}")
+            if not ok:
+                failed.append(("error", what, p.returncode, p.stderr))
+
+        broken = os.path.join(tmp, "broken")
+        os.makedirs(broken)
+        for f in ("config.json",):
+            with open(os.path.join(dirs["mixtral"], f)) as src, open(os.path.join(broken, f), "w") as dst:
+                dst.write(src.read())
+        sd = load_file(os.path.join(dirs["mixtral"], "model.safetensors"))
+        gone = "model.layers.1.block_sparse_moe.experts.5.w3.weight"
+        del sd[gone]
+        save_file(sd, os.path.join(broken, "model.safetensors"), metadata={"format": "pt"})
+        refused([broken], [broken, gone, "missing"], "a missing expert tensor")
+
+        only = os.path.join(tmp, "mlp-only")
+        os.makedirs(only)
+        cfg = json.load(open(os.path.join(dirs["qwen3moe"], "config.json")))
+        cfg["mlp_only_layers"] = [0]
+        json.dump(cfg, open(os.path.join(only, "config.json"), "w"))
+        refused([only], ["config.json", "mlp_only_layers"], "mlp_only_layers")
+        refused([dirs["mixtral"], "--cpu-offload-gb", "1"], ["--cpu-offload-gb", "mixture-of-experts"],
+                "offload with experts")
+        odd = os.path.join(tmp, "odd-experts.json")
+        cfg = json.load(open(os.path.join(dirs["qwen3moe"], "config.json")))
+        cfg.update(num_attention_heads=8, num_key_value_heads=8, head_dim=8, moe_intermediate_size=44)
+        json.dump(cfg, open(odd, "w"))
+        refused(["--dummy", odd], ["tensor parallel size 8", "experts' FFN width 44"], "--tp 8, experts of 44",
+                tp=8)
+
+    print("worst: " + ", ".join(f"{k} {v:.1e}" for k, v in worst.items()))
+    if failed:
+        print(f"FAIL: {failed}")
+        return 1
+    print(f"ok: {len(VARIANTS)} MoE variants x {len(PROMPTS)} prompts within {TOL:g} of transformers "
+          f"{transformers.__version__}; GGUF, --tp 2/4 and the errors as expected")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
