@@ -666,9 +666,9 @@ static void test_bad_tensor_infos_are_rejected(void **state) {
     tw_buf_free(&b);
 
     g = tw_gguf_new(3);
-    tw_gguf_tensor(g, "x", 6, 1, (uint64_t[]){32}, w, 22);
+    tw_gguf_tensor(g, "x", 10, 1, (uint64_t[]){256}, w, 84);
     b = tw_gguf_finish(g, NULL);
-    expect_fail(&b, PG_EUNSUPP, "tensor 'x' has unsupported type q5_0 (6)");
+    expect_fail(&b, PG_EUNSUPP, "tensor 'x' has unsupported type q2_K (10)");
     tw_buf_free(&b);
 
     // A name with control bytes is escaped in the message.
