@@ -846,6 +846,14 @@ static void test_files_written_by_gguf_py_open(void **state) {
             assert_non_null(t);
             assert_int_equal(t->dims[0], 64), assert_int_equal(t->dims[1], 2);
             assert_int_equal(t->nbytes, 2 * 2 * 20);
+            t = gguf_find_tensor(f, "q5_0.weight");
+            assert_non_null(t);
+            assert_int_equal(t->type, PG_DTYPE_Q5_0);
+            assert_int_equal(t->nbytes, 2 * 2 * 22);
+            t = gguf_find_tensor(f, "q5_1.weight");
+            assert_non_null(t);
+            assert_int_equal(t->type, PG_DTYPE_Q5_1);
+            assert_int_equal(t->nbytes, 2 * 2 * 24);
         }
         gguf_close(f);
         n++;
