@@ -41,14 +41,14 @@ typedef struct {
 } dtype_info;
 
 // Indexed by GGML type number. Names of the GGML types we cannot read are
-// kept so that an error message can say "q5_0" rather than "type 6".
+// kept so that an error message can say "q2_K" rather than "type 10".
 static const dtype_info dtype_table[] = {
     [PG_DTYPE_F32] = {"f32", 1, 4},
     [PG_DTYPE_F16] = {"f16", 1, 2},
     [PG_DTYPE_Q4_0] = {"q4_0", 32, 2 + 16},
     [PG_DTYPE_Q4_1] = {"q4_1", 32, 2 + 2 + 16},
-    [6] = {"q5_0", 0, 0},
-    [7] = {"q5_1", 0, 0},
+    [PG_DTYPE_Q5_0] = {"q5_0", 32, 2 + 4 + 16},
+    [PG_DTYPE_Q5_1] = {"q5_1", 32, 2 + 2 + 4 + 16},
     [PG_DTYPE_Q8_0] = {"q8_0", 32, 2 + 32},
     [9] = {"q8_1", 0, 0},
     [10] = {"q2_K", 0, 0},
@@ -193,6 +193,46 @@ static void dequant_q4_1(const uint8_t *restrict src, float *restrict dst, int64
         for (int j = 0; j < 16; j++) {
             dst[j] = (float)(qs[j] & 0x0f) * d + m;
             dst[j + 16] = (float)(qs[j] >> 4) * d + m;
+        }
+    }
+}
+
+// Q5_0 and Q5_1 add a fifth bit to Q4_0's nibbles: bit j of the 32-bit
+// little-endian qh is bit 4 of element j (elements 0..15 take the low
+// nibbles, 16..31 the high ones, as in Q4_0).
+static inline uint32_t rd_u32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+// Q5_0: {fp16 d; uint8 qh[4]; uint8 qs[16]}: x = (q - 16) * d.
+static void dequant_q5_0(const uint8_t *restrict src, float *restrict dst, int64_t n) {
+    for (int64_t b = 0; b < n / 32; b++, src += 22, dst += 32) {
+        const float d = rd_f16(src);
+        const uint32_t qh = rd_u32(src + 2);
+        const uint8_t *qs = src + 6;
+        for (int j = 0; j < 16; j++) {
+            const int lo = (qs[j] & 0x0f) | (int)((qh >> j) & 1) << 4;
+            const int hi = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+            dst[j] = (float)(lo - 16) * d;
+            dst[j + 16] = (float)(hi - 16) * d;
+        }
+    }
+}
+
+// Q5_1: {fp16 d; fp16 m; uint8 qh[4]; uint8 qs[16]}: x = q * d + m.
+static void dequant_q5_1(const uint8_t *restrict src, float *restrict dst, int64_t n) {
+    for (int64_t b = 0; b < n / 32; b++, src += 24, dst += 32) {
+        const float d = rd_f16(src);
+        const float m = rd_f16(src + 2);
+        const uint32_t qh = rd_u32(src + 4);
+        const uint8_t *qs = src + 8;
+        for (int j = 0; j < 16; j++) {
+            const int lo = (qs[j] & 0x0f) | (int)((qh >> j) & 1) << 4;
+            const int hi = (qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+            dst[j] = (float)lo * d + m;
+            dst[j + 16] = (float)hi * d + m;
         }
     }
 }
@@ -402,6 +442,8 @@ void pg_dequantize_row(int dtype, const void *src, float *dst, int64_t n) {
     case PG_DTYPE_BF16: dequant_bf16(s, dst, n); break;
     case PG_DTYPE_Q4_0: dequant_q4_0(s, dst, n); break;
     case PG_DTYPE_Q4_1: dequant_q4_1(s, dst, n); break;
+    case PG_DTYPE_Q5_0: dequant_q5_0(s, dst, n); break;
+    case PG_DTYPE_Q5_1: dequant_q5_1(s, dst, n); break;
     case PG_DTYPE_Q8_0: dequant_q8_0(s, dst, n); break;
     case PG_DTYPE_Q4_K: dequant_q4_k(s, dst, n); break;
     case PG_DTYPE_Q5_K: dequant_q5_k(s, dst, n); break;

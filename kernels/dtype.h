@@ -11,6 +11,8 @@ typedef enum {
     PG_DTYPE_F16 = 1,
     PG_DTYPE_Q4_0 = 2,
     PG_DTYPE_Q4_1 = 3,
+    PG_DTYPE_Q5_0 = 6,
+    PG_DTYPE_Q5_1 = 7,
     PG_DTYPE_Q8_0 = 8,
     PG_DTYPE_Q4_K = 12,
     PG_DTYPE_Q5_K = 13,
@@ -50,7 +52,7 @@ int pg_dtype_block_elems(int dtype);
 // Bytes per block; 0 for an unknown type.
 size_t pg_dtype_block_bytes(int dtype);
 // Name for messages ("q4_1", GGML's spelling, e.g. "q4_K"), or "unknown".
-// GGML types that are known but not supported here (e.g. 6, "q5_0") also
+// GGML types that are known but not supported here (e.g. 10, "q2_K") also
 // have their name; pg_dtype_block_elems() == 0 is the test for support.
 const char *pg_dtype_name(int dtype);
 // Bytes of a row of `n` elements; 0 when `n` is negative or not a multiple

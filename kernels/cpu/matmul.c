@@ -1,7 +1,8 @@
 // kernels/cpu/matmul.c - out = x . W^T for weights in any storage type.
 //
 // Two numerical modes (pg_cpu_ctx.mode, kernels/kernels.h):
-//  - quantized activations (the default for Q4_0, Q4_1 and Q8_0 weights):
+//  - quantized activations (the default for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0
+//    weights):
 //    x is quantized once per call to 8 bits per 32-element block and
 //    multiplied with integer dot products exactly as llama.cpp's CPU backend
 //    does (kernels/cpu/quant_dot.c), for every m;
@@ -75,6 +76,21 @@ static inline void unpack_q4(const uint8_t *qs, __m256 bias, __m256 v[4]) {
     v[3] = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), bias);
 }
 
+// Q5: the same plus 16 where the element's fifth bit (bit j of the 32-bit
+// little-endian qh) is set.
+static inline void unpack_q5(const uint8_t *qs, const uint8_t *qh, __m256 bias, __m256 v[4]) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    unpack_q4(qs, bias, v);
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    for (int k = 0; k < 4; k++) {
+        __m256i b = _mm256_and_si256(_mm256_set1_epi32((int)(h >> (8 * k))), bit);
+        __m256 sixteen = _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(b, bit)),
+                                       _mm256_set1_ps(16.0f));
+        v[k] = _mm256_add_ps(v[k], sixteen);
+    }
+}
+
 static inline void unpack_q8(const int8_t *qs, __m256 v[4]) {
     for (int k = 0; k < 4; k++)
         v[k] = _mm256_cvtepi32_ps(
@@ -115,6 +131,35 @@ static void dot_q4_1(const uint8_t *w, int64_t nb, const float *x, int64_t m, in
         for (int64_t i = 0; i < m; i++) msum[i] += mn * xsum[i * nb + b];
     }
     for (int64_t i = 0; i < m; i++) out[i * os] = hsum8(acc[i]) + msum[i];
+}
+
+static void dot_q5_1(const uint8_t *w, int64_t nb, const float *x, int64_t m, int64_t ld,
+                     const float *xsum, float *out, int64_t os) {
+    __m256 acc[FUSED_MAX_M];
+    float msum[FUSED_MAX_M] = {0};
+    for (int64_t i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();
+    __m256 v[4];
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * Q5_1_BYTES;
+        unpack_q5(blk + 8, blk + 4, _mm256_setzero_ps(), v);
+        fma_block(v, _mm256_set1_ps(f16(blk)), x + b * 32, m, ld, acc);
+        float mn = f16(blk + 2);
+        for (int64_t i = 0; i < m; i++) msum[i] += mn * xsum[i * nb + b];
+    }
+    for (int64_t i = 0; i < m; i++) out[i * os] = hsum8(acc[i]) + msum[i];
+}
+
+static void dot_q5_0(const uint8_t *w, int64_t nb, const float *x, int64_t m, int64_t ld,
+                     float *out, int64_t os) {
+    __m256 acc[FUSED_MAX_M];
+    for (int64_t i = 0; i < m; i++) acc[i] = _mm256_setzero_ps();
+    __m256 v[4];
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * Q5_0_BYTES;
+        unpack_q5(blk + 6, blk + 2, _mm256_set1_ps(-16.0f), v);
+        fma_block(v, _mm256_set1_ps(f16(blk)), x + b * 32, m, ld, acc);
+    }
+    for (int64_t i = 0; i < m; i++) out[i * os] = hsum8(acc[i]);
 }
 
 static void dot_q4_0(const uint8_t *w, int64_t nb, const float *x, int64_t m, int64_t ld,
@@ -252,7 +297,13 @@ static void dot_generic(int dtype, const void *wrow, int64_t cols, const float *
     for (int64_t i = 0; i < m; i++) out[i * os] = (float)acc[i];
 }
 
-// Sums of each x row over 32-element blocks: xsum[i][b] (Q4_1's minimum term).
+// Types whose blocks carry a minimum (d * q + m): their fused dots need
+// the activation block sums.
+static bool has_min(int dtype) {
+    return dtype == PG_DTYPE_Q4_1 || dtype == PG_DTYPE_Q5_1;
+}
+
+// Sums of each x row over 32-element blocks: xsum[i][b] (the minimum term).
 static void block_sums(const float *x, int64_t m, int64_t ld, int64_t cols, float *xsum) {
     int64_t nb = cols / 32;
     for (int64_t i = 0; i < m; i++)
@@ -276,6 +327,12 @@ static void dot_rows(int dtype, const void *wrow, int64_t cols, const float *x, 
             continue;
         case PG_DTYPE_Q4_0:
             dot_q4_0(wrow, cols / 32, xi, mm, ld, oi, os);
+            continue;
+        case PG_DTYPE_Q5_1:
+            dot_q5_1(wrow, cols / 32, xi, mm, ld, xsum + i0 * (cols / 32), oi, os);
+            continue;
+        case PG_DTYPE_Q5_0:
+            dot_q5_0(wrow, cols / 32, xi, mm, ld, oi, os);
             continue;
         case PG_DTYPE_Q8_0:
             dot_q8_0(wrow, cols / 32, xi, mm, ld, oi, os);
@@ -306,7 +363,7 @@ void pg_cpu_dot_rows(int dtype, const void *wrow, int64_t cols, const float *x, 
                      int64_t ld, float *out, int64_t os) {
     float *xsum = NULL;
     fp8_ready();
-    if (dtype == PG_DTYPE_Q4_1) {
+    if (has_min(dtype)) {
         xsum = pg_xmalloc(sizeof(float) * (size_t)(m * (cols / 32) + 1));
         block_sums(x, m, ld, cols, xsum);
     }
@@ -323,7 +380,7 @@ typedef struct {
     const float *x;
     int64_t m;
     const pg_weight *w;
-    const float *xsum; // [m][cols / 32] for Q4_1 (exact fused path)
+    const float *xsum; // [m][cols / 32] for Q4_1/Q5_1 (exact fused path)
     int64_t task_rows; // weight rows per task (row-split paths)
     pg_xq *xq;         // quantized x (quantized path)
     const float *xscale; // [m] activation scales (1 unless W8A8), with w->scales
@@ -381,7 +438,7 @@ static void exact_matmul(pg_cpu_ctx *c, float *out, int64_t ldo, const float *x,
     if (m <= FUSED_MAX_M) {
         float xsum[FUSED_MAX_M * 1024];
         float *xs = NULL;
-        if (w->dtype == PG_DTYPE_Q4_1) {
+        if (has_min(w->dtype)) {
             size_t n = (size_t)(m * (w->cols / 32));
             xs = n <= sizeof xsum / sizeof xsum[0] ? xsum : pg_xmalloc(n * sizeof(float));
             block_sums(x, m, w->cols, w->cols, xs);

@@ -119,7 +119,35 @@ void pg_xq_quantize(pg_xq *xq, const float *x, int64_t ld, int64_t i0, int64_t i
 }
 
 bool pg_qdot_supported(int dtype) {
-    return dtype == PG_DTYPE_Q4_0 || dtype == PG_DTYPE_Q4_1 || dtype == PG_DTYPE_Q8_0;
+    return dtype == PG_DTYPE_Q4_0 || dtype == PG_DTYPE_Q4_1 || dtype == PG_DTYPE_Q5_0 ||
+           dtype == PG_DTYPE_Q5_1 || dtype == PG_DTYPE_Q8_0;
+}
+
+// Q4_1 and Q5_1 are affine (d * n + m, n >= 0, with Q8_1 activations); the
+// others are symmetric (d * n, n signed, with Q8_0 activations).
+static inline bool has_min(int dtype) {
+    return dtype == PG_DTYPE_Q4_1 || dtype == PG_DTYPE_Q5_1;
+}
+
+static inline size_t block_bytes(int dtype) {
+    switch (dtype) {
+    case PG_DTYPE_Q4_0: return Q4_0_BYTES;
+    case PG_DTYPE_Q4_1: return Q4_1_BYTES;
+    case PG_DTYPE_Q5_0: return Q5_0_BYTES;
+    case PG_DTYPE_Q5_1: return Q5_1_BYTES;
+    default: return Q8_0_BYTES;
+    }
+}
+
+// Offset of the nibbles (Q8_0: of the int8 values) in a block; the Q5
+// types' 4 bytes of fifth bits sit just before their nibbles.
+static inline size_t qs_offset(int dtype) {
+    switch (dtype) {
+    case PG_DTYPE_Q4_1: return 4;
+    case PG_DTYPE_Q5_0: return 6;
+    case PG_DTYPE_Q5_1: return 8;
+    default: return 2;
+    }
 }
 
 // --- AVX2 kernels ---------------------------------------------------------------------
@@ -176,8 +204,33 @@ static ALWAYS_INLINE __m256 dot_lanes(__m256i u, __m256i s) {
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
 
-static ALWAYS_INLINE size_t block_bytes(int dtype) {
-    return dtype == PG_DTYPE_Q4_1 ? Q4_1_BYTES : dtype == PG_DTYPE_Q4_0 ? Q4_0_BYTES : Q8_0_BYTES;
+// The Q5 types' fifth bits: bit j of the little-endian 32-bit qh becomes
+// 0x10 in byte j. Each byte picks its qh byte (j / 8; the shuffle works
+// per 128-bit half, and both halves hold the whole of qh), then tests its
+// own bit j % 8.
+static ALWAYS_INLINE __m256i fifth_bits(const uint8_t *qh) {
+    const __m256i v = _mm256_set1_epi32((int)ld32(qh));
+    const __m256i pick = _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                            0x0303030303030303LL);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(v, pick), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(b, bit), _mm256_set1_epi8(0x10));
+}
+
+// A block's 32 weights as bytes in element order: n in 0..15 (Q4_1) or
+// 0..31 (Q5_1) for the affine types, signed n for the others (Q4_0: -8..7,
+// Q5_0: -16..15, Q8_0: the int8 values).
+static ALWAYS_INLINE __m256i weight_bytes(int dtype, const uint8_t *blk) {
+    const uint8_t *qs = blk + qs_offset(dtype);
+    switch (dtype) {
+    case PG_DTYPE_Q8_0: return _mm256_loadu_si256((const __m256i *)qs);
+    case PG_DTYPE_Q4_0: return _mm256_sub_epi8(nibbles32(qs), _mm256_set1_epi8(8));
+    case PG_DTYPE_Q4_1: return nibbles32(qs);
+    case PG_DTYPE_Q5_0:
+        return _mm256_sub_epi8(_mm256_or_si256(nibbles32(qs), fifth_bits(qs - 4)),
+                               _mm256_set1_epi8(16));
+    default: return _mm256_or_si256(nibbles32(qs), fifth_bits(qs - 4)); // Q5_1
+    }
 }
 
 // Lane a of v in every lane.
@@ -192,12 +245,12 @@ static ALWAYS_INLINE void gemv_tile(const int dtype, const int W, const int R, c
                                     int64_t ldo) {
     const int64_t nb = xq->nb, m = xq->m;
     const size_t bb = block_bytes(dtype);
-    const bool q41 = dtype == PG_DTYPE_Q4_1;
-    // Scale lanes: Q4_1 gathers (d, m) pairs, so row a's d is lane 2a and
-    // its m lane 2a + 1; the others gather d alone, row a in lane a.
+    const bool q41 = has_min(dtype);
+    // Scale lanes: Q4_1/Q5_1 gather (d, m) pairs, so row a's d is lane 2a
+    // and its m lane 2a + 1; the others gather d alone, row a in lane a.
     const int step = q41 ? 2 : 1;
     __m256 acc[GEMV_W][3];
-    __m256 summs[3]; // Q4_1: lane 2a + 1 accumulates m_a * s_x of row a
+    __m256 summs[3]; // Q4_1/Q5_1: lane 2a + 1 accumulates m_a * s_x of row a
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
         summs[r] = _mm256_setzero_ps();
@@ -239,17 +292,14 @@ static ALWAYS_INLINE void gemv_tile(const int dtype, const int W, const int R, c
             const uint8_t *ba = blk + (size_t)a * rb;
             // The same block of the next tile's row: streams the weights in.
             _mm_prefetch((const char *)ba + (size_t)W * rb, _MM_HINT_T0);
+            const __m256i q = weight_bytes(dtype, ba);
             if (q41) {
-                const __m256i q = nibbles32(ba + 4);
 #pragma GCC unroll 4
                 for (int r = 0; r < R; r++)
                     acc[a][r] =
                         _mm256_fmadd_ps(lane(sc[r], step * a), dot_lanes(q, xv[r]), acc[a][r]);
             } else {
                 // Signed weights: |w| times x carrying w's sign.
-                const __m256i q = dtype == PG_DTYPE_Q8_0
-                                      ? _mm256_loadu_si256((const __m256i *)(ba + 2))
-                                      : _mm256_sub_epi8(nibbles32(ba + 2), _mm256_set1_epi8(8));
                 const __m256i aq = _mm256_sign_epi8(q, q);
 #pragma GCC unroll 4
                 for (int r = 0; r < R; r++)
@@ -275,11 +325,11 @@ static ALWAYS_INLINE void gemv_tile(const int dtype, const int W, const int R, c
 // --- batch tiles: unpacked panels of PANEL_W rows x R activation rows -----------
 
 // Panel layout: per block, PANEL_W x 32 bytes to multiply as unsigned
-// (Q4_1: the nibbles; Q4_0/Q8_0: |w|) and for Q4_0/Q8_0 PANEL_W x 32
-// signed weights (whose signs move onto x); then per row the f32 scales
-// d[nb] and, for Q4_1, the minimums m[nb].
+// (affine types: n; symmetric ones: |w|) and for the symmetric types
+// PANEL_W x 32 signed weights (whose signs move onto x); then per row the
+// f32 scales d[nb] and, for the affine types, the minimums m[nb].
 static ALWAYS_INLINE size_t panel_block_bytes(int dtype) {
-    return dtype == PG_DTYPE_Q4_1 ? PANEL_W * 32 : PANEL_W * 64;
+    return has_min(dtype) ? PANEL_W * 32 : PANEL_W * 64;
 }
 
 // n fp16 values `stride` bytes apart -> f32, 8 per conversion.
@@ -305,15 +355,15 @@ static void unpack_panel(int dtype, const uint8_t *w, size_t rb, int n, int64_t 
         if (a >= n) {
             for (int64_t b = 0; b < nb; b++) {
                 memset(panel + (size_t)b * pb + a * 32, 0, 32);
-                if (dtype != PG_DTYPE_Q4_1)
+                if (!has_min(dtype))
                     memset(panel + (size_t)b * pb + PANEL_W * 32 + a * 32, 0, 32);
             }
             memset(d + a * nb, 0, sizeof(float) * (size_t)nb);
-            if (dtype == PG_DTYPE_Q4_1) memset(mn + a * nb, 0, sizeof(float) * (size_t)nb);
+            if (has_min(dtype)) memset(mn + a * nb, 0, sizeof(float) * (size_t)nb);
             continue;
         }
         const uint8_t *row = w + (size_t)a * rb;
-        if (dtype == PG_DTYPE_Q4_1) {
+        if (has_min(dtype)) {
             float *da = d + a * nb, *ma = mn + a * nb;
             int64_t b = 0;
             // (d, m) pairs of 4 blocks in one conversion, then split.
@@ -333,14 +383,11 @@ static void unpack_panel(int dtype, const uint8_t *w, size_t rb, int n, int64_t 
             }
             for (b = 0; b < nb; b++)
                 _mm256_storeu_si256((__m256i *)(panel + (size_t)b * pb + a * 32),
-                                    nibbles32(row + b * bb + 4));
+                                    weight_bytes(dtype, row + b * bb));
         } else {
             f16_column(row, bb, nb, d + a * nb);
             for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *blk = row + b * bb;
-                __m256i q = dtype == PG_DTYPE_Q8_0
-                                ? _mm256_loadu_si256((const __m256i *)(blk + 2))
-                                : _mm256_sub_epi8(nibbles32(blk + 2), _mm256_set1_epi8(8));
+                const __m256i q = weight_bytes(dtype, row + b * bb);
                 uint8_t *pp = panel + (size_t)b * pb;
                 _mm256_storeu_si256((__m256i *)(pp + a * 32), _mm256_sign_epi8(q, q));
                 _mm256_storeu_si256((__m256i *)(pp + PANEL_W * 32 + a * 32), q);
@@ -352,7 +399,7 @@ static void unpack_panel(int dtype, const uint8_t *w, size_t rb, int n, int64_t 
 static ALWAYS_INLINE void panel_tile(const int dtype, const int R, const uint8_t *panel, int n,
                                      const pg_xq *xq, int64_t i0, float *out, int64_t ldo) {
     const int64_t nb = xq->nb, m = xq->m;
-    const bool q41 = dtype == PG_DTYPE_Q4_1;
+    const bool q41 = has_min(dtype);
     const size_t pb = panel_block_bytes(dtype);
     const float *d = (const float *)(panel + (size_t)nb * pb), *mn = d + PANEL_W * nb;
     const __m256i ones = _mm256_set1_epi16(1);
@@ -384,7 +431,7 @@ static ALWAYS_INLINE void panel_tile(const int dtype, const int R, const uint8_t
 #pragma GCC unroll 4
     for (int a = 0; a < PANEL_W; a++) {
         if (a >= n) break;
-        // Q4_1: the minimum times the activation block sums, accumulated
+        // Q4_1/Q5_1: the minimum times the activation block sums, accumulated
         // in block order like ggml's summs (one lane per activation row).
         float ms[4] = {0, 0, 0, 0};
         if (q41) {
@@ -434,7 +481,21 @@ typedef void (*panel_fn)(const uint8_t *panel, int n, const pg_xq *xq, int64_t i
 
 DEF_KERNELS(q4_0, PG_DTYPE_Q4_0)
 DEF_KERNELS(q4_1, PG_DTYPE_Q4_1)
+DEF_KERNELS(q5_0, PG_DTYPE_Q5_0)
+DEF_KERNELS(q5_1, PG_DTYPE_Q5_1)
 DEF_KERNELS(q8_0, PG_DTYPE_Q8_0)
+
+// Index of a type's kernels in the dispatch tables below.
+#define N_KINDS 5
+static int kernel_index(int dtype) {
+    switch (dtype) {
+    case PG_DTYPE_Q4_0: return 0;
+    case PG_DTYPE_Q4_1: return 1;
+    case PG_DTYPE_Q5_0: return 2;
+    case PG_DTYPE_Q5_1: return 3;
+    default: return 4; // Q8_0
+    }
+}
 
 // Weight rows per decode tile for R activation rows (registers: W*R
 // accumulators, R activation blocks, R scale vectors).
@@ -447,11 +508,12 @@ size_t pg_qdot_scratch_bytes(int dtype, int64_t cols) {
 void pg_qdot_rows(int dtype, const void *wdata, size_t row_bytes, int64_t r0, int64_t r1,
                   const pg_xq *xq, float *out, int64_t ldo, void *scratch) {
     PG_CHECK(pg_qdot_supported(dtype));
-    const int k = dtype == PG_DTYPE_Q4_1 ? 1 : dtype == PG_DTYPE_Q4_0 ? 0 : 2;
+    const int k = kernel_index(dtype);
     const uint8_t *w = wdata;
     const int64_t m = xq->m;
     if (m < PANEL_MIN_M) {
-        static const gemv_fn(*const gemv[3])[3] = {q4_0_gemv, q4_1_gemv, q8_0_gemv};
+        static const gemv_fn(*const gemv[N_KINDS])[3] = {q4_0_gemv, q4_1_gemv, q5_0_gemv,
+                                                         q5_1_gemv, q8_0_gemv};
         const int R = (int)m, W = gemv_w[R];
         int64_t r = r0;
         for (; r + W <= r1; r += W)
@@ -460,7 +522,8 @@ void pg_qdot_rows(int dtype, const void *wdata, size_t row_bytes, int64_t r0, in
             gemv[k][0][R - 1](w + (size_t)r * row_bytes, row_bytes, xq, 0, out + r, ldo);
         return;
     }
-    static const panel_fn *const panel[3] = {q4_0_panel, q4_1_panel, q8_0_panel};
+    static const panel_fn *const panel[N_KINDS] = {q4_0_panel, q4_1_panel, q5_0_panel, q5_1_panel,
+                                                   q8_0_panel};
     uint8_t *pnl = (uint8_t *)(((uintptr_t)scratch + 31) & ~(uintptr_t)31);
     for (int64_t r = r0; r < r1; r += PANEL_W) {
         int n = r1 - r < PANEL_W ? (int)(r1 - r) : PANEL_W;
@@ -497,20 +560,20 @@ static float dot_row(int dtype, const uint8_t *w, const pg_xq *xq, int64_t i) {
         const int8_t *x = xq->qs + (b * m + i) * QK;
         int q[QK];
         float dw;
+        const uint8_t *blk = w + b * block_bytes(dtype), *qs = blk + qs_offset(dtype);
+        dw = f16(blk);
         if (dtype == PG_DTYPE_Q8_0) {
-            const uint8_t *blk = w + b * Q8_0_BYTES;
-            dw = f16(blk);
-            for (int j = 0; j < QK; j++) q[j] = (int8_t)blk[2 + j];
+            for (int j = 0; j < QK; j++) q[j] = (int8_t)qs[j];
         } else {
-            const uint8_t *blk = w + b * (dtype == PG_DTYPE_Q4_1 ? Q4_1_BYTES : Q4_0_BYTES);
-            const uint8_t *nib = blk + (dtype == PG_DTYPE_Q4_1 ? 4 : 2);
-            const int off = dtype == PG_DTYPE_Q4_1 ? 0 : 8;
-            dw = f16(blk);
+            const bool q5 = dtype == PG_DTYPE_Q5_0 || dtype == PG_DTYPE_Q5_1;
+            uint32_t qh = 0;
+            if (q5) memcpy(&qh, qs - 4, 4);
+            const int off = has_min(dtype) ? 0 : q5 ? 16 : 8;
             for (int j = 0; j < 16; j++) {
-                q[j] = (nib[j] & 15) - off;
-                q[j + 16] = (nib[j] >> 4) - off;
+                q[j] = ((qs[j] & 15) | (int)((qh >> j) & 1) << 4) - off;
+                q[j + 16] = ((qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4) - off;
             }
-            if (dtype == PG_DTYPE_Q4_1) summs = fmaf(f16(blk + 2), xq->s[b * m + i], summs);
+            if (has_min(dtype)) summs = fmaf(f16(blk + 2), xq->s[b * m + i], summs);
         }
         const float sc = dw * xq->d[b * m + i];
         for (int k = 0; k < 8; k++) {

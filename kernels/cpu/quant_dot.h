@@ -3,8 +3,8 @@
 //
 // llama.cpp never multiplies a quantized weight with an f32 activation: it
 // first quantizes each activation row per 32-element block to 8 bits
-// (Q8_0 for Q4_0 and Q8_0 weights, Q8_1 for Q4_1 weights), then takes
-// integer dot products block by block. These kernels do the same
+// (Q8_0 for Q4_0, Q5_0 and Q8_0 weights, Q8_1 for Q4_1 and Q5_1 weights),
+// then takes integer dot products block by block. These kernels do the same
 // arithmetic, operation by operation where it matters for rounding:
 //
 //   activation block x[32]:  amax = max |x|,  d = amax / 127  (f32),
@@ -15,11 +15,13 @@
 //   acc[k] = fma(f32(d_w) * f32(d16), (float)lane[k], acc[k])   (f32)
 //   result = ((acc0+acc4)+(acc2+acc6)) + ((acc1+acc5)+(acc3+acc7))
 //            + summs,  summs = fma(f32(m_w), f32(s16), summs) over blocks
-//            (Q4_1 only; Q4_1 weights are d_w * n + m_w with n in 0..15,
-//            Q4_0 are d_w * (n - 8), Q8_0 are d_w * q).
+//            (Q4_1/Q5_1 only; Q4_1 weights are d_w * n + m_w with n in
+//            0..15, Q5_1 the same with n in 0..31, Q4_0 are d_w * (n - 8),
+//            Q5_0 d_w * (n - 16), Q8_0 d_w * q).
 //
 // That is how ggml's AVX2 quantize_row_q8_0/q8_1 and vec_dot_q4_0_q8_0,
-// vec_dot_q4_1_q8_1, vec_dot_q8_0_q8_0 (and llamafile's tinyBLAS for Q8_0)
+// vec_dot_q4_1_q8_1, vec_dot_q5_0_q8_0, vec_dot_q5_1_q8_1,
+// vec_dot_q8_0_q8_0 (and llamafile's tinyBLAS for Q8_0)
 // compute on an x86-64-v3 machine; the scalar fallback here follows the same
 // rules, so both builds give the same bits.
 #pragma once
@@ -33,6 +35,8 @@
 // than through structs that would promise 2-byte alignment.
 #define Q4_0_BYTES 18 // fp16 d, 16 bytes of nibbles
 #define Q4_1_BYTES 20 // fp16 d, fp16 m, 16 bytes of nibbles
+#define Q5_0_BYTES 22 // fp16 d, 4 bytes of fifth bits, 16 bytes of nibbles
+#define Q5_1_BYTES 24 // fp16 d, fp16 m, 4 bytes of fifth bits, 16 of nibbles
 #define Q8_0_BYTES 34 // fp16 d, 32 int8
 
 // The fp16 bits at p (any alignment).
@@ -49,7 +53,7 @@ typedef struct {
     int64_t nb; // 32-element blocks per row
     int8_t *qs; // [nb][m][32]
     float *d;   // [nb][m] scale, already rounded through fp16
-    float *s;   // [nb][m] d * sum(qs), rounded through fp16 (read for Q4_1)
+    float *s;   // [nb][m] d * sum(qs), rounded through fp16 (read for Q4_1/Q5_1)
 } pg_xq;
 
 // Bytes of memory pg_xq_init() needs for m rows of `cols` (a multiple of 32).

@@ -22,7 +22,7 @@ The blocks are random bytes (seeded, so the file is reproducible) with the
 fp16 scale fields replaced by random finite fp16 values (some subnormal,
 some zero, some negative) so no NaN hides a wrong result; plain f16/bf16/f32
 sections are fully random bit patterns and include NaN, Inf and subnormals.
-For q4_0/q4_1/q8_0 one extra section holds blocks produced by gguf-py's
+For q4_0/q4_1/q5_0/q5_1/q8_0 one extra section holds blocks produced by gguf-py's
 quantizer from random floats, i.e. realistic data.
 """
 import argparse
@@ -46,6 +46,10 @@ TYPES = {
     "Q5_K": (13, 256, 176, [0, 2]),
     "Q6_K": (14, 256, 210, [208]),
     "BF16": (30, 1, 2, []),
+    # Last, so that adding them left the sections above byte-identical (one
+    # random stream feeds every section in this order).
+    "Q5_0": (6, 32, 22, [0]),
+    "Q5_1": (7, 32, 24, [0, 2]),
 }
 
 
@@ -92,7 +96,7 @@ def main():
         n_blocks = n_elems // be
         raw = random_blocks(rng, bb, n_blocks, scale_offs)
         sections.append((gtype, n_elems, raw, quants.dequantize(np.frombuffer(raw, dtype=np.uint8), qt)))
-        if name in ("Q4_0", "Q4_1", "Q8_0"):
+        if name in ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1"):
             x = (rng.standard_normal(n_elems) * 0.05).astype(np.float32)
             raw = quants.quantize(x, qt).tobytes()
             sections.append((gtype, n_elems, raw, quants.dequantize(np.frombuffer(raw, dtype=np.uint8), qt)))

@@ -112,6 +112,12 @@ def main():
         for qt, nb in ((QT.Q4_K, 144), (QT.Q5_K, 176), (QT.Q6_K, 210)):
             raw = rng.integers(0, 256, size=(1, nb), dtype=np.uint8)
             w.add_tensor(f"{qt.name.lower()}.weight", raw, raw_dtype=qt)
+        # Added later, from a random stream of their own, so that the
+        # shared stream (and every other seed file) stays as it was.
+        r5 = np.random.default_rng(5)
+        for qt in (QT.Q5_0, QT.Q5_1):
+            q = gguf.quants.quantize((r5.standard_normal((2, 64)) * 0.1).astype(np.float32), qt)
+            w.add_tensor(f"{qt.name.lower()}.weight", q, raw_dtype=qt)
 
     sizes["metadata_all_types.gguf"] = write_gguf(gguf, os.path.join(gdir, "metadata_all_types.gguf"), all_metadata)
     sizes["tokenizer.gguf"] = write_gguf(gguf, os.path.join(gdir, "tokenizer.gguf"), tokenizer)

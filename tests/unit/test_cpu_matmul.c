@@ -60,6 +60,42 @@ static void put16(uint8_t *p, uint16_t v) {
     memcpy(p, &v, 2);
 }
 
+// One Q5_0 or Q5_1 block of x[32] at dst, GGML's reference rules: Q5_0
+// d = (the value of largest magnitude) / -16, n = x / d + 16.5 truncated;
+// Q5_1 d = (max - min) / 31, n = (x - min) / d + 0.5 truncated; n at most
+// 31. Returns the block's size.
+static size_t quantize_q5_block(int dtype, const float *x, uint8_t *dst) {
+    const bool affine = dtype == PG_DTYPE_Q5_1;
+    float d, id, mn = 0;
+    if (affine) {
+        float mx = x[0];
+        mn = x[0];
+        for (int j = 1; j < 32; j++) mn = fminf(mn, x[j]), mx = fmaxf(mx, x[j]);
+        d = (mx - mn) / 31;
+    } else {
+        float amax = 0, mx = 0;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(x[j]) > amax) amax = fabsf(x[j]), mx = x[j];
+        d = mx / -16;
+    }
+    id = d ? 1 / d : 0;
+    put16(dst, pg_f32_to_f16(d));
+    if (affine) put16(dst + 2, pg_f32_to_f16(mn));
+    uint8_t *qh = dst + (affine ? 4 : 2), *qs = qh + 4;
+    uint32_t bits = 0;
+    for (int j = 0; j < 32; j++) {
+        int n = affine ? (int)((x[j] - mn) * id + 0.5f) : (int)(x[j] * id + 16.5f);
+        n = n > 31 ? 31 : n;
+        if (j < 16)
+            qs[j] = (uint8_t)(n & 15);
+        else
+            qs[j - 16] |= (uint8_t)((n & 15) << 4);
+        bits |= (uint32_t)(n >> 4) << j;
+    }
+    memcpy(qh, &bits, 4);
+    return affine ? 24 : 22;
+}
+
 // One row of `cols` values into `dtype` blocks at `dst`. The quantized
 // types round to nearest like GGML's reference quantizers (the exact
 // choice does not matter: the tests dequantize what was written). The
@@ -114,6 +150,10 @@ static void quantize_row(int dtype, const float *x, int64_t cols, uint8_t *dst) 
                 dst[4 + j] = (uint8_t)(lo | hi << 4);
             }
         }
+        return;
+    case PG_DTYPE_Q5_0:
+    case PG_DTYPE_Q5_1:
+        for (int64_t b = 0; b < cols / 32; b++, x += 32) dst += quantize_q5_block(dtype, x, dst);
         return;
     case PG_DTYPE_Q4_K:
     case PG_DTYPE_Q5_K:
@@ -214,11 +254,24 @@ static float rd_f16(const uint8_t *p) {
     return pg_f16_to_f32(h);
 }
 
-// Weight block b of row `w` as integers n[32] with scale *dw and (Q4_1) min
-// *mw: the block's values are dw * n + mw.
+// Weight block b of row `w` as integers n[32] with scale *dw and (Q4_1,
+// Q5_1) min *mw: the block's values are dw * n + mw.
 static void ref_weight_block(int dtype, const uint8_t *w, int64_t b, int n[32], float *dw,
                              float *mw) {
     *mw = 0;
+    if (dtype == PG_DTYPE_Q5_0 || dtype == PG_DTYPE_Q5_1) {
+        // {d; (Q5_1) m; qh[4]; qs[16]}: bit j of qh is bit 4 of element j.
+        const bool affine = dtype == PG_DTYPE_Q5_1;
+        const uint8_t *blk = w + b * (affine ? 24 : 22), *qh = blk + (affine ? 4 : 2);
+        const uint8_t *qs = qh + 4;
+        *dw = rd_f16(blk);
+        if (affine) *mw = rd_f16(blk + 2);
+        for (int j = 0; j < 32; j++) {
+            int lo = (j < 16 ? qs[j] & 15 : qs[j - 16] >> 4), hi = (qh[j / 8] >> (j % 8)) & 1;
+            n[j] = (lo | hi << 4) - (affine ? 0 : 16);
+        }
+        return;
+    }
     if (dtype == PG_DTYPE_Q8_0) {
         const uint8_t *blk = w + b * 34;
         *dw = rd_f16(blk);
@@ -237,7 +290,7 @@ static void ref_weight_block(int dtype, const uint8_t *w, int64_t b, int n[32], 
 }
 
 // llama.cpp's quantized-activation product, plainly: per block the integer
-// dot, times the f32 product of the two scales, plus (Q4_1) the weight
+// dot, times the f32 product of the two scales, plus (Q4_1, Q5_1) the weight
 // minimum times the activation block's stored sum; accumulated in double.
 static double *ref_quant(const test_weight *t, const float *x, int64_t m) {
     const int64_t rows = t->w.rows, cols = t->w.cols, nb = cols / 32;
@@ -363,6 +416,12 @@ static void test_q4_0_both_modes_match_references(void **state) {
 static void test_q4_1_both_modes_match_references(void **state) {
     check_dtype(PG_DTYPE_Q4_1, shapes_32, 4);
 }
+static void test_q5_0_both_modes_match_references(void **state) {
+    check_dtype(PG_DTYPE_Q5_0, shapes_32, 4);
+}
+static void test_q5_1_both_modes_match_references(void **state) {
+    check_dtype(PG_DTYPE_Q5_1, shapes_32, 4);
+}
 static void test_q8_0_both_modes_match_references(void **state) {
     check_dtype(PG_DTYPE_Q8_0, shapes_32, 4);
 }
@@ -419,9 +478,10 @@ static void test_activation_quantizer_matches_llama_cpp_rules(void **state) {
 // the same whatever the thread count, the batch size it came in (tiles of
 // 1..4 activation rows, 1..4 weight rows) and the rows around it.
 static void test_quantized_results_independent_of_threads_and_tiling(void **state) {
-    static const int dtypes[] = {PG_DTYPE_Q4_0, PG_DTYPE_Q4_1, PG_DTYPE_Q8_0};
+    static const int dtypes[] = {PG_DTYPE_Q4_0, PG_DTYPE_Q4_1, PG_DTYPE_Q5_0, PG_DTYPE_Q5_1,
+                                 PG_DTYPE_Q8_0};
     pg_backend *b1 = backend(1, PG_MATMUL_QUANT_ACT), *b3 = backend(3, PG_MATMUL_QUANT_ACT);
-    for (size_t k = 0; k < 3; k++) {
+    for (size_t k = 0; k < sizeof dtypes / sizeof dtypes[0]; k++) {
         const int64_t m = 70, rows = 203, cols = 192;
         test_weight t = make_weight(dtypes[k], rows, cols);
         float *x = rnd_x(m, cols);
@@ -480,6 +540,8 @@ int main(void) {
         cmocka_unit_test(test_activation_quantizer_matches_llama_cpp_rules),
         cmocka_unit_test(test_q4_0_both_modes_match_references),
         cmocka_unit_test(test_q4_1_both_modes_match_references),
+        cmocka_unit_test(test_q5_0_both_modes_match_references),
+        cmocka_unit_test(test_q5_1_both_modes_match_references),
         cmocka_unit_test(test_q8_0_both_modes_match_references),
         cmocka_unit_test(test_q4_k_exact_matches_reference),
         cmocka_unit_test(test_q5_k_exact_matches_reference),

@@ -122,8 +122,9 @@ static void test_dequantize_matches_gguf_py_for_every_type(void **state) {
         check_section(s, s->raw);
         seen[s->type] = 1;
     }
-    static const int all[] = {PG_DTYPE_F32,  PG_DTYPE_F16,  PG_DTYPE_BF16, PG_DTYPE_Q4_0, PG_DTYPE_Q4_1,
-                              PG_DTYPE_Q8_0, PG_DTYPE_Q4_K, PG_DTYPE_Q5_K, PG_DTYPE_Q6_K};
+    static const int all[] = {PG_DTYPE_F32,  PG_DTYPE_F16,  PG_DTYPE_BF16, PG_DTYPE_Q4_0,
+                              PG_DTYPE_Q4_1, PG_DTYPE_Q5_0, PG_DTYPE_Q5_1, PG_DTYPE_Q8_0,
+                              PG_DTYPE_Q4_K, PG_DTYPE_Q5_K, PG_DTYPE_Q6_K};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (!seen[all[i]]) fail_msg("golden file has no %s section", pg_dtype_name(all[i]));
     }
@@ -173,6 +174,7 @@ static void test_block_tables_match_ggml(void **state) {
     } want[] = {
         {PG_DTYPE_F32, 1, 4, "f32"},       {PG_DTYPE_F16, 1, 2, "f16"},     {PG_DTYPE_BF16, 1, 2, "bf16"},
         {PG_DTYPE_Q4_0, 32, 18, "q4_0"},   {PG_DTYPE_Q4_1, 32, 20, "q4_1"}, {PG_DTYPE_Q8_0, 32, 34, "q8_0"},
+        {PG_DTYPE_Q5_0, 32, 22, "q5_0"},   {PG_DTYPE_Q5_1, 32, 24, "q5_1"},
         {PG_DTYPE_Q4_K, 256, 144, "q4_K"}, {PG_DTYPE_Q5_K, 256, 176, "q5_K"}, {PG_DTYPE_Q6_K, 256, 210, "q6_K"},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
@@ -184,7 +186,7 @@ static void test_block_tables_match_ggml(void **state) {
 
 static void test_unknown_and_unsupported_types_have_no_blocks(void **state) {
     (void)state;
-    int bad[] = {-1, 4, 5, 6, 7, 9, 10, 11, 15, 16, 28, 29, PG_DTYPE_COUNT, 99, 1 << 30};
+    int bad[] = {-1, 4, 5, 9, 10, 11, 15, 16, 28, 29, PG_DTYPE_COUNT, 99, 1 << 30};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(pg_dtype_block_elems(bad[i]), 0);
         assert_int_equal(pg_dtype_block_bytes(bad[i]), 0);
@@ -193,7 +195,7 @@ static void test_unknown_and_unsupported_types_have_no_blocks(void **state) {
     assert_string_equal(pg_dtype_name(-1), "unknown");
     assert_string_equal(pg_dtype_name(4), "unknown"); // removed from GGML
     assert_string_equal(pg_dtype_name(99), "unknown");
-    assert_string_equal(pg_dtype_name(6), "q5_0");    // GGML's, not supported here
+    assert_string_equal(pg_dtype_name(10), "q2_K");   // GGML's, not supported here
 }
 
 static void test_row_bytes_rejects_partial_blocks_negative_and_overflow(void **state) {
@@ -234,6 +236,23 @@ static void test_dequantize_known_blocks(void **state) {
     for (int j = 0; j < 16; j++) q41[4 + j] = (uint8_t)(j | (j << 4));
     pg_dequantize_row(PG_DTYPE_Q4_1, q41, out, 32);
     for (int j = 0; j < 16; j++) assert_true(out[j] == (float)j - 1.5f && out[j + 16] == (float)j - 1.5f);
+    // Q5_0: d = 0.5 (0x3800); qs[j] = j | (15-j)<<4, qh = 0xAAAA5555 (bit
+    // j set for even j < 16 and odd j >= 16): every fifth bit is exercised.
+    uint8_t q50[22] = {0x00, 0x38, 0x55, 0x55, 0xaa, 0xaa};
+    for (int j = 0; j < 16; j++) q50[6 + j] = (uint8_t)(j | ((15 - j) << 4));
+    pg_dequantize_row(PG_DTYPE_Q5_0, q50, out, 32);
+    for (int j = 0; j < 16; j++) {
+        assert_true(out[j] == 0.5f * (float)((j | (j % 2 == 0) << 4) - 16));
+        assert_true(out[j + 16] == 0.5f * (float)(((15 - j) | (j % 2 == 1) << 4) - 16));
+    }
+    // Q5_1: d = 1, m = -1.5 (0xbe00), the same quants: x = q - 1.5.
+    uint8_t q51[24] = {0x00, 0x3c, 0x00, 0xbe, 0x55, 0x55, 0xaa, 0xaa};
+    for (int j = 0; j < 16; j++) q51[8 + j] = (uint8_t)(j | ((15 - j) << 4));
+    pg_dequantize_row(PG_DTYPE_Q5_1, q51, out, 32);
+    for (int j = 0; j < 16; j++) {
+        assert_true(out[j] == (float)(j | (j % 2 == 0) << 4) - 1.5f);
+        assert_true(out[j + 16] == (float)((15 - j) | (j % 2 == 1) << 4) - 1.5f);
+    }
     // Q6_K with all-zero quants and scale 1, d = 1: every element is -32.
     uint8_t q6[210] = {0};
     for (int i = 0; i < 16; i++) q6[192 + i] = 1;

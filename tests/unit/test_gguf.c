@@ -666,9 +666,9 @@ static void test_bad_tensor_infos_are_rejected(void **state) {
     tw_buf_free(&b);
 
     g = tw_gguf_new(3);
-    tw_gguf_tensor(g, "x", 6, 1, (uint64_t[]){32}, w, 22);
+    tw_gguf_tensor(g, "x", 10, 1, (uint64_t[]){256}, w, 84);
     b = tw_gguf_finish(g, NULL);
-    expect_fail(&b, PG_EUNSUPP, "tensor 'x' has unsupported type q5_0 (6)");
+    expect_fail(&b, PG_EUNSUPP, "tensor 'x' has unsupported type q2_K (10)");
     tw_buf_free(&b);
 
     // A name with control bytes is escaped in the message.
@@ -846,6 +846,14 @@ static void test_files_written_by_gguf_py_open(void **state) {
             assert_non_null(t);
             assert_int_equal(t->dims[0], 64), assert_int_equal(t->dims[1], 2);
             assert_int_equal(t->nbytes, 2 * 2 * 20);
+            t = gguf_find_tensor(f, "q5_0.weight");
+            assert_non_null(t);
+            assert_int_equal(t->type, PG_DTYPE_Q5_0);
+            assert_int_equal(t->nbytes, 2 * 2 * 22);
+            t = gguf_find_tensor(f, "q5_1.weight");
+            assert_non_null(t);
+            assert_int_equal(t->type, PG_DTYPE_Q5_1);
+            assert_int_equal(t->nbytes, 2 * 2 * 24);
         }
         gguf_close(f);
         n++;
