@@ -64,7 +64,7 @@ def main():
     # (tools/file_calls.py reads the built objects).
     obj = "build/rel/obj/"
     tests.append(("build:file-circles-engine", [sys.executable, "tools/file_calls.py"] +
-                  [obj + d for d in ("engine", "engine/model", "engine/runner", "engine/dist")], 60))
+                  [obj + d for d in ("engine", "engine/model", "engine/runner", "engine/dist", "engine/spec")], 60))
     tests.append(("build:file-circles-text", [sys.executable, "tools/file_calls.py"] +
                   [obj + d for d in ("text/tokenizer", "text/template", "text/grammar")], 60))
     for t in sorted(glob.glob(os.path.join(ROOT, "tests/tools/test_*.py"))):

@@ -56,7 +56,7 @@ MODULES = {
     # server (templates, tokenizing, stop strings) and the engine (grammar
     # masks). Never includes the engine.
     "text": {"deps": ["formats", "common"], "dirs": ["text/tokenizer", "text/template", "text/grammar"]},
-    "engine": {"deps": ["text", "formats", "kernels", "scheduler", "kvpool", "common"], "dirs": ["engine", "engine/model", "engine/runner", "engine/dist"]},
+    "engine": {"deps": ["text", "formats", "kernels", "scheduler", "kvpool", "common"], "dirs": ["engine", "engine/model", "engine/runner", "engine/dist", "engine/spec"]},
     "server": {"deps": ["engine", "text", "scheduler", "kvpool", "common"], "dirs": ["server"]},
 }
 LIB_DIRS = [d for m in MODULES.values() for d in m["dirs"]]
