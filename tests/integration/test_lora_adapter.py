@@ -13,8 +13,11 @@ save_pretrained):
 build/tests/tools/lora_info loads each against the base's config.json; its
 JSON must give PEFT's rank and scaling, the targeted modules, every
 (layer, module) pair the file holds with the shapes and element sums of
-the file's tensors. Then broken copies must fail with exit 1 and one
-stderr line naming the file at fault and the reason.
+the file's tensors; and two of its pairs through the CPU backend's
+lora_apply (lora_info --apply) must match scale * x . A^T . B^T computed in
+double from the file (bound 1e-5 of the largest value). Then broken copies
+must fail with exit 1 and one stderr line naming the file at fault and the
+reason.
 
 Without peft (or with LORA_TEST_NO_PEFT=1) the same files are written by
 hand (adapter_config.json as PEFT writes it, tensors via safetensors) and
@@ -140,8 +143,28 @@ def check_good(name, path, config, spec, peft_layer):
                 err = abs(got[f"{ab}_sum"] - want) / max(t.abs().sum().item(), 1e-30)
                 worst = max(worst, err)
     assert worst < 1e-6, f"{name}: element sums off by {worst:.2e} of the sum of magnitudes"
+    apply_err = max(check_apply(path, config, tensors, layers[-1], m, scale) for m in (modules[0], modules[-1]))
     print(f"ok {name}: rank {r}, scale {j['scale']:g}, {j['n_pairs']} pairs over layers {layers}, "
-          f"sums within {worst:.1e}")
+          f"sums within {worst:.1e}, lora_apply within {apply_err:.1e} of the double product")
+
+
+def check_apply(path, config, tensors, layer, module, scale, rows=5):
+    """The reader's pair through the CPU op against scale * x . A^T . B^T in double
+    over the file's tensors; row 1 (no adapter) must stay zero. f32 rounding
+    (<= 160-term shrink, <= 16-term expand): ~1e-7; bound 1e-5 of the largest."""
+    p = lora_info(path, config, "--apply", str(layer), module, str(rows))
+    assert p.returncode == 0, p.stderr
+    got = torch.tensor(json.loads(p.stdout)["delta"], dtype=torch.float64)
+    a = tensors[tname(layer, module, "A")].double()
+    b = tensors[tname(layer, module, "B")].double()
+    q = torch.arange(rows * a.shape[1], dtype=torch.float32)
+    x = torch.sin(0.37 * q + 0.1).reshape(rows, -1).double()
+    want = scale * (x @ a.T) @ b.T
+    want[1] = 0.0
+    assert torch.all(got[1] == 0), "a row without an adapter was changed"
+    err = ((got - want).abs().max() / want.abs().max()).item()
+    assert err < 1e-5, f"{path} layer {layer} {module}: lora_apply off by {err:.2e}"
+    return err
 
 
 def expect_error(what, adapter, config, file_named, reason, *extra):
