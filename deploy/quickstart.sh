@@ -68,11 +68,12 @@ setup_venv() {
             selenium schemathesis openapi-spec-validator kubernetes-validate
     fi
     # transformers + torch: the reference every architecture of the model
-    # definition is checked against (tests/integration/test_hf_parity.py).
+    # definition is checked against (tests/integration/test_hf_parity.py);
+    # peft writes the LoRA adapters tests/integration/test_lora_adapter.py reads.
     # PyPI's torch pulls its CUDA libraries too (about 3.5 minutes on a fresh
     # machine); it runs on the CPU without a GPU. Only for the tests.
-    if [ "${QUICKSTART_TESTS:-0}" = 1 ] && ! "$VENV/bin/python3" -c "import torch, transformers, safetensors" 2>/dev/null; then
-        "$VENV/bin/pip" install -q --disable-pip-version-check torch transformers safetensors
+    if [ "${QUICKSTART_TESTS:-0}" = 1 ] && ! "$VENV/bin/python3" -c "import torch, transformers, safetensors, peft" 2>/dev/null; then
+        "$VENV/bin/pip" install -q --disable-pip-version-check torch transformers safetensors peft
     fi
 }
 

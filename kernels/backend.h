@@ -107,6 +107,15 @@ typedef struct pg_argmax {
 // The largest k of topk_rows: a row that wants more gathers the logits.
 #define PG_TOPK_EXCHANGE_MAX 64
 
+// One adapter's low-rank pair for one projection (lora_apply): the
+// product adds scale * (x . a^T) . b^T, a [rank][in] and b [out][rank]
+// (PEFT's lora_A and lora_B), rank = a->rows. a NULL: the adapter leaves
+// this projection alone (rows of the slot get nothing added).
+typedef struct pg_lora_slot {
+    const pg_bweight *a, *b;
+    float scale; // lora_alpha / r, or / sqrt(r) with rsLoRA
+} pg_lora_slot;
+
 typedef struct pg_backend pg_backend;
 
 // What a kind of backend can do, known without making one: `paged plan`
@@ -297,6 +306,23 @@ typedef struct pg_backend_ops {
     // Bytes moe_ffn wants for up to max_rows rows of this shape; NULL with moe_ffn.
     size_t (*moe_workspace_bytes)(pg_backend *b, int32_t max_rows, int32_t hidden, int32_t ffn,
                                   int32_t n_experts, int32_t top_k);
+    // Batched multi-adapter LoRA (Punica's SGMV; docs/lora.md): for i <
+    // x.rows with s = row_slot[i] >= 0 and slots[s].a non-NULL,
+    //   out[i][0:out.cols] += slots[s].scale * (x[i] . a^T) . b^T,
+    // the shrink rounded to f32 before the expand, f32 throughout (the
+    // same bits for any thread count); rows with slot -1 are left as they
+    // are. out and x may be views with any stride (out a column slice of a
+    // fused Q|K|V or gate|up output) but must not overlap; a [rank][x.cols],
+    // b [out.cols][rank], of any type linear runs.
+    // row_slot: host [x.rows] in [-1, n_slots). Slots no row names cost
+    // nothing. workspace: lora_workspace_bytes for at least x.rows rows.
+    // NULL in a backend without LoRA (CUDA for now): callers check.
+    int (*lora_apply)(pg_backend *b, pg_tensor out, pg_tensor x, const int32_t *row_slot,
+                      const pg_lora_slot *slots, int32_t n_slots, void *workspace, size_t workspace_bytes);
+    // Bytes lora_apply wants for up to max_rows rows, n_slots slots of rank
+    // <= max_rank, in_cols -> out_cols; NULL with lora_apply.
+    size_t (*lora_workspace_bytes)(pg_backend *b, int32_t max_rows, int32_t in_cols, int32_t out_cols,
+                                   int32_t max_rank, int32_t n_slots);
     // Per-head RMSNorm in place (Qwen3's q/k norm): each of the n_heads
     // head_dim-wide column groups of every row of x, weight w [head_dim].
     int (*head_rmsnorm)(pg_backend *b, pg_tensor x, int32_t n_heads, const pg_bweight *w, float eps);

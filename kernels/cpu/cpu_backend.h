@@ -94,6 +94,11 @@ int pg_cpu_moe_ffn(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *
                    bool accumulate, void *workspace, size_t workspace_bytes);
 size_t pg_cpu_moe_workspace_bytes(pg_backend *b, int32_t max_rows, int32_t hidden, int32_t ffn,
                                   int32_t n_experts, int32_t top_k);
+// Batched multi-adapter LoRA (kernels/backend.h lora_apply; kernels/cpu/lora.c).
+int pg_cpu_lora_apply(pg_backend *b, pg_tensor out, pg_tensor x, const int32_t *row_slot,
+                      const pg_lora_slot *slots, int32_t n_slots, void *workspace, size_t workspace_bytes);
+size_t pg_cpu_lora_workspace_bytes(pg_backend *b, int32_t max_rows, int32_t in_cols, int32_t out_cols,
+                                   int32_t max_rank, int32_t n_slots);
 // out[m][dim] = x * rsqrt(mean(x^2) + eps) * weight; out may alias x.
 void pg_cpu_rmsnorm(pg_cpu_ctx *c, float *out, const float *x, const float *weight, int64_t m,
                     int64_t dim, float eps);
