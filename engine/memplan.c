@@ -188,7 +188,8 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
                                ? pg_cpu_moe_workspace_bytes(NULL, max_tokens, mc->hidden, sh.moe_ffn, mc->n_experts,
                                                             mc->n_experts_used)
                                : 0;
-        pg_runner_workspace_plan(mc, &sh, &rc, cuda ? PG_DTYPE_BF16 : PG_DTYPE_F32, attn, samp, moe, &wp);
+        const pg_runner_ws_sizes sizes = {.attn = attn, .sample = samp, .moe = moe};
+        pg_runner_workspace_plan(mc, &sh, &rc, cuda ? PG_DTYPE_BF16 : PG_DTYPE_F32, &sizes, &wp);
         k->workspace_buffers = (int64_t)wp.bytes;
         // CUDA: the profiled extra, and for weights kept quantized the bf16
         // scratch their large-batch products dequantize into (backend_cuda.cu,

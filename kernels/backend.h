@@ -284,6 +284,11 @@ typedef struct pg_backend_ops {
     // scratch_gu [x.rows][2 ffn].
     int (*gate_up_silu)(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bweight *norm, float eps,
                         const pg_bweight *w, pg_tensor scratch_xn, pg_tensor scratch_gu);
+    // h[i][j] = silu(gu[i][j]) * gu[i][ffn + j] for j < ffn = h.cols: the
+    // activation of gate_up_silu alone, for callers that add to the gate
+    // and up products first (LoRA, docs/lora.md). NULL where not yet
+    // written (CUDA for now): callers check.
+    int (*silu_mul)(pg_backend *b, pg_tensor h, pg_tensor gu);
     // Mixture-of-experts feed-forward (Mixtral, Qwen3-MoE; docs/moe.md):
     // for i < x.rows, with xn = norm ? RMSNorm(x[i]) * norm : x[i],
     // p = softmax(xn . router^T) over the n_experts experts, S = the top_k

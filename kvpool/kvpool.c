@@ -159,6 +159,7 @@ static void ensure_hashes(kvp_pool *p, kvp_table *t, const int32_t *tokens, int3
     }
     for (int32_t i = t->n_hashes; i < n_blocks; i++) {
         kvp_hash parent = i ? t->hashes[i - 1] : ROOT_HASH;
+        if (i == 0 && t->salt) parent.lo ^= t->salt * 0xd1b54a32d192ed03ull, parent.hi += t->salt;
         t->hashes[i] = hash_block(p, parent, tokens + (size_t)i * (size_t)p->bs);
     }
     t->n_hashes = n_blocks;
@@ -451,6 +452,11 @@ void kvp_stats_get(const kvp_pool *p, kvp_stats *o) {
 // Tables
 
 void kvp_table_init(kvp_table *t) { memset(t, 0, sizeof *t); }
+
+void kvp_table_set_salt(kvp_table *t, uint64_t salt) {
+    PG_CHECK(t->n_hashes == 0);
+    t->salt = salt;
+}
 
 void kvp_table_fini(kvp_table *t) {
     PG_CHECK(t->n_blocks == 0);

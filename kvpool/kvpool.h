@@ -85,6 +85,7 @@ typedef struct kvp_table {
     kvp_hash *hashes; // [n_hashes] chained hashes of the sequence's full
     int32_t n_hashes; //   blocks, from its token ids; kept across release
     int32_t hash_cap; //   (tokens never change) so re-admission is cheap
+    uint64_t salt;    // mixed into the first block's hash (kvp_table_set_salt)
 } kvp_table;
 
 // One growth in a kvp_grow batch: adopt `n_hits` cached blocks found by
@@ -153,6 +154,11 @@ bool kvp_host_tier(const kvp_pool *p);
 // Tables
 
 void kvp_table_init(kvp_table *t);
+// What else the KV of these tokens depends on (a LoRA adapter; vLLM's
+// cache salt): blocks of tables with different salts never share a prefix
+// hash, so one adapter's KV is never reused for another's. 0: none (the
+// plain hashes). Set before the first lookup.
+void kvp_table_set_salt(kvp_table *t, uint64_t salt);
 
 // Frees the table's memory. The table must hold no blocks (release first).
 void kvp_table_fini(kvp_table *t);

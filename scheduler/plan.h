@@ -94,6 +94,9 @@ typedef struct pg_plan_seq {
     // plan alone carries it to every rank and node, as vLLM's scheduler
     // output carries the grammar bitmask.
     const uint32_t *mask;
+    // The LoRA adapter of this sequence's rows (docs/lora.md): 0 = the base
+    // model, i = the runner's adapter slot i - 1 (sched_request.lora_id).
+    int32_t lora_id;
 } pg_plan_seq;
 
 // A block move: from -> to (device<->host swaps, or device copy for COW).

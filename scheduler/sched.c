@@ -57,6 +57,7 @@ typedef struct req {
     int64_t arrival_ns; // key
     uint64_t order;     // key: admission counter
     int32_t eos_id;     // -1 when none or ignore_eos
+    int32_t lora_id;    // sched_request.lora_id (0: the base model)
     int32_t n_prompt;
     int32_t n;      // sequences
     int32_t n_live; // not finished
@@ -542,6 +543,7 @@ static void commit_items(sched *s, req *r, int32_t n, int32_t n_tok, budget *b) 
             .mask_eos = n_gen < sp->min_tokens,
             .eos_id = r->eos_id,
             .n_prompt_lp = prompt_lp_rows(r, q->n_computed, c),
+            .lora_id = r->lora_id,
         };
     }
     s->plan.n_tokens += n_tok;
@@ -1055,6 +1057,7 @@ int sched_add_request(sched *s, const sched_request *in) {
     r->arrival_ns = in->arrival_ns;
     r->order = s->order++;
     r->eos_id = sp->ignore_eos ? -1 : in->eos_id;
+    r->lora_id = in->lora_id;
     r->n_prompt = in->n_prompt;
     r->n = r->n_live = n;
     r->usage.prompt_tokens = in->n_prompt;
@@ -1072,6 +1075,7 @@ int sched_add_request(sched *s, const sched_request *in) {
         q->rng_seed = seed + (uint64_t)i; // vLLM: child seed = seed + index
         q->stop_token = -1;
         kvp_table_init(&q->table);
+        kvp_table_set_salt(&q->table, (uint64_t)(uint32_t)in->lora_id);
     }
     r->state = RQ_WAITING;
     heap_push(&s->waiting, r);

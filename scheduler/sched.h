@@ -93,6 +93,10 @@ typedef struct sched_request {
     // handed back in its events, by sched_request_owner and by
     // sched_for_each_owner; never read or freed here. NULL: none.
     void *owner;
+    // The LoRA adapter the request runs with (0: the base model): handed to
+    // the runner in its plan entries (pg_plan_seq.lora_id) and mixed into
+    // its prefix-cache hashes, so no adapter reuses another's KV.
+    int32_t lora_id;
 } sched_request;
 
 typedef enum sched_finish_reason {

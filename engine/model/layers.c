@@ -7,8 +7,10 @@
 #include <stdlib.h>
 
 #include "common/err.h"
+#include "engine/model/lora_adapter.h" // PG_LORA_Q ...
 
-void pg_step_views_make(const pg_model *m, const pg_fwd_buffers *bufs, int64_t n, pg_step_views *v) {
+void pg_step_views_make(const pg_model *m, const pg_fwd_buffers *bufs, const pg_fwd_step *s, pg_step_views *v) {
+    const int64_t n = s->n_tokens;
     const int64_t hd = m->cfg.head_dim;
     const int64_t q_dim = (int64_t)m->shard.n_heads * hd, kv_dim = (int64_t)m->shard.n_kv_heads * hd;
     v->n = n;
@@ -23,6 +25,17 @@ void pg_step_views_make(const pg_model *m, const pg_fwd_buffers *bufs, int64_t n
     v->h = pg_tensor_view(bufs->h, 0, n, 0, bufs->h.cols);
     v->moe_ws = bufs->moe_ws;
     v->moe_ws_bytes = bufs->moe_ws_bytes;
+    v->lora_rows = m->lora.n_slots > 0 ? s->lora_rows : NULL;
+    v->lora_ws = bufs->lora_ws;
+    v->lora_ws_bytes = bufs->lora_ws_bytes;
+}
+
+// LoRA of projection `module` of layer l over the step's rows: out += each
+// row's adapter's scale * (in . A^T) . B^T (rows without one untouched).
+static int layer_lora(const pg_model *m, const pg_step_views *v, int32_t l, int module, pg_tensor out, pg_tensor in) {
+    const pg_model_lora *lo = &m->lora;
+    return m->be->ops->lora_apply(m->be, out, in, v->lora_rows, pg_model_lora_slots(lo, l, module), lo->n_slots,
+                                  v->lora_ws, v->lora_ws_bytes);
 }
 
 int pg_layer_all_reduce(const pg_model *m, pg_tensor x) {
@@ -35,12 +48,21 @@ int pg_layer_embed(const pg_model *m, pg_tensor x, const int32_t *tokens) {
     return pg_layer_all_reduce(m, x);
 }
 
-int pg_layer_row_linear(const pg_model *m, pg_tensor x, pg_tensor in, const pg_bweight *w, pg_tensor scratch) {
+// pg_layer_row_linear with the LoRA of projection `module` of layer l when
+// v has LoRA rows (v NULL: none): each rank adds its adapters' part (its
+// slice of A's columns) before the all-reduce, as it adds its product's.
+static int row_linear(const pg_model *m, const pg_step_views *v, int32_t l, int module, pg_tensor x, pg_tensor in,
+                      const pg_bweight *w, pg_tensor scratch) {
     // Rank 0 adds its part to the stream, the others write theirs over it;
     // the all-reduce then sums stream and parts.
     const bool residual = m->shard.rank == 0;
     PG_TRY(m->be->ops->linear(m->be, x, in, NULL, 0.0f, w, NULL, residual, scratch));
+    if (v && v->lora_rows) PG_TRY(layer_lora(m, v, l, module, x, in));
     return pg_layer_all_reduce(m, x);
+}
+
+int pg_layer_row_linear(const pg_model *m, pg_tensor x, pg_tensor in, const pg_bweight *w, pg_tensor scratch) {
+    return row_linear(m, NULL, 0, 0, x, in, w, scratch);
 }
 
 // Calibration: the largest |x| per KV head of this step's rotated K and V
@@ -70,7 +92,18 @@ int pg_layer_attention(const pg_model *m, int32_t l, pg_bkv *kv, const pg_fwd_bu
     const pg_model_layer *L = &m->layers[l];
     pg_backend *be = m->be;
     const float scale = 1.0f / sqrtf((float)c->head_dim);
-    PG_TRY(be->ops->linear(be, v->qkv, v->x, L->attn_norm, c->rms_eps, L->qkv, L->qkv_bias, false, v->xn));
+    if (v->lora_rows) {
+        // The adapters read the normed rows too: the norm into xn first,
+        // then the product without one (which, neither normalising nor
+        // accumulating, writes straight into qkv: the scratch is not used).
+        PG_TRY(be->ops->rmsnorm(be, v->xn, v->x, L->attn_norm, c->rms_eps));
+        PG_TRY(be->ops->linear(be, v->qkv, v->xn, NULL, 0.0f, L->qkv, L->qkv_bias, false, v->gu));
+        PG_TRY(layer_lora(m, v, l, PG_LORA_Q, v->q, v->xn));
+        PG_TRY(layer_lora(m, v, l, PG_LORA_K, v->k, v->xn));
+        PG_TRY(layer_lora(m, v, l, PG_LORA_V, v->v, v->xn));
+    } else {
+        PG_TRY(be->ops->linear(be, v->qkv, v->x, L->attn_norm, c->rms_eps, L->qkv, L->qkv_bias, false, v->xn));
+    }
     if (L->q_norm) {
         PG_TRY(be->ops->head_rmsnorm(be, v->q, sh->n_heads, L->q_norm, c->rms_eps));
         PG_TRY(be->ops->head_rmsnorm(be, v->k, sh->n_kv_heads, L->k_norm, c->rms_eps));
@@ -83,13 +116,24 @@ int pg_layer_attention(const pg_model *m, int32_t l, pg_bkv *kv, const pg_fwd_bu
     if (bufs->kv_amax)
         PG_TRY(kv_amax(m, v->k, v->v, v->n, bufs->kv_amax + (size_t)l * 2 * (size_t)sh->n_kv_heads));
     PG_TRY(be->ops->attention(be, v->attn, v->q, &s->attn, kv->k[l], kv->v[l], ks, sh->n_heads, scale));
-    return pg_layer_row_linear(m, v->x, v->attn, L->o, v->xn);
+    return row_linear(m, v, l, PG_LORA_O, v->x, v->attn, L->o, v->xn);
 }
 
 int pg_layer_ffn_swiglu(const pg_model *m, int32_t l, const pg_step_views *v) {
     const pg_model_layer *L = &m->layers[l];
-    PG_TRY(m->be->ops->gate_up_silu(m->be, v->h, v->x, L->ffn_norm, m->cfg.rms_eps, L->gate_up, v->xn, v->gu));
-    return pg_layer_row_linear(m, v->x, v->h, L->down, v->xn);
+    pg_backend *be = m->be;
+    if (v->lora_rows) {
+        // gate and up take their adapters' products before the activation.
+        const int64_t f = m->shard.ffn;
+        PG_TRY(be->ops->rmsnorm(be, v->xn, v->x, L->ffn_norm, m->cfg.rms_eps));
+        PG_TRY(be->ops->linear(be, v->gu, v->xn, NULL, 0.0f, L->gate_up, NULL, false, v->qkv)); // scratch unused
+        PG_TRY(layer_lora(m, v, l, PG_LORA_GATE, pg_tensor_view(v->gu, 0, v->n, 0, f), v->xn));
+        PG_TRY(layer_lora(m, v, l, PG_LORA_UP, pg_tensor_view(v->gu, 0, v->n, f, f), v->xn));
+        PG_TRY(be->ops->silu_mul(be, v->h, v->gu));
+    } else {
+        PG_TRY(be->ops->gate_up_silu(be, v->h, v->x, L->ffn_norm, m->cfg.rms_eps, L->gate_up, v->xn, v->gu));
+    }
+    return row_linear(m, v, l, PG_LORA_DOWN, v->x, v->h, L->down, v->xn);
 }
 
 int pg_layer_ffn_moe(const pg_model *m, int32_t l, const pg_step_views *v) {

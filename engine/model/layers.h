@@ -28,9 +28,15 @@ typedef struct pg_step_views {
     pg_tensor h;      // [n][ffn]
     void *moe_ws;     // the backend's moe_ffn workspace (MoE models), and its bytes
     size_t moe_ws_bytes;
+    // LoRA (docs/lora.md): each row's adapter slot, host [n] (NULL: no row
+    // has one, and every helper runs its plain fused form), and the
+    // lora_apply workspace.
+    const int32_t *lora_rows;
+    void *lora_ws;
+    size_t lora_ws_bytes;
 } pg_step_views;
 
-void pg_step_views_make(const pg_model *m, const pg_fwd_buffers *bufs, int64_t n, pg_step_views *v);
+void pg_step_views_make(const pg_model *m, const pg_fwd_buffers *bufs, const pg_fwd_step *s, pg_step_views *v);
 
 // The residual stream summed across ranks (each rank added its partial
 // product; rank 0 also kept the stream): a no-op without tensor parallelism.
@@ -48,14 +54,17 @@ int pg_layer_row_linear(const pg_model *m, pg_tensor x, pg_tensor in, const pg_b
 // The attention block of layer l with pre-norm: qkv = RMSNorm(x) . Wqkv^T
 // (+ bias; column-parallel: this rank's heads), per-head q/k RMSNorm when
 // the layer has it, RoPE with the KV cache write, paged causal attention,
-// and x += attn . Wo^T (row-parallel). bufs carries the fp8 KV scales and
+// and x += attn . Wo^T (row-parallel); with LoRA rows, each projection's
+// adapters add their products (the norm then runs apart from the product,
+// whose input the adapters read too). bufs carries the fp8 KV scales and
 // the calibration's maxima (engine/runner/runner_kv_scales.c).
 int pg_layer_attention(const pg_model *m, int32_t l, pg_bkv *kv, const pg_fwd_buffers *bufs,
                        const pg_fwd_step *s, const pg_step_views *v);
 
 // The SwiGLU feed-forward block of layer l with pre-norm:
 // h = silu(g) * u, [g | u] = RMSNorm(x) . Wgu^T (column-parallel), then
-// x += h . Wdown^T (row-parallel).
+// x += h . Wdown^T (row-parallel); with LoRA rows the adapters of gate and
+// up add theirs before the activation, down's after.
 int pg_layer_ffn_swiglu(const pg_model *m, int32_t l, const pg_step_views *v);
 
 // The mixture-of-experts feed-forward block of layer l with pre-norm

@@ -21,7 +21,7 @@
 static int llama_forward_layers(const pg_model *m, pg_bkv *kv, const pg_fwd_buffers *bufs, const pg_fwd_step *s) {
     if (s->n_tokens == 0) return 0;
     pg_step_views v;
-    pg_step_views_make(m, bufs, s->n_tokens, &v);
+    pg_step_views_make(m, bufs, s, &v);
     // --cpu-offload-gb: the first two offloaded layers' copies start now,
     // each later one once the layer two before it is queued (its slot).
     PG_TRY(pg_model_offload_prefetch(m, 0));

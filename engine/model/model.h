@@ -72,6 +72,36 @@ typedef struct pg_model_offload {
     double h2d_gbps;      // host-to-device copy rate measured at load (0: not measured)
 } pg_model_offload;
 
+// LoRA adapters served beside the base model (engine/model/lora.c,
+// docs/lora.md): slot i holds adapter i + 1 of the plan's lora_id, its
+// pairs uploaded as this rank's slices (column-parallel projections: B's
+// rows; row-parallel ones: A's columns), in one table per (layer, module)
+// as kernels/backend.h lora_apply takes it.
+#define PG_LORA_MODULES 7 // q, k, v, o, gate, up, down (engine/model/lora_adapter.h)
+typedef struct pg_model_lora {
+    int32_t n_slots;      // adapters loaded; 0: none
+    int32_t max_rank;     // the largest rank among them
+    pg_lora_slot *table;  // [n_layers][PG_LORA_MODULES][n_slots]; .a NULL where an adapter leaves a module alone
+    struct pg_lora_adapter **adapters; // [n_slots] kept open: a backend may borrow their mapped data
+    char **names;         // [n_slots] as given (--lora-modules name=path)
+    pg_bweight **handles; // every uploaded A and B
+    int32_t n_handles;
+    void **owned;         // sliced copies
+    int32_t n_owned;
+} pg_model_lora;
+
+// Layer l's table for module `module` (PG_LORA_MODULES of them), n_slots entries.
+static inline const pg_lora_slot *pg_model_lora_slots(const pg_model_lora *lo, int32_t l, int module) {
+    return lo->table + ((size_t)l * PG_LORA_MODULES + (size_t)module) * (size_t)lo->n_slots;
+}
+
+struct pg_model;
+struct pg_model_load_opts;
+// Loads o's adapters into m->lora, each rank its share (pg_model_load calls
+// it last); errors name the adapter's file. Frees them (pg_model_free).
+int pg_model_lora_load(struct pg_model *m, const struct pg_model_load_opts *o);
+void pg_model_lora_free(struct pg_model *m);
+
 typedef struct pg_model {
     pg_model_config cfg;
     const struct pg_model_family *family; // its layers' builder (engine/model/family.h)
@@ -90,6 +120,7 @@ typedef struct pg_model {
     int32_t layer_dtype;     // the type layer 0's Q|K|V runs in (after quantization)
     int32_t layer_dtypes[4]; // layer 0's Q|K|V, O, gate|up, down types (int4: g128 or g64 by shape)
     int64_t layer_bytes[4];  // one layer's Q|K|V, O, gate|up, down in backend memory (rank's shard)
+    pg_model_lora lora;      // LoRA adapters (n_slots 0: none)
     // fp8 KV: the checkpoint's K and V scales per layer, host [n_layers][2]
     // (one value per tensor, as vLLM's k_scale / v_scale); NULL when the
     // checkpoint has none (the runner then calibrates: engine/runner/runner_kv_scales.c).
@@ -118,6 +149,13 @@ typedef struct pg_model_load_opts {
     // load until at least this many bytes of weights have (vLLM's rule);
     // 0: none. Per rank under tensor parallelism.
     int64_t cpu_offload_bytes;
+    // LoRA adapters (PEFT directories) loaded beside the model, slot i for
+    // lora_dirs[i], named lora_names[i] (NULL: the directory); ranks above
+    // max_lora_rank (0: 64) are refused.
+    const char *const *lora_dirs;
+    const char *const *lora_names;
+    int32_t n_lora;
+    int32_t max_lora_rank;
 } pg_model_load_opts;
 
 // --quantization (vLLM's flag): the layers' linear weights quantized at
@@ -216,6 +254,9 @@ typedef struct pg_fwd_buffers {
     // The backend's moe_ffn workspace for n rows (MoE models; else NULL, 0).
     void *moe_ws;
     size_t moe_ws_bytes;
+    // The backend's lora_apply workspace for n rows (adapters loaded; else NULL, 0).
+    void *lora_ws;
+    size_t lora_ws_bytes;
     // fp8 KV scales in backend memory, [n_layers][2][shard n_kv_heads] (K's
     // then V's of each layer): layer l's shape gets kv_scales + 2 l n_kv
     // (pg_kv_shape.scales). NULL: 1.0.
@@ -233,6 +274,9 @@ typedef struct pg_fwd_step {
     pg_attn_batch attn;
     int32_t n_logits;
     const int32_t *logit_rows; // [n_logits] rows whose next-token logits are wanted
+    // LoRA: host [n_tokens] each row's adapter slot (-1: none); NULL when
+    // no row of the step has one (the forward is then the plain one).
+    const int32_t *lora_rows;
 } pg_fwd_step;
 
 // The embedding and every layer for the step's rows (what a decode graph

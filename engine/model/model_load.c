@@ -678,6 +678,7 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
                     (long long)ld.pr.items, (double)ld.pr.done / 1e9, secs,
                     secs > 0 ? (double)ld.pr.done / 1e9 / secs : 0.0, be->name);
     }
+    if ((rc = pg_model_lora_load(m, o)) < 0) goto fail;
     // A backend that copied the weights needs neither the mapping nor the
     // loader's host copies any more.
     if (!be->caps->weights_borrow) {
@@ -714,6 +715,7 @@ void pg_model_free(pg_model *m) {
             free(L->exp_down);
         }
     pg_model_offload_free(m);
+    pg_model_lora_free(m);
     if (m->lm_head && m->lm_head != m->tok_emb) be->store->weight_free(be, m->lm_head);
     if (m->tok_emb) be->store->weight_free(be, m->tok_emb);
     if (m->final_norm) be->store->weight_free(be, m->final_norm);

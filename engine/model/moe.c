@@ -20,7 +20,7 @@
 static int moe_forward_layers(const pg_model *m, pg_bkv *kv, const pg_fwd_buffers *bufs, const pg_fwd_step *s) {
     if (s->n_tokens == 0) return 0;
     pg_step_views v;
-    pg_step_views_make(m, bufs, s->n_tokens, &v);
+    pg_step_views_make(m, bufs, s, &v);
     PG_TRY(pg_layer_embed(m, v.x, s->tokens));
     for (int32_t l = 0; l < m->cfg.n_layers; l++) {
         PG_TRY(pg_layer_attention(m, l, kv, bufs, s, &v));

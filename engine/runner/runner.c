@@ -105,6 +105,10 @@ static void carve_workspace(const pg_model_config *mc, const pg_model_shard *sh,
         b->moe_ws = take(c, p->moe);
         b->moe_ws_bytes = p->moe;
     }
+    if (p->lora) { // LoRA adapters (engine/model/lora.c)
+        b->lora_ws = take(c, p->lora);
+        b->lora_ws_bytes = p->lora;
+    }
     o->attn_ws = p->attn ? take(c, p->attn) : NULL;
     o->samp_ws = p->sample ? take(c, p->sample) : NULL;
     o->out_dev = take(c, sizeof(pg_sample_out) * (size_t)S);
@@ -114,15 +118,27 @@ static void carve_workspace(const pg_model_config *mc, const pg_model_shard *sh,
     o->kv_scales = p->kv_scales ? take(c, p->kv_scales) : NULL; // fp8 KV (runner_kv_scales.c)
 }
 
+// The lora_apply workspace for max_tokens rows of any projection of the
+// model's shard (0 without adapters).
+static size_t lora_ws_bytes(const pg_model *m, int32_t max_tokens) {
+    const pg_model_lora *lo = &m->lora;
+    if (lo->n_slots == 0 || !m->be->ops->lora_workspace_bytes) return 0;
+    const pg_model_shard *sh = &m->shard;
+    const int32_t hd = m->cfg.head_dim, H = m->cfg.hidden;
+    const int32_t q = sh->n_heads * hd, f = sh->ffn;
+    const int32_t in = H > q ? (H > f ? H : f) : (q > f ? q : f);
+    const int32_t out = in; // the same three widths: hidden, this rank's q (>= its k, v) and FFN
+    return m->be->ops->lora_workspace_bytes(m->be, max_tokens, in, out, lo->max_rank, lo->n_slots);
+}
+
 void pg_runner_ws_limits(const pg_runner_config *cfg, int32_t *max_tokens, int32_t *max_seqs) {
     *max_tokens = cfg->max_num_batched_tokens;
     *max_seqs = cfg->max_num_seqs < cfg->max_num_batched_tokens ? cfg->max_num_seqs : cfg->max_num_batched_tokens;
 }
 
 void pg_runner_workspace_plan(const pg_model_config *mc, const pg_model_shard *sh, const pg_runner_config *cfg,
-                              int32_t act_dtype, size_t attn_ws, size_t sample_ws, size_t moe_ws,
-                              pg_runner_ws_plan *out) {
-    *out = (pg_runner_ws_plan){.attn = attn_ws, .sample = sample_ws, .moe = moe_ws};
+                              int32_t act_dtype, const pg_runner_ws_sizes *ws, pg_runner_ws_plan *out) {
+    *out = (pg_runner_ws_plan){.attn = ws->attn, .sample = ws->sample, .moe = ws->moe, .lora = ws->lora};
     pg_runner_ws_limits(cfg, &out->max_tokens, &out->max_seqs);
     out->inputs = input_capacity(mc, cfg, out->max_tokens, out->max_seqs);
     if (cfg->kv_dtype == PG_KV_FP8_E4M3 && cfg->kv_scales != PG_KV_SCALES_ONE)
@@ -254,9 +270,10 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
                               ? be->ops->moe_workspace_bytes(be, r->max_tokens, mc->hidden, model->shard.moe_ffn,
                                                              mc->n_experts, mc->n_experts_used)
                               : 0;
+    const pg_runner_ws_sizes sizes = {.attn = r->attn_ws_bytes, .sample = r->samp_ws_bytes, .moe = moe_ws,
+                                      .lora = lora_ws_bytes(model, r->max_tokens)};
     pg_runner_ws_plan wp;
-    pg_runner_workspace_plan(mc, &model->shard, cfg, be->caps->act_dtype, r->attn_ws_bytes, r->samp_ws_bytes, moe_ws,
-                             &wp);
+    pg_runner_workspace_plan(mc, &model->shard, cfg, be->caps->act_dtype, &sizes, &wp);
     r->in_cap = wp.inputs;
     r->ws_bytes = wp.bytes;
     if ((rc = be->dev->alloc(be, r->ws_bytes, &r->ws)) < 0) {
@@ -280,6 +297,7 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
     if ((rc = runner_plp_alloc(r)) < 0) goto fail;
     const size_t T = (size_t)r->max_tokens, S = (size_t)r->max_seqs;
     r->tokens = xmalloc_n(T, 4), r->pos = xmalloc_n(T, 4), r->slots = xmalloc_n(T, 4);
+    r->lora_rows = xmalloc_n(T, 4);
     r->bt = xmalloc_n(S * (size_t)r->max_bt, 4);
     r->seq_lens = xmalloc_n(S, 4), r->start_pos = xmalloc_n(S, 4), r->cu_q = xmalloc_n(S + 1, 4);
     r->order = xmalloc_n(S, 4), r->row0 = xmalloc_n(S, 4), r->sample_rows = xmalloc_n(S, 4);
@@ -316,7 +334,7 @@ void pg_runner_free(pg_runner *r) {
         be->dev->host_free(be, r->out_host[i]);
     }
     runner_plp_free(r);
-    free(r->tokens), free(r->pos), free(r->slots), free(r->bt);
+    free(r->tokens), free(r->pos), free(r->slots), free(r->bt), free(r->lora_rows);
     free(r->seq_lens), free(r->start_pos), free(r->cu_q), free(r->order), free(r->row0);
     free(r->sample_rows), free(r->params), free(r->stok), free(r->outs);
     free(r->sampled[0]), free(r->sampled[1]), free(r->feed);
@@ -493,6 +511,9 @@ static int check_plan(const pg_runner *r, const pg_batch_plan *p, int32_t *bt_st
         for (int32_t b = 0; b < nb; b++)
             if (s->block_table[b] <= 0 || s->block_table[b] >= nd)
                 return pg_err_set(PG_EINVAL, "plan: block id %d out of range", s->block_table[b]);
+        if (s->lora_id < 0 || s->lora_id > r->model->lora.n_slots)
+            return pg_err_set(PG_EINVAL, "plan: sequence %lld asks for LoRA adapter %d of %d", (long long)s->seq_id,
+                              s->lora_id, r->model->lora.n_slots);
         for (int32_t t = 0; t < s->n_tokens; t++)
             if ((s->tokens[t] < 0 || s->tokens[t] >= vocab) &&
                 !(s->tokens[t] == PG_TOKEN_PENDING && s->n_tokens == 1))
@@ -554,6 +575,7 @@ int pg_runner_begin(pg_runner *r, const pg_batch_plan *p) {
         if (p->seqs[i].n_tokens != 1) r->order[k++] = i;
 
     int32_t row = 0, max_dec_ctx = 0, max_q = 0, n_feed = 0, hint = 0;
+    bool lora = false;
     for (k = 0; k < p->n_seqs; k++) {
         const int32_t i = r->order[k];
         const pg_plan_seq *s = &p->seqs[i];
@@ -562,6 +584,7 @@ int pg_runner_begin(pg_runner *r, const pg_batch_plan *p) {
         r->seq_lens[k] = ctx;
         r->start_pos[k] = s->start_pos;
         memcpy(r->bt + (size_t)k * bt_stride, s->block_table, sizeof(int32_t) * (size_t)nb);
+        lora |= s->lora_id > 0;
         if (k < n_dec) {
             if (ctx > max_dec_ctx) max_dec_ctx = ctx;
         } else {
@@ -585,6 +608,7 @@ int pg_runner_begin(pg_runner *r, const pg_batch_plan *p) {
             }
             r->pos[row] = pos;
             r->slots[row] = s->block_table[pos / bs] * bs + pos % bs;
+            r->lora_rows[row] = s->lora_id - 1;
         }
     }
     r->cu_q[p->n_seqs - n_dec] = row - n_dec;
@@ -611,7 +635,8 @@ int pg_runner_begin(pg_runner *r, const pg_batch_plan *p) {
                         .cu_q = r->cu_q, .max_decode_ctx = max_dec_ctx, .max_prefill_q = max_q,
                         .n_sample = ns, .sample_rows = r->sample_rows, .params = r->params,
                         .sample_tokens = n_stok ? r->stok : r->tokens,
-                        .n_sample_tokens = (int32_t)n_stok, .n_feed = n_feed, .feed = r->feed};
+                        .n_sample_tokens = (int32_t)n_stok, .n_feed = n_feed, .feed = r->feed,
+                        .lora_rows = lora ? r->lora_rows : NULL};
         PG_TRY(queue_step(r, &st));
     }
     PG_TRY(be->dev->record(be, buf));

@@ -78,12 +78,20 @@ typedef struct pg_runner_config {
 // (no backend, no weights): pg_runner_create allocates exactly `bytes` and
 // two pinned images of `pinned / 2`; `paged plan` and the start-up advice
 // (engine/memplan.h) size the same numbers before loading anything.
+// The backend's own workspaces the runner's one allocation carries.
+typedef struct pg_runner_ws_sizes {
+    size_t attn, sample; // attn_workspace_bytes, sample_workspace_bytes
+    size_t moe;          // moe_workspace_bytes for max_tokens rows (MoE models; else 0)
+    size_t lora;         // lora_workspace_bytes for max_tokens rows (adapters; else 0)
+} pg_runner_ws_sizes;
+
 typedef struct pg_runner_ws_plan {
     int32_t max_tokens, max_seqs; // the largest step: max_num_batched_tokens, and
                                   //   max_num_seqs capped by it
     size_t inputs;                // packed step inputs (block tables, histories, masks)
     size_t attn, sample;          // the backend's attention and sampler workspaces
     size_t moe;                   // the backend's moe_ffn workspace for max_tokens rows (MoE models)
+    size_t lora;                  // the backend's lora_apply workspace for max_tokens rows (adapters)
     size_t kv_scales;             // fp8 KV scales [n_layers][2][n_kv_heads] f32 (0: none)
     size_t bytes;                 // the whole workspace allocation (activations, logits,
                                   //   the two above, samples, inputs)
@@ -96,8 +104,7 @@ typedef struct pg_runner_ws_plan {
 void pg_runner_ws_limits(const pg_runner_config *cfg, int32_t *max_tokens, int32_t *max_seqs);
 // The workspace of rank `sh` for `cfg` with activations in act_dtype.
 void pg_runner_workspace_plan(const pg_model_config *mc, const pg_model_shard *sh, const pg_runner_config *cfg,
-                              int32_t act_dtype, size_t attn_ws, size_t sample_ws, size_t moe_ws,
-                              pg_runner_ws_plan *out);
+                              int32_t act_dtype, const pg_runner_ws_sizes *ws, pg_runner_ws_plan *out);
 
 // `model` (and its backend) are borrowed and must outlive the runner.
 int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runner **out);

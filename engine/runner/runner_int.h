@@ -28,6 +28,7 @@ typedef struct step_desc {
     int32_t n_sample_tokens;
     int32_t n_feed;                      // async: [n_feed][2] (row, index among the
     const int32_t *feed;                 //   previous step's samples)
+    const int32_t *lora_rows;            // host [n_tokens] adapter slots (-1: none); NULL: no LoRA row
 } step_desc;
 
 // The same arrays after the upload, in backend memory.
@@ -76,6 +77,7 @@ struct pg_runner {
 
     // Per-step host arrays, sized for the limits at create.
     int32_t *tokens, *pos, *slots;        // [max_tokens]
+    int32_t *lora_rows;                   // [max_tokens] each row's adapter slot (-1: none)
     int32_t *bt;                          // [max_seqs][max_bt]
     int32_t *seq_lens, *start_pos, *cu_q; // [max_seqs] (+1 for cu_q)
     int32_t *order;                       // [max_seqs] device order -> plan index

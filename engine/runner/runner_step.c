@@ -75,6 +75,7 @@ pg_fwd_step runner_fwd_step(const pg_runner *r, const step_desc *s, const dev_in
                  .workspace_bytes = r->attn_ws_bytes},
         .n_logits = s->n_sample,
         .logit_rows = d->rows,
+        .lora_rows = s->lora_rows,
     };
 }
 

@@ -585,6 +585,15 @@ static int cpu_linear(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweigh
     return 0;
 }
 
+static int cpu_silu_mul(pg_backend *b, pg_tensor h, pg_tensor gu) {
+    PG_TRY(check_rows(h, "silu_mul"));
+    PG_TRY(check_rows(gu, "silu_mul"));
+    PG_ARG(gu.rows == h.rows && gu.cols == 2 * h.cols, "cpu silu_mul: %lldx%lld from %lldx%lld",
+           (long long)h.rows, (long long)h.cols, (long long)gu.rows, (long long)gu.cols);
+    pg_cpu_silu_mul(pg_cpu(b), F32(h), F32(gu), h.rows, h.cols);
+    return 0;
+}
+
 static int cpu_gate_up_silu(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bweight *norm, float eps,
                             const pg_bweight *w, pg_tensor sxn, pg_tensor sgu) {
     pg_cpu_ctx *c = pg_cpu(b);
@@ -743,6 +752,7 @@ static const pg_backend_ops cpu_ops = {
     .rmsnorm = cpu_rmsnorm_op,
     .linear = cpu_linear,
     .gate_up_silu = cpu_gate_up_silu,
+    .silu_mul = cpu_silu_mul,
     .moe_ffn = pg_cpu_moe_ffn,
     .moe_workspace_bytes = pg_cpu_moe_workspace_bytes,
     .lora_apply = pg_cpu_lora_apply,

@@ -248,6 +248,7 @@ const pg_backend_ops pg_cuda_ops_table = {
     .rmsnorm = cu_rmsnorm,
     .linear = cu_linear,
     .gate_up_silu = cu_gate_up_silu,
+    .silu_mul = NULL,   // only LoRA steps use it, and LoRA has no CUDA kernel yet
     .moe_ffn = NULL,    // no grouped product on the GPU yet (docs/moe.md)
     .lora_apply = NULL, // no SGMV kernel yet (docs/lora.md): callers check
     .head_rmsnorm = cu_head_rmsnorm,
