@@ -162,7 +162,7 @@ static void apply_submissions(pg_engine *e, sub *list) {
                                .sp = &s->req.sp, .priority = s->req.priority,
                                .arrival_ns = pg_now_ns(),
                                .eos_id = e->model->cfg.n_eos ? e->model->cfg.eos_ids[0] : -1,
-                               .owner = l};
+                               .owner = l, .lora_id = s->req.lora_id};
             int rc = sched_add_request(e->sched, &r);
             if (rc < 0) {
                 reject(e, s, rc, pg_err_msg());

@@ -19,6 +19,8 @@
 
 typedef struct pg_engine pg_engine;
 
+#define PG_MAX_LORA_MODULES 64 // --lora-modules entries
+
 typedef struct pg_engine_config {
     const char *model_path;      // GGUF file or Hugging Face directory
     const char *chat_template;   // NULL = the model's; a family name or a file
@@ -60,6 +62,15 @@ typedef struct pg_engine_config {
     const char *master_addr;     //   node 0's address (default 127.0.0.1)
     int32_t master_port;         //   its control port (default 29500; the tcp data plane + 1)
     int32_t tp_timeout_ms;       //   tcp data plane: a collective's wait for a silent rank (0 = 300 s)
+    // LoRA (docs/lora.md; vLLM's flags): --enable-lora, adapters named by
+    // --lora-modules name=path (all resident for now; request id i + 1 is
+    // lora_names[i]), --max-loras (0: as many as named), --max-lora-rank
+    // (0: vLLM's 16).
+    bool enable_lora;
+    int32_t n_lora;
+    const char *lora_names[PG_MAX_LORA_MODULES];
+    const char *lora_paths[PG_MAX_LORA_MODULES];
+    int32_t max_loras, max_lora_rank;
 } pg_engine_config;
 
 void pg_engine_config_default(pg_engine_config *c);
@@ -120,6 +131,7 @@ typedef struct pg_gen_request {
     const int32_t *bad_off;      // [n_bad + 1]
     const int32_t *bad_ids;
     int32_t n_bad;
+    int32_t lora_id;             // 0: the base model; i: adapter i of --lora-modules (1-based)
 } pg_gen_request;
 
 // One event from the engine: a sched_event plus the submitter's pointer,

@@ -105,7 +105,9 @@ static bool wants_cuda(const pg_engine_config *cfg) {
 static void executor_config(const pg_engine_config *cfg, pg_model_load_opts *mo, pg_executor_config *ec) {
     *mo = (pg_model_load_opts){.path = cfg->model_path, .dummy = is_dummy(cfg), .hf_config = cfg->hf_config,
                                .dummy_seed = 0x5eedull, .dummy_std = 0.02f,
-                               .quantization = cfg->quantization, .cpu_offload_bytes = cfg->cpu_offload_bytes};
+                               .quantization = cfg->quantization, .cpu_offload_bytes = cfg->cpu_offload_bytes,
+                               .lora_dirs = cfg->lora_paths, .lora_names = cfg->lora_names, .n_lora = cfg->n_lora,
+                               .max_lora_rank = cfg->max_lora_rank > 0 ? cfg->max_lora_rank : 16};
     *ec = (pg_executor_config){.tp = cfg->tensor_parallel > 1 ? cfg->tensor_parallel : 1, .device = pg_engine_config_device(cfg),
                                .n_threads = cfg->n_threads, .matmul_mode = cfg->matmul_mode, .comm = cfg->tp_comm,
                                .nnodes = cfg->nnodes, .node_rank = cfg->node_rank,
@@ -124,6 +126,19 @@ int pg_engine_follow(const pg_engine_config *cfg) {
     int rc = pg_executor_follow(ex);
     pg_executor_free(ex);
     return rc;
+}
+
+// LoRA flags that cannot work, before any weight is read (vLLM's rules).
+static int check_lora(const pg_engine_config *cfg) {
+    if (cfg->n_lora > 0 && !cfg->enable_lora) return pg_err_set(PG_EINVAL, "--lora-modules needs --enable-lora");
+    if (cfg->max_loras > 0 && cfg->n_lora > cfg->max_loras)
+        return pg_err_set(PG_EINVAL, "--max-loras %d: %d --lora-modules are named, and every adapter stays resident "
+                                     "(loading on demand is not built yet)", cfg->max_loras, cfg->n_lora);
+    for (int32_t i = 0; i < cfg->n_lora; i++)
+        for (int32_t j = 0; j < i; j++)
+            if (!strcmp(cfg->lora_names[i], cfg->lora_names[j]))
+                return pg_err_set(PG_EINVAL, "--lora-modules: the name '%s' is given twice", cfg->lora_names[i]);
+    return 0;
 }
 
 // The start-up log's name of the KV type.
@@ -152,6 +167,7 @@ int eng_setup(pg_engine *e) {
         return pg_err_set(PG_EINVAL, "load format '%s' is not known (auto, dummy)", cfg->load_format);
     pg_graph_mode graphs;
     PG_TRY(pg_graph_mode_parse(cfg->cuda_graphs, &graphs));
+    PG_TRY(check_lora(cfg));
 
     pg_model_load_opts mo;
     pg_executor_config ec;

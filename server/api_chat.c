@@ -53,7 +53,7 @@ void api_chat_completions(srv_app *a, srv_req *r) {
     bool gen_prompt = true;
     if (api_parse_body(r->body, r->body_len, &body, &e) < 0) goto fail;
     if (api_parse_params(body, API_CHAT, &a->lim, &c->p, &e) < 0) goto fail;
-    if (app_check_model(a, c->p.model, &e) < 0) goto fail;
+    if (app_check_model(a, c->p.model, &c->p.lora_id, &e) < 0) goto fail;
     if (api_compile_grammar(a->grammars, &c->p, &e) < 0) goto fail;
     api_tokenize_bad_words(a->tok, &c->p);
     if (api_parse_messages(body, &msgs, &e) < 0) goto fail;

@@ -88,7 +88,7 @@ void api_completions(srv_app *a, srv_req *r) {
     cmpl_pending *c = pg_xcalloc(1, sizeof *c);
     if (api_parse_body(r->body, r->body_len, &body, &e) < 0) goto fail;
     if (api_parse_params(body, API_COMPLETION, &a->lim, &c->p, &e) < 0) goto fail;
-    if (app_check_model(a, c->p.model, &e) < 0) goto fail;
+    if (app_check_model(a, c->p.model, &c->p.lora_id, &e) < 0) goto fail;
     if (api_compile_grammar(a->grammars, &c->p, &e) < 0) goto fail;
     // best_of > n: best_of sequences per prompt, the n with the highest
     // cumulative logprob returned (the engine computes the sampled tokens'

@@ -99,7 +99,7 @@ static cJSON *envelope(const gen_job *j) {
     cJSON_AddStringToObject(o, "id", j->id);
     cJSON_AddStringToObject(o, "object", object);
     cJSON_AddNumberToObject(o, "created", (double)j->created);
-    cJSON_AddStringToObject(o, "model", j->app->served_name);
+    cJSON_AddStringToObject(o, "model", app_model_name(j->app, j->p.lora_id));
     return o;
 }
 

@@ -44,6 +44,19 @@ void api_models(srv_app *a, srv_req *r) {
     cJSON_AddStringToObject(m, "quantization", a->quantization ? a->quantization : "none");
     cJSON_AddArrayToObject(m, "permission");
     cJSON_AddItemToArray(data, m);
+    // LoRA adapters, as vLLM lists them: the base model as their parent.
+    for (int32_t i = 0; i < a->n_lora; i++) {
+        cJSON *l = cJSON_CreateObject();
+        cJSON_AddStringToObject(l, "id", a->lora_names[i]);
+        cJSON_AddStringToObject(l, "object", "model");
+        cJSON_AddNumberToObject(l, "created", (double)a->created);
+        cJSON_AddStringToObject(l, "owned_by", "paged");
+        cJSON_AddStringToObject(l, "root", a->lora_paths[i]);
+        cJSON_AddStringToObject(l, "parent", a->served_name);
+        cJSON_AddNumberToObject(l, "max_model_len", a->lim.max_model_len);
+        cJSON_AddArrayToObject(l, "permission");
+        cJSON_AddItemToArray(data, l);
+    }
     send_cjson(r, 200, o);
 }
 
@@ -61,7 +74,7 @@ static int check_model_field(srv_app *a, const cJSON *body, api_error *e) {
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(body, "model");
     if (!model || cJSON_IsNull(model)) return 0;
     if (!cJSON_IsString(model)) return api_err(e, 400, "model", "model must be a string");
-    return app_check_model(a, model->valuestring, e);
+    return app_check_model(a, model->valuestring, NULL, e);
 }
 
 // --- /tokenize and /detokenize ------------------------------------------------------

@@ -28,6 +28,9 @@ typedef struct srv_app {
     uv_async_t async;              // woken by the engine's notify callback
     api_limits lim;
     char *served_name;             // the model id clients name
+    int32_t n_lora;                // --lora-modules: adapter i + 1 is served as lora_names[i]
+    const char *const *lora_names; //   (the engine config's, which outlives the app)
+    const char *const *lora_paths;
     char *model_path;
     const char *quantization;      // "none", "fp8", "int4" (pg_engine_quantization)
     char *api_key;                 // NULL: no authentication
@@ -99,7 +102,12 @@ int app_render_chat(srv_app *a, const api_messages *m, const cJSON *tools, const
 bool app_chat_add_bos(const srv_app *a);
 
 // Checks the "model" field against the served name (404 when unknown).
-int app_check_model(srv_app *a, const char *model, api_error *e);
+// A request's "model": the served model (or its path; NULL: the served
+// model) sets *lora_id 0, an adapter of --lora-modules its id (1-based);
+// anything else is a 404. lora_id may be NULL (the caller needs no adapter).
+int app_check_model(srv_app *a, const char *model, int32_t *lora_id, api_error *e);
+// The name a response gives for a request of adapter lora_id (0: the model's).
+const char *app_model_name(const srv_app *a, int32_t lora_id);
 
 // "cmpl-..." style ids: prefix + 24 hex digits, unique per process.
 void app_new_id(srv_app *a, const char *prefix, char *out, size_t cap);

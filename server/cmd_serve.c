@@ -444,6 +444,9 @@ int cmd_serve(int argc, char **argv) {
         srv_cors_free(&f.cors);
         return 1;
     }
+    a->n_lora = cfg.n_lora;
+    a->lora_names = cfg.lora_names;
+    a->lora_paths = cfg.lora_paths;
     a->tok = pg_engine_tokenizer(a->engine);
     a->chat = pg_engine_chat_template(a->engine);
     a->model_path = pg_xstrdup(cfg.model_path);

@@ -124,7 +124,7 @@ void gen_job_start(gen_job *j) {
                              .grammar = j->p.grammar,  // the engine takes its own reference
                              .allowed_ids = j->p.allowed_ids, .n_allowed = j->p.n_allowed,
                              .bad_off = j->p.bad_off, .bad_ids = j->p.bad_ids,
-                             .n_bad = j->p.n_bad_seqs};
+                             .n_bad = j->p.n_bad_seqs, .lora_id = j->p.lora_id};
         gr.sp.n_logit_bias = j->p.n_logit_bias;  // copied by the engine
         gr.sp.bias_ids = j->p.bias_ids;
         gr.sp.bias_values = j->p.bias_values;

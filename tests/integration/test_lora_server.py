@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""LoRA adapters through the real server (docs/lora.md): `paged serve
+--enable-lora --lora-modules alpha=DIR beta=DIR` on the default model, with
+two random rank-8 PEFT adapters written here for its shapes (all seven
+projections, lora_B non-zero), queried with the official OpenAI SDK.
+
+1. /v1/models lists the model and both adapters, each adapter with the
+   model as its parent and its directory as its root.
+2. The model and the two adapters answer concurrently (three threads, greedy,
+   20 tokens, the same prompt): each response names the model it was asked
+   for; the adapters' texts differ from the base model's; each text equals
+   the one the same request gives alone (a batch mixing adapters computes
+   each sequence as it would alone).
+3. The prefix cache is keyed by adapter: after alpha has run a prompt, the
+   base model's run of the same prompt finds nothing cached
+   (paged:prefix_cache_hits_total does not move), while a second alpha run
+   hits.
+4. Unknown model names get the OpenAI 404; bad flags stop the server with
+   one line: --lora-modules without --enable-lora, a name given twice,
+   --max-loras below the adapters named, an adapter of another shape (its
+   file named).
+Every KV block is back in the pool at the end.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import server_util as su  # noqa: E402
+
+su.require_model_and_binary()
+su.require_openai()
+import openai  # noqa: E402
+
+try:
+    import torch
+    from safetensors.torch import save_file
+except ImportError as e:
+    su.skip(f"torch/safetensors not importable ({e})")
+
+# SmolLM2-135M: hidden 576, 30 layers, 9 heads and 3 KV heads of 64, FFN 1536.
+H, L, Q, KV, F = 576, 30, 576, 192, 1536
+SHAPES = {"q_proj": (Q, H), "k_proj": (KV, H), "v_proj": (KV, H), "o_proj": (H, Q), "gate_proj": (F, H),
+          "up_proj": (F, H), "down_proj": (H, F)}
+PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
+          "gate_proj": "mlp", "up_proj": "mlp", "down_proj": "mlp"}
+
+
+def write_adapter(d, seed, rank=8, alpha=16, layers=L, shapes=SHAPES):
+    os.makedirs(d, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    t = {}
+    for l in range(layers):
+        for m, (out, inp) in shapes.items():
+            p = f"base_model.model.model.layers.{l}.{PARENT[m]}.{m}"
+            t[p + ".lora_A.weight"] = (torch.randn(rank, inp, generator=g) / inp ** 0.5).contiguous()
+            t[p + ".lora_B.weight"] = (0.5 * torch.randn(out, rank, generator=g) / rank ** 0.5).contiguous()
+    save_file(t, os.path.join(d, "adapter_model.safetensors"), metadata={"format": "pt"})
+    json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": list(shapes),
+               "bias": "none", "base_model_name_or_path": "SmolLM2-135M-Instruct", "task_type": "CAUSAL_LM"},
+              open(os.path.join(d, "adapter_config.json"), "w"))
+
+
+def metric(port, name):
+    st, _, body = su.request(port, "GET", "/metrics")
+    assert st == 200
+    m = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+]+)$", body.decode(), re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def refused(args, want):
+    p = subprocess.run([su.binary(), "serve", "--model", su.MODEL, "--port", str(su.free_port()), *args],
+                       capture_output=True, text=True, timeout=120)
+    lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
+    ok = p.returncode != 0 and lines and all(w in lines[-1] for w in want)
+    print(f"refused ({' '.join(a if len(a) < 40 else '...' for a in args)}): {lines[-1] if lines else '(nothing)'}")
+    assert ok, p.stderr[-2000:]
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        a_dir, b_dir = os.path.join(tmp, "alpha"), os.path.join(tmp, "beta")
+        write_adapter(a_dir, 1)
+        write_adapter(b_dir, 2)
+        with su.Server("--enable-lora", "--lora-modules", f"alpha={a_dir}", f"beta={b_dir}") as srv:
+            client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", timeout=120, max_retries=0)
+            models = client.models.list().data
+            base = models[0].id
+            ids = [m.id for m in models]
+            assert ids == [base, "alpha", "beta"], ids
+            raw = json.loads(su.request(srv.port, "GET", "/v1/models")[2])["data"]
+            assert raw[1]["parent"] == base and raw[1]["root"] == a_dir and raw[0]["parent"] is None, raw
+            print(f"/v1/models: {ids}, adapters' parent {raw[1]['parent']}")
+
+            prompt = "The history of the printing press begins"
+
+            def complete(model, out=None, key=None):
+                r = client.completions.create(model=model, prompt=prompt, max_tokens=20, temperature=0)
+                assert r.model == model, (r.model, model)
+                if out is not None:
+                    out[key] = r.choices[0].text
+                return r.choices[0].text
+
+            together = {}
+            threads = [threading.Thread(target=complete, args=(m, together, m)) for m in (base, "alpha", "beta")]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert len(together) == 3, together
+            for m in ("alpha", "beta"):
+                assert together[m] != together[base], (m, together)
+            alone = {m: complete(m) for m in (base, "alpha", "beta")}
+            for m in together:
+                print(f"{m:28s} {together[m]!r}")
+                assert alone[m] == together[m], (m, alone[m], together[m])
+            print("concurrent texts equal the texts alone; the adapters change the text")
+
+            # 3. The prefix cache keyed by adapter (a long prompt: whole blocks).
+            long_prompt = "Once upon a time there was a lighthouse keeper who " * 12
+            chat = dict(prompt=long_prompt, max_tokens=4, temperature=0)
+            client.completions.create(model="alpha", **chat)
+            h0 = metric(srv.port, "paged:prefix_cache_hits_total")
+            client.completions.create(model=base, **chat)
+            h1 = metric(srv.port, "paged:prefix_cache_hits_total")
+            client.completions.create(model="alpha", **chat)
+            h2 = metric(srv.port, "paged:prefix_cache_hits_total")
+            print(f"prefix cache hits (tokens): base after alpha +{h1 - h0:.0f}, alpha again +{h2 - h1:.0f}")
+            assert h1 == h0 and h2 > h1, (h0, h1, h2)
+
+            # 4. An unknown model.
+            try:
+                client.completions.create(model="gamma", prompt="x", max_tokens=1)
+                raise AssertionError("gamma answered")
+            except openai.NotFoundError as e:
+                assert "gamma" in str(e), e
+            used = metric(srv.port, "paged:kv_cache_usage_perc")
+            assert used == 0.0, used
+        refused(["--lora-modules", f"alpha={a_dir}"], ["--lora-modules needs --enable-lora"])
+        refused(["--enable-lora", "--lora-modules", f"a={a_dir}", f"a={b_dir}"], ["given twice"])
+        refused(["--enable-lora", "--max-loras", "1", "--lora-modules", f"a={a_dir}", f"b={b_dir}"],
+                ["--max-loras 1"])
+        odd = os.path.join(tmp, "odd")
+        write_adapter(odd, 3, shapes={"q_proj": (Q, 512)})
+        refused(["--enable-lora", "--lora-modules", f"odd={odd}"], [odd, "adapter_model.safetensors"])
+    print("ok: LoRA through the server (SDK, concurrent adapters, prefix cache keyed by adapter, errors)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
