@@ -58,7 +58,7 @@ static int add_request(bench_state *b) {
     sp.n = bc->n;
     sp.max_tokens = bc->max_tokens;
     sp.ignore_eos = true;
-    sched_request r = {b->next_id++, b->prompt, bc->prompt, &sp, 0, pg_now_ns(), 2, NULL, 0};
+    sched_request r = {b->next_id++, b->prompt, bc->prompt, &sp, 0, pg_now_ns(), 2, NULL, 0, 0};
     return sched_add_request(b->s, &r);
 }
 

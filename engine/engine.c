@@ -32,6 +32,7 @@ static live *live_new(const sub *s) {
     l->id = s->id;
     l->user = s->req.user;
     l->x = s->x;
+    l->lora_slot = -1;
     eng_plp_start(l, &s->req);
     return l;
 }
@@ -157,18 +158,25 @@ static void apply_submissions(pg_engine *e, sub *list) {
         // it again for any request still held on the same grammar).
         if (s->kind == SUB_ADD && s->held_ns != 0) pg_grammar_precompute_notify(s->x->grammar, NULL, NULL);
         if (s->kind == SUB_ADD) {
+            // Its adapter's slot now (engine/engine_lora.c): gone if it was
+            // unloaded after the request named it.
+            const int32_t slot = eng_lora_slot(e, s->req.lora_id);
             live *l = live_new(s); // takes s->x
+            l->lora_slot = slot;
             sched_request r = {.id = s->id, .prompt = s->req.prompt, .n_prompt = s->req.n_prompt,
                                .sp = &s->req.sp, .priority = s->req.priority,
                                .arrival_ns = pg_now_ns(),
                                .eos_id = e->model->cfg.n_eos ? e->model->cfg.eos_ids[0] : -1,
-                               .owner = l, .lora_id = s->req.lora_id};
-            int rc = sched_add_request(e->sched, &r);
+                               .owner = l, .lora_id = slot + 1, .cache_salt = (uint64_t)s->req.lora_id};
+            int rc = slot == -2 ? pg_err_set(PG_EINVAL, "the LoRA adapter this request names was unloaded")
+                                : sched_add_request(e->sched, &r);
             if (rc < 0) {
                 reject(e, s, rc, pg_err_msg());
                 live_free(l);
             }
             free((void *)s->req.prompt);
+        } else if (s->kind == SUB_LORA) {
+            eng_lora_apply(e, s->lora);
         } else if (s->kind == SUB_ABORT) {
             sched_abort(e->sched, s->id); // unknown id: already finished, harmless
         } else {
@@ -466,6 +474,7 @@ int pg_engine_create(const pg_engine_config *cfg, pg_engine_notify_fn notify, vo
     pthread_cond_init(&e->cv, NULL);
     pthread_mutex_init(&e->ev_mu, NULL);
     pthread_mutex_init(&e->stats_mu, NULL);
+    eng_lora_init(e);
     int rc = fault_parse(e);
     if (rc == 0) rc = eng_setup(e);
     if (rc == 0 && pthread_create(&e->thread, NULL, engine_main, e) != 0)
@@ -484,6 +493,7 @@ void pg_engine_destroy(pg_engine *e) {
         pthread_mutex_lock(&e->mu);
         e->stop = true;
         pthread_cond_signal(&e->cv);
+        pthread_cond_broadcast(&e->lora_cv); // a LoRA change waited for ends with an error
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->thread, NULL);
     }
@@ -505,6 +515,7 @@ void pg_engine_destroy(pg_engine *e) {
     pg_executor_free(e->exec);
     pg_chat_template_free(e->chat);
     pg_tokenizer_free(e->tok);
+    eng_lora_free(e);
     for (int i = e->ev_head; i < e->n_events; i++) free(e->events[i].prompt_lp); // never polled
     free(e->events);
     free(e->mask_buf);

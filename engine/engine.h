@@ -67,6 +67,7 @@ typedef struct pg_engine_config {
     // lora_names[i]), --max-loras (0: as many as named), --max-lora-rank
     // (0: vLLM's 16).
     bool enable_lora;
+    bool allow_runtime_lora_updating; // /v1/load_lora_adapter and /v1/unload_lora_adapter
     int32_t n_lora;
     const char *lora_names[PG_MAX_LORA_MODULES];
     const char *lora_paths[PG_MAX_LORA_MODULES];
@@ -106,6 +107,10 @@ int32_t pg_engine_kv_blocks(const pg_engine_config *cfg, int64_t kv_bytes, size_
 // the null block.
 int32_t pg_engine_kv_blocks_needed(int32_t max_model_len, int32_t block_size);
 
+// LoRA slots an engine of cfg keeps: 0 without --enable-lora, else
+// --max-loras, or as many as --lora-modules names (at least 1).
+int32_t pg_engine_lora_slots(const pg_engine_config *cfg);
+
 // Nodes 1..n-1 of a multi-node tensor-parallel group (c->node_rank > 0):
 // loads this node's ranks and runs node 0's steps on them until node 0
 // stops. 0 when node 0 said quit; else an error.
@@ -131,7 +136,7 @@ typedef struct pg_gen_request {
     const int32_t *bad_off;      // [n_bad + 1]
     const int32_t *bad_ids;
     int32_t n_bad;
-    int32_t lora_id;             // 0: the base model; i: adapter i of --lora-modules (1-based)
+    int64_t lora_id;             // 0: the base model; else pg_engine_lora_find's id of an adapter
 } pg_gen_request;
 
 // One event from the engine: a sched_event plus the submitter's pointer,
@@ -171,6 +176,20 @@ void pg_engine_finish_seq(pg_engine *e, int64_t id, int32_t seq_index);
 
 // Thread-safe. Moves up to `cap` pending events into `out`; returns the count.
 int pg_engine_poll(pg_engine *e, pg_gen_event *out, int cap);
+
+// LoRA adapters (docs/lora.md). Thread-safe.
+// The id of the adapter served as `name` (> 0; pg_gen_request.lora_id), or 0.
+int64_t pg_engine_lora_find(pg_engine *e, const char *name);
+// fn(ctx, name, path) for each adapter loaded now, in slot order.
+void pg_engine_lora_list(pg_engine *e, void (*fn)(void *ctx, const char *name, const char *path), void *ctx);
+// Loads the adapter in `path` as `name` into a free slot on every rank,
+// between steps; blocks until done (not on the loop thread). PG_EINVAL: the
+// name is taken, no slot is free, or the adapter does not fit (its file
+// named).
+int pg_engine_lora_load(pg_engine *e, const char *name, const char *path);
+// Unloads `name`; blocks until done. PG_ENOTFOUND: none is loaded;
+// PG_ENOSPC: requests still run with it (nothing changes).
+int pg_engine_lora_unload(pg_engine *e, const char *name);
 
 // Read-only model facts for the front end.
 const pg_tokenizer *pg_engine_tokenizer(const pg_engine *e);

@@ -10,7 +10,21 @@
 #include "engine/runner/runner.h"
 
 // A submission: a new request, an abort or an early finish of one sequence.
-typedef enum { SUB_ADD, SUB_ABORT, SUB_FINISH_SEQ } sub_kind;
+typedef enum { SUB_ADD, SUB_ABORT, SUB_FINISH_SEQ, SUB_LORA } sub_kind;
+
+// A LoRA load or unload (engine/engine_lora.c), waited for by its caller.
+typedef struct lora_cmd {
+    const char *name, *path; // path NULL: unload
+    int rc;                  // the outcome, with err, once done
+    char err[400];
+    bool done;               // guarded by pg_engine.mu
+} lora_cmd;
+
+// What a LoRA slot holds (guarded by pg_engine.lora_mu): uid 0 when empty.
+typedef struct eng_lora {
+    int64_t uid;
+    char *name, *path;
+} eng_lora;
 
 // What a request carries beyond the scheduler's view (engine/engine_masks.c):
 // its logit_bias arrays (the scheduler's sp points at them), its grammar
@@ -34,6 +48,7 @@ typedef struct sub {
     pg_gen_request req;   // SUB_ADD: prompt points to memory owned by the sub
     req_masks *x;         // SUB_ADD: owned, NULL when the request has none
     int64_t held_ns;      // SUB_ADD: when it was first held for its grammar (0: not held)
+    lora_cmd *lora;       // SUB_LORA: the caller's
     struct sub *next;
 } sub;
 
@@ -52,6 +67,7 @@ typedef struct live {
     // with a token; NULL when not asked for or handed over.
     pg_prompt_logprob *plp;
     int32_t n_prompt;
+    int32_t lora_slot;    // its adapter's slot, -1: the base model (an unload waits for none)
 } live;
 
 struct pg_engine {
@@ -100,6 +116,13 @@ struct pg_engine {
     int64_t fault_step, steps_with_work;
     double fault_seconds;
 
+    // LoRA slots (engine/engine_lora.c): their adapters, by slot.
+    pthread_mutex_t lora_mu;
+    pthread_cond_t lora_cv;      // with mu: a lora_cmd is done
+    eng_lora *lora;              // [n_lora_slots]
+    int32_t n_lora_slots;
+    int64_t lora_next_uid;
+
     pthread_mutex_t stats_mu;
     pg_engine_stats stats;
     int64_t mem_polled_ns; // engine thread: when device memory was last read
@@ -138,3 +161,14 @@ void eng_plp_start(live *l, const pg_gen_request *req);
 void eng_plp_store(pg_engine *e, const pg_step_output *out);
 // Hands l's prompt logprobs (l: the event's owner) to its first event with a token.
 void eng_plp_attach(live *l, pg_gen_event *g);
+
+// --- LoRA adapters (engine/engine_lora.c) ---------------------------------------
+
+// The slots after set-up: the adapters of --lora-modules in slots 0..n-1.
+void eng_lora_init(pg_engine *e);
+void eng_lora_free(pg_engine *e);
+// Engine thread: a load or unload between steps; marks it done.
+void eng_lora_apply(pg_engine *e, lora_cmd *c);
+// Engine thread: the slot of adapter id `uid` (0: the base model: -1), or
+// -2 when no slot holds it any more.
+int32_t eng_lora_slot(pg_engine *e, int64_t uid);

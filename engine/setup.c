@@ -106,7 +106,8 @@ static void executor_config(const pg_engine_config *cfg, pg_model_load_opts *mo,
     *mo = (pg_model_load_opts){.path = cfg->model_path, .dummy = is_dummy(cfg), .hf_config = cfg->hf_config,
                                .dummy_seed = 0x5eedull, .dummy_std = 0.02f,
                                .quantization = cfg->quantization, .cpu_offload_bytes = cfg->cpu_offload_bytes,
-                               .lora_dirs = cfg->lora_paths, .lora_names = cfg->lora_names, .n_lora = cfg->n_lora,
+                               .lora_dirs = cfg->lora_paths, .n_lora = cfg->n_lora,
+                               .lora_slots = pg_engine_lora_slots(cfg),
                                .max_lora_rank = cfg->max_lora_rank > 0 ? cfg->max_lora_rank : 16};
     *ec = (pg_executor_config){.tp = cfg->tensor_parallel > 1 ? cfg->tensor_parallel : 1, .device = pg_engine_config_device(cfg),
                                .n_threads = cfg->n_threads, .matmul_mode = cfg->matmul_mode, .comm = cfg->tp_comm,
@@ -131,6 +132,8 @@ int pg_engine_follow(const pg_engine_config *cfg) {
 // LoRA flags that cannot work, before any weight is read (vLLM's rules).
 static int check_lora(const pg_engine_config *cfg) {
     if (cfg->n_lora > 0 && !cfg->enable_lora) return pg_err_set(PG_EINVAL, "--lora-modules needs --enable-lora");
+    if (cfg->allow_runtime_lora_updating && !cfg->enable_lora)
+        return pg_err_set(PG_EINVAL, "--allow-runtime-lora-updating needs --enable-lora");
     if (cfg->max_loras > 0 && cfg->n_lora > cfg->max_loras)
         return pg_err_set(PG_EINVAL, "--max-loras %d: %d --lora-modules are named, and every adapter stays resident "
                                      "(loading on demand is not built yet)", cfg->max_loras, cfg->n_lora);

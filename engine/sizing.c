@@ -45,3 +45,9 @@ int32_t pg_engine_kv_blocks_needed(int32_t max_model_len, int32_t block_size) {
 const char *pg_engine_config_device(const pg_engine_config *cfg) {
     return cfg->device ? cfg->device : "auto";
 }
+
+int32_t pg_engine_lora_slots(const pg_engine_config *cfg) {
+    if (!cfg->enable_lora) return 0;
+    const int32_t n = cfg->max_loras > 0 ? cfg->max_loras : cfg->n_lora;
+    return n > 0 ? n : 1;
+}

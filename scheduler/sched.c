@@ -1075,7 +1075,7 @@ int sched_add_request(sched *s, const sched_request *in) {
         q->rng_seed = seed + (uint64_t)i; // vLLM: child seed = seed + index
         q->stop_token = -1;
         kvp_table_init(&q->table);
-        kvp_table_set_salt(&q->table, (uint64_t)(uint32_t)in->lora_id);
+        kvp_table_set_salt(&q->table, in->cache_salt);
     }
     r->state = RQ_WAITING;
     heap_push(&s->waiting, r);

@@ -93,10 +93,13 @@ typedef struct sched_request {
     // handed back in its events, by sched_request_owner and by
     // sched_for_each_owner; never read or freed here. NULL: none.
     void *owner;
-    // The LoRA adapter the request runs with (0: the base model): handed to
-    // the runner in its plan entries (pg_plan_seq.lora_id) and mixed into
-    // its prefix-cache hashes, so no adapter reuses another's KV.
+    // The LoRA adapter slot the request runs with (0: the base model; slot
+    // i + 1), handed to the runner in its plan entries (pg_plan_seq.lora_id).
     int32_t lora_id;
+    // Mixed into the request's prefix-cache hashes (kvp_table_set_salt; 0:
+    // none): the engine gives each adapter loaded its own, so no adapter
+    // reuses another's KV, even one that held the same slot before.
+    uint64_t cache_salt;
 } sched_request;
 
 typedef enum sched_finish_reason {

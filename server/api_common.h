@@ -67,7 +67,7 @@ typedef struct api_params {
     bool skip_special_tokens;    // default true
     bool include_stop_str;       // include_stop_str_in_output
     int32_t priority;
-    int32_t lora_id;             // the adapter "model" names (0: the base model; app_check_model)
+    int64_t lora_id;             // the adapter "model" names (0: the base model; app_check_model)
     int n_stop;
     char **stop;                 // [n_stop] owned
     size_t *stop_lens;           // [n_stop] owned

@@ -99,7 +99,7 @@ static cJSON *envelope(const gen_job *j) {
     cJSON_AddStringToObject(o, "id", j->id);
     cJSON_AddStringToObject(o, "object", object);
     cJSON_AddNumberToObject(o, "created", (double)j->created);
-    cJSON_AddStringToObject(o, "model", app_model_name(j->app, j->p.lora_id));
+    cJSON_AddStringToObject(o, "model", j->p.lora_id ? j->p.model : j->app->served_name); // an adapter: as asked
     return o;
 }
 

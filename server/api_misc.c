@@ -28,6 +28,25 @@ void api_version(srv_app *a, srv_req *r) {
     app_send_json(r, 200, body, sizeof body - 1);
 }
 
+typedef struct {
+    srv_app *a;
+    cJSON *data;
+} lora_listing;
+
+static void list_lora(void *ctx, const char *name, const char *path) {
+    lora_listing *ll = ctx;
+    cJSON *l = cJSON_CreateObject();
+    cJSON_AddStringToObject(l, "id", name);
+    cJSON_AddStringToObject(l, "object", "model");
+    cJSON_AddNumberToObject(l, "created", (double)ll->a->created);
+    cJSON_AddStringToObject(l, "owned_by", "paged");
+    cJSON_AddStringToObject(l, "root", path);
+    cJSON_AddStringToObject(l, "parent", ll->a->served_name);
+    cJSON_AddNumberToObject(l, "max_model_len", ll->a->lim.max_model_len);
+    cJSON_AddArrayToObject(l, "permission");
+    cJSON_AddItemToArray(ll->data, l);
+}
+
 void api_models(srv_app *a, srv_req *r) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "object", "list");
@@ -45,18 +64,8 @@ void api_models(srv_app *a, srv_req *r) {
     cJSON_AddArrayToObject(m, "permission");
     cJSON_AddItemToArray(data, m);
     // LoRA adapters, as vLLM lists them: the base model as their parent.
-    for (int32_t i = 0; i < a->n_lora; i++) {
-        cJSON *l = cJSON_CreateObject();
-        cJSON_AddStringToObject(l, "id", a->lora_names[i]);
-        cJSON_AddStringToObject(l, "object", "model");
-        cJSON_AddNumberToObject(l, "created", (double)a->created);
-        cJSON_AddStringToObject(l, "owned_by", "paged");
-        cJSON_AddStringToObject(l, "root", a->lora_paths[i]);
-        cJSON_AddStringToObject(l, "parent", a->served_name);
-        cJSON_AddNumberToObject(l, "max_model_len", a->lim.max_model_len);
-        cJSON_AddArrayToObject(l, "permission");
-        cJSON_AddItemToArray(data, l);
-    }
+    lora_listing ll = {a, data};
+    pg_engine_lora_list(a->engine, list_lora, &ll);
     send_cjson(r, 200, o);
 }
 

@@ -200,6 +200,10 @@ void app_run_off_loop(srv_app *a, srv_req *r, app_work_fn fn) {
         sbuf_free(&out);
         return;
     }
+    app_run_on_pool(a, r, fn);
+}
+
+void app_run_on_pool(srv_app *a, srv_req *r, app_work_fn fn) {
     if (a->n_off_loop >= APP_MAX_OFF_LOOP) {
         app_send_error_msg(r, 503, NULL, "the server is busy: too many large requests in progress");
         return;
@@ -241,19 +245,15 @@ bool app_chat_add_bos(const srv_app *a) {
     return pg_tokenizer_add_bos(a->tok) && !(a->chat && pg_chat_template_renders_bos(a->chat));
 }
 
-int app_check_model(srv_app *a, const char *model, int32_t *lora_id, api_error *e) {
+int app_check_model(srv_app *a, const char *model, int64_t *lora_id, api_error *e) {
     if (lora_id) *lora_id = 0;
     if (!model || !strcmp(model, a->served_name) || !strcmp(model, a->model_path)) return 0;
-    for (int32_t i = 0; i < a->n_lora; i++)
-        if (!strcmp(model, a->lora_names[i])) {
-            if (lora_id) *lora_id = i + 1;
-            return 0;
-        }
+    const int64_t uid = pg_engine_lora_find(a->engine, model);
+    if (uid > 0) {
+        if (lora_id) *lora_id = uid;
+        return 0;
+    }
     return api_err(e, 404, "model", "The model `%.200s` does not exist.", model);
-}
-
-const char *app_model_name(const srv_app *a, int32_t lora_id) {
-    return lora_id > 0 && lora_id <= a->n_lora ? a->lora_names[lora_id - 1] : a->served_name;
 }
 
 void app_new_id(srv_app *a, const char *prefix, char *out, size_t cap) {

@@ -28,9 +28,7 @@ typedef struct srv_app {
     uv_async_t async;              // woken by the engine's notify callback
     api_limits lim;
     char *served_name;             // the model id clients name
-    int32_t n_lora;                // --lora-modules: adapter i + 1 is served as lora_names[i]
-    const char *const *lora_names; //   (the engine config's, which outlives the app)
-    const char *const *lora_paths;
+    bool lora_runtime;             // /v1/load_lora_adapter and /v1/unload_lora_adapter answer
     char *model_path;
     const char *quantization;      // "none", "fp8", "int4" (pg_engine_quantization)
     char *api_key;                 // NULL: no authentication
@@ -91,6 +89,9 @@ typedef int (*app_work_fn)(srv_app *a, const char *body, size_t len, sbuf *out, 
 // connection may go away meanwhile: the answer is then dropped). Shutdown
 // waits for these like tokenizations (they use the engine's tokenizer).
 void app_run_off_loop(srv_app *a, srv_req *r, app_work_fn fn);
+// The same, always on the pool, whatever the body's size: for fn that wait
+// (a LoRA load waits for the engine thread's next pause between steps).
+void app_run_on_pool(srv_app *a, srv_req *r, app_work_fn fn);
 
 // Renders chat messages (m->json) with the model's template, with `tools`
 // (a JSON array or NULL) and chat_template_kwargs `kwargs` (object or
@@ -103,11 +104,10 @@ bool app_chat_add_bos(const srv_app *a);
 
 // Checks the "model" field against the served name (404 when unknown).
 // A request's "model": the served model (or its path; NULL: the served
-// model) sets *lora_id 0, an adapter of --lora-modules its id (1-based);
-// anything else is a 404. lora_id may be NULL (the caller needs no adapter).
-int app_check_model(srv_app *a, const char *model, int32_t *lora_id, api_error *e);
-// The name a response gives for a request of adapter lora_id (0: the model's).
-const char *app_model_name(const srv_app *a, int32_t lora_id);
+// model) sets *lora_id 0, a LoRA adapter loaded now its id
+// (pg_engine_lora_find); anything else is a 404. lora_id may be NULL (the
+// caller needs no adapter).
+int app_check_model(srv_app *a, const char *model, int64_t *lora_id, api_error *e);
 
 // "cmpl-..." style ids: prefix + 24 hex digits, unique per process.
 void app_new_id(srv_app *a, const char *prefix, char *out, size_t cap);
@@ -121,4 +121,6 @@ void api_detokenize(srv_app *a, srv_req *r);
 void api_health(srv_app *a, srv_req *r);
 void api_version(srv_app *a, srv_req *r);
 void api_metrics(srv_app *a, srv_req *r);
+void api_load_lora(srv_app *a, srv_req *r);   // server/api_lora.c
+void api_unload_lora(srv_app *a, srv_req *r);
 

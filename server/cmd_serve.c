@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 #include <uv.h>
@@ -444,9 +445,10 @@ int cmd_serve(int argc, char **argv) {
         srv_cors_free(&f.cors);
         return 1;
     }
-    a->n_lora = cfg.n_lora;
-    a->lora_names = cfg.lora_names;
-    a->lora_paths = cfg.lora_paths;
+    // vLLM's switch for the runtime routes, honoured beside the flag.
+    const char *rl = getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING");
+    if (rl && (!strcasecmp(rl, "true") || !strcmp(rl, "1"))) cfg.allow_runtime_lora_updating = cfg.enable_lora;
+    a->lora_runtime = cfg.enable_lora && cfg.allow_runtime_lora_updating;
     a->tok = pg_engine_tokenizer(a->engine);
     a->chat = pg_engine_chat_template(a->engine);
     a->model_path = pg_xstrdup(cfg.model_path);

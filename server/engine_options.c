@@ -84,6 +84,8 @@ const char *pg_engine_options_help =
     "                                (a request's \"model\" picks one; all stay resident)\n"
     "  --max-loras N                 adapters resident at once (default: as many as named)\n"
     "  --max-lora-rank R             the largest rank accepted (default 16)\n"
+    "  --allow-runtime-lora-updating POST /v1/load_lora_adapter and /v1/unload_lora_adapter\n"
+    "                                (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING=True does the same)\n"
     "  --max-num-seqs N              sequences per step (default " STR(SCHED_DEFAULT_MAX_NUM_SEQS) ")\n"
     "  --max-num-batched-tokens N    tokens per step (default " STR(PG_DEFAULT_CPU_BATCHED_TOKENS) " on the CPU, where a step\n"
     "                                stays a few hundred ms; " STR(SCHED_DEFAULT_MAX_NUM_BATCHED_TOKENS) " on a GPU)\n"
@@ -283,6 +285,10 @@ int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
         c->enable_lora = true;
         return 1;
     }
+    if (!strcmp(f, "--allow-runtime-lora-updating")) {
+        c->allow_runtime_lora_updating = true;
+        return 1;
+    }
     INT_FLAG("--max-loras", 1, PG_MAX_LORA_MODULES, c->max_loras)
     INT_FLAG("--max-lora-rank", 1, 1024, c->max_lora_rank)
     if (!strcmp(f, "--lora-modules")) {
@@ -290,15 +296,13 @@ int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
         // may come again).
         if (!has_value || v[0] == '-') return pg_err_set(PG_EINVAL, "%s needs NAME=PATH", f);
         while (*i + 1 < argc && argv[*i + 1][0] != '-') {
-            const char *kv = argv[++*i], *eq = strchr(kv, '=');
+            char *kv = argv[++*i], *eq = strchr(kv, '=');
             if (!eq || eq == kv || !eq[1])
                 return pg_err_set(PG_EINVAL, "--lora-modules: '%s' is not NAME=PATH", kv);
             if (c->n_lora == PG_MAX_LORA_MODULES)
                 return pg_err_set(PG_EINVAL, "--lora-modules: more than %d adapters", PG_MAX_LORA_MODULES);
-            char *name = pg_xmalloc((size_t)(eq - kv) + 1); // lives as long as the config
-            memcpy(name, kv, (size_t)(eq - kv));
-            name[eq - kv] = 0;
-            c->lora_names[c->n_lora] = name;
+            *eq = 0; // split in place: the config points into argv, which outlives it
+            c->lora_names[c->n_lora] = kv;
             c->lora_paths[c->n_lora++] = eq + 1;
         }
         return 1;

@@ -28,6 +28,9 @@ static const route ROUTES[] = {
     {"/health", HTTP_GET, api_health, true},
     {"/version", HTTP_GET, api_version, false},
     {"/metrics", HTTP_GET, api_metrics, false},
+    // Off unless --enable-lora --allow-runtime-lora-updating (404, as vLLM).
+    {"/v1/load_lora_adapter", HTTP_POST, api_load_lora, false},
+    {"/v1/unload_lora_adapter", HTTP_POST, api_unload_lora, false},
     // The chat page asks for the API key itself; the API description is
     // public, as vLLM's is.
     {"/", HTTP_GET, api_webui, true},
@@ -70,6 +73,7 @@ void srv_route(srv_req *r, void *ctx) {
     for (int i = 0; i < N_ROUTES; i++) {
         if (strcmp(ROUTES[i].path, r->path)) continue;
         if (ROUTES[i].fn == api_webui && a->no_webui) continue;  // --no-webui: 404
+        if ((ROUTES[i].fn == api_load_lora || ROUTES[i].fn == api_unload_lora) && !a->lora_runtime) continue;
         path_known = true;
         if (ROUTES[i].method == r->method ||
             (ROUTES[i].method == HTTP_GET && r->method == HTTP_HEAD)) {

@@ -529,7 +529,35 @@ int pg_executor_last_logits(pg_executor *ex, float *out, int32_t n) {
     return pg_runner_last_logits(ex->runner[0], out, n);
 }
 
+typedef struct {
+    int32_t slot;
+    const char *dir;
+} lora_args;
+
+static int lora_rank(pg_executor *ex, int32_t rank, void *arg) {
+    const lora_args *a = arg;
+    return pg_model_lora_set(ex->model[rank], a->slot, a->dir);
+}
+
+int pg_executor_lora_set(pg_executor *ex, int32_t slot, const char *dir) {
+    pg_wbuf w = {0};
+    pg_wbuf_put(&w, &slot, sizeof slot);
+    if (dir) pg_wbuf_put(&w, dir, strlen(dir));
+    int rc = remote_send(ex, PG_REMOTE_LORA, w.data, w.len);
+    pg_wbuf_free(&w);
+    PG_TRY(rc);
+    lora_args a = {slot, dir};
+    return remote_finish(ex, run_all(ex, lora_rank, &a), NULL);
+}
+
 // --- the other nodes ---------------------------------------------------------------------
+
+static char *bytes_dup(const char *p, size_t n) {
+    char *s = pg_xmalloc(n + 1);
+    memcpy(s, p, n);
+    s[n] = 0;
+    return s;
+}
 
 // One call from node 0 on this node's ranks; the reply's payload in *rep.
 static int follow_one(pg_executor *ex, uint32_t op, const pg_wbuf *in, pg_wbuf *rep) {
@@ -559,6 +587,18 @@ static int follow_one(pg_executor *ex, uint32_t op, const pg_wbuf *in, pg_wbuf *
         pg_wbuf_put(rep, &o->n, sizeof o->n);
         for (int32_t i = 0; i < o->n; i++) pg_wbuf_put(rep, &o->outs[i].token, sizeof(int32_t));
         return 0;
+    }
+    case PG_REMOTE_LORA: {
+        if (in->len < sizeof(int32_t)) return pg_err_set(PG_EIO, "a malformed LoRA call");
+        lora_args a;
+        memcpy(&a.slot, in->data, sizeof a.slot);
+        char *dir = in->len > sizeof(int32_t) ? bytes_dup((const char *)in->data + sizeof(int32_t),
+                                                                  in->len - sizeof(int32_t))
+                                              : NULL;
+        a.dir = dir;
+        int rc = run_all(ex, lora_rank, &a);
+        free(dir);
+        return rc;
     }
     default:
         return pg_err_set(PG_EIO, "an unknown call %u from node 0", op);

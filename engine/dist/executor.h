@@ -70,6 +70,9 @@ int pg_executor_begin(pg_executor *ex, const pg_batch_plan *plan);
 int pg_executor_end(pg_executor *ex, pg_step_output *out);
 int pg_executor_execute(pg_executor *ex, const pg_batch_plan *plan, pg_step_output *out);
 int pg_executor_last_logits(pg_executor *ex, float *out, int32_t n);
+// LoRA slot `slot` of every rank's model (and node's) filled with the adapter
+// in `dir`, or emptied (dir NULL): pg_model_lora_set on each, between steps.
+int pg_executor_lora_set(pg_executor *ex, int32_t slot, const char *dir);
 // Why --device auto chose the CPU ("--device auto: no CUDA device found
 // ...; running on the CPU"), or "" when it did not.
 const char *pg_executor_device_note(const pg_executor *ex);

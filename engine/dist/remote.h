@@ -32,6 +32,7 @@ enum {
     PG_REMOTE_BEGIN,       // payload: plan_wire plan + masks
     PG_REMOTE_END,         // reply: int32 n, then n sampled tokens
     PG_REMOTE_QUIT,
+    PG_REMOTE_LORA,        // payload: int32 slot, then the adapter directory (none: empty the slot)
 };
 
 // Node 0's side: one link per other node.

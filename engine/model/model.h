@@ -73,21 +73,19 @@ typedef struct pg_model_offload {
 } pg_model_offload;
 
 // LoRA adapters served beside the base model (engine/model/lora.c,
-// docs/lora.md): slot i holds adapter i + 1 of the plan's lora_id, its
-// pairs uploaded as this rank's slices (column-parallel projections: B's
-// rows; row-parallel ones: A's columns), in one table per (layer, module)
-// as kernels/backend.h lora_apply takes it.
+// docs/lora.md): n_slots slots, slot i serving the plan's lora_id i + 1,
+// each adapter's pairs uploaded as this rank's slices (column-parallel
+// projections: B's rows; row-parallel ones: A's columns), in one table per
+// (layer, module) as kernels/backend.h lora_apply takes it. Slots are
+// filled at load (pg_model_load_opts.lora_dirs) or later
+// (pg_model_lora_set: vLLM's runtime loading).
 #define PG_LORA_MODULES 7 // q, k, v, o, gate, up, down (engine/model/lora_adapter.h)
+struct pg_lora_slot_res;
 typedef struct pg_model_lora {
-    int32_t n_slots;      // adapters loaded; 0: none
-    int32_t max_rank;     // the largest rank among them
-    pg_lora_slot *table;  // [n_layers][PG_LORA_MODULES][n_slots]; .a NULL where an adapter leaves a module alone
-    struct pg_lora_adapter **adapters; // [n_slots] kept open: a backend may borrow their mapped data
-    char **names;         // [n_slots] as given (--lora-modules name=path)
-    pg_bweight **handles; // every uploaded A and B
-    int32_t n_handles;
-    void **owned;         // sliced copies
-    int32_t n_owned;
+    int32_t n_slots;      // slots (loaded or empty); 0: no LoRA
+    int32_t max_rank;     // the largest rank a slot may take (the workspace is sized for it)
+    pg_lora_slot *table;  // [n_layers][PG_LORA_MODULES][n_slots]; .a NULL: the slot leaves the module alone
+    struct pg_lora_slot_res *res; // [n_slots] what each slot holds (lora.c)
 } pg_model_lora;
 
 // Layer l's table for module `module` (PG_LORA_MODULES of them), n_slots entries.
@@ -101,6 +99,10 @@ struct pg_model_load_opts;
 // it last); errors name the adapter's file. Frees them (pg_model_free).
 int pg_model_lora_load(struct pg_model *m, const struct pg_model_load_opts *o);
 void pg_model_lora_free(struct pg_model *m);
+// Fills slot `slot` with the adapter in `dir` (NULL: empties it), replacing
+// what it held; errors name the adapter's file and leave the slot empty.
+// Only between steps: no step in flight may use the slot.
+int pg_model_lora_set(struct pg_model *m, int32_t slot, const char *dir);
 
 typedef struct pg_model {
     pg_model_config cfg;
@@ -150,11 +152,10 @@ typedef struct pg_model_load_opts {
     // 0: none. Per rank under tensor parallelism.
     int64_t cpu_offload_bytes;
     // LoRA adapters (PEFT directories) loaded beside the model, slot i for
-    // lora_dirs[i], named lora_names[i] (NULL: the directory); ranks above
-    // max_lora_rank (0: 64) are refused.
+    // lora_dirs[i]; ranks above max_lora_rank (0: 64) are refused.
     const char *const *lora_dirs;
-    const char *const *lora_names;
     int32_t n_lora;
+    int32_t lora_slots;     // slots in all (>= n_lora; the rest start empty); 0: n_lora
     int32_t max_lora_rank;
 } pg_model_load_opts;
 

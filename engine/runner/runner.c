@@ -122,7 +122,7 @@ static void carve_workspace(const pg_model_config *mc, const pg_model_shard *sh,
 // model's shard (0 without adapters).
 static size_t lora_ws_bytes(const pg_model *m, int32_t max_tokens) {
     const pg_model_lora *lo = &m->lora;
-    if (lo->n_slots == 0 || !m->be->ops->lora_workspace_bytes) return 0;
+    if (lo->n_slots == 0 || !m->be->ops->lora_workspace_bytes) return 0; // (the rank cap: slots fill at run time)
     const pg_model_shard *sh = &m->shard;
     const int32_t hd = m->cfg.head_dim, H = m->cfg.hidden;
     const int32_t q = sh->n_heads * hd, f = sh->ffn;

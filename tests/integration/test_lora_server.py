@@ -15,7 +15,15 @@ projections, lora_B non-zero), queried with the official OpenAI SDK.
    base model's run of the same prompt finds nothing cached
    (paged:prefix_cache_hits_total does not move), while a second alpha run
    hits.
-4. Unknown model names get the OpenAI 404; bad flags stop the server with
+4. Runtime loading (--allow-runtime-lora-updating, --max-loras 2), as
+   vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter: the routes are
+   404 without the flag; beta loaded at run time gives the text beta gave
+   when loaded at start-up; a third adapter finds no slot (400), a name
+   already served is refused (400), an adapter of the wrong shape names
+   its file (400); alpha cannot be unloaded while a request streams with it
+   (409) and can after (200), and then answers 404; an adapter loaded into
+   the slot alpha left finds none of alpha's KV in the prefix cache.
+5. Unknown model names get the OpenAI 404; bad flags stop the server with
    one line: --lora-modules without --enable-lora, a name given twice,
    --max-loras below the adapters named, an adapter of another shape (its
    file named).
@@ -81,6 +89,64 @@ def refused(args, want):
     assert ok, p.stderr[-2000:]
 
 
+def runtime(tmp, a_dir, b_dir, static_texts):
+    with su.Server("--enable-lora", "--allow-runtime-lora-updating", "--max-loras", "2",
+                   "--lora-modules", f"alpha={a_dir}") as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", timeout=120, max_retries=0)
+
+        def post(path, body):
+            st, _, data = su.request(srv.port, "POST", path, body)
+            return st, json.loads(data)
+
+        st, msg = post("/v1/load_lora_adapter", {"lora_name": "beta", "lora_path": b_dir})
+        assert st == 200 and "beta" in msg, (st, msg)
+        assert [m.id for m in client.models.list().data][1:] == ["alpha", "beta"]
+        text = client.completions.create(model="beta", prompt="The history of the printing press begins",
+                                         max_tokens=20, temperature=0).choices[0].text
+        assert text == static_texts["beta"], (text, static_texts["beta"])
+        print("runtime: beta loaded at run time gives its start-up text")
+        st, err = post("/v1/load_lora_adapter", {"lora_name": "gamma", "lora_path": b_dir})
+        assert st == 400 and "no free LoRA slot" in err["error"]["message"], (st, err)
+        st, err = post("/v1/load_lora_adapter", {"lora_name": "beta", "lora_path": b_dir})
+        assert st == 400 and "already been loaded" in err["error"]["message"], (st, err)
+        st, err = post("/v1/unload_lora_adapter", {"lora_name": "nobody"})
+        assert st == 404, (st, err)
+        # In use: a stream with alpha holds it.
+        long_prompt = "Once upon a time there was a lighthouse keeper who " * 12
+        stream = client.completions.create(model="alpha", prompt=long_prompt, max_tokens=60, temperature=0,
+                                           stream=True, extra_body={"ignore_eos": True})
+        next(iter(stream))
+        st, err = post("/v1/unload_lora_adapter", {"lora_name": "alpha"})
+        assert st == 409 and "in use" in err["error"]["message"], (st, err)
+        for _ in stream:
+            pass
+        st, msg = post("/v1/unload_lora_adapter", {"lora_name": "alpha"})
+        assert st == 200, (st, msg)
+        try:
+            client.completions.create(model="alpha", prompt="x", max_tokens=1)
+            raise AssertionError("alpha answered after its unload")
+        except openai.NotFoundError:
+            pass
+        print("runtime: no slot 400, taken name 400, unknown 404, in use 409, unloaded then 404")
+        # A new adapter in alpha's old slot: none of alpha's KV.
+        delta = os.path.join(tmp, "delta")
+        write_adapter(delta, 4)
+        st, msg = post("/v1/load_lora_adapter", {"lora_name": "delta", "lora_path": delta})
+        assert st == 200, (st, msg)
+        h0 = metric(srv.port, "paged:prefix_cache_hits_total")
+        client.completions.create(model="delta", prompt=long_prompt, max_tokens=2, temperature=0)
+        h1 = metric(srv.port, "paged:prefix_cache_hits_total")
+        assert h1 == h0, (h0, h1)
+        bad = os.path.join(tmp, "bad-runtime")
+        write_adapter(bad, 5, shapes={"q_proj": (Q, 512)})
+        post("/v1/unload_lora_adapter", {"lora_name": "delta"})
+        st, err = post("/v1/load_lora_adapter", {"lora_name": "bad", "lora_path": bad})
+        assert st == 400 and "adapter_model.safetensors" in err["error"]["message"], (st, err)
+        print(f"runtime: delta in alpha's old slot found {h1 - h0:.0f} cached tokens; a bad adapter: "
+              f"{err['error']['message'][:90]}...")
+        assert metric(srv.port, "paged:kv_cache_usage_perc") == 0.0
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         a_dir, b_dir = os.path.join(tmp, "alpha"), os.path.join(tmp, "beta")
@@ -140,6 +206,9 @@ def main():
                 assert "gamma" in str(e), e
             used = metric(srv.port, "paged:kv_cache_usage_perc")
             assert used == 0.0, used
+            st, _, _ = su.request(srv.port, "POST", "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": b_dir})
+            assert st == 404, st
+        runtime(tmp, a_dir, b_dir, together)
         refused(["--lora-modules", f"alpha={a_dir}"], ["--lora-modules needs --enable-lora"])
         refused(["--enable-lora", "--lora-modules", f"a={a_dir}", f"a={b_dir}"], ["given twice"])
         refused(["--enable-lora", "--max-loras", "1", "--lora-modules", f"a={a_dir}", f"b={b_dir}"],

@@ -342,7 +342,7 @@ static void submit(sim *m) {
     sim_req *q = &m->reqs[m->n_submitted];
     make_request(m, q, m->n_submitted);
     m->n_submitted++;
-    sched_request in = {q->id, q->prompt, q->n_prompt, &q->sp, q->priority, q->arrival, EOS, q, 0};
+    sched_request in = {q->id, q->prompt, q->n_prompt, &q->sp, q->priority, q->arrival, EOS, q, 0, 0};
     int rc = sched_add_request(m->s, &in);
     if (expect_reject(m, q)) {
         if (rc != PG_EINVAL) fail_msg("request %lld should be rejected", (long long)q->id);
