@@ -4,11 +4,12 @@
 // tensor-parallel sizes (tests/integration/test_tensor_parallel.py).
 //
 //   build/tests/tools/dump_logits MODEL|--dummy CONFIG.json [--mode exact|quant|default]
-//       [--tp N] [--threads N] [--quantization fp8|int4|awq|gptq|none] [--cpu-offload-gb G] ID,ID,...
+//       [--tp N [--ep]] [--threads N] [--quantization fp8|int4|awq|gptq|none] [--cpu-offload-gb G] ID,ID,...
 //
 // Prints one JSON line: {"vocab": V, "logits": [...]} for the last position.
 // --dummy: random weights of that config's shape (the same values at every
-// --tp). --tp N: N ranks on the in-process communicator (engine/dist/executor.h).
+// --tp). --tp N: N ranks on the in-process communicator (engine/dist/executor.h);
+// --ep: with expert parallelism (--enable-expert-parallel: whole experts per rank).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@ int main(int argc, char **argv) {
     pg_matmul_mode mode = PG_MATMUL_EXACT;
     int tp = 1, threads = 0, quant = 0;
     int64_t offload = 0;
+    bool ep = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--mode") && i + 1 < argc) {
             if (pg_matmul_mode_parse(argv[++i], &mode) < 0) return fprintf(stderr, "%s\n", pg_err_msg()), 2;
@@ -31,6 +33,8 @@ int main(int argc, char **argv) {
             offload = (int64_t)(atof(argv[++i]) * (double)(1 << 30));
         } else if (!strcmp(argv[i], "--tp") && i + 1 < argc) {
             tp = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--ep")) {
+            ep = true;
         } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
             threads = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--dummy") && i + 1 < argc) {
@@ -42,7 +46,7 @@ int main(int argc, char **argv) {
         }
     }
     if ((!model_path && !dummy) || !ids_arg) {
-        fprintf(stderr, "usage: dump_logits MODEL|--dummy CONFIG [--mode exact|quant|default] [--tp N] "
+        fprintf(stderr, "usage: dump_logits MODEL|--dummy CONFIG [--mode exact|quant|default] [--tp N [--ep]] "
                         "[--threads N] [--quantization Q] [--cpu-offload-gb G] ID,ID,...\n");
         return 2;
     }
@@ -54,7 +58,7 @@ int main(int argc, char **argv) {
     }
     pg_model_load_opts mo = {.path = model_path, .dummy = dummy != NULL, .hf_config = dummy,
                              .dummy_seed = 0x5eedull, .dummy_std = 0.02f, .quantization = quant,
-                             .cpu_offload_bytes = offload};
+                             .cpu_offload_bytes = offload, .expert_parallel = ep};
     pg_executor_config ec = {.tp = tp, .device = "cpu", .n_threads = threads, .matmul_mode = mode};
     pg_executor *ex;
     if (pg_executor_create(&ec, &mo, &ex) < 0) return fprintf(stderr, "%s\n", pg_err_msg()), 1;
