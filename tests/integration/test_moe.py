@@ -15,12 +15,15 @@ Face transformers on the CPU.
    them out (gguf-py: arch "llama" with expert_count for Mixtral, Q/K rows
    permuted as convert_hf_to_gguf.py does; "qwen3moe"; every layer's experts
    stacked in one `ffn_{gate,up,down}_exps` tensor and the router in
-   `ffn_gate_inp`) give the safetensors logits within 1e-5 relative.
+   `ffn_gate_inp`) give the safetensors logits within 1e-5 relative, and
+   with --tp 2 --ep (a rank's experts a block of the stacked rows) within
+   1e-5 of the largest logit.
 3. Tensor parallelism: --tp 2 and --tp 4 (each rank a slice of every
    expert's columns, the router whole) give the logits of --tp 1 within
    1e-5 of the largest logit, same argmax; so do --tp 2 and --tp 4 with
    expert parallelism (dump_logits --ep, --enable-expert-parallel: each
-   rank n_experts / tp whole experts, the others never read).
+   rank n_experts / tp whole experts, the others never read), on the
+   checkpoints and on random weights of the Qwen3-MoE shape.
 4. `paged plan` of the Qwen3-30B-A3B shape (tests/gpu/qwen3-30b-a3b-shape.json,
    dummy weights, an H200's 141 GB): 30.5 B parameters, 3.35 B active
    (Qwen's published 30.5 B / 3.3 B), weights = 2 bytes x every parameter;
@@ -211,6 +214,13 @@ def main():
                 print(f"{name:17s} gguf ({arch}) vs safetensors {len(ids):3d} tokens: rel err {err:.2e}")
                 if not (err < 1e-5 and int(np.argmax(a)) == int(np.argmax(b))):
                     failed.append(("gguf", name, len(ids), err))
+            # Expert parallelism on the stacked tensors: a rank's experts are one block of rows.
+            _, b = paged_logits([out], PROMPTS[0], 2, True)
+            _, a = paged_logits([dirs[name]], PROMPTS[0])
+            err = float(np.max(np.abs(a - b)) / np.max(np.abs(a)))
+            print(f"{name:17s} gguf --tp 2 --ep vs safetensors --tp 1: max diff {err:.1e} of the largest logit")
+            if not (err < 1e-5 and int(np.argmax(a)) == int(np.argmax(b))):
+                failed.append(("gguf ep", name, err))
 
         # 3. Tensor parallelism, experts split by columns and (--ep) whole.
         for name in VARIANTS:
@@ -223,6 +233,16 @@ def main():
                 print(f"{name:17s} {what:10s} vs --tp 1: max diff {err:.1e} of the largest logit")
                 if not (err < 1e-5 and int(np.argmax(a)) == int(np.argmax(b))):
                     failed.append(("tp", name, tp, ep, err))
+        # Random weights: a rank's experts have the values they have at --tp 1
+        # (the loader keys each expert's values by its id, not by load order).
+        dummy = ["--dummy", os.path.join(dirs["qwen3moe"], "config.json")]
+        _, a = paged_logits(dummy, PROMPTS[0], 1)
+        for tp in (2, 4):
+            _, b = paged_logits(dummy, PROMPTS[0], tp, True)
+            err = float(np.max(np.abs(a - b)) / np.max(np.abs(a)))
+            print(f"qwen3moe dummy    --tp {tp} --ep vs --tp 1: max diff {err:.1e} of the largest logit")
+            if not (err < 1e-5 and int(np.argmax(a)) == int(np.argmax(b))):
+                failed.append(("tp dummy", tp, err))
 
         # 4. The plan of the Qwen3-30B-A3B shape.
         shape = os.path.join(ROOT, "tests/gpu/qwen3-30b-a3b-shape.json")
