@@ -57,6 +57,8 @@ typedef struct pg_engine_config {
     const char *async_scheduling; // NULL or "auto" (on with CUDA, off on the CPU), "on", "off":
                                  //   plan step N + 1 while step N runs (scheduler/sched.h)
     int32_t tensor_parallel;     // ranks (0 or 1: none); engine/dist/executor.h
+    bool expert_parallel;        // --enable-expert-parallel: whole experts per rank (docs/moe.md);
+                                 //   ignored, with a log line, for a model without experts
     const char *tp_comm;         // NULL or "auto" (nccl on CUDA, cpu on the CPU), "cpu", "nccl"
     int32_t nnodes, node_rank;   // tensor parallelism across nodes (engine/dist/remote.h)
     const char *master_addr;     //   node 0's address (default 127.0.0.1)

@@ -144,7 +144,8 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
     if (tp > PG_MEMPLAN_MAX_RANKS) return pg_err_set(PG_EINVAL, "-tp %d: at most %d ranks", tp, PG_MEMPLAN_MAX_RANKS);
     const bool dummy = cfg->load_format && !strcmp(cfg->load_format, "dummy");
     const pg_model_load_opts mo = {.path = cfg->model_path, .dummy = dummy, .hf_config = cfg->hf_config,
-                                   .quantization = cfg->quantization, .cpu_offload_bytes = cfg->cpu_offload_bytes};
+                                   .quantization = cfg->quantization, .cpu_offload_bytes = cfg->cpu_offload_bytes,
+                                   .expert_parallel = cfg->expert_parallel};
     // What the backend would do with each weight: asked of its kind
     // (kernels/backend.h pg_backend_caps), which a live backend answers too.
     const pg_backend_caps *caps = cuda ? pg_backend_cuda_caps() : pg_backend_cpu_caps();
@@ -178,7 +179,7 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
     int64_t budget = INT64_MAX;
     for (int32_t r = 0; r < tp; r++) {
         pg_model_shard sh;
-        PG_TRY(pg_model_shard_plan(mc, r, tp, &sh));
+        PG_TRY(pg_model_shard_plan(mc, r, tp, cfg->expert_parallel, &sh));
         pg_memplan_rank *k = &p->ranks[r];
         const size_t attn = cuda ? cuda_attn_ws(max_seqs, sh.n_heads, sh.n_kv_heads, mc->head_dim, p->max_model_len) : 0;
         const size_t samp = cuda ? pg_cuda_sample_workspace_size(max_seqs, mc->vocab_size) : 0;
@@ -196,6 +197,7 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
         // sized for the largest such matrix at the profiling forward).
         k->workspace_extra = cuda ? CUDA_PROFILE_EXTRA + 2 * k->quant_max_elems : 0;
         k->workspace = k->workspace_buffers + k->workspace_extra;
+        if (r == 0) p->experts_per_rank = mc->n_experts > 0 ? sh.n_exp : 0;
         if (r == 0) p->per_block = kv_block_bytes(cuda, p->kv_dtype, mc, sh.n_kv_heads, p->block_size);
         if (!cuda) continue;
         PG_TRY(cuda_graph_reserve(cfg, max_seqs, p->max_model_len, &k->graphs));
@@ -423,6 +425,9 @@ char *pg_memplan_text(const pg_memplan *p, const pg_memplan_advice *adv, int n_a
         sbm_printf(&b, "experts: %d of FFN %d per MoE layer (every %d), %d used per token; parameters %.3g B total, "
                        "%.3g B active\n",
                    mc->n_experts, mc->moe_ffn, mc->moe_step, mc->n_experts_used, total / 1e9, active / 1e9);
+        if (p->experts_per_rank < mc->n_experts)
+            sbm_printf(&b, "expert parallel: %d whole experts per rank (weights below are per rank)\n",
+                       p->experts_per_rank);
     }
     if (p->cuda)
         sbm_printf(&b, "device cuda: %.2f GiB per GPU, --gpu-memory-utilization %.2f, %d rank%s\n",
@@ -526,8 +531,8 @@ char *pg_memplan_json(const pg_memplan *p, const pg_memplan_advice *adv, int n_a
     int64_t total, active;
     pg_config_params(mc, &total, &active);
     if (mc->n_experts > 0)
-        sbm_printf(&b, ",\"n_experts\":%d,\"n_experts_used\":%d,\"moe_ffn\":%d,\"moe_step\":%d", mc->n_experts,
-                   mc->n_experts_used, mc->moe_ffn, mc->moe_step);
+        sbm_printf(&b, ",\"n_experts\":%d,\"n_experts_used\":%d,\"moe_ffn\":%d,\"moe_step\":%d,\"experts_per_rank\":%d",
+                   mc->n_experts, mc->n_experts_used, mc->moe_ffn, mc->moe_step, p->experts_per_rank);
     sbm_printf(&b, ",\"params_total\":%lld,\"params_active\":%lld},\"plan\":", (long long)total,
                (long long)active);
     json_plan(&b, p);

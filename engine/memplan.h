@@ -51,6 +51,8 @@ typedef struct pg_memplan {
     bool cuda, kv_fp8;
     int32_t kv_dtype;          // pg_kv_shape.dtype (kernels/kernels.h)
     int32_t quantization;      // PG_QUANT_* (engine/model/model.h): --quantization
+    int32_t experts_per_rank;  // the experts each rank holds (all of them but under
+                               //   --enable-expert-parallel); 0 without experts
     int32_t tp, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, plan_seq_len;
     double util;                 // CUDA: --gpu-memory-utilization
     int64_t device_total;        // CUDA: per GPU

@@ -108,7 +108,8 @@ static void executor_config(const pg_engine_config *cfg, pg_model_load_opts *mo,
                                .quantization = cfg->quantization, .cpu_offload_bytes = cfg->cpu_offload_bytes,
                                .lora_dirs = cfg->lora_paths, .n_lora = cfg->n_lora,
                                .lora_slots = pg_engine_lora_slots(cfg),
-                               .max_lora_rank = cfg->max_lora_rank > 0 ? cfg->max_lora_rank : 16};
+                               .max_lora_rank = cfg->max_lora_rank > 0 ? cfg->max_lora_rank : 16,
+                               .expert_parallel = cfg->expert_parallel};
     *ec = (pg_executor_config){.tp = cfg->tensor_parallel > 1 ? cfg->tensor_parallel : 1, .device = pg_engine_config_device(cfg),
                                .n_threads = cfg->n_threads, .matmul_mode = cfg->matmul_mode, .comm = cfg->tp_comm,
                                .nnodes = cfg->nnodes, .node_rank = cfg->node_rank,
@@ -142,6 +143,18 @@ static int check_lora(const pg_engine_config *cfg) {
             if (!strcmp(cfg->lora_names[i], cfg->lora_names[j]))
                 return pg_err_set(PG_EINVAL, "--lora-modules: the name '%s' is given twice", cfg->lora_names[i]);
     return 0;
+}
+
+// The start-up log's line of a rank's share: heads, FFN columns, experts
+// (a slice of every one, or whole ones under expert parallelism), vocabulary.
+static void log_tensor_parallel(const pg_engine_config *cfg, const pg_model_config *mc, const pg_model_shard *sh) {
+    char exp[96] = "";
+    if (mc->n_experts > 0 && sh->expert_parallel)
+        snprintf(exp, sizeof exp, ", experts %d of %d whole (expert parallel)", sh->n_exp, mc->n_experts);
+    else if (mc->n_experts > 0)
+        snprintf(exp, sizeof exp, ", %d of every expert's %d columns", sh->moe_ffn, mc->moe_ffn);
+    PG_LOGI("tensor parallel: %d ranks (%d heads, %d KV heads, %d FFN columns%s and %d vocabulary rows each)%s",
+            sh->size, sh->n_heads, sh->n_kv_heads, sh->ffn, exp, sh->vocab, cfg->nnodes > 1 ? " across nodes" : "");
 }
 
 // The start-up log's name of the KV type.
@@ -323,10 +336,9 @@ int eng_setup(pg_engine *e) {
     }
     const char *note = pg_executor_device_note(e->exec);
     PG_LOGI("device %s%s%s%s", gm.device, note[0] ? " (" : "", note, note[0] ? ")" : "");
-    if (tp > 1)
-        PG_LOGI("tensor parallel: %d ranks (%d heads, %d KV heads, %d FFN columns and %d vocabulary rows each)%s", tp,
-                e->model->shard.n_heads, e->model->shard.n_kv_heads, e->model->shard.ffn, e->model->shard.vocab,
-                cfg->nnodes > 1 ? " across nodes" : "");
+    if (tp > 1) log_tensor_parallel(cfg, &e->model->cfg, &e->model->shard);
+    if (cfg->expert_parallel && e->model->cfg.n_experts <= 0)
+        PG_LOGI("--enable-expert-parallel: the model has no experts; ignored (as vLLM does)");
     // Every rank's memory (rank 0's below stands for the rest on one node).
     for (int32_t r = 1; r < tp && be->caps->measures_memory; r++) {
         pg_runner_mem m;

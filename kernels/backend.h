@@ -302,7 +302,12 @@ typedef struct pg_backend_ops {
     // down are host arrays [n_experts] of weights, gate_up[e] the fused
     // [gate | up] [2 ffn][hidden] and down[e] [hidden][ffn], of any type
     // the backend runs (the same as linear's). Experts no row chose cost
-    // nothing. workspace: moe_workspace_bytes for at least x.rows rows.
+    // nothing. Expert parallelism: gate_up[e] and down[e] both NULL mark an
+    // expert not held here; routing and w_e are unchanged (every expert
+    // competes), its terms are left out of the sum, so the outputs over a
+    // partition of the experts sum to the whole's (the all-reduce's job);
+    // ffn is the first held expert's. workspace: moe_workspace_bytes for at
+    // least x.rows rows.
     // NULL in a backend without MoE (CUDA for now): callers check.
     int (*moe_ffn)(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *norm, float eps,
                    const pg_bweight *router, const pg_bweight *const *gate_up,

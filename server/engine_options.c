@@ -35,6 +35,10 @@ const char *pg_engine_options_help =
     "                                on a batch shape's first step (lazy), or none (off)\n"
     "  -tp, --tensor-parallel-size N shard the model over N GPUs (one worker thread each),\n"
     "                                or N CPU ranks sharing the CPU's threads (default 1)\n"
+    "  --enable-expert-parallel      with -tp N: each rank holds n_experts / N whole experts\n"
+    "                                of a mixture-of-experts model instead of a slice of\n"
+    "                                every expert (attention stays split by heads); ignored,\n"
+    "                                with a log line, for a model without experts\n"
     "  --tp-comm auto|cpu|nccl       the ranks' communicator (auto: nccl on GPUs, the\n"
     "                                in-process one on the CPU)\n"
     "  --nnodes N --node-rank R      tensor parallelism over N nodes (-tp / N ranks each):\n"
@@ -165,6 +169,10 @@ int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
         NEED_VALUE();
         if (pg_parse_int(v, 1, 64, &n) < 0) return pg_err_wrap(PG_EINVAL, "%s: ", f);
         c->tensor_parallel = (int32_t)n;
+        return 1;
+    }
+    if (!strcmp(f, "--enable-expert-parallel")) {
+        c->expert_parallel = true;
         return 1;
     }
     INT_FLAG("--nnodes", 1, 64, c->nnodes)

@@ -79,7 +79,7 @@ bool pg_lt_shard_range(const pg_model_config *c, const pg_model_shard *sh, pg_lt
     case DIM_Q: *lo = sh->head0 * hd, *n = sh->n_heads * hd; return true;
     case DIM_KV: *lo = sh->kv_head0 * hd, *n = sh->n_kv_heads * hd; return true;
     case DIM_FFN: *lo = sh->ffn0, *n = sh->ffn; return true;
-    case DIM_MOE_FFN: *lo = sh->moe_ffn0, *n = sh->moe_ffn; return true;
+    case DIM_MOE_FFN: *lo = sh->moe_ffn0, *n = sh->moe_ffn; return !sh->expert_parallel; // EP: whole experts
     case DIM_VOCAB: *lo = sh->vocab0, *n = sh->vocab; return true;
     default: return false;
     }
@@ -136,7 +136,8 @@ static void moe_item(const pg_model_config *c, bool gguf, int32_t l, const moe_t
     }
 }
 
-int pg_layer_tensors(const pg_model_config *c, bool gguf, int32_t l, pg_layer_tensor *out) {
+int pg_layer_tensors(const pg_model_config *c, const pg_model_shard *sh, bool gguf, int32_t l,
+                     pg_layer_tensor *out) {
     int n = 0;
     for (int t = 0; t < N_LAYER; t++) {
         const layer_tensor *lt = &LAYER[t];
@@ -151,7 +152,10 @@ int pg_layer_tensors(const pg_model_config *c, bool gguf, int32_t l, pg_layer_te
     }
     if (!needed(c, l, NEED_MOE)) return n;
     moe_item(c, gguf, l, &ROUTER, -1, &out[n++]);
-    for (int32_t e = 0; e < c->n_experts; e++)
+    // Only the experts this rank holds (expert parallelism: its block; the
+    // others are never looked at, so never read).
+    const int32_t e0 = sh ? sh->exp0 : 0, e1 = sh ? sh->exp0 + sh->n_exp : c->n_experts;
+    for (int32_t e = e0; e < e1; e++)
         for (size_t t = 0; t < sizeof EXPERT / sizeof EXPERT[0]; t++) moe_item(c, gguf, l, &EXPERT[t], e, &out[n++]);
     return n;
 }

@@ -43,13 +43,17 @@ typedef struct {
 // The most tensors a layer of c has (the capacity pg_layer_tensors wants).
 int pg_layer_tensors_max(const pg_model_config *c);
 // The tensors of layer l in load order, names for a GGUF (gguf true) or a
-// Hugging Face source; returns how many.
-int pg_layer_tensors(const pg_model_config *c, bool gguf, int32_t l, pg_layer_tensor *out);
+// Hugging Face source; returns how many. The experts listed are those shard
+// sh holds ([exp0, exp0 + n_exp): all but under expert parallelism); sh
+// NULL: every expert.
+int pg_layer_tensors(const pg_model_config *c, const pg_model_shard *sh, bool gguf, int32_t l,
+                     pg_layer_tensor *out);
 
 // The size of a dimension.
 int64_t pg_lt_dim_size(const pg_model_config *c, pg_lt_dim d);
 // This rank's range [*lo, *lo + *n) of a dimension; false when the
-// dimension is not split (hidden, head_dim, experts, one).
+// dimension is not split (hidden, head_dim, experts, one; the experts'
+// width under expert parallelism).
 bool pg_lt_shard_range(const pg_model_config *c, const pg_model_shard *sh, pg_lt_dim d, int64_t *lo, int64_t *n);
 
 // Where layer L keeps a tensor's (fused) weight.

@@ -136,6 +136,9 @@ int pg_layer_ffn_swiglu(const pg_model *m, int32_t l, const pg_step_views *v) {
     return row_linear(m, v, l, PG_LORA_DOWN, v->x, v->h, L->down, v->xn);
 }
 
+// Every rank routes every row over every expert; its experts' part (a
+// column slice of each, or under expert parallelism its whole experts,
+// the others NULL) goes to the stream as a row-parallel product's does.
 int pg_layer_ffn_moe(const pg_model *m, int32_t l, const pg_step_views *v) {
     const pg_model_layer *L = &m->layers[l];
     const pg_model_config *c = &m->cfg;

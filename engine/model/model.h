@@ -29,7 +29,8 @@ typedef struct pg_model_layer {
     pg_bweight *down;      // [hidden][ffn]
     // A mixture-of-experts layer (pg_config_layer_is_moe) has these instead
     // of gate_up and down: the router, whole on every rank, and every
-    // expert's slice of this rank's columns.
+    // expert's slice of this rank's columns; under expert parallelism the
+    // rank's experts whole and NULL for the others (moe_ffn skips them).
     pg_bweight *router;    // [n_experts][hidden]
     pg_bweight **exp_gate_up; // [n_experts], each [2 moe_ffn][hidden]: gate rows, then up
     pg_bweight **exp_down;    // [n_experts], each [hidden][moe_ffn]
@@ -45,15 +46,22 @@ typedef struct pg_model_shard {
     int32_t n_heads, n_kv_heads; // this rank's query and KV heads
     int32_t head0, kv_head0;     // the model's first query / KV head this rank holds
     int32_t ffn, ffn0;           // FFN columns [ffn0, ffn0 + ffn)
-    int32_t moe_ffn, moe_ffn0;   // every expert's columns [moe_ffn0, moe_ffn0 + moe_ffn)
+    int32_t moe_ffn, moe_ffn0;   // every expert's columns [moe_ffn0, moe_ffn0 + moe_ffn) (EP: all)
+    int32_t exp0, n_exp;         // the experts held [exp0, exp0 + n_exp) (without EP: all)
+    bool expert_parallel;        // --enable-expert-parallel on a model with experts: whole
+                                 //   experts per rank, not column slices (docs/moe.md)
     int32_t vocab, vocab0;       // vocabulary rows [vocab0, vocab0 + vocab)
     bool comm;                   // the forward's collectives run (size > 1, or a
                                  //   communicator named for one rank)
 } pg_model_shard;
 
 // The shard of rank `rank` of `size`; PG_EINVAL naming the numbers when the
-// model cannot be split so (heads, KV heads, FFN or vocabulary not divisible).
-int pg_model_shard_plan(const pg_model_config *c, int32_t rank, int32_t size, pg_model_shard *out);
+// model cannot be split so (heads, KV heads, FFN, experts or vocabulary not
+// divisible). expert_parallel: a model's experts split whole across the
+// ranks instead of by columns; ignored for a model without experts (as
+// vLLM does; shard.expert_parallel then stays false).
+int pg_model_shard_plan(const pg_model_config *c, int32_t rank, int32_t size, bool expert_parallel,
+                        pg_model_shard *out);
 
 // --cpu-offload-gb (engine/model/model_offload.c): the first n_layers layers'
 // weights live in host memory (pinned on the GPU) and are copied into one
@@ -157,6 +165,9 @@ typedef struct pg_model_load_opts {
     int32_t n_lora;
     int32_t lora_slots;     // slots in all (>= n_lora; the rest start empty); 0: n_lora
     int32_t max_lora_rank;
+    // --enable-expert-parallel: under tensor parallelism each rank holds
+    // (and reads) only its block of whole experts (pg_model_shard_plan).
+    bool expert_parallel;
 } pg_model_load_opts;
 
 // --quantization (vLLM's flag): the layers' linear weights quantized at

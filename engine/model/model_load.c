@@ -387,15 +387,24 @@ static int make_weight(loader *ld, const source *s, int32_t l, const pg_layer_te
     int rc = make(ld, s, parts, win, n, vector, f == F_QKV_BIAS ? 0.0f : 1.0f, dst);
     if (rc < 0) return pg_err_wrap(rc, "layer %d: ", l);
     // Layer 0's matrices for the start-up log and the plan (a MoE layer:
-    // its first expert's).
+    // its first expert's, this rank's first under expert parallelism).
     const int slot = f == F_QKV ? 0 : f == F_O ? 1 : f == F_GATE_UP || f == F_EXP_GATE_UP ? 2
                     : f == F_DOWN || f == F_EXP_DOWN ? 3 : -1;
-    if (l == 0 && slot >= 0 && lt->expert <= 0) {
+    if (l == 0 && slot >= 0 && (lt->expert < 0 || lt->expert == m->shard.exp0)) {
         m->layer_bytes[slot] = (int64_t)(*dst)->bytes;
         m->layer_dtypes[slot] = parts[0].dtype;
     }
     if (l == 0 && f == F_QKV) m->layer_dtype = parts[0].dtype;
     return 0;
+}
+
+// Dummy weights: an expert's random values must not depend on which rank
+// makes it or how many experts the rank skipped (expert parallelism), so
+// expert e's gate|up and down take the keys they have when every expert is
+// made: two per expert after the router's (recorded in *moe_key0).
+static void dummy_key_at(loader *ld, const pg_layer_tensor *lt, uint64_t *moe_key0) {
+    if (lt->field == F_ROUTER) *moe_key0 = ld->tensor + 1; // make() takes ++tensor for it
+    else if (lt->expert >= 0) ld->tensor = *moe_key0 + 2 * (uint64_t)lt->expert + (lt->field == F_EXP_DOWN);
 }
 
 static int load_layers(loader *ld, const source *s) {
@@ -411,11 +420,12 @@ static int load_layers(loader *ld, const source *s) {
         }
         // The parts of one weight are next to each other in the list: each
         // weight is made once its last part is read.
-        const int nt = pg_layer_tensors(c, s->kind == SRC_GGUF, l, lts);
+        const int nt = pg_layer_tensors(c, &m->shard, s->kind == SRC_GGUF, l, lts);
         pg_weight parts[3];
         pg_rand_window win[3];
         int np = 0;
         int64_t fused = 0; // rows of the whole fused tensor before this part
+        uint64_t moe_key0 = 0; // dummy: the generator key after the router
         for (int t = 0; t < nt && rc == 0; t++) {
             const pg_layer_tensor *lt = &lts[t];
             if ((rc = load_part(ld, s, lt, fused, &parts[np], &win[np])) < 0) break;
@@ -425,10 +435,12 @@ static int load_layers(loader *ld, const source *s) {
             fused += lt->rows;
             np++;
             if (t + 1 < nt && lts[t + 1].field == lt->field && lts[t + 1].expert == lt->expert) continue;
+            dummy_key_at(ld, lt, &moe_key0);
             rc = make_weight(ld, s, l, lt, parts, win, np);
             np = 0;
             fused = 0;
         }
+        if (pg_config_layer_is_moe(c, l)) ld->tensor = moe_key0 + 2 * (uint64_t)c->n_experts; // past every expert
         // --cpu-offload-gb: layers move out as they load, so the device
         // never holds more than the resident layers and one more.
         const int64_t moved = m->offload.host_bytes;
@@ -446,7 +458,7 @@ static int64_t stored_bytes(const source *s, const pg_model_config *c) {
     int64_t total = (int64_t)c->vocab_size * H * 2 * (c->tie_embeddings ? 1 : 2);
     pg_layer_tensor *lts = pg_xmalloc(sizeof *lts * (size_t)pg_layer_tensors_max(c));
     for (int32_t l = 0; l < c->n_layers; l++) {
-        const int nt = pg_layer_tensors(c, s->kind == SRC_GGUF, l, lts);
+        const int nt = pg_layer_tensors(c, NULL, s->kind == SRC_GGUF, l, lts); // all: the bar divides by ranks
         for (int t = 0; t < nt; t++) {
             pg_weight w;
             if (s->kind != SRC_DUMMY && pg_model_src_find(s, lts[t].name, &w))
@@ -487,7 +499,7 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
     pg_layer_tensor *lts = NULL;
     source s;
     int rc = pg_model_src_open(o, &s, &m.cfg);
-    if (rc == 0) rc = pg_model_shard_plan(&m.cfg, rank, size, &m.shard);
+    if (rc == 0) rc = pg_model_shard_plan(&m.cfg, rank, size, o->expert_parallel, &m.shard);
     if (rc < 0) goto done;
     const pg_model_config *c = &m.cfg;
     const int64_t H = c->hidden, V = c->vocab_size;
@@ -519,7 +531,7 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
         // The layer's weights as the loader makes them (a fused weight's
         // parts summed), and as offload packs them (each 256-byte aligned).
         int64_t fused = 0, layer = 0, packed = 0, qelems = 0;
-        const int nt = pg_layer_tensors(c, s.kind == SRC_GGUF, l, lts);
+        const int nt = pg_layer_tensors(c, &m.shard, s.kind == SRC_GGUF, l, lts);
         for (int t = 0; t < nt; t++) {
             const pg_layer_tensor *lt = &lts[t];
             if ((rc = find_checked(NULL, &s, lt->name, lt->stored_rows, lt->cols, &w, NULL)) < 0) {
@@ -594,7 +606,8 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
     // Under tensor parallelism a model that cannot be split stops here,
     // before any weight is read.
     m->comm = o->comm;
-    if ((rc = pg_model_shard_plan(c, o->comm ? o->comm->rank : 0, o->comm ? o->comm->size : 1, &m->shard)) < 0)
+    if ((rc = pg_model_shard_plan(c, o->comm ? o->comm->rank : 0, o->comm ? o->comm->size : 1, o->expert_parallel,
+                                  &m->shard)) < 0)
         goto fail;
     m->shard.comm = o->comm != NULL;
     m->layers = pg_xcalloc((size_t)c->n_layers, sizeof(pg_model_layer));

@@ -7,11 +7,39 @@
 // head hold copies of it), which needs size to be a multiple of the KV
 // head count so that no rank's query heads straddle two groups. Experts
 // split as the dense FFN does: each rank a slice of every expert's columns
-// (the router is whole on every rank, so all route alike).
+// (the router is whole on every rank, so all route alike); or, with
+// expert parallelism, by experts: each rank n_experts / size whole ones,
+// so that an expert's products stay whole (one read of its weights, no
+// column slices too narrow to fill a GPU's tiles) and a rank's experts are
+// one contiguous block of llama.cpp's stacked tensors.
 #include "common/err.h"
 #include "engine/model/model.h"
 
-int pg_model_shard_plan(const pg_model_config *c, int32_t rank, int32_t size, pg_model_shard *out) {
+// This rank's experts: whole ones under expert parallelism, else a slice
+// of every expert's columns.
+static int shard_experts(const pg_model_config *c, bool ep, pg_model_shard *s) {
+    s->exp0 = 0, s->n_exp = c->n_experts;
+    s->moe_ffn = c->moe_ffn, s->moe_ffn0 = 0;
+    if (c->n_experts <= 0) return 0;
+    if (ep) {
+        if (c->n_experts % s->size)
+            return pg_err_set(PG_EINVAL, "--enable-expert-parallel: tensor parallel size %d does not divide the "
+                              "model's %d experts", s->size, c->n_experts);
+        s->expert_parallel = true;
+        s->n_exp = c->n_experts / s->size;
+        s->exp0 = s->rank * s->n_exp;
+        return 0;
+    }
+    if (c->moe_ffn % s->size)
+        return pg_err_set(PG_EINVAL, "tensor parallel size %d does not divide the experts' FFN width %d", s->size,
+                          c->moe_ffn);
+    s->moe_ffn = c->moe_ffn / s->size;
+    s->moe_ffn0 = s->rank * s->moe_ffn;
+    return 0;
+}
+
+int pg_model_shard_plan(const pg_model_config *c, int32_t rank, int32_t size, bool expert_parallel,
+                        pg_model_shard *out) {
     PG_ARG(size >= 1 && rank >= 0 && rank < size, "tensor parallel rank %d of %d", rank, size);
     if (c->n_heads % size)
         return pg_err_set(PG_EINVAL,
@@ -21,12 +49,12 @@ int pg_model_shard_plan(const pg_model_config *c, int32_t rank, int32_t size, pg
         return pg_err_set(PG_EINVAL,
                           "tensor parallel size %d and the model's %d KV heads: one must divide the other",
                           size, c->n_kv_heads);
-    if (c->ffn % size)
+    // The dense FFN's width matters only where a layer has one (Mixtral's
+    // intermediate_size is its experts' width: expert parallelism keeps it whole).
+    const bool dense_ffn = c->n_experts <= 0 || c->moe_step > 1 || !expert_parallel;
+    if (dense_ffn && c->ffn % size)
         return pg_err_set(PG_EINVAL, "tensor parallel size %d does not divide the model's FFN width %d", size,
                           c->ffn);
-    if (c->n_experts > 0 && c->moe_ffn % size)
-        return pg_err_set(PG_EINVAL, "tensor parallel size %d does not divide the experts' FFN width %d", size,
-                          c->moe_ffn);
     if (c->vocab_size % size)
         return pg_err_set(PG_EINVAL, "tensor parallel size %d does not divide the model's vocabulary of %d",
                           size, c->vocab_size);
@@ -42,8 +70,7 @@ int pg_model_shard_plan(const pg_model_config *c, int32_t rank, int32_t size, pg
     }
     s.ffn = c->ffn / size;
     s.ffn0 = rank * s.ffn;
-    s.moe_ffn = c->moe_ffn / size;
-    s.moe_ffn0 = rank * s.moe_ffn;
+    PG_TRY(shard_experts(c, expert_parallel, &s));
     s.vocab = c->vocab_size / size;
     s.vocab0 = rank * s.vocab;
     *out = s;

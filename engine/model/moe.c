@@ -13,6 +13,8 @@
 // Tensor parallelism: each rank holds a slice of every expert's columns
 // (engine/model/model_shard.c) and the router whole, so the ranks route
 // alike and the experts' down products sum as a row-parallel product's.
+// Expert parallelism (--enable-expert-parallel): each rank holds whole
+// experts instead, the others NULL; the same layer code, the same sum.
 #include "common/err.h"
 #include "engine/model/family.h"
 #include "engine/model/layers.h"

@@ -12,6 +12,11 @@
 // accumulator adds a row's experts in that order: the result does not
 // depend on the thread count. Routing and the scatter-add are serial:
 // O(rows * (n_experts + top_k * hidden)), nothing beside the products.
+//
+// Expert parallelism (docs/moe.md): an expert whose gate_up and down are
+// NULL is not on this rank. Routing is unchanged (every expert competes,
+// the weights are the full top-k's), the pairs that chose it are skipped,
+// so each rank adds its own experts' share and the all-reduce sums them.
 #include <math.h>
 #include <string.h>
 
@@ -116,9 +121,11 @@ int pg_cpu_moe_ffn(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *
            n_experts);
     PG_ARG(router && router->rows == n_experts && router->cols == hidden,
            "cpu moe_ffn: the router is not [%d experts][%lld]", n_experts, (long long)hidden);
-    PG_ARG(down && gate_up && down[0], "cpu moe_ffn: no expert weights");
-    const int64_t ffn = down[0]->cols;
+    PG_ARG(down && gate_up, "cpu moe_ffn: no expert weights");
+    int64_t ffn = 0; // the first expert held here gives the width (none held: nothing to add)
+    for (int32_t e = 0; e < n_experts && !ffn; e++) ffn = down[e] ? down[e]->cols : 0;
     for (int32_t e = 0; e < n_experts; e++) {
+        if (!gate_up[e] && !down[e]) continue; // not on this rank
         PG_TRY(check_weight(gate_up[e], 2 * ffn, hidden, "gate_up", e));
         PG_TRY(check_weight(down[e], hidden, ffn, "down", e));
     }
@@ -147,11 +154,11 @@ int pg_cpu_moe_ffn(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *
     memcpy(w.fill, w.start, sizeof(int32_t) * (size_t)n_experts);
     for (int64_t q = 0; q < m * top_k; q++) w.pair[w.fill[w.sel[q]]++] = (int32_t)q;
 
-    // Per expert with rows: gather, gate|up, SiLU * up, down, weighted add.
+    // Per expert held here with rows: gather, gate|up, SiLU * up, down, weighted add.
     memset(w.acc, 0, sizeof(float) * (size_t)(m * hidden));
     for (int32_t e = 0; e < n_experts; e++) {
         const int32_t p0 = w.start[e], n = w.start[e + 1] - p0;
-        if (n == 0) continue;
+        if (n == 0 || !down[e]) continue; // no rows, or another rank's expert
         for (int32_t j = 0; j < n; j++)
             memcpy(w.xg + (int64_t)j * hidden, w.xn + (int64_t)(w.pair[p0 + j] / top_k) * hidden,
                    sizeof(float) * (size_t)hidden);

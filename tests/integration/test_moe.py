@@ -15,16 +15,27 @@ Face transformers on the CPU.
    them out (gguf-py: arch "llama" with expert_count for Mixtral, Q/K rows
    permuted as convert_hf_to_gguf.py does; "qwen3moe"; every layer's experts
    stacked in one `ffn_{gate,up,down}_exps` tensor and the router in
-   `ffn_gate_inp`) give the safetensors logits within 1e-5 relative.
+   `ffn_gate_inp`) give the safetensors logits within 1e-5 relative, and
+   with --tp 2 --ep (a rank's experts a block of the stacked rows) within
+   1e-5 of the largest logit.
 3. Tensor parallelism: --tp 2 and --tp 4 (each rank a slice of every
    expert's columns, the router whole) give the logits of --tp 1 within
-   1e-5 of the largest logit, same argmax.
+   1e-5 of the largest logit, same argmax; so do --tp 2 and --tp 4 with
+   expert parallelism (dump_logits --ep, --enable-expert-parallel: each
+   rank n_experts / tp whole experts, the others never read), on the
+   checkpoints and on random weights of the Qwen3-MoE shape.
 4. `paged plan` of the Qwen3-30B-A3B shape (tests/gpu/qwen3-30b-a3b-shape.json,
    dummy weights, an H200's 141 GB): 30.5 B parameters, 3.35 B active
-   (Qwen's published 30.5 B / 3.3 B), weights = 2 bytes x every parameter.
+   (Qwen's published 30.5 B / 3.3 B), weights = 2 bytes x every parameter;
+   with --enable-expert-parallel --tp 2: 64 experts per rank, and a rank's
+   weights those of --tp 2 without it (half of every expert's bf16 bytes
+   and half of 128 whole experts are the same bytes), both rank-1/2 of the
+   experts' 2 x 48 x 128 x 3 x 2048 x 768 bytes below --tp 1.
 5. Errors, one line naming the file and the reason: a missing expert
-   tensor; mlp_only_layers; --cpu-offload-gb with experts; an expert width
-   that --tp does not divide.
+   tensor (under --tp 2 --ep named by rank 1 alone, the rank holding it:
+   the other never looks it up); mlp_only_layers; --cpu-offload-gb with
+   experts; an expert width that --tp does not divide; experts that --tp
+   does not divide under expert parallelism.
 
 Skipped (exit 77) when torch or transformers are not importable.
 """
@@ -84,14 +95,14 @@ def hf_logits(model, ids):
     return out.logits[0, -1].double().numpy()
 
 
-def dump(args, ids, tp=1):
-    p = subprocess.run([DUMP, *args, "--mode", "exact", "--tp", str(tp), "--threads", "2",
+def dump(args, ids, tp=1, ep=False):
+    p = subprocess.run([DUMP, *args, "--mode", "exact", "--tp", str(tp), "--threads", "2", *(["--ep"] if ep else []),
                         ",".join(map(str, ids))], capture_output=True, text=True, timeout=300)
     return p
 
 
-def paged_logits(args, ids, tp=1):
-    p = dump(args, ids, tp)
+def paged_logits(args, ids, tp=1, ep=False):
+    p = dump(args, ids, tp, ep)
     assert p.returncode == 0, p.stderr
     j = json.loads(p.stdout)
     return j["arch"], np.array(j["logits"], dtype=np.float64)
@@ -203,29 +214,64 @@ def main():
                 print(f"{name:17s} gguf ({arch}) vs safetensors {len(ids):3d} tokens: rel err {err:.2e}")
                 if not (err < 1e-5 and int(np.argmax(a)) == int(np.argmax(b))):
                     failed.append(("gguf", name, len(ids), err))
+            # Expert parallelism on the stacked tensors: a rank's experts are one block of rows.
+            _, b = paged_logits([out], PROMPTS[0], 2, True)
+            _, a = paged_logits([dirs[name]], PROMPTS[0])
+            err = float(np.max(np.abs(a - b)) / np.max(np.abs(a)))
+            print(f"{name:17s} gguf --tp 2 --ep vs safetensors --tp 1: max diff {err:.1e} of the largest logit")
+            if not (err < 1e-5 and int(np.argmax(a)) == int(np.argmax(b))):
+                failed.append(("gguf ep", name, err))
 
-        # 3. Tensor parallelism.
+        # 3. Tensor parallelism, experts split by columns and (--ep) whole.
         for name in VARIANTS:
-            for tp in (2, 4):
-                ids = PROMPTS[0]
-                _, a = paged_logits([dirs[name]], ids, 1)
-                _, b = paged_logits([dirs[name]], ids, tp)
+            ids = PROMPTS[0]
+            _, a = paged_logits([dirs[name]], ids, 1)
+            for tp, ep in ((2, False), (4, False), (2, True), (4, True)):
+                _, b = paged_logits([dirs[name]], ids, tp, ep)
                 err = float(np.max(np.abs(a - b)) / np.max(np.abs(a)))
-                print(f"{name:17s} --tp {tp} vs --tp 1: max diff {err:.1e} of the largest logit")
+                what = f"--tp {tp}{' --ep' if ep else ''}"
+                print(f"{name:17s} {what:10s} vs --tp 1: max diff {err:.1e} of the largest logit")
                 if not (err < 1e-5 and int(np.argmax(a)) == int(np.argmax(b))):
-                    failed.append(("tp", name, tp, err))
+                    failed.append(("tp", name, tp, ep, err))
+        # Random weights: a rank's experts have the values they have at --tp 1
+        # (the loader keys each expert's values by its id, not by load order).
+        dummy = ["--dummy", os.path.join(dirs["qwen3moe"], "config.json")]
+        _, a = paged_logits(dummy, PROMPTS[0], 1)
+        for tp in (2, 4):
+            _, b = paged_logits(dummy, PROMPTS[0], tp, True)
+            err = float(np.max(np.abs(a - b)) / np.max(np.abs(a)))
+            print(f"qwen3moe dummy    --tp {tp} --ep vs --tp 1: max diff {err:.1e} of the largest logit")
+            if not (err < 1e-5 and int(np.argmax(a)) == int(np.argmax(b))):
+                failed.append(("tp dummy", tp, err))
 
         # 4. The plan of the Qwen3-30B-A3B shape.
         shape = os.path.join(ROOT, "tests/gpu/qwen3-30b-a3b-shape.json")
-        p = subprocess.run([os.path.join(ROOT, "build/paged"), "plan", "--load-format", "dummy", "--hf-config", shape,
-                            "--device-memory", "141G", "--json"], capture_output=True, text=True, timeout=60)
-        j = json.loads(p.stdout)
+
+        def plan(*flags):
+            p = subprocess.run([os.path.join(ROOT, "build/paged"), "plan", "--load-format", "dummy", "--hf-config",
+                                shape, "--device-memory", "141G", "--json", *flags], capture_output=True, text=True,
+                               timeout=60)
+            assert p.returncode == 0, p.stderr
+            return json.loads(p.stdout)
+
+        j = plan()
         tot, act, wb = j["model"]["params_total"], j["model"]["params_active"], j["plan"]["ranks"][0]["weights_bytes"]
         print(f"plan qwen3-30b-a3b-shape: {tot / 1e9:.2f} B parameters, {act / 1e9:.2f} B active, weights "
               f"{wb / 2**30:.2f} GiB, {j['model']['n_experts']} experts")
         if not (30.4e9 < tot < 30.6e9 and 3.3e9 < act < 3.4e9 and abs(wb - 2 * tot) < 1e6
                 and j["model"]["n_experts"] == 128 and j["model"]["n_experts_used"] == 8):
             failed.append(("plan", tot, act, wb))
+        # Expert parallelism: per rank, 64 whole experts instead of half of every
+        # one's columns: the same bytes (bf16), half the experts' below --tp 1.
+        tp2, ep2 = plan("-tp", "2"), plan("-tp", "2", "--enable-expert-parallel")
+        w2, we = (x["plan"]["ranks"][0]["weights_bytes"] for x in (tp2, ep2))
+        experts = 2 * 48 * 128 * 3 * 2048 * 768
+        print(f"plan qwen3-30b-a3b-shape --tp 2: weights per rank {w2 / 2**30:.2f} GiB; with "
+              f"--enable-expert-parallel {we / 2**30:.2f} GiB, {ep2['model']['experts_per_rank']} experts per rank; "
+              f"--tp 1 minus --tp 2 {(wb - we) / 2**30:.2f} GiB (experts' half {experts / 2 / 2**30:.2f} GiB)")
+        if not (we == w2 and ep2["model"]["experts_per_rank"] == 64 and tp2["model"]["experts_per_rank"] == 128
+                and wb - we >= experts // 2 and all(r["weights_bytes"] == we for r in ep2["plan"]["ranks"])):
+            failed.append(("plan ep", w2, we))
 
         # 5. Errors: one line naming the file and the reason.
         def refused(args, want, what, tp=1):
@@ -246,6 +292,10 @@ def main():
         del sd[gone]
         save_file(sd, os.path.join(broken, "model.safetensors"), metadata={"format": "pt"})
         refused([broken], [broken, gone, "missing"], "a missing expert tensor")
+        # Expert parallelism: only the rank holding expert 5 (rank 1 of 2:
+        # experts 4-7) looks for its tensors; rank 0 never does (the executor
+        # names the lowest rank that failed: rank 0 without --ep).
+        refused([broken, "--ep"], ["rank 1:", gone, "missing"], "a missing expert tensor, --tp 2 --ep", tp=2)
 
         only = os.path.join(tmp, "mlp-only")
         os.makedirs(only)
@@ -261,13 +311,18 @@ def main():
         json.dump(cfg, open(odd, "w"))
         refused(["--dummy", odd], ["tensor parallel size 8", "experts' FFN width 44"], "--tp 8, experts of 44",
                 tp=8)
+        cfg.update(moe_intermediate_size=48, num_experts=12)
+        cfg.pop("num_local_experts", None)
+        json.dump(cfg, open(odd, "w"))
+        refused(["--dummy", odd, "--ep"], ["--enable-expert-parallel", "tensor parallel size 8", "12 experts"],
+                "--tp 8 --ep, 12 experts", tp=8)
 
     print("worst: " + ", ".join(f"{k} {v:.1e}" for k, v in worst.items()))
     if failed:
         print(f"FAIL: {failed}")
         return 1
     print(f"ok: {len(VARIANTS)} MoE variants x {len(PROMPTS)} prompts within {TOL:g} of transformers "
-          f"{transformers.__version__}; GGUF, --tp 2/4 and the errors as expected")
+          f"{transformers.__version__}; GGUF, --tp 2/4 (columns and expert parallel) and the errors as expected")
     return 0
 
 

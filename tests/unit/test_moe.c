@@ -6,7 +6,8 @@
 // Mixtral (8 experts, top 2, renormalised) and Qwen3-MoE (128, top 8, with
 // and without norm_topk_prob); f32, bf16 and Q8_0 weights; gate|up fused
 // and in two parts; accumulate on and off (and in place, out = x); ties;
-// and the same bits for 1 and 2 threads.
+// and the same bits for 1 and 2 threads. Expert parallelism: the outputs
+// over a partition of the experts (the others NULL) sum to the whole's.
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -332,6 +333,67 @@ static void test_same_bits_for_1_and_2_threads(void **state) {
     }
 }
 
+// Expert parallelism: each part of a partition of the experts runs with
+// the others' weights NULL (as a rank holding only its experts does), and
+// the parts' outputs, summed in f32 (as the all-reduce does), give the
+// output with every expert. Routing is the same in every part, so the
+// only difference is the order of a row's <= top_k weighted terms: the
+// sum regrouped, k - 1 extra f32 roundings of values no larger than the
+// largest output, k * 2^-24 = 4.8e-7 of it for top 8; bound 1e-6. Parts:
+// contiguous ranges of 2 and 4 ranks (--enable-expert-parallel's split),
+// a strided one (e % 3), and one part that holds no expert at all.
+static double partition_error(pg_backend *b, const moe_layer *l, const float *x, int64_t m, int32_t k,
+                              int n_parts, int (*part_of)(int32_t e, int32_t n_exp, int n_parts)) {
+    float *full = malloc(sizeof(float) * (size_t)(m * HIDDEN)), *sum = calloc((size_t)(m * HIDDEN), sizeof(float));
+    float *part = malloc(sizeof(float) * (size_t)(m * HIDDEN));
+    run_moe(b, l, full, HIDDEN, x, m, k, true, false);
+    moe_layer masked = *l;
+    masked.b_gu = calloc((size_t)l->n_exp, sizeof(pg_bweight *));
+    masked.b_down = calloc((size_t)l->n_exp, sizeof(pg_bweight *));
+    for (int p = 0; p < n_parts; p++) {
+        for (int32_t e = 0; e < l->n_exp; e++) {
+            const bool mine = part_of(e, l->n_exp, n_parts) == p;
+            masked.b_gu[e] = mine ? l->b_gu[e] : NULL;
+            masked.b_down[e] = mine ? l->b_down[e] : NULL;
+        }
+        run_moe(b, &masked, part, HIDDEN, x, m, k, true, false);
+        for (int64_t q = 0; q < m * HIDDEN; q++) sum[q] += part[q];
+    }
+    double scale = 1e-30, worst = 0;
+    for (int64_t q = 0; q < m * HIDDEN; q++) scale = fabs(full[q]) > scale ? fabs(full[q]) : scale;
+    for (int64_t q = 0; q < m * HIDDEN; q++) worst = fmax(worst, fabs((double)sum[q] - full[q]) / scale);
+    free(masked.b_gu), free(masked.b_down), free(full), free(sum), free(part);
+    return worst;
+}
+
+static int part_range(int32_t e, int32_t n_exp, int n_parts) { return e / (n_exp / n_parts); }
+static int part_stride3(int32_t e, int32_t n_exp, int n_parts) { (void)n_exp, (void)n_parts; return e % 3; }
+// Part 0 holds every expert, part 1 none: a rank without experts adds zeros.
+static int part_all_or_none(int32_t e, int32_t n_exp, int n_parts) { (void)e, (void)n_exp, (void)n_parts; return 0; }
+
+static void test_expert_partitions_sum_to_the_whole(void **state) {
+    (void)state;
+    pg_backend *b = backend(2, PG_MATMUL_EXACT);
+    static const int32_t n_exps[] = {8, 128}, ks[] = {2, 8};
+    for (int c = 0; c < 2; c++) {
+        moe_layer l;
+        layer_make(b, &l, PG_DTYPE_BF16, n_exps[c], 0.15f);
+        const int64_t m = 17;
+        float *x = rnd_rows(m);
+        const double e2 = partition_error(b, &l, x, m, ks[c], 2, part_range);
+        const double e4 = partition_error(b, &l, x, m, ks[c], 4, part_range);
+        const double e3 = partition_error(b, &l, x, m, ks[c], 3, part_stride3);
+        const double e0 = partition_error(b, &l, x, m, ks[c], 2, part_all_or_none);
+        printf("moe %d experts, top %d: parts of 2 / 4 ranks, e %% 3, all-or-none sum to the whole within "
+               "%.1e / %.1e / %.1e / %.1e of the largest output\n", n_exps[c], ks[c], e2, e4, e3, e0);
+        assert_true(e2 < 1e-6 && e4 < 1e-6 && e3 < 1e-6);
+        assert_true(e0 == 0.0); // the empty part adds exact zeros
+        free(x);
+        layer_free(b, &l);
+    }
+    b->dev->destroy(b);
+}
+
 // A workspace too small for the rows and a top_k above n_experts are refused.
 static void test_bad_arguments_are_refused(void **state) {
     (void)state;
@@ -358,6 +420,7 @@ int main(void) {
         cmocka_unit_test(test_qwen3_shape_matches_reference),
         cmocka_unit_test(test_ties_go_to_lower_ids),
         cmocka_unit_test(test_same_bits_for_1_and_2_threads),
+        cmocka_unit_test(test_expert_partitions_sum_to_the_whole),
         cmocka_unit_test(test_bad_arguments_are_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
