@@ -507,7 +507,9 @@ int pg_config_validate(const pg_model_config *c) {
 
 void pg_config_params(const pg_model_config *c, int64_t *total, int64_t *active) {
     const int64_t H = c->hidden, hd = c->head_dim;
-    const int64_t attn = H * hd * (2 * (int64_t)c->n_heads + 2 * (int64_t)c->n_kv_heads) + 2 * H;
+    // The layer's two norms (Gemma: four, the post-norms too).
+    const int64_t n_norms = !strcmp(c->arch, "gemma3") ? 4 : 2;
+    const int64_t attn = H * hd * (2 * (int64_t)c->n_heads + 2 * (int64_t)c->n_kv_heads) + n_norms * H;
     const int64_t dense = 3 * H * c->ffn, expert = 3 * H * c->moe_ffn;
     const int64_t emb = (int64_t)c->vocab_size * H * (c->tie_embeddings ? 1 : 2) + H;
     *total = *active = emb;
