@@ -15,7 +15,9 @@ Face transformers on the CPU.
    local, global, and query_pre_attn_scalar 24 (not head_dim).
 2. GGUF: the "gemma3" weights written as llama.cpp's convert_hf_to_gguf.py
    lays them out (gguf-py, arch "gemma3", norms stored as 1 + w, Q/K rows as
-   they are) give the safetensors logits within 1e-5 relative.
+   they are) give the safetensors logits within 1e-5 relative; the same
+   safetensors with a transformers 4 config.json (sliding_window_pattern,
+   rope_local_base_freq, rope_scaling) give them exactly.
 3. Tensor parallelism: --tp 2 (two query heads a rank, the one KV head on
    both) gives the logits of --tp 1 within 1e-5 of the largest logit.
 4. Errors, one line: a multimodal Gemma3ForConditionalGeneration config;
@@ -172,6 +174,27 @@ def main():
                     failed.append(("gguf", len(ids), err))
         except ImportError:
             print("gguf-py not importable: the GGUF check is left out")
+
+        # 2b. The same checkpoint with a transformers 4 config.json (what the
+        # Hub's gemma-3 configs say): no layer_types but sliding_window_pattern,
+        # rope_theta / rope_local_base_freq / rope_scaling instead of
+        # rope_parameters: the same logits.
+        old = os.path.join(tmp, "gemma3-v4")
+        os.makedirs(old)
+        cfg = json.load(open(os.path.join(dirs["gemma3"], "config.json")))
+        full = cfg.pop("rope_parameters")[F]
+        del cfg["layer_types"]
+        cfg.update(sliding_window_pattern=6, rope_theta=full["rope_theta"], rope_local_base_freq=10000.0,
+                   rope_scaling={"rope_type": "linear", "factor": full["factor"]})
+        json.dump(cfg, open(os.path.join(old, "config.json"), "w"))
+        os.symlink(os.path.join(dirs["gemma3"], "model.safetensors"), os.path.join(old, "model.safetensors"))
+        for ids in PROMPTS[1:2]:
+            _, a = paged_logits([dirs["gemma3"]], ids)
+            _, b = paged_logits([old], ids)
+            err = rel(b, a)
+            print(f"gemma3 transformers-4 config.json vs 5 {len(ids):3d} tokens: rel err {err:.2e}")
+            if err != 0.0:
+                failed.append(("v4 config", len(ids), err))
 
         # 3. Tensor parallelism.
         for name in VARIANTS:
