@@ -289,6 +289,19 @@ typedef struct pg_backend_ops {
     // and up products first (LoRA, docs/lora.md). NULL where not yet
     // written (CUDA for now): callers check.
     int (*silu_mul)(pg_backend *b, pg_tensor h, pg_tensor gu);
+    // Gemma's GeGLU: as gate_up_silu with h[i] = gelu_tanh(g) * u, gelu_tanh
+    // the tanh approximation (PyTorch's approximate="tanh"). NULL in a
+    // backend without Gemma's ops (CUDA for now): callers check.
+    int (*gate_up_gelu)(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bweight *norm, float eps,
+                        const pg_bweight *w, pg_tensor scratch_xn, pg_tensor scratch_gu);
+    // Gemma's post-norms: x[i] += RMSNorm(y[i]) * w, for i < x.rows (y the
+    // block's output, already summed across ranks). x and y must not
+    // overlap. NULL with gate_up_gelu.
+    int (*rmsnorm_add)(pg_backend *b, pg_tensor x, pg_tensor y, const pg_bweight *w, float eps);
+    // x *= s in place (Gemma's embedding scale sqrt(hidden), s rounded to the
+    // activation type first, as transformers multiplies in the model's
+    // dtype). NULL with gate_up_gelu.
+    int (*scale)(pg_backend *b, pg_tensor x, float s);
     // Mixture-of-experts feed-forward (Mixtral, Qwen3-MoE; docs/moe.md):
     // for i < x.rows, with xn = norm ? RMSNorm(x[i]) * norm : x[i],
     // p = softmax(xn . router^T) over the n_experts experts, S = the top_k
@@ -345,10 +358,13 @@ typedef struct pg_backend_ops {
                          void *k_cache, void *v_cache, pg_kv_shape shape);
     // Causal attention over the paged cache of one layer for the step's
     // sequences: out [rows][n_heads * head_dim] from q (same rows); query
-    // head h reads KV head h / (n_heads / n_kv_heads).
+    // head h reads KV head h / (n_heads / n_kv_heads). window > 0: sliding
+    // window attention (Gemma's local layers), the query at position p sees
+    // the keys at positions (p - window, p] only; 0: every earlier key.
+    // (CUDA refuses window > 0 for now.)
     int (*attention)(pg_backend *b, pg_tensor out, pg_tensor q, const pg_attn_batch *ab,
                      const void *k_cache, const void *v_cache, pg_kv_shape shape, int32_t n_heads,
-                     float scale);
+                     float scale, int32_t window);
     // One token per row of logits [n][vocab] (the view's columns), with
     // kernels/sampling.h's rules; logits are not modified. params [n], out
     // [n] and tokens (the histories and ban lists params point into) in

@@ -20,6 +20,7 @@ typedef struct pg_model_family {
 
 extern const pg_model_family pg_llama_family;
 extern const pg_model_family pg_moe_family; // Mixtral, Qwen3-MoE (engine/model/moe.c)
+extern const pg_model_family pg_gemma_family; // Gemma 3 (engine/model/gemma.c)
 
 // The family of a config's architecture (cfg->arch; any config with
 // experts, such as a GGUF Mixtral, which calls itself "llama": the MoE

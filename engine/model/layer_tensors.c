@@ -5,7 +5,10 @@
 #include <stdio.h>
 #include <string.h>
 
-typedef enum { NEED_ALWAYS, NEED_QKV_BIAS, NEED_QK_NORM, NEED_DENSE_FFN, NEED_MOE } need;
+// NEED_GEMMA: Gemma's post-norms, and its name for the FFN's pre-norm
+// (Hugging Face's post_attention_layernorm is Llama's FFN norm but Gemma's
+// attention post-norm); NEED_NOT_GEMMA: every other family's.
+typedef enum { NEED_ALWAYS, NEED_QKV_BIAS, NEED_QK_NORM, NEED_DENSE_FFN, NEED_MOE, NEED_GEMMA, NEED_NOT_GEMMA } need;
 
 // One stored tensor of a layer: the weight it is part `part` of.
 typedef struct {
@@ -28,10 +31,13 @@ static const layer_tensor LAYER[] = {
     {F_Q_NORM, 0, "blk.%d.attn_q_norm.weight", "model.layers.%d.self_attn.q_norm.weight", DIM_ONE, DIM_HEAD, NEED_QK_NORM, 0},
     {F_K_NORM, 0, "blk.%d.attn_k_norm.weight", "model.layers.%d.self_attn.k_norm.weight", DIM_ONE, DIM_HEAD, NEED_QK_NORM, 0},
     {F_O, 0, "blk.%d.attn_output.weight", "model.layers.%d.self_attn.o_proj.weight", DIM_HIDDEN, DIM_Q, NEED_ALWAYS, 0},
-    {F_FFN_NORM, 0, "blk.%d.ffn_norm.weight", "model.layers.%d.post_attention_layernorm.weight", DIM_ONE, DIM_HIDDEN, NEED_ALWAYS, 0},
+    {F_POST_ATTN_NORM, 0, "blk.%d.post_attention_norm.weight", "model.layers.%d.post_attention_layernorm.weight", DIM_ONE, DIM_HIDDEN, NEED_GEMMA, 0},
+    {F_FFN_NORM, 0, "blk.%d.ffn_norm.weight", "model.layers.%d.post_attention_layernorm.weight", DIM_ONE, DIM_HIDDEN, NEED_NOT_GEMMA, 0},
+    {F_FFN_NORM, 0, "blk.%d.ffn_norm.weight", "model.layers.%d.pre_feedforward_layernorm.weight", DIM_ONE, DIM_HIDDEN, NEED_GEMMA, 0},
     {F_GATE_UP, 0, "blk.%d.ffn_gate.weight", "model.layers.%d.mlp.gate_proj.weight", DIM_FFN, DIM_HIDDEN, NEED_DENSE_FFN, 0},
     {F_GATE_UP, 1, "blk.%d.ffn_up.weight", "model.layers.%d.mlp.up_proj.weight", DIM_FFN, DIM_HIDDEN, NEED_DENSE_FFN, 0},
     {F_DOWN, 0, "blk.%d.ffn_down.weight", "model.layers.%d.mlp.down_proj.weight", DIM_HIDDEN, DIM_FFN, NEED_DENSE_FFN, 0},
+    {F_POST_FFN_NORM, 0, "blk.%d.post_ffw_norm.weight", "model.layers.%d.post_feedforward_layernorm.weight", DIM_ONE, DIM_HIDDEN, NEED_GEMMA, 0},
 };
 #define N_LAYER ((int)(sizeof LAYER / sizeof LAYER[0]))
 
@@ -92,6 +98,8 @@ static bool needed(const pg_model_config *c, int32_t l, need n) {
     case NEED_QK_NORM: return c->qk_norm;
     case NEED_DENSE_FFN: return !pg_config_layer_is_moe(c, l);
     case NEED_MOE: return pg_config_layer_is_moe(c, l);
+    case NEED_GEMMA: return !strcmp(c->arch, "gemma3");
+    case NEED_NOT_GEMMA: return strcmp(c->arch, "gemma3") != 0;
     }
     return false;
 }
@@ -110,6 +118,8 @@ pg_bweight **pg_lt_field_ptr(pg_model_layer *L, pg_lt_field f, int32_t expert) {
     case F_ROUTER: return &L->router;
     case F_EXP_GATE_UP: return &L->exp_gate_up[expert];
     case F_EXP_DOWN: return &L->exp_down[expert];
+    case F_POST_ATTN_NORM: return &L->post_attn_norm;
+    case F_POST_FFN_NORM: return &L->post_ffn_norm;
     default: return NULL;
     }
 }
@@ -146,7 +156,7 @@ int pg_layer_tensors(const pg_model_config *c, const pg_model_shard *sh, bool gg
         *o = (pg_layer_tensor){.field = lt->field, .part = lt->part, .expert = -1,
                                .rows = pg_lt_dim_size(c, lt->rows), .cols = pg_lt_dim_size(c, lt->cols),
                                .rows_dim = lt->rows, .cols_dim = lt->cols, .unpermute = lt->unpermute,
-                               .vector = lt->rows == DIM_ONE};
+                               .vector = lt->rows == DIM_ONE, .norm = lt->rows == DIM_ONE && lt->field != F_QKV_BIAS};
         o->stored_rows = o->rows;
         snprintf(o->name, sizeof o->name, gguf ? lt->gguf : lt->hf, l);
     }

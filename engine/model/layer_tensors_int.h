@@ -23,7 +23,7 @@ typedef enum { DIM_ONE, DIM_HIDDEN, DIM_Q, DIM_KV, DIM_FFN, DIM_HEAD, DIM_VOCAB,
 // The weight of pg_model_layer a stored tensor is (part of).
 typedef enum {
     F_ATTN_NORM, F_QKV, F_QKV_BIAS, F_Q_NORM, F_K_NORM, F_O, F_FFN_NORM, F_GATE_UP, F_DOWN,
-    F_ROUTER, F_EXP_GATE_UP, F_EXP_DOWN,
+    F_ROUTER, F_EXP_GATE_UP, F_EXP_DOWN, F_POST_ATTN_NORM, F_POST_FFN_NORM,
     F_COUNT
 } pg_lt_field;
 
@@ -38,6 +38,7 @@ typedef struct {
     pg_lt_dim rows_dim, cols_dim; // what tensor parallelism splits (pg_lt_shard_range)
     int unpermute;        // GGUF "llama": head count whose rows to re-order (1 = q, 2 = k)
     bool vector;          // a norm or a bias (1 x n)
+    bool norm;            // an RMSNorm weight (pg_model_config.norm_add applies)
 } pg_layer_tensor;
 
 // The most tensors a layer of c has (the capacity pg_layer_tensors wants).

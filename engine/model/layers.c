@@ -85,13 +85,27 @@ static int kv_amax(const pg_model *m, pg_tensor k, pg_tensor v, int64_t n, float
     return rc;
 }
 
+int pg_layer_row_linear_norm(const pg_model *m, pg_tensor x, pg_tensor in, const pg_bweight *w,
+                             const pg_bweight *norm, pg_tensor scratch) {
+    // Neither a norm nor accumulate: linear leaves its scratch alone, so
+    // the product may go to it.
+    PG_TRY(m->be->ops->linear(m->be, scratch, in, NULL, 0.0f, w, NULL, false, scratch));
+    PG_TRY(pg_layer_all_reduce(m, scratch));
+    return m->be->ops->rmsnorm_add(m->be, x, scratch, norm, m->cfg.rms_eps);
+}
+
 int pg_layer_attention(const pg_model *m, int32_t l, pg_bkv *kv, const pg_fwd_buffers *bufs,
                        const pg_fwd_step *s, const pg_step_views *v) {
+    const pg_attn_opts o = {.scale = 1.0f / sqrtf((float)m->cfg.head_dim), .inv_freq = m->inv_freq};
+    return pg_layer_attention_with(m, l, kv, bufs, s, v, &o);
+}
+
+int pg_layer_attention_with(const pg_model *m, int32_t l, pg_bkv *kv, const pg_fwd_buffers *bufs,
+                            const pg_fwd_step *s, const pg_step_views *v, const pg_attn_opts *o) {
     const pg_model_config *c = &m->cfg;
     const pg_model_shard *sh = &m->shard;
     const pg_model_layer *L = &m->layers[l];
     pg_backend *be = m->be;
-    const float scale = 1.0f / sqrtf((float)c->head_dim);
     if (v->lora_rows) {
         // The adapters read the normed rows too: the norm into xn first,
         // then the product without one (which, neither normalising nor
@@ -111,11 +125,13 @@ int pg_layer_attention(const pg_model *m, int32_t l, pg_bkv *kv, const pg_fwd_bu
     pg_kv_shape ks = kv->shape;
     if (bufs->kv_scales && ks.dtype == PG_KV_FP8_E4M3)
         ks.scales = bufs->kv_scales + (size_t)l * 2 * (size_t)sh->n_kv_heads;
-    PG_TRY(be->ops->rope_kv_write(be, v->q, v->k, v->v, s->pos, s->slots, sh->n_heads, m->inv_freq, kv->k[l], kv->v[l],
+    PG_TRY(be->ops->rope_kv_write(be, v->q, v->k, v->v, s->pos, s->slots, sh->n_heads, o->inv_freq, kv->k[l], kv->v[l],
                              ks));
     if (bufs->kv_amax)
         PG_TRY(kv_amax(m, v->k, v->v, v->n, bufs->kv_amax + (size_t)l * 2 * (size_t)sh->n_kv_heads));
-    PG_TRY(be->ops->attention(be, v->attn, v->q, &s->attn, kv->k[l], kv->v[l], ks, sh->n_heads, scale));
+    PG_TRY(be->ops->attention(be, v->attn, v->q, &s->attn, kv->k[l], kv->v[l], ks, sh->n_heads, o->scale,
+                              o->window));
+    if (o->post_norm) return pg_layer_row_linear_norm(m, v->x, v->attn, L->o, o->post_norm, v->xn);
     return row_linear(m, v, l, PG_LORA_O, v->x, v->attn, L->o, v->xn);
 }
 
@@ -134,6 +150,12 @@ int pg_layer_ffn_swiglu(const pg_model *m, int32_t l, const pg_step_views *v) {
         PG_TRY(be->ops->gate_up_silu(be, v->h, v->x, L->ffn_norm, m->cfg.rms_eps, L->gate_up, v->xn, v->gu));
     }
     return row_linear(m, v, l, PG_LORA_DOWN, v->x, v->h, L->down, v->xn);
+}
+
+int pg_layer_ffn_geglu(const pg_model *m, int32_t l, const pg_step_views *v) {
+    const pg_model_layer *L = &m->layers[l];
+    PG_TRY(m->be->ops->gate_up_gelu(m->be, v->h, v->x, L->ffn_norm, m->cfg.rms_eps, L->gate_up, v->xn, v->gu));
+    return pg_layer_row_linear_norm(m, v->x, v->h, L->down, L->post_ffn_norm, v->xn);
 }
 
 // Every rank routes every row over every expert; its experts' part (a

@@ -51,6 +51,21 @@ int pg_layer_embed(const pg_model *m, pg_tensor x, const int32_t *tokens);
 // part over it, then the all-reduce).
 int pg_layer_row_linear(const pg_model *m, pg_tensor x, pg_tensor in, const pg_bweight *w, pg_tensor scratch);
 
+// How a family's attention block differs from Llama's (pg_layer_attention_with).
+typedef struct pg_attn_opts {
+    float scale;                 // the scores' scale (Llama: head_dim^-0.5)
+    int32_t window;              // sliding window (kernels/backend.h attention); 0: none
+    const pg_bweight *inv_freq;  // the RoPE frequencies (Gemma's local layers: their own)
+    const pg_bweight *post_norm; // Gemma: x += RMSNorm(attn . Wo^T) * post_norm; NULL: x += attn . Wo^T
+} pg_attn_opts;
+
+// Row-parallel product, then a norm before the residual add (Gemma's
+// post-norms): y = in . w^T summed across ranks into scratch, then
+// x += RMSNorm(y) * norm on every rank. The norm needs the whole sum, so
+// unlike pg_layer_row_linear the stream cannot ride along in the reduce.
+int pg_layer_row_linear_norm(const pg_model *m, pg_tensor x, pg_tensor in, const pg_bweight *w,
+                             const pg_bweight *norm, pg_tensor scratch);
+
 // The attention block of layer l with pre-norm: qkv = RMSNorm(x) . Wqkv^T
 // (+ bias; column-parallel: this rank's heads), per-head q/k RMSNorm when
 // the layer has it, RoPE with the KV cache write, paged causal attention,
@@ -60,12 +75,20 @@ int pg_layer_row_linear(const pg_model *m, pg_tensor x, pg_tensor in, const pg_b
 // the calibration's maxima (engine/runner/runner_kv_scales.c).
 int pg_layer_attention(const pg_model *m, int32_t l, pg_bkv *kv, const pg_fwd_buffers *bufs,
                        const pg_fwd_step *s, const pg_step_views *v);
+// The same with a family's scale, window, RoPE table and post-norm.
+int pg_layer_attention_with(const pg_model *m, int32_t l, pg_bkv *kv, const pg_fwd_buffers *bufs,
+                            const pg_fwd_step *s, const pg_step_views *v, const pg_attn_opts *o);
 
 // The SwiGLU feed-forward block of layer l with pre-norm:
 // h = silu(g) * u, [g | u] = RMSNorm(x) . Wgu^T (column-parallel), then
 // x += h . Wdown^T (row-parallel); with LoRA rows the adapters of gate and
 // up add theirs before the activation, down's after.
 int pg_layer_ffn_swiglu(const pg_model *m, int32_t l, const pg_step_views *v);
+
+// Gemma's GeGLU feed-forward block of layer l with pre- and post-norm:
+// h = gelu_tanh(g) * u, [g | u] = RMSNorm(x) . Wgu^T (column-parallel),
+// then x += RMSNorm(h . Wdown^T) * post_ffn_norm (pg_layer_row_linear_norm).
+int pg_layer_ffn_geglu(const pg_model *m, int32_t l, const pg_step_views *v);
 
 // The mixture-of-experts feed-forward block of layer l with pre-norm
 // (kernels/backend.h moe_ffn): the router whole on every rank, so every

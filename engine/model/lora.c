@@ -133,8 +133,9 @@ int pg_model_lora_load(pg_model *m, const pg_model_load_opts *o) {
     pg_model_lora *lo = &m->lora;
     PG_ARG(m->be->ops->lora_apply && m->be->ops->silu_mul,
            "LoRA adapters: the %s backend has no LoRA op yet (docs/lora.md)", m->be->name);
-    if (m->cfg.n_experts > 0)
-        return pg_err_set(PG_EUNSUPP, "LoRA adapters: not supported for mixture-of-experts models yet");
+    if (m->cfg.n_experts > 0 || strcmp(m->cfg.arch, "gemma3") == 0)
+        return pg_err_set(PG_EUNSUPP, "LoRA adapters: not supported for %s models yet (Llama-family only)",
+                          m->cfg.n_experts > 0 ? "mixture-of-experts" : m->cfg.arch);
     lo->max_rank = o->max_lora_rank > 0 ? o->max_lora_rank : 64;
     lo->table = pg_xcalloc((size_t)m->cfg.n_layers * PG_LORA_MODULES * (size_t)n, sizeof(pg_lora_slot));
     lo->res = pg_xcalloc((size_t)n, sizeof *lo->res);

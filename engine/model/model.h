@@ -24,7 +24,9 @@ typedef struct pg_model_layer {
     pg_bweight *q_norm;    // [head_dim] per-head RMSNorm of q (Qwen3), else NULL
     pg_bweight *k_norm;    // [head_dim] per-head RMSNorm of k (Qwen3), else NULL
     pg_bweight *o;         // [hidden][n_heads head_dim]
-    pg_bweight *ffn_norm;  // [hidden]
+    pg_bweight *ffn_norm;  // [hidden] (Gemma: pre_feedforward_layernorm)
+    pg_bweight *post_attn_norm; // [hidden] Gemma: the attention output's norm before the residual add
+    pg_bweight *post_ffn_norm;  // [hidden] Gemma: the MLP output's norm before the residual add
     pg_bweight *gate_up;   // [2 ffn][hidden]: gate rows, then up
     pg_bweight *down;      // [hidden][ffn]
     // A mixture-of-experts layer (pg_config_layer_is_moe) has these instead
@@ -122,6 +124,7 @@ typedef struct pg_model {
     pg_bweight *lm_head;     // [vocab][hidden]; the same handle as tok_emb when tied
     pg_bweight *final_norm;  // [hidden]
     pg_bweight *inv_freq;    // [head_dim / 2] rotary inverse frequencies (f32 values)
+    pg_bweight *inv_freq_local; // the same for Gemma's local layers (rope_local_theta), else NULL
     pg_model_layer *layers;  // [n_layers]
     int64_t weight_bytes;    // backend memory of every weight (offload: resident ones and the slots)
     pg_model_offload offload;
@@ -228,7 +231,9 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
 void pg_model_free(pg_model *m);
 
 // The weights of layer L in a fixed order (norms, Q|K|V, bias, q/k norms, O,
-// FFN norm, gate|up, down), those it has; returns how many (at most 9).
+// FFN norm, gate|up, down, Gemma's post-norms), those it has; returns how
+// many (at most PG_LAYER_WEIGHTS_MAX).
+#define PG_LAYER_WEIGHTS_MAX 11
 int pg_model_layer_weights(const pg_model_layer *L, pg_bweight **out);
 // Offload (engine/model/model_offload.c), for the loader: layer l (the next one
 // after those offloaded so far) moves to host memory; then, once every

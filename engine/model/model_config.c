@@ -34,6 +34,27 @@ static int gguf_float(const gguf_file *f, const char *arch, const char *suffix, 
     return 0;
 }
 
+// Gemma 3's GGUF keys, as llama.cpp reads them: the window
+// (gemma3.attention.sliding_window; none or 0: every layer global), every
+// 6th layer global with the others at RoPE base 10000, and no
+// query_pre_attn_scalar key: head_dim, but hidden / heads for the 27B (62
+// layers, Gemma's own config). Norms are stored as 1 + w.
+static int gguf_gemma(const gguf_file *f, pg_model_config *c) {
+    int64_t win = 0;
+    PG_TRY(gguf_int(f, "gemma3", "attention.sliding_window", &win, false));
+    if (win < 0 || win > INT32_MAX) return pg_err_set(PG_EFORMAT, "%s: sliding window %lld", f->path, (long long)win);
+    float cap = 0;
+    PG_TRY(gguf_float(f, "gemma3", "final_logit_softcapping", &cap));
+    if (cap > 0) return pg_err_set(PG_EUNSUPP, "%s: final logit soft-capping is not supported", f->path);
+    c->swa_window = (int32_t)win;
+    for (int32_t l = 0; l < c->n_layers && l < PG_MAX_LAYERS; l++) pg_config_set_local(c, l, (l + 1) % 6 != 0);
+    c->rope_local_theta = 10000.0f;
+    if (c->head_dim == 0 && c->n_heads > 0) c->head_dim = c->hidden / c->n_heads;
+    c->attn_scalar = c->n_layers == 62 && c->n_heads > 0 ? (float)(c->hidden / c->n_heads) : (float)c->head_dim;
+    c->embed_scale = sqrtf((float)c->hidden);
+    return 0;
+}
+
 static void config_defaults(pg_model_config *c) {
     memset(c, 0, sizeof *c);
     c->rms_eps = 1e-5f;
@@ -49,16 +70,16 @@ int pg_config_from_gguf(const gguf_file *f, pg_model_config *c) {
     int rc = gguf_get_str(f, "general.architecture", &arch);
     if (rc < 0) return pg_err_set(PG_EFORMAT, "%s: no general.architecture", f->path);
     if (strcmp(arch, "llama") && strcmp(arch, "mistral") && strcmp(arch, "qwen2") &&
-        strcmp(arch, "qwen3") && strcmp(arch, "qwen3moe")) {
+        strcmp(arch, "qwen3") && strcmp(arch, "qwen3moe") && strcmp(arch, "gemma3")) {
         rc = pg_err_set(PG_EUNSUPP,
-                        "%s: architecture '%s' is not supported (llama, mistral, qwen2, qwen3, qwen3moe)",
+                        "%s: architecture '%s' is not supported (llama, mistral, qwen2, qwen3, qwen3moe, gemma3)",
                         f->path, arch);
         free(arch);
         return rc;
     }
     snprintf(c->arch, sizeof c->arch, "%s", arch);
     c->qkv_bias = !strcmp(arch, "qwen2");
-    c->qk_norm = !strcmp(arch, "qwen3") || !strcmp(arch, "qwen3moe");
+    c->qk_norm = !strcmp(arch, "qwen3") || !strcmp(arch, "qwen3moe") || !strcmp(arch, "gemma3");
     char *name = NULL;
     if (gguf_get_str(f, "general.name", &name) == 0) snprintf(c->name, sizeof c->name, "%s", name);
     free(name);
@@ -116,6 +137,7 @@ int pg_config_from_gguf(const gguf_file *f, pg_model_config *c) {
         if (strcmp(arch, "llama") && gguf_get_bool(f, key, &norm) == 0) c->moe_renorm = norm;
     }
     if (c->n_kv_heads == 0) c->n_kv_heads = c->n_heads;
+    if (!strcmp(arch, "gemma3") && (rc = gguf_gemma(f, c)) < 0) goto out;
     if (c->vocab_size == 0) {
         const gguf_kv *toks = gguf_find_kv(f, "tokenizer.ggml.tokens");
         if (toks && toks->type == GGUF_TYPE_ARRAY && toks->arr_count <= INT32_MAX)
@@ -217,6 +239,117 @@ static int hf_moe(const cJSON *j, const char *arch, const char *path, pg_model_c
     return 0;
 }
 
+// A rope_scaling object (or transformers 5's rope_parameters): llama3,
+// linear or default; NULL or not an object: none.
+static int hf_rope_scaling(const cJSON *rs, const char *path, pg_model_config *c) {
+    if (!cJSON_IsObject(rs)) return 0;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+    if (!cJSON_IsString(t)) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
+    const char *type = cJSON_IsString(t) ? t->valuestring : "";
+    PG_TRY(json_float(rs, "factor", &c->rope_factor, path));
+    if (!strcmp(type, "llama3")) {
+        c->rope_scaling = PG_ROPE_SCALING_LLAMA3;
+        c->rope_low_freq_factor = 1.0f;
+        c->rope_high_freq_factor = 4.0f;
+        c->rope_orig_max_pos = 8192;
+        PG_TRY(json_float(rs, "low_freq_factor", &c->rope_low_freq_factor, path));
+        PG_TRY(json_float(rs, "high_freq_factor", &c->rope_high_freq_factor, path));
+        PG_TRY(json_int(rs, "original_max_position_embeddings", &c->rope_orig_max_pos, false, path));
+    } else if (!strcmp(type, "linear")) {
+        c->rope_scaling = PG_ROPE_SCALING_LINEAR;
+    } else if (strcmp(type, "default") && type[0]) {
+        return pg_err_set(PG_EUNSUPP, "%s: rope_scaling type '%s' is not supported", path, type);
+    }
+    return 0;
+}
+
+// Gemma 3's config.json (Gemma3TextConfig): per-layer types (layer_types,
+// or every sliding_window_pattern-th layer global in older configs), the
+// window, query_pre_attn_scalar, and RoPE per layer type: transformers 5's
+// rope_parameters {"full_attention": {...}, "sliding_attention": {...}},
+// or transformers 4's rope_theta / rope_local_base_freq / rope_scaling
+// (the global layers'). Defaults are transformers' (its config.json omits
+// some). Soft-capping (Gemma 2's) and bidirectional attention are refused.
+static int hf_gemma_layers(const cJSON *j, const char *path, pg_model_config *c) {
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
+    if (!cJSON_IsArray(types)) {
+        int32_t pattern = 6;
+        PG_TRY(json_int(j, "sliding_window_pattern", &pattern, false, path));
+        PG_TRY(json_int(j, "_sliding_window_pattern", &pattern, false, path));
+        if (pattern < 1) return pg_err_set(PG_EFORMAT, "%s: sliding_window_pattern %d", path, pattern);
+        for (int32_t l = 0; l < c->n_layers && l < PG_MAX_LAYERS; l++)
+            pg_config_set_local(c, l, (l + 1) % pattern != 0);
+        return 0;
+    }
+    if (cJSON_GetArraySize(types) != c->n_layers)
+        return pg_err_set(PG_EFORMAT, "%s: layer_types has %d entries for %d layers", path,
+                          cJSON_GetArraySize(types), c->n_layers);
+    int32_t l = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, types) {
+        const char *v = cJSON_IsString(t) ? t->valuestring : "";
+        if (strcmp(v, "sliding_attention") && strcmp(v, "full_attention"))
+            return pg_err_set(PG_EUNSUPP, "%s: layer_types[%d] '%s' is not supported (sliding_attention, "
+                              "full_attention)", path, l, v);
+        if (l < PG_MAX_LAYERS) pg_config_set_local(c, l, !strcmp(v, "sliding_attention"));
+        l++;
+    }
+    return 0;
+}
+
+static int hf_gemma_rope(const cJSON *j, const char *path, pg_model_config *c) {
+    c->rope_theta = 1e6f;
+    c->rope_local_theta = 1e4f;
+    c->rope_scaling = PG_ROPE_SCALING_NONE;
+    c->rope_factor = 0;
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    const cJSON *full = cJSON_GetObjectItemCaseSensitive(rp, "full_attention");
+    const cJSON *local = cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention");
+    if (cJSON_IsObject(full)) {
+        PG_TRY(json_float(full, "rope_theta", &c->rope_theta, path));
+        PG_TRY(hf_rope_scaling(full, path, c));
+        if (cJSON_IsObject(local)) {
+            PG_TRY(json_float(local, "rope_theta", &c->rope_local_theta, path));
+            const cJSON *lt = cJSON_GetObjectItemCaseSensitive(local, "rope_type");
+            if (cJSON_IsString(lt) && strcmp(lt->valuestring, "default"))
+                return pg_err_set(PG_EUNSUPP, "%s: sliding_attention rope_type '%s' is not supported", path,
+                                  lt->valuestring);
+        }
+        return 0;
+    }
+    PG_TRY(json_float(j, "rope_theta", &c->rope_theta, path));
+    PG_TRY(json_float(j, "rope_local_base_freq", &c->rope_local_theta, path));
+    return hf_rope_scaling(cJSON_GetObjectItemCaseSensitive(j, "rope_scaling"), path, c);
+}
+
+static int hf_gemma(const cJSON *j, const char *path, pg_model_config *c) {
+    static const char *const refused[] = {"final_logit_softcapping", "attn_logit_softcapping"};
+    for (size_t i = 0; i < 2; i++)
+        if (cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, refused[i])))
+            return pg_err_set(PG_EUNSUPP, "%s: %s is not supported", path, refused[i]);
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "use_bidirectional_attention")))
+        return pg_err_set(PG_EUNSUPP, "%s: use_bidirectional_attention is not supported", path);
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(j, "hidden_activation");
+    if (!cJSON_IsString(act)) act = cJSON_GetObjectItemCaseSensitive(j, "hidden_act");
+    if (cJSON_IsString(act) && strcmp(act->valuestring, "gelu_pytorch_tanh"))
+        return pg_err_set(PG_EUNSUPP, "%s: activation '%s' is not supported (gelu_pytorch_tanh)", path,
+                          act->valuestring);
+    if (!cJSON_GetObjectItemCaseSensitive(j, "rms_norm_eps")) c->rms_eps = 1e-6f;
+    if (!cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings")) c->tie_embeddings = true;
+    c->qk_norm = true;
+    c->norm_add = 1.0f;
+    c->embed_scale = sqrtf((float)c->hidden);
+    c->attn_scalar = 256.0f;
+    PG_TRY(json_float(j, "query_pre_attn_scalar", &c->attn_scalar, path));
+    c->swa_window = 4096;
+    const cJSON *sw = cJSON_GetObjectItemCaseSensitive(j, "sliding_window");
+    if (cJSON_IsNull(sw)) c->swa_window = 0;
+    PG_TRY(json_int(j, "sliding_window", &c->swa_window, false, path));
+    c->sliding_window = 0; // Gemma's window is per layer: no cap on the model length
+    PG_TRY(hf_gemma_layers(j, path, c));
+    return hf_gemma_rope(j, path, c);
+}
+
 // config.json at `config_path`; generation_config.json at `gen_path` when
 // that file exists (NULL: none); `name` names the model; `where` prefixes
 // validation errors.
@@ -237,14 +370,22 @@ static int config_from_hf(const char *config_path, const char *gen_path, const c
                        {"Qwen2ForCausalLM", "qwen2"},
                        {"Qwen3ForCausalLM", "qwen3"},
                        {"MixtralForCausalLM", "mixtral"},
-                       {"Qwen3MoeForCausalLM", "qwen3moe"}};
+                       {"Qwen3MoeForCausalLM", "qwen3moe"},
+                       {"Gemma3ForCausalLM", "gemma3"}};
     const char *short_name = NULL;
     for (size_t i = 0; i < sizeof archs_known / sizeof archs_known[0]; i++)
         if (!strcmp(arch, archs_known[i].hf)) short_name = archs_known[i].name;
+    if (!strcmp(arch, "Gemma3ForConditionalGeneration")) {
+        // Its weights live under language_model.* beside a vision tower.
+        rc = pg_err_set(PG_EUNSUPP, "%s: Gemma3ForConditionalGeneration (multimodal Gemma 3) is not supported; "
+                        "use a text-only Gemma3ForCausalLM checkpoint (gemma-3-270m, gemma-3-1b)", path);
+        goto out;
+    }
     if (!short_name) {
         rc = pg_err_set(PG_EUNSUPP,
                         "%s: architecture %s is not supported (LlamaForCausalLM, MistralForCausalLM, "
-                        "Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM)",
+                        "Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, "
+                        "Gemma3ForCausalLM)",
                         path, arch);
         goto out;
     }
@@ -285,31 +426,15 @@ static int config_from_hf(const char *config_path, const char *gen_path, const c
     if (cJSON_IsNumber(bos)) c->bos_id = bos->valueint;
     json_eos(j, c);
     // rope_scaling (transformers 4) or rope_parameters (transformers 5, which
-    // moves rope_theta inside it).
+    // moves rope_theta inside it); Gemma's are per layer type.
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
-    if (!cJSON_IsObject(rs) && cJSON_IsObject(rp)) rs = rp;
-    if (cJSON_IsObject(rp) && (rc = json_float(rp, "rope_theta", &c->rope_theta, path)) < 0) goto out;
-    if (cJSON_IsObject(rs)) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
-        if (!cJSON_IsString(t)) t = cJSON_GetObjectItemCaseSensitive(rs, "type");
-        const char *type = cJSON_IsString(t) ? t->valuestring : "";
-        if ((rc = json_float(rs, "factor", &c->rope_factor, path)) < 0) goto out;
-        if (!strcmp(type, "llama3")) {
-            c->rope_scaling = PG_ROPE_SCALING_LLAMA3;
-            c->rope_low_freq_factor = 1.0f;
-            c->rope_high_freq_factor = 4.0f;
-            c->rope_orig_max_pos = 8192;
-            if ((rc = json_float(rs, "low_freq_factor", &c->rope_low_freq_factor, path)) < 0 ||
-                (rc = json_float(rs, "high_freq_factor", &c->rope_high_freq_factor, path)) < 0 ||
-                (rc = json_int(rs, "original_max_position_embeddings", &c->rope_orig_max_pos, false, path)) < 0)
-                goto out;
-        } else if (!strcmp(type, "linear")) {
-            c->rope_scaling = PG_ROPE_SCALING_LINEAR;
-        } else if (strcmp(type, "default") && type[0]) {
-            rc = pg_err_set(PG_EUNSUPP, "%s: rope_scaling type '%s' is not supported", path, type);
-            goto out;
-        }
+    if (!strcmp(short_name, "gemma3")) {
+        if ((rc = hf_gemma(j, path, c)) < 0) goto out;
+    } else {
+        if (!cJSON_IsObject(rs) && cJSON_IsObject(rp)) rs = rp;
+        if (cJSON_IsObject(rp) && (rc = json_float(rp, "rope_theta", &c->rope_theta, path)) < 0) goto out;
+        if ((rc = hf_rope_scaling(rs, path, c)) < 0) goto out;
     }
     if ((rc = pg_int4_ckpt_config(cJSON_GetObjectItemCaseSensitive(j, "quantization_config"), path, c)) < 0) goto out;
     cJSON_Delete(j);
@@ -382,7 +507,9 @@ int pg_config_validate(const pg_model_config *c) {
 
 void pg_config_params(const pg_model_config *c, int64_t *total, int64_t *active) {
     const int64_t H = c->hidden, hd = c->head_dim;
-    const int64_t attn = H * hd * (2 * (int64_t)c->n_heads + 2 * (int64_t)c->n_kv_heads) + 2 * H;
+    // The layer's two norms (Gemma: four, the post-norms too).
+    const int64_t n_norms = !strcmp(c->arch, "gemma3") ? 4 : 2;
+    const int64_t attn = H * hd * (2 * (int64_t)c->n_heads + 2 * (int64_t)c->n_kv_heads) + n_norms * H;
     const int64_t dense = 3 * H * c->ffn, expert = 3 * H * c->moe_ffn;
     const int64_t emb = (int64_t)c->vocab_size * H * (c->tie_embeddings ? 1 : 2) + H;
     *total = *active = emb;
@@ -395,6 +522,13 @@ void pg_config_params(const pg_model_config *c, int64_t *total, int64_t *active)
             *active += attn + dense;
         }
     }
+}
+
+void pg_config_rope_inv_freq_local(const pg_model_config *c, float *inv_freq) {
+    pg_model_config l = *c;
+    l.rope_theta = c->rope_local_theta;
+    l.rope_scaling = PG_ROPE_SCALING_NONE;
+    pg_config_rope_inv_freq(&l, inv_freq);
 }
 
 void pg_config_rope_inv_freq(const pg_model_config *c, float *inv_freq) {

@@ -10,12 +10,14 @@
 struct gguf_file;
 
 #define PG_MAX_EOS_IDS 8
+#define PG_MAX_LAYERS 1024 // pg_config_validate's bound
 
 typedef enum { PG_ROPE_SCALING_NONE = 0, PG_ROPE_SCALING_LLAMA3 = 1, PG_ROPE_SCALING_LINEAR = 2 } pg_rope_scaling;
 
 typedef struct pg_model_config {
     char arch[32];          // "llama", "mistral", "qwen2", "qwen3" (engine/model/llama.c); "mixtral",
-                            //   "qwen3moe" (engine/model/moe.c; a GGUF Mixtral is "llama" with experts)
+                            //   "qwen3moe" (engine/model/moe.c; a GGUF Mixtral is "llama" with experts);
+                            //   "gemma3" (engine/model/gemma.c)
     char name[128];         // for logs and /v1/models
     int32_t vocab_size;
     int32_t hidden;         // model dimension
@@ -44,6 +46,17 @@ typedef struct pg_model_config {
     int32_t moe_step;       // every moe_step-th layer is MoE (Qwen3-MoE decoder_sparse_step; 1)
     bool moe_renorm;        // top-k weights renormalised to sum 1 (Mixtral: always; Qwen3-MoE: norm_topk_prob)
     int32_t sliding_window; // Mistral's attention window (0 = none); max model length is capped to it
+    // Gemma 3 (engine/model/gemma.c; docs/gemma3.md): local layers attend
+    // within a window of swa_window positions with RoPE base
+    // rope_local_theta (no scaling); the others (global) over the whole
+    // context with rope_theta and its scaling.
+    int32_t swa_window;     // the local layers' window; 0: no local layers
+    uint8_t swa_layers[PG_MAX_LAYERS / 8]; // bit l set: layer l is local (pg_config_layer_is_local)
+    float rope_local_theta;
+    float attn_scalar;      // attention scale attn_scalar^-0.5 (query_pre_attn_scalar); 0: head_dim
+    float embed_scale;      // the embedding multiplied by it (Gemma: sqrt(hidden)); 0: none
+    float norm_add;         // added to every stored RMSNorm weight at load: Gemma's Hugging Face
+                            //   weights w mean x * (1 + w) (llama.cpp's GGUF stores 1 + w: 0)
     int32_t bos_id;         // -1 when none
     int32_t n_eos;
     int32_t eos_ids[PG_MAX_EOS_IDS];
@@ -69,9 +82,21 @@ int pg_config_validate(const pg_model_config *c);
 static inline bool pg_config_layer_is_moe(const pg_model_config *c, int32_t l) {
     return c->n_experts > 0 && (l + 1) % c->moe_step == 0;
 }
+// Whether layer l is a sliding-window (local) layer (Gemma 3).
+static inline bool pg_config_layer_is_local(const pg_model_config *c, int32_t l) {
+    return c->swa_window > 0 && (c->swa_layers[l / 8] >> (l % 8) & 1);
+}
+// Marks layer l local (every pattern-th layer global, the rest local:
+// pattern 6 for Gemma 3's GGUF files and older configs).
+static inline void pg_config_set_local(pg_model_config *c, int32_t l, bool local) {
+    if (local) c->swa_layers[l / 8] |= (uint8_t)(1u << (l % 8));
+    else c->swa_layers[l / 8] &= (uint8_t)~(1u << (l % 8));
+}
 // Parameters per token: every weight (total) and those one token reads
 // (active: the dense ones and n_experts_used of each MoE layer's experts).
 void pg_config_params(const pg_model_config *c, int64_t *total, int64_t *active);
 // Fills inv_freq[rope_dim / 2] with the rotary inverse frequencies,
 // including Llama-3 frequency scaling when configured.
 void pg_config_rope_inv_freq(const pg_model_config *c, float *inv_freq);
+// The same for Gemma's local layers: base rope_local_theta, unscaled.
+void pg_config_rope_inv_freq_local(const pg_model_config *c, float *inv_freq);

@@ -296,10 +296,13 @@ typedef struct {
 } loader;
 
 // Makes a backend weight from stored parts (random ones for dummy weights:
-// matrices N(0, std^2) in the windows `win` of the whole tensor, vectors 1).
+// matrices N(0, std^2) in the windows `win` of the whole tensor, norms 1,
+// biases 0). An RMSNorm weight (norm) gets the config's norm_add (Gemma's
+// Hugging Face w becomes the 1 + w the rmsnorm op multiplies by).
 static int make(loader *ld, const source *s, const pg_weight *parts, const pg_rand_window *win, int n,
-                bool vector, float dummy_fill, pg_bweight **out) {
+                bool vector, bool norm, pg_bweight **out) {
     pg_backend *be = ld->m->be;
+    const float dummy_fill = norm ? 1.0f : 0.0f, add = norm ? ld->m->cfg.norm_add : 0.0f;
     int rc;
     if (s->kind == SRC_DUMMY) {
         const float std = ld->o->dummy_std > 0 ? ld->o->dummy_std : 0.02f;
@@ -310,13 +313,15 @@ static int make(loader *ld, const source *s, const pg_weight *parts, const pg_ra
         const pg_rand_window vec = {.rows = 1, .cols = len, .full_cols = len};
         rc = vector ? be->store->weight_random(be, &vec, 1, 0, 0.0f, dummy_fill, out)
                     : be->store->weight_random(be, win, n, key, std, 0.0f, out);
-    } else if (vector && n > 1) {
-        // Concatenated vectors (Q|K|V biases) become one f32 vector.
+    } else if (vector && (n > 1 || add != 0.0f)) {
+        // Concatenated vectors (Q|K|V biases) and shifted norms become one
+        // f32 vector (the shift added in f32, as transformers' 1.0 + w.float()).
         int64_t len = 0;
         for (int i = 0; i < n; i++) len += parts[i].cols;
         float *v = own(ld->m, pg_xmalloc(sizeof(float) * (size_t)len));
         for (int i = 0, off = 0; i < n; off += (int)parts[i].cols, i++)
             pg_dequantize_row(parts[i].dtype, parts[i].data, v + off, parts[i].cols);
+        for (int64_t i = 0; i < len; i++) v[i] += add;
         pg_weight one = {.data = v, .dtype = PG_DTYPE_F32, .rows = 1, .cols = len,
                          .row_bytes = sizeof(float) * (size_t)len};
         rc = be->store->weight_upload(be, &one, 1, out);
@@ -384,7 +389,7 @@ static int make_weight(loader *ld, const source *s, int32_t l, const pg_layer_te
             if (qs) own(m, qs);
         }
     pg_bweight **dst = pg_lt_field_ptr(&m->layers[l], f, lt->expert);
-    int rc = make(ld, s, parts, win, n, vector, f == F_QKV_BIAS ? 0.0f : 1.0f, dst);
+    int rc = make(ld, s, parts, win, n, vector, lt->norm, dst);
     if (rc < 0) return pg_err_wrap(rc, "layer %d: ", l);
     // Layer 0's matrices for the start-up log and the plan (a MoE layer:
     // its first expert's, this rank's first under expert parallelism).
@@ -602,6 +607,13 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
                         s.path, be->name);
         goto fail;
     }
+    if (!strcmp(c->arch, "gemma3")) { // Gemma's ops (docs/gemma3.md)
+        if (!be->ops->gate_up_gelu || !be->ops->rmsnorm_add || !be->ops->scale) {
+            rc = pg_err_set(PG_EUNSUPP, "%s: a Gemma 3 model; the %s backend has no Gemma ops yet (docs/gemma3.md)",
+                            s.path, be->name);
+            goto fail;
+        }
+    }
     if ((rc = moe_offload_check(o, c)) < 0) goto fail;
     // Under tensor parallelism a model that cannot be split stops here,
     // before any weight is read.
@@ -631,7 +643,7 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
         goto fail_progress;
     }
     slice_rows(&w, m->shard.vocab0, m->shard.vocab);
-    if ((rc = make(&ld, &s, &w, &vwin, 1, false, 0, &m->tok_emb)) < 0) goto fail_progress;
+    if ((rc = make(&ld, &s, &w, &vwin, 1, false, false, &m->tok_emb)) < 0) goto fail_progress;
     // The LM head: its own tensor, else the embedding (tied).
     const char *head_name = s.kind == SRC_GGUF ? "output.weight" : "lm_head.weight";
     pg_weight hw;
@@ -641,7 +653,7 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
     } else if (has_head) {
         if ((rc = find_checked(m, &s, head_name, V, H, &hw, NULL)) < 0) goto fail_progress;
         slice_rows(&hw, m->shard.vocab0, m->shard.vocab);
-        if ((rc = make(&ld, &s, &hw, &vwin, 1, false, 0, &m->lm_head)) < 0) goto fail_progress;
+        if ((rc = make(&ld, &s, &hw, &vwin, 1, false, false, &m->lm_head)) < 0) goto fail_progress;
     }
     if (!m->lm_head) {
         m->lm_head = m->tok_emb;
@@ -649,7 +661,7 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
     }
     const char *norm_name = s.kind == SRC_GGUF ? "output_norm.weight" : "model.norm.weight";
     if ((rc = find_checked(m, &s, norm_name, 1, H, &w, NULL)) < 0 ||
-        (rc = make(&ld, &s, &w, NULL, 1, true, 1.0f, &m->final_norm)) < 0)
+        (rc = make(&ld, &s, &w, NULL, 1, true, true, &m->final_norm)) < 0)
         goto fail_progress;
     if (o->quantization != PG_QUANT_NONE && s.kind == SRC_DUMMY) {
         rc = pg_err_set(PG_EUNSUPP, "--quantization %s: not with --load-format dummy (random weights are made "
@@ -683,6 +695,10 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
             for (int32_t i = 0; i < c->head_dim / 2; i++) inv[i] /= ((const float *)rf->data)[i];
         }
         if ((rc = be->store->vector_f32(be, inv, c->head_dim / 2, &m->inv_freq)) < 0) goto fail_progress;
+        if (c->swa_window > 0) { // Gemma's local layers: their own base, unscaled
+            pg_config_rope_inv_freq_local(c, inv);
+            if ((rc = be->store->vector_f32(be, inv, c->head_dim / 2, &m->inv_freq_local)) < 0) goto fail_progress;
+        }
     }
     {
         double secs = pg_progress_end(&ld.pr);
@@ -716,7 +732,7 @@ void pg_model_free(pg_model *m) {
     if (m->layers)
         for (int32_t l = 0; l < m->cfg.n_layers; l++) {
             pg_model_layer *L = &m->layers[l];
-            pg_bweight *ws[9];
+            pg_bweight *ws[PG_LAYER_WEIGHTS_MAX];
             const int n = pg_model_layer_weights(L, ws);
             for (int i = 0; i < n; i++) be->store->weight_free(be, ws[i]);
             if (L->router) be->store->weight_free(be, L->router);
@@ -733,6 +749,7 @@ void pg_model_free(pg_model *m) {
     if (m->tok_emb) be->store->weight_free(be, m->tok_emb);
     if (m->final_norm) be->store->weight_free(be, m->final_norm);
     if (m->inv_freq) be->store->weight_free(be, m->inv_freq);
+    if (m->inv_freq_local) be->store->weight_free(be, m->inv_freq_local);
     free(m->layers);
     free(m->kv_scales);
     for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);

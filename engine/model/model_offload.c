@@ -28,7 +28,8 @@ static size_t align_up(size_t n) { return (n + SLOT_ALIGN - 1) / SLOT_ALIGN * SL
 
 int pg_model_layer_weights(const pg_model_layer *L, pg_bweight **out) {
     pg_bweight *all[] = {L->attn_norm, L->qkv, L->qkv_bias, L->q_norm, L->k_norm,
-                         L->o,         L->ffn_norm, L->gate_up, L->down};
+                         L->o,         L->ffn_norm, L->gate_up, L->down, L->post_attn_norm,
+                         L->post_ffn_norm};
     int n = 0;
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if (all[i]) out[n++] = all[i];
@@ -41,7 +42,7 @@ int pg_model_offload_layer(pg_model *m, int32_t l) {
     PG_ARG(be->store->weight_offload && be->store->weight_point && be->store->stream_in,
            "--cpu-offload-gb: the %s backend cannot offload weights", be->name);
     PG_ARG(l == o->n_layers && l < m->cfg.n_layers, "offload: layer %d after %d offloaded layers", l, o->n_layers);
-    pg_bweight *ws[9];
+    pg_bweight *ws[PG_LAYER_WEIGHTS_MAX];
     const int n = pg_model_layer_weights(&m->layers[l], ws);
     size_t total = 0;
     for (int i = 0; i < n; i++) total += align_up(be->store->weight_pack_bytes(be, ws[i]));
@@ -101,7 +102,7 @@ int pg_model_offload_finish(pg_model *m) {
         o->slots_bytes += (int64_t)o->slot_bytes;
     }
     for (int32_t l = 0; l < o->n_layers; l++) {
-        pg_bweight *ws[9];
+        pg_bweight *ws[PG_LAYER_WEIGHTS_MAX];
         const int n = pg_model_layer_weights(&m->layers[l], ws);
         char *slot = o->slot[l % 2];
         size_t off = 0;

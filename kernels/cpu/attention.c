@@ -79,18 +79,25 @@ static inline float v_scale(const attn_job *j, int32_t kvh) {
     return j->kv.dtype == PG_KV_FP8_E4M3 && j->kv.scales ? j->kv.scales[j->kv.n_kv_heads + kvh] : 1.0f;
 }
 
+// The first key query qi of s sees: 0, or with a sliding window the
+// oldest of the `window` positions ending at its own.
+static inline int32_t first_key(const pg_attn_seq *s, int32_t qi) {
+    const int32_t lo = s->start_pos + qi + 1 - s->window;
+    return s->window > 0 && lo > 0 ? lo : 0;
+}
+
 static void attend_one(const attn_job *j, const pg_attn_seq *s, int32_t h, int32_t qi) {
     const int32_t hd = j->kv.head_dim;
     const int32_t kvh = h / (j->n_heads / j->kv.n_kv_heads);
     const float scale = j->scale * k_scale(j, kvh);
     const float *q = j->q + (int64_t)(s->q_start + qi) * j->q_stride + (int64_t)h * hd;
     float *out = j->out + ((int64_t)(s->q_start + qi) * j->n_heads + h) * hd;
-    const int32_t n_keys = s->start_pos + qi + 1; // causal: keys up to its own position
+    const int32_t lo = first_key(s, qi), n_keys = s->start_pos + qi + 1; // causal: keys up to its own position
     float acc[512], ktile[512], vtile[512];
     float scores[KEY_CHUNK];
     float m = -INFINITY, l = 0.0f;
     memset(acc, 0, sizeof(float) * (size_t)hd);
-    for (int32_t t0 = 0; t0 < n_keys; t0 += KEY_CHUNK) {
+    for (int32_t t0 = lo; t0 < n_keys; t0 += KEY_CHUNK) {
         int32_t n = n_keys - t0 < KEY_CHUNK ? n_keys - t0 : KEY_CHUNK;
         float cmax = -INFINITY;
         for (int32_t t = 0; t < n; t++) {
@@ -244,7 +251,9 @@ static inline float kv_elem(int32_t dtype, const void *row, int32_t e, const flo
 static void attend_group_compat(const attn_job *j, const pg_attn_seq *s, int32_t kvh, int32_t qi,
                                 int thread) {
     const int32_t hd = j->kv.head_dim, half = hd / 2, G = j->n_heads / j->kv.n_kv_heads;
-    const int32_t n_keys = s->start_pos + qi + 1;
+    // Keys at positions lo + t, t < n_keys (scores and probabilities
+    // indexed by t).
+    const int32_t lo = first_key(s, qi), n_keys = s->start_pos + qi + 1 - lo;
     const float scale = j->scale * k_scale(j, kvh), vs = v_scale(j, kvh);
     const int64_t row = (int64_t)(s->q_start + qi) * j->n_heads + (int64_t)kvh * G; // first head
     // Scratch: q in llama.cpp's order rounded to fp16, one K row as f32
@@ -265,13 +274,13 @@ static void attend_group_compat(const attn_job *j, const pg_attn_seq *s, int32_t
     // Scores: per head, 8-lane fma chains over the dimensions (tinyBLAS's
     // f16 gemm), the lanes summed like ggml's hsum.
     for (int32_t t = 0; t < n_keys; t++) {
-        const float *k = kv_row_f32(j, j->k_cache, s->block_table, t, kvh, ktile);
-        vrow[t] = kv_row(j, j->v_cache, s->block_table, t, kvh);
+        const float *k = kv_row_f32(j, j->k_cache, s->block_table, lo + t, kvh, ktile);
+        vrow[t] = kv_row(j, j->v_cache, s->block_table, lo + t, kvh);
 #ifdef HAVE_AVX2
         // The cache streams from DRAM at long contexts: fetch a few rows ahead.
         if (t + 4 < n_keys) {
-            const char *kn = kv_row(j, j->k_cache, s->block_table, t + 4, kvh);
-            const char *vn = kv_row(j, j->v_cache, s->block_table, t + 4, kvh);
+            const char *kn = kv_row(j, j->k_cache, s->block_table, lo + t + 4, kvh);
+            const char *vn = kv_row(j, j->v_cache, s->block_table, lo + t + 4, kvh);
             for (size_t o = 0; o < j->head_bytes; o += 64) {
                 _mm_prefetch(kn + o, _MM_HINT_T0);
                 _mm_prefetch(vn + o, _MM_HINT_T0);

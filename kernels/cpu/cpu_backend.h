@@ -38,6 +38,7 @@ typedef struct pg_attn_seq {
     int32_t n_q;
     int32_t start_pos;
     const int32_t *block_table; // [ceil((start_pos + n_q) / block_size)]
+    int32_t window;             // > 0: the query at position p sees keys (p - window, p] only
 } pg_attn_seq;
 
 // --- KV cache elements (kv_cache.c) --------------------------------------------------
@@ -104,6 +105,14 @@ void pg_cpu_rmsnorm(pg_cpu_ctx *c, float *out, const float *x, const float *weig
                     int64_t dim, float eps);
 // out[m][ffn] = silu(gate_up[m][0:ffn]) * gate_up[m][ffn:2ffn]
 void pg_cpu_silu_mul(pg_cpu_ctx *c, float *out, const float *gate_up, int64_t m, int64_t ffn);
+// Gemma's ops (kernels/cpu/gemma_ops.c; kernels/backend.h gate_up_gelu,
+// rmsnorm_add, scale).
+int pg_cpu_gate_up_gelu(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bweight *norm, float eps,
+                        const pg_bweight *w, pg_tensor scratch_xn, pg_tensor scratch_gu);
+int pg_cpu_rmsnorm_add(pg_backend *b, pg_tensor x, pg_tensor y, const pg_bweight *w, float eps);
+int pg_cpu_scale(pg_backend *b, pg_tensor x, float s);
+// gelu with PyTorch's tanh approximation, in f32.
+float pg_cpu_gelu_tanh(float x);
 // RoPE of q (rows q_stride apart, n_heads heads) and k (rows k_stride
 // apart, kv.n_kv_heads heads) in place at positions pos[m], then k and v
 // (rows v_stride apart) to the cache at slots[m] (< 0: no write), stored

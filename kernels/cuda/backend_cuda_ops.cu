@@ -183,8 +183,10 @@ static int cu_rope_kv_write(pg_backend *b, pg_tensor q, pg_tensor k, pg_tensor v
 // Decode sequences (rows [0, n_decode)) through the split-K decode kernel,
 // prefill chunks through the varlen prefill kernel.
 static int cu_attention(pg_backend *b, pg_tensor out, pg_tensor q, const pg_attn_batch *ab, const void *k_cache,
-                        const void *v_cache, pg_kv_shape shape, int32_t n_heads, float scale) {
+                        const void *v_cache, pg_kv_shape shape, int32_t n_heads, float scale, int32_t window) {
     CudaCtx *c = ctx_of(b);
+    if (window > 0) // no windowed kernels yet (docs/gemma3.md); the loader refuses Gemma first
+        return pg_err_set(PG_EUNSUPP, "cuda attention: sliding-window attention is not supported yet");
     const int32_t n_dec = ab->n_decode, n_pre = ab->n_seqs - ab->n_decode;
     const int64_t q_dim = (int64_t)n_heads * shape.head_dim;
     PG_ARG(out.stride == q_dim, "cuda attention: the output rows must be contiguous");
@@ -249,6 +251,9 @@ const pg_backend_ops pg_cuda_ops_table = {
     .linear = cu_linear,
     .gate_up_silu = cu_gate_up_silu,
     .silu_mul = NULL,   // only LoRA steps use it, and LoRA has no CUDA kernel yet
+    .gate_up_gelu = NULL, // Gemma's ops: not on the GPU yet (docs/gemma3.md); callers check
+    .rmsnorm_add = NULL,
+    .scale = NULL,
     .moe_ffn = NULL,    // no grouped product on the GPU yet (docs/moe.md)
     .lora_apply = NULL, // no SGMV kernel yet (docs/lora.md): callers check
     .head_rmsnorm = cu_head_rmsnorm,

@@ -18,16 +18,17 @@ static float frand(uint64_t *s) {
 }
 
 // Dense causal attention over contiguous K/V [ctx][n_kv][hd] for queries at
-// positions start..start+n_q-1.
+// positions start..start+n_q-1; window > 0: the query at p sees keys
+// (p - window, p] only.
 static void ref_attention(double *out, const float *q, const float *k, const float *v, int n_q,
-                          int start, int n_heads, int n_kv, int hd, float scale) {
+                          int start, int n_heads, int n_kv, int hd, float scale, int window) {
     int g = n_heads / n_kv;
     double *s = malloc(sizeof(double) * (size_t)(start + n_q));
     for (int i = 0; i < n_q; i++)
         for (int h = 0; h < n_heads; h++) {
-            int n_keys = start + i + 1;
+            int n_keys = start + i + 1, lo = window > 0 && n_keys > window ? n_keys - window : 0;
             double mx = -INFINITY;
-            for (int t = 0; t < n_keys; t++) {
+            for (int t = lo; t < n_keys; t++) {
                 double d = 0;
                 for (int e = 0; e < hd; e++)
                     d += (double)q[((size_t)i * n_heads + h) * hd + e] * k[((size_t)t * n_kv + h / g) * hd + e];
@@ -35,10 +36,10 @@ static void ref_attention(double *out, const float *q, const float *k, const flo
                 mx = s[t] > mx ? s[t] : mx;
             }
             double sum = 0;
-            for (int t = 0; t < n_keys; t++) sum += (s[t] = exp(s[t] - mx));
+            for (int t = lo; t < n_keys; t++) sum += (s[t] = exp(s[t] - mx));
             for (int e = 0; e < hd; e++) {
                 double acc = 0;
-                for (int t = 0; t < n_keys; t++) acc += s[t] * v[((size_t)t * n_kv + h / g) * hd + e];
+                for (int t = lo; t < n_keys; t++) acc += s[t] * v[((size_t)t * n_kv + h / g) * hd + e];
                 out[((size_t)i * n_heads + h) * hd + e] = acc / sum;
             }
         }
@@ -47,10 +48,13 @@ static void ref_attention(double *out, const float *q, const float *k, const flo
 
 // One configuration: `n_seqs` sequences with random context lengths, each
 // contributing a chunk of queries at the end of its context, KV spread over
-// shuffled blocks.
-static void check_config(int n_seqs, int n_heads, int n_kv, int hd, int bs, int max_ctx, uint64_t seed) {
+// shuffled blocks; window > 0: sliding-window attention. mode: the exact f32
+// path (the reference, within 1e-5) or the llama.cpp-compatible one (fp16
+// roundings: within tol).
+static void check_window(int n_seqs, int n_heads, int n_kv, int hd, int bs, int max_ctx, uint64_t seed,
+                         int window, pg_matmul_mode mode, double tol) {
     pg_backend *be;
-    assert_int_equal(pg_backend_cpu_create(2, PG_MATMUL_EXACT, &be), 0); // the exact f32 path is the reference
+    assert_int_equal(pg_backend_cpu_create(2, mode, &be), 0);
     int blocks_per_seq = (max_ctx + bs - 1) / bs;
     int n_blocks = 1 + n_seqs * blocks_per_seq;
     pg_kv_shape kv = {n_blocks, bs, n_kv, hd, PG_KV_BF16, NULL};
@@ -69,7 +73,7 @@ static void check_config(int n_seqs, int n_heads, int n_kv, int hd, int bs, int 
     for (int s = 0; s < n_seqs; s++) {
         ctx[s] = 1 + (int)((seed = seed * 6364136223846793005ull + 1) >> 33) % max_ctx;
         int n_q = s % 3 == 0 ? ctx[s] : (s % 3 == 1 ? 1 : 1 + ctx[s] / 3); // prefill, decode, chunk
-        seqs[s] = (pg_attn_seq){total_q, n_q, ctx[s] - n_q, perm + s * blocks_per_seq};
+        seqs[s] = (pg_attn_seq){total_q, n_q, ctx[s] - n_q, perm + s * blocks_per_seq, window};
         total_q += n_q;
         size_t n = (size_t)ctx[s] * n_kv * hd;
         ks[s] = malloc(n * sizeof(float));
@@ -77,7 +81,12 @@ static void check_config(int n_seqs, int n_heads, int n_kv, int hd, int bs, int 
         for (size_t i = 0; i < n; i++) ks[s][i] = frand(&seed), vs[s][i] = frand(&seed);
         for (int t = 0; t < ctx[s]; t++) {
             int32_t slot = seqs[s].block_table[t / bs] * bs + t % bs;
-            memcpy(kc + (size_t)slot * n_kv * hd, ks[s] + (size_t)t * n_kv * hd, sizeof(float) * n_kv * hd);
+            // The compatible mode keeps K in llama.cpp's pair order (its RoPE
+            // write stores it so): dimension d is rotate-half's d/2 or hd/2 + d/2.
+            for (int e = 0; e < n_kv * hd; e++) {
+                const int d = e % hd, src = mode == PG_MATMUL_EXACT ? d : d % 2 ? hd / 2 + d / 2 : d / 2;
+                kc[(size_t)slot * n_kv * hd + e] = ks[s][(size_t)t * n_kv * hd + e - d + src];
+            }
             memcpy(vc + (size_t)slot * n_kv * hd, vs[s] + (size_t)t * n_kv * hd, sizeof(float) * n_kv * hd);
         }
     }
@@ -89,16 +98,20 @@ static void check_config(int n_seqs, int n_heads, int n_kv, int hd, int bs, int 
     pg_cpu_attention(pg_cpu(be), out, q, (int64_t)n_heads * hd, seqs, n_seqs, n_heads, scale, kc, vc, kv);
     for (int s = 0; s < n_seqs; s++)
         ref_attention(ref + (size_t)seqs[s].q_start * n_heads * hd, q + (size_t)seqs[s].q_start * n_heads * hd,
-                      ks[s], vs[s], seqs[s].n_q, seqs[s].start_pos, n_heads, n_kv, hd, scale);
+                      ks[s], vs[s], seqs[s].n_q, seqs[s].start_pos, n_heads, n_kv, hd, scale, window);
     double num = 0, den = 0;
     for (size_t i = 0; i < qn; i++) num += (out[i] - ref[i]) * (out[i] - ref[i]), den += ref[i] * ref[i];
     double rel = sqrt(num / den);
-    print_message("attention seqs=%d heads=%d/%d hd=%d bs=%d ctx<=%d: rel err %.2e\n", n_seqs,
-                  n_heads, n_kv, hd, bs, max_ctx, rel);
-    assert_true(rel < 1e-5);
+    print_message("attention seqs=%d heads=%d/%d hd=%d bs=%d ctx<=%d window=%d %s: rel err %.2e\n", n_seqs,
+                  n_heads, n_kv, hd, bs, max_ctx, window, pg_matmul_mode_name(mode), rel);
+    assert_true(rel < tol);
     for (int s = 0; s < n_seqs; s++) free(ks[s]), free(vs[s]);
     free(ks), free(vs), free(ctx), free(seqs), free(perm), free(q), free(out), free(ref), free(kc), free(vc);
     be->dev->destroy(be);
+}
+
+static void check_config(int n_seqs, int n_heads, int n_kv, int hd, int bs, int max_ctx, uint64_t seed) {
+    check_window(n_seqs, n_heads, n_kv, hd, bs, max_ctx, seed, 0, PG_MATMUL_EXACT, 1e-5);
 }
 
 static void test_attention_matches_dense_reference(void **state) {
@@ -107,6 +120,18 @@ static void test_attention_matches_dense_reference(void **state) {
     check_config(5, 8, 8, 128, 16, 300, 3);       // MHA, head 128, > KEY_CHUNK keys
     check_config(7, 32, 8, 128, 32, 70, 4);       // Llama-3 8B heads, block 32
     check_config(4, 4, 1, 64, 1, 40, 5);          // MQA, block size 1
+}
+
+// Sliding-window attention (Gemma's local layers): windows shorter and
+// longer than the contexts, of one key, across block and KEY_CHUNK
+// boundaries, in both numerics.
+static void test_sliding_window_matches_dense_reference(void **state) {
+    check_window(5, 4, 1, 32, 16, 70, 11, 8, PG_MATMUL_EXACT, 1e-5);   // Gemma's test shape, window 8
+    check_window(3, 9, 3, 64, 4, 100, 12, 1, PG_MATMUL_EXACT, 1e-5);   // one key: out = v[p]
+    check_window(4, 8, 8, 128, 16, 600, 13, 300, PG_MATMUL_EXACT, 1e-5); // window > KEY_CHUNK
+    check_window(3, 4, 2, 64, 16, 50, 14, 1000, PG_MATMUL_EXACT, 1e-5);  // window longer than any context
+    check_window(5, 4, 1, 64, 16, 90, 15, 8, PG_MATMUL_DEFAULT, 3e-3);   // llama.cpp-compatible path
+    check_window(4, 8, 2, 64, 16, 300, 16, 40, PG_MATMUL_DEFAULT, 3e-3);
 }
 
 // RoPE (rotate-half) and the cache write against a direct formula.
@@ -142,6 +167,7 @@ static void test_rope_kv_write(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention_matches_dense_reference),
+        cmocka_unit_test(test_sliding_window_matches_dense_reference),
         cmocka_unit_test(test_rope_kv_write),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

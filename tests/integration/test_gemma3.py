@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Gemma 3 text models (engine/model/gemma.c, docs/gemma3.md) against Hugging
+Face transformers on the CPU.
+
+1. Parity: tiny random Gemma3ForCausalLM checkpoints written here by
+   transformers itself (save_pretrained, float32, eager attention; every
+   norm weight w random, so x * (1 + w) matters): paged's CPU backend in
+   exact mode (build/tests/tools/dump_logits) computes the next-token logits
+   of prompts of 9 to 70 tokens (longer than the window of 8, so the local
+   layers' window matters), transformers computes them in float32; they must
+   agree within 1e-4 relative (||paged - hf|| / ||hf||) with the same
+   argmax. Variants: "gemma3", layers local but every 6th (llama.cpp's
+   pattern), linear RoPE scaling 2 on the global layers, query_pre_attn_scalar
+   = head_dim; "gemma3-mixed", layer_types global, local, global, local,
+   local, global, and query_pre_attn_scalar 24 (not head_dim).
+2. GGUF: the "gemma3" weights written as llama.cpp's convert_hf_to_gguf.py
+   lays them out (gguf-py, arch "gemma3", norms stored as 1 + w, Q/K rows as
+   they are) give the safetensors logits within 1e-5 relative; the same
+   safetensors with a transformers 4 config.json (sliding_window_pattern,
+   rope_local_base_freq, rope_scaling) give them exactly.
+3. Tensor parallelism: --tp 2 (two query heads a rank, the one KV head on
+   both) gives the logits of --tp 1 within 1e-5 of the largest logit.
+4. Errors, one line: a multimodal Gemma3ForConditionalGeneration config;
+   final_logit_softcapping.
+
+Skipped (exit 77) when torch or transformers are not importable.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DUMP = os.path.join(ROOT, "build/tests/tools/dump_logits")
+TOL = 1e-4
+
+try:
+    import numpy as np
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+except ImportError as e:  # the quickstart installs them; say so when missing
+    print(f"SKIP: transformers/torch not importable ({e})")
+    sys.exit(77)
+
+S, F = "sliding_attention", "full_attention"
+COMMON = dict(hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+              vocab_size=320, max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.2,
+              sliding_window=8)
+VARIANTS = {
+    "gemma3": dict(num_hidden_layers=7, layer_types=[S, S, S, S, S, F, S], query_pre_attn_scalar=32,
+                   rope_parameters={F: {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+                                    S: {"rope_type": "default", "rope_theta": 10000.0}}),
+    "gemma3-mixed": dict(num_hidden_layers=6, layer_types=[F, S, F, S, S, F], query_pre_attn_scalar=24),
+}
+PROMPTS = [[1, 17, 5, 230, 99, 42, 7, 310, 8], list(range(3, 3 + 70 * 4, 4)), [250] * 5 + [11, 12, 13] * 9]
+
+
+def make_checkpoint(extra, path, seed):
+    cfg = transformers.Gemma3TextConfig(**COMMON, **extra)
+    torch.manual_seed(seed)
+    model = transformers.Gemma3ForCausalLM(cfg).to(torch.float32)
+    model.config._attn_implementation = "eager"
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # Gemma's norms start at w = 0 (x * 1): move them
+            if name.endswith("norm.weight"):
+                p.copy_(0.3 * torch.randn_like(p))
+    model.eval()
+    model.save_pretrained(path, safe_serialization=True)
+    return model
+
+
+def hf_logits(model, ids):
+    with torch.no_grad():
+        out = model(torch.tensor([ids], dtype=torch.long))
+    return out.logits[0, -1].double().numpy()
+
+
+def dump(args, ids, tp=1):
+    return subprocess.run([DUMP, *args, "--mode", "exact", "--tp", str(tp), "--threads", "2",
+                           ",".join(map(str, ids))], capture_output=True, text=True, timeout=300)
+
+
+def paged_logits(args, ids, tp=1):
+    p = dump(args, ids, tp)
+    assert p.returncode == 0, p.stderr
+    j = json.loads(p.stdout)
+    return j["arch"], np.array(j["logits"], dtype=np.float64)
+
+
+def rel(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def write_gguf(name, hf_dir, out):
+    """The checkpoint as llama.cpp's converter writes a Gemma 3: norms + 1."""
+    import gguf
+    cfg = json.load(open(os.path.join(hf_dir, "config.json")))
+    sd = {k: v.numpy() for k, v in load_file(os.path.join(hf_dir, "model.safetensors")).items()}
+    w = gguf.GGUFWriter(out, "gemma3")
+    H, L = cfg["hidden_size"], cfg["num_hidden_layers"]
+    full = cfg["rope_parameters"][F]
+    w.add_name(name)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(H)
+    w.add_block_count(L)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(full["rope_theta"])
+    if full.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(full["factor"])
+    w.add_sliding_window(cfg["sliding_window"])
+    w.add_vocab_size(cfg["vocab_size"])
+
+    def norm(k):
+        return (sd[k] + np.float32(1.0)).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    w.add_tensor("output_norm.weight", norm("model.norm.weight"))
+    for l in range(L):
+        p = f"model.layers.{l}."
+        for g, hf in (("attn_norm", "input_layernorm"), ("attn_q_norm", "self_attn.q_norm"),
+                      ("attn_k_norm", "self_attn.k_norm"), ("post_attention_norm", "post_attention_layernorm"),
+                      ("ffn_norm", "pre_feedforward_layernorm"), ("post_ffw_norm", "post_feedforward_layernorm")):
+            w.add_tensor(f"blk.{l}.{g}.weight", norm(p + hf + ".weight"))
+        for g, hf in (("attn_q", "self_attn.q_proj"), ("attn_k", "self_attn.k_proj"), ("attn_v", "self_attn.v_proj"),
+                      ("attn_output", "self_attn.o_proj"), ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"),
+                      ("ffn_down", "mlp.down_proj")):
+            w.add_tensor(f"blk.{l}.{g}.weight", sd[p + hf + ".weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def main():
+    failed = []
+    worst = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = {}
+        # 1. Parity with transformers.
+        for i, (name, extra) in enumerate(VARIANTS.items()):
+            path = os.path.join(tmp, name)
+            model = make_checkpoint(extra, path, seed=201 + i)
+            dirs[name] = path
+            for ids in PROMPTS:
+                ref = hf_logits(model, ids)
+                arch, got = paged_logits([path], ids)
+                err = rel(got, ref)
+                same = int(np.argmax(got)) == int(np.argmax(ref))
+                worst[name] = max(worst.get(name, 0.0), err)
+                print(f"{name:13s} ({arch}) {len(ids):3d} tokens: rel err {err:.2e}, argmax "
+                      f"{'equal' if same else 'DIFFERS'}")
+                if not (err < TOL and same):
+                    failed.append(("parity", name, len(ids), err))
+
+        # 2. GGUF: llama.cpp's layout of the same weights.
+        try:
+            import gguf  # noqa: F401
+            out = os.path.join(tmp, "gemma3.gguf")
+            write_gguf("gemma3", dirs["gemma3"], out)
+            for ids in PROMPTS:
+                _, a = paged_logits([dirs["gemma3"]], ids)
+                arch, b = paged_logits([out], ids)
+                err = rel(b, a)
+                print(f"gemma3 gguf ({arch}) vs safetensors {len(ids):3d} tokens: rel err {err:.2e}")
+                if not (err < 1e-5 and int(np.argmax(a)) == int(np.argmax(b))):
+                    failed.append(("gguf", len(ids), err))
+        except ImportError:
+            print("gguf-py not importable: the GGUF check is left out")
+
+        # 2b. The same checkpoint with a transformers 4 config.json (what the
+        # Hub's gemma-3 configs say): no layer_types but sliding_window_pattern,
+        # rope_theta / rope_local_base_freq / rope_scaling instead of
+        # rope_parameters: the same logits.
+        old = os.path.join(tmp, "gemma3-v4")
+        os.makedirs(old)
+        cfg = json.load(open(os.path.join(dirs["gemma3"], "config.json")))
+        full = cfg.pop("rope_parameters")[F]
+        del cfg["layer_types"]
+        cfg.update(sliding_window_pattern=6, rope_theta=full["rope_theta"], rope_local_base_freq=10000.0,
+                   rope_scaling={"rope_type": "linear", "factor": full["factor"]})
+        json.dump(cfg, open(os.path.join(old, "config.json"), "w"))
+        os.symlink(os.path.join(dirs["gemma3"], "model.safetensors"), os.path.join(old, "model.safetensors"))
+        for ids in PROMPTS[1:2]:
+            _, a = paged_logits([dirs["gemma3"]], ids)
+            _, b = paged_logits([old], ids)
+            err = rel(b, a)
+            print(f"gemma3 transformers-4 config.json vs 5 {len(ids):3d} tokens: rel err {err:.2e}")
+            if err != 0.0:
+                failed.append(("v4 config", len(ids), err))
+
+        # 3. Tensor parallelism.
+        for name in VARIANTS:
+            for ids in PROMPTS[:2]:
+                _, a = paged_logits([dirs[name]], ids, 1)
+                _, b = paged_logits([dirs[name]], ids, 2)
+                err = float(np.max(np.abs(a - b)) / np.max(np.abs(a)))
+                print(f"{name:13s} --tp 2 vs --tp 1 {len(ids):3d} tokens: max diff {err:.1e} of the largest logit")
+                if not (err < 1e-5 and int(np.argmax(a)) == int(np.argmax(b))):
+                    failed.append(("tp", name, err))
+
+        # 4. Errors: one line naming the file and the reason.
+        def refused(args, want, what):
+            p = dump(args, PROMPTS[0])
+            lines = p.stderr.strip().splitlines()
+            ok = p.returncode != 0 and len(lines) == 1 and all(w in lines[0] for w in want)
+            print(f"refused, {what}: {lines[-1] if lines else '(nothing)'}")
+            if not ok:
+                failed.append(("error", what, p.returncode, p.stderr))
+
+        for what, edit, want in (("multimodal", {"architectures": ["Gemma3ForConditionalGeneration"]},
+                                  ["Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"]),
+                                 ("soft-capping", {"final_logit_softcapping": 30.0}, ["final_logit_softcapping"])):
+            bad = os.path.join(tmp, "bad-" + what)
+            os.makedirs(bad)
+            cfg = json.load(open(os.path.join(dirs["gemma3"], "config.json")))
+            cfg.update(edit)
+            json.dump(cfg, open(os.path.join(bad, "config.json"), "w"))
+            os.symlink(os.path.join(dirs["gemma3"], "model.safetensors"), os.path.join(bad, "model.safetensors"))
+            refused([bad], [bad] + want, what)
+
+    print("worst: " + ", ".join(f"{k} {v:.1e}" for k, v in worst.items()))
+    if failed:
+        print(f"FAIL: {failed}")
+        return 1
+    print(f"ok: {len(VARIANTS)} Gemma 3 variants x {len(PROMPTS)} prompts within {TOL:g} of transformers "
+          f"{transformers.__version__}; GGUF, --tp 2 and the errors as expected")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
