@@ -34,6 +34,8 @@ typedef struct seq {
     int32_t *draft;              // [PG_MAX_DRAFT + 1], allocated on first use
     int32_t n_draft;
     int32_t spec_held;
+    int32_t spec_misses;         // drafts in a row with nothing accepted
+    int32_t spec_skip;           // steps left without proposing (after a miss)
 } seq;
 
 typedef struct req {

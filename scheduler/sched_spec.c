@@ -58,9 +58,30 @@ void spec_step_begin(sched *s) {
     s->spec_rows = spare > 0 ? spare : 0;
 }
 
+// Miss backoff: a draft of which nothing was accepted cost its rows for
+// nothing (on a compute-bound CPU nearly a step per row), and the next one
+// from the same text is likely no better. After m such drafts in a row the
+// sequence decodes plainly for 2^m - 1 steps (at most SPEC_MAX_SKIP); any
+// accepted token resets m.
+#define SPEC_MAX_SKIP 31
+
+static void spec_note_result(seq *q, int32_t accepted) {
+    if (accepted > 0) {
+        q->spec_misses = 0;
+        return;
+    }
+    if (q->spec_misses < 5) q->spec_misses++;
+    int32_t skip = (1 << q->spec_misses) - 1;
+    q->spec_skip = skip < SPEC_MAX_SKIP ? skip : SPEC_MAX_SKIP;
+}
+
 int32_t spec_propose(sched *s, req *r, seq *q, int32_t left) {
     q->n_draft = 0;
     if (s->spec_rows <= 0 || q->unres || !spec_eligible(s, r)) return 0;
+    if (q->spec_skip > 0) {
+        q->spec_skip--;
+        return 0;
+    }
     // Room: every emitted token within max_tokens (a draft of k may emit
     // k + 1), every written position within max_model_len, the step's
     // token budget (the last token takes one) and the spare rows.
@@ -120,6 +141,7 @@ void spec_resolve(sched *s, req *r, seq *q, const pg_seq_output *o) {
     s->st.n_spec_draft_tokens += k;
     s->st.n_spec_accepted += m - 1;
     for (int32_t i = 0; i < m - 1; i++) s->st.n_spec_accepted_pos[i]++;
+    spec_note_result(q, m - 1);
     // The placeholder holds the first token; the rest follow, each under
     // the stop rules as if it came in a step of its own, so EOS, a stop id
     // or max_tokens in the middle cuts the rest.

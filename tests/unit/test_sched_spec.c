@@ -194,16 +194,22 @@ static void test_partial_acceptance_frees_rejected_slots(void **state) {
     // block 1 (positions 4 .. 7, the last token's KV included), never the
     // rejected drafts' block.
     assert_int_equal(stats(h).kv.num_cached, 2);
-    // Two accepted of four: positions 8 .. 10 hold 5, 1, 2; the target's
-    // 7 follows at 11, so 11 of 12 slots stay (3 blocks).
-    h->prop = (proposer){.draft = {1, 2, 3, 4}, .n_draft = 4};
+    // A draft with nothing accepted: the next step decodes plainly (the
+    // miss backoff), position 8.
     p = h_step(h);
+    assert_int_equal(p->seqs[0].n_draft, 0);
     assert_int_equal(p->seqs[0].start_pos, 8);
-    assert_int_equal(p->seqs[0].n_blocks, 4); // positions 8 .. 12
+    h_update(h, 6, NULL);
+    // Two accepted of four: positions 10 .. 11 hold 1, 2; the target's
+    // 7 follows at 12, so 12 of 14 slots stay (3 blocks).
+    p = h_step(h);
+    assert_int_equal(p->seqs[0].start_pos, 9);
+    assert_int_equal(p->seqs[0].n_draft, 4);
+    assert_int_equal(p->seqs[0].n_blocks, 4); // positions 9 .. 13
     ev = h_update(h, 0, (const int32_t[]){1, 2, 7, 0, 0});
     assert_int_equal(ev->n, 3);
     assert_int_equal(ev->ev[2].out.token, 7);
-    assert_int_equal(ev->ev[2].n_generated, 5);
+    assert_int_equal(ev->ev[2].n_generated, 6);
     assert_int_equal(stats(h).kv.num_used, 3);
     assert_int_equal(stats(h).kv.num_cached, 2);
     sched_stats st = stats(h);
@@ -254,6 +260,26 @@ static void test_acceptance_stops_at_max_tokens(void **state) {
     assert_int_equal(ev->ev[2].finish, SCHED_FINISH_LENGTH);
     assert_int_equal(ev->ev[2].n_generated, 4);
     assert_int_equal(free_blocks(h), all);
+    h_free(h);
+}
+
+// After m drafts in a row with nothing accepted, 2^m - 1 plain steps;
+// an accepted token resets the count.
+static void test_miss_backoff(void **state) {
+    (void)state;
+    harness *h = h_new(2, 0, 64);
+    h->prop = (proposer){.draft = {1, 2}, .n_draft = 2};
+    prefill(h, 1, 200, -1);
+    const int32_t miss[3] = {5, 0, 0}, hit[3] = {1, 5, 0};
+    char pattern[40] = {0};
+    for (int32_t i = 0; i < 16; i++) {
+        const pg_batch_plan *p = h_step(h);
+        bool draft = p->seqs[0].n_draft > 0;
+        pattern[i] = draft ? 'D' : '.';
+        // Misses until step 11, then hits.
+        h_update(h, 5, i < 11 ? miss : hit);
+    }
+    assert_string_equal(pattern, "D.D...D.......DD");
     h_free(h);
 }
 
@@ -323,6 +349,7 @@ int main(void) {
         cmocka_unit_test(test_partial_acceptance_frees_rejected_slots),
         cmocka_unit_test(test_acceptance_stops_at_eos),
         cmocka_unit_test(test_acceptance_stops_at_max_tokens),
+        cmocka_unit_test(test_miss_backoff),
         cmocka_unit_test(test_who_speculates),
         cmocka_unit_test(test_async_resolves_before_a_draft),
     };
