@@ -8,7 +8,9 @@ For each configuration (`--config NAME=FLAGS`, repeatable; by default
 build/paged serve with the default model, sends one warm-up request and then
 --runs streamed requests one at a time (batch 1), and reports the decode
 rate: (tokens - 1) / (last token time - first token time), the prefill
-left out (it is the same with and without speculation). The texts of every
+left out (it is the same with and without speculation), and the server's
+CPU time per token (prefill included), which other work on a shared machine
+hardly moves. The texts of every
 configuration must be the same (greedy): the script says so when they are
 not. Not a timed test: figures go to docs/speculative_decoding.md.
 
@@ -52,18 +54,30 @@ def one_request(port, prompt, max_tokens):
     return "".join(parts), n, times[-1] - times[0] if len(times) > 1 else float("nan")
 
 
+def cpu_seconds(pid):
+    """User + system CPU time of a process so far: unlike wall time it hardly
+    moves when other work shares the cores (this machine is shared)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def bench(name, flags, prompt, max_tokens, runs):
     with su.Server(*shlex.split(flags)) as srv:
         one_request(srv.port, prompt, max_tokens)  # warm-up (page cache, first-step costs)
         m0 = su.metrics(srv.port)
-        rates, text = [], None
+        rates, text, cpu, total = [], None, 0.0, 0
         for _ in range(runs):
+            c0 = cpu_seconds(srv.proc.pid)
             text, n, secs = one_request(srv.port, prompt, max_tokens)
+            cpu += cpu_seconds(srv.proc.pid) - c0
+            total += n
             rates.append((n - 1) / secs)
         m1 = su.metrics(srv.port)
     d = {k: su.metric(m1, f"paged:spec_decode_num_{k}_total") - su.metric(m0, f"paged:spec_decode_num_{k}_total")
          for k in ("drafts", "draft_tokens", "accepted_tokens")}
     return {"name": name, "flags": flags, "tokens": n, "tok_s": statistics.median(rates), "runs": rates,
+            "cpu_ms_per_token": 1000 * cpu / total,
             "drafts": d["drafts"], "draft_tokens": d["draft_tokens"], "accepted": d["accepted_tokens"],
             "acceptance": d["accepted_tokens"] / d["draft_tokens"] if d["draft_tokens"] else None,
             "tokens_per_step": (n * runs) / (n * runs - d["accepted_tokens"]) if n else None, "text": text}
@@ -86,12 +100,13 @@ def main():
         results.append(r)
         acc = f"{r['acceptance']:.1%} of {int(r['draft_tokens'])} draft tokens in {int(r['drafts'])} drafts, " \
               f"{r['tokens_per_step']:.2f} tokens per step" if r["acceptance"] is not None else "no drafts"
-        print(f"{name:12s} {r['tok_s']:7.1f} tok/s decode (median of {a.runs}; {r['tokens']} tokens); {acc}",
-              flush=True)
-    base = results[0]["tok_s"]
+        print(f"{name:12s} {r['tok_s']:7.1f} tok/s decode (median of {a.runs}; {r['tokens']} tokens), "
+              f"{r['cpu_ms_per_token']:.2f} CPU ms per token (prefill included); {acc}", flush=True)
+    base, base_cpu = results[0]["tok_s"], results[0]["cpu_ms_per_token"]
     for r in results[1:]:
         same = "same text" if r["text"] == results[0]["text"] else "TEXT DIFFERS"
-        print(f"{r['name']}: {r['tok_s'] / base:.2f}x {results[0]['name']} ({same})")
+        print(f"{r['name']}: {r['tok_s'] / base:.2f}x {results[0]['name']} in tok/s, "
+              f"{base_cpu / r['cpu_ms_per_token']:.2f}x in CPU time per token ({same})")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"prompt_kind": a.prompt_kind, "max_tokens": a.max_tokens, "results": results}, f, indent=1)
