@@ -20,6 +20,9 @@ greedy text, only how many steps it takes.
 5. Bad --speculative-config values stop `paged serve` with exit code 2 and
    one line naming the problem; method draft_model is refused as not
    supported yet.
+6. Tensor parallelism (-tp 3 on the CPU): the draft rows go through the
+   ranks' argmax exchange, and three copy prompts give the same texts with
+   and without speculation at -tp 3, with drafts accepted.
 """
 import concurrent.futures
 import os
@@ -126,6 +129,15 @@ def main():
         name = "paged:spec_decode_num_accepted_tokens_per_pos_total"
         per_pos = [su.metric(m, name, position=str(i)) for i in range(5)
                    if any(k.startswith(name + "{") and f'position="{i}"' in k for k in m)]
+    tp_texts = []
+    for args in ([], ["--speculative-config", SPEC]):
+        with su.Server("-tp", "3", *args) as srv:
+            tp_texts.append([complete(srv.port, p, 64) for p in COPY_PROMPTS[:3]])
+            m_tp = su.wait_idle(srv.port)
+    assert tp_texts[0] == tp_texts[1], tp_texts
+    tp_acc = su.metric(m_tp, "paged:spec_decode_num_accepted_tokens_total")
+    assert tp_acc > 0
+    print(f"-tp 3: 3 copy prompts identical with and without speculation ({int(tp_acc)} draft tokens accepted)")
     n = len(COPY_PROMPTS) + len(PLAIN_PROMPTS)
     diff = [i for i in range(len(want)) if want[i] != got[i]]
     for i in diff:
