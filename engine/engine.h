@@ -16,10 +16,18 @@
 #include "engine/model/model.h"
 #include "text/tokenizer/tokenizer.h"
 #include "scheduler/sched.h"
+#include "engine/spec/ngram.h"
 
 typedef struct pg_engine pg_engine;
 
 #define PG_MAX_LORA_MODULES 64 // --lora-modules entries
+
+// Speculative decoding (--speculative-config; docs/speculative_decoding.md).
+typedef struct pg_spec_options {
+    bool ngram;               // method "ngram" (prompt lookup); false: off
+    pg_ngram_config ngram_cfg; // prompt_lookup_min / _max, num_speculative_tokens (<= PG_MAX_DRAFT)
+    int32_t max_running_seqs; // backoff, vLLM's disable_by_batch_size (0: SCHED_SPEC_DEFAULT_MAX_SEQS)
+} pg_spec_options;
 
 typedef struct pg_engine_config {
     const char *model_path;      // GGUF file or Hugging Face directory
@@ -33,6 +41,7 @@ typedef struct pg_engine_config {
     bool no_host_kv_cache;       // host blocks for swap preemption only (no host tier)
     int32_t max_model_len;       // 0 = the model's context length
     sched_config sched;          // block size, budgets, policy, preemption
+    pg_spec_options spec;        // speculative decoding (off)
     bool batched_tokens_set;     // --max-num-batched-tokens given: else a per-device default
                                  //   (pg_engine_sched_limits: PG_DEFAULT_CPU_BATCHED_TOKENS on
                                  //   the CPU, the scheduler's default on a GPU)

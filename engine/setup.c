@@ -163,6 +163,11 @@ static const char *kv_dtype_log_name(const pg_backend *be, int32_t dtype) {
     return be->caps->kv_native == PG_DTYPE_F32 ? "f32" : "bf16";
 }
 
+// The scheduler's proposer (sched_spec_config.propose): n-gram prompt lookup.
+static int32_t ngram_propose(void *ctx, const int32_t *history, int32_t n, int32_t limit, int32_t *out) {
+    return pg_ngram_propose(ctx, history, n, limit, out);
+}
+
 int eng_setup(pg_engine *e) {
     const pg_engine_config *cfg = &e->cfg;
     if (cfg->nnodes > 1 && cfg->node_rank > 0)
@@ -304,6 +309,17 @@ int eng_setup(pg_engine *e) {
     PG_TRY(pg_executor_alloc_kv(e->exec, e->kv_blocks, host_blocks));
     PG_TRY(pg_executor_mem_refresh(e->exec));
     pg_executor_mem_get(e->exec, 0, &gm);
+    if (cfg->spec.ngram) {
+        // The scheduler asks for drafts through a callback: it sits below
+        // the engine and knows no proposer.
+        sc.spec = (sched_spec_config){.num_tokens = cfg->spec.ngram_cfg.k,
+                                      .max_running_seqs = cfg->spec.max_running_seqs,
+                                      .propose = ngram_propose,
+                                      .ctx = &e->cfg.spec.ngram_cfg};
+        PG_LOGI("speculative decoding: n-gram prompt lookup, n %d..%d, %d tokens, up to %d running sequences",
+                cfg->spec.ngram_cfg.min_n, cfg->spec.ngram_cfg.max_n, cfg->spec.ngram_cfg.k,
+                cfg->spec.max_running_seqs > 0 ? cfg->spec.max_running_seqs : SCHED_SPEC_DEFAULT_MAX_SEQS);
+    }
     PG_TRY(sched_create(&sc, &e->sched));
     e->cfg.sched = sc;
     e->stats.kv_blocks = e->kv_blocks;

@@ -679,6 +679,14 @@ void kvp_table_release(kvp_pool *p, kvp_table *t) {
     t->swapped = false;
 }
 
+void kvp_table_truncate(kvp_pool *p, kvp_table *t, int32_t n_tokens) {
+    PG_CHECK(!t->swapped && n_tokens >= 0 && n_tokens <= t->n_tokens);
+    const int32_t keep = (n_tokens + p->bs - 1) / p->bs;
+    PG_CHECK(keep >= t->n_cached);
+    while (t->n_blocks > keep) block_decref(p, t->blocks[--t->n_blocks]);
+    t->n_tokens = n_tokens;
+}
+
 // ---------------------------------------------------------------------------
 // Swap
 

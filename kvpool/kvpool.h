@@ -215,6 +215,13 @@ void kvp_table_move_blocks(kvp_pool *p, kvp_table *dst, kvp_table *src, int32_t 
 // Drops the table's blocks, tail first (device or host). Keeps the hashes.
 void kvp_table_release(kvp_pool *p, kvp_table *t);
 
+// Shrinks a device table to its first n_tokens slots (<= t->n_tokens),
+// dropping the blocks wholly beyond them, tail first: the slots of draft
+// tokens that speculative decoding rejected. The blocks offered to the
+// prefix cache must stay (n_tokens covers them: they hold accepted tokens
+// only, kvp_table_commit being called with computed positions alone).
+void kvp_table_truncate(kvp_pool *p, kvp_table *t, int32_t n_tokens);
+
 // ---------------------------------------------------------------------------
 // Swap
 

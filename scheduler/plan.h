@@ -12,6 +12,10 @@
 #define PG_MAX_LOGPROBS 20
 #define PG_MAX_STOP_IDS 64
 #define PG_MAX_LOGIT_BIAS 300  // OpenAI's limit on logit_bias entries
+// Speculative decoding (docs/speculative_decoding.md): draft tokens one plan
+// entry carries at most (num_speculative_tokens), so a step emits up to
+// PG_MAX_DRAFT + 1 tokens per sequence.
+#define PG_MAX_DRAFT 16
 
 // Sampling parameters of one request (vLLM's names and defaults).
 typedef struct pg_sampling_params {
@@ -97,6 +101,14 @@ typedef struct pg_plan_seq {
     // The LoRA adapter of this sequence's rows (docs/lora.md): 0 = the base
     // model, i = the runner's adapter slot i - 1 (sched_request.lora_id).
     int32_t lora_id;
+    // Speculative decoding (greedy only): tokens[n_tokens - n_draft ..
+    // n_tokens) are draft tokens proposed after tokens[n_tokens - n_draft
+    // - 1] (the sequence's last token); sample is set. The runner takes the
+    // argmax of each of the last n_draft + 1 rows, keeps the longest prefix
+    // of the drafts that matches them plus the next argmax
+    // (pg_spec_verify_greedy) and returns those tokens in the entry's
+    // output (pg_seq_output.spec_tokens). 0 = a plain entry.
+    int32_t n_draft;
 } pg_plan_seq;
 
 // A block move: from -> to (device<->host swaps, or device copy for COW).
@@ -130,6 +142,15 @@ typedef struct pg_seq_output {
     int32_t n_top;             // sp->logprobs entries when requested
     int32_t top_ids[PG_MAX_LOGPROBS];
     float top_logprobs[PG_MAX_LOGPROBS];
+    // An entry with drafts (pg_plan_seq.n_draft > 0): the drafts kept
+    // (n_accepted) and the tokens emitted, spec_tokens[0 .. n_accepted]
+    // (the kept drafts then the target's own), with their log-softmax;
+    // token and logprob are spec_tokens[0] and spec_logprobs[0]. A plain
+    // entry has n_draft 0 and uses token alone.
+    int32_t n_draft;
+    int32_t n_accepted;
+    int32_t spec_tokens[PG_MAX_DRAFT + 1];
+    float spec_logprobs[PG_MAX_DRAFT + 1];
 } pg_seq_output;
 
 // One scored prompt position (pg_plan_seq.n_prompt_lp).

@@ -17,122 +17,13 @@
 // stays put until sched_update: token arrays grow only in sched_update
 // (after the runner is done with the plan) and block tables only inside
 // sched_step.
-#include "scheduler/sched.h"
+#include "scheduler/sched_int.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/clock.h"
 #include "common/err.h"
-
-typedef enum { RQ_WAITING, RQ_RUNNING, RQ_SWAPPED, RQ_FINISHED } rq_state;
-
-struct req;
-
-typedef struct seq {
-    struct req *rq;     // its request
-    int32_t index;      // in the request, 0..n-1
-    int64_t seq_id;     // request id * SCHED_MAX_N + index
-    int32_t *hist;      // [hist_cap] prompt then output; grows only in
-    int32_t n_hist;     //   sched_update, when no plan points into it
-    int32_t hist_cap;   //   (<= n_prompt + max_tokens)
-    int32_t n_computed; // positions with KV written (table.n_tokens outside a step)
-    int32_t n_sched;    // tokens in the plan in flight
-    uint64_t rng_seed;
-    kvp_table table;
-    sched_finish_reason finish;  // NONE while live
-    sched_finish_reason pending; // finish asked for while in flight
-    bool unres;                  // hist[n_hist - 1] is PG_TOKEN_PENDING (advanced, not resolved)
-    bool stopping;               // that token reaches a length limit: not scheduled again
-    int32_t stop_token;
-    bool ev_end;                 // ended since its request's events were last emitted
-    const pg_seq_output *ev_out; // token sampled in this update, or NULL
-} seq;
-
-typedef struct req {
-    int64_t id;
-    void *owner;        // sched_request.owner: the caller's, never read here
-    pg_sampling_params sp;
-    int32_t prio;       // key: priority (priority policy) or 0
-    int64_t arrival_ns; // key
-    uint64_t order;     // key: admission counter
-    int32_t eos_id;     // -1 when none or ignore_eos
-    int32_t lora_id;    // sched_request.lora_id (0: the base model)
-    int32_t n_prompt;
-    int32_t n;      // sequences
-    int32_t n_live; // not finished
-    int32_t lead;   // sequence computing the prompt before the fork
-    bool forked;    // live sequences hold their own tables
-    rq_state state;
-    int32_t qpos;          // index in its heap or in running[]
-    bool in_flight;        // has entries in the plan in flight
-    bool abort_pending;    // aborted while in flight
-    bool usage_cached_set; // cached_tokens recorded (first admission)
-    sched_usage usage;
-    seq seqs[]; // [n]
-} req;
-
-typedef struct rheap {
-    req **v; // [n]
-    int32_t n, cap;
-} rheap;
-
-typedef struct idmap {
-    int64_t *keys; // [mask + 1]
-    req **vals;    // [mask + 1], NULL = empty slot
-    uint64_t mask;
-    int32_t n;
-} idmap;
-
-typedef struct evbuf {
-    sched_event *v; // [n]
-    int32_t n, cap;
-} evbuf;
-
-typedef struct budget {
-    int32_t tokens, seqs;
-} budget;
-
-struct sched {
-    sched_config cfg;
-    kvp_pool *pool;
-    int32_t bs;
-    int32_t prefill_cap;     // resolved long_prefill_token_threshold (0 = none)
-    int32_t prefill_cap_now; // this step's: prefill_cap, or 0 when one request is live
-    idmap ids;
-    rheap waiting, swapped;
-    req **run; // [n_run] running, sorted by key
-    int32_t n_run, run_cap;
-    int32_t running_seqs; // live sequences of running requests
-    uint64_t order;       // next admission counter
-    uint64_t rng;         // seeds for unseeded requests
-    int64_t now;          // clock at the start of the current call
-    // The plan in flight and its scratch.
-    bool in_flight;
-    bool preempted; // this step preempted someone
-    pg_batch_plan plan;
-    pg_plan_seq *pseqs; // [max_num_seqs]
-    seq **pref;         // [max_num_seqs] plan entry -> sequence
-    req **preq;         // [max_num_seqs] distinct requests, plan order
-    int32_t n_preq;
-    kvp_moves copies, swap_out, swap_in;
-    pg_block_move *mv; // [mv_cap] plan's moves: swap-out, swap-in, copies
-    int32_t mv_cap;
-    kvp_grow_item items[SCHED_MAX_N];
-    seq *iseq[SCHED_MAX_N]; // items[i] belongs to iseq[i]
-    kvp_table *tabs[SCHED_MAX_N];
-    // The advanced step (sched_advance) whose tokens sched_resolve fills in:
-    // sampled sequences in plan order and the plan's requests, by id (a
-    // request may be aborted and freed in between).
-    bool advanced;
-    int64_t *ures_seq, *ures_req; // [max_num_seqs] each
-    int32_t n_ures_seq, n_ures_req;
-    // Events.
-    evbuf ev, pending;
-    req **dead; // [n_dead] finished during sched_update, freed at its end
-    int32_t n_dead, dead_cap;
-    sched_stats st; // counters (the queue sizes are filled on demand)
-};
 
 // ---------------------------------------------------------------------------
 // Small helpers
@@ -303,6 +194,7 @@ static void req_free(sched *s, req *r) {
         kvp_table_release(s->pool, &r->seqs[i].table);
         kvp_table_fini(&r->seqs[i].table);
         free(r->seqs[i].hist);
+        free(r->seqs[i].draft);
     }
     free(r);
 }
@@ -336,22 +228,33 @@ static void emit_events(sched *s, evbuf *b, req *r) {
     for (int32_t i = 0; i < r->n; i++) {
         seq *q = &r->seqs[i];
         if (!q->ev_end && !q->ev_out) continue;
-        b->v = grow_array(b->v, &b->cap, b->n + 1, sizeof(sched_event));
-        sched_event *e = &b->v[b->n++];
-        memset(e, 0, sizeof *e);
-        e->req_id = r->id;
-        e->owner = r->owner;
-        e->seq_index = i;
-        if (q->ev_out) {
-            e->has_token = true;
-            e->out = *q->ev_out;
-            e->out.seq_id = q->seq_id;
+        // A verified draft emits several tokens: one event each, as if they
+        // came one per step (the last one carries the finish).
+        int32_t n_tok = q->ev_out && q->ev_ntok > 1 ? q->ev_ntok : 1;
+        b->v = grow_array(b->v, &b->cap, b->n + n_tok, sizeof(sched_event));
+        for (int32_t j = 0; j < n_tok; j++) {
+            sched_event *e = &b->v[b->n++];
+            bool last = j == n_tok - 1;
+            memset(e, 0, sizeof *e);
+            e->req_id = r->id;
+            e->owner = r->owner;
+            e->seq_index = i;
+            if (q->ev_out) {
+                e->has_token = true;
+                e->out = *q->ev_out;
+                e->out.seq_id = q->seq_id;
+                if (n_tok > 1) {
+                    e->out.token = q->ev_out->spec_tokens[j];
+                    e->out.logprob = q->ev_out->spec_logprobs[j];
+                }
+            }
+            e->n_generated = q->n_hist - q->unres - r->n_prompt - (n_tok - 1 - j);
+            e->finish = q->ev_end && last ? q->finish : SCHED_FINISH_NONE;
+            e->stop_token = q->ev_end && last ? q->stop_token : -1;
         }
-        e->n_generated = q->n_hist - q->unres - r->n_prompt;
-        e->finish = q->ev_end ? q->finish : SCHED_FINISH_NONE;
-        e->stop_token = q->ev_end ? q->stop_token : -1;
         q->ev_end = false;
         q->ev_out = NULL;
+        q->ev_ntok = 0;
     }
     if (b->n == first) return;
     sched_usage u;
@@ -362,7 +265,7 @@ static void emit_events(sched *s, evbuf *b, req *r) {
 
 // Ends live sequence q of r: blocks back to the pool now. Before the fork,
 // the lead hands the prompt's blocks to the next live sequence.
-static void seq_end(sched *s, req *r, seq *q, sched_finish_reason reason, int32_t stop_token) {
+void sched_seq_end(sched *s, req *r, seq *q, sched_finish_reason reason, int32_t stop_token) {
     PG_CHECK(q->finish == SCHED_FINISH_NONE && reason != SCHED_FINISH_NONE);
     q->finish = reason;
     q->stop_token = stop_token;
@@ -400,7 +303,7 @@ static void end_now(sched *s, req *r, int32_t only_index, sched_finish_reason re
     s->now = sched_clock(s);
     for (int32_t i = 0; i < r->n; i++)
         if ((only_index < 0 || i == only_index) && r->seqs[i].finish == SCHED_FINISH_NONE)
-            seq_end(s, r, &r->seqs[i], reason, -1);
+            sched_seq_end(s, r, &r->seqs[i], reason, -1);
     emit_events(s, &s->pending, r);
     if (r->n_live == 0) {
         req_unlink(s, r, true);
@@ -484,6 +387,8 @@ static int32_t build_items(sched *s, req *r, const budget *b, int32_t lead_hits,
         seq *q = &r->seqs[r->lead];
         int32_t done = lead_hits ? lead_hits * s->bs : q->n_computed;
         int32_t c = seqs > 0 && !q->stopping ? chunk_len(s, lead_target(r) - done, left) : 0;
+        q->n_draft = 0;
+        if (c == 1 && !lead_hits && done == q->n_hist - 1) c += spec_propose(s, r, q, left);
         if (c > 0) {
             s->items[n] = (kvp_grow_item){&q->table, lead_hits, c};
             s->iseq[n++] = q;
@@ -522,18 +427,19 @@ static void commit_items(sched *s, req *r, int32_t n, int32_t n_tok, budget *b) 
         int32_t c = s->items[i].n_new;
         q->n_computed = q->table.n_tokens - c; // includes adopted prefix hits
         q->n_sched = c;
+        b->seqs -= q->n_draft; // a draft's rows count as sequences (spec_step_begin)
         int32_t k = s->plan.n_seqs++;
         PG_CHECK(k < s->cfg.max_num_seqs);
         s->pref[k] = q;
         int32_t n_gen = q->n_hist - r->n_prompt;
         s->pseqs[k] = (pg_plan_seq){
             .seq_id = q->seq_id,
-            .tokens = q->hist + q->n_computed,
+            .tokens = q->n_draft ? q->draft : q->hist + q->n_computed,
             .n_tokens = c,
             .start_pos = q->n_computed,
             .block_table = q->table.blocks,
             .n_blocks = q->table.n_blocks,
-            .sample = q->n_computed + c == q->n_hist,
+            .sample = q->n_computed + c == q->n_hist || q->n_draft > 0,
             .sp = sp,
             .history = q->hist,
             .n_history = q->n_hist,
@@ -544,6 +450,7 @@ static void commit_items(sched *s, req *r, int32_t n, int32_t n_tok, budget *b) 
             .eos_id = r->eos_id,
             .n_prompt_lp = prompt_lp_rows(r, q->n_computed, c),
             .lora_id = r->lora_id,
+            .n_draft = q->n_draft,
         };
     }
     s->plan.n_tokens += n_tok;
@@ -562,6 +469,7 @@ static bool schedule_running(sched *s, req *r, budget *b) {
     if (n == 0) return false;
     int32_t copies_before = s->copies.n;
     while (kvp_grow(s->pool, s->items, n, &s->copies) == PG_ENOSPC) {
+        if (spec_drop(s, n, &n_tok)) continue; // no one is preempted for a guess
         req *victim = s->run[s->n_run - 1];
         preempt(s, victim);
         if (victim == r) return true;
@@ -646,6 +554,7 @@ int sched_step(sched *s, const pg_batch_plan **out) {
     // The long-prefill cap matters only when someone else could use the
     // rest of the budget.
     s->prefill_cap_now = s->n_run + s->waiting.n + s->swapped.n > 1 ? s->prefill_cap : 0;
+    spec_step_begin(s);
 
     for (int32_t i = 0; i < s->n_run && b.tokens > 0; i++)
         if (schedule_running(s, s->run[i], &b)) break;
@@ -688,7 +597,7 @@ int sched_set_masks(sched *s, const uint32_t *const *masks, int32_t words) {
 }
 
 // Stop rules after a sequence sampled `tok` (vLLM's check_stop order).
-static sched_finish_reason check_stop(const sched *s, const req *r, const seq *q, int32_t tok,
+sched_finish_reason sched_check_stop(const sched *s, const req *r, const seq *q, int32_t tok,
                                       int32_t *stop_token) {
     int32_t n_out = q->n_hist - r->n_prompt;
     *stop_token = -1;
@@ -730,7 +639,7 @@ static bool has_penalties(const pg_sampling_params *sp) {
 // request finished and was freed since the id was recorded).
 static req *req_by_id(const sched *s, int64_t id) { return idmap_get(&s->ids, id); }
 
-static void append_token(req *r, seq *q, int32_t tok) {
+void sched_append_token(req *r, seq *q, int32_t tok) {
     PG_CHECK(q->n_hist < r->n_prompt + r->sp.max_tokens);
     if (q->n_hist == q->hist_cap) { // no plan the runner still reads points into hist
         int32_t cap = q->hist_cap + (q->hist_cap - r->n_prompt > 16 ? q->hist_cap - r->n_prompt : 16);
@@ -757,13 +666,17 @@ int sched_advance(sched *s) {
         // Ended since the plan was made (sched_resolve of the step before):
         // its blocks are gone and its output will be dropped.
         if (r->abort_pending || q->finish != SCHED_FINISH_NONE) continue;
-        q->n_computed += n_sched;
+        // A draft's slots stay unaccounted until its verification is known:
+        // only the last token's position is surely computed.
+        q->spec_held = q->n_draft;
+        q->n_computed += n_sched - q->n_draft;
+        q->n_draft = 0;
         if (!s->pseqs[i].sample || q->pending != SCHED_FINISH_NONE) continue;
         // The token is not known yet: its place in the history holds
         // PG_TOKEN_PENDING, which the next plan may feed to the runner (it
         // takes the value from this step's output). Only the length limits
         // can be checked now.
-        append_token(r, q, PG_TOKEN_PENDING);
+        sched_append_token(r, q, PG_TOKEN_PENDING);
         q->unres = true;
         q->stopping = q->n_hist - r->n_prompt >= r->sp.max_tokens || q->n_hist >= s->cfg.max_model_len;
     }
@@ -776,9 +689,9 @@ int sched_advance(sched *s) {
             seq *q = &r->seqs[i];
             if (q->finish != SCHED_FINISH_NONE) continue;
             if (r->abort_pending)
-                seq_end(s, r, q, SCHED_FINISH_ABORT, -1);
+                sched_seq_end(s, r, q, SCHED_FINISH_ABORT, -1);
             else if (q->pending != SCHED_FINISH_NONE)
-                seq_end(s, r, q, q->pending, -1);
+                sched_seq_end(s, r, q, q->pending, -1);
         }
         if (r->n_live > 0) {
             s->ures_req[s->n_ures_req++] = r->id; // its events come with sched_resolve
@@ -810,7 +723,7 @@ int sched_advance(sched *s) {
 bool sched_can_run_ahead(const sched *s) {
     for (int32_t k = 0; k < s->n_ures_seq; k++) {
         const req *r = req_by_id(s, s->ures_seq[k] / SCHED_MAX_N);
-        if (r && (has_penalties(&r->sp) || r->sp.constrained)) return false;
+        if (r && (has_penalties(&r->sp) || r->sp.constrained || spec_wants_token(s, r))) return false;
     }
     return true;
 }
@@ -848,17 +761,24 @@ int sched_resolve(sched *s, const pg_step_output *out, sched_events *evs) {
         // placeholder is the last token, drop it.
         if (q->finish != SCHED_FINISH_NONE || r->abort_pending || failed) {
             q->n_hist--;
+            if (q->spec_held && q->finish == SCHED_FINISH_NONE)
+                kvp_table_truncate(s->pool, &q->table, q->n_computed);
+            q->spec_held = 0;
             continue;
         }
         const pg_seq_output *o = &out->outs[k];
+        if (q->spec_held) {
+            spec_resolve(s, r, q, o);
+            continue;
+        }
         q->hist[q->n_hist - 1] = o->token;
         q->ev_out = o;
         if (!r->usage.first_token_ns) r->usage.first_token_ns = s->now;
         int32_t stop_token;
-        sched_finish_reason fin = check_stop(s, r, q, o->token, &stop_token);
+        sched_finish_reason fin = sched_check_stop(s, r, q, o->token, &stop_token);
         // A request already in the next plan keeps its slot there (that
         // entry is skipped by the next sched_advance, which unlinks it).
-        if (fin != SCHED_FINISH_NONE) seq_end(s, r, q, fin, stop_token);
+        if (fin != SCHED_FINISH_NONE) sched_seq_end(s, r, q, fin, stop_token);
     }
     for (int32_t j = 0; j < s->n_ures_req; j++) {
         req *r = req_by_id(s, s->ures_req[j]);
@@ -866,7 +786,7 @@ int sched_resolve(sched *s, const pg_step_output *out, sched_events *evs) {
         for (int32_t i = 0; i < r->n; i++) {
             seq *q = &r->seqs[i];
             if (q->finish != SCHED_FINISH_NONE) continue;
-            if (failed) seq_end(s, r, q, SCHED_FINISH_ERROR, -1);
+            if (failed) sched_seq_end(s, r, q, SCHED_FINISH_ERROR, -1);
         }
         emit_events(s, &s->ev, r);
         if (r->n_live == 0 && !r->in_flight) {
@@ -924,6 +844,11 @@ int sched_create(const sched_config *cfg, sched **out) {
         cfg->preemption_mode != SCHED_PREEMPT_SWAP)
         return pg_err_set(PG_EINVAL, "scheduler: unknown preemption mode %d",
                           (int)cfg->preemption_mode);
+    const sched_spec_config *sc = &cfg->spec;
+    if (sc->num_tokens < 0 || sc->num_tokens > PG_MAX_DRAFT || sc->max_running_seqs < 0 ||
+        (sc->num_tokens > 0 && !sc->propose))
+        return pg_err_set(PG_EINVAL, "scheduler: speculative tokens %d out of [0, %d] or no proposer",
+                          sc->num_tokens, PG_MAX_DRAFT);
     kvp_config kc;
     kvp_config_default(&kc);
     kc.num_blocks = cfg->num_blocks;
@@ -1160,7 +1085,7 @@ static int check_req(const sched *s, const req *r, int32_t *dev, int32_t *host) 
         if (t->n_blocks != cdiv(t->n_tokens, s->bs))
             return pg_err_set(PG_EINVAL, "seq %lld: %d blocks for %d tokens", (long long)q->seq_id,
                               t->n_blocks, t->n_tokens);
-        if (t->n_tokens != q->n_computed + q->n_sched)
+        if (t->n_tokens != q->n_computed + q->n_sched + q->spec_held)
             return pg_err_set(PG_EINVAL, "seq %lld: table covers %d, computed %d + %d",
                               (long long)q->seq_id, t->n_tokens, q->n_computed, q->n_sched);
         if (q->n_computed > q->n_hist || q->n_hist > r->n_prompt + r->sp.max_tokens)

@@ -10,6 +10,13 @@
 // or, to plan a step while the previous one runs, sched_update split into
 // sched_advance and sched_resolve (async scheduling, below).
 //
+// Speculative decoding (sched_spec_config, scheduler/sched_spec.c): a
+// greedy decoding sequence whose caller proposes k tokens is planned as a
+// chunk of 1 + k tokens (its last token, then the drafts) with
+// pg_plan_seq.n_draft = k; its output carries the tokens the runner's
+// verification kept (1 .. k + 1), appended here one by one under the stop
+// rules, one event each; the slots of rejected drafts go back to the pool.
+//
 // Model: a request has n sequences (parallel sampling). Each sequence has a
 // token history (prompt then output) and a count of computed tokens (KV
 // written). There are no prefill/decode phases: every step spends a token
@@ -60,6 +67,26 @@ typedef enum sched_preempt_mode {
     SCHED_PREEMPT_SWAP = 1,      // copy the blocks to host; recompute when host is full
 } sched_preempt_mode;
 
+// Speculative decoding (docs/speculative_decoding.md). The scheduler plans
+// drafts and keeps what their verification accepted; the guess itself comes
+// from the caller (the engine's n-gram proposer), through `propose`, so the
+// scheduler stays below the engine: propose(ctx, history, n, limit, out)
+// writes up to min(num_tokens, limit) tokens to follow history[0 .. n) to
+// out (room for num_tokens) and returns how many (0: no guess).
+typedef int32_t (*sched_propose_fn)(void *ctx, const int32_t *history, int32_t n, int32_t limit,
+                                    int32_t *out);
+
+// Backoff: no speculation while more sequences than this run (the step is
+// then compute-bound and checking drafts costs what it saves).
+#define SCHED_SPEC_DEFAULT_MAX_SEQS 8
+
+typedef struct sched_spec_config {
+    int32_t num_tokens;       // drafts per step at most, 1 .. PG_MAX_DRAFT; 0 = off
+    int32_t max_running_seqs; // backoff (above); 0 = SCHED_SPEC_DEFAULT_MAX_SEQS
+    sched_propose_fn propose; // required when num_tokens > 0
+    void *ctx;
+} sched_spec_config;
+
 typedef struct sched_config {
     int32_t num_blocks;                   // device KV blocks incl. the null block 0
     int32_t num_host_blocks;              // host swap blocks (0 = none)
@@ -77,6 +104,7 @@ typedef struct sched_config {
     uint64_t seed;                        // seeds requests that bring none
     int64_t (*now_ns)(void *ctx);         // clock for timestamps (NULL = pg_now_ns)
     void *now_ctx;
+    sched_spec_config spec;               // speculative decoding (off)
 } sched_config;
 
 // A request as submitted. Everything is copied.
@@ -155,6 +183,10 @@ typedef struct sched_stats {
     int64_t n_preempt_recompute, n_preempt_swap;
     int64_t n_swap_out_blocks, n_swap_in_blocks, n_cow_copies;
     kvp_stats kv; // device/host usage, prefix hits
+    // Speculative decoding (vLLM's spec_decode counters): verified drafts,
+    // their tokens, the tokens accepted, and acceptances by draft position.
+    int64_t n_spec_drafts, n_spec_draft_tokens, n_spec_accepted;
+    int64_t n_spec_accepted_pos[PG_MAX_DRAFT];
 } sched_stats;
 
 // Long prompts and fairness (vLLM's long_prefill_token_threshold): while
@@ -264,9 +296,10 @@ int sched_resolve(sched *s, const pg_step_output *out, sched_events *ev);
 
 // Whether the next plan may be made before sched_resolve: false when a
 // sequence awaiting its token samples with a repetition, presence or
-// frequency penalty (the runner reads the history, which lacks that token)
-// or is constrained (its token mask follows from that token), then the
-// engine resolves first. True with nothing advanced.
+// frequency penalty (the runner reads the history, which lacks that token),
+// is constrained (its token mask follows from that token) or would propose
+// a draft (the proposal starts from that token), then the engine resolves
+// first. True with nothing advanced.
 bool sched_can_run_ahead(const sched *s);
 
 // The owner of live request `id` (sched_request.owner), or NULL when no

@@ -2,6 +2,8 @@
 // text, shared by every subcommand that runs an engine (serve, generate, plan).
 #include "server/engine_options.h"
 
+#include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -100,7 +102,71 @@ const char *pg_engine_options_help =
     "  --no-prefix-caching           disable automatic prefix caching\n"
     "  --scheduling-policy P         fcfs (default) or priority\n"
     "  --max-waiting N               queued requests before 503 (serve: default 1024;\n"
-    "                                generate: 0 = unlimited)\n";
+    "                                generate: 0 = unlimited)\n"
+    "Speculative decoding (docs/speculative_decoding.md):\n"
+    "  --speculative-config JSON     vLLM's: '{\"method\": \"ngram\", \"num_speculative_tokens\": 5,\n"
+    "                                \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' (n-gram prompt\n"
+    "                                lookup; greedy requests without logprobs, masks,\n"
+    "                                penalties or bias; \"disable_by_batch_size\": N: none above\n"
+    "                                N running sequences, default " STR(SCHED_SPEC_DEFAULT_MAX_SEQS) ")\n";
+
+// An integer member of --speculative-config: *dst keeps its value when absent.
+static int spec_int(const cJSON *o, const char *key, int32_t lo, int32_t hi, int32_t *dst) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(d >= lo && d <= hi) || d != floor(d))
+        return pg_err_set(PG_EINVAL, "--speculative-config: %s must be an integer in [%d, %d]", key, lo, hi);
+    *dst = (int32_t)d;
+    return 1;
+}
+
+// --speculative-config (vLLM's JSON): method "ngram" with
+// num_speculative_tokens (required), prompt_lookup_min / _max (vLLM's
+// defaults: 5 and 5 when both are absent, one for the other when one is)
+// and disable_by_batch_size; every other method or key is refused.
+static int spec_config(pg_spec_options *sp, const char *json) {
+    static const char *const keys[] = {"method", "num_speculative_tokens", "prompt_lookup_min",
+                                       "prompt_lookup_max", "disable_by_batch_size"};
+    cJSON *o = cJSON_Parse(json);
+    int rc = 0;
+    const cJSON *m = o ? cJSON_GetObjectItemCaseSensitive(o, "method") : NULL;
+    pg_ngram_config nc = {0, 0, 0};
+    int32_t backoff = 0;
+    if (!cJSON_IsObject(o)) {
+        rc = pg_err_set(PG_EINVAL, "--speculative-config: not a JSON object: %s", json);
+    } else if (!cJSON_IsString(m)) {
+        rc = pg_err_set(PG_EINVAL, "--speculative-config: \"method\" (a string, \"ngram\") is required");
+    } else if (!strcmp(m->valuestring, "draft_model") || !strcmp(m->valuestring, "eagle") ||
+               !strcmp(m->valuestring, "eagle3") || !strcmp(m->valuestring, "medusa") ||
+               !strcmp(m->valuestring, "mtp")) {
+        rc = pg_err_set(PG_EINVAL, "--speculative-config: method \"%s\" is not supported yet (only \"ngram\")",
+                        m->valuestring);
+    } else if (strcmp(m->valuestring, "ngram")) {
+        rc = pg_err_set(PG_EINVAL, "--speculative-config: unknown method \"%s\" (only \"ngram\")", m->valuestring);
+    }
+    for (const cJSON *it = o && !rc ? o->child : NULL; it && !rc; it = it->next) {
+        bool known = false;
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) known |= !strcmp(it->string, keys[k]);
+        if (!known) rc = pg_err_set(PG_EINVAL, "--speculative-config: unknown key \"%s\" for method ngram", it->string);
+    }
+    int got_min = 0, got_max = 0;
+    if (rc == 0 && (rc = spec_int(o, "num_speculative_tokens", 1, PG_MAX_DRAFT, &nc.k)) == 0)
+        rc = pg_err_set(PG_EINVAL, "--speculative-config: num_speculative_tokens (1 .. %d) is required", PG_MAX_DRAFT);
+    if (rc >= 0) rc = got_min = spec_int(o, "prompt_lookup_min", 1, PG_NGRAM_MAX_N, &nc.min_n);
+    if (rc >= 0) rc = got_max = spec_int(o, "prompt_lookup_max", 1, PG_NGRAM_MAX_N, &nc.max_n);
+    if (rc >= 0) rc = spec_int(o, "disable_by_batch_size", 1, 65536, &backoff);
+    if (rc >= 0) {
+        if (!got_min && !got_max) nc.min_n = nc.max_n = 5;
+        else if (!got_min) nc.min_n = nc.max_n;
+        else if (!got_max) nc.max_n = nc.min_n;
+        rc = pg_ngram_config_check(&nc) < 0 ? pg_err_wrap(PG_EINVAL, "--speculative-config: ") : 0;
+    }
+    cJSON_Delete(o);
+    if (rc < 0) return rc;
+    *sp = (pg_spec_options){.ngram = true, .ngram_cfg = nc, .max_running_seqs = backoff};
+    return 1;
+}
 
 int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
     const char *f = argv[*i];
@@ -314,6 +380,10 @@ int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
             c->lora_paths[c->n_lora++] = eq + 1;
         }
         return 1;
+    }
+    if (!strcmp(f, "--speculative-config")) {
+        NEED_VALUE();
+        return spec_config(&c->spec, v);
     }
     if (!strcmp(f, "--no-chunked-prefill")) {
         c->sched.enable_chunked_prefill = false;

@@ -89,6 +89,11 @@ void srv_metrics_init(srv_metrics *m, const char *model_name, int32_t max_model_
     m->prefix_hits = one(met_counter(r, "paged:prefix_cache_hits_total", "Prefix cache hits, in tokens (device and host tier).", L), mn);
     m->prefix_host_hits = one(met_counter(r, "paged:prefix_cache_host_hits_total", "Of the prefix cache hits, tokens loaded from the host tier.", L), mn);
     m->host_offloads = one(met_counter(r, "paged:kv_host_offloads_total", "Cached device KV blocks copied to the host tier on eviction.", L), mn);
+    m->spec_drafts = one(met_counter(r, "paged:spec_decode_num_drafts_total", "Speculative decoding: drafts verified.", L), mn);
+    m->spec_draft_tokens = one(met_counter(r, "paged:spec_decode_num_draft_tokens_total", "Speculative decoding: draft tokens verified.", L), mn);
+    m->spec_accepted = one(met_counter(r, "paged:spec_decode_num_accepted_tokens_total", "Speculative decoding: draft tokens accepted.", L), mn);
+    m->spec_accepted_pos = met_counter(r, "paged:spec_decode_num_accepted_tokens_per_pos_total", "Speculative decoding: draft tokens accepted, by position in the draft.", "model_name,position");
+    PG_CHECK(m->spec_accepted_pos != NULL);
     m->success = met_counter(r, "paged:request_success_total", "Count of finished requests by finish reason.", "model_name,finished_reason");
     PG_CHECK(m->success != NULL);
     static const char *reasons[] = {"stop", "length", "abort", "error"};
@@ -170,6 +175,16 @@ void srv_metrics_refresh(srv_metrics *m, const pg_engine_stats *st, int n_connec
     met_set(m->prefix_hits, (double)s->kv.prefix_hits);
     met_set(m->prefix_host_hits, (double)s->kv.host_hits);
     met_set(m->host_offloads, (double)s->kv.offloads);
+    met_set(m->spec_drafts, (double)s->n_spec_drafts);
+    met_set(m->spec_draft_tokens, (double)s->n_spec_draft_tokens);
+    met_set(m->spec_accepted, (double)s->n_spec_accepted);
+    // Positions appear once a draft reached them (a draft of k has k).
+    for (int32_t i = 0; i < PG_MAX_DRAFT && s->n_spec_accepted_pos[i] > 0; i++) {
+        char pos[12];
+        snprintf(pos, sizeof pos, "%d", i);
+        met_set(met_child_get(m->spec_accepted_pos, (const char *[]){m->model_name, pos}),
+                (double)s->n_spec_accepted_pos[i]);
+    }
 }
 
 void srv_metrics_finished(srv_metrics *m, const char *reason) {
@@ -194,6 +209,8 @@ static const char *const VLLM_NAMES[] = {
     "time_to_first_token_seconds", "time_per_output_token_seconds", "inter_token_latency_seconds",
     "e2e_request_latency_seconds", "request_queue_time_seconds", "request_prefill_time_seconds",
     "request_decode_time_seconds", "request_prompt_tokens", "request_generation_tokens",
+    "spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
+    "spec_decode_num_accepted_tokens_total", "spec_decode_num_accepted_tokens_per_pos_total",
     NULL,
 };
 

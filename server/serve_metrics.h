@@ -24,6 +24,10 @@ typedef struct srv_metrics {
     // counters
     met_child *prompt_tokens, *generation_tokens, *preemptions, *prefix_queries, *prefix_hits;
     met_child *prefix_host_hits, *host_offloads;
+    // Speculative decoding (vLLM's spec_decode counters); per position a
+    // child per draft position, labelled 0 .. PG_MAX_DRAFT - 1.
+    met_child *spec_drafts, *spec_draft_tokens, *spec_accepted;
+    met_family *spec_accepted_pos;
     met_family *success;       // {model_name, finished_reason}
     met_family *http;          // {handler, status}
     // histograms

@@ -305,6 +305,7 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
     r->outs = xmalloc_n(S, sizeof(pg_seq_output));
     r->sampled[0] = xmalloc_n(S, sizeof(int64_t)), r->sampled[1] = xmalloc_n(S, sizeof(int64_t));
     r->feed = xmalloc_n(2 * S, 4);
+    runner_spec_alloc(r);
     if ((rc = runner_graphs_setup(r)) < 0) goto fail;
     // The profiling forward, where the backend can measure what it takes
     // (lazily loaded kernels, library plans, graph memory); elsewhere the
@@ -338,6 +339,7 @@ void pg_runner_free(pg_runner *r) {
     free(r->seq_lens), free(r->start_pos), free(r->cu_q), free(r->order), free(r->row0);
     free(r->sample_rows), free(r->params), free(r->stok), free(r->outs);
     free(r->sampled[0]), free(r->sampled[1]), free(r->feed);
+    runner_spec_free(r);
     free(r);
 }
 
@@ -613,17 +615,28 @@ int pg_runner_begin(pg_runner *r, const pg_batch_plan *p) {
     }
     r->cu_q[p->n_seqs - n_dec] = row - n_dec;
 
-    // Sampled sequences in plan order: the row of their last token.
+    // Sampled sequences in plan order: the row of their last token, or
+    // with drafts their last n_draft + 1 rows (the target's view after the
+    // last token and after each draft), all with the entry's parameters.
     int32_t ns = 0;
     int64_t n_stok = 0;
     const int buf = r->next_buf;
+    r->spec[buf].n_out = 0;
     for (int32_t i = 0; i < p->n_seqs; i++) {
         const pg_plan_seq *s = &p->seqs[i];
         if (!s->sample) continue;
-        r->sample_rows[ns] = r->row0[i] + s->n_tokens - 1;
-        r->sampled[buf][ns] = s->seq_id;
-        fill_params(r, s, p->mask_words, &r->params[ns], &n_stok);
-        ns++;
+        const int32_t rows = runner_spec_record(r, buf, s);
+        if (rows < 0) return rows;
+        if (ns + rows > r->max_seqs)
+            return pg_err_set(PG_EINVAL, "plan: %d sampled rows, the runner was sized for %d", ns + rows,
+                              r->max_seqs);
+        for (int32_t t = 0; t < rows; t++) {
+            r->sample_rows[ns] = r->row0[i] + s->n_tokens - rows + t;
+            // A draft's rows feed no later step (such a sequence never runs ahead).
+            r->sampled[buf][ns] = rows == 1 ? s->seq_id : -1;
+            fill_params(r, s, p->mask_words, &r->params[ns], &n_stok);
+            ns++;
+        }
     }
     PG_TRY(runner_plp_collect(r, p, buf));
     if (n_stok > INT32_MAX) return pg_err_set(PG_EINVAL, "plan: %lld history tokens", (long long)n_stok);
@@ -661,16 +674,18 @@ int pg_runner_end(pg_runner *r, pg_step_output *out) {
     r->n_open--;
     PG_TRY(r->be->dev->wait(r->be, buf));
     r->last_n_sample = ns;
-    for (int32_t j = 0; j < ns; j++) {
+    const int32_t n_out = r->spec[buf].n_out;
+    for (int32_t e = 0, j = 0; e < n_out && j < ns; e++) {
         const pg_sample_out *so = &r->out_host[buf][j];
-        pg_seq_output *o = &r->outs[j];
+        pg_seq_output *o = &r->outs[e];
         memset(o, 0, sizeof *o);
-        o->seq_id = r->sampled[buf][j];
+        o->seq_id = r->spec[buf].seq[e];
         o->token = so->token;
         o->logprob = so->logprob;
         o->n_top = runner_copy_top(so, o->top_ids, o->top_logprobs);
+        j += runner_spec_output(r, buf, e, so, o);
     }
-    out->n = ns;
+    out->n = n_out;
     runner_plp_output(r, buf, n_plp, out);
     return 0;
 }

@@ -91,6 +91,14 @@ struct pg_runner {
     int64_t *sampled[2]; // [max_seqs]
     int32_t n_sampled[2];
     int32_t *feed;       // [max_seqs][2]
+    // Per begun step: its outputs (runner_spec.c): sampled entries, each
+    // with its seq id and drafts (k rows beyond its own: n_out <= rows).
+    struct runner_spec_buf {
+        int64_t *seq;   // [max_seqs]
+        int32_t *k;     // [max_seqs]
+        int32_t *draft; // [max_seqs][PG_MAX_DRAFT]
+        int32_t n_out;
+    } spec[2];
 
     // Prompt logprobs (runner_prompt_logprobs.c): this begin's scored rows,
     // at most max_tokens. Device: inputs (rows, forced params) and scores
@@ -156,6 +164,19 @@ int runner_plp_collect(pg_runner *r, const pg_batch_plan *p, int buf);
 int runner_plp_enqueue(pg_runner *r, int32_t n_tokens, int buf);
 // The n scores of the ended step that used `buf` into out->prompt_lp.
 void runner_plp_output(pg_runner *r, int buf, int32_t n, pg_step_output *out);
+
+// runner_spec.c: speculative decoding's rows (pg_plan_seq.n_draft).
+void runner_spec_alloc(pg_runner *r);
+void runner_spec_free(pg_runner *r);
+// Sampled entry s of the plan begun in `buf`, its output index the next:
+// records its seq id and drafts, and returns the rows it samples (k + 1,
+// the last k + 1 of the entry), or PG_EINVAL for a bad n_draft.
+int32_t runner_spec_record(pg_runner *r, int buf, const pg_plan_seq *s);
+// Output e of the step ended from `buf`, from its rows so[0 .. k]: the
+// greedy verification of its drafts (pg_spec_verify_greedy) into o.
+// Returns the rows it took.
+int32_t runner_spec_output(const pg_runner *r, int buf, int32_t e, const pg_sample_out *so,
+                           pg_seq_output *o);
 
 // runner_graphs.c
 int runner_graphs_setup(pg_runner *r);

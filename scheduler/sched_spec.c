@@ -1,0 +1,164 @@
+// scheduler/sched_spec.c - speculative decoding in the scheduler
+// (docs/speculative_decoding.md): which sequences get a draft, how much of
+// the step it may take, and what happens to the tokens its verification
+// kept. The guess comes from the caller (sched_spec_config.propose) and the
+// verification from the runner, so this file only counts slots and tokens.
+//
+// A decoding sequence has its last token in the history, not yet computed
+// (position H - 1 for a history of H). With a draft d[0 .. k) it is planned
+// as the chunk [last, d0 .. d(k-1)] at positions H - 1 .. H - 1 + k, which
+// gives the target's view after the last token and after each draft. The
+// runner keeps a drafts (0 <= a <= k) and adds its own token, so the
+// history grows by a + 1 and the positions H - 1 .. H - 1 + a hold KV of
+// accepted tokens: n_computed becomes H + a, the new history length minus
+// one, exactly as after a + 1 plain steps. The slots beyond are dropped
+// (kvp_table_truncate): the next step writes those positions again with
+// the right tokens, and kvp_table_commit only ever hashes computed
+// positions, so no block holding a rejected token reaches the prefix cache.
+#include <stdlib.h>
+
+#include "common/err.h"
+#include "scheduler/sched_int.h"
+
+static int32_t min32(int32_t a, int32_t b) { return a < b ? a : b; }
+
+static int32_t spec_max_seqs(const sched *s) {
+    int32_t m = s->cfg.spec.max_running_seqs;
+    return m > 0 ? m : SCHED_SPEC_DEFAULT_MAX_SEQS;
+}
+
+// Requests whose output a greedy verification reproduces token for token:
+// greedy, one sequence, and nothing that reads more of the logits than the
+// argmax or changes them per position (logprobs, masks, penalties, bias,
+// min_tokens' ban). The rest decode as before; exact speculation with
+// sampling and masks is a later step (pg_spec_verify_sample exists).
+static bool spec_eligible(const sched *s, const req *r) {
+    const pg_sampling_params *sp = &r->sp;
+    bool penalties = (sp->repetition_penalty != 1.0f && sp->repetition_penalty > 0) ||
+                     sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f;
+    return s->cfg.spec.num_tokens > 0 && r->state == RQ_RUNNING && r->n == 1 &&
+           sp->temperature <= 0.0f && sp->logprobs < 0 && !sp->constrained &&
+           sp->n_logit_bias == 0 && !penalties &&
+           r->seqs[0].n_hist - r->n_prompt >= sp->min_tokens;
+}
+
+// Sampled rows are bounded by max_num_seqs (the runner's logit rows and
+// sampler are sized for it): a draft of k takes k rows beyond its
+// sequence's own. Drafts get only rows no sequence could take this step -
+// those of the running sequences and of every waiting or swapped one are
+// set aside - so a guess never delays anyone's admission. Above the
+// backoff (spec_max_seqs running sequences) nobody speculates.
+void spec_step_begin(sched *s) {
+    s->spec_rows = 0;
+    if (s->cfg.spec.num_tokens <= 0 || s->running_seqs > spec_max_seqs(s)) return;
+    int32_t spare = s->cfg.max_num_seqs - s->running_seqs;
+    const rheap *heaps[2] = {&s->waiting, &s->swapped};
+    for (int32_t h = 0; h < 2; h++)
+        for (int32_t i = 0; i < heaps[h]->n && spare > 0; i++) spare -= heaps[h]->v[i]->n_live;
+    s->spec_rows = spare > 0 ? spare : 0;
+}
+
+// Miss backoff: a draft of which nothing was accepted cost its rows for
+// nothing (on a compute-bound CPU nearly a step per row), and the next one
+// from the same text is likely no better. After m such drafts in a row the
+// sequence decodes plainly for 2^m - 1 steps (at most SPEC_MAX_SKIP); any
+// accepted token resets m.
+#define SPEC_MAX_SKIP 31
+
+static void spec_note_result(seq *q, int32_t accepted) {
+    if (accepted > 0) {
+        q->spec_misses = 0;
+        return;
+    }
+    if (q->spec_misses < 5) q->spec_misses++;
+    int32_t skip = (1 << q->spec_misses) - 1;
+    q->spec_skip = skip < SPEC_MAX_SKIP ? skip : SPEC_MAX_SKIP;
+}
+
+int32_t spec_propose(sched *s, req *r, seq *q, int32_t left) {
+    q->n_draft = 0;
+    if (s->spec_rows <= 0 || q->unres || !spec_eligible(s, r)) return 0;
+    if (q->spec_skip > 0) {
+        q->spec_skip--;
+        return 0;
+    }
+    // Room: every emitted token within max_tokens (a draft of k may emit
+    // k + 1), every written position within max_model_len, the step's
+    // token budget (the last token takes one) and the spare rows.
+    const int32_t n_gen = q->n_hist - r->n_prompt;
+    int32_t limit = min32(s->cfg.spec.num_tokens, r->sp.max_tokens - n_gen - 1);
+    limit = min32(limit, s->cfg.max_model_len - q->n_hist);
+    limit = min32(limit, left - 1);
+    limit = min32(limit, s->spec_rows);
+    if (limit <= 0) return 0;
+    if (!q->draft) q->draft = pg_xmalloc(sizeof(int32_t) * (PG_MAX_DRAFT + 1));
+    int32_t k = s->cfg.spec.propose(s->cfg.spec.ctx, q->hist, q->n_hist, limit, q->draft + 1);
+    if (k <= 0) return 0;
+    k = min32(k, limit);
+    q->draft[0] = q->hist[q->n_hist - 1];
+    q->n_draft = k;
+    s->spec_rows -= k;
+    return k;
+}
+
+bool spec_drop(sched *s, int32_t n_items, int32_t *n_tok) {
+    bool any = false;
+    for (int32_t i = 0; i < n_items; i++) {
+        seq *q = s->iseq[i];
+        if (!q->n_draft) continue;
+        s->items[i].n_new -= q->n_draft;
+        *n_tok -= q->n_draft;
+        s->spec_rows += q->n_draft;
+        q->n_draft = 0;
+        any = true;
+    }
+    return any;
+}
+
+bool spec_wants_token(const sched *s, const req *r) {
+    return s->cfg.spec.num_tokens > 0 && s->running_seqs <= spec_max_seqs(s) && spec_eligible(s, r);
+}
+
+// The verified tokens of o, or o->token alone when o does not answer a
+// draft of k (a runner that did not verify: the step then counts as a
+// plain decode, which is still exact).
+static int32_t spec_tokens(const pg_seq_output *o, int32_t k, const int32_t **tokens) {
+    if (o->n_draft != k || o->n_accepted < 0 || o->n_accepted > k) {
+        *tokens = &o->token;
+        return 1;
+    }
+    *tokens = o->spec_tokens;
+    return o->n_accepted + 1;
+}
+
+void spec_resolve(sched *s, req *r, seq *q, const pg_seq_output *o) {
+    const int32_t k = q->spec_held;
+    q->spec_held = 0;
+    const int32_t *t;
+    const int32_t m = spec_tokens(o, k, &t);
+    if (!r->usage.first_token_ns) r->usage.first_token_ns = s->now;
+    s->st.n_spec_drafts++;
+    s->st.n_spec_draft_tokens += k;
+    s->st.n_spec_accepted += m - 1;
+    for (int32_t i = 0; i < m - 1; i++) s->st.n_spec_accepted_pos[i]++;
+    spec_note_result(q, m - 1);
+    // The placeholder holds the first token; the rest follow, each under
+    // the stop rules as if it came in a step of its own, so EOS, a stop id
+    // or max_tokens in the middle cuts the rest.
+    int32_t stop_token, used = 1;
+    q->hist[q->n_hist - 1] = t[0];
+    sched_finish_reason fin = sched_check_stop(s, r, q, t[0], &stop_token);
+    while (fin == SCHED_FINISH_NONE && used < m) {
+        sched_append_token(r, q, t[used]);
+        fin = sched_check_stop(s, r, q, t[used], &stop_token);
+        used++;
+    }
+    q->ev_out = o;
+    q->ev_ntok = used;
+    if (fin != SCHED_FINISH_NONE) {
+        sched_seq_end(s, r, q, fin, stop_token); // every block back, drafts' included
+        return;
+    }
+    q->n_computed = q->n_hist - 1;
+    kvp_table_truncate(s->pool, &q->table, q->n_computed);
+}

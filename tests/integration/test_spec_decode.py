@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Speculative decoding with n-gram prompt lookup through the real server
+(docs/speculative_decoding.md): --speculative-config must not change a
+greedy text, only how many steps it takes.
+
+1. Twenty greedy prompts on the default model - ten of the held-out set and
+   ten copy-heavy ones (a 200-token passage to repeat, code to echo, a list
+   and JSON to continue) where prompt lookup finds long matches - give
+   exactly the same texts with and without
+   '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4,
+   "prompt_lookup_min": 2}' (same max_tokens), sent four at a time so
+   drafts share steps with plain decodes and prefills.
+2. /metrics of the speculating server counts drafts, draft tokens and
+   accepted tokens (> 0, accepted <= drafted, per position non-increasing),
+   under vLLM's names too with --metrics-compat vllm; the other server
+   counts none.
+3. Requests that do not speculate (seeded sampling, greedy with logprobs)
+   give the same texts on both servers.
+4. Every KV block is back in the pool once the requests are done.
+5. Bad --speculative-config values stop `paged serve` with exit code 2 and
+   one line naming the problem; method draft_model is refused as not
+   supported yet.
+6. Tensor parallelism (-tp 3 on the CPU): the draft rows go through the
+   ranks' argmax exchange, and three copy prompts give the same texts with
+   and without speculation at -tp 3, with drafts accepted.
+"""
+import concurrent.futures
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import server_util as su  # noqa: E402
+
+SPEC = '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
+
+PASSAGE = (
+    "The river rose slowly through the night, and by morning the low fields east of the town were "
+    "under water. Farmers moved their cattle to the ridge, where the old stone church had stood for "
+    "three hundred years. The mayor called a meeting in the school hall at noon. He said the bridge "
+    "would stay closed until engineers could inspect it, and that the army would bring sandbags by "
+    "the evening train. Volunteers filled bags until dark, singing to keep warm. When the rain "
+    "stopped on the third day, the water fell as quickly as it had risen, leaving a brown line on "
+    "every wall and a smell of mud that lasted the whole summer. The children remembered it as the "
+    "best week of the year, because there was no school and every street was a canal."
+)
+CODE = (
+    "def merge_sorted(a, b):\n"
+    "    out = []\n"
+    "    i = j = 0\n"
+    "    while i < len(a) and j < len(b):\n"
+    "        if a[i] <= b[j]:\n"
+    "            out.append(a[i])\n"
+    "            i += 1\n"
+    "        else:\n"
+    "            out.append(b[j])\n"
+    "            j += 1\n"
+    "    out.extend(a[i:])\n"
+    "    out.extend(b[j:])\n"
+    "    return out\n"
+)
+COPY_PROMPTS = [
+    f"Repeat this text exactly:\n\n{PASSAGE}\n\nRepeated text:\n\n",
+    f"Text: {PASSAGE}\n\nThe same text, copied word for word:\n",
+    f"Echo the following code back unchanged.\n\n{CODE}\nEcho:\n",
+    f"{CODE}\n# The same function again, with the same names:\n",
+    "Count: one, two, three, four, five, six, seven, eight, nine, ten. Again: one, two, three,",
+    "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday. Monday, Tuesday,",
+    '{"name": "Ada", "age": 36, "city": "London"}\n{"name": "Alan", "age": 41, "city": "Manchester"}\n{"name": "Grace",',
+    "<ul>\n  <li>apples</li>\n  <li>pears</li>\n  <li>plums</li>\n</ul>\n<ul>\n  <li>",
+    f"Summarise nothing; just repeat: {PASSAGE[:300]}\nRepeat: {PASSAGE[:60]}",
+    "for i in range(10):\n    print(i)\nfor j in range(10):\n    print(j)\nfor k in range(10):\n",
+]
+PLAIN_PROMPTS = su.PROMPTS_20[:10]
+
+
+def complete(port, prompt, max_tokens, **kw):
+    body = dict(dict(prompt=prompt, max_tokens=max_tokens, temperature=0), **kw)
+    st, resp = su.post(port, "/v1/completions", body, timeout=600)
+    assert st == 200, (st, resp)
+    return resp["choices"][0]["text"]
+
+
+def run_all(port):
+    jobs = [(p, 160) for p in COPY_PROMPTS] + [(p, 48) for p in PLAIN_PROMPTS]
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        texts = list(ex.map(lambda j: complete(port, *j), jobs))
+    # Requests that never speculate: seeded sampling, greedy with logprobs.
+    texts.append(complete(port, COPY_PROMPTS[4], 40, temperature=0.8, seed=11))
+    texts.append(complete(port, COPY_PROMPTS[5], 40, logprobs=2))
+    return texts
+
+
+def spec_counts(m, prefix):
+    return [su.metric(m, f"{prefix}:spec_decode_num_{n}_total") for n in ("drafts", "draft_tokens", "accepted_tokens")]
+
+
+def check_bad_flags():
+    cases = [
+        ('{"method": "draft_model", "model": "x", "num_speculative_tokens": 3}', "not supported yet"),
+        ('{"method": "ngram"}', "num_speculative_tokens"),
+        ('{"method": "ngram", "num_speculative_tokens": 0}', "num_speculative_tokens"),
+        ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5, "prompt_lookup_max": 3}', "min_n"),
+        ('{"method": "ngram", "num_speculative_tokens": 4, "bogus": 1}', "bogus"),
+        ("ngram", "not a JSON object"),
+    ]
+    for value, want in cases:
+        r = subprocess.run([su.binary(), "serve", "--model", su.MODEL, "--speculative-config", value],
+                           capture_output=True, text=True, timeout=60)
+        err = r.stderr.strip()
+        assert r.returncode == 2, (value, r.returncode, err)
+        assert want in err and len(err.splitlines()) == 1, (value, err)
+    print(f"bad --speculative-config: {len(cases)} refused with exit code 2 and one line")
+
+
+def main():
+    su.require_model_and_binary()
+    check_bad_flags()
+    with su.Server() as plain:
+        want = run_all(plain.port)
+        m = su.wait_idle(plain.port)
+        assert spec_counts(m, "paged") == [0, 0, 0], spec_counts(m, "paged")
+    with su.Server("--speculative-config", SPEC, "--metrics-compat", "vllm") as spec:
+        got = run_all(spec.port)
+        m = su.wait_idle(spec.port)
+        assert su.metric(m, "paged:kv_cache_blocks", state="used") == 0
+        drafts, drafted, accepted = spec_counts(m, "paged")
+        assert spec_counts(m, "vllm") == [drafts, drafted, accepted]
+        name = "paged:spec_decode_num_accepted_tokens_per_pos_total"
+        per_pos = [su.metric(m, name, position=str(i)) for i in range(5)
+                   if any(k.startswith(name + "{") and f'position="{i}"' in k for k in m)]
+    tp_texts = []
+    for args in ([], ["--speculative-config", SPEC]):
+        with su.Server("-tp", "3", *args) as srv:
+            tp_texts.append([complete(srv.port, p, 64) for p in COPY_PROMPTS[:3]])
+            m_tp = su.wait_idle(srv.port)
+    assert tp_texts[0] == tp_texts[1], tp_texts
+    tp_acc = su.metric(m_tp, "paged:spec_decode_num_accepted_tokens_total")
+    assert tp_acc > 0
+    print(f"-tp 3: 3 copy prompts identical with and without speculation ({int(tp_acc)} draft tokens accepted)")
+    n = len(COPY_PROMPTS) + len(PLAIN_PROMPTS)
+    diff = [i for i in range(len(want)) if want[i] != got[i]]
+    for i in diff:
+        print(f"prompt {i}: differs\n  plain: {want[i]!r}\n  spec:  {got[i]!r}")
+    assert not diff, f"{len(diff)} of {len(want)} texts differ"
+    assert drafts > 0 and accepted > 0 and accepted <= drafted, (drafts, drafted, accepted)
+    assert sum(per_pos) == accepted and all(a >= b for a, b in zip(per_pos, per_pos[1:])), per_pos
+    print(f"{n} greedy prompts + 2 non-speculating requests: identical texts with and without speculation; "
+          f"{int(drafts)} drafts, {int(drafted)} draft tokens, {int(accepted)} accepted "
+          f"({accepted / drafted:.1%}), per position {[int(a) for a in per_pos]}; every KV block back")
+
+
+if __name__ == "__main__":
+    main()
