@@ -131,6 +131,21 @@ static void held_hooks(pg_engine *e, bool on) {
         pg_grammar_precompute_notify(s->x->grammar, on ? held_wake : NULL, on ? e : NULL);
 }
 
+// The scheduler ends a sequence at one EOS id; a model with more (Llama 3's
+// generation_config [128001, 128008, 128009], a GGUF's end-of-turn token,
+// Gemma's <end_of_turn>) ends it at the others too, as vLLM does: they join
+// the request's stop ids (banned alike until min_tokens, not shown in the
+// text, finish_reason "stop").
+static void add_eos_stops(const pg_engine *e, pg_sampling_params *sp) {
+    const pg_model_config *c = &e->model->cfg;
+    if (sp->ignore_eos) return;
+    for (int32_t k = 1; k < c->n_eos && sp->n_stop_ids < PG_MAX_STOP_IDS; k++) {
+        bool have = c->eos_ids[k] == c->eos_ids[0];
+        for (int32_t j = 0; j < sp->n_stop_ids && !have; j++) have = sp->stop_ids[j] == c->eos_ids[k];
+        if (!have) sp->stop_ids[sp->n_stop_ids++] = c->eos_ids[k];
+    }
+}
+
 static void apply_submissions(pg_engine *e, sub *list) {
     while (list) {
         sub *s = list;
@@ -160,6 +175,7 @@ static void apply_submissions(pg_engine *e, sub *list) {
         if (s->kind == SUB_ADD) {
             // Its adapter's slot now (engine/engine_lora.c): gone if it was
             // unloaded after the request named it.
+            add_eos_stops(e, &s->req.sp);
             const int32_t slot = eng_lora_slot(e, s->req.lora_id);
             live *l = live_new(s); // takes s->x
             l->lora_slot = slot;

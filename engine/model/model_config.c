@@ -154,6 +154,17 @@ int pg_config_from_gguf(const gguf_file *f, pg_model_config *c) {
     if (gguf_get_i64(f, "tokenizer.ggml.eot_token_id", &id) == 0 &&
         (c->n_eos == 0 || c->eos_ids[0] != (int32_t)id))
         c->eos_ids[c->n_eos++] = (int32_t)id;
+    // Gemma's turns end with <end_of_turn>, which its GGUF files do not mark
+    // (llama.cpp finds it by its text, as here); HF directories list it in
+    // generation_config.json.
+    if (!strcmp(arch, "gemma3") && c->n_eos < PG_MAX_EOS_IDS) {
+        const gguf_kv *toks = gguf_find_kv(f, "tokenizer.ggml.tokens");
+        for (uint64_t i = 0; toks && toks->type == GGUF_TYPE_ARRAY && i < toks->arr_count && i <= INT32_MAX; i++)
+            if (gguf_str_eq(gguf_arr_str(toks, i), "<end_of_turn>")) {
+                c->eos_ids[c->n_eos++] = (int32_t)i;
+                break;
+            }
+    }
     rc = pg_config_validate(c);
     if (rc < 0) pg_err_wrap(rc, "%s: ", f->path);
 out:

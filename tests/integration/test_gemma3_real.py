@@ -12,6 +12,12 @@ tensor dequantized to float32, eager attention).
    spaces, digits, emoji and code.
 3. Greedy text through the real server (--matmul-mode exact): the first 12
    tokens of 5 prompts equal transformers' greedy generation.
+4. Chat: the file carries no template, so paged uses Gemma's built-in one:
+   /tokenize of a conversation with a system message gives the ids of the
+   text Gemma's template renders (system folded into the first user turn,
+   "model" turns, <end_of_turn> after each); <end_of_turn>, which the GGUF
+   does not mark, ends a generation (forced by logit_bias: finish_reason
+   "stop" after one token).
 
 Skipped (exit 77) without the model file, torch, transformers or gguf.
 """
@@ -92,6 +98,29 @@ def main():
             print(f"greedy {prompt!r}: {'equal' if text == want else 'DIFFERS'}: {text!r}")
             if text != want:
                 failed.append(("greedy", prompt, text, want))
+        # 4. Gemma's chat template, built in; <end_of_turn> stops.
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"},
+                {"role": "assistant", "content": "Hi there"}, {"role": "user", "content": "How are you?"}]
+        st, _, body = su.request(srv.port, "POST", "/tokenize", {"messages": msgs, "add_generation_prompt": True})
+        assert st == 200, body
+        want_text = ("<bos><start_of_turn>user\nBe brief.\n\nHello<end_of_turn>\n<start_of_turn>model\nHi there"
+                     "<end_of_turn>\n<start_of_turn>user\nHow are you?<end_of_turn>\n<start_of_turn>model\n")
+        want = tok(want_text, add_special_tokens=False).input_ids
+        got = json.loads(body)["tokens"]
+        print(f"chat template: {'equal' if got == want else 'DIFFERS'} ({len(got)} ids)")
+        if got != want:
+            failed.append(("chat", got, want))
+        eot = tok.convert_tokens_to_ids("<end_of_turn>")
+        st, _, body = su.request(srv.port, "POST", "/v1/chat/completions",
+                                 {"messages": msgs[1:2], "max_tokens": 5, "temperature": 0,
+                                  "logit_bias": {str(eot): 100}})
+        assert st == 200, body
+        r = json.loads(body)
+        print(f"<end_of_turn> ({eot}) forced: finish_reason {r['choices'][0]['finish_reason']}, "
+              f"{r['usage']['completion_tokens']} token(s), text {r['choices'][0]['message']['content']!r}")
+        if not (r["choices"][0]["finish_reason"] == "stop" and r["usage"]["completion_tokens"] == 1
+                and r["choices"][0]["message"]["content"] == ""):
+            failed.append(("end_of_turn", r))
     if failed:
         print(f"FAIL: {failed}")
         return 1

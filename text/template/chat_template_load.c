@@ -1,12 +1,13 @@
 // text/template/chat_template_load.c - finding a model's chat template.
 //
 // Where the text comes from, first match wins (as vLLM and transformers):
-//   1. --chat-template: a family name (chatml, llama3, llama2, mistral), a
+//   1. --chat-template: a family name (chatml, llama3, llama2, mistral, gemma), a
 //      file holding a Jinja template, or Jinja text itself;
 //   2. a model directory: chat_template.jinja, else tokenizer_config.json
 //      "chat_template" (a string, or a list of {name, template} where the
 //      one named "default" wins);
-//   3. a GGUF file: tokenizer.chat_template.
+//   3. a GGUF file: tokenizer.chat_template (a Gemma 3 file without one:
+//      Gemma's, built in).
 // The text becomes a pg_chat_template (Jinja, or a native family when the
 // Jinja engine cannot parse it) with bos_token/eos_token taken from the
 // tokenizer.
@@ -51,6 +52,44 @@ static char *hf_config_template(const char *dir) {
     return result;
 }
 
+// Gemma's chat template (the one Google ships with Gemma 3's instruction
+// models): a system message becomes the first user turn's prefix, the
+// assistant's turns are "model" turns, and every turn ends with
+// <end_of_turn>, which the model's config adds to its EOS ids. Built in for
+// Gemma files that carry none (the base 270M GGUF) and as --chat-template
+// gemma.
+static const char GEMMA_TEMPLATE[] =
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- if messages[0]['content'] is string -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- else -%}"
+    "{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}"
+    "{%- endif -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}"
+    "{%- set first_user_prefix = \"\" -%}"
+    "{%- set loop_messages = messages -%}"
+    "{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}"
+    "{%- endif -%}"
+    "{%- if (message['role'] == 'assistant') -%}{%- set role = \"model\" -%}"
+    "{%- else -%}{%- set role = message['role'] -%}{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}"
+    "{%- if message['content'] is string -%}{{ message['content'] | trim }}"
+    "{%- elif message['content'] is iterable -%}"
+    "{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' -%}{{ '<start_of_image>' }}"
+    "{%- elif item['type'] == 'text' -%}{{ item['text'] | trim }}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- else -%}{{ raise_exception(\"Invalid content type\") }}"
+    "{%- endif -%}"
+    "{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}";
+
 static int model_template_text(const char *src, char **text) {
     *text = NULL;
     size_t len;
@@ -67,6 +106,10 @@ static int model_template_text(const char *src, char **text) {
     gguf_file *f;
     PG_TRY(gguf_open(src, &f));
     if (gguf_get_str(f, "tokenizer.chat_template", text) < 0) *text = NULL;
+    char *arch = NULL;
+    if (!*text && gguf_get_str(f, "general.architecture", &arch) == 0 && !strcmp(arch, "gemma3"))
+        *text = pg_xstrdup(GEMMA_TEMPLATE);
+    free(arch);
     gguf_close(f);
     return 0;
 }
@@ -90,10 +133,10 @@ int pg_chat_template_load(const char *want, const char *model_src, const pg_toke
     } else if (want) {
         // Neither a file nor Jinja-looking text: a mistyped path (vLLM's rule).
         if (!strpbrk(want, "{}\n") && strcmp(want, "chatml") && strcmp(want, "llama3") &&
-            strcmp(want, "llama2") && strcmp(want, "mistral"))
+            strcmp(want, "llama2") && strcmp(want, "mistral") && strcmp(want, "gemma"))
             return pg_err_set(PG_EINVAL, "--chat-template: chat template not recognised: '%.200s' is not a "
-                              "file, a family name (chatml, llama3, llama2, mistral) or Jinja text", want);
-        text = pg_xstrdup(want);
+                              "file, a family name (chatml, llama3, llama2, mistral, gemma) or Jinja text", want);
+        text = pg_xstrdup(strcmp(want, "gemma") ? want : GEMMA_TEMPLATE);
     } else if (model_src) {
         PG_TRY(model_template_text(model_src, &text));
     }
