@@ -21,10 +21,11 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "engine/model/lora_adapter.h"
 #include "engine/model/model.h"
 #include "engine/runner/runner.h"
 #include "kernels/backend.h"
-#include "kernels/cpu/cpu_backend.h" // the CPU's MoE workspace size
+#include "kernels/cpu/cpu_backend.h" // the CPU's MoE and LoRA workspace sizes
 #include "kernels/cuda/cuda_ops.h" // the CUDA workspaces' sizes, callable without a GPU
 #include "kernels/dtype.h"
 
@@ -132,6 +133,32 @@ static int cuda_graph_reserve(const pg_engine_config *cfg, int32_t max_seqs, int
 
 // --- the plan -------------------------------------------------------------------------
 
+// The LoRA adapters named at start-up: read (their headers and shapes,
+// checked against the model as start-up checks them), and each rank's
+// share of their pairs added to its weights.
+static int plan_lora(const pg_engine_config *cfg, pg_memplan *p) {
+    p->lora_slots = pg_engine_lora_slots(cfg);
+    p->lora_adapters = cfg->enable_lora ? cfg->n_lora : 0;
+    for (int32_t i = 0; i < p->lora_adapters; i++) {
+        pg_lora_adapter *ad;
+        PG_TRY(pg_lora_adapter_load(cfg->lora_paths[i], &p->mc, cfg->max_lora_rank > 0 ? cfg->max_lora_rank : 16,
+                                    &ad));
+        for (int32_t r = 0; r < p->tp; r++) {
+            pg_model_shard sh;
+            int rc = pg_model_shard_plan(&p->mc, r, p->tp, cfg->expert_parallel, &sh);
+            if (rc < 0) {
+                pg_lora_adapter_free(ad);
+                return rc;
+            }
+            const int64_t b = pg_lora_rank_bytes(ad, &p->mc, &sh);
+            p->ranks[r].lora += b;
+            p->ranks[r].weights += b;
+        }
+        pg_lora_adapter_free(ad);
+    }
+    return 0;
+}
+
 int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
     memset(p, 0, sizeof *p);
     const pg_engine_config *cfg = &in->cfg;
@@ -156,6 +183,7 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
         PG_TRY(pg_model_weight_plan(&mo, r, tp, caps, &p->mc, &p->ranks[r].weights, &p->ranks[r].offload,
                                     &p->ranks[r].quant_max_elems));
     const pg_model_config *mc = &p->mc;
+    PG_TRY(plan_lora(cfg, p));
     PG_TRY(pg_kv_dtype_resolve(cfg, !cuda, mc->head_dim, &p->kv_dtype));
     p->kv_fp8 = p->kv_dtype == PG_KV_FP8_E4M3;
 
@@ -189,7 +217,15 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
                                ? pg_cpu_moe_workspace_bytes(NULL, max_tokens, mc->hidden, sh.moe_ffn, mc->n_experts,
                                                             mc->n_experts_used)
                                : 0;
-        const pg_runner_ws_sizes sizes = {.attn = attn, .sample = samp, .moe = moe};
+        // The CPU's lora_apply workspace, as the runner sizes it (engine/runner/runner.c).
+        const int32_t lq = sh.n_heads * mc->head_dim, lin = mc->hidden > lq ? (mc->hidden > sh.ffn ? mc->hidden : sh.ffn)
+                                                                             : (lq > sh.ffn ? lq : sh.ffn);
+        const size_t lora = !cuda && p->lora_slots > 0
+                                ? pg_cpu_lora_workspace_bytes(NULL, max_tokens, lin, lin,
+                                                              cfg->max_lora_rank > 0 ? cfg->max_lora_rank : 16,
+                                                              p->lora_slots)
+                                : 0;
+        const pg_runner_ws_sizes sizes = {.attn = attn, .sample = samp, .moe = moe, .lora = lora};
         pg_runner_workspace_plan(mc, &sh, &rc, cuda ? PG_DTYPE_BF16 : PG_DTYPE_F32, &sizes, &wp);
         k->workspace_buffers = (int64_t)wp.bytes;
         // CUDA: the profiled extra, and for weights kept quantized the bf16
@@ -429,6 +465,10 @@ char *pg_memplan_text(const pg_memplan *p, const pg_memplan_advice *adv, int n_a
             sbm_printf(&b, "expert parallel: %d whole experts per rank (weights below are per rank)\n",
                        p->experts_per_rank);
     }
+    if (p->lora_slots > 0)
+        sbm_printf(&b, "LoRA: %d slot%s (--max-loras), %d adapter%s named, %.1f MiB of them on rank 0 (in the weights "
+                       "below)\n", p->lora_slots, p->lora_slots == 1 ? "" : "s", p->lora_adapters,
+                   p->lora_adapters == 1 ? "" : "s", (double)p->ranks[0].lora / (1 << 20));
     if (p->cuda)
         sbm_printf(&b, "device cuda: %.2f GiB per GPU, --gpu-memory-utilization %.2f, %d rank%s\n",
                    (double)p->device_total / GiB, p->util, p->tp, p->tp > 1 ? "s" : "");
@@ -502,11 +542,12 @@ static void json_plan(sbuf_min *b, const pg_memplan *p) {
         sbm_printf(b, "%s{\"rank\":%d,\"weights_bytes\":%lld,\"kv_cache_bytes\":%lld,\"workspace_bytes\":%lld,"
                       "\"workspace_buffers_bytes\":%lld,\"workspace_extra_bytes\":%lld,\"graphs_bytes\":%lld,"
                       "\"other_bytes\":%lld,\"reserved_bytes\":%lld,\"free_bytes\":%lld,"
-                      "\"offloaded_layers\":%d,\"offloaded_host_bytes\":%lld,\"offload_slot_bytes\":%lld}",
+                      "\"offloaded_layers\":%d,\"offloaded_host_bytes\":%lld,\"offload_slot_bytes\":%lld,"
+                      "\"lora_bytes\":%lld}",
                    r ? "," : "", r, (long long)k->weights, (long long)k->kv, (long long)k->workspace,
                    (long long)k->workspace_buffers, (long long)k->workspace_extra, (long long)k->graphs,
                    (long long)k->other, (long long)k->reserved, (long long)k->free, k->offload.n_layers,
-                   (long long)k->offload.host_bytes, (long long)k->offload.slot_bytes);
+                   (long long)k->offload.host_bytes, (long long)k->offload.slot_bytes, (long long)k->lora);
     }
     sbm_printf(b, "],\"kv_block_bytes\":%zu,\"kv_bytes_per_token\":%zu,\"kv_blocks\":%d,\"kv_tokens\":%lld,"
                   "\"swap_blocks\":%d,\"plan_seq_len\":%d,\"sequences\":%lld,\"fits\":%s",

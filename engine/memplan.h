@@ -34,6 +34,7 @@ typedef struct pg_memplan_in {
 
 typedef struct pg_memplan_rank {
     int64_t weights;            // as the backend holds them (offload: the resident ones and the slots)
+    int64_t lora;               // of those, the LoRA adapters named at start-up (this rank's share)
     pg_offload_plan offload;    // --cpu-offload-gb: what moves to host memory
     int64_t quant_max_elems;    // the largest matrix kept quantized (FP8, int4): CUDA's dequantize scratch
     int64_t kv;                 // the KV pool (device blocks, block 0 included)
@@ -53,6 +54,7 @@ typedef struct pg_memplan {
     int32_t quantization;      // PG_QUANT_* (engine/model/model.h): --quantization
     int32_t experts_per_rank;  // the experts each rank holds (all of them but under
                                //   --enable-expert-parallel); 0 without experts
+    int32_t lora_adapters, lora_slots; // --lora-modules named; --max-loras slots (0: LoRA off)
     int32_t tp, block_size, max_num_seqs, max_num_batched_tokens, max_model_len, plan_seq_len;
     double util;                 // CUDA: --gpu-memory-utilization
     int64_t device_total;        // CUDA: per GPU

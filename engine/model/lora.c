@@ -37,9 +37,8 @@ static void *slot_own(pg_lora_slot_res *r, void *p) {
 
 // This rank's [lo, lo + n) of module m's sliced dimension (B's rows for a
 // column-parallel projection, A's columns for a row-parallel one).
-static void module_range(const pg_model *m, int module, int64_t *lo, int64_t *n) {
-    const pg_model_shard *sh = &m->shard;
-    const int64_t hd = m->cfg.head_dim;
+static void module_range(const pg_model_config *c, const pg_model_shard *sh, int module, int64_t *lo, int64_t *n) {
+    const int64_t hd = c->head_dim;
     switch (module) {
     case PG_LORA_Q:
     case PG_LORA_O: *lo = sh->head0 * hd, *n = sh->n_heads * hd; return;
@@ -100,7 +99,7 @@ static int place_adapter(pg_model *m, int32_t s) {
             if (!a) continue;
             pg_weight wa = *a, wb = *b;
             int64_t r0, n;
-            module_range(m, mod, &r0, &n);
+            module_range(&m->cfg, &m->shard, mod, &r0, &n);
             if (row_parallel(mod)) {
                 if (n != wa.cols) wa = cut_cols(r, &wa, r0, n);
             } else if (n != wb.rows) {
@@ -150,4 +149,20 @@ void pg_model_lora_free(pg_model *m) {
     free(lo->res);
     free(lo->table);
     memset(lo, 0, sizeof *lo);
+}
+
+int64_t pg_lora_rank_bytes(const pg_lora_adapter *ad, const pg_model_config *c, const pg_model_shard *sh) {
+    int64_t bytes = 0;
+    for (int32_t l = 0; l < c->n_layers; l++)
+        for (int mod = 0; mod < PG_LORA_MODULES; mod++) {
+            const pg_weight *a = ad->layers[l].a[mod], *b = ad->layers[l].b[mod];
+            if (!a) continue;
+            int64_t r0, n;
+            module_range(c, sh, mod, &r0, &n);
+            (void)r0;
+            // This rank's A columns (row-parallel) or B rows (column-parallel).
+            bytes += row_parallel(mod) ? a->rows * (int64_t)pg_dtype_row_bytes(a->dtype, n) + b->rows * (int64_t)b->row_bytes
+                                       : a->rows * (int64_t)a->row_bytes + n * (int64_t)b->row_bytes;
+        }
+    return bytes;
 }

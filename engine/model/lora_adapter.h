@@ -62,3 +62,8 @@ int pg_lora_adapter_load(const char *dir, const pg_model_config *cfg, int32_t ma
 
 // Unmaps and frees everything. NULL ok.
 void pg_lora_adapter_free(pg_lora_adapter *a);
+
+struct pg_model_shard;
+// The bytes of `ad`'s pairs a tensor-parallel rank of shard `sh` holds
+// (engine/model/lora.c's slicing), for `paged plan`.
+int64_t pg_lora_rank_bytes(const pg_lora_adapter *ad, const pg_model_config *c, const struct pg_model_shard *sh);

@@ -89,6 +89,23 @@ def refused(args, want):
     assert ok, p.stderr[-2000:]
 
 
+def plan_lora(a_dir, b_dir):
+    """`paged plan` reads the adapters named and counts them in the weights."""
+    def plan(*args):
+        p = subprocess.run([su.binary(), "plan", "--model", su.MODEL, "--json", *args], capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode in (0, 1), p.stderr
+        return json.loads(p.stdout)["plan"]["ranks"]
+    one = os.path.getsize(os.path.join(a_dir, "adapter_model.safetensors"))
+    base = plan()
+    two = plan("--enable-lora", "--lora-modules", f"a={a_dir}", f"b={b_dir}")
+    grown = two[0]["weights_bytes"] - base[0]["weights_bytes"]
+    print(f"plan: two adapters add {grown / 2**20:.2f} MiB to the weights (files: 2 x {one / 2**20:.2f} MiB)")
+    assert two[0]["lora_bytes"] == grown and abs(grown - 2 * one) < 2 * 65536, (grown, one)
+    tp3 = plan("--enable-lora", "--lora-modules", f"a={a_dir}", "-tp", "3")
+    assert 0 < tp3[0]["lora_bytes"] < one, (tp3[0]["lora_bytes"], one)
+
+
 def runtime(tmp, a_dir, b_dir, static_texts):
     with su.Server("--enable-lora", "--allow-runtime-lora-updating", "--max-loras", "2",
                    "--lora-modules", f"alpha={a_dir}") as srv:
@@ -209,6 +226,7 @@ def main():
             st, _, _ = su.request(srv.port, "POST", "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": b_dir})
             assert st == 404, st
         runtime(tmp, a_dir, b_dir, together)
+        plan_lora(a_dir, b_dir)
         refused(["--lora-modules", f"alpha={a_dir}"], ["--lora-modules needs --enable-lora"])
         refused(["--enable-lora", "--lora-modules", f"a={a_dir}", f"a={b_dir}"], ["given twice"])
         refused(["--enable-lora", "--max-loras", "1", "--lora-modules", f"a={a_dir}", f"b={b_dir}"],
