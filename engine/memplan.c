@@ -193,7 +193,8 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
     p->max_num_seqs = sc.max_num_seqs;
     p->max_num_batched_tokens = sc.max_num_batched_tokens;
     p->max_model_len = cfg->max_model_len > 0 ? cfg->max_model_len : mc->max_pos;
-    if (mc->sliding_window > 0 && p->max_model_len > mc->sliding_window) p->max_model_len = mc->sliding_window;
+    if (mc->sliding_window > 0 && p->max_model_len > mc->sliding_window && pg_model_attn_window(mc, caps) == 0)
+        p->max_model_len = mc->sliding_window;
     p->plan_seq_len = in->plan_seq_len > 0 ? in->plan_seq_len : p->max_model_len;
     p->util = pg_engine_gpu_memory_utilization(cfg);
     p->device_total = cuda ? in->device_total : 0;

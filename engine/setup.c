@@ -207,11 +207,11 @@ int eng_setup(pg_engine *e) {
     e->max_model_len = cfg->max_model_len > 0 ? cfg->max_model_len : mc->max_pos;
     if (e->max_model_len > mc->max_pos)
         PG_LOGW("max model length %d is beyond the model's %d positions", e->max_model_len, mc->max_pos);
-    if (mc->sliding_window > 0 && e->max_model_len > mc->sliding_window) {
+    if (mc->sliding_window > 0 && e->max_model_len > mc->sliding_window && e->model->attn_window == 0) {
         // Without windowed attention, positions past the window would attend
         // to keys the model never saw together: stay exact instead.
         PG_LOGW("max model length %d capped to the model's sliding window of %d tokens (windowed "
-                "attention is not implemented)", e->max_model_len, mc->sliding_window);
+                "attention is not implemented for it here)", e->max_model_len, mc->sliding_window);
         e->max_model_len = mc->sliding_window;
     }
     // The runner sizes its workspace for the largest step (and, where the

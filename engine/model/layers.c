@@ -96,7 +96,8 @@ int pg_layer_row_linear_norm(const pg_model *m, pg_tensor x, pg_tensor in, const
 
 int pg_layer_attention(const pg_model *m, int32_t l, pg_bkv *kv, const pg_fwd_buffers *bufs,
                        const pg_fwd_step *s, const pg_step_views *v) {
-    const pg_attn_opts o = {.scale = 1.0f / sqrtf((float)m->cfg.head_dim), .inv_freq = m->inv_freq};
+    const pg_attn_opts o = {.scale = 1.0f / sqrtf((float)m->cfg.head_dim), .inv_freq = m->inv_freq,
+                            .window = m->attn_window};
     return pg_layer_attention_with(m, l, kv, bufs, s, v, &o);
 }
 

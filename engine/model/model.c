@@ -9,11 +9,11 @@
 // prologue, ...), so no model file has device code or copies.
 #include "engine/model/model.h"
 
-#include "engine/model/family.h"
-
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/err.h"
+#include "engine/model/family.h"
 
 int pg_model_forward_layers(const pg_model *m, pg_bkv *kv, const pg_fwd_buffers *bufs,
                             const pg_fwd_step *s) {
@@ -61,4 +61,11 @@ int pg_model_forward_logits(const pg_model *m, const pg_fwd_buffers *bufs, const
         PG_TRY(be->ops->copy(be, pg_tensor_view(logits, 0, ns, (int64_t)r * sh->vocab, sh->vocab), src));
     }
     return 0;
+}
+
+int32_t pg_model_attn_window(const pg_model_config *c, const pg_backend_caps *caps) {
+    // Qwen2's window covers only the layers past max_window_layers: not here
+    // (it stays capped).
+    const bool mistral = !strcmp(c->arch, "mistral") || !strcmp(c->arch, "mixtral");
+    return mistral && c->sliding_window > 0 && caps->attn_window ? c->sliding_window : 0;
 }

@@ -117,6 +117,7 @@ int pg_model_lora_set(struct pg_model *m, int32_t slot, const char *dir);
 typedef struct pg_model {
     pg_model_config cfg;
     const struct pg_model_family *family; // its layers' builder (engine/model/family.h)
+    int32_t attn_window;     // pg_model_attn_window: the Llama family's sliding window (0: none)
     pg_model_shard shard;
     pg_comm *comm;           // borrowed; NULL without tensor parallelism
     pg_backend *be;          // borrowed: outlives the model
@@ -207,6 +208,13 @@ int pg_quantize_weight(int q, const char *name, pg_weight *w, void **data_out, f
 // that disagrees with the config, a type the backend cannot hold.
 int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out);
 
+
+// The sliding window a Llama-family model's attention runs with on a
+// backend of `caps` (Mistral's and Mixtral's sliding_window where the
+// backend's attention takes a window; 0: none). A model with a
+// sliding_window the attention does not run is capped to it instead (its
+// max model length: engine/setup.c, engine/memplan.c).
+int32_t pg_model_attn_window(const pg_model_config *c, const pg_backend_caps *caps);
 
 // The bytes of rank `rank` of `size`'s weights on a backend of `caps`
 // (kernels/backend.h: what it runs as stored, what it converts the rest

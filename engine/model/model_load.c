@@ -615,6 +615,7 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
         }
     }
     if ((rc = moe_offload_check(o, c)) < 0) goto fail;
+    m->attn_window = pg_model_attn_window(c, be->caps);
     // Under tensor parallelism a model that cannot be split stops here,
     // before any weight is read.
     m->comm = o->comm;

@@ -104,6 +104,7 @@ static const pg_backend_caps CPU_CAPS = {
     .weights_borrow = true,
     .measures_memory = false,
     .has_graphs = false,
+    .attn_window = true,
     .runs_in_place = cpu_runs_type_in_place,
     .weight_dtype = PG_DTYPE_F32,
     .vector_bytes = 4,

@@ -16,6 +16,7 @@ static const pg_backend_caps CUDA_CAPS = {
     .weights_borrow = false,
     .measures_memory = true,
     .has_graphs = true,
+    .attn_window = false, // no windowed kernels yet (docs/gemma3.md)
     .runs_in_place = cuda_runs_type_in_place,
     .weight_dtype = PG_DTYPE_BF16,
     .vector_bytes = 2,

@@ -8,7 +8,8 @@ transformers computes them with torch in float32 (eager attention). The
 logits must agree within 1e-4 relative (||paged - hf|| / ||hf||) and have
 the same argmax.
 
-Families: Llama 2 (plain RoPE), Llama 3.1 (llama3 RoPE scaling), Mistral,
+Families: Llama 2 (plain RoPE), Llama 3.1 (llama3 RoPE scaling), Mistral
+(and Mistral with a sliding window of 8, shorter than the prompts),
 Qwen2 (Q/K/V biases, tied embeddings), Qwen3 (per-head q/k RMSNorm, a head
 dimension that is not hidden / heads). Skipped (exit 77) when torch or
 transformers are not importable.
@@ -42,6 +43,9 @@ FAMILIES = {
                                                    "high_freq_factor": 4.0,
                                                    "original_max_position_embeddings": 64})),
     "mistral": ("MistralConfig", dict(rope_theta=1000000.0, sliding_window=None)),
+    # A window shorter than the prompts: keys past it are masked (the CPU's
+    # windowed attention; engine/model/model.c pg_model_attn_window).
+    "mistral-window": ("MistralConfig", dict(rope_theta=1000000.0, sliding_window=8)),
     "qwen2": ("Qwen2Config", dict(rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=False)),
     "qwen3": ("Qwen3Config", dict(rope_theta=1000000.0, head_dim=32, use_sliding_window=False)),
 }
