@@ -173,9 +173,9 @@ static void apply_submissions(pg_engine *e, sub *list) {
         // it again for any request still held on the same grammar).
         if (s->kind == SUB_ADD && s->held_ns != 0) pg_grammar_precompute_notify(s->x->grammar, NULL, NULL);
         if (s->kind == SUB_ADD) {
+            add_eos_stops(e, &s->req.sp);
             // Its adapter's slot now (engine/engine_lora.c): gone if it was
             // unloaded after the request named it.
-            add_eos_stops(e, &s->req.sp);
             const int32_t slot = eng_lora_slot(e, s->req.lora_id);
             live *l = live_new(s); // takes s->x
             l->lora_slot = slot;

@@ -531,7 +531,8 @@ static int queue_step(pg_runner *r, const step_desc *s) {
     pg_backend *be = r->be;
     step_desc padded;
     int32_t slot = -1;
-    const bool g = runner_graph_step(r, s, &padded, &slot);
+    // A graph holds the plain forward: a step with LoRA rows runs eagerly.
+    const bool g = !s->lora_rows && runner_graph_step(r, s, &padded, &slot);
     const step_desc *run = g ? &padded : s;
     dev_in d;
     PG_TRY(runner_pack(r, run, &d));
