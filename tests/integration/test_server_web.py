@@ -27,7 +27,31 @@ SAMPLE = {
     ("post", "/v1/chat/completions"): {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
     ("post", "/tokenize"): {"prompt": "Hello"},
     ("post", "/detokenize"): {"tokens": [1, 2]},
+    # The runtime LoRA routes (mounted by --enable-lora --allow-runtime-lora-updating):
+    # load a tiny adapter, then unload it (document order).
+    ("post", "/v1/unload_lora_adapter"): {"lora_name": "tiny"},
 }
+
+
+def tiny_adapter():
+    """A rank-1 PEFT adapter on q_proj of the default model (576 wide, 30
+    layers), written with safetensors' numpy API; its directory."""
+    import tempfile
+    import numpy as np
+    from safetensors.numpy import save_file
+    import atexit
+    import shutil
+    d = tempfile.mkdtemp(prefix="paged-lora-")
+    atexit.register(shutil.rmtree, d, True)
+    t = {}
+    for l in range(30):
+        p = f"base_model.model.model.layers.{l}.self_attn.q_proj"
+        t[p + ".lora_A.weight"] = np.full((1, 576), 0.01, np.float32)
+        t[p + ".lora_B.weight"] = np.full((576, 1), 0.01, np.float32)
+    save_file(t, os.path.join(d, "adapter_model.safetensors"))
+    with open(os.path.join(d, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", "r": 1, "lora_alpha": 1, "target_modules": ["q_proj"], "bias": "none"}, f)
+    return d
 
 
 def check_cors_off():
@@ -60,8 +84,11 @@ def check_no_webui():
 
 
 def check_cors_on():
+    # --enable-lora --allow-runtime-lora-updating: every documented route is
+    # mounted (the runtime LoRA routes are 404 without them, as vLLM's).
     with su.Server("--api-key", KEY, "--allowed-origins", f'["{ORIGIN}"]',
-                   "--allowed-headers", "content-type,authorization") as srv:
+                   "--allowed-headers", "content-type,authorization", "--enable-lora",
+                   "--allow-runtime-lora-updating") as srv:
         doc = json.loads(su.request(srv.port, "GET", "/openapi.json")[2])
         for path, ops in doc["paths"].items():
             for method in ops:
@@ -108,7 +135,9 @@ def check_cors_on():
 
 def check_openapi_and_compat():
     from openapi_spec_validator import validate
-    with su.Server("--api-key", KEY, "--metrics-compat", "vllm") as srv:
+    SAMPLE[("post", "/v1/load_lora_adapter")] = {"lora_name": "tiny", "lora_path": tiny_adapter()}
+    with su.Server("--api-key", KEY, "--metrics-compat", "vllm", "--enable-lora",
+                   "--allow-runtime-lora-updating") as srv:
         st, h, body = su.request(srv.port, "GET", "/openapi.json")
         assert st == 200 and h["content-type"] == "application/json", (st, h)
         doc = json.loads(body)

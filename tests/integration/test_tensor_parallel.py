@@ -45,7 +45,7 @@ compute what one rank computes.
    error event and [DONE]) naming the fault, not an echo of it, /health
    turns 503 and it exits 70, within seconds. A follower that stops
    (SIGSTOP: a hung or cut-off host, whose connections stay open) with
-   --tp-timeout 1: node 0's collective times out, its wait for the
+   --tp-timeout 2: node 0's collective times out, its wait for the
    follower's reply too, and it fails the same way within a few seconds.
 4. Bad configurations stop before any weight is read, with one line naming
    the numbers: --tp 2 on the default model (9 heads), the nccl communicator
@@ -467,7 +467,7 @@ def check_node_stalls():
                    max_position_embeddings=4096)
         write_config(tmp, cfg)
         common = ["--load-format", "dummy", "--hf-config", os.path.join(tmp, "config.json"), "-tp", "4",
-                  "--nnodes", "2", "--tp-timeout", "1"]
+                  "--nnodes", "2", "--tp-timeout", "2"]  # 2 s: a live but CPU-starved rank stays inside it
         port = su.free_port()
         log = open(os.path.join(tmp, "node1.log"), "w+")
         nodes = []
@@ -493,11 +493,11 @@ def check_node_stalls():
                 took = time.time() - t0
                 st, resp = out["r"]
                 assert st == 500, (st, resp)
-                assert took < 10, f"the error took {took:.1f} s"
+                assert took < 12, f"the error took {took:.1f} s"
                 rc = srv.wait(60)
                 assert rc == 70, (rc, srv.log()[-3000:])
                 failed = [l for l in srv.log().splitlines() if "engine failed" in l]
-                assert failed and ("sent nothing for 1.0 s" in failed[0] or "sent no reply for 1.0 s" in failed[0]), \
+                assert failed and ("sent nothing for 2.0 s" in failed[0] or "sent no reply for 2.0 s" in failed[0]), \
                     srv.log()[-3000:]
                 print(f"  follower stopped: error after {took:.2f} s, exit {rc}; "
                       f"{failed[0].split('engine failed: ')[-1][:100]}")
