@@ -354,11 +354,11 @@ def generate():
         name = os.path.splitext(os.path.basename(s))[0]
         o = obj(s, "rel").replace(".o", ".cu.o")
         w(f"build {o}: nvcc {s} | tools/nvcc_or_stub.sh")
-        support = [obj("common/err.c", "rel")]
+        # the quantizers / dequantizers the quantized-weight cases and
+        # benchmarks take their data from (and qgemv.cu's type names)
+        support = [obj("common/err.c", "rel"), obj("kernels/dtype.c", "rel")]
         if s.startswith("tests/"):
-            # the CPU sampler, and the quantizers / dequantizers the
-            # quantized-weight cases (qgemv, qgemm) take their data from
-            support += [obj("kernels/cpu/sampling.c", "rel"), obj("kernels/dtype.c", "rel")]
+            support += [obj("kernels/cpu/sampling.c", "rel")]  # the CPU sampler
         b = f"build/gpu/{name}"
         w(f"build {b}: nvcc_link {o} {cuda_lib} {' '.join(support)} | tools/nvcc_or_stub.sh")
         gpu_bins.append(b)

@@ -267,6 +267,10 @@ extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
         c->qgemv_rows = qenv && qenv[0] ? atoi(qenv) : PG_CUDA_QGEMV_MAX_M;
         if (c->qgemv_rows < 0) c->qgemv_rows = 0;
         if (c->qgemv_rows > PG_CUDA_QGEMV_MAX_M) c->qgemv_rows = PG_CUDA_QGEMV_MAX_M;
+        const char *f8env = getenv("PAGED_CUDA_FP8_GEMM");
+        c->fp8_gemm = f8env && f8env[0] ? atoi(f8env) != 0 : true;
+        const char *faenv = getenv("PAGED_CUDA_FP8_FAST");
+        c->fp8_fast = faenv && faenv[0] ? atoi(faenv) != 0 : false;
     }
     if (pg_cuda_device_describe(c->desc, sizeof c->desc) < 0) snprintf(c->desc, sizeof c->desc, "cuda");
     {

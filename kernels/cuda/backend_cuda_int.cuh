@@ -41,6 +41,13 @@ struct CudaCtx {
     int64_t qgemv_rows;
     int64_t qmax_elems, qscratch_elems;
     bf16 *qscratch;
+    // FP8 weights in larger steps (docs/fp8_gemm.md): the activations
+    // quantized per token into qscratch and the W8A8 product on the FP8
+    // tensor cores (pg_cuda_gemm_fp8), instead of the dequantized weight
+    // and the bf16 product. PAGED_CUDA_FP8_GEMM=0 turns it off (the bf16
+    // path, for comparison); off for good if cuBLASLt has no algorithm.
+    // PAGED_CUDA_FP8_FAST=1: cuBLASLt's fast accumulation.
+    bool fp8_gemm, fp8_fast;
     float *upload_f32;        // device staging for weight conversion: allocated at the first
     float *upload_host;       //   weight that needs it, with its host twin (pinned)
     int32_t *pairs_dev;       // copy-on-write pairs staging

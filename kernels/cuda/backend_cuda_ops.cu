@@ -76,9 +76,55 @@ static int gemm(CudaCtx *c, void *out, int64_t ldo, const void *x, int64_t ldx, 
                              PG_CUDA_GEMM_WORKSPACE, c->stream);
 }
 
+// The scratch of quantized weights in larger steps, once, for the largest
+// quantized matrix: every quantized weight is uploaded before the first
+// step (upload_quant refuses a larger one afterwards), so a captured graph
+// never sees this pointer change.
+static int qscratch_ensure(CudaCtx *c, int64_t elems) {
+    if (c->qscratch) return 0;
+    if (c->qmax_elems > elems) elems = c->qmax_elems;
+    cudaError_t e = cudaMalloc((void **)&c->qscratch, sizeof(bf16) * (size_t)elems);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        c->qscratch = nullptr;
+        return pg_err_set(PG_ENOMEM, "cuda: %.2f MiB for the dequantized weight scratch: %s",
+                          (double)elems * 2 / (1 << 20), cudaGetErrorString(e));
+    }
+    c->qscratch_elems = elems;
+    PG_LOGI("cuda: %.1f MiB scratch for quantized weights in large batches (%lld bf16 elements)",
+            (double)elems * 2 / (1 << 20), (long long)elems);
+    return 0;
+}
+
+// The W8A8 product of an FP8 weight: x quantized per token into qscratch
+// (e4m3 rows, their f32 scales, and, when accumulating, the product's raw
+// sums), then pg_cuda_gemm_fp8. PG_EUNSUPP when that does not fit the
+// scratch or cuBLASLt declines (then the path is off for good: logged
+// once); the caller takes the bf16 path.
+static int fp8_gemm(CudaCtx *c, void *out, int64_t ldo, const void *x, int64_t ldx, const CudaWeight *w,
+                    int64_t rows, int accumulate) {
+    const int64_t n = w->base.rows, k = w->base.cols;
+    auto up256 = [](size_t v) { return (v + 255) / 256 * 256; };
+    const size_t q_bytes = up256((size_t)rows * (size_t)k), s_bytes = up256((size_t)rows * sizeof(float));
+    const size_t raw_bytes = accumulate ? (size_t)rows * (size_t)n * 2 : 0;
+    if (q_bytes + s_bytes + raw_bytes > (size_t)c->qscratch_elems * sizeof(bf16)) return PG_EUNSUPP;
+    uint8_t *xq = (uint8_t *)c->qscratch;
+    float *xs = (float *)(xq + q_bytes);
+    void *raw = accumulate ? (void *)(xq + q_bytes + s_bytes) : nullptr;
+    PG_TRY(pg_cuda_quant_rows_fp8(xq, k, xs, x, ldx, rows, k, c->stream));
+    int rc = pg_cuda_gemm_fp8(c->gemm, out, ldo, xq, k, xs, w->data, w->scales, rows, n, k, accumulate, c->fp8_fast,
+                              raw, raw_bytes, c->gemm_ws, PG_CUDA_GEMM_WORKSPACE, c->stream);
+    if (rc == PG_EUNSUPP) {
+        PG_LOGW("cuda: FP8 weights take the bf16 product from now on: %s", pg_err_msg());
+        c->fp8_gemm = false;
+    }
+    return rc;
+}
+
 // The same for a quantized weight (FP8 / int4): pg_cuda_qgemv for small
-// batches (a shape it declines falls through), else the weight dequantized
-// into the bf16 scratch and cuBLASLt.
+// batches (a shape it declines falls through); else FP8 through the W8A8
+// product (fp8_gemm), and int4, or what that declines, dequantized into the
+// bf16 scratch and cuBLASLt.
 static int qgemm(CudaCtx *c, void *out, int64_t ldo, const void *x, int64_t ldx, const pg_bweight *bw, int64_t rows,
                  int accumulate) {
     const CudaWeight *w = (const CudaWeight *)bw;
@@ -88,21 +134,10 @@ static int qgemm(CudaCtx *c, void *out, int64_t ldo, const void *x, int64_t ldx,
         if (rc != PG_EUNSUPP) return rc;
     }
     if (rows == 0) return 0;
-    if (!c->qscratch) {
-        // Once, for the largest quantized matrix: every quantized weight is
-        // uploaded before the first step (upload_quant refuses a larger one
-        // afterwards), so a captured graph never sees this pointer change.
-        const int64_t elems = c->qmax_elems > n * k ? c->qmax_elems : n * k;
-        cudaError_t e = cudaMalloc((void **)&c->qscratch, sizeof(bf16) * (size_t)elems);
-        if (e != cudaSuccess) {
-            (void)cudaGetLastError();
-            c->qscratch = nullptr;
-            return pg_err_set(PG_ENOMEM, "cuda: %.2f MiB for the dequantized weight scratch: %s",
-                              (double)elems * 2 / (1 << 20), cudaGetErrorString(e));
-        }
-        c->qscratch_elems = elems;
-        PG_LOGI("cuda: %.1f MiB bf16 scratch for quantized weights in large batches (%lld elements)",
-                (double)elems * 2 / (1 << 20), (long long)elems);
+    PG_TRY(qscratch_ensure(c, n * k));
+    if (bw->dtype == PG_DTYPE_FP8_E4M3 && c->fp8_gemm) {
+        int rc = fp8_gemm(c, out, ldo, x, ldx, w, rows, accumulate);
+        if (rc != PG_EUNSUPP) return rc;
     }
     PG_ARG(n * k <= c->qscratch_elems, "cuda linear: a %lldx%lld weight over the %lld-element scratch", (long long)n,
            (long long)k, (long long)c->qscratch_elems);

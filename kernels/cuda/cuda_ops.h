@@ -272,6 +272,38 @@ int pg_cuda_gemm_bf16(pg_cuda_gemm *g, void *out, int64_t ldo, const void *x, in
                       const void *w, int64_t m, int64_t n, int64_t k, int accumulate,
                       void *workspace, size_t workspace_bytes, void *stream);
 
+// W8A8 on Hopper's FP8 tensor cores (docs/fp8_gemm.md): out[i][j] =
+// bf16(bf16(sum_t e4m3(xq[i][t]) * e4m3(w[j][t])) * xscales[i] * wscales[j])
+// (+ out[i][j] when `accumulate`): cuBLASLt's e4m3 product with f32
+// accumulation (fast_accum: the tensor core's own accumulator throughout,
+// faster and less exact) rounded to bf16, then pg_cuda_fp8_rescale. xq
+// e4m3 [m][ldx] with f32 xscales [m] (pg_cuda_quant_rows_fp8's output); w
+// e4m3 [n][k] with f32 wscales [n] (PG_DTYPE_FP8_E4M3 as stored); out bf16
+// [m][ldo]. With `accumulate` the raw sums need tmp: m * n * 2 bytes of
+// device memory (else they are written into out). PG_EUNSUPP when k or ldx
+// is not a multiple of 16, ldo not of 8, tmp is too small, or cuBLASLt has
+// no algorithm (not Hopper or later): the caller falls back to the
+// dequantized bf16 product.
+int pg_cuda_gemm_fp8(pg_cuda_gemm *g, void *out, int64_t ldo, const void *xq, int64_t ldx,
+                     const float *xscales, const void *w, const float *wscales, int64_t m, int64_t n,
+                     int64_t k, int accumulate, int fast_accum, void *tmp, size_t tmp_bytes,
+                     void *workspace, size_t workspace_bytes, void *stream);
+
+// The W8A8 epilogue (act_quant.cu): out[i][j] = bf16(raw[i][j] * xscales[i]
+// * wscales[j]) (f32 products in that order; + out[i][j] when
+// `accumulate`, in f32 before the rounding). raw bf16 [m][ldr] may be out
+// itself (ldr == ldo) when not accumulating.
+int pg_cuda_fp8_rescale(void *out, int64_t ldo, const void *raw, int64_t ldr, const float *xscales,
+                        const float *wscales, int64_t m, int64_t n, int accumulate, void *stream);
+
+// Dynamic per-token FP8 quantization of bf16 x [rows][ldx] (act_quant.cu):
+// scales[i] = max|x[i]| / 448 (1 for a zero row), q[i][t] = e4m3(x[i][t] *
+// (1 / scales[i])), rounded to nearest even and saturating: bit for bit
+// pg_quantize_row_fp8 (kernels/dtype.c) on the row's f32 values. q e4m3
+// [rows][ldq], ldq >= k.
+int pg_cuda_quant_rows_fp8(void *q, int64_t ldq, float *scales, const void *x, int64_t ldx, int64_t rows,
+                           int64_t k, void *stream);
+
 // --- GEMV (small m, weight streaming) -------------------------------------------------
 
 // The largest m the GEMV launchers take (kernels templated on m = 1..8).

@@ -1,0 +1,282 @@
+// tests/gpu/test_cuda_fp8_gemm.cu - the W8A8 product (kernels/cuda/gemm.cu,
+// pg_cuda_gemm_fp8) and the per-token activation quantization that feeds it
+// (kernels/cuda/act_quant.cu, pg_cuda_quant_rows_fp8), against their CPU
+// references on random inputs.
+//
+//   - quant: the e4m3 bytes and f32 scales equal pg_quantize_row_fp8's (the
+//     CPU twin's W8A8 rule, kernels/dtype.c) bit for bit, on the 16-byte
+//     path and the scalar one (odd k, strides), with a zero row, values past
+//     448 times the row's scale and e4m3 subnormals.
+//   - gemm: the device's quantized activations times an FP8 weight
+//     quantized on the host with pg_quantize_row_fp8 (the bytes the CPU
+//     backend runs), against fp64 over the same e4m3 values times both
+//     scales: what the CPU's quantized mode (kernels/cpu/matmul.c,
+//     fp8_matmul) computes, up to the order of its f32 sum. The bound is
+//     8e-3 of max |y|: the raw sums are rounded to bf16, then the scaled
+//     value again (half an ulp each is up to 2^-8 = 3.9e-3 of |y|), and the
+//     f32 sums add ~1e-6; with fast accumulation 1.2e-2. Every matrix of Llama-3-8B and Llama-3-70B (fused
+//     QKV, O, fused gate/up, down), m from 9 to 4096 with odd counts,
+//     accumulation into a residual, output strides past n. Large m checks
+//     at most 48 rows spread over the batch, and every column of them.
+//
+// Usage: build/gpu/test_cuda_fp8_gemm [-k FILTER]   exit 0 pass, 1 fail, 77 no GPU.
+#include <string.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "tests/gpu/gpu_util.h"
+extern "C" {
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/dtype.h"
+}
+
+static const char *g_filter = "";
+static int g_fail = 0, g_ok = 0;
+static bool selected(const char *name) { return strstr(name, g_filter) != nullptr; }
+
+static void report(const char *name, double err, double bound) {
+    const bool ok = err == err && err <= bound;
+    printf("%-4s %-72s max_rel %.3e (bound %.0e)\n", ok ? "ok" : "FAIL", name, err, bound);
+    fflush(stdout);
+    ok ? g_ok++ : g_fail++;
+}
+
+static void report_bool(const char *name, bool ok, const char *detail) {
+    printf("%-4s %-72s %s\n", ok ? "ok" : "FAIL", name, detail);
+    fflush(stdout);
+    ok ? g_ok++ : g_fail++;
+}
+
+// Random bf16 activations as a layer sees them: most values small, a few
+// outlier channels far larger (they set the row's scale), some rows much
+// smaller than others, and (when `zero_row` >= 0) one row all zeros.
+static void fill_acts(std::vector<uint16_t> &x, int rows, int k, int ldx, Rng &r, int zero_row) {
+    for (int i = 0; i < rows; i++) {
+        const float mag = i % 5 == 0 ? 1e-3f : i % 3 == 0 ? 30.0f : 1.0f;
+        for (int t = 0; t < k; t++) {
+            float v = r.sym() * mag;
+            if (t % 97 == i % 97) v *= 20.0f; // outlier channels
+            if (t % 13 == 0) v *= 1e-4f;      // values that land on e4m3 subnormals
+            x[(size_t)i * ldx + t] = f2bf(i == zero_row ? 0.0f : v);
+        }
+    }
+}
+
+// pg_cuda_quant_rows_fp8 against pg_quantize_row_fp8, bit for bit.
+static void test_quant(int rows, int k, int ldx, int ldq, int align_off, Rng &r) {
+    char name[160];
+    snprintf(name, sizeof name, "quant rows=%d k=%d ldx=%d ldq=%d%s", rows, k, ldx, ldq,
+             align_off ? " (x 2-byte aligned)" : "");
+    if (!selected(name)) return;
+    std::vector<uint16_t> x((size_t)rows * ldx + align_off, 0);
+    std::vector<uint16_t> xs((size_t)rows * ldx);
+    fill_acts(xs, rows, k, ldx, r, rows > 2 ? 2 : -1);
+    std::copy(xs.begin(), xs.end(), x.begin() + align_off);
+    DBuf dx, dq((size_t)rows * ldq), ds((size_t)rows * 4);
+    dx.up(x);
+    CK(cudaMemset(dq.p, 0x5a, dq.n));
+    PK(pg_cuda_quant_rows_fp8(dq.p, ldq, ds.as<float>(), (const uint16_t *)dx.p + align_off, ldx, rows, k, nullptr));
+    CK(cudaDeviceSynchronize());
+    std::vector<uint8_t> gq((size_t)rows * ldq);
+    std::vector<float> gs((size_t)rows);
+    dq.down(gq);
+    ds.down(gs);
+    int bad_q = 0, bad_s = 0, bad_pad = 0;
+    std::vector<float> row((size_t)k);
+    std::vector<uint8_t> q((size_t)k);
+    for (int i = 0; i < rows; i++) {
+        for (int t = 0; t < k; t++) row[(size_t)t] = bf2f(xs[(size_t)i * ldx + t]);
+        float s;
+        pg_quantize_row_fp8(row.data(), k, q.data(), &s);
+        if (memcmp(&s, &gs[(size_t)i], 4) != 0) bad_s++;
+        for (int t = 0; t < k; t++) bad_q += q[(size_t)t] != gq[(size_t)i * ldq + t];
+        for (int t = k; t < ldq; t++) bad_pad += gq[(size_t)i * ldq + t] != 0x5a;
+    }
+    char detail[128];
+    snprintf(detail, sizeof detail, "%d of %d bytes, %d of %d scales differ; %d padding bytes written", bad_q,
+             rows * k, bad_s, rows, bad_pad);
+    report_bool(name, bad_q == 0 && bad_s == 0 && bad_pad == 0, detail);
+}
+
+// An FP8 weight [n][k] quantized per row on the host, and on the device.
+struct F8Weight {
+    int n, k;
+    std::vector<uint8_t> q;
+    std::vector<float> scales;
+    DBuf dq, ds;
+    F8Weight(int n_, int k_, uint64_t seed) : n(n_), k(k_), q((size_t)n_ * k_), scales((size_t)n_) {
+        parallel_for(n, [&](int64_t row) {
+            Rng rr(seed + (uint64_t)row);
+            std::vector<float> w((size_t)k);
+            const float mag = 0.02f * (float)(1 + row % 7); // rows of different ranges
+            for (int j = 0; j < k; j++) w[(size_t)j] = rr.sym() * mag * (j % 61 == row % 61 ? 8.0f : 1.0f);
+            pg_quantize_row_fp8(w.data(), k, &q[(size_t)row * k], &scales[(size_t)row]);
+        });
+        dq.up(q);
+        ds.up(scales);
+    }
+};
+
+static float e4m3_table[256];
+
+// out = quant(x) . w^T through the device quantizer and pg_cuda_gemm_fp8,
+// against fp64 over pg_quantize_row_fp8's values. `acc`: out starts as a
+// random residual that the product adds to; else as NaN (every entry must be
+// written). Columns in [n, ldo) must stay untouched.
+static void test_gemm(pg_cuda_gemm *g, DBuf &ws, F8Weight &W, int m, int ldo, bool acc, bool fast, Rng &r) {
+    const int n = W.n, k = W.k;
+    char name[160];
+    snprintf(name, sizeof name, "gemm_fp8 m=%d n=%d k=%d ldo=%d%s%s", m, n, k, ldo, acc ? " accumulate" : "",
+             fast ? " fast-accum" : "");
+    if (!selected(name)) return;
+    std::vector<uint16_t> x((size_t)m * k), o0((size_t)m * ldo);
+    fill_acts(x, m, k, k, r, m > 3 ? 3 : -1);
+    if (acc)
+        fill_bf16(o0, r, 4.0f);
+    else
+        std::fill(o0.begin(), o0.end(), (uint16_t)0x7fc0); // NaN
+    DBuf dx, dout, dxq((size_t)m * k), dxs((size_t)m * 4);
+    dx.up(x);
+    dout.up(o0);
+    PK(pg_cuda_quant_rows_fp8(dxq.p, k, dxs.as<float>(), dx.p, k, m, k, nullptr));
+    DBuf tmp(acc ? (size_t)m * n * 2 : 0);
+    int rc = pg_cuda_gemm_fp8(g, dout.p, ldo, dxq.p, k, dxs.as<float>(), W.dq.p, W.ds.as<float>(), m, n, k, acc,
+                              fast, acc ? tmp.p : nullptr, acc ? tmp.n : 0, ws.p, ws.n, nullptr);
+    if (rc != 0) {
+        report_bool(name, false, pg_err_msg());
+        return;
+    }
+    CK(cudaDeviceSynchronize());
+    std::vector<uint16_t> go(o0.size());
+    dout.down(go);
+    // The rows checked: all when m <= 48, else 48 spread over the batch
+    // (first and last included).
+    std::vector<int> rows;
+    const int nr = std::min(m, 48);
+    for (int i = 0; i < nr; i++) rows.push_back(nr == 1 ? 0 : (int)((int64_t)i * (m - 1) / (nr - 1)));
+    std::vector<std::vector<float>> xd(rows.size(), std::vector<float>((size_t)k));
+    std::vector<float> xsc(rows.size());
+    for (size_t a = 0; a < rows.size(); a++) {
+        std::vector<float> row((size_t)k);
+        std::vector<uint8_t> q((size_t)k);
+        for (int t = 0; t < k; t++) row[(size_t)t] = bf2f(x[(size_t)rows[a] * k + t]);
+        pg_quantize_row_fp8(row.data(), k, q.data(), &xsc[a]);
+        for (int t = 0; t < k; t++) xd[a][(size_t)t] = e4m3_table[q[(size_t)t]];
+    }
+    std::vector<double> ref(rows.size() * (size_t)n), out(rows.size() * (size_t)n);
+    parallel_for((int64_t)n, [&](int64_t j) {
+        const uint8_t *wr = &W.q[(size_t)j * k];
+        for (size_t a = 0; a < rows.size(); a++) {
+            const float *xr = xd[a].data();
+            double s = 0;
+            for (int t = 0; t < k; t++) s += (double)xr[t] * (double)e4m3_table[wr[t]];
+            const size_t o = (size_t)rows[a] * ldo + (size_t)j;
+            ref[a * n + (size_t)j] = s * (double)xsc[a] * (double)W.scales[(size_t)j] + (acc ? bf2f(o0[o]) : 0.0);
+            out[a * n + (size_t)j] = bf2f(go[o]);
+        }
+    });
+    int touched = 0;
+    for (int i = 0; i < m; i++)
+        for (int j = n; j < ldo; j++) touched += go[(size_t)i * ldo + j] != o0[(size_t)i * ldo + j];
+    double d = 0, mx = 0;
+    for (size_t i = 0; i < out.size(); i++) {
+        if (!(out[i] == out[i])) {
+            d = NAN;
+            break;
+        }
+        d = std::max(d, fabs(out[i] - ref[i]));
+        mx = std::max(mx, fabs(ref[i]));
+    }
+    const double err = d != d ? d : mx > 0 ? d / mx : d;
+    if (touched) {
+        char detail[96];
+        snprintf(detail, sizeof detail, "%d values past n written (max_rel %.3e)", touched, err);
+        report_bool(name, false, detail);
+        return;
+    }
+    report(name, err, fast ? 1.2e-2 : 8e-3);
+}
+
+// Shapes and strides the launcher declines (PG_EUNSUPP) or rejects
+// (PG_EINVAL), writing nothing.
+static void test_refusals(pg_cuda_gemm *g, DBuf &ws) {
+    const char *name = "gemm_fp8 refusals";
+    if (!selected(name)) return;
+    DBuf o(64 * 64 * 2), x(64 * 64), w(64 * 64), s(256);
+    CK(cudaMemset(o.p, 0x5a, o.n));
+    float *sc = s.as<float>();
+    struct Case {
+        const char *what;
+        int rc, want;
+    } c[] = {
+#define F8(ldo, ldx, xs, k, acc, tmp, tmpn) \
+    pg_cuda_gemm_fp8(g, o.p, ldo, x.p, ldx, xs, w.p, sc, 16, 16, k, acc, 0, tmp, tmpn, ws.p, ws.n, nullptr)
+        {"k 24", F8(64, 24, sc, 24, 0, nullptr, 0), PG_EUNSUPP},
+        {"ldx 40", F8(64, 40, sc, 32, 0, nullptr, 0), PG_EUNSUPP},
+        {"ldo 20", F8(20, 32, sc, 32, 0, nullptr, 0), PG_EUNSUPP},
+        {"accumulate without tmp", F8(64, 32, sc, 32, 1, nullptr, 0), PG_EUNSUPP},
+        {"accumulate, tmp too small", F8(64, 32, sc, 32, 1, x.p, 16 * 16 * 2 - 2), PG_EUNSUPP},
+        {"no scales", F8(64, 32, nullptr, 32, 0, nullptr, 0), PG_EINVAL},
+        {"ldx < k", F8(64, 16, sc, 32, 0, nullptr, 0), PG_EINVAL},
+#undef F8
+        {"quant ldq < k", pg_cuda_quant_rows_fp8(x.p, 16, sc, o.p, 64, 4, 32, nullptr), PG_EINVAL},
+    };
+    CK(cudaDeviceSynchronize());
+    std::vector<uint8_t> ob(o.n);
+    o.down(ob);
+    bool untouched = true;
+    for (uint8_t v : ob) untouched &= v == 0x5a;
+    std::string bad;
+    for (auto &e : c)
+        if (e.rc != e.want) bad += std::string(bad.empty() ? "" : ", ") + e.what + " rc " + std::to_string(e.rc);
+    if (!untouched) bad += std::string(bad.empty() ? "" : ", ") + "output written";
+    report_bool(name, bad.empty(), bad.empty() ? "all declined or rejected, nothing written" : bad.c_str());
+}
+
+int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-k") && i + 1 < argc) g_filter = argv[++i];
+    if (!gpu_announce()) return 77;
+    for (int v = 0; v < 256; v++) e4m3_table[v] = pg_fp8_e4m3_to_f32((uint8_t)v);
+    Rng r(20261205);
+
+    test_quant(7, 4096, 4096, 4096, 0, r);
+    test_quant(300, 14336, 14336, 14336, 0, r);
+    test_quant(5, 8192, 8320, 8192, 0, r);  // x stride past k
+    test_quant(9, 576, 576, 592, 0, r);     // q stride past k (padding untouched)
+    test_quant(3, 100, 104, 100, 0, r);     // k not a multiple of 8: scalar path
+    test_quant(4, 4096, 4096, 4096, 1, r);  // x not 16-byte aligned: scalar path
+    test_quant(1, 28672, 28672, 28672, 0, r);
+
+    pg_cuda_gemm *g = nullptr;
+    PK(pg_cuda_gemm_create(&g));
+    {
+        DBuf ws(PG_CUDA_GEMM_WORKSPACE);
+        test_refusals(g, ws);
+        // Llama-3-8B (n x k): fused QKV, O, fused gate/up, down.
+        const int s8b[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+        uint64_t seed = 1;
+        for (auto &sh : s8b) {
+            F8Weight W(sh[0], sh[1], seed++);
+            for (int m : {9, 33, 256, 1000, 4096}) test_gemm(g, ws, W, m, W.n, false, false, r);
+            test_gemm(g, ws, W, 17, W.n, true, false, r);   // into the residual stream
+            test_gemm(g, ws, W, 511, W.n, false, true, r);  // fast accumulation
+        }
+        // Llama-3-70B at one GPU's width.
+        const int s70b[][2] = {{10240, 8192}, {8192, 8192}, {57344, 8192}, {8192, 28672}};
+        for (auto &sh : s70b) {
+            F8Weight W(sh[0], sh[1], seed++);
+            for (int m : {16, 2048}) test_gemm(g, ws, W, m, W.n, false, false, r);
+            test_gemm(g, ws, W, 129, W.n, true, false, r);
+        }
+        // Small and odd: SmolLM2-sized, an output stride past n.
+        F8Weight S(1536, 576, seed++);
+        for (int m : {1, 8, 9, 13, 64}) test_gemm(g, ws, S, m, S.n, false, false, r);
+        test_gemm(g, ws, S, 13, S.n + 24, true, false, r);
+    }
+    pg_cuda_gemm_destroy(g);
+    printf("%d passed, %d failed\n", g_ok, g_fail);
+    return g_fail ? 1 : 0;
+}
