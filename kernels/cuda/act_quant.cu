@@ -1,6 +1,7 @@
-// kernels/cuda/act_quant.cu - the two passes around the W8A8 product
-// (gemm.cu, pg_cuda_gemm_fp8): dynamic per-token FP8 quantization of the
-// activations before it, and the rescale of its raw sums after it.
+// kernels/cuda/act_quant.cu - the passes around the W8A8 product (gemm.cu,
+// pg_cuda_gemm_fp8): dynamic per-token FP8 quantization of the activations
+// before it (alone, or fused into the RMSNorm or the SiLU * mul that makes
+// them), and the rescale of its raw sums after it.
 //
 // Per row of bf16 x: scale = max|x| / 448 (1 for an all-zero row) and q[t]
 // = e4m3(x[t] * (1 / scale)), round to nearest even, saturating: the f32
@@ -126,7 +127,186 @@ __global__ void fp8_rescale_kernel(bf16 *out, int64_t ldo, const bf16 *raw, int6
     }
 }
 
+// --- quantization fused into what makes the activations --------------------------------
+
+__device__ __forceinline__ void unpack8f(const uint4 &u, float f[8]) {
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        float2 a = __bfloat1622float2(h[e]);
+        f[2 * e] = a.x;
+        f[2 * e + 1] = a.y;
+    }
+}
+
+// 8 floats times inv to e4m3, as 8 bytes.
+__device__ __forceinline__ uint2 quant8(const float f[8], float inv) {
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int e = 0; e < 4; e++) lo |= (uint32_t)to_e4m3(f[e] * inv) << (8 * e);
+#pragma unroll
+    for (int e = 0; e < 4; e++) hi |= (uint32_t)to_e4m3(f[4 + e] * inv) << (8 * e);
+    return make_uint2(lo, hi);
+}
+
+// Sum and max over a CTA of any multiple of 32 threads (<= 1024). The sum
+// is elementwise.cu's block_sum step for step (warp butterflies, then every
+// thread adds the warps' sums in order), so the norm equals add_rmsnorm's.
+__device__ __forceinline__ float cta_sum(float v, float *sh) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = (blockDim.x + 31) / 32;
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    float t = 0.0f;
+    for (int w = 0; w < nw; w++) t += sh[w];
+    return t;
+}
+__device__ __forceinline__ float cta_max(float v, float *sh) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = (blockDim.x + 31) / 32;
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    float t = 0.0f;
+    for (int w = 0; w < nw; w++) t = fmaxf(t, sh[w]);
+    return t;
+}
+
+// RMSNorm then the row's quantization, one CTA per row, the row in
+// registers (VPT 16-byte vectors per thread): add_rmsnorm_vec_kernel's
+// arithmetic (the normed value rounded to bf16, as the unfused chain
+// stores it), then quant_rows_fp8_kernel's.
+template <int VPT>
+__global__ void rmsnorm_quant_fp8_kernel(uint8_t *__restrict__ q, int64_t ldq, float *__restrict__ scales,
+                                         const bf16 *__restrict__ x, const bf16 *__restrict__ w, int dim,
+                                         float eps) {
+    __shared__ float sh[32];
+    const size_t row = blockIdx.x;
+    const int nvec = dim / 8;
+    const uint4 *xr = reinterpret_cast<const uint4 *>(x + row * dim);
+    float vals[VPT][8];
+    float ss = 0.0f;
+#pragma unroll
+    for (int u = 0; u < VPT; u++) {
+        int vi = threadIdx.x + u * blockDim.x;
+        if (vi < nvec) {
+            unpack8f(xr[vi], vals[u]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) ss += vals[u][e] * vals[u][e];
+        }
+    }
+    const float tot = cta_sum(ss, sh);
+    const float rs = 1.0f / sqrtf(tot / (float)dim + eps);
+    const uint4 *wr = reinterpret_cast<const uint4 *>(w);
+    float amax = 0.0f;
+#pragma unroll
+    for (int u = 0; u < VPT; u++) {
+        int vi = threadIdx.x + u * blockDim.x;
+        if (vi < nvec) {
+            float wf[8], o[8];
+            unpack8f(wr[vi], wf);
+#pragma unroll
+            for (int e = 0; e < 8; e++) o[e] = vals[u][e] * rs * wf[e];
+            unpack8f(pack8(o), vals[u]); // the bf16 value the chain would store
+#pragma unroll
+            for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(vals[u][e]));
+        }
+    }
+    amax = cta_max(amax, sh);
+    const float s = amax > 0.0f ? amax / E4M3_MAX : 1.0f;
+    const float inv = 1.0f / s;
+    if (threadIdx.x == 0) scales[row] = s;
+#pragma unroll
+    for (int u = 0; u < VPT; u++) {
+        int vi = threadIdx.x + u * blockDim.x;
+        if (vi < nvec) *(uint2 *)(q + row * ldq + (size_t)vi * 8) = quant8(vals[u], inv);
+    }
+}
+
+__device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g)); }
+
+// h = bf16(silu(gate) * up) (elementwise.cu's silu_mul, bit for bit) and
+// h's per-row quantization, one CTA per row: the first pass writes h and
+// takes the maximum, the second reads the thread's own h back.
+__global__ void __launch_bounds__(AQ_THREADS)
+    silu_mul_quant_fp8_kernel(bf16 *__restrict__ h, uint8_t *__restrict__ q, int64_t ldq,
+                              float *__restrict__ scales, const bf16 *__restrict__ gate_up, int ffn) {
+    __shared__ float sh[32];
+    const size_t row = blockIdx.x;
+    const int nvec = ffn / 8;
+    const uint4 *g4 = reinterpret_cast<const uint4 *>(gate_up + row * 2 * (size_t)ffn);
+    uint4 *h4 = reinterpret_cast<uint4 *>(h + row * (size_t)ffn);
+    float amax = 0.0f;
+    for (int c = threadIdx.x; c < nvec; c += AQ_THREADS) {
+        float g[8], u[8], o[8];
+        unpack8f(g4[c], g);
+        unpack8f(g4[nvec + c], u);
+#pragma unroll
+        for (int e = 0; e < 8; e++) o[e] = silu_f(g[e]) * u[e];
+        const uint4 p = pack8(o);
+        h4[c] = p;
+        unpack8f(p, o);
+#pragma unroll
+        for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(o[e]));
+    }
+    amax = cta_max(amax, sh);
+    const float s = amax > 0.0f ? amax / E4M3_MAX : 1.0f;
+    const float inv = 1.0f / s;
+    if (threadIdx.x == 0) scales[row] = s;
+    for (int c = threadIdx.x; c < nvec; c += AQ_THREADS) {
+        float o[8];
+        unpack8f(h4[c], o);
+        *(uint2 *)(q + row * ldq + (size_t)c * 8) = quant8(o, inv);
+    }
+}
+
 } // namespace
+
+extern "C" int pg_cuda_rmsnorm_quant_fp8(void *q, int64_t ldq, float *scales, const void *x, const void *w, int64_t m,
+                                         int64_t dim, float eps, void *stream) {
+    PG_ARG(q && scales && x && w, "rmsnorm_quant_fp8: null pointer");
+    PG_ARG(m >= 0 && dim > 0 && dim <= (1 << 20) && ldq >= dim, "rmsnorm_quant_fp8: m %lld dim %lld ldq %lld",
+           (long long)m, (long long)dim, (long long)ldq);
+    const int64_t nvec = dim / 8;
+    if (dim % 8 || ldq % 8 || nvec > 4 * 1024 || ((uintptr_t)x % 16) || ((uintptr_t)w % 16) || ((uintptr_t)q % 8))
+        return pg_err_set(PG_EUNSUPP, "rmsnorm_quant_fp8: dim %lld (a multiple of 8 up to 32768) and aligned rows only",
+                          (long long)dim);
+    if (m == 0) return 0;
+    // add_rmsnorm's launch shape, so its sum runs in the same order.
+    const int vpt = nvec <= 1024 ? 1 : nvec <= 2048 ? 2 : 4;
+    int threads = (int)((nvec + vpt - 1) / vpt);
+    threads = (threads + 31) / 32 * 32;
+    cudaStream_t st = pg_stream(stream);
+    if (vpt == 1)
+        rmsnorm_quant_fp8_kernel<1><<<(unsigned)m, threads, 0, st>>>((uint8_t *)q, ldq, scales, (const bf16 *)x,
+                                                                     (const bf16 *)w, (int)dim, eps);
+    else if (vpt == 2)
+        rmsnorm_quant_fp8_kernel<2><<<(unsigned)m, threads, 0, st>>>((uint8_t *)q, ldq, scales, (const bf16 *)x,
+                                                                     (const bf16 *)w, (int)dim, eps);
+    else
+        rmsnorm_quant_fp8_kernel<4><<<(unsigned)m, threads, 0, st>>>((uint8_t *)q, ldq, scales, (const bf16 *)x,
+                                                                     (const bf16 *)w, (int)dim, eps);
+    PG_CUDA_LAUNCHED("rmsnorm_quant_fp8");
+    return 0;
+}
+
+extern "C" int pg_cuda_silu_mul_quant_fp8(void *h, void *q, int64_t ldq, float *scales, const void *gate_up, int64_t m,
+                                          int64_t ffn, void *stream) {
+    PG_ARG(h && q && scales && gate_up, "silu_mul_quant_fp8: null pointer");
+    PG_ARG(m >= 0 && ffn > 0 && ffn <= (1 << 28) && ldq >= ffn, "silu_mul_quant_fp8: m %lld ffn %lld ldq %lld",
+           (long long)m, (long long)ffn, (long long)ldq);
+    if (ffn % 8 || ldq % 8 || ((uintptr_t)h % 16) || ((uintptr_t)gate_up % 16) || ((uintptr_t)q % 8))
+        return pg_err_set(PG_EUNSUPP, "silu_mul_quant_fp8: ffn %lld a multiple of 8 and aligned rows only",
+                          (long long)ffn);
+    if (m == 0) return 0;
+    silu_mul_quant_fp8_kernel<<<(unsigned)m, AQ_THREADS, 0, pg_stream(stream)>>>(
+        (bf16 *)h, (uint8_t *)q, ldq, scales, (const bf16 *)gate_up, (int)ffn);
+    PG_CUDA_LAUNCHED("silu_mul_quant_fp8");
+    return 0;
+}
 
 extern "C" int pg_cuda_fp8_rescale(void *out, int64_t ldo, const void *raw, int64_t ldr, const float *xscales,
                                    const float *wscales, int64_t m, int64_t n, int accumulate, void *stream) {

@@ -19,6 +19,14 @@ extern "C" {
 
 namespace pgcu {
 
+// h's rows already quantized in qscratch by the SiLU * mul before down
+// (backend_cuda_ops.cu, fp8_gemm): the next product over h skips its
+// quantization. Any other use of the scratch clears it.
+struct Fp8Ready {
+    const void *h;
+    int64_t rows, k;
+};
+
 struct CudaCtx {
     int device;
     cudaStream_t stream;      // compute
@@ -48,6 +56,7 @@ struct CudaCtx {
     // path, for comparison); off for good if cuBLASLt has no algorithm.
     // PAGED_CUDA_FP8_FAST=1: cuBLASLt's fast accumulation.
     bool fp8_gemm, fp8_fast;
+    Fp8Ready fp8_ready;
     float *upload_f32;        // device staging for weight conversion: allocated at the first
     float *upload_host;       //   weight that needs it, with its host twin (pinned)
     int32_t *pairs_dev;       // copy-on-write pairs staging

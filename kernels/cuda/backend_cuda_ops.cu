@@ -96,29 +96,83 @@ static int qscratch_ensure(CudaCtx *c, int64_t elems) {
     return 0;
 }
 
-// The W8A8 product of an FP8 weight: x quantized per token into qscratch
-// (e4m3 rows, their f32 scales, and, when accumulating, the product's raw
-// sums), then pg_cuda_gemm_fp8. PG_EUNSUPP when that does not fit the
-// scratch or cuBLASLt declines (then the path is off for good: logged
-// once); the caller takes the bf16 path.
-static int fp8_gemm(CudaCtx *c, void *out, int64_t ldo, const void *x, int64_t ldx, const CudaWeight *w,
-                    int64_t rows, int accumulate) {
-    const int64_t n = w->base.rows, k = w->base.cols;
+// --- FP8 weights in larger steps: W8A8 (docs/fp8_gemm.md) ---------------------------------
+//
+// A step's quantized activations live in qscratch: e4m3 rows [rows][k],
+// then their f32 scales, then (a product that accumulates into the
+// residual) its raw sums [rows][n] bf16. Who quantizes: the RMSNorm before
+// QKV and gate/up (pg_cuda_rmsnorm_quant_fp8), the SiLU * mul before down
+// (pg_cuda_silu_mul_quant_fp8, which also writes h; c->fp8_ready remembers
+// that h's rows are already in the scratch, for the down projection that
+// reads h next), else a pass of its own (pg_cuda_quant_rows_fp8: O).
+
+struct Fp8Act {
+    uint8_t *xq;
+    float *xs;
+    void *raw;
+    size_t raw_bytes;
+};
+
+// The layout for `rows` of `k` (and raw sums of n when accumulating), or
+// false when it does not fit the scratch (the caller takes the bf16 path).
+static bool fp8_layout(const CudaCtx *c, int64_t rows, int64_t k, int64_t n, int accumulate, Fp8Act *a) {
     auto up256 = [](size_t v) { return (v + 255) / 256 * 256; };
     const size_t q_bytes = up256((size_t)rows * (size_t)k), s_bytes = up256((size_t)rows * sizeof(float));
-    const size_t raw_bytes = accumulate ? (size_t)rows * (size_t)n * 2 : 0;
-    if (q_bytes + s_bytes + raw_bytes > (size_t)c->qscratch_elems * sizeof(bf16)) return PG_EUNSUPP;
-    uint8_t *xq = (uint8_t *)c->qscratch;
-    float *xs = (float *)(xq + q_bytes);
-    void *raw = accumulate ? (void *)(xq + q_bytes + s_bytes) : nullptr;
-    PG_TRY(pg_cuda_quant_rows_fp8(xq, k, xs, x, ldx, rows, k, c->stream));
-    int rc = pg_cuda_gemm_fp8(c->gemm, out, ldo, xq, k, xs, w->data, w->scales, rows, n, k, accumulate, c->fp8_fast,
-                              raw, raw_bytes, c->gemm_ws, PG_CUDA_GEMM_WORKSPACE, c->stream);
+    a->raw_bytes = accumulate ? (size_t)rows * (size_t)n * 2 : 0;
+    if (!c->qscratch || q_bytes + s_bytes + a->raw_bytes > (size_t)c->qscratch_elems * sizeof(bf16)) return false;
+    a->xq = (uint8_t *)c->qscratch;
+    a->xs = (float *)(a->xq + q_bytes);
+    a->raw = accumulate ? (void *)(a->xq + q_bytes + s_bytes) : nullptr;
+    return true;
+}
+
+// Whether an FP8 weight takes the W8A8 product at this many rows.
+static bool fp8_w8a8(const CudaCtx *c, const pg_bweight *w, int64_t rows) {
+    return w->dtype == PG_DTYPE_FP8_E4M3 && c->fp8_gemm && rows > c->qgemv_rows;
+}
+
+// The product over activations already in the scratch. PG_EUNSUPP when
+// cuBLASLt declines: then the path is off for good (logged once).
+static int fp8_product(CudaCtx *c, void *out, int64_t ldo, const Fp8Act &a, const CudaWeight *w, int64_t rows,
+                       int accumulate) {
+    const int64_t n = w->base.rows, k = w->base.cols;
+    int rc = pg_cuda_gemm_fp8(c->gemm, out, ldo, a.xq, k, a.xs, w->data, w->scales, rows, n, k, accumulate,
+                              c->fp8_fast, a.raw, a.raw_bytes, c->gemm_ws, PG_CUDA_GEMM_WORKSPACE, c->stream);
     if (rc == PG_EUNSUPP) {
         PG_LOGW("cuda: FP8 weights take the bf16 product from now on: %s", pg_err_msg());
         c->fp8_gemm = false;
     }
     return rc;
+}
+
+// x (bf16 [rows][ldx]) quantized, unless it is the h whose rows
+// pg_cuda_silu_mul_quant_fp8 left in the scratch, then the product.
+static int fp8_gemm(CudaCtx *c, void *out, int64_t ldo, const void *x, int64_t ldx, const CudaWeight *w,
+                    int64_t rows, int accumulate) {
+    const int64_t n = w->base.rows, k = w->base.cols;
+    Fp8Act a;
+    if (!fp8_layout(c, rows, k, n, accumulate, &a)) return PG_EUNSUPP;
+    const Fp8Ready r = c->fp8_ready;
+    c->fp8_ready = Fp8Ready{};
+    if (!(r.h == x && r.rows == rows && r.k == k && ldx == k))
+        PG_TRY(pg_cuda_quant_rows_fp8(a.xq, k, a.xs, x, ldx, rows, k, c->stream));
+    return fp8_product(c, out, ldo, a, w, rows, accumulate);
+}
+
+// out = RMSNorm(x) * norm . w^T for an FP8 weight: the norm quantizes.
+static int fp8_gemm_normed(CudaCtx *c, void *out, int64_t ldo, const void *x, const pg_bweight *norm, float eps,
+                           const CudaWeight *w, int64_t rows, void *scratch) {
+    const int64_t n = w->base.rows, k = w->base.cols;
+    Fp8Act a;
+    if (!fp8_layout(c, rows, k, n, 0, &a)) return PG_EUNSUPP;
+    c->fp8_ready = Fp8Ready{};
+    int rc = pg_cuda_rmsnorm_quant_fp8(a.xq, k, a.xs, x, wdata(norm), rows, k, eps, c->stream);
+    if (rc == PG_EUNSUPP) { // an odd width: the chain
+        PG_TRY(pg_cuda_add_rmsnorm(scratch, (void *)x, nullptr, wdata(norm), rows, k, eps, c->stream));
+        rc = pg_cuda_quant_rows_fp8(a.xq, k, a.xs, scratch, k, rows, k, c->stream);
+    }
+    PG_TRY(rc);
+    return fp8_product(c, out, ldo, a, w, rows, 0);
 }
 
 // The same for a quantized weight (FP8 / int4): pg_cuda_qgemv for small
@@ -135,10 +189,11 @@ static int qgemm(CudaCtx *c, void *out, int64_t ldo, const void *x, int64_t ldx,
     }
     if (rows == 0) return 0;
     PG_TRY(qscratch_ensure(c, n * k));
-    if (bw->dtype == PG_DTYPE_FP8_E4M3 && c->fp8_gemm) {
+    if (fp8_w8a8(c, bw, rows)) {
         int rc = fp8_gemm(c, out, ldo, x, ldx, w, rows, accumulate);
         if (rc != PG_EUNSUPP) return rc;
     }
+    c->fp8_ready = Fp8Ready{}; // the scratch is about to hold a bf16 weight
     PG_ARG(n * k <= c->qscratch_elems, "cuda linear: a %lldx%lld weight over the %lld-element scratch", (long long)n,
            (long long)k, (long long)c->qscratch_elems);
     PG_TRY(pg_cuda_qdequant_bf16(c->qscratch, w->data, w->scales, bw->dtype, n, k, c->stream));
@@ -152,8 +207,17 @@ static int cu_linear(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight
     const int64_t rows = x.rows, n = w->rows, k = w->cols;
     PG_ARG(!(norm && accumulate), "cuda linear: a norm and accumulate in one call");
     if (is_quant(w->dtype)) {
-        // No fused-norm variant: add_rmsnorm into scratch, then the product.
-        if (norm) {
+        // FP8 W8A8: the norm quantizes (fp8_gemm_normed); else add_rmsnorm
+        // into scratch, then the product.
+        int rc = PG_EUNSUPP;
+        if (norm && fp8_w8a8(c, w, rows)) {
+            PG_TRY(qscratch_ensure(c, n * k));
+            rc = fp8_gemm_normed(c, out.data, out.stride, x.data, norm, eps, (const CudaWeight *)w, rows,
+                                 scratch.data);
+        }
+        if (rc != PG_EUNSUPP) {
+            PG_TRY(rc);
+        } else if (norm) {
             PG_TRY(pg_cuda_add_rmsnorm(scratch.data, x.data, nullptr, wdata(norm), rows, k, eps, c->stream));
             PG_TRY(qgemm(c, out.data, out.stride, scratch.data, k, w, rows, 0));
         } else {
@@ -187,6 +251,23 @@ static int cu_gate_up_silu(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bwe
     CudaCtx *c = ctx_of(b);
     const int64_t rows = x.rows, H = x.cols, ffn = w->rows / 2;
     if (is_quant(w->dtype)) {
+        if (fp8_w8a8(c, w, rows)) {
+            // The norm quantizes for gate/up, and the SiLU * mul for down
+            // (h's rows stay in the scratch: fp8_ready).
+            PG_TRY(qscratch_ensure(c, w->rows * w->cols));
+            int rc = fp8_gemm_normed(c, sgu.data, sgu.stride, x.data, norm, eps, (const CudaWeight *)w, rows,
+                                     sxn.data);
+            if (rc != PG_EUNSUPP) {
+                PG_TRY(rc);
+                Fp8Act a;
+                if (sgu.stride == 2 * ffn && h.stride == ffn && fp8_layout(c, rows, ffn, 0, 0, &a)) {
+                    rc = pg_cuda_silu_mul_quant_fp8(h.data, a.xq, ffn, a.xs, sgu.data, rows, ffn, c->stream);
+                    if (rc == 0) c->fp8_ready = Fp8Ready{h.data, rows, ffn};
+                    if (rc != PG_EUNSUPP) return rc;
+                }
+                return pg_cuda_silu_mul(h.data, sgu.data, rows, ffn, c->stream);
+            }
+        }
         PG_TRY(pg_cuda_add_rmsnorm(sxn.data, x.data, nullptr, wdata(norm), rows, H, eps, c->stream));
         PG_TRY(qgemm(c, sgu.data, sgu.stride, sxn.data, sxn.stride, w, rows, 0));
         return pg_cuda_silu_mul(h.data, sgu.data, rows, ffn, c->stream);

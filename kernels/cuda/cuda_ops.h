@@ -304,6 +304,22 @@ int pg_cuda_fp8_rescale(void *out, int64_t ldo, const void *raw, int64_t ldr, co
 int pg_cuda_quant_rows_fp8(void *q, int64_t ldq, float *scales, const void *x, int64_t ldx, int64_t rows,
                            int64_t k, void *stream);
 
+// The quantization fused into what makes the activations (act_quant.cu),
+// each equal bit for bit to its unfused chain:
+//   pg_cuda_rmsnorm_quant_fp8 = pg_cuda_add_rmsnorm (no residual) into a
+//     bf16 row, then pg_cuda_quant_rows_fp8 of it; x bf16 [m][dim]
+//     contiguous, w bf16 [dim]; x is not modified and no bf16 row is kept.
+//   pg_cuda_silu_mul_quant_fp8 = pg_cuda_silu_mul into h (bf16 [m][ffn],
+//     written: the op's output), then pg_cuda_quant_rows_fp8 of h;
+//     gate_up bf16 [m][2 ffn].
+// q e4m3 [m][ldq], scales f32 [m]. PG_EUNSUPP (the caller runs the chain)
+// when dim or ffn is not a multiple of 8, a row is not 16-byte aligned, or
+// dim > 32768.
+int pg_cuda_rmsnorm_quant_fp8(void *q, int64_t ldq, float *scales, const void *x, const void *w, int64_t m,
+                              int64_t dim, float eps, void *stream);
+int pg_cuda_silu_mul_quant_fp8(void *h, void *q, int64_t ldq, float *scales, const void *gate_up, int64_t m,
+                               int64_t ffn, void *stream);
+
 // --- GEMV (small m, weight streaming) -------------------------------------------------
 
 // The largest m the GEMV launchers take (kernels templated on m = 1..8).

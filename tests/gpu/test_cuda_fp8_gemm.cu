@@ -19,6 +19,13 @@
 //     accumulation into a residual, output strides past n. Large m checks
 //     at most 48 rows spread over the batch, and every column of them.
 //
+//   - the fused quantizations (pg_cuda_rmsnorm_quant_fp8,
+//     pg_cuda_silu_mul_quant_fp8) against their unfused chains on the
+//     device (add_rmsnorm or silu_mul, then quant_rows_fp8): h bit for bit;
+//     the e4m3 bytes and scales equal, or at most 1 in 10^4 bytes one code
+//     apart (a sum of squares that a compiler contracted differently),
+//     reported as counts.
+//
 // Usage: build/gpu/test_cuda_fp8_gemm [-k FILTER]   exit 0 pass, 1 fail, 77 no GPU.
 #include <string.h>
 
@@ -98,6 +105,82 @@ static void test_quant(int rows, int k, int ldx, int ldq, int align_off, Rng &r)
     snprintf(detail, sizeof detail, "%d of %d bytes, %d of %d scales differ; %d padding bytes written", bad_q,
              rows * k, bad_s, rows, bad_pad);
     report_bool(name, bad_q == 0 && bad_s == 0 && bad_pad == 0, detail);
+}
+
+// Compares two quantized outputs: bytes equal, or rarely one code apart.
+static void compare_quant(const char *name, const std::vector<uint8_t> &a, const std::vector<uint8_t> &b,
+                          const std::vector<float> &sa, const std::vector<float> &sb, const char *extra) {
+    int64_t diff = 0, far = 0, sdiff = 0;
+    for (size_t i = 0; i < a.size(); i++)
+        if (a[i] != b[i]) {
+            diff++;
+            // e4m3 codes of one sign are ordered: one step is a difference of 1
+            if ((a[i] & 0x80) != (b[i] & 0x80) || abs((int)(a[i] & 0x7f) - (int)(b[i] & 0x7f)) > 1) far++;
+        }
+    for (size_t i = 0; i < sa.size(); i++)
+        if (!(fabsf(sa[i] - sb[i]) <= 4e-7f * fabsf(sb[i]))) sdiff++;
+    char detail[200];
+    snprintf(detail, sizeof detail, "%lld of %zu bytes differ (%lld by more than one code), %lld scales%s",
+             (long long)diff, a.size(), (long long)far, (long long)sdiff, extra);
+    report_bool(name, far == 0 && sdiff == 0 && (double)diff <= 1e-4 * (double)a.size(), detail);
+}
+
+// pg_cuda_rmsnorm_quant_fp8 against add_rmsnorm + quant_rows_fp8.
+static void test_rmsnorm_quant(int m, int dim, Rng &r) {
+    char name[160];
+    snprintf(name, sizeof name, "rmsnorm_quant m=%d dim=%d", m, dim);
+    if (!selected(name)) return;
+    std::vector<uint16_t> x((size_t)m * dim), w((size_t)dim);
+    fill_acts(x, m, dim, dim, r, m > 2 ? 1 : -1);
+    for (auto &v : w) v = f2bf(1.0f + 0.5f * r.sym());
+    DBuf dx, dw, tmp((size_t)m * dim * 2), q1((size_t)m * dim), q2((size_t)m * dim), s1((size_t)m * 4), s2((size_t)m * 4);
+    dx.up(x);
+    dw.up(w);
+    PK(pg_cuda_add_rmsnorm(tmp.p, dx.p, nullptr, dw.p, m, dim, 1e-5f, nullptr));
+    PK(pg_cuda_quant_rows_fp8(q1.p, dim, s1.as<float>(), tmp.p, dim, m, dim, nullptr));
+    PK(pg_cuda_rmsnorm_quant_fp8(q2.p, dim, s2.as<float>(), dx.p, dw.p, m, dim, 1e-5f, nullptr));
+    CK(cudaDeviceSynchronize());
+    std::vector<uint8_t> a((size_t)m * dim), b((size_t)m * dim);
+    std::vector<float> sa((size_t)m), sb((size_t)m);
+    q2.down(a);
+    q1.down(b);
+    s2.down(sa);
+    s1.down(sb);
+    std::vector<uint16_t> x2(x.size());
+    dx.down(x2);
+    compare_quant(name, a, b, sa, sb, x2 == x ? "" : "; x WAS MODIFIED");
+    if (x2 != x) g_fail++;
+}
+
+// pg_cuda_silu_mul_quant_fp8 against silu_mul + quant_rows_fp8.
+static void test_silu_mul_quant(int m, int ffn, Rng &r) {
+    char name[160];
+    snprintf(name, sizeof name, "silu_mul_quant m=%d ffn=%d", m, ffn);
+    if (!selected(name)) return;
+    std::vector<uint16_t> gu((size_t)m * 2 * ffn);
+    fill_acts(gu, m, 2 * ffn, 2 * ffn, r, -1);
+    DBuf dgu, h1((size_t)m * ffn * 2), h2((size_t)m * ffn * 2), q1((size_t)m * ffn), q2((size_t)m * ffn),
+        s1((size_t)m * 4), s2((size_t)m * 4);
+    dgu.up(gu);
+    PK(pg_cuda_silu_mul(h1.p, dgu.p, m, ffn, nullptr));
+    PK(pg_cuda_quant_rows_fp8(q1.p, ffn, s1.as<float>(), h1.p, ffn, m, ffn, nullptr));
+    PK(pg_cuda_silu_mul_quant_fp8(h2.p, q2.p, ffn, s2.as<float>(), dgu.p, m, ffn, nullptr));
+    CK(cudaDeviceSynchronize());
+    std::vector<uint16_t> ha((size_t)m * ffn), hb((size_t)m * ffn);
+    h2.down(ha);
+    h1.down(hb);
+    std::vector<uint8_t> a((size_t)m * ffn), b((size_t)m * ffn);
+    std::vector<float> sa((size_t)m), sb((size_t)m);
+    q2.down(a);
+    q1.down(b);
+    s2.down(sa);
+    s1.down(sb);
+    int64_t hdiff = 0;
+    for (size_t i = 0; i < ha.size(); i++) hdiff += ha[i] != hb[i];
+    char extra[64];
+    snprintf(extra, sizeof extra, "; h: %lld values differ", (long long)hdiff);
+    compare_quant(name, a, b, sa, sb, extra);
+    if (hdiff) g_fail++;
 }
 
 // An FP8 weight [n][k] quantized per row on the host, and on the device.
@@ -222,6 +305,8 @@ static void test_refusals(pg_cuda_gemm *g, DBuf &ws) {
         {"ldx < k", F8(64, 16, sc, 32, 0, nullptr, 0), PG_EINVAL},
 #undef F8
         {"quant ldq < k", pg_cuda_quant_rows_fp8(x.p, 16, sc, o.p, 64, 4, 32, nullptr), PG_EINVAL},
+        {"rmsnorm_quant dim 100", pg_cuda_rmsnorm_quant_fp8(x.p, 100, sc, w.p, w.p, 4, 100, 1e-5f, nullptr), PG_EUNSUPP},
+        {"silu_mul_quant ffn 100", pg_cuda_silu_mul_quant_fp8(x.p, w.p, 100, sc, w.p, 4, 100, nullptr), PG_EUNSUPP},
     };
     CK(cudaDeviceSynchronize());
     std::vector<uint8_t> ob(o.n);
@@ -249,6 +334,13 @@ int main(int argc, char **argv) {
     test_quant(3, 100, 104, 100, 0, r);     // k not a multiple of 8: scalar path
     test_quant(4, 4096, 4096, 4096, 1, r);  // x not 16-byte aligned: scalar path
     test_quant(1, 28672, 28672, 28672, 0, r);
+    for (int m : {1, 9, 300, 2048}) test_rmsnorm_quant(m, 4096, r);
+    test_rmsnorm_quant(17, 8192, r);  // 70B's hidden: two vectors per thread
+    test_rmsnorm_quant(5, 576, r);    // SmolLM2's hidden
+    test_rmsnorm_quant(3, 16384, r);  // four vectors per thread
+    for (int m : {1, 9, 300, 2048}) test_silu_mul_quant(m, 14336, r);
+    test_silu_mul_quant(7, 28672, r);
+    test_silu_mul_quant(13, 1536, r);
 
     pg_cuda_gemm *g = nullptr;
     PK(pg_cuda_gemm_create(&g));
