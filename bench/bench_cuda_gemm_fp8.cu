@@ -14,6 +14,7 @@
 //   deq+bf16   pg_cuda_qdequant_bf16 then pg_cuda_gemm_bf16: the path
 //              FP8 weights took before (PAGED_CUDA_FP8_GEMM=0)
 //   bf16       pg_cuda_gemm_bf16 on bf16 weights (the bf16 model)
+//   cutlass    pg_cuda_gemm_fp8_cutlass: the one-pass kernel (last column)
 // as TFLOP/s (2 m n k per call), and the summary of fp8+q against bf16 and
 // deq+bf16. torch._scaled_mm on the same shapes: bench/cuda/scaled_mm_peer.py.
 //
@@ -69,13 +70,13 @@ int main(int argc, char **argv) {
     struct Row {
         const char *name;
         int m, n, k;
-        double t[6];
+        double t[7];
     };
     std::vector<Row> rows;
     for (int s = 0; s < 4; s++) {
         const int n = shapes[s][0], k = shapes[s][1];
         for (int m : ms) {
-            Row r{names[s], m, n, k, {0, 0, 0, 0, 0, 0}};
+            Row r{names[s], m, n, k, {0, 0, 0, 0, 0, 0, 0}};
             int rc = 0;
             auto chk = [&](int v) {
                 if (v < 0 && rc == 0) rc = v;
@@ -103,6 +104,16 @@ int main(int argc, char **argv) {
             r.t[5] = time_ms(WARM, REPS, INNER, [&](int) {
                 chk(pg_cuda_fp8_rescale(out.p, n, out.p, n, xs.as<float>(), wsc.as<float>(), m, n, 0, nullptr));
             });
+            {
+                int crc = 0;
+                double tc = time_ms(WARM, REPS, INNER, [&](int) {
+                    int v = pg_cuda_gemm_fp8_cutlass(out.p, n, xq.p, xs.as<float>(), wq.p, wsc.as<float>(), m, n, k,
+                                                     ws.p, ws.n, nullptr);
+                    if (v < 0) crc = v;
+                });
+                r.t[6] = crc < 0 ? 0 : tc;
+                if (crc < 0 && m == ms[0] && s == 0) printf("cutlass: %s\n", pg_err_msg());
+            }
             if (rc < 0) {
                 printf("%-8s %6d: error %s\n", r.name, m, pg_err_msg());
                 continue;
@@ -110,8 +121,9 @@ int main(int argc, char **argv) {
             const double fl = 2.0 * m * (double)n * k;
             double tf[5];
             for (int i = 0; i < 5; i++) tf[i] = fl / (r.t[i] * 1e-3) / 1e12;
-            printf("%-8s %6d %6d %6d | %9.1f %9.1f %9.1f %9.1f %9.1f | %.2fx %.2fx %4.0f%%\n", r.name, m, n, k, tf[0],
-                   tf[1], tf[2], tf[3], tf[4], r.t[4] / r.t[1], r.t[3] / r.t[1], 100.0 * r.t[5] / r.t[0]);
+            printf("%-8s %6d %6d %6d | %9.1f %9.1f %9.1f %9.1f %9.1f | %.2fx %.2fx %4.0f%% | cutlass %7.1f\n", r.name,
+                   m, n, k, tf[0], tf[1], tf[2], tf[3], tf[4], r.t[4] / r.t[1], r.t[3] / r.t[1],
+                   100.0 * r.t[5] / r.t[0], r.t[6] > 0 ? fl / (r.t[6] * 1e-3) / 1e12 : 0.0);
             fflush(stdout);
             rows.push_back(r);
         }

@@ -75,6 +75,13 @@ setup_venv() {
     if [ "${QUICKSTART_TESTS:-0}" = 1 ] && ! "$VENV/bin/python3" -c "import torch, transformers, safetensors, peft" 2>/dev/null; then
         "$VENV/bin/pip" install -q --disable-pip-version-check torch transformers safetensors peft
     fi
+    # nvidia-cutlass: CUTLASS's C++ headers, for the FP8 GEMM that nvcc
+    # builds (kernels/cuda/gemm_fp8_cutlass.cu; tools/nvcc_or_stub.sh finds
+    # them here). Only where nvcc is; without it the CUDA code is stubs.
+    if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+        "$VENV/bin/python3" -c "import cutlass_library" 2>/dev/null ||
+            "$VENV/bin/pip" install -q --disable-pip-version-check nvidia-cutlass
+    fi
 }
 
 fetch_model() {

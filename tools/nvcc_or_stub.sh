@@ -28,6 +28,19 @@ fi
 in=$1 out=$2
 mkdir -p "$(dirname "$out")"
 if [ -x "$NVCC" ]; then
+    case "$in" in
+    *_cutlass.cu)
+        # CUTLASS's headers from PyPI's nvidia-cutlass (deploy/quickstart.sh
+        # puts it in .venv; CUTLASS_INC overrides). Hopper only. Without the
+        # headers the file builds its PG_EUNSUPP fallback.
+        inc=${CUTLASS_INC:-$(ls -d .venv/lib/python3*/site-packages/cutlass_library/source/include 2>/dev/null | head -1)}
+        if [ -n "$inc" ] && [ -d "$inc" ]; then
+            exec "$NVCC" -std=c++17 -O3 -lineinfo -I. -I"$inc" -I"$inc/../tools/util/include" -DPG_HAVE_CUTLASS \
+                --expt-relaxed-constexpr -MD -MF "$out.d" -gencode arch=compute_90a,code=sm_90a \
+                -Xcompiler -fPIC -c "$in" -o "$out"
+        fi
+        ;;
+    esac
     exec "$NVCC" -std=c++17 -O3 -g -lineinfo -I. -MD -MF "$out.d" \
         -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80 \
         -Xcompiler -fPIC,-Wall -c "$in" -o "$out"

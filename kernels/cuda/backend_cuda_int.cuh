@@ -55,7 +55,10 @@ struct CudaCtx {
     // and the bf16 product. PAGED_CUDA_FP8_GEMM=0 turns it off (the bf16
     // path, for comparison); off for good if cuBLASLt has no algorithm.
     // PAGED_CUDA_FP8_FAST=1: cuBLASLt's fast accumulation.
-    bool fp8_gemm, fp8_fast;
+    // PAGED_CUDA_FP8_CUTLASS=1: products that do not accumulate (QKV,
+    // gate/up) take the one-pass CUTLASS kernel (gemm_fp8_cutlass.cu); off
+    // by default until it wins end to end.
+    bool fp8_gemm, fp8_fast, fp8_cutlass;
     Fp8Ready fp8_ready;
     float *upload_f32;        // device staging for weight conversion: allocated at the first
     float *upload_host;       //   weight that needs it, with its host twin (pinned)

@@ -136,6 +136,13 @@ static bool fp8_w8a8(const CudaCtx *c, const pg_bweight *w, int64_t rows) {
 static int fp8_product(CudaCtx *c, void *out, int64_t ldo, const Fp8Act &a, const CudaWeight *w, int64_t rows,
                        int accumulate) {
     const int64_t n = w->base.rows, k = w->base.cols;
+    if (c->fp8_cutlass && !accumulate) {
+        // The one-pass CUTLASS kernel (PAGED_CUDA_FP8_CUTLASS=1); a shape it
+        // declines takes cuBLASLt below.
+        int rc = pg_cuda_gemm_fp8_cutlass(out, ldo, a.xq, a.xs, w->data, w->scales, rows, n, k, c->gemm_ws,
+                                          PG_CUDA_GEMM_WORKSPACE, c->stream);
+        if (rc != PG_EUNSUPP) return rc;
+    }
     int rc = pg_cuda_gemm_fp8(c->gemm, out, ldo, a.xq, k, a.xs, w->data, w->scales, rows, n, k, accumulate,
                               c->fp8_fast, a.raw, a.raw_bytes, c->gemm_ws, PG_CUDA_GEMM_WORKSPACE, c->stream);
     if (rc == PG_EUNSUPP) {

@@ -289,6 +289,16 @@ int pg_cuda_gemm_fp8(pg_cuda_gemm *g, void *out, int64_t ldo, const void *xq, in
                      int64_t k, int accumulate, int fast_accum, void *tmp, size_t tmp_bytes,
                      void *workspace, size_t workspace_bytes, void *stream);
 
+// The same product in one pass (gemm_fp8_cutlass.cu): a CUTLASS sm90
+// kernel with both scales in its epilogue, out[i][j] = bf16(xscales[i] *
+// (wscales[j] * sum_t e4m3(xq[i][t]) * e4m3(w[j][t]))), one rounding; xq
+// contiguous [m][k]; no accumulation. PG_EUNSUPP when built without
+// CUTLASS's headers, k not a multiple of 16, n or ldo not of 8, a pointer
+// misaligned (16 bytes; wscales too), or the workspace is too small.
+int pg_cuda_gemm_fp8_cutlass(void *out, int64_t ldo, const void *xq, const float *xscales, const void *w,
+                             const float *wscales, int64_t m, int64_t n, int64_t k, void *workspace,
+                             size_t workspace_bytes, void *stream);
+
 // The W8A8 epilogue (act_quant.cu): out[i][j] = bf16(raw[i][j] * xscales[i]
 // * wscales[j]) (f32 products in that order; + out[i][j] when
 // `accumulate`, in f32 before the rounding). raw bf16 [m][ldr] may be out

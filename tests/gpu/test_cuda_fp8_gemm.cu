@@ -19,6 +19,8 @@
 //     accumulation into a residual, output strides past n. Large m checks
 //     at most 48 rows spread over the batch, and every column of them.
 //
+//   - the one-pass CUTLASS kernel (pg_cuda_gemm_fp8_cutlass) on the same
+//     cases without accumulation, at 4e-3 (one bf16 rounding);
 //   - the fused quantizations (pg_cuda_rmsnorm_quant_fp8,
 //     pg_cuda_silu_mul_quant_fp8) against their unfused chains on the
 //     device (add_rmsnorm or silu_mul, then quant_rows_fp8): h bit for bit;
@@ -208,11 +210,12 @@ static float e4m3_table[256];
 // against fp64 over pg_quantize_row_fp8's values. `acc`: out starts as a
 // random residual that the product adds to; else as NaN (every entry must be
 // written). Columns in [n, ldo) must stay untouched.
-static void test_gemm(pg_cuda_gemm *g, DBuf &ws, F8Weight &W, int m, int ldo, bool acc, bool fast, Rng &r) {
+static void test_gemm(pg_cuda_gemm *g, DBuf &ws, F8Weight &W, int m, int ldo, bool acc, bool fast, Rng &r,
+                      bool cutlass = false) {
     const int n = W.n, k = W.k;
     char name[160];
-    snprintf(name, sizeof name, "gemm_fp8 m=%d n=%d k=%d ldo=%d%s%s", m, n, k, ldo, acc ? " accumulate" : "",
-             fast ? " fast-accum" : "");
+    snprintf(name, sizeof name, "gemm_fp8%s m=%d n=%d k=%d ldo=%d%s%s", cutlass ? "_cutlass" : "", m, n, k, ldo,
+             acc ? " accumulate" : "", fast ? " fast-accum" : "");
     if (!selected(name)) return;
     std::vector<uint16_t> x((size_t)m * k), o0((size_t)m * ldo);
     fill_acts(x, m, k, k, r, m > 3 ? 3 : -1);
@@ -225,8 +228,10 @@ static void test_gemm(pg_cuda_gemm *g, DBuf &ws, F8Weight &W, int m, int ldo, bo
     dout.up(o0);
     PK(pg_cuda_quant_rows_fp8(dxq.p, k, dxs.as<float>(), dx.p, k, m, k, nullptr));
     DBuf tmp(acc ? (size_t)m * n * 2 : 0);
-    int rc = pg_cuda_gemm_fp8(g, dout.p, ldo, dxq.p, k, dxs.as<float>(), W.dq.p, W.ds.as<float>(), m, n, k, acc,
-                              fast, acc ? tmp.p : nullptr, acc ? tmp.n : 0, ws.p, ws.n, nullptr);
+    int rc = cutlass ? pg_cuda_gemm_fp8_cutlass(dout.p, ldo, dxq.p, dxs.as<float>(), W.dq.p, W.ds.as<float>(), m, n,
+                                                k, ws.p, ws.n, nullptr)
+                     : pg_cuda_gemm_fp8(g, dout.p, ldo, dxq.p, k, dxs.as<float>(), W.dq.p, W.ds.as<float>(), m, n, k,
+                                        acc, fast, acc ? tmp.p : nullptr, acc ? tmp.n : 0, ws.p, ws.n, nullptr);
     if (rc != 0) {
         report_bool(name, false, pg_err_msg());
         return;
@@ -279,7 +284,8 @@ static void test_gemm(pg_cuda_gemm *g, DBuf &ws, F8Weight &W, int m, int ldo, bo
         report_bool(name, false, detail);
         return;
     }
-    report(name, err, fast ? 1.2e-2 : 8e-3);
+    // CUTLASS rounds once (the scaled f32 value to bf16): half an ulp.
+    report(name, err, fast ? 1.2e-2 : cutlass ? 4e-3 : 8e-3);
 }
 
 // Shapes and strides the launcher declines (PG_EUNSUPP) or rejects
@@ -355,6 +361,7 @@ int main(int argc, char **argv) {
             for (int m : {9, 33, 256, 1000, 4096}) test_gemm(g, ws, W, m, W.n, false, false, r);
             test_gemm(g, ws, W, 17, W.n, true, false, r);   // into the residual stream
             test_gemm(g, ws, W, 511, W.n, false, true, r);  // fast accumulation
+            for (int m : {9, 200, 1000, 4096}) test_gemm(g, ws, W, m, W.n, false, false, r, true);
         }
         // Llama-3-70B at one GPU's width.
         const int s70b[][2] = {{10240, 8192}, {8192, 8192}, {57344, 8192}, {8192, 28672}};
@@ -362,11 +369,14 @@ int main(int argc, char **argv) {
             F8Weight W(sh[0], sh[1], seed++);
             for (int m : {16, 2048}) test_gemm(g, ws, W, m, W.n, false, false, r);
             test_gemm(g, ws, W, 129, W.n, true, false, r);
+            test_gemm(g, ws, W, 2048, W.n, false, false, r, true);
         }
         // Small and odd: SmolLM2-sized, an output stride past n.
         F8Weight S(1536, 576, seed++);
         for (int m : {1, 8, 9, 13, 64}) test_gemm(g, ws, S, m, S.n, false, false, r);
         test_gemm(g, ws, S, 13, S.n + 24, true, false, r);
+        for (int m : {1, 13, 64}) test_gemm(g, ws, S, m, S.n, false, false, r, true);
+        test_gemm(g, ws, S, 13, S.n + 24, false, false, r, true); // rows of D wider than n
     }
     pg_cuda_gemm_destroy(g);
     printf("%d passed, %d failed\n", g_ok, g_fail);
