@@ -219,10 +219,9 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
                                                             mc->n_experts_used)
                                : 0;
         // The CPU's lora_apply workspace, as the runner sizes it (engine/runner/runner.c).
-        const int32_t lq = sh.n_heads * mc->head_dim, lin = mc->hidden > lq ? (mc->hidden > sh.ffn ? mc->hidden : sh.ffn)
-                                                                             : (lq > sh.ffn ? lq : sh.ffn);
+        const int32_t lw = pg_model_lora_width(mc, &sh);
         const size_t lora = !cuda && p->lora_slots > 0
-                                ? pg_cpu_lora_workspace_bytes(NULL, max_tokens, lin, lin,
+                                ? pg_cpu_lora_workspace_bytes(NULL, max_tokens, lw, lw,
                                                               cfg->max_lora_rank > 0 ? cfg->max_lora_rank : 16,
                                                               p->lora_slots)
                                 : 0;

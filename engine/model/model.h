@@ -113,6 +113,12 @@ void pg_model_lora_free(struct pg_model *m);
 // what it held; errors name the adapter's file and leave the slot empty.
 // Only between steps: no step in flight may use the slot.
 int pg_model_lora_set(struct pg_model *m, int32_t slot, const char *dir);
+// The widest input or output of a LoRA projection on shard sh (hidden, its q
+// >= its k, v, or its FFN): the runner's and `paged plan`'s lora_apply workspace.
+static inline int32_t pg_model_lora_width(const pg_model_config *c, const pg_model_shard *sh) {
+    const int32_t H = c->hidden, q = sh->n_heads * c->head_dim, f = sh->ffn;
+    return H > q ? (H > f ? H : f) : (q > f ? q : f);
+}
 
 typedef struct pg_model {
     pg_model_config cfg;
