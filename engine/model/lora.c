@@ -135,7 +135,7 @@ int pg_model_lora_load(pg_model *m, const pg_model_load_opts *o) {
     if (m->cfg.n_experts > 0 || strcmp(m->cfg.arch, "gemma3") == 0)
         return pg_err_set(PG_EUNSUPP, "LoRA adapters: not supported for %s models yet (Llama-family only)",
                           m->cfg.n_experts > 0 ? "mixture-of-experts" : m->cfg.arch);
-    lo->max_rank = o->max_lora_rank > 0 ? o->max_lora_rank : 64;
+    lo->max_rank = o->max_lora_rank > 0 ? o->max_lora_rank : PG_MODEL_LORA_RANK_CAP;
     lo->table = pg_xcalloc((size_t)m->cfg.n_layers * PG_LORA_MODULES * (size_t)n, sizeof(pg_lora_slot));
     lo->res = pg_xcalloc((size_t)n, sizeof *lo->res);
     lo->n_slots = n;

@@ -90,6 +90,7 @@ typedef struct pg_model_offload {
 // filled at load (pg_model_load_opts.lora_dirs) or later
 // (pg_model_lora_set: vLLM's runtime loading).
 #define PG_LORA_MODULES 7 // q, k, v, o, gate, up, down (engine/model/lora_adapter.h)
+#define PG_MODEL_LORA_RANK_CAP 64 // pg_model_load_opts.max_lora_rank 0's
 struct pg_lora_slot_res;
 typedef struct pg_model_lora {
     int32_t n_slots;      // slots (loaded or empty); 0: no LoRA
@@ -170,7 +171,8 @@ typedef struct pg_model_load_opts {
     // 0: none. Per rank under tensor parallelism.
     int64_t cpu_offload_bytes;
     // LoRA adapters (PEFT directories) loaded beside the model, slot i for
-    // lora_dirs[i]; ranks above max_lora_rank (0: 64) are refused.
+    // lora_dirs[i]; ranks above max_lora_rank are refused (0: PG_MODEL_LORA_RANK_CAP, for
+    // tools that load directly; the engine always passes --max-lora-rank's, engine/engine.h).
     const char *const *lora_dirs;
     int32_t n_lora;
     int32_t lora_slots;     // slots in all (>= n_lora; the rest start empty); 0: n_lora
