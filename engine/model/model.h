@@ -64,6 +64,10 @@ typedef struct pg_model_shard {
 // vLLM does; shard.expert_parallel then stays false).
 int pg_model_shard_plan(const pg_model_config *c, int32_t rank, int32_t size, bool expert_parallel,
                         pg_model_shard *out);
+// Columns [c0, c0 + n) of w (a row-parallel share; LoRA's A): a view for a vector,
+// else the rows copied into *copy (the caller frees it; NULL if none); the shape only
+// without data. Off a block boundary: PG_EINVAL, worded to follow the tensor's name.
+int pg_model_slice_cols(pg_weight *w, int64_t c0, int64_t n, void **copy);
 
 // --cpu-offload-gb (engine/model/model_offload.c): the first n_layers layers'
 // weights live in host memory (pinned on the GPU) and are copied into one
