@@ -76,7 +76,7 @@ typedef struct pg_engine_config {
     // LoRA (docs/lora.md; vLLM's flags): --enable-lora, adapters named by
     // --lora-modules name=path (all resident for now; request id i + 1 is
     // lora_names[i]), --max-loras (0: as many as named), --max-lora-rank
-    // (0: vLLM's 16).
+    // (0: PG_DEFAULT_MAX_LORA_RANK).
     bool enable_lora;
     bool allow_runtime_lora_updating; // /v1/load_lora_adapter and /v1/unload_lora_adapter
     int32_t n_lora;
@@ -95,6 +95,7 @@ void pg_engine_config_default(pg_engine_config *c);
 // The CPU's step budget: 2048 tokens are seconds of CPU work, during
 // which every running stream waits (docs/benchmarks.md, issue 18).
 #define PG_DEFAULT_CPU_BATCHED_TOKENS 256
+#define PG_DEFAULT_MAX_LORA_RANK 16 // --max-lora-rank: vLLM's (the LoRA workspace is sized for it)
 
 // The scheduler limits an engine of `cfg` runs with: cfg->sched with the
 // block size defaulted and, on the CPU with chunked prefill and no
@@ -121,6 +122,8 @@ int32_t pg_engine_kv_blocks_needed(int32_t max_model_len, int32_t block_size);
 // LoRA slots an engine of cfg keeps: 0 without --enable-lora, else
 // --max-loras, or as many as --lora-modules names (at least 1).
 int32_t pg_engine_lora_slots(const pg_engine_config *cfg);
+// --max-lora-rank, or its default.
+int32_t pg_engine_max_lora_rank(const pg_engine_config *cfg);
 
 // Nodes 1..n-1 of a multi-node tensor-parallel group (c->node_rank > 0):
 // loads this node's ranks and runs node 0's steps on them until node 0

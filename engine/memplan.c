@@ -141,8 +141,7 @@ static int plan_lora(const pg_engine_config *cfg, pg_memplan *p) {
     p->lora_adapters = cfg->enable_lora ? cfg->n_lora : 0;
     for (int32_t i = 0; i < p->lora_adapters; i++) {
         pg_lora_adapter *ad;
-        PG_TRY(pg_lora_adapter_load(cfg->lora_paths[i], &p->mc, cfg->max_lora_rank > 0 ? cfg->max_lora_rank : 16,
-                                    &ad));
+        PG_TRY(pg_lora_adapter_load(cfg->lora_paths[i], &p->mc, pg_engine_max_lora_rank(cfg), &ad));
         for (int32_t r = 0; r < p->tp; r++) {
             pg_model_shard sh;
             int rc = pg_model_shard_plan(&p->mc, r, p->tp, cfg->expert_parallel, &sh);
@@ -219,11 +218,9 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
                                                             mc->n_experts_used)
                                : 0;
         // The CPU's lora_apply workspace, as the runner sizes it (engine/runner/runner.c).
-        const int32_t lq = sh.n_heads * mc->head_dim, lin = mc->hidden > lq ? (mc->hidden > sh.ffn ? mc->hidden : sh.ffn)
-                                                                             : (lq > sh.ffn ? lq : sh.ffn);
+        const int32_t lw = pg_model_lora_width(mc, &sh);
         const size_t lora = !cuda && p->lora_slots > 0
-                                ? pg_cpu_lora_workspace_bytes(NULL, max_tokens, lin, lin,
-                                                              cfg->max_lora_rank > 0 ? cfg->max_lora_rank : 16,
+                                ? pg_cpu_lora_workspace_bytes(NULL, max_tokens, lw, lw, pg_engine_max_lora_rank(cfg),
                                                               p->lora_slots)
                                 : 0;
         const pg_runner_ws_sizes sizes = {.attn = attn, .sample = samp, .moe = moe, .lora = lora};

@@ -108,7 +108,7 @@ static void executor_config(const pg_engine_config *cfg, pg_model_load_opts *mo,
                                .quantization = cfg->quantization, .cpu_offload_bytes = cfg->cpu_offload_bytes,
                                .lora_dirs = cfg->lora_paths, .n_lora = cfg->n_lora,
                                .lora_slots = pg_engine_lora_slots(cfg),
-                               .max_lora_rank = cfg->max_lora_rank > 0 ? cfg->max_lora_rank : 16,
+                               .max_lora_rank = pg_engine_max_lora_rank(cfg),
                                .expert_parallel = cfg->expert_parallel};
     *ec = (pg_executor_config){.tp = cfg->tensor_parallel > 1 ? cfg->tensor_parallel : 1, .device = pg_engine_config_device(cfg),
                                .n_threads = cfg->n_threads, .matmul_mode = cfg->matmul_mode, .comm = cfg->tp_comm,

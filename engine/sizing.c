@@ -1,6 +1,6 @@
 // engine/sizing.c - the engine's defaults and sizing rules (engine/engine.h):
 // the step limits, the GPU memory share, the CPU KV budget, KV blocks, the
-// device choice. One place, read by set-up (engine/setup.c) and by the
+// device choice, the LoRA slots and rank. One place, read by set-up (engine/setup.c) and by the
 // memory plan (engine/memplan.c, `paged plan`), which must reach the same
 // numbers without starting an engine; below both, so neither calls into
 // the other for them.
@@ -50,4 +50,8 @@ int32_t pg_engine_lora_slots(const pg_engine_config *cfg) {
     if (!cfg->enable_lora) return 0;
     const int32_t n = cfg->max_loras > 0 ? cfg->max_loras : cfg->n_lora;
     return n > 0 ? n : 1;
+}
+
+int32_t pg_engine_max_lora_rank(const pg_engine_config *cfg) {
+    return cfg->max_lora_rank > 0 ? cfg->max_lora_rank : PG_DEFAULT_MAX_LORA_RANK;
 }

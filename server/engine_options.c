@@ -89,7 +89,7 @@ const char *pg_engine_options_help =
     "  --lora-modules NAME=PATH ...  PEFT adapter directories, each served as model NAME\n"
     "                                (a request's \"model\" picks one; all stay resident)\n"
     "  --max-loras N                 adapters resident at once (default: as many as named)\n"
-    "  --max-lora-rank R             the largest rank accepted (default 16)\n"
+    "  --max-lora-rank R             the largest rank accepted (default " STR(PG_DEFAULT_MAX_LORA_RANK) ")\n"
     "  --allow-runtime-lora-updating POST /v1/load_lora_adapter and /v1/unload_lora_adapter\n"
     "                                (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING=True does the same)\n"
     "  --max-num-seqs N              sequences per step (default " STR(SCHED_DEFAULT_MAX_NUM_SEQS) ")\n"

@@ -50,19 +50,6 @@ static void module_range(const pg_model_config *c, const pg_model_shard *sh, int
 
 static bool row_parallel(int module) { return module == PG_LORA_O || module == PG_LORA_DOWN; }
 
-// Columns [c0, c0 + n) of a plain (f32 / f16 / bf16) matrix, copied.
-static pg_weight cut_cols(pg_lora_slot_res *r, const pg_weight *w, int64_t c0, int64_t n) {
-    const size_t eb = pg_dtype_row_bytes(w->dtype, 1), rb = eb * (size_t)n;
-    char *d = slot_own(r, pg_xmalloc(rb * (size_t)w->rows));
-    for (int64_t i = 0; i < w->rows; i++)
-        memcpy(d + (size_t)i * rb, (const char *)w->data + (size_t)i * w->row_bytes + eb * (size_t)c0, rb);
-    pg_weight o = *w;
-    o.data = d;
-    o.cols = n;
-    o.row_bytes = rb;
-    return o;
-}
-
 static int upload(pg_model *m, pg_lora_slot_res *r, const pg_weight *w, const pg_bweight **out) {
     pg_bweight *h;
     PG_TRY(m->be->store->weight_upload(m->be, w, 1, &h));
@@ -101,7 +88,9 @@ static int place_adapter(pg_model *m, int32_t s) {
             int64_t r0, n;
             module_range(&m->cfg, &m->shard, mod, &r0, &n);
             if (row_parallel(mod)) {
-                if (n != wa.cols) wa = cut_cols(r, &wa, r0, n);
+                void *copy = NULL;
+                if (n != wa.cols) PG_TRY(pg_model_slice_cols(&wa, r0, n, &copy)); // plain types: never refused
+                if (copy) slot_own(r, copy);
             } else if (n != wb.rows) {
                 wb.data = (const char *)wb.data + (size_t)r0 * wb.row_bytes;
                 wb.rows = n;
@@ -135,7 +124,7 @@ int pg_model_lora_load(pg_model *m, const pg_model_load_opts *o) {
     if (m->cfg.n_experts > 0 || strcmp(m->cfg.arch, "gemma3") == 0)
         return pg_err_set(PG_EUNSUPP, "LoRA adapters: not supported for %s models yet (Llama-family only)",
                           m->cfg.n_experts > 0 ? "mixture-of-experts" : m->cfg.arch);
-    lo->max_rank = o->max_lora_rank > 0 ? o->max_lora_rank : 64;
+    lo->max_rank = o->max_lora_rank > 0 ? o->max_lora_rank : PG_MODEL_LORA_RANK_CAP;
     lo->table = pg_xcalloc((size_t)m->cfg.n_layers * PG_LORA_MODULES * (size_t)n, sizeof(pg_lora_slot));
     lo->res = pg_xcalloc((size_t)n, sizeof *lo->res);
     lo->n_slots = n;

@@ -64,6 +64,10 @@ typedef struct pg_model_shard {
 // vLLM does; shard.expert_parallel then stays false).
 int pg_model_shard_plan(const pg_model_config *c, int32_t rank, int32_t size, bool expert_parallel,
                         pg_model_shard *out);
+// Columns [c0, c0 + n) of w (a row-parallel share; LoRA's A): a view for a vector,
+// else the rows copied into *copy (the caller frees it; NULL if none); the shape only
+// without data. Off a block boundary: PG_EINVAL, worded to follow the tensor's name.
+int pg_model_slice_cols(pg_weight *w, int64_t c0, int64_t n, void **copy);
 
 // --cpu-offload-gb (engine/model/model_offload.c): the first n_layers layers'
 // weights live in host memory (pinned on the GPU) and are copied into one
@@ -90,6 +94,7 @@ typedef struct pg_model_offload {
 // filled at load (pg_model_load_opts.lora_dirs) or later
 // (pg_model_lora_set: vLLM's runtime loading).
 #define PG_LORA_MODULES 7 // q, k, v, o, gate, up, down (engine/model/lora_adapter.h)
+#define PG_MODEL_LORA_RANK_CAP 64 // pg_model_load_opts.max_lora_rank 0's
 struct pg_lora_slot_res;
 typedef struct pg_model_lora {
     int32_t n_slots;      // slots (loaded or empty); 0: no LoRA
@@ -113,6 +118,12 @@ void pg_model_lora_free(struct pg_model *m);
 // what it held; errors name the adapter's file and leave the slot empty.
 // Only between steps: no step in flight may use the slot.
 int pg_model_lora_set(struct pg_model *m, int32_t slot, const char *dir);
+// The widest input or output of a LoRA projection on shard sh (hidden, its q
+// >= its k, v, or its FFN): the runner's and `paged plan`'s lora_apply workspace.
+static inline int32_t pg_model_lora_width(const pg_model_config *c, const pg_model_shard *sh) {
+    const int32_t H = c->hidden, q = sh->n_heads * c->head_dim, f = sh->ffn;
+    return H > q ? (H > f ? H : f) : (q > f ? q : f);
+}
 
 typedef struct pg_model {
     pg_model_config cfg;
@@ -164,7 +175,8 @@ typedef struct pg_model_load_opts {
     // 0: none. Per rank under tensor parallelism.
     int64_t cpu_offload_bytes;
     // LoRA adapters (PEFT directories) loaded beside the model, slot i for
-    // lora_dirs[i]; ranks above max_lora_rank (0: 64) are refused.
+    // lora_dirs[i]; ranks above max_lora_rank are refused (0: PG_MODEL_LORA_RANK_CAP, for
+    // tools that load directly; the engine always passes --max-lora-rank's, engine/engine.h).
     const char *const *lora_dirs;
     int32_t n_lora;
     int32_t lora_slots;     // slots in all (>= n_lora; the rest start empty); 0: n_lora

@@ -70,28 +70,12 @@ static void slice_rows(pg_weight *w, int64_t r0, int64_t n) {
     w->rows = n;
 }
 
-// Columns [c0, c0 + n) of a stored tensor: a view for a vector, a copy for
-// a matrix. Blocks of a quantized type run along rows, so the cut must fall
-// on a block boundary.
+// pg_model_slice_cols, a copy owned by the model, errors naming the tensor.
 static int slice_cols(pg_model *m, const char *path, const char *name, pg_weight *w, int64_t c0, int64_t n) {
-    const int be = pg_dtype_block_elems(w->dtype);
-    if (c0 % be || n % be)
-        return pg_err_set(PG_EINVAL,
-                          "%s: tensor '%s' (%s, blocks of %d) cannot be split at columns %lld..%lld for tensor "
-                          "parallelism",
-                          path, name, pg_dtype_name(w->dtype), be, (long long)c0, (long long)(c0 + n));
-    const size_t off = pg_dtype_row_bytes(w->dtype, c0), rb = pg_dtype_row_bytes(w->dtype, n);
-    if (w->data && w->rows == 1) {
-        w->data = (const char *)w->data + off;
-    } else if (w->data) {
-        char *dst = own(m, pg_xmalloc(rb * (size_t)w->rows));
-        for (int64_t r = 0; r < w->rows; r++)
-            memcpy(dst + (size_t)r * rb, (const char *)w->data + (size_t)r * w->row_bytes + off, rb);
-        w->data = dst;
-    }
-    w->cols = n;
-    w->row_bytes = rb;
-    return 0;
+    void *copy;
+    const int rc = pg_model_slice_cols(w, c0, n, &copy);
+    if (copy) own(m, copy);
+    return rc < 0 ? pg_err_wrap(rc, "%s: tensor '%s' ", path, name) : 0;
 }
 
 // An FP8 checkpoint's `NAME_scale` (Hugging Face fp8 / compressed-tensors:

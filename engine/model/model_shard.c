@@ -12,6 +12,8 @@
 // so that an expert's products stay whole (one read of its weights, no
 // column slices too narrow to fill a GPU's tiles) and a rank's experts are
 // one contiguous block of llama.cpp's stacked tensors.
+#include <string.h>
+
 #include "common/err.h"
 #include "engine/model/model.h"
 
@@ -74,5 +76,25 @@ int pg_model_shard_plan(const pg_model_config *c, int32_t rank, int32_t size, bo
     s.vocab = c->vocab_size / size;
     s.vocab0 = rank * s.vocab;
     *out = s;
+    return 0;
+}
+
+int pg_model_slice_cols(pg_weight *w, int64_t c0, int64_t n, void **copy) {
+    *copy = NULL;
+    const int be = pg_dtype_block_elems(w->dtype);
+    if (c0 % be || n % be)
+        return pg_err_set(PG_EINVAL, "(%s, blocks of %d) cannot be split at columns %lld..%lld for tensor "
+                          "parallelism", pg_dtype_name(w->dtype), be, (long long)c0, (long long)(c0 + n));
+    const size_t off = pg_dtype_row_bytes(w->dtype, c0), rb = pg_dtype_row_bytes(w->dtype, n);
+    if (w->data && w->rows == 1) {
+        w->data = (const char *)w->data + off;
+    } else if (w->data) {
+        char *dst = *copy = pg_xmalloc(rb * (size_t)w->rows);
+        for (int64_t r = 0; r < w->rows; r++)
+            memcpy(dst + (size_t)r * rb, (const char *)w->data + (size_t)r * w->row_bytes + off, rb);
+        w->data = dst;
+    }
+    w->cols = n;
+    w->row_bytes = rb;
     return 0;
 }

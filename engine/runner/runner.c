@@ -123,12 +123,8 @@ static void carve_workspace(const pg_model_config *mc, const pg_model_shard *sh,
 static size_t lora_ws_bytes(const pg_model *m, int32_t max_tokens) {
     const pg_model_lora *lo = &m->lora;
     if (lo->n_slots == 0 || !m->be->ops->lora_workspace_bytes) return 0; // (the rank cap: slots fill at run time)
-    const pg_model_shard *sh = &m->shard;
-    const int32_t hd = m->cfg.head_dim, H = m->cfg.hidden;
-    const int32_t q = sh->n_heads * hd, f = sh->ffn;
-    const int32_t in = H > q ? (H > f ? H : f) : (q > f ? q : f);
-    const int32_t out = in; // the same three widths: hidden, this rank's q (>= its k, v) and FFN
-    return m->be->ops->lora_workspace_bytes(m->be, max_tokens, in, out, lo->max_rank, lo->n_slots);
+    const int32_t width = pg_model_lora_width(&m->cfg, &m->shard); // in and out alike
+    return m->be->ops->lora_workspace_bytes(m->be, max_tokens, width, width, lo->max_rank, lo->n_slots);
 }
 
 void pg_runner_ws_limits(const pg_runner_config *cfg, int32_t *max_tokens, int32_t *max_seqs) {

@@ -41,6 +41,14 @@ typedef struct pg_attn_seq {
     int32_t window;             // > 0: the query at position p sees keys (p - window, p] only
 } pg_attn_seq;
 
+// The next piece of a workspace (lora.c, moe.c): n elements at *off, which then
+// advances past them rounded up to 64 bytes (a cache line); base NULL: sizes only.
+static inline void *pg_cpu_ws_piece(char *base, size_t *off, size_t elem_bytes, int64_t n) {
+    void *piece = base ? base + *off : NULL;
+    *off += (elem_bytes * (size_t)n + 63) & ~(size_t)63;
+    return piece;
+}
+
 // --- KV cache elements (kv_cache.c) --------------------------------------------------
 // A cache row is one token's K (or V) of one head, head_dim elements, in
 // pg_kv_shape.dtype: PG_KV_NATIVE / PG_KV_F32 (f32), PG_KV_F16,

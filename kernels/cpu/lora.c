@@ -27,31 +27,23 @@ typedef struct {
     float *y;       // [m][out] the expand t . B^T
 } lora_ws;
 
-static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
-
-// Carves (or, with base NULL, only sizes) the workspace; returns its bytes.
+// Carves (or, with base NULL, only sizes: pieces NULL) the workspace; returns its bytes.
 static size_t lora_ws_carve(lora_ws *w, char *base, int64_t m, int64_t in, int64_t out, int64_t rank,
                             int64_t n_slots) {
     size_t off = 0;
-#define PIECE(field, type, n)                                                     \
-    do {                                                                          \
-        if (base) w->field = (type *)(base + off);                                \
-        off += align64(sizeof(type) * (size_t)(n));                               \
-    } while (0)
-    PIECE(start, int32_t, n_slots + 1);
-    PIECE(fill, int32_t, n_slots);
-    PIECE(order, int32_t, m);
-    PIECE(xg, float, m * in);
-    PIECE(t, float, m * rank);
-    PIECE(y, float, m * out);
-#undef PIECE
+    w->start = pg_cpu_ws_piece(base, &off, sizeof *w->start, n_slots + 1);
+    w->fill = pg_cpu_ws_piece(base, &off, sizeof *w->fill, n_slots);
+    w->order = pg_cpu_ws_piece(base, &off, sizeof *w->order, m);
+    w->xg = pg_cpu_ws_piece(base, &off, sizeof *w->xg, m * in);
+    w->t = pg_cpu_ws_piece(base, &off, sizeof *w->t, m * rank);
+    w->y = pg_cpu_ws_piece(base, &off, sizeof *w->y, m * out);
     return off;
 }
 
 size_t pg_cpu_lora_workspace_bytes(pg_backend *b, int32_t max_rows, int32_t in_cols, int32_t out_cols,
                                    int32_t max_rank, int32_t n_slots) {
     (void)b;
-    return lora_ws_carve(NULL, NULL, max_rows, in_cols, out_cols, max_rank, n_slots);
+    return lora_ws_carve(&(lora_ws){0}, NULL, max_rows, in_cols, out_cols, max_rank, n_slots);
 }
 
 // Checks every slot a row names and returns the largest rank among them.

@@ -38,36 +38,28 @@ typedef struct {
     float *h;       // [m][ffn] silu(gate) * up
 } moe_ws;
 
-static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
-
-// Carves (or, with base NULL, only sizes) the workspace; returns its bytes.
+// Carves (or, with base NULL, only sizes: pieces NULL) the workspace; returns its bytes.
 static size_t moe_ws_carve(moe_ws *w, char *base, int64_t m, int64_t hidden, int64_t ffn, int64_t n_exp,
                            int64_t k) {
     size_t off = 0;
-#define PIECE(field, type, n)                                                     \
-    do {                                                                          \
-        if (base) w->field = (type *)(base + off);                                \
-        off += align64(sizeof(type) * (size_t)(n));                               \
-    } while (0)
-    PIECE(xn, float, m * hidden);
-    PIECE(acc, float, m * hidden);
-    PIECE(probs, float, m * n_exp);
-    PIECE(sel, int32_t, m * k);
-    PIECE(sel_w, float, m * k);
-    PIECE(start, int32_t, n_exp + 1);
-    PIECE(fill, int32_t, n_exp);
-    PIECE(pair, int32_t, m * k);
-    PIECE(xg, float, m * hidden);
-    PIECE(gu, float, m * 2 * ffn);
-    PIECE(h, float, m * ffn);
-#undef PIECE
+    w->xn = pg_cpu_ws_piece(base, &off, sizeof *w->xn, m * hidden);
+    w->acc = pg_cpu_ws_piece(base, &off, sizeof *w->acc, m * hidden);
+    w->probs = pg_cpu_ws_piece(base, &off, sizeof *w->probs, m * n_exp);
+    w->sel = pg_cpu_ws_piece(base, &off, sizeof *w->sel, m * k);
+    w->sel_w = pg_cpu_ws_piece(base, &off, sizeof *w->sel_w, m * k);
+    w->start = pg_cpu_ws_piece(base, &off, sizeof *w->start, n_exp + 1);
+    w->fill = pg_cpu_ws_piece(base, &off, sizeof *w->fill, n_exp);
+    w->pair = pg_cpu_ws_piece(base, &off, sizeof *w->pair, m * k);
+    w->xg = pg_cpu_ws_piece(base, &off, sizeof *w->xg, m * hidden);
+    w->gu = pg_cpu_ws_piece(base, &off, sizeof *w->gu, m * 2 * ffn);
+    w->h = pg_cpu_ws_piece(base, &off, sizeof *w->h, m * ffn);
     return off;
 }
 
 size_t pg_cpu_moe_workspace_bytes(pg_backend *b, int32_t max_rows, int32_t hidden, int32_t ffn,
                                   int32_t n_experts, int32_t top_k) {
     (void)b;
-    return moe_ws_carve(NULL, NULL, max_rows, hidden, ffn, n_experts, top_k);
+    return moe_ws_carve(&(moe_ws){0}, NULL, max_rows, hidden, ffn, n_experts, top_k);
 }
 
 // probs[0:n] = softmax(logits[0:n]) in place (max subtracted; f32, libm exp).
