@@ -195,6 +195,10 @@ int pg_engine_poll(pg_engine *e, pg_gen_event *out, int cap);
 // The id of the adapter served as `name` (> 0; pg_gen_request.lora_id), or 0.
 int64_t pg_engine_lora_find(pg_engine *e, const char *name);
 // fn(ctx, name, path) for each adapter loaded now, in slot order.
+// The names of the adapters in the LoRA slots of `slot_mask` (bit i: slot
+// i, sched_stats.lora_*_mask), comma-separated in slot order, into buf
+// (truncated to cap); "" for none. Any thread.
+void pg_engine_lora_names(pg_engine *e, uint64_t slot_mask, char *buf, size_t cap);
 void pg_engine_lora_list(pg_engine *e, void (*fn)(void *ctx, const char *name, const char *path), void *ctx);
 // Loads the adapter in `path` as `name` into a free slot on every rank,
 // between steps; blocks until done (not on the loop thread). PG_EINVAL: the

@@ -64,6 +64,20 @@ void pg_engine_lora_list(pg_engine *e, void (*fn)(void *ctx, const char *name, c
     pthread_mutex_unlock(&e->lora_mu);
 }
 
+void pg_engine_lora_names(pg_engine *e, uint64_t slot_mask, char *buf, size_t cap) {
+    if (!cap) return;
+    buf[0] = 0;
+    size_t n = 0;
+    pthread_mutex_lock(&e->lora_mu);
+    for (int32_t i = 0; i < e->n_lora_slots && i < 64; i++)
+        if ((slot_mask >> i & 1) && e->lora[i].uid) {
+            int w = snprintf(buf + n, cap - n, "%s%s", n ? "," : "", e->lora[i].name);
+            if (w < 0 || (size_t)w >= cap - n) break; // truncated: keep what fits
+            n += (size_t)w;
+        }
+    pthread_mutex_unlock(&e->lora_mu);
+}
+
 int32_t eng_lora_slot(pg_engine *e, int64_t uid) {
     if (uid == 0) return -1;
     pthread_mutex_lock(&e->lora_mu);

@@ -1069,6 +1069,12 @@ void sched_stats_get(const sched *s, sched_stats *o) {
     o->n_swapped = s->swapped.n;
     o->n_running_seqs = s->running_seqs;
     kvp_stats_get(s->pool, &o->kv);
+    o->lora_running_mask = o->lora_waiting_mask = 0;
+#define LORA_BIT(r) ((r)->lora_id > 0 && (r)->lora_id <= 64 ? (uint64_t)1 << ((r)->lora_id - 1) : 0)
+    for (int32_t i = 0; i < s->n_run; i++) o->lora_running_mask |= LORA_BIT(s->run[i]);
+    for (int32_t i = 0; i < s->waiting.n; i++) o->lora_waiting_mask |= LORA_BIT(s->waiting.v[i]);
+    for (int32_t i = 0; i < s->swapped.n; i++) o->lora_waiting_mask |= LORA_BIT(s->swapped.v[i]);
+#undef LORA_BIT
 }
 
 const kvp_pool *sched_pool(const sched *s) { return s->pool; }

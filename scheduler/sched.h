@@ -187,6 +187,10 @@ typedef struct sched_stats {
     // their tokens, the tokens accepted, and acceptances by draft position.
     int64_t n_spec_drafts, n_spec_draft_tokens, n_spec_accepted;
     int64_t n_spec_accepted_pos[PG_MAX_DRAFT];
+    // LoRA slots in use (vLLM's lora_requests_info): bit i set when a
+    // running (resp. waiting or swapped) request has lora_id i + 1. Slots
+    // past 64 are not reported.
+    uint64_t lora_running_mask, lora_waiting_mask;
 } sched_stats;
 
 // Long prompts and fairness (vLLM's long_prefill_token_threshold): while

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/err.h"
 #include "server/api_format.h"
@@ -73,6 +74,14 @@ void api_metrics(srv_app *a, srv_req *r) {
     pg_engine_stats st;
     pg_engine_stats_get(a->engine, &st);
     srv_metrics_refresh(&a->metrics, &st, srv_http_num_connections(a->http), a->n_jobs + a->n_tokenizing);
+    if (a->metrics.lora_info) {
+        char run[1024], wait[1024];
+        pg_engine_lora_names(a->engine, st.sched.lora_running_mask, run, sizeof run);
+        pg_engine_lora_names(a->engine, st.sched.lora_waiting_mask, wait, sizeof wait);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        srv_metrics_lora(&a->metrics, run, wait, (double)ts.tv_sec + ts.tv_nsec * 1e-9);
+    }
     sbuf b = {0};
     srv_metrics_render(&a->metrics, a->metrics_vllm, &b);
     srv_resp_send(r, 200, "text/plain; version=0.0.4; charset=utf-8", NULL, b.p ? b.p : "", b.len);

@@ -478,6 +478,7 @@ int cmd_serve(int argc, char **argv) {
     if (a->lim.max_n > SCHED_MAX_N) a->lim.max_n = SCHED_MAX_N;
     a->lim.allow_priority = cfg.sched.policy == SCHED_POLICY_PRIORITY;
     srv_metrics_init(&a->metrics, a->served_name, a->lim.max_model_len);
+    if (cfg.enable_lora) srv_metrics_lora_enable(&a->metrics, pg_engine_lora_slots(&cfg));
     // Structured outputs: the vocabulary trie once, and a cache of compiled
     // grammars. Compilation runs on the loop thread, so its caps are tighter
     // than the library's defaults (a few ms at worst).

@@ -130,6 +130,16 @@ met_family *met_histogram(met_registry *r, const char *name, const char *help, c
     return f;
 }
 
+void met_family_clear(met_family *f) {
+    for (met_child *c = f->children; c;) {
+        met_child *nc = c->next;
+        child_free(c, f->n_labels);
+        c = nc;
+    }
+    f->children = NULL;
+    f->tail = &f->children;
+}
+
 met_child *met_child_get(met_family *f, const char *const *values) {
     for (met_child *c = f->children; c; c = c->next) {
         bool same = true;

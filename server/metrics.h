@@ -31,6 +31,9 @@ met_family *met_histogram(met_registry *r, const char *name, const char *help, c
 // The child for these label values (as many as the family has labels;
 // NULL for a family without labels). Created on first use.
 met_child *met_child_get(met_family *f, const char *const *values);
+// Drops every child of f (an info gauge whose labels change: one series).
+// Children got before are freed.
+void met_family_clear(met_family *f);
 
 void met_inc(met_child *c, double v);      // counters (v >= 0) and gauges
 void met_set(met_child *c, double v);      // gauges; counters mirrored from a monotonic source

@@ -117,6 +117,25 @@ void srv_metrics_init(srv_metrics *m, const char *model_name, int32_t max_model_
     m->frontend = one(met_histogram(r, "paged:frontend_token_latency_seconds", "Per streamed token: time from the engine publishing it to its chunk being queued on the socket.", L, fb, 24), mn);
 }
 
+void srv_metrics_lora_enable(srv_metrics *m, int32_t max_loras) {
+    m->lora_info = met_gauge(m->reg, "paged:lora_requests_info", "Running stats on lora requests.",
+                             "max_lora,running_lora_adapters,waiting_lora_adapters");
+    PG_CHECK(m->lora_info != NULL);
+    snprintf(m->lora_max, sizeof m->lora_max, "%d", max_loras);
+    m->lora_last[0][0] = m->lora_last[1][0] = 0;
+    met_set(met_child_get(m->lora_info, (const char *[]){m->lora_max, "", ""}), 0);
+}
+
+void srv_metrics_lora(srv_metrics *m, const char *running, const char *waiting, double now) {
+    if (!m->lora_info) return;
+    if (m->lora_stamped && !strcmp(running, m->lora_last[0]) && !strcmp(waiting, m->lora_last[1])) return;
+    m->lora_stamped = true;
+    snprintf(m->lora_last[0], sizeof m->lora_last[0], "%s", running);
+    snprintf(m->lora_last[1], sizeof m->lora_last[1], "%s", waiting);
+    met_family_clear(m->lora_info);
+    met_set(met_child_get(m->lora_info, (const char *[]){m->lora_max, running, waiting}), now);
+}
+
 void srv_metrics_free(srv_metrics *m) {
     met_registry_free(m->reg);
     memset(m, 0, sizeof *m);
@@ -211,6 +230,7 @@ static const char *const VLLM_NAMES[] = {
     "request_decode_time_seconds", "request_prompt_tokens", "request_generation_tokens",
     "spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
     "spec_decode_num_accepted_tokens_total", "spec_decode_num_accepted_tokens_per_pos_total",
+    "lora_requests_info",
     NULL,
 };
 

@@ -33,6 +33,13 @@ typedef struct srv_metrics {
     // histograms
     met_child *ttft, *tpot, *itl, *e2e, *queue, *prefill, *decode, *prompt_len, *gen_len;
     met_child *frontend;       // engine publish -> chunk queued on the socket, per token
+    // vLLM's lora_requests_info (made by srv_metrics_lora_enable): one
+    // series whose labels name the adapters of running and waiting
+    // requests, its value the time of the last change (vLLM's
+    // set_to_current_time); lora_last holds those labels.
+    met_family *lora_info;
+    char lora_max[16], lora_last[2][1024];
+    bool lora_stamped;
     const char *model_name;
 } srv_metrics;
 
@@ -41,6 +48,13 @@ void srv_metrics_free(srv_metrics *m);
 
 // Refreshes the gauges and engine-side counters before a scrape.
 void srv_metrics_refresh(srv_metrics *m, const pg_engine_stats *st, int n_connections, int n_jobs);
+
+// Adds vLLM's LoRA family (when serving with --enable-lora).
+void srv_metrics_lora_enable(srv_metrics *m, int32_t max_loras);
+// Sets it from the adapter names of running and waiting requests
+// (comma-separated, pg_engine_lora_names), at `now` (Unix seconds) when
+// they changed.
+void srv_metrics_lora(srv_metrics *m, const char *running, const char *waiting, double now);
 
 // The exposition text of every family; with `vllm_names` (--metrics-compat
 // vllm) the families vLLM also has are repeated under `vllm:` names, so

@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import server_util as su  # noqa: E402
@@ -215,7 +216,31 @@ def main():
             print(f"prefix cache hits (tokens): base after alpha +{h1 - h0:.0f}, alpha again +{h2 - h1:.0f}")
             assert h1 == h0 and h2 > h1, (h0, h1, h2)
 
-            # 4. An unknown model.
+            # 4. vLLM's lora_requests_info: the adapter of a running request,
+            # then none once it is gone; the value is the time of the change.
+            def lora_info():
+                body = su.request(srv.port, "GET", "/metrics")[2].decode()
+                m = re.findall(r'^paged:lora_requests_info\{max_lora="(\d+)",running_lora_adapters="([^"]*)",'
+                               r'waiting_lora_adapters="([^"]*)"\} ([0-9.e+]+)$', body, re.M)
+                assert len(m) == 1, m  # one series
+                return m[0][0], m[0][1], m[0][2], float(m[0][3])
+            t0 = time.time()
+            stream = client.completions.create(model="alpha", prompt=prompt, max_tokens=400, temperature=0,
+                                               stream=True)
+            next(iter(stream))
+            mx, run, wait, stamp = lora_info()
+            print(f"lora_requests_info while alpha streams: max_lora={mx} running={run!r} waiting={wait!r}")
+            assert (mx, run, wait) == ("2", "alpha", "") and t0 - 1 <= stamp <= time.time() + 1, (mx, run, stamp)
+            stream.close()
+            for _ in range(100):
+                mx, run, wait, stamp2 = lora_info()
+                if run == "":
+                    break
+                time.sleep(0.1)
+            print(f"after the client left: running={run!r} waiting={wait!r}")
+            assert (run, wait) == ("", "") and stamp2 >= stamp, (run, wait, stamp, stamp2)
+
+            # 5. An unknown model.
             try:
                 client.completions.create(model="gamma", prompt="x", max_tokens=1)
                 raise AssertionError("gamma answered")
