@@ -128,7 +128,7 @@ static void held_wake(void *arg) {
 // held: held_wake takes it on the precomputing thread, under its lock).
 static void held_hooks(pg_engine *e, bool on) {
     for (sub *s = e->held; s; s = s->next)
-        pg_grammar_precompute_notify(s->x->grammar, on ? held_wake : NULL, on ? e : NULL);
+        if (s->x && s->x->grammar) pg_grammar_precompute_notify(s->x->grammar, on ? held_wake : NULL, on ? e : NULL);
 }
 
 // The scheduler ends a sequence at one EOS id; a model with more (Llama 3's
@@ -159,6 +159,7 @@ static void apply_submissions(pg_engine *e, sub *list) {
                     *h = held->next;
                     held->next = NULL;
                     held->held_ns = -GRAMMAR_HOLD_NS; // admit now
+                    held->aborted = true;             // (or end it, if it waits for a LoRA slot)
                     apply_submissions(e, held);
                     break;
                 }
@@ -173,10 +174,24 @@ static void apply_submissions(pg_engine *e, sub *list) {
         // it again for any request still held on the same grammar).
         if (s->kind == SUB_ADD && s->held_ns != 0) pg_grammar_precompute_notify(s->x->grammar, NULL, NULL);
         if (s->kind == SUB_ADD) {
-            add_eos_stops(e, &s->req.sp);
             // Its adapter's slot now (engine/engine_lora.c): gone if it was
-            // unloaded after the request named it.
-            const int32_t slot = eng_lora_slot(e, s->req.lora_id);
+            // unloaded after the request named it; an adapter in no slot is
+            // brought into one, or the request waits (held) until a slot has
+            // no live request.
+            int32_t slot = eng_lora_slot(e, s->req.lora_id);
+            int lrc = 0;
+            if (slot == -3) {
+                lrc = eng_lora_make_resident(e, s->req.lora_id, &slot);
+                if (lrc == 0 && slot == -1 && !s->aborted) {
+                    s->lora_wait = true;
+                    s->next = e->held;
+                    e->held = s;
+                    continue;
+                }
+                if (lrc == 0 && slot == -1) lrc = pg_err_set(PG_EINVAL, "aborted while waiting for a LoRA slot");
+            }
+            s->lora_wait = false;
+            add_eos_stops(e, &s->req.sp);
             live *l = live_new(s); // takes s->x
             l->lora_slot = slot;
             sched_request r = {.id = s->id, .prompt = s->req.prompt, .n_prompt = s->req.n_prompt,
@@ -184,8 +199,9 @@ static void apply_submissions(pg_engine *e, sub *list) {
                                .arrival_ns = pg_now_ns(),
                                .eos_id = e->model->cfg.n_eos ? e->model->cfg.eos_ids[0] : -1,
                                .owner = l, .lora_id = slot + 1, .cache_salt = (uint64_t)s->req.lora_id};
-            int rc = slot == -2 ? pg_err_set(PG_EINVAL, "the LoRA adapter this request names was unloaded")
-                                : sched_add_request(e->sched, &r);
+            int rc = lrc < 0     ? lrc
+                     : slot == -2 ? pg_err_set(PG_EINVAL, "the LoRA adapter this request names was unloaded")
+                                  : sched_add_request(e->sched, &r);
             if (rc < 0) {
                 reject(e, s, rc, pg_err_msg());
                 live_free(l);
@@ -369,6 +385,11 @@ static void *engine_main(void *arg) {
             // Held requests: their grammars' hooks wake the loop (held_wake);
             // else the earliest end of a hold does.
             if (e->held_wake) break;
+            // A request waiting for a LoRA slot: with no work left every
+            // slot is idle, so it goes in now.
+            bool lora_wait = false;
+            for (sub *s = e->held; s; s = s->next) lora_wait |= s->lora_wait;
+            if (lora_wait) break;
             int64_t until = INT64_MAX;
             for (sub *s = e->held; s; s = s->next)
                 if (s->held_ns + GRAMMAR_HOLD_NS < until) until = s->held_ns + GRAMMAR_HOLD_NS;
@@ -493,6 +514,7 @@ int pg_engine_create(const pg_engine_config *cfg, pg_engine_notify_fn notify, vo
     eng_lora_init(e);
     int rc = fault_parse(e);
     if (rc == 0) rc = eng_setup(e);
+    if (rc == 0) rc = eng_lora_check(e);
     if (rc == 0 && pthread_create(&e->thread, NULL, engine_main, e) != 0)
         rc = pg_err_set(PG_ENOMEM, "cannot start the engine thread");
     if (rc < 0) {

@@ -74,15 +74,17 @@ typedef struct pg_engine_config {
     int32_t master_port;         //   its control port (default 29500; the tcp data plane + 1)
     int32_t tp_timeout_ms;       //   tcp data plane: a collective's wait for a silent rank (0 = 300 s)
     // LoRA (docs/lora.md; vLLM's flags): --enable-lora, adapters named by
-    // --lora-modules name=path (all resident for now; request id i + 1 is
-    // lora_names[i]), --max-loras (0: as many as named), --max-lora-rank
-    // (0: PG_DEFAULT_MAX_LORA_RANK).
+    // --lora-modules name=path, --max-loras slots (0: as many as named; the
+    // first that many adapters start in them, the rest are brought into a
+    // slot when a request names them, evicting the least recently used
+    // idle one), --max-cpu-loras adapters known at once (0: max(slots,
+    // named)), --max-lora-rank (0: PG_DEFAULT_MAX_LORA_RANK).
     bool enable_lora;
     bool allow_runtime_lora_updating; // /v1/load_lora_adapter and /v1/unload_lora_adapter
     int32_t n_lora;
     const char *lora_names[PG_MAX_LORA_MODULES];
     const char *lora_paths[PG_MAX_LORA_MODULES];
-    int32_t max_loras, max_lora_rank;
+    int32_t max_loras, max_lora_rank, max_cpu_loras;
 } pg_engine_config;
 
 void pg_engine_config_default(pg_engine_config *c);
@@ -124,6 +126,9 @@ int32_t pg_engine_kv_blocks_needed(int32_t max_model_len, int32_t block_size);
 int32_t pg_engine_lora_slots(const pg_engine_config *cfg);
 // --max-lora-rank, or its default.
 int32_t pg_engine_max_lora_rank(const pg_engine_config *cfg);
+// The adapters known at once (in a slot or waiting for one): --max-cpu-loras,
+// or max(slots, --lora-modules named); 0 without --enable-lora.
+int32_t pg_engine_lora_known_cap(const pg_engine_config *cfg);
 
 // Nodes 1..n-1 of a multi-node tensor-parallel group (c->node_rank > 0):
 // loads this node's ranks and runs node 0's steps on them until node 0

@@ -48,6 +48,8 @@ typedef struct sub {
     pg_gen_request req;   // SUB_ADD: prompt points to memory owned by the sub
     req_masks *x;         // SUB_ADD: owned, NULL when the request has none
     int64_t held_ns;      // SUB_ADD: when it was first held for its grammar (0: not held)
+    bool lora_wait;       // SUB_ADD: held until a LoRA slot can take its adapter
+    bool aborted;         // SUB_ADD held for a slot: its abort came meanwhile
     lora_cmd *lora;       // SUB_LORA: the caller's
     struct sub *next;
 } sub;
@@ -122,6 +124,9 @@ struct pg_engine {
     eng_lora *lora;              // [n_lora_slots]
     int32_t n_lora_slots;
     int64_t lora_next_uid;
+    int64_t *lora_used_ns;       // [n_lora_slots] the last admission that used each slot (LRU)
+    eng_lora *lora_parked;       // [lora_known_cap] adapters known but in no slot
+    int32_t n_lora_parked, lora_known_cap;
 
     pthread_mutex_t stats_mu;
     pg_engine_stats stats;
@@ -169,6 +174,15 @@ void eng_lora_init(pg_engine *e);
 void eng_lora_free(pg_engine *e);
 // Engine thread: a load or unload between steps; marks it done.
 void eng_lora_apply(pg_engine *e, lora_cmd *c);
-// Engine thread: the slot of adapter id `uid` (0: the base model: -1), or
-// -2 when no slot holds it any more.
+// Engine thread: the slot of adapter id `uid` (0: the base model: -1), -3
+// when it is known but in no slot (eng_lora_make_resident), or -2 when it is
+// not known any more (unloaded).
 int32_t eng_lora_slot(pg_engine *e, int64_t uid);
+// Engine thread, at admission, for an adapter eng_lora_slot found parked
+// (-3): loads it into a free slot or the least recently used idle one and
+// sets *slot; *slot -1 when every slot serves live requests (the request
+// waits); < 0 when the load failed.
+int eng_lora_make_resident(pg_engine *e, int64_t uid, int32_t *slot);
+// After set-up: the adapters named beyond the slots are read once, so a bad
+// directory is refused at start naming its file.
+int eng_lora_check(pg_engine *e);

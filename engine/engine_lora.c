@@ -16,19 +16,31 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "engine/engine_int.h"
+#include "engine/model/lora_adapter.h"
 
 void eng_lora_init(pg_engine *e) {
     pthread_mutex_init(&e->lora_mu, NULL);
     pthread_cond_init(&e->lora_cv, NULL);
     e->n_lora_slots = pg_engine_lora_slots(&e->cfg);
+    e->lora_known_cap = pg_engine_lora_known_cap(&e->cfg);
     e->lora = pg_xcalloc((size_t)(e->n_lora_slots > 0 ? e->n_lora_slots : 1), sizeof(eng_lora));
-    // (More adapters named than slots is refused by set-up, with its reason.)
-    for (int32_t i = 0; i < e->cfg.n_lora && i < e->n_lora_slots; i++)
-        e->lora[i] = (eng_lora){.uid = ++e->lora_next_uid, .name = pg_xstrdup(e->cfg.lora_names[i]),
-                                .path = pg_xstrdup(e->cfg.lora_paths[i])};
+    e->lora_used_ns = pg_xcalloc((size_t)(e->n_lora_slots > 0 ? e->n_lora_slots : 1), sizeof(int64_t));
+    e->lora_parked = pg_xcalloc((size_t)(e->lora_known_cap > 0 ? e->lora_known_cap : 1), sizeof(eng_lora));
+    // The first adapters named start in the slots (the model loaded them);
+    // the rest wait for a request (more than --max-cpu-loras is refused by
+    // set-up, with its reason).
+    for (int32_t i = 0; i < e->cfg.n_lora && i < e->lora_known_cap; i++) {
+        eng_lora a = {.uid = ++e->lora_next_uid, .name = pg_xstrdup(e->cfg.lora_names[i]),
+                      .path = pg_xstrdup(e->cfg.lora_paths[i])};
+        if (i < e->n_lora_slots)
+            e->lora[i] = a;
+        else
+            e->lora_parked[e->n_lora_parked++] = a;
+    }
 }
 
 void eng_lora_free(pg_engine *e) {
@@ -36,10 +48,44 @@ void eng_lora_free(pg_engine *e) {
         free(e->lora[i].name);
         free(e->lora[i].path);
     }
+    for (int32_t i = 0; e->lora_parked && i < e->n_lora_parked; i++) {
+        free(e->lora_parked[i].name);
+        free(e->lora_parked[i].path);
+    }
     free(e->lora);
-    e->lora = NULL;
+    free(e->lora_used_ns);
+    free(e->lora_parked);
+    e->lora = e->lora_parked = NULL;
+    e->lora_used_ns = NULL;
     pthread_mutex_destroy(&e->lora_mu);
     pthread_cond_destroy(&e->lora_cv);
+}
+
+// Reads an adapter as a slot would (its files, shapes, rank), then drops it.
+static int check_adapter(pg_engine *e, const char *path) {
+    pg_lora_adapter *a = NULL;
+    PG_TRY(pg_lora_adapter_load(path, &e->model->cfg, pg_engine_max_lora_rank(&e->cfg), &a));
+    pg_lora_adapter_free(a);
+    return 0;
+}
+
+int eng_lora_check(pg_engine *e) {
+    for (int32_t i = 0; i < e->n_lora_parked; i++) PG_TRY(check_adapter(e, e->lora_parked[i].path));
+    return 0;
+}
+
+// The parked adapter named `name` (or of id uid when name is NULL), or -1
+// (lora_mu held).
+static int32_t parked_of(const pg_engine *e, const char *name, int64_t uid) {
+    for (int32_t i = 0; i < e->n_lora_parked; i++)
+        if (name ? !strcmp(e->lora_parked[i].name, name) : e->lora_parked[i].uid == uid) return i;
+    return -1;
+}
+
+static int32_t n_known(const pg_engine *e) {
+    int32_t n = e->n_lora_parked;
+    for (int32_t i = 0; i < e->n_lora_slots; i++) n += e->lora[i].uid != 0;
+    return n;
 }
 
 // The slot serving `name`, or -1 (lora_mu held).
@@ -51,8 +97,8 @@ static int32_t slot_of(const pg_engine *e, const char *name) {
 
 int64_t pg_engine_lora_find(pg_engine *e, const char *name) {
     pthread_mutex_lock(&e->lora_mu);
-    const int32_t s = slot_of(e, name);
-    const int64_t uid = s >= 0 ? e->lora[s].uid : 0;
+    const int32_t s = slot_of(e, name), p = s >= 0 ? -1 : parked_of(e, name, 0);
+    const int64_t uid = s >= 0 ? e->lora[s].uid : p >= 0 ? e->lora_parked[p].uid : 0;
     pthread_mutex_unlock(&e->lora_mu);
     return uid;
 }
@@ -61,6 +107,7 @@ void pg_engine_lora_list(pg_engine *e, void (*fn)(void *ctx, const char *name, c
     pthread_mutex_lock(&e->lora_mu);
     for (int32_t i = 0; i < e->n_lora_slots; i++)
         if (e->lora[i].uid) fn(ctx, e->lora[i].name, e->lora[i].path);
+    for (int32_t i = 0; i < e->n_lora_parked; i++) fn(ctx, e->lora_parked[i].name, e->lora_parked[i].path);
     pthread_mutex_unlock(&e->lora_mu);
 }
 
@@ -84,6 +131,8 @@ int32_t eng_lora_slot(pg_engine *e, int64_t uid) {
     int32_t slot = -2;
     for (int32_t i = 0; i < e->n_lora_slots; i++)
         if (e->lora[i].uid == uid) slot = i;
+    if (slot == -2 && parked_of(e, NULL, uid) >= 0) slot = -3;
+    if (slot >= 0) e->lora_used_ns[slot] = pg_now_ns();
     pthread_mutex_unlock(&e->lora_mu);
     return slot;
 }
@@ -98,17 +147,81 @@ static void count_slot(void *owner, void *ctx) {
     if (((const live *)owner)->lora_slot == c->slot) c->n++;
 }
 
+static int32_t live_in_slot(pg_engine *e, int32_t slot) {
+    slot_count c = {slot, 0};
+    sched_for_each_owner(e->sched, count_slot, &c);
+    return c.n;
+}
+
+int eng_lora_make_resident(pg_engine *e, int64_t uid, int32_t *slot) {
+    *slot = -1;
+    // A free slot, else the least recently used one that no live request
+    // uses (its adapter is parked: its prefix-cache blocks stay valid, being
+    // keyed by the adapter's id, not the slot).
+    int32_t v = -1;
+    for (int32_t i = 0; i < e->n_lora_slots && v < 0; i++)
+        if (!e->lora[i].uid) v = i;
+    if (v < 0)
+        for (int32_t i = 0; i < e->n_lora_slots; i++)
+            if (live_in_slot(e, i) == 0 && (v < 0 || e->lora_used_ns[i] < e->lora_used_ns[v])) v = i;
+    if (v < 0) return 0; // every slot serves live requests: wait
+    pthread_mutex_lock(&e->lora_mu);
+    const int32_t p = parked_of(e, NULL, uid);
+    eng_lora in = p >= 0 ? e->lora_parked[p] : (eng_lora){0};
+    pthread_mutex_unlock(&e->lora_mu);
+    if (p < 0) return pg_err_set(PG_EINVAL, "the LoRA adapter this request names was unloaded");
+    const int rc = pg_executor_lora_set(e->exec, v, in.path);
+    pthread_mutex_lock(&e->lora_mu);
+    const eng_lora out = e->lora[v];
+    // The slot's adapter (if any) takes the parked place of the one coming
+    // in, so the known count never changes. A failed load leaves the slot
+    // empty, the new adapter parked and the old one parked beside it (the
+    // place it held in the slot is counted in --max-cpu-loras).
+    if (rc == 0) {
+        e->lora[v] = in;
+        if (out.uid)
+            e->lora_parked[p] = out;
+        else
+            e->lora_parked[p] = e->lora_parked[--e->n_lora_parked];
+        e->lora_used_ns[v] = pg_now_ns();
+    } else {
+        e->lora[v] = (eng_lora){0};
+        if (out.uid) e->lora_parked[e->n_lora_parked++] = out; // room: the slot's place was counted
+    }
+    pthread_mutex_unlock(&e->lora_mu);
+    if (rc < 0) return rc;
+    if (out.uid)
+        PG_LOGI("LoRA adapter '%s' into slot %d in place of '%s' (least recently used)", in.name, v, out.name);
+    else
+        PG_LOGI("LoRA adapter '%s' into slot %d", in.name, v);
+    *slot = v;
+    return 0;
+}
+
 static int do_load(pg_engine *e, const char *name, const char *path) {
     pthread_mutex_lock(&e->lora_mu);
     int32_t free_slot = -1;
     for (int32_t i = e->n_lora_slots - 1; i >= 0; i--)
         if (!e->lora[i].uid) free_slot = i;
-    const bool taken = slot_of(e, name) >= 0;
+    const bool taken = slot_of(e, name) >= 0 || parked_of(e, name, 0) >= 0;
+    const int32_t known = n_known(e);
     pthread_mutex_unlock(&e->lora_mu);
     if (taken) return pg_err_set(PG_EINVAL, "The lora adapter '%s' has already been loaded.", name);
-    if (free_slot < 0)
-        return pg_err_set(PG_EINVAL, "no free LoRA slot for '%s': all %d (--max-loras) hold adapters; unload one",
-                          name, e->n_lora_slots);
+    if (known >= e->lora_known_cap)
+        return pg_err_set(PG_EINVAL,
+                          "no room for LoRA adapter '%s': %d adapters are loaded (--max-cpu-loras %d); unload one",
+                          name, known, e->lora_known_cap);
+    if (free_slot < 0) {
+        // Known, not in a slot: read once now (a bad directory is refused
+        // here, naming its file), brought into a slot by its first request.
+        PG_TRY(check_adapter(e, path));
+        pthread_mutex_lock(&e->lora_mu);
+        e->lora_parked[e->n_lora_parked++] =
+            (eng_lora){.uid = ++e->lora_next_uid, .name = pg_xstrdup(name), .path = pg_xstrdup(path)};
+        pthread_mutex_unlock(&e->lora_mu);
+        PG_LOGI("LoRA adapter '%s' loaded from %s (in no slot until a request names it)", name, path);
+        return 0;
+    }
     PG_TRY(pg_executor_lora_set(e->exec, free_slot, path));
     pthread_mutex_lock(&e->lora_mu);
     e->lora[free_slot] = (eng_lora){.uid = ++e->lora_next_uid, .name = pg_xstrdup(name), .path = pg_xstrdup(path)};
@@ -119,8 +232,16 @@ static int do_load(pg_engine *e, const char *name, const char *path) {
 
 static int do_unload(pg_engine *e, const char *name) {
     pthread_mutex_lock(&e->lora_mu);
-    const int32_t slot = slot_of(e, name);
+    const int32_t slot = slot_of(e, name), p = slot >= 0 ? -1 : parked_of(e, name, 0);
+    eng_lora gone = p >= 0 ? e->lora_parked[p] : (eng_lora){0};
+    if (p >= 0) e->lora_parked[p] = e->lora_parked[--e->n_lora_parked];
     pthread_mutex_unlock(&e->lora_mu);
+    if (p >= 0) { // in no slot: nothing runs it
+        PG_LOGI("LoRA adapter '%s' unloaded", name);
+        free(gone.name);
+        free(gone.path);
+        return 0;
+    }
     if (slot < 0) return pg_err_set(PG_ENOTFOUND, "The lora adapter '%s' cannot be found.", name);
     slot_count c = {slot, 0};
     sched_for_each_owner(e->sched, count_slot, &c);

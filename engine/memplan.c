@@ -135,27 +135,41 @@ static int cuda_graph_reserve(const pg_engine_config *cfg, int32_t max_seqs, int
 
 // The LoRA adapters named at start-up: read (their headers and shapes,
 // checked against the model as start-up checks them), and each rank's
-// share of their pairs added to its weights.
+// share of the slots' worth added to its weights: with more adapters than
+// slots, the largest as many as there are slots (the most the slots hold at
+// once of these; engine/engine_lora.c brings the others in on demand).
 static int plan_lora(const pg_engine_config *cfg, pg_memplan *p) {
     p->lora_slots = pg_engine_lora_slots(cfg);
     p->lora_adapters = cfg->enable_lora ? cfg->n_lora : 0;
-    for (int32_t i = 0; i < p->lora_adapters; i++) {
-        pg_lora_adapter *ad;
-        PG_TRY(pg_lora_adapter_load(cfg->lora_paths[i], &p->mc, pg_engine_max_lora_rank(cfg), &ad));
-        for (int32_t r = 0; r < p->tp; r++) {
+    const int32_t n = p->lora_adapters, tp = p->tp;
+    if (n == 0) return 0;
+    int64_t *bytes = pg_xcalloc((size_t)n * (size_t)tp, sizeof(int64_t)); // [adapter][rank]
+    int rc = 0;
+    for (int32_t i = 0; i < n && rc == 0; i++) {
+        pg_lora_adapter *ad = NULL;
+        rc = pg_lora_adapter_load(cfg->lora_paths[i], &p->mc, pg_engine_max_lora_rank(cfg), &ad);
+        for (int32_t r = 0; rc == 0 && r < tp; r++) {
             pg_model_shard sh;
-            int rc = pg_model_shard_plan(&p->mc, r, p->tp, cfg->expert_parallel, &sh);
-            if (rc < 0) {
-                pg_lora_adapter_free(ad);
-                return rc;
-            }
-            const int64_t b = pg_lora_rank_bytes(ad, &p->mc, &sh);
-            p->ranks[r].lora += b;
-            p->ranks[r].weights += b;
+            rc = pg_model_shard_plan(&p->mc, r, tp, cfg->expert_parallel, &sh);
+            if (rc == 0) bytes[(size_t)i * tp + r] = pg_lora_rank_bytes(ad, &p->mc, &sh);
         }
-        pg_lora_adapter_free(ad);
+        pg_lora_adapter_free(ad); // (NULL: nothing)
     }
-    return 0;
+    // The largest by rank 0's share (every rank's share scales alike).
+    bool *taken = pg_xcalloc((size_t)n, sizeof(bool));
+    for (int32_t k = 0; rc == 0 && k < n && k < p->lora_slots; k++) {
+        int32_t best = -1;
+        for (int32_t i = 0; i < n; i++)
+            if (!taken[i] && (best < 0 || bytes[(size_t)i * tp] > bytes[(size_t)best * tp])) best = i;
+        taken[best] = true;
+        for (int32_t r = 0; r < tp; r++) {
+            p->ranks[r].lora += bytes[(size_t)best * tp + r];
+            p->ranks[r].weights += bytes[(size_t)best * tp + r];
+        }
+    }
+    free(taken);
+    free(bytes);
+    return rc;
 }
 
 int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {

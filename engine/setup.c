@@ -106,7 +106,10 @@ static void executor_config(const pg_engine_config *cfg, pg_model_load_opts *mo,
     *mo = (pg_model_load_opts){.path = cfg->model_path, .dummy = is_dummy(cfg), .hf_config = cfg->hf_config,
                                .dummy_seed = 0x5eedull, .dummy_std = 0.02f,
                                .quantization = cfg->quantization, .cpu_offload_bytes = cfg->cpu_offload_bytes,
-                               .lora_dirs = cfg->lora_paths, .n_lora = cfg->n_lora,
+                               // the first adapters fill the slots; the rest wait (engine_lora.c)
+                               .lora_dirs = cfg->lora_paths,
+                               .n_lora = cfg->n_lora < pg_engine_lora_slots(cfg) ? cfg->n_lora
+                                                                                 : pg_engine_lora_slots(cfg),
                                .lora_slots = pg_engine_lora_slots(cfg),
                                .max_lora_rank = pg_engine_max_lora_rank(cfg),
                                .expert_parallel = cfg->expert_parallel};
@@ -135,9 +138,12 @@ static int check_lora(const pg_engine_config *cfg) {
     if (cfg->n_lora > 0 && !cfg->enable_lora) return pg_err_set(PG_EINVAL, "--lora-modules needs --enable-lora");
     if (cfg->allow_runtime_lora_updating && !cfg->enable_lora)
         return pg_err_set(PG_EINVAL, "--allow-runtime-lora-updating needs --enable-lora");
-    if (cfg->max_loras > 0 && cfg->n_lora > cfg->max_loras)
-        return pg_err_set(PG_EINVAL, "--max-loras %d: %d --lora-modules are named, and every adapter stays resident "
-                                     "(loading on demand is not built yet)", cfg->max_loras, cfg->n_lora);
+    if (cfg->max_cpu_loras > 0 && cfg->max_cpu_loras < pg_engine_lora_slots(cfg))
+        return pg_err_set(PG_EINVAL, "--max-cpu-loras %d must be at least --max-loras %d", cfg->max_cpu_loras,
+                          pg_engine_lora_slots(cfg));
+    if (cfg->n_lora > pg_engine_lora_known_cap(cfg))
+        return pg_err_set(PG_EINVAL, "--lora-modules names %d adapters, more than --max-cpu-loras %d", cfg->n_lora,
+                          pg_engine_lora_known_cap(cfg));
     for (int32_t i = 0; i < cfg->n_lora; i++)
         for (int32_t j = 0; j < i; j++)
             if (!strcmp(cfg->lora_names[i], cfg->lora_names[j]))

@@ -52,6 +52,13 @@ int32_t pg_engine_lora_slots(const pg_engine_config *cfg) {
     return n > 0 ? n : 1;
 }
 
+int32_t pg_engine_lora_known_cap(const pg_engine_config *cfg) {
+    if (!cfg->enable_lora) return 0;
+    if (cfg->max_cpu_loras > 0) return cfg->max_cpu_loras;
+    const int32_t slots = pg_engine_lora_slots(cfg);
+    return cfg->n_lora > slots ? cfg->n_lora : slots;
+}
+
 int32_t pg_engine_max_lora_rank(const pg_engine_config *cfg) {
     return cfg->max_lora_rank > 0 ? cfg->max_lora_rank : PG_DEFAULT_MAX_LORA_RANK;
 }

@@ -87,8 +87,12 @@ const char *pg_engine_options_help =
     "LoRA adapters (docs/lora.md):\n"
     "  --enable-lora                 serve LoRA adapters beside the model\n"
     "  --lora-modules NAME=PATH ...  PEFT adapter directories, each served as model NAME\n"
-    "                                (a request's \"model\" picks one; all stay resident)\n"
-    "  --max-loras N                 adapters resident at once (default: as many as named)\n"
+    "                                (a request's \"model\" picks one)\n"
+    "  --max-loras N                 adapter slots (default: as many as named); an adapter\n"
+    "                                not in one is loaded when a request names it, in place\n"
+    "                                of the least recently used idle one\n"
+    "  --max-cpu-loras N             adapters known at once, in a slot or not (default:\n"
+    "                                the larger of --max-loras and the adapters named)\n"
     "  --max-lora-rank R             the largest rank accepted (default " STR(PG_DEFAULT_MAX_LORA_RANK) ")\n"
     "  --allow-runtime-lora-updating POST /v1/load_lora_adapter and /v1/unload_lora_adapter\n"
     "                                (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING=True does the same)\n"
@@ -364,6 +368,7 @@ int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
         return 1;
     }
     INT_FLAG("--max-loras", 1, PG_MAX_LORA_MODULES, c->max_loras)
+    INT_FLAG("--max-cpu-loras", 1, PG_MAX_LORA_MODULES, c->max_cpu_loras)
     INT_FLAG("--max-lora-rank", 1, 1024, c->max_lora_rank)
     if (!strcmp(f, "--lora-modules")) {
         // vLLM's form: one or more NAME=PATH after the flag (and the flag
