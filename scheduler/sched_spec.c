@@ -27,19 +27,19 @@ static int32_t spec_max_seqs(const sched *s) {
     return m > 0 ? m : SCHED_SPEC_DEFAULT_MAX_SEQS;
 }
 
-// Requests whose output a greedy verification reproduces token for token:
-// greedy, one sequence, and nothing that reads more of the logits than the
-// argmax or changes them per position (logprobs, masks, penalties, bias,
-// min_tokens' ban). The rest decode as before; exact speculation with
-// sampling and masks is a later step (pg_spec_verify_sample exists).
+// Requests whose output the runner's verification reproduces token for
+// token (runner_spec.c: each row draws what plain decoding would draw at its
+// position): greedy or sampled, seeded or not, with a logit_bias (the same
+// at every position); one sequence, and nothing that changes the logits per
+// position from a history the rows do not share (penalties, structured
+// masks, min_tokens' ban) or asks more of them (logprobs). The rest decode
+// as before.
 static bool spec_eligible(const sched *s, const req *r) {
     const pg_sampling_params *sp = &r->sp;
     bool penalties = (sp->repetition_penalty != 1.0f && sp->repetition_penalty > 0) ||
                      sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f;
-    return s->cfg.spec.num_tokens > 0 && r->state == RQ_RUNNING && r->n == 1 &&
-           sp->temperature <= 0.0f && sp->logprobs < 0 && !sp->constrained &&
-           sp->n_logit_bias == 0 && !penalties &&
-           r->seqs[0].n_hist - r->n_prompt >= sp->min_tokens;
+    return s->cfg.spec.num_tokens > 0 && r->state == RQ_RUNNING && r->n == 1 && sp->logprobs < 0 &&
+           !sp->constrained && !penalties && r->seqs[0].n_hist - r->n_prompt >= sp->min_tokens;
 }
 
 // Sampled rows are bounded by max_num_seqs (the runner's logit rows and

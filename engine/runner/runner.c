@@ -632,6 +632,9 @@ int pg_runner_begin(pg_runner *r, const pg_batch_plan *p) {
             // A draft's rows feed no later step (such a sequence never runs ahead).
             r->sampled[buf][ns] = rows == 1 ? s->seq_id : -1;
             fill_params(r, s, p->mask_words, &r->params[ns], &n_stok);
+            // Row t decides output position n_generated + t: its draw is
+            // the one plain decoding would make there (runner_spec.c).
+            r->params[ns].n_generated += t;
             ns++;
         }
     }

@@ -1,10 +1,19 @@
 // engine/runner/runner_spec.c - speculative decoding's rows in the runner
 // (docs/speculative_decoding.md): a plan entry with n_draft drafts samples
 // its last n_draft + 1 rows, each an ordinary sampled row with the entry's
-// (greedy) parameters, so the sampler, its tensor-parallel argmax exchange
-// and the copy back are the plain ones; at the end the rows' argmaxes are
-// checked against the drafts here, on the host, and the entry's one output
-// carries the tokens kept. The drafts are copied at begin: the plan is gone
+// parameters, row j with the seed counter n_generated + j, so the sampler,
+// its tensor-parallel exchanges and the copy back are the plain ones. At
+// the end the rows' tokens are checked against the drafts here, on the
+// host: drafts are kept while they equal their row's token, then that
+// row's token is emitted (pg_spec_verify_greedy's rule). Row j's logits
+// see the history plain decoding would have at that position whenever the
+// drafts before it were kept, and its draw uses the same seed and counter,
+// so the emitted tokens are exactly plain decoding's, greedy or sampled,
+// seeded or not, however the steps are batched: the same text with and
+// without speculation. (For a proposer without a model this rule accepts a
+// draft d with probability p(d), as the rejection rule with a one-hot
+// draft distribution does; a draft model's proposals need that rule,
+// pg_spec_verify_sample.) The drafts are copied at begin: the plan is gone
 // by the end (sched_advance).
 #include <stdlib.h>
 #include <string.h>
@@ -56,8 +65,8 @@ int32_t runner_spec_output(const pg_runner *r, int buf, int32_t e, const pg_samp
     PG_CHECK(pg_spec_verify_greedy(sb->draft + (size_t)e * PG_MAX_DRAFT, k, target, &res) == 0);
     o->n_draft = k;
     o->n_accepted = res.n_accepted;
-    // Accepted drafts equal the argmax of their rows, so each emitted
-    // token's logprob is its own row's.
+    // Accepted drafts equal their rows' tokens, so each emitted token's
+    // logprob is its own row's.
     for (int32_t i = 0; i < res.n_emitted; i++) {
         o->spec_tokens[i] = res.tokens[i];
         o->spec_logprobs[i] = so[i].logprob;

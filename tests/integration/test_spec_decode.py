@@ -14,7 +14,8 @@ greedy text, only how many steps it takes.
    accepted tokens (> 0, accepted <= drafted, per position non-increasing),
    under vLLM's names too with --metrics-compat vllm; the other server
    counts none.
-3. Requests that do not speculate (seeded sampling, greedy with logprobs)
+3. Seeded sampled requests (temperatures 0.3-1.0, top_p 0.95) give the
+   plain texts too; requests that do not speculate (a presence penalty, greedy with logprobs)
    give the same texts on both servers.
 4. Every KV block is back in the pool once the requests are done.
 5. Bad --speculative-config values stop `paged serve` with exit code 2 and
@@ -85,8 +86,14 @@ def run_all(port):
     jobs = [(p, 160) for p in COPY_PROMPTS] + [(p, 48) for p in PLAIN_PROMPTS]
     with concurrent.futures.ThreadPoolExecutor(4) as ex:
         texts = list(ex.map(lambda j: complete(port, *j), jobs))
-    # Requests that never speculate: seeded sampling, greedy with logprobs.
-    texts.append(complete(port, COPY_PROMPTS[4], 40, temperature=0.8, seed=11))
+    # Seeded sampling speculates too, and must give plain decoding's text:
+    # each verified row draws what plain decoding draws at its position.
+    sampled = [(p, 96, dict(temperature=t, seed=100 + i, top_p=0.95))
+               for i, (p, t) in enumerate(zip(COPY_PROMPTS[:6], (0.3, 0.6, 0.8, 1.0, 0.7, 0.5)))]
+    with concurrent.futures.ThreadPoolExecutor(3) as ex:
+        texts += list(ex.map(lambda j: complete(port, j[0], j[1], **j[2]), sampled))
+    # Requests that never speculate: a presence penalty, greedy with logprobs.
+    texts.append(complete(port, COPY_PROMPTS[4], 40, temperature=0.8, seed=11, presence_penalty=0.5))
     texts.append(complete(port, COPY_PROMPTS[5], 40, logprobs=2))
     return texts
 
@@ -145,7 +152,8 @@ def main():
     assert not diff, f"{len(diff)} of {len(want)} texts differ"
     assert drafts > 0 and accepted > 0 and accepted <= drafted, (drafts, drafted, accepted)
     assert sum(per_pos) == accepted and all(a >= b for a, b in zip(per_pos, per_pos[1:])), per_pos
-    print(f"{n} greedy prompts + 2 non-speculating requests: identical texts with and without speculation; "
+    print(f"{n} greedy prompts + 6 seeded sampled ones + 2 non-speculating requests: identical texts with and "
+          f"without speculation; "
           f"{int(drafts)} drafts, {int(drafted)} draft tokens, {int(accepted)} accepted "
           f"({accepted / drafted:.1%}), per position {[int(a) for a in per_pos]}; every KV block back")
 

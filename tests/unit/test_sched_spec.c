@@ -72,16 +72,22 @@ static void h_check(harness *h) {
 }
 
 // A greedy request: prompt 100, 101, ... of n_prompt tokens.
-static void h_add(harness *h, int64_t id, int32_t n_prompt, int32_t max_tokens, int32_t eos, float temp) {
+static void h_add_pen(harness *h, int64_t id, int32_t n_prompt, int32_t max_tokens, int32_t eos, float temp,
+                      float presence_penalty) {
     int32_t prompt[128];
     for (int32_t i = 0; i < n_prompt; i++) prompt[i] = 100 + i;
     pg_sampling_params sp;
     pg_sampling_params_default(&sp);
     sp.temperature = temp;
+    sp.presence_penalty = presence_penalty;
     sp.max_tokens = max_tokens;
     sched_request r = {.id = id, .prompt = prompt, .n_prompt = n_prompt, .sp = &sp, .eos_id = eos};
     assert_int_equal(sched_add_request(h->s, &r), 0);
     h_check(h);
+}
+
+static void h_add(harness *h, int64_t id, int32_t n_prompt, int32_t max_tokens, int32_t eos, float temp) {
+    h_add_pen(h, id, n_prompt, max_tokens, eos, temp, 0.0f);
 }
 
 static const pg_batch_plan *h_step(harness *h) {
@@ -285,13 +291,25 @@ static void test_miss_backoff(void **state) {
 
 static void test_who_speculates(void **state) {
     (void)state;
-    // Sampling (temperature 1) never gets a draft.
+    // Sampling (temperature 1) gets drafts (the runner's rows draw what
+    // plain decoding would); with a presence penalty (per position, from a
+    // history the rows do not share) it never does.
     harness *h = h_new(4, 0, 64);
     h->prop = (proposer){.draft = {1, 2}, .n_draft = 2};
     h_add(h, 1, 7, 20, -1, 1.0f);
     h_step(h);
     h_update(h, 7, NULL);
     const pg_batch_plan *p = h_step(h);
+    assert_int_equal(p->seqs[0].n_draft, 2);
+    assert_int_equal(h->prop.calls, 1);
+    h_update(h, 0, (const int32_t[]){1, 0, 0});
+    h_free(h);
+    h = h_new(4, 0, 64);
+    h->prop = (proposer){.draft = {1, 2}, .n_draft = 2};
+    h_add_pen(h, 1, 7, 20, -1, 1.0f, 0.5f);
+    h_step(h);
+    h_update(h, 7, NULL);
+    p = h_step(h);
     assert_int_equal(p->seqs[0].n_draft, 0);
     assert_int_equal(h->prop.calls, 0);
     h_update(h, 7, NULL);
