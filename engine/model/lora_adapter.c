@@ -18,6 +18,7 @@
 #include "common/err.h"
 #include "common/file.h"
 #include "engine/model/lora_adapter.h"
+#include "formats/gguf.h"
 #include "formats/safetensors.h"
 #include "kernels/dtype.h"
 
@@ -259,10 +260,142 @@ static int read_weights(pg_lora_adapter *ad, const pg_model_config *cfg, const c
     return check_pairs(ad, path);
 }
 
+// --- llama.cpp's GGUF LoRA file -----------------------------------------------------------
+
+// GGUF tensor names of the projections, in pg_lora_module order.
+static const char *const GGUF_NAMES[PG_LORA_N_MODULES] = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                                          "ffn_gate", "ffn_up", "ffn_down"};
+
+// Splits "blk.{L}.{name}.weight.lora_{a|b}"; false when not of that form.
+static bool parse_gguf_name(gguf_str s, int32_t *layer, int *module, int *is_b) {
+    char name[128];
+    if (s.len >= sizeof name) return false;
+    memcpy(name, s.ptr, s.len);
+    name[s.len] = 0;
+    if (strncmp(name, "blk.", 4)) return false;
+    char *end;
+    const long l = strtol(name + 4, &end, 10);
+    if (end == name + 4 || *end != '.' || l < 0 || l > 1000000) return false;
+    for (int m = 0; m < PG_LORA_N_MODULES; m++) {
+        char want[64];
+        snprintf(want, sizeof want, ".%s.weight.lora_", GGUF_NAMES[m]);
+        const size_t n = strlen(want);
+        if (strncmp(end, want, n) || (end[n] != 'a' && end[n] != 'b') || end[n + 1]) continue;
+        *layer = (int32_t)l, *module = m, *is_b = end[n] == 'b';
+        return true;
+    }
+    return false;
+}
+
+// Undoes llama.cpp's Q/K row interleaving head by head in a copy owned by
+// the adapter (its converter permutes lora_b's rows of q and k as it does
+// the base model's, for architecture "llama").
+static void unpermute_rows(pg_lora_adapter *ad, pg_weight *w, int32_t n_heads) {
+    const int64_t hd = w->rows / n_heads, half = hd / 2;
+    char *dst = pg_xmalloc(w->row_bytes * (size_t)w->rows);
+    const char *src = w->data;
+    for (int64_t h = 0; h < n_heads; h++)
+        for (int64_t i = 0; i < half; i++)
+            for (int64_t s2 = 0; s2 < 2; s2++)
+                memcpy(dst + (size_t)(h * hd + s2 * half + i) * w->row_bytes,
+                       src + (size_t)(h * hd + 2 * i + s2) * w->row_bytes, w->row_bytes);
+    ad->owned = pg_xrealloc(ad->owned, sizeof(void *) * (size_t)(ad->n_owned + 1));
+    ad->owned[ad->n_owned++] = dst;
+    w->data = dst;
+}
+
+static int read_gguf(pg_lora_adapter *ad, const pg_model_config *cfg, int32_t max_rank, const char *path) {
+    PG_TRY(gguf_open(path, &ad->gg));
+    const gguf_file *f = ad->gg;
+    char *type = NULL, *atype = NULL, *arch = NULL;
+    double alpha = 0;
+    int rc = gguf_get_str(f, "general.type", &type);
+    if (rc == 0 && strcmp(type, "adapter"))
+        rc = pg_err_set(PG_EFORMAT, "%s: general.type is '%s', not a LoRA adapter ('adapter')", path, type);
+    else if (rc < 0)
+        rc = pg_err_set(PG_EFORMAT, "%s: no general.type: not a LoRA adapter", path);
+    if (rc == 0 && (gguf_get_str(f, "adapter.type", &atype) < 0 || strcmp(atype, "lora")))
+        rc = pg_err_set(PG_EUNSUPP, "%s: adapter.type is '%s', only 'lora' is supported", path,
+                        atype ? atype : "(missing)");
+    if (rc == 0 && gguf_get_f64(f, "adapter.lora.alpha", &alpha) < 0)
+        rc = pg_err_set(PG_EFORMAT, "%s: adapter.lora.alpha is missing", path);
+    if (rc == 0 && gguf_get_str(f, "general.architecture", &arch) < 0) arch = pg_xstrdup("");
+    ad->n_layers = cfg->n_layers;
+    ad->layers = pg_xcalloc((size_t)cfg->n_layers, sizeof *ad->layers);
+    ad->views = pg_xcalloc((size_t)cfg->n_layers * PG_LORA_N_MODULES * 2, sizeof *ad->views);
+    ad->base_model = pg_xstrdup("");
+    for (uint64_t i = 0; rc == 0 && i < f->n_tensors; i++) {
+        const gguf_tensor *t = &f->tensors[i];
+        int32_t l;
+        int m, is_b;
+        if (!parse_gguf_name(t->name, &l, &m, &is_b)) {
+            rc = pg_err_set(PG_EUNSUPP, "%s: tensor '%.*s' is not the lora_a or lora_b of a supported projection",
+                            path, (int)t->name.len, t->name.ptr);
+            break;
+        }
+        if (l >= cfg->n_layers) {
+            rc = pg_err_set(PG_EINVAL, "%s: tensor '%.*s' is for layer %d, the model has %d", path, (int)t->name.len,
+                            t->name.ptr, l, cfg->n_layers);
+            break;
+        }
+        if (t->type != PG_DTYPE_F32 && t->type != PG_DTYPE_F16 && t->type != PG_DTYPE_BF16) {
+            rc = pg_err_set(PG_EUNSUPP, "%s: tensor '%.*s' is %s, LoRA weights must be F32, F16 or BF16", path,
+                            (int)t->name.len, t->name.ptr, pg_dtype_name((int)t->type));
+            break;
+        }
+        // dims[0] is the inner dimension: lora_a [in, r] (rows r of in),
+        // lora_b [r, out] (rows out of r), as PEFT's A and B.
+        const int64_t rank = is_b ? (int64_t)t->dims[0] : (int64_t)t->dims[1];
+        if (ad->rank == 0) ad->rank = (int32_t)rank;
+        int64_t out, in;
+        module_shape(cfg, m, &out, &in);
+        const int64_t rows = is_b ? out : ad->rank, cols = is_b ? ad->rank : in;
+        if (rank > max_rank) {
+            rc = pg_err_set(PG_EINVAL, "%s: rank %lld is above the largest rank allowed (%d)", path, (long long)rank,
+                            max_rank);
+        } else if (t->n_dims != 2 || (int64_t)t->dims[1] != rows || (int64_t)t->dims[0] != cols) {
+            rc = pg_err_set(PG_EINVAL, "%s: tensor '%.*s' is %llux%llu (rows x cols), expected %lldx%lld", path,
+                            (int)t->name.len, t->name.ptr, (unsigned long long)t->dims[1],
+                            (unsigned long long)t->dims[0], (long long)rows, (long long)cols);
+        }
+        if (rc < 0) break;
+        pg_weight *w = &ad->views[((size_t)l * PG_LORA_N_MODULES + (size_t)m) * 2 + (size_t)is_b];
+        *w = (pg_weight){.data = t->data, .dtype = (int)t->type, .rows = rows, .cols = cols,
+                         .row_bytes = pg_dtype_row_bytes((int)t->type, cols)};
+        if (is_b && !strcmp(arch, "llama") && (m == PG_LORA_Q || m == PG_LORA_K))
+            unpermute_rows(ad, w, m == PG_LORA_Q ? cfg->n_heads : cfg->n_kv_heads);
+        if (is_b)
+            ad->layers[l].b[m] = w;
+        else
+            ad->layers[l].a[m] = w;
+        ad->module_mask |= 1u << m;
+    }
+    if (rc == 0) {
+        // llama.cpp: scale = alpha / rank (alpha 0: 1).
+        ad->alpha = (float)alpha;
+        ad->scale = alpha != 0 ? (float)(alpha / ad->rank) : 1.0f;
+        rc = check_pairs(ad, path);
+    }
+    free(type);
+    free(atype);
+    free(arch);
+    return rc;
+}
+
 int pg_lora_adapter_load(const char *dir, const pg_model_config *cfg, int32_t max_rank, pg_lora_adapter **out) {
     *out = NULL;
     pg_lora_adapter *ad = pg_xcalloc(1, sizeof *ad);
     ad->dir = pg_xstrdup(dir);
+    const size_t n = strlen(dir);
+    if (n > 5 && !strcmp(dir + n - 5, ".gguf")) {
+        const int rc = read_gguf(ad, cfg, max_rank, dir);
+        if (rc < 0) {
+            pg_lora_adapter_free(ad);
+            return rc;
+        }
+        *out = ad;
+        return 0;
+    }
     char *cfg_path = pg_path_join(dir, "adapter_config.json");
     char *st_path = pg_path_join(dir, "adapter_model.safetensors");
     int rc = read_config(ad, cfg, max_rank, cfg_path);
@@ -280,6 +413,9 @@ int pg_lora_adapter_load(const char *dir, const pg_model_config *cfg, int32_t ma
 void pg_lora_adapter_free(pg_lora_adapter *a) {
     if (!a) return;
     pg_st_close(a->st);
+    gguf_close(a->gg);
+    for (int32_t i = 0; i < a->n_owned; i++) free(a->owned[i]);
+    free(a->owned);
     free(a->layers);
     free(a->views);
     free(a->base_model);

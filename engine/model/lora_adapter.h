@@ -1,7 +1,9 @@
-// engine/model/lora_adapter.h - a PEFT LoRA adapter read from its directory
-// (adapter_config.json + adapter_model.safetensors) and checked against the
-// base model's shapes, for the batched LoRA op (kernels/backend.h
-// lora_apply). What is accepted and refused: docs/lora.md.
+// engine/model/lora_adapter.h - a LoRA adapter, PEFT's directory
+// (adapter_config.json + adapter_model.safetensors) or llama.cpp's GGUF file
+// (convert_lora_to_gguf.py's: general.type "adapter", adapter.type "lora",
+// adapter.lora.alpha, tensors blk.L.<tensor>.weight.lora_a / lora_b), read
+// and checked against the base model's shapes, for the batched LoRA op
+// (kernels/backend.h lora_apply). What is accepted and refused: docs/lora.md.
 //
 // The A and B matrices are pg_weight views into the mapped safetensors
 // file, in its stored type (f32, f16 or bf16): a backend's weight_upload
@@ -50,11 +52,15 @@ typedef struct pg_lora_adapter {
     int32_t n_layers;     // the base model's
     int32_t n_pairs;      // (layer, module) pairs the file holds
     pg_lora_layer *layers; // [n_layers]
-    struct pg_st_file *st; // the mapped adapter_model.safetensors
+    struct pg_st_file *st; // the mapped adapter_model.safetensors (a PEFT directory)
+    struct gguf_file *gg;  // or the mapped GGUF file (llama.cpp's LoRA format)
+    void **owned;          // copies made at load (GGUF: q/k lora_b rows put back in order)
+    int32_t n_owned;
     pg_weight *views;     // [n_layers][PG_LORA_N_MODULES][2] the pairs' storage
 } pg_lora_adapter;
 
-// Reads the adapter in `dir` and checks it against the base model `cfg`:
+// Reads the adapter in `dir` (a directory, or a .gguf file) and checks it
+// against the base model `cfg`:
 // every pair's shapes against the projections', layer indices below
 // cfg->n_layers, r <= max_rank. On failure returns a negative PG_E* code
 // with a one-line "FILE: reason" and leaves *out NULL.
