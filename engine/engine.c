@@ -460,12 +460,7 @@ static void *engine_main(void *arg) {
 
 static void enqueue(pg_engine *e, sub *s) {
     pthread_mutex_lock(&e->mu);
-    if (e->subs_tail)
-        e->subs_tail->next = s;
-    else
-        e->subs_head = s;
-    e->subs_tail = s;
-    pthread_cond_signal(&e->cv);
+    eng_enqueue_locked(e, s);
     pthread_mutex_unlock(&e->mu);
 }
 

@@ -174,6 +174,7 @@ void eng_lora_init(pg_engine *e);
 void eng_lora_free(pg_engine *e);
 // Engine thread: a load or unload between steps; marks it done.
 void eng_lora_apply(pg_engine *e, lora_cmd *c);
+
 // Engine thread: the slot of adapter id `uid` (0: the base model: -1), -3
 // when it is known but in no slot (eng_lora_make_resident), or -2 when it is
 // not known any more (unloaded).
@@ -186,3 +187,14 @@ int eng_lora_make_resident(pg_engine *e, int64_t uid, int32_t *slot);
 // After set-up: the adapters named beyond the slots are read once, so a bad
 // directory is refused at start naming its file.
 int eng_lora_check(pg_engine *e);
+
+// Appends a submission to the engine thread's queue and wakes it (e->mu
+// held): engine.c's requests and engine_lora.c's LoRA commands.
+static inline void eng_enqueue_locked(pg_engine *e, sub *s) {
+    if (e->subs_tail)
+        e->subs_tail->next = s;
+    else
+        e->subs_head = s;
+    e->subs_tail = s;
+    pthread_cond_signal(&e->cv);
+}

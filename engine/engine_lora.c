@@ -277,12 +277,7 @@ static int run_cmd(pg_engine *e, lora_cmd *c) {
     s->kind = SUB_LORA;
     s->lora = c;
     pthread_mutex_lock(&e->mu);
-    if (e->subs_tail)
-        e->subs_tail->next = s;
-    else
-        e->subs_head = s;
-    e->subs_tail = s;
-    pthread_cond_signal(&e->cv);
+    eng_enqueue_locked(e, s);
     while (!c->done && !e->stop) pthread_cond_wait(&e->lora_cv, &e->mu);
     const bool done = c->done;
     pthread_mutex_unlock(&e->mu);

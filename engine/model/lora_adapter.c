@@ -18,6 +18,7 @@
 #include "common/err.h"
 #include "common/file.h"
 #include "engine/model/lora_adapter.h"
+#include "engine/model/model.h"
 #include "formats/gguf.h"
 #include "formats/safetensors.h"
 #include "kernels/dtype.h"
@@ -287,21 +288,10 @@ static bool parse_gguf_name(gguf_str s, int32_t *layer, int *module, int *is_b) 
     return false;
 }
 
-// Undoes llama.cpp's Q/K row interleaving head by head in a copy owned by
-// the adapter (its converter permutes lora_b's rows of q and k as it does
-// the base model's, for architecture "llama").
-static void unpermute_rows(pg_lora_adapter *ad, pg_weight *w, int32_t n_heads) {
-    const int64_t hd = w->rows / n_heads, half = hd / 2;
-    char *dst = pg_xmalloc(w->row_bytes * (size_t)w->rows);
-    const char *src = w->data;
-    for (int64_t h = 0; h < n_heads; h++)
-        for (int64_t i = 0; i < half; i++)
-            for (int64_t s2 = 0; s2 < 2; s2++)
-                memcpy(dst + (size_t)(h * hd + s2 * half + i) * w->row_bytes,
-                       src + (size_t)(h * hd + 2 * i + s2) * w->row_bytes, w->row_bytes);
+// Keeps a copy made at load until the adapter is freed.
+static void own(pg_lora_adapter *ad, void *p) {
     ad->owned = pg_xrealloc(ad->owned, sizeof(void *) * (size_t)(ad->n_owned + 1));
-    ad->owned[ad->n_owned++] = dst;
-    w->data = dst;
+    ad->owned[ad->n_owned++] = p;
 }
 
 static int read_gguf(pg_lora_adapter *ad, const pg_model_config *cfg, int32_t max_rank, const char *path) {
@@ -362,8 +352,9 @@ static int read_gguf(pg_lora_adapter *ad, const pg_model_config *cfg, int32_t ma
         pg_weight *w = &ad->views[((size_t)l * PG_LORA_N_MODULES + (size_t)m) * 2 + (size_t)is_b];
         *w = (pg_weight){.data = t->data, .dtype = (int)t->type, .rows = rows, .cols = cols,
                          .row_bytes = pg_dtype_row_bytes((int)t->type, cols)};
+        // llama.cpp's converter permutes q's and k's lora_b rows as the model's.
         if (is_b && !strcmp(arch, "llama") && (m == PG_LORA_Q || m == PG_LORA_K))
-            unpermute_rows(ad, w, m == PG_LORA_Q ? cfg->n_heads : cfg->n_kv_heads);
+            own(ad, pg_model_unpermute_rows(w, m == PG_LORA_Q ? cfg->n_heads : cfg->n_kv_heads));
         if (is_b)
             ad->layers[l].b[m] = w;
         else

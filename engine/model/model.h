@@ -68,6 +68,11 @@ int pg_model_shard_plan(const pg_model_config *c, int32_t rank, int32_t size, bo
 // else the rows copied into *copy (the caller frees it; NULL if none); the shape only
 // without data. Off a block boundary: PG_EINVAL, worded to follow the tensor's name.
 int pg_model_slice_cols(pg_weight *w, int64_t c0, int64_t n, void **copy);
+// Undoes llama.cpp's Q/K row interleaving head by head (its GGUF converter
+// permutes a "llama" model's q and k rows, and a LoRA adapter's lora_b rows
+// of them, for GGML's rope): returns a malloc'd copy of w's rows in Hugging
+// Face's order, w->data pointed at it; the caller owns the copy.
+void *pg_model_unpermute_rows(pg_weight *w, int32_t n_heads);
 
 // --cpu-offload-gb (engine/model/model_offload.c): the first n_layers layers'
 // weights live in host memory (pinned on the GPU) and are copied into one

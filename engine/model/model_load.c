@@ -50,19 +50,6 @@ static void *own(pg_model *m, void *p) {
     return p;
 }
 
-// Undoes llama.cpp's Q/K row interleaving head by head (see the file comment).
-static void unpermute_rows(pg_model *m, pg_weight *w, int32_t n_heads) {
-    int64_t hd = w->rows / n_heads, half = hd / 2;
-    char *dst = own(m, pg_xmalloc(w->row_bytes * (size_t)w->rows));
-    const char *src = w->data;
-    for (int64_t h = 0; h < n_heads; h++)
-        for (int64_t i = 0; i < half; i++)
-            for (int64_t s = 0; s < 2; s++)
-                memcpy(dst + (size_t)(h * hd + s * half + i) * w->row_bytes,
-                       src + (size_t)(h * hd + 2 * i + s) * w->row_bytes, w->row_bytes);
-    w->data = dst;
-}
-
 // Rows [r0, r0 + n) of a stored tensor: a view into the same data.
 static void slice_rows(pg_weight *w, int64_t r0, int64_t n) {
     if (w->data) w->data = (const char *)w->data + (size_t)r0 * w->row_bytes;
@@ -349,7 +336,7 @@ static int load_part(loader *ld, const source *s, const pg_layer_tensor *lt, int
     }
     if (ck.qweight) ckpt_repack(m, &ck, r0, c0, w);
     if (s->kind == SRC_GGUF && lt->unpermute && !strcmp(c->arch, "llama"))
-        unpermute_rows(m, w, lt->unpermute == 1 ? m->shard.n_heads : m->shard.n_kv_heads);
+        own(m, pg_model_unpermute_rows(w, lt->unpermute == 1 ? m->shard.n_heads : m->shard.n_kv_heads));
     return 0;
 }
 

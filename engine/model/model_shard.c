@@ -79,6 +79,19 @@ int pg_model_shard_plan(const pg_model_config *c, int32_t rank, int32_t size, bo
     return 0;
 }
 
+void *pg_model_unpermute_rows(pg_weight *w, int32_t n_heads) {
+    const int64_t hd = w->rows / n_heads, half = hd / 2;
+    char *dst = pg_xmalloc(w->row_bytes * (size_t)w->rows);
+    const char *src = w->data;
+    for (int64_t h = 0; h < n_heads; h++)
+        for (int64_t i = 0; i < half; i++)
+            for (int64_t s = 0; s < 2; s++)
+                memcpy(dst + (size_t)(h * hd + s * half + i) * w->row_bytes,
+                       src + (size_t)(h * hd + 2 * i + s) * w->row_bytes, w->row_bytes);
+    w->data = dst;
+    return dst;
+}
+
 int pg_model_slice_cols(pg_weight *w, int64_t c0, int64_t n, void **copy) {
     *copy = NULL;
     const int be = pg_dtype_block_elems(w->dtype);
