@@ -41,6 +41,18 @@
 // plan's moves read or write is held until kvp_release_holds, so one plan
 // never writes a host block twice nor one that it reads.
 //
+// Layer groups (docs/kv_layer_groups.md; vLLM's hybrid KV cache manager):
+// with n_groups > 1, or one group with a window, a sequence's table holds a
+// block per group for each block_size positions, all from the one pool (a
+// block's memory holds one group's share of layers). Group g's layers look
+// back group_window[g] positions (the query at p sees keys (p - window, p];
+// 0: every earlier key). A windowed group's blocks that lie wholly before
+// every future query's window are dropped (kvp_table_slide) and read as the
+// null entry. Prefix-cache keys are per group; a lookup hits k blocks only
+// where every full group holds blocks [0, k) and every windowed group the
+// blocks of the window before position k * block_size. With one group and
+// no window every function behaves as the plain pool.
+//
 // Not thread-safe: one thread (the engine loop) owns a pool.
 #pragma once
 #include <stdbool.h>
@@ -48,12 +60,19 @@
 
 typedef struct kvp_pool kvp_pool;
 
+#define KVP_MAX_GROUPS 16
+
 typedef struct kvp_config {
     int32_t num_blocks;         // device blocks including the null block 0 (>= 2)
     int32_t num_host_blocks;    // host swap blocks (0 = no swap space)
     int32_t block_size;         // tokens per block (default 16)
     bool enable_prefix_caching; // default true
     bool enable_host_tier;      // evicted cached blocks go to free host blocks (default false)
+    // Layer groups (see the top): block tables per sequence (0 counts as 1)
+    // and each one's window in positions (0: the group sees every earlier
+    // key, its blocks are never dropped).
+    int32_t n_groups;
+    int32_t group_window[KVP_MAX_GROUPS];
 } kvp_config;
 
 // A 128-bit chained block hash.
@@ -76,9 +95,13 @@ typedef struct kvp_moves {
 // its blocks with kvp_table_release and its memory with kvp_table_fini.
 // Fields are read-only outside kvpool.
 typedef struct kvp_table {
-    int32_t *blocks;  // [n_blocks] device block ids (host ids while swapped)
-    int32_t n_blocks; // = ceil(n_tokens / block_size)
-    int32_t cap;      // allocated length of blocks
+    int32_t *blocks;  // [n_blocks][n_groups] device block ids (host ids while
+                      //   swapped): group g's block for positions
+                      //   [i * block_size, (i + 1) * block_size) at
+                      //   blocks[i * n_groups + g]; a dropped (out of the
+                      //   window) entry is 0 on the device, -1 while swapped
+    int32_t n_blocks; // = ceil(n_tokens / block_size), per group
+    int32_t cap;      // allocated rows of blocks (n_groups entries each)
     int32_t n_tokens; // positions [0, n_tokens) have a slot
     int32_t n_cached; // blocks [0, n_cached) were offered to the prefix cache
     bool swapped;     // blocks[] are host ids
@@ -128,6 +151,14 @@ int kvp_create(const kvp_config *cfg, kvp_pool **out);
 void kvp_destroy(kvp_pool *p);
 
 int32_t kvp_block_size(const kvp_pool *p);
+// Block tables per sequence (>= 1) and group g's window (0: full).
+int32_t kvp_num_groups(const kvp_pool *p);
+int32_t kvp_group_window(const kvp_pool *p, int32_t g);
+// Device blocks a sequence of n_tokens positions holds at most, when its
+// positions are computed in pieces of at most `chunk` (a windowed group
+// holds at most the blocks of its window plus a piece): what admission
+// compares with kvp_num_usable. The plain pool: ceil(n_tokens / block_size).
+int64_t kvp_blocks_for(const kvp_pool *p, int64_t n_tokens, int32_t chunk);
 // Usable device blocks: num_blocks - 1.
 int32_t kvp_num_usable(const kvp_pool *p);
 // Device blocks allocatable now, including evictable cached blocks.
@@ -214,6 +245,18 @@ void kvp_table_move_blocks(kvp_pool *p, kvp_table *dst, kvp_table *src, int32_t 
 
 // Drops the table's blocks, tail first (device or host). Keeps the hashes.
 void kvp_table_release(kvp_pool *p, kvp_table *t);
+
+// Drops the blocks of the table's windowed groups that lie wholly before
+// position first_pos - window + 1, tail first; they become null entries.
+// first_pos: no query yet to run, in flight included, is before it (the
+// scheduler passes the sequence's computed positions). Returns the entries
+// dropped. No-op on a swapped table and without windowed groups. O(1) when
+// nothing falls out: call it for every running table before planning.
+int32_t kvp_table_slide(kvp_pool *p, kvp_table *t, int32_t first_pos);
+
+// Adds 1 to dev[id] (host[id] when swapped) for every entry of the table
+// that is not null: the owners kvp_check compares with the ref counts.
+void kvp_table_count_owners(const kvp_pool *p, const kvp_table *t, int32_t *dev, int32_t *host);
 
 // Shrinks a device table to its first n_tokens slots (<= t->n_tokens),
 // dropping the blocks wholly beyond them, tail first: the slots of draft
