@@ -1,4 +1,4 @@
-// kvpool/kvpool.c - block pool: free list, ref counts, prefix cache, swap.
+// kvpool/kvpool.c - block pool: free list, ref counts, prefix cache, tables.
 //
 // Data structures (all O(1) per block operation):
 //   - blocks[]: per device block its ref count, free-list links and its
@@ -11,6 +11,8 @@
 //     list until kvp_release_holds (host tier only).
 //   - scratch arrays (one int per block, all zero between calls) for the
 //     de-duplicating passes of kvp_grow_cost and the swaps.
+//
+// Swap, the host tier's plan moves and kvp_check live in kvpool_swap.c.
 #include "kvpool/kvpool.h"
 
 #include <stdlib.h>
@@ -18,54 +20,10 @@
 #include <xxhash.h>
 
 #include "common/err.h"
+#include "kvpool/kvpool_int.h"
 
 // Parent of a sequence's first block.
 static const kvp_hash ROOT_HASH = {0x9e3779b97f4a7c15ull, 0x6a09e667f3bcc909ull};
-
-typedef struct blk {
-    int32_t ref;  // tables holding the block
-    int32_t prev; // free-list links, valid while ref == 0 (not block 0)
-    int32_t next;
-    bool hashed; // `hash` is in the prefix-cache map, pointing here
-    kvp_hash hash;
-} blk;
-
-typedef struct map_slot {
-    uint64_t lo, hi;
-    int32_t id; // block id, -1 when the slot is empty
-} map_slot;
-
-// Hash -> block id of one space (device or host).
-typedef struct kvmap {
-    map_slot *s; // [mask + 1]
-    uint64_t mask;
-    int32_t n; // occupied slots (= hashed blocks)
-} kvmap;
-
-struct kvp_pool {
-    kvp_config cfg;
-    int32_t bs;            // cfg.block_size
-    int32_t n;             // cfg.num_blocks
-    blk *blocks;           // [n + 1], blocks[n] = free-list sentinel
-    int32_t n_free;        // blocks in the free list
-    int32_t n_cached_free; // hashed blocks in the free list
-    int32_t n_host;        // cfg.num_host_blocks
-    blk *hblocks;          // [n_host + 1], hblocks[n_host] = host free-list sentinel
-    int32_t n_host_free;   // host blocks in the host free list
-    int32_t n_host_cached_free; // hashed host blocks in it (host tier)
-    bool tier;             // host tier on (cfg.enable_host_tier, caching, host blocks)
-    kvmap map;             // device prefix cache
-    kvmap hmap;            // host prefix cache (host tier)
-    int32_t *held;         // [n_held] host ids holding one ref each until kvp_release_holds
-    int32_t n_held, held_cap;
-    kvp_moves tier_out;    // offloads (device -> host) not yet taken
-    kvp_moves tier_in;     // host-hit loads (host -> device) not yet taken
-    int32_t *dev_scratch;  // [n]      zero between calls
-    int32_t *host_scratch; // [n_host] zero between calls
-    unsigned char *hbuf;   // [16 + 4 * bs] hash input: parent hash, token ids
-    int64_t prefix_queries, prefix_hits, evictions;
-    int64_t host_hits, offloads, host_evictions;
-};
 
 // ---------------------------------------------------------------------------
 // Free list (doubly linked through blocks[], sentinel at index n)
@@ -101,7 +59,7 @@ static void map_init(kvmap *m, int32_t n_blocks) {
 }
 
 // Block id holding `h`, or -1.
-static int32_t map_find(const kvmap *m, kvp_hash h) {
+int32_t kvpi_map_find(const kvmap *m, kvp_hash h) {
     for (uint64_t i = h.lo & m->mask;; i = (i + 1) & m->mask) {
         const map_slot *s = &m->s[i];
         if (s->id < 0) return -1;
@@ -167,9 +125,9 @@ static void ensure_hashes(kvp_pool *p, kvp_table *t, const int32_t *tokens, int3
 
 // Enters block b (held) under hash h, unless h is cached already (another
 // block computed the same content) or b already has a hash.
-static void cache_offer(kvp_pool *p, int32_t b, kvp_hash h) {
+void kvpi_cache_offer(kvp_pool *p, int32_t b, kvp_hash h) {
     blk *x = &p->blocks[b];
-    if (x->hashed || map_find(&p->map, h) >= 0) return;
+    if (x->hashed || kvpi_map_find(&p->map, h) >= 0) return;
     map_insert(&p->map, h, b);
     x->hashed = true;
     x->hash = h;
@@ -177,8 +135,6 @@ static void cache_offer(kvp_pool *p, int32_t b, kvp_hash h) {
 
 // ---------------------------------------------------------------------------
 // Device and host block primitives
-
-static void moves_push(kvp_moves *m, int32_t from, int32_t to);
 
 // Host block h (ref 0, in the host free list) leaves the list.
 static void host_unlink(kvp_pool *p, int32_t h) {
@@ -189,7 +145,7 @@ static void host_unlink(kvp_pool *p, int32_t h) {
 
 // Host block h has no owner left: back in the host free list, a cached one
 // at the tail (host LRU), an empty one at the head.
-static void host_to_free(kvp_pool *p, int32_t h) {
+void kvpi_host_to_free(kvp_pool *p, int32_t h) {
     p->n_host_free++;
     if (p->hblocks[h].hashed) {
         p->n_host_cached_free++;
@@ -216,7 +172,7 @@ static void host_hold(kvp_pool *p, int32_t h) {
 }
 
 // Pops the host free-list head (evicting its host-cached hash) with ref 1.
-static int32_t host_alloc(kvp_pool *p) {
+int32_t kvpi_host_alloc(kvp_pool *p) {
     int32_t h = p->hblocks[p->n_host].next;
     PG_CHECK(h != p->n_host);
     host_unlink(p, h);
@@ -230,7 +186,7 @@ static int32_t host_alloc(kvp_pool *p) {
     return h;
 }
 
-static void host_decref(kvp_pool *p, int32_t h) {
+void kvpi_host_decref(kvp_pool *p, int32_t h) {
     PG_CHECK(h >= 0 && h < p->n_host && p->hblocks[h].ref > 0);
     if (p->hblocks[h].ref > 1) {
         p->hblocks[h].ref--;
@@ -242,7 +198,7 @@ static void host_decref(kvp_pool *p, int32_t h) {
         held_push(p, h); // the ref stays, owned by the plan now
     } else {
         p->hblocks[h].ref = 0;
-        host_to_free(p, h);
+        kvpi_host_to_free(p, h);
     }
 }
 
@@ -252,7 +208,7 @@ static void host_decref(kvp_pool *p, int32_t h) {
 // the plan writes b.
 static void offload(kvp_pool *p, int32_t b) {
     kvp_hash h = p->blocks[b].hash;
-    int32_t hb = map_find(&p->hmap, h);
+    int32_t hb = kvpi_map_find(&p->hmap, h);
     if (hb >= 0) { // the host has it already (it came from there): refresh its LRU place
         if (p->hblocks[hb].ref == 0) {
             fl_unlink(p->hblocks, hb);
@@ -261,17 +217,17 @@ static void offload(kvp_pool *p, int32_t b) {
         return;
     }
     if (p->n_host_free == 0) return; // every host block is held: forget it
-    hb = host_alloc(p);
+    hb = kvpi_host_alloc(p);
     held_push(p, hb); // its ref: written by this plan
     p->hblocks[hb].hashed = true;
     p->hblocks[hb].hash = h;
     map_insert(&p->hmap, h, hb);
-    moves_push(&p->tier_out, b, hb);
+    kvpi_moves_push(&p->tier_out, b, hb);
     p->offloads++;
 }
 
 // Pops the free-list head (evicting its cached hash) with ref 1.
-static int32_t block_alloc(kvp_pool *p) {
+int32_t kvpi_block_alloc(kvp_pool *p) {
     int32_t b = p->blocks[p->n].next;
     PG_CHECK(b != p->n);
     fl_unlink(p->blocks, b);
@@ -299,7 +255,7 @@ static void block_incref(kvp_pool *p, int32_t b) {
     x->ref++;
 }
 
-static void block_decref(kvp_pool *p, int32_t b) {
+void kvpi_block_decref(kvp_pool *p, int32_t b) {
     blk *x = &p->blocks[b];
     PG_CHECK(b > 0 && x->ref > 0);
     if (--x->ref > 0) return;
@@ -312,7 +268,7 @@ static void block_decref(kvp_pool *p, int32_t b) {
     }
 }
 
-static void moves_push(kvp_moves *m, int32_t from, int32_t to) {
+void kvpi_moves_push(kvp_moves *m, int32_t from, int32_t to) {
     if (m->n == m->cap) {
         m->cap = m->cap ? m->cap * 2 : 16;
         m->v = pg_xrealloc(m->v, sizeof(kvp_move) * (size_t)m->cap);
@@ -472,8 +428,8 @@ int32_t kvp_table_lookup(kvp_pool *p, kvp_table *t, const int32_t *tokens, int32
     int32_t hits = 0;
     // A block may be on the device or, with the host tier, on the host
     // only (kvp_grow loads it); the prefix ends at the first that is neither.
-    while (hits < max_blocks && (map_find(&p->map, t->hashes[hits]) >= 0 ||
-                                 (p->tier && map_find(&p->hmap, t->hashes[hits]) >= 0)))
+    while (hits < max_blocks && (kvpi_map_find(&p->map, t->hashes[hits]) >= 0 ||
+                                 (p->tier && kvpi_map_find(&p->hmap, t->hashes[hits]) >= 0)))
         hits++;
     return hits;
 }
@@ -495,9 +451,9 @@ static void grow_walk(const kvp_pool *p, const kvp_grow_item *items, int32_t n, 
         if (items[i].n_hits > 0) {
             PG_CHECK(t->n_blocks == 0 && !t->swapped && items[i].n_hits <= t->n_hashes);
             for (int32_t j = 0; j < items[i].n_hits; j++) {
-                int32_t b = map_find(&p->map, t->hashes[j]);
+                int32_t b = kvpi_map_find(&p->map, t->hashes[j]);
                 if (b < 0) { // on the host only: one device block to load it into
-                    int32_t h = p->tier ? map_find(&p->hmap, t->hashes[j]) : -1;
+                    int32_t h = p->tier ? kvpi_map_find(&p->hmap, t->hashes[j]) : -1;
                     PG_CHECK(h >= 0);
                     if (reset) {
                         p->host_scratch[h] = 0;
@@ -548,12 +504,12 @@ int kvp_grow(kvp_pool *p, const kvp_grow_item *items, int32_t n, kvp_moves *copi
         if (items[i].n_hits <= 0) continue;
         table_reserve(t, items[i].n_hits);
         for (int32_t j = 0; j < items[i].n_hits; j++) {
-            int32_t b = map_find(&p->map, t->hashes[j]);
+            int32_t b = kvpi_map_find(&p->map, t->hashes[j]);
             if (b > 0) {
                 block_incref(p, b);
                 t->blocks[j] = b;
             } else {
-                int32_t h = map_find(&p->hmap, t->hashes[j]);
+                int32_t h = kvpi_map_find(&p->hmap, t->hashes[j]);
                 host_hold(p, h); // read by this plan's swap-in
                 t->blocks[j] = -1 - h;
                 any_host = true;
@@ -572,13 +528,13 @@ int kvp_grow(kvp_pool *p, const kvp_grow_item *items, int32_t n, kvp_moves *copi
         for (int32_t j = 0; j < items[i].n_hits; j++) {
             if (t->blocks[j] >= 0) continue;
             int32_t h = -1 - t->blocks[j];
-            int32_t b = map_find(&p->map, t->hashes[j]);
+            int32_t b = kvpi_map_find(&p->map, t->hashes[j]);
             if (b > 0) {
                 block_incref(p, b);
             } else {
-                b = block_alloc(p);
-                moves_push(&p->tier_in, h, b);
-                cache_offer(p, b, t->hashes[j]);
+                b = kvpi_block_alloc(p);
+                kvpi_moves_push(&p->tier_in, h, b);
+                kvpi_cache_offer(p, b, t->hashes[j]);
                 p->host_hits += bs;
             }
             t->blocks[j] = b;
@@ -592,15 +548,15 @@ int kvp_grow(kvp_pool *p, const kvp_grow_item *items, int32_t n, kvp_moves *copi
         if (t->n_tokens % bs != 0) {
             int32_t tail = t->blocks[t->n_blocks - 1];
             if (p->blocks[tail].ref > 1) { // copy on write
-                int32_t nb = block_alloc(p);
-                moves_push(copies, tail, nb);
-                block_decref(p, tail);
+                int32_t nb = kvpi_block_alloc(p);
+                kvpi_moves_push(copies, tail, nb);
+                kvpi_block_decref(p, tail);
                 t->blocks[t->n_blocks - 1] = nb;
             }
         }
         int32_t need = cdiv(t->n_tokens + n_new, bs);
         table_reserve(t, need);
-        while (t->n_blocks < need) t->blocks[t->n_blocks++] = block_alloc(p);
+        while (t->n_blocks < need) t->blocks[t->n_blocks++] = kvpi_block_alloc(p);
         t->n_tokens += n_new;
     }
     return 0;
@@ -612,7 +568,7 @@ void kvp_table_commit(kvp_pool *p, kvp_table *t, const int32_t *tokens, int32_t 
     int32_t n_full = n_computed / p->bs;
     if (n_full <= t->n_cached) return;
     ensure_hashes(p, t, tokens, n_full);
-    for (int32_t i = t->n_cached; i < n_full; i++) cache_offer(p, t->blocks[i], t->hashes[i]);
+    for (int32_t i = t->n_cached; i < n_full; i++) kvpi_cache_offer(p, t->blocks[i], t->hashes[i]);
     t->n_cached = n_full;
 }
 
@@ -670,9 +626,9 @@ void kvp_table_move_blocks(kvp_pool *p, kvp_table *dst, kvp_table *src, int32_t 
 void kvp_table_release(kvp_pool *p, kvp_table *t) {
     for (int32_t i = t->n_blocks - 1; i >= 0; i--) {
         if (t->swapped) {
-            host_decref(p, t->blocks[i]);
+            kvpi_host_decref(p, t->blocks[i]);
         } else {
-            block_decref(p, t->blocks[i]);
+            kvpi_block_decref(p, t->blocks[i]);
         }
     }
     t->n_blocks = t->n_tokens = t->n_cached = 0;
@@ -683,213 +639,6 @@ void kvp_table_truncate(kvp_pool *p, kvp_table *t, int32_t n_tokens) {
     PG_CHECK(!t->swapped && n_tokens >= 0 && n_tokens <= t->n_tokens);
     const int32_t keep = (n_tokens + p->bs - 1) / p->bs;
     PG_CHECK(keep >= t->n_cached);
-    while (t->n_blocks > keep) block_decref(p, t->blocks[--t->n_blocks]);
+    while (t->n_blocks > keep) kvpi_block_decref(p, t->blocks[--t->n_blocks]);
     t->n_tokens = n_tokens;
-}
-
-// ---------------------------------------------------------------------------
-// Swap
-
-// Distinct blocks of `tables` in one space (scratch marks are cleared).
-static int32_t distinct_blocks(const kvp_pool *p, kvp_table *const *tables, int32_t n, bool host) {
-    int32_t *scratch = host ? p->host_scratch : p->dev_scratch, count = 0;
-    for (int32_t i = 0; i < n; i++) {
-        PG_CHECK(tables[i]->n_blocks == 0 || tables[i]->swapped == host);
-        for (int32_t j = 0; j < tables[i]->n_blocks; j++)
-            if (scratch[tables[i]->blocks[j]]++ == 0) count++;
-    }
-    for (int32_t i = 0; i < n; i++)
-        for (int32_t j = 0; j < tables[i]->n_blocks; j++) scratch[tables[i]->blocks[j]] = 0;
-    return count;
-}
-
-int32_t kvp_swap_out_cost(const kvp_pool *p, kvp_table *const *tables, int32_t n) {
-    return distinct_blocks(p, tables, n, false);
-}
-
-int32_t kvp_swap_in_cost(const kvp_pool *p, kvp_table *const *tables, int32_t n) {
-    return distinct_blocks(p, tables, n, true);
-}
-
-// Moves `tables` from one space to the other. `to_host` selects direction.
-static void swap_tables(kvp_pool *p, kvp_table *const *tables, int32_t n, kvp_moves *moves,
-                        bool to_host) {
-    int32_t *map = to_host ? p->dev_scratch : p->host_scratch; // old id -> new id + 1
-    int32_t first = moves->n;
-    // Pass 1: a new block per distinct old block, extra refs for sharing.
-    for (int32_t i = 0; i < n; i++) {
-        kvp_table *t = tables[i];
-        for (int32_t j = 0; j < t->n_blocks; j++) {
-            int32_t b = t->blocks[j];
-            if (map[b] == 0) {
-                int32_t nb = to_host ? host_alloc(p) : block_alloc(p);
-                map[b] = nb + 1;
-                moves_push(moves, b, nb);
-            } else if (to_host) {
-                p->hblocks[map[b] - 1].ref++;
-            } else {
-                p->blocks[map[b] - 1].ref++;
-            }
-        }
-    }
-    // Pass 2: drop the old refs tail first and rewrite the tables.
-    for (int32_t i = 0; i < n; i++) {
-        kvp_table *t = tables[i];
-        for (int32_t j = t->n_blocks - 1; j >= 0; j--) {
-            int32_t b = t->blocks[j];
-            if (to_host) {
-                block_decref(p, b);
-            } else {
-                host_decref(p, b);
-            }
-            t->blocks[j] = map[b] - 1;
-        }
-        t->swapped = to_host;
-    }
-    for (int32_t k = first; k < moves->n; k++) map[moves->v[k].from] = 0;
-    if (to_host) return;
-    // Back on the device: what was cached before is cacheable again.
-    for (int32_t i = 0; i < n; i++) {
-        kvp_table *t = tables[i];
-        PG_CHECK(t->n_cached <= t->n_hashes || t->n_cached == 0);
-        for (int32_t j = 0; j < t->n_cached; j++) cache_offer(p, t->blocks[j], t->hashes[j]);
-    }
-}
-
-int kvp_swap_out(kvp_pool *p, kvp_table *const *tables, int32_t n, kvp_moves *moves) {
-    if (kvp_swap_out_cost(p, tables, n) > p->n_host_free) return PG_ENOSPC;
-    swap_tables(p, tables, n, moves, true);
-    return 0;
-}
-
-int kvp_swap_in(kvp_pool *p, kvp_table *const *tables, int32_t n, kvp_moves *moves) {
-    if (kvp_swap_in_cost(p, tables, n) > p->n_free) return PG_ENOSPC;
-    swap_tables(p, tables, n, moves, false);
-    return 0;
-}
-
-// ---------------------------------------------------------------------------
-// Host tier: the plan's moves and holds
-
-static void moves_append(kvp_moves *dst, kvp_moves *src) {
-    for (int32_t i = 0; i < src->n; i++) moves_push(dst, src->v[i].from, src->v[i].to);
-    src->n = 0;
-}
-
-void kvp_take_tier_moves(kvp_pool *p, kvp_moves *swap_out, kvp_moves *swap_in) {
-    moves_append(swap_out, &p->tier_out);
-    moves_append(swap_in, &p->tier_in);
-}
-
-void kvp_release_holds(kvp_pool *p) {
-    for (int32_t i = 0; i < p->n_held; i++) {
-        int32_t h = p->held[i];
-        PG_CHECK(p->hblocks[h].ref > 0);
-        if (--p->hblocks[h].ref == 0) host_to_free(p, h);
-    }
-    p->n_held = 0;
-}
-
-// ---------------------------------------------------------------------------
-// Moves lists and checks
-
-void kvp_moves_fini(kvp_moves *m) {
-    free(m->v);
-    memset(m, 0, sizeof *m);
-}
-
-int kvp_check(const kvp_pool *p, const int32_t *dev_owners, const int32_t *host_owners) {
-    int rc = 0;
-    unsigned char *seen = pg_xcalloc((size_t)(p->n > p->n_host ? p->n : p->n_host) + 1, 1);
-    if (p->blocks[0].ref != 0 || dev_owners[0] != 0) {
-        rc = pg_err_set(PG_EINVAL, "kvpool: null block 0 is owned");
-        goto done;
-    }
-    int32_t n_zero = 0, n_hashed = 0, n_hashed_free = 0;
-    for (int32_t b = 1; b < p->n; b++) {
-        const blk *x = &p->blocks[b];
-        if (x->ref != dev_owners[b]) {
-            rc = pg_err_set(PG_EINVAL, "kvpool: block %d ref %d but %d owners", b, x->ref,
-                            dev_owners[b]);
-            goto done;
-        }
-        n_zero += x->ref == 0;
-        if (x->hashed) {
-            n_hashed++;
-            n_hashed_free += x->ref == 0;
-            if (map_find(&p->map, x->hash) != b) {
-                rc = pg_err_set(PG_EINVAL, "kvpool: block %d hash not mapped to it", b);
-                goto done;
-            }
-        }
-    }
-    int32_t walked = 0;
-    for (int32_t b = p->blocks[p->n].next; b != p->n; b = p->blocks[b].next) {
-        if (b <= 0 || b > p->n || seen[b] || p->blocks[b].ref != 0 || walked > p->n) {
-            rc = pg_err_set(PG_EINVAL, "kvpool: free list corrupt at block %d", b);
-            goto done;
-        }
-        if (p->blocks[p->blocks[b].next].prev != b) {
-            rc = pg_err_set(PG_EINVAL, "kvpool: free list back link broken at %d", b);
-            goto done;
-        }
-        seen[b] = 1;
-        walked++;
-    }
-    if (walked != p->n_free || n_zero != p->n_free) {
-        rc = pg_err_set(PG_EINVAL, "kvpool: %d blocks in free list, %d with ref 0, n_free %d",
-                        walked, n_zero, p->n_free);
-        goto done;
-    }
-    if (n_hashed != p->map.n || n_hashed_free != p->n_cached_free) {
-        rc = pg_err_set(PG_EINVAL, "kvpool: %d hashed (%d free) but map %d (%d free)", n_hashed,
-                        n_hashed_free, p->map.n, p->n_cached_free);
-        goto done;
-    }
-    memset(seen, 0, (size_t)(p->n > p->n_host ? p->n : p->n_host) + 1);
-    // Host refs = the tables' owners + the plan's holds.
-    int32_t *held = pg_xcalloc((size_t)p->n_host + 1, sizeof(int32_t));
-    for (int32_t i = 0; i < p->n_held; i++) held[p->held[i]]++;
-    int32_t host_zero = 0, h_hashed = 0, h_hashed_free = 0;
-    for (int32_t h = 0; h < p->n_host && rc == 0; h++) {
-        const blk *x = &p->hblocks[h];
-        int32_t owners = (host_owners ? host_owners[h] : 0) + held[h];
-        if (x->ref != owners) {
-            rc = pg_err_set(PG_EINVAL, "kvpool: host block %d ref %d but %d owners (%d holds)", h, x->ref,
-                            owners, held[h]);
-        } else if (x->hashed && (host_owners ? host_owners[h] : 0) != 0) {
-            rc = pg_err_set(PG_EINVAL, "kvpool: host block %d is cached and held by a table", h);
-        } else if (x->hashed && map_find(&p->hmap, x->hash) != h) {
-            rc = pg_err_set(PG_EINVAL, "kvpool: host block %d hash not mapped to it", h);
-        }
-        host_zero += owners == 0;
-        h_hashed += x->hashed;
-        h_hashed_free += x->hashed && owners == 0;
-    }
-    free(held);
-    if (rc) goto done;
-    walked = 0;
-    for (int32_t h = p->hblocks[p->n_host].next; h != p->n_host; h = p->hblocks[h].next) {
-        if (h < 0 || h > p->n_host || seen[h] || p->hblocks[h].ref != 0 || walked > p->n_host) {
-            rc = pg_err_set(PG_EINVAL, "kvpool: host free list corrupt at %d", h);
-            goto done;
-        }
-        if (p->hblocks[p->hblocks[h].next].prev != h) {
-            rc = pg_err_set(PG_EINVAL, "kvpool: host free list back link broken at %d", h);
-            goto done;
-        }
-        seen[h] = 1;
-        walked++;
-    }
-    if (walked != p->n_host_free || host_zero != p->n_host_free) {
-        rc = pg_err_set(PG_EINVAL, "kvpool: %d host blocks in free list, %d unowned, n_host_free %d", walked,
-                        host_zero, p->n_host_free);
-        goto done;
-    }
-    if (h_hashed != p->hmap.n || h_hashed_free != p->n_host_cached_free)
-        rc = pg_err_set(PG_EINVAL, "kvpool: %d host blocks hashed (%d free) but host map %d (%d free)", h_hashed,
-                        h_hashed_free, p->hmap.n, p->n_host_cached_free);
-done:
-    free(seen);
-    return rc;
 }
