@@ -11,6 +11,11 @@
 //     list until kvp_release_holds (host tier only).
 //   - scratch arrays (one int per block, all zero between calls) for the
 //     de-duplicating passes of kvp_grow_cost and the swaps.
+//   - tables: rows of one entry per layer group, row-major (allocation
+//     goes row by row, so one group and no window is the plain pool); a
+//     windowed group's dropped blocks are null entries, a prefix of its
+//     column. Each group keys its blocks by kvpi_group_key of the token
+//     hash, in the device and host maps alike.
 //
 // Swap, the host tier's plan moves and kvp_check live in kvpool_swap.c.
 #include "kvpool/kvpool.h"
@@ -276,15 +281,25 @@ void kvpi_moves_push(kvp_moves *m, int32_t from, int32_t to) {
     m->v[m->n++] = (kvp_move){from, to};
 }
 
-static void table_reserve(kvp_table *t, int32_t n_blocks) {
-    if (n_blocks <= t->cap) return;
+// Room for n_rows rows of G entries (one per group).
+static void table_reserve(const kvp_pool *p, kvp_table *t, int32_t n_rows) {
+    if (n_rows <= t->cap) return;
     int32_t cap = t->cap ? t->cap : 4;
-    while (cap < n_blocks) cap *= 2;
-    t->blocks = pg_xrealloc(t->blocks, sizeof(int32_t) * (size_t)cap);
+    while (cap < n_rows) cap *= 2;
+    t->blocks = pg_xrealloc(t->blocks, sizeof(int32_t) * (size_t)cap * (size_t)p->G);
     t->cap = cap;
 }
 
 static int32_t cdiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
+
+// The first block group g still needs for a query at position `pos`: the
+// one holding pos - window + 1, the earliest key the query sees (0 for a
+// full group).
+static int32_t window_first(const kvp_pool *p, int32_t g, int64_t pos) {
+    int64_t first = pos - p->win[g] + 1;
+    if (p->win[g] == 0 || first <= 0) return 0;
+    return (int32_t)(first / p->bs);
+}
 
 // ---------------------------------------------------------------------------
 // Pool
@@ -306,10 +321,23 @@ int kvp_create(const kvp_config *cfg, kvp_pool **out) {
         return pg_err_set(PG_EINVAL, "kvpool: num_host_blocks %d < 0", cfg->num_host_blocks);
     if (cfg->num_blocks > (1 << 30) || cfg->num_host_blocks > (1 << 30))
         return pg_err_set(PG_EINVAL, "kvpool: too many blocks");
+    if (cfg->n_groups < 0 || cfg->n_groups > KVP_MAX_GROUPS)
+        return pg_err_set(PG_EINVAL, "kvpool: n_groups %d out of [1, %d] (0 counts as 1)",
+                          cfg->n_groups, KVP_MAX_GROUPS);
+    const int32_t n_groups = cfg->n_groups > 0 ? cfg->n_groups : 1;
+    for (int32_t g = 0; g < n_groups; g++)
+        if (cfg->group_window[g] < 0)
+            return pg_err_set(PG_EINVAL, "kvpool: group %d window %d < 0 (0: full attention)", g,
+                              cfg->group_window[g]);
 
     kvp_pool *p = pg_xcalloc(1, sizeof *p);
     p->cfg = *cfg;
     p->bs = cfg->block_size;
+    p->G = n_groups;
+    for (int32_t g = 0; g < n_groups; g++) {
+        p->win[g] = cfg->group_window[g];
+        p->windowed |= p->win[g] > 0;
+    }
     p->n = cfg->num_blocks;
     p->n_host = cfg->num_host_blocks;
     p->tier = cfg->enable_host_tier && cfg->enable_prefix_caching && p->n_host > 0;
@@ -353,6 +381,27 @@ void kvp_destroy(kvp_pool *p) {
 
 int32_t kvp_block_size(const kvp_pool *p) { return p->bs; }
 int32_t kvp_num_usable(const kvp_pool *p) { return p->n - 1; }
+int32_t kvp_num_groups(const kvp_pool *p) { return p->G; }
+
+int32_t kvp_group_window(const kvp_pool *p, int32_t g) {
+    PG_CHECK(g >= 0 && g < p->G);
+    return p->win[g];
+}
+
+int64_t kvp_blocks_for(const kvp_pool *p, int64_t n_tokens, int32_t chunk) {
+    if (n_tokens <= 0) return 0;
+    const int64_t bs = p->bs, full = (n_tokens + bs - 1) / bs;
+    const int64_t piece = chunk > 0 ? chunk : n_tokens;
+    int64_t sum = 0;
+    for (int32_t g = 0; g < p->G; g++) {
+        // A windowed group holds, while a piece is computed, the blocks of
+        // the window before the piece and of the piece (slid before each
+        // step): W - 1 + piece positions, one block more where misaligned.
+        int64_t w = p->win[g], held = w ? (w - 1 + piece + bs - 1) / bs + 1 : full;
+        sum += held < full ? held : full;
+    }
+    return sum;
+}
 int32_t kvp_num_free(const kvp_pool *p) { return p->n_free; }
 int32_t kvp_num_host_free(const kvp_pool *p) { return p->n_host_free; }
 int32_t kvp_num_host_blocks(const kvp_pool *p) { return p->n_host; }
@@ -421,16 +470,43 @@ void kvp_table_fini(kvp_table *t) {
     memset(t, 0, sizeof *t);
 }
 
+// Whether group g's block of token hash h is cached on the device or, with
+// the host tier, on the host (kvp_grow loads it).
+static bool block_present(const kvp_pool *p, kvp_hash h, int32_t g) {
+    kvp_hash key = kvpi_group_key(h, g);
+    return kvpi_map_find(&p->map, key) >= 0 || (p->tier && kvpi_map_find(&p->hmap, key) >= 0);
+}
+
 int32_t kvp_table_lookup(kvp_pool *p, kvp_table *t, const int32_t *tokens, int32_t n_tokens) {
     if (!p->cfg.enable_prefix_caching || t->n_blocks > 0 || n_tokens <= 0) return 0;
     int32_t max_blocks = (n_tokens - 1) / p->bs;
     ensure_hashes(p, t, tokens, max_blocks);
-    int32_t hits = 0;
-    // A block may be on the device or, with the host tier, on the host
-    // only (kvp_grow loads it); the prefix ends at the first that is neither.
-    while (hits < max_blocks && (kvpi_map_find(&p->map, t->hashes[hits]) >= 0 ||
-                                 (p->tier && kvpi_map_find(&p->hmap, t->hashes[hits]) >= 0)))
-        hits++;
+    // A full group needs every block of the prefix: it ends at the first
+    // block some full group lacks.
+    int32_t hits = max_blocks;
+    for (int32_t g = 0; g < p->G; g++) {
+        if (p->win[g] != 0) continue;
+        int32_t j = 0;
+        while (j < hits && block_present(p, t->hashes[j], g)) j++;
+        hits = j;
+    }
+    // A windowed group needs only the blocks its window sees from the first
+    // position left to compute, hits * bs. Where one lacks block j, every
+    // prefix of (j, hits] blocks needs it too: continue below j.
+    while (p->windowed && hits > 0) {
+        int32_t miss = -1;
+        for (int32_t g = 0; g < p->G && miss < 0; g++) {
+            if (p->win[g] == 0) continue;
+            int32_t lo = window_first(p, g, (int64_t)hits * p->bs);
+            for (int32_t j = hits - 1; j >= lo; j--)
+                if (!block_present(p, t->hashes[j], g)) {
+                    miss = j;
+                    break;
+                }
+        }
+        if (miss < 0) break;
+        hits = miss;
+    }
     return hits;
 }
 
@@ -444,35 +520,38 @@ void kvp_note_lookup(kvp_pool *p, int32_t n_query_tokens, int32_t n_hit_tokens) 
 // *cost; `reset` clears the scratch marks left by a counting pass instead.
 static void grow_walk(const kvp_pool *p, const kvp_grow_item *items, int32_t n, int32_t *cost,
                       bool reset) {
-    const int32_t bs = p->bs;
+    const int32_t bs = p->bs, G = p->G;
     for (int32_t i = 0; i < n; i++) {
         const kvp_table *t = items[i].t;
-        int32_t n_tok = t->n_tokens, n_blk = t->n_blocks;
-        if (items[i].n_hits > 0) {
-            PG_CHECK(t->n_blocks == 0 && !t->swapped && items[i].n_hits <= t->n_hashes);
-            for (int32_t j = 0; j < items[i].n_hits; j++) {
-                int32_t b = kvpi_map_find(&p->map, t->hashes[j]);
-                if (b < 0) { // on the host only: one device block to load it into
-                    int32_t h = p->tier ? kvpi_map_find(&p->hmap, t->hashes[j]) : -1;
-                    PG_CHECK(h >= 0);
-                    if (reset) {
-                        p->host_scratch[h] = 0;
-                    } else if (p->host_scratch[h]++ == 0) {
-                        (*cost)++;
+        int32_t n_tok = t->n_tokens, n_blk = t->n_blocks, k = items[i].n_hits;
+        if (k > 0) {
+            PG_CHECK(t->n_blocks == 0 && !t->swapped && k <= t->n_hashes);
+            for (int32_t g = 0; g < G; g++)
+                for (int32_t j = window_first(p, g, (int64_t)k * bs); j < k; j++) {
+                    kvp_hash key = kvpi_group_key(t->hashes[j], g);
+                    int32_t b = kvpi_map_find(&p->map, key);
+                    if (b < 0) { // on the host only: one device block to load it into
+                        int32_t h = p->tier ? kvpi_map_find(&p->hmap, key) : -1;
+                        PG_CHECK(h >= 0);
+                        if (reset) {
+                            p->host_scratch[h] = 0;
+                        } else if (p->host_scratch[h]++ == 0) {
+                            (*cost)++;
+                        }
+                    } else if (reset) {
+                        p->dev_scratch[b] = 0;
+                    } else if (p->dev_scratch[b]++ == 0 && p->blocks[b].ref == 0) {
+                        (*cost)++; // leaves the free list
                     }
-                } else if (reset) {
-                    p->dev_scratch[b] = 0;
-                } else if (p->dev_scratch[b]++ == 0 && p->blocks[b].ref == 0) {
-                    (*cost)++; // leaves the free list
                 }
-            }
-            n_tok = items[i].n_hits * bs;
-            n_blk = items[i].n_hits;
+            n_tok = k * bs;
+            n_blk = k;
         }
         if (items[i].n_new <= 0) continue;
-        if (n_tok % bs != 0) {
+        for (int32_t g = 0; n_tok % bs != 0 && g < G; g++) {
             // Partial tail: the k-th writer copies while others still hold it.
-            int32_t tail = t->blocks[n_blk - 1];
+            int32_t tail = t->blocks[(n_blk - 1) * G + g];
+            PG_CHECK(!kvpi_entry_null(t, tail)); // slid past positions still to be written
             int32_t *scratch = t->swapped ? p->host_scratch : p->dev_scratch;
             int32_t ref = t->swapped ? p->hblocks[tail].ref : p->blocks[tail].ref;
             if (reset) {
@@ -481,7 +560,7 @@ static void grow_walk(const kvp_pool *p, const kvp_grow_item *items, int32_t n, 
                 (*cost)++;
             }
         }
-        if (!reset) *cost += cdiv(n_tok + items[i].n_new, bs) - n_blk;
+        if (!reset) *cost += G * (cdiv(n_tok + items[i].n_new, bs) - n_blk);
     }
 }
 
@@ -495,28 +574,38 @@ int32_t kvp_grow_cost(const kvp_pool *p, const kvp_grow_item *items, int32_t n) 
 int kvp_grow(kvp_pool *p, const kvp_grow_item *items, int32_t n, kvp_moves *copies) {
     int32_t cost = kvp_grow_cost(p, items, n);
     if (cost > p->n_free) return PG_ENOSPC;
-    const int32_t bs = p->bs;
+    const int32_t bs = p->bs, G = p->G;
     // Adopt all device hits and hold all host hits first, so that no
     // allocation below can evict them; host hits are marked -1 - host id.
+    // A windowed group adopts only the blocks its window sees from position
+    // n_hits * bs on; those before stay null.
     bool any_host = false;
     for (int32_t i = 0; i < n; i++) {
         kvp_table *t = items[i].t;
-        if (items[i].n_hits <= 0) continue;
-        table_reserve(t, items[i].n_hits);
-        for (int32_t j = 0; j < items[i].n_hits; j++) {
-            int32_t b = kvpi_map_find(&p->map, t->hashes[j]);
-            if (b > 0) {
-                block_incref(p, b);
-                t->blocks[j] = b;
-            } else {
-                int32_t h = kvpi_map_find(&p->hmap, t->hashes[j]);
-                host_hold(p, h); // read by this plan's swap-in
-                t->blocks[j] = -1 - h;
-                any_host = true;
+        int32_t k = items[i].n_hits;
+        if (k <= 0) continue;
+        table_reserve(p, t, k);
+        for (int32_t j = 0; j < k; j++)
+            for (int32_t g = 0; g < G; g++) {
+                int32_t *e = &t->blocks[j * G + g];
+                if (j < window_first(p, g, (int64_t)k * bs)) {
+                    *e = 0;
+                    continue;
+                }
+                kvp_hash key = kvpi_group_key(t->hashes[j], g);
+                int32_t b = kvpi_map_find(&p->map, key);
+                if (b > 0) {
+                    block_incref(p, b);
+                    *e = b;
+                } else {
+                    int32_t h = kvpi_map_find(&p->hmap, key);
+                    host_hold(p, h); // read by this plan's swap-in
+                    *e = -1 - h;
+                    any_host = true;
+                }
             }
-        }
-        t->n_blocks = t->n_cached = items[i].n_hits;
-        t->n_tokens = items[i].n_hits * bs;
+        t->n_blocks = t->n_cached = k;
+        t->n_tokens = k * bs;
     }
     // Host hits: a fresh device block each and a (host, device) swap-in
     // move, which runs before this plan's forward reads it; so the block
@@ -526,18 +615,24 @@ int kvp_grow(kvp_pool *p, const kvp_grow_item *items, int32_t n, kvp_moves *copi
     for (int32_t i = 0; any_host && i < n; i++) {
         kvp_table *t = items[i].t;
         for (int32_t j = 0; j < items[i].n_hits; j++) {
-            if (t->blocks[j] >= 0) continue;
-            int32_t h = -1 - t->blocks[j];
-            int32_t b = kvpi_map_find(&p->map, t->hashes[j]);
-            if (b > 0) {
-                block_incref(p, b);
-            } else {
-                b = kvpi_block_alloc(p);
-                kvpi_moves_push(&p->tier_in, h, b);
-                kvpi_cache_offer(p, b, t->hashes[j]);
-                p->host_hits += bs;
+            bool loaded = false; // the row's tokens count once, however many groups load
+            for (int32_t g = 0; g < G; g++) {
+                int32_t *e = &t->blocks[j * G + g];
+                if (*e >= 0) continue;
+                int32_t h = -1 - *e;
+                kvp_hash key = kvpi_group_key(t->hashes[j], g);
+                int32_t b = kvpi_map_find(&p->map, key);
+                if (b > 0) {
+                    block_incref(p, b);
+                } else {
+                    b = kvpi_block_alloc(p);
+                    kvpi_moves_push(&p->tier_in, h, b);
+                    kvpi_cache_offer(p, b, key);
+                    loaded = true;
+                }
+                *e = b;
             }
-            t->blocks[j] = b;
+            if (loaded) p->host_hits += bs;
         }
     }
     for (int32_t i = 0; i < n; i++) {
@@ -545,18 +640,19 @@ int kvp_grow(kvp_pool *p, const kvp_grow_item *items, int32_t n, kvp_moves *copi
         int32_t n_new = items[i].n_new;
         PG_CHECK(!t->swapped && n_new >= 0);
         if (n_new == 0) continue;
-        if (t->n_tokens % bs != 0) {
-            int32_t tail = t->blocks[t->n_blocks - 1];
-            if (p->blocks[tail].ref > 1) { // copy on write
+        for (int32_t g = 0; t->n_tokens % bs != 0 && g < G; g++) {
+            int32_t *e = &t->blocks[(t->n_blocks - 1) * G + g];
+            if (p->blocks[*e].ref > 1) { // copy on write
                 int32_t nb = kvpi_block_alloc(p);
-                kvpi_moves_push(copies, tail, nb);
-                kvpi_block_decref(p, tail);
-                t->blocks[t->n_blocks - 1] = nb;
+                kvpi_moves_push(copies, *e, nb);
+                kvpi_block_decref(p, *e);
+                *e = nb;
             }
         }
         int32_t need = cdiv(t->n_tokens + n_new, bs);
-        table_reserve(t, need);
-        while (t->n_blocks < need) t->blocks[t->n_blocks++] = kvpi_block_alloc(p);
+        table_reserve(p, t, need);
+        for (; t->n_blocks < need; t->n_blocks++)
+            for (int32_t g = 0; g < G; g++) t->blocks[t->n_blocks * G + g] = kvpi_block_alloc(p);
         t->n_tokens += n_new;
     }
     return 0;
@@ -568,7 +664,11 @@ void kvp_table_commit(kvp_pool *p, kvp_table *t, const int32_t *tokens, int32_t 
     int32_t n_full = n_computed / p->bs;
     if (n_full <= t->n_cached) return;
     ensure_hashes(p, t, tokens, n_full);
-    for (int32_t i = t->n_cached; i < n_full; i++) kvpi_cache_offer(p, t->blocks[i], t->hashes[i]);
+    for (int32_t i = t->n_cached; i < n_full; i++)
+        for (int32_t g = 0; g < p->G; g++) {
+            int32_t b = t->blocks[i * p->G + g];
+            if (b != 0) kvpi_cache_offer(p, b, kvpi_group_key(t->hashes[i], g));
+        }
     t->n_cached = n_full;
 }
 
@@ -590,15 +690,17 @@ static void inherit_hashes(const kvp_pool *p, const kvp_table *src, kvp_table *d
 
 void kvp_table_fork(kvp_pool *p, const kvp_table *src, kvp_table *dst, int32_t n_common_tokens) {
     PG_CHECK(dst != src && dst->n_blocks == 0);
-    table_reserve(dst, src->n_blocks);
-    for (int32_t i = 0; i < src->n_blocks; i++) {
-        int32_t b = src->blocks[i];
-        if (src->swapped) {
+    table_reserve(p, dst, src->n_blocks);
+    for (int32_t e = 0; e < src->n_blocks * p->G; e++) {
+        int32_t b = src->blocks[e];
+        if (kvpi_entry_null(src, b)) {
+            // stays null: dst slides like src did
+        } else if (src->swapped) {
             p->hblocks[b].ref++;
         } else {
             block_incref(p, b);
         }
-        dst->blocks[i] = b;
+        dst->blocks[e] = b;
     }
     dst->n_blocks = src->n_blocks;
     dst->n_tokens = src->n_tokens;
@@ -623,15 +725,24 @@ void kvp_table_move_blocks(kvp_pool *p, kvp_table *dst, kvp_table *src, int32_t 
     src->swapped = false;
 }
 
-void kvp_table_release(kvp_pool *p, kvp_table *t) {
-    for (int32_t i = t->n_blocks - 1; i >= 0; i--) {
+// Drops the entries of rows [keep, n_blocks), tail first (the head blocks,
+// a shared prompt's, join the free list last and are evicted last).
+static void table_drop_rows(kvp_pool *p, kvp_table *t, int32_t keep) {
+    for (int32_t e = t->n_blocks * p->G - 1; e >= keep * p->G; e--) {
+        int32_t b = t->blocks[e];
+        if (kvpi_entry_null(t, b)) continue;
         if (t->swapped) {
-            kvpi_host_decref(p, t->blocks[i]);
+            kvpi_host_decref(p, b);
         } else {
-            kvpi_block_decref(p, t->blocks[i]);
+            kvpi_block_decref(p, b);
         }
     }
-    t->n_blocks = t->n_tokens = t->n_cached = 0;
+    t->n_blocks = keep;
+}
+
+void kvp_table_release(kvp_pool *p, kvp_table *t) {
+    table_drop_rows(p, t, 0);
+    t->n_tokens = t->n_cached = 0;
     t->swapped = false;
 }
 
@@ -639,6 +750,42 @@ void kvp_table_truncate(kvp_pool *p, kvp_table *t, int32_t n_tokens) {
     PG_CHECK(!t->swapped && n_tokens >= 0 && n_tokens <= t->n_tokens);
     const int32_t keep = (n_tokens + p->bs - 1) / p->bs;
     PG_CHECK(keep >= t->n_cached);
-    while (t->n_blocks > keep) kvpi_block_decref(p, t->blocks[--t->n_blocks]);
+    table_drop_rows(p, t, keep);
     t->n_tokens = n_tokens;
+}
+
+int32_t kvp_table_slide(kvp_pool *p, kvp_table *t, int32_t first_pos) {
+    if (!p->windowed || t->swapped) return 0;
+    int32_t dropped = 0;
+    for (int32_t g = 0; g < p->G; g++) {
+        if (p->win[g] == 0) continue;
+        // Rows wholly before first_pos - window + 1, the earliest key a
+        // query to come still sees; never the tail row (the next write may
+        // go there). Nulls are a prefix of the column, so the scan downward
+        // stops at the first: O(1) when nothing falls out.
+        int64_t limit = (int64_t)first_pos - p->win[g] + 1;
+        if (limit < p->bs) continue;
+        int64_t hi = limit / p->bs - 1;
+        if (hi > t->n_blocks - 2) hi = t->n_blocks - 2;
+        for (int64_t i = hi; i >= 0; i--) {
+            int32_t *e = &t->blocks[i * p->G + g];
+            if (*e == 0) break;
+            kvpi_block_decref(p, *e); // a cached one stays findable until evicted
+            *e = 0;
+            dropped++;
+        }
+    }
+    return dropped;
+}
+
+void kvp_table_count_owners(const kvp_pool *p, const kvp_table *t, int32_t *dev, int32_t *host) {
+    for (int32_t e = 0; e < t->n_blocks * p->G; e++) {
+        int32_t b = t->blocks[e];
+        if (kvpi_entry_null(t, b)) continue;
+        if (t->swapped) {
+            host[b]++;
+        } else {
+            dev[b]++;
+        }
+    }
 }

@@ -68,9 +68,10 @@ typedef struct kvp_config {
     int32_t block_size;         // tokens per block (default 16)
     bool enable_prefix_caching; // default true
     bool enable_host_tier;      // evicted cached blocks go to free host blocks (default false)
-    // Layer groups (see the top): block tables per sequence (0 counts as 1)
-    // and each one's window in positions (0: the group sees every earlier
-    // key, its blocks are never dropped).
+    // Layer groups (see the top): block tables per sequence (0 counts as 1;
+    // negative or above KVP_MAX_GROUPS is PG_EINVAL) and each one's window
+    // in positions (0: the group sees every earlier key, its blocks are
+    // never dropped; negative is PG_EINVAL; entries past n_groups unread).
     int32_t n_groups;
     int32_t group_window[KVP_MAX_GROUPS];
 } kvp_config;
@@ -135,7 +136,8 @@ typedef struct kvp_stats {
     int64_t prefix_queries; // tokens looked up in the prefix cache
     int64_t prefix_hits;    // of those, tokens found cached (device or host)
     int64_t evictions;      // cached device blocks handed out again
-    int64_t host_hits;      // of prefix_hits, tokens loaded from the host tier
+    int64_t host_hits;      // of prefix_hits, tokens loaded from the host tier (a
+                            //   block's tokens count once however many groups load)
     int64_t offloads;       // evicted device blocks copied to the host tier
     int64_t host_evictions; // host-cached blocks handed out again
 } kvp_stats;
@@ -158,6 +160,8 @@ int32_t kvp_group_window(const kvp_pool *p, int32_t g);
 // positions are computed in pieces of at most `chunk` (a windowed group
 // holds at most the blocks of its window plus a piece): what admission
 // compares with kvp_num_usable. The plain pool: ceil(n_tokens / block_size).
+// Per group: full ceil(n / bs), windowed min(ceil(n / bs),
+// ceil((window - 1 + chunk) / bs) + 1). chunk <= 0: one piece of n_tokens.
 int64_t kvp_blocks_for(const kvp_pool *p, int64_t n_tokens, int32_t chunk);
 // Usable device blocks: num_blocks - 1.
 int32_t kvp_num_usable(const kvp_pool *p);
@@ -215,7 +219,9 @@ void kvp_note_lookup(kvp_pool *p, int32_t n_query_tokens, int32_t n_hit_tokens);
 // first (the swap-in itself is counted by kvp_swap_in_cost). Pure.
 int32_t kvp_grow_cost(const kvp_pool *p, const kvp_grow_item *items, int32_t n);
 
-// Performs the batch: for each item adopts its hits (host-tier hits: a fresh
+// Performs the batch: for each item adopts its hits (a windowed group only
+// the blocks its window sees from position n_hits * block_size on, null
+// entries before; host-tier hits: a fresh
 // device block each, loaded by a move kvp_take_tier_moves hands out; the
 // cost counts them), copies a shared partial
 // tail block before the first write into it (appending (old, new) to
@@ -252,6 +258,8 @@ void kvp_table_release(kvp_pool *p, kvp_table *t);
 // scheduler passes the sequence's computed positions). Returns the entries
 // dropped. No-op on a swapped table and without windowed groups. O(1) when
 // nothing falls out: call it for every running table before planning.
+// Never drops the tail row (the next write may go there); a dropped block
+// that was offered to the cache stays findable until evicted.
 int32_t kvp_table_slide(kvp_pool *p, kvp_table *t, int32_t first_pos);
 
 // Adds 1 to dev[id] (host[id] when swapped) for every entry of the table
@@ -263,6 +271,8 @@ void kvp_table_count_owners(const kvp_pool *p, const kvp_table *t, int32_t *dev,
 // tokens that speculative decoding rejected. The blocks offered to the
 // prefix cache must stay (n_tokens covers them: they hold accepted tokens
 // only, kvp_table_commit being called with computed positions alone).
+// n_tokens must not be below a position the table was slid to: a partial
+// tail row never holds a null entry (kvp_grow checks it).
 void kvp_table_truncate(kvp_pool *p, kvp_table *t, int32_t n_tokens);
 
 // ---------------------------------------------------------------------------

@@ -31,6 +31,9 @@ typedef struct kvmap {
 struct kvp_pool {
     kvp_config cfg;
     int32_t bs;            // cfg.block_size
+    int32_t G;             // layer groups: entries per table row (max(1, cfg.n_groups))
+    int32_t win[KVP_MAX_GROUPS]; // each group's window in positions (0: full)
+    bool windowed;         // some group has a window (kvp_table_slide has work)
     int32_t n;             // cfg.num_blocks
     blk *blocks;           // [n + 1], blocks[n] = free-list sentinel
     int32_t n_free;        // blocks in the free list
@@ -52,6 +55,22 @@ struct kvp_pool {
     int64_t prefix_queries, prefix_hits, evictions;
     int64_t host_hits, offloads, host_evictions;
 };
+
+// Group g's prefix-cache key for a block of token hash h: group 0 keeps h
+// (so one group behaves as the plain pool), the others mix g in, so that
+// each group's block of the same tokens is cached and found on its own.
+static inline kvp_hash kvpi_group_key(kvp_hash h, int32_t g) {
+    if (g > 0) {
+        h.lo ^= (uint64_t)g * 0x9e3779b97f4a7c15ull;
+        h.hi ^= (uint64_t)g;
+    }
+    return h;
+}
+
+// Whether table entry b is the null entry of the table's space: 0 on the
+// device (block 0 is never handed out), -1 while swapped (host ids start
+// at 0).
+static inline bool kvpi_entry_null(const kvp_table *t, int32_t b) { return t->swapped ? b < 0 : b == 0; }
 
 // ---------------------------------------------------------------------------
 // Primitives (kvpool.c)

@@ -11,16 +11,21 @@
 // ---------------------------------------------------------------------------
 // Swap
 
-// Distinct blocks of `tables` in one space (scratch marks are cleared).
+// Distinct blocks of `tables` in one space, null entries aside (scratch
+// marks are cleared).
 static int32_t distinct_blocks(const kvp_pool *p, kvp_table *const *tables, int32_t n, bool host) {
     int32_t *scratch = host ? p->host_scratch : p->dev_scratch, count = 0;
     for (int32_t i = 0; i < n; i++) {
-        PG_CHECK(tables[i]->n_blocks == 0 || tables[i]->swapped == host);
-        for (int32_t j = 0; j < tables[i]->n_blocks; j++)
-            if (scratch[tables[i]->blocks[j]]++ == 0) count++;
+        const kvp_table *t = tables[i];
+        PG_CHECK(t->n_blocks == 0 || t->swapped == host);
+        for (int32_t e = 0; e < t->n_blocks * p->G; e++)
+            if (!kvpi_entry_null(t, t->blocks[e]) && scratch[t->blocks[e]]++ == 0) count++;
     }
-    for (int32_t i = 0; i < n; i++)
-        for (int32_t j = 0; j < tables[i]->n_blocks; j++) scratch[tables[i]->blocks[j]] = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const kvp_table *t = tables[i];
+        for (int32_t e = 0; e < t->n_blocks * p->G; e++)
+            if (!kvpi_entry_null(t, t->blocks[e])) scratch[t->blocks[e]] = 0;
+    }
     return count;
 }
 
@@ -33,15 +38,18 @@ int32_t kvp_swap_in_cost(const kvp_pool *p, kvp_table *const *tables, int32_t n)
 }
 
 // Moves `tables` from one space to the other. `to_host` selects direction.
+// Null entries move nowhere: they become the other space's null.
 static void swap_tables(kvp_pool *p, kvp_table *const *tables, int32_t n, kvp_moves *moves,
                         bool to_host) {
     int32_t *map = to_host ? p->dev_scratch : p->host_scratch; // old id -> new id + 1
     int32_t first = moves->n;
+    const int32_t G = p->G;
     // Pass 1: a new block per distinct old block, extra refs for sharing.
     for (int32_t i = 0; i < n; i++) {
         kvp_table *t = tables[i];
-        for (int32_t j = 0; j < t->n_blocks; j++) {
-            int32_t b = t->blocks[j];
+        for (int32_t e = 0; e < t->n_blocks * G; e++) {
+            int32_t b = t->blocks[e];
+            if (kvpi_entry_null(t, b)) continue;
             if (map[b] == 0) {
                 int32_t nb = to_host ? kvpi_host_alloc(p) : kvpi_block_alloc(p);
                 map[b] = nb + 1;
@@ -56,14 +64,18 @@ static void swap_tables(kvp_pool *p, kvp_table *const *tables, int32_t n, kvp_mo
     // Pass 2: drop the old refs tail first and rewrite the tables.
     for (int32_t i = 0; i < n; i++) {
         kvp_table *t = tables[i];
-        for (int32_t j = t->n_blocks - 1; j >= 0; j--) {
-            int32_t b = t->blocks[j];
+        for (int32_t e = t->n_blocks * G - 1; e >= 0; e--) {
+            int32_t b = t->blocks[e];
+            if (kvpi_entry_null(t, b)) {
+                t->blocks[e] = to_host ? -1 : 0;
+                continue;
+            }
             if (to_host) {
                 kvpi_block_decref(p, b);
             } else {
                 kvpi_host_decref(p, b);
             }
-            t->blocks[j] = map[b] - 1;
+            t->blocks[e] = map[b] - 1;
         }
         t->swapped = to_host;
     }
@@ -73,7 +85,11 @@ static void swap_tables(kvp_pool *p, kvp_table *const *tables, int32_t n, kvp_mo
     for (int32_t i = 0; i < n; i++) {
         kvp_table *t = tables[i];
         PG_CHECK(t->n_cached <= t->n_hashes || t->n_cached == 0);
-        for (int32_t j = 0; j < t->n_cached; j++) kvpi_cache_offer(p, t->blocks[j], t->hashes[j]);
+        for (int32_t j = 0; j < t->n_cached; j++)
+            for (int32_t g = 0; g < G; g++) {
+                int32_t b = t->blocks[j * G + g];
+                if (b != 0) kvpi_cache_offer(p, b, kvpi_group_key(t->hashes[j], g));
+            }
     }
 }
 
