@@ -1175,6 +1175,543 @@ static void test_tier_random_plans_against_model(void **state) {
     kvp_destroy(p);
 }
 
+// ---------------------------------------------------------------------------
+// Layer groups
+
+static kvp_pool *make_group_pool(int32_t n_blocks, int32_t n_host, int32_t bs, int32_t n_groups,
+                                 const int32_t *win, bool tier) {
+    kvp_config c;
+    kvp_config_default(&c);
+    c.num_blocks = n_blocks;
+    c.num_host_blocks = n_host;
+    c.block_size = bs;
+    c.enable_host_tier = tier;
+    c.n_groups = n_groups;
+    for (int32_t g = 0; g < n_groups; g++) c.group_window[g] = win[g];
+    kvp_pool *p = NULL;
+    if (kvp_create(&c, &p) != 0) fail_msg("%s", pg_err_msg());
+    return p;
+}
+
+// Checks the pool against the owners kvp_table_count_owners counts, and the
+// shape of every table: no null in a full group's column, a windowed
+// group's nulls a prefix of its column, a null tail only on a block
+// boundary (the next write starts a new row).
+static void check_groups(const kvp_pool *p, kvp_table **tables, int32_t n) {
+    int32_t nb = kvp_num_usable(p) + 1, nh = kvp_num_host_blocks(p), G = kvp_num_groups(p);
+    int32_t *dev = calloc((size_t)nb, sizeof(int32_t));
+    int32_t *host = calloc((size_t)(nh ? nh : 1), sizeof(int32_t));
+    for (int32_t i = 0; i < n; i++) {
+        const kvp_table *t = tables[i];
+        kvp_table_count_owners(p, t, dev, host);
+        int32_t null = t->swapped ? -1 : 0;
+        for (int32_t g = 0; g < G; g++) {
+            bool seen_block = false;
+            for (int32_t j = 0; j < t->n_blocks; j++) {
+                int32_t b = t->blocks[j * G + g];
+                if (b == null) {
+                    if (kvp_group_window(p, g) == 0 || seen_block)
+                        fail_msg("table %d group %d row %d: null out of place", i, g, j);
+                    if (j == t->n_blocks - 1 && t->n_tokens % kvp_block_size(p) != 0)
+                        fail_msg("table %d group %d: null partial tail", i, g);
+                } else {
+                    if (t->swapped ? (b < 0 || b >= nh) : (b <= 0 || b >= nb))
+                        fail_msg("table %d group %d row %d: bad id %d", i, g, j, b);
+                    seen_block = true;
+                }
+            }
+        }
+    }
+    int rc = kvp_check(p, dev, host);
+    if (rc) fail_msg("%s", pg_err_msg());
+    free(dev);
+    free(host);
+}
+
+static void assert_entries(const kvp_table *t, int32_t G, const int32_t *want, int32_t n) {
+    assert_int_equal(t->n_blocks * G, n);
+    for (int32_t i = 0; i < n; i++) {
+        if (t->blocks[i] != want[i])
+            fail_msg("row %d group %d is %d, want %d", i / G, i % G, t->blocks[i], want[i]);
+    }
+}
+// Entries row by row (G a row) of a table of two groups.
+#define ASSERT_ROWS2(t, ...)                                                                       \
+    do {                                                                                           \
+        const int32_t want_[] = {__VA_ARGS__};                                                     \
+        assert_entries((t), 2, want_, (int32_t)(sizeof want_ / sizeof want_[0]));                  \
+    } while (0)
+
+// kvp_grow of one item whose free-count drop must be kvp_grow_cost exactly.
+static int32_t grow_exact(kvp_pool *p, kvp_table *t, int32_t n_hits, int32_t n_new, kvp_moves *cp) {
+    kvp_grow_item it = {t, n_hits, n_new};
+    int32_t cost = kvp_grow_cost(p, &it, 1), before = kvp_num_free(p);
+    assert_int_equal(kvp_grow(p, &it, 1, cp), 0);
+    assert_int_equal(before - kvp_num_free(p), cost);
+    return cost;
+}
+
+// Two groups (full, window 6) on 4-token blocks: rows of two blocks,
+// sliding drops the windowed group's blocks that no query to come sees
+// (never the tail), fork shares and copies per group, swap keeps the nulls
+// in place, truncate and release drop every non-null entry.
+static void test_groups_rows_slide_fork_swap(void **state) {
+    (void)state;
+    const int32_t win[2] = {0, 6};
+    kvp_pool *p = make_group_pool(16, 16, 4, 2, win, false);
+    assert_int_equal(kvp_num_groups(p), 2);
+    assert_int_equal(kvp_group_window(p, 0), 0);
+    assert_int_equal(kvp_group_window(p, 1), 6);
+    kvp_moves cp = {0}, mv = {0};
+    kvp_table a, b, c;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    kvp_table_init(&c);
+    kvp_table *ts[3] = {&a, &b, &c};
+    assert_int_equal(grow_exact(p, &a, 0, 10, &cp), 6); // 3 rows, allocated row by row
+    ASSERT_ROWS2(&a, 1, 2, 3, 4, 5, 6);
+    // From position 9 on queries see keys 4.. : row 0 of the window group goes.
+    assert_int_equal(kvp_table_slide(p, &a, 8), 0);
+    assert_int_equal(kvp_table_slide(p, &a, 9), 1);
+    assert_int_equal(kvp_table_slide(p, &a, 9), 0);
+    ASSERT_ROWS2(&a, 1, 0, 3, 4, 5, 6);
+    assert_int_equal(kvp_block_ref(p, 2), 0);
+    assert_int_equal(kvp_num_free(p), 10);
+    check_groups(p, ts, 3);
+    assert_int_equal(grow_exact(p, &a, 0, 6, &cp), 2); // 16 tokens: row 3 reuses 2 first
+    ASSERT_ROWS2(&a, 1, 0, 3, 4, 5, 6, 2, 7);
+    assert_int_equal(kvp_table_slide(p, &a, 16), 1); // row 1; row 0 is null already
+    ASSERT_ROWS2(&a, 1, 0, 3, 0, 5, 6, 2, 7);
+    assert_int_equal(kvp_table_slide(p, &a, 100), 1); // never the tail row
+    ASSERT_ROWS2(&a, 1, 0, 3, 0, 5, 0, 2, 7);
+    assert_int_equal(kvp_num_free(p), 10);
+    check_groups(p, ts, 3);
+
+    // Fork shares the non-null entries and keeps the nulls.
+    kvp_table_fork(p, &a, &b, 16);
+    ASSERT_ROWS2(&b, 1, 0, 3, 0, 5, 0, 2, 7);
+    assert_int_equal(kvp_block_ref(p, 7), 2);
+    assert_int_equal(grow_exact(p, &b, 0, 1, &cp), 2); // a new row (6, 4) for b
+    ASSERT_ROWS2(&b, 1, 0, 3, 0, 5, 0, 2, 7, 6, 4);
+    assert_int_equal(grow_exact(p, &a, 0, 1, &cp), 2);
+    ASSERT_ROWS2(&a, 1, 0, 3, 0, 5, 0, 2, 7, 8, 9);
+    // c writes into the shared partial tail row: one copy per group.
+    kvp_table_fork(p, &b, &c, 17);
+    assert_int_equal(grow_exact(p, &c, 0, 1, &cp), 2);
+    ASSERT_MOVES(&cp, 6, 10, 4, 11);
+    ASSERT_ROWS2(&c, 1, 0, 3, 0, 5, 0, 2, 7, 10, 11);
+    check_groups(p, ts, 3);
+
+    // Swap out a and b: one host block per distinct non-null block, the
+    // nulls become -1.
+    kvp_table *ab[2] = {&a, &b};
+    assert_int_equal(kvp_swap_out_cost(p, ab, 2), 9);
+    assert_int_equal(kvp_swap_out(p, ab, 2, &mv), 0);
+    ASSERT_MOVES(&mv, 1, 0, 3, 1, 5, 2, 2, 3, 7, 4, 8, 5, 9, 6, 6, 7, 4, 8);
+    ASSERT_ROWS2(&a, 0, -1, 1, -1, 2, -1, 3, 4, 5, 6);
+    ASSERT_ROWS2(&b, 0, -1, 1, -1, 2, -1, 3, 4, 7, 8);
+    assert_int_equal(kvp_num_host_free(p), 7);
+    assert_int_equal(kvp_num_free(p), 8);
+    assert_int_equal(kvp_table_slide(p, &a, 100), 0); // swapped: no-op
+    check_groups(p, ts, 3);
+    kvp_table_release(p, &c);
+    assert_int_equal(kvp_num_free(p), 15);
+    assert_int_equal(kvp_swap_in_cost(p, ab, 2), 9);
+    mv.n = 0;
+    assert_int_equal(kvp_swap_in(p, ab, 2, &mv), 0);
+    ASSERT_MOVES(&mv, 0, 1, 1, 3, 2, 5, 3, 2, 4, 7, 5, 10, 6, 11, 7, 6, 8, 4);
+    ASSERT_ROWS2(&a, 1, 0, 3, 0, 5, 0, 2, 7, 10, 11);
+    ASSERT_ROWS2(&b, 1, 0, 3, 0, 5, 0, 2, 7, 6, 4);
+    assert_int_equal(kvp_num_host_free(p), 16);
+    assert_int_equal(kvp_num_free(p), 6);
+    check_groups(p, ts, 3);
+
+    // Truncate drops whole rows, every group, nulls skipped; a null tail on
+    // a block boundary is fine (the next write starts a row).
+    kvp_table_truncate(p, &a, 9);
+    ASSERT_ROWS2(&a, 1, 0, 3, 0, 5, 0);
+    assert_int_equal(kvp_num_free(p), 8);
+    kvp_table_truncate(p, &a, 4);
+    ASSERT_ROWS2(&a, 1, 0);
+    assert_int_equal(grow_exact(p, &a, 0, 1, &cp), 2);
+    ASSERT_ROWS2(&a, 1, 0, 10, 11);
+    check_groups(p, ts, 3);
+    kvp_table_release(p, &a);
+    kvp_table_release(p, &b);
+    check_groups(p, ts, 3);
+    assert_int_equal(kvp_num_free(p), 15);
+    for (int i = 0; i < 3; i++) kvp_table_fini(ts[i]);
+    kvp_moves_fini(&cp);
+    kvp_moves_fini(&mv);
+    kvp_destroy(p);
+}
+
+// Computes a sequence of n tokens like the engine would: a prefill of 8,
+// then steps of 4 (the last may be shorter), each committed after its
+// forward and, with `slide`, followed by a slide to the computed positions.
+// ids[row][g] records the block each entry got.
+static void compute_seq(kvp_pool *p, kvp_table *t, const int32_t *tok, int32_t n, bool slide,
+                        int32_t ids[][KVP_MAX_GROUPS]) {
+    kvp_moves cp = {0};
+    const int32_t G = kvp_num_groups(p);
+    while (t->n_tokens < n) {
+        int32_t step = t->n_tokens == 0 ? 8 : 4, rows = t->n_blocks;
+        if (step > n - t->n_tokens) step = n - t->n_tokens;
+        grow_exact(p, t, 0, step, &cp);
+        for (int32_t j = rows; j < t->n_blocks; j++)
+            for (int32_t g = 0; g < G; g++) ids[j][g] = t->blocks[j * G + g];
+        kvp_table_commit(p, t, tok, t->n_tokens);
+        if (slide) kvp_table_slide(p, t, t->n_tokens);
+    }
+    assert_int_equal(cp.n, 0);
+    kvp_moves_fini(&cp);
+}
+
+// Allocates (into `filler`) every free block without a hash and then the
+// first `n_cached` cached ones of the LRU order.
+static void evict_cached(kvp_pool *p, kvp_table *filler, int32_t n_cached) {
+    kvp_stats st;
+    kvp_stats_get(p, &st);
+    int32_t n = st.num_free - st.num_cached_free + n_cached, G = kvp_num_groups(p);
+    assert_int_equal(n % G, 0);
+    kvp_moves cp = {0};
+    grow_exact(p, filler, 0, n / G * kvp_block_size(p), &cp);
+    kvp_moves_fini(&cp);
+}
+
+// Prefix hits with groups (full, window 6; 4-token blocks; 33 tokens, so
+// at most 8 blocks hit and the windowed group needs blocks 6 and 7 for
+// that: a query at 32 sees keys 27..32).
+static void test_groups_prefix_hits(void **state) {
+    (void)state;
+    const int32_t win[2] = {0, 6};
+    int32_t tok[33], ids[9][KVP_MAX_GROUPS];
+    seq_tokens(tok, 33, 500);
+    kvp_moves cp = {0};
+    for (int variant = 0; variant < 3; variant++) {
+        // 0: slid blocks stay cached; 1: the early windowed blocks are
+        // evicted; 2: no slide, the tail's windowed block 6 evicted.
+        kvp_pool *p = make_group_pool(variant == 2 ? 64 : 65, 0, 4, 2, win, false);
+        kvp_table a, b, filler;
+        kvp_table_init(&a);
+        kvp_table_init(&b);
+        kvp_table_init(&filler);
+        kvp_table *ts[3] = {&a, &b, &filler};
+        compute_seq(p, &a, tok, 33, variant != 2, ids);
+        for (int32_t j = 0; j < 9; j++) {
+            int32_t want = variant != 2 && j < 7 ? 0 : ids[j][1];
+            if (a.blocks[j * 2 + 1] != want) fail_msg("variant %d row %d: %d", variant, j, a.blocks[j * 2 + 1]);
+            assert_int_equal(a.blocks[j * 2], ids[j][0]);
+        }
+        assert_int_equal(a.n_cached, 8);
+        check_groups(p, ts, 3);
+        kvp_table_release(p, &a);
+        if (variant == 1) evict_cached(p, &filler, 4); // windowed rows 0..3
+        if (variant == 2) evict_cached(p, &filler, 3); // rows 7 (both groups), then 6 of the window
+        check_groups(p, ts, 3);
+        int32_t k = kvp_table_lookup(p, &b, tok, 33);
+        if (variant < 2) {
+            assert_int_equal(k, 8);
+            // 8 full blocks, windowed blocks 6 and 7, a fresh row.
+            assert_int_equal(grow_exact(p, &b, k, 1, &cp), 12);
+            for (int32_t j = 0; j < 8; j++) {
+                assert_int_equal(b.blocks[j * 2], ids[j][0]);
+                assert_int_equal(b.blocks[j * 2 + 1], j < 6 ? 0 : ids[j][1]);
+            }
+            if (variant == 0) { // the released partial row comes back first
+                assert_int_equal(b.blocks[16], ids[8][0]);
+                assert_int_equal(b.blocks[17], ids[8][1]);
+            } else { // the pool is full: the oldest cached windowed blocks go
+                assert_int_equal(kvp_num_free(p), 0);
+                assert_int_equal(b.blocks[16], ids[4][1]);
+                assert_int_equal(b.blocks[17], ids[5][1]);
+            }
+        } else {
+            // Full blocks 0..6 are cached but k = 7 needs windowed 5 and 6:
+            // k = 6 needs windowed 4 and 5 only.
+            assert_int_equal(k, 6);
+            assert_int_equal(grow_exact(p, &b, k, 1, &cp), 10);
+            ASSERT_ROWS2(&b, ids[0][0], 0, ids[1][0], 0, ids[2][0], 0, ids[3][0], 0, ids[4][0],
+                         ids[4][1], ids[5][0], ids[5][1], ids[6][0], ids[3][1]);
+        }
+        assert_int_equal(b.n_cached, k);
+        assert_int_equal(b.n_tokens, k * 4 + 1);
+        assert_int_equal(cp.n, 0);
+        check_groups(p, ts, 3);
+        kvp_table_release(p, &b);
+        kvp_table_release(p, &filler);
+        check_groups(p, ts, 3);
+        for (int i = 0; i < 3; i++) kvp_table_fini(ts[i]);
+        kvp_destroy(p);
+    }
+    // Every layer windowed (Mistral-like): no full group bounds the hit.
+    const int32_t win1[1] = {6};
+    kvp_pool *p = make_group_pool(32, 0, 4, 1, win1, false);
+    kvp_table a, b;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    compute_seq(p, &a, tok, 33, true, ids);
+    assert_int_equal(a.blocks[6], 0);
+    kvp_table_release(p, &a);
+    assert_int_equal(kvp_table_lookup(p, &b, tok, 33), 8);
+    assert_int_equal(grow_exact(p, &b, 8, 1, &cp), 3);
+    ASSERT_BLOCKS(&b, 0, 0, 0, 0, 0, 0, ids[6][0], ids[7][0], ids[8][0]);
+    kvp_table *ts1[2] = {&a, &b};
+    check_groups(p, ts1, 2);
+    kvp_table_release(p, &b);
+    kvp_table_fini(&a);
+    kvp_table_fini(&b);
+    kvp_destroy(p);
+    kvp_moves_fini(&cp);
+}
+
+// kvp_blocks_for: a full group holds the whole sequence, a windowed one at
+// most its window plus a piece (and never more than the sequence).
+static void test_groups_blocks_for(void **state) {
+    (void)state;
+    kvp_pool *p = make_pool(8, 0, 4, true);
+    assert_int_equal(kvp_blocks_for(p, 10, 4), 3);
+    assert_int_equal(kvp_blocks_for(p, 16, 8), 4);
+    assert_int_equal(kvp_blocks_for(p, 0, 8), 0);
+    kvp_destroy(p);
+    const int32_t w2[2] = {0, 6};
+    p = make_group_pool(8, 0, 4, 2, w2, false);
+    assert_int_equal(kvp_blocks_for(p, 33, 4), 9 + 4); // ceil((5 + 4) / 4) + 1
+    assert_int_equal(kvp_blocks_for(p, 33, 0), 9 + 9); // one piece: all of it
+    assert_int_equal(kvp_blocks_for(p, 5, 4), 2 + 2);
+    kvp_destroy(p);
+    const int32_t w6[6] = {0, 8, 8, 8, 8, 8};
+    p = make_group_pool(8, 0, 16, 6, w6, false);
+    assert_int_equal(kvp_blocks_for(p, 1000, 64), 63 + 5 * 6);
+    kvp_destroy(p);
+    const int32_t w1[1] = {4096};
+    p = make_group_pool(8, 0, 16, 1, w1, false);
+    assert_int_equal(kvp_blocks_for(p, 100000, 512), 289);
+    assert_int_equal(kvp_blocks_for(p, 1000, 512), 63);
+    kvp_destroy(p);
+}
+
+static void test_groups_config(void **state) {
+    (void)state;
+    kvp_config c;
+    kvp_config_default(&c);
+    c.num_blocks = 8;
+    kvp_pool *p = NULL;
+    assert_int_equal(kvp_create(&c, &p), 0); // 0 groups count as 1
+    assert_int_equal(kvp_num_groups(p), 1);
+    assert_int_equal(kvp_group_window(p, 0), 0);
+    kvp_destroy(p);
+    c.n_groups = KVP_MAX_GROUPS + 1;
+    assert_int_equal(kvp_create(&c, &p), PG_EINVAL);
+    assert_null(p);
+    c.n_groups = -1;
+    assert_int_equal(kvp_create(&c, &p), PG_EINVAL);
+    c.n_groups = 2;
+    c.group_window[1] = -1;
+    assert_int_equal(kvp_create(&c, &p), PG_EINVAL);
+    assert_non_null(strstr(pg_err_msg(), "window"));
+    c.group_window[1] = 0;
+    c.group_window[2] = -5; // beyond n_groups: not read
+    assert_int_equal(kvp_create(&c, &p), 0);
+    kvp_destroy(p);
+    c.n_groups = KVP_MAX_GROUPS;
+    c.group_window[2] = 0;
+    assert_int_equal(kvp_create(&c, &p), 0);
+    assert_int_equal(kvp_num_groups(p), KVP_MAX_GROUPS);
+    kvp_destroy(p);
+}
+
+typedef struct group_stress {
+    int32_t n_groups, win[KVP_MAX_GROUPS];
+    int32_t num_blocks, num_host;
+    bool tier;
+    uint64_t seed;
+} group_stress;
+
+static int32_t content_of(int cls, int32_t row, int32_t g) { return cls * 100000 + row * 100 + g + 1; }
+
+// Random plans of grow (with lookups and hits), commit, slide, fork,
+// truncate, swap and release against a model of the memory, as in
+// test_tier_random_plans_against_model, per group: every computed non-null
+// entry must hold its (tokens, row, group) content. After every operation
+// the pool matches the owners kvp_table_count_owners counts and every
+// growth or swap consumes exactly its cost. Plans of several operations
+// with the host tier only: without it a host block freed by a swap-in is
+// free at once, and a swap-out of the same plan (run first) may write it.
+static void run_group_stress(const group_stress *s, int64_t *n_hits, int64_t *n_slid) {
+    enum { NT = 10, MAXTOK = 48, BS = 4, PLANS = 20000 };
+    kvp_pool *p = make_group_pool(s->num_blocks, s->num_host, BS, s->n_groups, s->win, s->tier);
+    const int32_t G = s->n_groups, NB = s->num_blocks, NH = s->num_host;
+    kvp_moves cp = {0}, out = {0}, in = {0};
+    kvp_table t[NT];
+    kvp_table *ts[NT];
+    int32_t tok[NT][MAXTOK], computed[NT] = {0};
+    int32_t *dev = calloc((size_t)NB, sizeof(int32_t)), *host = calloc((size_t)NH + 1, sizeof(int32_t));
+    for (int i = 0; i < NT; i++) {
+        kvp_table_init(&t[i]);
+        ts[i] = &t[i];
+        for (int j = 0; j < MAXTOK; j++) tok[i][j] = (i % 3) * 1000 + j;
+    }
+    uint64_t rng = s->seed;
+    for (int plan = 0; plan < PLANS; plan++) {
+        kvp_release_holds(p);
+        cp.n = out.n = in.n = 0;
+        // Without the host tier nothing holds a host block a swap-in reads
+        // until the plan ran, so a plan there is one operation.
+        int n_ops = s->tier ? 1 + (int)(rng_next(&rng) % 4) : 1;
+        // Tables whose blocks this plan's swap-ins or copies write: the
+        // runner performs swap-outs first, so a scheduler never swaps such a
+        // table out in the same step.
+        bool touched[NT] = {0};
+        for (int op = 0; op < n_ops; op++) {
+            int i = (int)(rng_next(&rng) % NT);
+            kvp_table *x = &t[i];
+            switch (rng_next(&rng) % 9) {
+            case 0:
+            case 1: { // grow one or two tables, lookups for empty ones
+                kvp_grow_item it[2];
+                int ni = 0, who[2];
+                int j = rng_next(&rng) % 3 == 0 ? (int)(rng_next(&rng) % NT) : i;
+                for (int r = 0; r < (j == i ? 1 : 2); r++) {
+                    int k = r ? j : i;
+                    int32_t n = 1 + (int32_t)(rng_next(&rng) % 12);
+                    if (t[k].swapped || t[k].n_tokens + n > MAXTOK) continue;
+                    int32_t len = t[k].n_tokens + n;
+                    int32_t hits = t[k].n_blocks ? 0 : kvp_table_lookup(p, &t[k], tok[k], len);
+                    if (hits * BS >= len) fail_msg("hit covers the whole sequence");
+                    it[ni] = (kvp_grow_item){&t[k], hits, len - hits * BS - t[k].n_tokens};
+                    who[ni++] = k;
+                }
+                if (ni == 0) break;
+                int32_t cost = kvp_grow_cost(p, it, ni), before = kvp_num_free(p);
+                int rc = kvp_grow(p, it, ni, &cp);
+                if (rc == 0) {
+                    assert_int_equal(before - kvp_num_free(p), cost);
+                    for (int r = 0; r < ni; r++) touched[who[r]] = true;
+                    for (int r = 0; r < ni; r++)
+                        if (it[r].n_hits) {
+                            computed[who[r]] = it[r].n_hits * BS;
+                            *n_hits += it[r].n_hits;
+                        }
+                } else {
+                    assert_int_equal(rc, PG_ENOSPC);
+                    assert_true(cost > before);
+                    assert_int_equal(kvp_num_free(p), before);
+                }
+                break;
+            }
+            case 2: // slide to the computed positions
+                *n_slid += kvp_table_slide(p, x, computed[i]);
+                assert_int_equal(kvp_table_slide(p, x, computed[i]), 0);
+                break;
+            case 3: { // fork into an empty table with the same tokens
+                int j = (int)(rng_next(&rng) % NT);
+                if (j != i && t[j].n_blocks == 0 && j % 3 == i % 3) {
+                    kvp_table_fork(p, x, &t[j], x->n_tokens);
+                    computed[j] = computed[i];
+                    touched[j] = touched[i];
+                }
+                break;
+            }
+            case 4: { // truncate the slots not computed yet (rejected drafts)
+                if (x->swapped || x->n_blocks == 0) break;
+                int32_t lo = x->n_cached * BS > computed[i] ? x->n_cached * BS : computed[i];
+                kvp_table_truncate(p, x, lo + (int32_t)(rng_next(&rng) % (uint64_t)(x->n_tokens - lo + 1)));
+                break;
+            }
+            case 5:
+                kvp_table_release(p, x);
+                computed[i] = 0;
+                break;
+            case 6:
+                if (x->n_blocks && !x->swapped && !touched[i]) {
+                    int32_t cost = kvp_swap_out_cost(p, &x, 1), before = kvp_num_host_free(p);
+                    if (kvp_swap_out(p, &x, 1, &out) == 0) {
+                        assert_int_equal(before - kvp_num_host_free(p), cost);
+                    } else {
+                        assert_true(cost > before);
+                    }
+                }
+                break;
+            case 7:
+            case 8:
+                if (x->n_blocks && x->swapped) {
+                    int32_t cost = kvp_swap_in_cost(p, &x, 1), before = kvp_num_free(p);
+                    if (kvp_swap_in(p, &x, 1, &in) == 0) {
+                        assert_int_equal(before - kvp_num_free(p), cost);
+                        touched[i] = true;
+                    } else {
+                        assert_true(cost > before);
+                    }
+                }
+                break;
+            }
+            check_groups(p, ts, NT);
+        }
+        // The runner: swap-outs, swap-ins, copies; then the forward.
+        kvp_take_tier_moves(p, &out, &in);
+        for (int32_t m = 0; m < out.n; m++) host[out.v[m].to] = dev[out.v[m].from];
+        for (int32_t m = 0; m < in.n; m++) dev[in.v[m].to] = host[in.v[m].from];
+        for (int32_t m = 0; m < cp.n; m++) dev[cp.v[m].to] = dev[cp.v[m].from];
+        for (int i = 0; i < NT; i++) {
+            kvp_table *x = &t[i];
+            for (int32_t j = 0; j < (computed[i] + BS - 1) / BS; j++)
+                for (int32_t g = 0; g < G; g++) {
+                    int32_t b = x->blocks[j * G + g];
+                    if (b == (x->swapped ? -1 : 0)) continue;
+                    int32_t have = x->swapped ? host[b] : dev[b];
+                    if (have != content_of(i % 3, j, g))
+                        fail_msg("seed %d plan %d: table %d row %d group %d (%s %d) holds %d, want %d",
+                                 (int)s->seed, plan, i, j, g, x->swapped ? "host" : "device", b, have, content_of(i % 3, j, g));
+                }
+            if (x->swapped || x->n_tokens == computed[i] || rng_next(&rng) % 4 == 0) continue;
+            for (int32_t j = computed[i] / BS; j < x->n_blocks; j++)
+                for (int32_t g = 0; g < G; g++) {
+                    assert_int_not_equal(x->blocks[j * G + g], 0); // rows to write are never slid
+                    dev[x->blocks[j * G + g]] = content_of(i % 3, j, g);
+                }
+            kvp_table_commit(p, x, tok[i], x->n_tokens);
+            computed[i] = x->n_tokens;
+        }
+        check_groups(p, ts, NT);
+    }
+    for (int i = 0; i < NT; i++) kvp_table_release(p, &t[i]);
+    kvp_release_holds(p);
+    check_groups(p, ts, NT);
+    assert_int_equal(kvp_num_free(p), NB - 1);
+    assert_int_equal(kvp_num_host_free(p), NH);
+    for (int i = 0; i < NT; i++) kvp_table_fini(&t[i]);
+    free(dev);
+    free(host);
+    kvp_moves_fini(&cp);
+    kvp_moves_fini(&out);
+    kvp_moves_fini(&in);
+    kvp_destroy(p);
+}
+
+static void test_groups_random_plans(void **state) {
+    (void)state;
+    const group_stress cfgs[] = {
+        {1, {0}, 24, 0, false, 1},                  // the plain pool
+        {1, {0}, 24, 12, true, 2},                  // the plain pool, host tier
+        {2, {0, 6}, 40, 0, false, 3},               // full + sliding window
+        {2, {0, 6}, 40, 16, false, 4},              // ... with swap space
+        {2, {0, 9}, 40, 16, true, 5},               // ... with the host tier
+        {6, {0, 6, 6, 6, 6, 6}, 110, 40, false, 6}, // Gemma-like: 1 full, 5 windowed
+        {6, {0, 6, 6, 6, 6, 6}, 110, 40, true, 7},
+        {1, {6}, 16, 0, false, 8}, // every layer windowed (Mistral-like)
+        {1, {6}, 16, 8, true, 9},
+    };
+    for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+        int64_t n_hits = 0, n_slid = 0;
+        run_group_stress(&cfgs[c], &n_hits, &n_slid);
+        // The walk did reach the interesting paths.
+        if (n_hits < 50) fail_msg("config %zu: %lld hits", c, (long long)n_hits);
+        bool windowed = cfgs[c].win[cfgs[c].n_groups - 1] > 0;
+        if (windowed && n_slid < 50) fail_msg("config %zu: %lld slid", c, (long long)n_slid);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_rejected),
@@ -1203,6 +1740,11 @@ int main(void) {
         cmocka_unit_test(test_tier_host_lru_eviction_when_full),
         cmocka_unit_test(test_tier_swap_takes_host_cache),
         cmocka_unit_test(test_tier_random_plans_against_model),
+        cmocka_unit_test(test_groups_rows_slide_fork_swap),
+        cmocka_unit_test(test_groups_prefix_hits),
+        cmocka_unit_test(test_groups_blocks_for),
+        cmocka_unit_test(test_groups_config),
+        cmocka_unit_test(test_groups_random_plans),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
