@@ -39,6 +39,9 @@ typedef struct pg_engine_config {
     int32_t kv_blocks;           // overrides kv_cache_bytes when > 0
     int64_t swap_bytes;          // host KV blocks: swap space + host tier (-1 = default, 0 = none)
     bool no_host_kv_cache;       // host blocks for swap preemption only (no host tier)
+    // KV layer groups off (vLLM's --disable-hybrid-kv-cache-manager): every
+    // layer in one block table, sliding-window layers keeping every block.
+    bool disable_kv_layer_groups;
     int32_t max_model_len;       // 0 = the model's context length
     sched_config sched;          // block size, budgets, policy, preemption
     pg_spec_options spec;        // speculative decoding (off)
@@ -119,7 +122,17 @@ int64_t pg_engine_gpu_kv_budget(const pg_engine_config *cfg, int64_t total, int6
 int32_t pg_engine_kv_blocks(const pg_engine_config *cfg, int64_t kv_bytes, size_t per_block);
 // The least pool that starts: one sequence of max_model_len tokens plus
 // the null block.
-int32_t pg_engine_kv_blocks_needed(int32_t max_model_len, int32_t block_size);
+int32_t pg_engine_kv_blocks_needed(int32_t max_model_len, const sched_config *sc);
+// The KV layer groups of model `mc` on a backend of `caps` (off with
+// --disable-hybrid-kv-cache-manager or where attention runs no windows),
+// into *lay and the scheduler config's kv_groups and windows.
+void pg_engine_kv_groups(const pg_engine_config *cfg, const pg_model_config *mc, const pg_backend_caps *caps,
+                         sched_config *sc, pg_kv_layout *lay);
+// How many times the tokens of n_tokens-token sequences the same KV memory
+// holds with the layout `lay` against one block table for every layer
+// (layer-blocks of a sequence: ceil(n / bs) x layers against
+// pg_engine_kv_blocks_needed x layers per block). 1 without groups.
+double pg_engine_kv_group_gain(const sched_config *sc, const pg_kv_layout *lay, int32_t n_tokens);
 
 // LoRA slots an engine of cfg keeps: 0 without --enable-lora, else
 // --max-loras, or as many as --lora-modules names (at least 1).

@@ -44,9 +44,11 @@
 // --- the devices' rules (the backends' own functions) ----------------------------------
 
 // K and V of every layer: the function both backends' kv_block_bytes call.
-static size_t kv_block_bytes(bool cuda, int32_t dtype, const pg_model_config *mc, int32_t n_kv, int32_t bs) {
+// (KV layer groups: a block holds `layers` of them.)
+static size_t kv_block_bytes(bool cuda, int32_t dtype, const pg_model_config *mc, int32_t layers, int32_t n_kv,
+                             int32_t bs) {
     const pg_kv_shape s = {.block_size = bs, .n_kv_heads = n_kv, .head_dim = mc->head_dim, .dtype = dtype};
-    return pg_kv_block_bytes(mc->n_layers, s, !cuda);
+    return pg_kv_block_bytes(layers, s, !cuda);
 }
 
 // The KV type's name for the plan (the backend's native type by its name).
@@ -201,7 +203,7 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
     p->kv_fp8 = p->kv_dtype == PG_KV_FP8_E4M3;
 
     // The limits start-up runs with (engine/setup.c).
-    const sched_config sc = pg_engine_sched_limits(cfg, !cuda);
+    sched_config sc = pg_engine_sched_limits(cfg, !cuda);
     p->block_size = sc.block_size;
     p->max_num_seqs = sc.max_num_seqs;
     p->max_num_batched_tokens = sc.max_num_batched_tokens;
@@ -209,6 +211,11 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
     if (mc->sliding_window > 0 && p->max_model_len > mc->sliding_window && pg_model_attn_window(mc, caps) == 0)
         p->max_model_len = mc->sliding_window;
     p->plan_seq_len = in->plan_seq_len > 0 ? in->plan_seq_len : p->max_model_len;
+    pg_kv_layout lay; // start-up's layer groups (engine/setup.c)
+    pg_engine_kv_groups(cfg, mc, caps, &sc, &lay);
+    p->kv_groups = lay.n_groups;
+    p->kv_group_window = lay.window[lay.n_groups - 1];
+    p->kv_layers_per_block = lay.n_slots;
     p->util = pg_engine_gpu_memory_utilization(cfg);
     p->device_total = cuda ? in->device_total : 0;
     const pg_runner_config rc = {.block_size = p->block_size, .max_num_seqs = p->max_num_seqs,
@@ -246,7 +253,7 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
         k->workspace_extra = cuda ? CUDA_PROFILE_EXTRA + 2 * k->quant_max_elems : 0;
         k->workspace = k->workspace_buffers + k->workspace_extra;
         if (r == 0) p->experts_per_rank = mc->n_experts > 0 ? sh.n_exp : 0;
-        if (r == 0) p->per_block = kv_block_bytes(cuda, p->kv_dtype, mc, sh.n_kv_heads, p->block_size);
+        if (r == 0) p->per_block = kv_block_bytes(cuda, p->kv_dtype, mc, lay.n_slots, sh.n_kv_heads, p->block_size);
         if (!cuda) continue;
         PG_TRY(cuda_graph_reserve(cfg, max_seqs, p->max_model_len, &k->graphs));
         k->other = in->device_other >= 0 ? in->device_other : CUDA_OTHER_ESTIMATE;
@@ -278,9 +285,14 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
         k->kv = (int64_t)p->kv_blocks * (int64_t)p->per_block;
         if (cuda) k->free = in->device_total - k->other - k->weights - k->workspace - k->graphs - k->kv;
     }
-    const int32_t per_seq = (p->plan_seq_len + p->block_size - 1) / p->block_size;
+    // A sequence's blocks: with layer groups every group's (a windowed one
+    // at most its window and a step's tokens: pg_engine_kv_blocks_needed).
+    const int32_t per_seq = pg_engine_kv_blocks_needed(p->plan_seq_len, &sc) - 1;
     p->seqs = p->kv_blocks > 1 ? (int64_t)(p->kv_blocks - 1) / per_seq : 0;
-    p->need_blocks = pg_engine_kv_blocks_needed(p->max_model_len, p->block_size);
+    p->need_blocks = pg_engine_kv_blocks_needed(p->max_model_len, &sc);
+    p->kv_group_gain = pg_engine_kv_group_gain(&sc, &lay, p->plan_seq_len);
+    if (lay.n_groups > 1 || lay.window[0] > 0)
+        p->kv_tokens = p->kv_blocks > 1 ? (int64_t)((double)(p->kv_blocks - 1) * p->plan_seq_len / per_seq) : 0;
     p->fits = !p->why[0] && p->kv_blocks >= p->need_blocks;
     if (!p->why[0] && !p->fits)
         snprintf(p->why, sizeof p->why,
@@ -524,9 +536,20 @@ char *pg_memplan_text(const pg_memplan *p, const pg_memplan_advice *adv, int n_a
                            (double)k->reserved / GiB, p->util);
         }
     }
-    sbm_printf(&b, "KV cache: %d blocks x %d tokens = %lld tokens%s; swap %d blocks\n", p->kv_blocks > 0 ? p->kv_blocks - 1 : 0,
-               p->block_size, (long long)p->kv_tokens, p->tp > 1 ? " (each rank: its heads of every block)" : "",
-               p->host_blocks);
+    if (p->kv_groups > 1 || p->kv_group_window > 0) // a block is one group's share of the layers
+        sbm_printf(&b, "KV cache: %d blocks x %d tokens x %d layers = %lld tokens of %d-token sequences%s; swap %d blocks\n",
+                   p->kv_blocks > 0 ? p->kv_blocks - 1 : 0, p->block_size, p->kv_layers_per_block,
+                   (long long)p->kv_tokens, p->plan_seq_len, p->tp > 1 ? " (each rank: its heads of every block)" : "",
+                   p->host_blocks);
+    else
+        sbm_printf(&b, "KV cache: %d blocks x %d tokens = %lld tokens%s; swap %d blocks\n", p->kv_blocks > 0 ? p->kv_blocks - 1 : 0,
+                   p->block_size, (long long)p->kv_tokens, p->tp > 1 ? " (each rank: its heads of every block)" : "",
+                   p->host_blocks);
+    if (p->kv_groups > 1 || p->kv_group_window > 0)
+        sbm_printf(&b,
+                   "KV layer groups: %d block tables a sequence, %d layers a block, window %d: %.2fx the tokens of "
+                   "%d-token sequences of one table for every layer (--disable-hybrid-kv-cache-manager)\n",
+                   p->kv_groups, p->kv_layers_per_block, p->kv_group_window, p->kv_group_gain, p->plan_seq_len);
     sbm_printf(&b, "concurrent sequences of %d tokens: %lld\n", p->plan_seq_len, (long long)p->seqs);
     if (!p->fits) {
         sbm_printf(&b, "does not fit: %s\n", p->why);
@@ -562,10 +585,12 @@ static void json_plan(sbuf_min *b, const pg_memplan *p) {
                    (long long)k->offload.host_bytes, (long long)k->offload.slot_bytes, (long long)k->lora);
     }
     sbm_printf(b, "],\"kv_block_bytes\":%zu,\"kv_bytes_per_token\":%zu,\"kv_blocks\":%d,\"kv_tokens\":%lld,"
-                  "\"swap_blocks\":%d,\"plan_seq_len\":%d,\"sequences\":%lld,\"fits\":%s",
+                  "\"swap_blocks\":%d,\"plan_seq_len\":%d,\"sequences\":%lld,\"fits\":%s,"
+                  "\"kv_groups\":%d,\"kv_group_window\":%d,\"kv_layers_per_block\":%d,\"kv_group_gain\":%.4f",
                p->per_block, p->per_block / (size_t)p->block_size, p->kv_blocks > 0 ? p->kv_blocks - 1 : 0,
                (long long)p->kv_tokens, p->host_blocks, p->plan_seq_len, (long long)p->seqs,
-               p->fits ? "true" : "false");
+               p->fits ? "true" : "false", p->kv_groups, p->kv_group_window, p->kv_layers_per_block,
+               p->kv_group_gain);
     if (!p->fits) {
         sbm_printf(b, ",\"why\":\"");
         for (const char *c = p->why; *c; c++) sbm_printf(b, *c == '"' || *c == '\\' ? "\\%c" : "%c", *c);

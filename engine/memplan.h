@@ -61,7 +61,12 @@ typedef struct pg_memplan {
     pg_memplan_rank ranks[PG_MEMPLAN_MAX_RANKS];
     size_t per_block;            // bytes of one KV block on one rank
     int32_t kv_blocks;           // the pool, block 0 (the null block) included
-    int64_t kv_tokens;           // (kv_blocks - 1) x block_size
+    int64_t kv_tokens;           // (kv_blocks - 1) x block_size; with KV layer groups the
+                                 //   tokens of plan_seq_len-token sequences it holds
+    int32_t kv_groups;           // KV layer groups: block tables a sequence (1: one for every layer)
+    int32_t kv_group_window;     //   the windowed groups' window (0: none)
+    int32_t kv_layers_per_block; //   the layers a block holds (every layer without groups)
+    double kv_group_gain;        //   tokens of plan_seq_len sequences against one table for every layer
     int32_t host_blocks;         // swap blocks (--swap-space, --preemption-mode swap)
     int64_t seqs;                // concurrent sequences of plan_seq_len tokens
     int32_t need_blocks;         // blocks one sequence of max_model_len needs (+ the null block)

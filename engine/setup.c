@@ -220,12 +220,16 @@ int eng_setup(pg_engine *e) {
                 "attention is not implemented for it here)", e->max_model_len, mc->sliding_window);
         e->max_model_len = mc->sliding_window;
     }
+    // KV layer groups: the sliding-window layers' own block tables.
+    pg_kv_layout lay;
+    pg_engine_kv_groups(cfg, mc, be->caps, &sc, &lay);
     // The runner sizes its workspace for the largest step (and, where the
     // backend measures memory, profiles it); the KV pool gets what is left.
     pg_runner_config rcfg = {.block_size = sc.block_size, .max_num_seqs = sc.max_num_seqs,
                              .max_num_batched_tokens = sc.max_num_batched_tokens,
                              .max_model_len = e->max_model_len,
-                             .kv_dtype = kv_dtype, .kv_scales = cfg->kv_cache_scales, .graphs = graphs};
+                             .kv_dtype = kv_dtype, .kv_scales = cfg->kv_cache_scales, .graphs = graphs,
+                             .kv_layer_groups = !cfg->disable_kv_layer_groups && be->caps->attn_window};
     PG_TRY(pg_executor_runners_create(e->exec, &rcfg));
     PG_TRY(pg_executor_mem_refresh(e->exec));
     pg_runner_mem gm;
@@ -298,9 +302,22 @@ int eng_setup(pg_engine *e) {
     // them (engine/memplan.c says why the CPU has none by default).
     int32_t host_blocks = pg_host_kv_blocks(cfg, !on_cpu, e->kv_blocks, per_block, pg_host_ram_bytes());
     sc.enable_host_kv_cache = host_blocks > 0 && sc.enable_prefix_caching && !cfg->no_host_kv_cache;
+    if (sc.enable_host_kv_cache && (lay.n_groups > 1 || lay.window[0] > 0)) {
+        // The scheduler simulation loses a request with both (docs/kv_layer_groups.md): swap space only.
+        PG_LOGW("host KV tier off with KV layer groups (host blocks serve swap preemption only)");
+        sc.enable_host_kv_cache = false;
+    }
     // A pool that cannot hold one sequence of the full model length is a
     // configuration error, reported with what would fit.
-    const int32_t need = pg_engine_kv_blocks_needed(e->max_model_len, sc.block_size);
+    const int32_t need = pg_engine_kv_blocks_needed(e->max_model_len, &sc);
+    if (e->kv_blocks < need && (lay.n_groups > 1 || lay.window[0] > 0)) {
+        pg_err_set(PG_EINVAL,
+                   "KV cache of %d blocks cannot hold one sequence of max model length %d (%d blocks of %d layers "
+                   "in %d layer groups); lower --max-model-len or give the cache at least %zu MiB",
+                   e->kv_blocks - 1, e->max_model_len, need - 1, lay.n_slots, lay.n_groups,
+                   ((size_t)need * per_block) >> 20);
+        return pg_memplan_refuse(cfg, !on_cpu, gm.total, gm.other, PG_EINVAL, pg_err_msg());
+    }
     if (e->kv_blocks < need) {
         pg_err_set(PG_EINVAL,
                           "KV cache of %d blocks (%d tokens) cannot hold one sequence of max model "
@@ -390,6 +407,18 @@ int eng_setup(pg_engine *e) {
                                                                                        : "host KV tier")
                                             : "swap space",
             e->max_model_len);
+    if (lay.n_groups > 1 || lay.window[0] > 0) {
+        char groups[160] = "";
+        for (int32_t g = 0, n = 0; g < lay.n_groups && n < (int)sizeof groups - 24; g++)
+            n += snprintf(groups + n, sizeof groups - (size_t)n, "%s%s", g ? ", " : "",
+                          lay.window[g] ? "window" : "full");
+        if (lay.window[lay.n_groups - 1] > 0)
+            snprintf(groups + strlen(groups), sizeof groups - strlen(groups), "; window %d", lay.window[lay.n_groups - 1]);
+        PG_LOGI("KV layer groups: %d block tables a sequence (%s), %d layers a block; a sequence of max model length "
+                "holds at most %d blocks: %.2fx the tokens of one table for every layer "
+                "(--disable-hybrid-kv-cache-manager)",
+                lay.n_groups, groups, lay.n_slots, need - 1, pg_engine_kv_group_gain(&sc, &lay, e->max_model_len));
+    }
     const double M = 1 << 20;
     PG_LOGI("host memory%s: weights mapped %.1f MiB + weights offloaded %.1f MiB + KV cache %.1f MiB + swap/host "
             "tier %.1f MiB + pinned workspace %.1f MiB",

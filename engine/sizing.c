@@ -5,6 +5,7 @@
 // numbers without starting an engine; below both, so neither calls into
 // the other for them.
 #include <stdint.h>
+#include <string.h>
 
 #include "engine/engine.h"
 
@@ -38,8 +39,27 @@ int32_t pg_engine_kv_blocks(const pg_engine_config *cfg, int64_t kv_bytes, size_
     return n > INT32_MAX ? INT32_MAX : (int32_t)n;
 }
 
-int32_t pg_engine_kv_blocks_needed(int32_t max_model_len, int32_t block_size) {
-    return (max_model_len + block_size - 1) / block_size + 1;
+int32_t pg_engine_kv_blocks_needed(int32_t max_model_len, const sched_config *sc) {
+    kvp_config kc;
+    kvp_config_default(&kc);
+    kc.block_size = sc->block_size;
+    kc.n_groups = sc->kv_groups;
+    memcpy(kc.group_window, sc->kv_group_window, sizeof kc.group_window);
+    const int64_t n = kvp_config_blocks_for(&kc, max_model_len, sc->max_num_batched_tokens) + 1;
+    return n > INT32_MAX ? INT32_MAX : (int32_t)n;
+}
+
+double pg_engine_kv_group_gain(const sched_config *sc, const pg_kv_layout *lay, int32_t n_tokens) {
+    const int64_t plain = (int64_t)(n_tokens + sc->block_size - 1) / sc->block_size * lay->n_layers;
+    const int64_t grouped = (pg_engine_kv_blocks_needed(n_tokens, sc) - 1) * (int64_t)lay->n_slots;
+    return grouped > 0 ? (double)plain / (double)grouped : 1.0;
+}
+
+void pg_engine_kv_groups(const pg_engine_config *cfg, const pg_model_config *mc, const pg_backend_caps *caps,
+                         sched_config *sc, pg_kv_layout *lay) {
+    pg_kv_layout_make(mc, !cfg->disable_kv_layer_groups && caps->attn_window, lay);
+    sc->kv_groups = lay->n_groups;
+    memcpy(sc->kv_group_window, lay->window, sizeof sc->kv_group_window);
 }
 
 const char *pg_engine_config_device(const pg_engine_config *cfg) {

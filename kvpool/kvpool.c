@@ -389,18 +389,7 @@ int32_t kvp_group_window(const kvp_pool *p, int32_t g) {
 }
 
 int64_t kvp_blocks_for(const kvp_pool *p, int64_t n_tokens, int32_t chunk) {
-    if (n_tokens <= 0) return 0;
-    const int64_t bs = p->bs, full = (n_tokens + bs - 1) / bs;
-    const int64_t piece = chunk > 0 ? chunk : n_tokens;
-    int64_t sum = 0;
-    for (int32_t g = 0; g < p->G; g++) {
-        // A windowed group holds, while a piece is computed, the blocks of
-        // the window before the piece and of the piece (slid before each
-        // step): W - 1 + piece positions, one block more where misaligned.
-        int64_t w = p->win[g], held = w ? (w - 1 + piece + bs - 1) / bs + 1 : full;
-        sum += held < full ? held : full;
-    }
-    return sum;
+    return kvp_config_blocks_for(&p->cfg, n_tokens, chunk);
 }
 int32_t kvp_num_free(const kvp_pool *p) { return p->n_free; }
 int32_t kvp_num_host_free(const kvp_pool *p) { return p->n_host_free; }

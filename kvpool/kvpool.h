@@ -163,6 +163,8 @@ int32_t kvp_group_window(const kvp_pool *p, int32_t g);
 // Per group: full ceil(n / bs), windowed min(ceil(n / bs),
 // ceil((window - 1 + chunk) / bs) + 1). chunk <= 0: one piece of n_tokens.
 int64_t kvp_blocks_for(const kvp_pool *p, int64_t n_tokens, int32_t chunk);
+// The same for a pool of config `c`, before one exists (sizing, plans).
+int64_t kvp_config_blocks_for(const kvp_config *c, int64_t n_tokens, int32_t chunk);
 // Usable device blocks: num_blocks - 1.
 int32_t kvp_num_usable(const kvp_pool *p);
 // Device blocks allocatable now, including evictable cached blocks.

@@ -72,8 +72,11 @@ typedef struct pg_plan_seq {
     const int32_t *tokens;     // [n_tokens] token ids to run this step
     int32_t n_tokens;
     int32_t start_pos;         // position of tokens[0] (= computed tokens)
-    const int32_t *block_table;// [n_blocks] KV block ids covering
-    int32_t n_blocks;          //   positions [0, start_pos + n_tokens)
+    const int32_t *block_table;// [n_blocks][plan kv_groups] KV block ids covering
+    int32_t n_blocks;          //   positions [0, start_pos + n_tokens): group g's
+                               //   block for positions [i bs, (i + 1) bs) at
+                               //   [i * kv_groups + g]; 0 where a windowed group
+                               //   dropped it (before every query's window)
     bool sample;               // sample a token after the last position
     // For sampling (valid when sample): the parameters, the whole token
     // history (prompt then output) for penalties, and how many tokens this
@@ -132,6 +135,9 @@ typedef struct pg_batch_plan {
     const pg_block_move *swap_in;
     const pg_block_move *copies;
     int32_t mask_words;        // uint32 words of each seqs[i].mask (0 when none has one)
+    // KV layer groups (kvpool/kvpool.h): block tables per sequence, 0 or 1
+    // for one; the runner's layout must have as many.
+    int32_t kv_groups;
 } pg_batch_plan;
 
 // What the runner returns for each sequence with sample = true.

@@ -555,6 +555,14 @@ int sched_step(sched *s, const pg_batch_plan **out) {
     // rest of the budget.
     s->prefill_cap_now = s->n_run + s->waiting.n + s->swapped.n > 1 ? s->prefill_cap : 0;
     spec_step_begin(s);
+    // Layer groups: the blocks that fell out of a windowed group's window
+    // (every query yet to run, in flight included, is at n_computed or
+    // later) go back before anything is allocated.
+    for (int32_t i = 0; i < s->n_run; i++)
+        for (int32_t j = 0; j < s->run[i]->n; j++) {
+            seq *q = &s->run[i]->seqs[j];
+            kvp_table_slide(s->pool, &q->table, q->n_computed);
+        }
 
     for (int32_t i = 0; i < s->n_run && b.tokens > 0; i++)
         if (schedule_running(s, s->run[i], &b)) break;
@@ -582,6 +590,7 @@ int sched_step(sched *s, const pg_batch_plan **out) {
     p->swap_in = s->mv + s->swap_out.n;
     p->copies = s->mv + s->swap_out.n + s->swap_in.n;
     p->mask_words = 0; // sched_set_masks; every entry's mask starts NULL
+    p->kv_groups = kvp_num_groups(s->pool);
     s->in_flight = true;
     s->st.n_steps++;
     *out = p;
@@ -856,6 +865,8 @@ int sched_create(const sched_config *cfg, sched **out) {
     kc.block_size = cfg->block_size;
     kc.enable_prefix_caching = cfg->enable_prefix_caching;
     kc.enable_host_tier = cfg->enable_host_kv_cache;
+    kc.n_groups = cfg->kv_groups;
+    memcpy(kc.group_window, cfg->kv_group_window, sizeof kc.group_window);
     kvp_pool *pool;
     int rc = kvp_create(&kc, &pool);
     if (rc < 0) return pg_err_wrap(rc, "scheduler: ");
@@ -906,10 +917,15 @@ void sched_destroy(sched *s) {
 
 // KV blocks r needs at its longest: the shared prompt blocks once, then
 // every sequence's own up to prompt + max_tokens - 1 positions (the last
-// sampled token is never run).
-static int64_t blocks_needed(int32_t bs, int32_t n_prompt, int32_t max_tokens, int32_t n) {
+// sampled token is never run). With layer groups each sequence counts
+// every group's share in full (kvp_blocks_for: a windowed group holds its
+// window and a step's tokens), so parallel samples are over-counted.
+static int64_t blocks_needed(const sched *s, int32_t n_prompt, int32_t max_tokens, int32_t n) {
+    const int32_t bs = s->bs, len = n_prompt + max_tokens - 1;
+    if (kvp_num_groups(s->pool) > 1 || kvp_group_window(s->pool, 0) > 0)
+        return (int64_t)n * kvp_blocks_for(s->pool, len, s->cfg.max_num_batched_tokens);
     int64_t shared = (n_prompt - 1) / bs;
-    int64_t per_seq = cdiv(n_prompt + max_tokens - 1, bs) - shared;
+    int64_t per_seq = cdiv(len, bs) - shared;
     return shared + (int64_t)n * per_seq;
 }
 
@@ -945,7 +961,7 @@ static int validate_request(const sched *s, const sched_request *in) {
                           "were requested (%d in the prompt, %d for the completion)",
                           c->max_model_len, in->n_prompt + sp->max_tokens, in->n_prompt,
                           sp->max_tokens);
-    int64_t need = blocks_needed(s->bs, in->n_prompt, sp->max_tokens, sp->n);
+    int64_t need = blocks_needed(s, in->n_prompt, sp->max_tokens, sp->n);
     if (need > kvp_num_usable(s->pool))
         return pg_err_set(PG_EINVAL,
                           "request: needs %lld KV blocks (%d prompt + %d completion tokens, n = "
@@ -1108,13 +1124,7 @@ static int check_req(const sched *s, const req *r, int32_t *dev, int32_t *host) 
         if (t->n_blocks && t->swapped != (r->state == RQ_SWAPPED))
             return pg_err_set(PG_EINVAL, "seq %lld: blocks on the wrong side",
                               (long long)q->seq_id);
-        for (int32_t j = 0; j < t->n_blocks; j++) {
-            if (t->swapped) {
-                host[t->blocks[j]]++;
-            } else {
-                dev[t->blocks[j]]++;
-            }
-        }
+        kvp_table_count_owners(s->pool, t, dev, host);
     }
     // (none live: only a request that sched_resolve ended while it is in the
     // next plan, unlinked by the next sched_advance)

@@ -105,6 +105,12 @@ typedef struct sched_config {
     int64_t (*now_ns)(void *ctx);         // clock for timestamps (NULL = pg_now_ns)
     void *now_ctx;
     sched_spec_config spec;               // speculative decoding (off)
+    // KV layer groups (kvpool/kvpool.h, docs/kv_layer_groups.md): block
+    // tables per sequence (0 or 1: one) and each group's window in
+    // positions (0: every earlier key). A windowed group's blocks that no
+    // query will see again are freed before each step is planned.
+    int32_t kv_groups;
+    int32_t kv_group_window[KVP_MAX_GROUPS];
 } sched_config;
 
 // A request as submitted. Everything is copied.

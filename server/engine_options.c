@@ -82,6 +82,9 @@ const char *pg_engine_options_help =
     "                                the prefix cache's host tier (default: 4 GiB bounded by\n"
     "                                10% of RAM on a GPU; none on the CPU; 0 = none)\n"
     "  --no-host-kv-cache            host blocks for swap preemption only (no host tier)\n"
+    "  --disable-hybrid-kv-cache-manager  one block table for every layer: sliding-window\n"
+    "                                layers keep all their blocks (default: they keep their\n"
+    "                                window's; docs/kv_layer_groups.md)\n"
     "  --preemption-mode MODE        recompute (default) or swap\n"
     "  --max-model-len N             prompt + output limit (default: the model's)\n"
     "LoRA adapters (docs/lora.md):\n"
@@ -349,6 +352,10 @@ int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
     }
     if (!strcmp(f, "--no-host-kv-cache")) {
         c->no_host_kv_cache = true;
+        return 1;
+    }
+    if (!strcmp(f, "--disable-hybrid-kv-cache-manager")) {
+        c->disable_kv_layer_groups = true;
         return 1;
     }
     if (!strcmp(f, "--no-prefix-caching")) {

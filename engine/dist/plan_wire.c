@@ -34,6 +34,8 @@ static void put_i32(pg_wbuf *b, int32_t v) { pg_wbuf_put(b, &v, sizeof v); }
 void pg_plan_encode(pg_wbuf *b, const pg_batch_plan *p) {
     put_i32(b, p->n_seqs);
     put_i32(b, p->n_tokens);
+    const int32_t groups = p->kv_groups > 1 ? p->kv_groups : 1;
+    put_i32(b, groups);
     for (int32_t i = 0; i < p->n_seqs; i++) {
         const pg_plan_seq *s = &p->seqs[i];
         pg_plan_seq fixed = *s;
@@ -52,7 +54,7 @@ void pg_plan_encode(pg_wbuf *b, const pg_batch_plan *p) {
             pg_wbuf_put(b, s->sp->bias_values, sizeof(float) * (size_t)s->sp->n_logit_bias);
         }
         pg_wbuf_put(b, s->tokens, sizeof(int32_t) * (size_t)s->n_tokens);
-        pg_wbuf_put(b, s->block_table, sizeof(int32_t) * (size_t)s->n_blocks);
+        pg_wbuf_put(b, s->block_table, sizeof(int32_t) * (size_t)s->n_blocks * (size_t)groups);
         pg_wbuf_put(b, s->history, sizeof(int32_t) * (size_t)(s->history ? s->n_history : 0));
         put_i32(b, s->history != NULL);
     }
@@ -111,6 +113,8 @@ static int decode_pass(const uint8_t *data, size_t len, char *arena, size_t *siz
     size_t off = 0;
     const int32_t n_seqs = get_i32(&r), n_tokens = get_i32(&r);
     if (n_seqs < 0 || n_seqs > (1 << 20)) return pg_err_set(PG_EFORMAT, "plan: %d sequences", n_seqs);
+    const int32_t groups = get_i32(&r);
+    if (groups < 1 || groups > 64) return pg_err_set(PG_EFORMAT, "plan: %d KV groups", groups);
     size_t seqs_at = (off + 15) & ~(size_t)15;
     off = seqs_at + sizeof(pg_plan_seq) * (size_t)n_seqs;
     size_t sps_at = (off + 15) & ~(size_t)15;
@@ -138,7 +142,7 @@ static int decode_pass(const uint8_t *data, size_t len, char *arena, size_t *siz
             s.sp = NULL;
         }
         s.tokens = copy_out(&r, sizeof(int32_t) * (size_t)s.n_tokens, arena, &off);
-        s.block_table = copy_out(&r, sizeof(int32_t) * (size_t)s.n_blocks, arena, &off);
+        s.block_table = copy_out(&r, sizeof(int32_t) * (size_t)s.n_blocks * (size_t)groups, arena, &off);
         const int32_t *hist = copy_out(&r, sizeof(int32_t) * (size_t)s.n_history, arena, &off);
         s.history = get_i32(&r) ? hist : NULL;
         if (seqs) seqs[i] = s;
@@ -160,7 +164,8 @@ static int decode_pass(const uint8_t *data, size_t len, char *arena, size_t *siz
     if (out) {
         out->plan = (pg_batch_plan){.n_seqs = n_seqs, .seqs = seqs, .n_tokens = n_tokens,
                                     .n_swap_out = n_out, .n_swap_in = n_in, .n_copies = n_cp,
-                                    .swap_out = so, .swap_in = si, .copies = cp, .mask_words = words};
+                                    .swap_out = so, .swap_in = si, .copies = cp, .mask_words = words,
+                                    .kv_groups = groups};
     }
     return 0;
 }

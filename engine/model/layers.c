@@ -126,11 +126,22 @@ int pg_layer_attention_with(const pg_model *m, int32_t l, pg_bkv *kv, const pg_f
     pg_kv_shape ks = kv->shape;
     if (bufs->kv_scales && ks.dtype == PG_KV_FP8_E4M3)
         ks.scales = bufs->kv_scales + (size_t)l * 2 * (size_t)sh->n_kv_heads;
-    PG_TRY(be->ops->rope_kv_write(be, v->q, v->k, v->v, s->pos, s->slots, sh->n_heads, o->inv_freq, kv->k[l], kv->v[l],
+    // Layer groups: this layer's copy of the slots and block tables, and its
+    // KV tensor (engine/model/model.h pg_kv_layout).
+    const int32_t *slots = s->slots;
+    pg_attn_batch ab = s->attn;
+    int32_t kl = l;
+    if (s->kv_layout) {
+        const int32_t g = s->kv_layout->group[l];
+        slots += (size_t)g * (size_t)s->n_tokens;
+        ab.block_tables += (size_t)g * (size_t)ab.n_seqs * (size_t)ab.bt_stride;
+        kl = s->kv_layout->slot[l];
+    }
+    PG_TRY(be->ops->rope_kv_write(be, v->q, v->k, v->v, s->pos, slots, sh->n_heads, o->inv_freq, kv->k[kl], kv->v[kl],
                              ks));
     if (bufs->kv_amax)
         PG_TRY(kv_amax(m, v->k, v->v, v->n, bufs->kv_amax + (size_t)l * 2 * (size_t)sh->n_kv_heads));
-    PG_TRY(be->ops->attention(be, v->attn, v->q, &s->attn, kv->k[l], kv->v[l], ks, sh->n_heads, o->scale,
+    PG_TRY(be->ops->attention(be, v->attn, v->q, &ab, kv->k[kl], kv->v[kl], ks, sh->n_heads, o->scale,
                               o->window));
     if (o->post_norm) return pg_layer_row_linear_norm(m, v->x, v->attn, L->o, o->post_norm, v->xn);
     return row_linear(m, v, l, PG_LORA_O, v->x, v->attn, L->o, v->xn);

@@ -64,8 +64,6 @@ int pg_model_forward_logits(const pg_model *m, const pg_fwd_buffers *bufs, const
 }
 
 int32_t pg_model_attn_window(const pg_model_config *c, const pg_backend_caps *caps) {
-    // Qwen2's window covers only the layers past max_window_layers: not here
-    // (it stays capped).
-    const bool mistral = !strcmp(c->arch, "mistral") || !strcmp(c->arch, "mixtral");
-    return mistral && c->sliding_window > 0 && caps->attn_window ? c->sliding_window : 0;
+    // Gemma's local layers are not the family-wide window (their own, per layer).
+    return caps->attn_window && c->swa_window == 0 ? pg_config_layer_window(c, 0) : 0;
 }

@@ -233,6 +233,37 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out);
 // max model length: engine/setup.c, engine/memplan.c).
 int32_t pg_model_attn_window(const pg_model_config *c, const pg_backend_caps *caps);
 
+// KV layer groups (docs/kv_layer_groups.md; vLLM's hybrid KV cache
+// manager). Layers that attend over different spans keep different block
+// tables: the full-attention layers one per group of n_slots layers, the
+// sliding-window layers (Gemma 3's local layers, Mistral's) one per group
+// whose blocks fall out of the window and are freed. Every group takes its
+// blocks from the one pool, and a block holds n_slots layers' K and V:
+// layer l's KV tensor is slot[l], shared with the layers of the same slot
+// in the other groups, whose blocks are never the same ones. One group of
+// every layer with no window is the plain cache (slot[l] = l).
+#define PG_MAX_KV_GROUPS 16 // = KVP_MAX_GROUPS (kvpool/kvpool.h)
+struct pg_kv_layout {
+    int32_t n_groups;                  // block tables per sequence (>= 1)
+    int32_t n_slots;                   // KV tensors: the layers one block holds
+    int32_t window[PG_MAX_KV_GROUPS];  // group g's window (0: every earlier key)
+    int32_t n_layers;
+    int16_t group[PG_MAX_LAYERS];      // layer l's group
+    int16_t slot[PG_MAX_LAYERS];       // layer l's KV tensor
+};
+typedef struct pg_kv_layout pg_kv_layout;
+
+// The layout of config `c`: with `groups` (the attention runs windows:
+// backend caps attn_window) and a layer with a window, the layer types
+// (window 0 first, then each window) cut into groups of the smallest
+// type's layer count (raised until at most PG_MAX_KV_GROUPS groups);
+// otherwise the plain one group, window 0.
+void pg_kv_layout_make(const pg_model_config *c, bool groups, pg_kv_layout *out);
+// The window a layer of `c` attends over when the attention runs windows
+// (Gemma 3's local layers: swa_window; Mistral's and Mixtral's every layer:
+// sliding_window; else 0).
+int32_t pg_config_layer_window(const pg_model_config *c, int32_t l);
+
 // The bytes of rank `rank` of `size`'s weights on a backend of `caps`
 // (kernels/backend.h: what it runs as stored, what it converts the rest
 // to, its vector type; random weights are bf16), and the
@@ -319,6 +350,11 @@ typedef struct pg_fwd_step {
     // LoRA: host [n_tokens] each row's adapter slot (-1: none); NULL when
     // no row of the step has one (the forward is then the plain one).
     const int32_t *lora_rows;
+    // KV layer groups (pg_kv_layout, above): slots and attn.block_tables
+    // hold a copy per group, [n_groups][n_tokens] and
+    // [n_groups][n_seqs][bt_stride]; layer l uses group group[l]'s and the
+    // KV tensor slot[l]. NULL: one group, layer l's tensor l.
+    const struct pg_kv_layout *kv_layout;
 } pg_fwd_step;
 
 // The embedding and every layer for the step's rows (what a decode graph

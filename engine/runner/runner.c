@@ -56,9 +56,12 @@ static size_t input_capacity(const pg_model_config *mc, const pg_runner_config *
     const int32_t bs = cfg->block_size, len = cfg->max_model_len;
     const int32_t longest = len > max_tokens ? len : max_tokens;
     const size_t max_bt = (size_t)((longest + bs - 1) / bs) + 1;
+    pg_kv_layout lay;
+    pg_kv_layout_make(mc, cfg->kv_layer_groups, &lay);
+    const size_t G = (size_t)lay.n_groups;
     size_t n = 0;
-    n += 3 * (T * 4 + 16);                                 // tokens, pos, slots
-    n += S * max_bt * 4 + 16;                              // block tables
+    n += 2 * (T * 4 + 16) + G * T * 4 + 16;                // tokens, pos, slots (per KV group)
+    n += G * S * max_bt * 4 + 16;                          // block tables (per KV group)
     n += 3 * (S * 4 + 16) + 4 + 16;                        // seq_lens, start_pos, cu_q (+1)
     n += S * 4 + 16;                                       // sample rows
     n += S * sizeof(pg_sample_params) + 16;                // params
@@ -191,8 +194,9 @@ static int profile(pg_runner *r) {
     const int32_t pre_blocks = (n_pre_tok + bs - 1) / bs, tmp_blocks = pre_blocks + 2;
     const int32_t bt_stride = pre_blocks > 1 ? pre_blocks : 1;
     const int32_t n_seqs = n_dec + (n_pre_tok > 0 ? 1 : 0);
-    int32_t *tok = xmalloc_n((size_t)T, 4), *pos = xmalloc_n((size_t)T, 4), *slots = xmalloc_n((size_t)T, 4);
-    int32_t *bt = xmalloc_n((size_t)n_seqs * (size_t)bt_stride, 4), *lens = xmalloc_n((size_t)n_seqs, 4);
+    const size_t n_groups = (size_t)r->kv_layout.n_groups;
+    int32_t *tok = xmalloc_n((size_t)T, 4), *pos = xmalloc_n((size_t)T, 4), *slots = xmalloc_n((size_t)T * n_groups, 4);
+    int32_t *bt = xmalloc_n(n_groups * (size_t)n_seqs * (size_t)bt_stride, 4), *lens = xmalloc_n((size_t)n_seqs, 4);
     int32_t *start = xmalloc_n((size_t)n_seqs, 4), *rows = xmalloc_n((size_t)n_seqs, 4);
     int32_t cu[2] = {0, n_pre_tok};
     pg_sample_params *pp = xmalloc_n((size_t)n_seqs, sizeof *pp);
@@ -216,13 +220,19 @@ static int profile(pg_runner *r) {
                                    .logprobs = -1, .seed = (uint64_t)i};
     pp[0].logprobs = 5;
     if (n_seqs > 1) pp[1].temperature = 0.8f, pp[1].top_p = 0.9f;
+    // KV layer groups: every group the same blocks (the values do not matter).
+    const int32_t G = r->kv_layout.n_groups;
+    for (int32_t g = 1; g < G; g++) {
+        memcpy(slots + (size_t)g * T, slots, sizeof(int32_t) * (size_t)T);
+        memcpy(bt + (size_t)g * n_seqs * bt_stride, bt, sizeof(int32_t) * (size_t)n_seqs * (size_t)bt_stride);
+    }
     step_desc st = {.n_tokens = T, .tokens = tok, .pos = pos, .slots = slots, .n_seqs = n_seqs,
-                    .n_decode = n_dec, .block_tables = bt, .bt_stride = bt_stride, .seq_lens = lens,
+                    .n_decode = n_dec, .kv_groups = G, .block_tables = bt, .bt_stride = bt_stride, .seq_lens = lens,
                     .start_pos = start, .cu_q = cu, .max_decode_ctx = 16, .max_prefill_q = n_pre_tok,
                     .n_sample = n_seqs, .sample_rows = rows, .params = pp, .sample_tokens = tok,
                     .n_sample_tokens = 1};
     pg_kv_shape ks = {tmp_blocks, bs, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype, NULL};
-    int rc = be->store->kv_create(be, mc->n_layers, ks, 0, &r->kv);
+    int rc = be->store->kv_create(be, r->kv_layout.n_slots, ks, 0, &r->kv);
     // Twice: the first loads kernels and creates GEMM plans, the second
     // shows the steady state (and is what a capture would see).
     for (int it = 0; it < 2 && rc == 0; it++) {
@@ -256,6 +266,11 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
     pg_runner_ws_limits(cfg, &r->max_tokens, &r->max_seqs);
     r->max_bt = (cfg->max_model_len + cfg->block_size - 1) / cfg->block_size;
     int rc = 0;
+    if (cfg->kv_layer_groups && !be->caps->attn_window) {
+        rc = pg_err_set(PG_EINVAL, "runner: KV layer groups need an attention that runs windows");
+        goto fail;
+    }
+    pg_kv_layout_make(mc, cfg->kv_layer_groups, &r->kv_layout);
     int64_t free0 = 0, total = 0;
     if ((rc = be->dev->sync(be)) < 0 || (rc = be->dev->mem_info(be, &free0, &total)) < 0) goto fail;
     r->attn_ws_bytes = be->ops->attn_workspace_bytes(be, r->max_seqs, r->model->shard.n_heads, r->model->shard.n_kv_heads,
@@ -292,9 +307,10 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
             goto fail;
     if ((rc = runner_plp_alloc(r)) < 0) goto fail;
     const size_t T = (size_t)r->max_tokens, S = (size_t)r->max_seqs;
-    r->tokens = xmalloc_n(T, 4), r->pos = xmalloc_n(T, 4), r->slots = xmalloc_n(T, 4);
+    const size_t G = (size_t)r->kv_layout.n_groups;
+    r->tokens = xmalloc_n(T, 4), r->pos = xmalloc_n(T, 4), r->slots = xmalloc_n(T * G, 4);
     r->lora_rows = xmalloc_n(T, 4);
-    r->bt = xmalloc_n(S * (size_t)r->max_bt, 4);
+    r->bt = xmalloc_n(G * S * (size_t)r->max_bt, 4);
     r->seq_lens = xmalloc_n(S, 4), r->start_pos = xmalloc_n(S, 4), r->cu_q = xmalloc_n(S + 1, 4);
     r->order = xmalloc_n(S, 4), r->row0 = xmalloc_n(S, 4), r->sample_rows = xmalloc_n(S, 4);
     r->params = xmalloc_n(S, sizeof(pg_sample_params));
@@ -344,8 +360,10 @@ const pg_bkv *pg_runner_kv(const pg_runner *r) { return r->kv; }
 size_t pg_runner_kv_bytes_per_block(const pg_runner *r) {
     const pg_model_config *mc = &r->model->cfg;
     pg_kv_shape s = {1, r->cfg.block_size, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype, NULL};
-    return r->be->store->kv_block_bytes(r->be, mc->n_layers, s);
+    return r->be->store->kv_block_bytes(r->be, r->kv_layout.n_slots, s);
 }
+
+const pg_kv_layout *pg_runner_kv_layout(const pg_runner *r) { return &r->kv_layout; }
 
 void pg_runner_mem_get(const pg_runner *r, pg_runner_mem *out) {
     memset(out, 0, sizeof *out);
@@ -379,7 +397,7 @@ int pg_runner_alloc_kv(pg_runner *r, int32_t n_blocks, int32_t n_host_blocks) {
     PG_ARG(n_blocks >= 2 && n_host_blocks >= 0, "runner: %d KV blocks", n_blocks);
     const pg_model_config *mc = &r->model->cfg;
     pg_kv_shape s = {n_blocks, r->cfg.block_size, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype, NULL};
-    PG_TRY(r->be->store->kv_create(r->be, mc->n_layers, s, n_host_blocks, &r->kv));
+    PG_TRY(r->be->store->kv_create(r->be, r->kv_layout.n_slots, s, n_host_blocks, &r->kv));
     r->n_blocks = n_blocks;
     r->n_host_blocks = n_host_blocks;
     return runner_graphs_capture_all(r); // a no-op unless graphs are captured at start-up
@@ -494,6 +512,9 @@ static int check_plan(const pg_runner *r, const pg_batch_plan *p, int32_t *bt_st
     if (n_tokens > r->max_tokens)
         return pg_err_set(PG_EINVAL, "plan: %lld tokens, the runner was sized for %d",
                           (long long)n_tokens, r->max_tokens);
+    const int32_t G = r->kv_layout.n_groups;
+    if ((p->kv_groups > 1 ? p->kv_groups : 1) != G)
+        return pg_err_set(PG_EINVAL, "plan: %d KV groups, the runner's layout has %d", p->kv_groups, G);
     *bt_stride = 1;
     for (int32_t i = 0; i < p->n_seqs; i++) {
         const pg_plan_seq *s = &p->seqs[i];
@@ -507,8 +528,14 @@ static int check_plan(const pg_runner *r, const pg_batch_plan *p, int32_t *bt_st
                               "plan: sequence %lld reaches %lld tokens, beyond max model length %d",
                               (long long)s->seq_id, (long long)ctx, r->cfg.max_model_len);
         for (int32_t b = 0; b < nb; b++)
-            if (s->block_table[b] <= 0 || s->block_table[b] >= nd)
-                return pg_err_set(PG_EINVAL, "plan: block id %d out of range", s->block_table[b]);
+            for (int32_t g = 0; g < G; g++) {
+                // A windowed group's blocks before every query's window are
+                // dropped: null (0), never read.
+                const int32_t id = s->block_table[(size_t)b * G + g], w = r->kv_layout.window[g];
+                const bool dropped = w > 0 && (int64_t)(b + 1) * bs <= (int64_t)s->start_pos - w + 1;
+                if (id < (dropped ? 0 : 1) || id >= nd)
+                    return pg_err_set(PG_EINVAL, "plan: block id %d out of range", id);
+            }
         if (s->lora_id < 0 || s->lora_id > r->model->lora.n_slots)
             return pg_err_set(PG_EINVAL, "plan: sequence %lld asks for LoRA adapter %d of %d", (long long)s->seq_id,
                               s->lora_id, r->model->lora.n_slots);
@@ -575,6 +602,10 @@ int pg_runner_begin(pg_runner *r, const pg_batch_plan *p) {
 
     int32_t row = 0, max_dec_ctx = 0, max_q = 0, n_feed = 0, hint = 0;
     bool lora = false;
+    // KV layer groups: a block table and a slot per group ([g][n_seqs][bt_stride]
+    // and, compacted below, [g][rows]; slots fill at a stride of max_tokens).
+    const int32_t G = r->kv_layout.n_groups;
+    const size_t bt_group = (size_t)p->n_seqs * (size_t)bt_stride;
     for (k = 0; k < p->n_seqs; k++) {
         const int32_t i = r->order[k];
         const pg_plan_seq *s = &p->seqs[i];
@@ -582,7 +613,13 @@ int pg_runner_begin(pg_runner *r, const pg_batch_plan *p) {
         r->row0[i] = row;
         r->seq_lens[k] = ctx;
         r->start_pos[k] = s->start_pos;
-        memcpy(r->bt + (size_t)k * bt_stride, s->block_table, sizeof(int32_t) * (size_t)nb);
+        if (G == 1) {
+            memcpy(r->bt + (size_t)k * bt_stride, s->block_table, sizeof(int32_t) * (size_t)nb);
+        } else {
+            for (int32_t g = 0; g < G; g++)
+                for (int32_t b = 0; b < nb; b++)
+                    r->bt[g * bt_group + (size_t)k * bt_stride + b] = s->block_table[(size_t)b * G + g];
+        }
         lora |= s->lora_id > 0;
         if (k < n_dec) {
             if (ctx > max_dec_ctx) max_dec_ctx = ctx;
@@ -606,11 +643,14 @@ int pg_runner_begin(pg_runner *r, const pg_batch_plan *p) {
                 n_feed++;
             }
             r->pos[row] = pos;
-            r->slots[row] = s->block_table[pos / bs] * bs + pos % bs;
+            for (int32_t g = 0; g < G; g++)
+                r->slots[(size_t)g * r->max_tokens + row] = s->block_table[(size_t)(pos / bs) * G + g] * bs + pos % bs;
             r->lora_rows[row] = s->lora_id - 1;
         }
     }
     r->cu_q[p->n_seqs - n_dec] = row - n_dec;
+    for (int32_t g = 1; g < G; g++)
+        memmove(r->slots + (size_t)g * row, r->slots + (size_t)g * r->max_tokens, sizeof(int32_t) * (size_t)row);
 
     // Sampled sequences in plan order: the row of their last token, or
     // with drafts their last n_draft + 1 rows (the target's view after the
@@ -643,7 +683,7 @@ int pg_runner_begin(pg_runner *r, const pg_batch_plan *p) {
 
     if (row > 0 || ns > 0 || r->n_plp > 0) {
         step_desc st = {.n_tokens = row, .tokens = r->tokens, .pos = r->pos, .slots = r->slots,
-                        .n_seqs = p->n_seqs, .n_decode = n_dec, .block_tables = r->bt,
+                        .n_seqs = p->n_seqs, .n_decode = n_dec, .kv_groups = G, .block_tables = r->bt,
                         .bt_stride = bt_stride, .seq_lens = r->seq_lens, .start_pos = r->start_pos,
                         .cu_q = r->cu_q, .max_decode_ctx = max_dec_ctx, .max_prefill_q = max_q,
                         .n_sample = ns, .sample_rows = r->sample_rows, .params = r->params,

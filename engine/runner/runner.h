@@ -68,6 +68,11 @@ typedef struct pg_runner_config {
     int32_t kv_dtype;               // PG_KV_* (kernels/kernels.h): native, fp8 (CUDA), f32/f16/bf16/q8_0 (CPU)
     int32_t kv_scales;              // fp8 KV: PG_KV_SCALES_* (engine/runner/runner_kv_scales.c)
     pg_graph_mode graphs;
+    // KV layer groups (engine/model/model.h pg_kv_layout, docs/kv_layer_groups.md):
+    // the sliding-window layers keep their own block tables, which plans
+    // carry (pg_batch_plan.kv_groups). Only where the backend's attention
+    // runs windows (caps attn_window): the engine decides.
+    bool kv_layer_groups;
     // Tensor parallelism: gather every logit even for plain-greedy steps,
     // whose ranks otherwise exchange only row maxima (pg_runner_last_logits
     // needs the logits: tests).
@@ -130,8 +135,10 @@ typedef struct pg_runner_mem {
 } pg_runner_mem;
 void pg_runner_mem_get(const pg_runner *r, pg_runner_mem *out);
 
-// Bytes of one KV block (every layer, K and V) in the configured dtype.
+// Bytes of one KV block (every layer of a group, K and V) in the configured dtype.
 size_t pg_runner_kv_bytes_per_block(const pg_runner *r);
+// The runner's KV layout (layer groups; one group when off).
+const pg_kv_layout *pg_runner_kv_layout(const pg_runner *r);
 // The KV cache (NULL before pg_runner_alloc_kv), for tools that read it
 // (tests/tools/kv_quality.c: the magnitudes of K and V).
 const pg_bkv *pg_runner_kv(const pg_runner *r);

@@ -56,7 +56,8 @@ int64_t pg_runner_graph_reserve(int32_t max_seqs, int32_t max_model_len, int64_t
 }
 
 int runner_graphs_setup(pg_runner *r) {
-    r->graphs_on = r->be->caps->has_graphs && pg_runner_graphs_wanted(r->cfg.graphs);
+    // (KV layer groups run eagerly: the buckets hold one block table per sequence.)
+    r->graphs_on = r->be->caps->has_graphs && pg_runner_graphs_wanted(r->cfg.graphs) && r->kv_layout.n_groups == 1;
     if (!r->graphs_on) return 0;
     const int32_t S = r->max_seqs, bs = r->cfg.block_size;
     graph_buckets(S, r->cfg.max_model_len, r->bbuckets, &r->n_bbuckets, r->cbuckets, &r->n_cbuckets);

@@ -12,11 +12,14 @@ enum { RUNNER_MAX_BBUCKETS = 16, RUNNER_MAX_CBUCKETS = 32 };
 // the last of its context) first: sequence s < n_decode owns row s;
 // sequence s >= n_decode owns rows [n_decode + cu_q[s - n_decode],
 // n_decode + cu_q[s - n_decode + 1]). Host arrays.
+// With KV layer groups (kv_groups > 1) slots and block_tables hold a copy
+// per group: [kv_groups][n_tokens] and [kv_groups][n_seqs][bt_stride].
 typedef struct step_desc {
     int32_t n_tokens;
-    const int32_t *tokens, *pos, *slots; // [n_tokens]
+    const int32_t *tokens, *pos, *slots; // [n_tokens] (slots: per group)
     int32_t n_seqs, n_decode;
-    const int32_t *block_tables;         // [n_seqs][bt_stride]
+    int32_t kv_groups;                   // 0 or 1: one
+    const int32_t *block_tables;         // [n_seqs][bt_stride] (per group)
     int32_t bt_stride;
     const int32_t *seq_lens, *start_pos; // [n_seqs]
     const int32_t *cu_q;                 // [n_seqs - n_decode + 1]
@@ -45,6 +48,7 @@ struct pg_runner {
     int32_t max_tokens, max_seqs, max_bt;
     pg_bkv *kv;
     int32_t n_blocks, n_host_blocks;
+    pg_kv_layout kv_layout; // KV layer groups (one group when off)
 
     // Workspace: one backend allocation carved for the limits.
     void *ws;

@@ -48,6 +48,8 @@ int pg_kv_scales_parse(const char *s, int32_t *out) {
 // [n_layers][2][n_kv].
 static int calibrate(pg_runner *r, int32_t n, float *amax) {
     pg_backend *be = r->be;
+    // One block table: layer groups share tensors between groups' layers.
+    PG_ARG(r->kv_layout.n_groups == 1, "fp8 KV calibration: not with KV layer groups (--kv-cache-scales one)");
     const pg_model_config *mc = &r->model->cfg;
     const int32_t bs = r->cfg.block_size, nb = (n + bs - 1) / bs, chunk = r->max_tokens;
     int32_t *tok = pg_xmalloc(sizeof(int32_t) * (size_t)n), *pos = pg_xmalloc(sizeof(int32_t) * (size_t)n);

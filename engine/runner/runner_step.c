@@ -38,8 +38,11 @@ int runner_pack(pg_runner *r, const step_desc *s, dev_in *d) {
     packer pk = {.host = r->in_host[r->next_buf], .dev = r->in_dev, .cap = r->in_cap};
     d->tok = put(&pk, s->tokens, sizeof(int32_t) * (size_t)n);
     d->pos = put(&pk, s->pos, sizeof(int32_t) * (size_t)n);
-    d->slots = put(&pk, s->slots, sizeof(int32_t) * (size_t)n);
-    d->bt = put(&pk, s->block_tables, sizeof(int32_t) * (size_t)s->n_seqs * (size_t)s->bt_stride);
+    const size_t groups = s->kv_groups > 1 ? (size_t)s->kv_groups : 1;
+    PG_ARG(groups == (size_t)r->kv_layout.n_groups, "step: %zu KV groups, the runner's layout has %d", groups,
+           r->kv_layout.n_groups);
+    d->slots = put(&pk, s->slots, sizeof(int32_t) * (size_t)n * groups);
+    d->bt = put(&pk, s->block_tables, sizeof(int32_t) * (size_t)s->n_seqs * (size_t)s->bt_stride * groups);
     d->lens = put(&pk, s->seq_lens, sizeof(int32_t) * (size_t)s->n_seqs);
     d->start = put(&pk, s->start_pos, sizeof(int32_t) * (size_t)s->n_seqs);
     d->cu = put(&pk, s->cu_q, sizeof(int32_t) * (size_t)(n_pre + 1));
@@ -76,6 +79,7 @@ pg_fwd_step runner_fwd_step(const pg_runner *r, const step_desc *s, const dev_in
         .n_logits = s->n_sample,
         .logit_rows = d->rows,
         .lora_rows = s->lora_rows,
+        .kv_layout = r->kv_layout.n_groups > 1 ? &r->kv_layout : NULL,
     };
 }
 
