@@ -302,11 +302,6 @@ int eng_setup(pg_engine *e) {
     // them (engine/memplan.c says why the CPU has none by default).
     int32_t host_blocks = pg_host_kv_blocks(cfg, !on_cpu, e->kv_blocks, per_block, pg_host_ram_bytes());
     sc.enable_host_kv_cache = host_blocks > 0 && sc.enable_prefix_caching && !cfg->no_host_kv_cache;
-    if (sc.enable_host_kv_cache && (lay.n_groups > 1 || lay.window[0] > 0)) {
-        // The scheduler simulation loses a request with both (docs/kv_layer_groups.md): swap space only.
-        PG_LOGW("host KV tier off with KV layer groups (host blocks serve swap preemption only)");
-        sc.enable_host_kv_cache = false;
-    }
     // A pool that cannot hold one sequence of the full model length is a
     // configuration error, reported with what would fit.
     const int32_t need = pg_engine_kv_blocks_needed(e->max_model_len, &sc);
