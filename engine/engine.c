@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "engine/spec/draft.h"
 #include "engine/engine_int.h"
 #include "text/grammar/structured.h"
 
@@ -545,6 +546,7 @@ void pg_engine_destroy(pg_engine *e) {
     // The requests still live (and those whose last event never came).
     if (e->sched) sched_for_each_owner(e->sched, live_free_owner, NULL);
     sched_destroy(e->sched);
+    pg_draft_free(e->draft); // on rank 0's backend: before the executor frees it
     pg_executor_free(e->exec);
     pg_chat_template_free(e->chat);
     pg_tokenizer_free(e->tok);

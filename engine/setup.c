@@ -13,6 +13,7 @@
 #include "engine/engine_int.h"
 #include "formats/gguf.h"
 #include "engine/memplan.h"
+#include "engine/spec/draft.h"
 
 // Left free beside an explicit --kv-cache-memory: allocation granularity and
 // the CUDA context's growth after start-up.
@@ -172,6 +173,11 @@ static const char *kv_dtype_log_name(const pg_backend *be, int32_t dtype) {
 // The scheduler's proposer (sched_spec_config.propose): n-gram prompt lookup.
 static int32_t ngram_propose(void *ctx, const int32_t *history, int32_t n, int32_t limit, int32_t *out) {
     return pg_ngram_propose(ctx, history, n, limit, out);
+}
+
+// The draft-model proposer (sched_spec_config.propose).
+static int32_t draft_propose(void *ctx, const int32_t *history, int32_t n, int32_t limit, int32_t *out) {
+    return pg_draft_propose(ctx, history, n, limit, out);
 }
 
 int eng_setup(pg_engine *e) {
@@ -336,6 +342,20 @@ int eng_setup(pg_engine *e) {
                                       .ctx = &e->cfg.spec.ngram_cfg};
         PG_LOGI("speculative decoding: n-gram prompt lookup, n %d..%d, %d tokens, up to %d running sequences",
                 cfg->spec.ngram_cfg.min_n, cfg->spec.ngram_cfg.max_n, cfg->spec.ngram_cfg.k,
+                cfg->spec.max_running_seqs > 0 ? cfg->spec.max_running_seqs : SCHED_SPEC_DEFAULT_MAX_SEQS);
+    }
+    if (cfg->spec.draft) {
+        // On rank 0's backend, after the target's KV: its weights, KV and
+        // workspace come out of what the target left (not in the plan).
+        const pg_draft_config dc = {.model_path = cfg->spec.draft_model, .k = cfg->spec.draft_k,
+                                    .max_model_len = e->max_model_len, .vocab_size = mc->vocab_size};
+        PG_TRY(pg_draft_create(&dc, be, &e->draft));
+        sc.spec = (sched_spec_config){.num_tokens = cfg->spec.draft_k,
+                                      .max_running_seqs = cfg->spec.max_running_seqs,
+                                      .propose = draft_propose,
+                                      .ctx = e->draft};
+        PG_LOGI("speculative decoding: draft model %s, %d tokens, up to %d running sequences", cfg->spec.draft_model,
+                cfg->spec.draft_k,
                 cfg->spec.max_running_seqs > 0 ? cfg->spec.max_running_seqs : SCHED_SPEC_DEFAULT_MAX_SEQS);
     }
     PG_TRY(sched_create(&sc, &e->sched));

@@ -115,7 +115,9 @@ const char *pg_engine_options_help =
     "                                \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' (n-gram prompt\n"
     "                                lookup; greedy requests without logprobs, masks,\n"
     "                                penalties or bias; \"disable_by_batch_size\": N: none above\n"
-    "                                N running sequences, default " STR(SCHED_SPEC_DEFAULT_MAX_SEQS) ")\n";
+    "                                N running sequences, default " STR(SCHED_SPEC_DEFAULT_MAX_SEQS) ");\n"
+    "                                '{\"method\": \"draft_model\", \"model\": PATH, \"num_speculative_tokens\": 4}'\n"
+    "                                (a smaller model of the same vocabulary guesses greedily)\n";
 
 // An integer member of --speculative-config: *dst keeps its value when absent.
 static int spec_int(const cJSON *o, const char *key, int32_t lo, int32_t hi, int32_t *dst) {
@@ -128,10 +130,33 @@ static int spec_int(const cJSON *o, const char *key, int32_t lo, int32_t hi, int
     return 1;
 }
 
+// --speculative-config's method "draft_model": model (a path) and
+// num_speculative_tokens required, disable_by_batch_size; other keys refused.
+static int spec_draft_config(pg_spec_options *sp, const cJSON *o) {
+    static const char *const keys[] = {"method", "model", "num_speculative_tokens", "disable_by_batch_size"};
+    for (const cJSON *it = o->child; it; it = it->next) {
+        bool known = false;
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) known |= !strcmp(it->string, keys[k]);
+        if (!known) return pg_err_set(PG_EINVAL, "--speculative-config: unknown key \"%s\" for method draft_model", it->string);
+    }
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, "model");
+    if (!cJSON_IsString(m) || !m->valuestring[0] || strlen(m->valuestring) >= sizeof sp->draft_model)
+        return pg_err_set(PG_EINVAL, "--speculative-config: method draft_model needs \"model\": the draft's path");
+    int32_t k = 0, backoff = 0;
+    int rc = spec_int(o, "num_speculative_tokens", 1, PG_MAX_DRAFT, &k);
+    if (rc == 0)
+        return pg_err_set(PG_EINVAL, "--speculative-config: num_speculative_tokens (1 .. %d) is required", PG_MAX_DRAFT);
+    if (rc < 0 || (rc = spec_int(o, "disable_by_batch_size", 1, 65536, &backoff)) < 0) return rc;
+    *sp = (pg_spec_options){.draft = true, .draft_k = k, .max_running_seqs = backoff};
+    snprintf(sp->draft_model, sizeof sp->draft_model, "%s", m->valuestring);
+    return 1;
+}
+
 // --speculative-config (vLLM's JSON): method "ngram" with
 // num_speculative_tokens (required), prompt_lookup_min / _max (vLLM's
 // defaults: 5 and 5 when both are absent, one for the other when one is)
-// and disable_by_batch_size; every other method or key is refused.
+// and disable_by_batch_size; method "draft_model" (spec_draft_config);
+// every other method or key is refused.
 static int spec_config(pg_spec_options *sp, const char *json) {
     static const char *const keys[] = {"method", "num_speculative_tokens", "prompt_lookup_min",
                                        "prompt_lookup_max", "disable_by_batch_size"};
@@ -143,14 +168,19 @@ static int spec_config(pg_spec_options *sp, const char *json) {
     if (!cJSON_IsObject(o)) {
         rc = pg_err_set(PG_EINVAL, "--speculative-config: not a JSON object: %s", json);
     } else if (!cJSON_IsString(m)) {
-        rc = pg_err_set(PG_EINVAL, "--speculative-config: \"method\" (a string, \"ngram\") is required");
-    } else if (!strcmp(m->valuestring, "draft_model") || !strcmp(m->valuestring, "eagle") ||
-               !strcmp(m->valuestring, "eagle3") || !strcmp(m->valuestring, "medusa") ||
-               !strcmp(m->valuestring, "mtp")) {
-        rc = pg_err_set(PG_EINVAL, "--speculative-config: method \"%s\" is not supported yet (only \"ngram\")",
+        rc = pg_err_set(PG_EINVAL, "--speculative-config: \"method\" (a string, \"ngram\" or \"draft_model\") is required");
+    } else if (!strcmp(m->valuestring, "draft_model")) {
+        rc = spec_draft_config(sp, o);
+        cJSON_Delete(o);
+        return rc;
+    } else if (!strcmp(m->valuestring, "eagle") || !strcmp(m->valuestring, "eagle3") ||
+               !strcmp(m->valuestring, "medusa") || !strcmp(m->valuestring, "mtp")) {
+        rc = pg_err_set(PG_EINVAL,
+                        "--speculative-config: method \"%s\" is not supported yet (\"ngram\", \"draft_model\")",
                         m->valuestring);
     } else if (strcmp(m->valuestring, "ngram")) {
-        rc = pg_err_set(PG_EINVAL, "--speculative-config: unknown method \"%s\" (only \"ngram\")", m->valuestring);
+        rc = pg_err_set(PG_EINVAL, "--speculative-config: unknown method \"%s\" (\"ngram\", \"draft_model\")",
+                        m->valuestring);
     }
     for (const cJSON *it = o && !rc ? o->child : NULL; it && !rc; it = it->next) {
         bool known = false;

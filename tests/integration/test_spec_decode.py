@@ -19,11 +19,16 @@ greedy text, only how many steps it takes.
    give the same texts on both servers.
 4. Every KV block is back in the pool once the requests are done.
 5. Bad --speculative-config values stop `paged serve` with exit code 2 and
-   one line naming the problem; method draft_model is refused as not
-   supported yet.
+   one line naming the problem (method eagle is refused as not supported
+   yet; draft_model without its "model"); a draft model of another
+   vocabulary (the Gemma 3 file, when present) stops start-up in one line.
 6. Tensor parallelism (-tp 3 on the CPU): the draft rows go through the
    ranks' argmax exchange, and three copy prompts give the same texts with
    and without speculation at -tp 3, with drafts accepted.
+7. A draft model (engine/spec/draft.h): '{"method": "draft_model", "model":
+   <the default model>, "num_speculative_tokens": 4}' - the model as its own
+   draft, so nearly every draft is accepted - gives the same texts for every
+   request of 1 and 3, with drafts counted and every KV block back.
 """
 import concurrent.futures
 import os
@@ -104,7 +109,10 @@ def spec_counts(m, prefix):
 
 def check_bad_flags():
     cases = [
-        ('{"method": "draft_model", "model": "x", "num_speculative_tokens": 3}', "not supported yet"),
+        ('{"method": "eagle", "model": "x", "num_speculative_tokens": 3}', "not supported yet"),
+        ('{"method": "draft_model", "num_speculative_tokens": 3}', "\"model\""),
+        ('{"method": "draft_model", "model": "x", "num_speculative_tokens": 3, "prompt_lookup_min": 2}',
+         "prompt_lookup_min"),
         ('{"method": "ngram"}', "num_speculative_tokens"),
         ('{"method": "ngram", "num_speculative_tokens": 0}', "num_speculative_tokens"),
         ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5, "prompt_lookup_max": 3}', "min_n"),
@@ -118,6 +126,14 @@ def check_bad_flags():
         assert r.returncode == 2, (value, r.returncode, err)
         assert want in err and len(err.splitlines()) == 1, (value, err)
     print(f"bad --speculative-config: {len(cases)} refused with exit code 2 and one line")
+    gemma = os.path.join(su.ROOT, "models", "gemma-3-270m-q4_k_m.gguf")
+    if os.path.exists(gemma):
+        value = '{"method": "draft_model", "model": "%s", "num_speculative_tokens": 3}' % gemma
+        r = subprocess.run([su.binary(), "serve", "--model", su.MODEL, "--speculative-config", value],
+                           capture_output=True, text=True, timeout=120)
+        last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
+        assert r.returncode != 0 and "vocabulary" in last, (r.returncode, r.stderr[-2000:])
+        print(f"a draft of another vocabulary: refused at start ({last.strip()[:120]})")
 
 
 def main():
@@ -136,6 +152,19 @@ def main():
         name = "paged:spec_decode_num_accepted_tokens_per_pos_total"
         per_pos = [su.metric(m, name, position=str(i)) for i in range(5)
                    if any(k.startswith(name + "{") and f'position="{i}"' in k for k in m)]
+    draft = '{"method": "draft_model", "model": "%s", "num_speculative_tokens": 4}' % su.MODEL
+    with su.Server("--speculative-config", draft) as dsrv:
+        got_draft = run_all(dsrv.port)
+        md = su.wait_idle(dsrv.port)
+        assert su.metric(md, "paged:kv_cache_blocks", state="used") == 0
+        d_counts = spec_counts(md, "paged")
+    d_diff = [i for i in range(len(want)) if want[i] != got_draft[i]]
+    for i in d_diff:
+        print(f"prompt {i} (draft model): differs\n  plain: {want[i]!r}\n  draft: {got_draft[i]!r}")
+    assert not d_diff, f"draft model: {len(d_diff)} of {len(want)} texts differ"
+    assert d_counts[0] > 0 and 0 < d_counts[2] <= d_counts[1], d_counts
+    print(f"draft model (the model itself, k 4): {len(want)} texts identical; {int(d_counts[0])} drafts, "
+          f"{int(d_counts[1])} draft tokens, {int(d_counts[2])} accepted ({d_counts[2] / d_counts[1]:.1%})")
     tp_texts = []
     for args in ([], ["--speculative-config", SPEC]):
         with su.Server("-tp", "3", *args) as srv:

@@ -1,0 +1,47 @@
+// engine/spec/draft.h - the draft-model proposer of speculative decoding
+// (docs/speculative_decoding.md, vLLM's "draft_model" method): a smaller
+// model of the target's vocabulary guesses each sequence's next k tokens
+// greedily; the target verifies them in one step (engine/spec/verify.h),
+// so what is emitted is the target's alone, whatever the draft says.
+//
+// The draft has its own runner on the target's (rank 0) backend and its own
+// KV blocks with prefix caching: a proposal looks the sequence's history up
+// in that cache, computes only what is not there (the tokens accepted since
+// the last proposal, and the partial last block), then decodes k tokens one
+// at a time, and leaves every full block it wrote in the cache for the next
+// proposal of the same sequence (or of another with the same prefix). So
+// the proposer keeps no state per sequence and needs no word when one ends:
+// the cache's LRU forgets it. Sequences are proposed for one at a time (the
+// scheduler's callback, scheduler/sched.h): a batched draft step is left
+// for the GPU work.
+#pragma once
+#include <stdint.h>
+
+#include "engine/model/model.h"
+
+typedef struct pg_draft pg_draft;
+
+typedef struct pg_draft_config {
+    const char *model_path;   // GGUF file or Hugging Face directory
+    int32_t k;                // tokens proposed at most (num_speculative_tokens)
+    int32_t max_model_len;    // the target's: the longest history proposed for
+    int32_t vocab_size;       // the target's: the draft's must be the same
+    int32_t block_size;       // the draft's KV blocks (0: 16)
+    int64_t kv_tokens;        // KV positions the draft keeps (0: 4 x max_model_len, at least 8192)
+} pg_draft_config;
+
+// Loads the draft model on backend `be` (the target's) and sizes its
+// runner and KV; PG_EINVAL naming the file when its vocabulary differs
+// from the target's.
+int pg_draft_create(const pg_draft_config *c, pg_backend *be, pg_draft **out);
+void pg_draft_free(pg_draft *d);
+
+// Up to min(k, limit) greedy tokens of the draft to follow history[0 .. n)
+// into out (room for k); returns how many (0 when the draft's KV cannot
+// hold the history or the forward fails: no proposal, never an error).
+int32_t pg_draft_propose(pg_draft *d, const int32_t *history, int32_t n, int32_t limit, int32_t *out);
+
+// Proposals made, and positions the draft computed for them (prefill of
+// what its cache did not hold plus the decoded drafts): the start-up log
+// and tests read them.
+void pg_draft_counts(const pg_draft *d, int64_t *proposals, int64_t *positions);
