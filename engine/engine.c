@@ -12,7 +12,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
-#include "engine/spec/draft.h"
+#include "engine/draft_model.h"
 #include "engine/engine_int.h"
 #include "text/grammar/structured.h"
 

@@ -26,7 +26,7 @@ typedef struct pg_engine pg_engine;
 typedef struct pg_spec_options {
     bool ngram;               // method "ngram" (prompt lookup); false: off
     pg_ngram_config ngram_cfg; // prompt_lookup_min / _max, num_speculative_tokens (<= PG_MAX_DRAFT)
-    bool draft;               // method "draft_model" (engine/spec/draft.h); false: off
+    bool draft;               // method "draft_model" (engine/draft_model.h); false: off
     int32_t draft_k;          // its num_speculative_tokens (<= PG_MAX_DRAFT)
     char draft_model[1024];   // its "model": a GGUF file or Hugging Face directory
     int32_t max_running_seqs; // backoff, vLLM's disable_by_batch_size (0: SCHED_SPEC_DEFAULT_MAX_SEQS)

@@ -75,7 +75,7 @@ typedef struct live {
 struct pg_engine {
     pg_engine_config cfg;
     pg_executor *exec;           // every rank's backend, model shard and runner
-    struct pg_draft *draft;      // speculative decoding's draft model (engine/spec/draft.h), or NULL
+    struct pg_draft *draft;      // speculative decoding's draft model (engine/draft_model.h), or NULL
     pg_backend *backend;         // rank 0's (borrowed from exec)
     const pg_model *model;       // rank 0's shard: the config, the format (borrowed)
     pg_tokenizer *tok;

@@ -13,7 +13,7 @@
 #include "engine/engine_int.h"
 #include "formats/gguf.h"
 #include "engine/memplan.h"
-#include "engine/spec/draft.h"
+#include "engine/draft_model.h"
 
 // Left free beside an explicit --kv-cache-memory: allocation granularity and
 // the CUDA context's growth after start-up.

@@ -25,7 +25,7 @@ greedy text, only how many steps it takes.
 6. Tensor parallelism (-tp 3 on the CPU): the draft rows go through the
    ranks' argmax exchange, and three copy prompts give the same texts with
    and without speculation at -tp 3, with drafts accepted.
-7. A draft model (engine/spec/draft.h): '{"method": "draft_model", "model":
+7. A draft model (engine/draft_model.h): '{"method": "draft_model", "model":
    <the default model>, "num_speculative_tokens": 4}' - the model as its own
    draft, so nearly every draft is accepted - gives the same texts for every
    request of 1 and 3, with drafts counted and every KV block back.

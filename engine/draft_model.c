@@ -1,6 +1,6 @@
-// engine/spec/draft.c - the draft-model proposer (engine/spec/draft.h): the
+// engine/draft_model.c - the draft-model proposer (engine/draft_model.h): the
 // draft's own runner and prefix-cached KV pool, one sequence at a time.
-#include "engine/spec/draft.h"
+#include "engine/draft_model.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-// engine/spec/draft.h - the draft-model proposer of speculative decoding
+// engine/draft_model.h - the draft-model proposer of speculative decoding
 // (docs/speculative_decoding.md, vLLM's "draft_model" method): a smaller
 // model of the target's vocabulary guesses each sequence's next k tokens
 // greedily; the target verifies them in one step (engine/spec/verify.h),
