@@ -429,10 +429,11 @@ int eng_setup(pg_engine *e) {
                           lay.window[g] ? "window" : "full");
         if (lay.window[lay.n_groups - 1] > 0)
             snprintf(groups + strlen(groups), sizeof groups - strlen(groups), "; window %d", lay.window[lay.n_groups - 1]);
-        PG_LOGI("KV layer groups: %d block tables a sequence (%s), %d layers a block; a sequence of max model length "
-                "holds at most %d blocks: %.2fx the tokens of one table for every layer "
+        PG_LOGI("KV layer groups: %d block table%s a sequence (%s), %d layer%s a block; a sequence of max model "
+                "length holds at most %d blocks: %.2fx the tokens of one table for every layer "
                 "(--disable-hybrid-kv-cache-manager)",
-                lay.n_groups, groups, lay.n_slots, need - 1, pg_engine_kv_group_gain(&sc, &lay, e->max_model_len));
+                lay.n_groups, lay.n_groups > 1 ? "s" : "", groups, lay.n_slots, lay.n_slots > 1 ? "s" : "", need - 1,
+                pg_engine_kv_group_gain(&sc, &lay, e->max_model_len));
     }
     const double M = 1 << 20;
     PG_LOGI("host memory%s: weights mapped %.1f MiB + weights offloaded %.1f MiB + KV cache %.1f MiB + swap/host "

@@ -20,7 +20,11 @@ fall out of the window, through the real server on a real socket.
    83 one-layer blocks of the global layer plus 3 per local layer, against
    83 seven-layer blocks); `paged plan --json` of the grouped config says
    kv_groups 7, kv_layers_per_block 1, and its kv_group_gain.
-4. The real Gemma 3 270M (models/gemma-3-270m-q4_k_m.gguf) when present:
+4. Mistral's window on every layer (a tiny random MistralForCausalLM with
+   sliding_window 8, as test_hf_parity.py writes it): one windowed group,
+   the same tokens and logprobs with and without groups, concurrently and
+   one by one.
+5. The real Gemma 3 270M (models/gemma-3-270m-q4_k_m.gguf) when present:
    `paged plan` at --max-model-len 32768 (the figure the issue asks: KV
    tokens of 32k-token sequences in the same memory against one table for
    every layer) and a served 2,000-token prompt's KV usage with and without
@@ -40,7 +44,8 @@ import server_util as su  # noqa: E402
 
 try:
     import numpy as np
-    import test_gemma3 as g3  # the tiny checkpoint writer (exits 77 itself without torch)
+    import test_gemma3 as g3  # the tiny checkpoint writers (exit 77 themselves without torch)
+    import test_hf_parity as hfp
 except ImportError as e:
     su.skip(f"numpy/transformers not importable ({e})")
 
@@ -158,6 +163,23 @@ def main():
               f"gain {d['kv_group_gain']:.2f}x at {d['plan_seq_len']} tokens")
         if d["kv_groups"] != 7 or d["kv_layers_per_block"] != 1 or d["kv_group_gain"] < 4:
             failed.append(f"plan: {d}")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        kind, extra = hfp.FAMILIES["mistral-window"]
+        hfp.make_checkpoint(kind, extra, tmp)
+        model = ["--model", tmp, "--tokenizer", su.MODEL]
+        mp = [[t % 311 for t in p] for p in ps]
+        res = []
+        for flags in (["--disable-hybrid-kv-cache-manager"], []):
+            with su.Server(*model, *COMMON, *flags, default_args=False) as srv:
+                log = srv.log()
+                res.append((run_all(srv.port, mp, True), run_all(srv.port, mp, False),
+                            [x for x in log.splitlines() if "KV layer groups:" in x]))
+        print(f"mistral window 8: {res[1][2][0].split('INFO')[-1].strip() if res[1][2] else 'no groups line'}")
+        if res[0][2] or not res[1][2] or "1 block table a sequence" not in res[1][2][0]:
+            failed.append("mistral: the groups line is wrong")
+        failed += same(res[0][0], res[1][0], "mistral concurrent")
+        failed += same(res[0][1], res[1][1], "mistral one by one")
 
     if os.path.exists(REAL):
         real = ["--model", REAL, "--max-model-len", "32768"]
