@@ -328,9 +328,16 @@ static int read_gguf(pg_lora_adapter *ad, const pg_model_config *cfg, int32_t ma
                             t->name.ptr, l, cfg->n_layers);
             break;
         }
-        if (t->type != PG_DTYPE_F32 && t->type != PG_DTYPE_F16 && t->type != PG_DTYPE_BF16) {
-            rc = pg_err_set(PG_EUNSUPP, "%s: tensor '%.*s' is %s, LoRA weights must be F32, F16 or BF16", path,
-                            (int)t->name.len, t->name.ptr, pg_dtype_name((int)t->type));
+        // F32/F16/BF16 are used as mapped; a GGML block type (convert_lora_to_gguf.py
+        // --outtype q8_0 quantizes the A matrices, whose rows are long enough) is
+        // dequantized to f32 at load, as llama.cpp's ggml dequantizes it in its product.
+        const int qt = (int)t->type;
+        const bool plain = qt == PG_DTYPE_F32 || qt == PG_DTYPE_F16 || qt == PG_DTYPE_BF16;
+        if (!plain && (pg_dtype_block_elems(qt) == 0 || pg_dtype_has_row_scales(qt))) {
+            rc = pg_err_set(PG_EUNSUPP,
+                            "%s: tensor '%.*s' is %s, LoRA weights must be F32, F16, BF16 or a GGML block type "
+                            "paged dequantizes (Q8_0, Q4_0, Q4_K, ...)",
+                            path, (int)t->name.len, t->name.ptr, pg_dtype_name(qt));
             break;
         }
         // dims[0] is the inner dimension: lora_a [in, r] (rows r of in),
@@ -350,8 +357,22 @@ static int read_gguf(pg_lora_adapter *ad, const pg_model_config *cfg, int32_t ma
         }
         if (rc < 0) break;
         pg_weight *w = &ad->views[((size_t)l * PG_LORA_N_MODULES + (size_t)m) * 2 + (size_t)is_b];
-        *w = (pg_weight){.data = t->data, .dtype = (int)t->type, .rows = rows, .cols = cols,
-                         .row_bytes = pg_dtype_row_bytes((int)t->type, cols)};
+        const size_t row_bytes = pg_dtype_row_bytes(qt, cols);
+        if (row_bytes == 0) {
+            rc = pg_err_set(PG_EINVAL, "%s: tensor '%.*s': rows of %lld do not fit %s's blocks", path,
+                            (int)t->name.len, t->name.ptr, (long long)cols, pg_dtype_name(qt));
+            break;
+        }
+        *w = (pg_weight){.data = t->data, .dtype = qt, .rows = rows, .cols = cols, .row_bytes = row_bytes};
+        if (!plain) {
+            float *deq = pg_xmalloc(sizeof(float) * (size_t)rows * (size_t)cols);
+            for (int64_t r = 0; r < rows; r++)
+                pg_dequantize_row(qt, (const char *)t->data + (size_t)r * row_bytes, deq + (size_t)r * (size_t)cols,
+                                  cols);
+            own(ad, deq);
+            *w = (pg_weight){.data = deq, .dtype = PG_DTYPE_F32, .rows = rows, .cols = cols,
+                             .row_bytes = sizeof(float) * (size_t)cols};
+        }
         // llama.cpp's converter permutes q's and k's lora_b rows as the model's.
         if (is_b && !strcmp(arch, "llama") && (m == PG_LORA_Q || m == PG_LORA_K))
             own(ad, pg_model_unpermute_rows(w, m == PG_LORA_Q ? cfg->n_heads : cfg->n_kv_heads));

@@ -18,6 +18,9 @@ head by head as its converter permutes a "llama" model's q/k rows.
    reader's un-permutation is what makes 1 hold).
 3. Through the server: `--lora-modules g=FILE.gguf` answers as the PEFT
    directory does.
+2b. The A matrices stored as Q8_0 (convert_lora_to_gguf.py --outtype
+   q8_0; B's rows of 8 stay f32) give the logits of the same file with
+   gguf-py's dequantized values in f32, bit for bit.
 4. Refused in one line naming the file: a GGUF file that is not an
    adapter (general.type "model"), a lora_a of another rank than its
    lora_b.
@@ -55,7 +58,10 @@ def permute(w, n_head):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(src_dir, path, alpha=16, permute_qk=True, general_type="adapter", edit=None):
+def write_gguf(src_dir, path, alpha=16, permute_qk=True, general_type="adapter", edit=None, q8=None):
+    # q8 "quant": matrices whose rows are whole Q8_0 blocks stored as Q8_0 (what
+    # convert_lora_to_gguf.py --outtype q8_0 does to the A matrices); "dequant":
+    # the same values dequantized by gguf-py, stored as f32.
     t = load_file(os.path.join(src_dir, "adapter_model.safetensors"))
     w = gguf.GGUFWriter(path, arch="llama")
     w.add_type(general_type)
@@ -70,7 +76,13 @@ def write_gguf(src_dir, path, alpha=16, permute_qk=True, general_type="adapter",
         gname = f"blk.{layer}.{GG[module]}.weight.lora_{ab}"
         if edit:
             gname, a = edit(gname, a)
-        if a is not None:
+        if a is not None and q8 and a.shape[-1] % 32 == 0:
+            q = gguf.quants.quantize(np.ascontiguousarray(a, dtype=np.float32), gguf.GGMLQuantizationType.Q8_0)
+            if q8 == "quant":
+                w.add_tensor(gname, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            else:
+                w.add_tensor(gname, np.ascontiguousarray(gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0)))
+        elif a is not None:
             w.add_tensor(gname, np.ascontiguousarray(a))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -109,6 +121,15 @@ def main():
         assert via_gguf == via_dir, "the GGUF adapter's logits differ from the PEFT directory's"
         assert via_dir != base and via_flat != via_dir
         print("1-2. GGUF LoRA = PEFT directory bit for bit; un-permuting q/k lora_b rows is what makes it so")
+        q8, deq = os.path.join(tmp, "q8.gguf"), os.path.join(tmp, "deq.gguf")
+        write_gguf(peft_dir, q8, q8="quant")
+        write_gguf(peft_dir, deq, q8="dequant")
+        rc4, via_q8, e4 = dump(q8)
+        rc5, via_deq, e5 = dump(deq)
+        assert rc4 == rc5 == 0, (e4, e5)
+        print(f"Q8_0 A matrices: logits md5 {md5(via_q8)}, gguf-py's dequantized values as f32 {md5(via_deq)}")
+        assert via_q8 == via_deq and via_q8 != base, "a Q8_0 adapter is not read as gguf-py dequantizes it"
+        print("2b. a Q8_0 GGUF adapter (convert_lora_to_gguf.py --outtype q8_0) = its dequantized values bit for bit")
 
         with su.Server("--enable-lora", "--lora-modules", f"p={peft_dir}", f"g={gg}") as srv:
             texts = {}
