@@ -104,13 +104,14 @@ typedef struct pg_plan_seq {
     // The LoRA adapter of this sequence's rows (docs/lora.md): 0 = the base
     // model, i = the runner's adapter slot i - 1 (sched_request.lora_id).
     int32_t lora_id;
-    // Speculative decoding (greedy only): tokens[n_tokens - n_draft ..
-    // n_tokens) are draft tokens proposed after tokens[n_tokens - n_draft
-    // - 1] (the sequence's last token); sample is set. The runner takes the
-    // argmax of each of the last n_draft + 1 rows, keeps the longest prefix
-    // of the drafts that matches them plus the next argmax
-    // (pg_spec_verify_greedy) and returns those tokens in the entry's
-    // output (pg_seq_output.spec_tokens). 0 = a plain entry.
+    // Speculative decoding: tokens[n_tokens - n_draft .. n_tokens) are
+    // draft tokens proposed after tokens[n_tokens - n_draft - 1] (the
+    // sequence's last token); sample is set. The runner samples each of the
+    // last n_draft + 1 rows as plain decoding would at its position (row t:
+    // seed counter n_generated + t, penalty history extended by the first t
+    // drafts), keeps the longest prefix of the drafts that matches them plus
+    // the next row's token (pg_spec_verify_greedy) and returns those tokens
+    // in the entry's output (pg_seq_output.spec_tokens). 0 = a plain entry.
     int32_t n_draft;
 } pg_plan_seq;
 

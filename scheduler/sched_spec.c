@@ -36,10 +36,10 @@ static int32_t spec_max_seqs(const sched *s) {
 // as before.
 static bool spec_eligible(const sched *s, const req *r) {
     const pg_sampling_params *sp = &r->sp;
-    bool penalties = (sp->repetition_penalty != 1.0f && sp->repetition_penalty > 0) ||
-                     sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f;
+    // Penalties are fine: the runner extends a draft row's penalty history
+    // by the drafts before it (engine/runner/runner.c fill_params).
     return s->cfg.spec.num_tokens > 0 && r->state == RQ_RUNNING && r->n == 1 && sp->logprobs < 0 &&
-           !sp->constrained && !penalties && r->seqs[0].n_hist - r->n_prompt >= sp->min_tokens;
+           !sp->constrained && r->seqs[0].n_hist - r->n_prompt >= sp->min_tokens;
 }
 
 // Sampled rows are bounded by max_num_seqs (the runner's logit rows and

@@ -428,8 +428,11 @@ static int32_t *stok_reserve(pg_runner *r, int64_t used, int64_t more) {
 // The plan's sampling parameters for the sampler, field by field; the
 // history only when a penalty reads it, the bans only while min_tokens is
 // not reached.
+// A draft's row t (speculative decoding) sees the history and the first t
+// drafts as its output so far: `drafts` [n_drafts] extend the penalties'
+// history, as if plain decoding had emitted them.
 static void fill_params(pg_runner *r, const pg_plan_seq *s, int32_t mask_words, pg_sample_params *pp,
-                        int64_t *n_stok) {
+                        int64_t *n_stok, const int32_t *drafts, int32_t n_drafts) {
     const pg_sampling_params *sp = s->sp;
     memset(pp, 0, sizeof *pp);
     pp->temperature = sp->temperature;
@@ -445,12 +448,14 @@ static void fill_params(pg_runner *r, const pg_plan_seq *s, int32_t mask_words, 
     bool pen = (sp->repetition_penalty != 1.0f && sp->repetition_penalty > 0) ||
                sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f;
     if (pen && s->n_history > 0) {
-        int32_t *dst = stok_reserve(r, *n_stok, s->n_history);
+        const int32_t n = s->n_history + n_drafts;
+        int32_t *dst = stok_reserve(r, *n_stok, n);
         memcpy(dst, s->history, sizeof(int32_t) * (size_t)s->n_history);
+        if (n_drafts) memcpy(dst + s->n_history, drafts, sizeof(int32_t) * (size_t)n_drafts);
         pp->hist_offset = (int32_t)*n_stok;
-        pp->n_history = s->n_history;
+        pp->n_history = n;
         pp->n_prompt = s->n_prompt;
-        *n_stok += s->n_history;
+        *n_stok += n;
     }
     if (s->mask_eos) {
         int32_t *dst = stok_reserve(r, *n_stok, 1 + sp->n_stop_ids);
@@ -671,7 +676,7 @@ int pg_runner_begin(pg_runner *r, const pg_batch_plan *p) {
             r->sample_rows[ns] = r->row0[i] + s->n_tokens - rows + t;
             // A draft's rows feed no later step (such a sequence never runs ahead).
             r->sampled[buf][ns] = rows == 1 ? s->seq_id : -1;
-            fill_params(r, s, p->mask_words, &r->params[ns], &n_stok);
+            fill_params(r, s, p->mask_words, &r->params[ns], &n_stok, s->tokens + s->n_tokens - rows + 1, t);
             // Row t decides output position n_generated + t: its draw is
             // the one plain decoding would make there (runner_spec.c).
             r->params[ns].n_generated += t;

@@ -15,8 +15,11 @@ greedy text, only how many steps it takes.
    under vLLM's names too with --metrics-compat vllm; the other server
    counts none.
 3. Seeded sampled requests (temperatures 0.3-1.0, top_p 0.95) give the
-   plain texts too; requests that do not speculate (a presence penalty, greedy with logprobs)
-   give the same texts on both servers.
+   plain texts too; so do penalised ones, which speculate (sampled with a
+   presence penalty; greedy with a repetition and with a frequency
+   penalty: a draft row's penalty history holds the drafts before it; the
+   frequency-penalised copy prompt alone gets drafts accepted); greedy with
+   logprobs does not speculate and gives the same text on both servers.
 4. Every KV block is back in the pool once the requests are done.
 5. Bad --speculative-config values stop `paged serve` with exit code 2 and
    one line naming the problem (method eagle is refused as not supported
@@ -97,8 +100,12 @@ def run_all(port):
                for i, (p, t) in enumerate(zip(COPY_PROMPTS[:6], (0.3, 0.6, 0.8, 1.0, 0.7, 0.5)))]
     with concurrent.futures.ThreadPoolExecutor(3) as ex:
         texts += list(ex.map(lambda j: complete(port, j[0], j[1], **j[2]), sampled))
-    # Requests that never speculate: a presence penalty, greedy with logprobs.
+    # Penalties speculate (each draft row's penalty history holds the drafts
+    # before it): sampled with a presence penalty, greedy with repetition
+    # and frequency penalties; greedy with logprobs never speculates.
     texts.append(complete(port, COPY_PROMPTS[4], 40, temperature=0.8, seed=11, presence_penalty=0.5))
+    texts.append(complete(port, COPY_PROMPTS[0], 48, temperature=0, repetition_penalty=1.2))
+    texts.append(complete(port, COPY_PROMPTS[1], 48, temperature=0, frequency_penalty=0.4))
     texts.append(complete(port, COPY_PROMPTS[5], 40, logprobs=2))
     return texts
 
@@ -152,6 +159,10 @@ def main():
         name = "paged:spec_decode_num_accepted_tokens_per_pos_total"
         per_pos = [su.metric(m, name, position=str(i)) for i in range(5)
                    if any(k.startswith(name + "{") and f'position="{i}"' in k for k in m)]
+        complete(spec.port, COPY_PROMPTS[1], 48, temperature=0, frequency_penalty=0.4)
+        pen_acc = su.metric(su.wait_idle(spec.port), "paged:spec_decode_num_accepted_tokens_total") - accepted
+        print(f"a frequency-penalised copy prompt alone: {int(pen_acc)} draft tokens accepted")
+        assert pen_acc > 0, "a penalised request got no draft accepted"
     draft = '{"method": "draft_model", "model": "%s", "num_speculative_tokens": 4}' % su.MODEL
     with su.Server("--speculative-config", draft) as dsrv:
         got_draft = run_all(dsrv.port)
@@ -181,7 +192,7 @@ def main():
     assert not diff, f"{len(diff)} of {len(want)} texts differ"
     assert drafts > 0 and accepted > 0 and accepted <= drafted, (drafts, drafted, accepted)
     assert sum(per_pos) == accepted and all(a >= b for a, b in zip(per_pos, per_pos[1:])), per_pos
-    print(f"{n} greedy prompts + 6 seeded sampled ones + 2 non-speculating requests: identical texts with and "
+    print(f"{n} greedy prompts + 6 seeded sampled ones + 3 penalised ones + greedy with logprobs: identical texts with and "
           f"without speculation; "
           f"{int(drafts)} drafts, {int(drafted)} draft tokens, {int(accepted)} accepted "
           f"({accepted / drafted:.1%}), per position {[int(a) for a in per_pos]}; every KV block back")

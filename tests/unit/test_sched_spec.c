@@ -292,8 +292,8 @@ static void test_miss_backoff(void **state) {
 static void test_who_speculates(void **state) {
     (void)state;
     // Sampling (temperature 1) gets drafts (the runner's rows draw what
-    // plain decoding would); with a presence penalty (per position, from a
-    // history the rows do not share) it never does.
+    // plain decoding would); so does a presence penalty (the runner extends
+    // each row's penalty history by the drafts before it).
     harness *h = h_new(4, 0, 64);
     h->prop = (proposer){.draft = {1, 2}, .n_draft = 2};
     h_add(h, 1, 7, 20, -1, 1.0f);
@@ -310,9 +310,9 @@ static void test_who_speculates(void **state) {
     h_step(h);
     h_update(h, 7, NULL);
     p = h_step(h);
-    assert_int_equal(p->seqs[0].n_draft, 0);
-    assert_int_equal(h->prop.calls, 0);
-    h_update(h, 7, NULL);
+    assert_int_equal(p->seqs[0].n_draft, 2);
+    assert_int_equal(h->prop.calls, 1);
+    h_update(h, 0, (const int32_t[]){1, 0, 0});
     h_free(h);
     // Backoff: three running sequences over a limit of two: none; two: both.
     h = h_new(4, 2, 64);
