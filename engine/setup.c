@@ -237,6 +237,14 @@ int eng_setup(pg_engine *e) {
                              .kv_dtype = kv_dtype, .kv_scales = cfg->kv_cache_scales, .graphs = graphs,
                              .kv_layer_groups = !cfg->disable_kv_layer_groups && be->caps->attn_window};
     PG_TRY(pg_executor_runners_create(e->exec, &rcfg));
+    if (cfg->spec.draft) {
+        // On rank 0's backend, before the KV budget is measured: the draft's
+        // weights, KV and workspace are in use then, so the target's pool
+        // gets what they leave (not in `paged plan` yet).
+        const pg_draft_config dc = {.model_path = cfg->spec.draft_model, .k = cfg->spec.draft_k,
+                                    .max_model_len = e->max_model_len, .vocab_size = mc->vocab_size};
+        PG_TRY(pg_draft_create(&dc, be, &e->draft));
+    }
     PG_TRY(pg_executor_mem_refresh(e->exec));
     pg_runner_mem gm;
     const size_t per_block = pg_executor_kv_bytes_per_block(e->exec);
@@ -345,11 +353,6 @@ int eng_setup(pg_engine *e) {
                 cfg->spec.max_running_seqs > 0 ? cfg->spec.max_running_seqs : SCHED_SPEC_DEFAULT_MAX_SEQS);
     }
     if (cfg->spec.draft) {
-        // On rank 0's backend, after the target's KV: its weights, KV and
-        // workspace come out of what the target left (not in the plan).
-        const pg_draft_config dc = {.model_path = cfg->spec.draft_model, .k = cfg->spec.draft_k,
-                                    .max_model_len = e->max_model_len, .vocab_size = mc->vocab_size};
-        PG_TRY(pg_draft_create(&dc, be, &e->draft));
         sc.spec = (sched_spec_config){.num_tokens = cfg->spec.draft_k,
                                       .max_running_seqs = cfg->spec.max_running_seqs,
                                       .propose = draft_propose,
