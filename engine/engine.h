@@ -253,6 +253,7 @@ typedef struct pg_engine_rank_mem {
 typedef struct pg_engine_stats {
     sched_stats sched;
     int32_t kv_blocks, block_size;
+    int32_t kv_groups, kv_layers_per_block; // KV layer groups (1, every layer: none)
     int64_t kv_bytes, weight_bytes, workspace_bytes;
     int64_t steps, prompt_tokens_computed, tokens_sampled;
     double busy_seconds;

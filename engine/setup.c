@@ -367,6 +367,8 @@ int eng_setup(pg_engine *e) {
     e->stats.host_kv_blocks = host_blocks;
     e->stats.host_kv_tier = sc.enable_host_kv_cache;
     e->stats.block_size = sc.block_size;
+    e->stats.kv_groups = lay.n_groups;
+    e->stats.kv_layers_per_block = lay.n_slots;
     eng_stats_memory(e);
     sched_stats_get(e->sched, &e->stats.sched);
 

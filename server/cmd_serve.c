@@ -518,12 +518,17 @@ int cmd_serve(int argc, char **argv) {
     pg_engine_stats st;
     pg_engine_stats_get(a->engine, &st);
     int64_t kv_tokens = (int64_t)(st.kv_blocks - 1) * st.block_size;
-    PG_LOGI("paged serve: model %s (%s), device %s, KV cache %d blocks x %d tokens = %lld tokens "
+    // With KV layer groups a block holds one group's layers (the start-up
+    // log's "KV layer groups" line says what a sequence takes).
+    char groups[96] = "";
+    if (st.kv_groups > 1)
+        snprintf(groups, sizeof groups, " of %d layers in %d layer groups", st.kv_layers_per_block, st.kv_groups);
+    PG_LOGI("paged serve: model %s (%s), device %s, KV cache %d blocks x %d tokens = %lld tokens%s "
             "(%.0f MiB), max model len %d, loaded in %.2f s; listening on %s://%s%s%s:%d%s%s",
             a->served_name,
             cfg.load_format && !strcmp(cfg.load_format, "dummy") ? "dummy weights" : cfg.model_path,
             pg_engine_device_name(a->engine), st.kv_blocks - 1,
-            st.block_size, (long long)kv_tokens, (double)st.kv_bytes / (1 << 20), a->lim.max_model_len,
+            st.block_size, (long long)kv_tokens, groups, (double)st.kv_bytes / (1 << 20), a->lim.max_model_len,
             pg_now_s() - t0, tls ? "https" : "http", strchr(f.host, ':') ? "[" : "", f.host,
             strchr(f.host, ':') ? "]" : "", srv_http_port(a->http), a->api_key ? " (API key required)" : "",
             f.ssl_ca_certs ? " (client certificates required)" : "");
