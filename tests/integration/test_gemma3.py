@@ -27,17 +27,15 @@ Skipped (exit 77) when torch or transformers are not importable.
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DUMP = os.path.join(ROOT, "build/tests/tools/dump_logits")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-4
 
 try:
+    import hf_util as hu  # numpy, torch, transformers
     import numpy as np
-    import torch
     import transformers
     from safetensors.torch import load_file
 except ImportError as e:  # the quickstart installs them; say so when missing
@@ -58,39 +56,9 @@ PROMPTS = [[1, 17, 5, 230, 99, 42, 7, 310, 8], list(range(3, 3 + 70 * 4, 4)), [2
 
 
 def make_checkpoint(extra, path, seed):
-    cfg = transformers.Gemma3TextConfig(**COMMON, **extra)
-    torch.manual_seed(seed)
-    model = transformers.Gemma3ForCausalLM(cfg).to(torch.float32)
-    model.config._attn_implementation = "eager"
-    with torch.no_grad():
-        for name, p in model.named_parameters():  # Gemma's norms start at w = 0 (x * 1): move them
-            if name.endswith("norm.weight"):
-                p.copy_(0.3 * torch.randn_like(p))
-    model.eval()
-    model.save_pretrained(path, safe_serialization=True)
-    return model
-
-
-def hf_logits(model, ids):
-    with torch.no_grad():
-        out = model(torch.tensor([ids], dtype=torch.long))
-    return out.logits[0, -1].double().numpy()
-
-
-def dump(args, ids, tp=1):
-    return subprocess.run([DUMP, *args, "--mode", "exact", "--tp", str(tp), "--threads", "2",
-                           ",".join(map(str, ids))], capture_output=True, text=True, timeout=300)
-
-
-def paged_logits(args, ids, tp=1):
-    p = dump(args, ids, tp)
-    assert p.returncode == 0, p.stderr
-    j = json.loads(p.stdout)
-    return j["arch"], np.array(j["logits"], dtype=np.float64)
-
-
-def rel(a, b):
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+    """A tiny random Gemma 3 (test_kv_layer_groups.py writes one too). Gemma's
+    norms start at w = 0 (x * 1): moved to 0.3 * N(0, 1)."""
+    return hu.make_checkpoint(transformers.Gemma3TextConfig(**COMMON, **extra), path, seed, norm_center=0.0)
 
 
 def write_gguf(name, hf_dir, out):
@@ -150,10 +118,10 @@ def main():
             model = make_checkpoint(extra, path, seed=201 + i)
             dirs[name] = path
             for ids in PROMPTS:
-                ref = hf_logits(model, ids)
-                arch, got = paged_logits([path], ids)
-                err = rel(got, ref)
-                same = int(np.argmax(got)) == int(np.argmax(ref))
+                ref = hu.hf_logits(model, ids)
+                arch, got = hu.paged_logits([path], ids)
+                err = hu.rel(got, ref)
+                same = hu.same_argmax(got, ref)
                 worst[name] = max(worst.get(name, 0.0), err)
                 print(f"{name:13s} ({arch}) {len(ids):3d} tokens: rel err {err:.2e}, argmax "
                       f"{'equal' if same else 'DIFFERS'}")
@@ -166,11 +134,11 @@ def main():
             out = os.path.join(tmp, "gemma3.gguf")
             write_gguf("gemma3", dirs["gemma3"], out)
             for ids in PROMPTS:
-                _, a = paged_logits([dirs["gemma3"]], ids)
-                arch, b = paged_logits([out], ids)
-                err = rel(b, a)
+                _, a = hu.paged_logits([dirs["gemma3"]], ids)
+                arch, b = hu.paged_logits([out], ids)
+                err = hu.rel(b, a)
                 print(f"gemma3 gguf ({arch}) vs safetensors {len(ids):3d} tokens: rel err {err:.2e}")
-                if not (err < 1e-5 and int(np.argmax(a)) == int(np.argmax(b))):
+                if not (err < 1e-5 and hu.same_argmax(b, a)):
                     failed.append(("gguf", len(ids), err))
         except ImportError:
             print("gguf-py not importable: the GGUF check is left out")
@@ -189,9 +157,9 @@ def main():
         json.dump(cfg, open(os.path.join(old, "config.json"), "w"))
         os.symlink(os.path.join(dirs["gemma3"], "model.safetensors"), os.path.join(old, "model.safetensors"))
         for ids in PROMPTS[1:2]:
-            _, a = paged_logits([dirs["gemma3"]], ids)
-            _, b = paged_logits([old], ids)
-            err = rel(b, a)
+            _, a = hu.paged_logits([dirs["gemma3"]], ids)
+            _, b = hu.paged_logits([old], ids)
+            err = hu.rel(b, a)
             print(f"gemma3 transformers-4 config.json vs 5 {len(ids):3d} tokens: rel err {err:.2e}")
             if err != 0.0:
                 failed.append(("v4 config", len(ids), err))
@@ -199,16 +167,16 @@ def main():
         # 3. Tensor parallelism.
         for name in VARIANTS:
             for ids in PROMPTS[:2]:
-                _, a = paged_logits([dirs[name]], ids, 1)
-                _, b = paged_logits([dirs[name]], ids, 2)
-                err = float(np.max(np.abs(a - b)) / np.max(np.abs(a)))
+                _, a = hu.paged_logits([dirs[name]], ids)
+                _, b = hu.paged_logits([dirs[name]], ids, tp=2)
+                err = hu.max_diff(b, a)
                 print(f"{name:13s} --tp 2 vs --tp 1 {len(ids):3d} tokens: max diff {err:.1e} of the largest logit")
-                if not (err < 1e-5 and int(np.argmax(a)) == int(np.argmax(b))):
+                if not (err < 1e-5 and hu.same_argmax(b, a)):
                     failed.append(("tp", name, err))
 
         # 4. Errors: one line naming the file and the reason.
         def refused(args, want, what):
-            p = dump(args, PROMPTS[0])
+            p = hu.dump(args, PROMPTS[0])
             lines = p.stderr.strip().splitlines()
             ok = p.returncode != 0 and len(lines) == 1 and all(w in lines[0] for w in want)
             print(f"refused, {what}: {lines[-1] if lines else '(nothing)'}")

@@ -14,19 +14,15 @@ Qwen2 (Q/K/V biases, tied embeddings), Qwen3 (per-head q/k RMSNorm, a head
 dimension that is not hidden / heads). Skipped (exit 77) when torch or
 transformers are not importable.
 """
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DUMP = os.path.join(ROOT, "build/tests/tools/dump_logits")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-4
 
 try:
-    import numpy as np
-    import torch
+    import hf_util as hu  # numpy, torch, transformers
     import transformers
 except ImportError as e:  # the quickstart installs them; say so when missing
     print(f"SKIP: transformers/torch not importable ({e})")
@@ -54,35 +50,10 @@ PROMPTS = [[1, 17, 5, 230, 99, 42, 7, 310, 8], list(range(3, 3 + 70, 3)), [250] 
 
 
 def make_checkpoint(kind, extra, path):
-    cfg_cls = getattr(transformers, kind)
-    cfg = cfg_cls(**COMMON, **extra)
-    torch.manual_seed(hash(path) % 1000)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32,
-                                                          attn_implementation="eager")
-    with torch.no_grad():
-        # Norm weights away from 1 and biases away from 0, so they matter.
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
-            elif name.endswith(".bias"):
-                p.copy_(0.5 * torch.randn_like(p))
-    model.eval()
-    model.save_pretrained(path, safe_serialization=True)
-    return model
-
-
-def hf_logits(model, ids):
-    with torch.no_grad():
-        out = model(torch.tensor([ids], dtype=torch.long))
-    return out.logits[0, -1].double().numpy()
-
-
-def paged_logits(path, ids):
-    p = subprocess.run([DUMP, path, "--mode", "exact", ",".join(map(str, ids))], capture_output=True,
-                       text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    j = json.loads(p.stdout)
-    return j["arch"], np.array(j["logits"], dtype=np.float64)
+    """A tiny random checkpoint of one family (test_kv_layer_groups.py writes
+    one too), seeded by its path; biases away from 0 too."""
+    return hu.make_checkpoint(getattr(transformers, kind)(**COMMON, **extra), path, seed=hash(path) % 1000,
+                              bias_scale=0.5)
 
 
 def main():
@@ -93,10 +64,11 @@ def main():
             path = os.path.join(tmp, name)
             model = make_checkpoint(kind, extra, path)
             for ids in PROMPTS:
-                ref = hf_logits(model, ids)
-                arch, got = paged_logits(path, ids)
-                err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
-                same = int(np.argmax(got)) == int(np.argmax(ref))
+                ref = hu.hf_logits(model, ids)
+                # Without --tp / --threads: dump_logits' defaults.
+                arch, got = hu.paged_logits([path], ids, tp=None, threads=None, timeout=120)
+                err = hu.rel(got, ref)
+                same = hu.same_argmax(got, ref)
                 worst[name] = max(worst.get(name, 0.0), err)
                 print(f"{name:9s} ({arch:7s}) {len(ids):3d} tokens: rel err {err:.2e}, argmax "
                       f"{'equal' if same else 'DIFFERS'}")

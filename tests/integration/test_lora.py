@@ -22,15 +22,14 @@ Skipped (exit 77) when torch, transformers or peft are not importable.
 import copy
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DUMP = os.path.join(ROOT, "build/tests/tools/dump_logits")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-4
 
 try:
+    import hf_util as hu  # numpy, torch, transformers
     import numpy as np
     import peft
     import torch
@@ -56,15 +55,8 @@ PROMPTS = [[1, 17, 5, 230, 99, 42, 7, 310, 8], list(range(3, 3 + 60, 3)), [250] 
 BATCH = [(1, 0), (2, 1), (3, 2), (0, 0), (2, 0), (3, 0), (0, 1), (1, 2)]
 
 
-def logits_of(model, ids):
-    with torch.no_grad():
-        return model(torch.tensor([ids], dtype=torch.long)).logits[0, -1].double().numpy()
-
-
 def dump(args, batch, tp=1):
-    cmd = [DUMP, *args, "--mode", "exact", "--tp", str(tp), "--threads", "2"]
-    cmd += [f"{a}:{','.join(map(str, PROMPTS[p]))}" for a, p in batch]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return hu.dump(args, *[(a, PROMPTS[p]) for a, p in batch], tp=tp)
 
 
 def paged_batch(args, batch, tp=1):
@@ -77,17 +69,9 @@ def main():
     failed = []
     with tempfile.TemporaryDirectory() as tmp:
         base_dir = os.path.join(tmp, "base")
-        torch.manual_seed(7)
-        base = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**BASE), dtype=torch.float32,
-                                                             attn_implementation="eager")
-        with torch.no_grad():
-            for name, p in base.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.copy_(1.0 + 0.3 * torch.randn_like(p))
-        base.eval()
-        base.save_pretrained(base_dir, safe_serialization=True)
+        base = hu.make_checkpoint(transformers.LlamaConfig(**BASE), base_dir, seed=7)
 
-        refs = {(0, p): logits_of(base, ids) for p, ids in enumerate(PROMPTS)}
+        refs = {(0, p): hu.hf_logits(base, ids) for p, ids in enumerate(PROMPTS)}
         dirs = []
         for i, kw in enumerate(ADAPTERS):
             torch.manual_seed(100 + i)
@@ -101,16 +85,16 @@ def main():
             m.save_pretrained(d)
             dirs.append(d)
             for p, ids in enumerate(PROMPTS):
-                refs[(i + 1, p)] = logits_of(m, ids)
+                refs[(i + 1, p)] = hu.hf_logits(m, ids)
 
         lora_args = [base_dir] + [x for d in dirs for x in ("--lora", d)]
         got = paged_batch(lora_args, BATCH)
         worst = 0.0
         for (a, p), g in zip(BATCH, got):
             ref = refs[(a, p)]
-            err = float(np.linalg.norm(g - ref) / np.linalg.norm(ref))
-            same = int(np.argmax(g)) == int(np.argmax(ref))
-            moved = float(np.linalg.norm(ref - refs[(0, p)]) / np.linalg.norm(refs[(0, p)]))
+            err = hu.rel(g, ref)
+            same = hu.same_argmax(g, ref)
+            moved = hu.rel(ref, refs[(0, p)])
             worst = max(worst, err)
             print(f"adapter {a} prompt {p} ({len(PROMPTS[p]):2d} tokens): rel err {err:.2e} vs peft, argmax "
                   f"{'equal' if same else 'DIFFERS'} (the adapter moves the logits by {moved:.2f})")
@@ -121,11 +105,11 @@ def main():
 
         tp2 = paged_batch(lora_args, BATCH, tp=2)
         for (a, p), g1, g2 in zip(BATCH, got, tp2):
-            d = float(np.max(np.abs(g1 - g2)) / np.max(np.abs(g1)))
-            if not (d < 1e-5 and int(np.argmax(g1)) == int(np.argmax(g2))):
+            d = hu.max_diff(g2, g1)
+            if not (d < 1e-5 and hu.same_argmax(g2, g1)):
                 failed.append(("tp", a, p, d))
         print(f"--tp 2 vs --tp 1, the same mixed batch: max diff "
-              f"{max(float(np.max(np.abs(a - b)) / np.max(np.abs(a))) for a, b in zip(got, tp2)):.1e} of the largest logit")
+              f"{max(hu.max_diff(b, a) for a, b in zip(got, tp2)):.1e} of the largest logit")
 
         # A bad adapter: one line naming the file and the reason.
         bad = os.path.join(tmp, "bad")

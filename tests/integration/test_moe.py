@@ -45,13 +45,12 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DUMP = os.path.join(ROOT, "build/tests/tools/dump_logits")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-4
 
 try:
+    import hf_util as hu  # numpy, torch, transformers
     import numpy as np
-    import torch
     import transformers
     from safetensors.torch import load_file, save_file
 except ImportError as e:  # the quickstart installs them; say so when missing
@@ -77,39 +76,7 @@ PROMPTS = [[1, 17, 5, 230, 99, 42, 7, 310, 8], list(range(3, 3 + 70, 3)), [250] 
 
 
 def make_checkpoint(kind, extra, path, seed):
-    cfg = getattr(transformers, kind)(**COMMON, **extra)
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
-    with torch.no_grad():
-        for name, p in model.named_parameters():  # norms away from 1, so they matter
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
-    model.eval()
-    model.save_pretrained(path, safe_serialization=True)
-    return model
-
-
-def hf_logits(model, ids):
-    with torch.no_grad():
-        out = model(torch.tensor([ids], dtype=torch.long))
-    return out.logits[0, -1].double().numpy()
-
-
-def dump(args, ids, tp=1, ep=False):
-    p = subprocess.run([DUMP, *args, "--mode", "exact", "--tp", str(tp), "--threads", "2", *(["--ep"] if ep else []),
-                        ",".join(map(str, ids))], capture_output=True, text=True, timeout=300)
-    return p
-
-
-def paged_logits(args, ids, tp=1, ep=False):
-    p = dump(args, ids, tp, ep)
-    assert p.returncode == 0, p.stderr
-    j = json.loads(p.stdout)
-    return j["arch"], np.array(j["logits"], dtype=np.float64)
-
-
-def rel(a, b):
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+    return hu.make_checkpoint(getattr(transformers, kind)(**COMMON, **extra), path, seed)
 
 
 # --- GGUF as llama.cpp writes it ---------------------------------------------------
@@ -187,10 +154,10 @@ def main():
             model = make_checkpoint(kind, extra, path, seed=101 + i)
             dirs[name] = path
             for ids in PROMPTS:
-                ref = hf_logits(model, ids)
-                arch, got = paged_logits([path], ids)
-                err = rel(got, ref)
-                same = int(np.argmax(got)) == int(np.argmax(ref))
+                ref = hu.hf_logits(model, ids)
+                arch, got = hu.paged_logits([path], ids)
+                err = hu.rel(got, ref)
+                same = hu.same_argmax(got, ref)
                 worst[name] = max(worst.get(name, 0.0), err)
                 print(f"{name:17s} ({arch:8s}) {len(ids):3d} tokens: rel err {err:.2e}, argmax "
                       f"{'equal' if same else 'DIFFERS'}")
@@ -208,47 +175,47 @@ def main():
             out = os.path.join(tmp, name + ".gguf")
             write_gguf(name, dirs[name], out)
             for ids in PROMPTS[:2]:
-                _, a = paged_logits([dirs[name]], ids)
-                arch, b = paged_logits([out], ids)
-                err = rel(b, a)
+                _, a = hu.paged_logits([dirs[name]], ids)
+                arch, b = hu.paged_logits([out], ids)
+                err = hu.rel(b, a)
                 print(f"{name:17s} gguf ({arch}) vs safetensors {len(ids):3d} tokens: rel err {err:.2e}")
-                if not (err < 1e-5 and int(np.argmax(a)) == int(np.argmax(b))):
+                if not (err < 1e-5 and hu.same_argmax(b, a)):
                     failed.append(("gguf", name, len(ids), err))
             # Expert parallelism on the stacked tensors: a rank's experts are one block of rows.
-            _, b = paged_logits([out], PROMPTS[0], 2, True)
-            _, a = paged_logits([dirs[name]], PROMPTS[0])
-            err = float(np.max(np.abs(a - b)) / np.max(np.abs(a)))
+            _, b = hu.paged_logits([out], PROMPTS[0], tp=2, ep=True)
+            _, a = hu.paged_logits([dirs[name]], PROMPTS[0])
+            err = hu.max_diff(b, a)
             print(f"{name:17s} gguf --tp 2 --ep vs safetensors --tp 1: max diff {err:.1e} of the largest logit")
-            if not (err < 1e-5 and int(np.argmax(a)) == int(np.argmax(b))):
+            if not (err < 1e-5 and hu.same_argmax(b, a)):
                 failed.append(("gguf ep", name, err))
 
         # 3. Tensor parallelism, experts split by columns and (--ep) whole.
         for name in VARIANTS:
             ids = PROMPTS[0]
-            _, a = paged_logits([dirs[name]], ids, 1)
+            _, a = hu.paged_logits([dirs[name]], ids)
             for tp, ep in ((2, False), (4, False), (2, True), (4, True)):
-                _, b = paged_logits([dirs[name]], ids, tp, ep)
-                err = float(np.max(np.abs(a - b)) / np.max(np.abs(a)))
+                _, b = hu.paged_logits([dirs[name]], ids, tp=tp, ep=ep)
+                err = hu.max_diff(b, a)
                 what = f"--tp {tp}{' --ep' if ep else ''}"
                 print(f"{name:17s} {what:10s} vs --tp 1: max diff {err:.1e} of the largest logit")
-                if not (err < 1e-5 and int(np.argmax(a)) == int(np.argmax(b))):
+                if not (err < 1e-5 and hu.same_argmax(b, a)):
                     failed.append(("tp", name, tp, ep, err))
         # Random weights: a rank's experts have the values they have at --tp 1
         # (the loader keys each expert's values by its id, not by load order).
         dummy = ["--dummy", os.path.join(dirs["qwen3moe"], "config.json")]
-        _, a = paged_logits(dummy, PROMPTS[0], 1)
+        _, a = hu.paged_logits(dummy, PROMPTS[0])
         for tp in (2, 4):
-            _, b = paged_logits(dummy, PROMPTS[0], tp, True)
-            err = float(np.max(np.abs(a - b)) / np.max(np.abs(a)))
+            _, b = hu.paged_logits(dummy, PROMPTS[0], tp=tp, ep=True)
+            err = hu.max_diff(b, a)
             print(f"qwen3moe dummy    --tp {tp} --ep vs --tp 1: max diff {err:.1e} of the largest logit")
-            if not (err < 1e-5 and int(np.argmax(a)) == int(np.argmax(b))):
+            if not (err < 1e-5 and hu.same_argmax(b, a)):
                 failed.append(("tp dummy", tp, err))
 
         # 4. The plan of the Qwen3-30B-A3B shape.
-        shape = os.path.join(ROOT, "tests/gpu/qwen3-30b-a3b-shape.json")
+        shape = os.path.join(hu.ROOT, "tests/gpu/qwen3-30b-a3b-shape.json")
 
         def plan(*flags):
-            p = subprocess.run([os.path.join(ROOT, "build/paged"), "plan", "--load-format", "dummy", "--hf-config",
+            p = subprocess.run([os.path.join(hu.ROOT, "build/paged"), "plan", "--load-format", "dummy", "--hf-config",
                                 shape, "--device-memory", "141G", "--json", *flags], capture_output=True, text=True,
                                timeout=60)
             assert p.returncode == 0, p.stderr
@@ -275,7 +242,7 @@ def main():
 
         # 5. Errors: one line naming the file and the reason.
         def refused(args, want, what, tp=1):
-            p = dump(args, PROMPTS[0], tp)
+            p = hu.dump(args, PROMPTS[0], tp=tp)
             lines = p.stderr.strip().splitlines()
             ok = p.returncode != 0 and len(lines) == 1 and all(w in lines[0] for w in want)
             print(f"refused, {what}: {lines[-1] if lines else '(nothing)'}")
