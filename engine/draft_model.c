@@ -24,17 +24,35 @@ struct pg_draft {
     bool warned;
 };
 
+pg_runner_config pg_draft_runner_config(const pg_draft_config *c) {
+    const int32_t bs = c->block_size > 0 ? c->block_size : 16;
+    // One sequence a step: prefill chunks of this many tokens bound the
+    // draft's workspace (its longest step).
+    const int32_t chunk = c->max_model_len < 256 ? c->max_model_len : 256;
+    return (pg_runner_config){.block_size = bs, .max_num_seqs = 1, .max_num_batched_tokens = chunk,
+                              .max_model_len = c->max_model_len, .kv_dtype = c->kv_dtype,
+                              .kv_scales = PG_KV_SCALES_ONE, .graphs = PG_GRAPHS_OFF};
+}
+
+int32_t pg_draft_kv_blocks(const pg_draft_config *c) {
+    const int32_t bs = c->block_size > 0 ? c->block_size : 16;
+    int64_t tokens = c->kv_tokens > 0 ? c->kv_tokens : 2 * (int64_t)c->max_model_len;
+    if (tokens < 4096 && c->kv_tokens <= 0) tokens = 4096;
+    if (tokens < (int64_t)c->max_model_len + c->k) tokens = (int64_t)c->max_model_len + c->k;
+    const int64_t blocks = (tokens + bs - 1) / bs + 1;
+    return blocks > INT32_MAX ? INT32_MAX : (int32_t)blocks;
+}
+
 int pg_draft_create(const pg_draft_config *c, pg_backend *be, pg_draft **out) {
     *out = NULL;
     PG_ARG(c->model_path && c->k >= 1 && c->k <= PG_MAX_DRAFT && c->max_model_len > 0,
            "draft model: a path, 1 .. %d tokens and a model length are needed", PG_MAX_DRAFT);
     pg_draft *d = pg_xcalloc(1, sizeof *d);
+    const pg_runner_config rc_cfg = pg_draft_runner_config(c);
     d->k = c->k;
-    d->bs = c->block_size > 0 ? c->block_size : 16;
+    d->bs = rc_cfg.block_size;
     d->max_len = c->max_model_len;
-    // One sequence a step: prefill chunks of this many tokens bound the
-    // draft's workspace (its longest step).
-    d->chunk = d->max_len < 256 ? d->max_len : 256;
+    d->chunk = rc_cfg.max_num_batched_tokens;
     int rc = 0;
     const pg_model_load_opts mo = {.path = c->model_path};
     if ((rc = pg_model_load(&mo, be, &d->model)) < 0) {
@@ -46,14 +64,8 @@ int pg_draft_create(const pg_draft_config *c, pg_backend *be, pg_draft **out) {
                         d->model->cfg.vocab_size, c->vocab_size);
         goto fail;
     }
-    const pg_runner_config rc_cfg = {.block_size = d->bs, .max_num_seqs = 1, .max_num_batched_tokens = d->chunk,
-                                     .max_model_len = d->max_len, .kv_dtype = PG_KV_NATIVE,
-                                     .kv_scales = PG_KV_SCALES_ONE, .graphs = PG_GRAPHS_OFF};
     if ((rc = pg_runner_create(d->model, &rc_cfg, &d->runner)) < 0) goto fail;
-    int64_t tokens = c->kv_tokens > 0 ? c->kv_tokens : 4 * (int64_t)d->max_len;
-    if (tokens < 8192 && c->kv_tokens <= 0) tokens = 8192;
-    if (tokens < d->max_len + d->k) tokens = d->max_len + d->k;
-    const int32_t blocks = (int32_t)((tokens + d->bs - 1) / d->bs) + 1;
+    const int32_t blocks = pg_draft_kv_blocks(c);
     if ((rc = pg_runner_alloc_kv(d->runner, blocks, 0)) < 0) goto fail;
     kvp_config kc;
     kvp_config_default(&kc);

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "engine/model/model.h"
+#include "engine/runner/runner.h"
 
 typedef struct pg_draft pg_draft;
 
@@ -27,8 +28,17 @@ typedef struct pg_draft_config {
     int32_t max_model_len;    // the target's: the longest history proposed for
     int32_t vocab_size;       // the target's: the draft's must be the same
     int32_t block_size;       // the draft's KV blocks (0: 16)
-    int64_t kv_tokens;        // KV positions the draft keeps (0: 4 x max_model_len, at least 8192)
+    int64_t kv_tokens;        // KV positions the draft keeps (0: 2 x max_model_len, at least 4096)
+    int32_t kv_dtype;         // the target's KV type (PG_KV_*; 0: the backend's native)
 } pg_draft_config;
+
+// What the draft allocates, for `paged plan` as for pg_draft_create: its
+// runner's limits (one sequence, steps of up to 256 tokens, no graphs, the
+// target's KV type) and its KV blocks (kv_tokens, or 2 x max_model_len and
+// at least 4096 positions: room for a few speculating sequences' histories;
+// at least one history and its drafts), the null block included.
+pg_runner_config pg_draft_runner_config(const pg_draft_config *c);
+int32_t pg_draft_kv_blocks(const pg_draft_config *c);
 
 // Loads the draft model on backend `be` (the target's) and sizes its
 // runner and KV; PG_EINVAL naming the file when its vocabulary differs

@@ -12,6 +12,7 @@
 // kernels/kernels.h, the sampler's and decode's workspaces from
 // kernels/cuda/cuda_ops.h, the graph reserve from the runner.
 #include "engine/memplan.h"
+#include "engine/draft_model.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -174,6 +175,37 @@ static int plan_lora(const pg_engine_config *cfg, pg_memplan *p) {
     return rc;
 }
 
+// Speculative decoding's draft model on rank 0 (engine/draft_model.h): its
+// weights as the backend holds them, its KV blocks and its runner's
+// workspace, as pg_draft_create allocates them (0 without one).
+static int plan_draft(const pg_engine_config *cfg, const pg_backend_caps *caps, bool cuda, int32_t max_model_len,
+                      int32_t kv_dtype, int64_t *bytes) {
+    *bytes = 0;
+    if (!cfg->spec.draft) return 0;
+    const pg_model_load_opts mo = {.path = cfg->spec.draft_model};
+    pg_model_config dmc;
+    pg_offload_plan off;
+    int64_t weights = 0, qmax = 0;
+    PG_TRY(pg_model_weight_plan(&mo, 0, 1, caps, &dmc, &weights, &off, &qmax));
+    const pg_draft_config dc = {.model_path = cfg->spec.draft_model, .k = cfg->spec.draft_k,
+                                .max_model_len = max_model_len, .vocab_size = dmc.vocab_size,
+                                .kv_dtype = kv_dtype};
+    const pg_runner_config rc = pg_draft_runner_config(&dc);
+    pg_model_shard sh;
+    PG_TRY(pg_model_shard_plan(&dmc, 0, 1, false, &sh));
+    int32_t max_tokens, max_seqs;
+    pg_runner_ws_limits(&rc, &max_tokens, &max_seqs);
+    const pg_runner_ws_sizes sizes = {
+        .attn = cuda ? cuda_attn_ws(max_seqs, sh.n_heads, sh.n_kv_heads, dmc.head_dim, max_model_len) : 0,
+        .sample = cuda ? pg_cuda_sample_workspace_size(max_seqs, dmc.vocab_size) : 0};
+    pg_runner_ws_plan wp;
+    pg_runner_workspace_plan(&dmc, &sh, &rc, cuda ? PG_DTYPE_BF16 : PG_DTYPE_F32, &sizes, &wp);
+    const int64_t kv = (int64_t)pg_draft_kv_blocks(&dc) *
+                       (int64_t)kv_block_bytes(cuda, kv_dtype, &dmc, dmc.n_layers, sh.n_kv_heads, rc.block_size);
+    *bytes = weights + kv + (int64_t)wp.bytes;
+    return 0;
+}
+
 int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
     memset(p, 0, sizeof *p);
     const pg_engine_config *cfg = &in->cfg;
@@ -225,6 +257,7 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
     int32_t max_tokens, max_seqs;
     pg_runner_ws_limits(&rc, &max_tokens, &max_seqs);
 
+    PG_TRY(plan_draft(cfg, caps, cuda, p->max_model_len, p->kv_dtype, &p->ranks[0].draft));
     int64_t budget = INT64_MAX;
     for (int32_t r = 0; r < tp; r++) {
         pg_model_shard sh;
@@ -259,7 +292,8 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
         k->other = in->device_other >= 0 ? in->device_other : CUDA_OTHER_ESTIMATE;
         k->reserved = in->device_total - (int64_t)(p->util * (double)in->device_total);
         // Start-up's budget (engine/setup.c) of what this rank would have in use.
-        const int64_t b = pg_engine_gpu_kv_budget(cfg, in->device_total, k->other + k->weights + k->workspace, k->graphs);
+        const int64_t b =
+            pg_engine_gpu_kv_budget(cfg, in->device_total, k->other + k->weights + k->workspace + k->draft, k->graphs);
         if (b < budget) budget = b;
     }
 
@@ -283,7 +317,7 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
     for (int32_t r = 0; r < tp; r++) {
         pg_memplan_rank *k = &p->ranks[r];
         k->kv = (int64_t)p->kv_blocks * (int64_t)p->per_block;
-        if (cuda) k->free = in->device_total - k->other - k->weights - k->workspace - k->graphs - k->kv;
+        if (cuda) k->free = in->device_total - k->other - k->weights - k->workspace - k->draft - k->graphs - k->kv;
     }
     // A sequence's blocks: with layer groups every group's (a windowed one
     // at most its window and a step's tokens: pg_engine_kv_blocks_needed).
@@ -521,6 +555,9 @@ char *pg_memplan_text(const pg_memplan *p, const pg_memplan_advice *adv, int n_a
                            (double)k->offload.slot_bytes / MiB);
         sbm_printf(&b, "  KV cache  "), put_size(&b, k->kv),
             sbm_printf(&b, "  (%s, %zu bytes per block)\n", kv_name(p), p->per_block);
+        if (k->draft)
+            sbm_printf(&b, "  draft     "), put_size(&b, k->draft),
+                sbm_printf(&b, "  (speculative decoding's draft model: weights, its KV, its workspace)\n");
         sbm_printf(&b, "  workspace "), put_size(&b, k->workspace);
         if (p->cuda)
             sbm_printf(&b, "  (buffers %.1f MiB + profiled extra %.1f MiB, estimate)\n",
@@ -578,11 +615,12 @@ static void json_plan(sbuf_min *b, const pg_memplan *p) {
                       "\"workspace_buffers_bytes\":%lld,\"workspace_extra_bytes\":%lld,\"graphs_bytes\":%lld,"
                       "\"other_bytes\":%lld,\"reserved_bytes\":%lld,\"free_bytes\":%lld,"
                       "\"offloaded_layers\":%d,\"offloaded_host_bytes\":%lld,\"offload_slot_bytes\":%lld,"
-                      "\"lora_bytes\":%lld}",
+                      "\"lora_bytes\":%lld,\"draft_bytes\":%lld}",
                    r ? "," : "", r, (long long)k->weights, (long long)k->kv, (long long)k->workspace,
                    (long long)k->workspace_buffers, (long long)k->workspace_extra, (long long)k->graphs,
                    (long long)k->other, (long long)k->reserved, (long long)k->free, k->offload.n_layers,
-                   (long long)k->offload.host_bytes, (long long)k->offload.slot_bytes, (long long)k->lora);
+                   (long long)k->offload.host_bytes, (long long)k->offload.slot_bytes, (long long)k->lora,
+                   (long long)k->draft);
     }
     sbm_printf(b, "],\"kv_block_bytes\":%zu,\"kv_bytes_per_token\":%zu,\"kv_blocks\":%d,\"kv_tokens\":%lld,"
                   "\"swap_blocks\":%d,\"plan_seq_len\":%d,\"sequences\":%lld,\"fits\":%s,"

@@ -35,6 +35,7 @@ typedef struct pg_memplan_in {
 typedef struct pg_memplan_rank {
     int64_t weights;            // as the backend holds them (offload: the resident ones and the slots)
     int64_t lora;               // of those, the LoRA adapters named at start-up (this rank's share)
+    int64_t draft;              // rank 0: speculative decoding's draft model (weights, its KV, workspace)
     pg_offload_plan offload;    // --cpu-offload-gb: what moves to host memory
     int64_t quant_max_elems;    // the largest matrix kept quantized (FP8, int4): CUDA's dequantize scratch
     int64_t kv;                 // the KV pool (device blocks, block 0 included)

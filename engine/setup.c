@@ -242,7 +242,8 @@ int eng_setup(pg_engine *e) {
         // weights, KV and workspace are in use then, so the target's pool
         // gets what they leave (not in `paged plan` yet).
         const pg_draft_config dc = {.model_path = cfg->spec.draft_model, .k = cfg->spec.draft_k,
-                                    .max_model_len = e->max_model_len, .vocab_size = mc->vocab_size};
+                                    .max_model_len = e->max_model_len, .vocab_size = mc->vocab_size,
+                                    .kv_dtype = kv_dtype};
         PG_TRY(pg_draft_create(&dc, be, &e->draft));
     }
     PG_TRY(pg_executor_mem_refresh(e->exec));

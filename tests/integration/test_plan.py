@@ -250,6 +250,23 @@ def test_gpu_does_not_fit():
           f"KV {off[0]['plan']['kv_tokens']} tokens")
 
 
+def test_draft_model():
+    # A draft model (--speculative-config draft_model) counts on rank 0 before
+    # the KV budget: on a GPU its bytes come out of the KV cache's blocks.
+    spec = '{"method": "draft_model", "model": "%s", "num_speculative_tokens": 4}' % MODEL
+    gpu = ["--device", "cuda", "--device-memory", "141G"]
+    _, base = plan_json(*gpu)
+    _, with_draft = plan_json(*gpu, "--speculative-config", spec)
+    b, d = base["plan"], with_draft["plan"]
+    draft = d["ranks"][0]["draft_bytes"]
+    fewer = b["kv_blocks"] - d["kv_blocks"]
+    print(f"  draft model: {draft >> 20} MiB on rank 0, {fewer} fewer KV blocks of {d['kv_block_bytes']} bytes")
+    assert b["ranks"][0]["draft_bytes"] == 0 and draft > 100 << 20, (b["ranks"][0], d["ranks"][0])
+    assert abs(fewer * d["kv_block_bytes"] - draft) <= d["kv_block_bytes"], (fewer, draft)
+    rc, out, _ = plan("--speculative-config", spec)
+    assert rc == 0 and "draft " in out and "draft model" in out, out
+
+
 def test_bad_flags():
     for args in (["--plan-seq-len", "0"], ["--plan-seq-len"], ["--device-memory", "lots"], ["--bogus"],
                  ["--device", "cpu", "--device-memory", "141G"], ["--kv-cache-dtype", "fp9"]):
