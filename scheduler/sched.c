@@ -17,299 +17,24 @@
 // stays put until sched_update: token arrays grow only in sched_update
 // (after the runner is done with the plan) and block tables only inside
 // sched_step.
+//
+// Files: this one plans (admission, preemption, sched_step) and holds the
+// public API's create / add / abort, stats and the invariant check;
+// sched_req.c the containers and the end of sequences and requests (events,
+// stop rules); sched_update.c a step's results (sched_advance,
+// sched_resolve); sched_spec.c speculative decoding; sched_int.h the state
+// they share.
 #include "scheduler/sched_int.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/clock.h"
 #include "common/err.h"
 
 // ---------------------------------------------------------------------------
 // Small helpers
 
-static int64_t sched_clock(const sched *s) {
-    return s->cfg.now_ns ? s->cfg.now_ns(s->cfg.now_ctx) : pg_now_ns();
-}
-
-static uint64_t mix64(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 static int32_t cdiv(int32_t a, int32_t b) { return (a + b - 1) / b; }
-
-static void *grow_array(void *v, int32_t *cap, int32_t need, size_t elem) {
-    if (need <= *cap) return v;
-    int32_t c = *cap ? *cap : 16;
-    while (c < need) c *= 2;
-    *cap = c;
-    return pg_xrealloc(v, elem * (size_t)c);
-}
-
-// True when a is served before b.
-static bool req_before(const req *a, const req *b) {
-    if (a->prio != b->prio) return a->prio < b->prio;
-    if (a->arrival_ns != b->arrival_ns) return a->arrival_ns < b->arrival_ns;
-    return a->order < b->order;
-}
-
-// ---------------------------------------------------------------------------
-// Heaps (indexed: req->qpos is the position, for O(log n) removal)
-
-static void heap_set(rheap *h, int32_t i, req *r) {
-    h->v[i] = r;
-    r->qpos = i;
-}
-
-static void heap_up(rheap *h, int32_t i) {
-    req *r = h->v[i];
-    while (i > 0) {
-        int32_t parent = (i - 1) / 2;
-        if (!req_before(r, h->v[parent])) break;
-        heap_set(h, i, h->v[parent]);
-        i = parent;
-    }
-    heap_set(h, i, r);
-}
-
-static void heap_down(rheap *h, int32_t i) {
-    req *r = h->v[i];
-    for (;;) {
-        int32_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && req_before(h->v[c + 1], h->v[c])) c++;
-        if (!req_before(h->v[c], r)) break;
-        heap_set(h, i, h->v[c]);
-        i = c;
-    }
-    heap_set(h, i, r);
-}
-
-static void heap_push(rheap *h, req *r) {
-    h->v = grow_array(h->v, &h->cap, h->n + 1, sizeof(req *));
-    h->v[h->n] = r;
-    heap_up(h, h->n++);
-}
-
-static void heap_remove(rheap *h, req *r) {
-    int32_t i = r->qpos;
-    PG_CHECK(i >= 0 && i < h->n && h->v[i] == r);
-    req *last = h->v[--h->n];
-    if (i == h->n) return;
-    heap_set(h, i, last);
-    heap_down(h, i);
-    heap_up(h, last->qpos);
-}
-
-// ---------------------------------------------------------------------------
-// Running array (sorted by key)
-
-static void run_insert(sched *s, req *r) {
-    s->run = grow_array(s->run, &s->run_cap, s->n_run + 1, sizeof(req *));
-    int32_t lo = 0, hi = s->n_run; // first position whose request is after r
-    while (lo < hi) {
-        int32_t mid = (lo + hi) / 2;
-        if (req_before(s->run[mid], r)) {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    memmove(s->run + lo + 1, s->run + lo, sizeof(req *) * (size_t)(s->n_run - lo));
-    s->run[lo] = r;
-    s->n_run++;
-    for (int32_t i = lo; i < s->n_run; i++) s->run[i]->qpos = i;
-}
-
-static void run_remove(sched *s, req *r) {
-    int32_t i = r->qpos;
-    PG_CHECK(i >= 0 && i < s->n_run && s->run[i] == r);
-    memmove(s->run + i, s->run + i + 1, sizeof(req *) * (size_t)(s->n_run - i - 1));
-    s->n_run--;
-    for (int32_t j = i; j < s->n_run; j++) s->run[j]->qpos = j;
-}
-
-// ---------------------------------------------------------------------------
-// Id map (linear probing, backward-shift deletion)
-
-static req *idmap_get(const idmap *m, int64_t id) {
-    if (!m->n) return NULL;
-    for (uint64_t i = mix64((uint64_t)id) & m->mask;; i = (i + 1) & m->mask) {
-        if (!m->vals[i]) return NULL;
-        if (m->keys[i] == id) return m->vals[i];
-    }
-}
-
-static void idmap_put_raw(idmap *m, int64_t id, req *r) {
-    uint64_t i = mix64((uint64_t)id) & m->mask;
-    while (m->vals[i]) i = (i + 1) & m->mask;
-    m->keys[i] = id;
-    m->vals[i] = r;
-    m->n++;
-}
-
-static void idmap_put(idmap *m, int64_t id, req *r) {
-    if (!m->vals || (uint64_t)(m->n + 1) * 2 > m->mask + 1) {
-        uint64_t old_slots = m->vals ? m->mask + 1 : 0, slots = old_slots ? old_slots * 2 : 64;
-        int64_t *keys = m->keys;
-        req **vals = m->vals;
-        m->keys = pg_xcalloc(slots, sizeof(int64_t));
-        m->vals = pg_xcalloc(slots, sizeof(req *));
-        m->mask = slots - 1;
-        m->n = 0;
-        for (uint64_t i = 0; i < old_slots; i++)
-            if (vals[i]) idmap_put_raw(m, keys[i], vals[i]);
-        free(keys);
-        free(vals);
-    }
-    idmap_put_raw(m, id, r);
-}
-
-static void idmap_del(idmap *m, int64_t id) {
-    uint64_t i = mix64((uint64_t)id) & m->mask;
-    while (m->keys[i] != id || !m->vals[i]) {
-        PG_CHECK(m->vals[i]);
-        i = (i + 1) & m->mask;
-    }
-    for (uint64_t j = (i + 1) & m->mask; m->vals[j]; j = (j + 1) & m->mask) {
-        uint64_t home = mix64((uint64_t)m->keys[j]) & m->mask;
-        bool stays = (i <= j) ? (i < home && home <= j) : (i < home || home <= j);
-        if (stays) continue;
-        m->keys[i] = m->keys[j];
-        m->vals[i] = m->vals[j];
-        i = j;
-    }
-    m->vals[i] = NULL;
-    m->n--;
-}
-
-// ---------------------------------------------------------------------------
-// Requests and events
-
-static void req_free(sched *s, req *r) {
-    for (int32_t i = 0; i < r->n; i++) {
-        kvp_table_release(s->pool, &r->seqs[i].table);
-        kvp_table_fini(&r->seqs[i].table);
-        free(r->seqs[i].hist);
-        free(r->seqs[i].draft);
-    }
-    free(r);
-}
-
-// Index of the request's first live sequence (the prompt's owner before the fork).
-static int32_t first_live(const req *r) {
-    for (int32_t i = 0; i < r->n; i++)
-        if (r->seqs[i].finish == SCHED_FINISH_NONE) return i;
-    return -1;
-}
-
-// Tokens the lead must compute before sampling (n > 1: all but the last
-// prompt token, which each forked sequence computes itself).
-static int32_t lead_target(const req *r) {
-    return r->n_live >= 2 ? r->n_prompt - 1 : r->seqs[r->lead].n_hist;
-}
-
-static void usage_fill(const req *r, sched_usage *u) {
-    *u = r->usage;
-    u->completion_tokens = 0;
-    for (int32_t i = 0; i < r->n; i++)
-        u->completion_tokens += r->seqs[i].n_hist - r->seqs[i].unres - r->n_prompt;
-}
-
-// Emits, in index order, an event for every sequence of r that got a token
-// or ended since the last call; the last one carries req_finished when the
-// request is over.
-static void emit_events(sched *s, evbuf *b, req *r) {
-    int32_t first = b->n;
-    if (r->n_live == 0 && !r->usage.finish_ns) r->usage.finish_ns = s->now;
-    for (int32_t i = 0; i < r->n; i++) {
-        seq *q = &r->seqs[i];
-        if (!q->ev_end && !q->ev_out) continue;
-        // A verified draft emits several tokens: one event each, as if they
-        // came one per step (the last one carries the finish).
-        int32_t n_tok = q->ev_out && q->ev_ntok > 1 ? q->ev_ntok : 1;
-        b->v = grow_array(b->v, &b->cap, b->n + n_tok, sizeof(sched_event));
-        for (int32_t j = 0; j < n_tok; j++) {
-            sched_event *e = &b->v[b->n++];
-            bool last = j == n_tok - 1;
-            memset(e, 0, sizeof *e);
-            e->req_id = r->id;
-            e->owner = r->owner;
-            e->seq_index = i;
-            if (q->ev_out) {
-                e->has_token = true;
-                e->out = *q->ev_out;
-                e->out.seq_id = q->seq_id;
-                if (n_tok > 1) {
-                    e->out.token = q->ev_out->spec_tokens[j];
-                    e->out.logprob = q->ev_out->spec_logprobs[j];
-                }
-            }
-            e->n_generated = q->n_hist - q->unres - r->n_prompt - (n_tok - 1 - j);
-            e->finish = q->ev_end && last ? q->finish : SCHED_FINISH_NONE;
-            e->stop_token = q->ev_end && last ? q->stop_token : -1;
-        }
-        q->ev_end = false;
-        q->ev_out = NULL;
-        q->ev_ntok = 0;
-    }
-    if (b->n == first) return;
-    sched_usage u;
-    usage_fill(r, &u);
-    for (int32_t k = first; k < b->n; k++) b->v[k].usage = u;
-    b->v[b->n - 1].req_finished = r->n_live == 0;
-}
-
-// Ends live sequence q of r: blocks back to the pool now. Before the fork,
-// the lead hands the prompt's blocks to the next live sequence.
-void sched_seq_end(sched *s, req *r, seq *q, sched_finish_reason reason, int32_t stop_token) {
-    PG_CHECK(q->finish == SCHED_FINISH_NONE && reason != SCHED_FINISH_NONE);
-    q->finish = reason;
-    q->stop_token = stop_token;
-    q->pending = SCHED_FINISH_NONE;
-    q->ev_end = true;
-    r->n_live--;
-    if (r->state == RQ_RUNNING) s->running_seqs--;
-    if (!r->forked && q->index == r->lead && r->n_live > 0) {
-        seq *nl = &r->seqs[first_live(r)];
-        kvp_table_move_blocks(s->pool, &nl->table, &q->table, r->n_prompt);
-        nl->n_computed = q->n_computed;
-        r->lead = nl->index;
-    }
-    kvp_table_release(s->pool, &q->table);
-    q->n_computed = 0;
-    q->n_sched = 0; // ended by sched_resolve while in the next plan: that entry is skipped
-    if (reason == SCHED_FINISH_ABORT && r->n_live == 0) s->st.n_aborted++;
-}
-
-// Takes a request with no live sequence out of its container (running only
-// when `unlink_running`; sched_update compacts running itself) and the map.
-static void req_unlink(sched *s, req *r, bool unlink_running) {
-    PG_CHECK(r->n_live == 0);
-    if (r->state == RQ_WAITING) heap_remove(&s->waiting, r);
-    if (r->state == RQ_SWAPPED) heap_remove(&s->swapped, r);
-    if (r->state == RQ_RUNNING && unlink_running) run_remove(s, r);
-    r->state = RQ_FINISHED;
-    idmap_del(&s->ids, r->id);
-    s->st.n_finished++;
-}
-
-// Ends sequences of a request that is not in flight (abort / finish_seq):
-// events go to the pending list, the request is freed when it is over.
-static void end_now(sched *s, req *r, int32_t only_index, sched_finish_reason reason) {
-    s->now = sched_clock(s);
-    for (int32_t i = 0; i < r->n; i++)
-        if ((only_index < 0 || i == only_index) && r->seqs[i].finish == SCHED_FINISH_NONE)
-            sched_seq_end(s, r, &r->seqs[i], reason, -1);
-    emit_events(s, &s->pending, r);
-    if (r->n_live == 0) {
-        req_unlink(s, r, true);
-        req_free(s, r);
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Preemption
@@ -336,7 +61,7 @@ static void preempt(sched *s, req *v) {
             s->st.n_swap_out_blocks += s->swap_out.n - before;
             s->st.n_preempt_swap++;
             v->state = RQ_SWAPPED;
-            heap_push(&s->swapped, v);
+            sched_heap_push(&s->swapped, v);
             return;
         }
     }
@@ -347,12 +72,18 @@ static void preempt(sched *s, req *v) {
     v->forked = false;
     v->lead = first_live(v);
     v->state = RQ_WAITING;
-    heap_push(&s->waiting, v);
+    sched_heap_push(&s->waiting, v);
     s->st.n_preempt_recompute++;
 }
 
 // ---------------------------------------------------------------------------
 // Planning one request
+
+// Tokens the lead must compute before sampling (n > 1: all but the last
+// prompt token, which each forked sequence computes itself).
+static int32_t lead_target(const req *r) {
+    return r->n_live >= 2 ? r->n_prompt - 1 : r->seqs[r->lead].n_hist;
+}
 
 // Forks the lead's blocks into every live sequence once the lead has
 // computed the prompt but its last token (n > 1 only).
@@ -494,9 +225,9 @@ static bool admit_swapped(sched *s, req *r, budget *b) {
     PG_CHECK(kvp_grow(s->pool, s->items, n, &s->copies) == 0);
     s->st.n_swap_in_blocks += s->swap_in.n - moves_before;
     s->st.n_cow_copies += s->copies.n - copies_before;
-    heap_remove(&s->swapped, r);
+    sched_heap_remove(&s->swapped, r);
     r->state = RQ_RUNNING;
-    run_insert(s, r);
+    sched_run_insert(s, r);
     s->running_seqs += r->n_live;
     commit_items(s, r, n, n_tok, b);
     return true;
@@ -524,16 +255,16 @@ static bool admit_waiting(sched *s, req *r, budget *b) {
         r->usage.cached_tokens = hits * s->bs;
         r->usage_cached_set = true;
     }
-    heap_remove(&s->waiting, r);
+    sched_heap_remove(&s->waiting, r);
     r->state = RQ_RUNNING;
-    run_insert(s, r);
+    sched_run_insert(s, r);
     s->running_seqs += r->n_live;
     commit_items(s, r, n, n_tok, b);
     return true;
 }
 
 // ---------------------------------------------------------------------------
-// Step and update
+// Step
 
 static void copy_moves(pg_block_move *dst, const kvp_moves *m) {
     for (int32_t i = 0; i < m->n; i++) dst[i] = (pg_block_move){m->v[i].from, m->v[i].to};
@@ -603,220 +334,6 @@ int sched_set_masks(sched *s, const uint32_t *const *masks, int32_t words) {
     for (int32_t i = 0; i < s->plan.n_seqs; i++) s->pseqs[i].mask = s->pseqs[i].sample ? masks[i] : NULL;
     s->plan.mask_words = words;
     return 0;
-}
-
-// Stop rules after a sequence sampled `tok` (vLLM's check_stop order).
-sched_finish_reason sched_check_stop(const sched *s, const req *r, const seq *q, int32_t tok,
-                                      int32_t *stop_token) {
-    int32_t n_out = q->n_hist - r->n_prompt;
-    *stop_token = -1;
-    if (n_out >= r->sp.min_tokens) {
-        if (r->eos_id >= 0 && tok == r->eos_id) {
-            *stop_token = tok;
-            return SCHED_FINISH_STOP;
-        }
-        for (int32_t i = 0; i < r->sp.n_stop_ids; i++) {
-            if (tok == r->sp.stop_ids[i]) {
-                *stop_token = tok;
-                return SCHED_FINISH_STOP;
-            }
-        }
-    }
-    if (n_out >= r->sp.max_tokens || q->n_hist >= s->cfg.max_model_len) return SCHED_FINISH_LENGTH;
-    return SCHED_FINISH_NONE;
-}
-
-// Whether `out` answers the advanced step: one output per sampled
-// sequence, in plan order.
-static int check_output(const sched *s, const pg_step_output *out) {
-    if (out->n != s->n_ures_seq)
-        return pg_err_set(PG_EINVAL, "sched_resolve: %d outputs for %d sampled sequences", out->n,
-                          s->n_ures_seq);
-    for (int32_t k = 0; k < out->n; k++)
-        if (out->outs[k].seq_id != s->ures_seq[k])
-            return pg_err_set(PG_EINVAL, "sched_resolve: output %d does not answer seq %lld", k,
-                              (long long)s->ures_seq[k]);
-    return 0;
-}
-
-static bool has_penalties(const pg_sampling_params *sp) {
-    return (sp->repetition_penalty != 1.0f && sp->repetition_penalty > 0) ||
-           sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f;
-}
-
-// A live request by id and one of its sequences by seq_id, or NULL (the
-// request finished and was freed since the id was recorded).
-static req *req_by_id(const sched *s, int64_t id) { return idmap_get(&s->ids, id); }
-
-void sched_append_token(req *r, seq *q, int32_t tok) {
-    PG_CHECK(q->n_hist < r->n_prompt + r->sp.max_tokens);
-    if (q->n_hist == q->hist_cap) { // no plan the runner still reads points into hist
-        int32_t cap = q->hist_cap + (q->hist_cap - r->n_prompt > 16 ? q->hist_cap - r->n_prompt : 16);
-        if (cap > r->n_prompt + r->sp.max_tokens) cap = r->n_prompt + r->sp.max_tokens;
-        q->hist = pg_xrealloc(q->hist, sizeof(int32_t) * (size_t)cap);
-        q->hist_cap = cap;
-    }
-    q->hist[q->n_hist++] = tok;
-}
-
-int sched_advance(sched *s) {
-    if (!s->in_flight) return pg_err_set(PG_EINVAL, "sched_advance: no plan in flight");
-    if (s->advanced) return pg_err_set(PG_EINVAL, "sched_advance: the previous step is not resolved");
-    s->now = sched_clock(s);
-    s->n_ures_seq = s->n_ures_req = 0;
-    for (int32_t i = 0; i < s->plan.n_seqs; i++) {
-        seq *q = s->pref[i];
-        req *r = q->rq;
-        int32_t n_sched = q->n_sched;
-        q->n_sched = 0;
-        // Every sampled entry has an output to match (sched_resolve drops
-        // those of sequences that are no longer waiting for one).
-        if (s->pseqs[i].sample) s->ures_seq[s->n_ures_seq++] = q->seq_id;
-        // Ended since the plan was made (sched_resolve of the step before):
-        // its blocks are gone and its output will be dropped.
-        if (r->abort_pending || q->finish != SCHED_FINISH_NONE) continue;
-        // A draft's slots stay unaccounted until its verification is known:
-        // only the last token's position is surely computed.
-        q->spec_held = q->n_draft;
-        q->n_computed += n_sched - q->n_draft;
-        q->n_draft = 0;
-        if (!s->pseqs[i].sample || q->pending != SCHED_FINISH_NONE) continue;
-        // The token is not known yet: its place in the history holds
-        // PG_TOKEN_PENDING, which the next plan may feed to the runner (it
-        // takes the value from this step's output). Only the length limits
-        // can be checked now.
-        sched_append_token(r, q, PG_TOKEN_PENDING);
-        q->unres = true;
-        q->stopping = q->n_hist - r->n_prompt >= r->sp.max_tokens || q->n_hist >= s->cfg.max_model_len;
-    }
-
-    s->n_dead = 0;
-    for (int32_t j = 0; j < s->n_preq; j++) {
-        req *r = s->preq[j];
-        r->in_flight = false;
-        for (int32_t i = 0; i < r->n; i++) {
-            seq *q = &r->seqs[i];
-            if (q->finish != SCHED_FINISH_NONE) continue;
-            if (r->abort_pending)
-                sched_seq_end(s, r, q, SCHED_FINISH_ABORT, -1);
-            else if (q->pending != SCHED_FINISH_NONE)
-                sched_seq_end(s, r, q, q->pending, -1);
-        }
-        if (r->n_live > 0) {
-            s->ures_req[s->n_ures_req++] = r->id; // its events come with sched_resolve
-            continue;
-        }
-        emit_events(s, &s->pending, r);
-        req_unlink(s, r, false);
-        s->dead = grow_array(s->dead, &s->dead_cap, s->n_dead + 1, sizeof(req *));
-        s->dead[s->n_dead++] = r;
-    }
-    if (s->n_dead) {
-        int32_t w = 0;
-        for (int32_t i = 0; i < s->n_run; i++) {
-            req *r = s->run[i];
-            if (r->state != RQ_RUNNING) continue;
-            r->qpos = w;
-            s->run[w++] = r;
-        }
-        s->n_run = w;
-        for (int32_t i = 0; i < s->n_dead; i++) req_free(s, s->dead[i]);
-        s->n_dead = 0;
-    }
-    s->in_flight = false;
-    s->advanced = true;
-    s->plan.n_seqs = 0;
-    return 0;
-}
-
-bool sched_can_run_ahead(const sched *s) {
-    for (int32_t k = 0; k < s->n_ures_seq; k++) {
-        const req *r = req_by_id(s, s->ures_seq[k] / SCHED_MAX_N);
-        if (r && (has_penalties(&r->sp) || r->sp.constrained || spec_wants_token(s, r))) return false;
-    }
-    return true;
-}
-
-int sched_resolve(sched *s, const pg_step_output *out, sched_events *evs) {
-    evs->n = 0;
-    evs->ev = NULL;
-    if (!s->advanced) return pg_err_set(PG_EINVAL, "sched_resolve: no step advanced");
-    s->now = sched_clock(s);
-    s->ev.n = 0;
-    s->ev.v = grow_array(s->ev.v, &s->ev.cap, s->pending.n, sizeof(sched_event));
-    if (s->pending.n) memcpy(s->ev.v, s->pending.v, sizeof(sched_event) * (size_t)s->pending.n);
-    s->ev.n = s->pending.n;
-    s->pending.n = 0;
-
-    int rc = out ? check_output(s, out) : 0;
-    bool failed = !out || rc < 0;
-    // The forward that wrote the step's positions is over: offer their full
-    // blocks to the prefix cache (before a stop below releases them).
-    for (int32_t j = 0; j < s->n_ures_req && !failed; j++) {
-        req *r = req_by_id(s, s->ures_req[j]);
-        for (int32_t i = 0; r && i < r->n; i++) {
-            seq *q = &r->seqs[i];
-            if (q->finish == SCHED_FINISH_NONE && !q->table.swapped)
-                kvp_table_commit(s->pool, &q->table, q->hist, q->n_computed);
-        }
-    }
-    for (int32_t k = 0; k < s->n_ures_seq; k++) {
-        req *r = req_by_id(s, s->ures_seq[k] / SCHED_MAX_N);
-        if (!r) continue;
-        seq *q = &r->seqs[s->ures_seq[k] % SCHED_MAX_N];
-        if (!q->unres) continue; // its output is dropped
-        q->unres = q->stopping = false;
-        // Ended meanwhile (abort, stop string, the failure below): the
-        // placeholder is the last token, drop it.
-        if (q->finish != SCHED_FINISH_NONE || r->abort_pending || failed) {
-            q->n_hist--;
-            if (q->spec_held && q->finish == SCHED_FINISH_NONE)
-                kvp_table_truncate(s->pool, &q->table, q->n_computed);
-            q->spec_held = 0;
-            continue;
-        }
-        const pg_seq_output *o = &out->outs[k];
-        if (q->spec_held) {
-            spec_resolve(s, r, q, o);
-            continue;
-        }
-        q->hist[q->n_hist - 1] = o->token;
-        q->ev_out = o;
-        if (!r->usage.first_token_ns) r->usage.first_token_ns = s->now;
-        int32_t stop_token;
-        sched_finish_reason fin = sched_check_stop(s, r, q, o->token, &stop_token);
-        // A request already in the next plan keeps its slot there (that
-        // entry is skipped by the next sched_advance, which unlinks it).
-        if (fin != SCHED_FINISH_NONE) sched_seq_end(s, r, q, fin, stop_token);
-    }
-    for (int32_t j = 0; j < s->n_ures_req; j++) {
-        req *r = req_by_id(s, s->ures_req[j]);
-        if (!r) continue;
-        for (int32_t i = 0; i < r->n; i++) {
-            seq *q = &r->seqs[i];
-            if (q->finish != SCHED_FINISH_NONE) continue;
-            if (failed) sched_seq_end(s, r, q, SCHED_FINISH_ERROR, -1);
-        }
-        emit_events(s, &s->ev, r);
-        if (r->n_live == 0 && !r->in_flight) {
-            req_unlink(s, r, true);
-            req_free(s, r);
-        }
-    }
-    s->advanced = false;
-    // No plan in flight: every move was performed, the holds can go (so
-    // that the counts settle when the engine goes idle).
-    if (!s->in_flight) kvp_release_holds(s->pool);
-    evs->n = s->ev.n;
-    evs->ev = s->ev.v;
-    return rc;
-}
-
-int sched_update(sched *s, const pg_step_output *out, sched_events *evs) {
-    evs->n = 0;
-    evs->ev = NULL;
-    PG_TRY(sched_advance(s));
-    return sched_resolve(s, out, evs);
 }
 
 // ---------------------------------------------------------------------------
@@ -893,7 +410,7 @@ int sched_create(const sched_config *cfg, sched **out) {
 void sched_destroy(sched *s) {
     if (!s) return;
     for (uint64_t i = 0; s->ids.vals && i <= s->ids.mask; i++)
-        if (s->ids.vals[i]) req_free(s, s->ids.vals[i]);
+        if (s->ids.vals[i]) sched_req_free(s, s->ids.vals[i]);
     free(s->ids.keys);
     free(s->ids.vals);
     free(s->waiting.v);
@@ -936,7 +453,7 @@ static int validate_request(const sched *s, const sched_request *in) {
     const pg_sampling_params *sp = in->sp;
     if (in->id < 0 || in->id >= SCHED_MAX_REQ_ID)
         return pg_err_set(PG_EINVAL, "request: id %lld out of [0, 2^54)", (long long)in->id);
-    if (idmap_get(&s->ids, in->id))
+    if (sched_idmap_get(&s->ids, in->id))
         return pg_err_set(PG_EINVAL, "request: id %lld is already live", (long long)in->id);
     if (in->n_prompt < 1) return pg_err_set(PG_EINVAL, "request: empty prompt");
     for (int32_t i = 0; i < in->n_prompt; i++)
@@ -1019,25 +536,25 @@ int sched_add_request(sched *s, const sched_request *in) {
         kvp_table_set_salt(&q->table, in->cache_salt);
     }
     r->state = RQ_WAITING;
-    heap_push(&s->waiting, r);
-    idmap_put(&s->ids, r->id, r);
+    sched_heap_push(&s->waiting, r);
+    sched_idmap_put(&s->ids, r->id, r);
     s->st.n_admitted++;
     return 0;
 }
 
 int sched_abort(sched *s, int64_t id) {
-    req *r = idmap_get(&s->ids, id);
+    req *r = sched_idmap_get(&s->ids, id);
     if (!r) return pg_err_set(PG_ENOTFOUND, "abort: no live request %lld", (long long)id);
     if (r->in_flight) {
         r->abort_pending = true;
         return 0;
     }
-    end_now(s, r, -1, SCHED_FINISH_ABORT);
+    sched_end_now(s, r, -1, SCHED_FINISH_ABORT);
     return 0;
 }
 
 int sched_finish_seq(sched *s, int64_t id, int32_t seq_index, sched_finish_reason reason) {
-    req *r = idmap_get(&s->ids, id);
+    req *r = sched_idmap_get(&s->ids, id);
     if (!r) return pg_err_set(PG_ENOTFOUND, "finish: no live request %lld", (long long)id);
     if (seq_index < 0 || seq_index >= r->n)
         return pg_err_set(PG_EINVAL, "finish: request %lld has no sequence %d", (long long)id,
@@ -1052,12 +569,12 @@ int sched_finish_seq(sched *s, int64_t id, int32_t seq_index, sched_finish_reaso
         q->pending = reason;
         return 0;
     }
-    end_now(s, r, seq_index, reason);
+    sched_end_now(s, r, seq_index, reason);
     return 0;
 }
 
 void *sched_request_owner(const sched *s, int64_t id) {
-    const req *r = idmap_get(&s->ids, id);
+    const req *r = sched_idmap_get(&s->ids, id);
     // n_live 0: its last event is out, though a plan still holds it
     // (sched_resolve ended it while it is in the next plan).
     return r && r->n_live > 0 ? r->owner : NULL;

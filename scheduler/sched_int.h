@@ -1,7 +1,11 @@
-// scheduler/sched_int.h - the scheduler's state, shared by sched.c (queues,
-// planning, updates) and sched_spec.c (speculative decoding: drafts in the
-// plan, their verification's tokens back). Internal.
+// scheduler/sched_int.h - the scheduler's state, shared by sched.c
+// (planning, the public API), sched_req.c (the containers, the end of
+// sequences and requests), sched_update.c (a step's results) and
+// sched_spec.c (speculative decoding: drafts in the plan, their
+// verification's tokens back). Internal.
 #pragma once
+#include "common/clock.h"
+#include "common/err.h"
 #include "scheduler/sched.h"
 
 typedef enum { RQ_WAITING, RQ_RUNNING, RQ_SWAPPED, RQ_FINISHED } rq_state;
@@ -124,7 +128,57 @@ struct sched {
     int32_t spec_rows; // this step's sampled rows left for drafts (sched_spec.c)
 };
 
-// sched.c helpers sched_spec.c uses.
+// --- small helpers (every file) ----------------------------------------------
+
+static inline int64_t sched_clock(const sched *s) {
+    return s->cfg.now_ns ? s->cfg.now_ns(s->cfg.now_ctx) : pg_now_ns();
+}
+
+static inline uint64_t mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static inline void *grow_array(void *v, int32_t *cap, int32_t need, size_t elem) {
+    if (need <= *cap) return v;
+    int32_t c = *cap ? *cap : 16;
+    while (c < need) c *= 2;
+    *cap = c;
+    return pg_xrealloc(v, elem * (size_t)c);
+}
+
+// True when a is served before b.
+static inline bool req_before(const req *a, const req *b) {
+    if (a->prio != b->prio) return a->prio < b->prio;
+    if (a->arrival_ns != b->arrival_ns) return a->arrival_ns < b->arrival_ns;
+    return a->order < b->order;
+}
+
+// Index of the request's first live sequence (the prompt's owner before the fork).
+static inline int32_t first_live(const req *r) {
+    for (int32_t i = 0; i < r->n; i++)
+        if (r->seqs[i].finish == SCHED_FINISH_NONE) return i;
+    return -1;
+}
+
+// --- requests (sched_req.c) ---------------------------------------------------
+
+// Containers (a request is in exactly one of them while live; sched.c).
+void sched_heap_push(rheap *h, req *r);
+void sched_heap_remove(rheap *h, req *r);
+void sched_run_insert(sched *s, req *r);
+req *sched_idmap_get(const idmap *m, int64_t id);
+void sched_idmap_put(idmap *m, int64_t id, req *r);
+// A request's end: its events, its unlink from container and map, its
+// memory; sched_end_now ends one not in flight (abort / finish_seq).
+void sched_emit_events(sched *s, evbuf *b, req *r);
+void sched_req_unlink(sched *s, req *r, bool unlink_running);
+void sched_req_free(sched *s, req *r);
+void sched_end_now(sched *s, req *r, int32_t only_index, sched_finish_reason reason);
+// A sampled token: its place in the history, the stop rules, the end of a
+// sequence (sched_update.c and sched_spec.c too).
 void sched_append_token(req *r, seq *q, int32_t tok);
 sched_finish_reason sched_check_stop(const sched *s, const req *r, const seq *q, int32_t tok,
                                      int32_t *stop_token);
