@@ -303,6 +303,14 @@ typedef struct pg_backend_ops {
     // activation type first, as transformers multiplies in the model's
     // dtype). NULL with gate_up_gelu.
     int (*scale)(pg_backend *b, pg_tensor x, float s);
+    // Gemma 2's soft-capping: x = cap * tanh(x / cap) in place (its final
+    // logits), and attention whose every score s (after the scale) becomes
+    // softcap * tanh(s / softcap) before the softmax (otherwise `attention`).
+    // NULL: not run here (the loader refuses such a model).
+    int (*softcap)(pg_backend *b, pg_tensor x, float cap);
+    int (*attention_softcap)(pg_backend *b, pg_tensor out, pg_tensor q, const pg_attn_batch *ab,
+                             const void *k_cache, const void *v_cache, pg_kv_shape shape, int32_t n_heads,
+                             float scale, int32_t window, float softcap);
     // Mixture-of-experts feed-forward (Mixtral, Qwen3-MoE; docs/moe.md):
     // for i < x.rows, with xn = norm ? RMSNorm(x[i]) * norm : x[i],
     // p = softmax(xn . router^T) over the n_experts experts, S = the top_k

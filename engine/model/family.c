@@ -16,6 +16,7 @@ static const struct {
     {"qwen3", &pg_llama_family},
     {"mixtral", &pg_moe_family},
     {"qwen3moe", &pg_moe_family},
+    {"gemma2", &pg_gemma_family},
     {"gemma3", &pg_gemma_family},
 };
 
@@ -23,6 +24,6 @@ const pg_model_family *pg_model_family_of(const pg_model_config *cfg) {
     if (cfg->n_experts > 0) return &pg_moe_family;
     for (size_t i = 0; i < sizeof FAMILIES / sizeof FAMILIES[0]; i++)
         if (!strcmp(cfg->arch, FAMILIES[i].arch)) return FAMILIES[i].family;
-    pg_err_set(PG_EUNSUPP, "architecture '%s' has no model family here (llama, mistral, qwen2, qwen3, mixtral, qwen3moe, gemma3)", cfg->arch);
+    pg_err_set(PG_EUNSUPP, "architecture '%s' has no model family here (llama, mistral, qwen2, qwen3, mixtral, qwen3moe, gemma2, gemma3)", cfg->arch);
     return NULL;
 }

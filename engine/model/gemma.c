@@ -1,20 +1,23 @@
-// engine/model/gemma.c - the Gemma 3 family's builder (Gemma3ForCausalLM,
-// GGUF "gemma3"; docs/gemma3.md): Llama's layer with four norms, GeGLU,
-// and local (sliding-window) layers between global ones:
+// engine/model/gemma.c - the Gemma 2 and 3 family's builder
+// (Gemma2ForCausalLM, Gemma3ForCausalLM, GGUF "gemma2", "gemma3";
+// docs/gemma3.md): Llama's layer with four norms, GeGLU, and local
+// (sliding-window) layers between global ones:
 //
 //   x = emb[tokens] * sqrt(hidden)
 //   per layer:  qkv = RMSNorm(x) * attn_norm . Wqkv^T
-//               q, k = per-head RMSNorm(q, k)
+//               q, k = per-head RMSNorm(q, k)   (Gemma 3)
 //               q, k = RoPE(q, k)          (local: base rope_local_theta; global: rope_theta, scaled)
 //               attn = paged causal attention, scale query_pre_attn_scalar^-0.5,
-//                      local layers within the last swa_window positions
+//                      local layers within the last swa_window positions,
+//                      Gemma 2: scores soft-capped, s -> cap tanh(s / cap)
 //               x += RMSNorm(attn . Wo^T) * post_attn_norm
 //               h = gelu_tanh(g) * u, [g | u] = RMSNorm(x) * ffn_norm . Wgu^T
 //               x += RMSNorm(h . Wdown^T) * post_ffn_norm
 //
 // Every norm weight here is the 1 + w Gemma multiplies by (the loader adds
 // the 1 to Hugging Face's w; llama.cpp's GGUF stores 1 + w). The head (final
-// norm, the tied LM head) is the shared one of engine/model/model.c.
+// norm, the tied LM head; Gemma 2's logits soft-capped too) is the shared
+// one of engine/model/model.c.
 #include <math.h>
 
 #include "common/err.h"
@@ -36,7 +39,8 @@ static int gemma_forward_layers(const pg_model *m, pg_bkv *kv, const pg_fwd_buff
         const pg_attn_opts o = {.scale = 1.0f / sqrtf(scalar),
                                 .window = local ? c->swa_window : 0,
                                 .inv_freq = local ? m->inv_freq_local : m->inv_freq,
-                                .post_norm = m->layers[l].post_attn_norm};
+                                .post_norm = m->layers[l].post_attn_norm,
+                                .softcap = c->attn_softcap};
         PG_TRY(pg_model_offload_wait(m, l));
         PG_TRY(pg_layer_attention_with(m, l, kv, bufs, s, &v, &o));
         PG_TRY(pg_layer_ffn_geglu(m, l, &v));
@@ -45,4 +49,4 @@ static int gemma_forward_layers(const pg_model *m, pg_bkv *kv, const pg_fwd_buff
     return 0;
 }
 
-const pg_model_family pg_gemma_family = {.name = "gemma3", .forward_layers = gemma_forward_layers};
+const pg_model_family pg_gemma_family = {.name = "gemma", .forward_layers = gemma_forward_layers};

@@ -98,8 +98,8 @@ static bool needed(const pg_model_config *c, int32_t l, need n) {
     case NEED_QK_NORM: return c->qk_norm;
     case NEED_DENSE_FFN: return !pg_config_layer_is_moe(c, l);
     case NEED_MOE: return pg_config_layer_is_moe(c, l);
-    case NEED_GEMMA: return !strcmp(c->arch, "gemma3");
-    case NEED_NOT_GEMMA: return strcmp(c->arch, "gemma3") != 0;
+    case NEED_GEMMA: return pg_config_is_gemma(c);
+    case NEED_NOT_GEMMA: return !pg_config_is_gemma(c);
     }
     return false;
 }

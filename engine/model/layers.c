@@ -141,8 +141,12 @@ int pg_layer_attention_with(const pg_model *m, int32_t l, pg_bkv *kv, const pg_f
                              ks));
     if (bufs->kv_amax)
         PG_TRY(kv_amax(m, v->k, v->v, v->n, bufs->kv_amax + (size_t)l * 2 * (size_t)sh->n_kv_heads));
-    PG_TRY(be->ops->attention(be, v->attn, v->q, &ab, kv->k[kl], kv->v[kl], ks, sh->n_heads, o->scale,
-                              o->window));
+    if (o->softcap > 0) // Gemma 2 (the loader checked the backend has it)
+        PG_TRY(be->ops->attention_softcap(be, v->attn, v->q, &ab, kv->k[kl], kv->v[kl], ks, sh->n_heads, o->scale,
+                                          o->window, o->softcap));
+    else
+        PG_TRY(be->ops->attention(be, v->attn, v->q, &ab, kv->k[kl], kv->v[kl], ks, sh->n_heads, o->scale,
+                                  o->window));
     if (o->post_norm) return pg_layer_row_linear_norm(m, v->x, v->attn, L->o, o->post_norm, v->xn);
     return row_linear(m, v, l, PG_LORA_O, v->x, v->attn, L->o, v->xn);
 }

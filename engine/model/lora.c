@@ -121,7 +121,7 @@ int pg_model_lora_load(pg_model *m, const pg_model_load_opts *o) {
     pg_model_lora *lo = &m->lora;
     PG_ARG(m->be->ops->lora_apply && m->be->ops->silu_mul,
            "LoRA adapters: the %s backend has no LoRA op yet (docs/lora.md)", m->be->name);
-    if (m->cfg.n_experts > 0 || strcmp(m->cfg.arch, "gemma3") == 0)
+    if (m->cfg.n_experts > 0 || pg_config_is_gemma(&m->cfg))
         return pg_err_set(PG_EUNSUPP, "LoRA adapters: not supported for %s models yet (Llama-family only)",
                           m->cfg.n_experts > 0 ? "mixture-of-experts" : m->cfg.arch);
     lo->max_rank = o->max_lora_rank > 0 ? o->max_lora_rank : PG_MODEL_LORA_RANK_CAP;

@@ -32,7 +32,9 @@ int pg_model_head_slice(const pg_model *m, const pg_fwd_buffers *bufs, const pg_
     PG_TRY(be->ops->rmsnorm(be, g, g, m->final_norm, c->rms_eps));
     *part = pg_tensor_view(bufs->lg_part, 0, ns, 0, sh->vocab);
     part->stride = sh->vocab; // contiguous [ns][vocab slice]: what the all-gathers move
-    return be->ops->linear(be, *part, g, NULL, 0.0f, m->lm_head, NULL, false, g);
+    PG_TRY(be->ops->linear(be, *part, g, NULL, 0.0f, m->lm_head, NULL, false, g));
+    // Gemma 2: element by element, so each rank caps its own slice.
+    return c->final_softcap > 0 ? be->ops->softcap(be, *part, c->final_softcap) : 0;
 }
 
 int pg_model_forward_logits(const pg_model *m, const pg_fwd_buffers *bufs, const pg_fwd_step *s) {
@@ -47,7 +49,8 @@ int pg_model_forward_logits(const pg_model *m, const pg_fwd_buffers *bufs, const
         pg_tensor g = pg_tensor_view(bufs->lg_in, 0, ns, 0, bufs->lg_in.cols);
         PG_TRY(be->ops->gather(be, g, x, s->logit_rows));
         PG_TRY(be->ops->rmsnorm(be, g, g, m->final_norm, c->rms_eps));
-        return be->ops->linear(be, logits, g, NULL, 0.0f, m->lm_head, NULL, false, g);
+        PG_TRY(be->ops->linear(be, logits, g, NULL, 0.0f, m->lm_head, NULL, false, g));
+        return c->final_softcap > 0 ? be->ops->softcap(be, logits, c->final_softcap) : 0;
     }
     // This rank's vocabulary slice, then every rank's side by side: each
     // rank samples from all the logits, and the same values give the same

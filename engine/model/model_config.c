@@ -34,23 +34,29 @@ static int gguf_float(const gguf_file *f, const char *arch, const char *suffix, 
     return 0;
 }
 
-// Gemma 3's GGUF keys, as llama.cpp reads them: the window
-// (gemma3.attention.sliding_window; none or 0: every layer global), every
-// 6th layer global with the others at RoPE base 10000, and no
-// query_pre_attn_scalar key: head_dim, but hidden / heads for the 27B (62
-// layers, Gemma's own config). Norms are stored as 1 + w.
-static int gguf_gemma(const gguf_file *f, pg_model_config *c) {
+// Gemma's GGUF keys, as llama.cpp reads them: the window
+// (<arch>.attention.sliding_window; none or 0: every layer global); Gemma
+// 3: every 6th layer global with the others at RoPE base 10000; Gemma 2:
+// every 2nd, one RoPE base, and the soft-caps (attn_logit_softcapping,
+// final_logit_softcapping). No query_pre_attn_scalar key: head_dim, but
+// hidden / heads for the 27Bs (62 layers for Gemma 3, 46 for Gemma 2, as
+// their own configs say). Norms are stored as 1 + w.
+static int gguf_gemma(const gguf_file *f, const char *arch, pg_model_config *c) {
+    const bool g2 = !strcmp(arch, "gemma2");
     int64_t win = 0;
-    PG_TRY(gguf_int(f, "gemma3", "attention.sliding_window", &win, false));
+    PG_TRY(gguf_int(f, arch, "attention.sliding_window", &win, false));
     if (win < 0 || win > INT32_MAX) return pg_err_set(PG_EFORMAT, "%s: sliding window %lld", f->path, (long long)win);
-    float cap = 0;
-    PG_TRY(gguf_float(f, "gemma3", "final_logit_softcapping", &cap));
-    if (cap > 0) return pg_err_set(PG_EUNSUPP, "%s: final logit soft-capping is not supported", f->path);
+    PG_TRY(gguf_float(f, arch, "final_logit_softcapping", &c->final_softcap));
+    PG_TRY(gguf_float(f, arch, "attn_logit_softcapping", &c->attn_softcap));
+    if (c->final_softcap < 0 || c->attn_softcap < 0)
+        return pg_err_set(PG_EFORMAT, "%s: negative soft-capping", f->path);
     c->swa_window = (int32_t)win;
-    for (int32_t l = 0; l < c->n_layers && l < PG_MAX_LAYERS; l++) pg_config_set_local(c, l, (l + 1) % 6 != 0);
-    c->rope_local_theta = 10000.0f;
+    const int32_t pattern = g2 ? 2 : 6;
+    for (int32_t l = 0; l < c->n_layers && l < PG_MAX_LAYERS; l++) pg_config_set_local(c, l, (l + 1) % pattern != 0);
+    c->rope_local_theta = g2 ? c->rope_theta : 10000.0f;
     if (c->head_dim == 0 && c->n_heads > 0) c->head_dim = c->hidden / c->n_heads;
-    c->attn_scalar = c->n_layers == 62 && c->n_heads > 0 ? (float)(c->hidden / c->n_heads) : (float)c->head_dim;
+    const bool big = c->n_layers == (g2 ? 46 : 62);
+    c->attn_scalar = big && c->n_heads > 0 ? (float)(c->hidden / c->n_heads) : (float)c->head_dim;
     c->embed_scale = sqrtf((float)c->hidden);
     return 0;
 }
@@ -70,9 +76,10 @@ int pg_config_from_gguf(const gguf_file *f, pg_model_config *c) {
     int rc = gguf_get_str(f, "general.architecture", &arch);
     if (rc < 0) return pg_err_set(PG_EFORMAT, "%s: no general.architecture", f->path);
     if (strcmp(arch, "llama") && strcmp(arch, "mistral") && strcmp(arch, "qwen2") &&
-        strcmp(arch, "qwen3") && strcmp(arch, "qwen3moe") && strcmp(arch, "gemma3")) {
+        strcmp(arch, "qwen3") && strcmp(arch, "qwen3moe") && strcmp(arch, "gemma2") && strcmp(arch, "gemma3")) {
         rc = pg_err_set(PG_EUNSUPP,
-                        "%s: architecture '%s' is not supported (llama, mistral, qwen2, qwen3, qwen3moe, gemma3)",
+                        "%s: architecture '%s' is not supported (llama, mistral, qwen2, qwen3, qwen3moe, gemma2, "
+                        "gemma3)",
                         f->path, arch);
         free(arch);
         return rc;
@@ -137,7 +144,7 @@ int pg_config_from_gguf(const gguf_file *f, pg_model_config *c) {
         if (strcmp(arch, "llama") && gguf_get_bool(f, key, &norm) == 0) c->moe_renorm = norm;
     }
     if (c->n_kv_heads == 0) c->n_kv_heads = c->n_heads;
-    if (!strcmp(arch, "gemma3") && (rc = gguf_gemma(f, c)) < 0) goto out;
+    if (pg_config_is_gemma(c) && (rc = gguf_gemma(f, arch, c)) < 0) goto out;
     if (c->vocab_size == 0) {
         const gguf_kv *toks = gguf_find_kv(f, "tokenizer.ggml.tokens");
         if (toks && toks->type == GGUF_TYPE_ARRAY && toks->arr_count <= INT32_MAX)
@@ -157,7 +164,7 @@ int pg_config_from_gguf(const gguf_file *f, pg_model_config *c) {
     // Gemma's turns end with <end_of_turn>, which its GGUF files do not mark
     // (llama.cpp finds it by its text, as here); HF directories list it in
     // generation_config.json.
-    if (!strcmp(arch, "gemma3") && c->n_eos < PG_MAX_EOS_IDS) {
+    if (pg_config_is_gemma(c) && c->n_eos < PG_MAX_EOS_IDS) {
         const gguf_kv *toks = gguf_find_kv(f, "tokenizer.ggml.tokens");
         for (uint64_t i = 0; toks && toks->type == GGUF_TYPE_ARRAY && i < toks->arr_count && i <= INT32_MAX; i++)
             if (gguf_str_eq(gguf_arr_str(toks, i), "<end_of_turn>")) {
@@ -280,11 +287,13 @@ static int hf_rope_scaling(const cJSON *rs, const char *path, pg_model_config *c
 // rope_parameters {"full_attention": {...}, "sliding_attention": {...}},
 // or transformers 4's rope_theta / rope_local_base_freq / rope_scaling
 // (the global layers'). Defaults are transformers' (its config.json omits
-// some). Soft-capping (Gemma 2's) and bidirectional attention are refused.
+// some). Gemma 2 (Gemma2Config): every 2nd layer global by default, one
+// RoPE base for both, no q/k norms, and the soft-caps (attn_logit_softcapping,
+// final_logit_softcapping). Bidirectional attention is refused.
 static int hf_gemma_layers(const cJSON *j, const char *path, pg_model_config *c) {
     const cJSON *types = cJSON_GetObjectItemCaseSensitive(j, "layer_types");
     if (!cJSON_IsArray(types)) {
-        int32_t pattern = 6;
+        int32_t pattern = !strcmp(c->arch, "gemma2") ? 2 : 6;
         PG_TRY(json_int(j, "sliding_window_pattern", &pattern, false, path));
         PG_TRY(json_int(j, "_sliding_window_pattern", &pattern, false, path));
         if (pattern < 1) return pg_err_set(PG_EFORMAT, "%s: sliding_window_pattern %d", path, pattern);
@@ -309,11 +318,18 @@ static int hf_gemma_layers(const cJSON *j, const char *path, pg_model_config *c)
 }
 
 static int hf_gemma_rope(const cJSON *j, const char *path, pg_model_config *c) {
-    c->rope_theta = 1e6f;
-    c->rope_local_theta = 1e4f;
     c->rope_scaling = PG_ROPE_SCALING_NONE;
     c->rope_factor = 0;
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    if (!strcmp(c->arch, "gemma2")) { // one base for every layer: rope_parameters (transformers 5) or rope_theta
+        c->rope_theta = 1e4f;
+        PG_TRY(json_float(j, "rope_theta", &c->rope_theta, path));
+        if (cJSON_IsObject(rp)) PG_TRY(json_float(rp, "rope_theta", &c->rope_theta, path));
+        c->rope_local_theta = c->rope_theta;
+        return hf_rope_scaling(cJSON_IsObject(rp) ? rp : cJSON_GetObjectItemCaseSensitive(j, "rope_scaling"), path, c);
+    }
+    c->rope_theta = 1e6f;
+    c->rope_local_theta = 1e4f;
     const cJSON *full = cJSON_GetObjectItemCaseSensitive(rp, "full_attention");
     const cJSON *local = cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention");
     if (cJSON_IsObject(full)) {
@@ -334,10 +350,15 @@ static int hf_gemma_rope(const cJSON *j, const char *path, pg_model_config *c) {
 }
 
 static int hf_gemma(const cJSON *j, const char *path, pg_model_config *c) {
-    static const char *const refused[] = {"final_logit_softcapping", "attn_logit_softcapping"};
-    for (size_t i = 0; i < 2; i++)
-        if (cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, refused[i])))
-            return pg_err_set(PG_EUNSUPP, "%s: %s is not supported", path, refused[i]);
+    const bool g2 = !strcmp(c->arch, "gemma2");
+    // Soft-caps: Gemma 2's defaults, Gemma 3 none; null in the file: none.
+    c->attn_softcap = g2 ? 50.0f : 0.0f;
+    c->final_softcap = g2 ? 30.0f : 0.0f;
+    if (cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "attn_logit_softcapping"))) c->attn_softcap = 0;
+    if (cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "final_logit_softcapping"))) c->final_softcap = 0;
+    PG_TRY(json_float(j, "attn_logit_softcapping", &c->attn_softcap, path));
+    PG_TRY(json_float(j, "final_logit_softcapping", &c->final_softcap, path));
+    if (c->attn_softcap < 0 || c->final_softcap < 0) return pg_err_set(PG_EFORMAT, "%s: negative soft-capping", path);
     if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "use_bidirectional_attention")))
         return pg_err_set(PG_EUNSUPP, "%s: use_bidirectional_attention is not supported", path);
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(j, "hidden_activation");
@@ -347,7 +368,7 @@ static int hf_gemma(const cJSON *j, const char *path, pg_model_config *c) {
                           act->valuestring);
     if (!cJSON_GetObjectItemCaseSensitive(j, "rms_norm_eps")) c->rms_eps = 1e-6f;
     if (!cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings")) c->tie_embeddings = true;
-    c->qk_norm = true;
+    c->qk_norm = !g2;
     c->norm_add = 1.0f;
     c->embed_scale = sqrtf((float)c->hidden);
     c->attn_scalar = 256.0f;
@@ -382,6 +403,7 @@ static int config_from_hf(const char *config_path, const char *gen_path, const c
                        {"Qwen3ForCausalLM", "qwen3"},
                        {"MixtralForCausalLM", "mixtral"},
                        {"Qwen3MoeForCausalLM", "qwen3moe"},
+                       {"Gemma2ForCausalLM", "gemma2"},
                        {"Gemma3ForCausalLM", "gemma3"}};
     const char *short_name = NULL;
     for (size_t i = 0; i < sizeof archs_known / sizeof archs_known[0]; i++)
@@ -396,7 +418,7 @@ static int config_from_hf(const char *config_path, const char *gen_path, const c
         rc = pg_err_set(PG_EUNSUPP,
                         "%s: architecture %s is not supported (LlamaForCausalLM, MistralForCausalLM, "
                         "Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, "
-                        "Gemma3ForCausalLM)",
+                        "Gemma2ForCausalLM, Gemma3ForCausalLM)",
                         path, arch);
         goto out;
     }
@@ -440,7 +462,7 @@ static int config_from_hf(const char *config_path, const char *gen_path, const c
     // moves rope_theta inside it); Gemma's are per layer type.
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
-    if (!strcmp(short_name, "gemma3")) {
+    if (pg_config_is_gemma(c)) {
         if ((rc = hf_gemma(j, path, c)) < 0) goto out;
     } else {
         if (!cJSON_IsObject(rs) && cJSON_IsObject(rp)) rs = rp;
@@ -519,7 +541,7 @@ int pg_config_validate(const pg_model_config *c) {
 void pg_config_params(const pg_model_config *c, int64_t *total, int64_t *active) {
     const int64_t H = c->hidden, hd = c->head_dim;
     // The layer's two norms (Gemma: four, the post-norms too).
-    const int64_t n_norms = !strcmp(c->arch, "gemma3") ? 4 : 2;
+    const int64_t n_norms = pg_config_is_gemma(c) ? 4 : 2;
     const int64_t attn = H * hd * (2 * (int64_t)c->n_heads + 2 * (int64_t)c->n_kv_heads) + n_norms * H;
     const int64_t dense = 3 * H * c->ffn, expert = 3 * H * c->moe_ffn;
     const int64_t emb = (int64_t)c->vocab_size * H * (c->tie_embeddings ? 1 : 2) + H;

@@ -6,6 +6,7 @@
 #pragma once
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 struct gguf_file;
 
@@ -17,7 +18,7 @@ typedef enum { PG_ROPE_SCALING_NONE = 0, PG_ROPE_SCALING_LLAMA3 = 1, PG_ROPE_SCA
 typedef struct pg_model_config {
     char arch[32];          // "llama", "mistral", "qwen2", "qwen3" (engine/model/llama.c); "mixtral",
                             //   "qwen3moe" (engine/model/moe.c; a GGUF Mixtral is "llama" with experts);
-                            //   "gemma3" (engine/model/gemma.c)
+                            //   "gemma2", "gemma3" (engine/model/gemma.c)
     char name[128];         // for logs and /v1/models
     int32_t vocab_size;
     int32_t hidden;         // model dimension
@@ -54,6 +55,9 @@ typedef struct pg_model_config {
     uint8_t swa_layers[PG_MAX_LAYERS / 8]; // bit l set: layer l is local (pg_config_layer_is_local)
     float rope_local_theta;
     float attn_scalar;      // attention scale attn_scalar^-0.5 (query_pre_attn_scalar); 0: head_dim
+    // Gemma 2's soft-capping: s -> cap * tanh(s / cap) of every attention
+    // score (after the scale) and of every final logit; 0: none.
+    float attn_softcap, final_softcap;
     float embed_scale;      // the embedding multiplied by it (Gemma: sqrt(hidden)); 0: none
     float norm_add;         // added to every stored RMSNorm weight at load: Gemma's Hugging Face
                             //   weights w mean x * (1 + w) (llama.cpp's GGUF stores 1 + w: 0)
@@ -81,6 +85,11 @@ int pg_config_validate(const pg_model_config *c);
 // Whether layer l's feed-forward is a mixture of experts.
 static inline bool pg_config_layer_is_moe(const pg_model_config *c, int32_t l) {
     return c->n_experts > 0 && (l + 1) % c->moe_step == 0;
+}
+// Gemma 2 and 3 (engine/model/gemma.c): four norms a layer, GeGLU, the
+// embedding scaled, local and global layers.
+static inline bool pg_config_is_gemma(const pg_model_config *c) {
+    return !strcmp(c->arch, "gemma2") || !strcmp(c->arch, "gemma3");
 }
 // Whether layer l is a sliding-window (local) layer (Gemma 3).
 static inline bool pg_config_layer_is_local(const pg_model_config *c, int32_t l) {

@@ -578,10 +578,12 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
                         s.path, be->name);
         goto fail;
     }
-    if (!strcmp(c->arch, "gemma3")) { // Gemma's ops (docs/gemma3.md)
-        if (!be->ops->gate_up_gelu || !be->ops->rmsnorm_add || !be->ops->scale) {
-            rc = pg_err_set(PG_EUNSUPP, "%s: a Gemma 3 model; the %s backend has no Gemma ops yet (docs/gemma3.md)",
-                            s.path, be->name);
+    if (pg_config_is_gemma(c)) { // Gemma's ops (docs/gemma3.md)
+        const bool capped = c->attn_softcap > 0 || c->final_softcap > 0;
+        if (!be->ops->gate_up_gelu || !be->ops->rmsnorm_add || !be->ops->scale ||
+            (capped && (!be->ops->softcap || !be->ops->attention_softcap))) {
+            rc = pg_err_set(PG_EUNSUPP, "%s: a %s model; the %s backend has no Gemma ops yet (docs/gemma3.md)",
+                            s.path, c->arch, be->name);
             goto fail;
         }
     }

@@ -105,6 +105,7 @@ static void attend_one(const attn_job *j, const pg_attn_seq *s, int32_t h, int32
             float d = 0.0f;
             for (int32_t e = 0; e < hd; e++) d += q[e] * k[e];
             scores[t] = d * scale;
+            if (s->softcap > 0) scores[t] = s->softcap * tanhf(scores[t] / s->softcap);
             if (scores[t] > cmax) cmax = scores[t];
         }
         float m_new = cmax > m ? cmax : m;
@@ -329,6 +330,8 @@ static void attend_group_compat(const attn_job *j, const pg_attn_seq *s, int32_t
     }
     for (int32_t g = 0; g < G; g++) {
         float *pg = p + g * n_p;
+        if (s->softcap > 0) // Gemma 2: scores capped before the softmax
+            for (int32_t t = 0; t < n_keys; t++) pg[t] = s->softcap * tanhf(pg[t] / s->softcap);
         pg_lc_softmax_row(pg, pg, n_keys);
         for (int32_t t = 0; t < n_keys; t++) pg[t] = pg_lc_f16(pg[t]);
     }

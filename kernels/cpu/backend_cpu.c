@@ -625,26 +625,32 @@ static int cpu_rope_kv_write(pg_backend *b, pg_tensor q, pg_tensor k, pg_tensor 
     return 0;
 }
 
-static int cpu_attention(pg_backend *b, pg_tensor out, pg_tensor q, const pg_attn_batch *ab,
-                         const void *k_cache, const void *v_cache, pg_kv_shape s, int32_t n_heads,
-                         float scale, int32_t window) {
+static int cpu_attention_softcap(pg_backend *b, pg_tensor out, pg_tensor q, const pg_attn_batch *ab,
+                                 const void *k_cache, const void *v_cache, pg_kv_shape s, int32_t n_heads,
+                                 float scale, int32_t window, float softcap) {
     PG_TRY(check_rows(out, "attention"));
     pg_attn_seq stack[64];
     pg_attn_seq *seqs = ab->n_seqs <= 64 ? stack : pg_xmalloc(sizeof(pg_attn_seq) * (size_t)ab->n_seqs);
     for (int32_t i = 0; i < ab->n_seqs; i++) {
         const int32_t *bt = ab->block_tables + (int64_t)i * ab->bt_stride;
         if (i < ab->n_decode) {
-            seqs[i] = (pg_attn_seq){i, 1, ab->start_pos[i], bt, window};
+            seqs[i] = (pg_attn_seq){i, 1, ab->start_pos[i], bt, window, softcap};
         } else {
             const int32_t p = i - ab->n_decode;
             seqs[i] = (pg_attn_seq){ab->n_decode + ab->cu_q[p], ab->cu_q[p + 1] - ab->cu_q[p],
-                                    ab->start_pos[i], bt, window};
+                                    ab->start_pos[i], bt, window, softcap};
         }
     }
     pg_cpu_attention(pg_cpu(b), F32(out), F32(q), q.stride, seqs, ab->n_seqs, n_heads, scale,
                      k_cache, v_cache, s);
     if (seqs != stack) free(seqs);
     return 0;
+}
+
+static int cpu_attention(pg_backend *b, pg_tensor out, pg_tensor q, const pg_attn_batch *ab,
+                         const void *k_cache, const void *v_cache, pg_kv_shape s, int32_t n_heads,
+                         float scale, int32_t window) {
+    return cpu_attention_softcap(b, out, q, ab, k_cache, v_cache, s, n_heads, scale, window, 0.0f);
 }
 
 static int cpu_sample(pg_backend *b, pg_sample_out *out, pg_tensor logits, const pg_sample_params *params,
@@ -757,6 +763,8 @@ static const pg_backend_ops cpu_ops = {
     .gate_up_gelu = pg_cpu_gate_up_gelu,
     .rmsnorm_add = pg_cpu_rmsnorm_add,
     .scale = pg_cpu_scale,
+    .softcap = pg_cpu_softcap,
+    .attention_softcap = cpu_attention_softcap,
     .moe_ffn = pg_cpu_moe_ffn,
     .moe_workspace_bytes = pg_cpu_moe_workspace_bytes,
     .lora_apply = pg_cpu_lora_apply,

@@ -39,6 +39,7 @@ typedef struct pg_attn_seq {
     int32_t start_pos;
     const int32_t *block_table; // [ceil((start_pos + n_q) / block_size)]
     int32_t window;             // > 0: the query at position p sees keys (p - window, p] only
+    float softcap;              // > 0: every score s becomes softcap * tanh(s / softcap) (Gemma 2)
 } pg_attn_seq;
 
 // The next piece of a workspace (lora.c, moe.c): n elements at *off, which then
@@ -119,6 +120,7 @@ int pg_cpu_gate_up_gelu(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bweigh
                         const pg_bweight *w, pg_tensor scratch_xn, pg_tensor scratch_gu);
 int pg_cpu_rmsnorm_add(pg_backend *b, pg_tensor x, pg_tensor y, const pg_bweight *w, float eps);
 int pg_cpu_scale(pg_backend *b, pg_tensor x, float s);
+int pg_cpu_softcap(pg_backend *b, pg_tensor x, float cap);
 // gelu with PyTorch's tanh approximation, in f32.
 float pg_cpu_gelu_tanh(float x);
 // RoPE of q (rows q_stride apart, n_heads heads) and k (rows k_stride

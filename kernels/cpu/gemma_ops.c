@@ -69,6 +69,18 @@ int pg_cpu_rmsnorm_add(pg_backend *b, pg_tensor x, pg_tensor y, const pg_bweight
     return 0;
 }
 
+int pg_cpu_softcap(pg_backend *b, pg_tensor x, float cap) {
+    (void)b;
+    PG_TRY(check_f32(x, "softcap"));
+    PG_ARG(cap > 0, "softcap: cap %g", (double)cap);
+    const float inv = 1.0f / cap;
+    for (int64_t i = 0; i < x.rows; i++) {
+        float *o = F32(x) + i * x.stride;
+        for (int64_t e = 0; e < x.cols; e++) o[e] = cap * tanhf(o[e] * inv);
+    }
+    return 0;
+}
+
 int pg_cpu_scale(pg_backend *b, pg_tensor x, float s) {
     (void)b;
     PG_TRY(check_f32(x, "scale"));

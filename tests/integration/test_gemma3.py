@@ -21,7 +21,8 @@ Face transformers on the CPU.
 3. Tensor parallelism: --tp 2 (two query heads a rank, the one KV head on
    both) gives the logits of --tp 1 within 1e-5 of the largest logit.
 4. Errors, one line: a multimodal Gemma3ForConditionalGeneration config;
-   final_logit_softcapping.
+   use_bidirectional_attention (soft-capping runs since Gemma 2 came:
+   test_gemma2.py).
 
 Skipped (exit 77) when torch or transformers are not importable.
 """
@@ -185,7 +186,8 @@ def main():
 
         for what, edit, want in (("multimodal", {"architectures": ["Gemma3ForConditionalGeneration"]},
                                   ["Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"]),
-                                 ("soft-capping", {"final_logit_softcapping": 30.0}, ["final_logit_softcapping"])):
+                                 ("bidirectional", {"use_bidirectional_attention": True},
+                                  ["use_bidirectional_attention"])):
             bad = os.path.join(tmp, "bad-" + what)
             os.makedirs(bad)
             cfg = json.load(open(os.path.join(dirs["gemma3"], "config.json")))

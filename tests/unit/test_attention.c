@@ -17,6 +17,10 @@ static float frand(uint64_t *s) {
     return (float)((*s >> 40) & 0xffffff) / (float)0x1000000 * 2.0f - 1.0f;
 }
 
+// Gemma 2's soft-capping of the scores in both the reference and the
+// kernel's sequences (0: none); test_softcap sets it.
+static float g_softcap = 0.0f;
+
 // Dense causal attention over contiguous K/V [ctx][n_kv][hd] for queries at
 // positions start..start+n_q-1; window > 0: the query at p sees keys
 // (p - window, p] only.
@@ -33,6 +37,7 @@ static void ref_attention(double *out, const float *q, const float *k, const flo
                 for (int e = 0; e < hd; e++)
                     d += (double)q[((size_t)i * n_heads + h) * hd + e] * k[((size_t)t * n_kv + h / g) * hd + e];
                 s[t] = d * scale;
+                if (g_softcap > 0) s[t] = g_softcap * tanh(s[t] / g_softcap);
                 mx = s[t] > mx ? s[t] : mx;
             }
             double sum = 0;
@@ -73,7 +78,7 @@ static void check_window(int n_seqs, int n_heads, int n_kv, int hd, int bs, int 
     for (int s = 0; s < n_seqs; s++) {
         ctx[s] = 1 + (int)((seed = seed * 6364136223846793005ull + 1) >> 33) % max_ctx;
         int n_q = s % 3 == 0 ? ctx[s] : (s % 3 == 1 ? 1 : 1 + ctx[s] / 3); // prefill, decode, chunk
-        seqs[s] = (pg_attn_seq){total_q, n_q, ctx[s] - n_q, perm + s * blocks_per_seq, window};
+        seqs[s] = (pg_attn_seq){total_q, n_q, ctx[s] - n_q, perm + s * blocks_per_seq, window, g_softcap};
         total_q += n_q;
         size_t n = (size_t)ctx[s] * n_kv * hd;
         ks[s] = malloc(n * sizeof(float));
@@ -125,6 +130,18 @@ static void test_attention_matches_dense_reference(void **state) {
 // Sliding-window attention (Gemma's local layers): windows shorter and
 // longer than the contexts, of one key, across block and KEY_CHUNK
 // boundaries, in both numerics.
+// Gemma 2's attention soft-capping (score -> cap * tanh(score / cap)), a
+// cap small enough that most scores bend, with and without a window, on
+// both paths.
+static void test_softcap_matches_dense_reference(void **state) {
+    (void)state;
+    g_softcap = 0.3f;
+    check_window(5, 4, 1, 32, 16, 70, 21, 0, PG_MATMUL_EXACT, 1e-5);
+    check_window(5, 4, 1, 32, 16, 70, 22, 8, PG_MATMUL_EXACT, 1e-5);
+    check_window(4, 8, 2, 64, 16, 300, 23, 40, PG_MATMUL_DEFAULT, 3e-3);
+    g_softcap = 0.0f;
+}
+
 static void test_sliding_window_matches_dense_reference(void **state) {
     check_window(5, 4, 1, 32, 16, 70, 11, 8, PG_MATMUL_EXACT, 1e-5);   // Gemma's test shape, window 8
     check_window(3, 9, 3, 64, 4, 100, 12, 1, PG_MATMUL_EXACT, 1e-5);   // one key: out = v[p]
@@ -168,6 +185,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_attention_matches_dense_reference),
         cmocka_unit_test(test_sliding_window_matches_dense_reference),
+        cmocka_unit_test(test_softcap_matches_dense_reference),
         cmocka_unit_test(test_rope_kv_write),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -227,7 +227,7 @@ static void check_types(pg_matmul_mode mode, int n_seqs, int n_heads, int n_kv, 
         int ctx = 1 + (int)urand((uint32_t)max_ctx);
         if (s == 0) ctx = max_ctx; // the longest context is always there
         int n_q = s % 3 == 0 ? ctx : (s % 3 == 1 ? 1 : 1 + ctx / 3); // prefill, decode, chunk
-        seqs[s] = (pg_attn_seq){total_q, n_q, ctx - n_q, perm + s * blocks_per_seq, 0};
+        seqs[s] = (pg_attn_seq){total_q, n_q, ctx - n_q, perm + s * blocks_per_seq, 0, 0.0f};
         total_q += n_q;
         total_kv += ctx;
     }
@@ -321,7 +321,7 @@ static double fp8_scaled_err(pg_matmul_mode mode, const float *sc, double *err_o
     float inv_freq[32], q[9 * 64], ref[9 * 64], out[9 * 64], out1[9 * 64];
     for (int i = 0; i < hd / 2; i++) inv_freq[i] = powf(10000.0f, -2.0f * (float)i / (float)hd);
     for (int i = 0; i < n_heads * hd; i++) q[i] = frand() / mag[(i / hd) / 3]; // scores of order 1
-    pg_attn_seq seq = {0, 1, ctx - 1, table, 0};
+    pg_attn_seq seq = {0, 1, ctx - 1, table, 0, 0.0f};
     const size_t bytes = (size_t)n_blocks * bs * row * 4;
     const float ones[6] = {1, 1, 1, 1, 1, 1};
     double rel[3];

@@ -234,7 +234,7 @@ static void test_attention_compat_matches_plain_reference(void **state) {
     }
     float q[6 * NH * HD], out[6 * NH * HD], ref[HD], exact_out[6 * NH * HD];
     for (int i = 0; i < n_q * NH * HD; i++) q[i] = 2 * frand();
-    pg_attn_seq seq = {0, n_q, start, table, 0};
+    pg_attn_seq seq = {0, n_q, start, table, 0, 0.0f};
     const pg_kv_shape kv = {NBLK, BS, NKV, HD, PG_KV_BF16, NULL};
     const float scale = 0.125f;
     pg_backend *b = backend(PG_MATMUL_DEFAULT), *x = backend(PG_MATMUL_EXACT);

@@ -107,7 +107,8 @@ static int model_template_text(const char *src, char **text) {
     PG_TRY(gguf_open(src, &f));
     if (gguf_get_str(f, "tokenizer.chat_template", text) < 0) *text = NULL;
     char *arch = NULL;
-    if (!*text && gguf_get_str(f, "general.architecture", &arch) == 0 && !strcmp(arch, "gemma3"))
+    if (!*text && gguf_get_str(f, "general.architecture", &arch) == 0 &&
+        (!strcmp(arch, "gemma3") || !strcmp(arch, "gemma2")))
         *text = pg_xstrdup(GEMMA_TEMPLATE);
     free(arch);
     gguf_close(f);
