@@ -158,6 +158,10 @@ typedef struct pg_seq_output {
     int32_t n_accepted;
     int32_t spec_tokens[PG_MAX_DRAFT + 1];
     float spec_logprobs[PG_MAX_DRAFT + 1];
+    // The same tokens each as a plain output (token, logprob, top entries
+    // of its own row), [n_accepted + 1], in the runner's memory, valid as
+    // long as this output; NULL for a plain entry.
+    const struct pg_seq_output *spec_rows;
 } pg_seq_output;
 
 // One scored prompt position (pg_plan_seq.n_prompt_lp).

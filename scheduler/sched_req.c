@@ -185,7 +185,12 @@ void sched_emit_events(sched *s, evbuf *b, req *r) {
                 e->has_token = true;
                 e->out = *q->ev_out;
                 e->out.seq_id = q->seq_id;
-                if (n_tok > 1) {
+                e->out.spec_rows = NULL; // the runner's memory: not past this update
+                if (n_tok > 1 && q->ev_out->spec_rows) { // its row's logprob and top entries
+                    e->out = q->ev_out->spec_rows[j];
+                    e->out.seq_id = q->seq_id;
+                    e->out.spec_rows = NULL;
+                } else if (n_tok > 1) {
                     e->out.token = q->ev_out->spec_tokens[j];
                     e->out.logprob = q->ev_out->spec_logprobs[j];
                 }

@@ -30,16 +30,18 @@ static int32_t spec_max_seqs(const sched *s) {
 // Requests whose output the runner's verification reproduces token for
 // token (runner_spec.c: each row draws what plain decoding would draw at its
 // position): greedy or sampled, seeded or not, with a logit_bias (the same
-// at every position); one sequence, and nothing that changes the logits per
-// position from a history the rows do not share (penalties, structured
-// masks, min_tokens' ban) or asks more of them (logprobs). The rest decode
-// as before.
+// at every position), penalties (each row's history holds the drafts before
+// it) and logprobs (each token carries its row's); one sequence, and no mask
+// that the engine advances token by token (structured outputs) nor
+// min_tokens' ban. The rest decode as before.
 static bool spec_eligible(const sched *s, const req *r) {
     const pg_sampling_params *sp = &r->sp;
     // Penalties are fine: the runner extends a draft row's penalty history
     // by the drafts before it (engine/runner/runner.c fill_params).
-    return s->cfg.spec.num_tokens > 0 && r->state == RQ_RUNNING && r->n == 1 && sp->logprobs < 0 &&
-           !sp->constrained && r->seqs[0].n_hist - r->n_prompt >= sp->min_tokens;
+    // So are logprobs: each emitted token carries its own row's
+    // (pg_seq_output.spec_rows).
+    return s->cfg.spec.num_tokens > 0 && r->state == RQ_RUNNING && r->n == 1 && !sp->constrained &&
+           r->seqs[0].n_hist - r->n_prompt >= sp->min_tokens;
 }
 
 // Sampled rows are bounded by max_num_seqs (the runner's logit rows and

@@ -728,7 +728,7 @@ int pg_runner_end(pg_runner *r, pg_step_output *out) {
         o->token = so->token;
         o->logprob = so->logprob;
         o->n_top = runner_copy_top(so, o->top_ids, o->top_logprobs);
-        j += runner_spec_output(r, buf, e, so, o);
+        j += runner_spec_output(r, buf, e, j, so, o);
     }
     out->n = n_out;
     runner_plp_output(r, buf, n_plp, out);

@@ -103,6 +103,10 @@ struct pg_runner {
         int32_t *draft; // [max_seqs][PG_MAX_DRAFT]
         int32_t n_out;
     } spec[2];
+    // The tokens a verified draft emits, each as its own output with its
+    // row's logprob and top entries (pg_seq_output.spec_rows points in):
+    // one per sampled row at most, [max_seqs]; valid until the next end.
+    pg_seq_output *spec_out;
 
     // Prompt logprobs (runner_prompt_logprobs.c): this begin's scored rows,
     // at most max_tokens. Device: inputs (rows, forced params) and scores
@@ -176,10 +180,11 @@ void runner_spec_free(pg_runner *r);
 // records its seq id and drafts, and returns the rows it samples (k + 1,
 // the last k + 1 of the entry), or PG_EINVAL for a bad n_draft.
 int32_t runner_spec_record(pg_runner *r, int buf, const pg_plan_seq *s);
-// Output e of the step ended from `buf`, from its rows so[0 .. k]: the
-// greedy verification of its drafts (pg_spec_verify_greedy) into o.
-// Returns the rows it took.
-int32_t runner_spec_output(const pg_runner *r, int buf, int32_t e, const pg_sample_out *so,
+// Output e of the step ended from `buf`, from its rows so[0 .. k] (the
+// step's sampled rows from `row` on): the greedy verification of its drafts
+// (pg_spec_verify_greedy) into o, each emitted token also as its own
+// output in r->spec_out[row ..] (o->spec_rows). Returns the rows it took.
+int32_t runner_spec_output(const pg_runner *r, int buf, int32_t e, int32_t row, const pg_sample_out *so,
                            pg_seq_output *o);
 
 // runner_graphs.c

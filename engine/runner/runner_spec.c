@@ -30,6 +30,7 @@ void runner_spec_alloc(pg_runner *r) {
         r->spec[b].draft = pg_xcalloc(S * PG_MAX_DRAFT, sizeof(int32_t));
         r->spec[b].n_out = 0;
     }
+    r->spec_out = pg_xcalloc((size_t)r->max_seqs, sizeof(pg_seq_output));
 }
 
 void runner_spec_free(pg_runner *r) {
@@ -38,6 +39,7 @@ void runner_spec_free(pg_runner *r) {
         free(r->spec[b].k);
         free(r->spec[b].draft);
     }
+    free(r->spec_out);
 }
 
 int32_t runner_spec_record(pg_runner *r, int buf, const pg_plan_seq *s) {
@@ -55,7 +57,8 @@ int32_t runner_spec_record(pg_runner *r, int buf, const pg_plan_seq *s) {
     return k + 1;
 }
 
-int32_t runner_spec_output(const pg_runner *r, int buf, int32_t e, const pg_sample_out *so, pg_seq_output *o) {
+int32_t runner_spec_output(const pg_runner *r, int buf, int32_t e, int32_t row, const pg_sample_out *so,
+                           pg_seq_output *o) {
     const struct runner_spec_buf *sb = &r->spec[buf];
     const int32_t k = sb->k[e];
     if (k == 0) return 1;
@@ -66,10 +69,18 @@ int32_t runner_spec_output(const pg_runner *r, int buf, int32_t e, const pg_samp
     o->n_draft = k;
     o->n_accepted = res.n_accepted;
     // Accepted drafts equal their rows' tokens, so each emitted token's
-    // logprob is its own row's.
+    // logprob and top entries are its own row's.
+    pg_seq_output *rows = r->spec_out + row;
     for (int32_t i = 0; i < res.n_emitted; i++) {
         o->spec_tokens[i] = res.tokens[i];
         o->spec_logprobs[i] = so[i].logprob;
+        pg_seq_output *t = &rows[i];
+        memset(t, 0, sizeof *t);
+        t->seq_id = o->seq_id;
+        t->token = res.tokens[i];
+        t->logprob = so[i].logprob;
+        t->n_top = runner_copy_top(&so[i], t->top_ids, t->top_logprobs);
     }
+    o->spec_rows = rows;
     return k + 1;
 }

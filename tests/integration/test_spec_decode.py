@@ -18,8 +18,10 @@ greedy text, only how many steps it takes.
    plain texts too; so do penalised ones, which speculate (sampled with a
    presence penalty; greedy with a repetition and with a frequency
    penalty: a draft row's penalty history holds the drafts before it; the
-   frequency-penalised copy prompt alone gets drafts accepted); greedy with
-   logprobs does not speculate and gives the same text on both servers.
+   frequency-penalised copy prompt alone gets drafts accepted); so do
+   requests with logprobs: a copy prompt with logprobs 3 gives the same
+   tokens, top-3 ids and logprobs (within 1e-3) as plain decoding, with
+   drafts accepted (each emitted token carries its own row's logprobs).
 4. Every KV block is back in the pool once the requests are done.
 5. Bad --speculative-config values stop `paged serve` with exit code 2 and
    one line naming the problem (method eagle is refused as not supported
@@ -90,6 +92,24 @@ def complete(port, prompt, max_tokens, **kw):
     return resp["choices"][0]["text"]
 
 
+def complete_lp(port, prompt, max_tokens):
+    body = dict(prompt=prompt, max_tokens=max_tokens, temperature=0, logprobs=3)
+    st, resp = su.post(port, "/v1/completions", body, timeout=600)
+    assert st == 200, (st, resp)
+    lp = resp["choices"][0]["logprobs"]
+    return lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]
+
+
+def same_logprobs(a, b):
+    """Same tokens and top-3 ids; logprobs within 1e-3 (a draft's rows run
+    in a prefill-shaped step, plain decoding's in decode steps)."""
+    if a[0] != b[0] or [sorted(x) for x in a[2]] != [sorted(x) for x in b[2]]:
+        return False
+    vals = [abs(x - y) for x, y in zip(a[1], b[1])]
+    vals += [abs(x[k] - y[k]) for x, y in zip(a[2], b[2]) for k in x]
+    return max(vals) < 1e-3
+
+
 def run_all(port):
     jobs = [(p, 160) for p in COPY_PROMPTS] + [(p, 48) for p in PLAIN_PROMPTS]
     with concurrent.futures.ThreadPoolExecutor(4) as ex:
@@ -148,6 +168,7 @@ def main():
     check_bad_flags()
     with su.Server() as plain:
         want = run_all(plain.port)
+        want_lp = complete_lp(plain.port, COPY_PROMPTS[0], 48)
         m = su.wait_idle(plain.port)
         assert spec_counts(m, "paged") == [0, 0, 0], spec_counts(m, "paged")
     with su.Server("--speculative-config", SPEC, "--metrics-compat", "vllm") as spec:
@@ -163,6 +184,11 @@ def main():
         pen_acc = su.metric(su.wait_idle(spec.port), "paged:spec_decode_num_accepted_tokens_total") - accepted
         print(f"a frequency-penalised copy prompt alone: {int(pen_acc)} draft tokens accepted")
         assert pen_acc > 0, "a penalised request got no draft accepted"
+        got_lp = complete_lp(spec.port, COPY_PROMPTS[0], 48)
+        lp_acc = su.metric(su.wait_idle(spec.port), "paged:spec_decode_num_accepted_tokens_total") - accepted - pen_acc
+        print(f"a copy prompt with logprobs 3: {int(lp_acc)} draft tokens accepted; tokens, top-3 and logprobs "
+              f"{'the same' if same_logprobs(got_lp, want_lp) else 'DIFFER'}")
+        assert lp_acc > 0 and same_logprobs(got_lp, want_lp), (want_lp, got_lp)
     draft = '{"method": "draft_model", "model": "%s", "num_speculative_tokens": 4}' % su.MODEL
     with su.Server("--speculative-config", draft) as dsrv:
         got_draft = run_all(dsrv.port)
