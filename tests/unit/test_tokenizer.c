@@ -6,6 +6,7 @@
 //   tokenizer_golden_smollm2_hf.jsonl  HF tokenizers on tests/data/tokenizer_smollm2.json
 //   tokenizer_golden_spm_tiny.jsonl    llama.cpp on tests/data/tokenizer_spm_tiny.gguf
 //                                      (agrees with the sentencepiece library)
+//   gemma3_llamacpp_golden.json        llama.cpp on models/gemma-3-270m-q4_k_m.gguf ("tokenize")
 // The model-based test is skipped, with a message, when models/ is absent.
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,6 +28,7 @@
 #include "tests/unit/gguf_writer.h"
 
 #define SMOLLM_GGUF "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define GEMMA3_GGUF "models/gemma-3-270m-q4_k_m.gguf"
 
 // --- helpers ----------------------------------------------------------------
 
@@ -56,14 +58,49 @@ static void golden_free(golden_set *g) {
     g->n = 0;
 }
 
-// Reads a golden .jsonl: {"text": ..., "parse_special": ..., "ids": [...]}.
-static golden_set golden_load(const char *rel) {
+// Adds one golden row {"text": ..., "parse_special": ..., "ids": [...],
+// optional "ids_llama_cpp": [...]} to g.
+static void golden_add(golden_set *g, int *cap, const cJSON *j) {
+    cJSON *text = cJSON_GetObjectItemCaseSensitive(j, "text");
+    cJSON *ids = cJSON_GetObjectItemCaseSensitive(j, "ids");
+    assert_true(cJSON_IsString(text) && cJSON_IsArray(ids));
+    if (g->n == *cap) {
+        *cap = *cap ? *cap * 2 : 256;
+        g->c = realloc(g->c, (size_t)*cap * sizeof *g->c);
+    }
+    golden_case *c = &g->c[g->n++];
+    c->text = strdup(text->valuestring);
+    c->len = strlen(c->text);
+    c->parse_special = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "parse_special"));
+    c->n_ids = cJSON_GetArraySize(ids);
+    c->ids = malloc(((size_t)c->n_ids + 1) * sizeof *c->ids);
+    int k = 0;
+    cJSON *v;
+    cJSON_ArrayForEach(v, ids) c->ids[k++] = (int32_t)v->valuedouble;
+    cJSON *alt = cJSON_GetObjectItemCaseSensitive(j, "ids_llama_cpp");
+    c->alt = NULL;
+    c->n_alt = 0;
+    if (cJSON_IsArray(alt)) {
+        c->n_alt = cJSON_GetArraySize(alt);
+        c->alt = malloc(((size_t)c->n_alt + 1) * sizeof *c->alt);
+        k = 0;
+        cJSON_ArrayForEach(v, alt) c->alt[k++] = (int32_t)v->valuedouble;
+    }
+}
+
+static char *golden_read(const char *rel, size_t *len) {
     char path[4096];
-    golden_set g = {0};
     if (!tw_repo_path(rel, path, sizeof path)) fail_msg("%s not found (run from the repository root)", rel);
     char *buf;
+    assert_int_equal(pg_read_file(path, 64u << 20, &buf, len), 0);
+    return buf;
+}
+
+// Reads a golden .jsonl: one row per line.
+static golden_set golden_load(const char *rel) {
+    golden_set g = {0};
     size_t len;
-    assert_int_equal(pg_read_file(path, 64u << 20, &buf, &len), 0);
+    char *buf = golden_read(rel, &len);
     int cap = 0;
     for (char *line = buf; line < buf + len;) {
         char *nl = memchr(line, '\n', (size_t)(buf + len - line));
@@ -71,35 +108,27 @@ static golden_set golden_load(const char *rel) {
         if (ll) {
             cJSON *j = cJSON_ParseWithLength(line, ll);
             assert_non_null(j);
-            cJSON *text = cJSON_GetObjectItemCaseSensitive(j, "text");
-            cJSON *ids = cJSON_GetObjectItemCaseSensitive(j, "ids");
-            assert_true(cJSON_IsString(text) && cJSON_IsArray(ids));
-            if (g.n == cap) {
-                cap = cap ? cap * 2 : 256;
-                g.c = realloc(g.c, (size_t)cap * sizeof *g.c);
-            }
-            golden_case *c = &g.c[g.n++];
-            c->text = strdup(text->valuestring);
-            c->len = strlen(c->text);
-            c->parse_special = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "parse_special"));
-            c->n_ids = cJSON_GetArraySize(ids);
-            c->ids = malloc(((size_t)c->n_ids + 1) * sizeof *c->ids);
-            int k = 0;
-            cJSON *v;
-            cJSON_ArrayForEach(v, ids) c->ids[k++] = (int32_t)v->valuedouble;
-            cJSON *alt = cJSON_GetObjectItemCaseSensitive(j, "ids_llama_cpp");
-            c->alt = NULL;
-            c->n_alt = 0;
-            if (cJSON_IsArray(alt)) {
-                c->n_alt = cJSON_GetArraySize(alt);
-                c->alt = malloc(((size_t)c->n_alt + 1) * sizeof *c->alt);
-                k = 0;
-                cJSON_ArrayForEach(v, alt) c->alt[k++] = (int32_t)v->valuedouble;
-            }
+            golden_add(&g, &cap, j);
             cJSON_Delete(j);
         }
         line += ll + 1;
     }
+    free(buf);
+    return g;
+}
+
+// Reads the rows of array `key` of a golden .json document.
+static golden_set golden_load_json(const char *rel, const char *key) {
+    golden_set g = {0};
+    size_t len;
+    char *buf = golden_read(rel, &len);
+    cJSON *doc = cJSON_ParseWithLength(buf, len);
+    assert_non_null(doc);
+    const cJSON *rows = cJSON_GetObjectItemCaseSensitive(doc, key), *j;
+    assert_true(cJSON_IsArray(rows));
+    int cap = 0;
+    cJSON_ArrayForEach(j, rows) golden_add(&g, &cap, j);
+    cJSON_Delete(doc);
     free(buf);
     return g;
 }
@@ -372,6 +401,34 @@ static void test_gguf_spm_matches_llama_cpp(void **state) {
     fprintf(stderr, "  gguf spm-tiny vs llama.cpp: %d/%d equal\n", g.n - bad, g.n);
     assert_int_equal(bad, 0);
     check_decode(t, &g, true);
+    golden_free(&g);
+    pg_tokenizer_free(t);
+    gguf_close(f);
+}
+
+// The real Gemma 3 270M GGUF (SentencePiece-style vocabulary of 262144
+// pieces, no space prefix, user-defined whitespace and markup pieces)
+// against llama.cpp: tests/data/gemma3_llamacpp_golden.json
+// (tests/data/gen_gemma3_golden.py), parse_special false and true.
+static void test_gguf_gemma3_matches_llama_cpp(void **state) {
+    (void)state;
+    char path[4096];
+    if (!tw_repo_path(GEMMA3_GGUF, path, sizeof path)) {
+        fprintf(stderr, "SKIP: %s not present\n", GEMMA3_GGUF);
+        skip();
+    }
+    gguf_file *f;
+    pg_tokenizer *t = load_gguf_path(path, &f);
+    assert_int_equal(pg_tokenizer_kind(t), PG_TOK_SPM);
+    assert_int_equal(pg_tokenizer_vocab_size(t), 262144);
+    assert_true(pg_tokenizer_add_bos(t));
+    assert_int_equal(pg_tokenizer_bos(t), 2);
+    golden_set g = golden_load_json("tests/data/gemma3_llamacpp_golden.json", "tokenize");
+    assert_true(g.n >= 80);
+    int bad = check_golden(t, &g);
+    fprintf(stderr, "  gguf gemma3 vs llama.cpp: %d/%d equal\n", g.n - bad, g.n);
+    assert_int_equal(bad, 0);
+    check_decode(t, &g, false);
     golden_free(&g);
     pg_tokenizer_free(t);
     gguf_close(f);
@@ -922,6 +979,7 @@ int main(void) {
         cmocka_unit_test(test_families_match_hf_and_llama_cpp),
         cmocka_unit_test(test_gguf_spm_matches_llama_cpp),
         cmocka_unit_test(test_hf_json_spm_matches_hf_tokenizers),
+        cmocka_unit_test(test_gguf_gemma3_matches_llama_cpp),
         cmocka_unit_test(test_spm_leading_space_merges_and_byte_fallback),
         cmocka_unit_test(test_detok_holds_back_split_characters),
         cmocka_unit_test(test_invalid_utf8_is_encoded_byte_by_byte),
