@@ -555,6 +555,7 @@ void pg_engine_destroy(pg_engine *e) {
     free(e->events);
     free(e->mask_buf);
     free(e->mask_ptr);
+    free(e->mask_hist);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->ev_mu);

@@ -104,9 +104,12 @@ struct pg_engine {
     pg_engine_notify_fn notify;
     void *notify_ctx;
 
-    uint32_t *mask_buf;          // [cap_masks * mask_words] this step's token masks
-    const uint32_t **mask_ptr;   // [cap_masks] by plan sequence
+    uint32_t *mask_buf;          // [cap_masks * mask_words] this step's token masks, a row per
+                                 //   sampled position (a draft's n_draft + 1 one after another)
+    const uint32_t **mask_ptr;   // [cap_masks] by plan sequence: its first row
     int32_t cap_masks, mask_words;
+    int32_t *mask_hist;          // [cap_mask_hist] a draft's output and drafts (bad words)
+    int32_t cap_mask_hist;
 
     // Health, read by pg_engine_health_get (the server's watchdog).
     _Atomic int64_t busy_since_ns; // when the oldest unfinished step began (0: none)

@@ -84,10 +84,9 @@ static pg_matcher *matcher_of(req_masks *x, int32_t idx) {
 }
 
 // bad_words: the last token of a sequence is banned where the output ends
-// with the rest of it (vLLM's rule; the prompt does not count).
-static void ban_bad_words(const req_masks *x, const pg_plan_seq *s, uint32_t *w, int32_t words) {
-    const int32_t *out = s->history + s->n_prompt;
-    int32_t n_out = s->n_history - s->n_prompt;
+// with the rest of it (vLLM's rule; the prompt does not count). The output
+// is out[0 .. n_out).
+static void ban_bad_words(const req_masks *x, const int32_t *out, int32_t n_out, uint32_t *w, int32_t words) {
     for (int32_t k = 0; k < x->n_bad; k++) {
         const int32_t *b = x->bad_ids + x->bad_off[k];
         int32_t len = x->bad_off[k + 1] - x->bad_off[k];
@@ -98,39 +97,86 @@ static void ban_bad_words(const req_masks *x, const pg_plan_seq *s, uint32_t *w,
     }
 }
 
+// One row's mask into w: the matcher's allowed tokens (or all), ANDed with
+// the allowed set, bad words banned after the output out[0 .. n_out).
+static void row_mask(const req_masks *x, pg_matcher *m, const int32_t *out, int32_t n_out, uint32_t *w,
+                     int32_t words) {
+    if (m) {
+        memset(w, 0, sizeof(uint32_t) * (size_t)words);
+        pg_matcher_fill_mask(m, w); // the tokenizer's words; the rest stay 0
+    } else {
+        memset(w, 0xff, sizeof(uint32_t) * (size_t)words);
+    }
+    if (x->allowed) {
+        uint32_t acc = 0;
+        for (int32_t k = 0; k < words; k++) acc |= w[k] & x->allowed[k];
+        // A grammar and an allowed set with nothing in common: the
+        // grammar wins, rather than a row with nothing to sample.
+        if (acc)
+            for (int32_t k = 0; k < words; k++) w[k] &= x->allowed[k];
+    }
+    ban_bad_words(x, out, n_out, w, words);
+}
+
+// A draft's rows (speculative decoding): row t's mask is the one plain
+// decoding would use after the first t drafts, so the matcher is advanced
+// through them (and brought back: the tokens the step keeps advance it
+// for real, eng_masks_advance), and bad words see them as output. A draft
+// the grammar refuses, or one after the end, leaves the rows after it the
+// last mask: its row's token differs from it, so nothing past is kept.
+static void draft_masks(pg_engine *e, const req_masks *x, pg_matcher *m, const pg_plan_seq *s, uint32_t *w,
+                        int32_t words) {
+    const int32_t k = s->n_draft, n_out = s->n_history - s->n_prompt;
+    const int32_t *drafts = s->tokens + s->n_tokens - k;
+    if (e->cap_mask_hist < n_out + k) {
+        e->cap_mask_hist = n_out + k;
+        e->mask_hist = pg_xrealloc(e->mask_hist, sizeof(int32_t) * (size_t)e->cap_mask_hist);
+    }
+    memcpy(e->mask_hist, s->history + s->n_prompt, sizeof(int32_t) * (size_t)n_out);
+    memcpy(e->mask_hist + n_out, drafts, sizeof(int32_t) * (size_t)k);
+    pg_matcher_pos at;
+    if (m) pg_matcher_save(m, &at);
+    row_mask(x, m, e->mask_hist, n_out, w, words);
+    bool ok = true;
+    for (int32_t t = 1; t <= k; t++) {
+        uint32_t *row = w + (size_t)t * (size_t)words;
+        ok = ok && (!m || (!pg_matcher_is_terminated(m) && pg_matcher_advance(m, drafts[t - 1]) == 0));
+        if (ok)
+            row_mask(x, m, e->mask_hist, n_out + t, row, words);
+        else
+            memcpy(row, row - words, sizeof(uint32_t) * (size_t)words);
+    }
+    if (m) pg_matcher_restore(m, &at);
+}
+
 void eng_masks_fill(pg_engine *e, const pg_batch_plan *plan) {
     int32_t words = (e->model->cfg.vocab_size + 31) / 32;
-    if (plan->n_seqs > e->cap_masks) {
-        e->cap_masks = plan->n_seqs * 2;
+    // A row per sampled position: one per entry, n_draft + 1 for a draft.
+    int32_t rows = 0;
+    for (int32_t i = 0; i < plan->n_seqs; i++) rows += plan->seqs[i].sample ? plan->seqs[i].n_draft + 1 : 0;
+    if (rows > e->cap_masks || plan->n_seqs > e->cap_masks) {
+        e->cap_masks = 2 * (rows > plan->n_seqs ? rows : plan->n_seqs);
         e->mask_buf = pg_xrealloc(e->mask_buf, sizeof(uint32_t) * (size_t)e->cap_masks * (size_t)words);
         e->mask_ptr = pg_xrealloc(e->mask_ptr, sizeof(uint32_t *) * (size_t)e->cap_masks);
     }
     e->mask_words = words;
     bool any = false;
+    int32_t row = 0;
     for (int32_t i = 0; i < plan->n_seqs; i++) {
         const pg_plan_seq *s = &plan->seqs[i];
         e->mask_ptr[i] = NULL;
-        if (!s->sample || !s->sp->constrained) continue;
+        if (!s->sample) continue;
+        uint32_t *w = e->mask_buf + (size_t)row * (size_t)words;
+        row += s->n_draft + 1;
+        if (!s->sp->constrained) continue;
         live *l = eng_live_find(e, s->seq_id / SCHED_MAX_N);
         if (!l || !l->x) continue;
         req_masks *x = l->x;
-        uint32_t *w = e->mask_buf + (size_t)i * (size_t)words;
         pg_matcher *m = matcher_of(x, (int32_t)(s->seq_id % SCHED_MAX_N));
-        if (m) {
-            memset(w, 0, sizeof(uint32_t) * (size_t)words);
-            pg_matcher_fill_mask(m, w);  // the tokenizer's words; the rest stay 0
-        } else {
-            memset(w, 0xff, sizeof(uint32_t) * (size_t)words);
-        }
-        if (x->allowed) {
-            uint32_t acc = 0;
-            for (int32_t k = 0; k < words; k++) acc |= w[k] & x->allowed[k];
-            // A grammar and an allowed set with nothing in common: the
-            // grammar wins, rather than a row with nothing to sample.
-            if (acc)
-                for (int32_t k = 0; k < words; k++) w[k] &= x->allowed[k];
-        }
-        ban_bad_words(x, s, w, words);
+        if (s->n_draft > 0)
+            draft_masks(e, x, m, s, w, words);
+        else
+            row_mask(x, m, s->history + s->n_prompt, s->n_history - s->n_prompt, w, words);
         e->mask_ptr[i] = w;
         any = true;
     }

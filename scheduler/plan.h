@@ -96,7 +96,8 @@ typedef struct pg_plan_seq {
     int32_t n_prompt_lp;
     // The tokens this sample may take (valid when sample): bit t & 31 of
     // word t >> 5, plan->mask_words words (tokens past them are not
-    // allowed); NULL: any. The engine sets it (sched_set_masks) from a
+    // allowed); NULL: any. An entry with drafts has n_draft + 1 masks one
+    // after another, row t's (after the first t drafts) at t * mask_words. The engine sets it (sched_set_masks) from a
     // grammar, allowed_token_ids and bad_words after sched_step, so the
     // plan alone carries it to every rank and node, as vLLM's scheduler
     // output carries the grammar bitmask.

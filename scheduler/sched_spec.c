@@ -39,8 +39,10 @@ static bool spec_eligible(const sched *s, const req *r) {
     // Penalties are fine: the runner extends a draft row's penalty history
     // by the drafts before it (engine/runner/runner.c fill_params).
     // So are logprobs: each emitted token carries its own row's
-    // (pg_seq_output.spec_rows).
-    return s->cfg.spec.num_tokens > 0 && r->state == RQ_RUNNING && r->n == 1 && !sp->constrained &&
+    // (pg_seq_output.spec_rows); and masks (structured outputs, allowed
+    // and bad words): the engine gives each draft row the mask after the
+    // drafts before it (engine/engine_masks.c).
+    return s->cfg.spec.num_tokens > 0 && r->state == RQ_RUNNING && r->n == 1 &&
            r->seqs[0].n_hist - r->n_prompt >= sp->min_tokens;
 }
 

@@ -113,8 +113,8 @@ const char *pg_engine_options_help =
     "Speculative decoding (docs/speculative_decoding.md):\n"
     "  --speculative-config JSON     vLLM's: '{\"method\": \"ngram\", \"num_speculative_tokens\": 5,\n"
     "                                \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}' (n-gram prompt\n"
-    "                                lookup; requests without structured-output masks (greedy,\n"
-    "                                sampled, penalties, bias, logprobs); \"disable_by_batch_size\": N: none above\n"
+    "                                lookup; requests of one sequence (greedy, sampled, penalties,\n"
+    "                                bias, logprobs, structured outputs); \"disable_by_batch_size\": N: none above\n"
     "                                N running sequences, default " STR(SCHED_SPEC_DEFAULT_MAX_SEQS) ");\n"
     "                                '{\"method\": \"draft_model\", \"model\": PATH, \"num_speculative_tokens\": 4}'\n"
     "                                (a smaller model of the same vocabulary guesses greedily)\n";

@@ -3,7 +3,7 @@
 // Layout: the plan's counts, then per sequence its fixed fields, its
 // sampling parameters (the struct, then the logit-bias arrays it points
 // to), its tokens, block table and history; then the block moves; then
-// the mask words and the masks (a flag per sequence, then the words). Decoding measures the
+// the mask words and the masks (a count per sequence, 0 or its rows, then the words). Decoding measures the
 // arrays first and makes one allocation for all of them.
 #include "engine/dist/plan_wire.h"
 
@@ -66,9 +66,12 @@ void pg_plan_encode(pg_wbuf *b, const pg_batch_plan *p) {
     pg_wbuf_put(b, p->copies, sizeof(pg_block_move) * (size_t)p->n_copies);
     put_i32(b, p->mask_words);
     for (int32_t i = 0; i < p->n_seqs && p->mask_words > 0; i++) {
+        // Its masks' count (0: none; a draft's entry has one per row,
+        // pg_plan_seq.mask), then the masks.
         const uint32_t *m = p->seqs[i].mask;
-        put_i32(b, m != NULL);
-        if (m) pg_wbuf_put(b, m, sizeof(uint32_t) * (size_t)p->mask_words);
+        const int32_t rows = m ? p->seqs[i].n_draft + 1 : 0;
+        put_i32(b, rows);
+        if (m) pg_wbuf_put(b, m, sizeof(uint32_t) * (size_t)p->mask_words * (size_t)rows);
     }
 }
 
@@ -155,8 +158,9 @@ static int decode_pass(const uint8_t *data, size_t len, char *arena, size_t *siz
     const int32_t words = get_i32(&r);
     if (words < 0 || words > (1 << 20)) return pg_err_set(PG_EFORMAT, "plan: %d mask words", words);
     for (int32_t i = 0; i < n_seqs && words > 0 && !r.bad; i++) {
-        const bool has = get_i32(&r) != 0;
-        const uint32_t *m = has ? copy_out(&r, sizeof(uint32_t) * (size_t)words, arena, &off) : NULL;
+        const int32_t rows = get_i32(&r);
+        if (rows < 0 || rows > PG_MAX_DRAFT + 1) return pg_err_set(PG_EFORMAT, "plan: %d masks for a sequence", rows);
+        const uint32_t *m = rows ? copy_out(&r, sizeof(uint32_t) * (size_t)words * (size_t)rows, arena, &off) : NULL;
         if (seqs) seqs[i].mask = m;
     }
     if (r.bad || r.p != r.end) return pg_err_set(PG_EFORMAT, "plan: %zu bytes are not one plan", len);

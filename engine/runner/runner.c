@@ -479,7 +479,8 @@ static void fill_params(pg_runner *r, const pg_plan_seq *s, int32_t mask_words, 
     }
     if (s->mask && mask_words > 0) { // the plan's token mask (pg_plan_seq.mask), copied at begin
         int32_t *dst = stok_reserve(r, *n_stok, mask_words);
-        memcpy(dst, s->mask, sizeof(uint32_t) * (size_t)mask_words);
+        // A draft's row t has its own, after the first t drafts.
+        memcpy(dst, s->mask + (size_t)n_drafts * (size_t)mask_words, sizeof(uint32_t) * (size_t)mask_words);
         pp->mask_offset = (int32_t)*n_stok;
         pp->n_mask = mask_words;
         *n_stok += mask_words;

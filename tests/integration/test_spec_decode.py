@@ -21,7 +21,10 @@ greedy text, only how many steps it takes.
    frequency-penalised copy prompt alone gets drafts accepted); so do
    requests with logprobs: a copy prompt with logprobs 3 gives the same
    tokens, top-3 ids and logprobs (within 1e-3) as plain decoding, with
-   drafts accepted (each emitted token carries its own row's logprobs).
+   drafts accepted (each emitted token carries its own row's logprobs);
+   and masked requests: guided JSON on a JSON copy prompt, bad_words on the
+   passage copy (each draft row gets the mask after the drafts before it),
+   with drafts accepted for the guided one alone.
 4. Every KV block is back in the pool once the requests are done.
 5. Bad --speculative-config values stop `paged serve` with exit code 2 and
    one line naming the problem (method eagle is refused as not supported
@@ -36,6 +39,7 @@ greedy text, only how many steps it takes.
    request of 1 and 3, with drafts counted and every KV block back.
 """
 import concurrent.futures
+import json
 import os
 import subprocess
 import sys
@@ -83,6 +87,12 @@ COPY_PROMPTS = [
     "for i in range(10):\n    print(i)\nfor j in range(10):\n    print(j)\nfor k in range(10):\n",
 ]
 PLAIN_PROMPTS = su.PROMPTS_20[:10]
+GUIDED_PROMPT = ('Copy the record exactly.\nRecord: {"name": "Ada Lovelace", "city": "London", "year": 1843, '
+                 '"tags": ["math", "engines", "notes"]}\nCopy: ')
+GUIDED_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "city": {"type": "string"},
+                                                  "year": {"type": "integer"},
+                                                  "tags": {"type": "array", "items": {"type": "string"}}},
+                 "required": ["name", "city", "year", "tags"], "additionalProperties": False}
 
 
 def complete(port, prompt, max_tokens, **kw):
@@ -127,6 +137,9 @@ def run_all(port):
     texts.append(complete(port, COPY_PROMPTS[0], 48, temperature=0, repetition_penalty=1.2))
     texts.append(complete(port, COPY_PROMPTS[1], 48, temperature=0, frequency_penalty=0.4))
     texts.append(complete(port, COPY_PROMPTS[5], 40, logprobs=2))
+    # Masked: a JSON schema on the JSON copy prompt, bad words on the passage.
+    texts.append(complete(port, GUIDED_PROMPT, 60, guided_json=GUIDED_SCHEMA))
+    texts.append(complete(port, COPY_PROMPTS[0], 48, bad_words=["river", " water"]))
     return texts
 
 
@@ -189,6 +202,11 @@ def main():
         print(f"a copy prompt with logprobs 3: {int(lp_acc)} draft tokens accepted; tokens, top-3 and logprobs "
               f"{'the same' if same_logprobs(got_lp, want_lp) else 'DIFFER'}")
         assert lp_acc > 0 and same_logprobs(got_lp, want_lp), (want_lp, got_lp)
+        before = su.metric(su.wait_idle(spec.port), "paged:spec_decode_num_accepted_tokens_total")
+        guided = complete(spec.port, GUIDED_PROMPT, 60, guided_json=GUIDED_SCHEMA)
+        g_acc = su.metric(su.wait_idle(spec.port), "paged:spec_decode_num_accepted_tokens_total") - before
+        print(f"guided JSON on a JSON copy prompt: {int(g_acc)} draft tokens accepted: {guided!r}")
+        assert g_acc > 0 and json.loads(guided)["name"], guided
     draft = '{"method": "draft_model", "model": "%s", "num_speculative_tokens": 4}' % su.MODEL
     with su.Server("--speculative-config", draft) as dsrv:
         got_draft = run_all(dsrv.port)
@@ -218,7 +236,7 @@ def main():
     assert not diff, f"{len(diff)} of {len(want)} texts differ"
     assert drafts > 0 and accepted > 0 and accepted <= drafted, (drafts, drafted, accepted)
     assert sum(per_pos) == accepted and all(a >= b for a, b in zip(per_pos, per_pos[1:])), per_pos
-    print(f"{n} greedy prompts + 6 seeded sampled ones + 3 penalised ones + greedy with logprobs: identical texts with and "
+    print(f"{n} greedy prompts + 6 seeded sampled ones + 3 penalised ones + greedy with logprobs + 2 masked ones: identical texts with and "
           f"without speculation; "
           f"{int(drafts)} drafts, {int(drafted)} draft tokens, {int(accepted)} accepted "
           f"({accepted / drafted:.1%}), per position {[int(a) for a in per_pos]}; every KV block back")

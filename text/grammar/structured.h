@@ -156,6 +156,16 @@ bool pg_matcher_can_end(const pg_matcher *m);
 // that is recomputed).
 void pg_matcher_reset(pg_matcher *m);
 
+// Where a matcher is, to come back to (speculative decoding advances a
+// matcher through a draft's tokens for their masks, then returns).
+typedef struct pg_matcher_pos {
+    const void *cur;
+    int32_t state;
+    bool terminated;
+} pg_matcher_pos;
+void pg_matcher_save(const pg_matcher *m, pg_matcher_pos *pos);
+void pg_matcher_restore(pg_matcher *m, const pg_matcher_pos *pos);
+
 // --- compiled-grammar cache ------------------------------------------------------
 //
 // Requests that repeat a schema (the common case: one application, one

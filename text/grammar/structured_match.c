@@ -263,6 +263,18 @@ void pg_matcher_fill_mask(pg_matcher *m, uint32_t *words) {
 
 bool pg_matcher_is_terminated(const pg_matcher *m) { return m->terminated; }
 
+// The grammar a matcher is in (g or its precomputed copy, both alive while
+// the matcher is) and the state there: enough to come back.
+void pg_matcher_save(const pg_matcher *m, pg_matcher_pos *pos) {
+    *pos = (pg_matcher_pos){m->cur, m->state, m->terminated};
+}
+
+void pg_matcher_restore(pg_matcher *m, const pg_matcher_pos *pos) {
+    m->cur = (pg_grammar *)pos->cur;
+    m->state = pos->state;
+    m->terminated = pos->terminated;
+}
+
 bool pg_matcher_can_end(const pg_matcher *m) {
     return m->terminated || m->cur->states[m->state].accepting;
 }
