@@ -383,6 +383,7 @@ typedef struct {
     const float *xsum; // [m][cols / 32] for Q4_1/Q5_1 (exact fused path)
     int64_t task_rows; // weight rows per task (row-split paths)
     pg_xq *xq;         // quantized x (quantized path)
+    pg_q8k_block *xk;  // Q8_K x (K-quant weights, quantized path)
     const float *xscale; // [m] activation scales (1 unless W8A8), with w->scales
 } mm_job;
 
@@ -470,8 +471,58 @@ static void quant_task(void *ctx, int64_t t, int thread) {
     pg_qdot_rows(w->dtype, w->data, w->row_bytes, r0, r1, j->xq, j->out, j->ldo, scratch);
 }
 
+// K-quant weights: activation rows quantized to Q8_K (256-element blocks),
+// then one ggml-order dot product per (weight row, activation row) pair.
+static void kq_x_task(void *ctx, int64_t t, int thread) {
+    mm_job *j = ctx;
+    int64_t i0 = t * j->task_rows, i1 = i0 + j->task_rows < j->m ? i0 + j->task_rows : j->m;
+    const int64_t nb = j->w->cols / QK_K_ELEMS;
+    for (int64_t i = i0; i < i1; i++)
+        pg_q8k_quantize_row(j->x + i * j->w->cols, j->w->cols, j->xk + i * nb);
+}
+
+static void kq_task(void *ctx, int64_t t, int thread) {
+    mm_job *j = ctx;
+    const pg_weight *w = j->w;
+    int64_t r0 = t * j->task_rows, r1 = r0 + j->task_rows < w->rows ? r0 + j->task_rows : w->rows;
+    const int64_t nb = w->cols / QK_K_ELEMS;
+    const bool rows8 = w->rows % 8 == 0;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+        for (int64_t i = 0; i < j->m; i++)
+            j->out[i * j->ldo + r] = pg_kdot_row(w->dtype, wr, j->xk + i * nb, nb, rows8);
+    }
+}
+
+static void kq_matmul(pg_cpu_ctx *c, float *out, int64_t ldo, const float *x, int64_t m,
+                      const pg_weight *w) {
+    const int64_t nb = w->cols / QK_K_ELEMS;
+    size_t need = (size_t)(m * nb) * sizeof(pg_q8k_block);
+    if (c->xq_cap < need) {
+        free(c->xq_mem);
+        c->xq_mem = aligned_alloc(64, (need + 63) / 64 * 64);
+        PG_CHECK(c->xq_mem != NULL);
+        c->xq_cap = need;
+    }
+    mm_job j = {.c = c, .out = out, .ldo = ldo, .x = x, .m = m, .w = w, .xk = c->xq_mem};
+    if (c->n_threads > 1 && m > 1 && m * nb * 8 >= QUANT_PAR_BLOCKS) {
+        int64_t n = m < 2 * c->n_threads ? m : 2 * c->n_threads;
+        j.task_rows = (m + n - 1) / n;
+        pg_pool_run(c->pool, (m + j.task_rows - 1) / j.task_rows, kq_x_task, &j);
+    } else {
+        j.task_rows = m;
+        kq_x_task(&j, 0, 0);
+    }
+    j.task_rows = task_rows(w->rows, nb * 8 * m, c->n_threads, 4);
+    pg_pool_run(c->pool, (w->rows + j.task_rows - 1) / j.task_rows, kq_task, &j);
+}
+
 static void quant_matmul(pg_cpu_ctx *c, float *out, int64_t ldo, const float *x, int64_t m,
                          const pg_weight *w) {
+    if (pg_kdot_supported(w->dtype)) {
+        kq_matmul(c, out, ldo, x, m, w);
+        return;
+    }
     size_t need = pg_xq_bytes(m, w->cols);
     if (c->xq_cap < need) {
         free(c->xq_mem);
@@ -496,7 +547,7 @@ static void quant_matmul(pg_cpu_ctx *c, float *out, int64_t ldo, const float *x,
 }
 
 bool pg_cpu_matmul_quantizes(const pg_cpu_ctx *c, int dtype) {
-    return c->mode != PG_MATMUL_EXACT && pg_qdot_supported(dtype);
+    return c->mode != PG_MATMUL_EXACT && (pg_qdot_supported(dtype) || pg_kdot_supported(dtype));
 }
 
 // FP8 weights: the activation rows' scales (1, or W8A8's per-token

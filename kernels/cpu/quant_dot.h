@@ -75,3 +75,52 @@ size_t pg_qdot_scratch_bytes(int dtype, int64_t cols);
 // pg_qdot_scratch_bytes() bytes private to the calling thread.
 void pg_qdot_rows(int dtype, const void *w, size_t row_bytes, int64_t r0, int64_t r1,
                   const pg_xq *xq, float *out, int64_t ldo, void *scratch);
+
+// --- K-quants (Q4_K, Q6_K) with Q8_K activations ---------------------------------------
+//
+// For K-quant weights llama.cpp's CPU backend quantizes each activation row
+// per 256 elements to Q8_K and takes ggml_vec_dot_q4_K_q8_K /
+// ggml_vec_dot_q6_K_q8_K. These reproduce that arithmetic (ggml's AVX2
+// versions; the integer parts are exact, so only the float steps matter):
+//
+//   Q8_K block x[256] (ggml's quantize_row_q8_K_ref, which the x86 build
+//   calls): max = the element of largest |x| (the first one on ties),
+//       iscale = -127 / max (the sign makes the largest element -127),
+//       q[j] = min(127, round_half_even(iscale * x[j])), d = 1 / iscale,
+//       bsums[k] = sum of q[16k..16k+15]; an all-zero block has d = 0, q = 0.
+//   Per weight block, 8 int32 lanes: lane l sums, over each 32-element
+//   (Q4_K) or 16-element (Q6_K) sub-block s, scale_s * sum of w[e] * q[e]
+//   for the 4-element groups e = 32c + 4l..4l+3 of that sub-block's 32-element
+//   chunk c (Q6_K: w in 0..63 with the 32 * scale_s * bsums correction
+//   subtracted from lanes 2s/2 -> lane l gets bsums[2l], bsums[2l+1]).
+//   acc[l] = fma(d_x * f32(d_w), (float)lane[l], acc[l]);
+//   Q4_K also: accm[t] = fma(-d_x * f32(dmin_w), (float)(min_{2t} * S_{2t}
+//       + min_{2t+1} * S_{2t+1}), accm[t]) (S_k: activation sum of
+//       sub-block k, from bsums), t in 0..3.
+//   result = hsum8(acc) (+ ((accm0 + accm2) + (accm1 + accm3)) for Q4_K).
+//
+// Q4_K matrices whose row count is a multiple of 8 are re-laid by llama.cpp's
+// CPU "repack" buffer (llama.cpp's default) as q4_K_8x8 and multiplied by
+// ggml_gemv/gemm_q4_K_8x8_q8_K, which sum differently: per block the whole
+// integer dot sumi and the whole mins term summ = sum_s min_s * S_s, then
+//   acc = fma((float)sumi, f32(d_w) * d_x, acc),
+//   accm = fma((float)summ, f32(dmin_w) * d_x, accm),  result = acc - accm.
+// (Its 4-rows-at-a-time AVX2 quantizer, used for m >= 4, gives the same
+// Q8_K blocks except when +max and -max tie for the largest |x|.)
+#define QK_K_ELEMS 256
+#define Q4_K_BYTES 144 // fp16 d, fp16 dmin, 12 bytes of 6-bit scales/mins, 128 of nibbles
+#define Q6_K_BYTES 210 // 128 bytes low nibbles, 64 bytes high 2 bits, 16 int8 scales, fp16 d
+
+typedef struct {
+    float d;
+    int8_t qs[QK_K_ELEMS];
+    int16_t bsums[QK_K_ELEMS / 16];
+} pg_q8k_block;
+
+// True when pg_kdot_row() has a kernel for weights of this dtype.
+bool pg_kdot_supported(int dtype);
+// Quantizes x[cols] (a multiple of 256) into cols / 256 Q8_K blocks.
+void pg_q8k_quantize_row(const float *x, int64_t cols, pg_q8k_block *y);
+// Dot product of one weight row (nb K-quant blocks) with one Q8_K row;
+// rows8: the matrix has a multiple of 8 rows (Q4_K: the repacked order).
+float pg_kdot_row(int dtype, const uint8_t *w, const pg_q8k_block *y, int64_t nb, bool rows8);
