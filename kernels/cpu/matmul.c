@@ -547,7 +547,11 @@ static void quant_matmul(pg_cpu_ctx *c, float *out, int64_t ldo, const float *x,
 }
 
 bool pg_cpu_matmul_quantizes(const pg_cpu_ctx *c, int dtype) {
-    return c->mode != PG_MATMUL_EXACT && (pg_qdot_supported(dtype) || pg_kdot_supported(dtype));
+    // K-quants x Q8_K only when asked for by name (--matmul-mode quant): the
+    // kernel is portable scalar code, about 5x slower than the f32 path at
+    // prefill sizes (docs/cpu_kernels.md); the default keeps f32 products.
+    return c->mode != PG_MATMUL_EXACT &&
+           (pg_qdot_supported(dtype) || (c->mode == PG_MATMUL_QUANT_ACT && pg_kdot_supported(dtype)));
 }
 
 // FP8 weights: the activation rows' scales (1, or W8A8's per-token

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The real Gemma 3 270M (models/gemma-3-270m-q4_k_m.gguf: Q4_K_M, 18
-layers, sliding window 512) through the real server in the default matmul
-mode, against llama.cpp's own answers on the same file
+layers, sliding window 512) through the real server in --matmul-mode quant,
+against llama.cpp's own answers on the same file
 (tests/data/gemma3_llamacpp_golden.json, from llama-cpp-python 0.3.36 by
 tests/data/gen_gemma3_golden.py; tests/data/README.md).
 
@@ -23,9 +23,11 @@ tests/data/gen_gemma3_golden.py; tests/data/README.md).
    the server's own formatting; the same request gives, per position,
    paged's top-1 id after llama.cpp's prefix, which is printed.
 
-   paged's default CPU numerics quantize activations as llama.cpp does:
-   Q5_0/Q8_0 to Q8_0 blocks, and (issue 34) this file's Q4_K/Q6_K products
-   to Q8_K with ggml's dot-product arithmetic (Q4_K in the summation order
+   paged's quant CPU numerics (--matmul-mode quant; the default differs
+   only for K-quants, whose Q8_K kernel is scalar and not yet the default)
+   quantize activations as llama.cpp does: Q5_0/Q8_0 to Q8_0 blocks, and
+   (issue 34) this file's Q4_K/Q6_K products to Q8_K with ggml's
+   dot-product arithmetic (Q4_K in the summation order
    of llama.cpp's repacked q4_K_8x8 kernels; docs/cpu_kernels.md). Before
    the Q8_K path (exact f32 for K-quants) the figures were prefixes
    [15, 20, 8, 14, 3, 3, 20, 20, 12, 20, 20, 3, 20, 20, 10, 4, 15, 0, 20, 20],
@@ -81,7 +83,7 @@ def main():
     with open(GOLDEN, encoding="utf-8") as f:
         gold = json.load(f)
     failed = []
-    with su.Server("--model", GGUF, "--max-model-len", "2048", default_args=False) as srv:
+    with su.Server("--model", GGUF, "--max-model-len", "2048", "--matmul-mode", "quant", default_args=False) as srv:
         # 1. Tokenizer.
         rows = [r for r in gold["tokenize"] if r["parse_special"]]
         plain = {r["text"]: r["ids"] for r in gold["tokenize"] if not r["parse_special"]}
