@@ -88,3 +88,59 @@ def max_diff(a, b):
 
 def same_argmax(a, b):
     return int(np.argmax(a)) == int(np.argmax(b))
+
+
+def write_gemma_gguf(hf_dir, out, arch, name):
+    """A tiny Gemma 2 or 3 checkpoint (config.json + model.safetensors in
+    hf_dir) written as llama.cpp's converter writes it: arch "gemma2" or
+    "gemma3", norms stored as 1 + w, Q/K rows as they are, q/k norms where
+    the checkpoint has them (Gemma 3), the global layers' RoPE base and
+    linear scaling, Gemma 2's soft-caps as metadata."""
+    import gguf
+    from safetensors.torch import load_file
+    cfg = json.load(open(os.path.join(hf_dir, "config.json")))
+    sd = {k: v.numpy() for k, v in load_file(os.path.join(hf_dir, "model.safetensors")).items()}
+    w = gguf.GGUFWriter(out, arch)
+    H, L = cfg["hidden_size"], cfg["num_hidden_layers"]
+    rp = cfg.get("rope_parameters") or {}
+    full = rp.get("full_attention", rp)  # Gemma 3: per layer type; Gemma 2: one
+    w.add_name(name)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(H)
+    w.add_block_count(L)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(full.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    if full.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(full["factor"])
+    w.add_sliding_window(cfg["sliding_window"])
+    if arch == "gemma2":
+        w.add_float32("gemma2.attn_logit_softcapping", cfg["attn_logit_softcapping"])
+        w.add_float32("gemma2.final_logit_softcapping", cfg["final_logit_softcapping"])
+    w.add_vocab_size(cfg["vocab_size"])
+
+    def norm(k):
+        return (sd[k] + np.float32(1.0)).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+    w.add_tensor("output_norm.weight", norm("model.norm.weight"))
+    for l in range(L):
+        p = f"model.layers.{l}."
+        for g, hf in (("attn_norm", "input_layernorm"), ("attn_q_norm", "self_attn.q_norm"),
+                      ("attn_k_norm", "self_attn.k_norm"), ("post_attention_norm", "post_attention_layernorm"),
+                      ("ffn_norm", "pre_feedforward_layernorm"), ("post_ffw_norm", "post_feedforward_layernorm")):
+            if p + hf + ".weight" in sd:
+                w.add_tensor(f"blk.{l}.{g}.weight", norm(p + hf + ".weight"))
+        for g, hf in (("attn_q", "self_attn.q_proj"), ("attn_k", "self_attn.k_proj"), ("attn_v", "self_attn.v_proj"),
+                      ("attn_output", "self_attn.o_proj"), ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"),
+                      ("ffn_down", "mlp.down_proj")):
+            w.add_tensor(f"blk.{l}.{g}.weight", sd[p + hf + ".weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

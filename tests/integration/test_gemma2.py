@@ -33,9 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import server_util as su  # noqa: E402
 
 try:
-    import numpy as np
     import transformers
-    from safetensors.torch import load_file
 
     import hf_util as hu
 except ImportError as e:  # the quickstart installs them; say so when missing
@@ -58,51 +56,6 @@ PROMPTS = [[1, 17, 5, 230, 99, 42, 7, 310, 8], list(range(3, 3 + 70 * 4, 4)), [2
 def make_checkpoint(extra, path, seed):
     # Gemma's norms multiply by 1 + w: w around 0 already matters.
     return hu.make_checkpoint(transformers.Gemma2Config(**COMMON, **extra), path, seed, norm_center=0.0)
-
-
-def write_gguf(hf_dir, out):
-    """The checkpoint as llama.cpp's converter writes a Gemma 2: norms + 1,
-    no q/k norms, the soft-caps as metadata."""
-    import gguf
-    cfg = json.load(open(os.path.join(hf_dir, "config.json")))
-    sd = {k: v.numpy() for k, v in load_file(os.path.join(hf_dir, "model.safetensors")).items()}
-    w = gguf.GGUFWriter(out, "gemma2")
-    H, L = cfg["hidden_size"], cfg["num_hidden_layers"]
-    w.add_name("gemma2-caps")
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(H)
-    w.add_block_count(L)
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_key_length(cfg["head_dim"])
-    w.add_value_length(cfg["head_dim"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    rope = cfg.get("rope_parameters") or {}
-    w.add_rope_freq_base(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-    w.add_sliding_window(cfg["sliding_window"])
-    w.add_float32("gemma2.attn_logit_softcapping", cfg["attn_logit_softcapping"])
-    w.add_float32("gemma2.final_logit_softcapping", cfg["final_logit_softcapping"])
-    w.add_vocab_size(cfg["vocab_size"])
-
-    def norm(k):
-        return (sd[k] + np.float32(1.0)).astype(np.float32)
-
-    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
-    w.add_tensor("output_norm.weight", norm("model.norm.weight"))
-    for l in range(L):
-        p = f"model.layers.{l}."
-        for g, hf in (("attn_norm", "input_layernorm"), ("post_attention_norm", "post_attention_layernorm"),
-                      ("ffn_norm", "pre_feedforward_layernorm"), ("post_ffw_norm", "post_feedforward_layernorm")):
-            w.add_tensor(f"blk.{l}.{g}.weight", norm(p + hf + ".weight"))
-        for g, hf in (("attn_q", "self_attn.q_proj"), ("attn_k", "self_attn.k_proj"), ("attn_v", "self_attn.v_proj"),
-                      ("attn_output", "self_attn.o_proj"), ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"),
-                      ("ffn_down", "mlp.down_proj")):
-            w.add_tensor(f"blk.{l}.{g}.weight", sd[p + hf + ".weight"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 def main():
@@ -138,7 +91,7 @@ def main():
                     failed.append(("caps do not matter", off))
 
         gg = os.path.join(tmp, "g2.gguf")
-        write_gguf(dirs["gemma2-caps"], gg)
+        hu.write_gemma_gguf(dirs["gemma2-caps"], gg, "gemma2", "gemma2-caps")
         for ids in PROMPTS:
             _, a = hu.paged_logits([dirs["gemma2-caps"]], ids)
             arch, b = hu.paged_logits([gg], ids)

@@ -36,9 +36,7 @@ TOL = 1e-4
 
 try:
     import hf_util as hu  # numpy, torch, transformers
-    import numpy as np
     import transformers
-    from safetensors.torch import load_file
 except ImportError as e:  # the quickstart installs them; say so when missing
     print(f"SKIP: transformers/torch not importable ({e})")
     sys.exit(77)
@@ -60,52 +58,6 @@ def make_checkpoint(extra, path, seed):
     """A tiny random Gemma 3 (test_kv_layer_groups.py writes one too). Gemma's
     norms start at w = 0 (x * 1): moved to 0.3 * N(0, 1)."""
     return hu.make_checkpoint(transformers.Gemma3TextConfig(**COMMON, **extra), path, seed, norm_center=0.0)
-
-
-def write_gguf(name, hf_dir, out):
-    """The checkpoint as llama.cpp's converter writes a Gemma 3: norms + 1."""
-    import gguf
-    cfg = json.load(open(os.path.join(hf_dir, "config.json")))
-    sd = {k: v.numpy() for k, v in load_file(os.path.join(hf_dir, "model.safetensors")).items()}
-    w = gguf.GGUFWriter(out, "gemma3")
-    H, L = cfg["hidden_size"], cfg["num_hidden_layers"]
-    full = cfg["rope_parameters"][F]
-    w.add_name(name)
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(H)
-    w.add_block_count(L)
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_key_length(cfg["head_dim"])
-    w.add_value_length(cfg["head_dim"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_rope_freq_base(full["rope_theta"])
-    if full.get("rope_type") == "linear":
-        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(full["factor"])
-    w.add_sliding_window(cfg["sliding_window"])
-    w.add_vocab_size(cfg["vocab_size"])
-
-    def norm(k):
-        return (sd[k] + np.float32(1.0)).astype(np.float32)
-
-    w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
-    w.add_tensor("output_norm.weight", norm("model.norm.weight"))
-    for l in range(L):
-        p = f"model.layers.{l}."
-        for g, hf in (("attn_norm", "input_layernorm"), ("attn_q_norm", "self_attn.q_norm"),
-                      ("attn_k_norm", "self_attn.k_norm"), ("post_attention_norm", "post_attention_layernorm"),
-                      ("ffn_norm", "pre_feedforward_layernorm"), ("post_ffw_norm", "post_feedforward_layernorm")):
-            w.add_tensor(f"blk.{l}.{g}.weight", norm(p + hf + ".weight"))
-        for g, hf in (("attn_q", "self_attn.q_proj"), ("attn_k", "self_attn.k_proj"), ("attn_v", "self_attn.v_proj"),
-                      ("attn_output", "self_attn.o_proj"), ("ffn_gate", "mlp.gate_proj"), ("ffn_up", "mlp.up_proj"),
-                      ("ffn_down", "mlp.down_proj")):
-            w.add_tensor(f"blk.{l}.{g}.weight", sd[p + hf + ".weight"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 def main():
@@ -133,7 +85,7 @@ def main():
         try:
             import gguf  # noqa: F401
             out = os.path.join(tmp, "gemma3.gguf")
-            write_gguf("gemma3", dirs["gemma3"], out)
+            hu.write_gemma_gguf(dirs["gemma3"], out, "gemma3", "gemma3")
             for ids in PROMPTS:
                 _, a = hu.paged_logits([dirs["gemma3"]], ids)
                 arch, b = hu.paged_logits([out], ids)
