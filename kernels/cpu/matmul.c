@@ -485,13 +485,8 @@ static void kq_task(void *ctx, int64_t t, int thread) {
     mm_job *j = ctx;
     const pg_weight *w = j->w;
     int64_t r0 = t * j->task_rows, r1 = r0 + j->task_rows < w->rows ? r0 + j->task_rows : w->rows;
-    const int64_t nb = w->cols / QK_K_ELEMS;
-    const bool rows8 = w->rows % 8 == 0;
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
-        for (int64_t i = 0; i < j->m; i++)
-            j->out[i * j->ldo + r] = pg_kdot_row(w->dtype, wr, j->xk + i * nb, nb, rows8);
-    }
+    pg_kdot_rows(w->dtype, w->data, w->row_bytes, r0, r1, j->xk, j->m, w->cols / QK_K_ELEMS,
+                 w->rows % 8 == 0, j->out, j->ldo);
 }
 
 static void kq_matmul(pg_cpu_ctx *c, float *out, int64_t ldo, const float *x, int64_t m,

@@ -117,6 +117,9 @@ typedef struct {
     int16_t bsums[QK_K_ELEMS / 16];
 } pg_q8k_block;
 
+// (kernels/cpu/kquant_dot.c: AVX2 kernels in an AVX2 build, the scalar
+// reference otherwise; both give the same bits.)
+
 // True when pg_kdot_row() has a kernel for weights of this dtype.
 bool pg_kdot_supported(int dtype);
 // Quantizes x[cols] (a multiple of 256) into cols / 256 Q8_K blocks.
@@ -124,3 +127,16 @@ void pg_q8k_quantize_row(const float *x, int64_t cols, pg_q8k_block *y);
 // Dot product of one weight row (nb K-quant blocks) with one Q8_K row;
 // rows8: the matrix has a multiple of 8 rows (Q4_K: the repacked order).
 float pg_kdot_row(int dtype, const uint8_t *w, const pg_q8k_block *y, int64_t nb, bool rows8);
+// out[i * ldo + r] = pg_kdot_row(dtype, weight row r, x + i * nb, nb, rows8)
+// for r in [r0, r1) and i in [0, m), where weight row r starts at
+// w + r * row_bytes and x holds m rows of nb blocks. Single-threaded (the
+// matmul splits rows over the pool); each result is the same whatever r0,
+// r1 and m.
+void pg_kdot_rows(int dtype, const void *w, size_t row_bytes, int64_t r0, int64_t r1,
+                  const pg_q8k_block *x, int64_t m, int64_t nb, bool rows8, float *out,
+                  int64_t ldo);
+
+// The scalar reference versions of the two above (the kernels of a build
+// without AVX2; the unit tests hold the AVX2 kernels to them bit for bit).
+void pg_q8k_quantize_row_ref(const float *x, int64_t cols, pg_q8k_block *y);
+float pg_kdot_row_ref(int dtype, const uint8_t *w, const pg_q8k_block *y, int64_t nb, bool rows8);

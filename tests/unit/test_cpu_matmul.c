@@ -613,6 +613,173 @@ static void test_q8k_quantizer_matches_llama_cpp_rules(void **state) {
     free(x);
 }
 
+// --- K-quant kernels against their scalar reference, bit for bit ----------------------
+
+// Same bits, or both NaN (an overflow to inf - inf gives the default NaN).
+static bool same_float(float a, float b) {
+    uint32_t ua, ub;
+    memcpy(&ua, &a, 4);
+    memcpy(&ub, &b, 4);
+    return ua == ub || (isnan(a) && isnan(b));
+}
+
+// The Q8_K quantizer (AVX2 in this build) against pg_q8k_quantize_row_ref:
+// normal rows, huge and tiny ones (1e30, 1e-30 and subnormal, where
+// -127/max overflows to inf), ties, zeros, inf and NaN elements, +max/-max
+// ties.
+static void test_q8k_quantizer_bits_equal_scalar_reference(void **state) {
+    enum { M = 12, NB = 3, COLS = NB * 256 };
+    float *x = rnd_x(M, COLS);
+    for (int j = 0; j < COLS; j++) {
+        x[1 * COLS + j] *= 1e30f;
+        x[2 * COLS + j] *= 1e-30f;
+        x[3 * COLS + j] *= 1e-42f; // subnormal (some 0)
+        x[4 * COLS + j] = (float)(j % 64 - 32) + 0.5f;
+        x[5 * COLS + j] = j < 256 ? 0.0f : j < 512 ? -0.0f : x[5 * COLS + j];
+        x[6 * COLS + j] = (float)(j % 7) - 3.0f; // +3 and -3 tie, +3 comes... -3 first
+    }
+    x[4 * COLS + 300] = 127.0f;
+    x[7 * COLS + 5] = INFINITY;
+    x[7 * COLS + 300] = -INFINITY;
+    x[7 * COLS + 600] = NAN;
+    x[8 * COLS + 0] = NAN; // NaN first in its block: ignored for the max
+    x[8 * COLS + 256] = 3e38f;
+    x[8 * COLS + 257] = -3e38f;
+    for (int j = 0; j < COLS; j++) x[9 * COLS + j] = j % 256 == 255 ? -1e-38f : 0.0f;
+    x[10 * COLS + 511] = 1.0f; // largest |x| last in its block
+    pg_q8k_block got[NB], want[NB];
+    for (int i = 0; i < M; i++) {
+        pg_q8k_quantize_row(x + i * COLS, COLS, got);
+        pg_q8k_quantize_row_ref(x + i * COLS, COLS, want);
+        for (int b = 0; b < NB; b++) {
+            if (memcmp(&got[b], &want[b], sizeof got[b]) != 0)
+                fail_msg("Q8_K row %d block %d differs from the scalar reference", i, b);
+        }
+    }
+    free(x);
+}
+
+// Random K-quant blocks (any bytes are a block; the fp16 scales kept
+// finite), with extreme scales (65504, subnormal, 0) and all-zero blocks.
+static void rnd_kquant_blocks(int dtype, uint8_t *p, int64_t n) {
+    const size_t bb = pg_dtype_block_bytes(dtype);
+    const size_t dpos = dtype == PG_DTYPE_Q6_K ? 208 : 0;
+    for (int64_t k = 0; k < n; k++, p += bb) {
+        for (size_t j = 0; j < bb; j++) p[j] = (uint8_t)rnd_u32();
+        switch (rnd_u32() % 8) {
+        case 0: memset(p, 0, bb); break;
+        case 1: put16(p + dpos, 0x7bff); break; // 65504
+        case 2: put16(p + dpos, 0x0001); break; // the smallest subnormal
+        default: put16(p + dpos, pg_f32_to_f16(0.01f * rnd_normal())); break;
+        }
+        if (dtype == PG_DTYPE_Q4_K) {
+            uint16_t h = (uint16_t)rnd_u32();
+            if ((h & 0x7c00) == 0x7c00) h &= 0x3fff; // no inf / NaN dmin
+            put16(p + 2, h);
+        }
+    }
+}
+
+// pg_kdot_rows (AVX2 tiles of 1, 2 or 4 weight rows x 1..4 activation
+// rows) against pg_kdot_row_ref for every pair: odd block counts, row
+// ranges that start at odd rows and leave tails, m from 1 to 9, both Q4_K
+// summation orders, activation rows with extreme and zero blocks.
+static void test_kquant_dot_bits_equal_scalar_reference(void **state) {
+    static const int dtypes[] = {PG_DTYPE_Q4_K, PG_DTYPE_Q6_K};
+    static const int nbs[] = {1, 3, 5, 8};
+    enum { ROWS = 19, MAXM = 9 };
+    for (size_t t = 0; t < 2; t++)
+        for (size_t n = 0; n < sizeof nbs / sizeof nbs[0]; n++) {
+            const int dtype = dtypes[t], nb = nbs[n];
+            const size_t rb = pg_dtype_row_bytes(dtype, nb * 256);
+            uint8_t *mem = malloc(rb * ROWS + 1), *w = mem + 1; // rows at odd addresses
+            rnd_kquant_blocks(dtype, w, (int64_t)ROWS * nb);
+            float *x = rnd_x(MAXM, nb * 256);
+            for (int j = 0; j < nb * 256; j++) {
+                x[1 * nb * 256 + j] *= 1e30f;
+                if (j < 256) x[2 * nb * 256 + j] = 0.0f;
+                x[3 * nb * 256 + j] *= 1e-30f;
+            }
+            pg_q8k_block *xk = malloc(sizeof(pg_q8k_block) * (size_t)(MAXM * nb));
+            for (int i = 0; i < MAXM; i++)
+                pg_q8k_quantize_row_ref(x + i * nb * 256, nb * 256, xk + i * nb);
+            for (int rows8 = 0; rows8 < 2; rows8++) {
+                float want[MAXM][ROWS];
+                for (int i = 0; i < MAXM; i++)
+                    for (int r = 0; r < ROWS; r++)
+                        want[i][r] = pg_kdot_row_ref(dtype, w + r * rb, xk + i * nb, nb, rows8);
+                for (int m = 1; m <= MAXM; m++) {
+                    static const int ranges[][2] = {{0, ROWS}, {3, 16}, {1, 2}, {5, 10}};
+                    for (int k = 0; k < 4; k++) {
+                        float got[MAXM][ROWS + 1];
+                        for (int i = 0; i < MAXM; i++)
+                            for (int r = 0; r <= ROWS; r++) got[i][r] = -12345.0f;
+                        const int r0 = ranges[k][0], r1 = ranges[k][1];
+                        pg_kdot_rows(dtype, w, rb, r0, r1, xk, m, nb, rows8, &got[0][0],
+                                     ROWS + 1);
+                        for (int i = 0; i < MAXM; i++)
+                            for (int r = 0; r <= ROWS; r++) {
+                                if (i >= m || r < r0 || r >= r1) {
+                                    assert_true(got[i][r] == -12345.0f);
+                                    continue;
+                                }
+                                if (!same_float(got[i][r], want[i][r]))
+                                    fail_msg("%s nb=%d rows8=%d m=%d rows [%d,%d): (%d,%d) "
+                                             "%.9g vs reference %.9g",
+                                             pg_dtype_name(dtype), nb, rows8, m, r0, r1, r, i,
+                                             got[i][r], want[i][r]);
+                            }
+                    }
+                }
+                for (int r = 0; r < ROWS; r++)
+                    assert_true(
+                        same_float(pg_kdot_row(dtype, w + r * rb, xk + nb, nb, rows8), want[1][r]));
+            }
+            free(xk);
+            free(x);
+            free(mem);
+        }
+}
+
+// Through the matmul (2 threads): Q4_K with 16 rows (the repacked order)
+// and 13 rows, Q6_K, for decode and prefill sizes, each output the
+// reference's bits for its pair.
+static void test_kquant_matmul_bits_equal_scalar_reference(void **state) {
+    static const struct {
+        int dtype;
+        int64_t rows;
+    } cases[] = {{PG_DTYPE_Q4_K, 16}, {PG_DTYPE_Q4_K, 13}, {PG_DTYPE_Q6_K, 16}, {PG_DTYPE_Q6_K, 13}};
+    static const int64_t ms[] = {1, 2, 4, 7, 33};
+    pg_backend *q = backend(2, PG_MATMUL_QUANT_ACT);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int64_t cols = 768, nb = cols / 256;
+        test_weight t = make_weight(cases[c].dtype, cases[c].rows, cols);
+        for (size_t k = 0; k < sizeof ms / sizeof ms[0]; k++) {
+            const int64_t m = ms[k];
+            float *x = rnd_x(m, cols);
+            int64_t ldo;
+            float *got = run_matmul(q, &t, x, m, &ldo);
+            pg_q8k_block xk[3];
+            for (int64_t i = 0; i < m; i++) {
+                pg_q8k_quantize_row_ref(x + i * cols, cols, xk);
+                for (int64_t r = 0; r < t.w.rows; r++) {
+                    float want = pg_kdot_row_ref(t.w.dtype,
+                                                 (const uint8_t *)t.w.data + r * t.w.row_bytes, xk,
+                                                 nb, t.w.rows % 8 == 0);
+                    if (!same_float(got[i * ldo + r], want))
+                        fail_msg("%s %lld rows m=%lld: (%lld,%lld) %.9g vs %.9g",
+                                 pg_dtype_name(t.w.dtype), (long long)t.w.rows, (long long)m,
+                                 (long long)r, (long long)i, got[i * ldo + r], want);
+                }
+            }
+            free(got);
+            free(x);
+        }
+        free_weight(&t);
+    }
+    q->dev->destroy(q);
+}
+
 // Each output element depends only on its weight row and activation row:
 // the same whatever the thread count, the batch size it came in (tiles of
 // 1..4 activation rows, 1..4 weight rows) and the rows around it.
@@ -689,6 +856,11 @@ int main(void) {
         cmocka_unit_test(test_plain_types_exact_match_reference),
         cmocka_unit_test(test_quantized_results_independent_of_threads_and_tiling),
         cmocka_unit_test(test_mode_default_is_quantized_and_names_parse),
+        // Last: they draw random numbers, and the tolerances above were
+        // measured on the data the sequence gives them.
+        cmocka_unit_test(test_q8k_quantizer_bits_equal_scalar_reference),
+        cmocka_unit_test(test_kquant_dot_bits_equal_scalar_reference),
+        cmocka_unit_test(test_kquant_matmul_bits_equal_scalar_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
