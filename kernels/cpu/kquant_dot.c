@@ -345,6 +345,15 @@ static ALWAYS_INLINE void ktile(const int kind, const int W, const int R, const 
         const uint8_t *wb = w + (size_t)b * bb;
         const pg_q8k_block *xb = x + b; // activation row r: xb + r * nb
         __m256i lane[KT_MAX_W][KT_MAX_R];
+        // The same block of the next group's rows: decode streams the
+        // weights from DRAM, faster than the hardware prefetcher brings them.
+#pragma GCC unroll 4
+        for (int a = 0; a < W; a++) {
+            const char *nx = (const char *)wb + (size_t)(W + a) * rb;
+#pragma GCC unroll 4
+            for (size_t off = 0; off < bb; off += 64) _mm_prefetch(nx + off, _MM_HINT_T0);
+            _mm_prefetch(nx + bb - 1, _MM_HINT_T0);
+        }
         if (kind == KQ6) {
             __m128i sc8[KT_MAX_W];
 #pragma GCC unroll 4
@@ -519,14 +528,15 @@ void pg_kdot_rows(int dtype, const void *wdata, size_t row_bytes, int64_t r0, in
                                        : rows8                 ? kq4_8x8_tiles
                                                                : kq4_tiles;
     const uint8_t *w = wdata;
-    // Groups of G weight rows (4 for one activation row, else 2), each
-    // swept by every activation row in tiles of up to KT_MAX_R while it
-    // sits in L1; rows past the last whole group one at a time.
-    const int lg = m == 1 ? 2 : 1, G = 1 << lg;
+    // Groups of G weight rows, each swept by every activation row in tiles
+    // of up to RM rows while it sits in L1 (4 x 1 and 4 x 2 for one or two
+    // activation rows, else 2 x 4: measured with bench_cpu_matmul --hot);
+    // rows past the last whole group one at a time.
+    const int lg = m <= 2 ? 2 : 1, G = 1 << lg, RM = G == 4 ? 2 : KT_MAX_R;
     int64_t r = r0;
     for (; r + G <= r1; r += G)
-        for (int64_t i = 0; i < m; i += KT_MAX_R) {
-            const int R = m - i < KT_MAX_R ? (int)(m - i) : KT_MAX_R;
+        for (int64_t i = 0; i < m; i += RM) {
+            const int R = m - i < RM ? (int)(m - i) : RM;
             tiles[lg][R - 1](w + (size_t)r * row_bytes, row_bytes, x + i * nb, nb,
                              out + i * ldo + r, ldo);
         }
