@@ -543,8 +543,8 @@ static void quant_matmul(pg_cpu_ctx *c, float *out, int64_t ldo, const float *x,
 
 bool pg_cpu_matmul_quantizes(const pg_cpu_ctx *c, int dtype) {
     // K-quants x Q8_K only when asked for by name (--matmul-mode quant): the
-    // kernel is portable scalar code, about 5x slower than the f32 path at
-    // prefill sizes (docs/cpu_kernels.md); the default keeps f32 products.
+    // default keeps f32 products for them (chosen while the kernel was
+    // scalar; the AVX2 kernel's figures are in docs/cpu_kernels.md).
     return c->mode != PG_MATMUL_EXACT &&
            (pg_qdot_supported(dtype) || (c->mode == PG_MATMUL_QUANT_ACT && pg_kdot_supported(dtype)));
 }

@@ -24,7 +24,7 @@ tests/data/gen_gemma3_golden.py; tests/data/README.md).
    paged's top-1 id after llama.cpp's prefix, which is printed.
 
    paged's quant CPU numerics (--matmul-mode quant; the default differs
-   only for K-quants, whose Q8_K kernel is scalar and not yet the default)
+   only for K-quants, whose Q8_K kernels are not the default's)
    quantize activations as llama.cpp does: Q5_0/Q8_0 to Q8_0 blocks, and
    (issue 34) this file's Q4_K/Q6_K products to Q8_K with ggml's
    dot-product arithmetic (Q4_K in the summation order
