@@ -249,6 +249,8 @@ static void q8k_block(const float *x, pg_q8k_block *y) {
     for (int c = 0; c < 8; c++) {
         __m256i q[4];
         for (int k = 0; k < 4; k++) {
+            // A product, then an add: two roundings, like the reference
+            // (-std=c11 keeps gcc from contracting them into an fma).
             __m256 t = _mm256_add_ps(_mm256_mul_ps(is, _mm256_loadu_ps(x + 32 * c + 8 * k)), magic);
             __m256i i = _mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(t), mant), half);
             // min(127, q), then its low byte: the reference's (int8_t) cast.
