@@ -126,11 +126,22 @@ static int32_t build_items(sched *s, req *r, const budget *b, int32_t lead_hits,
             left -= c;
         }
     } else {
+        // n > 1: each decoding sequence may draft from its own history,
+        // with the budget left once every later sibling has its token.
+        int32_t later = 0;
+        for (int32_t i = 0; i < r->n; i++) {
+            const seq *q = &r->seqs[i];
+            later += q->finish == SCHED_FINISH_NONE && !q->stopping && q->n_hist > q->n_computed;
+        }
         for (int32_t i = 0; i < r->n && seqs > 0 && left > 0; i++) {
             seq *q = &r->seqs[i];
+            q->n_draft = 0;
             if (q->finish != SCHED_FINISH_NONE || q->stopping) continue;
-            int32_t c = chunk_len(s, q->n_hist - q->n_computed, left);
+            const int32_t rem = q->n_hist - q->n_computed;
+            later -= rem > 0;
+            int32_t c = chunk_len(s, rem, left);
             if (c <= 0) continue;
+            if (c == 1 && rem == 1) c += spec_propose(s, r, q, left - later);
             s->items[n] = (kvp_grow_item){&q->table, 0, c};
             s->iseq[n++] = q;
             left -= c;

@@ -190,8 +190,8 @@ void sched_seq_end(sched *s, req *r, seq *q, sched_finish_reason reason, int32_t
 void spec_step_begin(sched *s);
 // The proposal for decoding sequence q of r (its last token not computed)
 // under `left` tokens of budget, into q->draft; returns its length (0: a
-// plain decode). Only eligible requests (greedy, n == 1, nothing that
-// reads the logits beyond the argmax) at small batches propose.
+// plain decode). Only eligible sequences (min_tokens reached; any n,
+// each sequence from its own history) at small batches propose.
 int32_t spec_propose(sched *s, req *r, seq *q, int32_t left);
 // A plan's items could not get blocks: drops their drafts (back to plain
 // decodes) and returns whether any had one, so the caller retries before

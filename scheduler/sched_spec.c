@@ -31,10 +31,12 @@ static int32_t spec_max_seqs(const sched *s) {
 // token (runner_spec.c: each row draws what plain decoding would draw at its
 // position): greedy or sampled, seeded or not, with a logit_bias (the same
 // at every position), penalties (each row's history holds the drafts before
-// it) and logprobs (each token carries its row's); one sequence, and no mask
-// that the engine advances token by token (structured outputs) nor
-// min_tokens' ban. The rest decode as before.
-static bool spec_eligible(const sched *s, const req *r) {
+// it), logprobs (each token carries its row's) and masks (each row has
+// its own); any n: each sequence of an n > 1 request drafts from its own
+// history and is verified with its own seed (request seed + index) at its
+// own counters, so each choice is what it would be without drafts. Only
+// min_tokens' ban keeps a sequence from drafting (until it is reached).
+static bool spec_eligible(const sched *s, const req *r, const seq *q) {
     const pg_sampling_params *sp = &r->sp;
     // Penalties are fine: the runner extends a draft row's penalty history
     // by the drafts before it (engine/runner/runner.c fill_params).
@@ -42,8 +44,8 @@ static bool spec_eligible(const sched *s, const req *r) {
     // (pg_seq_output.spec_rows); and masks (structured outputs, allowed
     // and bad words): the engine gives each draft row the mask after the
     // drafts before it (engine/engine_masks.c).
-    return s->cfg.spec.num_tokens > 0 && r->state == RQ_RUNNING && r->n == 1 &&
-           r->seqs[0].n_hist - r->n_prompt >= sp->min_tokens;
+    return s->cfg.spec.num_tokens > 0 && r->state == RQ_RUNNING && q->finish == SCHED_FINISH_NONE &&
+           q->n_hist - r->n_prompt >= sp->min_tokens;
 }
 
 // Sampled rows are bounded by max_num_seqs (the runner's logit rows and
@@ -81,7 +83,7 @@ static void spec_note_result(seq *q, int32_t accepted) {
 
 int32_t spec_propose(sched *s, req *r, seq *q, int32_t left) {
     q->n_draft = 0;
-    if (s->spec_rows <= 0 || q->unres || !spec_eligible(s, r)) return 0;
+    if (s->spec_rows <= 0 || q->unres || !spec_eligible(s, r, q)) return 0;
     if (q->spec_skip > 0) {
         q->spec_skip--;
         return 0;
@@ -120,7 +122,10 @@ bool spec_drop(sched *s, int32_t n_items, int32_t *n_tok) {
 }
 
 bool spec_wants_token(const sched *s, const req *r) {
-    return s->cfg.spec.num_tokens > 0 && s->running_seqs <= spec_max_seqs(s) && spec_eligible(s, r);
+    if (s->cfg.spec.num_tokens <= 0 || s->running_seqs > spec_max_seqs(s)) return false;
+    for (int32_t i = 0; i < r->n; i++)
+        if (spec_eligible(s, r, &r->seqs[i])) return true;
+    return false;
 }
 
 // The verified tokens of o, or o->token alone when o does not answer a

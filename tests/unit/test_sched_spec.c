@@ -3,8 +3,10 @@
 // tokens, the kept tokens appended one event each, the rejected drafts'
 // slots back in the pool (and never in the prefix cache), acceptance cut at
 // EOS, stop ids and max_tokens, the proposer's limit, who may speculate
-// (greedy, n = 1, the backoff) and async scheduling. A fake proposer and a
-// fake runner; sched_check after every call. (A file of its own:
+// (min_tokens, the backoff), n > 1 (each choice drafts from its own
+// history, is verified and gives back its rejected slots on its own) and
+// async scheduling. A fake proposer and a fake runner; sched_check after
+// every call. (A file of its own:
 // test_sched.c is past the size rule.)
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,21 +23,25 @@
 #define BS 4
 
 // The proposer: proposes draft[0 .. n_draft) (cut at limit) to everyone,
-// and records the calls.
+// or with `follow` last + 1, last + 2, ... after the history's last token
+// (so that sequences with different outputs get different drafts), and
+// records the calls (the last tokens of up to 16 histories).
 typedef struct proposer {
     int32_t draft[PG_MAX_DRAFT];
     int32_t n_draft;
+    bool follow;
     int32_t calls, last_limit, last_n;
+    int32_t seen_last[16];
 } proposer;
 
 static int32_t fake_propose(void *ctx, const int32_t *history, int32_t n, int32_t limit, int32_t *out) {
     proposer *p = ctx;
-    (void)history;
+    if (p->calls < 16) p->seen_last[p->calls] = history[n - 1];
     p->calls++;
     p->last_limit = limit;
     p->last_n = n;
     int32_t k = p->n_draft < limit ? p->n_draft : limit;
-    memcpy(out, p->draft, sizeof(int32_t) * (size_t)k);
+    for (int32_t i = 0; i < k; i++) out[i] = p->follow ? history[n - 1] + 1 + i : p->draft[i];
     return k;
 }
 
@@ -47,19 +53,23 @@ typedef struct harness {
     sched_events ev;
 } harness;
 
-static harness *h_new(int32_t k, int32_t max_running, int32_t num_blocks) {
+static harness *h_new_budget(int32_t k, int32_t max_running, int32_t num_blocks, int32_t tokens) {
     harness *h = calloc(1, sizeof *h);
     sched_config c;
     sched_config_default(&c);
     c.block_size = BS;
     c.num_blocks = num_blocks;
     c.max_model_len = 256;
-    c.max_num_batched_tokens = 64;
+    c.max_num_batched_tokens = tokens;
     c.long_prefill_token_threshold = 0;
     c.spec = (sched_spec_config){.num_tokens = k, .max_running_seqs = max_running,
                                  .propose = fake_propose, .ctx = &h->prop};
     if (sched_create(&c, &h->s)) fail_msg("sched_create: %s", pg_err_msg());
     return h;
+}
+
+static harness *h_new(int32_t k, int32_t max_running, int32_t num_blocks) {
+    return h_new_budget(k, max_running, num_blocks, 64);
 }
 
 static void h_free(harness *h) {
@@ -90,36 +100,76 @@ static void h_add(harness *h, int64_t id, int32_t n_prompt, int32_t max_tokens, 
     h_add_pen(h, id, n_prompt, max_tokens, eos, temp, 0.0f);
 }
 
+// A request of n choices, seeded: prompt 100, 101, ... of n_prompt tokens.
+static void h_add_n(harness *h, int64_t id, int32_t n_prompt, int32_t max_tokens, int32_t eos, float temp,
+                    int32_t n, uint64_t seed) {
+    int32_t prompt[128];
+    for (int32_t i = 0; i < n_prompt; i++) prompt[i] = 100 + i;
+    pg_sampling_params sp;
+    pg_sampling_params_default(&sp);
+    sp.temperature = temp;
+    sp.max_tokens = max_tokens;
+    sp.n = n;
+    sp.seed = seed;
+    sp.has_seed = true;
+    sched_request r = {.id = id, .prompt = prompt, .n_prompt = n_prompt, .sp = &sp, .eos_id = eos};
+    assert_int_equal(sched_add_request(h->s, &r), 0);
+    h_check(h);
+}
+
 static const pg_batch_plan *h_step(harness *h) {
     assert_int_equal(sched_step(h->s, &h->plan), 0);
     h_check(h);
     return h->plan;
 }
 
-// Answers every sampled entry: a plain one with `token`, one with drafts
-// as a runner whose argmaxes are target[0 .. k] would (greedy
-// verification), and updates.
+// The output of sampled entry ps: a plain one `token`, one with drafts
+// what a runner whose argmaxes are target[0 .. k] gives (greedy
+// verification).
+static void h_answer(pg_seq_output *o, const pg_plan_seq *ps, int32_t token, const int32_t *target) {
+    memset(o, 0, sizeof *o);
+    o->seq_id = ps->seq_id;
+    o->token = token;
+    if (ps->n_draft == 0) return;
+    const int32_t k = ps->n_draft, *d = ps->tokens + ps->n_tokens - k;
+    int32_t a = 0;
+    while (a < k && d[a] == target[a]) a++;
+    o->n_draft = k;
+    o->n_accepted = a;
+    for (int32_t j = 0; j <= a; j++) o->spec_tokens[j] = target[j];
+    o->token = target[0];
+}
+
+// Answers every sampled entry (h_answer) and updates.
 static const sched_events *h_update(harness *h, int32_t token, const int32_t *target) {
+    pg_step_output out = {.n = 0, .outs = h->outs};
+    for (int32_t i = 0; i < h->plan->n_seqs; i++)
+        if (h->plan->seqs[i].sample) h_answer(&h->outs[out.n++], &h->plan->seqs[i], token, target);
+    assert_int_equal(sched_update(h->s, &out, &h->ev), 0);
+    h_check(h);
+    return &h->ev;
+}
+
+// n > 1: answers each sampled entry with the targets of its sequence index
+// (target[index][0] for a plain one) and updates.
+static const sched_events *h_update_n(harness *h, const int32_t (*target)[PG_MAX_DRAFT + 1]) {
     pg_step_output out = {.n = 0, .outs = h->outs};
     for (int32_t i = 0; i < h->plan->n_seqs; i++) {
         const pg_plan_seq *ps = &h->plan->seqs[i];
         if (!ps->sample) continue;
-        pg_seq_output *o = &h->outs[out.n++];
-        memset(o, 0, sizeof *o);
-        o->seq_id = ps->seq_id;
-        o->token = token;
-        if (ps->n_draft == 0) continue;
-        const int32_t k = ps->n_draft, *d = ps->tokens + ps->n_tokens - k;
-        int32_t a = 0;
-        while (a < k && d[a] == target[a]) a++;
-        o->n_draft = k;
-        o->n_accepted = a;
-        for (int32_t j = 0; j <= a; j++) o->spec_tokens[j] = target[j];
-        o->token = target[0];
+        const int32_t *t = target[ps->seq_id % SCHED_MAX_N];
+        h_answer(&h->outs[out.n++], ps, t[0], t);
     }
-    assert_int_equal(sched_update(h->s, &out, &h->ev), 0);
+    if (sched_update(h->s, &out, &h->ev)) fail_msg("sched_update: %s", pg_err_msg());
     h_check(h);
     return &h->ev;
+}
+
+// Events of sequence `index` in ev.
+static int32_t n_events_of(const sched_events *ev, int32_t index) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < ev->n; i++) n += ev->ev[i].seq_index == index;
+    return n;
 }
 
 static sched_stats stats(harness *h) {
@@ -361,6 +411,170 @@ static void test_async_resolves_before_a_draft(void **state) {
     h_free(h);
 }
 
+
+// n > 1: after the fork each choice drafts from its own history (the
+// prompt at first, then its own output), with its own seed and counter;
+// acceptance and the rejected slots are its own; a choice that ends early
+// gives its blocks back while the others go on drafting.
+static void test_n_choices_draft_on_their_own(void **state) {
+    (void)state;
+    harness *h = h_new(3, 0, 32);
+    h->prop = (proposer){.n_draft = 3, .follow = true};
+    const int32_t all = free_blocks(h);
+    h_add_n(h, 1, 7, 20, 99, 0.7f, 3, 1000);
+    // The lead computes the prompt but its last token: no draft.
+    const pg_batch_plan *p = h_step(h);
+    assert_int_equal(p->n_seqs, 1);
+    assert_int_equal(p->seqs[0].n_tokens, 6);
+    assert_false(p->seqs[0].sample);
+    assert_int_equal(h_update_n(h, NULL)->n, 0);
+    assert_int_equal(h->prop.calls, 0);
+    // The fork: each choice computes the last prompt token (position 6)
+    // and drafts after it, from the prompt: 107, 108, 109.
+    p = h_step(h);
+    assert_int_equal(h->prop.calls, 3);
+    assert_int_equal(p->n_seqs, 3);
+    assert_int_equal(p->n_tokens, 12);
+    for (int32_t i = 0; i < 3; i++) {
+        const pg_plan_seq *e = &p->seqs[i];
+        assert_int_equal(e->seq_id, 1 * SCHED_MAX_N + i);
+        assert_int_equal(e->start_pos, 6);
+        assert_int_equal(e->n_draft, 3);
+        assert_int_equal(e->rng_seed, 1000 + i); // vLLM's child seed
+        assert_int_equal(e->n_generated, 0);
+        assert_true(e->sample);
+        assert_memory_equal(e->tokens, ((const int32_t[]){106, 107, 108, 109}), 4 * sizeof(int32_t));
+        assert_int_equal(e->n_blocks, 3); // positions 0 .. 9
+    }
+    // The shared block of positions 4 .. 5 is copied for two of them (the
+    // third keeps it); the prompt's full block stays shared.
+    assert_int_equal(p->n_copies, 2);
+    // Choice 0 keeps all three and the bonus, choice 1 one, choice 2 none.
+    const int32_t t1[3][PG_MAX_DRAFT + 1] = {{107, 108, 109, 110}, {107, 50}, {60}};
+    const sched_events *ev = h_update_n(h, t1);
+    assert_int_equal(ev->n, 7);
+    assert_int_equal(n_events_of(ev, 0), 4);
+    assert_int_equal(n_events_of(ev, 1), 2);
+    assert_int_equal(n_events_of(ev, 2), 1);
+    assert_int_equal(ev->ev[3].out.token, 110);
+    assert_int_equal(ev->ev[3].n_generated, 4);
+    assert_int_equal(ev->ev[5].out.token, 50);
+    assert_int_equal(ev->ev[5].n_generated, 2);
+    assert_int_equal(ev->ev[6].out.token, 60);
+    assert_int_equal(ev->ev[6].usage.completion_tokens, 7);
+    sched_stats st = stats(h);
+    assert_int_equal(st.n_spec_drafts, 3);
+    assert_int_equal(st.n_spec_draft_tokens, 9);
+    assert_int_equal(st.n_spec_accepted, 4);
+    assert_int_equal(st.n_spec_accepted_pos[0], 2);
+    assert_int_equal(st.n_spec_accepted_pos[1], 1);
+    assert_int_equal(st.n_spec_accepted_pos[2], 1);
+    // Blocks: the prompt's first, shared; choice 0 its own two (positions
+    // 4 .. 11, 10 computed); choices 1 and 2 their own of positions 4 .. 7
+    // (8 and 7 computed): the blocks of their rejected drafts went back.
+    assert_int_equal(st.kv.num_used, 5);
+    assert_int_equal(free_blocks(h), all - 5);
+    // Only the prompt's first block is hashed: a step's blocks are offered
+    // to the prefix cache before its verification is read, with the
+    // positions surely computed (the last token's), so the blocks of
+    // accepted drafts wait for the next step's commit and those of
+    // rejected ones are never offered.
+    assert_int_equal(st.kv.num_cached, 1);
+    // Each proposes from its own output; choice 2 missed: it backs off.
+    p = h_step(h);
+    assert_int_equal(p->n_seqs, 3);
+    assert_int_equal(h->prop.calls, 5);
+    assert_int_equal(h->prop.seen_last[3], 110);
+    assert_int_equal(h->prop.seen_last[4], 50);
+    assert_int_equal(p->seqs[0].start_pos, 10);
+    assert_int_equal(p->seqs[0].n_generated, 4);
+    assert_memory_equal(p->seqs[0].tokens, ((const int32_t[]){110, 111, 112, 113}), 4 * sizeof(int32_t));
+    assert_int_equal(p->seqs[1].start_pos, 8);
+    assert_int_equal(p->seqs[1].n_generated, 2);
+    assert_memory_equal(p->seqs[1].tokens, ((const int32_t[]){50, 51, 52, 53}), 4 * sizeof(int32_t));
+    assert_int_equal(p->seqs[2].start_pos, 7);
+    assert_int_equal(p->seqs[2].n_draft, 0);
+    assert_int_equal(p->seqs[2].n_tokens, 1);
+    assert_int_equal(p->seqs[2].tokens[0], 60);
+    // Choice 1 ends early: its first draft kept, then EOS (99); its
+    // blocks go back, the others go on.
+    const int32_t t2[3][PG_MAX_DRAFT + 1] = {{111, 112, 5}, {51, 99}, {61}};
+    ev = h_update_n(h, t2);
+    assert_int_equal(ev->n, 6);
+    assert_int_equal(n_events_of(ev, 0), 3);
+    assert_int_equal(n_events_of(ev, 1), 2);
+    assert_int_equal(ev->ev[4].out.token, 99);
+    assert_int_equal(ev->ev[4].finish, SCHED_FINISH_STOP);
+    assert_false(ev->ev[5].req_finished);
+    // Now 104 .. 107 (choices 0 and 1, one hash) and 104 .. 106, 60
+    // (choice 2) are hashed too; choice 0's 108 .. 111 (its 111 computed
+    // only in this step) is not.
+    assert_int_equal(stats(h).kv.num_cached, 3);
+    // Choice 0: 13 computed (own blocks of 4 .. 15); choice 2: 8 (own
+    // block of 4 .. 7); the prompt's first block.
+    assert_int_equal(stats(h).kv.num_used, 5);
+    p = h_step(h);
+    assert_int_equal(p->n_seqs, 2);
+    assert_int_equal(p->seqs[0].seq_id, SCHED_MAX_N + 0);
+    assert_int_equal(p->seqs[0].start_pos, 13);
+    assert_memory_equal(p->seqs[0].tokens, ((const int32_t[]){5, 6, 7, 8}), 4 * sizeof(int32_t));
+    assert_int_equal(p->seqs[1].seq_id, SCHED_MAX_N + 2);
+    assert_int_equal(p->seqs[1].n_draft, 3); // its one plain step of backoff is over
+    const int32_t t3[3][PG_MAX_DRAFT + 1] = {{6, 99}, {0}, {62, 99}};
+    ev = h_update_n(h, t3);
+    assert_true(ev->ev[ev->n - 1].req_finished);
+    assert_int_equal(free_blocks(h), all);
+    assert_false(sched_has_work(h->s));
+    h_free(h);
+}
+
+// n > 1 under a tight token budget: a choice's draft leaves every later
+// sibling its token.
+static void test_n_choices_draft_leaves_siblings_their_token(void **state) {
+    (void)state;
+    harness *h = h_new_budget(4, 0, 64, 6);
+    h->prop = (proposer){.n_draft = 4, .follow = true};
+    h_add_n(h, 1, 5, 20, -1, 0.0f, 3, 7);
+    const pg_batch_plan *p = h_step(h); // the lead: positions 0 .. 3
+    assert_int_equal(p->seqs[0].n_tokens, 4);
+    h_update_n(h, NULL);
+    // Six tokens: choice 0 drafts 6 - 2 - 1 = 3, then 1 and 1.
+    p = h_step(h);
+    assert_int_equal(p->n_seqs, 3);
+    assert_int_equal(p->n_tokens, 6);
+    assert_int_equal(p->seqs[0].n_draft, 3);
+    assert_int_equal(p->seqs[1].n_draft, 0);
+    assert_int_equal(p->seqs[2].n_draft, 0);
+    const int32_t t[3][PG_MAX_DRAFT + 1] = {{105, 106, 0}, {7}, {8}};
+    const sched_events *ev = h_update_n(h, t);
+    assert_int_equal(ev->n, 5);
+    assert_int_equal(sched_abort(h->s, 1), 0);
+    h_free(h);
+}
+
+// Async scheduling with n > 1: a choice awaiting its token that would
+// draft next keeps the engine from running ahead.
+static void test_n_choices_async(void **state) {
+    (void)state;
+    harness *h = h_new(2, 0, 32);
+    h->prop = (proposer){.n_draft = 2, .follow = true};
+    h_add_n(h, 1, 7, 20, -1, 0.0f, 2, 3);
+    h_step(h);
+    h_update_n(h, NULL);
+    const pg_batch_plan *p = h_step(h);
+    assert_int_equal(p->n_seqs, 2);
+    pg_step_output out = {.n = 0, .outs = h->outs};
+    for (int32_t i = 0; i < p->n_seqs; i++) // answered before the plan is advanced
+        h_answer(&h->outs[out.n++], &p->seqs[i], 0, (const int32_t[]){107, 108, 109});
+    assert_int_equal(sched_advance(h->s), 0);
+    h_check(h);
+    assert_false(sched_can_run_ahead(h->s));
+    if (sched_resolve(h->s, &out, &h->ev)) fail_msg("sched_resolve: %s", pg_err_msg());
+    h_check(h);
+    assert_int_equal(h->ev.n, 6);
+    h_free(h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_draft_planned_as_chunk),
@@ -370,6 +584,9 @@ int main(void) {
         cmocka_unit_test(test_miss_backoff),
         cmocka_unit_test(test_who_speculates),
         cmocka_unit_test(test_async_resolves_before_a_draft),
+        cmocka_unit_test(test_n_choices_draft_on_their_own),
+        cmocka_unit_test(test_n_choices_draft_leaves_siblings_their_token),
+        cmocka_unit_test(test_n_choices_async),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
