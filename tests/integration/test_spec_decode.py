@@ -37,6 +37,11 @@ greedy text, only how many steps it takes.
    <the default model>, "num_speculative_tokens": 4}' - the model as its own
    draft, so nearly every draft is accepted - gives the same texts for every
    request of 1 and 3, with drafts counted and every KV block back.
+8. n = 3 (three choices sharing the prompt's blocks, each drafting from its
+   own output and verified with its own seed): a greedy request and a
+   seeded sampled one give every choice's plain text, with n-gram drafts
+   and with the draft model, and the metrics count drafts made and
+   accepted for them alone.
 """
 import concurrent.futures
 import json
@@ -143,6 +148,27 @@ def run_all(port):
     return texts
 
 
+def complete_n(port, prompt, max_tokens, n, **kw):
+    """The texts of the n choices, by index."""
+    body = dict(dict(prompt=prompt, max_tokens=max_tokens, temperature=0, n=n), **kw)
+    st, resp = su.post(port, "/v1/completions", body, timeout=600)
+    assert st == 200, (st, resp)
+    texts = [None] * n
+    for c in resp["choices"]:
+        texts[c["index"]] = c["text"]
+    return texts
+
+
+def run_n3(port):
+    """n = 3 requests: greedy, and seeded sampled (choice i draws with seed
+    + i); the texts of every choice and the spec counters they added."""
+    before = spec_counts(su.wait_idle(port), "paged")
+    texts = complete_n(port, COPY_PROMPTS[0], 64, 3)
+    texts += complete_n(port, COPY_PROMPTS[3], 64, 3, temperature=0.7, seed=7, top_p=0.95)
+    after = spec_counts(su.wait_idle(port), "paged")
+    return texts, [a - b for a, b in zip(after, before)]
+
+
 def spec_counts(m, prefix):
     return [su.metric(m, f"{prefix}:spec_decode_num_{n}_total") for n in ("drafts", "draft_tokens", "accepted_tokens")]
 
@@ -181,6 +207,7 @@ def main():
     check_bad_flags()
     with su.Server() as plain:
         want = run_all(plain.port)
+        want_n3, _ = run_n3(plain.port)
         want_lp = complete_lp(plain.port, COPY_PROMPTS[0], 48)
         m = su.wait_idle(plain.port)
         assert spec_counts(m, "paged") == [0, 0, 0], spec_counts(m, "paged")
@@ -207,9 +234,11 @@ def main():
         g_acc = su.metric(su.wait_idle(spec.port), "paged:spec_decode_num_accepted_tokens_total") - before
         print(f"guided JSON on a JSON copy prompt: {int(g_acc)} draft tokens accepted: {guided!r}")
         assert g_acc > 0 and json.loads(guided)["name"], guided
+        got_n3, n3_counts = run_n3(spec.port)
     draft = '{"method": "draft_model", "model": "%s", "num_speculative_tokens": 4}' % su.MODEL
     with su.Server("--speculative-config", draft) as dsrv:
         got_draft = run_all(dsrv.port)
+        got_draft_n3, d_n3_counts = run_n3(dsrv.port)
         md = su.wait_idle(dsrv.port)
         assert su.metric(md, "paged:kv_cache_blocks", state="used") == 0
         d_counts = spec_counts(md, "paged")
@@ -220,6 +249,18 @@ def main():
     assert d_counts[0] > 0 and 0 < d_counts[2] <= d_counts[1], d_counts
     print(f"draft model (the model itself, k 4): {len(want)} texts identical; {int(d_counts[0])} drafts, "
           f"{int(d_counts[1])} draft tokens, {int(d_counts[2])} accepted ({d_counts[2] / d_counts[1]:.1%})")
+    # n = 3: the greedy choices are one text; every choice as without drafts.
+    assert want_n3[0] == want_n3[1] == want_n3[2], want_n3[:3]
+    assert len(set(want_n3[3:])) == 3, want_n3[3:]  # each sampled choice its own seed
+    for name, got3, counts in (("ngram", got_n3, n3_counts), ("draft model", got_draft_n3, d_n3_counts)):
+        n3_diff = [i for i in range(6) if want_n3[i] != got3[i]]
+        for i in n3_diff:
+            print(f"n = 3 ({name}), {'greedy' if i < 3 else 'sampled'} choice {i % 3}: differs\n"
+                  f"  plain: {want_n3[i]!r}\n  spec:  {got3[i]!r}")
+        assert not n3_diff, f"n = 3 ({name}): {len(n3_diff)} of 6 choices differ"
+        assert counts[0] >= 3 and 0 < counts[2] <= counts[1], (name, counts)
+        print(f"n = 3 ({name}): greedy and seeded sampled, all 6 choices identical with and without "
+              f"speculation; {int(counts[0])} drafts, {int(counts[1])} draft tokens, {int(counts[2])} accepted")
     tp_texts = []
     for args in ([], ["--speculative-config", SPEC]):
         with su.Server("-tp", "3", *args) as srv:
