@@ -11,7 +11,8 @@
 // sched_advance and sched_resolve (async scheduling, below).
 //
 // Speculative decoding (sched_spec_config, scheduler/sched_spec.c): a
-// greedy decoding sequence whose caller proposes k tokens is planned as a
+// decoding sequence (any sampling, any n: each choice from its own
+// history) whose caller proposes k tokens is planned as a
 // chunk of 1 + k tokens (its last token, then the drafts) with
 // pg_plan_seq.n_draft = k; its output carries the tokens the runner's
 // verification kept (1 .. k + 1), appended here one by one under the stop
