@@ -83,6 +83,12 @@ typedef struct pg_kv_shape {
     // A layer's shape gets them from the runner (engine/runner/runner_kv_scales.c:
     // a checkpoint's k_scale / v_scale, or calibrated at start-up).
     const float *scales;
+    // The CPU's llama.cpp-compatible numerics only (kernels/cpu/attention.c):
+    // a Gemma layer. llama.cpp runs Gemma with NEOX RoPE, so its K and Q
+    // dimensions are in the rows' own order (not the interleaved pairs of
+    // its permuted Llama rows), and it multiplies q by the attention scale
+    // (ggml_scale of Qcur) before the fp16 rounding, the scores by 1.
+    bool lc_gemma;
 } pg_kv_shape;
 
 // Bytes of one block of one layer's K (or V): block_size slots of

@@ -40,7 +40,8 @@ static int gemma_forward_layers(const pg_model *m, pg_bkv *kv, const pg_fwd_buff
                                 .window = local ? c->swa_window : 0,
                                 .inv_freq = local ? m->inv_freq_local : m->inv_freq,
                                 .post_norm = m->layers[l].post_attn_norm,
-                                .softcap = c->attn_softcap};
+                                .softcap = c->attn_softcap,
+                                .lc_gemma = true};
         PG_TRY(pg_model_offload_wait(m, l));
         PG_TRY(pg_layer_attention_with(m, l, kv, bufs, s, &v, &o));
         PG_TRY(pg_layer_ffn_geglu(m, l, &v));

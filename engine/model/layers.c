@@ -124,6 +124,7 @@ int pg_layer_attention_with(const pg_model *m, int32_t l, pg_bkv *kv, const pg_f
         PG_TRY(be->ops->head_rmsnorm(be, v->k, sh->n_kv_heads, L->k_norm, c->rms_eps));
     }
     pg_kv_shape ks = kv->shape;
+    ks.lc_gemma = o->lc_gemma;
     if (bufs->kv_scales && ks.dtype == PG_KV_FP8_E4M3)
         ks.scales = bufs->kv_scales + (size_t)l * 2 * (size_t)sh->n_kv_heads;
     // Layer groups: this layer's copy of the slots and block tables, and its

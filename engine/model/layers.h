@@ -58,6 +58,7 @@ typedef struct pg_attn_opts {
     const pg_bweight *inv_freq;  // the RoPE frequencies (Gemma's local layers: their own)
     const pg_bweight *post_norm; // Gemma: x += RMSNorm(attn . Wo^T) * post_norm; NULL: x += attn . Wo^T
     float softcap;               // Gemma 2: scores soft-capped (backend attention_softcap); 0: none
+    bool lc_gemma;               // Gemma: the KV shape's lc_gemma (kernels/kernels.h)
 } pg_attn_opts;
 
 // Row-parallel product, then a norm before the residual add (Gemma's

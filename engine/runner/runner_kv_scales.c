@@ -62,7 +62,7 @@ static int calibrate(pg_runner *r, int32_t n, float *amax) {
         slots[t] = (1 + t / bs) * bs + t % bs;
     }
     for (int32_t b = 0; b < nb; b++) bt[b] = 1 + b;
-    pg_kv_shape ks = {nb + 1, bs, r->model->shard.n_kv_heads, mc->head_dim, PG_KV_NATIVE, NULL};
+    pg_kv_shape ks = {nb + 1, bs, r->model->shard.n_kv_heads, mc->head_dim, PG_KV_NATIVE, NULL, false};
     int rc = be->store->kv_create(be, mc->n_layers, ks, 0, &r->kv);
     r->bufs.kv_amax = amax;
     for (int32_t t0 = 0; t0 < n && rc == 0; t0 += chunk) {

@@ -46,6 +46,7 @@ typedef struct {
     const int64_t *task_start; // [n_seqs + 1] first task index of each sequence
     pg_cpu_ctx *c;             // per-thread scratch (compat scores)
     bool compat;               // llama.cpp-compatible numerics
+    bool vec1;                 // compat, one query in the whole step: ggml_vec_dot_f16's sums
     const float *fp8;          // the e4m3 codes as f32 (pg_cpu_fp8_e4m3_table)
 } attn_job;
 
@@ -249,20 +250,67 @@ static inline float kv_elem(int32_t dtype, const void *row, int32_t e, const flo
 }
 #endif
 
+// llama.cpp when its ubatch holds one token (a lone decode step): tinyBLAS
+// declines n = 1, so the scores and the value sums are ggml_vec_dot_f16's
+// (llama_compat.h pg_lc_dot_f16: 32 accumulators over the head dimensions,
+// resp. over the positions, lane = position mod 32). The rest as the batched
+// path: softmax, fp16 probabilities. ws: 33 * head_dim floats of scratch.
+static void attend_vec1(const attn_job *j, const pg_attn_seq *s, int32_t kvh, int32_t lo, int32_t n_keys,
+                        const float *q16, float *p, size_t n_p, float *ws, float scale, float vs, int64_t row) {
+    const int32_t hd = j->kv.head_dim, G = j->n_heads / j->kv.n_kv_heads;
+    float *acc = ws, *tile = ws + 32 * (size_t)hd; // acc[c][e]: position class c, dimension e
+    for (int32_t t = 0; t < n_keys; t++) {
+        const float *k = kv_row_f32(j, j->k_cache, s->block_table, lo + t, kvh, tile);
+        for (int32_t g = 0; g < G; g++) p[g * n_p + t] = pg_lc_dot_f16(k, q16 + (size_t)g * hd, hd) * scale;
+    }
+    for (int32_t g = 0; g < G; g++) {
+        float *pg = p + g * n_p;
+        if (s->softcap > 0) {
+            const float inv = 1.0f / s->softcap;
+            for (int32_t t = 0; t < n_keys; t++) pg[t] = s->softcap * tanhf(pg[t] * inv);
+        }
+        pg_lc_softmax_row(pg, pg, n_keys);
+        for (int32_t t = 0; t < n_keys; t++) pg[t] = pg_lc_f16(pg[t]);
+        memset(acc, 0, sizeof(float) * 32 * (size_t)hd);
+        for (int32_t t = 0; t < n_keys; t++) {
+            const float *v = kv_row_f32(j, j->v_cache, s->block_table, lo + t, kvh, tile);
+            float *a = acc + (size_t)(t % 32) * hd;
+            int32_t e = 0;
+#ifdef HAVE_AVX2
+            const __m256 pt = _mm256_set1_ps(pg[t]);
+            for (; e + 8 <= hd; e += 8)
+                _mm256_storeu_ps(a + e, _mm256_fmadd_ps(_mm256_loadu_ps(v + e), pt, _mm256_loadu_ps(a + e)));
+#endif
+            for (; e < hd; e++) a[e] = fmaf(v[e], pg[t], a[e]);
+        }
+        float *out = j->out + (row + g) * hd;
+        for (int32_t e = 0; e < hd; e++) {
+            float a32[32];
+            for (int c = 0; c < 32; c++) a32[c] = acc[(size_t)c * hd + e];
+            out[e] = pg_lc_dot_f16_reduce(a32);
+            if (vs != 1.0f) out[e] *= vs;
+        }
+    }
+}
+
 static void attend_group_compat(const attn_job *j, const pg_attn_seq *s, int32_t kvh, int32_t qi,
                                 int thread) {
     const int32_t hd = j->kv.head_dim, half = hd / 2, G = j->n_heads / j->kv.n_kv_heads;
     // Keys at positions lo + t, t < n_keys (scores and probabilities
     // indexed by t).
     const int32_t lo = first_key(s, qi), n_keys = s->start_pos + qi + 1 - lo;
-    const float scale = j->scale * k_scale(j, kvh), vs = v_scale(j, kvh);
+    // Gemma: llama.cpp scales q before rounding it to fp16 and the scores
+    // by 1 (k_scale is 1 there: fp8 caches scale the scores, as before).
+    const float qs = j->kv.lc_gemma ? j->scale : 1.0f;
+    const float scale = (j->kv.lc_gemma ? 1.0f : j->scale) * k_scale(j, kvh), vs = v_scale(j, kvh);
     const int64_t row = (int64_t)(s->q_start + qi) * j->n_heads + (int64_t)kvh * G; // first head
     // Scratch: q in llama.cpp's order rounded to fp16, one K row as f32
     // (a cache of another type), the scores of every head of the group (then
     // their probabilities), the value rows.
     const size_t n_p = ((size_t)n_keys + 7) & ~(size_t)7;
+    const size_t extra = j->vec1 ? 33 * (size_t)hd : 0; // ggml_vec_dot_f16's 32 accumulators, a V row
     float *q16 = pg_cpu_scratch(j->c, thread,
-                                (size_t)G * hd + hd + (size_t)G * n_p + 2 * (size_t)n_keys + 8);
+                                (size_t)G * hd + hd + (size_t)G * n_p + 2 * (size_t)n_keys + 8 + extra);
     float *ktile = q16 + (size_t)G * hd;
     float *p = ktile + hd;
     const void **vrow = (const void **)(void *)(p + (size_t)G * n_p +
@@ -270,7 +318,11 @@ static void attend_group_compat(const attn_job *j, const pg_attn_seq *s, int32_t
     for (int32_t g = 0; g < G; g++) {
         const float *q = j->q + (int64_t)(s->q_start + qi) * j->q_stride + ((int64_t)kvh * G + g) * hd;
         for (int32_t d = 0; d < hd; d++)
-            q16[g * hd + d] = pg_lc_f16(q[d % 2 ? half + d / 2 : d / 2]);
+            q16[g * hd + d] = pg_lc_f16(q[j->kv.lc_gemma ? d : d % 2 ? half + d / 2 : d / 2] * qs);
+    }
+    if (j->vec1) {
+        attend_vec1(j, s, kvh, lo, n_keys, q16, p, n_p, (float *)(vrow + n_keys + 1), scale, vs, row);
+        return;
     }
     // Scores: per head, 8-lane fma chains over the dimensions (tinyBLAS's
     // f16 gemm), the lanes summed like ggml's hsum.
@@ -330,8 +382,10 @@ static void attend_group_compat(const attn_job *j, const pg_attn_seq *s, int32_t
     }
     for (int32_t g = 0; g < G; g++) {
         float *pg = p + g * n_p;
-        if (s->softcap > 0) // Gemma 2: scores capped before the softmax
-            for (int32_t t = 0; t < n_keys; t++) pg[t] = s->softcap * tanhf(pg[t] / s->softcap);
+        if (s->softcap > 0) { // Gemma 2: scores capped before the softmax, as ggml_scale, tanh, ggml_scale
+            const float inv = 1.0f / s->softcap;
+            for (int32_t t = 0; t < n_keys; t++) pg[t] = s->softcap * tanhf(pg[t] * inv);
+        }
         pg_lc_softmax_row(pg, pg, n_keys);
         for (int32_t t = 0; t < n_keys; t++) pg[t] = pg_lc_f16(pg[t]);
     }
@@ -408,7 +462,8 @@ void pg_cpu_attention(pg_cpu_ctx *c, float *out, const float *q, int64_t q_strid
     attn_job j = {.out = out, .q = q, .q_stride = q_stride, .seqs = seqs, .n_seqs = n_seqs,
                   .n_heads = n_heads, .scale = scale, .k_cache = k_cache, .v_cache = v_cache, .kv = kv,
                   .row_bytes = head_bytes * (size_t)kv.n_kv_heads, .head_bytes = head_bytes,
-                  .task_start = starts, .c = c, .compat = compat, .fp8 = pg_cpu_fp8_e4m3_table()};
+                  .task_start = starts, .c = c, .compat = compat,
+                  .vec1 = compat && n_seqs == 1 && seqs[0].n_q == 1, .fp8 = pg_cpu_fp8_e4m3_table()};
     pg_pool_run(c->pool, starts[n_seqs], attn_task, &j);
     if (starts != stack_starts) free(starts);
 }

@@ -147,7 +147,8 @@ void pg_cpu_rope_kv_write(pg_cpu_ctx *c, float *q, int64_t q_stride, float *k, i
     if (pg_cpu_attention_compat(c, hd)) {
         // llama.cpp: ggml's rope (or, with scaled frequencies, ours), then K
         // and V stored in the cache; K in llama.cpp's dimension order
-        // (attention.c reads it so).
+        // (attention.c reads it so): the interleaved pairs of its permuted
+        // Llama rows, or for Gemma (NEOX) the rows' own.
         const float theta_scale = compat_theta_scale(inv_freq, hd / 2);
         const bool f16 = compat_rounds_f16(kv.dtype);
         float cs[512];
@@ -169,7 +170,7 @@ void pg_cpu_rope_kv_write(pg_cpu_ctx *c, float *q, int64_t q_stride, float *k, i
             const float *ki = k + i * k_stride, *vi = v + i * v_stride;
             for (int32_t h = 0; h < nkv; h++)
                 for (int32_t d = 0; d < hd; d++) {
-                    float x = ki[h * hd + (d % 2 ? hd / 2 + d / 2 : d / 2)];
+                    float x = ki[h * hd + (kv.lc_gemma ? d : d % 2 ? hd / 2 + d / 2 : d / 2)];
                     tk[h * hd + d] = f16 ? pg_lc_f16(x) : x;
                 }
             for (size_t e = 0; e < row; e++) tv[e] = f16 ? pg_lc_f16(vi[e]) : vi[e];

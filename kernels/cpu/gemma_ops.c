@@ -1,13 +1,17 @@
 // kernels/cpu/gemma_ops.c - the CPU versions of the ops Gemma 3 adds to
 // kernels/backend.h (docs/gemma3.md): the GeGLU feed-forward, the
-// post-norms' RMSNorm-then-add, and the embedding scale. Every numerics
-// mode runs them in plain f32 (llama.cpp's GELU lookup table is not
-// reproduced: the llama.cpp-compatible mode covers the Llama family).
+// post-norms' RMSNorm-then-add, and the embedding scale. The exact mode
+// runs PyTorch's gelu-tanh in f32 (transformers' arithmetic); the
+// llama.cpp-compatible modes run ggml's: the GELU from its fp16 lookup
+// table (kernels/cpu/llama_compat.h). The norms, the adds, the scale and
+// the soft-cap are the same operations in both (ggml's ggml_scale, tanh,
+// ggml_scale for the cap; one f32 multiply for the scale).
 #include <math.h>
 #include <stdlib.h>
 
 #include "common/err.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/llama_compat.h"
 
 #define F32(t) ((float *)(t).data)
 
@@ -28,6 +32,7 @@ typedef struct {
     float *h;
     const float *gu;
     int64_t ffn, h_stride;
+    bool compat; // ggml's table GELU (llama.cpp-compatible modes)
 } geglu_job;
 
 static void geglu_task(void *ctx, int64_t i, int thread) {
@@ -35,6 +40,10 @@ static void geglu_task(void *ctx, int64_t i, int thread) {
     const geglu_job *j = ctx;
     const float *g = j->gu + i * 2 * j->ffn, *u = g + j->ffn;
     float *o = j->h + i * j->h_stride;
+    if (j->compat) {
+        pg_lc_geglu_row(o, g, u, j->ffn);
+        return;
+    }
     for (int64_t e = 0; e < j->ffn; e++) o[e] = pg_cpu_gelu_tanh(g[e]) * u[e];
 }
 
@@ -47,7 +56,8 @@ int pg_cpu_gate_up_gelu(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bweigh
     PG_ARG(x.rows <= 1 || x.stride == x.cols, "cpu gate_up_gelu: x rows must be contiguous");
     pg_cpu_rmsnorm(c, F32(sxn), F32(x), pg_cpu_weight_vec(norm), m, x.cols, eps);
     pg_cpu_matmul_weight(c, F32(sgu), w->rows, F32(sxn), m, w);
-    geglu_job j = {.h = F32(h), .gu = F32(sgu), .ffn = ffn, .h_stride = h.stride};
+    geglu_job j = {.h = F32(h), .gu = F32(sgu), .ffn = ffn, .h_stride = h.stride,
+                   .compat = pg_cpu_llama_compat(c)};
     pg_pool_run(c->pool, m, geglu_task, &j);
     return 0;
 }

@@ -168,9 +168,40 @@ static float q4k_dot_8x8(const uint8_t *w, const pg_q8k_block *y, int64_t nb) {
     return acc - accm;
 }
 
-float pg_kdot_row_ref(int dtype, const uint8_t *w, const pg_q8k_block *y, int64_t nb, bool rows8) {
+// Q4_K as the repack's AVX2 gemm (ggml_gemm_q4_K_8x8_q8_K, activation rows
+// 4 at a time) sums it: the same integers, but the products and the mins
+// of each pair of sub-blocks (64 elements) are converted and accumulated
+// on their own: 4 fmas per block in each chain.
+static float q4k_dot_8x8_gemm(const uint8_t *w, const pg_q8k_block *y, int64_t nb) {
+    float acc = 0.0f, accm = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += Q4_K_BYTES, y++) {
+        int sc[8], mn[8];
+        q4k_scales(w + 4, sc, mn);
+        const uint8_t *qs = w + 16;
+        const float dd = pg_f16_to_f32(ld16(w)) * y->d, dm = pg_f16_to_f32(ld16(w + 2)) * y->d;
+        for (int c = 0; c < 4; c++) {
+            const uint8_t *q = qs + 32 * c;
+            const int8_t *xl = y->qs + 64 * c, *xh = xl + 32;
+            int lo = 0, hi = 0;
+            for (int e = 0; e < 32; e++) {
+                lo += (q[e] & 15) * xl[e];
+                hi += (q[e] >> 4) * xh[e];
+            }
+            const int32_t summ = mn[2 * c] * (y->bsums[4 * c] + y->bsums[4 * c + 1]) +
+                                 mn[2 * c + 1] * (y->bsums[4 * c + 2] + y->bsums[4 * c + 3]);
+            acc = fmaf((float)(sc[2 * c] * lo + sc[2 * c + 1] * hi), dd, acc);
+            accm = fmaf((float)summ, dm, accm);
+        }
+    }
+    return acc - accm;
+}
+
+float pg_kdot_row_ref(int dtype, const uint8_t *w, const pg_q8k_block *y, int64_t nb, int order) {
     PG_CHECK(pg_kdot_supported(dtype));
-    if (dtype == PG_DTYPE_Q4_K) return rows8 ? q4k_dot_8x8(w, y, nb) : q4k_dot(w, y, nb);
+    if (dtype == PG_DTYPE_Q4_K)
+        return order == PG_KDOT_8X8_GEMM ? q4k_dot_8x8_gemm(w, y, nb)
+               : order == PG_KDOT_8X8    ? q4k_dot_8x8(w, y, nb)
+                                         : q4k_dot(w, y, nb);
     return q6k_dot(w, y, nb);
 }
 
@@ -282,7 +313,7 @@ void pg_q8k_quantize_row(const float *x, int64_t cols, pg_q8k_block *y) {
 
 // --- dot products ---------------------------------------------------------------------
 
-enum { KQ4, KQ4_8X8, KQ6 }; // q4k_dot, q4k_dot_8x8, q6k_dot
+enum { KQ4, KQ4_8X8, KQ4_GEMM, KQ6 }; // q4k_dot, q4k_dot_8x8, q4k_dot_8x8_gemm, q6k_dot
 #define KT_MAX_W 4
 #define KT_MAX_R 4
 
@@ -404,6 +435,55 @@ static ALWAYS_INLINE void ktile(const int kind, const int W, const int R, const 
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) lane[a][r] = _mm256_setzero_si256();
         }
+        if (kind == KQ4_GEMM) {
+            // Per pair k = a * R + r: the 4 mins terms (one per 64
+            // elements), then per 64 elements the pairs' integer sums, one
+            // per lane, and one fma each into acc8 and accm8.
+            int32_t mt[4][8] = {{0}};
+            float dwf[8] = {0}, dmf[8] = {0}, dxf[8] = {0};
+#pragma GCC unroll 4
+            for (int a = 0; a < W; a++) {
+                const float dw = _cvtsh_ss(ld16(wb + a * rb)), dm = _cvtsh_ss(ld16(wb + a * rb + 2));
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    const int k = a * R + r;
+                    const __m128i s16 = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)xb[r * nb].bsums),
+                                                       _mm_loadu_si128((const __m128i *)(xb[r * nb].bsums + 8)));
+                    int32_t t4[4];
+                    _mm_storeu_si128((__m128i *)t4, _mm_madd_epi16(mn[a], s16));
+                    for (int c = 0; c < 4; c++) mt[c][k] = t4[c];
+                    dwf[k] = dw;
+                    dmf[k] = dm;
+                    dxf[k] = xb[r * nb].d;
+                }
+            }
+            const __m256 dx = _mm256_loadu_ps(dxf);
+            const __m256 sd = _mm256_mul_ps(_mm256_loadu_ps(dwf), dx), sm = _mm256_mul_ps(_mm256_loadu_ps(dmf), dx);
+            __m256i vi[8];
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) vi[k] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+#pragma GCC unroll 4
+                for (int a = 0; a < W; a++) {
+                    const __m256i q = _mm256_loadu_si256((const __m256i *)(wb + a * rb + 16 + 32 * c));
+                    const __m256i lo = _mm256_and_si256(q, m4);
+                    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                    const __m256i slo = bcast16(sc[a], 2 * c), shi = bcast16(sc[a], 2 * c + 1);
+#pragma GCC unroll 4
+                    for (int r = 0; r < R; r++) {
+                        const int8_t *xq = xb[r * nb].qs + 64 * c;
+                        const __m256i xl = _mm256_loadu_si256((const __m256i *)xq);
+                        const __m256i xh = _mm256_loadu_si256((const __m256i *)(xq + 32));
+                        vi[a * R + r] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), slo),
+                                                         _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), shi));
+                    }
+                }
+                acc8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum_8x8_epi32(vi)), sd, acc8);
+                accm8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)mt[c])), sm, accm8);
+            }
+            continue;
+        }
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++)
 #pragma GCC unroll 4
@@ -469,7 +549,7 @@ static ALWAYS_INLINE void ktile(const int kind, const int W, const int R, const 
         accm8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum_8x8_epi32(vm)),
                                 _mm256_mul_ps(_mm256_loadu_ps(dmf), dx), accm8);
     }
-    if (kind == KQ4_8X8) {
+    if (kind == KQ4_8X8 || kind == KQ4_GEMM) {
         float res[8];
         _mm256_storeu_ps(res, _mm256_sub_ps(acc8, accm8));
 #pragma GCC unroll 4
@@ -520,20 +600,15 @@ typedef void (*ktile_fn)(const uint8_t *w, size_t rb, const pg_q8k_block *x, int
 
 DEF_KTILES(kq4, KQ4)
 DEF_KTILES(kq4_8x8, KQ4_8X8)
+DEF_KTILES(kq4_gemm, KQ4_GEMM)
 DEF_KTILES(kq6, KQ6)
 
-void pg_kdot_rows(int dtype, const void *wdata, size_t row_bytes, int64_t r0, int64_t r1,
-                  const pg_q8k_block *x, int64_t m, int64_t nb, bool rows8, float *out,
-                  int64_t ldo) {
-    PG_CHECK(pg_kdot_supported(dtype));
-    const ktile_fn(*tiles)[KT_MAX_R] = dtype == PG_DTYPE_Q6_K ? kq6_tiles
-                                       : rows8                 ? kq4_8x8_tiles
-                                                               : kq4_tiles;
-    const uint8_t *w = wdata;
-    // Groups of G weight rows, each swept by every activation row in tiles
-    // of up to RM rows while it sits in L1 (4 x 1 and 4 x 2 for one or two
-    // activation rows, else 2 x 4: measured with bench_cpu_matmul --hot);
-    // rows past the last whole group one at a time.
+// Groups of G weight rows, each swept by every activation row in tiles of
+// up to RM rows while it sits in L1 (4 x 1 and 4 x 2 for one or two
+// activation rows, else 2 x 4: measured with bench_cpu_matmul --hot);
+// rows past the last whole group one at a time.
+static void kdot_tiles(const ktile_fn (*tiles)[KT_MAX_R], const uint8_t *w, size_t row_bytes, int64_t r0,
+                       int64_t r1, const pg_q8k_block *x, int64_t m, int64_t nb, float *out, int64_t ldo) {
     const int lg = m <= 2 ? 2 : 1, G = 1 << lg, RM = G == 4 ? 2 : KT_MAX_R;
     int64_t r = r0;
     for (; r + G <= r1; r += G)
@@ -548,6 +623,21 @@ void pg_kdot_rows(int dtype, const void *wdata, size_t row_bytes, int64_t r0, in
             tiles[0][R - 1](w + (size_t)r * row_bytes, row_bytes, x + i * nb, nb,
                             out + i * ldo + r, ldo);
         }
+}
+
+void pg_kdot_rows(int dtype, const void *wdata, size_t row_bytes, int64_t r0, int64_t r1,
+                  const pg_q8k_block *x, int64_t m, int64_t nb, bool rows8, float *out,
+                  int64_t ldo) {
+    PG_CHECK(pg_kdot_supported(dtype));
+    const ktile_fn(*tiles)[KT_MAX_R] = dtype == PG_DTYPE_Q6_K ? kq6_tiles
+                                       : rows8                 ? kq4_8x8_tiles
+                                                               : kq4_tiles;
+    const uint8_t *w = wdata;
+    // Q4_K in the repacked order with m >= 4: the first m - m % 4 activation
+    // rows in the gemm's order (whole tiles of 4), the rest in the gemv's.
+    const int64_t m4 = dtype == PG_DTYPE_Q4_K && rows8 && m >= 4 ? m - m % 4 : 0;
+    if (m4 > 0) kdot_tiles(kq4_gemm_tiles, w, row_bytes, r0, r1, x, m4, nb, out, ldo);
+    if (m > m4) kdot_tiles(tiles, w, row_bytes, r0, r1, x + m4 * nb, m - m4, nb, out + m4 * ldo, ldo);
 }
 
 float pg_kdot_row(int dtype, const uint8_t *w, const pg_q8k_block *y, int64_t nb, bool rows8) {
@@ -565,10 +655,11 @@ void pg_q8k_quantize_row(const float *x, int64_t cols, pg_q8k_block *y) {
 void pg_kdot_rows(int dtype, const void *wdata, size_t row_bytes, int64_t r0, int64_t r1,
                   const pg_q8k_block *x, int64_t m, int64_t nb, bool rows8, float *out,
                   int64_t ldo) {
+    const int64_t m4 = dtype == PG_DTYPE_Q4_K && rows8 && m >= 4 ? m - m % 4 : 0;
     for (int64_t r = r0; r < r1; r++)
         for (int64_t i = 0; i < m; i++)
             out[i * ldo + r] = pg_kdot_row_ref(dtype, (const uint8_t *)wdata + (size_t)r * row_bytes,
-                                               x + i * nb, nb, rows8);
+                                               x + i * nb, nb, i < m4 ? PG_KDOT_8X8_GEMM : rows8);
 }
 
 float pg_kdot_row(int dtype, const uint8_t *w, const pg_q8k_block *y, int64_t nb, bool rows8) {

@@ -129,14 +129,25 @@ void pg_q8k_quantize_row(const float *x, int64_t cols, pg_q8k_block *y);
 float pg_kdot_row(int dtype, const uint8_t *w, const pg_q8k_block *y, int64_t nb, bool rows8);
 // out[i * ldo + r] = pg_kdot_row(dtype, weight row r, x + i * nb, nb, rows8)
 // for r in [r0, r1) and i in [0, m), where weight row r starts at
-// w + r * row_bytes and x holds m rows of nb blocks. Single-threaded (the
-// matmul splits rows over the pool); each result is the same whatever r0,
-// r1 and m.
+// w + r * row_bytes and x holds m rows of nb blocks; except that for Q4_K
+// with rows8 and m >= 4, the activation rows i < m - m % 4 take
+// PG_KDOT_8X8_GEMM's order (llama.cpp's repack runs those rows, 4 at a
+// time, through ggml_gemm_q4_K_8x8_q8_K, the rest through the gemv).
+// Single-threaded (the matmul splits rows over the pool); each result is
+// the same whatever r0 and r1, and depends on m only through that rule.
 void pg_kdot_rows(int dtype, const void *w, size_t row_bytes, int64_t r0, int64_t r1,
                   const pg_q8k_block *x, int64_t m, int64_t nb, bool rows8, float *out,
                   int64_t ldo);
 
 // The scalar reference versions of the two above (the kernels of a build
 // without AVX2; the unit tests hold the AVX2 kernels to them bit for bit).
+// order: for Q4_K, how the block sums are taken in f32 (Q6_K has one):
+//  PG_KDOT_VEC      ggml's vec_dot_q4_K_q8_K (8 lanes, 4 mins lanes);
+//  PG_KDOT_8X8      the repack's gemv, ggml_gemv_q4_K_8x8_q8_K: one fma
+//                   per block for the products, one for the mins;
+//  PG_KDOT_8X8_GEMM the repack's gemm, ggml_gemm_q4_K_8x8_q8_K: one fma per
+//                   64 elements (two sub-blocks) for each.
+// (true and false, as rows8, are PG_KDOT_8X8 and PG_KDOT_VEC.)
+enum { PG_KDOT_VEC = 0, PG_KDOT_8X8 = 1, PG_KDOT_8X8_GEMM = 2 };
 void pg_q8k_quantize_row_ref(const float *x, int64_t cols, pg_q8k_block *y);
-float pg_kdot_row_ref(int dtype, const uint8_t *w, const pg_q8k_block *y, int64_t nb, bool rows8);
+float pg_kdot_row_ref(int dtype, const uint8_t *w, const pg_q8k_block *y, int64_t nb, int order);

@@ -32,21 +32,32 @@ tests/data/gen_gemma3_golden.py; tests/data/README.md).
    the Q8_K path (exact f32 for K-quants) the figures were prefixes
    [15, 20, 8, 14, 3, 3, 20, 20, 12, 20, 20, 3, 20, 20, 10, 4, 15, 0, 20, 20],
    9 whole, top-1 385 of 400; Q4_K in vec_dot_q4_K_q8_K's order instead of
-   the repacked one gave 11 whole, 387. What still differs is not known
-   to be the matrix products: Gemma's GELU is not ggml's table, and the
-   repack's 4-row activation quantizer (m >= 4) is not reproduced.
+   the repacked one gave 11 whole, 387. Then (issue 34, branch gelu) the
+   Gemma ops in ggml's arithmetic: the GELU from ggml's fp16 table, Q4_K
+   activation rows in groups of 4 in the repack gemm's order, Gemma's
+   attention in llama.cpp's NEOX dimension order with q scaled before its
+   fp16 rounding, and a lone decode query summed as ggml_vec_dot_f16
+   (docs/gemma3.md). Before that: prefixes
+   [20, 20, 20, 20, 0, 9, 20, 20, 20, 20, 20, 3, 20, 20, 10, 20, 20, 20, 20, 19],
+   15 whole, top-1 393.
 
    Observed (this machine, llama.cpp built for AVX2): the tokens equal
    llama.cpp's for matching prefixes of
-   [20, 20, 20, 20, 0, 9, 20, 20, 20, 20, 20, 3, 20, 20, 10, 20, 20, 20, 20, 19]
-   tokens (15 of 20 prompts equal throughout, the 700-token prompt among
-   them); with llama.cpp's own prefix fed back, paged's top-1 is llama.cpp's
-   token at 393 of 400 positions. The issue's target (every prompt >= 8
-   tokens, >= 17 of 20 whole) is NOT met (prompts 4 and 11 part at tokens
-   0 and 3); asserted instead, as regression floors just under the figures
-   above: the tokenizer exactly, >= 14 of 20 whole continuations and top-1
-   agreement >= 388 of 400. (The chat-formatted prompt, whole before,
-   now parts at its 20th token.)
+   [20, 20, 20, 14, 20, 20, 20, 20, 20, 20, 20, 3, 20, 20, 20, 20, 20, 20, 20, 19]
+   tokens (17 of 20 prompts equal throughout); with llama.cpp's own prefix
+   fed back, paged's top-1 is llama.cpp's token at 390 of 400 positions
+   (that comparison is one prefill over prompt + continuation, whose
+   summation orders are llama.cpp's batched ones, while llama.cpp's tokens
+   came from one-token decode steps; so it moves less than the greedy
+   figure). The issue's target (every prompt >= 8 tokens, >= 17 of 20
+   whole) is NOT met: prompt 11 (the shopping list) parts at its 4th token.
+   Known cause: llama.cpp runs Q6_K (ffn_down here) and non-repacked
+   K-quant products with 8 or more activation rows through its "tiled"
+   kernels (ggml-cpu/tiled), whose order paged does not reproduce; from 8
+   prompt tokens on, every row's ffn_down differs by an ulp or so.
+   Asserted, as regression floors just under the figures above: the
+   tokenizer exactly, >= 16 of 20 whole continuations and top-1 agreement
+   >= 389 of 400.
 
 Skipped (exit 77) without the model file or the built server.
 """
@@ -63,8 +74,8 @@ GGUF = os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf")
 GOLDEN = os.path.join(ROOT, "tests", "data", "gemma3_llamacpp_golden.json")
 # The issue's target, reported but not asserted (see above).
 TARGET_PREFIX, TARGET_FULL = 8, 17
-# Asserted floors, just under what is measured (15 whole, 393 of 400).
-MIN_FULL, MIN_TOP1 = 14, 388
+# Asserted floors, just under what is measured (17 whole, 390 of 400).
+MIN_FULL, MIN_TOP1 = 16, 389
 
 if not os.path.exists(GGUF):
     su.skip(f"{GGUF} is missing (deploy/quickstart.sh setup fetches it)")

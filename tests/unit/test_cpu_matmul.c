@@ -682,8 +682,10 @@ static void rnd_kquant_blocks(int dtype, uint8_t *p, int64_t n) {
 
 // pg_kdot_rows (AVX2 tiles of 1, 2 or 4 weight rows x 1..4 activation
 // rows) against pg_kdot_row_ref for every pair: odd block counts, row
-// ranges that start at odd rows and leave tails, m from 1 to 9, both Q4_K
-// summation orders, activation rows with extreme and zero blocks.
+// ranges that start at odd rows and leave tails, m from 1 to 9, the three
+// Q4_K summation orders (with rows8 and m >= 4 the first m - m % 4
+// activation rows take the repack gemm's), activation rows with extreme
+// and zero blocks.
 static void test_kquant_dot_bits_equal_scalar_reference(void **state) {
     static const int dtypes[] = {PG_DTYPE_Q4_K, PG_DTYPE_Q6_K};
     static const int nbs[] = {1, 3, 5, 8};
@@ -704,11 +706,18 @@ static void test_kquant_dot_bits_equal_scalar_reference(void **state) {
             for (int i = 0; i < MAXM; i++)
                 pg_q8k_quantize_row_ref(x + i * nb * 256, nb * 256, xk + i * nb);
             for (int rows8 = 0; rows8 < 2; rows8++) {
-                float want[MAXM][ROWS];
+                float want1[MAXM][ROWS], wantg[MAXM][ROWS];
                 for (int i = 0; i < MAXM; i++)
-                    for (int r = 0; r < ROWS; r++)
-                        want[i][r] = pg_kdot_row_ref(dtype, w + r * rb, xk + i * nb, nb, rows8);
+                    for (int r = 0; r < ROWS; r++) {
+                        want1[i][r] = pg_kdot_row_ref(dtype, w + r * rb, xk + i * nb, nb, rows8);
+                        wantg[i][r] = pg_kdot_row_ref(dtype, w + r * rb, xk + i * nb, nb,
+                                                      rows8 ? PG_KDOT_8X8_GEMM : PG_KDOT_VEC);
+                    }
                 for (int m = 1; m <= MAXM; m++) {
+                    const int m4 = dtype == PG_DTYPE_Q4_K && rows8 && m >= 4 ? m - m % 4 : 0;
+                    float want[MAXM][ROWS];
+                    for (int i = 0; i < MAXM; i++)
+                        for (int r = 0; r < ROWS; r++) want[i][r] = i < m4 ? wantg[i][r] : want1[i][r];
                     static const int ranges[][2] = {{0, ROWS}, {3, 16}, {1, 2}, {5, 10}};
                     for (int k = 0; k < 4; k++) {
                         float got[MAXM][ROWS + 1];
@@ -733,7 +742,7 @@ static void test_kquant_dot_bits_equal_scalar_reference(void **state) {
                 }
                 for (int r = 0; r < ROWS; r++)
                     assert_true(
-                        same_float(pg_kdot_row(dtype, w + r * rb, xk + nb, nb, rows8), want[1][r]));
+                        same_float(pg_kdot_row(dtype, w + r * rb, xk + nb, nb, rows8), want1[1][r]));
             }
             free(xk);
             free(x);
@@ -760,12 +769,15 @@ static void test_kquant_matmul_bits_equal_scalar_reference(void **state) {
             int64_t ldo;
             float *got = run_matmul(q, &t, x, m, &ldo);
             pg_q8k_block xk[3];
+            // Q4_K with 8k rows: the repack's gemm order for the first m - m % 4 rows.
+            const bool rows8 = t.w.rows % 8 == 0;
+            const int64_t m4 = t.w.dtype == PG_DTYPE_Q4_K && rows8 && m >= 4 ? m - m % 4 : 0;
             for (int64_t i = 0; i < m; i++) {
                 pg_q8k_quantize_row_ref(x + i * cols, cols, xk);
                 for (int64_t r = 0; r < t.w.rows; r++) {
                     float want = pg_kdot_row_ref(t.w.dtype,
                                                  (const uint8_t *)t.w.data + r * t.w.row_bytes, xk,
-                                                 nb, t.w.rows % 8 == 0);
+                                                 nb, i < m4 ? PG_KDOT_8X8_GEMM : rows8);
                     if (!same_float(got[i * ldo + r], want))
                         fail_msg("%s %lld rows m=%lld: (%lld,%lld) %.9g vs %.9g",
                                  pg_dtype_name(t.w.dtype), (long long)t.w.rows, (long long)m,

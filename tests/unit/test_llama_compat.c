@@ -140,7 +140,7 @@ static void test_rope_kv_write_compat(void **state) {
     int32_t pos[M] = {0, 1, 37, 1000}, slots[M] = {16, 17, 40, 5};
     pg_backend *b = backend(PG_MATMUL_QUANT_ACT);
     pg_cpu_rope_kv_write(pg_cpu(b), q, NH * HD, k, NKV * HD, v, NKV * HD, pos, slots, M, NH, inv_freq, kc, vc,
-                     (pg_kv_shape){4, BS, NKV, HD, PG_KV_BF16, NULL});
+                     (pg_kv_shape){4, BS, NKV, HD, PG_KV_BF16, NULL, false});
     const float theta_scale = powf(base, -2.0f / HD);
     assert_true(theta_scale == inv_freq[1]);
     for (int t = 0; t < M; t++) {
@@ -235,7 +235,7 @@ static void test_attention_compat_matches_plain_reference(void **state) {
     float q[6 * NH * HD], out[6 * NH * HD], ref[HD], exact_out[6 * NH * HD];
     for (int i = 0; i < n_q * NH * HD; i++) q[i] = 2 * frand();
     pg_attn_seq seq = {0, n_q, start, table, 0, 0.0f};
-    const pg_kv_shape kv = {NBLK, BS, NKV, HD, PG_KV_BF16, NULL};
+    const pg_kv_shape kv = {NBLK, BS, NKV, HD, PG_KV_BF16, NULL, false};
     const float scale = 0.125f;
     pg_backend *b = backend(PG_MATMUL_DEFAULT), *x = backend(PG_MATMUL_EXACT);
     pg_cpu_attention(pg_cpu(b), out, q, NH * HD, &seq, 1, NH, scale, kc, vc, kv);
@@ -260,12 +260,148 @@ static void test_attention_compat_matches_plain_reference(void **state) {
     x->dev->destroy(x);
 }
 
+// --- GeGLU (Gemma) -------------------------------------------------------------------
+
+// ggml_gelu_f32 written out, with the fma gcc makes of 1 + a*x*x.
+static float ref_gelu_f32(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.79788456080286535587989211986876f * x * fmaf(0.044715f * x, x, 1.0f)));
+}
+
+// ggml_vec_geglu_f32 with GGML_GELU_FP16: 0 at or below -10, x at or above
+// 10, else the f16 rounding of gelu(f16 rounding of x).
+static float ref_gelu_table(float x) {
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
+    return pg_lc_f16(ref_gelu_f32(pg_lc_f16(x)));
+}
+
+static bool same_bits(float a, float b) {
+    return memcmp(&a, &b, sizeof a) == 0;
+}
+
+static void test_gelu_table_and_geglu_follow_ggml(void **state) {
+    (void)state;
+    // Every finite f16 value: the table entry.
+    for (uint32_t h = 0; h < 65536; h++) {
+        const float x = pg_f16_to_f32((uint16_t)h);
+        if (!isfinite(x)) continue;
+        if (!same_bits(pg_lc_gelu(x), ref_gelu_table(x)))
+            fail_msg("gelu(%a) = %a, ggml's table %a", (double)x, (double)pg_lc_gelu(x), (double)ref_gelu_table(x));
+        assert_true(same_bits(pg_lc_gelu_f32(x), ref_gelu_f32(x)));
+    }
+    // f32 values between the codes and around the clamps.
+    static const float edges[] = {-10.0f, 10.0f, -9.999f, 9.999f, -10.001f, 10.001f, 0.0f, -0.0f, 1e-8f, -1e-8f, 65519.0f, 1e30f, -1e30f};
+    for (size_t i = 0; i < sizeof edges / sizeof edges[0]; i++)
+        assert_true(same_bits(pg_lc_gelu(edges[i]), ref_gelu_table(edges[i])));
+    assert_true(pg_lc_gelu(-10.0f) == 0.0f && pg_lc_gelu(10.0f) == 10.0f && pg_lc_gelu(1e30f) == 1e30f);
+    // The table is not the plain formula: somewhere they part.
+    int differ = 0;
+    for (int i = 0; i < 20000; i++) {
+        const float x = 12.0f * frand();
+        assert_true(same_bits(pg_lc_gelu(x), ref_gelu_table(x)));
+        differ += !same_bits(pg_lc_gelu(x), ref_gelu_f32(x));
+    }
+    assert_true(differ > 1000);
+    // The row: out = gelu(g) * u, one multiply; out may alias g.
+    enum { N = 37 };
+    float g[N], u[N], out[N];
+    for (int i = 0; i < N; i++) g[i] = 14.0f * frand(), u[i] = 3.0f * frand();
+    pg_lc_geglu_row(out, g, u, N);
+    for (int i = 0; i < N; i++) assert_true(same_bits(out[i], ref_gelu_table(g[i]) * u[i]));
+    pg_lc_geglu_row(g, g, u, N);
+    assert_memory_equal(g, out, sizeof out);
+}
+
+// --- ggml_vec_dot_f16 ------------------------------------------------------------------
+
+static void test_dot_f16_follows_ggml_order(void **state) {
+    (void)state;
+    static const int ns[] = {1, 7, 32, 64, 80, 256, 300};
+    float x[300], y[300];
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+        const int n = ns[k];
+        for (int i = 0; i < n; i++) x[i] = pg_lc_f16(4 * frand()), y[i] = pg_lc_f16(frand());
+        // Written out: 4 vectors of 8 accumulators over each 32, reduced
+        // (0 + 2) + (1 + 3), then ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)),
+        // the tail in double.
+        float acc[4][8] = {{0}};
+        const int np = n / 32 * 32;
+        for (int i = 0; i < np; i++) acc[(i % 32) / 8][i % 8] = fmaf(x[i], y[i], acc[(i % 32) / 8][i % 8]);
+        float l[8];
+        for (int j = 0; j < 8; j++) l[j] = (acc[0][j] + acc[2][j]) + (acc[1][j] + acc[3][j]);
+        double want = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
+        for (int i = np; i < n; i++) want += (double)(x[i] * y[i]);
+        assert_true(same_bits(pg_lc_dot_f16(x, y, n), (float)want));
+    }
+}
+
+// A lone query (one sequence, one token: llama.cpp's n = 1 path) against
+// the formulas: scores as ggml_vec_dot_f16 over the dimensions, softmax,
+// fp16 probabilities, each output dimension as ggml_vec_dot_f16 over the
+// positions. Llama's layout (interleaved pairs, scores scaled) and Gemma's
+// (lc_gemma: the rows' order, q scaled before its fp16 rounding).
+static void test_attention_single_query_follows_vec_dot_f16(void **state) {
+    (void)state;
+    enum { HD = 64, NH = 4, NKV = 2, BS = 16, CTX = 77, NBLK = 6 };
+    float *k = malloc(sizeof(float) * CTX * NKV * HD), *v = malloc(sizeof(float) * CTX * NKV * HD);
+    for (int i = 0; i < CTX * NKV * HD; i++) k[i] = pg_lc_f16(frand()), v[i] = pg_lc_f16(frand());
+    int32_t table[NBLK];
+    for (int i = 0; i < NBLK; i++) table[i] = NBLK - 1 - i;
+    float *kc = calloc((size_t)NBLK * BS * NKV * HD, sizeof(float)), *vc = calloc((size_t)NBLK * BS * NKV * HD, sizeof(float));
+    float q[NH * HD], out[NH * HD];
+    for (int i = 0; i < NH * HD; i++) q[i] = 2 * frand();
+    pg_backend *b = backend(PG_MATMUL_DEFAULT);
+    for (int gemma = 0; gemma < 2; gemma++) {
+        for (int t = 0; t < CTX; t++) { // K as the compat cache write stores it
+            const size_t slot = (size_t)table[t / BS] * BS + t % BS;
+            for (int h = 0; h < NKV; h++)
+                for (int d = 0; d < HD; d++)
+                    kc[(slot * NKV + h) * HD + d] =
+                        k[((size_t)t * NKV + h) * HD + (gemma ? d : d % 2 ? HD / 2 + d / 2 : d / 2)];
+            memcpy(vc + slot * NKV * HD, v + (size_t)t * NKV * HD, sizeof(float) * NKV * HD);
+        }
+        const float scale = 0.125f;
+        pg_attn_seq seq = {0, 1, CTX - 1, table, 0, 0.0f};
+        pg_kv_shape kv = {NBLK, BS, NKV, HD, PG_KV_F32, NULL, gemma};
+        pg_cpu_attention(pg_cpu(b), out, q, NH * HD, &seq, 1, NH, scale, kc, vc, kv);
+        for (int h = 0; h < NH; h++) {
+            const int kvh = h / (NH / NKV);
+            float q16[HD], kr[HD], p[CTX], col[CTX], pr[CTX];
+            for (int d = 0; d < HD; d++)
+                q16[d] = gemma ? pg_lc_f16(q[h * HD + d] * scale) : pg_lc_f16(q[h * HD + (d % 2 ? HD / 2 + d / 2 : d / 2)]);
+            for (int t = 0; t < CTX; t++) {
+                for (int d = 0; d < HD; d++)
+                    kr[d] = k[((size_t)t * NKV + kvh) * HD + (gemma ? d : d % 2 ? HD / 2 + d / 2 : d / 2)];
+                p[t] = pg_lc_dot_f16(kr, q16, HD) * (gemma ? 1.0f : scale);
+            }
+            pg_lc_softmax_row(p, p, CTX);
+            for (int t = 0; t < CTX; t++) p[t] = pg_lc_f16(p[t]);
+            // Positions past CTX are llama.cpp's padding: probability 0.
+            float pad[96] = {0}, vpad[96] = {0};
+            memcpy(pr, p, sizeof p);
+            for (int e = 0; e < HD; e++) {
+                for (int t = 0; t < CTX; t++) col[t] = v[((size_t)t * NKV + kvh) * HD + e];
+                memcpy(pad, pr, sizeof(float) * CTX);
+                memcpy(vpad, col, sizeof(float) * CTX);
+                const float want = pg_lc_dot_f16(vpad, pad, 96);
+                if (!same_bits(out[h * HD + e], want))
+                    fail_msg("gemma=%d head %d dim %d: %a vs %a", gemma, h, e, (double)out[h * HD + e], (double)want);
+            }
+        }
+    }
+    free(k), free(v), free(kc), free(vc);
+    b->dev->destroy(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_expf_lanes_agree_and_are_accurate),
         cmocka_unit_test(test_rmsnorm_swiglu_softmax_follow_ggml_formulas),
         cmocka_unit_test(test_rope_kv_write_compat),
         cmocka_unit_test(test_attention_compat_matches_plain_reference),
+        cmocka_unit_test(test_gelu_table_and_geglu_follow_ggml),
+        cmocka_unit_test(test_dot_f16_follows_ggml_order),
+        cmocka_unit_test(test_attention_single_query_follows_vec_dot_f16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
