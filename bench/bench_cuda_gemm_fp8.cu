@@ -108,7 +108,7 @@ int main(int argc, char **argv) {
                 int crc = 0;
                 double tc = time_ms(WARM, REPS, INNER, [&](int) {
                     int v = pg_cuda_gemm_fp8_cutlass(out.p, n, xq.p, xs.as<float>(), wq.p, wsc.as<float>(), m, n, k,
-                                                     ws.p, ws.n, nullptr);
+                                                     0, ws.p, ws.n, nullptr);
                     if (v < 0) crc = v;
                 });
                 r.t[6] = crc < 0 ? 0 : tc;

@@ -22,8 +22,14 @@
 // without the weights-before-wait promise (pg_cuda_gemv_preload_set), and
 // "gemv only" chains without RoPE and attention.
 //
-// Usage: build/gpu/bench_cuda_gemv [--quick] [--chain]   (--chain: only the
-// W1 chain) exit 77 = no CUDA device.
+// --fp8: only the FP8 GEMV table (fp8_bench): Llama-3.1-8B's layer shapes
+// with FP8 e4m3 weights (one byte each, a scale per row), gemv.cu's FP8
+// GEMV (plain and fused, as the decode path calls them) against qgemv.cu's
+// (the path it replaces) and the bf16 GEMV on bf16 weights of the shape;
+// GB/s counts the bytes each reads (fp8 weights + scales + x + out).
+//
+// Usage: build/gpu/bench_cuda_gemv [--quick] [--chain | --fp8]   (--chain:
+// only the W1 chain) exit 77 = no CUDA device.
 #include <algorithm>
 #include <numeric>
 #include <string>
@@ -31,6 +37,9 @@
 #include "tests/gpu/gpu_util.h"
 #include "bench/bench_cuda_util.cuh"
 #include "kernels/cuda/cuda_common.cuh" // pg_cuda_pdl_set / pg_cuda_pdl_enabled
+extern "C" {
+#include "kernels/dtype.h" // PG_DTYPE_FP8_E4M3
+}
 
 static const double CEILING_GBPS = 4230.0;
 
@@ -214,16 +223,82 @@ struct Row {
     double gemv_ms, lt_ms, bytes;
 };
 
+// The FP8 GEMV table (see the top of the file). Weights rotate over copies
+// within 1 GB as above, so every byte comes from HBM.
+static void fp8_bench(bool quick) {
+    const int WARM = 10, REPS = quick ? 11 : 60, INNER = 20;
+    struct Shape {
+        const char *name;
+        int n, k, fused;
+    } shapes[] = {{"qkv", 6144, 4096, 1}, {"o", 4096, 4096, 0}, {"gate_up", 28672, 4096, 2}, {"down", 4096, 14336, 0}};
+    const size_t pool_bytes = (size_t)1 << 30;
+    DBuf pool(pool_bytes), bpool(pool_bytes), sc((size_t)28672 * 4), x((size_t)8 * 14336 * 2),
+        out((size_t)8 * 28672 * 2), nw(4096 * 2);
+    fill_random(bpool.p, pool_bytes / 2, 1);
+    // Small e4m3 codes (|v| < 2, no NaN) and scales of 1/64.
+    CK(cudaMemset(pool.p, 0x2a, pool_bytes));
+    std::vector<float> hs(28672, 1.0f / 64);
+    CK(cudaMemcpy(sc.p, hs.data(), hs.size() * 4, cudaMemcpyHostToDevice));
+    fill_random(x.p, (size_t)8 * 14336, 2, 3.0f);
+    fill_random(nw.p, 4096, 3, 1.0f);
+    CK(cudaDeviceSynchronize());
+    const float *scales = sc.as<float>();
+    printf("\n| matrix | m | fp8 GEMV ms | GB/s | %% of %.0f | qgemv ms | new/old speed | bf16 GEMV ms (bf16 weights) | bf16/fp8 time |\n"
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+           CEILING_GBPS);
+    for (const Shape &s : shapes) {
+        const size_t wbytes = (size_t)s.n * s.k;
+        const int copies = (int)(pool_bytes / wbytes), bcopies = (int)(pool_bytes / (2 * wbytes));
+        auto wp = [&](int i) { return (const void *)(pool.as<uint8_t>() + (size_t)(i % copies) * wbytes); };
+        auto bp = [&](int i) { return (const void *)(bpool.as<uint16_t>() + (size_t)(i % bcopies) * wbytes); };
+        const int ncol = s.fused == 2 ? s.n / 2 : s.n;
+        for (int m : {1, 2, 4, 8}) {
+            const double bytes = (double)wbytes + 4.0 * s.n + 2.0 * m * s.k + 2.0 * m * ncol;
+            double tn = time_ms(WARM, REPS, INNER, [&](int i) {
+                if (s.fused == 1)
+                    PK(pg_cuda_gemv_rmsnorm_fp8(out.p, s.n, x.p, s.k, nw.p, 1e-5f, wp(i), scales, m, s.n, s.k, nullptr));
+                else if (s.fused == 2)
+                    PK(pg_cuda_gemv_rmsnorm_silu_fp8(out.p, ncol, x.p, s.k, nw.p, 1e-5f, wp(i), scales, m, ncol, s.k,
+                                                     nullptr));
+                else
+                    PK(pg_cuda_gemv_fp8(out.p, s.n, x.p, s.k, wp(i), scales, m, s.n, s.k, 0, nullptr));
+            });
+            // qgemv.cu has no fused variants: the product alone.
+            double to = time_ms(WARM, REPS, INNER, [&](int i) {
+                PK(pg_cuda_qgemv(out.p, s.n, x.p, s.k, wp(i), scales, PG_DTYPE_FP8_E4M3, m, s.n, s.k, 0, nullptr));
+            });
+            double tb = time_ms(WARM, REPS, INNER, [&](int i) {
+                if (s.fused == 1)
+                    PK(pg_cuda_gemv_rmsnorm_bf16(out.p, s.n, x.p, s.k, nw.p, 1e-5f, bp(i), m, s.n, s.k, nullptr));
+                else if (s.fused == 2)
+                    PK(pg_cuda_gemv_rmsnorm_silu_bf16(out.p, ncol, x.p, s.k, nw.p, 1e-5f, bp(i), m, ncol, s.k, nullptr));
+                else
+                    PK(pg_cuda_gemv_bf16(out.p, s.n, x.p, s.k, bp(i), m, s.n, s.k, 0, nullptr));
+            });
+            printf("| %s %dx%d%s | %d | %.4f | %.0f | %.1f | %.4f | %.2fx | %.4f | %.2fx |\n", s.name, s.n, s.k,
+                   s.fused == 1 ? " +norm" : s.fused == 2 ? " +norm+silu" : "", m, tn, bytes / tn / 1e6,
+                   100.0 * bytes / tn / 1e6 / CEILING_GBPS, to, to / tn, tb, tb / tn);
+        }
+    }
+}
+
 int main(int argc, char **argv) {
-    bool quick = false, chain_only = false;
+    bool quick = false, chain_only = false, fp8_only = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         if (!strcmp(argv[i], "--chain")) chain_only = true;
+        if (!strcmp(argv[i], "--fp8")) fp8_only = true;
     }
     if (!gpu_announce()) return 77;
     printf("PDL (programmatic dependent launch) by default: %s\n", pg_cuda_pdl_enabled() ? "on" : "off");
     if (chain_only) {
         chain_bench(quick);
+        return 0;
+    }
+    if (fp8_only) {
+        // As the backend runs them: the weights-before-wait promise on.
+        pg_cuda_gemv_preload_set(1);
+        fp8_bench(quick);
         return 0;
     }
     const int WARM = 10, REPS = quick ? 11 : 60, INNER = 20;

@@ -36,7 +36,7 @@ if [ -x "$NVCC" ]; then
         inc=${CUTLASS_INC:-$(ls -d .venv/lib/python3*/site-packages/cutlass_library/source/include 2>/dev/null | head -1)}
         if [ -n "$inc" ] && [ -d "$inc" ]; then
             exec "$NVCC" -std=c++17 -O3 -lineinfo -I. -I"$inc" -I"$inc/../tools/util/include" -DPG_HAVE_CUTLASS \
-                --expt-relaxed-constexpr -MD -MF "$out.d" -gencode arch=compute_90a,code=sm_90a \
+                --expt-relaxed-constexpr -DNDEBUG -MD -MF "$out.d" -gencode arch=compute_90a,code=sm_90a \
                 -Xcompiler -fPIC -c "$in" -o "$out"
         fi
         ;;

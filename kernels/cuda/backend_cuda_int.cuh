@@ -55,10 +55,13 @@ struct CudaCtx {
     // and the bf16 product. PAGED_CUDA_FP8_GEMM=0 turns it off (the bf16
     // path, for comparison); off for good if cuBLASLt has no algorithm.
     // PAGED_CUDA_FP8_FAST=1: cuBLASLt's fast accumulation.
-    // PAGED_CUDA_FP8_CUTLASS=1: products that do not accumulate (QKV,
-    // gate/up) take the one-pass CUTLASS kernel (gemm_fp8_cutlass.cu); off
-    // by default until it wins end to end.
-    bool fp8_gemm, fp8_fast, fp8_cutlass;
+    // PAGED_CUDA_FP8_CUTLASS=1: the products take the one-pass CUTLASS
+    // kernel (gemm_fp8_cutlass.cu: both scales and, for O and down, the
+    // residual in its epilogue); off by default until it wins end to end.
+    // PAGED_CUDA_FP8_GEMV=1: FP8 weights in steps of at most qgemv_rows rows
+    // take gemv.cu's FP8 GEMV (the bf16 GEMV's ring, PDL and fused
+    // RMSNorm / SiLU) instead of qgemv.cu's; off by default until measured.
+    bool fp8_gemm, fp8_fast, fp8_cutlass, fp8_gemv;
     Fp8Ready fp8_ready;
     float *upload_f32;        // device staging for weight conversion: allocated at the first
     float *upload_host;       //   weight that needs it, with its host twin (pinned)

@@ -136,11 +136,12 @@ static bool fp8_w8a8(const CudaCtx *c, const pg_bweight *w, int64_t rows) {
 static int fp8_product(CudaCtx *c, void *out, int64_t ldo, const Fp8Act &a, const CudaWeight *w, int64_t rows,
                        int accumulate) {
     const int64_t n = w->base.rows, k = w->base.cols;
-    if (c->fp8_cutlass && !accumulate) {
-        // The one-pass CUTLASS kernel (PAGED_CUDA_FP8_CUTLASS=1); a shape it
-        // declines takes cuBLASLt below.
-        int rc = pg_cuda_gemm_fp8_cutlass(out, ldo, a.xq, a.xs, w->data, w->scales, rows, n, k, c->gemm_ws,
-                                          PG_CUDA_GEMM_WORKSPACE, c->stream);
+    if (c->fp8_cutlass) {
+        // The one-pass CUTLASS kernel (PAGED_CUDA_FP8_CUTLASS=1), which adds
+        // the residual in its epilogue; a shape it declines takes cuBLASLt
+        // below.
+        int rc = pg_cuda_gemm_fp8_cutlass(out, ldo, a.xq, a.xs, w->data, w->scales, rows, n, k, accumulate,
+                                          c->gemm_ws, PG_CUDA_GEMM_WORKSPACE, c->stream);
         if (rc != PG_EUNSUPP) return rc;
     }
     int rc = pg_cuda_gemm_fp8(c->gemm, out, ldo, a.xq, k, a.xs, w->data, w->scales, rows, n, k, accumulate,
@@ -182,8 +183,14 @@ static int fp8_gemm_normed(CudaCtx *c, void *out, int64_t ldo, const void *x, co
     return fp8_product(c, out, ldo, a, w, rows, 0);
 }
 
-// The same for a quantized weight (FP8 / int4): pg_cuda_qgemv for small
-// batches (a shape it declines falls through); else FP8 through the W8A8
+// Whether an FP8 weight takes gemv.cu's FP8 GEMV at this many rows.
+static bool fp8_gemv(const CudaCtx *c, const pg_bweight *w, int64_t rows) {
+    return w->dtype == PG_DTYPE_FP8_E4M3 && c->fp8_gemv && rows <= c->qgemv_rows;
+}
+
+// The same for a quantized weight (FP8 / int4): for small batches gemv.cu's
+// FP8 GEMV (PAGED_CUDA_FP8_GEMV) or pg_cuda_qgemv (a shape they decline
+// falls through); else FP8 through the W8A8
 // product (fp8_gemm), and int4, or what that declines, dequantized into the
 // bf16 scratch and cuBLASLt.
 static int qgemm(CudaCtx *c, void *out, int64_t ldo, const void *x, int64_t ldx, const pg_bweight *bw, int64_t rows,
@@ -191,7 +198,11 @@ static int qgemm(CudaCtx *c, void *out, int64_t ldo, const void *x, int64_t ldx,
     const CudaWeight *w = (const CudaWeight *)bw;
     const int64_t n = bw->rows, k = bw->cols;
     if (rows <= c->qgemv_rows) {
-        int rc = pg_cuda_qgemv(out, ldo, x, ldx, w->data, w->scales, bw->dtype, rows, n, k, accumulate, c->stream);
+        int rc = PG_EUNSUPP;
+        if (fp8_gemv(c, bw, rows))
+            rc = pg_cuda_gemv_fp8(out, ldo, x, ldx, w->data, w->scales, rows, n, k, accumulate, c->stream);
+        if (rc == PG_EUNSUPP)
+            rc = pg_cuda_qgemv(out, ldo, x, ldx, w->data, w->scales, bw->dtype, rows, n, k, accumulate, c->stream);
         if (rc != PG_EUNSUPP) return rc;
     }
     if (rows == 0) return 0;
@@ -214,10 +225,15 @@ static int cu_linear(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight
     const int64_t rows = x.rows, n = w->rows, k = w->cols;
     PG_ARG(!(norm && accumulate), "cuda linear: a norm and accumulate in one call");
     if (is_quant(w->dtype)) {
-        // FP8 W8A8: the norm quantizes (fp8_gemm_normed); else add_rmsnorm
-        // into scratch, then the product.
+        // FP8 decode: the GEMV with the norm in its prologue; FP8 W8A8: the
+        // norm quantizes (fp8_gemm_normed); else add_rmsnorm into scratch,
+        // then the product.
         int rc = PG_EUNSUPP;
-        if (norm && fp8_w8a8(c, w, rows)) {
+        if (norm && fp8_gemv(c, w, rows)) {
+            const CudaWeight *cw = (const CudaWeight *)w;
+            rc = pg_cuda_gemv_rmsnorm_fp8(out.data, out.stride, x.data, x.stride, wdata(norm), eps, cw->data,
+                                          cw->scales, rows, n, k, c->stream);
+        } else if (norm && fp8_w8a8(c, w, rows)) {
             PG_TRY(qscratch_ensure(c, n * k));
             rc = fp8_gemm_normed(c, out.data, out.stride, x.data, norm, eps, (const CudaWeight *)w, rows,
                                  scratch.data);
@@ -258,6 +274,12 @@ static int cu_gate_up_silu(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bwe
     CudaCtx *c = ctx_of(b);
     const int64_t rows = x.rows, H = x.cols, ffn = w->rows / 2;
     if (is_quant(w->dtype)) {
+        if (fp8_gemv(c, w, rows)) {
+            const CudaWeight *cw = (const CudaWeight *)w;
+            int rc = pg_cuda_gemv_rmsnorm_silu_fp8(h.data, h.stride, x.data, x.stride, wdata(norm), eps, cw->data,
+                                                   cw->scales, rows, ffn, H, c->stream);
+            if (rc != PG_EUNSUPP) return rc;
+        }
         if (fp8_w8a8(c, w, rows)) {
             // The norm quantizes for gate/up, and the SiLU * mul for down
             // (h's rows stay in the scratch: fp8_ready).

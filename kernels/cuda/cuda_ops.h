@@ -291,13 +291,14 @@ int pg_cuda_gemm_fp8(pg_cuda_gemm *g, void *out, int64_t ldo, const void *xq, in
 
 // The same product in one pass (gemm_fp8_cutlass.cu): a CUTLASS sm90
 // kernel with both scales in its epilogue, out[i][j] = bf16(xscales[i] *
-// (wscales[j] * sum_t e4m3(xq[i][t]) * e4m3(w[j][t]))), one rounding; xq
-// contiguous [m][k]; no accumulation. PG_EUNSUPP when built without
-// CUTLASS's headers, k not a multiple of 16, n or ldo not of 8, a pointer
-// misaligned (16 bytes; wscales too), or the workspace is too small.
+// (wscales[j] * sum_t e4m3(xq[i][t]) * e4m3(w[j][t])) (+ out[i][j] when
+// `accumulate`, in f32)), one rounding; xq contiguous [m][k]. PG_EUNSUPP
+// when built without CUTLASS's headers, k not a multiple of 16, n or ldo not
+// of 8, a pointer misaligned (16 bytes; wscales too), or the workspace is
+// too small.
 int pg_cuda_gemm_fp8_cutlass(void *out, int64_t ldo, const void *xq, const float *xscales, const void *w,
-                             const float *wscales, int64_t m, int64_t n, int64_t k, void *workspace,
-                             size_t workspace_bytes, void *stream);
+                             const float *wscales, int64_t m, int64_t n, int64_t k, int accumulate,
+                             void *workspace, size_t workspace_bytes, void *stream);
 
 // The W8A8 epilogue (act_quant.cu): out[i][j] = bf16(raw[i][j] * xscales[i]
 // * wscales[j]) (f32 products in that order; + out[i][j] when
@@ -365,7 +366,23 @@ int pg_cuda_gemv_rmsnorm_silu_bf16(void *out, int64_t ldo, const void *x, int64_
                                    const void *norm_w, float eps, const void *w, int64_t m,
                                    int64_t ffn, int64_t k, void *stream);
 
-// Which GEMV kernel the three launchers above use, for benchmarks and tests
+// The three launchers above for FP8 weights (PG_DTYPE_FP8_E4M3 as stored:
+// w e4m3 [n][k], 16-byte aligned, wscale f32 [n], NORM_SILU [2 ffn]):
+// weight-only, x bf16, each e4m3 value exact in f32, the row's f32 sum
+// times wscale[j], then (+ out, accumulating) rounded to bf16; the fused
+// ones equal add_rmsnorm, pg_cuda_gemv_fp8 [and pg_cuda_silu_mul] bit for
+// bit. Their limits, and k a multiple of 16 (else PG_EUNSUPP: the caller
+// falls back to pg_cuda_qgemv). The decode path for FP8 weights
+// (docs/fp8_gemm.md, "Small batches").
+int pg_cuda_gemv_fp8(void *out, int64_t ldo, const void *x, int64_t ldx, const void *w, const float *wscale,
+                     int64_t m, int64_t n, int64_t k, int accumulate, void *stream);
+int pg_cuda_gemv_rmsnorm_fp8(void *out, int64_t ldo, const void *x, int64_t ldx, const void *norm_w, float eps,
+                             const void *w, const float *wscale, int64_t m, int64_t n, int64_t k, void *stream);
+int pg_cuda_gemv_rmsnorm_silu_fp8(void *out, int64_t ldo, const void *x, int64_t ldx, const void *norm_w,
+                                  float eps, const void *w, const float *wscale, int64_t m, int64_t ffn, int64_t k,
+                                  void *stream);
+
+// Which GEMV kernel the launchers above use, for benchmarks and tests
 // (process-wide, from the next launch; a captured graph keeps its kernel):
 // 0 the register kernel, 1-4 the ring kernels (weights staged through shared
 // memory with cp.async; docs/cuda_kernels.md, "GEMV"), -1 back to

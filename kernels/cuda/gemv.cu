@@ -31,6 +31,20 @@
 // pg_cuda_add_rmsnorm's fp32 sum of squares in its exact order and rounding
 // of the normalized row to bf16; pg_cuda_silu_mul's rounding of gate and up
 // to bf16 before silu(g) * u. CPU references: tests/gpu/test_cuda_kernels.cu.
+//
+// FP8 weights (PG_DTYPE_FP8_E4M3: e4m3 [n][k] and an f32 scale per row) run
+// through the same kernels (template WT = W_FP8; pg_cuda_gemv_fp8 and its
+// fused variants): a 16-byte chunk then holds 16 weights, decoded exactly
+// (e4m3 -> f16 -> f32) in two halves of 8, each against 8 bf16 of x; the
+// row's scale multiplies the finished sum (weight-only: x stays bf16, as
+// qgemv.cu's FP8 GEMV, which this replaces for decode). Each weight byte is
+// read once, so a step reads half the bytes of the bf16 weights. x is
+// staged with its 16-byte chunks permuted (even chunks first, then odd:
+// xpos()), so a warp's x reads for one half stay on consecutive addresses
+// (no bank conflicts). A chunk meets twice the x bytes of a bf16 chunk, so
+// more output rows share one x read as m grows (Cfg::R).
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -44,6 +58,7 @@ constexpr int THREADS = 512; // one CTA per SM: 16 warps, up to 128 registers ea
 constexpr int WARPS = THREADS / 32;
 
 enum Mode { PLAIN = 0, NORM = 1, NORM_SILU = 2 };
+enum WType { W_BF16 = 0, W_FP8 = 1 };
 
 // Per (m, mode): R output columns per warp task, RR weight rows streamed per
 // task, U 16-byte loads per row and lane in flight, A partial sums per
@@ -52,8 +67,12 @@ enum Mode { PLAIN = 0, NORM = 1, NORM_SILU = 2 };
 // per lane in flight within 128 registers. A depends on m only and a lane
 // visits its chunks in the same order whatever U is, so a row's sum is the
 // same bits in every mode (the fused launchers equal the unfused chain).
-template <int M, int MODE> struct Cfg {
-    static constexpr int R = MODE == NORM_SILU ? 1 : (M >= 3 ? 2 : 1);
+// FP8 (WT = W_FP8): a chunk meets 32 bytes of each x row, so R grows
+// sooner (2 from m = 2, 4 from m = 5; gate/up 2 rows each from m = 3) to
+// keep the shared-memory reads of x per weight byte near bf16's.
+template <int M, int MODE, int WT = W_BF16> struct Cfg {
+    static constexpr int R = WT == W_FP8 ? (MODE == NORM_SILU ? (M >= 3 ? 2 : 1) : (M >= 5 ? 4 : M >= 2 ? 2 : 1))
+                                         : (MODE == NORM_SILU ? 1 : (M >= 3 ? 2 : 1));
     static constexpr int RR = MODE == NORM_SILU ? 2 * R : R;
     static constexpr int U = (M >= 5 ? 8 : 16) / RR;
     static constexpr int A = M == 1 ? 4 : M == 2 ? 2 : 1;
@@ -71,7 +90,19 @@ struct Args {
     float eps;
     uint32_t zero;         // always 0 (see gemv_step)
     int preload;           // ring kernel: weights may be read before pg_pdl_wait()
+    const float *wscale;   // W_FP8: f32 [n] (NORM_SILU: [2n]) row scales; else null
 };
+
+// Weight chunks (16 bytes) per row of k: 8 bf16 or 16 e4m3 each.
+template <int WT> __host__ __device__ __forceinline__ int chunks_of(int k) { return WT == W_FP8 ? k >> 4 : k >> 3; }
+
+// Where x's 16-byte chunk c (8 bf16) sits in shared memory: in place for
+// bf16 weights; for FP8 weights (kc = k / 16 weight chunks, k8 = 2 kc x
+// chunks) the even chunks first, then the odd ones, so weight chunk c's two
+// halves are x chunks c and kc + c there.
+template <int WT> __device__ __forceinline__ int xpos(int c, int kc) {
+    return WT == W_FP8 ? (c & 1) * kc + (c >> 1) : c;
+}
 
 __device__ __forceinline__ uint64_t evict_first_policy() {
     uint64_t p;
@@ -101,6 +132,26 @@ __device__ __forceinline__ void unpack8(const uint4 &u, float f[8]) {
 }
 
 
+// 4 e4m3 in 4 bytes -> 4 floats, exact (e4m3 -> f16 is exact: its
+// subnormals are f16 normals; f16 -> f32 is exact; NaN stays NaN).
+__device__ __forceinline__ void fp8x4(uint32_t v, float f[4]) {
+    const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
+    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v >> 16), __NV_E4M3);
+    const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+}
+
+// Half h of a 16-byte weight chunk as 8 floats: the chunk's 8 bf16 (h = 0,
+// the only half), or its e4m3 values 8h..8h+7.
+template <int WT> __device__ __forceinline__ void unpack_w(const uint4 &u, int h, float f[8]) {
+    if constexpr (WT == W_FP8) {
+        fp8x4(h ? u.z : u.x, f);
+        fp8x4(h ? u.w : u.y, f + 4);
+    } else {
+        unpack8(u, f);
+    }
+}
+
 __device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
 
 // As pg_cuda_silu_mul.
@@ -113,9 +164,11 @@ __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 // v*v in chunk order, a xor butterfly per warp, then the warp sums added in
 // warp order. The warps here play those T virtual threads, so the fused
 // path normalizes to the same bf16 values as the unfused one.
-template <int M, int NT = THREADS>
+// FP8 weights: x's chunks sit where xpos() puts them (kc = k8 / 2).
+template <int M, int NT = THREADS, int WT = W_BF16>
 __device__ void normalize_rows(uint4 *xs, int k8, const Args &a, float *wsum /* [M][32] */,
                                float *rs /* [M] */) {
+    const int kc = k8 >> 1;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int vpt = k8 <= 1024 ? 1 : k8 <= 2048 ? 2 : 4;
     const int T = ((k8 + vpt - 1) / vpt + 31) / 32 * 32, nvw = T / 32; // nvw <= 32: k8 <= 4096
@@ -126,7 +179,7 @@ __device__ void normalize_rows(uint4 *xs, int k8, const Args &a, float *wsum /* 
             const int vi = t + u * T;
             if (vi < k8) {
                 float v[8];
-                unpack8(xs[(size_t)i * k8 + vi], v);
+                unpack8(xs[(size_t)i * k8 + xpos<WT>(vi, kc)], v);
 #pragma unroll
                 for (int e = 0; e < 8; e++) ss += v[e] * v[e];
             }
@@ -145,30 +198,33 @@ __device__ void normalize_rows(uint4 *xs, int k8, const Args &a, float *wsum /* 
     const uint4 *nw = reinterpret_cast<const uint4 *>(a.norm_w);
     for (int e = threadIdx.x; e < M * k8; e += NT) {
         const int i = e / k8, c = e - i * k8;
+        const size_t p = (size_t)i * k8 + xpos<WT>(c, kc);
         float v[8], g[8], o[8];
-        unpack8(xs[e], v);
+        unpack8(xs[p], v);
         unpack8(nw[c], g);
         const float r = rs[i];
 #pragma unroll
         for (int q = 0; q < 8; q++) o[q] = v[q] * r * g[q]; // (v * rs) * w, as the unfused kernel
-        xs[e] = pack8(o);
+        xs[p] = pack8(o);
     }
 }
 
-// One step of a task: chunks [base, base + 32U) of its RR rows, all loads
-// issued before the first FMA. TAIL: the step runs past the row's end (the
-// loads beyond k8 are skipped, so are their products).
-template <int M, int RR, int U, int A, bool TAIL>
+// One step of a task: weight chunks [base, base + 32U) of its RR rows (kc
+// chunks a row), all loads issued before the first FMA. TAIL: the step runs
+// past the row's end (the loads beyond kc are skipped, so are their
+// products). x rows are k8 chunks apart in xs.
+template <int M, int RR, int U, int A, bool TAIL, int WT>
 __device__ __forceinline__ void gemv_step(float (&acc)[RR][M][A], const uint4 *const (&wr)[RR],
-                                          const uint4 *xs, int k8, int base, int lane, uint64_t pol,
+                                          const uint4 *xs, int kc, int k8, int base, int lane, uint64_t pol,
                                           uint32_t zero) {
+    constexpr int NH = WT == W_FP8 ? 2 : 1; // halves of 8 weights in a chunk
     uint4 wv[RR][U];
     const int at = base + lane; // chunk u of this lane: at + 32u (immediate offsets)
 #pragma unroll
     for (int u = 0; u < U; u++)
 #pragma unroll
         for (int rr = 0; rr < RR; rr++) {
-            if (!TAIL || at + u * 32 < k8) wv[rr][u] = ld_weight(wr[rr] + at + u * 32, pol);
+            if (!TAIL || at + u * 32 < kc) wv[rr][u] = ld_weight(wr[rr] + at + u * 32, pol);
             else wv[rr][u] = make_uint4(0, 0, 0, 0);
         }
     // ptxas would otherwise sink the later loads below the first FMAs (to
@@ -184,18 +240,21 @@ __device__ __forceinline__ void gemv_step(float (&acc)[RR][M][A], const uint4 *c
     const uint4 *xl = xs + at + (dep & zero);
 #pragma unroll
     for (int u = 0; u < U; u++) {
-        if (TAIL && at + u * 32 >= k8) break; // and so are all later chunks of this lane
-        float wf[RR][8];
+        if (TAIL && at + u * 32 >= kc) break; // and so are all later chunks of this lane
 #pragma unroll
-        for (int rr = 0; rr < RR; rr++) unpack8(wv[rr][u], wf[rr]);
+        for (int h = 0; h < NH; h++) {
+            float wf[RR][8];
 #pragma unroll
-        for (int i = 0; i < M; i++) {
-            float xf[8];
-            unpack8(xl[(size_t)i * k8 + u * 32], xf);
+            for (int rr = 0; rr < RR; rr++) unpack_w<WT>(wv[rr][u], h, wf[rr]);
 #pragma unroll
-            for (int rr = 0; rr < RR; rr++)
+            for (int i = 0; i < M; i++) {
+                float xf[8];
+                unpack8(xl[(size_t)i * k8 + h * kc + u * 32], xf);
 #pragma unroll
-                for (int e = 0; e < 8; e++) acc[rr][i][e % A] = fmaf(wf[rr][e], xf[e], acc[rr][i][e % A]);
+                for (int rr = 0; rr < RR; rr++)
+#pragma unroll
+                    for (int e = 0; e < 8; e++) acc[rr][i][e % A] = fmaf(wf[rr][e], xf[e], acc[rr][i][e % A]);
+            }
         }
     }
 }
@@ -213,8 +272,10 @@ template <int RR, int M, int A> __device__ __forceinline__ void zero_acc(float (
 // The end of a warp task (both kernels, so they give the same bits): each
 // output's A partial sums are added in order, then an xor butterfly gives
 // every lane every sum; lane r * M + i writes output (i, t * R + r) (with
-// NORM_SILU: bf16(silu(g) * u) of the gate and up rows r and R + r).
-template <int M, int MODE, int R, int RR, int A>
+// NORM_SILU: bf16(silu(g) * u) of the gate and up rows r and R + r). FP8
+// weights: each sum times its row's scale first (gate row j, up row n + j),
+// as the unfused chain's GEMV rounds it.
+template <int M, int MODE, int R, int RR, int A, int WT>
 __device__ __forceinline__ void finish_task(const float (&acc)[RR][M][A], const Args &a, int t, int lane) {
     float res[RR][M];
 #pragma unroll
@@ -237,23 +298,26 @@ __device__ __forceinline__ void finish_task(const float (&acc)[RR][M][A], const 
             bf16 *o = a.out + (size_t)i * (size_t)a.ldo + (size_t)j;
             float v;
             if (MODE == NORM_SILU) {
-                const float g = round_bf16(res[r][i]), u = round_bf16(res[R + r][i]);
+                float sg = res[r][i], su = res[R + r][i];
+                if (WT == W_FP8) sg *= a.wscale[j], su *= a.wscale[(size_t)a.n + j];
+                const float g = round_bf16(sg), u = round_bf16(su);
                 v = silu(g) * u;
             } else {
                 v = res[r][i];
+                if (WT == W_FP8) v *= a.wscale[j];
                 if (a.accumulate) v += __bfloat162float(*o);
             }
             *o = __float2bfloat16(v);
         }
 }
 
-template <int M, int MODE>
+template <int M, int MODE, int WT>
 __global__ void __launch_bounds__(THREADS, 1) gemv_kernel(Args a) {
-    using C = Cfg<M, MODE>;
+    using C = Cfg<M, MODE, WT>;
     constexpr int R = C::R, RR = C::RR, U = C::U, A = C::A;
     static_assert(R * M <= 32, "one lane per output of a task");
     extern __shared__ uint4 smem[]; // x [M][k8], then (fused norm) wsum [M][32], rs [M]
-    const int k8 = a.k >> 3;
+    const int k8 = a.k >> 3, kc = chunks_of<WT>(a.k);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_tasks = (a.n + R - 1) / R;
     // Task t goes to CTA t % grid, then to its warps in turn.
@@ -267,7 +331,7 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_kernel(Args a) {
         int c = t * R + rr % R;
         if (c >= a.n) c = a.n - 1;
         const size_t row = (MODE == NORM_SILU && rr >= R) ? (size_t)a.n + (size_t)c : (size_t)c;
-        return w4 + row * (size_t)k8;
+        return w4 + row * (size_t)kc;
     };
 
     // Start HBM on the first step's weights while x is staged and (PDL)
@@ -280,7 +344,7 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_kernel(Args a) {
             const uint4 *wr = row_ptr(first, rr);
 #pragma unroll
             for (int u = 0; u < U; u++)
-                if (u * 32 + lane < k8) prefetch_l2(wr + u * 32 + lane);
+                if (u * 32 + lane < kc) prefetch_l2(wr + u * 32 + lane);
         }
     }
 
@@ -291,12 +355,12 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_kernel(Args a) {
     uint4 *xs = smem;
     for (int e = threadIdx.x; e < M * k8; e += THREADS) {
         const int i = e / k8, c = e - i * k8;
-        xs[e] = reinterpret_cast<const uint4 *>(a.x + (size_t)i * (size_t)a.ldx)[c];
+        xs[(size_t)i * k8 + xpos<WT>(c, kc)] = reinterpret_cast<const uint4 *>(a.x + (size_t)i * (size_t)a.ldx)[c];
     }
     if (MODE != PLAIN) {
         __syncthreads();
         float *wsum = reinterpret_cast<float *>(xs + (size_t)M * k8);
-        normalize_rows<M>(xs, k8, a, wsum, wsum + M * 32);
+        normalize_rows<M, THREADS, WT>(xs, k8, a, wsum, wsum + M * 32);
     }
     __syncthreads();
     // The next kernel may be scheduled now (its CTAs take SMs as ours leave,
@@ -310,10 +374,11 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_kernel(Args a) {
         float acc[RR][M][A];
         zero_acc(acc);
         int base = 0;
-        for (; base + U * 32 <= k8; base += U * 32) gemv_step<M, RR, U, A, false>(acc, wr, xs, k8, base, lane, pol, a.zero);
-        if (base < k8) gemv_step<M, RR, U, A, true>(acc, wr, xs, k8, base, lane, pol, a.zero);
+        for (; base + U * 32 <= kc; base += U * 32)
+            gemv_step<M, RR, U, A, false, WT>(acc, wr, xs, kc, k8, base, lane, pol, a.zero);
+        if (base < kc) gemv_step<M, RR, U, A, true, WT>(acc, wr, xs, kc, k8, base, lane, pol, a.zero);
 
-        finish_task<M, MODE, R, RR, A>(acc, a, t, lane);
+        finish_task<M, MODE, R, RR, A, WT>(acc, a, t, lane);
     }
 }
 
@@ -343,20 +408,21 @@ __global__ void __launch_bounds__(THREADS, 1) gemv_kernel(Args a) {
 // SM so that the next kernel's CTA could be resident during our tail; it
 // measured 25% slower (64 KB in flight per SM is too few bytes for HBM's
 // latency under load; docs/cuda_kernels.md) and is kept for comparison.
-template <int M, int MODE, int NT, int PC, int S, int MINB>
+template <int M, int MODE, int NT, int PC, int S, int MINB, int WT>
 __global__ void __launch_bounds__(NT, MINB) gemv_ring_kernel(Args a) {
-    using C = Cfg<M, MODE>;
+    using C = Cfg<M, MODE, WT>;
     constexpr int R = C::R, RR = C::RR, A = C::A;
+    constexpr int NH = WT == W_FP8 ? 2 : 1;
     constexpr int PU = PC / RR > 0 ? PC / RR : 1; // chunks per row and lane in one piece
     constexpr int NW = NT / 32;
     static_assert(R * M <= 32, "one lane per output of a task");
     extern __shared__ uint4 smem[]; // x [M][k8], (fused norm) wsum/rs, then ring [NW][S][RR][PU][32]
-    const int k8 = a.k >> 3;
+    const int k8 = a.k >> 3, kc = chunks_of<WT>(a.k);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_tasks = (a.n + R - 1) / R;
     const int first = blockIdx.x + gridDim.x * warp, stride = gridDim.x * NW;
     const int my_tasks = first < n_tasks ? (n_tasks - first + stride - 1) / stride : 0;
-    const int npt = (k8 + 32 * PU - 1) / (32 * PU); // pieces per task
+    const int npt = (kc + 32 * PU - 1) / (32 * PU); // pieces per task
     const int n_pieces = my_tasks * npt;
     const uint4 *w4 = reinterpret_cast<const uint4 *>(a.w);
     const uint64_t pol = evict_first_policy();
@@ -369,7 +435,7 @@ __global__ void __launch_bounds__(NT, MINB) gemv_ring_kernel(Args a) {
         int c = t * R + rr % R;
         if (c >= a.n) c = a.n - 1;
         const size_t row = (MODE == NORM_SILU && rr >= R) ? (size_t)a.n + (size_t)c : (size_t)c;
-        return w4 + row * (size_t)k8;
+        return w4 + row * (size_t)kc;
     };
     // Issue iterator: the next piece to copy (task it, chunk base ib, stage is).
     int ip = 0, it = first, ib = 0, is = 0;
@@ -381,7 +447,7 @@ __global__ void __launch_bounds__(NT, MINB) gemv_ring_kernel(Args a) {
 #pragma unroll
                 for (int u = 0; u < PU; u++) {
                     const int c = ib + u * 32 + lane;
-                    if (c < k8) {
+                    if (c < kc) {
                         if (l2_only) prefetch_l2(wr + c);
                         else {
                             const uint32_t d = ring_s + (uint32_t)((((is * RR + rr) * PU + u) * 32 + lane) * 16);
@@ -393,7 +459,7 @@ __global__ void __launch_bounds__(NT, MINB) gemv_ring_kernel(Args a) {
                 }
             }
             ip++;
-            if ((ib += 32 * PU) >= k8) ib = 0, it += stride;
+            if ((ib += 32 * PU) >= kc) ib = 0, it += stride;
             if (++is == S) is = 0;
         }
         if (!l2_only) asm volatile("cp.async.commit_group;" ::: "memory");
@@ -417,7 +483,7 @@ __global__ void __launch_bounds__(NT, MINB) gemv_ring_kernel(Args a) {
 
     for (int e = threadIdx.x; e < M * k8; e += NT) {
         const int i = e / k8, c = e - i * k8;
-        xs[e] = reinterpret_cast<const uint4 *>(a.x + (size_t)i * (size_t)a.ldx)[c];
+        xs[(size_t)i * k8 + xpos<WT>(c, kc)] = reinterpret_cast<const uint4 *>(a.x + (size_t)i * (size_t)a.ldx)[c];
     }
     if (!a.preload) {
 #pragma unroll
@@ -426,7 +492,7 @@ __global__ void __launch_bounds__(NT, MINB) gemv_ring_kernel(Args a) {
     if (MODE != PLAIN) {
         __syncthreads();
         float *wsum = reinterpret_cast<float *>(xs + (size_t)M * k8);
-        normalize_rows<M, NT>(xs, k8, a, wsum, wsum + M * 32);
+        normalize_rows<M, NT, WT>(xs, k8, a, wsum, wsum + M * 32);
     }
     __syncthreads();
     pg_pdl_trigger();
@@ -441,24 +507,27 @@ __global__ void __launch_bounds__(NT, MINB) gemv_ring_kernel(Args a) {
 #pragma unroll
         for (int u = 0; u < PU; u++) {
             const int c = cb + u * 32 + lane;
-            if (c >= k8) break; // and so are all later chunks of this lane
-            float wf[RR][8];
+            if (c >= kc) break; // and so are all later chunks of this lane
 #pragma unroll
-            for (int rr = 0; rr < RR; rr++) unpack8(st[(rr * PU + u) * 32], wf[rr]);
+            for (int h = 0; h < NH; h++) {
+                float wf[RR][8];
 #pragma unroll
-            for (int i = 0; i < M; i++) {
-                float xf[8];
-                unpack8(xs[(size_t)i * k8 + c], xf);
+                for (int rr = 0; rr < RR; rr++) unpack_w<WT>(st[(rr * PU + u) * 32], h, wf[rr]);
 #pragma unroll
-                for (int rr = 0; rr < RR; rr++)
+                for (int i = 0; i < M; i++) {
+                    float xf[8];
+                    unpack8(xs[(size_t)i * k8 + h * kc + c], xf);
 #pragma unroll
-                    for (int e = 0; e < 8; e++) acc[rr][i][e % A] = fmaf(wf[rr][e], xf[e], acc[rr][i][e % A]);
+                    for (int rr = 0; rr < RR; rr++)
+#pragma unroll
+                        for (int e = 0; e < 8; e++) acc[rr][i][e % A] = fmaf(wf[rr][e], xf[e], acc[rr][i][e % A]);
+                }
             }
         }
         if (++cs == S) cs = 0;
-        if ((cb += 32 * PU) < k8) continue;
+        if ((cb += 32 * PU) < kc) continue;
         // Task ct is complete: reduce and write it, then restart the sums.
-        finish_task<M, MODE, R, RR, A>(acc, a, ct, lane);
+        finish_task<M, MODE, R, RR, A, WT>(acc, a, ct, lane);
         zero_acc(acc);
         cb = 0, ct += stride;
     }
@@ -477,8 +546,8 @@ int smem_optin(int dev) {
     return v;
 }
 
-template <int M, int MODE> int launch(const Args &a, cudaStream_t st) {
-    using C = Cfg<M, MODE>;
+template <int M, int MODE, int WT> int launch(const Args &a, cudaStream_t st) {
+    using C = Cfg<M, MODE, WT>;
     const size_t smem = (size_t)M * (size_t)a.k * sizeof(bf16) + (MODE != PLAIN ? (size_t)M * 33 * sizeof(float) : 0);
     int dev = 0;
     PG_CUDA_TRY(cudaGetDevice(&dev));
@@ -490,13 +559,13 @@ template <int M, int MODE> int launch(const Args &a, cudaStream_t st) {
     // eager call of a shape does it).
     static std::atomic<int> smem_set[64];
     if (smem > 48 * 1024 && !smem_set[dev & 63].load(std::memory_order_acquire)) {
-        PG_CUDA_TRY(cudaFuncSetAttribute(gemv_kernel<M, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+        PG_CUDA_TRY(cudaFuncSetAttribute(gemv_kernel<M, MODE, WT>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
         smem_set[dev & 63].store(1, std::memory_order_release);
     }
     const int n_tasks = (a.n + C::R - 1) / C::R;
     int grid = pg_cuda_sm_count();
     if (grid > n_tasks) grid = n_tasks;
-    PG_CUDA_TRY(pg_launch_pdl(gemv_kernel<M, MODE>, dim3(grid), dim3(THREADS), smem, st, a));
+    PG_CUDA_TRY(pg_launch_pdl(gemv_kernel<M, MODE, WT>, dim3(grid), dim3(THREADS), smem, st, a));
     PG_CUDA_LAUNCHED("gemv_kernel");
     return 0;
 }
@@ -529,8 +598,8 @@ int gemv_kind() {
 }
 
 // 1 launched, 0 does not fit (the caller falls back to gemv_kernel), < 0 error.
-template <int M, int MODE, int NT, int PC, int S, int MINB> int launch_ring(const Args &a0, cudaStream_t st) {
-    using C = Cfg<M, MODE>;
+template <int M, int MODE, int WT, int NT, int PC, int S, int MINB> int launch_ring(const Args &a0, cudaStream_t st) {
+    using C = Cfg<M, MODE, WT>;
     constexpr int PU = PC / C::RR > 0 ? PC / C::RR : 1;
     const size_t scratch = MODE != PLAIN ? (size_t)(M * 33 * 4 + 15) / 16 * 16 : 0;
     const size_t smem = (size_t)M * (size_t)a0.k * sizeof(bf16) + scratch + (size_t)(NT / 32) * S * C::RR * PU * 32 * 16;
@@ -540,11 +609,11 @@ template <int M, int MODE, int NT, int PC, int S, int MINB> int launch_ring(cons
     if (smem > (size_t)optin) return 0;
     static std::atomic<int> attr_set[64];
     if (!attr_set[dev & 63].load(std::memory_order_acquire)) {
-        PG_CUDA_TRY(cudaFuncSetAttribute(gemv_ring_kernel<M, MODE, NT, PC, S, MINB>,
+        PG_CUDA_TRY(cudaFuncSetAttribute(gemv_ring_kernel<M, MODE, NT, PC, S, MINB, WT>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
         // All of the SM's unified memory as shared memory, so two CTAs (of
         // this kernel and the next) fit side by side; weights bypass L1.
-        PG_CUDA_TRY(cudaFuncSetAttribute(gemv_ring_kernel<M, MODE, NT, PC, S, MINB>,
+        PG_CUDA_TRY(cudaFuncSetAttribute(gemv_ring_kernel<M, MODE, NT, PC, S, MINB, WT>,
                                          cudaFuncAttributePreferredSharedMemoryCarveout, 100));
         attr_set[dev & 63].store(1, std::memory_order_release);
     }
@@ -553,36 +622,36 @@ template <int M, int MODE, int NT, int PC, int S, int MINB> int launch_ring(cons
     const int n_tasks = (a.n + C::R - 1) / C::R;
     int grid = pg_cuda_sm_count();
     if (grid > n_tasks) grid = n_tasks;
-    PG_CUDA_TRY(pg_launch_pdl(gemv_ring_kernel<M, MODE, NT, PC, S, MINB>, dim3(grid), dim3(NT), smem, st, a));
+    PG_CUDA_TRY(pg_launch_pdl(gemv_ring_kernel<M, MODE, NT, PC, S, MINB, WT>, dim3(grid), dim3(NT), smem, st, a));
     PG_CUDA_LAUNCHED("gemv_ring_kernel");
     return 1;
 }
 
-template <int M, int MODE> int launch_kind(const Args &a, cudaStream_t st) {
+template <int M, int MODE, int WT> int launch_kind(const Args &a, cudaStream_t st) {
     int rc = 0;
     int kind = gemv_kind();
     if (kind == KIND_AUTO) kind = g_preload.load(std::memory_order_relaxed) ? 2 : 0;
     if constexpr (M <= 2) { // the experimental shapes exist for m <= 2 only (compile time)
-        if (kind == 2) rc = launch_ring<M, MODE, 512, 4, 6, 1>(a, st);
-        else if (kind == 3) rc = launch_ring<M, MODE, 512, 8, 3, 1>(a, st);
-        else if (kind == 4) rc = launch_ring<M, MODE, 256, 4, 5, 2>(a, st);
+        if (kind == 2) rc = launch_ring<M, MODE, WT, 512, 4, 6, 1>(a, st);
+        else if (kind == 3) rc = launch_ring<M, MODE, WT, 512, 8, 3, 1>(a, st);
+        else if (kind == 4) rc = launch_ring<M, MODE, WT, 256, 4, 5, 2>(a, st);
     }
     // Kind 1, and the fallback of a kind whose ring does not fit.
-    if (kind != 0 && rc == 0) rc = launch_ring<M, MODE, 512, 4, 4, 1>(a, st);
+    if (kind != 0 && rc == 0) rc = launch_ring<M, MODE, WT, 512, 4, 4, 1>(a, st);
     if (rc) return rc < 0 ? rc : 0;
-    return launch<M, MODE>(a, st);
+    return launch<M, MODE, WT>(a, st);
 }
 
-template <int MODE> int dispatch(int m, const Args &a, cudaStream_t st) {
+template <int MODE, int WT = W_BF16> int dispatch(int m, const Args &a, cudaStream_t st) {
     switch (m) {
-    case 1: return launch_kind<1, MODE>(a, st);
-    case 2: return launch_kind<2, MODE>(a, st);
-    case 3: return launch_kind<3, MODE>(a, st);
-    case 4: return launch_kind<4, MODE>(a, st);
-    case 5: return launch_kind<5, MODE>(a, st);
-    case 6: return launch_kind<6, MODE>(a, st);
-    case 7: return launch_kind<7, MODE>(a, st);
-    case 8: return launch_kind<8, MODE>(a, st);
+    case 1: return launch_kind<1, MODE, WT>(a, st);
+    case 2: return launch_kind<2, MODE, WT>(a, st);
+    case 3: return launch_kind<3, MODE, WT>(a, st);
+    case 4: return launch_kind<4, MODE, WT>(a, st);
+    case 5: return launch_kind<5, MODE, WT>(a, st);
+    case 6: return launch_kind<6, MODE, WT>(a, st);
+    case 7: return launch_kind<7, MODE, WT>(a, st);
+    case 8: return launch_kind<8, MODE, WT>(a, st);
     }
     return pg_err_set(PG_EUNSUPP, "gemv: m %d (at most %d)", m, PG_CUDA_GEMV_MAX_M);
 }
@@ -592,9 +661,11 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 // The checks shared by the three launchers; *rc is 0 when the call should
 // launch, 1 when there is nothing to do (m == 0), else the error.
+// FP8 weights (wscale given) also need whole 16-byte rows: k % 16 == 0.
 int check(const char *who, const void *out, int64_t ldo, const void *x, int64_t ldx, const void *w, int64_t m,
-          int64_t n, int64_t k, const void *norm_w, bool norm) {
+          int64_t n, int64_t k, const void *norm_w, bool norm, bool fp8 = false, const float *wscale = nullptr) {
     PG_ARG(out && x && w && (!norm || norm_w), "%s: null pointer", who);
+    PG_ARG(!fp8 || wscale, "%s: fp8_e4m3 weights need their row scales", who);
     PG_ARG(m >= 0 && n > 0 && k > 0 && ldx >= k && ldo >= n, "%s: m %lld n %lld k %lld ldx %lld ldo %lld", who,
            (long long)m, (long long)n, (long long)k, (long long)ldx, (long long)ldo);
     if (m == 0) return 1;
@@ -603,6 +674,8 @@ int check(const char *who, const void *out, int64_t ldo, const void *x, int64_t 
     if (k % 8 || ldx % 8 || !aligned16(x) || !aligned16(w) || (norm && !aligned16(norm_w)))
         return pg_err_set(PG_EUNSUPP, "%s: k %lld, ldx %lld and x, w%s must be multiples of 16 bytes", who,
                           (long long)k, (long long)ldx, norm ? ", norm_w" : "");
+    if (fp8 && k % 16)
+        return pg_err_set(PG_EUNSUPP, "%s: fp8 rows of k %lld are not whole 16-byte chunks", who, (long long)k);
     if (n > (1 << 29) || k > (1 << 20))
         return pg_err_set(PG_EUNSUPP, "%s: n %lld k %lld too large", who, (long long)n, (long long)k);
     // The unfused norm's vector path (whose summation order the fused norm
@@ -639,6 +712,35 @@ extern "C" int pg_cuda_gemv_rmsnorm_silu_bf16(void *out, int64_t ldo, const void
     if (rc) return rc < 0 ? rc : 0;
     Args a = {(bf16 *)out, (const bf16 *)x, (const bf16 *)w, (const bf16 *)norm_w, ldo, ldx, (int)ffn, (int)k, 0, eps, 0, 0};
     return dispatch<NORM_SILU>((int)m, a, pg_stream(stream));
+}
+
+extern "C" int pg_cuda_gemv_fp8(void *out, int64_t ldo, const void *x, int64_t ldx, const void *w,
+                                const float *wscale, int64_t m, int64_t n, int64_t k, int accumulate, void *stream) {
+    int rc = check("gemv_fp8", out, ldo, x, ldx, w, m, n, k, nullptr, false, true, wscale);
+    if (rc) return rc < 0 ? rc : 0;
+    Args a = {(bf16 *)out, (const bf16 *)x, (const bf16 *)w, nullptr, ldo, ldx, (int)n, (int)k, accumulate ? 1 : 0,
+              0.0f, 0, 0, wscale};
+    return dispatch<PLAIN, W_FP8>((int)m, a, pg_stream(stream));
+}
+
+extern "C" int pg_cuda_gemv_rmsnorm_fp8(void *out, int64_t ldo, const void *x, int64_t ldx, const void *norm_w,
+                                        float eps, const void *w, const float *wscale, int64_t m, int64_t n,
+                                        int64_t k, void *stream) {
+    int rc = check("gemv_rmsnorm_fp8", out, ldo, x, ldx, w, m, n, k, norm_w, true, true, wscale);
+    if (rc) return rc < 0 ? rc : 0;
+    Args a = {(bf16 *)out, (const bf16 *)x, (const bf16 *)w, (const bf16 *)norm_w, ldo, ldx, (int)n, (int)k, 0, eps,
+              0, 0, wscale};
+    return dispatch<NORM, W_FP8>((int)m, a, pg_stream(stream));
+}
+
+extern "C" int pg_cuda_gemv_rmsnorm_silu_fp8(void *out, int64_t ldo, const void *x, int64_t ldx,
+                                             const void *norm_w, float eps, const void *w, const float *wscale,
+                                             int64_t m, int64_t ffn, int64_t k, void *stream) {
+    int rc = check("gemv_rmsnorm_silu_fp8", out, ldo, x, ldx, w, m, ffn, k, norm_w, true, true, wscale);
+    if (rc) return rc < 0 ? rc : 0;
+    Args a = {(bf16 *)out, (const bf16 *)x, (const bf16 *)w, (const bf16 *)norm_w, ldo, ldx, (int)ffn, (int)k, 0,
+              eps, 0, 0, wscale};
+    return dispatch<NORM_SILU, W_FP8>((int)m, a, pg_stream(stream));
 }
 
 extern "C" int pg_cuda_gemv_kernel_set(int kind) {

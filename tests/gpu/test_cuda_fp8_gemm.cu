@@ -20,13 +20,15 @@
 //     at most 48 rows spread over the batch, and every column of them.
 //
 //   - the one-pass CUTLASS kernel (pg_cuda_gemm_fp8_cutlass) on the same
-//     cases without accumulation, at 4e-3 (one bf16 rounding);
+//     cases, with and without accumulation, at 4e-3 (one bf16 rounding);
 //   - the fused quantizations (pg_cuda_rmsnorm_quant_fp8,
 //     pg_cuda_silu_mul_quant_fp8) against their unfused chains on the
 //     device (add_rmsnorm or silu_mul, then quant_rows_fp8): h bit for bit;
 //     the e4m3 bytes and scales equal, or at most 1 in 10^4 bytes one code
 //     apart (a sum of squares that a compiler contracted differently),
 //     reported as counts.
+//   - the FP8 GEMV for 1-8 rows (kernels/cuda/gemv.cu, pg_cuda_gemv_fp8 and
+//     its fused RMSNorm / SiLU variants; see gemv_tests below).
 //
 // Usage: build/gpu/test_cuda_fp8_gemm [-k FILTER]   exit 0 pass, 1 fail, 77 no GPU.
 #include <string.h>
@@ -229,7 +231,7 @@ static void test_gemm(pg_cuda_gemm *g, DBuf &ws, F8Weight &W, int m, int ldo, bo
     PK(pg_cuda_quant_rows_fp8(dxq.p, k, dxs.as<float>(), dx.p, k, m, k, nullptr));
     DBuf tmp(acc ? (size_t)m * n * 2 : 0);
     int rc = cutlass ? pg_cuda_gemm_fp8_cutlass(dout.p, ldo, dxq.p, dxs.as<float>(), W.dq.p, W.ds.as<float>(), m, n,
-                                                k, ws.p, ws.n, nullptr)
+                                                k, acc, ws.p, ws.n, nullptr)
                      : pg_cuda_gemm_fp8(g, dout.p, ldo, dxq.p, k, dxs.as<float>(), W.dq.p, W.ds.as<float>(), m, n, k,
                                         acc, fast, acc ? tmp.p : nullptr, acc ? tmp.n : 0, ws.p, ws.n, nullptr);
     if (rc != 0) {
@@ -326,6 +328,229 @@ static void test_refusals(pg_cuda_gemm *g, DBuf &ws) {
     report_bool(name, bad.empty(), bad.empty() ? "all declined or rejected, nothing written" : bad.c_str());
 }
 
+// --- the FP8 GEMV for 1-8 rows (kernels/cuda/gemv.cu: pg_cuda_gemv_fp8 and its fused variants) ---
+//
+// Weight-only: bf16 x times the e4m3 weight (each value exact in f32), the
+// row's f32 sum times its scale, (+ out,) one bf16 rounding. Against fp64
+// over the same values: 4e-3 of max |y| (half a bf16 ulp). Against qgemv.cu's
+// FP8 GEMV, the decode path it replaces (the same arithmetic summed in
+// another order, so at most one bf16 ulp apart: 8e-3 of max |y|), with the
+// count of identical outputs. The fused variants against their unfused chain
+// on the device (add_rmsnorm, pg_cuda_gemv_fp8 [, silu_mul]): every output
+// bit for bit, as the bf16 GEMV's fused variants (the same sums in the same
+// order), and against fp64 over the bf16-rounded normalized rows (1e-2).
+// Every case runs under the GEMV kinds the backend uses (0, the register
+// kernel; 1 and 2, the rings, with the weights-before-wait promise).
+static char g_kind_tag[48] = "";
+
+static double max_rel(const std::vector<double> &out, const std::vector<double> &ref) {
+    double d = 0, mx = 0;
+    for (size_t i = 0; i < out.size(); i++) {
+        if (!(out[i] == out[i])) return NAN;
+        d = std::max(d, fabs(out[i] - ref[i]));
+        mx = std::max(mx, fabs(ref[i]));
+    }
+    return mx > 0 ? d / mx : d;
+}
+
+// out's m x n of [m][ldo] as doubles; false when a column in [n, ldo) was written.
+static bool take_out(const std::vector<uint16_t> &go, const std::vector<uint16_t> &before, int m, int n, int ldo,
+                     std::vector<double> &out) {
+    bool ok = true;
+    out.resize((size_t)m * n);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < ldo; j++) {
+            const size_t a = (size_t)i * ldo + j;
+            if (j < n) out[(size_t)i * n + j] = bf2f(go[a]);
+            else ok &= go[a] == before[a];
+        }
+    return ok;
+}
+
+static void test_gemv(F8Weight &W, int m, int ldx, int ldo, bool acc, Rng &r) {
+    const int n = W.n, k = W.k;
+    char name[160];
+    snprintf(name, sizeof name, "gemv_fp8 m=%d n=%d k=%d ldx=%d ldo=%d%s%s", m, n, k, ldx, ldo,
+             acc ? " accumulate" : "", g_kind_tag);
+    if (!selected(name)) return;
+    std::vector<uint16_t> x((size_t)m * ldx), o0((size_t)m * ldo);
+    fill_bf16(x, r, 1.0f);
+    if (acc) fill_bf16(o0, r, 1.0f);
+    else o0.assign(o0.size(), 0xFFFF); // NaN: every entry must be written
+    DBuf dx, dout, dold;
+    dx.up(x);
+    dout.up(o0);
+    dold.up(o0);
+    int rc = pg_cuda_gemv_fp8(dout.p, ldo, dx.p, ldx, W.dq.p, W.ds.as<float>(), m, n, k, acc, nullptr);
+    if (rc != 0) {
+        report_bool(name, false, pg_err_msg());
+        return;
+    }
+    PK(pg_cuda_qgemv(dold.p, ldo, dx.p, ldx, W.dq.p, W.ds.as<float>(), PG_DTYPE_FP8_E4M3, m, n, k, acc, nullptr));
+    CK(cudaDeviceSynchronize());
+    std::vector<uint16_t> go(o0.size()), gold(o0.size());
+    dout.down(go);
+    dold.down(gold);
+    std::vector<double> ref((size_t)m * n), out, old;
+    parallel_for((int64_t)m * n, [&](int64_t t) {
+        const int i = (int)(t / n), j = (int)(t % n);
+        const uint16_t *xr = &x[(size_t)i * ldx];
+        const uint8_t *wr = &W.q[(size_t)j * k];
+        double s = 0;
+        for (int e = 0; e < k; e++) s += (double)bf2f(xr[e]) * (double)e4m3_table[wr[e]];
+        ref[(size_t)t] = s * W.scales[(size_t)j] + (acc ? (double)bf2f(o0[(size_t)i * ldo + j]) : 0.0);
+    });
+    const bool outside_ok = take_out(go, o0, m, n, ldo, out);
+    report(name, outside_ok ? max_rel(out, ref) : NAN, 4e-3);
+    take_out(gold, o0, m, n, ldo, old);
+    int same = 0;
+    for (size_t t = 0; t < out.size(); t++) same += out[t] == old[t];
+    const double e = max_rel(out, old);
+    char nm[200], detail[160];
+    snprintf(nm, sizeof nm, "%s vs qgemv", name);
+    snprintf(detail, sizeof detail, "%d of %d outputs identical, max_rel %.3e (bound 8e-03)", same, m * n, e);
+    report_bool(nm, e == e && e <= 8e-3, detail);
+}
+
+// W: [n][k], or with silu the fused [gate|up] weight [2 ffn][k].
+static void test_gemv_norm(F8Weight &W, int m, int ldx, int ldo, bool silu, Rng &r) {
+    const int k = W.k, n = silu ? W.n / 2 : W.n;
+    char name[160];
+    snprintf(name, sizeof name, "%s m=%d %s=%d k=%d ldx=%d ldo=%d%s",
+             silu ? "gemv_rmsnorm_silu_fp8" : "gemv_rmsnorm_fp8", m, silu ? "ffn" : "n", n, k, ldx, ldo,
+             g_kind_tag);
+    if (!selected(name)) return;
+    const float eps = 1e-5f;
+    std::vector<uint16_t> x((size_t)m * ldx), nw((size_t)k), o0((size_t)m * ldo, 0xFFFF);
+    fill_bf16(x, r, 3.0f);
+    for (auto &v : nw) v = f2bf(1.0f + 0.5f * r.sym());
+    DBuf dx, dnw, dout;
+    dx.up(x);
+    dnw.up(nw);
+    dout.up(o0);
+    const float *sc = W.ds.as<float>();
+    int rc = silu ? pg_cuda_gemv_rmsnorm_silu_fp8(dout.p, ldo, dx.p, ldx, dnw.p, eps, W.dq.p, sc, m, n, k, nullptr)
+                  : pg_cuda_gemv_rmsnorm_fp8(dout.p, ldo, dx.p, ldx, dnw.p, eps, W.dq.p, sc, m, n, k, nullptr);
+    if (rc != 0) {
+        report_bool(name, false, pg_err_msg());
+        return;
+    }
+    CK(cudaDeviceSynchronize());
+    std::vector<uint16_t> go(o0.size()), gx(x.size());
+    dout.down(go);
+    dx.down(gx);
+    // fp64 over the normalized rows rounded to bf16 (as the kernels keep them).
+    std::vector<double> xn((size_t)m * k);
+    for (int i = 0; i < m; i++) {
+        double ss = 0;
+        for (int e = 0; e < k; e++) ss += (double)bf2f(x[(size_t)i * ldx + e]) * bf2f(x[(size_t)i * ldx + e]);
+        const double rs = 1.0 / sqrt(ss / k + eps);
+        for (int e = 0; e < k; e++)
+            xn[(size_t)i * k + e] = bf2f(f2bf((float)(bf2f(x[(size_t)i * ldx + e]) * rs * bf2f(nw[(size_t)e]))));
+    }
+    std::vector<double> ref((size_t)m * n), out;
+    parallel_for((int64_t)m * n, [&](int64_t t) {
+        const int i = (int)(t / n), j = (int)(t % n);
+        const double *xr = &xn[(size_t)i * k];
+        auto dot = [&](int row) {
+            const uint8_t *wr = &W.q[(size_t)row * k];
+            double s = 0;
+            for (int e = 0; e < k; e++) s += xr[e] * (double)e4m3_table[wr[e]];
+            return s * W.scales[(size_t)row];
+        };
+        const double g = dot(j);
+        ref[(size_t)t] = silu ? g / (1.0 + exp(-g)) * dot(n + j) : g;
+    });
+    const bool outside_ok = take_out(go, o0, m, n, ldo, out);
+    report(name, outside_ok && gx == x ? rel_err(out, ref) : NAN, 1e-2);
+    if (ldx != k) return; // add_rmsnorm takes contiguous rows
+    // The unfused chain on the device.
+    const int ngu = silu ? 2 * n : n;
+    DBuf dxn((size_t)m * k * 2), dgu((size_t)m * ngu * 2), dh((size_t)m * n * 2);
+    PK(pg_cuda_add_rmsnorm(dxn.p, dx.p, nullptr, dnw.p, m, k, eps, nullptr));
+    PK(pg_cuda_gemv_fp8(dgu.p, ngu, dxn.p, k, W.dq.p, sc, m, ngu, k, 0, nullptr));
+    if (silu) PK(pg_cuda_silu_mul(dh.p, dgu.p, m, n, nullptr));
+    CK(cudaDeviceSynchronize());
+    std::vector<uint16_t> gu((size_t)m * n);
+    if (silu) {
+        dh.down(gu);
+    } else {
+        gu.resize((size_t)m * ngu);
+        dgu.down(gu);
+    }
+    int same = 0;
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) same += gu[(size_t)i * n + j] == go[(size_t)i * ldo + j];
+    char nm[200], detail[96];
+    snprintf(nm, sizeof nm, "%s vs unfused", name);
+    snprintf(detail, sizeof detail, "%d of %d outputs bit-identical", same, m * n);
+    report_bool(nm, same == m * n, detail);
+}
+
+// What the FP8 GEMV declines (PG_EUNSUPP: the backend takes qgemv.cu's) or
+// rejects (PG_EINVAL), writing nothing.
+static void test_gemv_refusals() {
+    const char *name = "gemv_fp8 refusals";
+    if (!selected(name)) return;
+    DBuf o(4096), x(65536), w(65536), s(4096), nw(4096);
+    CK(cudaMemset(o.p, 0x5a, o.n));
+    const float *sc = s.as<float>();
+    struct Case {
+        const char *what;
+        int rc, want;
+    } c[] = {
+        {"k 24", pg_cuda_gemv_fp8(o.p, 16, x.p, 24, w.p, sc, 1, 16, 24, 0, nullptr), PG_EUNSUPP},
+        {"m 9", pg_cuda_gemv_fp8(o.p, 16, x.p, 64, w.p, sc, 9, 16, 64, 0, nullptr), PG_EUNSUPP},
+        {"x misaligned", pg_cuda_gemv_fp8(o.p, 16, (char *)x.p + 2, 64, w.p, sc, 1, 16, 64, 0, nullptr), PG_EUNSUPP},
+        {"no scales", pg_cuda_gemv_fp8(o.p, 16, x.p, 64, w.p, nullptr, 1, 16, 64, 0, nullptr), PG_EINVAL},
+        {"norm k 40", pg_cuda_gemv_rmsnorm_fp8(o.p, 16, x.p, 40, nw.p, 1e-5f, w.p, sc, 1, 16, 40, nullptr),
+         PG_EUNSUPP},
+        {"silu no scales",
+         pg_cuda_gemv_rmsnorm_silu_fp8(o.p, 16, x.p, 64, nw.p, 1e-5f, w.p, nullptr, 1, 8, 64, nullptr), PG_EINVAL},
+        {"m 0", pg_cuda_gemv_fp8(o.p, 16, x.p, 64, w.p, sc, 0, 16, 64, 0, nullptr), 0},
+    };
+    CK(cudaDeviceSynchronize());
+    std::vector<uint8_t> ob(o.n);
+    o.down(ob);
+    bool untouched = true;
+    for (uint8_t v : ob) untouched &= v == 0x5a;
+    std::string bad;
+    for (auto &e : c)
+        if (e.rc != e.want) bad += std::string(bad.empty() ? "" : ", ") + e.what + " rc " + std::to_string(e.rc);
+    if (!untouched) bad += std::string(bad.empty() ? "" : ", ") + "output written";
+    report_bool(name, bad.empty(), bad.empty() ? "all declined or rejected, nothing written" : bad.c_str());
+}
+
+static void gemv_tests(uint64_t seed) {
+    test_gemv_refusals();
+    // Llama-3-8B's decode shapes, a 70B down projection, SmolLM2-sized and tiny.
+    F8Weight QKV(6144, 4096, seed + 1), O(4096, 4096, seed + 2), GU(28672, 4096, seed + 3), D(4096, 14336, seed + 4),
+        D70(8192, 28672, seed + 5), S(1536, 576, seed + 6), T(14, 64, seed + 7);
+    const int kinds[][2] = {{0, 0}, {1, 1}, {2, 1}};
+    for (auto &kp : kinds) {
+        snprintf(g_kind_tag, sizeof g_kind_tag, " [kind %d%s]", kp[0], kp[1] ? " preload" : "");
+        pg_cuda_gemv_kernel_set(kp[0]);
+        pg_cuda_gemv_preload_set(kp[1]);
+        Rng r(20261206); // the same inputs under every kind
+        for (int m = 1; m <= 8; m++) test_gemv(O, m, O.k, O.n, m % 3 == 0, r);
+        for (int m : {1, 2, 5, 8}) test_gemv(D, m, D.k, D.n, true, r);
+        for (int m : {1, 3}) test_gemv(D70, m, D70.k, D70.n, m == 1, r);
+        test_gemv(GU, 1, GU.k, GU.n, false, r);
+        for (int m = 1; m <= 8; m++) test_gemv(S, m, S.k, S.n, false, r);
+        test_gemv(S, 3, S.k + 64, S.n + 24, true, r); // strides past k and n, into a residual
+        for (int m : {1, 8}) test_gemv(T, m, T.k, T.n, false, r);
+        for (int m : {1, 2, 4, 8}) test_gemv_norm(QKV, m, QKV.k, QKV.n, false, r);
+        test_gemv_norm(QKV, 2, QKV.k + 64, QKV.n + 8, false, r);
+        for (int m = 1; m <= 8; m++) test_gemv_norm(GU, m, GU.k, GU.n / 2, true, r);
+        test_gemv_norm(GU, 3, GU.k + 32, GU.n / 2 + 8, true, r);
+        for (int m : {2, 5}) test_gemv_norm(S, m, S.k, S.n / 2, true, r);
+        for (int m : {1, 8}) test_gemv_norm(T, m, T.k, T.n / 2, true, r);
+        test_gemv_norm(T, 3, T.k, T.n, false, r);
+    }
+    pg_cuda_gemv_kernel_set(-1);
+    pg_cuda_gemv_preload_set(0);
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "-k") && i + 1 < argc) g_filter = argv[++i];
@@ -362,6 +587,7 @@ int main(int argc, char **argv) {
             test_gemm(g, ws, W, 17, W.n, true, false, r);   // into the residual stream
             test_gemm(g, ws, W, 511, W.n, false, true, r);  // fast accumulation
             for (int m : {9, 200, 1000, 4096}) test_gemm(g, ws, W, m, W.n, false, false, r, true);
+            for (int m : {17, 1000}) test_gemm(g, ws, W, m, W.n, true, false, r, true); // into the residual
         }
         // Llama-3-70B at one GPU's width.
         const int s70b[][2] = {{10240, 8192}, {8192, 8192}, {57344, 8192}, {8192, 28672}};
@@ -370,6 +596,7 @@ int main(int argc, char **argv) {
             for (int m : {16, 2048}) test_gemm(g, ws, W, m, W.n, false, false, r);
             test_gemm(g, ws, W, 129, W.n, true, false, r);
             test_gemm(g, ws, W, 2048, W.n, false, false, r, true);
+            test_gemm(g, ws, W, 129, W.n, true, false, r, true);
         }
         // Small and odd: SmolLM2-sized, an output stride past n.
         F8Weight S(1536, 576, seed++);
@@ -377,8 +604,10 @@ int main(int argc, char **argv) {
         test_gemm(g, ws, S, 13, S.n + 24, true, false, r);
         for (int m : {1, 13, 64}) test_gemm(g, ws, S, m, S.n, false, false, r, true);
         test_gemm(g, ws, S, 13, S.n + 24, false, false, r, true); // rows of D wider than n
+        test_gemm(g, ws, S, 13, S.n + 24, true, false, r, true);
     }
     pg_cuda_gemm_destroy(g);
+    gemv_tests(100);
     printf("%d passed, %d failed\n", g_ok, g_fail);
     return g_fail ? 1 : 0;
 }
