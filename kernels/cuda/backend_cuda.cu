@@ -274,7 +274,7 @@ extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
         const char *fcenv = getenv("PAGED_CUDA_FP8_CUTLASS");
         c->fp8_cutlass = fcenv && fcenv[0] ? atoi(fcenv) != 0 : false;
         const char *fvenv = getenv("PAGED_CUDA_FP8_GEMV");
-        c->fp8_gemv = fvenv && fvenv[0] ? atoi(fvenv) != 0 : false;
+        c->fp8_gemv = fvenv && fvenv[0] ? atoi(fvenv) != 0 : true;
     }
     if (pg_cuda_device_describe(c->desc, sizeof c->desc) < 0) snprintf(c->desc, sizeof c->desc, "cuda");
     {
