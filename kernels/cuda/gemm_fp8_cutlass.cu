@@ -13,7 +13,11 @@
 // A = xq [M][K] row-major, B = w [N][K] (column-major K x N: the TN form of
 // FP8), f32 accumulation with the mainloop's periodic promotion (not the
 // fast-accumulation schedule). One tile configuration, 128 x 128 x 128 on
-// a 2 x 1 cluster, ping-pong consumers, a persistent grid.
+// a 2 x 1 cluster, cooperative consumers (two warpgroups share a tile: 64
+// accumulator rows each; the ping-pong schedule gave each a whole 128 x 128
+// f32 tile plus the promotion accumulator, which spilled at 168 registers:
+// 940 bytes a thread, 90.7 M local requests a launch in ncu, a quarter of
+// cuBLASLt's rate), a persistent grid.
 //
 // Built only where CUTLASS's headers are (tools/nvcc_or_stub.sh: PyPI's
 // nvidia-cutlass, defines PG_HAVE_CUTLASS; with -DNDEBUG: CUTLASS's device
@@ -48,8 +52,8 @@ constexpr int AlignA = 16, AlignB = 16, AlignD = 8;
 
 using TileShape = Shape<_128, _128, _128>;
 using ClusterShape = Shape<_2, _1, _1>;
-using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
-using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
+using KernelSchedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
 
 namespace fus = cutlass::epilogue::fusion;
 using XScale = fus::Sm90ColBroadcast<0, TileShape, float>; // xs[m]: one per row of D
