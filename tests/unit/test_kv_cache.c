@@ -327,7 +327,7 @@ static double fp8_scaled_err(pg_matmul_mode mode, const float *sc, double *err_o
     double rel[3];
     for (int pass = 0; pass < 4; pass++) { // f32, fp8 scaled, fp8 at 1.0, fp8 with scales of 1.0
         const pg_kv_shape kv = {n_blocks, bs, n_kv, hd, pass == 0 ? PG_KV_F32 : PG_KV_FP8_E4M3,
-                                pass == 1 ? sc : pass == 3 ? ones : NULL};
+                                pass == 1 ? sc : pass == 3 ? ones : NULL, false};
         void *kc = calloc(bytes, 1), *vc = calloc(bytes, 1);
         memcpy(kw, k0, sizeof(float) * row * ctx); // RoPE rotates k in place
         float no_q[1] = {0};
