@@ -196,13 +196,78 @@ static float q4k_dot_8x8_gemm(const uint8_t *w, const pg_q8k_block *y, int64_t n
     return acc - accm;
 }
 
+// Q4_K and Q6_K as llama.cpp's "tiled" kernels (ggml-cpu/tiled, AVX2
+// tiled_run_microtile_avx2; m >= 8 activation rows, matrices the repack
+// does not take) sum them: per block the whole integer dot s1 (Q6_K: the
+// codes less 32) and, for Q4_K, the whole mins term s2, then
+//   res = f32(d_w) * (float)s1  (Q4_K: res = fma(-f32(dmin_w), (float)s2, res)),
+//   acc = fma(res, d_x, acc),
+// one f32 chain per output over the blocks (the narrow and the standard
+// path, any thread split, keep that order).
+static float q4k_dot_tiled(const uint8_t *w, const pg_q8k_block *y, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += Q4_K_BYTES, y++) {
+        int sc[8], mn[8];
+        q4k_scales(w + 4, sc, mn);
+        const uint8_t *qs = w + 16;
+        int32_t s1 = 0, s2 = 0;
+        for (int s = 0; s < 8; s++)
+            s2 += mn[s] * (y->bsums[2 * s] + y->bsums[2 * s + 1]);
+        for (int c = 0; c < 4; c++) {
+            const uint8_t *q = qs + 32 * c;
+            const int8_t *xl = y->qs + 64 * c, *xh = xl + 32;
+            int lo = 0, hi = 0;
+            for (int e = 0; e < 32; e++) {
+                lo += (q[e] & 15) * xl[e];
+                hi += (q[e] >> 4) * xh[e];
+            }
+            s1 += sc[2 * c] * lo + sc[2 * c + 1] * hi;
+        }
+        const float res = fmaf(-pg_f16_to_f32(ld16(w + 2)), (float)s2, pg_f16_to_f32(ld16(w)) * (float)s1);
+        acc = fmaf(res, y->d, acc);
+    }
+    return acc;
+}
+
+static float q6k_dot_tiled(const uint8_t *w, const pg_q8k_block *y, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++, w += Q6_K_BYTES, y++) {
+        const uint8_t *ql = w, *qh = w + 128;
+        const int8_t *sc = (const int8_t *)(w + 192);
+        int32_t s1 = 0;
+        for (int h = 0; h < 2; h++)
+            for (int c = 0; c < 4; c++) {
+                const int8_t *x = y->qs + 128 * h + 32 * c;
+                const uint8_t *lo = ql + 64 * h + 32 * (c & 1), *hb = qh + 32 * h;
+                const int shift = c < 2 ? 0 : 4;
+                for (int half = 0; half < 2; half++) { // 16 elements, one scale
+                    int s = 0;
+                    for (int e = 16 * half; e < 16 * half + 16; e++) {
+                        int q = ((lo[e] >> shift) & 15) | (((hb[e] >> (2 * c)) & 3) << 4);
+                        s += (q - 32) * x[e];
+                    }
+                    s1 += sc[8 * h + 2 * c + half] * s;
+                }
+            }
+        acc = fmaf(pg_f16_to_f32(ld16(w + 208)) * (float)s1, y->d, acc);
+    }
+    return acc;
+}
+
+int pg_kdot_order(int dtype, bool rows8, int64_t m, int64_t i) {
+    if (m >= 8 && (dtype == PG_DTYPE_Q6_K || !rows8)) return PG_KDOT_TILED;
+    if (dtype == PG_DTYPE_Q4_K && rows8) return m >= 4 && i < m - m % 4 ? PG_KDOT_8X8_GEMM : PG_KDOT_8X8;
+    return PG_KDOT_VEC;
+}
+
 float pg_kdot_row_ref(int dtype, const uint8_t *w, const pg_q8k_block *y, int64_t nb, int order) {
     PG_CHECK(pg_kdot_supported(dtype));
     if (dtype == PG_DTYPE_Q4_K)
-        return order == PG_KDOT_8X8_GEMM ? q4k_dot_8x8_gemm(w, y, nb)
-               : order == PG_KDOT_8X8    ? q4k_dot_8x8(w, y, nb)
-                                         : q4k_dot(w, y, nb);
-    return q6k_dot(w, y, nb);
+        return order == PG_KDOT_TILED      ? q4k_dot_tiled(w, y, nb)
+               : order == PG_KDOT_8X8_GEMM ? q4k_dot_8x8_gemm(w, y, nb)
+               : order == PG_KDOT_8X8      ? q4k_dot_8x8(w, y, nb)
+                                           : q4k_dot(w, y, nb);
+    return order == PG_KDOT_TILED ? q6k_dot_tiled(w, y, nb) : q6k_dot(w, y, nb);
 }
 
 #ifdef HAVE_AVX2
@@ -313,7 +378,8 @@ void pg_q8k_quantize_row(const float *x, int64_t cols, pg_q8k_block *y) {
 
 // --- dot products ---------------------------------------------------------------------
 
-enum { KQ4, KQ4_8X8, KQ4_GEMM, KQ6 }; // q4k_dot, q4k_dot_8x8, q4k_dot_8x8_gemm, q6k_dot
+// q4k_dot, q4k_dot_8x8, q4k_dot_8x8_gemm, q4k_dot_tiled, q6k_dot, q6k_dot_tiled
+enum { KQ4, KQ4_8X8, KQ4_GEMM, KQ4_TILED, KQ6, KQ6_TILED };
 #define KT_MAX_W 4
 #define KT_MAX_R 4
 
@@ -362,11 +428,13 @@ static ALWAYS_INLINE __m256i q6k_chunk(const uint8_t *blk, int h, int c) {
 static ALWAYS_INLINE void ktile(const int kind, const int W, const int R, const uint8_t *w,
                                 size_t rb, const pg_q8k_block *x, int64_t nb, float *out,
                                 int64_t ldo) {
-    const size_t bb = kind == KQ6 ? Q6_K_BYTES : Q4_K_BYTES;
+    const bool q6 = kind == KQ6 || kind == KQ6_TILED;
+    const size_t bb = q6 ? Q6_K_BYTES : Q4_K_BYTES;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[KT_MAX_W][KT_MAX_R];  // KQ4, KQ6: the 8 lanes of each pair
     __m128 accm[KT_MAX_W][KT_MAX_R]; // KQ4: the 4 mins lanes of each pair
-    __m256 acc8 = _mm256_setzero_ps(), accm8 = _mm256_setzero_ps(); // KQ4_8X8: pair a * R + r
+    // KQ4_8X8, KQ4_GEMM, the tiled kinds: pair a * R + r in lane a * R + r
+    __m256 acc8 = _mm256_setzero_ps(), accm8 = _mm256_setzero_ps();
 #pragma GCC unroll 4
     for (int a = 0; a < W; a++)
 #pragma GCC unroll 4
@@ -387,7 +455,7 @@ static ALWAYS_INLINE void ktile(const int kind, const int W, const int R, const 
             for (size_t off = 0; off < bb; off += 64) _mm_prefetch(nx + off, _MM_HINT_T0);
             _mm_prefetch(nx + bb - 1, _MM_HINT_T0);
         }
-        if (kind == KQ6) {
+        if (q6) {
             __m128i sc8[KT_MAX_W];
 #pragma GCC unroll 4
             for (int a = 0; a < W; a++) {
@@ -416,6 +484,27 @@ static ALWAYS_INLINE void ktile(const int kind, const int W, const int R, const 
                                 lane[a][r], _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), s));
                         }
                     }
+            if (kind == KQ6_TILED) {
+                // Whole-block integers of the W * R pairs, one per lane:
+                // res = f32(d_w) * s1, then acc = fma(res, d_x, acc).
+                __m256i vi[8];
+                float dwf[8] = {0}, dxf[8] = {0};
+#pragma GCC unroll 8
+                for (int k = 0; k < 8; k++) vi[k] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int a = 0; a < W; a++) {
+                    const float dw = _cvtsh_ss(ld16(wb + a * rb + 208));
+#pragma GCC unroll 4
+                    for (int r = 0; r < R; r++) {
+                        vi[a * R + r] = lane[a][r];
+                        dwf[a * R + r] = dw;
+                        dxf[a * R + r] = xb[r * nb].d;
+                    }
+                }
+                const __m256 res = _mm256_mul_ps(_mm256_loadu_ps(dwf), _mm256_cvtepi32_ps(hsum_8x8_epi32(vi)));
+                acc8 = _mm256_fmadd_ps(res, _mm256_loadu_ps(dxf), acc8);
+                continue;
+            }
 #pragma GCC unroll 4
             for (int a = 0; a < W; a++) {
                 const float dw = _cvtsh_ss(ld16(wb + a * rb + 208));
@@ -525,7 +614,7 @@ static ALWAYS_INLINE void ktile(const int kind, const int W, const int R, const 
             }
             continue;
         }
-        // KQ4_8X8: whole-block integers of the W * R pairs, one per lane.
+        // KQ4_8X8, KQ4_TILED: whole-block integers of the W * R pairs, one per lane.
         __m256i vi[8], vm[8];
         float dwf[8] = {0}, dmf[8] = {0}, dxf[8] = {0};
 #pragma GCC unroll 8
@@ -544,14 +633,22 @@ static ALWAYS_INLINE void ktile(const int kind, const int W, const int R, const 
             }
         }
         const __m256 dx = _mm256_loadu_ps(dxf);
+        if (kind == KQ4_TILED) {
+            // res = fma(-f32(dmin_w), s2, f32(d_w) * s1); acc = fma(res, d_x, acc).
+            const __m256 res = _mm256_fnmadd_ps(_mm256_loadu_ps(dmf), _mm256_cvtepi32_ps(hsum_8x8_epi32(vm)),
+                                                _mm256_mul_ps(_mm256_loadu_ps(dwf),
+                                                              _mm256_cvtepi32_ps(hsum_8x8_epi32(vi))));
+            acc8 = _mm256_fmadd_ps(res, dx, acc8);
+            continue;
+        }
         acc8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum_8x8_epi32(vi)),
                                _mm256_mul_ps(_mm256_loadu_ps(dwf), dx), acc8);
         accm8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum_8x8_epi32(vm)),
                                 _mm256_mul_ps(_mm256_loadu_ps(dmf), dx), accm8);
     }
-    if (kind == KQ4_8X8 || kind == KQ4_GEMM) {
+    if (kind == KQ4_8X8 || kind == KQ4_GEMM || kind == KQ4_TILED || kind == KQ6_TILED) {
         float res[8];
-        _mm256_storeu_ps(res, _mm256_sub_ps(acc8, accm8));
+        _mm256_storeu_ps(res, kind == KQ4_TILED || kind == KQ6_TILED ? acc8 : _mm256_sub_ps(acc8, accm8));
 #pragma GCC unroll 4
         for (int a = 0; a < W; a++)
 #pragma GCC unroll 4
@@ -601,7 +698,9 @@ typedef void (*ktile_fn)(const uint8_t *w, size_t rb, const pg_q8k_block *x, int
 DEF_KTILES(kq4, KQ4)
 DEF_KTILES(kq4_8x8, KQ4_8X8)
 DEF_KTILES(kq4_gemm, KQ4_GEMM)
+DEF_KTILES(kq4_tiled, KQ4_TILED)
 DEF_KTILES(kq6, KQ6)
+DEF_KTILES(kq6_tiled, KQ6_TILED)
 
 // Groups of G weight rows, each swept by every activation row in tiles of
 // up to RM rows while it sits in L1 (4 x 1 and 4 x 2 for one or two
@@ -633,6 +732,11 @@ void pg_kdot_rows(int dtype, const void *wdata, size_t row_bytes, int64_t r0, in
                                        : rows8                 ? kq4_8x8_tiles
                                                                : kq4_tiles;
     const uint8_t *w = wdata;
+    if (pg_kdot_order(dtype, rows8, m, 0) == PG_KDOT_TILED) { // every row alike
+        kdot_tiles(dtype == PG_DTYPE_Q6_K ? kq6_tiled_tiles : kq4_tiled_tiles, w, row_bytes, r0, r1, x, m,
+                   nb, out, ldo);
+        return;
+    }
     // Q4_K in the repacked order with m >= 4: the first m - m % 4 activation
     // rows in the gemm's order (whole tiles of 4), the rest in the gemv's.
     const int64_t m4 = dtype == PG_DTYPE_Q4_K && rows8 && m >= 4 ? m - m % 4 : 0;
@@ -655,11 +759,10 @@ void pg_q8k_quantize_row(const float *x, int64_t cols, pg_q8k_block *y) {
 void pg_kdot_rows(int dtype, const void *wdata, size_t row_bytes, int64_t r0, int64_t r1,
                   const pg_q8k_block *x, int64_t m, int64_t nb, bool rows8, float *out,
                   int64_t ldo) {
-    const int64_t m4 = dtype == PG_DTYPE_Q4_K && rows8 && m >= 4 ? m - m % 4 : 0;
     for (int64_t r = r0; r < r1; r++)
         for (int64_t i = 0; i < m; i++)
             out[i * ldo + r] = pg_kdot_row_ref(dtype, (const uint8_t *)wdata + (size_t)r * row_bytes,
-                                               x + i * nb, nb, i < m4 ? PG_KDOT_8X8_GEMM : rows8);
+                                               x + i * nb, nb, pg_kdot_order(dtype, rows8, m, i));
 }
 
 float pg_kdot_row(int dtype, const uint8_t *w, const pg_q8k_block *y, int64_t nb, bool rows8) {

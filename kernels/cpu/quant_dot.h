@@ -127,12 +127,10 @@ void pg_q8k_quantize_row(const float *x, int64_t cols, pg_q8k_block *y);
 // Dot product of one weight row (nb K-quant blocks) with one Q8_K row;
 // rows8: the matrix has a multiple of 8 rows (Q4_K: the repacked order).
 float pg_kdot_row(int dtype, const uint8_t *w, const pg_q8k_block *y, int64_t nb, bool rows8);
-// out[i * ldo + r] = pg_kdot_row(dtype, weight row r, x + i * nb, nb, rows8)
-// for r in [r0, r1) and i in [0, m), where weight row r starts at
-// w + r * row_bytes and x holds m rows of nb blocks; except that for Q4_K
-// with rows8 and m >= 4, the activation rows i < m - m % 4 take
-// PG_KDOT_8X8_GEMM's order (llama.cpp's repack runs those rows, 4 at a
-// time, through ggml_gemm_q4_K_8x8_q8_K, the rest through the gemv).
+// out[i * ldo + r] = pg_kdot_row_ref(dtype, weight row r, x + i * nb, nb,
+// pg_kdot_order(dtype, rows8, m, i)) for r in [r0, r1) and i in [0, m),
+// where weight row r starts at w + r * row_bytes and x holds m rows of nb
+// blocks: as llama.cpp's CPU backend orders the sums for an m-row product.
 // Single-threaded (the matmul splits rows over the pool); each result is
 // the same whatever r0 and r1, and depends on m only through that rule.
 void pg_kdot_rows(int dtype, const void *w, size_t row_bytes, int64_t r0, int64_t r1,
@@ -147,7 +145,19 @@ void pg_kdot_rows(int dtype, const void *w, size_t row_bytes, int64_t r0, int64_
 //                   per block for the products, one for the mins;
 //  PG_KDOT_8X8_GEMM the repack's gemm, ggml_gemm_q4_K_8x8_q8_K: one fma per
 //                   64 elements (two sub-blocks) for each.
+//  PG_KDOT_TILED    llama.cpp's "tiled" kernels (ggml-cpu/tiled, AVX2
+//                   microtile), for Q4_K and Q6_K: per block the whole
+//                   integer dot s1 (and Q4_K's mins term s2), res =
+//                   f32(d_w) * s1 (Q4_K: fma(-f32(dmin_w), s2, res)), then
+//                   acc = fma(res, d_x, acc).
 // (true and false, as rows8, are PG_KDOT_8X8 and PG_KDOT_VEC.)
-enum { PG_KDOT_VEC = 0, PG_KDOT_8X8 = 1, PG_KDOT_8X8_GEMM = 2 };
+enum { PG_KDOT_VEC = 0, PG_KDOT_8X8 = 1, PG_KDOT_8X8_GEMM = 2, PG_KDOT_TILED = 3 };
+// The order llama.cpp's CPU backend (AVX2) takes for activation row i of
+// an m-row product: with m >= 8, Q6_K and Q4_K matrices the repack does
+// not take (!rows8) go to the tiled kernels (ggml_tiled_min_batch);
+// otherwise Q4_K with rows8 takes the repack's gemm for the rows
+// i < m - m % 4 when m >= 4 (4 at a time) and its gemv for the rest; all
+// else vec_dot_q4_K_q8_K / vec_dot_q6_K_q8_K.
+int pg_kdot_order(int dtype, bool rows8, int64_t m, int64_t i);
 void pg_q8k_quantize_row_ref(const float *x, int64_t cols, pg_q8k_block *y);
 float pg_kdot_row_ref(int dtype, const uint8_t *w, const pg_q8k_block *y, int64_t nb, int order);

@@ -682,14 +682,15 @@ static void rnd_kquant_blocks(int dtype, uint8_t *p, int64_t n) {
 
 // pg_kdot_rows (AVX2 tiles of 1, 2 or 4 weight rows x 1..4 activation
 // rows) against pg_kdot_row_ref for every pair: odd block counts, row
-// ranges that start at odd rows and leave tails, m from 1 to 9, the three
-// Q4_K summation orders (with rows8 and m >= 4 the first m - m % 4
-// activation rows take the repack gemm's), activation rows with extreme
-// and zero blocks.
+// ranges that start at odd rows and leave tails, m from 1 to 11, every
+// summation order of pg_kdot_order (Q4_K with rows8 and m >= 4: the first
+// m - m % 4 activation rows in the repack gemm's; m >= 8: Q6_K and Q4_K
+// without rows8 in the tiled kernels'), activation rows with extreme and
+// zero blocks.
 static void test_kquant_dot_bits_equal_scalar_reference(void **state) {
     static const int dtypes[] = {PG_DTYPE_Q4_K, PG_DTYPE_Q6_K};
     static const int nbs[] = {1, 3, 5, 8};
-    enum { ROWS = 19, MAXM = 9 };
+    enum { ROWS = 19, MAXM = 11 };
     for (size_t t = 0; t < 2; t++)
         for (size_t n = 0; n < sizeof nbs / sizeof nbs[0]; n++) {
             const int dtype = dtypes[t], nb = nbs[n];
@@ -706,18 +707,16 @@ static void test_kquant_dot_bits_equal_scalar_reference(void **state) {
             for (int i = 0; i < MAXM; i++)
                 pg_q8k_quantize_row_ref(x + i * nb * 256, nb * 256, xk + i * nb);
             for (int rows8 = 0; rows8 < 2; rows8++) {
-                float want1[MAXM][ROWS], wantg[MAXM][ROWS];
+                float want1[MAXM][ROWS];
                 for (int i = 0; i < MAXM; i++)
-                    for (int r = 0; r < ROWS; r++) {
+                    for (int r = 0; r < ROWS; r++)
                         want1[i][r] = pg_kdot_row_ref(dtype, w + r * rb, xk + i * nb, nb, rows8);
-                        wantg[i][r] = pg_kdot_row_ref(dtype, w + r * rb, xk + i * nb, nb,
-                                                      rows8 ? PG_KDOT_8X8_GEMM : PG_KDOT_VEC);
-                    }
                 for (int m = 1; m <= MAXM; m++) {
-                    const int m4 = dtype == PG_DTYPE_Q4_K && rows8 && m >= 4 ? m - m % 4 : 0;
                     float want[MAXM][ROWS];
-                    for (int i = 0; i < MAXM; i++)
-                        for (int r = 0; r < ROWS; r++) want[i][r] = i < m4 ? wantg[i][r] : want1[i][r];
+                    for (int i = 0; i < m; i++)
+                        for (int r = 0; r < ROWS; r++)
+                            want[i][r] = pg_kdot_row_ref(dtype, w + r * rb, xk + i * nb, nb,
+                                                         pg_kdot_order(dtype, rows8, m, i));
                     static const int ranges[][2] = {{0, ROWS}, {3, 16}, {1, 2}, {5, 10}};
                     for (int k = 0; k < 4; k++) {
                         float got[MAXM][ROWS + 1];
@@ -750,6 +749,89 @@ static void test_kquant_dot_bits_equal_scalar_reference(void **state) {
         }
 }
 
+// llama.cpp's tiled kernels (ggml-cpu/tiled/tiled-kernel.cpp, AVX2
+// microtile) written out again from ggml's dequantize_row_q4_K /
+// dequantize_row_q6_K element formulas: per 256-element block the exact
+// integers s1 = sum scale * code * x (Q6_K: code - 32) and, for Q4_K,
+// s2 = sum min * x; res = d_w * s1 (Q4_K: res = fma(-dmin_w, s2, res));
+// acc = fma(res, d_x, acc) over the blocks.
+static float tiled_dot_ggml(int dtype, const uint8_t *w, const pg_q8k_block *y, int nb) {
+    float acc = 0.0f;
+    for (int b = 0; b < nb; b++, y++) {
+        int32_t s1 = 0, s2 = 0;
+        uint16_t h;
+        if (dtype == PG_DTYPE_Q6_K) {
+            const uint8_t *blk = w + (size_t)b * 210, *ql = blk, *qh = blk + 128;
+            const int8_t *sc = (const int8_t *)(blk + 192);
+            for (int n = 0; n < 256; n += 128, ql += 64, qh += 32, sc += 8)
+                for (int l = 0; l < 32; l++) {
+                    const int is = l / 16;
+                    const int q1 = (int)((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                    const int q2 = (int)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                    const int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                    const int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                    s1 += sc[is] * q1 * y->qs[n + l] + sc[is + 2] * q2 * y->qs[n + l + 32] +
+                          sc[is + 4] * q3 * y->qs[n + l + 64] + sc[is + 6] * q4 * y->qs[n + l + 96];
+                }
+            memcpy(&h, blk + 208, 2);
+            acc = fmaf(pg_f16_to_f32(h) * (float)s1, y->d, acc);
+            continue;
+        }
+        const uint8_t *blk = w + (size_t)b * 144, *k = blk + 4, *q = blk + 16;
+        for (int j = 0, is = 0; j < 256; j += 64, q += 32, is += 2)
+            for (int t = 0; t < 2; t++) { // get_scale_min_k4(is + t)
+                const int jj = is + t;
+                const int sc = jj < 4 ? k[jj] & 63 : (k[jj + 4] & 0xF) | ((k[jj - 4] >> 6) << 4);
+                const int mn = jj < 4 ? k[jj + 4] & 63 : (k[jj + 4] >> 4) | ((k[jj] >> 6) << 4);
+                for (int l = 0; l < 32; l++) {
+                    const int x = y->qs[j + 32 * t + l];
+                    s1 += sc * (t ? q[l] >> 4 : q[l] & 0xF) * x;
+                    s2 += mn * x;
+                }
+            }
+        uint16_t hm;
+        memcpy(&h, blk, 2);
+        memcpy(&hm, blk + 2, 2);
+        const float res = fmaf(-pg_f16_to_f32(hm), (float)s2, pg_f16_to_f32(h) * (float)s1);
+        acc = fmaf(res, y->d, acc);
+    }
+    return acc;
+}
+
+static void test_kquant_tiled_order_is_ggml_tiled_kernel(void **state) {
+    static const int dtypes[] = {PG_DTYPE_Q4_K, PG_DTYPE_Q6_K};
+    enum { ROWS = 24, NB = 8, M = 8 };
+    for (size_t t = 0; t < 2; t++) {
+        const int dtype = dtypes[t];
+        const size_t rb = pg_dtype_row_bytes(dtype, NB * 256);
+        uint8_t *w = malloc(rb * ROWS);
+        rnd_kquant_blocks(dtype, w, (int64_t)ROWS * NB);
+        float *x = rnd_x(M, NB * 256);
+        pg_q8k_block *xk = malloc(sizeof(pg_q8k_block) * M * NB);
+        for (int i = 0; i < M; i++) pg_q8k_quantize_row_ref(x + i * NB * 256, NB * 256, xk + i * NB);
+        int differs = 0;
+        for (int i = 0; i < M; i++)
+            for (int r = 0; r < ROWS; r++) {
+                const float want = tiled_dot_ggml(dtype, w + r * rb, xk + i * NB, NB);
+                const float got = pg_kdot_row_ref(dtype, w + r * rb, xk + i * NB, NB, PG_KDOT_TILED);
+                if (!same_float(got, want))
+                    fail_msg("%s (%d,%d): %.9g vs ggml's tiled %.9g", pg_dtype_name(dtype), r, i, got, want);
+                differs += !same_float(got, pg_kdot_row_ref(dtype, w + r * rb, xk + i * NB, NB, PG_KDOT_VEC));
+            }
+        assert_true(differs > 0); // the orders do differ somewhere
+        assert_int_equal(pg_kdot_order(dtype, false, 8, 0), PG_KDOT_TILED);
+        assert_int_equal(pg_kdot_order(dtype, false, 7, 0), PG_KDOT_VEC);
+        free(xk);
+        free(x);
+        free(w);
+    }
+    // Q4_K with rows8 stays in the repack's orders at any m; Q6_K has no repack on AVX2.
+    assert_int_equal(pg_kdot_order(PG_DTYPE_Q4_K, true, 8, 7), PG_KDOT_8X8_GEMM);
+    assert_int_equal(pg_kdot_order(PG_DTYPE_Q4_K, true, 9, 8), PG_KDOT_8X8);
+    assert_int_equal(pg_kdot_order(PG_DTYPE_Q6_K, true, 8, 0), PG_KDOT_TILED);
+    assert_int_equal(pg_kdot_order(PG_DTYPE_Q6_K, true, 7, 0), PG_KDOT_VEC);
+}
+
 // Through the matmul (2 threads): Q4_K with 16 rows (the repacked order)
 // and 13 rows, Q6_K, for decode and prefill sizes, each output the
 // reference's bits for its pair.
@@ -758,7 +840,7 @@ static void test_kquant_matmul_bits_equal_scalar_reference(void **state) {
         int dtype;
         int64_t rows;
     } cases[] = {{PG_DTYPE_Q4_K, 16}, {PG_DTYPE_Q4_K, 13}, {PG_DTYPE_Q6_K, 16}, {PG_DTYPE_Q6_K, 13}};
-    static const int64_t ms[] = {1, 2, 4, 7, 33};
+    static const int64_t ms[] = {1, 2, 4, 7, 8, 33};
     pg_backend *q = backend(2, PG_MATMUL_QUANT_ACT);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int64_t cols = 768, nb = cols / 256;
@@ -769,15 +851,15 @@ static void test_kquant_matmul_bits_equal_scalar_reference(void **state) {
             int64_t ldo;
             float *got = run_matmul(q, &t, x, m, &ldo);
             pg_q8k_block xk[3];
-            // Q4_K with 8k rows: the repack's gemm order for the first m - m % 4 rows.
+            // Q4_K with 8k rows: the repack's gemm order for the first m - m % 4
+            // rows; m >= 8: Q6_K and Q4_K with 13 rows in the tiled order.
             const bool rows8 = t.w.rows % 8 == 0;
-            const int64_t m4 = t.w.dtype == PG_DTYPE_Q4_K && rows8 && m >= 4 ? m - m % 4 : 0;
             for (int64_t i = 0; i < m; i++) {
                 pg_q8k_quantize_row_ref(x + i * cols, cols, xk);
                 for (int64_t r = 0; r < t.w.rows; r++) {
                     float want = pg_kdot_row_ref(t.w.dtype,
                                                  (const uint8_t *)t.w.data + r * t.w.row_bytes, xk,
-                                                 nb, i < m4 ? PG_KDOT_8X8_GEMM : rows8);
+                                                 nb, pg_kdot_order(t.w.dtype, rows8, m, i));
                     if (!same_float(got[i * ldo + r], want))
                         fail_msg("%s %lld rows m=%lld: (%lld,%lld) %.9g vs %.9g",
                                  pg_dtype_name(t.w.dtype), (long long)t.w.rows, (long long)m,
@@ -872,6 +954,7 @@ int main(void) {
         // measured on the data the sequence gives them.
         cmocka_unit_test(test_q8k_quantizer_bits_equal_scalar_reference),
         cmocka_unit_test(test_kquant_dot_bits_equal_scalar_reference),
+        cmocka_unit_test(test_kquant_tiled_order_is_ggml_tiled_kernel),
         cmocka_unit_test(test_kquant_matmul_bits_equal_scalar_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
