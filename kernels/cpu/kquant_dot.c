@@ -79,6 +79,26 @@ static void q4k_scales(const uint8_t *p, int sc[8], int mn[8]) {
     }
 }
 
+// Chunk c (elements 64c..64c+63) of a Q4_K block (nibbles qs) against its
+// Q8_K block, each half times its sub-block scale; exact in int32.
+static int32_t q4k_chunk(const uint8_t *qs, const pg_q8k_block *y, const int sc[8], int c) {
+    const uint8_t *q = qs + 32 * c;
+    const int8_t *xl = y->qs + 64 * c, *xh = xl + 32;
+    int lo = 0, hi = 0;
+    for (int e = 0; e < 32; e++) {
+        lo += (q[e] & 15) * xl[e];
+        hi += (q[e] >> 4) * xh[e];
+    }
+    return sc[2 * c] * lo + sc[2 * c + 1] * hi;
+}
+
+// A Q4_K block's whole mins term: sum over sub-blocks of min * (sum of x).
+static int32_t q4k_mins(const int mn[8], const pg_q8k_block *y) {
+    int32_t m = 0;
+    for (int s = 0; s < 8; s++) m += mn[s] * (y->bsums[2 * s] + y->bsums[2 * s + 1]);
+    return m;
+}
+
 static float q4k_dot(const uint8_t *w, const pg_q8k_block *y, int64_t nb) {
     float acc[8] = {0}, accm[4] = {0};
     for (int64_t b = 0; b < nb; b++, w += Q4_K_BYTES, y++) {
@@ -149,19 +169,9 @@ static float q4k_dot_8x8(const uint8_t *w, const pg_q8k_block *y, int64_t nb) {
         int sc[8], mn[8];
         q4k_scales(w + 4, sc, mn);
         const uint8_t *qs = w + 16;
-        int32_t sumi = 0, summ = 0;
-        for (int s = 0; s < 8; s++)
-            summ += mn[s] * (y->bsums[2 * s] + y->bsums[2 * s + 1]);
-        for (int c = 0; c < 4; c++) {
-            const uint8_t *q = qs + 32 * c;
-            const int8_t *xl = y->qs + 64 * c, *xh = xl + 32;
-            int lo = 0, hi = 0;
-            for (int e = 0; e < 32; e++) {
-                lo += (q[e] & 15) * xl[e];
-                hi += (q[e] >> 4) * xh[e];
-            }
-            sumi += sc[2 * c] * lo + sc[2 * c + 1] * hi;
-        }
+        const int32_t summ = q4k_mins(mn, y);
+        int32_t sumi = 0;
+        for (int c = 0; c < 4; c++) sumi += q4k_chunk(qs, y, sc, c);
         acc = fmaf((float)sumi, pg_f16_to_f32(ld16(w)) * y->d, acc);
         accm = fmaf((float)summ, pg_f16_to_f32(ld16(w + 2)) * y->d, accm);
     }
@@ -180,16 +190,9 @@ static float q4k_dot_8x8_gemm(const uint8_t *w, const pg_q8k_block *y, int64_t n
         const uint8_t *qs = w + 16;
         const float dd = pg_f16_to_f32(ld16(w)) * y->d, dm = pg_f16_to_f32(ld16(w + 2)) * y->d;
         for (int c = 0; c < 4; c++) {
-            const uint8_t *q = qs + 32 * c;
-            const int8_t *xl = y->qs + 64 * c, *xh = xl + 32;
-            int lo = 0, hi = 0;
-            for (int e = 0; e < 32; e++) {
-                lo += (q[e] & 15) * xl[e];
-                hi += (q[e] >> 4) * xh[e];
-            }
             const int32_t summ = mn[2 * c] * (y->bsums[4 * c] + y->bsums[4 * c + 1]) +
                                  mn[2 * c + 1] * (y->bsums[4 * c + 2] + y->bsums[4 * c + 3]);
-            acc = fmaf((float)(sc[2 * c] * lo + sc[2 * c + 1] * hi), dd, acc);
+            acc = fmaf((float)q4k_chunk(qs, y, sc, c), dd, acc);
             accm = fmaf((float)summ, dm, accm);
         }
     }
@@ -210,19 +213,9 @@ static float q4k_dot_tiled(const uint8_t *w, const pg_q8k_block *y, int64_t nb) 
         int sc[8], mn[8];
         q4k_scales(w + 4, sc, mn);
         const uint8_t *qs = w + 16;
-        int32_t s1 = 0, s2 = 0;
-        for (int s = 0; s < 8; s++)
-            s2 += mn[s] * (y->bsums[2 * s] + y->bsums[2 * s + 1]);
-        for (int c = 0; c < 4; c++) {
-            const uint8_t *q = qs + 32 * c;
-            const int8_t *xl = y->qs + 64 * c, *xh = xl + 32;
-            int lo = 0, hi = 0;
-            for (int e = 0; e < 32; e++) {
-                lo += (q[e] & 15) * xl[e];
-                hi += (q[e] >> 4) * xh[e];
-            }
-            s1 += sc[2 * c] * lo + sc[2 * c + 1] * hi;
-        }
+        const int32_t s2 = q4k_mins(mn, y);
+        int32_t s1 = 0;
+        for (int c = 0; c < 4; c++) s1 += q4k_chunk(qs, y, sc, c);
         const float res = fmaf(-pg_f16_to_f32(ld16(w + 2)), (float)s2, pg_f16_to_f32(ld16(w)) * (float)s1);
         acc = fmaf(res, y->d, acc);
     }
