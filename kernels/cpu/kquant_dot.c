@@ -9,6 +9,7 @@
 #include "common/err.h"
 #include "common/half.h"
 #include "kernels/dtype.h"
+#include "kernels/cpu/simd_util.h" // ld32, hsum8 (AVX2 builds)
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -275,20 +276,6 @@ float pg_kdot_row_ref(int dtype, const uint8_t *w, const pg_q8k_block *y, int64_
 // pair keeps its own accumulators, so the tiling never changes a bit.
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
-
-static inline uint32_t ld32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-// hsum8_lanes' order: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)).
-static inline float hsum8(__m256 v) {
-    __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
 
 // Lane totals of 8 int32 vectors: lane k of the result sums v[k]'s 8 lanes.
 static ALWAYS_INLINE __m256i hsum_8x8_epi32(const __m256i v[8]) {

@@ -15,6 +15,7 @@
 #include "common/err.h"
 #include "common/half.h"
 #include "kernels/dtype.h"
+#include "kernels/cpu/simd_util.h" // ld32, hsum8 (AVX2 builds)
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -175,20 +176,6 @@ static inline size_t qs_offset(int dtype) {
 #define PANEL_W     3
 #define PANEL_R     4
 #define PF_GROUPS   1
-
-static inline uint32_t ld32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-// ggml's hsum_float_8: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)).
-static inline float hsum8(__m256 v) {
-    __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
 
 // 16 bytes of nibbles -> 32 bytes in element order (low nibbles are
 // elements 0..15, high nibbles 16..31), each in 0..15.
