@@ -1,6 +1,6 @@
-// kernels/cpu/kquant_dot.c - K-quant (Q4_K, Q6_K) weights times Q8_K
+// kernels/cpu/kquant_dot.c - K-quant (Q4_K, Q5_K, Q6_K) weights times Q8_K
 // activations, numerically llama.cpp's CPU backend (the arithmetic is
-// spelled out in quant_dot.h).
+// spelled out in quant_dot.h; Q5_K's scalar reference is kquant_q5k.c).
 #include "kernels/cpu/quant_dot.h"
 
 #include <math.h>
@@ -8,8 +8,9 @@
 
 #include "common/err.h"
 #include "common/half.h"
+#include "kernels/cpu/kquant_internal.h" // Q5_K reference, shared scale unpacking
+#include "kernels/cpu/simd_util.h"       // ld32, hsum8 (AVX2 builds)
 #include "kernels/dtype.h"
-#include "kernels/cpu/simd_util.h" // ld32, hsum8 (AVX2 builds)
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -24,7 +25,7 @@
 // AVX2 vec_dot_q4_K_q8_K / vec_dot_q6_K_q8_K do per lane.
 
 bool pg_kdot_supported(int dtype) {
-    return dtype == PG_DTYPE_Q4_K || dtype == PG_DTYPE_Q6_K;
+    return dtype == PG_DTYPE_Q4_K || dtype == PG_DTYPE_Q5_K || dtype == PG_DTYPE_Q6_K;
 }
 
 // Round half to even by adding 1.5 * 2^23 (|v| < 2^22): the f32 addition
@@ -66,20 +67,6 @@ void pg_q8k_quantize_row_ref(const float *x, int64_t cols, pg_q8k_block *y) {
     }
 }
 
-static inline float hsum8_lanes(const float a[8]) {
-    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-}
-
-// Q4_K's 12 bytes of 6-bit values: 8 scales then 8 mins.
-static void q4k_scales(const uint8_t *p, int sc[8], int mn[8]) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = p[j] & 63;
-        mn[j] = p[j + 4] & 63;
-        sc[j + 4] = (p[j + 8] & 15) | ((p[j] >> 6) << 4);
-        mn[j + 4] = (p[j + 8] >> 4) | ((p[j + 4] >> 6) << 4);
-    }
-}
-
 // Chunk c (elements 64c..64c+63) of a Q4_K block (nibbles qs) against its
 // Q8_K block, each half times its sub-block scale; exact in int32.
 static int32_t q4k_chunk(const uint8_t *qs, const pg_q8k_block *y, const int sc[8], int c) {
@@ -91,13 +78,6 @@ static int32_t q4k_chunk(const uint8_t *qs, const pg_q8k_block *y, const int sc[
         hi += (q[e] >> 4) * xh[e];
     }
     return sc[2 * c] * lo + sc[2 * c + 1] * hi;
-}
-
-// A Q4_K block's whole mins term: sum over sub-blocks of min * (sum of x).
-static int32_t q4k_mins(const int mn[8], const pg_q8k_block *y) {
-    int32_t m = 0;
-    for (int s = 0; s < 8; s++) m += mn[s] * (y->bsums[2 * s] + y->bsums[2 * s + 1]);
-    return m;
 }
 
 static float q4k_dot(const uint8_t *w, const pg_q8k_block *y, int64_t nb) {
@@ -249,7 +229,8 @@ static float q6k_dot_tiled(const uint8_t *w, const pg_q8k_block *y, int64_t nb) 
 }
 
 int pg_kdot_order(int dtype, bool rows8, int64_t m, int64_t i) {
-    if (m >= 8 && (dtype == PG_DTYPE_Q6_K || !rows8)) return PG_KDOT_TILED;
+    // Q5_K and Q6_K: no repack on AVX2 (llama.cpp's q5_K/q6_K repacks are ARM's).
+    if (m >= 8 && (dtype != PG_DTYPE_Q4_K || !rows8)) return PG_KDOT_TILED;
     if (dtype == PG_DTYPE_Q4_K && rows8) return m >= 4 && i < m - m % 4 ? PG_KDOT_8X8_GEMM : PG_KDOT_8X8;
     return PG_KDOT_VEC;
 }
@@ -261,6 +242,7 @@ float pg_kdot_row_ref(int dtype, const uint8_t *w, const pg_q8k_block *y, int64_
                : order == PG_KDOT_8X8_GEMM ? q4k_dot_8x8_gemm(w, y, nb)
                : order == PG_KDOT_8X8      ? q4k_dot_8x8(w, y, nb)
                                            : q4k_dot(w, y, nb);
+    if (dtype == PG_DTYPE_Q5_K) return pg_q5k_dot_ref(w, y, nb, order);
     return order == PG_KDOT_TILED ? q6k_dot_tiled(w, y, nb) : q6k_dot(w, y, nb);
 }
 
@@ -358,8 +340,9 @@ void pg_q8k_quantize_row(const float *x, int64_t cols, pg_q8k_block *y) {
 
 // --- dot products ---------------------------------------------------------------------
 
-// q4k_dot, q4k_dot_8x8, q4k_dot_8x8_gemm, q4k_dot_tiled, q6k_dot, q6k_dot_tiled
-enum { KQ4, KQ4_8X8, KQ4_GEMM, KQ4_TILED, KQ6, KQ6_TILED };
+// q4k_dot, q4k_dot_8x8, q4k_dot_8x8_gemm, q4k_dot_tiled, q6k_dot, q6k_dot_tiled,
+// and kquant_q5k.c's q5k_dot, q5k_dot_tiled
+enum { KQ4, KQ4_8X8, KQ4_GEMM, KQ4_TILED, KQ6, KQ6_TILED, KQ5, KQ5_TILED };
 #define KT_MAX_W 4
 #define KT_MAX_R 4
 
@@ -403,16 +386,25 @@ static ALWAYS_INLINE __m256i q6k_chunk(const uint8_t *blk, int h, int c) {
     return _mm256_or_si256(lo, _mm256_and_si256(hb, _mm256_set1_epi8(0x30)));
 }
 
+// Q5_K: the fifth bits of sub-block s (bit s of each qh byte) at bit 4 of
+// each byte (16-bit shifts: the mask keeps only bits that stayed in their
+// byte).
+static ALWAYS_INLINE __m256i q5k_hbits(__m256i qh, int s) {
+    const __m256i b = s <= 4 ? _mm256_slli_epi16(qh, 4 - s) : _mm256_srli_epi16(qh, s - 4);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
+}
+
 // out[r * ldo + a] for weight rows a < W (rows rb bytes apart from w) and
 // activation rows r < R (blocks x + r * nb), each the reference's result.
 static ALWAYS_INLINE void ktile(const int kind, const int W, const int R, const uint8_t *w,
                                 size_t rb, const pg_q8k_block *x, int64_t nb, float *out,
                                 int64_t ldo) {
-    const bool q6 = kind == KQ6 || kind == KQ6_TILED;
-    const size_t bb = q6 ? Q6_K_BYTES : Q4_K_BYTES;
+    const bool q6 = kind == KQ6 || kind == KQ6_TILED, q5 = kind == KQ5 || kind == KQ5_TILED;
+    const size_t bb = q6 ? Q6_K_BYTES : q5 ? Q5_K_BYTES : Q4_K_BYTES;
+    const size_t qoff = q5 ? 48 : 16; // Q4_K, Q5_K: the nibbles
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[KT_MAX_W][KT_MAX_R];  // KQ4, KQ6: the 8 lanes of each pair
-    __m128 accm[KT_MAX_W][KT_MAX_R]; // KQ4: the 4 mins lanes of each pair
+    __m128 accm[KT_MAX_W][KT_MAX_R]; // KQ4: the 4 mins lanes of each pair; KQ5: lane 0, summs
     // KQ4_8X8, KQ4_GEMM, the tiled kinds: pair a * R + r in lane a * R + r
     __m256 acc8 = _mm256_setzero_ps(), accm8 = _mm256_setzero_ps();
 #pragma GCC unroll 4
@@ -495,12 +487,13 @@ static ALWAYS_INLINE void ktile(const int kind, const int W, const int R, const 
             }
             continue;
         }
-        // Q4_K
-        __m256i sc[KT_MAX_W];
+        // Q4_K, Q5_K
+        __m256i sc[KT_MAX_W], qh[KT_MAX_W];
         __m128i mn[KT_MAX_W];
 #pragma GCC unroll 4
         for (int a = 0; a < W; a++) {
             q4k_scales_mins(wb + a * rb + 4, &sc[a], &mn[a]);
+            if (q5) qh[a] = _mm256_loadu_si256((const __m256i *)(wb + a * rb + 16));
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) lane[a][r] = _mm256_setzero_si256();
         }
@@ -557,9 +550,13 @@ static ALWAYS_INLINE void ktile(const int kind, const int W, const int R, const 
         for (int c = 0; c < 4; c++)
 #pragma GCC unroll 4
             for (int a = 0; a < W; a++) {
-                const __m256i q = _mm256_loadu_si256((const __m256i *)(wb + a * rb + 16 + 32 * c));
-                const __m256i lo = _mm256_and_si256(q, m4);
-                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(wb + a * rb + qoff + 32 * c));
+                __m256i lo = _mm256_and_si256(q, m4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                if (q5) {
+                    lo = _mm256_or_si256(lo, q5k_hbits(qh[a], 2 * c));
+                    hi = _mm256_or_si256(hi, q5k_hbits(qh[a], 2 * c + 1));
+                }
                 const __m256i slo = bcast16(sc[a], 2 * c), shi = bcast16(sc[a], 2 * c + 1);
 #pragma GCC unroll 4
                 for (int r = 0; r < R; r++) {
@@ -594,7 +591,25 @@ static ALWAYS_INLINE void ktile(const int kind, const int W, const int R, const 
             }
             continue;
         }
-        // KQ4_8X8, KQ4_TILED: whole-block integers of the W * R pairs, one per lane.
+        if (kind == KQ5) {
+            // summs = fma(-d_x * f32(dmin_w), (float)(whole mins term), summs) in lane 0.
+#pragma GCC unroll 4
+            for (int a = 0; a < W; a++) {
+                const float dw = _cvtsh_ss(ld16(wb + a * rb)), dm = _cvtsh_ss(ld16(wb + a * rb + 2));
+#pragma GCC unroll 4
+                for (int r = 0; r < R; r++) {
+                    const float dx = xb[r * nb].d;
+                    acc[a][r] = _mm256_fmadd_ps(_mm256_set1_ps(dx * dw),
+                                                _mm256_cvtepi32_ps(lane[a][r]), acc[a][r]);
+                    __m128i t = _mm_madd_epi16(mn[a], s16[r]);
+                    t = _mm_hadd_epi32(t, t);
+                    t = _mm_hadd_epi32(t, t);
+                    accm[a][r] = _mm_fmadd_ss(_mm_set1_ps(-dx * dm), _mm_cvtepi32_ps(t), accm[a][r]);
+                }
+            }
+            continue;
+        }
+        // KQ4_8X8, KQ4_TILED, KQ5_TILED: whole-block integers of the W * R pairs, one per lane.
         __m256i vi[8], vm[8];
         float dwf[8] = {0}, dmf[8] = {0}, dxf[8] = {0};
 #pragma GCC unroll 8
@@ -613,7 +628,7 @@ static ALWAYS_INLINE void ktile(const int kind, const int W, const int R, const 
             }
         }
         const __m256 dx = _mm256_loadu_ps(dxf);
-        if (kind == KQ4_TILED) {
+        if (kind == KQ4_TILED || kind == KQ5_TILED) {
             // res = fma(-f32(dmin_w), s2, f32(d_w) * s1); acc = fma(res, d_x, acc).
             const __m256 res = _mm256_fnmadd_ps(_mm256_loadu_ps(dmf), _mm256_cvtepi32_ps(hsum_8x8_epi32(vm)),
                                                 _mm256_mul_ps(_mm256_loadu_ps(dwf),
@@ -626,9 +641,9 @@ static ALWAYS_INLINE void ktile(const int kind, const int W, const int R, const 
         accm8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hsum_8x8_epi32(vm)),
                                 _mm256_mul_ps(_mm256_loadu_ps(dmf), dx), accm8);
     }
-    if (kind == KQ4_8X8 || kind == KQ4_GEMM || kind == KQ4_TILED || kind == KQ6_TILED) {
+    if (kind == KQ4_8X8 || kind == KQ4_GEMM || kind == KQ4_TILED || kind == KQ5_TILED || kind == KQ6_TILED) {
         float res[8];
-        _mm256_storeu_ps(res, kind == KQ4_TILED || kind == KQ6_TILED ? acc8 : _mm256_sub_ps(acc8, accm8));
+        _mm256_storeu_ps(res, kind == KQ4_8X8 || kind == KQ4_GEMM ? _mm256_sub_ps(acc8, accm8) : acc8);
 #pragma GCC unroll 4
         for (int a = 0; a < W; a++)
 #pragma GCC unroll 4
@@ -644,6 +659,8 @@ static ALWAYS_INLINE void ktile(const int kind, const int W, const int R, const 
                 __m128 m = accm[a][r];
                 m = _mm_add_ps(m, _mm_movehl_ps(m, m)); // (m0 + m2), (m1 + m3)
                 v += _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
+            } else if (kind == KQ5) {
+                v += _mm_cvtss_f32(accm[a][r]); // hsum8(acc) + summs
             }
             out[r * ldo + a] = v;
         }
@@ -681,6 +698,8 @@ DEF_KTILES(kq4_gemm, KQ4_GEMM)
 DEF_KTILES(kq4_tiled, KQ4_TILED)
 DEF_KTILES(kq6, KQ6)
 DEF_KTILES(kq6_tiled, KQ6_TILED)
+DEF_KTILES(kq5, KQ5)
+DEF_KTILES(kq5_tiled, KQ5_TILED)
 
 // Groups of G weight rows, each swept by every activation row in tiles of
 // up to RM rows while it sits in L1 (4 x 1 and 4 x 2 for one or two
@@ -708,13 +727,16 @@ void pg_kdot_rows(int dtype, const void *wdata, size_t row_bytes, int64_t r0, in
                   const pg_q8k_block *x, int64_t m, int64_t nb, bool rows8, float *out,
                   int64_t ldo) {
     PG_CHECK(pg_kdot_supported(dtype));
-    const ktile_fn(*tiles)[KT_MAX_R] = dtype == PG_DTYPE_Q6_K ? kq6_tiles
-                                       : rows8                 ? kq4_8x8_tiles
-                                                               : kq4_tiles;
+    const ktile_fn(*tiles)[KT_MAX_R] = dtype == PG_DTYPE_Q6_K   ? kq6_tiles
+                                       : dtype == PG_DTYPE_Q5_K ? kq5_tiles
+                                       : rows8                  ? kq4_8x8_tiles
+                                                                : kq4_tiles;
     const uint8_t *w = wdata;
     if (pg_kdot_order(dtype, rows8, m, 0) == PG_KDOT_TILED) { // every row alike
-        kdot_tiles(dtype == PG_DTYPE_Q6_K ? kq6_tiled_tiles : kq4_tiled_tiles, w, row_bytes, r0, r1, x, m,
-                   nb, out, ldo);
+        kdot_tiles(dtype == PG_DTYPE_Q6_K   ? kq6_tiled_tiles
+                   : dtype == PG_DTYPE_Q5_K ? kq5_tiled_tiles
+                                            : kq4_tiled_tiles,
+                   w, row_bytes, r0, r1, x, m, nb, out, ldo);
         return;
     }
     // Q4_K in the repacked order with m >= 4: the first m - m % 4 activation

@@ -14,8 +14,8 @@
 
 #include "common/err.h"
 #include "common/half.h"
-#include "kernels/dtype.h"
 #include "kernels/cpu/simd_util.h" // ld32, hsum8 (AVX2 builds)
+#include "kernels/dtype.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>

@@ -76,7 +76,7 @@ size_t pg_qdot_scratch_bytes(int dtype, int64_t cols);
 void pg_qdot_rows(int dtype, const void *w, size_t row_bytes, int64_t r0, int64_t r1,
                   const pg_xq *xq, float *out, int64_t ldo, void *scratch);
 
-// --- K-quants (Q4_K, Q6_K) with Q8_K activations ---------------------------------------
+// --- K-quants (Q4_K, Q5_K, Q6_K) with Q8_K activations ---------------------------------
 //
 // For K-quant weights llama.cpp's CPU backend quantizes each activation row
 // per 256 elements to Q8_K and takes ggml_vec_dot_q4_K_q8_K /
@@ -98,6 +98,10 @@ void pg_qdot_rows(int dtype, const void *w, size_t row_bytes, int64_t r0, int64_
 //       + min_{2t+1} * S_{2t+1}), accm[t]) (S_k: activation sum of
 //       sub-block k, from bsums), t in 0..3.
 //   result = hsum8(acc) (+ ((accm0 + accm2) + (accm1 + accm3)) for Q4_K).
+//   Q5_K (ggml_vec_dot_q5_K_q8_K): Q4_K's lanes with 5-bit codes, but the
+//   mins in one scalar chain, summs = fma(-d_x * f32(dmin_w), (float)(sum_s
+//   min_s * S_s), summs) (ggml's summs += dmin * int, contracted by gcc),
+//   result = hsum8(acc) + summs.
 //
 // Q4_K matrices whose row count is a multiple of 8 are re-laid by llama.cpp's
 // CPU "repack" buffer (llama.cpp's default) as q4_K_8x8 and multiplied by
@@ -109,6 +113,7 @@ void pg_qdot_rows(int dtype, const void *w, size_t row_bytes, int64_t r0, int64_
 // Q8_K blocks except when +max and -max tie for the largest |x|.)
 #define QK_K_ELEMS 256
 #define Q4_K_BYTES 144 // fp16 d, fp16 dmin, 12 bytes of 6-bit scales/mins, 128 of nibbles
+#define Q5_K_BYTES 176 // Q4_K's 16 bytes, 32 bytes of fifth bits, 128 of nibbles
 #define Q6_K_BYTES 210 // 128 bytes low nibbles, 64 bytes high 2 bits, 16 int8 scales, fp16 d
 
 typedef struct {
@@ -139,25 +144,27 @@ void pg_kdot_rows(int dtype, const void *w, size_t row_bytes, int64_t r0, int64_
 
 // The scalar reference versions of the two above (the kernels of a build
 // without AVX2; the unit tests hold the AVX2 kernels to them bit for bit).
-// order: for Q4_K, how the block sums are taken in f32 (Q6_K has one):
+// order: for Q4_K, how the block sums are taken in f32 (Q5_K and Q6_K
+// have PG_KDOT_VEC and PG_KDOT_TILED):
 //  PG_KDOT_VEC      ggml's vec_dot_q4_K_q8_K (8 lanes, 4 mins lanes);
 //  PG_KDOT_8X8      the repack's gemv, ggml_gemv_q4_K_8x8_q8_K: one fma
 //                   per block for the products, one for the mins;
 //  PG_KDOT_8X8_GEMM the repack's gemm, ggml_gemm_q4_K_8x8_q8_K: one fma per
 //                   64 elements (two sub-blocks) for each.
 //  PG_KDOT_TILED    llama.cpp's "tiled" kernels (ggml-cpu/tiled, AVX2
-//                   microtile), for Q4_K and Q6_K: per block the whole
-//                   integer dot s1 (and Q4_K's mins term s2), res =
-//                   f32(d_w) * s1 (Q4_K: fma(-f32(dmin_w), s2, res)), then
-//                   acc = fma(res, d_x, acc).
+//                   microtile), for Q4_K, Q5_K and Q6_K: per block the
+//                   whole integer dot s1 (and Q4_K's/Q5_K's mins term s2),
+//                   res = f32(d_w) * s1 (Q4_K, Q5_K: fma(-f32(dmin_w), s2,
+//                   res)), then acc = fma(res, d_x, acc).
 // (true and false, as rows8, are PG_KDOT_8X8 and PG_KDOT_VEC.)
 enum { PG_KDOT_VEC = 0, PG_KDOT_8X8 = 1, PG_KDOT_8X8_GEMM = 2, PG_KDOT_TILED = 3 };
 // The order llama.cpp's CPU backend (AVX2) takes for activation row i of
-// an m-row product: with m >= 8, Q6_K and Q4_K matrices the repack does
-// not take (!rows8) go to the tiled kernels (ggml_tiled_min_batch);
+// an m-row product: with m >= 8, Q5_K, Q6_K (neither repacked on AVX2)
+// and Q4_K matrices the repack does not take (!rows8) go to the tiled
+// kernels (ggml_tiled_min_batch);
 // otherwise Q4_K with rows8 takes the repack's gemm for the rows
 // i < m - m % 4 when m >= 4 (4 at a time) and its gemv for the rest; all
-// else vec_dot_q4_K_q8_K / vec_dot_q6_K_q8_K.
+// else vec_dot_q4_K_q8_K / vec_dot_q5_K_q8_K / vec_dot_q6_K_q8_K.
 int pg_kdot_order(int dtype, bool rows8, int64_t m, int64_t i);
 void pg_q8k_quantize_row_ref(const float *x, int64_t cols, pg_q8k_block *y);
 float pg_kdot_row_ref(int dtype, const uint8_t *w, const pg_q8k_block *y, int64_t nb, int order);

@@ -341,14 +341,17 @@ static void ref_q8k_block(const float *x, int8_t q[256], float *d, int16_t bsums
 }
 
 // K-quant weight block as integers and per-element scale/offset: element e
-// is dsc[e] * n[e] - dmn[e] (ggml's dequantize_row_q4_K / q6_K, spelled out).
+// is dsc[e] * n[e] - dmn[e] (ggml's dequantize_row_q4_K / q5_K / q6_K,
+// spelled out).
 static void ref_kquant_block(int dtype, const uint8_t *blk, int n[256], float dsc[256],
                              float dmn[256]) {
-    if (dtype == PG_DTYPE_Q4_K) {
-        // {d; dmin; scales[12]; qs[128]}: 8 sub-blocks of 32 with 6-bit
-        // scale and min; 64 elements per 32 bytes (low nibbles, then high).
+    if (dtype == PG_DTYPE_Q4_K || dtype == PG_DTYPE_Q5_K) {
+        // {d; dmin; scales[12]; (Q5_K: qh[32];) qs[128]}: 8 sub-blocks of 32
+        // with 6-bit scale and min; 64 elements per 32 bytes (low nibbles,
+        // then high); Q5_K adds 16 when bit (e / 32) of qh[e % 32] is set.
+        const bool q5 = dtype == PG_DTYPE_Q5_K;
         const float d = rd_f16(blk), dmin = rd_f16(blk + 2);
-        const uint8_t *sc = blk + 4, *qs = blk + 16;
+        const uint8_t *sc = blk + 4, *qh = blk + 16, *qs = blk + (q5 ? 48 : 16);
         for (int e = 0; e < 256; e++) {
             int s = e / 32, scale, mn;
             if (s < 4) {
@@ -360,6 +363,7 @@ static void ref_kquant_block(int dtype, const uint8_t *blk, int n[256], float ds
             }
             uint8_t byte = qs[32 * (e / 64) + e % 32];
             n[e] = (e % 64) < 32 ? byte & 15 : byte >> 4;
+            if (q5 && (qh[e % 32] >> (e / 32) & 1)) n[e] += 16;
             dsc[e] = d * (float)scale;
             dmn[e] = dmin * (float)mn;
         }
@@ -506,7 +510,6 @@ static void check_dtype(int dtype, const shape *shapes, int n_shapes) {
 // Rows not a multiple of the tile height (4) and of the task size, and
 // column counts from one block up.
 static const shape shapes_32[] = {{37, 96}, {64, 576}, {130, 32}, {16, 1536}};
-static const shape shapes_256[] = {{37, 256}, {20, 768}};
 // Q4_K: 40 rows takes llama.cpp's repacked (q4_K_8x8) summation order.
 static const shape shapes_256k[] = {{37, 256}, {20, 768}, {40, 512}};
 
@@ -528,8 +531,8 @@ static void test_q8_0_both_modes_match_references(void **state) {
 static void test_q4_k_both_modes_match_references(void **state) {
     check_dtype(PG_DTYPE_Q4_K, shapes_256k, 3);
 }
-static void test_q5_k_exact_matches_reference(void **state) {
-    check_dtype(PG_DTYPE_Q5_K, shapes_256, 2);
+static void test_q5_k_both_modes_match_references(void **state) {
+    check_dtype(PG_DTYPE_Q5_K, shapes_256k, 3);
 }
 static void test_q6_k_both_modes_match_references(void **state) {
     check_dtype(PG_DTYPE_Q6_K, shapes_256k, 3);
@@ -672,7 +675,7 @@ static void rnd_kquant_blocks(int dtype, uint8_t *p, int64_t n) {
         case 2: put16(p + dpos, 0x0001); break; // the smallest subnormal
         default: put16(p + dpos, pg_f32_to_f16(0.01f * rnd_normal())); break;
         }
-        if (dtype == PG_DTYPE_Q4_K) {
+        if (dtype == PG_DTYPE_Q4_K || dtype == PG_DTYPE_Q5_K) {
             uint16_t h = (uint16_t)rnd_u32();
             if ((h & 0x7c00) == 0x7c00) h &= 0x3fff; // no inf / NaN dmin
             put16(p + 2, h);
@@ -685,13 +688,13 @@ static void rnd_kquant_blocks(int dtype, uint8_t *p, int64_t n) {
 // ranges that start at odd rows and leave tails, m from 1 to 11, every
 // summation order of pg_kdot_order (Q4_K with rows8 and m >= 4: the first
 // m - m % 4 activation rows in the repack gemm's; m >= 8: Q6_K and Q4_K
-// without rows8 in the tiled kernels'), activation rows with extreme and
-// zero blocks.
+// without rows8 in the tiled kernels'; Q5_K as Q6_K), activation rows with
+// extreme and zero blocks.
 static void test_kquant_dot_bits_equal_scalar_reference(void **state) {
-    static const int dtypes[] = {PG_DTYPE_Q4_K, PG_DTYPE_Q6_K};
+    static const int dtypes[] = {PG_DTYPE_Q4_K, PG_DTYPE_Q5_K, PG_DTYPE_Q6_K};
     static const int nbs[] = {1, 3, 5, 8};
     enum { ROWS = 19, MAXM = 11 };
-    for (size_t t = 0; t < 2; t++)
+    for (size_t t = 0; t < sizeof dtypes / sizeof dtypes[0]; t++)
         for (size_t n = 0; n < sizeof nbs / sizeof nbs[0]; n++) {
             const int dtype = dtypes[t], nb = nbs[n];
             const size_t rb = pg_dtype_row_bytes(dtype, nb * 256);
@@ -751,10 +754,11 @@ static void test_kquant_dot_bits_equal_scalar_reference(void **state) {
 
 // llama.cpp's tiled kernels (ggml-cpu/tiled/tiled-kernel.cpp, AVX2
 // microtile) written out again from ggml's dequantize_row_q4_K /
-// dequantize_row_q6_K element formulas: per 256-element block the exact
-// integers s1 = sum scale * code * x (Q6_K: code - 32) and, for Q4_K,
-// s2 = sum min * x; res = d_w * s1 (Q4_K: res = fma(-dmin_w, s2, res));
-// acc = fma(res, d_x, acc) over the blocks.
+// dequantize_row_q5_K / dequantize_row_q6_K element formulas: per
+// 256-element block the exact integers s1 = sum scale * code * x (Q6_K:
+// code - 32) and, for Q4_K and Q5_K, s2 = sum min * x; res = d_w * s1
+// (Q4_K, Q5_K: res = fma(-dmin_w, s2, res)); acc = fma(res, d_x, acc) over
+// the blocks.
 static float tiled_dot_ggml(int dtype, const uint8_t *w, const pg_q8k_block *y, int nb) {
     float acc = 0.0f;
     for (int b = 0; b < nb; b++, y++) {
@@ -777,15 +781,19 @@ static float tiled_dot_ggml(int dtype, const uint8_t *w, const pg_q8k_block *y, 
             acc = fmaf(pg_f16_to_f32(h) * (float)s1, y->d, acc);
             continue;
         }
-        const uint8_t *blk = w + (size_t)b * 144, *k = blk + 4, *q = blk + 16;
-        for (int j = 0, is = 0; j < 256; j += 64, q += 32, is += 2)
+        const bool q5 = dtype == PG_DTYPE_Q5_K;
+        const uint8_t *blk = w + (size_t)b * (q5 ? 176 : 144), *k = blk + 4, *q = blk + (q5 ? 48 : 16);
+        const uint8_t *qh = blk + 16; // Q5_K
+        uint8_t u1 = 1, u2 = 2;       // dequantize_row_q5_K's masks
+        for (int j = 0, is = 0; j < 256; j += 64, q += 32, is += 2, u1 <<= 2, u2 <<= 2)
             for (int t = 0; t < 2; t++) { // get_scale_min_k4(is + t)
                 const int jj = is + t;
                 const int sc = jj < 4 ? k[jj] & 63 : (k[jj + 4] & 0xF) | ((k[jj - 4] >> 6) << 4);
                 const int mn = jj < 4 ? k[jj + 4] & 63 : (k[jj + 4] >> 4) | ((k[jj] >> 6) << 4);
                 for (int l = 0; l < 32; l++) {
                     const int x = y->qs[j + 32 * t + l];
-                    s1 += sc * (t ? q[l] >> 4 : q[l] & 0xF) * x;
+                    const int hb = q5 && (qh[l] & (t ? u2 : u1)) ? 16 : 0;
+                    s1 += sc * ((t ? q[l] >> 4 : q[l] & 0xF) + hb) * x;
                     s2 += mn * x;
                 }
             }
@@ -799,9 +807,9 @@ static float tiled_dot_ggml(int dtype, const uint8_t *w, const pg_q8k_block *y, 
 }
 
 static void test_kquant_tiled_order_is_ggml_tiled_kernel(void **state) {
-    static const int dtypes[] = {PG_DTYPE_Q4_K, PG_DTYPE_Q6_K};
+    static const int dtypes[] = {PG_DTYPE_Q4_K, PG_DTYPE_Q5_K, PG_DTYPE_Q6_K};
     enum { ROWS = 24, NB = 8, M = 8 };
-    for (size_t t = 0; t < 2; t++) {
+    for (size_t t = 0; t < sizeof dtypes / sizeof dtypes[0]; t++) {
         const int dtype = dtypes[t];
         const size_t rb = pg_dtype_row_bytes(dtype, NB * 256);
         uint8_t *w = malloc(rb * ROWS);
@@ -830,16 +838,73 @@ static void test_kquant_tiled_order_is_ggml_tiled_kernel(void **state) {
     assert_int_equal(pg_kdot_order(PG_DTYPE_Q4_K, true, 9, 8), PG_KDOT_8X8);
     assert_int_equal(pg_kdot_order(PG_DTYPE_Q6_K, true, 8, 0), PG_KDOT_TILED);
     assert_int_equal(pg_kdot_order(PG_DTYPE_Q6_K, true, 7, 0), PG_KDOT_VEC);
+    assert_int_equal(pg_kdot_order(PG_DTYPE_Q5_K, true, 8, 0), PG_KDOT_TILED);
+    assert_int_equal(pg_kdot_order(PG_DTYPE_Q5_K, true, 7, 6), PG_KDOT_VEC);
+}
+
+// ggml's AVX2 vec_dot_q5_K_q8_K written out again from dequantize_row_q5_K's
+// element formulas: per block 8 int32 lanes (lane l: elements 4l..4l+3 of
+// every 32-element sub-block, times its scale), acc[l] = fma(d_x * d_w,
+// lane[l], acc[l]); the mins as one scalar, summs = fma(-d_x * dmin_w,
+// sum min * x, summs) (gcc contracts ggml's summs += dmin * int); the
+// result hsum_float_8(acc) + summs.
+static float vec_dot_q5k_ggml(const uint8_t *w, const pg_q8k_block *y, int nb) {
+    float acc[8] = {0}, summs = 0.0f;
+    for (int b = 0; b < nb; b++, y++) {
+        const uint8_t *blk = w + (size_t)b * 176, *k = blk + 4, *qh = blk + 16, *q = blk + 48;
+        int32_t lane[8] = {0}, s2 = 0;
+        uint8_t u1 = 1, u2 = 2;
+        for (int j = 0, is = 0; j < 256; j += 64, q += 32, is += 2, u1 <<= 2, u2 <<= 2)
+            for (int t = 0; t < 2; t++) { // get_scale_min_k4(is + t)
+                const int jj = is + t;
+                const int sc = jj < 4 ? k[jj] & 63 : (k[jj + 4] & 0xF) | ((k[jj - 4] >> 6) << 4);
+                const int mn = jj < 4 ? k[jj + 4] & 63 : (k[jj + 4] >> 4) | ((k[jj] >> 6) << 4);
+                for (int l = 0; l < 32; l++) {
+                    const int x = y->qs[j + 32 * t + l];
+                    const int code = (t ? q[l] >> 4 : q[l] & 0xF) + ((qh[l] & (t ? u2 : u1)) ? 16 : 0);
+                    lane[l / 4] += sc * code * x;
+                    s2 += mn * x;
+                }
+            }
+        uint16_t h, hm;
+        memcpy(&h, blk, 2);
+        memcpy(&hm, blk + 2, 2);
+        const float d = y->d * pg_f16_to_f32(h), dmin = -y->d * pg_f16_to_f32(hm);
+        summs = fmaf(dmin, (float)s2, summs);
+        for (int l = 0; l < 8; l++) acc[l] = fmaf(d, (float)lane[l], acc[l]);
+    }
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7])) + summs;
+}
+
+static void test_q5k_vec_order_is_ggml_vec_dot(void **state) {
+    enum { ROWS = 24, NB = 8, M = 4 };
+    const size_t rb = pg_dtype_row_bytes(PG_DTYPE_Q5_K, NB * 256);
+    uint8_t *w = malloc(rb * ROWS);
+    rnd_kquant_blocks(PG_DTYPE_Q5_K, w, (int64_t)ROWS * NB);
+    float *x = rnd_x(M, NB * 256);
+    pg_q8k_block *xk = malloc(sizeof(pg_q8k_block) * M * NB);
+    for (int i = 0; i < M; i++) pg_q8k_quantize_row_ref(x + i * NB * 256, NB * 256, xk + i * NB);
+    for (int i = 0; i < M; i++)
+        for (int r = 0; r < ROWS; r++) {
+            const float want = vec_dot_q5k_ggml(w + r * rb, xk + i * NB, NB);
+            const float got = pg_kdot_row_ref(PG_DTYPE_Q5_K, w + r * rb, xk + i * NB, NB, PG_KDOT_VEC);
+            if (!same_float(got, want))
+                fail_msg("q5_K (%d,%d): %.9g vs ggml's vec_dot %.9g", r, i, got, want);
+        }
+    free(xk);
+    free(x);
+    free(w);
 }
 
 // Through the matmul (2 threads): Q4_K with 16 rows (the repacked order)
-// and 13 rows, Q6_K, for decode and prefill sizes, each output the
+// and 13 rows, Q5_K, Q6_K, for decode and prefill sizes, each output the
 // reference's bits for its pair.
 static void test_kquant_matmul_bits_equal_scalar_reference(void **state) {
     static const struct {
         int dtype;
         int64_t rows;
-    } cases[] = {{PG_DTYPE_Q4_K, 16}, {PG_DTYPE_Q4_K, 13}, {PG_DTYPE_Q6_K, 16}, {PG_DTYPE_Q6_K, 13}};
+    } cases[] = {{PG_DTYPE_Q4_K, 16}, {PG_DTYPE_Q4_K, 13}, {PG_DTYPE_Q5_K, 16},
+                 {PG_DTYPE_Q5_K, 13}, {PG_DTYPE_Q6_K, 16}, {PG_DTYPE_Q6_K, 13}};
     static const int64_t ms[] = {1, 2, 4, 7, 8, 33};
     pg_backend *q = backend(2, PG_MATMUL_QUANT_ACT);
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -945,7 +1010,7 @@ int main(void) {
         cmocka_unit_test(test_q5_1_both_modes_match_references),
         cmocka_unit_test(test_q8_0_both_modes_match_references),
         cmocka_unit_test(test_q4_k_both_modes_match_references),
-        cmocka_unit_test(test_q5_k_exact_matches_reference),
+        cmocka_unit_test(test_q5_k_both_modes_match_references),
         cmocka_unit_test(test_q6_k_both_modes_match_references),
         cmocka_unit_test(test_plain_types_exact_match_reference),
         cmocka_unit_test(test_quantized_results_independent_of_threads_and_tiling),
@@ -955,6 +1020,7 @@ int main(void) {
         cmocka_unit_test(test_q8k_quantizer_bits_equal_scalar_reference),
         cmocka_unit_test(test_kquant_dot_bits_equal_scalar_reference),
         cmocka_unit_test(test_kquant_tiled_order_is_ggml_tiled_kernel),
+        cmocka_unit_test(test_q5k_vec_order_is_ggml_vec_dot),
         cmocka_unit_test(test_kquant_matmul_bits_equal_scalar_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
