@@ -22,14 +22,22 @@
 // without the weights-before-wait promise (pg_cuda_gemv_preload_set), and
 // "gemv only" chains without RoPE and attention.
 //
+// --chain-fp8: the same W1 chain with FP8 e4m3 weights (a scale per row)
+// through gemv.cu's FP8 GEMV (the decode path of FP8 checkpoints; the LM
+// head stays bf16, as in the backend), over the GEMV kinds with the
+// preload, with and without attention, and with each projection left out
+// in turn: what each matrix costs inside the chain, where PDL overlaps a
+// kernel's start with its predecessor's tail (the isolated --fp8 table
+// counts every launch's ramp and drain).
+//
 // --fp8: only the FP8 GEMV table (fp8_bench): Llama-3.1-8B's layer shapes
 // with FP8 e4m3 weights (one byte each, a scale per row), gemv.cu's FP8
 // GEMV (plain and fused, as the decode path calls them) against qgemv.cu's
 // (the path it replaces) and the bf16 GEMV on bf16 weights of the shape;
 // GB/s counts the bytes each reads (fp8 weights + scales + x + out).
 //
-// Usage: build/gpu/bench_cuda_gemv [--quick] [--chain | --fp8]   (--chain:
-// only the W1 chain) exit 77 = no CUDA device.
+// Usage: build/gpu/bench_cuda_gemv [--quick] [--chain | --chain-fp8 | --fp8]
+// (--chain: only the W1 chain) exit 77 = no CUDA device.
 #include <algorithm>
 #include <numeric>
 #include <string>
@@ -45,7 +53,7 @@ static const double CEILING_GBPS = 4230.0;
 
 // --- the W1 step under a CUDA graph -----------------------------------------------------
 
-static void chain_bench(bool quick) {
+static void chain_bench(bool quick, bool fp8 = false) {
     const int L = 32, H = 4096, NH = 32, NKV = 8, HD = 128, BS = 16, FFN = 14336, VOCAB = 128256, CTX = 300,
               CTX_BUCKET = 512;
     const int QKV = (NH + 2 * NKV) * HD, QD = NH * HD, KVD = NKV * HD;
@@ -53,12 +61,22 @@ static void chain_bench(bool quick) {
     const size_t per_layer = e_qkv + e_o + e_gu + e_d;
     const int bps = CTX_BUCKET / BS, n_blocks = bps + 4;
     const size_t kv_layer = (size_t)n_blocks * BS * KVD; // elements of one layer's K (or V)
-    DBuf w(per_layer * L * 2), lm((size_t)VOCAB * H * 2), nw((size_t)H * 2), kv(kv_layer * 2 * L * 2);
-    fill_random(w.p, per_layer * L, 11, 0.02f);
+    const size_t wb = fp8 ? 1 : 2; // bytes per weight
+    DBuf w(per_layer * L * wb), lm((size_t)VOCAB * H * 2), nw((size_t)H * 2), kv(kv_layer * 2 * L * 2),
+        wsc((size_t)2 * FFN * sizeof(float));
+    if (fp8) {
+        // Small e4m3 codes (|v| < 2, no NaN) and row scales of 1/64, as fp8_bench.
+        CK(cudaMemset(w.p, 0x2a, per_layer * L));
+        std::vector<float> hs((size_t)2 * FFN, 1.0f / 64);
+        CK(cudaMemcpy(wsc.p, hs.data(), hs.size() * sizeof(float), cudaMemcpyHostToDevice));
+    } else {
+        fill_random(w.p, per_layer * L, 11, 0.02f);
+    }
     fill_random(lm.p, (size_t)VOCAB * H, 12, 0.02f);
     fill_random(nw.p, H, 13, 1.0f);
     fill_random(kv.p, kv_layer * 2 * L, 14, 1.0f);
-    auto W = [&](int l, size_t off) { return (const void *)(w.as<uint16_t>() + (size_t)l * per_layer + off); };
+    auto W = [&](int l, size_t off) { return (const void *)(w.as<uint8_t>() + ((size_t)l * per_layer + off) * wb); };
+    const float *wscale = wsc.as<float>();
     auto KC = [&](int l, int v) { return (void *)(kv.as<uint16_t>() + ((size_t)2 * l + v) * kv_layer); };
     // One sequence: 300 keys in random blocks; the new token at position 299.
     std::vector<int32_t> perm(n_blocks), bt(bps, 0);
@@ -87,14 +105,19 @@ static void chain_bench(bool quick) {
     // As the model's layer loop (engine/model/llama.c) on the CUDA backend for one decode row.
     auto mm = [&](bool gv, void *out, int64_t ldo, const void *in, int64_t ldx, const void *wt, int64_t n, int64_t k,
                   int acc) {
-        if (gv) PK(pg_cuda_gemv_bf16(out, ldo, in, ldx, wt, 1, n, k, acc, st));
+        if (gv && fp8) PK(pg_cuda_gemv_fp8(out, ldo, in, ldx, wt, wscale, 1, n, k, acc, st));
+        else if (gv) PK(pg_cuda_gemv_bf16(out, ldo, in, ldx, wt, 1, n, k, acc, st));
         else PK(pg_cuda_gemm_bf16(gemm, out, ldo, in, ldx, wt, 1, n, k, acc, gws.p, gws.n, st));
     };
     bool with_attn = true; // false: the GEMVs alone (no RoPE, no attention), to split the layer's time
+    int skip = 0;          // projections left out: 1 QKV, 2 O, 4 gate/up, 8 down (--chain-fp8's split)
     auto layers = [&](bool gv) {
         PK(pg_cuda_embed(x.p, lm.p, dtok.as<int32_t>(), 1, H, VOCAB, st));
         for (int l = 0; l < L; l++) {
-            if (gv) {
+            if (skip & 1) {
+            } else if (gv && fp8) {
+                PK(pg_cuda_gemv_rmsnorm_fp8(qkv.p, QKV, x.p, H, nw.p, eps, W(l, 0), wscale, 1, QKV, H, st));
+            } else if (gv) {
                 PK(pg_cuda_gemv_rmsnorm_bf16(qkv.p, QKV, x.p, H, nw.p, eps, W(l, 0), 1, QKV, H, st));
             } else {
                 PK(pg_cuda_add_rmsnorm(xn.p, x.p, nullptr, nw.p, 1, H, eps, st));
@@ -108,15 +131,19 @@ static void chain_bench(bool quick) {
                                                   dlens.as<int32_t>(), 1, NH, scale, CTX_BUCKET, dws.p, dws_bytes,
                                                   st));
             }
-            mm(gv, x.p, H, attn.p, QD, W(l, e_qkv), H, QD, 1);
-            if (gv) {
+            if (!(skip & 2)) mm(gv, x.p, H, attn.p, QD, W(l, e_qkv), H, QD, 1);
+            if (skip & 4) {
+            } else if (gv && fp8) {
+                PK(pg_cuda_gemv_rmsnorm_silu_fp8(h.p, FFN, x.p, H, nw.p, eps, W(l, e_qkv + e_o), wscale, 1, FFN, H,
+                                                 st));
+            } else if (gv) {
                 PK(pg_cuda_gemv_rmsnorm_silu_bf16(h.p, FFN, x.p, H, nw.p, eps, W(l, e_qkv + e_o), 1, FFN, H, st));
             } else {
                 PK(pg_cuda_add_rmsnorm(xn.p, x.p, nullptr, nw.p, 1, H, eps, st));
                 mm(false, gu.p, 2 * FFN, xn.p, H, W(l, e_qkv + e_o), 2 * FFN, H, 0);
                 PK(pg_cuda_silu_mul(h.p, gu.p, 1, FFN, st));
             }
-            mm(gv, x.p, H, h.p, FFN, W(l, e_qkv + e_o + e_gu), H, FFN, 1);
+            if (!(skip & 8)) mm(gv, x.p, H, h.p, FFN, W(l, e_qkv + e_o + e_gu), H, FFN, 1);
         }
     };
     auto tail = [&](bool gv) {
@@ -136,10 +163,10 @@ static void chain_bench(bool quick) {
         return ge;
     };
     const int reps = quick ? 11 : 41;
-    const double bytes_layers = 2.0 * (double)per_layer * L, bytes_tail = 2.0 * (double)VOCAB * H;
-    printf("\nW1 chain: batch 1, %d layers (hidden %d, q %dx%d, kv %dx%d, ffn %d), context %d (bucket %d), block %d; "
+    const double bytes_layers = (double)wb * (double)per_layer * L, bytes_tail = 2.0 * (double)VOCAB * H;
+    printf("\nW1 chain%s: batch 1, %d layers (hidden %d, q %dx%d, kv %dx%d, ffn %d), context %d (bucket %d), block %d; "
            "CUDA graph replay, median of %d\n",
-           L, H, NH, HD, NKV, HD, FFN, CTX, CTX_BUCKET, BS, reps);
+           fp8 ? " with FP8 weights (LM head bf16)" : "", L, H, NH, HD, NKV, HD, FFN, CTX, CTX_BUCKET, BS, reps);
     // One configuration: median layers and tail ms over the replays.
     auto measure = [&](bool gv, int pdl, double &ml, double &mt) {
             pg_cuda_pdl_set(pdl);
@@ -173,6 +200,41 @@ static void chain_bench(bool quick) {
             CK(cudaEventDestroy(b));
             CK(cudaEventDestroy(c));
     };
+    if (fp8) {
+        // The GEMV kinds with the preload (as the backend runs them: kind
+        // auto is 2 with the promise), then kind 2 with each projection
+        // left out: the difference to the full chain is what it costs there.
+        struct Cfg8 {
+            int kind, preload, attn, skip;
+            const char *what;
+        } cfgs[] = {{0, 0, 1, 0, "full"},           {1, 1, 1, 0, "full"},         {2, 1, 1, 0, "full"},
+                    {3, 1, 1, 0, "full"},           {2, 1, 0, 0, "gemv only"},    {2, 1, 1, 1, "without QKV"},
+                    {2, 1, 1, 2, "without O"},      {2, 1, 1, 4, "without gate/up"}, {2, 1, 1, 8, "without down"},
+                    {2, 1, 1, 15, "attention only"}};
+        double full = 0;
+        printf("\n| gemv kind | preload | chain | layers ms | us/layer | GB/s (weights read) | tail ms | layers + tail "
+               "| us/layer saved vs full |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+        for (const Cfg8 &c : cfgs) {
+            pg_cuda_gemv_kernel_set(c.kind);
+            pg_cuda_gemv_preload_set(c.preload);
+            with_attn = c.attn != 0, skip = c.skip;
+            double ml, mt;
+            measure(true, 1, ml, mt);
+            if (c.kind == 2 && c.attn && !c.skip) full = ml;
+            const double frac = 1.0 - ((c.skip & 1) ? (double)e_qkv : 0) / per_layer - ((c.skip & 2) ? (double)e_o : 0) / per_layer -
+                                ((c.skip & 4) ? (double)e_gu : 0) / per_layer - ((c.skip & 8) ? (double)e_d : 0) / per_layer;
+            printf("| %d | %s | %s | %.4f | %.1f | %.0f | %.4f | %.4f | %s |\n", c.kind, c.preload ? "on" : "off", c.what,
+                   ml, 1000.0 * ml / L, bytes_layers * frac / ml / 1e6, mt, ml + mt,
+                   full > 0 && c.skip ? (std::to_string(1000.0 * (full - ml) / L).substr(0, 5)).c_str() : "-");
+        }
+        with_attn = true, skip = 0;
+        pg_cuda_gemv_kernel_set(-1);
+        pg_cuda_gemv_preload_set(0);
+        pg_cuda_pdl_set(-1);
+        CK(cudaStreamDestroy(st));
+        pg_cuda_gemm_destroy(gemm);
+        return;
+    }
     double res[2][2][2] = {};
     for (int gv = 1; gv >= 0; gv--)
         for (int pdl = 1; pdl >= 0; pdl--) {
@@ -283,16 +345,17 @@ static void fp8_bench(bool quick) {
 }
 
 int main(int argc, char **argv) {
-    bool quick = false, chain_only = false, fp8_only = false;
+    bool quick = false, chain_only = false, fp8_only = false, chain_fp8 = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         if (!strcmp(argv[i], "--chain")) chain_only = true;
         if (!strcmp(argv[i], "--fp8")) fp8_only = true;
+        if (!strcmp(argv[i], "--chain-fp8")) chain_fp8 = true;
     }
     if (!gpu_announce()) return 77;
     printf("PDL (programmatic dependent launch) by default: %s\n", pg_cuda_pdl_enabled() ? "on" : "off");
-    if (chain_only) {
-        chain_bench(quick);
+    if (chain_only || chain_fp8) {
+        chain_bench(quick, chain_fp8);
         return 0;
     }
     if (fp8_only) {
