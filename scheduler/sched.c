@@ -314,6 +314,7 @@ int sched_step(sched *s, const pg_batch_plan **out) {
         while (s->swapped.n == 0 && s->waiting.n > 0 && b.tokens > 0 && b.seqs > 0)
             if (!admit_waiting(s, s->waiting.v[0], &b)) break;
     }
+    spec_batch_fill(s); // propose_batch: every provisional draft at once
 
     // The host tier's offloads and loads join the swaps: the same ordering
     // (swap-out, swap-in, copies, forward) makes them safe.
@@ -383,7 +384,7 @@ int sched_create(const sched_config *cfg, sched **out) {
                           (int)cfg->preemption_mode);
     const sched_spec_config *sc = &cfg->spec;
     if (sc->num_tokens < 0 || sc->num_tokens > PG_MAX_DRAFT || sc->max_running_seqs < 0 ||
-        (sc->num_tokens > 0 && !sc->propose))
+        (sc->num_tokens > 0 && !sc->propose && !sc->propose_batch))
         return pg_err_set(PG_EINVAL, "scheduler: speculative tokens %d out of [0, %d] or no proposer",
                           sc->num_tokens, PG_MAX_DRAFT);
     kvp_config kc;
@@ -414,6 +415,10 @@ int sched_create(const sched_config *cfg, sched **out) {
     s->ures_seq = pg_xcalloc((size_t)cfg->max_num_seqs, sizeof(int64_t));
     s->ures_req = pg_xcalloc((size_t)cfg->max_num_seqs, sizeof(int64_t));
     s->plan.seqs = s->pseqs;
+    if (cfg->spec.propose_batch) {
+        s->spec_items = pg_xcalloc((size_t)cfg->max_num_seqs, sizeof(sched_propose_item));
+        s->spec_entry = pg_xcalloc((size_t)cfg->max_num_seqs, sizeof(int32_t));
+    }
     *out = s;
     return 0;
 }
@@ -432,6 +437,8 @@ void sched_destroy(sched *s) {
     free(s->preq);
     free(s->ures_seq);
     free(s->ures_req);
+    free(s->spec_items);
+    free(s->spec_entry);
     kvp_moves_fini(&s->copies);
     kvp_moves_fini(&s->swap_out);
     kvp_moves_fini(&s->swap_in);

@@ -77,6 +77,23 @@ typedef enum sched_preempt_mode {
 typedef int32_t (*sched_propose_fn)(void *ctx, const int32_t *history, int32_t n, int32_t limit,
                                     int32_t *out);
 
+// The batched form (a draft model proposes for every sequence in one pass):
+// each item is one sequence's history[0 .. n), the tokens it may take
+// (limit >= 1) and where they go (out, room for limit); the callee sets
+// got (0 .. limit; 0: no guess, a plain decode). When propose_batch is set
+// the scheduler plans each speculating sequence with `limit` drafts
+// provisionally, calls it once per sched_step after the planning loop with
+// every such sequence, and trims each plan entry by limit - got (tokens,
+// rows and KV slots back); propose is then not called.
+typedef struct sched_propose_item {
+    const int32_t *history;
+    int32_t n;
+    int32_t limit;
+    int32_t *out;
+    int32_t got;
+} sched_propose_item;
+typedef void (*sched_propose_batch_fn)(void *ctx, sched_propose_item *items, int32_t n_items);
+
 // Backoff: no speculation while more sequences than this run (the step is
 // then compute-bound and checking drafts costs what it saves).
 #define SCHED_SPEC_DEFAULT_MAX_SEQS 8
@@ -84,8 +101,9 @@ typedef int32_t (*sched_propose_fn)(void *ctx, const int32_t *history, int32_t n
 typedef struct sched_spec_config {
     int32_t num_tokens;       // drafts per step at most, 1 .. PG_MAX_DRAFT; 0 = off
     int32_t max_running_seqs; // backoff (above); 0 = SCHED_SPEC_DEFAULT_MAX_SEQS
-    sched_propose_fn propose; // required when num_tokens > 0
-    void *ctx;
+    sched_propose_fn propose; // required when num_tokens > 0, unless propose_batch is set
+    sched_propose_batch_fn propose_batch; // NULL: per sequence (propose)
+    void *ctx;                // of either
 } sched_spec_config;
 
 typedef struct sched_config {

@@ -126,6 +126,8 @@ struct sched {
     int32_t n_dead, dead_cap;
     sched_stats st; // counters (the queue sizes are filled on demand)
     int32_t spec_rows; // this step's sampled rows left for drafts (sched_spec.c)
+    sched_propose_item *spec_items; // [max_num_seqs] propose_batch's items (sched_spec.c)
+    int32_t *spec_entry;            // [max_num_seqs] their plan entries
 };
 
 // --- small helpers (every file) ----------------------------------------------
@@ -193,6 +195,10 @@ void spec_step_begin(sched *s);
 // plain decode). Only eligible sequences (min_tokens reached; any n,
 // each sequence from its own history) at small batches propose.
 int32_t spec_propose(sched *s, req *r, seq *q, int32_t left);
+// After the planning loop (propose_batch only): one call proposes for every
+// plan entry holding a provisional draft, then each is trimmed to what
+// came (its tokens, rows and KV slots beyond given back).
+void spec_batch_fill(sched *s);
 // A plan's items could not get blocks: drops their drafts (back to plain
 // decodes) and returns whether any had one, so the caller retries before
 // preempting anyone for a guess.

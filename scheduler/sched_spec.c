@@ -1,7 +1,9 @@
 // scheduler/sched_spec.c - speculative decoding in the scheduler
 // (docs/speculative_decoding.md): which sequences get a draft, how much of
 // the step it may take, and what happens to the tokens its verification
-// kept. The guess comes from the caller (sched_spec_config.propose) and the
+// kept. The guess comes from the caller (sched_spec_config.propose, per
+// sequence while the step is planned, or propose_batch, once per step for
+// every speculating sequence after it is planned: spec_batch_fill) and the
 // verification from the runner, so this file only counts slots and tokens.
 //
 // A decoding sequence has its last token in the history, not yet computed
@@ -98,13 +100,53 @@ int32_t spec_propose(sched *s, req *r, seq *q, int32_t left) {
     limit = min32(limit, s->spec_rows);
     if (limit <= 0) return 0;
     if (!q->draft) q->draft = pg_xmalloc(sizeof(int32_t) * (PG_MAX_DRAFT + 1));
-    int32_t k = s->cfg.spec.propose(s->cfg.spec.ctx, q->hist, q->n_hist, limit, q->draft + 1);
-    if (k <= 0) return 0;
-    k = min32(k, limit);
+    int32_t k = limit; // batched: provisional, spec_batch_fill trims it
+    if (!s->cfg.spec.propose_batch) {
+        k = s->cfg.spec.propose(s->cfg.spec.ctx, q->hist, q->n_hist, limit, q->draft + 1);
+        if (k <= 0) return 0;
+        k = min32(k, limit);
+    }
     q->draft[0] = q->hist[q->n_hist - 1];
     q->n_draft = k;
     s->spec_rows -= k;
     return k;
+}
+
+// Every plan entry with a draft holds a provisional one here (a request
+// planned and then not admitted, or preempted, has none in the plan); its
+// history stays put until sched_update, so the callee may read it. A
+// draft cut to got < limit is what spec_drop does to one cut to 0: fewer
+// tokens and rows, and the table truncated to the positions still written
+// (the blocks of the cut slots are fresh, never copied or cached).
+void spec_batch_fill(sched *s) {
+    if (!s->cfg.spec.propose_batch) return;
+    int32_t n = 0;
+    for (int32_t k = 0; k < s->plan.n_seqs; k++) {
+        const pg_plan_seq *ps = &s->pseqs[k];
+        if (ps->n_draft <= 0) continue;
+        seq *q = s->pref[k];
+        s->spec_items[n] = (sched_propose_item){q->hist, q->n_hist, ps->n_draft, q->draft + 1, 0};
+        s->spec_entry[n++] = k;
+    }
+    if (n == 0) return;
+    s->cfg.spec.propose_batch(s->cfg.spec.ctx, s->spec_items, n);
+    for (int32_t i = 0; i < n; i++) {
+        pg_plan_seq *ps = &s->pseqs[s->spec_entry[i]];
+        seq *q = s->pref[s->spec_entry[i]];
+        const int32_t limit = s->spec_items[i].limit, got = s->spec_items[i].got;
+        const int32_t keep = got < 0 ? 0 : got > limit ? limit : got, cut = limit - keep;
+        if (cut == 0) continue;
+        ps->n_tokens -= cut;
+        ps->n_draft = keep;
+        if (keep == 0) ps->tokens = q->hist + q->n_computed; // the last token alone
+        q->n_draft = keep;
+        q->n_sched -= cut;
+        s->plan.n_tokens -= cut;
+        s->spec_rows += cut;
+        kvp_table_truncate(s->pool, &q->table, q->n_computed + q->n_sched);
+        ps->block_table = q->table.blocks;
+        ps->n_blocks = q->table.n_blocks;
+    }
 }
 
 bool spec_drop(sched *s, int32_t n_items, int32_t *n_tok) {
