@@ -17,8 +17,17 @@ not. Not a timed test: figures go to docs/speculative_decoding.md.
     bench/bench_spec.py                 # the two default configurations
     bench/bench_spec.py --prompt-kind plain   # a prompt with little to copy
     bench/bench_spec.py --config "k3=--speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'"
+
+--concurrency N sends N requests at once (the copy prompts, one each)
+instead, --runs times, and reports the aggregate rate: all their tokens over
+the wall time from sending to the last one done (prefill included), and the
+CPU time per token - for the draft model's batched steps:
+
+    bench/bench_spec.py --concurrency 4 --config plain= \
+        --config "draft-k4=--speculative-config '{\"method\": \"draft_model\", \"model\": \"models/SmolLM2-135M-Instruct.Q4_1.gguf\", \"num_speculative_tokens\": 4}'"
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import shlex
@@ -83,6 +92,36 @@ def bench(name, flags, prompt, max_tokens, runs):
             "tokens_per_step": (n * runs) / (n * runs - d["accepted_tokens"]) if n else None, "text": text}
 
 
+def bench_concurrent(name, flags, n_req, max_tokens, runs):
+    """n_req greedy requests at once (COPY_PROMPTS in turn): tokens/s over the
+    whole batch's wall time, CPU ms per token, and the drafts' counts."""
+    from test_spec_decode import complete  # noqa: E402
+    prompts = [COPY_PROMPTS[i % len(COPY_PROMPTS)] for i in range(n_req)]
+    with su.Server(*shlex.split(flags)) as srv:
+        with concurrent.futures.ThreadPoolExecutor(n_req) as ex:  # warm-up
+            list(ex.map(lambda p: complete(srv.port, p, max_tokens), prompts))
+        m0 = su.metrics(srv.port)
+        rates, cpu, total, texts = [], 0.0, 0, None
+        for _ in range(runs):
+            c0, t0 = cpu_seconds(srv.proc.pid), time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(n_req) as ex:
+                texts = list(ex.map(lambda p: one_request(srv.port, p, max_tokens), prompts))
+            secs = time.perf_counter() - t0
+            cpu += cpu_seconds(srv.proc.pid) - c0
+            n = sum(t[1] for t in texts)
+            total += n
+            rates.append(n / secs)
+        m1 = su.metrics(srv.port)
+    d = {k: su.metric(m1, f"paged:spec_decode_num_{k}_total") - su.metric(m0, f"paged:spec_decode_num_{k}_total")
+         for k in ("drafts", "draft_tokens", "accepted_tokens")}
+    return {"name": name, "flags": flags, "tokens": total // runs, "tok_s": statistics.median(rates), "runs": rates,
+            "cpu_ms_per_token": 1000 * cpu / total,
+            "drafts": d["drafts"], "draft_tokens": d["draft_tokens"], "accepted": d["accepted_tokens"],
+            "acceptance": d["accepted_tokens"] / d["draft_tokens"] if d["draft_tokens"] else None,
+            "tokens_per_step": total / (total - d["accepted_tokens"]) if total else None,
+            "text": "\n".join(t[0] for t in texts)}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", action="append", help="NAME=FLAGS for paged serve (repeatable)")
@@ -90,17 +129,22 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", help="write the results as JSON")
+    ap.add_argument("--concurrency", type=int, default=1, help="requests at once (1: the batch-1 decode rate)")
     a = ap.parse_args()
     su.require_model_and_binary()
     configs = a.config or ["plain=", f"ngram-k5=--speculative-config '{NGRAM}'"]
     results = []
     for c in configs:
         name, _, flags = c.partition("=")
-        r = bench(name, flags, PROMPTS[a.prompt_kind], a.max_tokens, a.runs)
+        if a.concurrency > 1:
+            r = bench_concurrent(name, flags, a.concurrency, a.max_tokens, a.runs)
+        else:
+            r = bench(name, flags, PROMPTS[a.prompt_kind], a.max_tokens, a.runs)
         results.append(r)
         acc = f"{r['acceptance']:.1%} of {int(r['draft_tokens'])} draft tokens in {int(r['drafts'])} drafts, " \
               f"{r['tokens_per_step']:.2f} tokens per step" if r["acceptance"] is not None else "no drafts"
-        print(f"{name:12s} {r['tok_s']:7.1f} tok/s decode (median of {a.runs}; {r['tokens']} tokens), "
+        what = "decode" if a.concurrency <= 1 else f"over {a.concurrency} requests at once, prefill included"
+        print(f"{name:12s} {r['tok_s']:7.1f} tok/s {what} (median of {a.runs}; {r['tokens']} tokens), "
               f"{r['cpu_ms_per_token']:.2f} CPU ms per token (prefill included); {acc}", flush=True)
     base, base_cpu = results[0]["tok_s"], results[0]["cpu_ms_per_token"]
     for r in results[1:]:
@@ -109,7 +153,8 @@ def main():
               f"{base_cpu / r['cpu_ms_per_token']:.2f}x in CPU time per token ({same})")
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"prompt_kind": a.prompt_kind, "max_tokens": a.max_tokens, "results": results}, f, indent=1)
+            json.dump({"prompt_kind": a.prompt_kind, "max_tokens": a.max_tokens, "concurrency": a.concurrency,
+                       "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

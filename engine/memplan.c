@@ -189,7 +189,7 @@ static int plan_draft(const pg_engine_config *cfg, const pg_backend_caps *caps, 
     PG_TRY(pg_model_weight_plan(&mo, 0, 1, caps, &dmc, &weights, &off, &qmax));
     const pg_draft_config dc = {.model_path = cfg->spec.draft_model, .k = cfg->spec.draft_k,
                                 .max_model_len = max_model_len, .vocab_size = dmc.vocab_size,
-                                .kv_dtype = kv_dtype};
+                                .kv_dtype = kv_dtype, .max_seqs = cfg->spec.max_running_seqs};
     const pg_runner_config rc = pg_draft_runner_config(&dc);
     pg_model_shard sh;
     PG_TRY(pg_model_shard_plan(&dmc, 0, 1, false, &sh));

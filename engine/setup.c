@@ -175,9 +175,10 @@ static int32_t ngram_propose(void *ctx, const int32_t *history, int32_t n, int32
     return pg_ngram_propose(ctx, history, n, limit, out);
 }
 
-// The draft-model proposer (sched_spec_config.propose).
-static int32_t draft_propose(void *ctx, const int32_t *history, int32_t n, int32_t limit, int32_t *out) {
-    return pg_draft_propose(ctx, history, n, limit, out);
+// The draft-model proposer (sched_spec_config.propose_batch): every
+// speculating sequence of a step at once.
+static void draft_propose(void *ctx, sched_propose_item *items, int32_t n_items) {
+    pg_draft_propose_batch(ctx, items, n_items);
 }
 
 int eng_setup(pg_engine *e) {
@@ -243,7 +244,7 @@ int eng_setup(pg_engine *e) {
         // gets what they leave (not in `paged plan` yet).
         const pg_draft_config dc = {.model_path = cfg->spec.draft_model, .k = cfg->spec.draft_k,
                                     .max_model_len = e->max_model_len, .vocab_size = mc->vocab_size,
-                                    .kv_dtype = kv_dtype};
+                                    .kv_dtype = kv_dtype, .max_seqs = cfg->spec.max_running_seqs};
         PG_TRY(pg_draft_create(&dc, be, &e->draft));
     }
     PG_TRY(pg_executor_mem_refresh(e->exec));
@@ -356,7 +357,7 @@ int eng_setup(pg_engine *e) {
     if (cfg->spec.draft) {
         sc.spec = (sched_spec_config){.num_tokens = cfg->spec.draft_k,
                                       .max_running_seqs = cfg->spec.max_running_seqs,
-                                      .propose = draft_propose,
+                                      .propose_batch = draft_propose,
                                       .ctx = e->draft};
         PG_LOGI("speculative decoding: draft model %s, %d tokens, up to %d running sequences", cfg->spec.draft_model,
                 cfg->spec.draft_k,
