@@ -30,6 +30,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "engine/dist/remote.h"
+#include "kernels/backend_prof.h"
 
 #define MAX_RANKS 64
 
@@ -210,6 +211,14 @@ static int make_backends(pg_executor *ex, const pg_executor_config *cfg) {
     return 0;
 }
 
+// PAGED_PROFILE_OPS: every rank's backend wrapped by the op profiler
+// (kernels/backend_prof.h); a backend without a timer runs unprofiled.
+static void profile_backends(pg_executor *ex) {
+    if (!pg_backend_prof_wanted()) return;
+    for (int32_t r = 0; r < ex->n; r++)
+        if (ex->be[r] && pg_backend_prof_wrap(ex->be[r]) < 0) PG_LOGW("PAGED_PROFILE_OPS: %s", pg_err_msg());
+}
+
 static int make_comms(pg_executor *ex, const pg_executor_config *cfg) {
     // One rank needs no communicator, unless one is named: then the whole
     // tensor-parallel path runs (collectives of one rank), which is how it
@@ -308,7 +317,8 @@ int pg_executor_create(const pg_executor_config *cfg, const pg_model_load_opts *
     ex->reply_timeout_ms = cfg->op_timeout_ms > 0 ? cfg->op_timeout_ms : 300000;
     for (int i = 0; i < 64; i++) ex->remote.fds[i] = -1;
     int rc;
-    if ((rc = fault_parse(ex)) < 0 || (rc = make_backends(ex, cfg)) < 0 || (rc = start_workers(ex)) < 0 ||
+    if ((rc = fault_parse(ex)) < 0 || (rc = make_backends(ex, cfg)) < 0 ||
+        (profile_backends(ex), (rc = start_workers(ex)) < 0) ||
         (rc = nnodes > 1 ? make_node_comms(ex, cfg) : make_comms(ex, cfg)) < 0) {
         pg_executor_free(ex);
         return rc;

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/sampling.h"
@@ -90,6 +91,22 @@ static int cpu_nop_slot(pg_backend *b, int slot) {
 
 static int cpu_sync(pg_backend *b) {
     (void)b;
+    return 0;
+}
+
+// Op profiling: an op has run when it returns, so the clock is the timeline.
+static int cpu_timer_mark(pg_backend *b, int32_t i) {
+    pg_cpu_ctx *c = b->ctx;
+    PG_ARG(i >= 0 && i < PG_PROF_MARKS, "timer mark %d", i);
+    if (!c->prof_t) c->prof_t = pg_xcalloc(PG_PROF_MARKS, sizeof(double));
+    c->prof_t[i] = (double)pg_now_ns() * 1e-6;
+    return 0;
+}
+
+static int cpu_timer_read(pg_backend *b, int32_t n, float *ms) {
+    pg_cpu_ctx *c = b->ctx;
+    PG_ARG(c->prof_t && n >= 1 && n <= PG_PROF_MARKS, "timer read %d", n);
+    for (int32_t i = 0; i + 1 < n; i++) ms[i] = (float)(c->prof_t[i + 1] - c->prof_t[i]);
     return 0;
 }
 
@@ -703,6 +720,7 @@ static void cpu_destroy(pg_backend *b) {
         free(c->scratch_cap);
         free(c->xq_mem);
         free(c->sample_row);
+        free(c->prof_t);
         pg_sampler_free(c->sampler);
         pg_pool_destroy(c->pool);
         free(c);
@@ -730,6 +748,8 @@ static const pg_backend_dev cpu_dev = {
     .graph_end = cpu_graph_end,
     .graph_launch = cpu_graph_launch,
     .graph_free = cpu_graph_free,
+    .timer_mark = cpu_timer_mark,
+    .timer_read = cpu_timer_read,
 };
 
 static const pg_backend_store cpu_store = {

@@ -23,6 +23,7 @@ typedef struct pg_cpu_ctx {
     struct pg_sampler *sampler; // the CPU sampler (kernels/cpu/sampling.c)
     float *sample_row;          // [vocab] one row of logits being sampled
     int64_t sample_cap;
+    double *prof_t; // [PG_PROF_MARKS] timer_mark's clock stamps (ms), allocated on first use
 } pg_cpu_ctx;
 
 static inline pg_cpu_ctx *pg_cpu(pg_backend *b) {

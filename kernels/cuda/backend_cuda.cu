@@ -112,6 +112,29 @@ static int cu_sync(pg_backend *b) {
     return 0;
 }
 
+// Op profiling (kernels/backend_prof.h): timing events on the compute
+// stream. Events between kernels keep programmatic dependent launch from
+// overlapping them, so a profiled decode chain runs a little slower.
+static int cu_timer_mark(pg_backend *b, int32_t i) {
+    CudaCtx *c = ctx_of(b);
+    PG_ARG(i >= 0 && i < PG_PROF_MARKS, "timer mark %d", i);
+    if (!c->prof_ev) {
+        c->prof_ev = (cudaEvent_t *)calloc(PG_PROF_MARKS, sizeof(cudaEvent_t));
+        if (!c->prof_ev) return pg_err_set(PG_ENOMEM, "cuda: profiling events");
+    }
+    if (!c->prof_ev[i]) PG_CUDA_TRY(cudaEventCreate(&c->prof_ev[i]));
+    PG_CUDA_TRY(cudaEventRecord(c->prof_ev[i], c->stream));
+    return 0;
+}
+
+static int cu_timer_read(pg_backend *b, int32_t n, float *ms) {
+    CudaCtx *c = ctx_of(b);
+    PG_ARG(c->prof_ev && n >= 1 && n <= PG_PROF_MARKS, "timer read %d", n);
+    PG_CUDA_TRY(cudaEventSynchronize(c->prof_ev[n - 1]));
+    for (int32_t i = 0; i + 1 < n; i++) PG_CUDA_TRY(cudaEventElapsedTime(&ms[i], c->prof_ev[i], c->prof_ev[i + 1]));
+    return 0;
+}
+
 // --- graphs ---------------------------------------------------------------------------------
 
 static int cu_graph_begin(pg_backend *b) {
@@ -178,6 +201,9 @@ static void cu_destroy(pg_backend *b) {
             if (c->ev_done[i]) cudaEventDestroy(c->ev_done[i]);
         if (c->ev_compute) cudaEventDestroy(c->ev_compute);
         if (c->ev_copy) cudaEventDestroy(c->ev_copy);
+        for (int i = 0; c->prof_ev && i < PG_PROF_MARKS; i++)
+            if (c->prof_ev[i]) cudaEventDestroy(c->prof_ev[i]);
+        free(c->prof_ev);
         for (int i = 0; i < 2; i++)
             if (c->ev_in[i]) cudaEventDestroy(c->ev_in[i]);
         if (c->stream) cudaStreamDestroy(c->stream);
@@ -218,6 +244,8 @@ static const pg_backend_dev cu_dev = {
     .graph_end = cu_graph_end,
     .graph_launch = cu_graph_launch,
     .graph_free = cu_graph_free,
+    .timer_mark = cu_timer_mark,
+    .timer_read = cu_timer_read,
 };
 
 extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {

@@ -32,6 +32,7 @@ struct CudaCtx {
     cudaStream_t stream;      // compute
     cudaStream_t copy_stream; // swaps
     cudaEvent_t ev_compute, ev_copy, ev_done[2];
+    cudaEvent_t *prof_ev; // [PG_PROF_MARKS] timer_mark's events, each created on first use
     cudaEvent_t ev_in[2]; // stream_in's copies (weight offload), one per slot
     pg_cuda_gemm *gemm;
     void *gemm_ws; // PG_CUDA_GEMM_WORKSPACE, for the compute stream's GEMMs
