@@ -191,18 +191,19 @@ typedef struct pg_backend_dev {
     int (*graph_launch)(pg_backend *b, void *graph);
     void (*graph_free)(pg_backend *b, void *graph);
 
-    // Op profiling (kernels/backend_prof.h, PAGED_PROFILE_OPS=1): timer_mark
-    // stamps the compute timeline in slot i (< PG_PROF_MARKS) when all that
-    // was issued before it has run (CUDA: an event on the compute stream; the
-    // CPU: the clock, its ops being synchronous); timer_read waits for stamp
-    // n - 1 and writes ms[i] = stamp i + 1 - stamp i for i < n - 1. NULL: the
-    // backend cannot be profiled.
+    // Op profiling (kernels/backend_prof.h, PAGED_PROFILE_OPS=1): a ring of
+    // PG_PROF_MARKS stamps. timer_mark stamps slot i (< PG_PROF_MARKS) of the
+    // compute timeline when all that was issued before it has run (CUDA: an
+    // event on the compute stream; the CPU: the clock, its ops being
+    // synchronous); timer_read waits for the n-th stamp from slot i0 and
+    // writes ms[j] = stamp (i0 + j + 1) - stamp (i0 + j), slots taken modulo
+    // PG_PROF_MARKS, for j < n - 1. NULL: the backend cannot be profiled.
     int (*timer_mark)(pg_backend *b, int32_t i);
-    int (*timer_read)(pg_backend *b, int32_t n, float *ms);
+    int (*timer_read)(pg_backend *b, int32_t i0, int32_t n, float *ms);
 } pg_backend_dev;
 
-// Stamps a backend keeps for timer_mark (kernels/backend_prof.c flushes
-// before they run out).
+// Stamps in timer_mark's ring (kernels/backend_prof.c reads them back
+// before it wraps).
 #define PG_PROF_MARKS 4096
 
 typedef struct pg_backend_store {

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "kernels/backend_prof.h"
@@ -29,14 +28,18 @@ typedef struct prof {
     pg_backend_dev dev; // the wrapping ones
     pg_backend_store store;
     pg_backend_ops ops;
-    int16_t label[PG_PROF_MARKS]; // per stamp: the op it opens, and its rows
+    // The stamps, a ring: stamp a (a count since wrapping) sits in slot
+    // a % PG_PROF_MARKS with the op it opens and its rows. [head, next) are
+    // not read back yet; head's interval is the first to charge.
+    int16_t label[PG_PROF_MARKS];
     int64_t rows[PG_PROF_MARKS];
     float ms[PG_PROF_MARKS];
-    int32_t n; // stamps since the last read
+    int64_t head, next;
+    int64_t recorded[2]; // dev->record(slot): the stamps issued before it
     bool capturing, failed;
     prof_label labels[PROF_LABELS];
     int32_t n_labels;
-    int64_t first_ns, last_ns, reads;
+    int64_t reads;
     double ms_total;
 } prof;
 
@@ -68,41 +71,48 @@ static int16_t label_id(prof *p, const char *name) {
 static void prof_fail(prof *p) {
     if (!p->failed) PG_LOGW("op profile: the timer failed (%s); profiling stops here", pg_err_msg());
     p->failed = true;
-    p->n = 0;
 }
 
-// Charges the time between consecutive stamps to the ops they open: a
-// closing stamp, then the read (which waits for it).
-static void read_back(prof *p, pg_backend *b) {
-    if (p->n == 0 || p->failed || p->capturing) return;
-    if (p->dev0->timer_mark(b, p->n) < 0 || p->dev0->timer_read(b, p->n + 1, p->ms) < 0) {
+// Charges the intervals between stamps [head, end) (waiting for stamp end
+// - 1) to the ops they open; stamp end - 1 becomes the head, its interval
+// charged by a later read.
+static void read_upto(prof *p, pg_backend *b, int64_t end) {
+    if (p->failed || end - p->head < 2) return;
+    const int32_t n = (int32_t)(end - p->head), h = (int32_t)(p->head % PG_PROF_MARKS);
+    if (p->dev0->timer_read(b, h, n, p->ms) < 0) {
         prof_fail(p);
         return;
     }
-    for (int32_t i = 0; i < p->n; i++) {
-        prof_label *l = &p->labels[p->label[i]];
+    for (int32_t j = 0; j + 1 < n; j++) {
+        const int32_t slot = (h + j) % PG_PROF_MARKS;
+        prof_label *l = &p->labels[p->label[slot]];
         l->calls++;
-        l->ms += p->ms[i];
-        l->rows += (double)p->rows[i];
-        p->ms_total += p->ms[i];
+        l->ms += p->ms[j];
+        l->rows += (double)p->rows[slot];
+        p->ms_total += p->ms[j];
     }
-    p->n = 0;
+    p->head = end - 1;
     p->reads++;
-    p->last_ns = pg_now_ns();
 }
 
 static void stamp(prof *p, pg_backend *b, const char *name, int64_t rows) {
     if (p->capturing || p->failed) return;
-    if (p->n >= PG_PROF_MARKS - 1) read_back(p, b); // room for the closing stamp
-    if (p->dev0->timer_mark(b, p->n) < 0) {
+    // A full ring is read back whole (this waits for the device: rare, a
+    // step issues a few hundred ops).
+    if (p->next - p->head >= PG_PROF_MARKS) read_upto(p, b, p->next);
+    const int32_t slot = (int32_t)(p->next % PG_PROF_MARKS);
+    if (p->dev0->timer_mark(b, slot) < 0) {
         prof_fail(p);
         return;
     }
-    if (!p->first_ns) p->first_ns = pg_now_ns();
-    p->label[p->n] = label_id(p, name);
-    p->rows[p->n] = rows;
-    p->n++;
+    p->label[slot] = label_id(p, name);
+    p->rows[slot] = rows;
+    p->next++;
 }
+
+// The interval from a step's end (or a wait for the device) to the next op
+// issued: time the device had nothing queued.
+#define IDLE "idle (nothing queued)"
 
 static const char *attn_name(const pg_attn_batch *ab) {
     return ab->n_decode == ab->n_seqs ? "attention decode" : ab->n_decode == 0 ? "attention prefill" : "attention mixed";
@@ -222,33 +232,46 @@ static int prof_gate_up_gelu(pg_backend *b, pg_tensor h, pg_tensor x, const pg_b
     return p->ops0->gate_up_gelu(b, h, x, norm, eps, w, scratch_xn, scratch_gu);
 }
 
-// Where the caller waits for the device, the stamps are read back.
-static int prof_read_f32(pg_backend *b, pg_tensor t, int64_t n, float *out) {
+// A step ends with dev->record(slot) and is waited for with dev->wait(slot):
+// the stamps issued before the record are complete when the wait returns,
+// so they are read back there, whatever later steps have been issued since.
+static int prof_record(pg_backend *b, int slot) {
     prof *p = prof_of(b);
-    stamp(p, b, "read_f32", n);
-    const int rc = p->ops0->read_f32(b, t, n, out);
-    if (rc == 0) read_back(p, b);
-    return rc;
+    stamp(p, b, IDLE, 0);
+    p->recorded[slot & 1] = p->next;
+    return p->dev0->record(b, slot);
 }
 
 static int prof_wait(pg_backend *b, int slot) {
     prof *p = prof_of(b);
     const int rc = p->dev0->wait(b, slot);
-    if (rc == 0) read_back(p, b);
+    if (rc == 0 && !p->capturing) read_upto(p, b, p->recorded[slot & 1]);
     return rc;
 }
 
 static int prof_sync(pg_backend *b) {
     prof *p = prof_of(b);
+    stamp(p, b, IDLE, 0);
+    const int64_t end = p->next;
     const int rc = p->dev0->sync(b);
-    if (rc == 0) read_back(p, b);
+    if (rc == 0 && !p->capturing) read_upto(p, b, end);
+    return rc;
+}
+
+// Synchronous: everything before it has run when it returns.
+static int prof_read_f32(pg_backend *b, pg_tensor t, int64_t n, float *out) {
+    prof *p = prof_of(b);
+    stamp(p, b, "read_f32", n);
+    const int rc = p->ops0->read_f32(b, t, n, out);
+    stamp(p, b, IDLE, 0);
+    if (rc == 0 && !p->capturing) read_upto(p, b, p->next);
     return rc;
 }
 
 // Nothing is stamped inside a capture: the events would become graph nodes.
 static int prof_graph_begin(pg_backend *b) {
     prof *p = prof_of(b);
-    read_back(p, b);
+    stamp(p, b, IDLE, 0);
     const int rc = p->dev0->graph_begin(b);
     if (rc == 0) p->capturing = true;
     return rc;
@@ -312,6 +335,7 @@ int pg_backend_prof_wrap(pg_backend *be) {
     WRAP(ops, read_f32);
     WRAP(dev, upload);
     WRAP(dev, download);
+    WRAP(dev, record);
     WRAP(dev, wait);
     WRAP(dev, sync);
     WRAP(dev, graph_begin);
@@ -331,17 +355,29 @@ static int by_ms_desc(const void *a, const void *b) {
     return x->ms < y->ms ? 1 : x->ms > y->ms ? -1 : 0;
 }
 
+// Everything issued so far, read back (the device is waited for).
+static void read_all(prof *p, pg_backend *b) {
+    if (p->capturing || p->failed) return;
+    stamp(p, b, IDLE, 0);
+    const int64_t end = p->next;
+    if (p->dev0->sync(b) == 0) read_upto(p, b, end);
+}
+
 double pg_backend_prof_report(pg_backend *be) {
     prof *p = prof_of(be);
     if (!p) return -1;
-    read_back(p, be);
+    read_all(p, be);
     const prof_label *order[PROF_LABELS];
-    for (int32_t i = 0; i < p->n_labels; i++) order[i] = &p->labels[i];
+    double idle = 0;
+    for (int32_t i = 0; i < p->n_labels; i++) {
+        order[i] = &p->labels[i];
+        if (!strcmp(p->labels[i].name, IDLE)) idle = p->labels[i].ms;
+    }
     qsort(order, (size_t)p->n_labels, sizeof order[0], by_ms_desc);
-    const double wall = p->last_ns > p->first_ns ? (double)(p->last_ns - p->first_ns) * 1e-6 : 0;
-    PG_LOGI("op profile, %s backend: %.1f ms charged to ops; %.1f ms from the first op to the last read (%.1f%% "
-            "covered: the rest is time the device had nothing queued), %lld reads",
-            be->name, p->ms_total, wall, wall > 0 ? 100.0 * p->ms_total / wall : 0.0, (long long)p->reads);
+    PG_LOGI("op profile, %s backend: %.1f ms of device timeline from the first op to the last read, %.1f ms (%.1f%%) "
+            "in ops, %.1f ms with nothing queued; %lld reads",
+            be->name, p->ms_total, p->ms_total - idle, p->ms_total > 0 ? 100.0 * (p->ms_total - idle) / p->ms_total : 0.0,
+            idle, (long long)p->reads);
     PG_LOGI("  %-46s %9s %11s %6s %10s %9s", "op", "calls", "total ms", "share", "mean us", "mean rows");
     for (int32_t i = 0; i < p->n_labels; i++) {
         const prof_label *l = order[i];
@@ -356,7 +392,7 @@ double pg_backend_prof_report(pg_backend *be) {
 int64_t pg_backend_prof_calls(pg_backend *be, const char *name, double *ms) {
     prof *p = prof_of(be);
     if (!p) return -1;
-    read_back(p, be);
+    read_all(p, be);
     for (int32_t i = 0; i < p->n_labels; i++)
         if (!strcmp(p->labels[i].name, name)) {
             if (ms) *ms = p->labels[i].ms;

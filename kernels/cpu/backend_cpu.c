@@ -103,10 +103,11 @@ static int cpu_timer_mark(pg_backend *b, int32_t i) {
     return 0;
 }
 
-static int cpu_timer_read(pg_backend *b, int32_t n, float *ms) {
+static int cpu_timer_read(pg_backend *b, int32_t i0, int32_t n, float *ms) {
     pg_cpu_ctx *c = b->ctx;
-    PG_ARG(c->prof_t && n >= 1 && n <= PG_PROF_MARKS, "timer read %d", n);
-    for (int32_t i = 0; i + 1 < n; i++) ms[i] = (float)(c->prof_t[i + 1] - c->prof_t[i]);
+    PG_ARG(c->prof_t && i0 >= 0 && i0 < PG_PROF_MARKS && n >= 1 && n <= PG_PROF_MARKS, "timer read %d %d", i0, n);
+    for (int32_t j = 0; j + 1 < n; j++)
+        ms[j] = (float)(c->prof_t[(i0 + j + 1) % PG_PROF_MARKS] - c->prof_t[(i0 + j) % PG_PROF_MARKS]);
     return 0;
 }
 

@@ -127,11 +127,13 @@ static int cu_timer_mark(pg_backend *b, int32_t i) {
     return 0;
 }
 
-static int cu_timer_read(pg_backend *b, int32_t n, float *ms) {
+static int cu_timer_read(pg_backend *b, int32_t i0, int32_t n, float *ms) {
     CudaCtx *c = ctx_of(b);
-    PG_ARG(c->prof_ev && n >= 1 && n <= PG_PROF_MARKS, "timer read %d", n);
-    PG_CUDA_TRY(cudaEventSynchronize(c->prof_ev[n - 1]));
-    for (int32_t i = 0; i + 1 < n; i++) PG_CUDA_TRY(cudaEventElapsedTime(&ms[i], c->prof_ev[i], c->prof_ev[i + 1]));
+    PG_ARG(c->prof_ev && i0 >= 0 && i0 < PG_PROF_MARKS && n >= 1 && n <= PG_PROF_MARKS, "timer read %d %d", i0, n);
+    PG_CUDA_TRY(cudaEventSynchronize(c->prof_ev[(i0 + n - 1) % PG_PROF_MARKS]));
+    for (int32_t j = 0; j + 1 < n; j++)
+        PG_CUDA_TRY(cudaEventElapsedTime(&ms[j], c->prof_ev[(i0 + j) % PG_PROF_MARKS],
+                                         c->prof_ev[(i0 + j + 1) % PG_PROF_MARKS]));
     return 0;
 }
 
