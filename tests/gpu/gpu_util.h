@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -141,4 +142,46 @@ static inline double rel_err(const std::vector<double> &out, const std::vector<d
         r += ref[i] * ref[i];
     }
     return r > 0 ? sqrt(d / r) : sqrt(d);
+}
+
+// max |out - ref| / max |ref|, NaN when any output is NaN.
+static inline double max_rel(const std::vector<double> &out, const std::vector<double> &ref) {
+    double d = 0, mx = 0;
+    for (size_t i = 0; i < out.size(); i++) {
+        if (!(out[i] == out[i])) return NAN;
+        d = std::max(d, fabs(out[i] - ref[i]));
+        mx = std::max(mx, fabs(ref[i]));
+    }
+    return mx > 0 ? d / mx : d;
+}
+
+// out (m x n of a [m][ldo] bf16 buffer) -> doubles; false when a column in
+// [n, ldo) differs from `before` (written outside the product).
+static inline bool gemv_out(const std::vector<uint16_t> &go, const std::vector<uint16_t> &before, int m, int n,
+                            int ldo, std::vector<double> &out) {
+    bool ok = true;
+    out.resize((size_t)m * n);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < ldo; j++) {
+            const size_t a = (size_t)i * ldo + j;
+            if (j < n) out[(size_t)i * n + j] = bf2f(go[a]);
+            else ok &= go[a] == before[a];
+        }
+    return ok;
+}
+
+// The reference input of the fused RMSNorm GEMVs: the m rows of x ([m][ldx]
+// bf16, k used) normalized in fp64 with weight nw ([k] bf16), each value
+// rounded to bf16 as the kernels keep them; [m][k].
+static inline std::vector<double> norm_rows_ref(const std::vector<uint16_t> &x, int ldx,
+                                                const std::vector<uint16_t> &nw, int m, int k, float eps) {
+    std::vector<double> xn((size_t)m * k);
+    for (int i = 0; i < m; i++) {
+        double ss = 0;
+        for (int e = 0; e < k; e++) ss += (double)bf2f(x[(size_t)i * ldx + e]) * bf2f(x[(size_t)i * ldx + e]);
+        const double rs = 1.0 / sqrt(ss / k + eps);
+        for (int e = 0; e < k; e++)
+            xn[(size_t)i * k + e] = bf2f(f2bf((float)(bf2f(x[(size_t)i * ldx + e]) * rs * bf2f(nw[(size_t)e]))));
+    }
+    return xn;
 }

@@ -290,6 +290,27 @@ static void test_gemm(pg_cuda_gemm *g, DBuf &ws, F8Weight &W, int m, int ldo, bo
     report(name, err, fast ? 1.2e-2 : cutlass ? 4e-3 : 8e-3);
 }
 
+// A call that must be declined or rejected: its rc and the rc wanted.
+struct Refusal {
+    const char *what;
+    int rc, want;
+};
+
+// The end of a refusal test: every rc as wanted, and o (memset to 0x5a
+// before the calls) not written.
+template <size_t N> static void report_refusals(const char *name, const DBuf &o, const Refusal (&c)[N]) {
+    CK(cudaDeviceSynchronize());
+    std::vector<uint8_t> ob(o.n);
+    o.down(ob);
+    bool untouched = true;
+    for (uint8_t v : ob) untouched &= v == 0x5a;
+    std::string bad;
+    for (auto &e : c)
+        if (e.rc != e.want) bad += std::string(bad.empty() ? "" : ", ") + e.what + " rc " + std::to_string(e.rc);
+    if (!untouched) bad += std::string(bad.empty() ? "" : ", ") + "output written";
+    report_bool(name, bad.empty(), bad.empty() ? "all declined or rejected, nothing written" : bad.c_str());
+}
+
 // Shapes and strides the launcher declines (PG_EUNSUPP) or rejects
 // (PG_EINVAL), writing nothing.
 static void test_refusals(pg_cuda_gemm *g, DBuf &ws) {
@@ -298,10 +319,7 @@ static void test_refusals(pg_cuda_gemm *g, DBuf &ws) {
     DBuf o(64 * 64 * 2), x(64 * 64), w(64 * 64), s(256);
     CK(cudaMemset(o.p, 0x5a, o.n));
     float *sc = s.as<float>();
-    struct Case {
-        const char *what;
-        int rc, want;
-    } c[] = {
+    const Refusal c[] = {
 #define F8(ldo, ldx, xs, k, acc, tmp, tmpn) \
     pg_cuda_gemm_fp8(g, o.p, ldo, x.p, ldx, xs, w.p, sc, 16, 16, k, acc, 0, tmp, tmpn, ws.p, ws.n, nullptr)
         {"k 24", F8(64, 24, sc, 24, 0, nullptr, 0), PG_EUNSUPP},
@@ -316,16 +334,7 @@ static void test_refusals(pg_cuda_gemm *g, DBuf &ws) {
         {"rmsnorm_quant dim 100", pg_cuda_rmsnorm_quant_fp8(x.p, 100, sc, w.p, w.p, 4, 100, 1e-5f, nullptr), PG_EUNSUPP},
         {"silu_mul_quant ffn 100", pg_cuda_silu_mul_quant_fp8(x.p, w.p, 100, sc, w.p, 4, 100, nullptr), PG_EUNSUPP},
     };
-    CK(cudaDeviceSynchronize());
-    std::vector<uint8_t> ob(o.n);
-    o.down(ob);
-    bool untouched = true;
-    for (uint8_t v : ob) untouched &= v == 0x5a;
-    std::string bad;
-    for (auto &e : c)
-        if (e.rc != e.want) bad += std::string(bad.empty() ? "" : ", ") + e.what + " rc " + std::to_string(e.rc);
-    if (!untouched) bad += std::string(bad.empty() ? "" : ", ") + "output written";
-    report_bool(name, bad.empty(), bad.empty() ? "all declined or rejected, nothing written" : bad.c_str());
+    report_refusals(name, o, c);
 }
 
 // --- the FP8 GEMV for 1-8 rows (kernels/cuda/gemv.cu: pg_cuda_gemv_fp8 and its fused variants) ---
@@ -342,30 +351,6 @@ static void test_refusals(pg_cuda_gemm *g, DBuf &ws) {
 // Every case runs under the GEMV kinds the backend uses (0, the register
 // kernel; 1 and 2, the rings, with the weights-before-wait promise).
 static char g_kind_tag[48] = "";
-
-static double max_rel(const std::vector<double> &out, const std::vector<double> &ref) {
-    double d = 0, mx = 0;
-    for (size_t i = 0; i < out.size(); i++) {
-        if (!(out[i] == out[i])) return NAN;
-        d = std::max(d, fabs(out[i] - ref[i]));
-        mx = std::max(mx, fabs(ref[i]));
-    }
-    return mx > 0 ? d / mx : d;
-}
-
-// out's m x n of [m][ldo] as doubles; false when a column in [n, ldo) was written.
-static bool take_out(const std::vector<uint16_t> &go, const std::vector<uint16_t> &before, int m, int n, int ldo,
-                     std::vector<double> &out) {
-    bool ok = true;
-    out.resize((size_t)m * n);
-    for (int i = 0; i < m; i++)
-        for (int j = 0; j < ldo; j++) {
-            const size_t a = (size_t)i * ldo + j;
-            if (j < n) out[(size_t)i * n + j] = bf2f(go[a]);
-            else ok &= go[a] == before[a];
-        }
-    return ok;
-}
 
 static void test_gemv(F8Weight &W, int m, int ldx, int ldo, bool acc, Rng &r) {
     const int n = W.n, k = W.k;
@@ -400,9 +385,9 @@ static void test_gemv(F8Weight &W, int m, int ldx, int ldo, bool acc, Rng &r) {
         for (int e = 0; e < k; e++) s += (double)bf2f(xr[e]) * (double)e4m3_table[wr[e]];
         ref[(size_t)t] = s * W.scales[(size_t)j] + (acc ? (double)bf2f(o0[(size_t)i * ldo + j]) : 0.0);
     });
-    const bool outside_ok = take_out(go, o0, m, n, ldo, out);
+    const bool outside_ok = gemv_out(go, o0, m, n, ldo, out);
     report(name, outside_ok ? max_rel(out, ref) : NAN, 4e-3);
-    take_out(gold, o0, m, n, ldo, old);
+    gemv_out(gold, o0, m, n, ldo, old);
     int same = 0;
     for (size_t t = 0; t < out.size(); t++) same += out[t] == old[t];
     const double e = max_rel(out, old);
@@ -440,14 +425,7 @@ static void test_gemv_norm(F8Weight &W, int m, int ldx, int ldo, bool silu, Rng 
     dout.down(go);
     dx.down(gx);
     // fp64 over the normalized rows rounded to bf16 (as the kernels keep them).
-    std::vector<double> xn((size_t)m * k);
-    for (int i = 0; i < m; i++) {
-        double ss = 0;
-        for (int e = 0; e < k; e++) ss += (double)bf2f(x[(size_t)i * ldx + e]) * bf2f(x[(size_t)i * ldx + e]);
-        const double rs = 1.0 / sqrt(ss / k + eps);
-        for (int e = 0; e < k; e++)
-            xn[(size_t)i * k + e] = bf2f(f2bf((float)(bf2f(x[(size_t)i * ldx + e]) * rs * bf2f(nw[(size_t)e]))));
-    }
+    const std::vector<double> xn = norm_rows_ref(x, ldx, nw, m, k, eps);
     std::vector<double> ref((size_t)m * n), out;
     parallel_for((int64_t)m * n, [&](int64_t t) {
         const int i = (int)(t / n), j = (int)(t % n);
@@ -461,7 +439,7 @@ static void test_gemv_norm(F8Weight &W, int m, int ldx, int ldo, bool silu, Rng 
         const double g = dot(j);
         ref[(size_t)t] = silu ? g / (1.0 + exp(-g)) * dot(n + j) : g;
     });
-    const bool outside_ok = take_out(go, o0, m, n, ldo, out);
+    const bool outside_ok = gemv_out(go, o0, m, n, ldo, out);
     report(name, outside_ok && gx == x ? rel_err(out, ref) : NAN, 1e-2);
     if (ldx != k) return; // add_rmsnorm takes contiguous rows
     // The unfused chain on the device.
@@ -495,10 +473,7 @@ static void test_gemv_refusals() {
     DBuf o(4096), x(65536), w(65536), s(4096), nw(4096);
     CK(cudaMemset(o.p, 0x5a, o.n));
     const float *sc = s.as<float>();
-    struct Case {
-        const char *what;
-        int rc, want;
-    } c[] = {
+    const Refusal c[] = {
         {"k 24", pg_cuda_gemv_fp8(o.p, 16, x.p, 24, w.p, sc, 1, 16, 24, 0, nullptr), PG_EUNSUPP},
         {"m 9", pg_cuda_gemv_fp8(o.p, 16, x.p, 64, w.p, sc, 9, 16, 64, 0, nullptr), PG_EUNSUPP},
         {"x misaligned", pg_cuda_gemv_fp8(o.p, 16, (char *)x.p + 2, 64, w.p, sc, 1, 16, 64, 0, nullptr), PG_EUNSUPP},
@@ -509,16 +484,7 @@ static void test_gemv_refusals() {
          pg_cuda_gemv_rmsnorm_silu_fp8(o.p, 16, x.p, 64, nw.p, 1e-5f, w.p, nullptr, 1, 8, 64, nullptr), PG_EINVAL},
         {"m 0", pg_cuda_gemv_fp8(o.p, 16, x.p, 64, w.p, sc, 0, 16, 64, 0, nullptr), 0},
     };
-    CK(cudaDeviceSynchronize());
-    std::vector<uint8_t> ob(o.n);
-    o.down(ob);
-    bool untouched = true;
-    for (uint8_t v : ob) untouched &= v == 0x5a;
-    std::string bad;
-    for (auto &e : c)
-        if (e.rc != e.want) bad += std::string(bad.empty() ? "" : ", ") + e.what + " rc " + std::to_string(e.rc);
-    if (!untouched) bad += std::string(bad.empty() ? "" : ", ") + "output written";
-    report_bool(name, bad.empty(), bad.empty() ? "all declined or rejected, nothing written" : bad.c_str());
+    report_refusals(name, o, c);
 }
 
 static void gemv_tests(uint64_t seed) {

@@ -1262,21 +1262,6 @@ struct GemvWeight {
     }
 };
 
-// out (m x n of a [m][ldo] buffer) -> doubles; false when a column in [n, ldo)
-// differs from `before` (written outside the product).
-static bool gemv_out(const std::vector<uint16_t> &go, const std::vector<uint16_t> &before, int m, int n, int ldo,
-                     std::vector<double> &out) {
-    bool ok = true;
-    out.resize((size_t)m * n);
-    for (int i = 0; i < m; i++)
-        for (int j = 0; j < ldo; j++) {
-            const size_t a = (size_t)i * ldo + j;
-            if (j < n) out[(size_t)i * n + j] = bf2f(go[a]);
-            else ok &= go[a] == before[a];
-        }
-    return ok;
-}
-
 // The GEMV kernel kind under test (pg_cuda_gemv_kernel_set) and whether the
 // weights-before-wait promise is on, appended to every GEMV case name.
 static char g_gemv_tag[48] = "";
@@ -1361,14 +1346,7 @@ static void test_gemv_norm(GemvWeight &wt, int m, int ldx, int ldo, bool silu, R
     dout.down(go);
     dx.down(gx);
     // Reference: rows normalized in fp64, rounded to bf16 (as the kernels store them).
-    std::vector<double> xn((size_t)m * k);
-    for (int i = 0; i < m; i++) {
-        double ss = 0;
-        for (int e = 0; e < k; e++) ss += (double)bf2f(x[(size_t)i * ldx + e]) * bf2f(x[(size_t)i * ldx + e]);
-        const double rs = 1.0 / sqrt(ss / k + eps);
-        for (int e = 0; e < k; e++)
-            xn[(size_t)i * k + e] = bf2f(f2bf((float)(bf2f(x[(size_t)i * ldx + e]) * rs * bf2f(nw[e]))));
-    }
+    const std::vector<double> xn = norm_rows_ref(x, ldx, nw, m, k, eps);
     std::vector<double> ref((size_t)m * n), out;
     parallel_for((int64_t)m * n, [&](int64_t t) {
         const int i = (int)(t / n), j = (int)(t % n);
@@ -1523,17 +1501,6 @@ static void gemv_tests(pg_cuda_gemm *g, DBuf &ws, Rng &r) {
 // mantissa bits, ~3% rms per element), far above bf16 noise, so that
 // comparison is a sanity bound (rel_err 6e-2), not an equality.
 static bool qdtype_fp8(int dtype) { return dtype == PG_DTYPE_FP8_E4M3; }
-
-// max |out - ref| / max |ref|, NaN when any output is NaN.
-static double max_rel(const std::vector<double> &out, const std::vector<double> &ref) {
-    double d = 0, mx = 0;
-    for (size_t i = 0; i < out.size(); i++) {
-        if (!(out[i] == out[i])) return NAN;
-        d = std::max(d, fabs(out[i] - ref[i]));
-        mx = std::max(mx, fabs(ref[i]));
-    }
-    return mx > 0 ? d / mx : d;
-}
 
 // A quantized weight [n][k], host and device, made on first use.
 struct QWeight {
