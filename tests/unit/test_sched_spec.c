@@ -81,40 +81,44 @@ static void h_check(harness *h) {
     if (sched_check(h->s)) fail_msg("invariant: %s", pg_err_msg());
 }
 
-// A greedy request: prompt 100, 101, ... of n_prompt tokens.
-static void h_add_pen(harness *h, int64_t id, int32_t n_prompt, int32_t max_tokens, int32_t eos, float temp,
-                      float presence_penalty) {
-    int32_t prompt[128];
-    for (int32_t i = 0; i < n_prompt; i++) prompt[i] = 100 + i;
+// Sampling parameters with the given temperature and max_tokens.
+static pg_sampling_params h_sp(int32_t max_tokens, float temp) {
     pg_sampling_params sp;
     pg_sampling_params_default(&sp);
     sp.temperature = temp;
-    sp.presence_penalty = presence_penalty;
     sp.max_tokens = max_tokens;
-    sched_request r = {.id = id, .prompt = prompt, .n_prompt = n_prompt, .sp = &sp, .eos_id = eos};
+    return sp;
+}
+
+// Adds request `id`: prompt 100, 101, ... of n_prompt tokens.
+static void h_add_sp(harness *h, int64_t id, int32_t n_prompt, int32_t eos, const pg_sampling_params *sp) {
+    int32_t prompt[128];
+    for (int32_t i = 0; i < n_prompt; i++) prompt[i] = 100 + i;
+    sched_request r = {.id = id, .prompt = prompt, .n_prompt = n_prompt, .sp = sp, .eos_id = eos};
     assert_int_equal(sched_add_request(h->s, &r), 0);
     h_check(h);
+}
+
+// A request with a presence penalty.
+static void h_add_pen(harness *h, int64_t id, int32_t n_prompt, int32_t max_tokens, int32_t eos, float temp,
+                      float presence_penalty) {
+    pg_sampling_params sp = h_sp(max_tokens, temp);
+    sp.presence_penalty = presence_penalty;
+    h_add_sp(h, id, n_prompt, eos, &sp);
 }
 
 static void h_add(harness *h, int64_t id, int32_t n_prompt, int32_t max_tokens, int32_t eos, float temp) {
     h_add_pen(h, id, n_prompt, max_tokens, eos, temp, 0.0f);
 }
 
-// A request of n choices, seeded: prompt 100, 101, ... of n_prompt tokens.
+// A request of n choices, seeded.
 static void h_add_n(harness *h, int64_t id, int32_t n_prompt, int32_t max_tokens, int32_t eos, float temp,
                     int32_t n, uint64_t seed) {
-    int32_t prompt[128];
-    for (int32_t i = 0; i < n_prompt; i++) prompt[i] = 100 + i;
-    pg_sampling_params sp;
-    pg_sampling_params_default(&sp);
-    sp.temperature = temp;
-    sp.max_tokens = max_tokens;
+    pg_sampling_params sp = h_sp(max_tokens, temp);
     sp.n = n;
     sp.seed = seed;
     sp.has_seed = true;
-    sched_request r = {.id = id, .prompt = prompt, .n_prompt = n_prompt, .sp = &sp, .eos_id = eos};
-    assert_int_equal(sched_add_request(h->s, &r), 0);
-    h_check(h);
+    h_add_sp(h, id, n_prompt, eos, &sp);
 }
 
 static const pg_batch_plan *h_step(harness *h) {
@@ -344,33 +348,25 @@ static void test_who_speculates(void **state) {
     // Sampling (temperature 1) gets drafts (the runner's rows draw what
     // plain decoding would); so does a presence penalty (the runner extends
     // each row's penalty history by the drafts before it).
-    harness *h = h_new(4, 0, 64);
-    h->prop = (proposer){.draft = {1, 2}, .n_draft = 2};
-    h_add(h, 1, 7, 20, -1, 1.0f);
-    h_step(h);
-    h_update(h, 7, NULL);
-    const pg_batch_plan *p = h_step(h);
-    assert_int_equal(p->seqs[0].n_draft, 2);
-    assert_int_equal(h->prop.calls, 1);
-    h_update(h, 0, (const int32_t[]){1, 0, 0});
-    h_free(h);
-    h = h_new(4, 0, 64);
-    h->prop = (proposer){.draft = {1, 2}, .n_draft = 2};
-    h_add_pen(h, 1, 7, 20, -1, 1.0f, 0.5f);
-    h_step(h);
-    h_update(h, 7, NULL);
-    p = h_step(h);
-    assert_int_equal(p->seqs[0].n_draft, 2);
-    assert_int_equal(h->prop.calls, 1);
-    h_update(h, 0, (const int32_t[]){1, 0, 0});
-    h_free(h);
+    for (int32_t pen = 0; pen < 2; pen++) {
+        harness *h = h_new(4, 0, 64);
+        h->prop = (proposer){.draft = {1, 2}, .n_draft = 2};
+        h_add_pen(h, 1, 7, 20, -1, 1.0f, pen ? 0.5f : 0.0f);
+        h_step(h);
+        h_update(h, 7, NULL);
+        const pg_batch_plan *p = h_step(h);
+        assert_int_equal(p->seqs[0].n_draft, 2);
+        assert_int_equal(h->prop.calls, 1);
+        h_update(h, 0, (const int32_t[]){1, 0, 0});
+        h_free(h);
+    }
     // Backoff: three running sequences over a limit of two: none; two: both.
-    h = h_new(4, 2, 64);
+    harness *h = h_new(4, 2, 64);
     h->prop = (proposer){.draft = {1, 2}, .n_draft = 2};
     for (int64_t id = 1; id <= 3; id++) h_add(h, id, 7, 20, -1, 0.0f);
     h_step(h);
     h_update(h, 7, NULL);
-    p = h_step(h);
+    const pg_batch_plan *p = h_step(h);
     assert_int_equal(p->n_seqs, 3);
     for (int32_t i = 0; i < 3; i++) assert_int_equal(p->seqs[i].n_draft, 0);
     h_update(h, 7, NULL);
