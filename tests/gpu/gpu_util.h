@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -184,4 +185,27 @@ static inline std::vector<double> norm_rows_ref(const std::vector<uint16_t> &x, 
             xn[(size_t)i * k + e] = bf2f(f2bf((float)(bf2f(x[(size_t)i * ldx + e]) * rs * bf2f(nw[(size_t)e]))));
     }
     return xn;
+}
+
+// A launcher call that must be declined or rejected: its rc and the rc wanted.
+struct Refusal {
+    const char *what;
+    int rc, want;
+};
+
+// A refusal test's verdict: true when every rc is as wanted and o (memset to
+// `fill` before the calls) was not written; detail says so, or what failed.
+template <size_t N>
+static bool refusals_ok(const DBuf &o, const Refusal (&c)[N], std::string &detail, uint8_t fill = 0x5a) {
+    CK(cudaDeviceSynchronize());
+    std::vector<uint8_t> ob(o.n);
+    o.down(ob);
+    bool untouched = true;
+    for (uint8_t v : ob) untouched &= v == fill;
+    std::string bad;
+    for (auto &e : c)
+        if (e.rc != e.want) bad += std::string(bad.empty() ? "" : ", ") + e.what + " rc " + std::to_string(e.rc);
+    if (!untouched) bad += std::string(bad.empty() ? "" : ", ") + "output written";
+    detail = bad.empty() ? "all declined or rejected, nothing written" : bad;
+    return bad.empty();
 }

@@ -290,27 +290,6 @@ static void test_gemm(pg_cuda_gemm *g, DBuf &ws, F8Weight &W, int m, int ldo, bo
     report(name, err, fast ? 1.2e-2 : cutlass ? 4e-3 : 8e-3);
 }
 
-// A call that must be declined or rejected: its rc and the rc wanted.
-struct Refusal {
-    const char *what;
-    int rc, want;
-};
-
-// The end of a refusal test: every rc as wanted, and o (memset to 0x5a
-// before the calls) not written.
-template <size_t N> static void report_refusals(const char *name, const DBuf &o, const Refusal (&c)[N]) {
-    CK(cudaDeviceSynchronize());
-    std::vector<uint8_t> ob(o.n);
-    o.down(ob);
-    bool untouched = true;
-    for (uint8_t v : ob) untouched &= v == 0x5a;
-    std::string bad;
-    for (auto &e : c)
-        if (e.rc != e.want) bad += std::string(bad.empty() ? "" : ", ") + e.what + " rc " + std::to_string(e.rc);
-    if (!untouched) bad += std::string(bad.empty() ? "" : ", ") + "output written";
-    report_bool(name, bad.empty(), bad.empty() ? "all declined or rejected, nothing written" : bad.c_str());
-}
-
 // Shapes and strides the launcher declines (PG_EUNSUPP) or rejects
 // (PG_EINVAL), writing nothing.
 static void test_refusals(pg_cuda_gemm *g, DBuf &ws) {
@@ -334,7 +313,9 @@ static void test_refusals(pg_cuda_gemm *g, DBuf &ws) {
         {"rmsnorm_quant dim 100", pg_cuda_rmsnorm_quant_fp8(x.p, 100, sc, w.p, w.p, 4, 100, 1e-5f, nullptr), PG_EUNSUPP},
         {"silu_mul_quant ffn 100", pg_cuda_silu_mul_quant_fp8(x.p, w.p, 100, sc, w.p, 4, 100, nullptr), PG_EUNSUPP},
     };
-    report_refusals(name, o, c);
+    std::string detail;
+    const bool ok = refusals_ok(o, c, detail);
+    report_bool(name, ok, detail.c_str());
 }
 
 // --- the FP8 GEMV for 1-8 rows (kernels/cuda/gemv.cu: pg_cuda_gemv_fp8 and its fused variants) ---
@@ -484,7 +465,9 @@ static void test_gemv_refusals() {
          pg_cuda_gemv_rmsnorm_silu_fp8(o.p, 16, x.p, 64, nw.p, 1e-5f, w.p, nullptr, 1, 8, 64, nullptr), PG_EINVAL},
         {"m 0", pg_cuda_gemv_fp8(o.p, 16, x.p, 64, w.p, sc, 0, 16, 64, 0, nullptr), 0},
     };
-    report_refusals(name, o, c);
+    std::string detail;
+    const bool ok = refusals_ok(o, c, detail);
+    report_bool(name, ok, detail.c_str());
 }
 
 static void gemv_tests(uint64_t seed) {
