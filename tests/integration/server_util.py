@@ -58,6 +58,17 @@ def require_model_and_binary():
         skip(f"the default model {MODEL} is missing (deploy/quickstart.sh setup)")
 
 
+# The real Gemma 3 270M (Q4_K_M), fetched into models/ by deploy/quickstart.sh setup.
+GEMMA3_270M = os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf")
+
+
+def require_gemma3_270m():
+    """The real Gemma 3 270M's path; skips when the file is missing."""
+    if not os.path.exists(GEMMA3_270M):
+        skip(f"{GEMMA3_270M} is missing (deploy/quickstart.sh setup fetches it)")
+    return GEMMA3_270M
+
+
 def require_openai():
     """Imports openai, re-running this script with the repository's .venv
     python when the current one lacks it."""
@@ -205,6 +216,23 @@ def post(port, path, obj, headers=None, timeout=120):
         return st, json.loads(data) if data else None
     except ValueError:
         return st, data
+
+
+def post_ok(port, path, obj, timeout=120):
+    """POST JSON that must answer 200; returns the parsed JSON."""
+    st, j = post(port, path, obj, timeout=timeout)
+    assert st == 200, (path, st, j)
+    return j
+
+
+def verdict(failed, ok):
+    """A test's end: prints the failures and returns 1, or prints `ok` and
+    returns 0 (main's exit code)."""
+    if failed:
+        print(f"FAIL: {failed}")
+        return 1
+    print(ok)
+    return 0
 
 
 def sse_stream(port, path, obj, timeout=120, on_event=None):

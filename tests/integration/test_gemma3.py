@@ -32,6 +32,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import server_util as su  # noqa: E402
+
 TOL = 1e-4
 
 try:
@@ -149,12 +151,8 @@ def main():
             refused([bad], [bad] + want, what)
 
     print("worst: " + ", ".join(f"{k} {v:.1e}" for k, v in worst.items()))
-    if failed:
-        print(f"FAIL: {failed}")
-        return 1
-    print(f"ok: {len(VARIANTS)} Gemma 3 variants x {len(PROMPTS)} prompts within {TOL:g} of transformers "
-          f"{transformers.__version__}; GGUF, --tp 2 and the errors as expected")
-    return 0
+    return su.verdict(failed, f"ok: {len(VARIANTS)} Gemma 3 variants x {len(PROMPTS)} prompts within {TOL:g} of "
+                      f"transformers {transformers.__version__}; GGUF, --tp 2 and the errors as expected")
 
 
 if __name__ == "__main__":

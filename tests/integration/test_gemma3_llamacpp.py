@@ -74,23 +74,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import server_util as su  # noqa: E402
 
 ROOT = su.ROOT
-GGUF = os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf")
 GOLDEN = os.path.join(ROOT, "tests", "data", "gemma3_llamacpp_golden.json")
 # The target (asserted since branch tiled: see above).
 TARGET_PREFIX, TARGET_FULL = 8, 17
 # Asserted floors, just under what is measured (20 whole, 389 of 400).
 MIN_FULL, MIN_TOP1 = 19, 388
 
-if not os.path.exists(GGUF):
-    su.skip(f"{GGUF} is missing (deploy/quickstart.sh setup fetches it)")
+GGUF = su.require_gemma3_270m()
 if not os.path.exists(su.binary()):
     su.skip(f"{su.binary()} is not built")
 
 
 def post(port, path, body):
-    st, j = su.post(port, path, body, timeout=600)
-    assert st == 200, (path, st, j)
-    return j
+    return su.post_ok(port, path, body, timeout=600)
 
 
 def main():
@@ -156,11 +152,7 @@ def main():
         if top1_agree < MIN_TOP1:
             failed.append(("top-1 agreement", top1_agree))
     print(f"took {time.time() - t0:.1f}s")
-    if failed:
-        print(f"FAIL: {failed}")
-        return 1
-    print("ok: gemma-3-270m Q4_K_M: llama.cpp's token ids and greedy tokens")
-    return 0
+    return su.verdict(failed, "ok: gemma-3-270m Q4_K_M: llama.cpp's token ids and greedy tokens")
 
 
 if __name__ == "__main__":

@@ -30,12 +30,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import server_util as su  # noqa: E402
 
 ROOT = su.ROOT
-GGUF = os.path.join(ROOT, "models", "gemma-3-270m-q4_k_m.gguf")
 DUMP = os.path.join(ROOT, "build/tests/tools/dump_logits")
 TOL = 1e-4
 
-if not os.path.exists(GGUF):
-    su.skip(f"{GGUF} is missing (deploy/quickstart.sh setup fetches it)")
+GGUF = su.require_gemma3_270m()
 try:
     import gguf  # noqa: F401  (transformers reads GGUF with it)
     import numpy as np
@@ -77,20 +75,16 @@ def main():
 
     with su.Server("--model", GGUF, "--matmul-mode", "exact", default_args=False) as srv:
         for t in TEXTS:
-            st, _, body = su.request(srv.port, "POST", "/tokenize", {"prompt": t, "add_special_tokens": False})
-            assert st == 200, body
-            got = json.loads(body)["tokens"]
+            got = su.post_ok(srv.port, "/tokenize", {"prompt": t, "add_special_tokens": False}, timeout=60)["tokens"]
             want = tok(t, add_special_tokens=False).input_ids
             if got != want:
                 failed.append(("tokens", t, got, want))
         print(f"tokenizer: {len(TEXTS) - sum(1 for f in failed if f[0] == 'tokens')} of {len(TEXTS)} strings "
               "give transformers' ids")
         for prompt in PROMPTS:
-            st, _, body = su.request(srv.port, "POST", "/v1/completions",
-                                     {"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
-                                      "return_tokens_as_token_ids": False}, timeout=300)
-            assert st == 200, body
-            text = json.loads(body)["choices"][0]["text"]
+            text = su.post_ok(srv.port, "/v1/completions",
+                              {"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+                               "return_tokens_as_token_ids": False}, timeout=300)["choices"][0]["text"]
             ids = tok(prompt, return_tensors="pt").input_ids
             with torch.no_grad():
                 out = model.generate(ids, max_new_tokens=12, do_sample=False, min_new_tokens=12)
@@ -101,31 +95,25 @@ def main():
         # 4. Gemma's chat template, built in; <end_of_turn> stops.
         msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"},
                 {"role": "assistant", "content": "Hi there"}, {"role": "user", "content": "How are you?"}]
-        st, _, body = su.request(srv.port, "POST", "/tokenize", {"messages": msgs, "add_generation_prompt": True})
-        assert st == 200, body
+        got = su.post_ok(srv.port, "/tokenize", {"messages": msgs, "add_generation_prompt": True},
+                         timeout=60)["tokens"]
         want_text = ("<bos><start_of_turn>user\nBe brief.\n\nHello<end_of_turn>\n<start_of_turn>model\nHi there"
                      "<end_of_turn>\n<start_of_turn>user\nHow are you?<end_of_turn>\n<start_of_turn>model\n")
         want = tok(want_text, add_special_tokens=False).input_ids
-        got = json.loads(body)["tokens"]
         print(f"chat template: {'equal' if got == want else 'DIFFERS'} ({len(got)} ids)")
         if got != want:
             failed.append(("chat", got, want))
         eot = tok.convert_tokens_to_ids("<end_of_turn>")
-        st, _, body = su.request(srv.port, "POST", "/v1/chat/completions",
-                                 {"messages": msgs[1:2], "max_tokens": 5, "temperature": 0,
-                                  "logit_bias": {str(eot): 100}})
-        assert st == 200, body
-        r = json.loads(body)
+        r = su.post_ok(srv.port, "/v1/chat/completions",
+                       {"messages": msgs[1:2], "max_tokens": 5, "temperature": 0, "logit_bias": {str(eot): 100}},
+                       timeout=60)
         print(f"<end_of_turn> ({eot}) forced: finish_reason {r['choices'][0]['finish_reason']}, "
               f"{r['usage']['completion_tokens']} token(s), text {r['choices'][0]['message']['content']!r}")
         if not (r["choices"][0]["finish_reason"] == "stop" and r["usage"]["completion_tokens"] == 1
                 and r["choices"][0]["message"]["content"] == ""):
             failed.append(("end_of_turn", r))
-    if failed:
-        print(f"FAIL: {failed}")
-        return 1
-    print("ok: gemma-3-270m Q4_K_M: logits, tokenizer and greedy text as transformers computes them")
-    return 0
+    return su.verdict(failed,
+                      "ok: gemma-3-270m Q4_K_M: logits, tokenizer and greedy text as transformers computes them")
 
 
 if __name__ == "__main__":
