@@ -101,6 +101,10 @@ typedef void (*sched_propose_batch_fn)(void *ctx, sched_propose_item *items, int
 typedef struct sched_spec_config {
     int32_t num_tokens;       // drafts per step at most, 1 .. PG_MAX_DRAFT; 0 = off
     int32_t max_running_seqs; // backoff (above); 0 = SCHED_SPEC_DEFAULT_MAX_SEQS
+    // Adaptive draft length (sched_spec.c spec_note_result): each sequence
+    // asks for about as many tokens as its drafts have been accepting, plus
+    // one, within 1 .. num_tokens. true: always num_tokens (the old rule).
+    bool fixed_length;
     sched_propose_fn propose; // required when num_tokens > 0, unless propose_batch is set
     sched_propose_batch_fn propose_batch; // NULL: per sequence (propose)
     void *ctx;                // of either

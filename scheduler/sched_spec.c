@@ -73,7 +73,36 @@ void spec_step_begin(sched *s) {
 // accepted token resets m.
 #define SPEC_MAX_SKIP 31
 
-static void spec_note_result(seq *q, int32_t accepted) {
+// Adaptive draft length: a draft row costs nearly a plain step on this CPU
+// (0.6-0.7 of one) whether or not it is kept, so a sequence whose drafts
+// break off after a tokens should not keep asking for k. Each sequence
+// keeps a length L (in 1/16 tokens, starting at k) and asks for round(L)
+// tokens, within 1 .. k:
+// - a draft of n tokens all accepted: the run may go on past it, so L
+//   becomes at least n + 1 (at most k): the next draft may be one longer;
+// - a draft that kept a < n (a miss included): the run broke after a, so L
+//   moves half way to a + 1 (an exponential moving average, weight 1/2):
+//   drafts that keep one token shrink 5 -> 4 -> 3 -> 2 and stay at 2, and
+//   one partial draft among full ones costs a draft or two of shorter
+//   length, then full ones grow it back by one each.
+// The miss backoff (above) still skips steps after misses; the length only
+// decides how many tokens a draft may take, never which, so the output is
+// unchanged.
+#define SPEC_EMA_ONE 16 // spec_ema's unit: a token
+
+static int32_t spec_length(const sched *s, const seq *q) {
+    const int32_t k = s->cfg.spec.num_tokens;
+    if (s->cfg.spec.fixed_length || q->spec_ema <= 0) return k;
+    const int32_t len = (q->spec_ema + SPEC_EMA_ONE / 2) / SPEC_EMA_ONE;
+    return len < 1 ? 1 : len > k ? k : len;
+}
+
+static void spec_note_result(const sched *s, seq *q, int32_t n_draft, int32_t accepted) {
+    const int32_t k = s->cfg.spec.num_tokens;
+    const int32_t len = q->spec_ema > 0 ? q->spec_ema : k * SPEC_EMA_ONE;
+    const int32_t x = (accepted + 1 < k ? accepted + 1 : k) * SPEC_EMA_ONE;
+    if (accepted >= n_draft) q->spec_ema = len > x ? len : x;
+    else q->spec_ema = (len + x) / 2;
     if (accepted > 0) {
         q->spec_misses = 0;
         return;
@@ -90,11 +119,12 @@ int32_t spec_propose(sched *s, req *r, seq *q, int32_t left) {
         q->spec_skip--;
         return 0;
     }
-    // Room: every emitted token within max_tokens (a draft of k may emit
-    // k + 1), every written position within max_model_len, the step's
-    // token budget (the last token takes one) and the spare rows.
+    // Room: the sequence's draft length (spec_length), every emitted token
+    // within max_tokens (a draft of k may emit k + 1), every written
+    // position within max_model_len, the step's token budget (the last
+    // token takes one) and the spare rows.
     const int32_t n_gen = q->n_hist - r->n_prompt;
-    int32_t limit = min32(s->cfg.spec.num_tokens, r->sp.max_tokens - n_gen - 1);
+    int32_t limit = min32(spec_length(s, q), r->sp.max_tokens - n_gen - 1);
     limit = min32(limit, s->cfg.max_model_len - q->n_hist);
     limit = min32(limit, left - 1);
     limit = min32(limit, s->spec_rows);
@@ -192,7 +222,7 @@ void spec_resolve(sched *s, req *r, seq *q, const pg_seq_output *o) {
     s->st.n_spec_draft_tokens += k;
     s->st.n_spec_accepted += m - 1;
     for (int32_t i = 0; i < m - 1; i++) s->st.n_spec_accepted_pos[i]++;
-    spec_note_result(q, m - 1);
+    spec_note_result(s, q, k, m - 1);
     // The placeholder holds the first token; the rest follow, each under
     // the stop rules as if it came in a step of its own, so EOS, a stop id
     // or max_tokens in the middle cuts the rest.

@@ -260,12 +260,14 @@ static void test_partial_acceptance_frees_rejected_slots(void **state) {
     assert_int_equal(p->seqs[0].n_draft, 0);
     assert_int_equal(p->seqs[0].start_pos, 8);
     h_update(h, 6, NULL);
-    // Two accepted of four: positions 10 .. 11 hold 1, 2; the target's
-    // 7 follows at 12, so 12 of 14 slots stay (3 blocks).
+    // The miss took the draft length from 4 to 3 (the adaptive length:
+    // (4 + 1) / 2, rounded up). Two accepted of three: positions 10 .. 11
+    // hold 1, 2; the target's 7 follows at 12, so 12 of 13 slots stay (3
+    // blocks).
     p = h_step(h);
     assert_int_equal(p->seqs[0].start_pos, 9);
-    assert_int_equal(p->seqs[0].n_draft, 4);
-    assert_int_equal(p->seqs[0].n_blocks, 4); // positions 9 .. 13
+    assert_int_equal(p->seqs[0].n_draft, 3);
+    assert_int_equal(p->seqs[0].n_blocks, 4); // positions 9 .. 12
     ev = h_update(h, 0, (const int32_t[]){1, 2, 7, 0, 0});
     assert_int_equal(ev->n, 3);
     assert_int_equal(ev->ev[2].out.token, 7);
@@ -274,7 +276,7 @@ static void test_partial_acceptance_frees_rejected_slots(void **state) {
     assert_int_equal(stats(h).kv.num_cached, 2);
     sched_stats st = stats(h);
     assert_int_equal(st.n_spec_drafts, 2);
-    assert_int_equal(st.n_spec_draft_tokens, 8);
+    assert_int_equal(st.n_spec_draft_tokens, 7);
     assert_int_equal(st.n_spec_accepted, 2);
     assert_int_equal(st.n_spec_accepted_pos[0], 1);
     assert_int_equal(st.n_spec_accepted_pos[1], 1);
@@ -515,7 +517,9 @@ static void test_n_choices_draft_on_their_own(void **state) {
     assert_int_equal(p->seqs[0].start_pos, 13);
     assert_memory_equal(p->seqs[0].tokens, ((const int32_t[]){5, 6, 7, 8}), 4 * sizeof(int32_t));
     assert_int_equal(p->seqs[1].seq_id, SCHED_MAX_N + 2);
-    assert_int_equal(p->seqs[1].n_draft, 3); // its one plain step of backoff is over
+    // Its one plain step of backoff is over; its miss took its length from
+    // 3 to 2 (the adaptive length, per choice: choice 0 still drafts 3).
+    assert_int_equal(p->seqs[1].n_draft, 2);
     const int32_t t3[3][PG_MAX_DRAFT + 1] = {{6, 99}, {0}, {62, 99}};
     ev = h_update_n(h, t3);
     assert_true(ev->ev[ev->n - 1].req_finished);
@@ -571,6 +575,116 @@ static void test_n_choices_async(void **state) {
     h_free(h);
 }
 
+// Answers every sampled entry keeping keep[index] of its drafts (-1: all),
+// by seq index: its target repeats the drafts that far, then a token that
+// differs from the next draft (7 for a plain entry or after all of them).
+static void h_update_keep(harness *h, const int32_t *keep) {
+    pg_step_output out = {.n = 0, .outs = h->outs};
+    for (int32_t i = 0; i < h->plan->n_seqs; i++) {
+        const pg_plan_seq *ps = &h->plan->seqs[i];
+        if (!ps->sample) continue;
+        const int32_t k = ps->n_draft, *d = ps->tokens + ps->n_tokens - k, want = keep[ps->seq_id % SCHED_MAX_N];
+        const int32_t a = want < 0 || want > k ? k : want;
+        int32_t target[PG_MAX_DRAFT + 1];
+        for (int32_t j = 0; j < a; j++) target[j] = d[j];
+        target[a] = a < k ? d[a] + 1 : 7;
+        h_answer(&h->outs[out.n++], ps, target[0], target);
+    }
+    if (sched_update(h->s, &out, &h->ev)) fail_msg("sched_update: %s", pg_err_msg());
+    h_check(h);
+}
+
+// One step of request 1 (one sequence) answered keeping `keep` drafts; its
+// draft length (0: a plain step) goes to pattern[i] as a digit.
+static void h_step_keep(harness *h, char *pattern, int32_t i, int32_t keep) {
+    const pg_batch_plan *p = h_step(h);
+    assert_int_equal(p->n_seqs, 1);
+    pattern[i] = (char)('0' + p->seqs[0].n_draft);
+    h_update_keep(h, (const int32_t[]){keep});
+}
+
+// The adaptive draft length (spec_note_result): drafts that keep one token
+// shrink it half way to 2 per draft; fully accepted ones grow it by one up
+// to k and no further; a miss halves the way to 1 and the miss backoff
+// skips a step. fixed_length keeps k throughout (the same answers).
+static void test_adaptive_length_follows_acceptance(void **state) {
+    (void)state;
+    for (int32_t fixed = 0; fixed < 2; fixed++) {
+        harness *h = h_new(5, 0, 64);
+        sched_destroy(h->s);
+        sched_config c;
+        sched_config_default(&c);
+        c.block_size = BS;
+        c.num_blocks = 64;
+        c.max_model_len = 256;
+        c.max_num_batched_tokens = 64;
+        c.long_prefill_token_threshold = 0;
+        c.spec = (sched_spec_config){.num_tokens = 5, .fixed_length = fixed, .propose = fake_propose,
+                                     .ctx = &h->prop};
+        if (sched_create(&c, &h->s)) fail_msg("sched_create: %s", pg_err_msg());
+        h->prop = (proposer){.draft = {1, 2, 3, 4, 5}, .n_draft = 5};
+        prefill(h, 1, 200, -1);
+        char pattern[16] = {0};
+        int32_t i = 0;
+        for (; i < 5; i++) h_step_keep(h, pattern, i, 1);  // one kept of each
+        for (; i < 10; i++) h_step_keep(h, pattern, i, -1); // all kept
+        for (; i < 13; i++) h_step_keep(h, pattern, i, 0);  // a miss, a plain step, ...
+        assert_string_equal(pattern, fixed ? "5555555555505" : "5432223455503");
+        // The proposer was asked for the length (nothing else bound it).
+        assert_int_equal(h->prop.last_limit, fixed ? 5 : 3);
+        h_free(h);
+    }
+}
+
+// Misses only: the length falls toward 1 and never below, while the miss
+// backoff still skips 1, 3, 7, 15 and 31 steps; a kept token resets it
+// and grows the length.
+static void test_adaptive_length_floor_and_miss_backoff(void **state) {
+    (void)state;
+    harness *h = h_new(5, 0, 64);
+    h->prop = (proposer){.draft = {1, 2, 3, 4, 5}, .n_draft = 5};
+    prefill(h, 1, 200, -1);
+    char pattern[80] = {0}, lengths[16] = {0};
+    int32_t n_len = 0;
+    for (int32_t i = 0; i < 64; i++) {
+        h_step_keep(h, pattern, i, i < 62 ? 0 : -1); // five misses, then all kept
+        if (pattern[i] != '0') {
+            lengths[n_len++] = pattern[i];
+            pattern[i] = 'D';
+        } else {
+            pattern[i] = '.';
+        }
+    }
+    assert_string_equal(pattern, "D.D...D.......D...............D...............................DD");
+    assert_string_equal(lengths, "5322112");
+    h_free(h);
+}
+
+// n = 2: each choice has its own length. Choice 0 keeps all its drafts and
+// stays at k (4); choice 1 keeps one of each and shrinks (4, 3, 3, 2, 2),
+// then keeps all and grows back (2, 3, 4, 4).
+static void test_adaptive_length_per_choice(void **state) {
+    (void)state;
+    harness *h = h_new(4, 0, 128);
+    h->prop = (proposer){.n_draft = 4, .follow = true};
+    h_add_n(h, 1, 7, 100, -1, 0.0f, 2, 5);
+    h_step(h); // the prompt but its last token
+    h_update_keep(h, (const int32_t[]){-1, -1});
+    char c0[16] = {0}, c1[16] = {0};
+    for (int32_t i = 0; i < 9; i++) {
+        const pg_batch_plan *p = h_step(h);
+        assert_int_equal(p->n_seqs, 2);
+        for (int32_t j = 0; j < 2; j++) {
+            const pg_plan_seq *e = &p->seqs[j];
+            (e->seq_id % SCHED_MAX_N ? c1 : c0)[i] = (char)('0' + e->n_draft);
+        }
+        h_update_keep(h, (const int32_t[]){-1, i < 5 ? 1 : -1});
+    }
+    assert_string_equal(c0, "444444444");
+    assert_string_equal(c1, "433222344");
+    h_free(h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_draft_planned_as_chunk),
@@ -583,6 +697,9 @@ int main(void) {
         cmocka_unit_test(test_n_choices_draft_on_their_own),
         cmocka_unit_test(test_n_choices_draft_leaves_siblings_their_token),
         cmocka_unit_test(test_n_choices_async),
+        cmocka_unit_test(test_adaptive_length_follows_acceptance),
+        cmocka_unit_test(test_adaptive_length_floor_and_miss_backoff),
+        cmocka_unit_test(test_adaptive_length_per_choice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
