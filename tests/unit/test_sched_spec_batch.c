@@ -303,12 +303,61 @@ static void test_batch_budget(void **state) {
     h_free(h);
 }
 
+// The adaptive draft length (sched_spec.c spec_note_result) bounds the
+// provisional reservation: each step's item asks for the sequence's
+// length, which the test follows from the kept drafts (all n kept: at
+// least n + 1; a < n kept: half way to a + 1, in 1/16 tokens; within
+// 1 .. 4), and a draft after one that kept fewer than it offered asks
+// for less than k.
+static void test_batch_limit_follows_acceptance(void **state) {
+    (void)state;
+    harness *h = h_new(true, 4, 64, 64);
+    h->prop = (proposer){.mode = 1, .fixed = 4};
+    h_add(h, 1, 7, 200, 1);
+    h_step(h);
+    h_update(h); // the prefill
+    int32_t len = 4 * 16, skip = 0, misses = 0, shorter = 0, drafts = 0;
+    for (int32_t step = 0; step < 30; step++) {
+        const int32_t calls = h->prop.calls;
+        const pg_batch_plan *p = h_step(h);
+        if (p->n_seqs == 0) break;
+        const pg_plan_seq *e = &p->seqs[0];
+        if (skip > 0) { // the miss backoff: no item this step
+            assert_int_equal(h->prop.calls, calls);
+            assert_int_equal(e->n_draft, 0);
+            skip--;
+            h_update(h);
+            continue;
+        }
+        const int32_t want = (len + 8) / 16 < 1 ? 1 : (len + 8) / 16;
+        const int32_t room = 200 - 1 - e->n_generated; // max_tokens
+        assert_int_equal(h->prop.calls, calls + 1);
+        assert_int_equal(h->prop.last_limit[0], want < room ? want : room);
+        shorter += h->prop.last_limit[0] < 4;
+        const int32_t n = e->n_draft, a = (int32_t)((e->start_pos + e->seq_id) % (n + 1));
+        drafts++;
+        h_update(h);
+        const int32_t x = (a + 1 < 4 ? a + 1 : 4) * 16;
+        len = a >= n ? (len > x ? len : x) : (len + x) / 2;
+        if (a > 0) {
+            misses = 0;
+        } else {
+            misses += misses < 5;
+            skip = (1 << misses) - 1;
+        }
+    }
+    assert_true(drafts >= 5);
+    assert_true(shorter > 0);
+    h_free(h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_same_as_per_sequence),
         cmocka_unit_test(test_batch_trim_returns_slots),
         cmocka_unit_test(test_batch_empty_answer_is_plain_decode),
         cmocka_unit_test(test_batch_budget),
+        cmocka_unit_test(test_batch_limit_follows_acceptance),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
