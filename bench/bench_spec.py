@@ -16,6 +16,7 @@ not. Not a timed test: figures go to docs/speculative_decoding.md.
 
     bench/bench_spec.py                 # the two default configurations
     bench/bench_spec.py --prompt-kind plain   # a prompt with little to copy
+    bench/bench_spec.py --temperature 1       # seeded sampling: drafts kept in part
     bench/bench_spec.py --config "k3=--speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 3}'"
 
 --concurrency N sends N requests at once (the copy prompts, one each)
@@ -42,10 +43,13 @@ from test_spec_decode import COPY_PROMPTS  # noqa: E402
 
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
 PROMPTS = {"copy": COPY_PROMPTS[0], "code": COPY_PROMPTS[2], "plain": "Write a short story about a dragon who"}
+# The requests' sampling (--temperature T > 0: seeded, so every
+# configuration must give the same text: verification keeps the draws).
+SAMPLING = {"temperature": 0}
 
 
 def one_request(port, prompt, max_tokens):
-    """Streams one greedy completion: (text, tokens, decode seconds)."""
+    """Streams one completion (greedy unless --temperature): (text, tokens, decode seconds)."""
     times, parts = [], []
 
     def on_event(ev):
@@ -54,8 +58,8 @@ def one_request(port, prompt, max_tokens):
                 times.append(time.perf_counter())
                 parts.append(c["text"])
 
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}, **SAMPLING}
     st, events, done = su.sse_stream(port, "/v1/completions", body, timeout=600, on_event=on_event)
     assert st == 200 and done, st
     usage = next((e["usage"] for e in events if e.get("usage")), None)
@@ -130,7 +134,11 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--out", help="write the results as JSON")
     ap.add_argument("--concurrency", type=int, default=1, help="requests at once (1: the batch-1 decode rate)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sample at this temperature (seed 7) instead of greedy: drafts break off at random points")
     a = ap.parse_args()
+    if a.temperature > 0:
+        SAMPLING.update(temperature=a.temperature, seed=7)
     su.require_model_and_binary()
     configs = a.config or ["plain=", f"ngram-k5=--speculative-config '{NGRAM}'"]
     results = []
@@ -154,6 +162,7 @@ def main():
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"prompt_kind": a.prompt_kind, "max_tokens": a.max_tokens, "concurrency": a.concurrency,
+                   "temperature": a.temperature,
                        "results": results}, f, indent=1)
 
 

@@ -74,20 +74,22 @@ void spec_step_begin(sched *s) {
 #define SPEC_MAX_SKIP 31
 
 // Adaptive draft length: a draft row costs nearly a plain step on this CPU
-// (0.6-0.7 of one) whether or not it is kept, so a sequence whose drafts
+// (0.3-0.6 of one) whether or not it is kept, so a sequence whose drafts
 // break off after a tokens should not keep asking for k. Each sequence
 // keeps a length L (in 1/16 tokens, starting at k) and asks for round(L)
 // tokens, within 1 .. k:
 // - a draft of n tokens all accepted: the run may go on past it, so L
 //   becomes at least n + 1 (at most k): the next draft may be one longer;
-// - a draft that kept a < n (a miss included): the run broke after a, so L
-//   moves half way to a + 1 (an exponential moving average, weight 1/2):
-//   drafts that keep one token shrink 5 -> 4 -> 3 -> 2 and stay at 2, and
-//   one partial draft among full ones costs a draft or two of shorter
-//   length, then full ones grow it back by one each.
-// The miss backoff (above) still skips steps after misses; the length only
-// decides how many tokens a draft may take, never which, so the output is
-// unchanged.
+// - a draft that kept 0 < a < n: the run broke after a, so L moves half
+//   way to a + 1 (an exponential moving average, weight 1/2): drafts that
+//   keep one token shrink it 5 -> 4 -> 3 -> 2 and keep it at 2, and one
+//   partial draft among full ones costs a draft or two of shorter length,
+//   then full ones grow it back by one each;
+// - a miss (nothing kept) leaves L alone: it says the guess was wrong, not
+//   how long a right one runs (n-gram drafts on code are mostly all or
+//   nothing), and the miss backoff (above) already skips steps after it.
+// The length only decides how many tokens a draft may take, never which,
+// so the output is unchanged.
 #define SPEC_EMA_ONE 16 // spec_ema's unit: a token
 
 static int32_t spec_length(const sched *s, const seq *q) {
@@ -102,7 +104,7 @@ static void spec_note_result(const sched *s, seq *q, int32_t n_draft, int32_t ac
     const int32_t len = q->spec_ema > 0 ? q->spec_ema : k * SPEC_EMA_ONE;
     const int32_t x = (accepted + 1 < k ? accepted + 1 : k) * SPEC_EMA_ONE;
     if (accepted >= n_draft) q->spec_ema = len > x ? len : x;
-    else q->spec_ema = (len + x) / 2;
+    else if (accepted > 0) q->spec_ema = (len + x) / 2;
     if (accepted > 0) {
         q->spec_misses = 0;
         return;

@@ -260,14 +260,12 @@ static void test_partial_acceptance_frees_rejected_slots(void **state) {
     assert_int_equal(p->seqs[0].n_draft, 0);
     assert_int_equal(p->seqs[0].start_pos, 8);
     h_update(h, 6, NULL);
-    // The miss took the draft length from 4 to 3 (the adaptive length:
-    // (4 + 1) / 2, rounded up). Two accepted of three: positions 10 .. 11
-    // hold 1, 2; the target's 7 follows at 12, so 12 of 13 slots stay (3
-    // blocks).
+    // Two accepted of four: positions 10 .. 11 hold 1, 2; the target's
+    // 7 follows at 12, so 12 of 14 slots stay (3 blocks).
     p = h_step(h);
     assert_int_equal(p->seqs[0].start_pos, 9);
-    assert_int_equal(p->seqs[0].n_draft, 3);
-    assert_int_equal(p->seqs[0].n_blocks, 4); // positions 9 .. 12
+    assert_int_equal(p->seqs[0].n_draft, 4);
+    assert_int_equal(p->seqs[0].n_blocks, 4); // positions 9 .. 13
     ev = h_update(h, 0, (const int32_t[]){1, 2, 7, 0, 0});
     assert_int_equal(ev->n, 3);
     assert_int_equal(ev->ev[2].out.token, 7);
@@ -276,7 +274,7 @@ static void test_partial_acceptance_frees_rejected_slots(void **state) {
     assert_int_equal(stats(h).kv.num_cached, 2);
     sched_stats st = stats(h);
     assert_int_equal(st.n_spec_drafts, 2);
-    assert_int_equal(st.n_spec_draft_tokens, 7);
+    assert_int_equal(st.n_spec_draft_tokens, 8);
     assert_int_equal(st.n_spec_accepted, 2);
     assert_int_equal(st.n_spec_accepted_pos[0], 1);
     assert_int_equal(st.n_spec_accepted_pos[1], 1);
@@ -517,9 +515,7 @@ static void test_n_choices_draft_on_their_own(void **state) {
     assert_int_equal(p->seqs[0].start_pos, 13);
     assert_memory_equal(p->seqs[0].tokens, ((const int32_t[]){5, 6, 7, 8}), 4 * sizeof(int32_t));
     assert_int_equal(p->seqs[1].seq_id, SCHED_MAX_N + 2);
-    // Its one plain step of backoff is over; its miss took its length from
-    // 3 to 2 (the adaptive length, per choice: choice 0 still drafts 3).
-    assert_int_equal(p->seqs[1].n_draft, 2);
+    assert_int_equal(p->seqs[1].n_draft, 3); // its one plain step of backoff is over
     const int32_t t3[3][PG_MAX_DRAFT + 1] = {{6, 99}, {0}, {62, 99}};
     ev = h_update_n(h, t3);
     assert_true(ev->ev[ev->n - 1].req_finished);
@@ -604,9 +600,9 @@ static void h_step_keep(harness *h, char *pattern, int32_t i, int32_t keep) {
 }
 
 // The adaptive draft length (spec_note_result): drafts that keep one token
-// shrink it half way to 2 per draft; fully accepted ones grow it by one up
-// to k and no further; a miss halves the way to 1 and the miss backoff
-// skips a step. fixed_length keeps k throughout (the same answers).
+// shrink it half way to 2 per draft; a miss leaves it (the miss backoff
+// skips a step); fully accepted ones grow it by one up to k and no
+// further. fixed_length keeps k throughout (the same answers).
 static void test_adaptive_length_follows_acceptance(void **state) {
     (void)state;
     for (int32_t fixed = 0; fixed < 2; fixed++) {
@@ -627,18 +623,19 @@ static void test_adaptive_length_follows_acceptance(void **state) {
         char pattern[16] = {0};
         int32_t i = 0;
         for (; i < 5; i++) h_step_keep(h, pattern, i, 1);  // one kept of each
-        for (; i < 10; i++) h_step_keep(h, pattern, i, -1); // all kept
-        for (; i < 13; i++) h_step_keep(h, pattern, i, 0);  // a miss, a plain step, ...
-        assert_string_equal(pattern, fixed ? "5555555555505" : "5432223455503");
+        for (; i < 7; i++) h_step_keep(h, pattern, i, 0);  // a miss, then a plain step
+        for (; i < 12; i++) h_step_keep(h, pattern, i, -1); // all kept
+        assert_string_equal(pattern, fixed ? "555555055555" : "543222023455");
         // The proposer was asked for the length (nothing else bound it).
-        assert_int_equal(h->prop.last_limit, fixed ? 5 : 3);
+        assert_int_equal(h->prop.last_limit, 5);
         h_free(h);
     }
 }
 
-// Misses only: the length falls toward 1 and never below, while the miss
-// backoff still skips 1, 3, 7, 15 and 31 steps; a kept token resets it
-// and grows the length.
+// Misses leave a shrunk length alone while the miss backoff still skips
+// 1, 3, 7, 15 and 31 steps; a kept token resets the backoff and a fully
+// kept draft grows the length. With k = 1 every draft is 1 long (never
+// below 1, never above k).
 static void test_adaptive_length_floor_and_miss_backoff(void **state) {
     (void)state;
     harness *h = h_new(5, 0, 64);
@@ -646,8 +643,8 @@ static void test_adaptive_length_floor_and_miss_backoff(void **state) {
     prefill(h, 1, 200, -1);
     char pattern[80] = {0}, lengths[16] = {0};
     int32_t n_len = 0;
-    for (int32_t i = 0; i < 64; i++) {
-        h_step_keep(h, pattern, i, i < 62 ? 0 : -1); // five misses, then all kept
+    for (int32_t i = 0; i < 68; i++) {
+        h_step_keep(h, pattern, i, i < 4 ? 1 : i < 66 ? 0 : -1); // one kept, misses, all kept
         if (pattern[i] != '0') {
             lengths[n_len++] = pattern[i];
             pattern[i] = 'D';
@@ -655,8 +652,16 @@ static void test_adaptive_length_floor_and_miss_backoff(void **state) {
             pattern[i] = '.';
         }
     }
-    assert_string_equal(pattern, "D.D...D.......D...............D...............................DD");
-    assert_string_equal(lengths, "5322112");
+    assert_string_equal(pattern, "DDDDD.D...D.......D...............D...............................DD");
+    assert_string_equal(lengths, "54322222223");
+    h_free(h);
+    h = h_new(1, 0, 64);
+    h->prop = (proposer){.draft = {1, 2, 3, 4, 5}, .n_draft = 5};
+    prefill(h, 1, 200, -1);
+    char one[16] = {0};
+    const int32_t keep[12] = {1, -1, 0, 0, -1, -1, 1, 0, 0, 0, 0, -1};
+    for (int32_t i = 0; i < 12; i++) h_step_keep(h, one, i, keep[i]);
+    assert_string_equal(one, "111011110100");
     h_free(h);
 }
 

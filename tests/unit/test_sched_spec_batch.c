@@ -306,8 +306,8 @@ static void test_batch_budget(void **state) {
 // The adaptive draft length (sched_spec.c spec_note_result) bounds the
 // provisional reservation: each step's item asks for the sequence's
 // length, which the test follows from the kept drafts (all n kept: at
-// least n + 1; a < n kept: half way to a + 1, in 1/16 tokens; within
-// 1 .. 4), and a draft after one that kept fewer than it offered asks
+// least n + 1; 0 < a < n kept: half way to a + 1, in 1/16 tokens; none:
+// unchanged; within 1 .. 4), and a draft after one that kept fewer than it offered asks
 // for less than k.
 static void test_batch_limit_follows_acceptance(void **state) {
     (void)state;
@@ -338,7 +338,7 @@ static void test_batch_limit_follows_acceptance(void **state) {
         drafts++;
         h_update(h);
         const int32_t x = (a + 1 < 4 ? a + 1 : 4) * 16;
-        len = a >= n ? (len > x ? len : x) : (len + x) / 2;
+        len = a >= n ? (len > x ? len : x) : a > 0 ? (len + x) / 2 : len;
         if (a > 0) {
             misses = 0;
         } else {
