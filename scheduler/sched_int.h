@@ -40,7 +40,7 @@ typedef struct seq {
     int32_t spec_held;
     int32_t spec_misses;         // drafts in a row with nothing accepted
     int32_t spec_skip;           // steps left without proposing (after a miss)
-    int32_t spec_ema;            // draft length, in 1/16 tokens (0: none yet: k)
+    int32_t spec_len;            // draft length, in 1/16 tokens (0: none yet: k)
 } seq;
 
 typedef struct req {

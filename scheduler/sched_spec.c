@@ -90,21 +90,21 @@ void spec_step_begin(sched *s) {
 //   nothing), and the miss backoff (above) already skips steps after it.
 // The length only decides how many tokens a draft may take, never which,
 // so the output is unchanged.
-#define SPEC_EMA_ONE 16 // spec_ema's unit: a token
+#define SPEC_LEN_ONE 16 // seq.spec_len units per token
 
 static int32_t spec_length(const sched *s, const seq *q) {
     const int32_t k = s->cfg.spec.num_tokens;
-    if (s->cfg.spec.fixed_length || q->spec_ema <= 0) return k;
-    const int32_t len = (q->spec_ema + SPEC_EMA_ONE / 2) / SPEC_EMA_ONE;
+    if (s->cfg.spec.fixed_length || q->spec_len <= 0) return k;
+    const int32_t len = (q->spec_len + SPEC_LEN_ONE / 2) / SPEC_LEN_ONE;
     return len < 1 ? 1 : len > k ? k : len;
 }
 
 static void spec_note_result(const sched *s, seq *q, int32_t n_draft, int32_t accepted) {
     const int32_t k = s->cfg.spec.num_tokens;
-    const int32_t len = q->spec_ema > 0 ? q->spec_ema : k * SPEC_EMA_ONE;
-    const int32_t x = (accepted + 1 < k ? accepted + 1 : k) * SPEC_EMA_ONE;
-    if (accepted >= n_draft) q->spec_ema = len > x ? len : x;
-    else if (accepted > 0) q->spec_ema = (len + x) / 2;
+    const int32_t len = q->spec_len > 0 ? q->spec_len : k * SPEC_LEN_ONE;
+    const int32_t x = (accepted + 1 < k ? accepted + 1 : k) * SPEC_LEN_ONE;
+    if (accepted >= n_draft) q->spec_len = len > x ? len : x;
+    else if (accepted > 0) q->spec_len = (len + x) / 2;
     if (accepted > 0) {
         q->spec_misses = 0;
         return;
