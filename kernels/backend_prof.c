@@ -214,22 +214,28 @@ static int prof_linear(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweig
     return p->ops0->linear(b, out, x, norm, eps, w, bias, accumulate, scratch);
 }
 
-static int prof_gate_up_silu(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bweight *norm, float eps,
-                             const pg_bweight *w, pg_tensor scratch_xn, pg_tensor scratch_gu) {
+// gate_up_silu and gate_up_gelu share a signature: one body, the op picked.
+typedef int (*gate_up_fn)(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bweight *norm, float eps,
+                          const pg_bweight *w, pg_tensor scratch_xn, pg_tensor scratch_gu);
+
+static int gate_up(pg_backend *b, bool gelu, pg_tensor h, pg_tensor x, const pg_bweight *norm, float eps,
+                   const pg_bweight *w, pg_tensor scratch_xn, pg_tensor scratch_gu) {
     prof *p = prof_of(b);
     char name[56];
-    weight_name(name, sizeof name, "gate_up_silu", w, norm, false);
+    weight_name(name, sizeof name, gelu ? "gate_up_gelu" : "gate_up_silu", w, norm, false);
     stamp(p, b, name, x.rows);
-    return p->ops0->gate_up_silu(b, h, x, norm, eps, w, scratch_xn, scratch_gu);
+    const gate_up_fn f = gelu ? p->ops0->gate_up_gelu : p->ops0->gate_up_silu;
+    return f(b, h, x, norm, eps, w, scratch_xn, scratch_gu);
+}
+
+static int prof_gate_up_silu(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bweight *norm, float eps,
+                             const pg_bweight *w, pg_tensor scratch_xn, pg_tensor scratch_gu) {
+    return gate_up(b, false, h, x, norm, eps, w, scratch_xn, scratch_gu);
 }
 
 static int prof_gate_up_gelu(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bweight *norm, float eps,
                              const pg_bweight *w, pg_tensor scratch_xn, pg_tensor scratch_gu) {
-    prof *p = prof_of(b);
-    char name[56];
-    weight_name(name, sizeof name, "gate_up_gelu", w, norm, false);
-    stamp(p, b, name, x.rows);
-    return p->ops0->gate_up_gelu(b, h, x, norm, eps, w, scratch_xn, scratch_gu);
+    return gate_up(b, true, h, x, norm, eps, w, scratch_xn, scratch_gu);
 }
 
 // A step ends with dev->record(slot) and is waited for with dev->wait(slot):
