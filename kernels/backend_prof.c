@@ -14,6 +14,15 @@
 #define PROF_LABELS 128 // distinct op names; later ones are charged to the last, "other"
 #define PROF_MAX 16     // backends wrapped at once (tensor-parallel ranks)
 
+// The interval from a step's end (or a wait for the device) to the next op
+// issued: time the device had nothing queued.
+#define IDLE "idle (nothing queued)"
+// An idle interval longer than this is not a step's host gap but start-up
+// (between its profiling forward and the first request) or a time with no
+// requests: charged apart, so the idle line says what steps wait.
+#define GAP_MS 50.0f
+#define GAP "idle over 50 ms (start-up, no requests)"
+
 typedef struct prof_label {
     char name[56];
     int64_t calls;
@@ -39,6 +48,7 @@ typedef struct prof {
     bool capturing, failed;
     prof_label labels[PROF_LABELS];
     int32_t n_labels;
+    int16_t idle_id, gap_id; // IDLE's interval, charged to GAP when it is long
     int64_t reads;
     double ms_total;
 } prof;
@@ -85,7 +95,8 @@ static void read_upto(prof *p, pg_backend *b, int64_t end) {
     }
     for (int32_t j = 0; j + 1 < n; j++) {
         const int32_t slot = (h + j) % PG_PROF_MARKS;
-        prof_label *l = &p->labels[p->label[slot]];
+        const int16_t id = p->label[slot] == p->idle_id && p->ms[j] > GAP_MS ? p->gap_id : p->label[slot];
+        prof_label *l = &p->labels[id];
         l->calls++;
         l->ms += p->ms[j];
         l->rows += (double)p->rows[slot];
@@ -110,9 +121,6 @@ static void stamp(prof *p, pg_backend *b, const char *name, int64_t rows) {
     p->next++;
 }
 
-// The interval from a step's end (or a wait for the device) to the next op
-// issued: time the device had nothing queued.
-#define IDLE "idle (nothing queued)"
 
 static const char *attn_name(const pg_attn_batch *ab) {
     return ab->n_decode == ab->n_seqs ? "attention decode" : ab->n_decode == 0 ? "attention prefill" : "attention mixed";
@@ -315,6 +323,8 @@ int pg_backend_prof_wrap(pg_backend *be) {
     p->be = be;
     p->dev0 = be->dev, p->store0 = be->store, p->ops0 = be->ops;
     p->dev = *be->dev, p->store = *be->store, p->ops = *be->ops;
+    p->idle_id = label_id(p, IDLE);
+    p->gap_id = label_id(p, GAP);
     WRAP(ops, embed);
     WRAP(ops, copy);
     WRAP(ops, gather);
@@ -374,22 +384,24 @@ double pg_backend_prof_report(pg_backend *be) {
     if (!p) return -1;
     read_all(p, be);
     const prof_label *order[PROF_LABELS];
-    double idle = 0;
-    for (int32_t i = 0; i < p->n_labels; i++) {
-        order[i] = &p->labels[i];
-        if (!strcmp(p->labels[i].name, IDLE)) idle = p->labels[i].ms;
-    }
+    const double idle = p->labels[p->idle_id].ms, gap = p->labels[p->gap_id].ms;
+    for (int32_t i = 0; i < p->n_labels; i++) order[i] = &p->labels[i];
     qsort(order, (size_t)p->n_labels, sizeof order[0], by_ms_desc);
-    PG_LOGI("op profile, %s backend: %.1f ms of device timeline from the first op to the last read, %.1f ms (%.1f%%) "
-            "in ops, %.1f ms with nothing queued; %lld reads",
-            be->name, p->ms_total, p->ms_total - idle, p->ms_total > 0 ? 100.0 * (p->ms_total - idle) / p->ms_total : 0.0,
-            idle, (long long)p->reads);
+    // Shares are of the timeline less the long gaps: the steps and what
+    // they waited for.
+    const double busy = p->ms_total - gap;
+    PG_LOGI("op profile, %s backend: %.1f ms of device timeline from the first op to the last read; %.1f ms of it in "
+            "steps: %.1f ms (%.1f%%) in ops, %.1f ms (%.1f%%) idle between them; %.1f ms in gaps over %.0f ms "
+            "(start-up, no requests); %lld reads",
+            be->name, p->ms_total, busy, busy - idle, busy > 0 ? 100.0 * (busy - idle) / busy : 0.0, idle,
+            busy > 0 ? 100.0 * idle / busy : 0.0, gap, (double)GAP_MS, (long long)p->reads);
     PG_LOGI("  %-46s %9s %11s %6s %10s %9s", "op", "calls", "total ms", "share", "mean us", "mean rows");
     for (int32_t i = 0; i < p->n_labels; i++) {
         const prof_label *l = order[i];
         if (!l->calls) continue;
+        const bool is_gap = l == &p->labels[p->gap_id];
         PG_LOGI("  %-46s %9lld %11.2f %5.1f%% %10.2f %9.1f", l->name, (long long)l->calls, l->ms,
-                p->ms_total > 0 ? 100.0 * l->ms / p->ms_total : 0.0, 1000.0 * l->ms / (double)l->calls,
+                busy > 0 && !is_gap ? 100.0 * l->ms / busy : 0.0, 1000.0 * l->ms / (double)l->calls,
                 l->rows / (double)l->calls);
     }
     return p->ms_total;
