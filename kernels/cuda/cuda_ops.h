@@ -189,6 +189,37 @@ int pg_cuda_head_rmsnorm(void *x, int64_t stride, int32_t n_heads, int32_t head_
 // [gate|up] row, as the fused gate/up GEMM writes it).
 int pg_cuda_silu_mul(void *out, const void *gate_up, int64_t m, int64_t ffn, void *stream);
 
+// --- Mixture-of-experts feed-forward (moe.cu; docs/moe.md) ---------------------------------
+//
+// For every row i < m of x (bf16 [m][hidden], contiguous), xn = norm ?
+// bf16(RMSNorm(x[i]) * norm) : x[i]; p = softmax(xn . router^T) over the
+// n_experts experts in f32; S = the top_k experts by p, ties to the lower
+// id; w_e = p_e / sum_S p when renorm, else p_e; then
+//   out[i] = bf16([x[i] +] sum_{e in S, ascending e} w_e * y_e),
+//   y_e = bf16(down[e] . h),  h = bf16(silu(g) * u),  [g | u] = xn . gate_up[e]^T,
+// products in f32. Weights are bf16, row-major as linear's: router
+// [n_experts][hidden], gate_up[e] [2 ffn][hidden] (gate rows, then up),
+// down[e] [hidden][ffn]. gate_up and down are HOST arrays [n_experts] of
+// device pointers; both NULL marks an expert another rank holds (expert
+// parallelism: it still competes in routing, its terms are left out).
+// accumulate adds the residual x (out = x + sum); out may be x. Graph-safe:
+// no host synchronisation, launch shapes depend on m only. Limits:
+// n_experts <= PG_CUDA_MOE_MAX_EXPERTS, top_k <= 16 and <= n_experts,
+// hidden and ffn multiples of 8; else PG_EINVAL. ws: at least
+// pg_cuda_moe_workspace_size(m, ...) bytes, 256-byte aligned.
+#define PG_CUDA_MOE_MAX_EXPERTS 512
+int pg_cuda_moe_ffn(void *out, const void *x, int64_t m, int64_t hidden, int64_t ffn, const void *norm,
+                    float eps, const void *router, const void *const *gate_up, const void *const *down,
+                    int32_t n_experts, int32_t top_k, int renorm, int accumulate, void *ws, size_t ws_bytes,
+                    void *stream);
+size_t pg_cuda_moe_workspace_size(int64_t max_rows, int64_t hidden, int64_t ffn, int32_t n_experts,
+                                  int32_t top_k);
+// Tests: the routing of the last pg_cuda_moe_ffn over ws for m rows of
+// that shape, copied to the host after a sync of the stream: sel [m][top_k]
+// the chosen experts best first, w [m][top_k] their weights (after renorm).
+int pg_cuda_moe_routing(int32_t *sel, float *w, const void *ws, int64_t m, int64_t hidden, int64_t ffn,
+                        int32_t n_experts, int32_t top_k, void *stream);
+
 // Row gather: out[i][0:dim] = table[ids[i]][0:dim] for i < m; an id outside
 // [0, n_rows) gives a zero row. Embedding lookup, and the gather of the
 // last hidden state of each sampled sequence before the LM head.
