@@ -9,7 +9,7 @@
 #
 #   tests/gpu/run_gpu_tests.sh                 all checks
 #   tests/gpu/run_gpu_tests.sh -k decode       only kernel cases whose name contains "decode"
-#   tests/gpu/run_gpu_tests.sh --skip-kernels  checks 2-4 only
+#   tests/gpu/run_gpu_tests.sh --skip-kernels  checks 2-6 only (not 1 and 7)
 #
 # Checks, in order (later additions go at the end):
 #   1. build/gpu/test_cuda_kernels: every CUDA kernel against its CPU reference.
@@ -38,6 +38,8 @@
 #      sequence at a time, as 3c), greedy (the maxima exchange) and seeded
 #      top-k (the top-k exchange);
 #      -tp beyond the GPUs is refused; -tp 2 when there are two GPUs.
+#   7. build/gpu/test_cuda_moe: the MoE feed-forward (pg_cuda_moe_ffn) against
+#      an fp64 host reference, routing read back (as 1, takes -k).
 # Programs come from build/gpu-pack/ (tools/pack_gpu.sh; its .tar.xz is
 # unpacked here when only the archive was carried), else build/.
 # Logs and JSON go to $OUT (the device tool's folder) or /tmp/paged-gpu.
@@ -55,7 +57,7 @@ if [ -f build/gpu-pack.tar.xz ] && [ ! -x build/gpu-pack/paged ]; then
 fi
 if [ -d build/gpu-pack ]; then
     mkdir -p build/gpu
-    for b in test_cuda_kernels bench_cuda_attention bench_cuda_gemv test_cuda_fp8_gemm bench_cuda_gemm_fp8; do
+    for b in test_cuda_kernels bench_cuda_attention bench_cuda_gemv test_cuda_fp8_gemm bench_cuda_gemm_fp8 test_cuda_moe; do
         [ -x build/gpu/$b ] && ! head -c 2 build/gpu/$b | grep -q '#!' || cp build/gpu-pack/$b build/gpu/$b
     done
 fi
@@ -80,7 +82,7 @@ if [ ! -x "$RUNNER_TEST" ] || ! [ -x "$PAGED" ]; then
     echo "FAIL: $RUNNER_TEST or $PAGED missing: build them with nvcc and carry tools/pack_gpu.sh's build/gpu-pack.tar.xz"
     exit 1
 fi
-progs="build/gpu/test_cuda_kernels build/gpu/bench_cuda_attention build/gpu/test_cuda_fp8_gemm"
+progs="build/gpu/test_cuda_kernels build/gpu/bench_cuda_attention build/gpu/test_cuda_fp8_gemm build/gpu/test_cuda_moe"
 [ $skip_kernels = 1 ] && progs=""
 for b in $progs; do
     [ -x "$b" ] && ! head -c 2 "$b" | grep -q '#!' || need_build=1
@@ -466,6 +468,13 @@ PY
 )
     if [ $rc -ne 0 ] || [ "${same_t%%/*}" -lt 6 ]; then echo "FAIL: -tp $tpn (exit $rc, $same_t)"; fail=1; else echo "PASS: -tp $tpn ($same_t)"; fi
     note "generate -tp $tpn vs -tp 1: same first 16 characters $same_t (exit $rc)"
+fi
+
+# --- 7. the MoE feed-forward -----------------------------------------------------------------
+if [ $skip_kernels = 0 ]; then
+    f0=$fail
+    run moe build/gpu/test_cuda_moe "$@"
+    note "moe feed-forward (routing and output vs fp64): $([ $fail = $f0 ] && echo pass || echo FAIL)"
 fi
 
 echo "== summary"
