@@ -3,7 +3,9 @@
 
   tests/gpu/make_random_model.py OUT_DIR [--hidden 512] [--layers 4]
       [--heads 8] [--kv-heads 2] [--ffn 1536] [--vocab 1000]
-      [--dtype bf16|f32] [--tie] [--seed 1]
+      [--dtype bf16|f32] [--tie] [--seed 1] [--head-dim D]
+      [--moe qwen3|mixtral [--experts 8] [--top-k 2] [--moe-ffn 256]
+       [--no-renorm]]
 
 config.json, model.safetensors and a byte-level tokenizer.json (256 byte
 tokens, no merges, ids >= 256 spelled "<tN>"), with numpy only, so the GPU
@@ -13,6 +15,16 @@ linear layers N(0, 1/fan_in), embeddings N(0, 1), norms 1 + N(0, 0.1), the
 LM head N(0, 9/hidden) so logits spread over several units and greedy picks
 have clear margins. tests/gpu/test_cuda_runner.c runs it on the CPU and
 the GPU and compares.
+
+--moe writes a mixture-of-experts model instead, with the tensor names and
+config keys engine/model/layer_tensors.c and model_config.c read (as
+transformers writes them; tests/integration/test_moe.py): qwen3 a
+Qwen3MoeForCausalLM (q/k norms, mlp.gate router, mlp.experts.E.gate_proj /
+up_proj / down_proj of width --moe-ffn in every layer, norm_topk_prob unless
+--no-renorm); mixtral a MixtralForCausalLM (block_sparse_moe.gate,
+block_sparse_moe.experts.E.w1 / w3 / w2, intermediate_size = --moe-ffn,
+always renormalised). The router is N(0, 1/hidden) like any linear layer,
+so the routing logits spread over about a unit and ties are rare.
 """
 import argparse
 import json
@@ -65,9 +77,19 @@ def main():
     ap.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
     ap.add_argument("--tie", action="store_true")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--head-dim", type=int, default=0, help="default hidden / heads")
+    ap.add_argument("--moe", choices=["qwen3", "mixtral"])
+    ap.add_argument("--experts", type=int, default=8)
+    ap.add_argument("--top-k", type=int, default=2)
+    ap.add_argument("--moe-ffn", type=int, default=256)
+    ap.add_argument("--no-renorm", action="store_true", help="qwen3: norm_topk_prob false")
     a = ap.parse_args()
+    if a.moe and not 1 <= a.top_k <= a.experts:
+        ap.error(f"--top-k {a.top_k} of {a.experts} experts")
+    if a.no_renorm and a.moe != "qwen3":
+        ap.error("--no-renorm is Qwen3-MoE's norm_topk_prob (Mixtral always renormalises)")
     rng = np.random.default_rng(a.seed)
-    H, hd = a.hidden, a.hidden // a.heads
+    H, hd = a.hidden, a.head_dim or a.hidden // a.heads
     q, kv = a.heads * hd, a.kv_heads * hd
 
     def lin(rows, cols):
@@ -86,10 +108,27 @@ def main():
             (p + "self_attn.k_proj.weight", lin(kv, H)),
             (p + "self_attn.v_proj.weight", lin(kv, H)),
             (p + "self_attn.o_proj.weight", lin(H, q)),
-            (p + "mlp.gate_proj.weight", lin(a.ffn, H)),
-            (p + "mlp.up_proj.weight", lin(a.ffn, H)),
-            (p + "mlp.down_proj.weight", lin(H, a.ffn)),
         ]
+        if a.moe == "qwen3":
+            t += [(p + "self_attn.q_norm.weight", 1.0 + 0.1 * rng.standard_normal(hd, dtype=np.float32)),
+                  (p + "self_attn.k_norm.weight", 1.0 + 0.1 * rng.standard_normal(hd, dtype=np.float32)),
+                  (p + "mlp.gate.weight", lin(a.experts, H))]
+            for e in range(a.experts):
+                t += [(p + f"mlp.experts.{e}.gate_proj.weight", lin(a.moe_ffn, H)),
+                      (p + f"mlp.experts.{e}.up_proj.weight", lin(a.moe_ffn, H)),
+                      (p + f"mlp.experts.{e}.down_proj.weight", lin(H, a.moe_ffn))]
+        elif a.moe == "mixtral":
+            t.append((p + "block_sparse_moe.gate.weight", lin(a.experts, H)))
+            for e in range(a.experts):  # w1 gate, w3 up, w2 down
+                t += [(p + f"block_sparse_moe.experts.{e}.w1.weight", lin(a.moe_ffn, H)),
+                      (p + f"block_sparse_moe.experts.{e}.w3.weight", lin(a.moe_ffn, H)),
+                      (p + f"block_sparse_moe.experts.{e}.w2.weight", lin(H, a.moe_ffn))]
+        else:
+            t += [
+                (p + "mlp.gate_proj.weight", lin(a.ffn, H)),
+                (p + "mlp.up_proj.weight", lin(a.ffn, H)),
+                (p + "mlp.down_proj.weight", lin(H, a.ffn)),
+            ]
     t.append(("model.norm.weight", norm()))
     if not a.tie:
         t.append(("lm_head.weight", 3.0 * rng.standard_normal((a.vocab, H), dtype=np.float32) / np.sqrt(H)))
@@ -113,11 +152,25 @@ def main():
         "eos_token_id": 3,
         "torch_dtype": "bfloat16" if a.dtype == "bf16" else "float32",
     }
+    if a.moe == "qwen3":
+        # intermediate_size is the dense layers' width (none here: every
+        # layer is sparse with decoder_sparse_step 1).
+        cfg.update(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=a.experts,
+                   num_experts_per_tok=a.top_k, moe_intermediate_size=a.moe_ffn, norm_topk_prob=not a.no_renorm,
+                   decoder_sparse_step=1, mlp_only_layers=[], attention_bias=False, use_sliding_window=False,
+                   sliding_window=None)
+    elif a.moe == "mixtral":
+        # Mixtral's experts are intermediate_size wide; no sliding window
+        # (a number here would turn one on).
+        cfg.update(architectures=["MixtralForCausalLM"], model_type="mixtral", intermediate_size=a.moe_ffn,
+                   num_local_experts=a.experts, num_experts_per_tok=a.top_k, sliding_window=None)
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
     with open(os.path.join(a.out, "tokenizer.json"), "w") as f:
         json.dump(tokenizer_json(a.vocab), f)
-    print(f"wrote {a.out}: hidden {H}, {a.layers} layers, {a.heads}/{a.kv_heads} heads of {hd}, ffn {a.ffn}, "
+    ffn = (f"{a.moe} experts {a.experts} top {a.top_k} of width {a.moe_ffn}"
+           f"{', not renormalised' if a.no_renorm else ''}" if a.moe else f"ffn {a.ffn}")
+    print(f"wrote {a.out}: hidden {H}, {a.layers} layers, {a.heads}/{a.kv_heads} heads of {hd}, {ffn}, "
           f"vocab {a.vocab}, {a.dtype}{', tied' if a.tie else ''}")
 
 

@@ -18,7 +18,9 @@
 #      tests/gpu/make_random_model.py (head_dim 64 bf16 weights; head_dim 128
 #      f32 weights, tied embeddings, odd vocabulary), step by step; then with
 #      --cpu-offload-gb, both swap paths (PAGED_CUDA_SWAP=memcpy|kernel) and
-#      FP8 / int4 weights (--quantization).
+#      FP8 / int4 weights (--quantization); then mixture-of-experts models
+#      (make_random_model.py --moe): Qwen3-MoE (128 experts, top 8) and
+#      Mixtral (8 experts, top 2).
 #   3. paged generate --device cuda against --device cpu: greedy texts of
 #      8 prompts through the whole engine (scheduler, runner, sampler). bf16
 #      against f32 flips a greedy pick wherever the top two logits are
@@ -175,6 +177,21 @@ done
 # mean, and 8 of the logprobs past bf16's 0.1 + 2%).
 run runner-hd64-fp8-w8a8 "$RUNNER_TEST" $m64 --quantization fp8 --tol 0.1 --json "$out_dir/runner_hd64_fp8_w8a8.json"
 note "runner hd64 fp8 weights, W8A8: $(tail -c 300 "$out_dir/runner_hd64_fp8_w8a8.json" 2>/dev/null | tr -d '\n')"
+# Mixture of experts (kernels/cuda/moe.cu against kernels/cpu/moe.c), bf16
+# weights at the bf16 model's bound: Qwen3-MoE's routing (128 experts, top 8,
+# renormalised, q/k norms) on narrow experts, and Mixtral's (8 experts, top
+# 2). A row whose top-k has a near tie may route otherwise on the GPU (bf16
+# activations) than on the CPU (f32), which moves that row's logits more
+# than the rest: few layers keep such rows rare.
+mq=/tmp/paged-moe-qwen3 mx=/tmp/paged-moe-mixtral
+python3 tests/gpu/make_random_model.py $mq --hidden 512 --heads 8 --kv-heads 2 --head-dim 64 --layers 2 \
+    --vocab 1000 --dtype bf16 --moe qwen3 --experts 128 --top-k 8 --moe-ffn 128 --seed 4 || fail=1
+python3 tests/gpu/make_random_model.py $mx --hidden 512 --heads 8 --kv-heads 2 --layers 3 --vocab 1000 \
+    --dtype bf16 --moe mixtral --experts 8 --top-k 2 --moe-ffn 512 --seed 5 || fail=1
+run runner-moe-qwen3 "$RUNNER_TEST" $mq --json "$out_dir/runner_moe_qwen3.json"
+note "runner qwen3-moe 128/top-8: $(tail -c 300 "$out_dir/runner_moe_qwen3.json" 2>/dev/null | tr -d '\n')"
+run runner-moe-mixtral "$RUNNER_TEST" $mx --json "$out_dir/runner_moe_mixtral.json"
+note "runner mixtral 8/top-2: $(tail -c 300 "$out_dir/runner_moe_mixtral.json" 2>/dev/null | tr -d '\n')"
 
 # --- 3. the whole engine: generate on both devices ----------------------------------------
 prompts=/tmp/paged-prompts.jsonl
