@@ -348,6 +348,53 @@ static int cu_attention(pg_backend *b, pg_tensor out, pg_tensor q, const pg_attn
     return 0;
 }
 
+// The mixture-of-experts feed-forward (moe.cu; docs/moe.md): bf16 experts,
+// the router bf16; the experts' device pointers go to the launcher, which
+// passes them to its kernels as parameters.
+static size_t cu_moe_ws(pg_backend *b, int32_t max_rows, int32_t hidden, int32_t ffn, int32_t n_experts,
+                        int32_t top_k) {
+    (void)b;
+    return pg_cuda_moe_workspace_size(max_rows, hidden, ffn, n_experts, top_k);
+}
+
+static int cu_moe_ffn(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *norm, float eps,
+                      const pg_bweight *router, const pg_bweight *const *gate_up, const pg_bweight *const *down,
+                      int32_t n_experts, int32_t top_k, bool renorm, bool accumulate, void *ws, size_t ws_bytes) {
+    PG_ARG(n_experts >= 1 && n_experts <= PG_CUDA_MOE_MAX_EXPERTS, "cuda moe_ffn: %d experts (at most %d)",
+           n_experts, PG_CUDA_MOE_MAX_EXPERTS);
+    PG_ARG(x.dtype == PG_DTYPE_BF16 && out.dtype == PG_DTYPE_BF16 && x.stride == x.cols && out.stride == out.cols &&
+               out.rows == x.rows && out.cols == x.cols,
+           "cuda moe_ffn: needs contiguous bf16 rows of one shape");
+    PG_ARG(router && router->dtype == PG_DTYPE_BF16 && router->rows == n_experts && router->cols == x.cols,
+           "cuda moe_ffn: the router must be bf16 [%d][%lld]", n_experts, (long long)x.cols);
+    const void *gu[PG_CUDA_MOE_MAX_EXPERTS], *dn[PG_CUDA_MOE_MAX_EXPERTS];
+    int64_t ffn = 0;
+    for (int32_t e = 0; e < n_experts && !ffn; e++) ffn = down[e] ? down[e]->cols : 0;
+    for (int32_t e = 0; e < n_experts; e++) {
+        gu[e] = dn[e] = nullptr;
+        if (!gate_up[e] && !down[e]) continue; // another rank's expert
+        const pg_bweight *g = gate_up[e], *d = down[e];
+        if (!g || !d || g->dtype != PG_DTYPE_BF16 || d->dtype != PG_DTYPE_BF16)
+            return pg_err_set(PG_EUNSUPP, "cuda moe_ffn: expert %d's weights are %s / %s; the GPU runs bf16 experts only "
+                              "for now (docs/moe.md)", e, g ? pg_dtype_name(g->dtype) : "missing",
+                              d ? pg_dtype_name(d->dtype) : "missing");
+        PG_ARG(g->rows == 2 * ffn && g->cols == x.cols && d->rows == x.cols && d->cols == ffn,
+               "cuda moe_ffn: expert %d is %lldx%lld / %lldx%lld, wants %lldx%lld / %lldx%lld", e, (long long)g->rows,
+               (long long)g->cols, (long long)d->rows, (long long)d->cols, (long long)(2 * ffn), (long long)x.cols,
+               (long long)x.cols, (long long)ffn);
+        gu[e] = wdata(g);
+        dn[e] = wdata(d);
+    }
+    if (!ffn || x.rows == 0) { // no expert here: the sum is empty
+        if (!accumulate && x.rows) PG_CUDA_TRY(cudaMemsetAsync(out.data, 0, (size_t)out.rows * out.cols * 2, ctx_of(b)->stream));
+        else if (accumulate && out.data != x.data) PG_TRY(cu_copy(b, out, x));
+        return 0;
+    }
+    return pg_cuda_moe_ffn(out.data, x.data, x.rows, x.cols, ffn, norm ? wdata(norm) : nullptr, eps, wdata(router),
+                           gu, dn, n_experts, top_k, renorm ? 1 : 0, accumulate ? 1 : 0, ws, ws_bytes,
+                           ctx_of(b)->stream);
+}
+
 static int cu_sample(pg_backend *b, pg_sample_out *out, pg_tensor logits, const pg_sample_params *params,
                      const int32_t *tokens, void *ws, size_t ws_bytes) {
     return pg_cuda_sample(out, logits.data, PG_CUDA_BF16, logits.stride, (int32_t)logits.rows,
@@ -399,7 +446,8 @@ const pg_backend_ops pg_cuda_ops_table = {
     .gate_up_gelu = NULL, // Gemma's ops: not on the GPU yet (docs/gemma3.md); callers check
     .rmsnorm_add = NULL,
     .scale = NULL,
-    .moe_ffn = NULL,    // no grouped product on the GPU yet (docs/moe.md)
+    .moe_ffn = cu_moe_ffn,
+    .moe_workspace_bytes = cu_moe_ws,
     .lora_apply = NULL, // no SGMV kernel yet (docs/lora.md): callers check
     .head_rmsnorm = cu_head_rmsnorm,
     .rope_kv_write = cu_rope_kv_write,

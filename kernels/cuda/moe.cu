@@ -1,0 +1,634 @@
+// kernels/cuda/moe.cu - the mixture-of-experts feed-forward on the GPU
+// (cuda_ops.h pg_cuda_moe_ffn; docs/moe.md), the CPU's kernels/cpu/moe.c
+// laid out as launches:
+//
+//   1. xn = RMSNorm(x) * norm            pg_cuda_add_rmsnorm (bf16 rows)
+//   2. logits = xn . router^T            moe_gemm<ROUTER>    (f32 out; moe_router_gemv up to 8 rows)
+//   3. softmax, top-k, renorm            moe_route           (a warp a row)
+//   4. pairs sorted by expert            moe_align           (one CTA)
+//   5. h = silu(xn . gate^T) * (xn . up^T)   moe_gemm<GATE_UP> over tiles of one expert's rows
+//   6. y = h . down^T                    moe_gemm<DOWN>      (bf16 rows, one per pair)
+//   7. out = [x +] sum_e w_e y_e         moe_combine         (ascending expert id, f32)
+//
+// Step 4 is vLLM's moe_align_block_size idea: the (row, expert) pairs are
+// counted per expert, each expert's run is padded to a multiple of the tile
+// height BM, and the pairs are scattered into that order; tile t of the
+// padded order belongs to one expert (tile_expert[t]), so the grouped
+// products are ordinary tiled GEMMs whose B operand is chosen per tile and
+// whose A rows are gathered. Padding rows are zeros and their outputs are
+// never read. The launch grids are bounded by m alone (the tiles a batch can
+// need at most); CTAs past the batch's real tile count leave at once, so no
+// count ever comes back to the host and the whole layer can be captured in
+// a CUDA graph. Each row's result is the same whatever order the pairs take
+// within an expert (a row's products do not depend on the other rows of its
+// tile) and step 7 adds a row's experts in ascending id, so the output does
+// not depend on the atomics' order.
+//
+// The products are mma.sync m16n8k16 (bf16 in, f32 accumulate) over a
+// cp.async pipeline, 128 threads, B tiles of 128 weight rows: not yet the
+// wgmma/TMA kernels of the dense path; the first step, measured in
+// docs/moe.md. The expert weight pointers travel as kernel parameters
+// (CUDA 12.1+ allows 32 KB of them), so nothing is uploaded per call.
+#include <atomic>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+extern "C" {
+#include "common/err.h"
+}
+
+namespace {
+
+constexpr int THREADS = 128;
+constexpr int BK = 64;       // k per pipeline stage
+constexpr int LDS = BK + 8;  // shared row stride in bf16: 144 bytes, so ldmatrix's 8 rows hit 8 bank groups
+constexpr int MAX_TOPK = 16;
+
+enum Mode { ROUTER = 0, GATE_UP = 1, DOWN = 2 };
+
+struct ExpertPtrs {
+    const bf16 *w[PG_CUDA_MOE_MAX_EXPERTS];
+};
+
+// The workspace, carved in this order, each piece 256-byte aligned. sel,
+// sel_w come before anything whose size depends on the tile height, so
+// pg_cuda_moe_routing finds them from the shape alone.
+struct Ws {
+    bf16 *xn;           // [m][hidden]
+    float *logits;      // [m][n_experts]
+    int32_t *sel;       // [m][top_k] best first
+    float *sel_w;       // [m][top_k]
+    int32_t *pair_pos;  // [m][top_k] the pair's row in the padded order, -1: expert not held here
+    int32_t *n_tiles;   // [1]
+    int32_t *tile_expert; // [max_tiles]
+    int32_t *sorted;    // [max_tiles * BM] pair index (row * top_k + slot), -1: padding
+    bf16 *h;            // [max_tiles * BM][ffn]
+    bf16 *y;            // [max_tiles * BM][hidden]
+};
+
+inline size_t up256(size_t v) { return (v + 255) / 256 * 256; }
+
+// Tile height for a batch: 16 while an expert averages at most 32 pairs
+// (decode: little padding), else 64.
+inline int tile_rows(int64_t m, int32_t n_experts, int32_t top_k) {
+    return m * top_k <= 32 * (int64_t)n_experts ? 16 : 64;
+}
+
+inline int64_t max_tiles(int64_t m, int32_t n_experts, int32_t top_k, int bm) {
+    const int64_t pairs = m * top_k;
+    return (pairs + bm - 1) / bm + (pairs < n_experts ? pairs : n_experts);
+}
+
+// Carves ws (base NULL: sizes only); returns the bytes.
+size_t carve(Ws *w, char *base, int64_t m, int64_t hidden, int64_t ffn, int32_t n_exp, int32_t k, int bm) {
+    size_t off = 0;
+    auto piece = [&](size_t bytes) -> char * {
+        char *p = base ? base + off : nullptr;
+        off += up256(bytes);
+        return p;
+    };
+    const int64_t mt = max_tiles(m, n_exp, k, bm), rows = mt * bm;
+    w->xn = (bf16 *)piece(sizeof(bf16) * m * hidden);
+    w->logits = (float *)piece(sizeof(float) * m * n_exp);
+    w->sel = (int32_t *)piece(sizeof(int32_t) * m * k);
+    w->sel_w = (float *)piece(sizeof(float) * m * k);
+    w->pair_pos = (int32_t *)piece(sizeof(int32_t) * m * k);
+    w->n_tiles = (int32_t *)piece(sizeof(int32_t));
+    w->tile_expert = (int32_t *)piece(sizeof(int32_t) * mt);
+    w->sorted = (int32_t *)piece(sizeof(int32_t) * rows);
+    w->h = (bf16 *)piece(sizeof(bf16) * rows * ffn);
+    w->y = (bf16 *)piece(sizeof(bf16) * rows * hidden);
+    return off;
+}
+
+// --- PTX wrappers (as attention_common.cuh's; that header carries the attention's state) --------
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// 16 bytes global -> shared; zero-fills when !valid (src is then not read).
+__device__ __forceinline__ void cp16(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldsm4(uint32_t addr, uint32_t r[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// c += A(16x16) * B(16x8), bf16 in, f32 accumulate.
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// --- the tiled products ---------------------------------------------------------------------
+//
+// One CTA computes a BM x BN tile: BM rows of A (gathered per mode) times
+// BN rows of one weight ([n][k], k contiguous, as linear's), over k in
+// steps of BK through a STAGES-deep cp.async ring. Warps: WM x WN, each a
+// (BM / WM) x (BN / WN) block of m16n8 fragments.
+
+struct GemmArgs {
+    const bf16 *a;            // ROUTER, GATE_UP: xn [m][k]; DOWN: h [rows][k]
+    const int32_t *sorted;    // GATE_UP, DOWN: the padded order's pairs
+    const int32_t *n_tiles;   // GATE_UP, DOWN: tiles in use
+    const int32_t *tile_expert;
+    void *out;                // ROUTER: f32 [m][n]; GATE_UP: h bf16 [rows][ffn]; DOWN: y bf16 [rows][n]
+    int64_t m;                // ROUTER: rows of xn
+    int32_t n, k;             // output columns (GATE_UP: ffn), depth
+    int32_t top_k;
+};
+
+// Two shapes: BM 16 x BN 64 while experts see few rows (decode: more,
+// smaller CTAs keep more weight bytes in flight), 64 x 128 otherwise. BN
+// counts weight rows: in GATE_UP its first half is gate rows, the second
+// the same rows of up.
+template <int BM> struct Cfg {
+    static constexpr int BN = BM == 16 ? 64 : 128;
+    static constexpr int WM = BM == 16 ? 1 : 2;
+    static constexpr int WN = 4 / WM;
+    static constexpr int MF = BM / WM / 16;   // m16 fragments per warp
+    static constexpr int NF = BN / WN / 8;    // n8 fragments per warp
+    static constexpr int STAGES = BM == 16 ? 4 : 3;
+    static constexpr int STAGE_ELEMS = (BM + BN) * LDS;
+    static constexpr size_t SMEM = sizeof(bf16) * STAGE_ELEMS * STAGES;
+};
+
+template <int BM, int MODE>
+__global__ void __launch_bounds__(THREADS) moe_gemm(const __grid_constant__ GemmArgs g,
+                                                    const __grid_constant__ ExpertPtrs wp) {
+    pg_pdl_wait(); // before any read or write: PDL's rules (cuda_common.cuh)
+    pg_pdl_trigger();
+    using C = Cfg<BM>;
+    constexpr int BN = C::BN;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 *smem = reinterpret_cast<bf16 *>(smem_raw);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tile = blockIdx.x;
+    const bf16 *w;
+    if constexpr (MODE == ROUTER) {
+        if ((int64_t)tile * BM >= g.m) return;
+        w = wp.w[0];
+    } else {
+        if (tile >= *g.n_tiles) return;
+        w = wp.w[g.tile_expert[tile]];
+    }
+    // GATE_UP: this CTA's BN / 2 output columns; B rows [0, BN / 2) are
+    // gate rows n0.., the rest the up rows ffn + n0.. . Else BN columns.
+    const int n0 = blockIdx.y * (MODE == GATE_UP ? BN / 2 : BN);
+
+    // Each thread's A rows (fixed over k): chunk c = tid + i * THREADS is
+    // row c / 8, 16-byte column chunk c % 8.
+    constexpr int A_CHUNKS = BM * BK / 8 / THREADS;     // 1 (BM 16) or 4 (BM 64)
+    constexpr int B_CHUNKS = BN * BK / 8 / THREADS;     // 4 or 8
+    const bf16 *arow[A_CHUNKS];
+#pragma unroll
+    for (int i = 0; i < A_CHUNKS; i++) {
+        const int r = (tid + i * THREADS) / 8;
+        const int64_t pos = (int64_t)tile * BM + r;
+        const bf16 *src = nullptr;
+        if constexpr (MODE == ROUTER) {
+            if (pos < g.m) src = g.a + pos * g.k;
+        } else {
+            const int32_t p = g.sorted[pos];
+            if (p >= 0) src = MODE == GATE_UP ? g.a + (int64_t)(p / g.top_k) * g.k : g.a + pos * g.k;
+        }
+        arow[i] = src;
+    }
+    const bf16 *brow[B_CHUNKS];
+#pragma unroll
+    for (int i = 0; i < B_CHUNKS; i++) {
+        const int r = (tid + i * THREADS) / 8;
+        int64_t n;
+        bool ok;
+        if constexpr (MODE == GATE_UP) {
+            const int c = n0 + r % (BN / 2);
+            ok = c < g.n;
+            n = (r < BN / 2 ? 0 : g.n) + c;
+        } else {
+            n = n0 + r;
+            ok = n < g.n;
+        }
+        brow[i] = ok ? w + n * g.k : nullptr;
+    }
+    const int kc = (tid & 7) * 8; // every chunk of a thread sits at the same column (THREADS % 8 == 0)
+
+    auto load = [&](int stage, int kt) {
+        bf16 *as = smem + stage * C::STAGE_ELEMS, *bs = as + BM * LDS;
+        const int k = kt * BK + kc;
+        const bool kin = k < g.k; // k, and so every chunk start, is a multiple of 8
+#pragma unroll
+        for (int i = 0; i < A_CHUNKS; i++) {
+            const int r = (tid + i * THREADS) / 8;
+            const bool v = kin && arow[i];
+            cp16(smem_addr(as + r * LDS + kc), v ? arow[i] + k : g.a, v);
+        }
+#pragma unroll
+        for (int i = 0; i < B_CHUNKS; i++) {
+            const int r = (tid + i * THREADS) / 8;
+            const bool v = kin && brow[i];
+            cp16(smem_addr(bs + r * LDS + kc), v ? brow[i] + k : w, v);
+        }
+    };
+
+    float acc[C::MF][C::NF][4];
+#pragma unroll
+    for (int i = 0; i < C::MF; i++)
+#pragma unroll
+        for (int j = 0; j < C::NF; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[i][j][q] = 0.0f;
+
+    const int nk = (g.k + BK - 1) / BK;
+#pragma unroll
+    for (int s = 0; s < C::STAGES - 1; s++) {
+        if (s < nk) load(s, s);
+        cp_commit();
+    }
+    const int wm0 = (warp / C::WN) * (BM / C::WM), wn0 = (warp % C::WN) * (BN / C::WN);
+    for (int kt = 0; kt < nk; kt++) {
+        cp_wait<C::STAGES - 2>();
+        __syncthreads(); // stage kt landed for every thread; stage kt - 1 is free
+        if (kt + C::STAGES - 1 < nk) load((kt + C::STAGES - 1) % C::STAGES, kt + C::STAGES - 1);
+        cp_commit();
+        const bf16 *as = smem + (kt % C::STAGES) * C::STAGE_ELEMS, *bs = as + BM * LDS;
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            uint32_t a[C::MF][4], b[C::NF][2];
+#pragma unroll
+            for (int i = 0; i < C::MF; i++)
+                ldsm4(smem_addr(as + (wm0 + i * 16 + (lane & 15)) * LDS + kk + (lane >> 4) * 8), a[i]);
+#pragma unroll
+            for (int j = 0; j < C::NF; j += 2) {
+                uint32_t r[4];
+                ldsm4(smem_addr(bs + (wn0 + j * 8 + (lane & 7) + ((lane >> 4) << 3)) * LDS + kk +
+                                ((lane >> 3) & 1) * 8),
+                      r);
+                b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < C::MF; i++)
+#pragma unroll
+                for (int j = 0; j < C::NF; j++) mma16816(acc[i][j], a[i], b[j][0], b[j][1]);
+        }
+    }
+    cp_wait<0>();
+
+    // Fragment (i, j) holds rows wm0 + i*16 + lane/4 (+8) and columns
+    // wn0 + j*8 + 2*(lane%4) (+1) of the tile.
+    const int fr = lane >> 2, fc = 2 * (lane & 3);
+    if constexpr (MODE == GATE_UP) {
+        // Gate and up of one column sit in different warps: through shared memory.
+        __syncthreads(); // everyone is done with the ring
+        constexpr int LDT = BN + 4;
+        float *t = reinterpret_cast<float *>(smem_raw);
+#pragma unroll
+        for (int i = 0; i < C::MF; i++)
+#pragma unroll
+            for (int j = 0; j < C::NF; j++)
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    t[(wm0 + i * 16 + fr + (q >> 1) * 8) * LDT + wn0 + j * 8 + fc + (q & 1)] = acc[i][j][q];
+        __syncthreads();
+        bf16 *h = reinterpret_cast<bf16 *>(g.out);
+        for (int e = tid; e < BM * (BN / 2); e += THREADS) {
+            const int r = e / (BN / 2), c = e % (BN / 2);
+            if (n0 + c >= g.n) continue;
+            const float gt = t[r * LDT + c], up = t[r * LDT + BN / 2 + c];
+            h[((int64_t)tile * BM + r) * g.n + n0 + c] = __float2bfloat16(gt / (1.0f + expf(-gt)) * up);
+        }
+    } else {
+#pragma unroll
+    for (int i = 0; i < C::MF; i++)
+#pragma unroll
+        for (int j = 0; j < C::NF; j++)
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int64_t row = (int64_t)tile * BM + wm0 + i * 16 + fr + half * 8;
+                const int col = n0 + wn0 + j * 8 + fc;
+                const float v0 = acc[i][j][2 * half], v1 = acc[i][j][2 * half + 1];
+                if constexpr (MODE == ROUTER) {
+                    if (row >= g.m) continue;
+                    float *o = reinterpret_cast<float *>(g.out) + row * g.n;
+                    if (col < g.n) o[col] = v0;
+                    if (col + 1 < g.n) o[col + 1] = v1;
+                } else { // DOWN: n is a multiple of 8, so col and col + 1 are both in or both out
+                    if (col < g.n)
+                        *reinterpret_cast<__nv_bfloat162 *>(reinterpret_cast<bf16 *>(g.out) + row * g.n + col) =
+                            __floats2bfloat162_rn(v0, v1);
+                }
+            }
+    }
+}
+
+// The router product for batches of at most ROUTER_GEMV_ROWS rows: a warp
+// an expert, every row's dot product in f32 over 16-byte chunks. (The
+// tiled kernel would give 128 experts one CTA, which reads the whole router
+// alone: about 10 us at m = 1 against 2-3 here.)
+constexpr int ROUTER_GEMV_ROWS = 8;
+__global__ void moe_router_gemv(const bf16 *xn, const bf16 *router, float *logits, int m, int32_t n_exp,
+                                int32_t k) {
+    pg_pdl_wait(); // before any read or write: PDL's rules (cuda_common.cuh)
+    pg_pdl_trigger();
+    const int lane = threadIdx.x & 31;
+    const int e = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (e >= n_exp) return;
+    const bf16 *w = router + (int64_t)e * k;
+    float acc[ROUTER_GEMV_ROWS];
+#pragma unroll
+    for (int i = 0; i < ROUTER_GEMV_ROWS; i++) acc[i] = 0.0f;
+    for (int c = lane * 8; c < k; c += 32 * 8) {
+        const uint4 wv = *reinterpret_cast<const uint4 *>(w + c);
+        const bf16 *wb = reinterpret_cast<const bf16 *>(&wv);
+#pragma unroll
+        for (int i = 0; i < ROUTER_GEMV_ROWS; i++) {
+            if (i >= m) break;
+            const uint4 xv = *reinterpret_cast<const uint4 *>(xn + (int64_t)i * k + c);
+            const bf16 *xb = reinterpret_cast<const bf16 *>(&xv);
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[i] += __bfloat162float(wb[j]) * __bfloat162float(xb[j]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < ROUTER_GEMV_ROWS; i++) {
+        if (i >= m) break;
+        float v = acc[i];
+#pragma unroll
+        for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) logits[(int64_t)i * n_exp + e] = v;
+    }
+}
+
+// --- routing ----------------------------------------------------------------------------------
+
+// A warp a row: softmax over the experts in f32 (max subtracted, then
+// times the reciprocal of the sum, as the CPU), then top_k rounds of a
+// warp argmax (ties to the lower id), then the optional renormalisation
+// (the sum in selection order, as the CPU).
+__global__ void moe_route(const float *logits, int64_t m, int32_t n_exp, int32_t top_k, int renorm,
+                          int32_t *sel, float *sel_w) {
+    pg_pdl_wait(); // before any read or write: PDL's rules (cuda_common.cuh)
+    pg_pdl_trigger();
+    constexpr int PER = PG_CUDA_MOE_MAX_EXPERTS / 32;
+    const int lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= m) return;
+    const float *l = logits + row * n_exp;
+    float p[PER];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        const int e = lane + 32 * i;
+        p[i] = e < n_exp ? l[e] : -INFINITY;
+        mx = fmaxf(mx, p[i]);
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        p[i] = lane + 32 * i < n_exp ? expf(p[i] - mx) : 0.0f;
+        sum += p[i];
+    }
+#pragma unroll
+    for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float inv = 1.0f / sum;
+#pragma unroll
+    for (int i = 0; i < PER; i++) p[i] = lane + 32 * i < n_exp ? p[i] * inv : -1.0f; // -1: never chosen
+    float chosen[MAX_TOPK];
+    int32_t ids[MAX_TOPK];
+    float total = 0.0f;
+    for (int t = 0; t < top_k; t++) {
+        float best = -2.0f;
+        int32_t id = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < PER; i++) // ascending e within the lane: strict > keeps the lower id
+            if (p[i] > best) best = p[i], id = lane + 32 * i;
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const int32_t oi = __shfl_xor_sync(0xffffffffu, id, o);
+            if (ob > best || (ob == best && oi < id)) best = ob, id = oi;
+        }
+#pragma unroll
+        for (int i = 0; i < PER; i++) // (a constant index keeps p in registers)
+            if (lane + 32 * i == id) p[i] = -1.0f;
+        chosen[t] = best;
+        ids[t] = id;
+    }
+    for (int t = 0; t < top_k; t++) total += chosen[t];
+    const float scale = renorm ? 1.0f / total : 1.0f;
+    if (lane < top_k) {
+        float v = chosen[0];
+        int32_t e = ids[0];
+        for (int t = 1; t < top_k; t++)
+            if (t == lane) v = chosen[t], e = ids[t];
+        sel[row * top_k + lane] = e;
+        sel_w[row * top_k + lane] = v * scale;
+    }
+}
+
+struct HeldMask {
+    uint32_t bits[PG_CUDA_MOE_MAX_EXPERTS / 32];
+};
+
+// One CTA: counts the pairs of each held expert, pads each expert's run to
+// a multiple of bm, writes tile_expert and n_tiles, fills the padded order
+// with -1 and scatters the pairs into it.
+__global__ void __launch_bounds__(1024) moe_align(const int32_t *sel, int64_t pairs, int32_t n_exp, int bm,
+                                                  const __grid_constant__ HeldMask held, int32_t *sorted,
+                                                  int32_t *pair_pos, int32_t *tile_expert, int32_t *n_tiles) {
+    pg_pdl_wait(); // before any read or write: PDL's rules (cuda_common.cuh)
+    pg_pdl_trigger();
+    __shared__ int32_t count[PG_CUDA_MOE_MAX_EXPERTS];
+    __shared__ int32_t start[PG_CUDA_MOE_MAX_EXPERTS + 1];
+    const int tid = threadIdx.x;
+    for (int e = tid; e < n_exp; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    auto is_held = [&](int32_t e) { return (held.bits[e >> 5] >> (e & 31)) & 1u; };
+    for (int64_t q = tid; q < pairs; q += blockDim.x) {
+        const int32_t e = sel[q];
+        if (is_held(e)) atomicAdd(&count[e], 1);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int32_t s = 0;
+        for (int e = 0; e < n_exp; e++) {
+            start[e] = s;
+            s += (count[e] + bm - 1) / bm * bm;
+        }
+        start[n_exp] = s;
+        *n_tiles = s / bm;
+    }
+    __syncthreads();
+    for (int e = tid; e < n_exp; e += blockDim.x) {
+        for (int32_t t = start[e] / bm; t < start[e + 1] / bm; t++) tile_expert[t] = e;
+        count[e] = start[e]; // now the scatter's cursor
+    }
+    for (int32_t i = tid; i < start[n_exp]; i += blockDim.x) sorted[i] = -1;
+    __syncthreads();
+    for (int64_t q = tid; q < pairs; q += blockDim.x) {
+        const int32_t e = sel[q];
+        int32_t pos = -1;
+        if (is_held(e)) {
+            pos = atomicAdd(&count[e], 1);
+            sorted[pos] = (int32_t)q;
+        }
+        pair_pos[q] = pos;
+    }
+}
+
+// A CTA a row: out = [x +] sum over the row's held experts in ascending id
+// of w * y, in f32, 8 columns a thread at a time.
+__global__ void moe_combine(bf16 *out, const bf16 *x, const bf16 *y, const int32_t *sel, const float *sel_w,
+                            const int32_t *pair_pos, int64_t hidden, int32_t top_k, int accumulate) {
+    pg_pdl_wait(); // before any read or write: PDL's rules (cuda_common.cuh)
+    pg_pdl_trigger();
+    const int64_t row = blockIdx.x;
+    int32_t order[MAX_TOPK];
+    int n = 0;
+    for (int t = 0; t < top_k; t++) { // insertion by expert id; experts of a row are distinct
+        const int32_t e = sel[row * top_k + t];
+        int at = n;
+        while (at > 0 && sel[row * top_k + order[at - 1]] > e) order[at] = order[at - 1], at--;
+        order[at] = t;
+        n++;
+    }
+    for (int64_t c = threadIdx.x * 8; c < hidden; c += blockDim.x * 8) {
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int i = 0; i < top_k; i++) {
+            const int32_t q = (int32_t)row * top_k + order[i], pos = pair_pos[q];
+            if (pos < 0) continue;
+            const float wt = sel_w[q];
+            const uint4 v = *reinterpret_cast<const uint4 *>(y + (int64_t)pos * hidden + c);
+            const bf16 *vb = reinterpret_cast<const bf16 *>(&v);
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[j] += wt * __bfloat162float(vb[j]);
+        }
+        if (accumulate) {
+            const uint4 v = *reinterpret_cast<const uint4 *>(x + row * hidden + c);
+            const bf16 *vb = reinterpret_cast<const bf16 *>(&v);
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[j] = __bfloat162float(vb[j]) + acc[j];
+        }
+        *reinterpret_cast<uint4 *>(out + row * hidden + c) = pack8(acc);
+    }
+}
+
+template <int BM, int MODE>
+cudaError_t launch_gemm(dim3 grid, const GemmArgs &g, const ExpertPtrs &wp, cudaStream_t st) {
+    // The shared-memory opt-in is per device (and per instantiation): once
+    // each, before the first launch (an eager call precedes any capture).
+    static std::atomic<uint64_t> done{0};
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return e;
+    const uint64_t bit = 1ull << (dev & 63);
+    if (!(done.load(std::memory_order_acquire) & bit)) {
+        e = cudaFuncSetAttribute(moe_gemm<BM, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Cfg<BM>::SMEM);
+        if (e != cudaSuccess) return e;
+        done.fetch_or(bit, std::memory_order_release);
+    }
+    return pg_launch_pdl(moe_gemm<BM, MODE>, grid, dim3(THREADS), Cfg<BM>::SMEM, st, g, wp);
+}
+
+// grid.x: tiles; grid.y: the output's column blocks for this tile shape.
+template <int MODE>
+cudaError_t launch_gemm_bm(int bm, unsigned tiles, int64_t n, const GemmArgs &g, const ExpertPtrs &wp,
+                           cudaStream_t st) {
+    const int bn = bm == 16 ? Cfg<16>::BN : Cfg<64>::BN, cols = MODE == GATE_UP ? bn / 2 : bn;
+    const dim3 grid(tiles, (unsigned)pg_ceil_div(n, cols));
+    return bm == 16 ? launch_gemm<16, MODE>(grid, g, wp, st) : launch_gemm<64, MODE>(grid, g, wp, st);
+}
+
+} // namespace
+
+size_t pg_cuda_moe_workspace_size(int64_t max_rows, int64_t hidden, int64_t ffn, int32_t n_experts,
+                                  int32_t top_k) {
+    if (max_rows < 1) max_rows = 1;
+    Ws w;
+    // Either tile height may run for a batch of up to max_rows rows.
+    const size_t a = carve(&w, nullptr, max_rows, hidden, ffn, n_experts, top_k, 16);
+    const size_t b = carve(&w, nullptr, max_rows, hidden, ffn, n_experts, top_k, 64);
+    return a > b ? a : b;
+}
+
+int pg_cuda_moe_ffn(void *out, const void *x, int64_t m, int64_t hidden, int64_t ffn, const void *norm, float eps,
+                    const void *router, const void *const *gate_up, const void *const *down, int32_t n_experts,
+                    int32_t top_k, int renorm, int accumulate, void *ws, size_t ws_bytes, void *stream) {
+    PG_ARG(n_experts >= 1 && n_experts <= PG_CUDA_MOE_MAX_EXPERTS && top_k >= 1 && top_k <= MAX_TOPK &&
+               top_k <= n_experts,
+           "cuda moe_ffn: top %d of %d experts (at most top %d of %d)", top_k, n_experts, MAX_TOPK,
+           PG_CUDA_MOE_MAX_EXPERTS);
+    PG_ARG(hidden > 0 && ffn > 0 && hidden % 8 == 0 && ffn % 8 == 0 && hidden < (1 << 30) && ffn < (1 << 30),
+           "cuda moe_ffn: hidden %lld and ffn %lld must be positive multiples of 8", (long long)hidden,
+           (long long)ffn);
+    PG_ARG(m >= 0 && m * top_k < (1LL << 30), "cuda moe_ffn: %lld rows", (long long)m);
+    PG_ARG(out && x && router && gate_up && down, "cuda moe_ffn: a null pointer");
+    if (m == 0) return 0;
+    const int bm = tile_rows(m, n_experts, top_k);
+    Ws w;
+    // What the contract promises (either tile height's layout), not only
+    // what this batch's needs: a caller that sized short fails at once.
+    const size_t need = pg_cuda_moe_workspace_size(m, hidden, ffn, n_experts, top_k);
+    PG_ARG(ws && ws_bytes >= need && ((uintptr_t)ws & 255) == 0,
+           "cuda moe_ffn: workspace of %zu bytes, %lld rows want %zu (256-byte aligned)", ws_bytes, (long long)m,
+           need);
+    carve(&w, (char *)ws, m, hidden, ffn, n_experts, top_k, bm);
+    ExpertPtrs gu = {}, dn = {}, rt = {};
+    HeldMask held = {};
+    for (int32_t e = 0; e < n_experts; e++) {
+        PG_ARG(!gate_up[e] == !down[e], "cuda moe_ffn: expert %d has only one of gate_up and down", e);
+        gu.w[e] = (const bf16 *)gate_up[e];
+        dn.w[e] = (const bf16 *)down[e];
+        if (gate_up[e]) held.bits[e >> 5] |= 1u << (e & 31);
+    }
+    rt.w[0] = (const bf16 *)router;
+    cudaStream_t st = pg_stream(stream);
+
+    const bf16 *xn = (const bf16 *)x;
+    if (norm) {
+        PG_TRY(pg_cuda_add_rmsnorm(w.xn, (void *)x, nullptr, norm, m, hidden, eps, stream));
+        xn = w.xn;
+    }
+    GemmArgs g = {};
+    g.a = xn, g.out = w.logits, g.m = m, g.n = n_experts, g.k = (int32_t)hidden, g.top_k = top_k;
+    if (m <= ROUTER_GEMV_ROWS) {
+        PG_CUDA_TRY(pg_launch_pdl(moe_router_gemv, dim3(pg_ceil_div(n_experts, 8)), dim3(256), 0, st, xn,
+                                  (const bf16 *)router, w.logits, (int)m, n_experts, (int32_t)hidden));
+    } else {
+        PG_CUDA_TRY((launch_gemm_bm<ROUTER>(bm, (unsigned)pg_ceil_div(m, bm), n_experts, g, rt, st)));
+    }
+    PG_CUDA_TRY(pg_launch_pdl(moe_route, dim3(pg_ceil_div(m, 4)), dim3(128), 0, st, (const float *)w.logits, m,
+                              n_experts, top_k, renorm, w.sel, w.sel_w));
+    PG_CUDA_TRY(pg_launch_pdl(moe_align, dim3(1), dim3(1024), 0, st, (const int32_t *)w.sel, m * top_k, n_experts, bm,
+                              held, w.sorted, w.pair_pos, w.tile_expert, w.n_tiles));
+    const int64_t mt = max_tiles(m, n_experts, top_k, bm);
+    g = GemmArgs{};
+    g.a = xn, g.sorted = w.sorted, g.n_tiles = w.n_tiles, g.tile_expert = w.tile_expert, g.out = w.h;
+    g.n = (int32_t)ffn, g.k = (int32_t)hidden, g.top_k = top_k;
+    PG_CUDA_TRY((launch_gemm_bm<GATE_UP>(bm, (unsigned)mt, ffn, g, gu, st)));
+    g.a = w.h, g.out = w.y, g.n = (int32_t)hidden, g.k = (int32_t)ffn;
+    PG_CUDA_TRY((launch_gemm_bm<DOWN>(bm, (unsigned)mt, hidden, g, dn, st)));
+    PG_CUDA_TRY(pg_launch_pdl(moe_combine, dim3((unsigned)m), dim3(128), 0, st, (bf16 *)out, (const bf16 *)x,
+                              (const bf16 *)w.y, (const int32_t *)w.sel, (const float *)w.sel_w,
+                              (const int32_t *)w.pair_pos, hidden, top_k, accumulate));
+    return 0;
+}
+
+int pg_cuda_moe_routing(int32_t *sel, float *wts, const void *ws, int64_t m, int64_t hidden, int64_t ffn,
+                        int32_t n_experts, int32_t top_k, void *stream) {
+    PG_ARG(sel && wts && ws && m >= 0, "cuda moe_routing: a null pointer");
+    Ws w;
+    carve(&w, (char *)ws, m, hidden, ffn, n_experts, top_k, 64); // sel and sel_w do not depend on the tile height
+    cudaStream_t st = pg_stream(stream);
+    PG_CUDA_TRY(cudaMemcpyAsync(sel, w.sel, sizeof(int32_t) * m * top_k, cudaMemcpyDeviceToHost, st));
+    PG_CUDA_TRY(cudaMemcpyAsync(wts, w.sel_w, sizeof(float) * m * top_k, cudaMemcpyDeviceToHost, st));
+    PG_CUDA_TRY(cudaStreamSynchronize(st));
+    return 0;
+}
