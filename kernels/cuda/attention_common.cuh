@@ -63,27 +63,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-// Two e4m3 bytes, placed at bits 8-15 and 24-31 of y, -> bf16x2, exactly.
-// (s eeee mmm) << 4 inside a bf16 is the value * 2^-120 (e = 0, the
-// e4m3 subnormals, lands on bf16 subnormals, which bf16 fma keeps); one
-// multiply by 2^120 (bf16 0x7B80) restores it. The e4m3 NaN (0x7F/0xFF)
-// reads as +-480: the writer saturates, so only a NaN input makes one.
-__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t y) {
-    uint32_t r = (y & 0x80008000u) | ((y >> 4) & 0x07F007F0u), d;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(r), "r"(0x7B807B80u), "r"(0x80008000u));
-    return d;
-}
-// 16 e4m3 (one 16-byte load) -> 16 bf16 (elements 0-7 in lo, 8-15 in hi).
-__device__ __forceinline__ void e4m3x16_to_bf16(const uint4 &in, uint4 &lo, uint4 &hi) {
-    lo.x = e4m3x2_to_bf16x2(__byte_perm(in.x, 0u, 0x1404));
-    lo.y = e4m3x2_to_bf16x2(__byte_perm(in.x, 0u, 0x3424));
-    lo.z = e4m3x2_to_bf16x2(__byte_perm(in.y, 0u, 0x1404));
-    lo.w = e4m3x2_to_bf16x2(__byte_perm(in.y, 0u, 0x3424));
-    hi.x = e4m3x2_to_bf16x2(__byte_perm(in.z, 0u, 0x1404));
-    hi.y = e4m3x2_to_bf16x2(__byte_perm(in.z, 0u, 0x3424));
-    hi.z = e4m3x2_to_bf16x2(__byte_perm(in.w, 0u, 0x1404));
-    hi.w = e4m3x2_to_bf16x2(__byte_perm(in.w, 0u, 0x3424));
-}
+// e4m3 -> bf16: e4m3x16_to_bf16 (cuda_common.cuh).
 
 // Split decode: one arrival counter per (sequence x KV head x row tile) item
 // of a launch, per device (zero at module load). The last CTA of an item

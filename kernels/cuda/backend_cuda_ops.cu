@@ -348,8 +348,9 @@ static int cu_attention(pg_backend *b, pg_tensor out, pg_tensor q, const pg_attn
     return 0;
 }
 
-// The mixture-of-experts feed-forward (moe.cu; docs/moe.md): bf16 experts,
-// the router bf16; the experts' device pointers go to the launcher, which
+// The mixture-of-experts feed-forward (moe.cu; docs/moe.md): bf16 or FP8
+// experts (all of one type; FP8 weight-only, with their row scales), the
+// router bf16; the experts' device pointers go to the launcher, which
 // passes them to its kernels as parameters.
 static size_t cu_moe_ws(pg_backend *b, int32_t max_rows, int32_t hidden, int32_t ffn, int32_t n_experts,
                         int32_t top_k) {
@@ -368,31 +369,46 @@ static int cu_moe_ffn(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweigh
     PG_ARG(router && router->dtype == PG_DTYPE_BF16 && router->rows == n_experts && router->cols == x.cols,
            "cuda moe_ffn: the router must be bf16 [%d][%lld]", n_experts, (long long)x.cols);
     const void *gu[PG_CUDA_MOE_MAX_EXPERTS], *dn[PG_CUDA_MOE_MAX_EXPERTS];
+    const float *gus[PG_CUDA_MOE_MAX_EXPERTS], *dns[PG_CUDA_MOE_MAX_EXPERTS];
     int64_t ffn = 0;
+    int dtype = -1; // the held experts' type
     for (int32_t e = 0; e < n_experts && !ffn; e++) ffn = down[e] ? down[e]->cols : 0;
     for (int32_t e = 0; e < n_experts; e++) {
         gu[e] = dn[e] = nullptr;
+        gus[e] = dns[e] = nullptr;
         if (!gate_up[e] && !down[e]) continue; // another rank's expert
         const pg_bweight *g = gate_up[e], *d = down[e];
-        if (!g || !d || g->dtype != PG_DTYPE_BF16 || d->dtype != PG_DTYPE_BF16)
-            return pg_err_set(PG_EUNSUPP, "cuda moe_ffn: expert %d's weights are %s / %s; the GPU runs bf16 experts only "
-                              "for now (docs/moe.md)", e, g ? pg_dtype_name(g->dtype) : "missing",
+        const bool ok_type = g && d && g->dtype == d->dtype &&
+                             (g->dtype == PG_DTYPE_BF16 || g->dtype == PG_DTYPE_FP8_E4M3) &&
+                             (dtype < 0 || g->dtype == dtype);
+        if (!ok_type)
+            return pg_err_set(PG_EUNSUPP, "cuda moe_ffn: expert %d's weights are %s / %s; the GPU runs bf16 or FP8 "
+                              "experts, all of one type (docs/moe.md)", e, g ? pg_dtype_name(g->dtype) : "missing",
                               d ? pg_dtype_name(d->dtype) : "missing");
+        dtype = g->dtype;
         PG_ARG(g->rows == 2 * ffn && g->cols == x.cols && d->rows == x.cols && d->cols == ffn,
                "cuda moe_ffn: expert %d is %lldx%lld / %lldx%lld, wants %lldx%lld / %lldx%lld", e, (long long)g->rows,
                (long long)g->cols, (long long)d->rows, (long long)d->cols, (long long)(2 * ffn), (long long)x.cols,
                (long long)x.cols, (long long)ffn);
         gu[e] = wdata(g);
         dn[e] = wdata(d);
+        gus[e] = ((const CudaWeight *)g)->scales;
+        dns[e] = ((const CudaWeight *)d)->scales;
     }
     if (!ffn || x.rows == 0) { // no expert here: the sum is empty
-        if (!accumulate && x.rows) PG_CUDA_TRY(cudaMemsetAsync(out.data, 0, (size_t)out.rows * out.cols * 2, ctx_of(b)->stream));
-        else if (accumulate && out.data != x.data) PG_TRY(cu_copy(b, out, x));
+        if (!accumulate && x.rows)
+            PG_CUDA_TRY(cudaMemsetAsync(out.data, 0, (size_t)out.rows * out.cols * 2, ctx_of(b)->stream));
+        else if (accumulate && out.data != x.data)
+            PG_TRY(cu_copy(b, out, x));
         return 0;
     }
-    return pg_cuda_moe_ffn(out.data, x.data, x.rows, x.cols, ffn, norm ? wdata(norm) : nullptr, eps, wdata(router),
-                           gu, dn, n_experts, top_k, renorm ? 1 : 0, accumulate ? 1 : 0, ws, ws_bytes,
-                           ctx_of(b)->stream);
+    const void *nw = norm ? wdata(norm) : nullptr;
+    if (dtype == PG_DTYPE_FP8_E4M3)
+        return pg_cuda_moe_ffn_fp8(out.data, x.data, x.rows, x.cols, ffn, nw, eps, wdata(router), gu, gus, dn, dns,
+                                   n_experts, top_k, renorm ? 1 : 0, accumulate ? 1 : 0, ws, ws_bytes,
+                                   ctx_of(b)->stream);
+    return pg_cuda_moe_ffn(out.data, x.data, x.rows, x.cols, ffn, nw, eps, wdata(router), gu, dn, n_experts, top_k,
+                           renorm ? 1 : 0, accumulate ? 1 : 0, ws, ws_bytes, ctx_of(b)->stream);
 }
 
 static int cu_sample(pg_backend *b, pg_sample_out *out, pg_tensor logits, const pg_sample_params *params,

@@ -212,6 +212,18 @@ int pg_cuda_moe_ffn(void *out, const void *x, int64_t m, int64_t hidden, int64_t
                     float eps, const void *router, const void *const *gate_up, const void *const *down,
                     int32_t n_experts, int32_t top_k, int renorm, int accumulate, void *ws, size_t ws_bytes,
                     void *stream);
+// The same with FP8 experts (weight-only, W8A16): gate_up[e] and down[e]
+// are e4m3 bytes [rows][cols], row-major, each row's values times its f32
+// scale in gate_up_scales[e][row] / down_scales[e][row] (the CUDA backend's
+// FP8 weight layout); the router stays bf16. The e4m3 values convert to
+// bf16 exactly, the products accumulate in f32 and each output column is
+// multiplied by its row's scale before the rounding, so the result is the
+// bf16 contract's over the dequantized weights. Same limits and workspace.
+int pg_cuda_moe_ffn_fp8(void *out, const void *x, int64_t m, int64_t hidden, int64_t ffn, const void *norm,
+                        float eps, const void *router, const void *const *gate_up,
+                        const float *const *gate_up_scales, const void *const *down,
+                        const float *const *down_scales, int32_t n_experts, int32_t top_k, int renorm,
+                        int accumulate, void *ws, size_t ws_bytes, void *stream);
 size_t pg_cuda_moe_workspace_size(int64_t max_rows, int64_t hidden, int64_t ffn, int32_t n_experts,
                                   int32_t top_k);
 // Tests: the routing of the last pg_cuda_moe_ffn over ws for m rows of

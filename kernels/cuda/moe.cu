@@ -29,6 +29,8 @@
 // wgmma/TMA kernels of the dense path; the first step, measured in
 // docs/moe.md. The expert weight pointers travel as kernel parameters
 // (CUDA 12.1+ allows 32 KB of them), so nothing is uploaded per call.
+#include <stdlib.h>
+
 #include <atomic>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -40,14 +42,14 @@ extern "C" {
 namespace {
 
 constexpr int THREADS = 128;
-constexpr int BK = 64;       // k per pipeline stage
-constexpr int LDS = BK + 8;  // shared row stride in bf16: 144 bytes, so ldmatrix's 8 rows hit 8 bank groups
 constexpr int MAX_TOPK = 16;
 
 enum Mode { ROUTER = 0, GATE_UP = 1, DOWN = 2 };
 
+// An expert's weight (bf16, or e4m3 bytes) and, for FP8, its row scales.
 struct ExpertPtrs {
-    const bf16 *w[PG_CUDA_MOE_MAX_EXPERTS];
+    const void *w[PG_CUDA_MOE_MAX_EXPERTS];
+    const float *s[PG_CUDA_MOE_MAX_EXPERTS];
 };
 
 // The workspace, carved in this order, each piece 256-byte aligned. sel,
@@ -68,10 +70,17 @@ struct Ws {
 
 inline size_t up256(size_t v) { return (v + 255) / 256 * 256; }
 
-// Tile height for a batch: 16 while an expert averages at most 32 pairs
-// (decode: little padding), else 64.
+// Tile height for a batch: 16 while an expert averages at most 16 pairs
+// (decode: little padding), else 64. Measured (bench_cuda_moe, H200,
+// Qwen3-30B-A3B shape): at m = 256 (16 a expert) 16-row tiles take 423 us
+// against 453, at m = 512 664 against 463. PAGED_CUDA_MOE_SMALL_PAIRS=N
+// moves the switch (read once; measurement).
 inline int tile_rows(int64_t m, int32_t n_experts, int32_t top_k) {
-    return m * top_k <= 32 * (int64_t)n_experts ? 16 : 64;
+    static const int64_t small = [] {
+        const char *v = getenv("PAGED_CUDA_MOE_SMALL_PAIRS");
+        return v && atoi(v) >= 0 ? (int64_t)atoi(v) : (int64_t)16;
+    }();
+    return m * top_k <= small * n_experts ? 16 : 64;
 }
 
 inline int64_t max_tiles(int64_t m, int32_t n_experts, int32_t top_k, int bm) {
@@ -144,52 +153,80 @@ struct GemmArgs {
     int32_t top_k;
 };
 
-// Two shapes: BM 16 x BN 64 while experts see few rows (decode: more,
-// smaller CTAs keep more weight bytes in flight), 64 x 128 otherwise. BN
-// counts weight rows: in GATE_UP its first half is gate rows, the second
-// the same rows of up.
-template <int BM> struct Cfg {
-    static constexpr int BN = BM == 16 ? 64 : 128;
+// A tile shape: BM rows x BN weight rows (in GATE_UP the first half gate
+// rows, the second the same rows of up), k in steps of BK through STAGES
+// buffers. LDS, the shared row stride, pads a row by 16 bytes so that the 8
+// rows one ldmatrix reads fall in 8 different bank groups.
+template <int BM_, int BN_, int BK_, int STAGES_> struct Cfg {
+    static constexpr int BM = BM_, BN = BN_, BK = BK_, STAGES = STAGES_;
+    static constexpr int LDS = BK + 8;
     static constexpr int WM = BM == 16 ? 1 : 2;
     static constexpr int WN = 4 / WM;
     static constexpr int MF = BM / WM / 16;   // m16 fragments per warp
     static constexpr int NF = BN / WN / 8;    // n8 fragments per warp
-    static constexpr int STAGES = BM == 16 ? 4 : 3;
     static constexpr int STAGE_ELEMS = (BM + BN) * LDS;
     static constexpr size_t SMEM = sizeof(bf16) * STAGE_ELEMS * STAGES;
+    // FP8 weights: a stage holds A (bf16) and B's raw e4m3 rows (BK bytes
+    // each); one bf16 B tile, converted from the stage in use, follows the
+    // stages.
+    static constexpr int F8_STAGE_BYTES = BM * LDS * 2 + BN * BK;
+    static constexpr size_t SMEM_F8 = (size_t)F8_STAGE_BYTES * STAGES + (size_t)BN * LDS * 2;
+    static constexpr size_t smem(bool f8) { return f8 ? SMEM_F8 : SMEM; }
 };
+// While experts see few rows (decode): 16 x 64, many small CTAs keep many
+// weight bytes in flight. (16 x 64 with k steps of 128, 3 stages, measured
+// the same within 1%: bench_cuda_moe, session 15.) Otherwise 64 x 128.
+using Small = Cfg<16, 64, 64, 4>;
+using Large = Cfg<64, 128, 64, 3>;
 
-template <int BM, int MODE>
+// F8: B is e4m3 bytes with a scale per weight row (GATE_UP, DOWN only):
+// the raw rows stream through the ring, each stage is converted to bf16
+// (exactly) before its products, and the scale multiplies the f32 sum.
+template <class C, int MODE, bool F8>
 __global__ void __launch_bounds__(THREADS) moe_gemm(const __grid_constant__ GemmArgs g,
                                                     const __grid_constant__ ExpertPtrs wp) {
     pg_pdl_wait(); // before any read or write: PDL's rules (cuda_common.cuh)
     pg_pdl_trigger();
-    using C = Cfg<BM>;
-    constexpr int BN = C::BN;
+    static_assert(!(F8 && MODE == ROUTER), "the router stays bf16");
+    constexpr int BM = C::BM, BN = C::BN, BK = C::BK, LDS = C::LDS;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16 *smem = reinterpret_cast<bf16 *>(smem_raw);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int tile = blockIdx.x;
-    const bf16 *w;
+    const unsigned char *w;   // the weight's bytes (bf16 or e4m3)
+    const float *wscale = nullptr;
     if constexpr (MODE == ROUTER) {
         if ((int64_t)tile * BM >= g.m) return;
-        w = wp.w[0];
+        w = (const unsigned char *)wp.w[0];
     } else {
         if (tile >= *g.n_tiles) return;
-        w = wp.w[g.tile_expert[tile]];
+        const int e = g.tile_expert[tile];
+        w = (const unsigned char *)wp.w[e];
+        if constexpr (F8) wscale = wp.s[e];
     }
     // GATE_UP: this CTA's BN / 2 output columns; B rows [0, BN / 2) are
     // gate rows n0.., the rest the up rows ffn + n0.. . Else BN columns.
     const int n0 = blockIdx.y * (MODE == GATE_UP ? BN / 2 : BN);
 
+    // The ring: stage s holds A [BM][LDS] bf16 then B: [BN][LDS] bf16, or
+    // for F8 [BN][BK] e4m3 bytes; F8's converted bf16 B tile after the stages.
+    constexpr int STAGE_BYTES = F8 ? C::F8_STAGE_BYTES : C::STAGE_ELEMS * 2;
+    auto a_tile = [&](int st) { return reinterpret_cast<bf16 *>(smem_raw + st * STAGE_BYTES); };
+    auto b_raw = [&](int st) { return smem_raw + st * STAGE_BYTES + BM * LDS * 2; };
+    bf16 *const b_f8 = reinterpret_cast<bf16 *>(smem_raw + C::STAGES * STAGE_BYTES);
+
     // Each thread's A rows (fixed over k): chunk c = tid + i * THREADS is
-    // row c / 8, 16-byte column chunk c % 8.
-    constexpr int A_CHUNKS = BM * BK / 8 / THREADS;     // 1 (BM 16) or 4 (BM 64)
-    constexpr int B_CHUNKS = BN * BK / 8 / THREADS;     // 4 or 8
+    // row c / CPR, 16-byte column chunk c % CPR. B likewise with CPRB
+    // chunks a row (16 bytes: 8 bf16 or 16 e4m3 weights).
+    constexpr int CPR = BK / 8;
+    constexpr int WB = F8 ? 1 : 2;        // bytes a weight
+    constexpr int CPRB = BK * WB / 16;
+    static_assert(THREADS % CPR == 0 && THREADS % CPRB == 0, "a thread's chunks share one column");
+    constexpr int A_CHUNKS = BM * CPR / THREADS;
+    constexpr int B_CHUNKS = BN * CPRB / THREADS;
     const bf16 *arow[A_CHUNKS];
 #pragma unroll
     for (int i = 0; i < A_CHUNKS; i++) {
-        const int r = (tid + i * THREADS) / 8;
+        const int r = (tid + i * THREADS) / CPR;
         const int64_t pos = (int64_t)tile * BM + r;
         const bf16 *src = nullptr;
         if constexpr (MODE == ROUTER) {
@@ -200,10 +237,10 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(const __grid_constant__ Gemm
         }
         arow[i] = src;
     }
-    const bf16 *brow[B_CHUNKS];
+    const unsigned char *brow[B_CHUNKS];
 #pragma unroll
     for (int i = 0; i < B_CHUNKS; i++) {
-        const int r = (tid + i * THREADS) / 8;
+        const int r = (tid + i * THREADS) / CPRB;
         int64_t n;
         bool ok;
         if constexpr (MODE == GATE_UP) {
@@ -214,25 +251,30 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(const __grid_constant__ Gemm
             n = n0 + r;
             ok = n < g.n;
         }
-        brow[i] = ok ? w + n * g.k : nullptr;
+        brow[i] = ok ? w + n * g.k * WB : nullptr;
     }
-    const int kc = (tid & 7) * 8; // every chunk of a thread sits at the same column (THREADS % 8 == 0)
+    const int kc = (tid % CPR) * 8;    // A's column (elements)
+    const int kcb = (tid % CPRB) * 16; // B's column (bytes)
 
     auto load = [&](int stage, int kt) {
-        bf16 *as = smem + stage * C::STAGE_ELEMS, *bs = as + BM * LDS;
+        bf16 *as = a_tile(stage);
+        unsigned char *bs = b_raw(stage);
         const int k = kt * BK + kc;
         const bool kin = k < g.k; // k, and so every chunk start, is a multiple of 8
 #pragma unroll
         for (int i = 0; i < A_CHUNKS; i++) {
-            const int r = (tid + i * THREADS) / 8;
+            const int r = (tid + i * THREADS) / CPR;
             const bool v = kin && arow[i];
             cp16(smem_addr(as + r * LDS + kc), v ? arow[i] + k : g.a, v);
         }
+        // (F8: K is a multiple of 16, so a 16-weight chunk is all in or all out.)
+        const int kb = kt * BK * WB + kcb;
+        const bool kbin = kb < g.k * WB;
 #pragma unroll
         for (int i = 0; i < B_CHUNKS; i++) {
-            const int r = (tid + i * THREADS) / 8;
-            const bool v = kin && brow[i];
-            cp16(smem_addr(bs + r * LDS + kc), v ? brow[i] + k : w, v);
+            const int r = (tid + i * THREADS) / CPRB;
+            const bool v = kbin && brow[i];
+            cp16(smem_addr(bs + r * (F8 ? BK : LDS * 2) + kcb), v ? brow[i] + kb : w, v);
         }
     };
 
@@ -253,10 +295,27 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(const __grid_constant__ Gemm
     const int wm0 = (warp / C::WN) * (BM / C::WM), wn0 = (warp % C::WN) * (BN / C::WN);
     for (int kt = 0; kt < nk; kt++) {
         cp_wait<C::STAGES - 2>();
-        __syncthreads(); // stage kt landed for every thread; stage kt - 1 is free
+        __syncthreads(); // stage kt landed for every thread; stage kt - 1 (and F8's B tile) is free
         if (kt + C::STAGES - 1 < nk) load((kt + C::STAGES - 1) % C::STAGES, kt + C::STAGES - 1);
         cp_commit();
-        const bf16 *as = smem + (kt % C::STAGES) * C::STAGE_ELEMS, *bs = as + BM * LDS;
+        const bf16 *as = a_tile(kt % C::STAGES);
+        const bf16 *bs;
+        if constexpr (F8) {
+            // e4m3 -> bf16, exact: BN x BK weights, 16 a chunk.
+            const unsigned char *raw = b_raw(kt % C::STAGES);
+            for (int c = tid; c < BN * CPRB; c += THREADS) {
+                const int r = c / CPRB, col = (c % CPRB) * 16;
+                const uint4 in = *reinterpret_cast<const uint4 *>(raw + r * BK + col);
+                uint4 lo, hi;
+                e4m3x16_to_bf16(in, lo, hi);
+                *reinterpret_cast<uint4 *>(b_f8 + r * LDS + col) = lo;
+                *reinterpret_cast<uint4 *>(b_f8 + r * LDS + col + 8) = hi;
+            }
+            __syncthreads();
+            bs = b_f8;
+        } else {
+            bs = reinterpret_cast<const bf16 *>(b_raw(kt % C::STAGES));
+        }
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
             uint32_t a[C::MF][4], b[C::NF][2];
@@ -280,7 +339,8 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(const __grid_constant__ Gemm
     cp_wait<0>();
 
     // Fragment (i, j) holds rows wm0 + i*16 + lane/4 (+8) and columns
-    // wn0 + j*8 + 2*(lane%4) (+1) of the tile.
+    // wn0 + j*8 + 2*(lane%4) (+1) of the tile. F8: a column's sum times its
+    // weight row's scale.
     const int fr = lane >> 2, fc = 2 * (lane & 3);
     if constexpr (MODE == GATE_UP) {
         // Gate and up of one column sit in different warps: through shared memory.
@@ -299,30 +359,33 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(const __grid_constant__ Gemm
         for (int e = tid; e < BM * (BN / 2); e += THREADS) {
             const int r = e / (BN / 2), c = e % (BN / 2);
             if (n0 + c >= g.n) continue;
-            const float gt = t[r * LDT + c], up = t[r * LDT + BN / 2 + c];
+            float gt = t[r * LDT + c], up = t[r * LDT + BN / 2 + c];
+            if constexpr (F8) gt *= wscale[n0 + c], up *= wscale[g.n + n0 + c];
             h[((int64_t)tile * BM + r) * g.n + n0 + c] = __float2bfloat16(gt / (1.0f + expf(-gt)) * up);
         }
     } else {
 #pragma unroll
-    for (int i = 0; i < C::MF; i++)
+        for (int i = 0; i < C::MF; i++)
 #pragma unroll
-        for (int j = 0; j < C::NF; j++)
+            for (int j = 0; j < C::NF; j++)
 #pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const int64_t row = (int64_t)tile * BM + wm0 + i * 16 + fr + half * 8;
-                const int col = n0 + wn0 + j * 8 + fc;
-                const float v0 = acc[i][j][2 * half], v1 = acc[i][j][2 * half + 1];
-                if constexpr (MODE == ROUTER) {
-                    if (row >= g.m) continue;
-                    float *o = reinterpret_cast<float *>(g.out) + row * g.n;
-                    if (col < g.n) o[col] = v0;
-                    if (col + 1 < g.n) o[col + 1] = v1;
-                } else { // DOWN: n is a multiple of 8, so col and col + 1 are both in or both out
-                    if (col < g.n)
-                        *reinterpret_cast<__nv_bfloat162 *>(reinterpret_cast<bf16 *>(g.out) + row * g.n + col) =
-                            __floats2bfloat162_rn(v0, v1);
+                for (int half = 0; half < 2; half++) {
+                    const int64_t row = (int64_t)tile * BM + wm0 + i * 16 + fr + half * 8;
+                    const int col = n0 + wn0 + j * 8 + fc;
+                    float v0 = acc[i][j][2 * half], v1 = acc[i][j][2 * half + 1];
+                    if constexpr (MODE == ROUTER) {
+                        if (row >= g.m) continue;
+                        float *o = reinterpret_cast<float *>(g.out) + row * g.n;
+                        if (col < g.n) o[col] = v0;
+                        if (col + 1 < g.n) o[col + 1] = v1;
+                    } else { // DOWN: n is a multiple of 8, so col and col + 1 are both in or both out
+                        if (col < g.n) {
+                            if constexpr (F8) v0 *= wscale[col], v1 *= wscale[col + 1];
+                            *reinterpret_cast<__nv_bfloat162 *>(reinterpret_cast<bf16 *>(g.out) + row * g.n + col) =
+                                __floats2bfloat162_rn(v0, v1);
+                        }
+                    }
                 }
-            }
     }
 }
 
@@ -520,30 +583,37 @@ __global__ void moe_combine(bf16 *out, const bf16 *x, const bf16 *y, const int32
     }
 }
 
-template <int BM, int MODE>
-cudaError_t launch_gemm(dim3 grid, const GemmArgs &g, const ExpertPtrs &wp, cudaStream_t st) {
+template <class C, int MODE, bool F8>
+cudaError_t launch_gemm(unsigned tiles, int64_t n, const GemmArgs &g, const ExpertPtrs &wp, cudaStream_t st) {
     // The shared-memory opt-in is per device (and per instantiation): once
     // each, before the first launch (an eager call precedes any capture).
     static std::atomic<uint64_t> done{0};
+    constexpr size_t smem = C::smem(F8);
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess) return e;
     const uint64_t bit = 1ull << (dev & 63);
     if (!(done.load(std::memory_order_acquire) & bit)) {
-        e = cudaFuncSetAttribute(moe_gemm<BM, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Cfg<BM>::SMEM);
+        e = cudaFuncSetAttribute(moe_gemm<C, MODE, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return e;
         done.fetch_or(bit, std::memory_order_release);
     }
-    return pg_launch_pdl(moe_gemm<BM, MODE>, grid, dim3(THREADS), Cfg<BM>::SMEM, st, g, wp);
+    // grid.x: tiles; grid.y: the output's column blocks (GATE_UP: BN / 2 of h's).
+    const dim3 grid(tiles, (unsigned)pg_ceil_div(n, MODE == GATE_UP ? C::BN / 2 : C::BN));
+    return pg_launch_pdl(moe_gemm<C, MODE, F8>, grid, dim3(THREADS), smem, st, g, wp);
 }
 
-// grid.x: tiles; grid.y: the output's column blocks for this tile shape.
-template <int MODE>
+template <int MODE, bool F8>
 cudaError_t launch_gemm_bm(int bm, unsigned tiles, int64_t n, const GemmArgs &g, const ExpertPtrs &wp,
                            cudaStream_t st) {
-    const int bn = bm == 16 ? Cfg<16>::BN : Cfg<64>::BN, cols = MODE == GATE_UP ? bn / 2 : bn;
-    const dim3 grid(tiles, (unsigned)pg_ceil_div(n, cols));
-    return bm == 16 ? launch_gemm<16, MODE>(grid, g, wp, st) : launch_gemm<64, MODE>(grid, g, wp, st);
+    return bm == Large::BM ? launch_gemm<Large, MODE, F8>(tiles, n, g, wp, st)
+                           : launch_gemm<Small, MODE, F8>(tiles, n, g, wp, st);
+}
+
+template <int MODE>
+cudaError_t launch_experts(bool f8, int bm, unsigned tiles, int64_t n, const GemmArgs &g, const ExpertPtrs &wp,
+                           cudaStream_t st) {
+    return f8 ? launch_gemm_bm<MODE, true>(bm, tiles, n, g, wp, st) : launch_gemm_bm<MODE, false>(bm, tiles, n, g, wp, st);
 }
 
 } // namespace
@@ -558,9 +628,12 @@ size_t pg_cuda_moe_workspace_size(int64_t max_rows, int64_t hidden, int64_t ffn,
     return a > b ? a : b;
 }
 
-int pg_cuda_moe_ffn(void *out, const void *x, int64_t m, int64_t hidden, int64_t ffn, const void *norm, float eps,
-                    const void *router, const void *const *gate_up, const void *const *down, int32_t n_experts,
-                    int32_t top_k, int renorm, int accumulate, void *ws, size_t ws_bytes, void *stream) {
+// Both launchers: scales NULL for bf16 experts.
+static int moe_ffn(void *out, const void *x, int64_t m, int64_t hidden, int64_t ffn, const void *norm, float eps,
+                   const void *router, const void *const *gate_up, const float *const *gu_scales,
+                   const void *const *down, const float *const *dn_scales, int32_t n_experts, int32_t top_k,
+                   int renorm, int accumulate, void *ws, size_t ws_bytes, void *stream) {
+    const bool f8 = gu_scales != nullptr;
     PG_ARG(n_experts >= 1 && n_experts <= PG_CUDA_MOE_MAX_EXPERTS && top_k >= 1 && top_k <= MAX_TOPK &&
                top_k <= n_experts,
            "cuda moe_ffn: top %d of %d experts (at most top %d of %d)", top_k, n_experts, MAX_TOPK,
@@ -582,13 +655,20 @@ int pg_cuda_moe_ffn(void *out, const void *x, int64_t m, int64_t hidden, int64_t
     carve(&w, (char *)ws, m, hidden, ffn, n_experts, top_k, bm);
     ExpertPtrs gu = {}, dn = {}, rt = {};
     HeldMask held = {};
+    if (f8)
+        PG_ARG(dn_scales && hidden % 16 == 0 && ffn % 16 == 0,
+               "cuda moe_ffn: FP8 experts want scales and hidden %lld, ffn %lld multiples of 16", (long long)hidden,
+               (long long)ffn);
     for (int32_t e = 0; e < n_experts; e++) {
         PG_ARG(!gate_up[e] == !down[e], "cuda moe_ffn: expert %d has only one of gate_up and down", e);
-        gu.w[e] = (const bf16 *)gate_up[e];
-        dn.w[e] = (const bf16 *)down[e];
+        if (f8 && gate_up[e])
+            PG_ARG(gu_scales[e] && dn_scales[e], "cuda moe_ffn: FP8 expert %d without its row scales", e);
+        gu.w[e] = gate_up[e];
+        dn.w[e] = down[e];
+        if (f8) gu.s[e] = gu_scales[e], dn.s[e] = dn_scales[e];
         if (gate_up[e]) held.bits[e >> 5] |= 1u << (e & 31);
     }
-    rt.w[0] = (const bf16 *)router;
+    rt.w[0] = router;
     cudaStream_t st = pg_stream(stream);
 
     const bf16 *xn = (const bf16 *)x;
@@ -602,7 +682,7 @@ int pg_cuda_moe_ffn(void *out, const void *x, int64_t m, int64_t hidden, int64_t
         PG_CUDA_TRY(pg_launch_pdl(moe_router_gemv, dim3(pg_ceil_div(n_experts, 8)), dim3(256), 0, st, xn,
                                   (const bf16 *)router, w.logits, (int)m, n_experts, (int32_t)hidden));
     } else {
-        PG_CUDA_TRY((launch_gemm_bm<ROUTER>(bm, (unsigned)pg_ceil_div(m, bm), n_experts, g, rt, st)));
+        PG_CUDA_TRY((launch_gemm_bm<ROUTER, false>(bm, (unsigned)pg_ceil_div(m, bm), n_experts, g, rt, st)));
     }
     PG_CUDA_TRY(pg_launch_pdl(moe_route, dim3(pg_ceil_div(m, 4)), dim3(128), 0, st, (const float *)w.logits, m,
                               n_experts, top_k, renorm, w.sel, w.sel_w));
@@ -612,13 +692,30 @@ int pg_cuda_moe_ffn(void *out, const void *x, int64_t m, int64_t hidden, int64_t
     g = GemmArgs{};
     g.a = xn, g.sorted = w.sorted, g.n_tiles = w.n_tiles, g.tile_expert = w.tile_expert, g.out = w.h;
     g.n = (int32_t)ffn, g.k = (int32_t)hidden, g.top_k = top_k;
-    PG_CUDA_TRY((launch_gemm_bm<GATE_UP>(bm, (unsigned)mt, ffn, g, gu, st)));
+    PG_CUDA_TRY((launch_experts<GATE_UP>(f8, bm, (unsigned)mt, ffn, g, gu, st)));
     g.a = w.h, g.out = w.y, g.n = (int32_t)hidden, g.k = (int32_t)ffn;
-    PG_CUDA_TRY((launch_gemm_bm<DOWN>(bm, (unsigned)mt, hidden, g, dn, st)));
+    PG_CUDA_TRY((launch_experts<DOWN>(f8, bm, (unsigned)mt, hidden, g, dn, st)));
     PG_CUDA_TRY(pg_launch_pdl(moe_combine, dim3((unsigned)m), dim3(128), 0, st, (bf16 *)out, (const bf16 *)x,
                               (const bf16 *)w.y, (const int32_t *)w.sel, (const float *)w.sel_w,
                               (const int32_t *)w.pair_pos, hidden, top_k, accumulate));
     return 0;
+}
+
+int pg_cuda_moe_ffn(void *out, const void *x, int64_t m, int64_t hidden, int64_t ffn, const void *norm, float eps,
+                    const void *router, const void *const *gate_up, const void *const *down, int32_t n_experts,
+                    int32_t top_k, int renorm, int accumulate, void *ws, size_t ws_bytes, void *stream) {
+    return moe_ffn(out, x, m, hidden, ffn, norm, eps, router, gate_up, nullptr, down, nullptr, n_experts, top_k,
+                   renorm, accumulate, ws, ws_bytes, stream);
+}
+
+int pg_cuda_moe_ffn_fp8(void *out, const void *x, int64_t m, int64_t hidden, int64_t ffn, const void *norm,
+                        float eps, const void *router, const void *const *gate_up,
+                        const float *const *gate_up_scales, const void *const *down,
+                        const float *const *down_scales, int32_t n_experts, int32_t top_k, int renorm,
+                        int accumulate, void *ws, size_t ws_bytes, void *stream) {
+    PG_ARG(gate_up_scales && down_scales, "cuda moe_ffn: FP8 experts without scale arrays");
+    return moe_ffn(out, x, m, hidden, ffn, norm, eps, router, gate_up, gate_up_scales, down, down_scales, n_experts,
+                   top_k, renorm, accumulate, ws, ws_bytes, stream);
 }
 
 int pg_cuda_moe_routing(int32_t *sel, float *wts, const void *ws, int64_t m, int64_t hidden, int64_t ffn,

@@ -200,6 +200,21 @@ run runner-moe-qwen3-all "$RUNNER_TEST" $mq --json "$out_dir/runner_moe_qwen3.js
 note "runner qwen3-moe 16/top-16: $(tail -c 300 "$out_dir/runner_moe_qwen3.json" 2>/dev/null | tr -d '\n')"
 run runner-moe-mixtral-all "$RUNNER_TEST" $mx --json "$out_dir/runner_moe_mixtral.json"
 note "runner mixtral 8/top-8: $(tail -c 300 "$out_dir/runner_moe_mixtral.json" 2>/dev/null | tr -d '\n')"
+# The same two with FP8 weights (--quantization fp8: both models quantize
+# the same matrices to the same e4m3 bytes and row scales; the GPU's experts
+# run pg_cuda_moe_ffn_fp8, weight-only at every batch, the CPU dequantizes
+# them, exact). The attention projections would take the W8A8 product in
+# steps of more than 8 rows, whose e4m3 activations flip a greedy pick now
+# and then (session 15: Mixtral 8/top-8 at --tol 0.1, one token at a CPU
+# gap above 0.1); PAGED_CUDA_FP8_GEMM=0 keeps them weight-only too, so the
+# whole model is FP8 weight-only and bf16's bound holds: a tight check of
+# the FP8 experts. Every expert used, so no routing choice.
+PAGED_CUDA_FP8_GEMM=0 run runner-moe-qwen3-all-fp8 "$RUNNER_TEST" $mq --quantization fp8 \
+    --json "$out_dir/runner_moe_qwen3_fp8.json"
+note "runner qwen3-moe 16/top-16 fp8 weights: $(tail -c 300 "$out_dir/runner_moe_qwen3_fp8.json" 2>/dev/null | tr -d '\n')"
+PAGED_CUDA_FP8_GEMM=0 run runner-moe-mixtral-all-fp8 "$RUNNER_TEST" $mx --quantization fp8 \
+    --json "$out_dir/runner_moe_mixtral_fp8.json"
+note "runner mixtral 8/top-8 fp8 weights: $(tail -c 300 "$out_dir/runner_moe_mixtral_fp8.json" 2>/dev/null | tr -d '\n')"
 for v in "qwen3 128 8 128" "mixtral 8 2 512"; do
     read -r arch ne nk nf <<<"$v"
     d=/tmp/paged-moe-$arch-routed

@@ -38,6 +38,18 @@
 //   - refusals: top_k > n_experts, top_k > 16, n_experts > 512, hidden or
 //     ffn not a multiple of 8, too small or no workspace return PG_EINVAL
 //     and write nothing; m = 0 returns 0 and writes nothing.
+//   - FP8 experts (pg_cuda_moe_ffn_fp8; cases named "moe fp8 ..."): each
+//     expert's bf16 weights quantized per output row as --quantization fp8
+//     does (pg_quantize_row_fp8: scale = max|row| / 448, e4m3 rounded to
+//     nearest even, saturating), the e4m3 bytes and the f32 scales uploaded
+//     as separate allocations per expert. The same routing check, and the
+//     same output reference and bound over the DEQUANTIZED weights (q *
+//     scale in fp64: the contract's result; e4m3 is exact in bf16 and the
+//     scale costs one f32 rounding, ~1e-7). Mixtral 8/top 2 and Qwen3-MoE
+//     128/top 8 on (256, 128) and (2048, 768), m 1 to 2048, norm, in place
+//     with accumulate; expert parallelism (odd experts' pointers and scales
+//     NULL); refusals: a held expert whose gate_up or down scale array is
+//     NULL returns PG_EINVAL and writes nothing (with the bf16 limits).
 //
 // Usage: build/gpu/test_cuda_moe [-k FILTER]   exit 0 pass, 1 fail, 77 no GPU.
 #include <string.h>
@@ -50,6 +62,7 @@
 #include "tests/gpu/gpu_util.h"
 extern "C" {
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/dtype.h"
 }
 
 static const char *g_filter = "";
@@ -79,17 +92,52 @@ static void fill_normal(uint16_t *p, int64_t rows, int64_t cols, double sd, uint
     });
 }
 
-// The weights of one shape: host bf16 copies (the reference reads them) and
-// one device allocation per expert matrix, as the runner holds a checkpoint's
+static double dot_bf(const double *a, const uint16_t *w, int n) {
+    double s = 0;
+    for (int j = 0; j < n; j++) s += a[j] * (double)bf2f(w[j]);
+    return s;
+}
+
+// e4m3 byte -> its value (pg_fp8_e4m3_to_f32), filled in main.
+static double g_e4m3[256];
+
+static double dot_q(const double *a, const uint8_t *q, int n) {
+    double s = 0;
+    for (int j = 0; j < n; j++) s += a[j] * g_e4m3[q[j]];
+    return s;
+}
+
+// An FP8 weight from bf16 [rows][cols]: e4m3 bytes and a scale per row, as
+// the loader's --quantization fp8 makes them from a bf16 checkpoint.
+static void quantize_fp8(const std::vector<uint16_t> &w, int64_t rows, int64_t cols, std::vector<uint8_t> &q,
+                         std::vector<float> &scales) {
+    q.resize((size_t)(rows * cols));
+    scales.resize((size_t)rows);
+    parallel_for(rows, [&](int64_t i) {
+        std::vector<float> f((size_t)cols);
+        for (int64_t j = 0; j < cols; j++) f[(size_t)j] = bf2f(w[(size_t)(i * cols + j)]);
+        pg_quantize_row_fp8(f.data(), cols, &q[(size_t)(i * cols)], &scales[(size_t)i]);
+    });
+}
+
+// The weights of one shape: host copies (the reference reads them) and one
+// device allocation per expert matrix, as the runner holds a checkpoint's
 // tensors. Scaled as an init that keeps activations near unit size:
-// N(0, 1/fan_in), norm weight 1 + N(0, 0.1^2).
+// N(0, 1/fan_in), norm weight 1 + N(0, 0.1^2). fp8: the experts quantized
+// (quantize_fp8), dgu/ddn the e4m3 bytes, dsgu/dsdn their scales; the host
+// keeps q and the scales (not the bf16 values) and the reference reads q *
+// scale.
 struct Experts {
     int hidden, ffn, E;
+    bool fp8;
     std::vector<uint16_t> router, norm;
-    std::vector<std::vector<uint16_t>> gu, dn; // [E][2 ffn][hidden], [E][hidden][ffn]
-    std::vector<std::unique_ptr<DBuf>> dgu, ddn;
+    std::vector<std::vector<uint16_t>> gu, dn; // bf16 [E][2 ffn][hidden], [E][hidden][ffn]
+    std::vector<std::vector<uint8_t>> qgu, qdn; // fp8: the same as e4m3
+    std::vector<std::vector<float>> sgu, sdn;   // fp8: their row scales [E][2 ffn], [E][hidden]
+    std::vector<std::unique_ptr<DBuf>> dgu, ddn, dsgu, dsdn;
     DBuf drouter, dnorm, dzero; // dzero: an all-zero router
-    Experts(int hidden_, int ffn_, int E_, uint64_t seed) : hidden(hidden_), ffn(ffn_), E(E_) {
+    Experts(int hidden_, int ffn_, int E_, uint64_t seed, bool fp8_)
+        : hidden(hidden_), ffn(ffn_), E(E_), fp8(fp8_) {
         router.resize((size_t)E * hidden);
         norm.resize((size_t)hidden);
         fill_normal(router.data(), E, hidden, 1.0 / sqrt((double)hidden), seed);
@@ -107,9 +155,36 @@ struct Experts {
             fill_normal(dn[e].data(), hidden, ffn, 1.0 / sqrt((double)ffn), seed + 1001 + 2 * (uint64_t)e);
             dgu.emplace_back(new DBuf());
             ddn.emplace_back(new DBuf());
-            dgu.back()->up(gu[e]);
-            ddn.back()->up(dn[e]);
+            if (!fp8) {
+                dgu.back()->up(gu[e]);
+                ddn.back()->up(dn[e]);
+                continue;
+            }
+            qgu.emplace_back();
+            qdn.emplace_back();
+            sgu.emplace_back();
+            sdn.emplace_back();
+            quantize_fp8(gu[e], 2 * ffn, hidden, qgu.back(), sgu.back());
+            quantize_fp8(dn[e], hidden, ffn, qdn.back(), sdn.back());
+            std::vector<uint16_t>().swap(gu[e]);
+            std::vector<uint16_t>().swap(dn[e]);
+            dsgu.emplace_back(new DBuf());
+            dsdn.emplace_back(new DBuf());
+            dgu.back()->up(qgu.back());
+            ddn.back()->up(qdn.back());
+            dsgu.back()->up(sgu.back());
+            dsdn.back()->up(sdn.back());
         }
+    }
+    // Row r of expert e's gate_up (down) . a in fp64 over the weights the
+    // kernel is given: bf16, or e4m3 times the row's scale.
+    double gu_dot(int e, int64_t r, const double *a) const {
+        return fp8 ? sgu[(size_t)e][(size_t)r] * dot_q(a, &qgu[(size_t)e][(size_t)(r * hidden)], hidden)
+                   : dot_bf(a, &gu[(size_t)e][(size_t)(r * hidden)], hidden);
+    }
+    double dn_dot(int e, int64_t r, const double *a) const {
+        return fp8 ? sdn[(size_t)e][(size_t)r] * dot_q(a, &qdn[(size_t)e][(size_t)(r * ffn)], ffn)
+                   : dot_bf(a, &dn[(size_t)e][(size_t)(r * ffn)], ffn);
     }
 };
 
@@ -125,22 +200,16 @@ struct Case {
     Mode mode;
 };
 
-static std::string case_name(int hidden, int ffn, int E, const Case &c) {
+static std::string case_name(int hidden, int ffn, int E, bool fp8, const Case &c) {
     char s[200];
-    snprintf(s, sizeof s, "moe %dx%d E=%d k=%d%s m=%lld%s%s%s%s", hidden, ffn, E, c.k,
+    snprintf(s, sizeof s, "moe%s %dx%d E=%d k=%d%s m=%lld%s%s%s%s", fp8 ? " fp8" : "", hidden, ffn, E, c.k,
              c.renorm ? " renorm" : "", (long long)c.m, c.norm ? " norm" : "", mode_tag[c.mode],
              c.ep ? " ep" : "", c.zero ? " zero-router" : "");
     return s;
 }
 
-static double dot_bf(const double *a, const uint16_t *w, int n) {
-    double s = 0;
-    for (int j = 0; j < n; j++) s += a[j] * (double)bf2f(w[j]);
-    return s;
-}
-
 static void run_case(Experts &X, const Case &c, Rng &r) {
-    const std::string nm = case_name(X.hidden, X.ffn, X.E, c);
+    const std::string nm = case_name(X.hidden, X.ffn, X.E, X.fp8, c);
     if (!selected(nm.c_str())) return;
     const int H = X.hidden, F = X.ffn, E = X.E, k = c.k;
     const int64_t m = c.m;
@@ -161,15 +230,21 @@ static void run_case(Experts &X, const Case &c, Rng &r) {
     if (!inplace) dout.up(o0);
     void *outp = inplace ? dx.p : dout.p;
     std::vector<const void *> gu((size_t)E), dn((size_t)E);
+    std::vector<const float *> gus((size_t)E), dns((size_t)E); // fp8: NULL with the expert
     for (int e = 0; e < E; e++) {
         const bool held = !(c.ep && e % 2);
         gu[(size_t)e] = held ? X.dgu[(size_t)e]->p : nullptr;
         dn[(size_t)e] = held ? X.ddn[(size_t)e]->p : nullptr;
+        gus[(size_t)e] = held && X.fp8 ? X.dsgu[(size_t)e]->as<float>() : nullptr;
+        dns[(size_t)e] = held && X.fp8 ? X.dsdn[(size_t)e]->as<float>() : nullptr;
     }
     const size_t wsn = pg_cuda_moe_workspace_size(m, H, F, E, k);
     DBuf ws(wsn);
-    int rc = pg_cuda_moe_ffn(outp, dx.p, m, H, F, c.norm ? X.dnorm.p : nullptr, eps, c.zero ? X.dzero.p : X.drouter.p,
-                             gu.data(), dn.data(), E, k, c.renorm, acc, ws.p, wsn, nullptr);
+    const void *normp = c.norm ? X.dnorm.p : nullptr, *routerp = c.zero ? X.dzero.p : X.drouter.p;
+    int rc = X.fp8 ? pg_cuda_moe_ffn_fp8(outp, dx.p, m, H, F, normp, eps, routerp, gu.data(), gus.data(), dn.data(),
+                                         dns.data(), E, k, c.renorm, acc, ws.p, wsn, nullptr)
+                   : pg_cuda_moe_ffn(outp, dx.p, m, H, F, normp, eps, routerp, gu.data(), dn.data(), E, k, c.renorm,
+                                     acc, ws.p, wsn, nullptr);
     if (rc != 0) {
         report_bool(nm.c_str(), false, pg_err_msg());
         return;
@@ -290,20 +365,13 @@ static void run_case(Experts &X, const Case &c, Rng &r) {
         const int64_t j = t / np, q = t % np;
         const Pair &P = pairs[(size_t)q];
         const double *xr = &xn[(size_t)rows[(size_t)P.a] * H];
-        const double g = dot_bf(xr, &X.gu[(size_t)P.e][(size_t)j * H], H);
-        const double u = dot_bf(xr, &X.gu[(size_t)P.e][(size_t)(F + j) * H], H);
+        const double g = X.gu_dot(P.e, j, xr), u = X.gu_dot(P.e, F + j, xr);
         h[(size_t)(q * F + j)] = bf2f(f2bf((float)(g / (1.0 + exp(-g)) * u)));
     });
     parallel_for(np * H, [&](int64_t t) {
         const int64_t d = t / np, q = t % np;
         const Pair &P = pairs[(size_t)q];
-        const double s = [&] {
-            double v = 0;
-            const uint16_t *wr = &X.dn[(size_t)P.e][(size_t)d * F];
-            for (int j = 0; j < F; j++) v += h[(size_t)(q * F + j)] * (double)bf2f(wr[j]);
-            return v;
-        }();
-        y[(size_t)(q * H + d)] = bf2f(f2bf((float)s));
+        y[(size_t)(q * H + d)] = bf2f(f2bf((float)X.dn_dot(P.e, d, &h[(size_t)(q * F)])));
     });
     std::vector<double> sum(rows.size() * (size_t)H, 0.0);
     for (int64_t q = 0; q < np; q++)
@@ -392,17 +460,52 @@ static void test_refusals() {
     report_bool(name, ok, detail.c_str());
 }
 
+// pg_cuda_moe_ffn_fp8's own refusal: a held expert (its weight pointer
+// set) without its scales; with some of the bf16 limits, which it shares.
+static void test_refusals_fp8() {
+    const char *name = "moe fp8 refusals";
+    if (!selected(name)) return;
+    const int H = 64, F = 32, m = 4, E = 8;
+    DBuf o((size_t)m * H * 2), x((size_t)m * H * 2), nw(H * 2), router(E * H * 2), gw(2 * F * H), dw(H * F),
+        gs(2 * F * 4), ds(H * 4);
+    CK(cudaMemset(o.p, 0x5a, o.n));
+    for (DBuf *b : {&x, &nw, &router, &gw, &dw, &gs, &ds}) CK(cudaMemset(b->p, 0, b->n));
+    std::vector<const void *> gu(E, gw.p), dn(E, dw.p);
+    const std::vector<const float *> gsc(E, gs.as<float>()), dsc(E, ds.as<float>());
+    std::vector<const float *> gs3 = gsc, ds5 = dsc, none(E, nullptr);
+    gs3[3] = nullptr;
+    ds5[5] = nullptr;
+    const size_t need = pg_cuda_moe_workspace_size(m, H, F, E, 2);
+    DBuf ws(need);
+#define MOE(mm, k, g, d, wsp, wsn)                                                                                  \
+    pg_cuda_moe_ffn_fp8(o.p, x.p, mm, H, F, nw.p, 1e-6f, router.p, gu.data(), g.data(), dn.data(), d.data(), E, k, 1, \
+                        1, wsp, wsn, nullptr)
+    const Refusal c[] = {
+        {"expert 3 held, gate_up scales NULL", MOE(m, 2, gs3, dsc, ws.p, need), PG_EINVAL},
+        {"expert 5 held, down scales NULL", MOE(m, 2, gsc, ds5, ws.p, need), PG_EINVAL},
+        {"every expert held, no scales", MOE(m, 2, none, none, ws.p, need), PG_EINVAL},
+        {"top_k 9 of 8", MOE(m, 9, gsc, dsc, ws.p, need), PG_EINVAL},
+        {"workspace 1 byte short", MOE(m, 2, gsc, dsc, ws.p, need - 1), PG_EINVAL},
+        {"m 0", MOE(0, 2, gsc, dsc, ws.p, need), 0},
+    };
+#undef MOE
+    std::string detail;
+    const bool ok = refusals_ok(o, c, detail);
+    report_bool(name, ok, detail.c_str());
+}
+
 // Whether any case of `cs` is selected: a shape's weights (up to 2.8 GB)
 // are made only when needed.
-static bool any_selected(int hidden, int ffn, int E, const std::vector<Case> &cs) {
+static bool any_selected(int hidden, int ffn, int E, bool fp8, const std::vector<Case> &cs) {
     for (auto &c : cs)
-        if (selected(case_name(hidden, ffn, E, c).c_str())) return true;
+        if (selected(case_name(hidden, ffn, E, fp8, c).c_str())) return true;
     return false;
 }
 
-static void run_shape(int hidden, int ffn, int E, uint64_t seed, const std::vector<Case> &cs, Rng &r) {
-    if (!any_selected(hidden, ffn, E, cs)) return;
-    Experts X(hidden, ffn, E, seed);
+static void run_shape(int hidden, int ffn, int E, uint64_t seed, const std::vector<Case> &cs, Rng &r,
+                      bool fp8 = false) {
+    if (!any_selected(hidden, ffn, E, fp8, cs)) return;
+    Experts X(hidden, ffn, E, seed, fp8);
     for (auto &c : cs) run_case(X, c, r);
 }
 
@@ -420,8 +523,10 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "-k") && i + 1 < argc) g_filter = argv[++i];
     if (!gpu_announce()) return 77;
+    for (int v = 0; v < 256; v++) g_e4m3[v] = pg_fp8_e4m3_to_f32((uint8_t)v);
     Rng r(20261231);
     test_refusals();
+    test_refusals_fp8();
     {   // Mixtral's routing (8 experts, top 2, renormalised) on small experts.
         std::vector<Case> cs;
         sweep(cs, {1, 2, 5, 8, 9, 64, 333, 1024, 4096}, 2, true, 0);
@@ -458,6 +563,17 @@ int main(int argc, char **argv) {
         cs.push_back({9, 2, true, true, true, false, IN_PLACE_ACC});
         run_shape(4096, 14336, 8, 14, cs, r);
     }
+    // FP8 experts: Mixtral's routing (8, top 2) and Qwen3-MoE's (128, top 8)
+    // on small experts and on Qwen3-30B-A3B's, norm, in place with
+    // accumulate (the model's step); expert parallelism on the latter.
+    for (int s = 0; s < 2; s++)
+        for (int E : {8, 128}) {
+            const int hidden = s ? 2048 : 256, ffn = s ? 768 : 128, k = E == 8 ? 2 : 8;
+            std::vector<Case> cs;
+            for (int64_t m : {1, 8, 64, 333, 2048}) cs.push_back({m, k, true, true, false, false, IN_PLACE_ACC});
+            if (s == 1 && E == 128) cs.push_back({64, k, true, true, true, false, OUT_ACC});
+            run_shape(hidden, ffn, E, 15 + 2 * (uint64_t)s + (E == 128), cs, r, true);
+        }
     printf("%d passed, %d failed\n", g_ok, g_fail);
     return g_fail ? 1 : 0;
 }
