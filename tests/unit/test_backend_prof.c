@@ -4,12 +4,7 @@
 // shape and type), the time charged is the clock's between stamps (no more
 // than the wall time around the ops), graph capture is not stamped, and
 // destroying the wrapped backend unwraps it (no leak under ASan).
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-// cmocka needs the headers above first.
-#include <cmocka.h>
+#include "tests/unit/backend_test_util.h" // cmocka and its prerequisites
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -24,20 +19,7 @@
 #define ROWS 5
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
-static float frand(void) {
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((rng >> 40) & 0xffffff) / (float)0x1000000 * 2.0f - 1.0f;
-}
-
-static pg_bweight *upload(pg_backend *be, const float *v, int64_t rows, int64_t cols) {
-    pg_weight w = {.data = v, .dtype = PG_DTYPE_F32, .rows = rows, .cols = cols,
-                   .row_bytes = sizeof(float) * (size_t)cols};
-    pg_bweight *out;
-    assert_int_equal(be->store->weight_upload(be, &w, 1, &out), 0);
-    return out;
-}
-
-static pg_tensor view(float *d, int64_t rows, int64_t cols) { return (pg_tensor){d, PG_DTYPE_F32, rows, cols, cols}; }
+static float frand(void) { return lcg_frand(&rng); }
 
 // rmsnorm, then out = xn . W^T (reps times), then out += xn . W^T: the
 // outputs, on a backend wrapped or not.
@@ -46,14 +28,16 @@ static void run_ops(bool wrap, int reps, const float *x, const float *w, const f
     pg_backend *be;
     assert_int_equal(pg_backend_cpu_create(1, PG_MATMUL_EXACT, &be), 0);
     if (wrap) assert_int_equal(pg_backend_prof_wrap(be), 0);
-    pg_bweight *bw = upload(be, w, N, H), *bn;
+    pg_bweight *bw = upload_f32(be, w, N, H), *bn;
     assert_int_equal(be->store->vector_f32(be, nw, H, &bn), 0);
-    pg_tensor tx = view((float *)x, ROWS, H), txn = view(xn, ROWS, H), to = view(out, ROWS, N);
+    pg_tensor tx = view_f32((float *)x, ROWS, H), txn = view_f32(xn, ROWS, H);
+    pg_tensor to = view_f32(out, ROWS, N);
     assert_int_equal(be->ops->rmsnorm(be, txn, tx, bn, 1e-6f), 0);
     for (int i = 0; i < reps; i++)
         assert_int_equal(be->ops->linear(be, to, txn, NULL, 0, bw, NULL, false, (pg_tensor){0}), 0);
     float *scratch = calloc(ROWS * N, sizeof(float)); // accumulate's product before the add
-    assert_int_equal(be->ops->linear(be, to, txn, NULL, 0, bw, NULL, true, view(scratch, ROWS, N)), 0);
+    assert_int_equal(be->ops->linear(be, to, txn, NULL, 0, bw, NULL, true, view_f32(scratch, ROWS, N)),
+                     0);
     assert_int_equal(be->dev->sync(be), 0);
     be->store->weight_free(be, bw);
     be->store->weight_free(be, bn);
@@ -109,10 +93,10 @@ static void test_long_gap(void **state) {
     for (int i = 0; i < H; i++) x[i] = frand(), nw[i] = 1.0f;
     pg_bweight *bn;
     assert_int_equal(be->store->vector_f32(be, nw, H, &bn), 0);
-    assert_int_equal(be->ops->rmsnorm(be, view(y, 1, H), view(x, 1, H), bn, 1e-6f), 0);
+    assert_int_equal(be->ops->rmsnorm(be, view_f32(y, 1, H), view_f32(x, 1, H), bn, 1e-6f), 0);
     assert_int_equal(be->dev->sync(be), 0);
     nanosleep(&(struct timespec){0, 80 * 1000 * 1000}, NULL);
-    assert_int_equal(be->ops->rmsnorm(be, view(y, 1, H), view(x, 1, H), bn, 1e-6f), 0);
+    assert_int_equal(be->ops->rmsnorm(be, view_f32(y, 1, H), view_f32(x, 1, H), bn, 1e-6f), 0);
     assert_int_equal(be->dev->sync(be), 0);
     double gap = 0;
     assert_true(pg_backend_prof_calls(be, "idle over 50 ms (start-up, no requests)", &gap) >= 1);

@@ -4,12 +4,7 @@
 // with the fused [gate | up] weight, gelu with PyTorch's tanh formula; the
 // post-norm's x += RMSNorm(y) * w; the embedding scale. f32 weights, 1 and
 // 2 threads (the same bits).
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-// cmocka needs the headers above first.
-#include <cmocka.h>
+#include "tests/unit/backend_test_util.h" // cmocka and its prerequisites
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,18 +17,7 @@
 #define EPS 1e-6f
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static float frand(void) {
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((rng >> 40) & 0xffffff) / (float)0x1000000 * 2.0f - 1.0f;
-}
-
-static pg_bweight *upload(pg_backend *be, const float *v, int64_t rows, int64_t cols) {
-    pg_weight w = {.data = v, .dtype = PG_DTYPE_F32, .rows = rows, .cols = cols,
-                   .row_bytes = sizeof(float) * (size_t)cols};
-    pg_bweight *out;
-    assert_int_equal(be->store->weight_upload(be, &w, 1, &out), 0);
-    return out;
-}
+static float frand(void) { return lcg_frand(&rng); }
 
 static double ref_gelu(double x) { return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))); }
 
@@ -44,17 +28,16 @@ static void ref_rmsnorm(const float *x, const float *w, int n, double *out) {
     for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
 }
 
-static pg_tensor view(float *d, int64_t rows, int64_t cols) { return (pg_tensor){d, PG_DTYPE_F32, rows, cols, cols}; }
-
 // h = gelu_tanh(g) * u, [g | u] = RMSNorm(x) * norm . W^T; returns h [ROWS][FFN].
 static float *run_geglu(int threads, const float *x, const float *norm, const float *w) {
     pg_backend *be;
     assert_int_equal(pg_backend_cpu_create(threads, PG_MATMUL_EXACT, &be), 0);
-    pg_bweight *bn = upload(be, norm, 1, H), *bw = upload(be, w, 2 * FFN, H);
+    pg_bweight *bn = upload_f32(be, norm, 1, H), *bw = upload_f32(be, w, 2 * FFN, H);
     float *h = calloc(ROWS * FFN, sizeof(float)), *xn = calloc(ROWS * H, sizeof(float));
     float *gu = calloc(ROWS * 2 * FFN, sizeof(float));
-    assert_int_equal(be->ops->gate_up_gelu(be, view(h, ROWS, FFN), view((float *)x, ROWS, H), bn, EPS, bw,
-                                           view(xn, ROWS, H), view(gu, ROWS, 2 * FFN)), 0);
+    assert_int_equal(be->ops->gate_up_gelu(be, view_f32(h, ROWS, FFN), view_f32((float *)x, ROWS, H), bn,
+                                           EPS, bw, view_f32(xn, ROWS, H), view_f32(gu, ROWS, 2 * FFN)),
+                     0);
     be->store->weight_free(be, bn);
     be->store->weight_free(be, bw);
     be->dev->destroy(be);
@@ -106,8 +89,9 @@ static void test_rmsnorm_add_and_scale(void **state) {
     float x[ROWS * H], x0[ROWS * H], y[ROWS * H], w[H];
     for (int i = 0; i < ROWS * H; i++) x[i] = x0[i] = frand(), y[i] = 5.0f * frand();
     for (int i = 0; i < H; i++) w[i] = 1.0f + frand();
-    pg_bweight *bw = upload(be, w, 1, H);
-    assert_int_equal(be->ops->rmsnorm_add(be, view(x, ROWS, H), view(y, ROWS, H), bw, EPS), 0);
+    pg_bweight *bw = upload_f32(be, w, 1, H);
+    assert_int_equal(be->ops->rmsnorm_add(be, view_f32(x, ROWS, H), view_f32(y, ROWS, H), bw, EPS),
+                     0);
     double n[H], worst = 0;
     for (int r = 0; r < ROWS; r++) {
         ref_rmsnorm(y + r * H, w, H, n);

@@ -3,17 +3,7 @@
 // parallel sampling, stop rules, admission rejection and the caller's
 // per-request owners (sched_request.owner). Every step is followed by
 // sched_check (ref counts = block holders, queues consistent).
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include <cmocka.h>
-
-#include "common/err.h"
-#include "scheduler/sched.h"
+#include "tests/unit/sched_test_util.h"
 
 // ---------------------------------------------------------------------------
 // Harness: a scheduler, a fake clock and a fake runner
@@ -46,7 +36,7 @@ static harness *h_new(const sched_config *c) {
     cc.now_ns = fake_clock;
     cc.now_ctx = &h->clock;
     h->clock = 1000;
-    if (sched_create(&cc, &h->s)) fail_msg("sched_create: %s", pg_err_msg());
+    h->s = sched_t_create(&cc);
     return h;
 }
 
@@ -55,14 +45,11 @@ static void h_free(harness *h) {
     free(h);
 }
 
-static void h_check(harness *h) {
-    if (sched_check(h->s)) fail_msg("invariant: %s", pg_err_msg());
-}
+static void h_check(harness *h) { sched_t_check(h->s); }
 
 static const pg_batch_plan *h_step(harness *h) {
     h->clock += 10;
-    assert_int_equal(sched_step(h->s, &h->plan), 0);
-    h_check(h);
+    sched_t_step(h->s, &h->plan);
     int32_t sum = 0;
     for (int32_t i = 0; i < h->plan->n_seqs; i++) sum += h->plan->seqs[i].n_tokens;
     assert_int_equal(sum, h->plan->n_tokens);
@@ -71,22 +58,23 @@ static const pg_batch_plan *h_step(harness *h) {
 
 typedef int32_t (*token_fn)(const pg_plan_seq *ps, void *ctx);
 
-// Answers every sampling entry of the plan with fn(entry) and updates.
+typedef struct token_answer {
+    token_fn fn;
+    void *ctx;
+} token_answer;
+
+static void token_answer_fn(pg_seq_output *o, const pg_plan_seq *ps, void *ctx) {
+    const token_answer *t = ctx;
+    o->token = t->fn(ps, t->ctx);
+    o->logprob = -0.5f;
+}
+
+// Answers every sampling entry of the plan with fn(entry) and updates (the
+// clock 10 on; fn does not read it).
 static const sched_events *h_update_fn(harness *h, token_fn fn, void *ctx) {
-    pg_step_output out = {.n = 0, .outs = h->outs};
-    for (int32_t i = 0; i < h->plan->n_seqs; i++) {
-        const pg_plan_seq *ps = &h->plan->seqs[i];
-        if (!ps->sample) continue;
-        pg_seq_output *o = &h->outs[out.n++];
-        memset(o, 0, sizeof *o);
-        o->seq_id = ps->seq_id;
-        o->token = fn(ps, ctx);
-        o->logprob = -0.5f;
-    }
     h->clock += 10;
-    assert_int_equal(sched_update(h->s, &out, &h->ev), 0);
-    h_check(h);
-    return &h->ev;
+    token_answer t = {fn, ctx};
+    return sched_t_update(h->s, h->plan, h->outs, &h->ev, token_answer_fn, &t);
 }
 
 static int32_t const_token(const pg_plan_seq *ps, void *ctx) {
@@ -160,7 +148,7 @@ static const sched_event *find_ev(const sched_events *ev, int64_t req, int32_t i
     return NULL;
 }
 
-static int32_t free_blocks(harness *h) { return kvp_num_free(sched_pool(h->s)); }
+static int32_t free_blocks(harness *h) { return sched_t_free_blocks(h->s); }
 
 static sched_stats stats(harness *h) {
     sched_stats st;

@@ -8,17 +8,7 @@
 // async scheduling. A fake proposer and a fake runner; sched_check after
 // every call. (A file of its own:
 // test_sched.c is past the size rule.)
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include <cmocka.h>
-
-#include "common/err.h"
-#include "scheduler/sched.h"
+#include "tests/unit/sched_test_util.h"
 
 #define BS 4
 
@@ -45,40 +35,16 @@ static int32_t fake_propose(void *ctx, const int32_t *history, int32_t n, int32_
     return k;
 }
 
-typedef struct harness {
-    sched *s;
-    proposer prop;
-    const pg_batch_plan *plan;
-    pg_seq_output outs[64];
-    sched_events ev;
-} harness;
+#define SCHED_TEST_PROPOSER proposer
+#include "tests/unit/sched_test_util.h" // the harness
 
 static harness *h_new_budget(int32_t k, int32_t max_running, int32_t num_blocks, int32_t tokens) {
-    harness *h = calloc(1, sizeof *h);
-    sched_config c;
-    sched_config_default(&c);
-    c.block_size = BS;
-    c.num_blocks = num_blocks;
-    c.max_model_len = 256;
-    c.max_num_batched_tokens = tokens;
-    c.long_prefill_token_threshold = 0;
-    c.spec = (sched_spec_config){.num_tokens = k, .max_running_seqs = max_running,
-                                 .propose = fake_propose, .ctx = &h->prop};
-    if (sched_create(&c, &h->s)) fail_msg("sched_create: %s", pg_err_msg());
-    return h;
+    sched_spec_config spec = {.num_tokens = k, .max_running_seqs = max_running, .propose = fake_propose};
+    return h_new_spec(spec, num_blocks, tokens);
 }
 
 static harness *h_new(int32_t k, int32_t max_running, int32_t num_blocks) {
     return h_new_budget(k, max_running, num_blocks, 64);
-}
-
-static void h_free(harness *h) {
-    sched_destroy(h->s);
-    free(h);
-}
-
-static void h_check(harness *h) {
-    if (sched_check(h->s)) fail_msg("invariant: %s", pg_err_msg());
 }
 
 // Sampling parameters with the given temperature and max_tokens.
@@ -92,11 +58,7 @@ static pg_sampling_params h_sp(int32_t max_tokens, float temp) {
 
 // Adds request `id`: prompt 100, 101, ... of n_prompt tokens.
 static void h_add_sp(harness *h, int64_t id, int32_t n_prompt, int32_t eos, const pg_sampling_params *sp) {
-    int32_t prompt[128];
-    for (int32_t i = 0; i < n_prompt; i++) prompt[i] = 100 + i;
-    sched_request r = {.id = id, .prompt = prompt, .n_prompt = n_prompt, .sp = sp, .eos_id = eos};
-    assert_int_equal(sched_add_request(h->s, &r), 0);
-    h_check(h);
+    sched_t_add(h->s, id, 100, n_prompt, eos, sp);
 }
 
 // A request with a presence penalty.
@@ -121,12 +83,6 @@ static void h_add_n(harness *h, int64_t id, int32_t n_prompt, int32_t max_tokens
     h_add_sp(h, id, n_prompt, eos, &sp);
 }
 
-static const pg_batch_plan *h_step(harness *h) {
-    assert_int_equal(sched_step(h->s, &h->plan), 0);
-    h_check(h);
-    return h->plan;
-}
-
 // The output of sampled entry ps: a plain one `token`, one with drafts
 // what a runner whose argmaxes are target[0 .. k] gives (greedy
 // verification).
@@ -144,29 +100,31 @@ static void h_answer(pg_seq_output *o, const pg_plan_seq *ps, int32_t token, con
     o->token = target[0];
 }
 
+typedef struct answer_one {
+    int32_t token;
+    const int32_t *target;
+} answer_one;
+
+static void answer_one_fn(pg_seq_output *o, const pg_plan_seq *ps, void *ctx) {
+    const answer_one *a = ctx;
+    h_answer(o, ps, a->token, a->target);
+}
+
 // Answers every sampled entry (h_answer) and updates.
 static const sched_events *h_update(harness *h, int32_t token, const int32_t *target) {
-    pg_step_output out = {.n = 0, .outs = h->outs};
-    for (int32_t i = 0; i < h->plan->n_seqs; i++)
-        if (h->plan->seqs[i].sample) h_answer(&h->outs[out.n++], &h->plan->seqs[i], token, target);
-    assert_int_equal(sched_update(h->s, &out, &h->ev), 0);
-    h_check(h);
-    return &h->ev;
+    return h_update_with(h, answer_one_fn, &(answer_one){token, target});
+}
+
+static void answer_n_fn(pg_seq_output *o, const pg_plan_seq *ps, void *ctx) {
+    const int32_t(*target)[PG_MAX_DRAFT + 1] = ctx;
+    const int32_t *t = target[ps->seq_id % SCHED_MAX_N];
+    h_answer(o, ps, t[0], t);
 }
 
 // n > 1: answers each sampled entry with the targets of its sequence index
 // (target[index][0] for a plain one) and updates.
 static const sched_events *h_update_n(harness *h, const int32_t (*target)[PG_MAX_DRAFT + 1]) {
-    pg_step_output out = {.n = 0, .outs = h->outs};
-    for (int32_t i = 0; i < h->plan->n_seqs; i++) {
-        const pg_plan_seq *ps = &h->plan->seqs[i];
-        if (!ps->sample) continue;
-        const int32_t *t = target[ps->seq_id % SCHED_MAX_N];
-        h_answer(&h->outs[out.n++], ps, t[0], t);
-    }
-    if (sched_update(h->s, &out, &h->ev)) fail_msg("sched_update: %s", pg_err_msg());
-    h_check(h);
-    return &h->ev;
+    return h_update_with(h, answer_n_fn, (void *)target);
 }
 
 // Events of sequence `index` in ev.
@@ -181,8 +139,6 @@ static sched_stats stats(harness *h) {
     sched_stats_get(h->s, &st);
     return st;
 }
-
-static int32_t free_blocks(harness *h) { return kvp_num_free(sched_pool(h->s)); }
 
 // Prefill of a 7-token prompt, first token 7: history 8, 7 computed.
 static void prefill(harness *h, int64_t id, int32_t max_tokens, int32_t eos) {
@@ -574,20 +530,19 @@ static void test_n_choices_async(void **state) {
 // Answers every sampled entry keeping keep[index] of its drafts (-1: all),
 // by seq index: its target repeats the drafts that far, then a token that
 // differs from the next draft (7 for a plain entry or after all of them).
+static void answer_keep_fn(pg_seq_output *o, const pg_plan_seq *ps, void *ctx) {
+    const int32_t *keep = ctx;
+    const int32_t k = ps->n_draft, *d = ps->tokens + ps->n_tokens - k;
+    const int32_t want = keep[ps->seq_id % SCHED_MAX_N];
+    const int32_t a = want < 0 || want > k ? k : want;
+    int32_t target[PG_MAX_DRAFT + 1];
+    for (int32_t j = 0; j < a; j++) target[j] = d[j];
+    target[a] = a < k ? d[a] + 1 : 7;
+    h_answer(o, ps, target[0], target);
+}
+
 static void h_update_keep(harness *h, const int32_t *keep) {
-    pg_step_output out = {.n = 0, .outs = h->outs};
-    for (int32_t i = 0; i < h->plan->n_seqs; i++) {
-        const pg_plan_seq *ps = &h->plan->seqs[i];
-        if (!ps->sample) continue;
-        const int32_t k = ps->n_draft, *d = ps->tokens + ps->n_tokens - k, want = keep[ps->seq_id % SCHED_MAX_N];
-        const int32_t a = want < 0 || want > k ? k : want;
-        int32_t target[PG_MAX_DRAFT + 1];
-        for (int32_t j = 0; j < a; j++) target[j] = d[j];
-        target[a] = a < k ? d[a] + 1 : 7;
-        h_answer(&h->outs[out.n++], ps, target[0], target);
-    }
-    if (sched_update(h->s, &out, &h->ev)) fail_msg("sched_update: %s", pg_err_msg());
-    h_check(h);
+    h_update_with(h, answer_keep_fn, (void *)keep);
 }
 
 // One step of request 1 (one sequence) answered keeping `keep` drafts; its
@@ -606,18 +561,8 @@ static void h_step_keep(harness *h, char *pattern, int32_t i, int32_t keep) {
 static void test_adaptive_length_follows_acceptance(void **state) {
     (void)state;
     for (int32_t fixed = 0; fixed < 2; fixed++) {
-        harness *h = h_new(5, 0, 64);
-        sched_destroy(h->s);
-        sched_config c;
-        sched_config_default(&c);
-        c.block_size = BS;
-        c.num_blocks = 64;
-        c.max_model_len = 256;
-        c.max_num_batched_tokens = 64;
-        c.long_prefill_token_threshold = 0;
-        c.spec = (sched_spec_config){.num_tokens = 5, .fixed_length = fixed, .propose = fake_propose,
-                                     .ctx = &h->prop};
-        if (sched_create(&c, &h->s)) fail_msg("sched_create: %s", pg_err_msg());
+        sched_spec_config spec = {.num_tokens = 5, .fixed_length = fixed, .propose = fake_propose};
+        harness *h = h_new_spec(spec, 64, 64);
         h->prop = (proposer){.draft = {1, 2, 3, 4, 5}, .n_draft = 5};
         prefill(h, 1, 200, -1);
         char pattern[16] = {0};

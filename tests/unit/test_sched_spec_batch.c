@@ -6,17 +6,7 @@
 // tokens and events as the per-sequence proposer gives for the same
 // answers, n > 1 included. A fake proposer and a fake runner; sched_check
 // after every call. (test_sched_spec.c tests the per-sequence path.)
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include <cmocka.h>
-
-#include "common/err.h"
-#include "scheduler/sched.h"
+#include "tests/unit/sched_test_util.h"
 
 #define BS 4
 
@@ -61,44 +51,19 @@ static void fake_propose_batch(void *ctx, sched_propose_item *items, int32_t n_i
     }
 }
 
-typedef struct harness {
-    sched *s;
-    proposer prop;
-    const pg_batch_plan *plan;
-    pg_seq_output outs[64];
-    sched_events ev;
-} harness;
+#define SCHED_TEST_PROPOSER proposer
+#include "tests/unit/sched_test_util.h" // the harness
 
 static harness *h_new(bool batch, int32_t k, int32_t num_blocks, int32_t tokens) {
-    harness *h = calloc(1, sizeof *h);
-    sched_config c;
-    sched_config_default(&c);
-    c.block_size = BS;
-    c.num_blocks = num_blocks;
-    c.max_model_len = 256;
-    c.max_num_batched_tokens = tokens;
-    c.long_prefill_token_threshold = 0;
-    c.spec = (sched_spec_config){.num_tokens = k, .ctx = &h->prop};
+    sched_spec_config spec = {.num_tokens = k};
     if (batch)
-        c.spec.propose_batch = fake_propose_batch;
+        spec.propose_batch = fake_propose_batch;
     else
-        c.spec.propose = fake_propose;
-    if (sched_create(&c, &h->s)) fail_msg("sched_create: %s", pg_err_msg());
-    return h;
-}
-
-static void h_free(harness *h) {
-    sched_destroy(h->s);
-    free(h);
-}
-
-static void h_check(harness *h) {
-    if (sched_check(h->s)) fail_msg("invariant: %s", pg_err_msg());
+        spec.propose = fake_propose;
+    return h_new_spec(spec, num_blocks, tokens);
 }
 
 static void h_add(harness *h, int64_t id, int32_t n_prompt, int32_t max_tokens, int32_t n) {
-    int32_t prompt[128];
-    for (int32_t i = 0; i < n_prompt; i++) prompt[i] = 100 + 10 * (int32_t)id + i;
     pg_sampling_params sp;
     pg_sampling_params_default(&sp);
     sp.temperature = n > 1 ? 0.7f : 0.0f;
@@ -106,18 +71,8 @@ static void h_add(harness *h, int64_t id, int32_t n_prompt, int32_t max_tokens, 
     sp.n = n;
     sp.seed = 5;
     sp.has_seed = n > 1;
-    sched_request r = {.id = id, .prompt = prompt, .n_prompt = n_prompt, .sp = &sp, .eos_id = -1};
-    assert_int_equal(sched_add_request(h->s, &r), 0);
-    h_check(h);
+    sched_t_add(h->s, id, 100 + 10 * (int32_t)id, n_prompt, -1, &sp);
 }
-
-static const pg_batch_plan *h_step(harness *h) {
-    assert_int_equal(sched_step(h->s, &h->plan), 0);
-    h_check(h);
-    return h->plan;
-}
-
-static int32_t free_blocks(harness *h) { return kvp_num_free(sched_pool(h->s)); }
 
 // The runner: a plain entry gets bonus(entry); one with k drafts keeps
 // a = (start_pos + seq_id) mod (k + 1) of them, then bonus.
@@ -125,28 +80,20 @@ static int32_t bonus(const pg_plan_seq *ps) {
     return 200 + (int32_t)((ps->start_pos * 7 + ps->seq_id) % 50);
 }
 
-static const sched_events *h_update(harness *h) {
-    pg_step_output out = {.n = 0, .outs = h->outs};
-    for (int32_t i = 0; i < h->plan->n_seqs; i++) {
-        const pg_plan_seq *ps = &h->plan->seqs[i];
-        if (!ps->sample) continue;
-        pg_seq_output *o = &h->outs[out.n++];
-        memset(o, 0, sizeof *o);
-        o->seq_id = ps->seq_id;
-        o->token = bonus(ps);
-        if (ps->n_draft == 0) continue;
-        const int32_t k = ps->n_draft, *d = ps->tokens + ps->n_tokens - k;
-        const int32_t a = (int32_t)((ps->start_pos + ps->seq_id) % (k + 1));
-        o->n_draft = k;
-        o->n_accepted = a;
-        for (int32_t j = 0; j < a; j++) o->spec_tokens[j] = d[j];
-        o->spec_tokens[a] = bonus(ps);
-        o->token = o->spec_tokens[0];
-    }
-    if (sched_update(h->s, &out, &h->ev)) fail_msg("sched_update: %s", pg_err_msg());
-    h_check(h);
-    return &h->ev;
+static void runner_answer(pg_seq_output *o, const pg_plan_seq *ps, void *ctx) {
+    (void)ctx;
+    o->token = bonus(ps);
+    if (ps->n_draft == 0) return;
+    const int32_t k = ps->n_draft, *d = ps->tokens + ps->n_tokens - k;
+    const int32_t a = (int32_t)((ps->start_pos + ps->seq_id) % (k + 1));
+    o->n_draft = k;
+    o->n_accepted = a;
+    for (int32_t j = 0; j < a; j++) o->spec_tokens[j] = d[j];
+    o->spec_tokens[a] = bonus(ps);
+    o->token = o->spec_tokens[0];
 }
+
+static const sched_events *h_update(harness *h) { return h_update_with(h, runner_answer, NULL); }
 
 static void same_plan(const pg_batch_plan *a, const pg_batch_plan *b) {
     assert_int_equal(a->n_seqs, b->n_seqs);
