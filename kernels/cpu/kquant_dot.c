@@ -83,16 +83,9 @@ static int32_t q4k_chunk(const uint8_t *qs, const pg_q8k_block *y, const int sc[
 static float q4k_dot(const uint8_t *w, const pg_q8k_block *y, int64_t nb) {
     float acc[8] = {0}, accm[4] = {0};
     for (int64_t b = 0; b < nb; b++, w += Q4_K_BYTES, y++) {
-        const float d = y->d * pg_f16_to_f32(ld16(w));
-        const float dmin = -y->d * pg_f16_to_f32(ld16(w + 2));
         int sc[8], mn[8];
         q4k_scales(w + 4, sc, mn);
         const uint8_t *qs = w + 16;
-        for (int t = 0; t < 4; t++) {
-            int s0 = y->bsums[4 * t] + y->bsums[4 * t + 1];
-            int s1 = y->bsums[4 * t + 2] + y->bsums[4 * t + 3];
-            accm[t] = fmaf(dmin, (float)(mn[2 * t] * s0 + mn[2 * t + 1] * s1), accm[t]);
-        }
         int32_t lane[8] = {0};
         for (int c = 0; c < 4; c++) { // 64 elements: low nibbles, then high
             const uint8_t *q = qs + 32 * c;
@@ -106,9 +99,9 @@ static float q4k_dot(const uint8_t *w, const pg_q8k_block *y, int64_t nb) {
                 lane[l] += sc[2 * c] * lo + sc[2 * c + 1] * hi;
             }
         }
-        for (int l = 0; l < 8; l++) acc[l] = fmaf(d, (float)lane[l], acc[l]);
+        q45k_vec_block(w, y, mn, lane, false, acc, accm);
     }
-    return hsum8_lanes(acc) + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
+    return q45k_vec_result(acc, accm, false);
 }
 
 static float q6k_dot(const uint8_t *w, const pg_q8k_block *y, int64_t nb) {
@@ -197,8 +190,7 @@ static float q4k_dot_tiled(const uint8_t *w, const pg_q8k_block *y, int64_t nb) 
         const int32_t s2 = q4k_mins(mn, y);
         int32_t s1 = 0;
         for (int c = 0; c < 4; c++) s1 += q4k_chunk(qs, y, sc, c);
-        const float res = fmaf(-pg_f16_to_f32(ld16(w + 2)), (float)s2, pg_f16_to_f32(ld16(w)) * (float)s1);
-        acc = fmaf(res, y->d, acc);
+        acc = q45k_tiled_block(w, y, s1, s2, acc);
     }
     return acc;
 }
@@ -404,7 +396,7 @@ static ALWAYS_INLINE void ktile(const int kind, const int W, const int R, const 
     const size_t qoff = q5 ? 48 : 16; // Q4_K, Q5_K: the nibbles
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[KT_MAX_W][KT_MAX_R];  // KQ4, KQ6: the 8 lanes of each pair
-    __m128 accm[KT_MAX_W][KT_MAX_R]; // KQ4: the 4 mins lanes of each pair; KQ5: lane 0, summs
+    __m128 accm[KT_MAX_W][KT_MAX_R]; // KQ4: the 4 mins lanes of each pair; KQ5: summs in lane 0
     // KQ4_8X8, KQ4_GEMM, the tiled kinds: pair a * R + r in lane a * R + r
     __m256 acc8 = _mm256_setzero_ps(), accm8 = _mm256_setzero_ps();
 #pragma GCC unroll 4
@@ -575,24 +567,11 @@ static ALWAYS_INLINE void ktile(const int kind, const int W, const int R, const 
         for (int r = 0; r < R; r++)
             s16[r] = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)xb[r * nb].bsums),
                                     _mm_loadu_si128((const __m128i *)(xb[r * nb].bsums + 8)));
-        if (kind == KQ4) {
-#pragma GCC unroll 4
-            for (int a = 0; a < W; a++) {
-                const float dw = _cvtsh_ss(ld16(wb + a * rb)), dm = _cvtsh_ss(ld16(wb + a * rb + 2));
-#pragma GCC unroll 4
-                for (int r = 0; r < R; r++) {
-                    const float dx = xb[r * nb].d;
-                    acc[a][r] = _mm256_fmadd_ps(_mm256_set1_ps(dx * dw),
-                                                _mm256_cvtepi32_ps(lane[a][r]), acc[a][r]);
-                    accm[a][r] = _mm_fmadd_ps(_mm_set1_ps(-dx * dm),
-                                              _mm_cvtepi32_ps(_mm_madd_epi16(mn[a], s16[r])),
-                                              accm[a][r]);
-                }
-            }
-            continue;
-        }
-        if (kind == KQ5) {
-            // summs = fma(-d_x * f32(dmin_w), (float)(whole mins term), summs) in lane 0.
+        if (kind == KQ4 || kind == KQ5) {
+            // acc = fma(d_x * f32(d_w), lanes, acc); the mins, fma(-d_x *
+            // f32(dmin_w), term, accm) per lane: KQ4 the 4 per-64-element terms
+            // (Q4_K's 4 mins lanes), KQ5 their sum (summs, one chain; each
+            // lane's fma rounds on its own, so lane 0 is the scalar's).
 #pragma GCC unroll 4
             for (int a = 0; a < W; a++) {
                 const float dw = _cvtsh_ss(ld16(wb + a * rb)), dm = _cvtsh_ss(ld16(wb + a * rb + 2));
@@ -602,9 +581,11 @@ static ALWAYS_INLINE void ktile(const int kind, const int W, const int R, const 
                     acc[a][r] = _mm256_fmadd_ps(_mm256_set1_ps(dx * dw),
                                                 _mm256_cvtepi32_ps(lane[a][r]), acc[a][r]);
                     __m128i t = _mm_madd_epi16(mn[a], s16[r]);
-                    t = _mm_hadd_epi32(t, t);
-                    t = _mm_hadd_epi32(t, t);
-                    accm[a][r] = _mm_fmadd_ss(_mm_set1_ps(-dx * dm), _mm_cvtepi32_ps(t), accm[a][r]);
+                    if (kind == KQ5) { // the whole term in every lane (lane 0 is the one read)
+                        t = _mm_hadd_epi32(t, t);
+                        t = _mm_hadd_epi32(t, t);
+                    }
+                    accm[a][r] = _mm_fmadd_ps(_mm_set1_ps(-dx * dm), _mm_cvtepi32_ps(t), accm[a][r]);
                 }
             }
             continue;

@@ -7,10 +7,7 @@
 // (< 32) of the low half of 64-element chunk c is (qs[32c + l] & 15) |
 // bit 2c of qh[l] << 4, of the high half qs[32c + l] >> 4 | bit 2c + 1 of
 // qh[l] << 4; x = d * scale_s * q - dmin * min_s.
-#include <math.h>
-
-#include "common/half.h"
-#include "kernels/cpu/kquant_internal.h"
+#include "kernels/cpu/kquant_internal.h" // shared scale unpacking and block epilogues
 
 // Weight code e (0..31) of sub-block s's 32 elements: the nibble and the
 // fifth bit (bit s of qh[e]).
@@ -27,13 +24,10 @@ static inline int q5k_code(const uint8_t *qh, const uint8_t *qs, int s, int e) {
 // clang's default contracts it too); result hsum8(acc) + summs. Unlike
 // Q4_K's vec_dot (4 mins lanes, each an fma), one mins chain per row.
 static float q5k_dot(const uint8_t *w, const pg_q8k_block *y, int64_t nb) {
-    float acc[8] = {0}, summs = 0.0f;
+    float acc[8] = {0}, summs[4] = {0}; // summs[0]: the one mins chain
     for (int64_t b = 0; b < nb; b++, w += Q5_K_BYTES, y++) {
-        const float d = y->d * pg_f16_to_f32(ld16(w));
-        const float dmin = -y->d * pg_f16_to_f32(ld16(w + 2));
         int sc[8], mn[8];
         q4k_scales(w + 4, sc, mn);
-        summs = fmaf(dmin, (float)q4k_mins(mn, y), summs);
         const uint8_t *qh = w + 16, *qs = w + 48;
         int32_t lane[8] = {0};
         for (int s = 0; s < 8; s++) {
@@ -44,9 +38,9 @@ static float q5k_dot(const uint8_t *w, const pg_q8k_block *y, int64_t nb) {
                 lane[l] += sc[s] * t;
             }
         }
-        for (int l = 0; l < 8; l++) acc[l] = fmaf(d, (float)lane[l], acc[l]);
+        q45k_vec_block(w, y, mn, lane, true, acc, summs);
     }
-    return hsum8_lanes(acc) + summs;
+    return q45k_vec_result(acc, summs, true);
 }
 
 // llama.cpp's tiled kernels (m >= 8) take Q5_K as Q4_K (ggml-cpu/tiled:
@@ -65,9 +59,7 @@ static float q5k_dot_tiled(const uint8_t *w, const pg_q8k_block *y, int64_t nb) 
             for (int e = 0; e < 32; e++) t += q5k_code(qh, qs, s, e) * y->qs[32 * s + e];
             s1 += sc[s] * t;
         }
-        const float res = fmaf(-pg_f16_to_f32(ld16(w + 2)), (float)q4k_mins(mn, y),
-                               pg_f16_to_f32(ld16(w)) * (float)s1);
-        acc = fmaf(res, y->d, acc);
+        acc = q45k_tiled_block(w, y, s1, q4k_mins(mn, y), acc);
     }
     return acc;
 }
