@@ -72,6 +72,41 @@ __device__ __forceinline__ uint4 pack8(const float f[8]) {
     return u;
 }
 
+// --- PTX wrappers for tensor-core tiles (attention, MoE) ---------------------------------
+//
+// In a namespace of their own: CUTLASS (gemm_fp8_cutlass.cu) has a
+// cute::cp_async_wait that an unqualified call would find beside ours.
+// Users say `using namespace pg_ptx;`.
+namespace pg_ptx {
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// 16 bytes global -> shared, bypassing L1; zero-fills when !valid.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
+                                        uint32_t &r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+// c[4] += A(16x16, a[4]) * B(16x8, b0 b1), bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // Two e4m3 bytes, placed at bits 8-15 and 24-31 of y, -> bf16x2, exactly.
 // (s eeee mmm) << 4 inside a bf16 is the value * 2^-120 (e = 0, the
 // e4m3 subnormals, lands on bf16 subnormals, which bf16 fma keeps); one
@@ -93,6 +128,7 @@ __device__ __forceinline__ void e4m3x16_to_bf16(const uint4 &in, uint4 &lo, uint
     hi.z = e4m3x2_to_bf16x2(__byte_perm(in.w, 0u, 0x1404));
     hi.w = e4m3x2_to_bf16x2(__byte_perm(in.w, 0u, 0x3424));
 }
+} // namespace pg_ptx
 
 __device__ __forceinline__ void pg_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

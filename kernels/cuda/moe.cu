@@ -41,6 +41,8 @@ extern "C" {
 
 namespace {
 
+using namespace pg_ptx;
+
 constexpr int THREADS = 128;
 constexpr int MAX_TOPK = 16;
 
@@ -108,31 +110,6 @@ size_t carve(Ws *w, char *base, int64_t m, int64_t hidden, int64_t ffn, int32_t 
     w->h = (bf16 *)piece(sizeof(bf16) * rows * ffn);
     w->y = (bf16 *)piece(sizeof(bf16) * rows * hidden);
     return off;
-}
-
-// --- PTX wrappers (as attention_common.cuh's; that header carries the attention's state) --------
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-// 16 bytes global -> shared; zero-fills when !valid (src is then not read).
-__device__ __forceinline__ void cp16(uint32_t dst, const void *src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ void ldsm4(uint32_t addr, uint32_t r[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// c += A(16x16) * B(16x8), bf16 in, f32 accumulate.
-__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // --- the tiled products ---------------------------------------------------------------------
@@ -265,7 +242,7 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(const __grid_constant__ Gemm
         for (int i = 0; i < A_CHUNKS; i++) {
             const int r = (tid + i * THREADS) / CPR;
             const bool v = kin && arow[i];
-            cp16(smem_addr(as + r * LDS + kc), v ? arow[i] + k : g.a, v);
+            cp_async16(smem_u32(as + r * LDS + kc), v ? arow[i] + k : g.a, v);
         }
         // (F8: K is a multiple of 16, so a 16-weight chunk is all in or all out.)
         const int kb = kt * BK * WB + kcb;
@@ -274,7 +251,7 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(const __grid_constant__ Gemm
         for (int i = 0; i < B_CHUNKS; i++) {
             const int r = (tid + i * THREADS) / CPRB;
             const bool v = kbin && brow[i];
-            cp16(smem_addr(bs + r * (F8 ? BK : LDS * 2) + kcb), v ? brow[i] + kb : w, v);
+            cp_async16(smem_u32(bs + r * (F8 ? BK : LDS * 2) + kcb), v ? brow[i] + kb : w, v);
         }
     };
 
@@ -290,14 +267,14 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(const __grid_constant__ Gemm
 #pragma unroll
     for (int s = 0; s < C::STAGES - 1; s++) {
         if (s < nk) load(s, s);
-        cp_commit();
+        cp_async_commit();
     }
     const int wm0 = (warp / C::WN) * (BM / C::WM), wn0 = (warp % C::WN) * (BN / C::WN);
     for (int kt = 0; kt < nk; kt++) {
-        cp_wait<C::STAGES - 2>();
+        cp_async_wait<C::STAGES - 2>();
         __syncthreads(); // stage kt landed for every thread; stage kt - 1 (and F8's B tile) is free
         if (kt + C::STAGES - 1 < nk) load((kt + C::STAGES - 1) % C::STAGES, kt + C::STAGES - 1);
-        cp_commit();
+        cp_async_commit();
         const bf16 *as = a_tile(kt % C::STAGES);
         const bf16 *bs;
         if constexpr (F8) {
@@ -321,22 +298,23 @@ __global__ void __launch_bounds__(THREADS) moe_gemm(const __grid_constant__ Gemm
             uint32_t a[C::MF][4], b[C::NF][2];
 #pragma unroll
             for (int i = 0; i < C::MF; i++)
-                ldsm4(smem_addr(as + (wm0 + i * 16 + (lane & 15)) * LDS + kk + (lane >> 4) * 8), a[i]);
+                ldsm_x4(smem_u32(as + (wm0 + i * 16 + (lane & 15)) * LDS + kk + (lane >> 4) * 8), a[i][0], a[i][1],
+                        a[i][2], a[i][3]);
 #pragma unroll
             for (int j = 0; j < C::NF; j += 2) {
                 uint32_t r[4];
-                ldsm4(smem_addr(bs + (wn0 + j * 8 + (lane & 7) + ((lane >> 4) << 3)) * LDS + kk +
-                                ((lane >> 3) & 1) * 8),
-                      r);
+                ldsm_x4(smem_u32(bs + (wn0 + j * 8 + (lane & 7) + ((lane >> 4) << 3)) * LDS + kk +
+                                 ((lane >> 3) & 1) * 8),
+                        r[0], r[1], r[2], r[3]);
                 b[j][0] = r[0], b[j][1] = r[1], b[j + 1][0] = r[2], b[j + 1][1] = r[3];
             }
 #pragma unroll
             for (int i = 0; i < C::MF; i++)
 #pragma unroll
-                for (int j = 0; j < C::NF; j++) mma16816(acc[i][j], a[i], b[j][0], b[j][1]);
+                for (int j = 0; j < C::NF; j++) mma_bf16(acc[i][j], a[i], b[j][0], b[j][1]);
         }
     }
-    cp_wait<0>();
+    cp_async_wait<0>();
 
     // Fragment (i, j) holds rows wm0 + i*16 + lane/4 (+8) and columns
     // wn0 + j*8 + 2*(lane%4) (+1) of the tile. F8: a column's sum times its
