@@ -25,10 +25,13 @@
 // not depend on the atomics' order.
 //
 // The products are mma.sync m16n8k16 (bf16 in, f32 accumulate) over a
-// cp.async pipeline, 128 threads, B tiles of 128 weight rows: not yet the
-// wgmma/TMA kernels of the dense path; the first step, measured in
-// docs/moe.md. The expert weight pointers travel as kernel parameters
-// (CUDA 12.1+ allows 32 KB of them), so nothing is uploaded per call.
+// cp.async pipeline, 128 threads, tiles of 16 x 64 or 64 x 128: not yet
+// the wgmma/TMA kernels of the dense path; measured in docs/moe.md. FP8
+// experts (pg_cuda_moe_ffn_fp8) stream e4m3 bytes and convert each stage
+// to bf16 in shared memory. The expert pointers and row scales travel as
+// kernel parameters (8 KB; CUDA 12.1+ allows 32 KB), so nothing is
+// uploaded per call and a captured graph keeps them. Every launch is PDL
+// (cuda_common.cuh's rules: each kernel waits before its first access).
 #include <stdlib.h>
 
 #include <atomic>
