@@ -6,6 +6,9 @@
       [--dtype bf16|f32] [--tie] [--seed 1] [--head-dim D]
       [--moe qwen3|mixtral [--experts 8] [--top-k 2] [--moe-ffn 256]
        [--no-renorm]]
+      [--gemma3|--gemma2 [--window 32] [--global-every 6|2] [--pattern LLLLLG]
+       [--attn-scalar S] [--rope-linear F] [--untie]
+       [--attn-softcap 50] [--final-softcap 30]]
 
 config.json, model.safetensors and a byte-level tokenizer.json (256 byte
 tokens, no merges, ids >= 256 spelled "<tN>"), with numpy only, so the GPU
@@ -25,6 +28,33 @@ up_proj / down_proj of width --moe-ffn in every layer, norm_topk_prob unless
 block_sparse_moe.experts.E.w1 / w3 / w2, intermediate_size = --moe-ffn,
 always renormalised). The router is N(0, 1/hidden) like any linear layer,
 so the routing logits spread over about a unit and ties are rare.
+
+--gemma3 writes a Gemma3ForCausalLM (model_type gemma3_text) instead, and
+--gemma2 a Gemma2ForCausalLM, with the config keys and tensor names
+transformers 5 writes for them (save_pretrained; tests/integration/
+test_gemma3.py and test_gemma2.py) and engine/model/model_config.c /
+layer_tensors.c read: four norms a layer (input_layernorm,
+post_attention_layernorm, pre_feedforward_layernorm,
+post_feedforward_layernorm), Gemma 3's self_attn.q_norm / k_norm,
+gelu_pytorch_tanh gate/up/down, tied embeddings (no lm_head.weight unless
+--untie), layer_types of "sliding_attention" (local, a window of --window
+tokens) and "full_attention" (global), query_pre_attn_scalar (--attn-scalar,
+default head_dim), and RoPE per layer type in rope_parameters (Gemma 3:
+global 1e6, linear scaling --rope-linear F if given, local 1e4; Gemma 2:
+one base 1e4). The layers are local but every --global-every-th (default
+6 for Gemma 3, 2 for Gemma 2), the last layer global when that leaves none;
+--pattern spells them out instead, one letter a layer (L local, G global).
+Gemma 2 has the soft-caps (--attn-softcap, default 50, --final-softcap,
+default 30; 0 writes null: none); small values (5) make them matter.
+--head-dim defaults to 64 and must be 64 or 128 (the CUDA attention
+kernels'). Gemma's norms compute x * (1 + w), so w is N(0, 0.1) (paged's
+loader adds the 1 for Hugging Face files). Gemma scales the embeddings by
+sqrt(hidden), so they are N(0, 9/hidden) when tied (the LM head's scale
+above: the residual stream starts near 3 a component, each layer's
+post-normed attention and FFN add about 1) and N(0, 1/hidden) with --untie
+(then lm_head.weight is N(0, 9/hidden)). A tied random model's logits favour
+the last input token (its embedding is the largest part of the residual):
+the logits still differ everywhere else, but greedy text repeats.
 """
 import argparse
 import json
@@ -83,7 +113,50 @@ def main():
     ap.add_argument("--top-k", type=int, default=2)
     ap.add_argument("--moe-ffn", type=int, default=256)
     ap.add_argument("--no-renorm", action="store_true", help="qwen3: norm_topk_prob false")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--gemma3", action="store_true", help="a Gemma3ForCausalLM (gemma3_text)")
+    g.add_argument("--gemma2", action="store_true", help="a Gemma2ForCausalLM")
+    ap.add_argument("--window", type=int, default=32, help="Gemma: the local layers' sliding_window")
+    ap.add_argument("--global-every", type=int, default=0, help="Gemma: every N-th layer global (6 or 2)")
+    ap.add_argument("--pattern", default="", help="Gemma: one letter a layer, L local, G global")
+    ap.add_argument("--attn-scalar", type=int, default=0, help="Gemma: query_pre_attn_scalar (head_dim)")
+    ap.add_argument("--rope-linear", type=float, default=0, help="Gemma 3: the global layers' linear RoPE factor")
+    ap.add_argument("--untie", action="store_true", help="Gemma: write lm_head.weight")
+    ap.add_argument("--attn-softcap", type=float, help="Gemma 2: attn_logit_softcapping (0: null)")
+    ap.add_argument("--final-softcap", type=float, help="Gemma 2: final_logit_softcapping (0: null)")
     a = ap.parse_args()
+    gemma = a.gemma3 or a.gemma2
+    if gemma and a.moe:
+        ap.error("--moe and --gemma3/--gemma2 are different models")
+    if gemma and a.tie:
+        ap.error("Gemma is tied unless --untie (no --tie)")
+    if not gemma and (a.untie or a.pattern or a.global_every or a.attn_scalar or a.rope_linear):
+        ap.error("--untie, --pattern, --global-every, --attn-scalar and --rope-linear are Gemma's")
+    if a.rope_linear and not a.gemma3:
+        ap.error("--rope-linear is Gemma 3's (its global layers)")
+    if (a.attn_softcap is not None or a.final_softcap is not None) and not a.gemma2:
+        ap.error("--attn-softcap and --final-softcap are Gemma 2's")
+    if a.gemma2:
+        a.attn_softcap = 50.0 if a.attn_softcap is None else a.attn_softcap
+        a.final_softcap = 30.0 if a.final_softcap is None else a.final_softcap
+    if gemma:
+        a.head_dim = a.head_dim or 64
+        if a.head_dim not in (64, 128):
+            ap.error(f"--head-dim {a.head_dim}: Gemma's random models use 64 or 128 (the CUDA attention kernels')")
+        if a.window < 1:
+            ap.error(f"--window {a.window}")
+        every = a.global_every or (6 if a.gemma3 else 2)
+        if every < 1:
+            ap.error(f"--global-every {every}")
+        if a.pattern:
+            if len(a.pattern) != a.layers or set(a.pattern) - set("LG"):
+                ap.error(f"--pattern {a.pattern!r}: {a.layers} letters, L or G")
+            local = [c == "L" for c in a.pattern]
+        else:
+            local = [(l + 1) % every != 0 for l in range(a.layers)]
+            if all(local):
+                local[-1] = False
+        a.tie = not a.untie
     if a.moe and not 1 <= a.top_k <= a.experts:
         ap.error(f"--top-k {a.top_k} of {a.experts} experts")
     if a.no_renorm and a.moe != "qwen3":
@@ -95,10 +168,13 @@ def main():
     def lin(rows, cols):
         return rng.standard_normal((rows, cols), dtype=np.float32) / np.sqrt(cols)
 
-    def norm():
-        return 1.0 + 0.1 * rng.standard_normal(H, dtype=np.float32)
+    def norm(n=H):  # Gemma's x * (1 + w): w near 0
+        return (0.0 if gemma else 1.0) + 0.1 * rng.standard_normal(n, dtype=np.float32)
 
-    t = [("model.embed_tokens.weight", rng.standard_normal((a.vocab, H), dtype=np.float32))]
+    emb = rng.standard_normal((a.vocab, H), dtype=np.float32)
+    if gemma:  # times sqrt(H) in the model; tied, also the LM head
+        emb *= (3.0 if a.tie else 1.0) / np.sqrt(H)
+    t = [("model.embed_tokens.weight", emb)]
     for l in range(a.layers):
         p = f"model.layers.{l}."
         t += [
@@ -109,6 +185,11 @@ def main():
             (p + "self_attn.v_proj.weight", lin(kv, H)),
             (p + "self_attn.o_proj.weight", lin(H, q)),
         ]
+        if gemma:
+            t += [(p + "pre_feedforward_layernorm.weight", norm()),
+                  (p + "post_feedforward_layernorm.weight", norm())]
+            if a.gemma3:
+                t += [(p + "self_attn.q_norm.weight", norm(hd)), (p + "self_attn.k_norm.weight", norm(hd))]
         if a.moe == "qwen3":
             t += [(p + "self_attn.q_norm.weight", 1.0 + 0.1 * rng.standard_normal(hd, dtype=np.float32)),
                   (p + "self_attn.k_norm.weight", 1.0 + 0.1 * rng.standard_normal(hd, dtype=np.float32)),
@@ -164,12 +245,35 @@ def main():
         # (a number here would turn one on).
         cfg.update(architectures=["MixtralForCausalLM"], model_type="mixtral", intermediate_size=a.moe_ffn,
                    num_local_experts=a.experts, num_experts_per_tok=a.top_k, sliding_window=None)
+    elif gemma:
+        # transformers 5's keys (save_pretrained of Gemma3TextConfig /
+        # Gemma2Config); rope_theta lives in rope_parameters.
+        del cfg["rope_theta"]
+        cfg.update(hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, attention_bias=False,
+                   attention_dropout=0.0, query_pre_attn_scalar=a.attn_scalar or hd, sliding_window=a.window,
+                   layer_types=["sliding_attention" if x else "full_attention" for x in local],
+                   pad_token_id=0, use_cache=True)
+        if a.gemma3:
+            full = {"rope_theta": 1000000.0, "rope_type": "default"}
+            if a.rope_linear:
+                full = {"rope_theta": 1000000.0, "rope_type": "linear", "factor": a.rope_linear}
+            cfg.update(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", _sliding_window_pattern=every,
+                       attn_logit_softcapping=None, final_logit_softcapping=None, use_bidirectional_attention=False,
+                       rope_parameters={"full_attention": full,
+                                        "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}})
+        else:
+            cfg.update(architectures=["Gemma2ForCausalLM"], model_type="gemma2",
+                       attn_logit_softcapping=a.attn_softcap or None, final_logit_softcapping=a.final_softcap or None,
+                       rope_parameters={"rope_theta": 10000.0, "rope_type": "default"})
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=1)
     with open(os.path.join(a.out, "tokenizer.json"), "w") as f:
         json.dump(tokenizer_json(a.vocab), f)
     ffn = (f"{a.moe} experts {a.experts} top {a.top_k} of width {a.moe_ffn}"
            f"{', not renormalised' if a.no_renorm else ''}" if a.moe else f"ffn {a.ffn}")
+    if gemma:
+        ffn += (f", {cfg['model_type']} layers {''.join('L' if x else 'G' for x in local)} window {a.window}"
+                f" query_pre_attn_scalar {cfg['query_pre_attn_scalar']}")
     print(f"wrote {a.out}: hidden {H}, {a.layers} layers, {a.heads}/{a.kv_heads} heads of {hd}, {ffn}, "
           f"vocab {a.vocab}, {a.dtype}{', tied' if a.tie else ''}")
 
