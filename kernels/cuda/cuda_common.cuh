@@ -72,6 +72,65 @@ __device__ __forceinline__ uint4 pack8(const float f[8]) {
     return u;
 }
 
+// 8 bf16 in 16 bytes -> 8 floats (exact), the way back of pack8.
+__device__ __forceinline__ void pg_unpack8(const uint4 &u, float f[8]) {
+    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = __bfloat1622float2(h[i]);
+        f[2 * i] = v.x;
+        f[2 * i + 1] = v.y;
+    }
+}
+
+// Blocks of a grid-stride loop over `items`: enough for one item per
+// thread, at most 16 per multiprocessor.
+static inline unsigned pg_grid_for(int64_t items, int threads) {
+    int64_t b = (items + threads - 1) / threads;
+    int64_t cap = (int64_t)pg_cuda_sm_count() * 16;
+    if (b > cap) b = cap;
+    return (unsigned)(b < 1 ? 1 : b);
+}
+
+// --- RMSNorm of a row held by one CTA (elementwise.cu, gemma_ops.cu) ----------------------
+//
+// One definition of the arithmetic, so that every kernel that normalises a
+// row (add_rmsnorm, Gemma's rmsnorm_add) gets the same bits: each thread
+// sums the squares of its values in order, the CTA adds those sums
+// (pg_cta_sum), the factor is 1 / sqrt(sum / dim + eps) in f32 (IEEE sqrt
+// and division), and a value becomes bf16(v * factor * w). The 16-byte
+// vector kernels give thread t the vectors t + u * blockDim.x, u < VPT,
+// with VPT and the thread count from pg_rms_vec_plan.
+
+// The sum of v over a CTA of any multiple of 32 threads (<= 1024): warp
+// butterflies, then every thread adds the warps' sums in order. sh: 32
+// floats of shared memory (reusable: the call synchronises first).
+__device__ __forceinline__ float pg_cta_sum(float v, float *sh) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = (blockDim.x + 31) / 32;
+    __syncthreads(); // sh may be in use by a previous call
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    float t = 0.0f;
+    for (int w = 0; w < nw; w++) t += sh[w];
+    return t;
+}
+
+// The row's RMSNorm factor from this thread's sum of squares ss (every
+// thread of the CTA calls it).
+__device__ __forceinline__ float pg_rms_factor(float ss, int dim, float eps, float *sh) {
+    return 1.0f / sqrtf(pg_cta_sum(ss, sh) / (float)dim + eps);
+}
+
+// The vector kernels' plan for rows of nvec 16-byte vectors (nvec <= 4096):
+// returns VPT (1, 2 or 4) and sets *threads (a multiple of 32, <= 1024).
+static inline int pg_rms_vec_plan(int64_t nvec, int *threads) {
+    const int vpt = nvec <= 1024 ? 1 : nvec <= 2048 ? 2 : 4;
+    *threads = (int)((nvec + vpt - 1) / vpt + 31) / 32 * 32;
+    return vpt;
+}
+
 // --- PTX wrappers for tensor-core tiles (attention, MoE) ---------------------------------
 //
 // In a namespace of their own: CUTLASS (gemm_fp8_cutlass.cu) has a

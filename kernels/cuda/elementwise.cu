@@ -16,17 +16,6 @@
 
 namespace {
 
-// 8 bf16 in 16 bytes -> 8 floats (the way back, pack8, is in cuda_common.cuh).
-__device__ __forceinline__ void unpack8(const uint4 &u, float f[8]) {
-    const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 v = __bfloat1622float2(h[i]);
-        f[2 * i] = v.x;
-        f[2 * i + 1] = v.y;
-    }
-}
-
 bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 // --- RoPE fused with the cache write ---------------------------------------------------
@@ -97,7 +86,7 @@ __global__ void rope_kv_write_kernel(bf16 *q, int64_t q_stride, bf16 *k, int64_t
         if ((n_v % 8) == 0 && ((uintptr_t)vs & 15) == 0 && ((uintptr_t)vd & 7) == 0) {
             for (int e = threadIdx.x * 8; e < n_v; e += blockDim.x * 8) {
                 float f[8];
-                unpack8(*reinterpret_cast<const uint4 *>(vs + e), f);
+                pg_unpack8(*reinterpret_cast<const uint4 *>(vs + e), f);
                 if (scales) { // the 8 never straddle a head: hd % 8 == 0 here
                     const float s = scales[n_kv + e / hd];
 #pragma unroll
@@ -128,17 +117,7 @@ __global__ void rope_kv_write_kernel(bf16 *q, int64_t q_stride, bf16 *k, int64_t
 
 // --- residual add + RMSNorm ------------------------------------------------------------
 
-__device__ __forceinline__ float block_sum(float v, float *sh) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = (blockDim.x + 31) / 32;
-    __syncthreads(); // sh may be in use by a previous call
-    if (lane == 0) sh[warp] = v;
-    __syncthreads();
-    float t = 0.0f;
-    for (int w = 0; w < nw; w++) t += sh[w];
-    return t;
-}
+// The norm's arithmetic: cuda_common.cuh (pg_rms_factor, pg_rms_vec_plan).
 
 // One CTA per row; each thread keeps VPT 16-byte vectors of the row in
 // registers between the sum of squares and the scaling (one read of x).
@@ -158,22 +137,21 @@ __global__ void add_rmsnorm_vec_kernel(bf16 *out, bf16 *x, const bf16 *residual,
     for (int u = 0; u < VPT; u++) {
         int vi = threadIdx.x + u * blockDim.x;
         if (vi < nvec) {
-            unpack8(xr[vi], vals[u]);
+            pg_unpack8(xr[vi], vals[u]);
             if (rr) {
                 float r[8];
-                unpack8(rr[vi], r);
+                pg_unpack8(rr[vi], r);
 #pragma unroll
                 for (int e = 0; e < 8; e++) vals[u][e] += r[e];
                 uint4 nx = pack8(vals[u]);
                 xr[vi] = nx;
-                unpack8(nx, vals[u]); // the norm sees the stored (rounded) residual
+                pg_unpack8(nx, vals[u]); // the norm sees the stored (rounded) residual
             }
 #pragma unroll
             for (int e = 0; e < 8; e++) ss += vals[u][e] * vals[u][e];
         }
     }
-    const float tot = block_sum(ss, sh);
-    const float rs = 1.0f / sqrtf(tot / (float)dim + eps);
+    const float rs = pg_rms_factor(ss, dim, eps, sh);
     const uint4 *wr = reinterpret_cast<const uint4 *>(w);
     uint4 *orow = reinterpret_cast<uint4 *>(out + row * dim);
 #pragma unroll
@@ -181,7 +159,7 @@ __global__ void add_rmsnorm_vec_kernel(bf16 *out, bf16 *x, const bf16 *residual,
         int vi = threadIdx.x + u * blockDim.x;
         if (vi < nvec) {
             float wf[8], o[8];
-            unpack8(wr[vi], wf);
+            pg_unpack8(wr[vi], wf);
 #pragma unroll
             for (int e = 0; e < 8; e++) o[e] = vals[u][e] * rs * wf[e];
             orow[vi] = pack8(o);
@@ -207,7 +185,7 @@ __global__ void add_rmsnorm_scalar_kernel(bf16 *out, bf16 *x, const bf16 *residu
         }
         ss += v * v;
     }
-    const float rs = 1.0f / sqrtf(block_sum(ss, sh) / (float)dim + eps);
+    const float rs = pg_rms_factor(ss, dim, eps, sh);
     for (int e = threadIdx.x; e < dim; e += blockDim.x)
         out[row * dim + e] = __float2bfloat16(__bfloat162float(xr[e]) * rs * __bfloat162float(w[e]));
 }
@@ -224,8 +202,8 @@ __global__ void add_bias_kernel(bf16 *out, int64_t ldo, const bf16 *bias, int64_
         if constexpr (VEC) {
             uint4 *o = reinterpret_cast<uint4 *>(out + row * ldo) + c;
             float a[8], b[8];
-            unpack8(*o, a);
-            unpack8(reinterpret_cast<const uint4 *>(bias)[c], b);
+            pg_unpack8(*o, a);
+            pg_unpack8(reinterpret_cast<const uint4 *>(bias)[c], b);
 #pragma unroll
             for (int e = 0; e < 8; e++) a[e] += b[e];
             *o = pack8(a);
@@ -293,8 +271,8 @@ __global__ void silu_mul_vec_kernel(bf16 *out, const bf16 *gate_up, int64_t m, i
         int64_t row = i / nvec, c = i % nvec;
         const uint4 *g4 = reinterpret_cast<const uint4 *>(gate_up + row * 2 * ffn);
         float g[8], u[8], o[8];
-        unpack8(g4[c], g);
-        unpack8(g4[nvec + c], u);
+        pg_unpack8(g4[c], g);
+        pg_unpack8(g4[nvec + c], u);
 #pragma unroll
         for (int e = 0; e < 8; e++) o[e] = silu(g[e]) * u[e];
         reinterpret_cast<uint4 *>(out + row * ffn)[c] = pack8(o);
@@ -357,13 +335,6 @@ __global__ void bf16_to_f32_kernel(float *out, const bf16 *in, int64_t n) {
         out[i] = __bfloat162float(in[i]);
 }
 
-unsigned grid_for(int64_t items, int threads) {
-    int64_t b = (items + threads - 1) / threads;
-    int64_t cap = (int64_t)pg_cuda_sm_count() * 16;
-    if (b > cap) b = cap;
-    return (unsigned)(b < 1 ? 1 : b);
-}
-
 } // namespace
 
 // --- C API -------------------------------------------------------------------------------
@@ -399,9 +370,8 @@ extern "C" int pg_cuda_add_rmsnorm(void *out, void *x, const void *residual, con
     const bool vec = dim % 8 == 0 && aligned16(out) && aligned16(x) && aligned16(w) &&
                      (!residual || aligned16(residual)) && nvec <= 4 * 1024;
     if (vec) {
-        int vpt = nvec <= 1024 ? 1 : nvec <= 2048 ? 2 : 4;
-        int threads = (int)((nvec + vpt - 1) / vpt);
-        threads = (threads + 31) / 32 * 32;
+        int threads;
+        const int vpt = pg_rms_vec_plan(nvec, &threads);
         PG_CUDA_TRY(pg_launch_pdl(vpt == 1   ? add_rmsnorm_vec_kernel<1>
                                   : vpt == 2 ? add_rmsnorm_vec_kernel<2>
                                              : add_rmsnorm_vec_kernel<4>,
@@ -422,9 +392,9 @@ extern "C" int pg_cuda_add_bias(void *out, int64_t ldo, const void *bias, int64_
     if (m == 0) return 0;
     cudaStream_t st = pg_stream(stream);
     if (n % 8 == 0 && ldo % 8 == 0 && aligned16(out) && aligned16(bias))
-        add_bias_kernel<true><<<grid_for(m * (n / 8), 256), 256, 0, st>>>((bf16 *)out, ldo, (const bf16 *)bias, m, n);
+        add_bias_kernel<true><<<pg_grid_for(m * (n / 8), 256), 256, 0, st>>>((bf16 *)out, ldo, (const bf16 *)bias, m, n);
     else
-        add_bias_kernel<false><<<grid_for(m * n, 256), 256, 0, st>>>((bf16 *)out, ldo, (const bf16 *)bias, m, n);
+        add_bias_kernel<false><<<pg_grid_for(m * n, 256), 256, 0, st>>>((bf16 *)out, ldo, (const bf16 *)bias, m, n);
     PG_CUDA_LAUNCHED("add_bias_kernel");
     return 0;
 }
@@ -461,9 +431,9 @@ extern "C" int pg_cuda_silu_mul(void *out, const void *gate_up, int64_t m, int64
     if (m == 0) return 0;
     cudaStream_t st = pg_stream(stream);
     if (ffn % 8 == 0 && aligned16(out) && aligned16(gate_up))
-        silu_mul_vec_kernel<<<grid_for(m * ffn / 8, 256), 256, 0, st>>>((bf16 *)out, (const bf16 *)gate_up, m, ffn);
+        silu_mul_vec_kernel<<<pg_grid_for(m * ffn / 8, 256), 256, 0, st>>>((bf16 *)out, (const bf16 *)gate_up, m, ffn);
     else
-        silu_mul_scalar_kernel<<<grid_for(m * ffn, 256), 256, 0, st>>>((bf16 *)out, (const bf16 *)gate_up, m, ffn);
+        silu_mul_scalar_kernel<<<pg_grid_for(m * ffn, 256), 256, 0, st>>>((bf16 *)out, (const bf16 *)gate_up, m, ffn);
     PG_CUDA_LAUNCHED("silu_mul_kernel");
     return 0;
 }
@@ -504,7 +474,7 @@ extern "C" int pg_cuda_move_blocks(const void *const *src, void *const *dst, int
 extern "C" int pg_cuda_f32_to_bf16(void *out, const float *in, int64_t n, void *stream) {
     PG_ARG(out && in && n >= 0, "f32_to_bf16: bad arguments");
     if (n == 0) return 0;
-    f32_to_bf16_kernel<<<grid_for(n, 256), 256, 0, pg_stream(stream)>>>((bf16 *)out, in, n);
+    f32_to_bf16_kernel<<<pg_grid_for(n, 256), 256, 0, pg_stream(stream)>>>((bf16 *)out, in, n);
     PG_CUDA_LAUNCHED("f32_to_bf16_kernel");
     return 0;
 }
@@ -512,7 +482,7 @@ extern "C" int pg_cuda_f32_to_bf16(void *out, const float *in, int64_t n, void *
 extern "C" int pg_cuda_bf16_to_f32(float *out, const void *in, int64_t n, void *stream) {
     PG_ARG(out && in && n >= 0, "bf16_to_f32: bad arguments");
     if (n == 0) return 0;
-    bf16_to_f32_kernel<<<grid_for(n, 256), 256, 0, pg_stream(stream)>>>(out, (const bf16 *)in, n);
+    bf16_to_f32_kernel<<<pg_grid_for(n, 256), 256, 0, pg_stream(stream)>>>(out, (const bf16 *)in, n);
     PG_CUDA_LAUNCHED("bf16_to_f32_kernel");
     return 0;
 }
