@@ -13,11 +13,12 @@
 // fail asynchronously surface at the caller's next synchronization.
 //
 // Programmatic Dependent Launch (sm_90+, on unless PAGED_CUDA_PDL=0): the
-// GEMV launchers, pg_cuda_rope_kv_write, pg_cuda_add_rmsnorm, pg_cuda_embed
-// and decode v2/v4 (the defaults) may start their kernel while the previous
-// kernel on the stream drains; the kernel waits for that kernel's completion
-// before it reads or writes any buffer (the GEMV only prefetches its weight
-// into L2 first), so stream order holds as before for every argument.
+// GEMV launchers, pg_cuda_rope_kv_write, pg_cuda_add_rmsnorm,
+// pg_cuda_rmsnorm_add, pg_cuda_embed and decode v2/v4 (the defaults) may
+// start their kernel while the previous kernel on the stream drains; the
+// kernel waits for that kernel's completion before it reads or writes any
+// buffer (the GEMV only prefetches its weight into L2 first), so stream
+// order holds as before for every argument.
 // Details: kernels/cuda/cuda_common.cuh, docs/cuda_kernels.md.
 //
 // Numbers: activations, the KV cache and weights are bf16 (stored as
@@ -188,6 +189,45 @@ int pg_cuda_head_rmsnorm(void *x, int64_t stride, int32_t n_heads, int32_t head_
 // out[m][ffn] = silu(gate_up[m][0:ffn]) * gate_up[m][ffn:2ffn] (a fused
 // [gate|up] row, as the fused gate/up GEMM writes it).
 int pg_cuda_silu_mul(void *out, const void *gate_up, int64_t m, int64_t ffn, void *stream);
+
+// --- Gemma's ops (gemma_ops.cu; docs/gemma3.md) -------------------------------------------
+//
+// bf16 rows on the device, f32 arithmetic, one bf16 rounding of each result
+// unless said otherwise (the CPU versions: kernels/cpu/gemma_ops.c). Every
+// launcher checks its pointers (PG_EINVAL, nothing written), takes any
+// alignment (a 16-byte path where rows allow it, else a scalar one with the
+// same arithmetic) and does nothing for m == 0. The transcendental ones use
+// the device's tanhf, which may differ from the host's in the last f32 bit.
+
+// The embedding scale, in place: x[i][j] = bf16(x[i][j] * bf16(s)) for
+// i < m, j < n; rows ld >= n elements apart, columns past n untouched. s is
+// rounded to bf16 first, as transformers multiplies Gemma's embeddings by
+// embed_scale.to(weight.dtype) (sqrt(640) = 25.3 becomes 25.25). n > 0,
+// m >= 0. A plain launch.
+int pg_cuda_scale(void *x, int64_t ld, int64_t m, int64_t n, float s, void *stream);
+
+// Gemma's post-norms: for each row i < m, with x and y contiguous [m][dim],
+//   n = bf16(y[i] * rsqrt(mean(y[i]^2) + eps) * w)   (w bf16 [dim], already 1 + w)
+//   x[i] = bf16(x[i] + n)                             (f32 add of the bf16 n)
+// n equals pg_cuda_add_rmsnorm(n, y, NULL, w, m, dim, eps) bit for bit (the
+// same f32 sum of squares in the same order, 1 / sqrtf). y is not written
+// and may not alias x (y == x is PG_EINVAL). dim <= 2^20. Launched with PDL
+// as pg_cuda_add_rmsnorm.
+int pg_cuda_rmsnorm_add(void *x, const void *y, const void *w, int64_t m, int64_t dim, float eps,
+                        void *stream);
+
+// GeGLU: out[m][ffn] = bf16(gelu_tanh(g) * u), [g | u] = the row of
+// gate_up [m][2 ffn] (pg_cuda_silu_mul's layout and roundings), with
+// PyTorch's gelu(approximate="tanh") in f32 as pg_cpu_gelu_tanh writes it:
+// 0.5 x (1 + tanhf(beta (x + 0.044715 x x x))), beta = (float)(sqrt(2/pi)),
+// every product and sum rounded (no fma). A plain launch.
+int pg_cuda_gelu_mul(void *out, const void *gate_up, int64_t m, int64_t ffn, void *stream);
+
+// The logit soft-cap (Gemma 2), in place: x[i][j] = bf16(cap * tanhf(x[i][j]
+// * (1 / cap))) for i < m, j < n, 1 / cap in f32 (pg_cpu_softcap); rows ld
+// >= n apart, columns past n untouched. cap > 0 (else PG_EINVAL, NaN
+// included). A plain launch.
+int pg_cuda_softcap(void *x, int64_t ld, int64_t m, int64_t n, float cap, void *stream);
 
 // --- Mixture-of-experts feed-forward (moe.cu; docs/moe.md) ---------------------------------
 //
