@@ -58,14 +58,14 @@ __global__ void map_rows_kernel(bf16 *x, int64_t ld, int64_t m, int64_t n, float
 }
 
 template <int OP>
-int map_rows(const char *what, void *x, int64_t ld, int64_t m, int64_t n, float a, float b, void *stream) {
+int map_rows(void *x, int64_t ld, int64_t m, int64_t n, float a, float b, void *stream) {
     if (m == 0) return 0;
     cudaStream_t st = pg_stream(stream);
     if (n % 8 == 0 && ld % 8 == 0 && aligned16(x))
         map_rows_kernel<OP, true><<<pg_grid_for(m * (n / 8), 256), 256, 0, st>>>((bf16 *)x, ld, m, n, a, b);
     else
         map_rows_kernel<OP, false><<<pg_grid_for(m * n, 256), 256, 0, st>>>((bf16 *)x, ld, m, n, a, b);
-    PG_CUDA_LAUNCHED(what);
+    PG_CUDA_LAUNCHED("map_rows_kernel");
     return 0;
 }
 
@@ -175,14 +175,14 @@ extern "C" int pg_cuda_scale(void *x, int64_t ld, int64_t m, int64_t n, float s,
     PG_ARG(m >= 0 && n > 0 && ld >= n, "scale: m %lld n %lld ld %lld", (long long)m, (long long)n, (long long)ld);
     // s in the activations' type first, as transformers' embed_scale.to(dtype).
     const float sb = __bfloat162float(__float2bfloat16(s));
-    return map_rows<OP_SCALE>("scale_kernel", x, ld, m, n, sb, 0.0f, stream);
+    return map_rows<OP_SCALE>(x, ld, m, n, sb, 0.0f, stream);
 }
 
 extern "C" int pg_cuda_softcap(void *x, int64_t ld, int64_t m, int64_t n, float cap, void *stream) {
     PG_ARG(x, "softcap: null pointer");
     PG_ARG(m >= 0 && n > 0 && ld >= n, "softcap: m %lld n %lld ld %lld", (long long)m, (long long)n, (long long)ld);
     PG_ARG(cap > 0.0f, "softcap: cap %g (must be > 0)", (double)cap);
-    return map_rows<OP_SOFTCAP>("softcap_kernel", x, ld, m, n, cap, 1.0f / cap, stream);
+    return map_rows<OP_SOFTCAP>(x, ld, m, n, cap, 1.0f / cap, stream);
 }
 
 extern "C" int pg_cuda_rmsnorm_add(void *x, const void *y, const void *w, int64_t m, int64_t dim, float eps,

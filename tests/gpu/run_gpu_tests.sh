@@ -9,7 +9,7 @@
 #
 #   tests/gpu/run_gpu_tests.sh                 all checks
 #   tests/gpu/run_gpu_tests.sh -k decode       only kernel cases whose name contains "decode"
-#   tests/gpu/run_gpu_tests.sh --skip-kernels  checks 2-6 only (not 1 and 7)
+#   tests/gpu/run_gpu_tests.sh --skip-kernels  checks 2-6 only (not 1, 7 and 8)
 #
 # Checks, in order (later additions go at the end):
 #   1. build/gpu/test_cuda_kernels: every CUDA kernel against its CPU reference.
@@ -42,6 +42,9 @@
 #      -tp beyond the GPUs is refused; -tp 2 when there are two GPUs.
 #   7. build/gpu/test_cuda_moe: the MoE feed-forward (pg_cuda_moe_ffn) against
 #      an fp64 host reference, routing read back (as 1, takes -k).
+#   8. build/gpu/test_cuda_gemma_ops: Gemma's element-wise ops (scale,
+#      rmsnorm_add, gelu_mul, softcap) against host references, exact or
+#      within 1 bf16 ulp (as 1, takes -k).
 # Programs come from build/gpu-pack/ (tools/pack_gpu.sh; its .tar.xz is
 # unpacked here when only the archive was carried), else build/.
 # Logs and JSON go to $OUT (the device tool's folder) or /tmp/paged-gpu.
@@ -59,7 +62,7 @@ if [ -f build/gpu-pack.tar.xz ] && [ ! -x build/gpu-pack/paged ]; then
 fi
 if [ -d build/gpu-pack ]; then
     mkdir -p build/gpu
-    for b in test_cuda_kernels bench_cuda_attention bench_cuda_gemv test_cuda_fp8_gemm bench_cuda_gemm_fp8 test_cuda_moe; do
+    for b in test_cuda_kernels bench_cuda_attention bench_cuda_gemv test_cuda_fp8_gemm bench_cuda_gemm_fp8 test_cuda_moe test_cuda_gemma_ops; do
         [ -x build/gpu/$b ] && ! head -c 2 build/gpu/$b | grep -q '#!' || cp build/gpu-pack/$b build/gpu/$b
     done
 fi
@@ -84,7 +87,8 @@ if [ ! -x "$RUNNER_TEST" ] || ! [ -x "$PAGED" ]; then
     echo "FAIL: $RUNNER_TEST or $PAGED missing: build them with nvcc and carry tools/pack_gpu.sh's build/gpu-pack.tar.xz"
     exit 1
 fi
-progs="build/gpu/test_cuda_kernels build/gpu/bench_cuda_attention build/gpu/test_cuda_fp8_gemm build/gpu/test_cuda_moe"
+progs="build/gpu/test_cuda_kernels build/gpu/bench_cuda_attention build/gpu/test_cuda_fp8_gemm build/gpu/test_cuda_moe
+    build/gpu/test_cuda_gemma_ops"
 [ $skip_kernels = 1 ] && progs=""
 for b in $progs; do
     [ -x "$b" ] && ! head -c 2 "$b" | grep -q '#!' || need_build=1
@@ -523,6 +527,13 @@ if [ $skip_kernels = 0 ]; then
     f0=$fail
     run moe build/gpu/test_cuda_moe "$@"
     note "moe feed-forward (routing and output vs fp64): $([ $fail = $f0 ] && echo pass || echo FAIL)"
+fi
+
+# --- 8. Gemma's element-wise ops -------------------------------------------------------------
+if [ $skip_kernels = 0 ]; then
+    f0=$fail
+    run gemma_ops build/gpu/test_cuda_gemma_ops "$@"
+    note "gemma ops (scale, rmsnorm_add, gelu_mul, softcap vs host, <= 1 ulp): $([ $fail = $f0 ] && echo pass || echo FAIL)"
 fi
 
 echo "== summary"
