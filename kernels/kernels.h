@@ -89,6 +89,13 @@ typedef struct pg_kv_shape {
     // its permuted Llama rows), and it multiplies q by the attention scale
     // (ggml_scale of Qcur) before the fp16 rounding, the scores by 1.
     bool lc_gemma;
+    // The CUDA attention kernels only (kernels/cuda/attention.cu; the CPU
+    // op takes both as arguments, and the CUDA op copies its arguments
+    // here): window > 0, the query at position p sees the keys
+    // (p - window, p] (a sliding-window layer); softcap > 0, every score s
+    // (after the scale) becomes softcap * tanh(s / softcap) (Gemma 2).
+    int32_t window;
+    float softcap;
 } pg_kv_shape;
 
 // Bytes of one block of one layer's K (or V): block_size slots of

@@ -231,7 +231,7 @@ static int profile(pg_runner *r) {
                     .start_pos = start, .cu_q = cu, .max_decode_ctx = 16, .max_prefill_q = n_pre_tok,
                     .n_sample = n_seqs, .sample_rows = rows, .params = pp, .sample_tokens = tok,
                     .n_sample_tokens = 1};
-    pg_kv_shape ks = {tmp_blocks, bs, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype, NULL, false};
+    pg_kv_shape ks = {tmp_blocks, bs, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype, NULL, false, 0, 0.0f};
     int rc = be->store->kv_create(be, r->kv_layout.n_slots, ks, 0, &r->kv);
     // Twice: the first loads kernels and creates GEMM plans, the second
     // shows the steady state (and is what a capture would see).
@@ -359,7 +359,7 @@ const pg_bkv *pg_runner_kv(const pg_runner *r) { return r->kv; }
 
 size_t pg_runner_kv_bytes_per_block(const pg_runner *r) {
     const pg_model_config *mc = &r->model->cfg;
-    pg_kv_shape s = {1, r->cfg.block_size, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype, NULL, false};
+    pg_kv_shape s = {1, r->cfg.block_size, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype, NULL, false, 0, 0.0f};
     return r->be->store->kv_block_bytes(r->be, r->kv_layout.n_slots, s);
 }
 
@@ -396,7 +396,7 @@ int pg_runner_alloc_kv(pg_runner *r, int32_t n_blocks, int32_t n_host_blocks) {
     PG_ARG(!r->kv, "runner: alloc_kv twice");
     PG_ARG(n_blocks >= 2 && n_host_blocks >= 0, "runner: %d KV blocks", n_blocks);
     const pg_model_config *mc = &r->model->cfg;
-    pg_kv_shape s = {n_blocks, r->cfg.block_size, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype, NULL, false};
+    pg_kv_shape s = {n_blocks, r->cfg.block_size, r->model->shard.n_kv_heads, mc->head_dim, r->cfg.kv_dtype, NULL, false, 0, 0.0f};
     PG_TRY(r->be->store->kv_create(r->be, r->kv_layout.n_slots, s, n_host_blocks, &r->kv));
     r->n_blocks = n_blocks;
     r->n_host_blocks = n_host_blocks;

@@ -34,6 +34,11 @@
 //       true. 16-byte cp.async loads carry 16 elements into a raw byte
 //       stage; each thread converts the chunks it loaded to bf16 (exact)
 //       into one bf16 tile in the layout above, and the math is unchanged.
+//   sliding windows and soft-capping (Mistral, Gemma 2/3; pg_kv_shape.window
+//       and .softcap) in every kernel: a CTA starts at the tile of its first
+//       row's window (splits divide the tiles from there), keys before a
+//       row's window are masked like keys after it, and a capped score is
+//       capped before the mask and the softmax.
 // Shared pieces (PTX wrappers, AttnParams, split counters and plan, the KV
 // tile loader, pipeline and online-softmax step): attention_common.cuh.
 #include <math.h>
@@ -81,15 +86,15 @@ __host__ __device__ constexpr int attn_smem_bytes() {
 // own cp.async wait is the only ordering the conversion needs).
 template <int HD, bool F8>
 __device__ __forceinline__ void f8_or_bf16_load_tile(const AttnParams &p, bf16 *stages, unsigned char *raw8, int st,
-                                                     const int32_t *bt, int kvh, int tile, int kv_end) {
+                                                     const int32_t *bt, int kvh, int tile, int kv_begin, int kv_end) {
     if constexpr (F8) {
         unsigned char *raw = raw8 + st * 2 * KT * HD;
         load_kv_tile<unsigned char, HD, true>(p, reinterpret_cast<const unsigned char *>(p.k_cache),
                                               reinterpret_cast<const unsigned char *>(p.v_cache), raw, raw + KT * HD,
-                                              bt, kvh, tile, kv_end);
+                                              bt, kvh, tile, kv_begin, kv_end);
     } else {
         bf16 *ks = stages + st * 2 * KT * HD;
-        load_kv_tile<bf16, HD>(p, p.k_cache, p.v_cache, ks, ks + KT * HD, bt, kvh, tile, kv_end);
+        load_kv_tile<bf16, HD>(p, p.k_cache, p.v_cache, ks, ks + KT * HD, bt, kvh, tile, kv_begin, kv_end);
     }
 }
 // Raw stage -> the bf16 tile [K: KT][HD][V: KT][HD], swizzled as the bf16
@@ -154,10 +159,13 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
     const int row0 = row_tile * ROWS;
     if (row0 >= rows_total) return;
     const int last_row = min(row0 + ROWS, rows_total) - 1;
-    // Keys this CTA needs: up to the position of its last row (causal).
+    // Keys this CTA needs: up to the position of its last row (causal),
+    // from the window of its first row (a sliding-window layer).
     const int kv_end = kv_total - n_q + last_row / G + 1;
+    const int kv_begin = window_first_key(p, kv_total - n_q + row0 / G);
     const int n_tiles = kv_end > 0 ? (kv_end + KT - 1) / KT : 0;
-    int t_begin = 0, t_end = n_tiles;
+    const int t_lo = kv_begin / KT; // < n_tiles when n_tiles > 0
+    int t_begin = t_lo, t_end = n_tiles;
     const bool split = gridDim.z > 1;
     if (n_tiles == 0) { // no keys (a decode sequence of length 0): zero rows, never NaN
         if (!split || blockIdx.z == 0)
@@ -173,12 +181,12 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
     // that fits in one split writes its output directly.
     int n_parts = 1;
     if (split) {
-        t_begin = blockIdx.z * p.tiles_per_split;
+        t_begin = t_lo + blockIdx.z * p.tiles_per_split;
         t_end = min(n_tiles, t_begin + p.tiles_per_split);
         if (t_begin >= t_end) return; // not counted: n_parts below excludes it
         // (clamped to the grid: a length past max_seq_len must not leave a
         // counter short of its target for the next launch)
-        n_parts = min((n_tiles + p.tiles_per_split - 1) / p.tiles_per_split, (int)gridDim.z);
+        n_parts = min((n_tiles - t_lo + p.tiles_per_split - 1) / p.tiles_per_split, (int)gridDim.z);
     }
     const bool partial = n_parts > 1;
 
@@ -209,7 +217,9 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
 
     const int32_t *bt = p.block_tables + (size_t)seq * p.bt_stride;
     unsigned char *raw8 = smem_raw + cvt_tile_bytes<HD>(); // F8: the raw stages
-    auto load_tile = [&](int tile, int st) { f8_or_bf16_load_tile<HD, F8>(p, smem, raw8, st, bt, kvh, tile, kv_end); };
+    auto load_tile = [&](int tile, int st) {
+        f8_or_bf16_load_tile<HD, F8>(p, smem, raw8, st, bt, kvh, tile, kv_begin, kv_end);
+    };
 
     float o[ONT][4];
 #pragma unroll
@@ -248,18 +258,29 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
             }
         }
 
-        // Online softmax (base 2). Keys past a row's position get -inf.
+        // Online softmax (base 2). Keys past a row's position, or before
+        // its window, get -inf.
         const int tbase = tile * KT + tok0;
-        const bool need_mask = tbase + NT * 8 - 1 > min(pos[0], pos[1]);
+        const bool need_mask = tbase + NT * 8 - 1 > min(pos[0], pos[1]) ||
+                               before_window(p, tbase, max(pos[0], pos[1]));
         float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[j][e] *= sl2;
+        if (p.softcap2 > 0.0f) // Gemma 2
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[j][e] = capped_score(p, s[j][e]);
 #pragma unroll
         for (int j = 0; j < NT; j++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                float v = s[j][e] * sl2;
+                float v = s[j][e];
                 if (need_mask) {
                     int t = tbase + j * 8 + (lane % 4) * 2 + (e & 1);
-                    if (t > pos[e >> 1]) v = -INFINITY;
+                    if (t > pos[e >> 1] || before_window(p, t, pos[e >> 1])) v = -INFINITY;
                 }
                 s[j][e] = v;
                 tmax[e >> 1] = fmaxf(tmax[e >> 1], v);
@@ -421,7 +442,9 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
     if (row0 >= rows_total) return;
     const int last_row = min(row0 + ROWS, rows_total) - 1;
     const int kv_end = kv_total - n_q + last_row / G + 1;
+    const int kv_begin = window_first_key(p, kv_total - n_q + row0 / G); // the first row's window
     const int n_tiles = kv_end > 0 ? (kv_end + KT - 1) / KT : 0;
+    const int t_lo = kv_begin / KT;
 
     // q tile: rows past the end zero-filled.
 #pragma unroll
@@ -440,10 +463,12 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
         int r = min(row0 + warp * 32 + mt * 16 + lane / 4 + 8 * i, last_row);
         return kv_total - n_q + r / G;
     };
-    const int min_pos = row_pos(0, 0); // the smallest row of the thread
+    const int min_pos = row_pos(0, 0), max_pos = row_pos(1, 1); // the thread's smallest and largest rows
 
     const int32_t *bt = p.block_tables + (size_t)seq * p.bt_stride;
-    auto load_tile = [&](int tile, int st) { f8_or_bf16_load_tile<HD, F8>(p, stages, raw8, st, bt, kvh, tile, kv_end); };
+    auto load_tile = [&](int tile, int st) {
+        f8_or_bf16_load_tile<HD, F8>(p, stages, raw8, st, bt, kvh, tile, kv_begin, kv_end);
+    };
 
     float o[2][ONT][4];
 #pragma unroll
@@ -452,14 +477,15 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
         for (int n = 0; n < ONT; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
     float m[2][2] = {{-INFINITY, -INFINITY}, {-INFINITY, -INFINITY}}, l[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 
-    kv_pipeline_start<2>(0, n_tiles, load_tile); // the q tile rides with the first KV tile
-    for (int tile = 0; tile < n_tiles; tile++) {
+    kv_pipeline_start<2>(t_lo, n_tiles, load_tile); // the q tile rides with the first KV tile
+    for (int tile = t_lo; tile < n_tiles; tile++) {
+        const int it = tile - t_lo; // stages count from the first tile loaded
         kv_pipeline_wait<2>();
-        if (tile + 1 < n_tiles) load_tile(tile + 1, (tile + 1) & 1);
+        if (tile + 1 < n_tiles) load_tile(tile + 1, (it + 1) & 1);
         cp_async_commit();
-        const bf16 *ks = stages + (tile & 1) * 2 * KT * HD, *vs = ks + KT * HD;
+        const bf16 *ks = stages + (it & 1) * 2 * KT * HD, *vs = ks + KT * HD;
         if constexpr (F8) { // the barrier above freed the bf16 tile
-            f8_convert_tile<HD>(raw8 + (tile & 1) * 2 * KT * HD, stages);
+            f8_convert_tile<HD>(raw8 + (it & 1) * 2 * KT * HD, stages);
             __syncthreads();
             ks = stages;
             vs = stages + KT * HD;
@@ -495,7 +521,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
             }
         }
 
-        const bool need_mask = tile * KT + KT - 1 > min_pos;
+        const bool need_mask = tile * KT + KT - 1 > min_pos || before_window(p, tile * KT, max_pos);
 #pragma unroll
         for (int mt = 0; mt < 2; mt++) {
             float tmax[2] = {-INFINITY, -INFINITY};
@@ -507,13 +533,20 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
                     sc[mt][j][e] = v;
                 }
             }
+            if (p.softcap2 > 0.0f) // Gemma 2
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) sc[mt][j][e] = capped_score(p, sc[mt][j][e]);
             if (need_mask) {
                 const int p0 = row_pos(mt, 0), p1 = row_pos(mt, 1);
 #pragma unroll
                 for (int j = 0; j < NT; j++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        if (tile * KT + j * 8 + (lane % 4) * 2 + (e & 1) > ((e >> 1) ? p1 : p0)) sc[mt][j][e] = -INFINITY;
+                    for (int e = 0; e < 4; e++) {
+                        const int t = tile * KT + j * 8 + (lane % 4) * 2 + (e & 1), pe = (e >> 1) ? p1 : p0;
+                        if (t > pe || before_window(p, t, pe)) sc[mt][j][e] = -INFINITY;
+                    }
             }
 #pragma unroll
             for (int j = 0; j < NT; j++)
@@ -608,6 +641,7 @@ int check_common(const void *out, const void *q, const void *k_cache, const void
            "attention: %d query heads over %d KV heads", n_heads, kv.n_kv_heads);
     if (kv.head_dim != 64 && kv.head_dim != 128)
         return pg_err_set(PG_EUNSUPP, "attention: head_dim %d (built: 64, 128)", kv.head_dim);
+    PG_ARG(kv.window >= 0 && kv.softcap >= 0.0f, "attention: window %d, softcap %g", kv.window, (double)kv.softcap);
     if (log2_exact(kv.block_size) < 3)
         return pg_err_set(PG_EUNSUPP, "attention: block_size %d (a power of two >= 8)", kv.block_size);
     PG_ARG(q_stride >= (int64_t)n_heads * kv.head_dim && q_stride % 2 == 0,

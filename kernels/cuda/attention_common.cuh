@@ -72,7 +72,28 @@ struct AttnParams {
     float *part_lse;           // [n_tokens][n_heads][max_splits] log2-sum-exp of the split
     int max_splits;
     const float *kv_scales;    // fp8 KV: this layer's [2][n_kv] K then V scales (pg_kv_shape.scales); null: 1
+    int window;                // > 0: a query at position p sees keys (p - window, p] (pg_kv_shape.window)
+    float softcap2;            // > 0: scores v (base 2) become softcap2 * tanh(v / softcap2); softcap * log2(e)
 };
+
+// The first key a query at position pos sees: 0, or in a sliding-window
+// layer pos - window + 1. Keys before it are never loaded (zero-filled:
+// their blocks may have been given back, docs/kv_layer_groups.md) and
+// always masked.
+__device__ __forceinline__ int window_first_key(const AttnParams &p, int pos) {
+    return p.window > 0 ? max(0, pos - p.window + 1) : 0;
+}
+// Whether key t is outside the window of the query at pos (t <= pos is the caller's).
+__device__ __forceinline__ bool before_window(const AttnParams &p, int t, int pos) {
+    return p.window > 0 && t <= pos - p.window;
+}
+// Gemma 2's soft-capping of a score in base-2 units: with C = cap * log2(e),
+// cap * tanh(s / cap) * log2(e) = C * tanh(v / C) for v = s * log2(e).
+// Kernels call it in a loop of its own under one `p.softcap2 > 0` branch a
+// tile, so the uncapped score loop keeps no per-element branch.
+__device__ __forceinline__ float capped_score(const AttnParams &p, float v) {
+    return p.softcap2 * tanhf(v / p.softcap2);
+}
 
 // The fp8 KV scales of KV head kvh: K's multiplies the softmax scale
 // (q . (s k) = s (q . k)), V's the output's normalisation (sum p (s v) = s
@@ -114,11 +135,12 @@ template <int CPR> __device__ __forceinline__ int swz_chunk(int r, int c) {
 // EPR per key row. Thread x issues chunks x, x + NTHREADS, ...; chunk c of
 // key row r lands at r * EPR + swz_chunk(r, c) chunks (LINEAR: at chunk
 // r * CPR + c, for a raw stage that only its loading thread reads back).
-// Keys at or past kv_end are zero-filled and their block table entries
-// never read. Called by every thread; the caller commits the group.
+// Keys before kv_begin (outside a sliding window) or at or past kv_end are
+// zero-filled and their block table entries never read. Called by every
+// thread; the caller commits the group.
 template <typename T, int EPR, bool LINEAR = false>
 __device__ __forceinline__ void load_kv_tile(const AttnParams &p, const T *kc, const T *vc, T *ks, T *vs,
-                                             const int32_t *bt, int kvh, int tile, int kv_end) {
+                                             const int32_t *bt, int kvh, int tile, int kv_begin, int kv_end) {
     constexpr int EPC = 16 / (int)sizeof(T); // elements per 16-byte chunk
     constexpr int CPR = EPR / EPC;           // chunks per key row
     static_assert(EPR % EPC == 0 && KT * CPR % NTHREADS == 0, "tile load");
@@ -127,7 +149,7 @@ __device__ __forceinline__ void load_kv_tile(const AttnParams &p, const T *kc, c
         int chunk = threadIdx.x + i * NTHREADS;
         int r = chunk / CPR, c = chunk % CPR;
         int t = tile * KT + r;
-        bool valid = t < kv_end;
+        bool valid = t >= kv_begin && t < kv_end;
         const T *kp = kc, *vp = vc;
         if (valid) {
             size_t off = kv_row(bt, p.bs_shift, t, p.n_kv, kvh) * EPR + c * EPC;
@@ -346,6 +368,8 @@ inline AttnParams attn_params(void *out, const void *q, int64_t q_stride, const 
     p.bs_shift = log2_exact(kv.block_size);
     p.scale_log2 = scale * 1.4426950408889634f; // softmax in base 2
     p.kv_scales = kv.dtype == PG_KV_FP8_E4M3 ? kv.scales : nullptr;
+    p.window = kv.window;
+    p.softcap2 = kv.softcap > 0.0f ? kv.softcap * 1.4426950408889634f : 0.0f;
     return p;
 }
 
@@ -359,6 +383,9 @@ inline AttnParams decode_params(void *out, const void *q, int64_t q_stride, cons
                                 int32_t max_seq_len, void *workspace, size_t workspace_bytes, int row_tiles,
                                 int ctas_per_sm, bool f8) {
     const int G = n_heads / kv.n_kv_heads, HD = kv.head_dim;
+    // A sliding window reads at most window + 2 KT - 1 keys of any length
+    // (its first and last tiles partly): split that span, not the context.
+    if (kv.window > 0 && max_seq_len > kv.window + 2 * KT) max_seq_len = kv.window + 2 * KT;
     SplitPlan pl = plan_decode(n_seqs, kv.n_kv_heads, row_tiles, G, max_seq_len, pg_cuda_sm_count(), ctas_per_sm, f8);
     while (pl.n_splits > 1 && (!workspace || split_ws_bytes(n_seqs, n_heads, HD, pl.n_splits) > workspace_bytes)) {
         int max_tiles = (max_seq_len + KT - 1) / KT;

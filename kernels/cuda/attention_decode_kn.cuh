@@ -141,7 +141,9 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
     const int G = p.group;
     const float sl2 = p.scale_log2 * kv_k_scale(p, kvh), vsc = kv_v_scale(p, kvh);
     const int kv_end = p.seq_lens[seq];
+    const int kv_begin = window_first_key(p, kv_end - 1); // the query is at kv_end - 1
     const int n_tiles = kv_end > 0 ? (kv_end + KT - 1) / KT : 0;
+    const int t_lo = kv_begin / KT;
     const size_t out_row0 = (size_t)seq * p.n_heads + (size_t)kvh * G; // out row of head g: out_row0 + g
     const bool split = gridDim.z > 1;
     if (n_tiles == 0) { // no keys: zero rows, never NaN
@@ -151,12 +153,12 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
         return;
     }
     // Splits of this sequence that have keys: z < n_parts (as v2).
-    int t_begin = 0, t_end = n_tiles, n_parts = 1;
+    int t_begin = t_lo, t_end = n_tiles, n_parts = 1;
     if (split) {
-        t_begin = blockIdx.z * p.tiles_per_split;
+        t_begin = t_lo + blockIdx.z * p.tiles_per_split;
         t_end = min(n_tiles, t_begin + p.tiles_per_split);
         if (t_begin >= t_end) return; // not counted: n_parts below excludes it
-        n_parts = min((n_tiles + p.tiles_per_split - 1) / p.tiles_per_split, (int)gridDim.z);
+        n_parts = min((n_tiles - t_lo + p.tiles_per_split - 1) / p.tiles_per_split, (int)gridDim.z);
     }
     const bool partial = n_parts > 1;
 
@@ -182,7 +184,7 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
     const unsigned char *vb = reinterpret_cast<const unsigned char *>(p.v_cache);
     auto load_tile = [&](int tile, int st) {
         unsigned char *ks = smem_raw + st * STAGE;
-        load_kv_tile<unsigned char, RB>(p, kb, vb, ks, ks + KT * RB, bt, kvh, tile, kv_end);
+        load_kv_tile<unsigned char, RB>(p, kb, vb, ks, ks + KT * RB, bt, kvh, tile, kv_begin, kv_end);
     };
 
     float o[MT][4]; // O^T: m-tile c, rows = dims (see kn_dim), columns = query heads
@@ -227,15 +229,24 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
         }
 
         // Online softmax (base 2) per query column over this warp's keys:
-        // the lane holds keys g8, g8 + 8 of columns 2t, 2t+1; keys past the
-        // end get -inf.
+        // the lane holds keys g8, g8 + 8 of columns 2t, 2t+1 (soft-capped
+        // first where the layer caps); keys past the end or before the
+        // window get -inf.
         float sv[4];
 #pragma unroll
         for (int e = 0; e < 4; e++) sv[e] = F8 ? s[0][e] + s[1][e] : (s[0][e] + s[1][e]) * sl2;
+        if (p.softcap2 > 0.0f) // Gemma 2
+#pragma unroll
+            for (int e = 0; e < 4; e++) sv[e] = capped_score(p, sv[e]);
         if (tile * KT + KT > kv_end) {
             const int k0 = tile * KT + key0 + g8;
             if (k0 >= kv_end) sv[0] = sv[1] = -INFINITY;
             if (k0 + 8 >= kv_end) sv[2] = sv[3] = -INFINITY;
+        }
+        if (tile * KT < kv_begin) { // keys before the window (sliding-window layers)
+            const int k0 = tile * KT + key0 + g8;
+            if (k0 < kv_begin) sv[0] = sv[1] = -INFINITY;
+            if (k0 + 8 < kv_begin) sv[2] = sv[3] = -INFINITY;
         }
         float corr[2], m_use[2];
 #pragma unroll

@@ -66,6 +66,13 @@ int pg_cuda_device_count(void);
 int pg_cuda_device_describe(char *name, size_t cap);
 
 // --- attention --------------------------------------------------------------------
+//
+// Every launcher below also reads two fields of `kv` (pg_kv_shape): a
+// sliding window (kv.window > 0: the query at position p attends only to
+// the keys (p - window, p]; keys before that are never read, so their
+// blocks may have been given back, docs/kv_layer_groups.md) and Gemma 2's
+// soft-capping (kv.softcap > 0: each score s, after the scale, becomes
+// softcap * tanh(s / softcap)). Both 0: plain causal attention.
 
 // Paged decode attention: one query token per sequence (the last of its
 // context). out[s][n_heads][head_dim] from q row s; sequence s attends to

@@ -92,6 +92,9 @@ struct Paged {
     // codes then stand for ks[h] * k and vs[h] * v.
     std::vector<float> sc; // [2][n_kv]
     DBuf dsc;
+    // A sliding window and a soft-cap (pg_kv_shape.window, .softcap).
+    int window = 0;
+    float softcap = 0.0f;
 
     Paged(const std::vector<int> &ctx_, int n_kv_, int hd_, int bs_, Rng &r, bool f8_ = false)
         : n_seqs((int)ctx_.size()), n_kv(n_kv_), hd(hd_), bs(bs_), f8(f8_), ctx(ctx_) {
@@ -137,8 +140,17 @@ struct Paged {
     pg_kv_shape shape() const {
         pg_kv_shape s{n_blocks, bs, n_kv, hd, f8 ? PG_KV_FP8_E4M3 : PG_KV_BF16};
         s.scales = sc.empty() ? nullptr : dsc.as<float>();
+        s.window = window;
+        s.softcap = softcap;
         return s;
     }
+    // Sequence s's blocks wholly before key first_key given back, as the
+    // pool does for a sliding-window layer: their entries point far out of
+    // range, so a kernel that read one would fault. Call upload_bt() after.
+    void drop_before(int s, int first_key) {
+        for (int b = 0; b < first_key / bs; b++) bt[(size_t)s * bt_stride + b] = 0x3fffffff;
+    }
+    void upload_bt() { dbt.up(bt); }
     // Random K and V scales per KV head over three decades (0.01 to 10).
     void scale(Rng &r) {
         sc.resize(2 * (size_t)n_kv);
@@ -157,21 +169,25 @@ struct Paged {
     }
 };
 
-// fp64 causal attention of one query row over keys [0, n_keys).
+// fp64 causal attention of one query row over keys [0, n_keys), or in a
+// sliding-window layer (pc.window) over its last pc.window keys; scores
+// soft-capped when pc.softcap > 0.
 static void ref_attend(const Paged &pc, int s, int kvh, const uint16_t *q, int n_keys, double scale, double *out) {
     const int hd = pc.hd;
+    const int first = pc.window > 0 ? std::max(0, n_keys - pc.window) : 0;
     std::vector<double> sc(n_keys);
     double mx = -1e300;
-    for (int t = 0; t < n_keys; t++) {
+    for (int t = first; t < n_keys; t++) {
         const uint16_t *kr = pc.krow(s, t, kvh);
         double d = 0;
         for (int e = 0; e < hd; e++) d += (double)bf2f(q[e]) * bf2f(kr[e]);
         sc[t] = d * scale * pc.kscale(kvh);
+        if (pc.softcap > 0) sc[t] = pc.softcap * tanh(sc[t] / pc.softcap);
         mx = std::max(mx, sc[t]);
     }
     double l = 0;
     for (int e = 0; e < hd; e++) out[e] = 0;
-    for (int t = 0; t < n_keys; t++) {
+    for (int t = first; t < n_keys; t++) {
         double p = exp(sc[t] - mx);
         l += p;
         const uint16_t *vr = pc.vrow(s, t, kvh);
@@ -206,13 +222,24 @@ static int decode_v(int version, void *out, const void *q, int64_t q_stride, con
                                             workspace_bytes, nullptr);
 }
 
-static void test_decode(const DecodeCase &c, Rng &r, bool f8 = false, bool scaled = false) {
-    char name[160];
-    snprintf(name, sizeof name, "decode%s %s b=%zu h=%d/%d d=%d bs=%d", scaled ? " fp8 scaled" : f8 ? " fp8" : "",
-             c.tag, c.ctx.size(), c.n_heads, c.n_kv, c.hd, c.bs);
+// window > 0 / cap > 0: a sliding-window or soft-capped layer, through the
+// library's versions only (bench/cuda/'s v1 and v3 take neither).
+static void test_decode(const DecodeCase &c, Rng &r, bool f8 = false, bool scaled = false, int window = 0,
+                        float cap = 0.0f) {
+    char name[160], wtag[48] = "";
+    if (window > 0 || cap > 0) snprintf(wtag, sizeof wtag, " window=%d cap=%g", window, (double)cap);
+    snprintf(name, sizeof name, "decode%s %s b=%zu h=%d/%d d=%d bs=%d%s", scaled ? " fp8 scaled" : f8 ? " fp8" : "",
+             c.tag, c.ctx.size(), c.n_heads, c.n_kv, c.hd, c.bs, wtag);
     if (!selected(name)) return;
     Paged pc(c.ctx, c.n_kv, c.hd, c.bs, r, f8);
     if (scaled) pc.scale(r);
+    pc.window = window;
+    pc.softcap = cap;
+    if (window > 0) {
+        for (int s = 0; s < pc.n_seqs; s++) pc.drop_before(s, std::max(0, c.ctx[s] - window));
+        pc.upload_bt();
+    }
+    const bool lib_only = window > 0 || cap > 0;
     const int n = pc.n_seqs, H = c.n_heads, hd = c.hd, G = H / c.n_kv;
     // q as part of a fused QKV row (stride > n_heads * hd) on odd cases.
     const int64_t q_stride = (n % 2) ? (int64_t)(H + 2 * c.n_kv) * hd : (int64_t)H * hd;
@@ -265,6 +292,7 @@ static void test_decode(const DecodeCase &c, Rng &r, bool f8 = false, bool scale
     CK(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, dev));
     const bool v4_ok = G <= 8 && cc_major * 10 + cc_minor >= 89;
     for (int version = 1; version <= 4; version++) {
+        if (lib_only && (version == 1 || version == 3)) continue;
         if ((f8 && (version == 1 || version == 3)) || (version == 4 && !v4_ok)) {
             int rc = decode_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(), pc.dbt.as<int32_t>(),
                               pc.bt_stride, dlen.as<int32_t>(), n, H, (float)scale, max_len, ws.p, ws_bytes);
@@ -300,7 +328,7 @@ static void test_decode(const DecodeCase &c, Rng &r, bool f8 = false, bool scale
         DBuf dz;
         dz.up(z);
         for (int version = 4; version >= 2; version--) {
-            if ((version == 3 && f8) || (version == 4 && !v4_ok)) continue;
+            if ((version == 3 && (f8 || lib_only)) || (version == 4 && !v4_ok)) continue;
             CK(cudaMemset(dout.p, 0xFF, dout.n));
             PK(decode_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(), pc.dbt.as<int32_t>(),
                         pc.bt_stride, dz.as<int32_t>(), n, H, (float)scale, max_len, ws.p, ws_bytes));
@@ -394,11 +422,13 @@ struct PrefillCase {
     int n_heads, n_kv, hd, bs;
 };
 
-static void test_prefill(const PrefillCase &c, Rng &r, bool f8 = false, bool scaled = false) {
+static void test_prefill(const PrefillCase &c, Rng &r, bool f8 = false, bool scaled = false, int window = 0,
+                         float cap = 0.0f) {
     const int n = (int)c.n_q.size(), H = c.n_heads, hd = c.hd, G = H / c.n_kv;
-    char name[160];
-    snprintf(name, sizeof name, "prefill%s %s seqs=%d h=%d/%d d=%d bs=%d", scaled ? " fp8 scaled" : f8 ? " fp8" : "",
-             c.tag, n, H, c.n_kv, hd, c.bs);
+    char name[160], wtag[48] = "";
+    if (window > 0 || cap > 0) snprintf(wtag, sizeof wtag, " window=%d cap=%g", window, (double)cap);
+    snprintf(name, sizeof name, "prefill%s %s seqs=%d h=%d/%d d=%d bs=%d%s", scaled ? " fp8 scaled" : f8 ? " fp8" : "",
+             c.tag, n, H, c.n_kv, hd, c.bs, wtag);
     if (!selected(name)) return;
     std::vector<int> ctx(n);
     std::vector<int32_t> cu(n + 1, 0), sp(n);
@@ -411,6 +441,12 @@ static void test_prefill(const PrefillCase &c, Rng &r, bool f8 = false, bool sca
     }
     Paged pc(ctx, c.n_kv, hd, c.bs, r, f8);
     if (scaled) pc.scale(r);
+    pc.window = window;
+    pc.softcap = cap;
+    if (window > 0) { // the chunk's first query sees keys from start - window + 1
+        for (int s = 0; s < n; s++) pc.drop_before(s, std::max(0, c.start[s] - window + 1));
+        pc.upload_bt();
+    }
     const int T = cu[n];
     const int64_t q_stride = (n % 2) ? (int64_t)(H + 2 * c.n_kv) * hd : (int64_t)H * hd;
     std::vector<uint16_t> q((size_t)T * q_stride);
@@ -464,6 +500,38 @@ static void prefill_tests(Rng &r) {
     for (auto &c : cases) test_prefill(c, r);
     for (auto &c : cases) test_prefill(c, r, true); // the fp8 e4m3 cache
     for (auto &c : cases) test_prefill(c, r, true, true); // with layer scales
+}
+
+// Sliding windows (Mistral, Gemma 2/3) and soft-capped scores (Gemma 2) in
+// every library kernel: decode v2, v4 (splits from the window's first tile,
+// lengths around tile and block edges, windows shorter than a tile and
+// longer than the context) and prefill v1, v2 (chunks that start past the
+// window, rows whose windows start in different tiles); the blocks before
+// each window point out of range, as the pool leaves them.
+static void window_tests(Rng &r) {
+    struct W { int window; float cap; };
+    const std::vector<DecodeCase> dec = {
+        {"edges", {1, 15, 16, 17, 63, 64, 65, 127, 129, 200}, 32, 8, 128, 16, 2.0f},
+        {"gqa4", rand_lens(r, 9, 1, 3000), 32, 8, 128, 16, 2.0f},
+        {"gqa2", rand_lens(r, 5, 1, 2000), 8, 4, 64, 32, 3.0f},
+        {"gqa16", rand_lens(r, 4, 1, 900), 16, 1, 128, 16, 2.0f}, // v2 (group > 8)
+        {"long", {20011, 33001, 5000}, 32, 16, 128, 16, 4.0f},    // Gemma 3 27B's heads, splits
+    };
+    const std::vector<W> dw = {{1, 0}, {16, 0}, {64, 0}, {100, 0}, {1024, 0}, {4096, 0}, {0, 5.0f}, {512, 2.0f}};
+    for (int f8 = 0; f8 < 2; f8++)
+        for (auto &c : dec)
+            for (auto &w : dw) test_decode(c, r, f8 != 0, false, w.window, w.cap);
+    const std::vector<PrefillCase> pre = {
+        {"chunk0", {300}, {0}, 8, 2, 128, 16},
+        {"mixed", {1, 17, 64, 100, 1, 65, 300}, {0, 0, 0, 37, 500, 15, 1000}, 32, 8, 128, 16},
+        {"mixed", {3, 129, 64, 250}, {5, 0, 64, 900}, 16, 4, 64, 32},
+        {"gqa2", {600, 40}, {0, 2000}, 32, 16, 128, 16},
+        {"decode-mix", {1, 1, 1, 128, 1}, {4000, 17, 64, 512, 1}, 32, 8, 128, 16},
+    };
+    const std::vector<W> pw = {{1, 0}, {8, 0}, {64, 0}, {100, 0}, {512, 0}, {0, 3.0f}, {100, 2.0f}};
+    for (int f8 = 0; f8 < 2; f8++)
+        for (auto &c : pre)
+            for (auto &w : pw) test_prefill(c, r, f8 != 0, false, w.window, w.cap);
 }
 
 // --- RoPE + KV write -------------------------------------------------------------------
@@ -2159,6 +2227,10 @@ int main(int argc, char **argv) {
     }
     decode_tests(r);
     prefill_tests(r);
+    {
+        Rng rw(20261205); // its own stream: the other cases keep their inputs
+        window_tests(rw);
+    }
 
     test_rope(37, 32, 8, 128, 16, false, r);
     test_rope(64, 32, 8, 128, 16, true, r);

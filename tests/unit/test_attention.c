@@ -62,7 +62,7 @@ static void check_window(int n_seqs, int n_heads, int n_kv, int hd, int bs, int 
     assert_int_equal(pg_backend_cpu_create(2, mode, &be), 0);
     int blocks_per_seq = (max_ctx + bs - 1) / bs;
     int n_blocks = 1 + n_seqs * blocks_per_seq;
-    pg_kv_shape kv = {n_blocks, bs, n_kv, hd, PG_KV_BF16, NULL, false};
+    pg_kv_shape kv = {n_blocks, bs, n_kv, hd, PG_KV_BF16, NULL, false, 0, 0.0f};
     size_t cache_n = (size_t)n_blocks * bs * n_kv * hd;
     float *kc = calloc(cache_n, sizeof(float)), *vc = calloc(cache_n, sizeof(float));
     // A random permutation of blocks 1..n_blocks-1 handed out to sequences.
@@ -156,7 +156,7 @@ static void test_rope_kv_write(void **state) {
     pg_backend *be;
     assert_int_equal(pg_backend_cpu_create(1, PG_MATMUL_EXACT, &be), 0);
     const int m = 5, nh = 4, nkv = 2, hd = 8, bs = 4;
-    pg_kv_shape kv = {4, bs, nkv, hd, PG_KV_BF16, NULL, false};
+    pg_kv_shape kv = {4, bs, nkv, hd, PG_KV_BF16, NULL, false, 0, 0.0f};
     float q[5 * 4 * 8], k[5 * 2 * 8], v[5 * 2 * 8], q0[5 * 4 * 8], k0[5 * 2 * 8];
     float kc[4 * 4 * 2 * 8] = {0}, vc[4 * 4 * 2 * 8] = {0};
     uint64_t seed = 9;

@@ -250,7 +250,7 @@ static void check_types(pg_matmul_mode mode, int n_seqs, int n_heads, int n_kv, 
     const float scale = 1.0f / sqrtf((float)hd);
     for (int ti = -1; ti < nt; ti++) { // -1: the f32 reference
         const int32_t dt = ti < 0 ? PG_KV_F32 : types[ti].dtype;
-        const pg_kv_shape kv = {n_blocks, bs, n_kv, hd, dt, NULL, false};
+        const pg_kv_shape kv = {n_blocks, bs, n_kv, hd, dt, NULL, false, 0, 0.0f};
         const size_t bytes = (size_t)n_blocks * bs * n_kv * pg_cpu_kv_row_bytes(dt, hd); // rows of one head
         void *kc = calloc(bytes, 1), *vc = calloc(bytes, 1);
         memcpy(kw, k0, sizeof(float) * row * (size_t)total_kv); // RoPE rotates k in place
@@ -327,7 +327,7 @@ static double fp8_scaled_err(pg_matmul_mode mode, const float *sc, double *err_o
     double rel[3];
     for (int pass = 0; pass < 4; pass++) { // f32, fp8 scaled, fp8 at 1.0, fp8 with scales of 1.0
         const pg_kv_shape kv = {n_blocks, bs, n_kv, hd, pass == 0 ? PG_KV_F32 : PG_KV_FP8_E4M3,
-                                pass == 1 ? sc : pass == 3 ? ones : NULL, false};
+                                pass == 1 ? sc : pass == 3 ? ones : NULL, false, 0, 0.0f};
         void *kc = calloc(bytes, 1), *vc = calloc(bytes, 1);
         memcpy(kw, k0, sizeof(float) * row * ctx); // RoPE rotates k in place
         float no_q[1] = {0};
@@ -388,7 +388,7 @@ static void test_swap_and_copy_preserve_bytes(void **state) {
                  {PG_KV_BF16_CPU, 128}, {PG_KV_Q8_0, 68},    {PG_KV_FP8_E4M3, 64},
                  {PG_KV_FP8_E4M3_SCALED, 68}};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        const pg_kv_shape s = {nb, bs, nkv, hd, types[ti].dtype, NULL, false};
+        const pg_kv_shape s = {nb, bs, nkv, hd, types[ti].dtype, NULL, false, 0, 0.0f};
         const size_t lbb = (size_t)bs * nkv * types[ti].row; // one layer's K block
         assert_int_equal(be->store->kv_block_bytes(be, L, s), 2 * (size_t)L * lbb);
         pg_bkv *kv;
@@ -440,10 +440,10 @@ static void test_swap_and_copy_preserve_bytes(void **state) {
     }
     // Refusals: q8_0 with head_dim 48 names it; an unknown type.
     pg_bkv *kv = NULL;
-    assert_int_equal(be->store->kv_create(be, L, (pg_kv_shape){nb, bs, nkv, 48, PG_KV_Q8_0, NULL, false}, 0, &kv), PG_EUNSUPP);
+    assert_int_equal(be->store->kv_create(be, L, (pg_kv_shape){nb, bs, nkv, 48, PG_KV_Q8_0, NULL, false, 0, 0.0f}, 0, &kv), PG_EUNSUPP);
     assert_non_null(strstr(pg_err_msg(), "head_dim"));
     assert_non_null(strstr(pg_err_msg(), "48"));
-    assert_int_equal(be->store->kv_create(be, L, (pg_kv_shape){nb, bs, nkv, hd, 99, NULL, false}, 0, &kv), PG_EINVAL);
+    assert_int_equal(be->store->kv_create(be, L, (pg_kv_shape){nb, bs, nkv, hd, 99, NULL, false, 0, 0.0f}, 0, &kv), PG_EINVAL);
     assert_null(kv);
     be->dev->destroy(be);
 }

@@ -140,7 +140,7 @@ static void test_rope_kv_write_compat(void **state) {
     int32_t pos[M] = {0, 1, 37, 1000}, slots[M] = {16, 17, 40, 5};
     pg_backend *b = backend(PG_MATMUL_QUANT_ACT);
     pg_cpu_rope_kv_write(pg_cpu(b), q, NH * HD, k, NKV * HD, v, NKV * HD, pos, slots, M, NH, inv_freq, kc, vc,
-                     (pg_kv_shape){4, BS, NKV, HD, PG_KV_BF16, NULL, false});
+                     (pg_kv_shape){4, BS, NKV, HD, PG_KV_BF16, NULL, false, 0, 0.0f});
     const float theta_scale = powf(base, -2.0f / HD);
     assert_true(theta_scale == inv_freq[1]);
     for (int t = 0; t < M; t++) {
@@ -235,7 +235,7 @@ static void test_attention_compat_matches_plain_reference(void **state) {
     float q[6 * NH * HD], out[6 * NH * HD], ref[HD], exact_out[6 * NH * HD];
     for (int i = 0; i < n_q * NH * HD; i++) q[i] = 2 * frand();
     pg_attn_seq seq = {0, n_q, start, table, 0, 0.0f};
-    const pg_kv_shape kv = {NBLK, BS, NKV, HD, PG_KV_BF16, NULL, false};
+    const pg_kv_shape kv = {NBLK, BS, NKV, HD, PG_KV_BF16, NULL, false, 0, 0.0f};
     const float scale = 0.125f;
     pg_backend *b = backend(PG_MATMUL_DEFAULT), *x = backend(PG_MATMUL_EXACT);
     pg_cpu_attention(pg_cpu(b), out, q, NH * HD, &seq, 1, NH, scale, kc, vc, kv);
@@ -364,7 +364,7 @@ static void test_attention_single_query_follows_vec_dot_f16(void **state) {
         }
         const float scale = 0.125f;
         pg_attn_seq seq = {0, 1, CTX - 1, table, 0, 0.0f};
-        pg_kv_shape kv = {NBLK, BS, NKV, HD, PG_KV_F32, NULL, gemma};
+        pg_kv_shape kv = {NBLK, BS, NKV, HD, PG_KV_F32, NULL, gemma, 0, 0.0f};
         pg_cpu_attention(pg_cpu(b), out, q, NH * HD, &seq, 1, NH, scale, kc, vc, kv);
         for (int h = 0; h < NH; h++) {
             const int kvh = h / (NH / NKV);
