@@ -131,7 +131,7 @@ typedef struct pg_backend_caps {
     bool measures_memory;    // mem_info tracks what allocations and kernels take, so the
                              //   runner's profiling forward means something (CUDA)
     bool has_graphs;         // graph_begin/graph_end capture (CUDA)
-    bool attn_window;        // attention takes a sliding window (CPU); else window must be 0
+    bool attn_window;        // attention takes a sliding window (CPU, CUDA); else window must be 0
     // Weights stored in `dtype` run as stored when true (no conversion at
     // load); the rest become weight_dtype at upload. CPU: every GGUF block
     // type and paged's FP8 / int4 (kernels/cpu/matmul.c); CUDA: bf16, FP8

@@ -10,7 +10,9 @@
 // no KV (slot -1) and attend to one key of block 0, the pool's
 // never-allocated null block. Because runner_pack's offsets depend only on
 // the array sizes, every step of a bucket finds its inputs at the same
-// device addresses. Design and measurements: docs/cuda_runner.md.
+// device addresses. With KV layer groups the slots and block tables hold a
+// copy per group ([G][B] and [G][B][stride], runner_int.h's layout), padded
+// the same way in every group. Design and measurements: docs/cuda_runner.md.
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -56,19 +58,19 @@ int64_t pg_runner_graph_reserve(int32_t max_seqs, int32_t max_model_len, int64_t
 }
 
 int runner_graphs_setup(pg_runner *r) {
-    // (KV layer groups run eagerly: the buckets hold one block table per sequence.)
-    r->graphs_on = r->be->caps->has_graphs && pg_runner_graphs_wanted(r->cfg.graphs) && r->kv_layout.n_groups == 1;
+    r->graphs_on = r->be->caps->has_graphs && pg_runner_graphs_wanted(r->cfg.graphs);
     if (!r->graphs_on) return 0;
     const int32_t S = r->max_seqs, bs = r->cfg.block_size;
+    const size_t G = (size_t)r->kv_layout.n_groups;
     graph_buckets(S, r->cfg.max_model_len, r->bbuckets, &r->n_bbuckets, r->cbuckets, &r->n_cbuckets);
     r->g_max_bt = (r->cfg.max_model_len + bs - 1) / bs;
     const size_t ng = (size_t)r->n_bbuckets * (size_t)r->n_cbuckets;
     r->graph_exec = pg_xcalloc(ng, sizeof(void *));
     r->graph_state = pg_xcalloc(ng, 1);
     r->g_tok = pg_xcalloc((size_t)S, 4), r->g_pos = pg_xcalloc((size_t)S, 4);
-    r->g_slots = pg_xcalloc((size_t)S, 4), r->g_lens = pg_xcalloc((size_t)S, 4);
+    r->g_slots = pg_xcalloc((size_t)S * G, 4), r->g_lens = pg_xcalloc((size_t)S, 4);
     r->g_start = pg_xcalloc((size_t)S, 4);
-    r->g_bt = pg_xcalloc((size_t)S * (size_t)r->g_max_bt, 4);
+    r->g_bt = pg_xcalloc((size_t)S * (size_t)r->g_max_bt * G, 4);
     return 0;
 }
 
@@ -79,11 +81,15 @@ void runner_graphs_free(pg_runner *r) {
     free(r->g_tok), free(r->g_pos), free(r->g_slots), free(r->g_lens), free(r->g_start), free(r->g_bt);
 }
 
-// Pad rows [from, B): one key of the null block, no KV write.
+// Pad rows [from, B): one key of the null block, no KV write (in every group).
 static void pad_rows(pg_runner *r, int32_t from, int32_t B, int32_t stride) {
+    const int32_t G = r->kv_layout.n_groups;
     for (int32_t i = from; i < B; i++) {
-        r->g_tok[i] = 0, r->g_pos[i] = 0, r->g_slots[i] = -1, r->g_lens[i] = 1, r->g_start[i] = 0;
-        r->g_bt[(size_t)i * stride] = 0;
+        r->g_tok[i] = 0, r->g_pos[i] = 0, r->g_lens[i] = 1, r->g_start[i] = 0;
+        for (int32_t g = 0; g < G; g++) {
+            r->g_slots[(size_t)g * B + i] = -1;
+            r->g_bt[((size_t)g * B + i) * stride] = 0;
+        }
     }
 }
 
@@ -98,6 +104,7 @@ static void padded_desc(pg_runner *r, const step_desc *s, int32_t B, int32_t C, 
     ps->tokens = r->g_tok, ps->pos = r->g_pos, ps->slots = r->g_slots;
     ps->seq_lens = r->g_lens, ps->start_pos = r->g_start;
     ps->block_tables = r->g_bt, ps->bt_stride = stride;
+    ps->kv_groups = r->kv_layout.n_groups;
     ps->max_decode_ctx = C;
     if (!s) {
         ps->cu_q = &zero;
@@ -119,12 +126,14 @@ bool runner_graph_step(pg_runner *r, const step_desc *s, step_desc *ps, int32_t 
     if (stride < s->bt_stride) return false;
     memcpy(r->g_tok, s->tokens, sizeof(int32_t) * (size_t)n);
     memcpy(r->g_pos, s->pos, sizeof(int32_t) * (size_t)n);
-    memcpy(r->g_slots, s->slots, sizeof(int32_t) * (size_t)n);
     memcpy(r->g_lens, s->seq_lens, sizeof(int32_t) * (size_t)n);
     memcpy(r->g_start, s->start_pos, sizeof(int32_t) * (size_t)n);
-    for (int32_t i = 0; i < n; i++)
-        memcpy(r->g_bt + (size_t)i * stride, s->block_tables + (size_t)i * s->bt_stride,
-               sizeof(int32_t) * (size_t)((s->seq_lens[i] + bs - 1) / bs));
+    for (int32_t g = 0; g < r->kv_layout.n_groups; g++) { // the step's [G][n] -> the bucket's [G][B]
+        memcpy(r->g_slots + (size_t)g * B, s->slots + (size_t)g * n, sizeof(int32_t) * (size_t)n);
+        for (int32_t i = 0; i < n; i++)
+            memcpy(r->g_bt + ((size_t)g * B + i) * stride, s->block_tables + ((size_t)g * n + i) * s->bt_stride,
+                   sizeof(int32_t) * (size_t)((s->seq_lens[i] + bs - 1) / bs));
+    }
     pad_rows(r, n, B, stride);
     padded_desc(r, s, B, C, stride, ps);
     return true;

@@ -48,9 +48,13 @@ int pg_kv_scales_parse(const char *s, int32_t *out) {
 // [n_layers][2][n_kv].
 static int calibrate(pg_runner *r, int32_t n, float *amax) {
     pg_backend *be = r->be;
-    // One block table: layer groups share tensors between groups' layers.
-    PG_ARG(r->kv_layout.n_groups == 1, "fp8 KV calibration: not with KV layer groups (--kv-cache-scales one)");
     const pg_model_config *mc = &r->model->cfg;
+    // One block table for every layer while calibrating, whatever the
+    // runner's KV layer groups: the temporary pool has a tensor per layer
+    // and keeps every block (the windows still apply in the forward), so
+    // each layer's amax is its own, not a slot shared between groups.
+    const pg_kv_layout groups = r->kv_layout;
+    pg_kv_layout_make(mc, false, &r->kv_layout);
     const int32_t bs = r->cfg.block_size, nb = (n + bs - 1) / bs, chunk = r->max_tokens;
     int32_t *tok = pg_xmalloc(sizeof(int32_t) * (size_t)n), *pos = pg_xmalloc(sizeof(int32_t) * (size_t)n);
     int32_t *slots = pg_xmalloc(sizeof(int32_t) * (size_t)n), *bt = pg_xmalloc(sizeof(int32_t) * (size_t)nb);
@@ -62,7 +66,7 @@ static int calibrate(pg_runner *r, int32_t n, float *amax) {
         slots[t] = (1 + t / bs) * bs + t % bs;
     }
     for (int32_t b = 0; b < nb; b++) bt[b] = 1 + b;
-    pg_kv_shape ks = {nb + 1, bs, r->model->shard.n_kv_heads, mc->head_dim, PG_KV_NATIVE, NULL, false};
+    pg_kv_shape ks = {nb + 1, bs, r->model->shard.n_kv_heads, mc->head_dim, PG_KV_NATIVE, NULL, false, 0, 0.0f};
     int rc = be->store->kv_create(be, mc->n_layers, ks, 0, &r->kv);
     r->bufs.kv_amax = amax;
     for (int32_t t0 = 0; t0 < n && rc == 0; t0 += chunk) {
@@ -75,6 +79,7 @@ static int calibrate(pg_runner *r, int32_t n, float *amax) {
         if ((rc = runner_pack(r, &st, &d)) == 0 && (rc = runner_layers(r, &st, &d)) == 0) rc = be->dev->sync(be);
     }
     r->bufs.kv_amax = NULL;
+    r->kv_layout = groups;
     if (r->kv) be->store->kv_free(be, r->kv);
     r->kv = NULL;
     free(tok), free(pos), free(slots), free(bt);

@@ -326,12 +326,14 @@ static int cu_rope_kv_write(pg_backend *b, pg_tensor q, pg_tensor k, pg_tensor v
 }
 
 // Decode sequences (rows [0, n_decode)) through the split-K decode kernel,
-// prefill chunks through the varlen prefill kernel.
-static int cu_attention(pg_backend *b, pg_tensor out, pg_tensor q, const pg_attn_batch *ab, const void *k_cache,
-                        const void *v_cache, pg_kv_shape shape, int32_t n_heads, float scale, int32_t window) {
+// prefill chunks through the varlen prefill kernel; a sliding window and a
+// soft-cap travel in the shape (cuda_ops.h).
+static int cu_attention_softcap(pg_backend *b, pg_tensor out, pg_tensor q, const pg_attn_batch *ab,
+                                const void *k_cache, const void *v_cache, pg_kv_shape shape, int32_t n_heads,
+                                float scale, int32_t window, float softcap) {
     CudaCtx *c = ctx_of(b);
-    if (window > 0) // no windowed kernels yet (docs/gemma3.md); the loader refuses Gemma first
-        return pg_err_set(PG_EUNSUPP, "cuda attention: sliding-window attention is not supported yet");
+    shape.window = window;
+    shape.softcap = softcap;
     const int32_t n_dec = ab->n_decode, n_pre = ab->n_seqs - ab->n_decode;
     const int64_t q_dim = (int64_t)n_heads * shape.head_dim;
     PG_ARG(out.stride == q_dim, "cuda attention: the output rows must be contiguous");
@@ -346,6 +348,43 @@ static int cu_attention(pg_backend *b, pg_tensor out, pg_tensor q, const pg_attn
             q.stride, k_cache, v_cache, shape, ab->block_tables + (size_t)n_dec * ab->bt_stride, ab->bt_stride,
             ab->cu_q, ab->start_pos + n_dec, n_pre, n_heads, scale, ab->max_prefill_q, c->stream));
     return 0;
+}
+
+static int cu_attention(pg_backend *b, pg_tensor out, pg_tensor q, const pg_attn_batch *ab, const void *k_cache,
+                        const void *v_cache, pg_kv_shape shape, int32_t n_heads, float scale, int32_t window) {
+    return cu_attention_softcap(b, out, q, ab, k_cache, v_cache, shape, n_heads, scale, window, 0.0f);
+}
+
+// --- Gemma's ops (gemma_ops.cu; docs/gemma3.md) ---
+
+// h = gelu_tanh(g) * u over [g | u] = RMSNorm(x) * norm . Wgu^T: the plain
+// linear path (any weight type, the GEMV for small batches) into the
+// scratch rows, then one elementwise pass.
+static int cu_gate_up_gelu(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bweight *norm, float eps,
+                           const pg_bweight *w, pg_tensor sxn, pg_tensor sgu) {
+    const int64_t rows = x.rows, ffn = w->rows / 2;
+    PG_ARG(h.stride == ffn && sgu.stride == 2 * ffn && sgu.rows >= rows,
+           "cuda gate_up_gelu: h and the scratch must be contiguous rows of %lld and %lld", (long long)ffn,
+           (long long)(2 * ffn));
+    pg_tensor gu = sgu;
+    gu.rows = rows;
+    gu.cols = 2 * ffn;
+    PG_TRY(cu_linear(b, gu, x, norm, eps, w, NULL, false, sxn));
+    return pg_cuda_gelu_mul(h.data, gu.data, rows, ffn, ctx_of(b)->stream);
+}
+
+static int cu_rmsnorm_add(pg_backend *b, pg_tensor x, pg_tensor y, const pg_bweight *w, float eps) {
+    PG_ARG(x.rows == y.rows && x.cols == y.cols && w->cols == x.cols && x.stride == x.cols && y.stride == y.cols,
+           "cuda rmsnorm_add: needs contiguous rows of one shape");
+    return pg_cuda_rmsnorm_add(x.data, y.data, wdata(w), x.rows, x.cols, eps, ctx_of(b)->stream);
+}
+
+static int cu_scale(pg_backend *b, pg_tensor x, float s) {
+    return pg_cuda_scale(x.data, x.stride, x.rows, x.cols, s, ctx_of(b)->stream);
+}
+
+static int cu_softcap(pg_backend *b, pg_tensor x, float cap) {
+    return pg_cuda_softcap(x.data, x.stride, x.rows, x.cols, cap, ctx_of(b)->stream);
 }
 
 // The mixture-of-experts feed-forward (moe.cu; docs/moe.md): bf16 or FP8
@@ -459,9 +498,11 @@ const pg_backend_ops pg_cuda_ops_table = {
     .linear = cu_linear,
     .gate_up_silu = cu_gate_up_silu,
     .silu_mul = NULL,   // only LoRA steps use it, and LoRA has no CUDA kernel yet
-    .gate_up_gelu = NULL, // Gemma's ops: not on the GPU yet (docs/gemma3.md); callers check
-    .rmsnorm_add = NULL,
-    .scale = NULL,
+    .gate_up_gelu = cu_gate_up_gelu,
+    .rmsnorm_add = cu_rmsnorm_add,
+    .scale = cu_scale,
+    .softcap = cu_softcap,
+    .attention_softcap = cu_attention_softcap,
     .moe_ffn = cu_moe_ffn,
     .moe_workspace_bytes = cu_moe_ws,
     .lora_apply = NULL, // no SGMV kernel yet (docs/lora.md): callers check

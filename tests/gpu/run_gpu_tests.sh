@@ -45,6 +45,9 @@
 #   8. build/gpu/test_cuda_gemma_ops: Gemma's element-wise ops (scale,
 #      rmsnorm_add, gelu_mul, softcap) against host references, exact or
 #      within 1 bf16 ulp (as 1, takes -k).
+#   9. Gemma 3 and Gemma 2 (make_random_model.py --gemma3 / --gemma2): the
+#      runner against the CPU, then paged generate with KV layer groups
+#      against one table for every layer (identical texts) and with fp8 KV.
 # Programs come from build/gpu-pack/ (tools/pack_gpu.sh; its .tar.xz is
 # unpacked here when only the archive was carried), else build/.
 # Logs and JSON go to $OUT (the device tool's folder) or /tmp/paged-gpu.
@@ -535,6 +538,73 @@ if [ $skip_kernels = 0 ]; then
     run gemma_ops build/gpu/test_cuda_gemma_ops "$@"
     note "gemma ops (scale, rmsnorm_add, gelu_mul, softcap vs host, <= 1 ulp): $([ $fail = $f0 ] && echo pass || echo FAIL)"
 fi
+
+# --- 9. Gemma 3 and Gemma 2 on CUDA ---------------------------------------------------------
+# Tiny random models (make_random_model.py --gemma3 / --gemma2, untied so
+# greedy picks have margins, window 32 so prompts pass it): the runner
+# against the CPU at bf16's bound (one block table; the windows, GeGLU, the
+# four norms, the embedding scale, Gemma 2's soft-caps), then the whole
+# engine with KV layer groups (the default) against one table for every
+# layer (--disable-hybrid-kv-cache-manager): the same kernels over the same
+# keys, so every greedy text must be identical (graphs of grouped decode
+# steps, the windowed groups' dropped blocks, chunked prefill past the
+# window); and with an fp8 KV cache (calibrated over a plain layout).
+g3=/tmp/paged-gemma3 g2=/tmp/paged-gemma2
+GM="--hidden 512 --layers 6 --ffn 1536 --vocab 1000 --untie --window 32 --seed 3"
+python3 tests/gpu/make_random_model.py $g3 --gemma3 $GM --heads 8 --kv-heads 2 --head-dim 64 > /dev/null || fail=1
+python3 tests/gpu/make_random_model.py $g2 --gemma2 $GM --heads 8 --kv-heads 4 --head-dim 64 --attn-softcap 5 \
+    --final-softcap 3 > /dev/null || fail=1
+run runner-gemma3 "$RUNNER_TEST" $g3 --json "$out_dir/runner_gemma3.json"
+note "runner gemma 3 (window 32): $(tail -c 300 "$out_dir/runner_gemma3.json" 2>/dev/null | tr -d '\n')"
+run runner-gemma2 "$RUNNER_TEST" $g2 --json "$out_dir/runner_gemma2.json"
+note "runner gemma 2 (soft-caps 5 / 3): $(tail -c 300 "$out_dir/runner_gemma2.json" 2>/dev/null | tr -d '\n')"
+# head_dim 128 as the 27B's, with its query_pre_attn_scalar below head_dim
+# (a sharper softmax) and linear RoPE scaling on the global layer: the
+# bf16 noise is 1.4-1.5e-2 of the logits (std 3 here, so about 0.05 a
+# logit) against the Llama model's 0.8e-2, and session 16 saw greedy flips
+# at CPU gaps of 0.10-0.17 in 3 of 4 seeds (A, B, D; a Llama model of the
+# same shape had none), so a flip counts as hard above a gap of 0.2.
+g3h=/tmp/paged-gemma3-hd128
+python3 tests/gpu/make_random_model.py $g3h --gemma3 $GM --heads 4 --kv-heads 1 --head-dim 128 --attn-scalar 96 \
+    --rope-linear 8 > /dev/null || fail=1
+run runner-gemma3-hd128 "$RUNNER_TEST" $g3h --gap 0.2 --json "$out_dir/runner_gemma3_hd128.json"
+note "runner gemma 3 hd128: $(tail -c 300 "$out_dir/runner_gemma3_hd128.json" 2>/dev/null | tr -d '\n')"
+gp=/tmp/paged-gemma-prompts.jsonl
+python3 - "$gp" <<'PY'
+import json, random, sys
+r = random.Random(7)
+with open(sys.argv[1], "w") as f:
+    for n in [40, 100, 200, 300, 33, 64, 250, 17]:
+        f.write(json.dumps({"prompt_ids": [r.randrange(0, 1000) for _ in range(n)], "max_tokens": 48,
+                            "temperature": 0, "ignore_eos": True}) + "\n")
+PY
+for d in $g3 $g2; do
+    "$PAGED" generate --model $d --device cuda --prompts-file $gp >/tmp/paged-gg.jsonl 2>/tmp/paged-gg.log
+    rc_g=$?
+    "$PAGED" generate --model $d --device cuda --disable-hybrid-kv-cache-manager --prompts-file $gp \
+        >/tmp/paged-gp.jsonl 2>/tmp/paged-gp.log
+    rc_p=$?
+    "$PAGED" generate --model $d --device cuda --kv-cache-dtype fp8 --prompts-file $gp >/tmp/paged-gf.jsonl \
+        2>/tmp/paged-gf.log
+    rc_f=$?
+    same_g=$(python3 - <<'PY'
+import json
+a = [json.loads(l) for l in open("/tmp/paged-gg.jsonl")]
+b = [json.loads(l) for l in open("/tmp/paged-gp.jsonl")]
+c = [json.loads(l) for l in open("/tmp/paged-gf.jsonl")]
+ok = all("error" not in x for x in a + b + c) and len(a) == len(b) == len(c) == 8
+print(f"{sum(1 for x, y in zip(a, b) if x.get('text') == y.get('text'))}/{len(a)}" if ok else "0/8 (errors)")
+PY
+)
+    if [ $rc_g -ne 0 ] || [ $rc_p -ne 0 ] || [ $rc_f -ne 0 ] || [ "$same_g" != "8/8" ] ||
+        ! grep -q "KV layer groups: [2-9] block tables" /tmp/paged-gg.log; then
+        echo "FAIL: $d layer groups (exit $rc_g/$rc_p/$rc_f, identical to one table $same_g)"
+        fail=1
+    else
+        echo "PASS: $d layer groups (identical to one table $same_g; fp8 KV ran)"
+    fi
+    note "generate $(basename $d) cuda, KV layer groups vs one table: identical $same_g (fp8 KV exit $rc_f)"
+done
 
 echo "== summary"
 printf "%b" "$summary"
