@@ -84,17 +84,17 @@ __host__ __device__ constexpr int attn_smem_bytes() {
 // F8, the raw stage [K: KT * HD bytes][V: KT * HD bytes] in chunk order at
 // raw8 + st * 2 KT HD (each thread reads back only what it loaded, so its
 // own cp.async wait is the only ordering the conversion needs).
-template <int HD, bool F8>
+template <int HD, bool F8, bool WC>
 __device__ __forceinline__ void f8_or_bf16_load_tile(const AttnParams &p, bf16 *stages, unsigned char *raw8, int st,
                                                      const int32_t *bt, int kvh, int tile, int kv_begin, int kv_end) {
     if constexpr (F8) {
         unsigned char *raw = raw8 + st * 2 * KT * HD;
-        load_kv_tile<unsigned char, HD, true>(p, reinterpret_cast<const unsigned char *>(p.k_cache),
+        load_kv_tile<unsigned char, HD, true, WC>(p, reinterpret_cast<const unsigned char *>(p.k_cache),
                                               reinterpret_cast<const unsigned char *>(p.v_cache), raw, raw + KT * HD,
                                               bt, kvh, tile, kv_begin, kv_end);
     } else {
         bf16 *ks = stages + st * 2 * KT * HD;
-        load_kv_tile<bf16, HD>(p, p.k_cache, p.v_cache, ks, ks + KT * HD, bt, kvh, tile, kv_begin, kv_end);
+        load_kv_tile<bf16, HD, false, WC>(p, p.k_cache, p.v_cache, ks, ks + KT * HD, bt, kvh, tile, kv_begin, kv_end);
     }
 }
 // Raw stage -> the bf16 tile [K: KT][HD][V: KT][HD], swizzled as the bf16
@@ -117,7 +117,7 @@ __device__ __forceinline__ void f8_convert_tile(const unsigned char *raw, bf16 *
     }
 }
 
-template <int HD, int NT, bool F8>
+template <int HD, int NT, bool F8, bool WC>
 __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_kernel(const AttnParams p) {
     constexpr int CPR = HD / 8;  // 16-byte chunks per key row
     constexpr int TG = 8 / NT;   // warps splitting the keys of a tile
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
     // Keys this CTA needs: up to the position of its last row (causal),
     // from the window of its first row (a sliding-window layer).
     const int kv_end = kv_total - n_q + last_row / G + 1;
-    const int kv_begin = window_first_key(p, kv_total - n_q + row0 / G);
+    const int kv_begin = WC ? window_first_key(p, kv_total - n_q + row0 / G) : 0;
     const int n_tiles = kv_end > 0 ? (kv_end + KT - 1) / KT : 0;
     const int t_lo = kv_begin / KT; // < n_tiles when n_tiles > 0
     int t_begin = t_lo, t_end = n_tiles;
@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
     const int32_t *bt = p.block_tables + (size_t)seq * p.bt_stride;
     unsigned char *raw8 = smem_raw + cvt_tile_bytes<HD>(); // F8: the raw stages
     auto load_tile = [&](int tile, int st) {
-        f8_or_bf16_load_tile<HD, F8>(p, smem, raw8, st, bt, kvh, tile, kv_begin, kv_end);
+        f8_or_bf16_load_tile<HD, F8, WC>(p, smem, raw8, st, bt, kvh, tile, kv_begin, kv_end);
     };
 
     float o[ONT][4];
@@ -262,25 +262,27 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
         // its window, get -inf.
         const int tbase = tile * KT + tok0;
         const bool need_mask = tbase + NT * 8 - 1 > min(pos[0], pos[1]) ||
-                               before_window(p, tbase, max(pos[0], pos[1]));
+                               (WC && before_window(p, tbase, max(pos[0], pos[1])));
         float tmax[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[j][e] *= sl2;
-        if (p.softcap2 > 0.0f) // Gemma 2
+        if constexpr (WC) {
 #pragma unroll
             for (int j = 0; j < NT; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) s[j][e] = capped_score(p, s[j][e]);
+                for (int e = 0; e < 4; e++) s[j][e] *= sl2;
+            if (p.softcap2 > 0.0f) // Gemma 2
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[j][e] = capped_score(p, s[j][e]);
+        }
 #pragma unroll
         for (int j = 0; j < NT; j++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                float v = s[j][e];
+                float v = WC ? s[j][e] : s[j][e] * sl2; // (WC: scaled and capped above)
                 if (need_mask) {
                     int t = tbase + j * 8 + (lane % 4) * 2 + (e & 1);
-                    if (t > pos[e >> 1] || before_window(p, t, pos[e >> 1])) v = -INFINITY;
+                    if (t > pos[e >> 1] || (WC && before_window(p, t, pos[e >> 1]))) v = -INFINITY;
                 }
                 s[j][e] = v;
                 tmax[e >> 1] = fmaxf(tmax[e >> 1], v);
@@ -420,7 +422,7 @@ __host__ __device__ constexpr int pf2_smem_bytes() {
               : (128 + 2 * 2 * KT) * HD * (int)sizeof(bf16);
 }
 
-template <int HD, bool F8>
+template <int HD, bool F8, bool WC>
 __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const AttnParams p) {
     constexpr int CPR = HD / 8;
     constexpr int KSTEPS = HD / 16;
@@ -442,7 +444,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
     if (row0 >= rows_total) return;
     const int last_row = min(row0 + ROWS, rows_total) - 1;
     const int kv_end = kv_total - n_q + last_row / G + 1;
-    const int kv_begin = window_first_key(p, kv_total - n_q + row0 / G); // the first row's window
+    const int kv_begin = WC ? window_first_key(p, kv_total - n_q + row0 / G) : 0; // the first row's window
     const int n_tiles = kv_end > 0 ? (kv_end + KT - 1) / KT : 0;
     const int t_lo = kv_begin / KT;
 
@@ -467,7 +469,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
 
     const int32_t *bt = p.block_tables + (size_t)seq * p.bt_stride;
     auto load_tile = [&](int tile, int st) {
-        f8_or_bf16_load_tile<HD, F8>(p, stages, raw8, st, bt, kvh, tile, kv_begin, kv_end);
+        f8_or_bf16_load_tile<HD, F8, WC>(p, stages, raw8, st, bt, kvh, tile, kv_begin, kv_end);
     };
 
     float o[2][ONT][4];
@@ -521,7 +523,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
             }
         }
 
-        const bool need_mask = tile * KT + KT - 1 > min_pos || before_window(p, tile * KT, max_pos);
+        const bool need_mask = tile * KT + KT - 1 > min_pos || (WC && before_window(p, tile * KT, max_pos));
 #pragma unroll
         for (int mt = 0; mt < 2; mt++) {
             float tmax[2] = {-INFINITY, -INFINITY};
@@ -533,7 +535,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
                     sc[mt][j][e] = v;
                 }
             }
-            if (p.softcap2 > 0.0f) // Gemma 2
+            if (WC && p.softcap2 > 0.0f) // Gemma 2
 #pragma unroll
                 for (int j = 0; j < NT; j++)
 #pragma unroll
@@ -545,7 +547,7 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
 #pragma unroll
                     for (int e = 0; e < 4; e++) {
                         const int t = tile * KT + j * 8 + (lane % 4) * 2 + (e & 1), pe = (e >> 1) ? p1 : p0;
-                        if (t > pe || before_window(p, t, pe)) sc[mt][j][e] = -INFINITY;
+                        if (t > pe || (WC && before_window(p, t, pe))) sc[mt][j][e] = -INFINITY;
                     }
             }
 #pragma unroll
@@ -605,13 +607,13 @@ __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const Att
 
 // Raises the kernel's dynamic shared memory limit, once per device (the
 // attribute belongs to the device's context).
-template <int HD, int NT, bool F8 = false> int set_smem_attr() {
+template <int HD, int NT, bool F8 = false, bool WC = false> int set_smem_attr() {
     static std::atomic<uint64_t> done{0};
     int dev = 0;
     PG_CUDA_TRY(cudaGetDevice(&dev));
     uint64_t bit = 1ull << (dev & 63);
     if (done.load(std::memory_order_acquire) & bit) return 0;
-    PG_CUDA_TRY(cudaFuncSetAttribute(paged_attn_mma_kernel<HD, NT, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    PG_CUDA_TRY(cudaFuncSetAttribute(paged_attn_mma_kernel<HD, NT, F8, WC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      attn_smem_bytes<HD, NT, F8>()));
     done.fetch_or(bit, std::memory_order_release);
     return 0;
@@ -619,11 +621,11 @@ template <int HD, int NT, bool F8 = false> int set_smem_attr() {
 
 // CTAs of the decode kernel resident per SM (the same on every device of
 // one kind; computed once).
-template <int HD, bool F8 = false> int decode_ctas_per_sm() {
+template <int HD, bool F8 = false, bool WC = false> int decode_ctas_per_sm() {
     static const int n = [] {
         int v = 0;
-        if (set_smem_attr<HD, 2, F8>() < 0 ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, paged_attn_mma_kernel<HD, 2, F8>, NTHREADS,
+        if (set_smem_attr<HD, 2, F8, WC>() < 0 ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, paged_attn_mma_kernel<HD, 2, F8, WC>, NTHREADS,
                                                           attn_smem_bytes<HD, 2, F8>()) != cudaSuccess ||
             v < 1)
             v = 1;
@@ -650,31 +652,31 @@ int check_common(const void *out, const void *q, const void *k_cache, const void
     return 0;
 }
 
-template <int HD, bool F8>
+template <int HD, bool F8, bool WC>
 int launch_decode_v2(void *out, const void *q, int64_t q_stride, const void *k_cache,
                      const void *v_cache, pg_kv_shape kv, const int32_t *block_tables,
                      int32_t bt_stride, const int32_t *seq_lens, int32_t n_seqs, int32_t n_heads,
                      float scale, int32_t max_seq_len, void *workspace, size_t workspace_bytes,
                      cudaStream_t st) {
-    PG_TRY((set_smem_attr<HD, 2, F8>()));
+    PG_TRY((set_smem_attr<HD, 2, F8, WC>()));
     const int G = n_heads / kv.n_kv_heads;
     const int row_tiles = (G + 15) / 16;
     const AttnParams p = decode_params(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride, seq_lens,
                                        n_seqs, n_heads, scale, max_seq_len, workspace, workspace_bytes, row_tiles,
-                                       decode_ctas_per_sm<HD, F8>(), F8);
+                                       decode_ctas_per_sm<HD, F8, WC>(), F8);
     dim3 grid((unsigned)(n_seqs * kv.n_kv_heads), (unsigned)row_tiles, (unsigned)p.max_splits);
-    PG_CUDA_TRY(pg_launch_pdl(paged_attn_mma_kernel<HD, 2, F8>, grid, dim3(NTHREADS), attn_smem_bytes<HD, 2, F8>(),
+    PG_CUDA_TRY(pg_launch_pdl(paged_attn_mma_kernel<HD, 2, F8, WC>, grid, dim3(NTHREADS), attn_smem_bytes<HD, 2, F8>(),
                               st, p));
     PG_CUDA_LAUNCHED("paged_attn_mma_kernel<decode>");
     return 0;
 }
 
-template <int HD, bool F8>
+template <int HD, bool F8, bool WC>
 int launch_prefill(void *out, const void *q, int64_t q_stride, const void *k_cache,
                    const void *v_cache, pg_kv_shape kv, const int32_t *block_tables,
                    int32_t bt_stride, const int32_t *cu_q, const int32_t *start_pos, int32_t n_seqs,
                    int32_t n_heads, float scale, int32_t max_q_len, cudaStream_t st) {
-    PG_TRY((set_smem_attr<HD, 8, F8>()));
+    PG_TRY((set_smem_attr<HD, 8, F8, WC>()));
     const int G = n_heads / kv.n_kv_heads;
     AttnParams p = attn_params(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride, n_heads, scale);
     p.cu_q = cu_q;
@@ -684,12 +686,12 @@ int launch_prefill(void *out, const void *q, int64_t q_stride, const void *k_cac
     const int64_t row_tiles = ((int64_t)max_q_len * G + 63) / 64;
     PG_ARG(row_tiles <= 65535, "prefill attention: max_q_len %d too large for one launch", max_q_len);
     dim3 grid((unsigned)(n_seqs * kv.n_kv_heads), (unsigned)row_tiles, 1);
-    paged_attn_mma_kernel<HD, 8, F8><<<grid, NTHREADS, attn_smem_bytes<HD, 8, F8>(), st>>>(p);
+    paged_attn_mma_kernel<HD, 8, F8, WC><<<grid, NTHREADS, attn_smem_bytes<HD, 8, F8>(), st>>>(p);
     PG_CUDA_LAUNCHED("paged_attn_mma_kernel<prefill>");
     return 0;
 }
 
-template <int HD, bool F8>
+template <int HD, bool F8, bool WC>
 int launch_prefill_v2(void *out, const void *q, int64_t q_stride, const void *k_cache, const void *v_cache,
                       pg_kv_shape kv, const int32_t *block_tables, int32_t bt_stride, const int32_t *cu_q,
                       const int32_t *start_pos, int32_t n_seqs, int32_t n_heads, float scale, int32_t max_q_len,
@@ -698,7 +700,7 @@ int launch_prefill_v2(void *out, const void *q, int64_t q_stride, const void *k_
     int dev = 0;
     PG_CUDA_TRY(cudaGetDevice(&dev));
     if (!(done.load(std::memory_order_acquire) & (1ull << (dev & 63)))) {
-        PG_CUDA_TRY(cudaFuncSetAttribute(paged_prefill_v2_kernel<HD, F8>,
+        PG_CUDA_TRY(cudaFuncSetAttribute(paged_prefill_v2_kernel<HD, F8, WC>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, pf2_smem_bytes<HD, F8>()));
         done.fetch_or(1ull << (dev & 63), std::memory_order_release);
     }
@@ -709,7 +711,7 @@ int launch_prefill_v2(void *out, const void *q, int64_t q_stride, const void *k_
     const int64_t row_tiles = ((int64_t)max_q_len * G + 127) / 128;
     PG_ARG(row_tiles <= 65535, "prefill attention: max_q_len %d too large for one launch", max_q_len);
     dim3 grid((unsigned)(n_seqs * kv.n_kv_heads), (unsigned)row_tiles, 1);
-    paged_prefill_v2_kernel<HD, F8><<<grid, NTHREADS, pf2_smem_bytes<HD, F8>(), st>>>(p);
+    paged_prefill_v2_kernel<HD, F8, WC><<<grid, NTHREADS, pf2_smem_bytes<HD, F8>(), st>>>(p);
     PG_CUDA_LAUNCHED("paged_prefill_v2_kernel");
     return 0;
 }
@@ -720,12 +722,16 @@ int launch_prefill_v2(void *out, const void *q, int64_t q_stride, const void *k_
 
 // --- C API -------------------------------------------------------------------------------
 
-// Calls F<HD, F8>::run(args...) for the shape's head_dim and KV dtype
-// (check_common has limited both to what is built).
-#define PG_ATTN_DISPATCH(fn, kv, ...)                                                              \
+// Calls fn<HD, F8, WC>(args...) for the shape's head_dim, KV dtype and
+// whether it has a window or a soft-cap (check_common has limited the first
+// two to what is built).
+#define PG_ATTN_DISPATCH_WC(fn, kv, WC, ...)                                                       \
     ((kv).dtype == PG_KV_FP8_E4M3                                                                  \
-         ? ((kv).head_dim == 64 ? fn<64, true>(__VA_ARGS__) : fn<128, true>(__VA_ARGS__))          \
-         : ((kv).head_dim == 64 ? fn<64, false>(__VA_ARGS__) : fn<128, false>(__VA_ARGS__)))
+         ? ((kv).head_dim == 64 ? fn<64, true, WC>(__VA_ARGS__) : fn<128, true, WC>(__VA_ARGS__))  \
+         : ((kv).head_dim == 64 ? fn<64, false, WC>(__VA_ARGS__) : fn<128, false, WC>(__VA_ARGS__)))
+#define PG_ATTN_DISPATCH(fn, kv, ...)                                                              \
+    (((kv).window > 0 || (kv).softcap > 0.0f) ? PG_ATTN_DISPATCH_WC(fn, kv, true, __VA_ARGS__)     \
+                                              : PG_ATTN_DISPATCH_WC(fn, kv, false, __VA_ARGS__))
 
 extern "C" int pg_cuda_paged_decode_attention_v(int version, void *out, const void *q, int64_t q_stride,
                                                 const void *k_cache, const void *v_cache, pg_kv_shape kv,

@@ -89,8 +89,13 @@ __device__ __forceinline__ bool before_window(const AttnParams &p, int t, int po
 }
 // Gemma 2's soft-capping of a score in base-2 units: with C = cap * log2(e),
 // cap * tanh(s / cap) * log2(e) = C * tanh(v / C) for v = s * log2(e).
-// Kernels call it in a loop of its own under one `p.softcap2 > 0` branch a
-// tile, so the uncapped score loop keeps no per-element branch.
+//
+// Windows and caps cost the kernels a few instructions a tile and a chunk
+// (session 16, H200: W2 -1.3%), so each kernel takes them under a template
+// flag WC ("window or cap"), instantiated both ways; the launchers pick WC
+// = window > 0 || softcap > 0, and the plain instantiation is the code
+// that ran before. Kernels call capped_score in a loop of its own under one
+// `p.softcap2 > 0` branch a tile.
 __device__ __forceinline__ float capped_score(const AttnParams &p, float v) {
     return p.softcap2 * tanhf(v / p.softcap2);
 }
@@ -135,10 +140,10 @@ template <int CPR> __device__ __forceinline__ int swz_chunk(int r, int c) {
 // EPR per key row. Thread x issues chunks x, x + NTHREADS, ...; chunk c of
 // key row r lands at r * EPR + swz_chunk(r, c) chunks (LINEAR: at chunk
 // r * CPR + c, for a raw stage that only its loading thread reads back).
-// Keys before kv_begin (outside a sliding window) or at or past kv_end are
-// zero-filled and their block table entries never read. Called by every
-// thread; the caller commits the group.
-template <typename T, int EPR, bool LINEAR = false>
+// Keys at or past kv_end, and with WIN keys before kv_begin (outside a
+// sliding window), are zero-filled and their block table entries never
+// read. Called by every thread; the caller commits the group.
+template <typename T, int EPR, bool LINEAR = false, bool WIN = false>
 __device__ __forceinline__ void load_kv_tile(const AttnParams &p, const T *kc, const T *vc, T *ks, T *vs,
                                              const int32_t *bt, int kvh, int tile, int kv_begin, int kv_end) {
     constexpr int EPC = 16 / (int)sizeof(T); // elements per 16-byte chunk
@@ -149,7 +154,7 @@ __device__ __forceinline__ void load_kv_tile(const AttnParams &p, const T *kc, c
         int chunk = threadIdx.x + i * NTHREADS;
         int r = chunk / CPR, c = chunk % CPR;
         int t = tile * KT + r;
-        bool valid = t >= kv_begin && t < kv_end;
+        bool valid = (!WIN || t >= kv_begin) && t < kv_end;
         const T *kp = kc, *vp = vc;
         if (valid) {
             size_t off = kv_row(bt, p.bs_shift, t, p.n_kv, kvh) * EPR + c * EPC;

@@ -119,7 +119,7 @@ __device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&h);
 }
 
-template <int HD, bool F8>
+template <int HD, bool F8, bool WC>
 __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnParams p) {
     constexpr int RB = kn_row_bytes<HD, F8>(); // bytes per key row
     constexpr int CPR = RB / 16;               // 16-byte chunks per key row
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
     const int G = p.group;
     const float sl2 = p.scale_log2 * kv_k_scale(p, kvh), vsc = kv_v_scale(p, kvh);
     const int kv_end = p.seq_lens[seq];
-    const int kv_begin = window_first_key(p, kv_end - 1); // the query is at kv_end - 1
+    const int kv_begin = WC ? window_first_key(p, kv_end - 1) : 0; // the query is at kv_end - 1
     const int n_tiles = kv_end > 0 ? (kv_end + KT - 1) / KT : 0;
     const int t_lo = kv_begin / KT;
     const size_t out_row0 = (size_t)seq * p.n_heads + (size_t)kvh * G; // out row of head g: out_row0 + g
@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
     const unsigned char *vb = reinterpret_cast<const unsigned char *>(p.v_cache);
     auto load_tile = [&](int tile, int st) {
         unsigned char *ks = smem_raw + st * STAGE;
-        load_kv_tile<unsigned char, RB>(p, kb, vb, ks, ks + KT * RB, bt, kvh, tile, kv_begin, kv_end);
+        load_kv_tile<unsigned char, RB, false, WC>(p, kb, vb, ks, ks + KT * RB, bt, kvh, tile, kv_begin, kv_end);
     };
 
     float o[MT][4]; // O^T: m-tile c, rows = dims (see kn_dim), columns = query heads
@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
         float sv[4];
 #pragma unroll
         for (int e = 0; e < 4; e++) sv[e] = F8 ? s[0][e] + s[1][e] : (s[0][e] + s[1][e]) * sl2;
-        if (p.softcap2 > 0.0f) // Gemma 2
+        if (WC && p.softcap2 > 0.0f) // Gemma 2
 #pragma unroll
             for (int e = 0; e < 4; e++) sv[e] = capped_score(p, sv[e]);
         if (tile * KT + KT > kv_end) {
@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
             if (k0 >= kv_end) sv[0] = sv[1] = -INFINITY;
             if (k0 + 8 >= kv_end) sv[2] = sv[3] = -INFINITY;
         }
-        if (tile * KT < kv_begin) { // keys before the window (sliding-window layers)
+        if (WC && tile * KT < kv_begin) { // keys before the window (sliding-window layers)
             const int k0 = tile * KT + key0 + g8;
             if (k0 < kv_begin) sv[0] = sv[1] = -INFINITY;
             if (k0 + 8 < kv_begin) sv[2] = sv[3] = -INFINITY;
@@ -401,24 +401,24 @@ int device_cc() {
 // sm_80 build of the kernel carries only an untested ALU fallback).
 bool kn_applies(int group) { return group >= 1 && group <= KN_MAX_GROUP && device_cc() >= 89; }
 
-template <int HD, bool F8> int kn_set_smem_attr() {
+template <int HD, bool F8, bool WC = false> int kn_set_smem_attr() {
     static std::atomic<uint64_t> done{0};
     int dev = 0;
     PG_CUDA_TRY(cudaGetDevice(&dev));
     uint64_t bit = 1ull << (dev & 63);
     if (done.load(std::memory_order_acquire) & bit) return 0;
-    PG_CUDA_TRY(cudaFuncSetAttribute(paged_decode_kn_kernel<HD, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    PG_CUDA_TRY(cudaFuncSetAttribute(paged_decode_kn_kernel<HD, F8, WC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      kn_smem_bytes<HD, F8>()));
     done.fetch_or(bit, std::memory_order_release);
     return 0;
 }
 
 // Resident v4 CTAs per SM (the split plan's slots; computed once).
-template <int HD, bool F8> int kn_ctas_per_sm() {
+template <int HD, bool F8, bool WC = false> int kn_ctas_per_sm() {
     static const int n = [] {
         int v = 0;
-        if (kn_set_smem_attr<HD, F8>() < 0 ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, paged_decode_kn_kernel<HD, F8>, NTHREADS,
+        if (kn_set_smem_attr<HD, F8, WC>() < 0 ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, paged_decode_kn_kernel<HD, F8, WC>, NTHREADS,
                                                           kn_smem_bytes<HD, F8>()) != cudaSuccess ||
             v < 1)
             v = 1;
@@ -432,17 +432,17 @@ int kn_ctas_per_sm_of(int head_dim, bool f8) {
                           : (f8 ? kn_ctas_per_sm<128, true>() : kn_ctas_per_sm<128, false>());
 }
 
-template <int HD, bool F8>
+template <int HD, bool F8, bool WC>
 int launch_decode_kn(void *out, const void *q, int64_t q_stride, const void *k_cache, const void *v_cache,
                      pg_kv_shape kv, const int32_t *block_tables, int32_t bt_stride, const int32_t *seq_lens,
                      int32_t n_seqs, int32_t n_heads, float scale, int32_t max_seq_len, void *workspace,
                      size_t workspace_bytes, cudaStream_t st) {
-    PG_TRY((kn_set_smem_attr<HD, F8>()));
+    PG_TRY((kn_set_smem_attr<HD, F8, WC>()));
     const AttnParams p = decode_params(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride, seq_lens,
                                        n_seqs, n_heads, scale, max_seq_len, workspace, workspace_bytes, 1,
-                                       kn_ctas_per_sm<HD, F8>(), F8);
+                                       kn_ctas_per_sm<HD, F8, WC>(), F8);
     dim3 grid((unsigned)(n_seqs * kv.n_kv_heads), 1, (unsigned)p.max_splits);
-    PG_CUDA_TRY(pg_launch_pdl(paged_decode_kn_kernel<HD, F8>, grid, dim3(NTHREADS), kn_smem_bytes<HD, F8>(), st, p));
+    PG_CUDA_TRY(pg_launch_pdl(paged_decode_kn_kernel<HD, F8, WC>, grid, dim3(NTHREADS), kn_smem_bytes<HD, F8>(), st, p));
     PG_CUDA_LAUNCHED("paged_decode_kn_kernel");
     return 0;
 }
