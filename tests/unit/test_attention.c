@@ -11,11 +11,7 @@
 #include <cmocka.h>
 
 #include "kernels/cpu/cpu_backend.h"
-
-static float frand(uint64_t *s) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((*s >> 40) & 0xffffff) / (float)0x1000000 * 2.0f - 1.0f;
-}
+#include "tests/unit/rng_test_util.h"
 
 // Gemma 2's soft-capping of the scores in both the reference and the
 // kernel's sequences (0: none); test_softcap sets it.
@@ -83,7 +79,7 @@ static void check_window(int n_seqs, int n_heads, int n_kv, int hd, int bs, int 
         size_t n = (size_t)ctx[s] * n_kv * hd;
         ks[s] = malloc(n * sizeof(float));
         vs[s] = malloc(n * sizeof(float));
-        for (size_t i = 0; i < n; i++) ks[s][i] = frand(&seed), vs[s][i] = frand(&seed);
+        for (size_t i = 0; i < n; i++) ks[s][i] = lcg_frand(&seed), vs[s][i] = lcg_frand(&seed);
         for (int t = 0; t < ctx[s]; t++) {
             int32_t slot = seqs[s].block_table[t / bs] * bs + t % bs;
             // The compatible mode keeps K in llama.cpp's pair order (its RoPE
@@ -98,7 +94,7 @@ static void check_window(int n_seqs, int n_heads, int n_kv, int hd, int bs, int 
     size_t qn = (size_t)total_q * n_heads * hd;
     float *q = malloc(qn * sizeof(float)), *out = malloc(qn * sizeof(float));
     double *ref = malloc(qn * sizeof(double));
-    for (size_t i = 0; i < qn; i++) q[i] = frand(&seed) * 2.0f;
+    for (size_t i = 0; i < qn; i++) q[i] = lcg_frand(&seed) * 2.0f;
     float scale = 1.0f / sqrtf((float)hd);
     pg_cpu_attention(pg_cpu(be), out, q, (int64_t)n_heads * hd, seqs, n_seqs, n_heads, scale, kc, vc, kv);
     for (int s = 0; s < n_seqs; s++)
@@ -160,8 +156,8 @@ static void test_rope_kv_write(void **state) {
     float q[5 * 4 * 8], k[5 * 2 * 8], v[5 * 2 * 8], q0[5 * 4 * 8], k0[5 * 2 * 8];
     float kc[4 * 4 * 2 * 8] = {0}, vc[4 * 4 * 2 * 8] = {0};
     uint64_t seed = 9;
-    for (int i = 0; i < m * nh * hd; i++) q[i] = q0[i] = frand(&seed);
-    for (int i = 0; i < m * nkv * hd; i++) k[i] = k0[i] = frand(&seed), v[i] = frand(&seed);
+    for (int i = 0; i < m * nh * hd; i++) q[i] = q0[i] = lcg_frand(&seed);
+    for (int i = 0; i < m * nkv * hd; i++) k[i] = k0[i] = lcg_frand(&seed), v[i] = lcg_frand(&seed);
     int32_t pos[5] = {0, 1, 7, 100, 3000}, slots[5] = {4, 5, 15, 8, 9};
     float inv_freq[4];
     for (int i = 0; i < 4; i++) inv_freq[i] = powf(10000.0f, -2.0f * i / hd);

@@ -18,16 +18,12 @@
 #include "common/half.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/dtype.h"
+#include "tests/unit/rng_test_util.h"
 
+// One stream for both: uniform in [-1, 1), and in [0, n).
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static float frand(void) { // uniform in [-1, 1)
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((rng >> 40) & 0xffffff) / (float)0x1000000 * 2.0f - 1.0f;
-}
-static uint32_t urand(uint32_t n) {
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)(rng >> 33) % n;
-}
+static float frand(void) { return lcg_frand(&rng); }
+static uint32_t urand(uint32_t n) { return lcg_u31(&rng) % n; }
 
 // --- row codecs ----------------------------------------------------------------------
 

@@ -17,12 +17,11 @@
 #include "common/half.h"
 #include "kernels/cpu/llama_compat.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "tests/unit/rng_test_util.h"
 
+// Uniform in [-1, 1) before the rounding to float (lcg_frand53).
 static uint64_t rng = 0x853c49e6748fea9bull;
-static float frand(void) { // uniform in [-1, 1)
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((int64_t)(rng >> 11) - (1ll << 52)) / (float)(1ll << 52);
-}
+static float frand(void) { return lcg_frand53(&rng); }
 
 static int32_t ulp_diff(float a, float b) {
     int32_t ia, ib;

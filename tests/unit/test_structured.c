@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "common/err.h"
+#include "tests/unit/rng_test_util.h"
 #include "text/grammar/structured.h"
 #include "text/grammar/structured_state.h"  // the slow exact reference (sg_*_reference)
 #include "text/tokenizer/tokenizer.h"
@@ -106,10 +107,7 @@ static int compile_err(pg_grammar_kind k, const char *text, pg_struct_vocab *v, 
 // out (NUL-terminated); returns the step count, or -1 when it ran out of
 // steps.
 static uint64_t rng_state;
-static uint32_t rnd(void) {
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)(rng_state >> 33);
-}
+static uint32_t rnd(void) { return lcg_u31(&rng_state); }
 
 static int walk(pg_grammar *g, const char *const *tok, const int32_t *len, int32_t n, int32_t eos,
                 double p_end, int max_steps, char *out, size_t cap) {
