@@ -251,9 +251,21 @@ static int hf_moe(const cJSON *j, const char *arch, const char *path, pg_model_c
     PG_TRY(json_int(j, "moe_intermediate_size", &c->moe_ffn, true, path));
     PG_TRY(json_int(j, "decoder_sparse_step", &c->moe_step, false, path));
     c->moe_renorm = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "norm_topk_prob"));
-    const cJSON *only = cJSON_GetObjectItemCaseSensitive(j, "mlp_only_layers");
-    if (cJSON_GetArraySize(only) > 0)
-        return pg_err_set(PG_EUNSUPP, "%s: mlp_only_layers (dense layers among the experts) is not supported", path);
+    // mlp_only_layers: indices of layers that keep the dense MLP (as
+    // transformers' Qwen3MoeDecoderLayer: not listed and every
+    // decoder_sparse_step-th, the experts).
+    const cJSON *only = cJSON_GetObjectItemCaseSensitive(j, "mlp_only_layers"), *it;
+    if (only && !cJSON_IsNull(only) && !cJSON_IsArray(only))
+        return pg_err_set(PG_EFORMAT, "%s: mlp_only_layers must be a list of layer indices", path);
+    cJSON_ArrayForEach(it, only) {
+        const double v = cJSON_IsNumber(it) ? it->valuedouble : -1;
+        if (v < 0 || v >= c->n_layers || v >= PG_MAX_LAYERS || v != (double)(int32_t)v)
+            return pg_err_set(PG_EFORMAT, "%s: mlp_only_layers holds %s, not a layer index below %d", path,
+                              cJSON_IsNumber(it) ? "an out-of-range number" : "a non-number", c->n_layers);
+        const int32_t l = (int32_t)v;
+        c->mlp_only[l / 8] |= (uint8_t)(1u << (l % 8));
+        c->has_mlp_only = true;
+    }
     return 0;
 }
 

@@ -45,6 +45,10 @@ typedef struct pg_model_config {
     int32_t n_experts_used; // top-k (num_experts_per_tok)
     int32_t moe_ffn;        // one expert's intermediate size (Mixtral: intermediate_size)
     int32_t moe_step;       // every moe_step-th layer is MoE (Qwen3-MoE decoder_sparse_step; 1)
+    // Qwen3-MoE's mlp_only_layers: bit l set, layer l keeps the dense SwiGLU
+    // whatever moe_step says (pg_config_layer_is_moe); has_mlp_only: any set.
+    uint8_t mlp_only[PG_MAX_LAYERS / 8];
+    bool has_mlp_only;
     bool moe_renorm;        // top-k weights renormalised to sum 1 (Mixtral: always; Qwen3-MoE: norm_topk_prob)
     int32_t sliding_window; // Mistral's attention window (0 = none); max model length is capped to it
     // Gemma 3 (engine/model/gemma.c; docs/gemma3.md): local layers attend
@@ -84,7 +88,11 @@ int pg_config_from_hf_file(const char *config_path, pg_model_config *c);
 int pg_config_validate(const pg_model_config *c);
 // Whether layer l's feed-forward is a mixture of experts.
 static inline bool pg_config_layer_is_moe(const pg_model_config *c, int32_t l) {
-    return c->n_experts > 0 && (l + 1) % c->moe_step == 0;
+    return c->n_experts > 0 && (l + 1) % c->moe_step == 0 && !(c->mlp_only[l / 8] >> (l % 8) & 1);
+}
+// Whether some layer of a mixture-of-experts model has the dense FFN.
+static inline bool pg_config_has_dense_ffn(const pg_model_config *c) {
+    return c->n_experts <= 0 || c->moe_step > 1 || c->has_mlp_only;
 }
 // Gemma 2 and 3 (engine/model/gemma.c): four norms a layer, GeGLU, the
 // embedding scaled, local and global layers.

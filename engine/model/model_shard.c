@@ -53,7 +53,7 @@ int pg_model_shard_plan(const pg_model_config *c, int32_t rank, int32_t size, bo
                           size, c->n_kv_heads);
     // The dense FFN's width matters only where a layer has one (Mixtral's
     // intermediate_size is its experts' width: expert parallelism keeps it whole).
-    const bool dense_ffn = c->n_experts <= 0 || c->moe_step > 1 || !expert_parallel;
+    const bool dense_ffn = pg_config_has_dense_ffn(c) || !expert_parallel;
     if (dense_ffn && c->ffn % size)
         return pg_err_set(PG_EINVAL, "tensor parallel size %d does not divide the model's FFN width %d", size,
                           c->ffn);

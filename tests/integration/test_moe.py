@@ -10,7 +10,8 @@ Face transformers on the CPU.
    argmax. Variants: Mixtral (8 experts, top 2, always renormalised);
    Qwen3-MoE (16 experts, top 4, norm_topk_prob, q/k norms); Qwen3-MoE with
    norm_topk_prob off and decoder_sparse_step 2 (dense layers between the
-   MoE ones).
+   MoE ones); Qwen3-MoE with mlp_only_layers [0, 2] (the dense MLP in the
+   listed layers, the experts in layer 1).
 2. GGUF: the same Mixtral and Qwen3-MoE weights written as llama.cpp lays
    them out (gguf-py: arch "llama" with expert_count for Mixtral, Q/K rows
    permuted as convert_hf_to_gguf.py does; "qwen3moe"; every layer's experts
@@ -33,7 +34,8 @@ Face transformers on the CPU.
    experts' 2 x 48 x 128 x 3 x 2048 x 768 bytes below --tp 1.
 5. Errors, one line naming the file and the reason: a missing expert
    tensor (under --tp 2 --ep named by rank 1 alone, the rank holding it:
-   the other never looks it up); mlp_only_layers; --cpu-offload-gb with
+   the other never looks it up); mlp_only_layers naming a layer the model
+   does not have; --cpu-offload-gb with
    experts; an expert width that --tp does not divide; experts that --tp
    does not divide under expert parallelism.
 
@@ -70,6 +72,9 @@ VARIANTS = {
                                                 num_experts_per_tok=4, norm_topk_prob=False,
                                                 decoder_sparse_step=2, head_dim=16, rope_theta=10000.0,
                                                 use_sliding_window=False)),
+    "qwen3moe-mlponly": ("Qwen3MoeConfig", dict(intermediate_size=160, moe_intermediate_size=48, num_experts=8,
+                                                num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[0, 2],
+                                                head_dim=16, rope_theta=10000.0, use_sliding_window=False)),
 }
 
 PROMPTS = [[1, 17, 5, 230, 99, 42, 7, 310, 8], list(range(3, 3 + 70, 3)), [250] * 5 + [11, 12, 13]]
@@ -267,9 +272,9 @@ def main():
         only = os.path.join(tmp, "mlp-only")
         os.makedirs(only)
         cfg = json.load(open(os.path.join(dirs["qwen3moe"], "config.json")))
-        cfg["mlp_only_layers"] = [0]
+        cfg["mlp_only_layers"] = [0, 3]  # a 3-layer model
         json.dump(cfg, open(os.path.join(only, "config.json"), "w"))
-        refused([only], ["config.json", "mlp_only_layers"], "mlp_only_layers")
+        refused([only], ["config.json", "mlp_only_layers", "below 3"], "mlp_only_layers past the last layer")
         refused([dirs["mixtral"], "--cpu-offload-gb", "1"], ["--cpu-offload-gb", "mixture-of-experts"],
                 "offload with experts")
         odd = os.path.join(tmp, "odd-experts.json")
