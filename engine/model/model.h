@@ -291,6 +291,10 @@ void pg_model_free(pg_model *m);
 // many (at most PG_LAYER_WEIGHTS_MAX).
 #define PG_LAYER_WEIGHTS_MAX 11
 int pg_model_layer_weights(const pg_model_layer *L, pg_bweight **out);
+// The same and then a mixture-of-experts layer's router and its experts'
+// gate|up and down (those this rank holds, by expert id), in a new array
+// (*out, freed by the caller); returns how many.
+int pg_model_layer_all_weights(const pg_model_layer *L, int32_t n_experts, pg_bweight ***out);
 // Offload (engine/model/model_offload.c), for the loader: layer l (the next one
 // after those offloaded so far) moves to host memory; then, once every
 // layer has loaded, finish allocates the slots, points the offloaded

@@ -245,14 +245,6 @@ static int find_checked(pg_model *m, const source *s, const char *name, int64_t 
     return 0;
 }
 
-// --cpu-offload-gb moves whole layers; a layer of experts is not yet one
-// block of weights (engine/model/model_offload.c).
-static int moe_offload_check(const pg_model_load_opts *o, const pg_model_config *c) {
-    if (o->cpu_offload_bytes > 0 && c->n_experts > 0)
-        return pg_err_set(PG_EUNSUPP, "--cpu-offload-gb: not supported for mixture-of-experts models yet");
-    return 0;
-}
-
 // --quantization fp8|int4 (and the comparison's formats): the layers'
 // matrices quantized at load; not awq|gptq, which name the checkpoint.
 static bool online_quant(const pg_model_load_opts *o) {
@@ -480,7 +472,6 @@ int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size
     const pg_model_config *c = &m.cfg;
     const int64_t H = c->hidden, V = c->vocab_size;
     pg_weight w;
-    if ((rc = moe_offload_check(o, c)) < 0) goto done;
     // The embedding and the LM head (one weight when tied), as the loader
     // decides it.
     const char *emb_name = s.kind == SRC_GGUF ? "token_embd.weight" : "model.embed_tokens.weight";
@@ -587,7 +578,6 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
             goto fail;
         }
     }
-    if ((rc = moe_offload_check(o, c)) < 0) goto fail;
     m->attn_window = pg_model_attn_window(c, be->caps);
     // Under tensor parallelism a model that cannot be split stops here,
     // before any weight is read.

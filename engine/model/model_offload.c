@@ -36,19 +36,35 @@ int pg_model_layer_weights(const pg_model_layer *L, pg_bweight **out) {
     return n;
 }
 
+int pg_model_layer_all_weights(const pg_model_layer *L, int32_t n_experts, pg_bweight ***out) {
+    const int64_t cap = PG_LAYER_WEIGHTS_MAX + 1 + (L->exp_gate_up ? 2 * (int64_t)n_experts : 0);
+    pg_bweight **ws = pg_xmalloc(sizeof(pg_bweight *) * (size_t)cap);
+    int n = pg_model_layer_weights(L, ws);
+    if (L->router) ws[n++] = L->router;
+    for (int32_t e = 0; L->exp_gate_up && e < n_experts; e++) {
+        if (L->exp_gate_up[e]) ws[n++] = L->exp_gate_up[e];
+        if (L->exp_down[e]) ws[n++] = L->exp_down[e];
+    }
+    *out = ws;
+    return n;
+}
+
 int pg_model_offload_layer(pg_model *m, int32_t l) {
     pg_backend *be = m->be;
     pg_model_offload *o = &m->offload;
     PG_ARG(be->store->weight_offload && be->store->weight_point && be->store->stream_in,
            "--cpu-offload-gb: the %s backend cannot offload weights", be->name);
     PG_ARG(l == o->n_layers && l < m->cfg.n_layers, "offload: layer %d after %d offloaded layers", l, o->n_layers);
-    pg_bweight *ws[PG_LAYER_WEIGHTS_MAX];
-    const int n = pg_model_layer_weights(&m->layers[l], ws);
+    pg_bweight **ws;
+    const int n = pg_model_layer_all_weights(&m->layers[l], m->cfg.n_experts, &ws);
     size_t total = 0;
     for (int i = 0; i < n; i++) total += align_up(be->store->weight_pack_bytes(be, ws[i]));
     void *host;
     int rc = be->dev->host_alloc(be, total, &host);
-    if (rc < 0) return pg_err_wrap(rc, "--cpu-offload-gb: layer %d: ", l);
+    if (rc < 0) {
+        free(ws);
+        return pg_err_wrap(rc, "--cpu-offload-gb: layer %d: ", l);
+    }
     o->host = pg_xrealloc(o->host, sizeof(void *) * (size_t)(l + 1));
     o->bytes = pg_xrealloc(o->bytes, sizeof(size_t) * (size_t)(l + 1));
     o->host[l] = host;
@@ -59,11 +75,14 @@ int pg_model_offload_layer(pg_model *m, int32_t l) {
     for (int i = 0; i < n; i++) {
         const size_t pack = be->store->weight_pack_bytes(be, ws[i]);
         const int64_t had = (int64_t)ws[i]->bytes;
-        if ((rc = be->store->weight_offload(be, ws[i], (char *)host + off)) < 0)
+        if ((rc = be->store->weight_offload(be, ws[i], (char *)host + off)) < 0) {
+            free(ws);
             return pg_err_wrap(rc, "--cpu-offload-gb: layer %d: ", l);
+        }
         m->weight_bytes -= had;
         off += align_up(pack);
     }
+    free(ws);
     return 0;
 }
 
@@ -102,14 +121,17 @@ int pg_model_offload_finish(pg_model *m) {
         o->slots_bytes += (int64_t)o->slot_bytes;
     }
     for (int32_t l = 0; l < o->n_layers; l++) {
-        pg_bweight *ws[PG_LAYER_WEIGHTS_MAX];
-        const int n = pg_model_layer_weights(&m->layers[l], ws);
+        pg_bweight **ws;
+        const int n = pg_model_layer_all_weights(&m->layers[l], m->cfg.n_experts, &ws);
         char *slot = o->slot[l % 2];
         size_t off = 0;
-        for (int i = 0; i < n; i++) {
-            PG_TRY(be->store->weight_point(be, ws[i], slot + off));
+        int rc = 0;
+        for (int i = 0; i < n && rc == 0; i++) {
+            rc = be->store->weight_point(be, ws[i], slot + off);
             off += align_up(be->store->weight_pack_bytes(be, ws[i]));
         }
+        free(ws);
+        PG_TRY(rc);
     }
     PG_TRY(measure(m, &o->h2d_gbps));
     if (m->shard.rank == 0) {

@@ -23,13 +23,18 @@ static int moe_forward_layers(const pg_model *m, pg_bkv *kv, const pg_fwd_buffer
     if (s->n_tokens == 0) return 0;
     pg_step_views v;
     pg_step_views_make(m, bufs, s, &v);
+    // --cpu-offload-gb: as Llama's (a layer's experts travel with it).
+    PG_TRY(pg_model_offload_prefetch(m, 0));
+    PG_TRY(pg_model_offload_prefetch(m, 1));
     PG_TRY(pg_layer_embed(m, v.x, s->tokens));
     for (int32_t l = 0; l < m->cfg.n_layers; l++) {
+        PG_TRY(pg_model_offload_wait(m, l));
         PG_TRY(pg_layer_attention(m, l, kv, bufs, s, &v));
         if (pg_config_layer_is_moe(&m->cfg, l))
             PG_TRY(pg_layer_ffn_moe(m, l, &v));
         else
             PG_TRY(pg_layer_ffn_swiglu(m, l, &v));
+        PG_TRY(pg_model_offload_prefetch(m, l + 2));
     }
     return 0;
 }

@@ -35,9 +35,14 @@ Face transformers on the CPU.
 5. Errors, one line naming the file and the reason: a missing expert
    tensor (under --tp 2 --ep named by rank 1 alone, the rank holding it:
    the other never looks it up); mlp_only_layers naming a layer the model
-   does not have; --cpu-offload-gb with
-   experts; an expert width that --tp does not divide; experts that --tp
-   does not divide under expert parallelism.
+   does not have;
+   an expert width that --tp does not divide; experts that --tp does not
+   divide under expert parallelism.
+6. --cpu-offload-gb (engine/model/model_offload.c): a layer's router and
+   experts travel with it; the logits with one layer and with every layer
+   offloaded equal those without bit for bit (the CPU backend runs each op
+   when called, so a copy landing early or a weight pointed at the wrong
+   offset would show), with and without --tp 2 --ep.
 
 Skipped (exit 77) when torch or transformers are not importable.
 """
@@ -275,8 +280,6 @@ def main():
         cfg["mlp_only_layers"] = [0, 3]  # a 3-layer model
         json.dump(cfg, open(os.path.join(only, "config.json"), "w"))
         refused([only], ["config.json", "mlp_only_layers", "below 3"], "mlp_only_layers past the last layer")
-        refused([dirs["mixtral"], "--cpu-offload-gb", "1"], ["--cpu-offload-gb", "mixture-of-experts"],
-                "offload with experts")
         odd = os.path.join(tmp, "odd-experts.json")
         cfg = json.load(open(os.path.join(dirs["qwen3moe"], "config.json")))
         cfg.update(num_attention_heads=8, num_key_value_heads=8, head_dim=8, moe_intermediate_size=44)
@@ -289,12 +292,39 @@ def main():
         refused(["--dummy", odd, "--ep"], ["--enable-expert-parallel", "tensor parallel size 8", "12 experts"],
                 "--tp 8 --ep, 12 experts", tp=8)
 
+        # 6. --cpu-offload-gb with experts: 1e-6 GiB moves the first layer, 100 every layer.
+        for name in ("mixtral", "qwen3moe-sparse2", "qwen3moe-mlponly"):
+            for tp, ep in ((1, False), (2, True)):
+                _, a = hu.paged_logits([dirs[name]], PROMPTS[1], tp=tp, ep=ep)
+                for gb in ("0.000001", "100"):
+                    p = hu.dump([dirs[name], "--cpu-offload-gb", gb], PROMPTS[1], tp=tp, ep=ep)
+                    ok = p.returncode == 0 and "cpu offload: layers 0-" in p.stderr
+                    b = np.array(json.loads(p.stdout)["logits"]) if ok else None
+                    same = ok and np.array_equal(a, b)
+                    # Every layer moved: the host copies hold at least the experts (f32 on the CPU).
+                    moved = ""
+                    if ok and gb == "100" and tp == 1:
+                        cfg = json.load(open(os.path.join(dirs[name], "config.json")))
+                        n_exp = cfg.get("num_local_experts", cfg.get("num_experts"))
+                        width = cfg.get("moe_intermediate_size", cfg["intermediate_size"])
+                        step, only = cfg.get("decoder_sparse_step", 1), cfg.get("mlp_only_layers", [])
+                        moe_layers = sum(1 for l in range(cfg["num_hidden_layers"]) if (l + 1) % step == 0 and l not in only)
+                        want = moe_layers * n_exp * 3 * cfg["hidden_size"] * width * 4 / 2**20
+                        mib = float(p.stderr.split(" MiB in plain host memory")[0].rsplit(" ", 1)[1])
+                        moved = f" ({mib:.2f} MiB moved, experts {want:.2f})"
+                        same = same and mib >= want
+                    print(f"{name:17s} --cpu-offload-gb {gb:8s} --tp {tp}{' --ep' if ep else '     '}: "
+                          f"{'bit for bit' if same else 'DIFFERS ' + p.stderr[-300:]}{moved}")
+                    if not same:
+                        failed.append(("offload", name, gb, tp))
+
     print("worst: " + ", ".join(f"{k} {v:.1e}" for k, v in worst.items()))
     if failed:
         print(f"FAIL: {failed}")
         return 1
     print(f"ok: {len(VARIANTS)} MoE variants x {len(PROMPTS)} prompts within {TOL:g} of transformers "
-          f"{transformers.__version__}; GGUF, --tp 2/4 (columns and expert parallel) and the errors as expected")
+          f"{transformers.__version__}; GGUF, --tp 2/4 (columns and expert parallel), --cpu-offload-gb and the "
+          f"errors as expected")
     return 0
 
 
