@@ -149,20 +149,9 @@ __device__ __forceinline__ uint2 quant8(const float f[8], float inv) {
     return make_uint2(lo, hi);
 }
 
-// Sum and max over a CTA of any multiple of 32 threads (<= 1024). The sum
-// is elementwise.cu's block_sum step for step (warp butterflies, then every
-// thread adds the warps' sums in order), so the norm equals add_rmsnorm's.
-__device__ __forceinline__ float cta_sum(float v, float *sh) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = (blockDim.x + 31) / 32;
-    __syncthreads();
-    if (lane == 0) sh[warp] = v;
-    __syncthreads();
-    float t = 0.0f;
-    for (int w = 0; w < nw; w++) t += sh[w];
-    return t;
-}
+// Max over a CTA of any multiple of 32 threads (<= 1024), as
+// cuda_common.cuh's pg_cta_sum sums (the sum is that one, so the norm
+// equals add_rmsnorm's).
 __device__ __forceinline__ float cta_max(float v, float *sh) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -198,7 +187,7 @@ __global__ void rmsnorm_quant_fp8_kernel(uint8_t *__restrict__ q, int64_t ldq, f
             for (int e = 0; e < 8; e++) ss += vals[u][e] * vals[u][e];
         }
     }
-    const float tot = cta_sum(ss, sh);
+    const float tot = pg_cta_sum(ss, sh);
     const float rs = 1.0f / sqrtf(tot / (float)dim + eps);
     const uint4 *wr = reinterpret_cast<const uint4 *>(w);
     float amax = 0.0f;
