@@ -134,18 +134,25 @@ static float q6k_dot(const uint8_t *w, const pg_q8k_block *y, int64_t nb) {
     return hsum8_lanes(acc);
 }
 
+// One Q4_K block against its Q8_K block as integers: the whole dot of the
+// codes times their sub-block scales (*s1) and the whole mins term (*s2).
+static void q4k_block_ints(const uint8_t *w, const pg_q8k_block *y, int32_t *s1, int32_t *s2) {
+    int sc[8], mn[8];
+    q4k_scales(w + 4, sc, mn);
+    *s2 = q4k_mins(mn, y);
+    int32_t sum = 0;
+    for (int c = 0; c < 4; c++) sum += q4k_chunk(w + 16, y, sc, c);
+    *s1 = sum;
+}
+
 // Q4_K as ggml's repacked q4_K_8x8 kernels (AVX2 ggml_gemv/gemm_q4_K_8x8_q8_K)
 // sum it: one f32 chain per (weight row, activation row) over blocks, the
 // block's whole integer dot and its whole mins term each converted once.
 static float q4k_dot_8x8(const uint8_t *w, const pg_q8k_block *y, int64_t nb) {
     float acc = 0.0f, accm = 0.0f;
     for (int64_t b = 0; b < nb; b++, w += Q4_K_BYTES, y++) {
-        int sc[8], mn[8];
-        q4k_scales(w + 4, sc, mn);
-        const uint8_t *qs = w + 16;
-        const int32_t summ = q4k_mins(mn, y);
-        int32_t sumi = 0;
-        for (int c = 0; c < 4; c++) sumi += q4k_chunk(qs, y, sc, c);
+        int32_t sumi, summ;
+        q4k_block_ints(w, y, &sumi, &summ);
         acc = fmaf((float)sumi, pg_f16_to_f32(ld16(w)) * y->d, acc);
         accm = fmaf((float)summ, pg_f16_to_f32(ld16(w + 2)) * y->d, accm);
     }
@@ -184,12 +191,8 @@ static float q4k_dot_8x8_gemm(const uint8_t *w, const pg_q8k_block *y, int64_t n
 static float q4k_dot_tiled(const uint8_t *w, const pg_q8k_block *y, int64_t nb) {
     float acc = 0.0f;
     for (int64_t b = 0; b < nb; b++, w += Q4_K_BYTES, y++) {
-        int sc[8], mn[8];
-        q4k_scales(w + 4, sc, mn);
-        const uint8_t *qs = w + 16;
-        const int32_t s2 = q4k_mins(mn, y);
-        int32_t s1 = 0;
-        for (int c = 0; c < 4; c++) s1 += q4k_chunk(qs, y, sc, c);
+        int32_t s1, s2;
+        q4k_block_ints(w, y, &s1, &s2);
         acc = q45k_tiled_block(w, y, s1, s2, acc);
     }
     return acc;
