@@ -216,6 +216,25 @@ def test_gpu_70b_shape():
         print(f"  70b shape -tp {tp}: weights {want / 2**30:.2f} GiB per rank, KV {t['plan']['kv_tokens']} tokens")
 
 
+def test_gpu_gemma3_27b_layer_groups():
+    # Gemma 3 27B's shape on an H200 (141 GB): CUDA runs sliding windows
+    # (caps.attn_window), so the KV pool keeps the local layers' windows
+    # only: 7 block tables a sequence, 10 layers a block, and 19 sequences
+    # of 32K where one table for every layer holds 4 (session 16's device
+    # run fitted the same 19 on a real H200: docs/gemma3.md).
+    shape = os.path.join(ROOT, "tests/gpu/gemma3-27b-shape.json")
+    base = ["--device", "cuda", "--device-memory", "141G", "--load-format", "dummy", "--hf-config", shape,
+            "--plan-seq-len", "32768"]
+    rc, g = plan_json(*base, model=False)
+    rc1, one = plan_json(*base, "--disable-hybrid-kv-cache-manager", model=False)
+    gp, op = g["plan"], one["plan"]
+    assert rc == rc1 == 0 and gp["fits"] and op["fits"], (gp, op)
+    assert gp["kv_groups"] == 7 and gp["kv_layers_per_block"] == 10 and gp["kv_group_window"] == 1024, gp
+    assert gp["sequences"] >= 4 * op["sequences"] and op["sequences"] >= 1, (gp["sequences"], op["sequences"])
+    assert gp["kv_group_gain"] > 3.5 and op.get("kv_groups", 1) == 1, (gp, op)
+    print(f"  gemma3-27b shape: {gp['sequences']} sequences of 32K with KV layer groups, {op['sequences']} without")
+
+
 def test_gpu_does_not_fit():
     # An 8B shape on a 24 GiB GPU at the full 128K length: KV room for about
     # 40K tokens; the advice names a shorter length and -tp 2, each of which
