@@ -3,7 +3,7 @@
 // step by step (in the spirit of llama.cpp's test-backend-ops).
 //
 //   build/gpu/test_cuda_runner MODEL_DIR [--tol 2e-2] [--gap 0.1] [--json FILE] [--cpu-offload-gb G]
-//       [--quantization fp8|int4]
+//       [--quantization fp8|int4] [--cpu-matmul exact|quant]
 //
 // --cpu-offload-gb: the GPU model's first layers live in pinned host memory
 // and stream through two device slots (engine/model/model_offload.c), graphs
@@ -16,6 +16,13 @@
 // of more than 8 rows, which the GPU runs W8A8 (its activations rounded to
 // e4m3 per token, kernels/cuda/act_quant.cu) unless PAGED_CUDA_FP8_GEMM=0:
 // run_gpu_tests.sh checks that with --tol 0.1.
+// --cpu-matmul quant: the CPU reference in its quantized mode, where FP8
+// weights are W8A8 for every row count (kernels/cpu/matmul.c, fp8_matmul:
+// the GPU's per-token e4m3 rule); with PAGED_CUDA_QGEMV=0 the GPU takes
+// its W8A8 product for every step too, so the two compute the same
+// products up to the order of the sums and bf16 storage, and the FP8
+// product kernels (cuBLASLt + rescale, PAGED_CUDA_FP8_CUTLASS=1's CUTLASS)
+// are checked at a bf16-level bound instead of W8A8's 0.1.
 //
 // Both execute the same hand-made plans over 24 steps: prefills of
 // several lengths in one step, a prompt chunked over four steps next to
@@ -31,8 +38,9 @@
 // is not mistaken for a clear pick), and the logits' relative error
 // ||gpu - cpu|| / ||cpu|| stays under --tol (every sequence: both samplers
 // work on a copy, so the logits stay as computed), and the logprobs of A
-// (top 5) agree within 0.1 + 2% of their value (--tol of it). The CPU runs --matmul-mode exact (f32). Exit 0 pass, 1
-// fail, 77 skipped (no CUDA in the build or no device).
+// (top 5) agree within 0.1 + 2% of their value (--tol of it). The CPU runs
+// --matmul-mode exact (f32) unless --cpu-matmul says otherwise. Exit 0
+// pass, 1 fail, 77 skipped (no CUDA in the build or no device).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,6 +121,7 @@ int main(int argc, char **argv) {
     const char *dir = NULL, *json = NULL;
     double tol = 2e-2, offload_gb = 0, hard_gap = 0.1;
     int quant = 0;
+    pg_matmul_mode cpu_mode = PG_MATMUL_EXACT;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--gap") && i + 1 < argc)
             hard_gap = atof(argv[++i]);
@@ -122,13 +131,16 @@ int main(int argc, char **argv) {
             offload_gb = atof(argv[++i]);
         else if (!strcmp(argv[i], "--quantization") && i + 1 < argc) {
             if (pg_quantization_parse(argv[++i], &quant) < 0) return fprintf(stderr, "%s\n", pg_err_msg()), 2;
+        } else if (!strcmp(argv[i], "--cpu-matmul") && i + 1 < argc) {
+            if (pg_matmul_mode_parse(argv[++i], &cpu_mode) < 0) return fprintf(stderr, "%s\n", pg_err_msg()), 2;
         } else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json = argv[++i];
         else
             dir = argv[i];
     }
     if (!dir) {
-        fprintf(stderr, "usage: test_cuda_runner MODEL_DIR [--tol T] [--gap G] [--json FILE]\n");
+        fprintf(stderr, "usage: test_cuda_runner MODEL_DIR [--tol T] [--gap G] [--json FILE] [--cpu-offload-gb G]\n"
+                        "       [--quantization fp8|int4] [--cpu-matmul exact|quant]\n");
         return 2;
     }
     char why[160];
@@ -137,7 +149,7 @@ int main(int argc, char **argv) {
         return 77;
     }
     pg_backend *cbe, *gbe;
-    if (pg_backend_cpu_create(0, PG_MATMUL_EXACT, &cbe) < 0 || pg_backend_cuda_create(0, &gbe) < 0)
+    if (pg_backend_cpu_create(0, cpu_mode, &cbe) < 0 || pg_backend_cuda_create(0, &gbe) < 0)
         return fprintf(stderr, "FAIL: backends: %s\n", pg_err_msg()), 1;
     pg_model *cmodel, *gmodel;
     pg_model_load_opts mo = {.path = dir, .quantization = quant},
@@ -148,9 +160,9 @@ int main(int argc, char **argv) {
     }
     const pg_model_config *c = &cmodel->cfg;
     const int32_t V = c->vocab_size;
-    printf("model %s: hidden %d, %d layers, %d/%d heads of %d, ffn %d, vocab %d, weights %s%s\n",
+    printf("model %s: hidden %d, %d layers, %d/%d heads of %d, ffn %d, vocab %d, weights %s%s; cpu matmul %s\n",
            dir, c->hidden, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn, V,
-           cmodel->format, c->tie_embeddings ? ", tied" : "");
+           cmodel->format, c->tie_embeddings ? ", tied" : "", pg_matmul_mode_name(cpu_mode));
     if (offload_gb > 0)
         printf("cuda: %d of %d layers offloaded (%.1f MiB in pinned host memory, slots of %.1f MiB), "
                "host-to-device %.1f GB/s\n",
