@@ -29,7 +29,7 @@ in=$1 out=$2
 mkdir -p "$(dirname "$out")"
 if [ -x "$NVCC" ]; then
     case "$in" in
-    *_cutlass.cu)
+    *_cutlass.cu | *_cutlass_*.cu)
         # CUTLASS's headers from PyPI's nvidia-cutlass (deploy/quickstart.sh
         # puts it in .venv; CUTLASS_INC overrides). Hopper only. Without the
         # headers the file builds its PG_EUNSUPP fallback.

@@ -390,6 +390,23 @@ int pg_cuda_gemm_fp8_cutlass(void *out, int64_t ldo, const void *xq, const float
                              const float *wscales, int64_t m, int64_t n, int64_t k, int accumulate,
                              void *workspace, size_t workspace_bytes, void *stream);
 
+// The same product in one of the kernel's tile configurations, for the
+// sweep (bench_cuda_gemm_fp8 --sweep) and the tests: cfg 0 ..
+// (pg_cuda_gemm_fp8_cutlass is cfg 0, swizzle 1, raster 0), swizzle the
+// persistent tile scheduler's max swizzle size (1, 2, 4, 8), raster its
+// order over D's tiles (0 CUTLASS's heuristic, 1 along m, 2 along n).
+// PG_EUNSUPP (with a message) for an unknown cfg, a shape or alignment the
+// configuration cannot implement, or swizzle/raster other than 1/0 on a
+// configuration without a persistent scheduler; PG_EINVAL for another
+// swizzle or raster. pg_cuda_gemm_fp8_cutlass_cfg_name: the configuration's
+// name ("c2 64x128x128 1x1 ws": tile, cluster, and " coop" for a persistent
+// grid that takes the knobs or " ws" for one CTA per tile that takes none),
+// NULL past the last (and for every cfg when built without CUTLASS).
+int pg_cuda_gemm_fp8_cutlass_cfg(int cfg, int swizzle, int raster, void *out, int64_t ldo, const void *xq,
+                                 const float *xscales, const void *w, const float *wscales, int64_t m, int64_t n,
+                                 int64_t k, int accumulate, void *workspace, size_t workspace_bytes, void *stream);
+const char *pg_cuda_gemm_fp8_cutlass_cfg_name(int cfg);
+
 // The W8A8 epilogue (act_quant.cu): out[i][j] = bf16(raw[i][j] * xscales[i]
 // * wscales[j]) (f32 products in that order; + out[i][j] when
 // `accumulate`, in f32 before the rounding). raw bf16 [m][ldr] may be out

@@ -20,7 +20,11 @@
 //     at most 48 rows spread over the batch, and every column of them.
 //
 //   - the one-pass CUTLASS kernel (pg_cuda_gemm_fp8_cutlass) on the same
-//     cases, with and without accumulation, at 4e-3 (one bf16 rounding);
+//     cases, with and without accumulation, at 4e-3 (one bf16 rounding),
+//     then each of its configurations (pg_cuda_gemm_fp8_cutlass_cfg: every
+//     tile, cluster and schedule, the swapped product, the scheduler's
+//     swizzle and raster order in turn) on the same inputs; and what the
+//     configurations' entry point declines;
 //   - the fused quantizations (pg_cuda_rmsnorm_quant_fp8,
 //     pg_cuda_silu_mul_quant_fp8) against their unfused chains on the
 //     device (add_rmsnorm or silu_mul, then quant_rows_fp8): h bit for bit;
@@ -208,17 +212,57 @@ struct F8Weight {
 
 static float e4m3_table[256];
 
+// The one-pass kernel's configurations past the default call
+// (pg_cuda_gemm_fp8_cutlass_cfg) on every CUTLASS case: each configuration
+// once a case, the persistent ones with the scheduler's knobs taken in turn
+// from this list (so each meets swizzle 1, 2, 4, 8 and raster heuristic,
+// along m, along n over the cases); the others with none (1, heuristic).
+struct CfgRun {
+    int cfg, swizzle, raster;
+};
+static const int kKnobs[][2] = {{8, 1}, {1, 2}, {2, 0}, {8, 2}, {1, 1}, {4, 2}, {8, 0}, {2, 1}};
+static int g_knob_turn = 0;
+static int g_n_cfgs = 0; // configurations built (0 without CUTLASS)
+
+static std::vector<CfgRun> cutlass_runs() {
+    std::vector<CfgRun> v = {{-1, 1, 0}}; // -1: pg_cuda_gemm_fp8_cutlass itself (c0, the defaults)
+    const int *kn = kKnobs[g_knob_turn++ % (int)(sizeof kKnobs / sizeof kKnobs[0])];
+    for (int c = 0; c < g_n_cfgs; c++) {
+        // The configurations with one consumer warpgroup (" ws") have no
+        // persistent scheduler, hence no knobs.
+        const bool sched = !strstr(pg_cuda_gemm_fp8_cutlass_cfg_name(c), " ws");
+        v.push_back({c, sched ? kn[0] : 1, sched ? kn[1] : 0});
+    }
+    return v;
+}
+
+static const char *raster_tag(int r) { return r == 0 ? "heur" : r == 1 ? "m" : "n"; }
+
 // out = quant(x) . w^T through the device quantizer and pg_cuda_gemm_fp8,
 // against fp64 over pg_quantize_row_fp8's values. `acc`: out starts as a
 // random residual that the product adds to; else as NaN (every entry must be
-// written). Columns in [n, ldo) must stay untouched.
+// written). Columns in [n, ldo) must stay untouched. `cutlass`: the one-pass
+// kernel instead, its default call and then every configuration on the same
+// inputs against the same reference (names gemm_fp8_cutlass_c<i> ... sw<s>
+// raster=<r>; -k selects among them).
 static void test_gemm(pg_cuda_gemm *g, DBuf &ws, F8Weight &W, int m, int ldo, bool acc, bool fast, Rng &r,
                       bool cutlass = false) {
     const int n = W.n, k = W.k;
-    char name[160];
-    snprintf(name, sizeof name, "gemm_fp8%s m=%d n=%d k=%d ldo=%d%s%s", cutlass ? "_cutlass" : "", m, n, k, ldo,
-             acc ? " accumulate" : "", fast ? " fast-accum" : "");
-    if (!selected(name)) return;
+    std::vector<CfgRun> runs = cutlass ? cutlass_runs() : std::vector<CfgRun>{{-2, 1, 0}};
+    std::vector<std::string> names;
+    bool any = false;
+    for (const CfgRun &cr : runs) {
+        char name[200], tag[48] = "";
+        if (cr.cfg >= 0) snprintf(tag, sizeof tag, " sw%d raster=%s", cr.swizzle, raster_tag(cr.raster));
+        char kind[32] = "";
+        if (cr.cfg == -1) snprintf(kind, sizeof kind, "_cutlass");
+        if (cr.cfg >= 0) snprintf(kind, sizeof kind, "_cutlass_c%d", cr.cfg);
+        snprintf(name, sizeof name, "gemm_fp8%s m=%d n=%d k=%d ldo=%d%s%s%s", kind, m, n, k, ldo,
+                 acc ? " accumulate" : "", fast ? " fast-accum" : "", tag);
+        names.push_back(name);
+        any |= selected(name);
+    }
+    if (!any) return;
     std::vector<uint16_t> x((size_t)m * k), o0((size_t)m * ldo);
     fill_acts(x, m, k, k, r, m > 3 ? 3 : -1);
     if (acc)
@@ -227,20 +271,7 @@ static void test_gemm(pg_cuda_gemm *g, DBuf &ws, F8Weight &W, int m, int ldo, bo
         std::fill(o0.begin(), o0.end(), (uint16_t)0x7fc0); // NaN
     DBuf dx, dout, dxq((size_t)m * k), dxs((size_t)m * 4);
     dx.up(x);
-    dout.up(o0);
     PK(pg_cuda_quant_rows_fp8(dxq.p, k, dxs.as<float>(), dx.p, k, m, k, nullptr));
-    DBuf tmp(acc ? (size_t)m * n * 2 : 0);
-    int rc = cutlass ? pg_cuda_gemm_fp8_cutlass(dout.p, ldo, dxq.p, dxs.as<float>(), W.dq.p, W.ds.as<float>(), m, n,
-                                                k, acc, ws.p, ws.n, nullptr)
-                     : pg_cuda_gemm_fp8(g, dout.p, ldo, dxq.p, k, dxs.as<float>(), W.dq.p, W.ds.as<float>(), m, n, k,
-                                        acc, fast, acc ? tmp.p : nullptr, acc ? tmp.n : 0, ws.p, ws.n, nullptr);
-    if (rc != 0) {
-        report_bool(name, false, pg_err_msg());
-        return;
-    }
-    CK(cudaDeviceSynchronize());
-    std::vector<uint16_t> go(o0.size());
-    dout.down(go);
     // The rows checked: all when m <= 48, else 48 spread over the batch
     // (first and last included).
     std::vector<int> rows;
@@ -264,30 +295,81 @@ static void test_gemm(pg_cuda_gemm *g, DBuf &ws, F8Weight &W, int m, int ldo, bo
             for (int t = 0; t < k; t++) s += (double)xr[t] * (double)e4m3_table[wr[t]];
             const size_t o = (size_t)rows[a] * ldo + (size_t)j;
             ref[a * n + (size_t)j] = s * (double)xsc[a] * (double)W.scales[(size_t)j] + (acc ? bf2f(o0[o]) : 0.0);
-            out[a * n + (size_t)j] = bf2f(go[o]);
         }
     });
-    int touched = 0;
-    for (int i = 0; i < m; i++)
-        for (int j = n; j < ldo; j++) touched += go[(size_t)i * ldo + j] != o0[(size_t)i * ldo + j];
-    double d = 0, mx = 0;
-    for (size_t i = 0; i < out.size(); i++) {
-        if (!(out[i] == out[i])) {
-            d = NAN;
-            break;
+    DBuf tmp(acc && !cutlass ? (size_t)m * n * 2 : 0);
+    std::vector<uint16_t> go(o0.size());
+    for (size_t ri = 0; ri < runs.size(); ri++) {
+        const CfgRun &cr = runs[ri];
+        const char *name = names[ri].c_str();
+        if (!selected(name)) continue;
+        dout.up(o0);
+        const float *dxsf = dxs.as<float>(), *dws = W.ds.as<float>();
+        int rc = cr.cfg >= 0  ? pg_cuda_gemm_fp8_cutlass_cfg(cr.cfg, cr.swizzle, cr.raster, dout.p, ldo, dxq.p, dxsf,
+                                                             W.dq.p, dws, m, n, k, acc, ws.p, ws.n, nullptr)
+                 : cutlass    ? pg_cuda_gemm_fp8_cutlass(dout.p, ldo, dxq.p, dxsf, W.dq.p, dws, m, n, k, acc, ws.p,
+                                                         ws.n, nullptr)
+                              : pg_cuda_gemm_fp8(g, dout.p, ldo, dxq.p, k, dxsf, W.dq.p, dws, m, n, k, acc, fast,
+                                                 acc ? tmp.p : nullptr, acc ? tmp.n : 0, ws.p, ws.n, nullptr);
+        if (rc != 0) {
+            report_bool(name, false, pg_err_msg());
+            continue;
         }
-        d = std::max(d, fabs(out[i] - ref[i]));
-        mx = std::max(mx, fabs(ref[i]));
+        CK(cudaDeviceSynchronize());
+        dout.down(go);
+        for (size_t a = 0; a < rows.size(); a++)
+            for (int j = 0; j < n; j++) out[a * n + (size_t)j] = bf2f(go[(size_t)rows[a] * ldo + (size_t)j]);
+        int touched = 0;
+        for (int i = 0; i < m; i++)
+            for (int j = n; j < ldo; j++) touched += go[(size_t)i * ldo + j] != o0[(size_t)i * ldo + j];
+        double d = 0, mx = 0;
+        for (size_t i = 0; i < out.size(); i++) {
+            if (!(out[i] == out[i])) {
+                d = NAN;
+                break;
+            }
+            d = std::max(d, fabs(out[i] - ref[i]));
+            mx = std::max(mx, fabs(ref[i]));
+        }
+        const double err = d != d ? d : mx > 0 ? d / mx : d;
+        if (touched) {
+            char detail[96];
+            snprintf(detail, sizeof detail, "%d values past n written (max_rel %.3e)", touched, err);
+            report_bool(name, false, detail);
+            continue;
+        }
+        // CUTLASS rounds once (the scaled f32 value to bf16): half an ulp.
+        report(name, err, fast ? 1.2e-2 : cutlass ? 4e-3 : 8e-3);
     }
-    const double err = d != d ? d : mx > 0 ? d / mx : d;
-    if (touched) {
-        char detail[96];
-        snprintf(detail, sizeof detail, "%d values past n written (max_rel %.3e)", touched, err);
-        report_bool(name, false, detail);
-        return;
-    }
-    // CUTLASS rounds once (the scaled f32 value to bf16): half an ulp.
-    report(name, err, fast ? 1.2e-2 : cutlass ? 4e-3 : 8e-3);
+}
+
+// What pg_cuda_gemm_fp8_cutlass_cfg declines (PG_EUNSUPP) or rejects
+// (PG_EINVAL), writing nothing: an unknown configuration, knobs on one
+// without a scheduler, a swizzle or raster out of range. And the names end.
+static void test_cutlass_cfg_refusals(DBuf &ws) {
+    const char *name = "gemm_fp8_cutlass_cfg refusals";
+    if (!selected(name) || !g_n_cfgs) return;
+    DBuf o(64 * 64 * 2), x(64 * 64), w(64 * 64), s(256);
+    CK(cudaMemset(o.p, 0x5a, o.n));
+    float *sc = s.as<float>();
+    int ws_cfg = -1; // a configuration without a scheduler
+    for (int c = 0; c < g_n_cfgs && ws_cfg < 0; c++)
+        if (strstr(pg_cuda_gemm_fp8_cutlass_cfg_name(c), " ws")) ws_cfg = c;
+#define CF(cfg, sw, ra) \
+    pg_cuda_gemm_fp8_cutlass_cfg(cfg, sw, ra, o.p, 64, x.p, sc, w.p, sc, 16, 16, 64, 0, ws.p, ws.n, nullptr)
+    const Refusal c[] = {
+        {"cfg -1", CF(-1, 1, 0), PG_EUNSUPP},
+        {"cfg past the last", CF(g_n_cfgs, 1, 0), PG_EUNSUPP},
+        {"swizzle 3", CF(0, 3, 0), PG_EINVAL},
+        {"raster 3", CF(0, 1, 3), PG_EINVAL},
+        {"knobs without a scheduler (swizzle)", ws_cfg < 0 ? PG_EUNSUPP : CF(ws_cfg, 8, 0), PG_EUNSUPP},
+        {"knobs without a scheduler (raster)", ws_cfg < 0 ? PG_EUNSUPP : CF(ws_cfg, 1, 2), PG_EUNSUPP},
+        {"name past the last", pg_cuda_gemm_fp8_cutlass_cfg_name(g_n_cfgs) ? 1 : 0, 0},
+    };
+#undef CF
+    std::string detail;
+    const bool ok = refusals_ok(o, c, detail);
+    report_bool(name, ok, detail.c_str());
 }
 
 // Shapes and strides the launcher declines (PG_EUNSUPP) or rejects
@@ -527,6 +609,8 @@ int main(int argc, char **argv) {
     {
         DBuf ws(PG_CUDA_GEMM_WORKSPACE);
         test_refusals(g, ws);
+        while (pg_cuda_gemm_fp8_cutlass_cfg_name(g_n_cfgs)) g_n_cfgs++;
+        test_cutlass_cfg_refusals(ws);
         // Llama-3-8B (n x k): fused QKV, O, fused gate/up, down.
         const int s8b[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
         uint64_t seed = 1;
