@@ -20,7 +20,10 @@
 // sampler) as a second graph. Median of per-replay event times. Then a
 // table over the GEMV kernel kinds (pg_cuda_gemv_kernel_set) with and
 // without the weights-before-wait promise (pg_cuda_gemv_preload_set), and
-// "gemv only" chains without RoPE and attention.
+// "gemv only" chains without RoPE and attention, and chains where O's
+// weight is issued to the L2 right after QKV ("O to L2": pg_cuda_l2_prefetch,
+// what PAGED_CUDA_L2_PREFETCH=1 makes the backend do), with a plain chain
+// measured again after them (the machine's drift).
 //
 // --chain-fp8: the same W1 chain with FP8 e4m3 weights (a scale per row)
 // through gemv.cu's FP8 GEMV (the decode path of FP8 checkpoints; the LM
@@ -111,6 +114,8 @@ static void chain_bench(bool quick, bool fp8 = false) {
     };
     bool with_attn = true; // false: the GEMVs alone (no RoPE, no attention), to split the layer's time
     int skip = 0;          // projections left out: 1 QKV, 2 O, 4 gate/up, 8 down (--chain-fp8's split)
+    bool l2o = false;      // O's weight issued to the L2 after QKV (pg_cuda_l2_prefetch, as the backend's
+                           // prefetch op under PAGED_CUDA_L2_PREFETCH=1)
     auto layers = [&](bool gv) {
         PK(pg_cuda_embed(x.p, lm.p, dtok.as<int32_t>(), 1, H, VOCAB, st));
         for (int l = 0; l < L; l++) {
@@ -124,6 +129,7 @@ static void chain_bench(bool quick, bool fp8 = false) {
                 mm(false, qkv.p, QKV, xn.p, H, W(l, 0), QKV, H, 0);
             }
             uint16_t *q = qkv.as<uint16_t>();
+            if (l2o) PK(pg_cuda_l2_prefetch(W(l, e_qkv), e_o * wb, st));
             if (with_attn) {
                 PK(pg_cuda_rope_kv_write(q, QKV, q + QD, QKV, q + QD + KVD, QKV, dpos.as<int32_t>(),
                                          dslots.as<int32_t>(), 1, NH, dinv.as<float>(), KC(l, 0), KC(l, 1), kvs, st));
@@ -207,27 +213,29 @@ static void chain_bench(bool quick, bool fp8 = false) {
         struct Cfg8 {
             int kind, preload, attn, skip;
             const char *what;
+            int l2o = 0;
         } cfgs[] = {{0, 0, 1, 0, "full"},           {1, 1, 1, 0, "full"},         {2, 1, 1, 0, "full"},
                     {3, 1, 1, 0, "full"},           {2, 1, 0, 0, "gemv only"},    {2, 1, 1, 1, "without QKV"},
                     {2, 1, 1, 2, "without O"},      {2, 1, 1, 4, "without gate/up"}, {2, 1, 1, 8, "without down"},
-                    {2, 1, 1, 15, "attention only"}};
+                    {2, 1, 1, 15, "attention only"}, {2, 1, 1, 0, "full, O to L2", 1},
+                    {1, 1, 1, 0, "full, O to L2", 1}, {2, 1, 1, 0, "full (again)"}};
         double full = 0;
         printf("\n| gemv kind | preload | chain | layers ms | us/layer | GB/s (weights read) | tail ms | layers + tail "
                "| us/layer saved vs full |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
         for (const Cfg8 &c : cfgs) {
             pg_cuda_gemv_kernel_set(c.kind);
             pg_cuda_gemv_preload_set(c.preload);
-            with_attn = c.attn != 0, skip = c.skip;
+            with_attn = c.attn != 0, skip = c.skip, l2o = c.l2o != 0;
             double ml, mt;
             measure(true, 1, ml, mt);
-            if (c.kind == 2 && c.attn && !c.skip) full = ml;
+            if (c.kind == 2 && c.attn && !c.skip && !c.l2o && full == 0) full = ml;
             const double frac = 1.0 - ((c.skip & 1) ? (double)e_qkv : 0) / per_layer - ((c.skip & 2) ? (double)e_o : 0) / per_layer -
                                 ((c.skip & 4) ? (double)e_gu : 0) / per_layer - ((c.skip & 8) ? (double)e_d : 0) / per_layer;
             printf("| %d | %s | %s | %.4f | %.1f | %.0f | %.4f | %.4f | %s |\n", c.kind, c.preload ? "on" : "off", c.what,
                    ml, 1000.0 * ml / L, bytes_layers * frac / ml / 1e6, mt, ml + mt,
                    full > 0 && c.skip ? (std::to_string(1000.0 * (full - ml) / L).substr(0, 5)).c_str() : "-");
         }
-        with_attn = true, skip = 0;
+        with_attn = true, skip = 0, l2o = false;
         pg_cuda_gemv_kernel_set(-1);
         pg_cuda_gemv_preload_set(0);
         pg_cuda_pdl_set(-1);
@@ -255,23 +263,23 @@ static void chain_bench(bool quick, bool fp8 = false) {
     // The GEMV kernel kinds (pg_cuda_gemv_kernel_set) with and without the
     // weights-before-wait promise; "gemv only" drops RoPE and attention.
     struct Kind {
-        int kind, preload, pdl, attn;
+        int kind, preload, pdl, attn, l2o = 0;
     } kinds[] = {{0, 0, 1, 1}, {1, 0, 1, 1}, {1, 1, 1, 1}, {1, 1, 0, 1}, {2, 0, 1, 1}, {2, 1, 1, 1},
                  {3, 1, 1, 1}, {4, 1, 1, 1}, {0, 0, 1, 1}, {0, 0, 1, 0}, {1, 1, 1, 0}, {2, 1, 1, 0},
-                 {3, 1, 1, 0}};
+                 {3, 1, 1, 0}, {2, 1, 1, 1, 1}, {1, 1, 1, 1, 1}, {2, 1, 1, 1}};
     printf("\n| gemv kind | preload | PDL | chain | layers ms | us/layer | GB/s | tail ms | layers + tail |\n"
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (const Kind &k : kinds) {
         pg_cuda_gemv_kernel_set(k.kind);
         pg_cuda_gemv_preload_set(k.preload);
-        with_attn = k.attn != 0;
+        with_attn = k.attn != 0, l2o = k.l2o != 0;
         double ml, mt;
         measure(true, k.pdl, ml, mt);
         printf("| %d | %s | %s | %s | %.4f | %.1f | %.0f | %.4f | %.4f |\n", k.kind, k.preload ? "on" : "off",
-               pg_cuda_pdl_enabled() ? "on" : "off", k.attn ? "full" : "gemv only", ml, 1000.0 * ml / L,
-               bytes_layers / ml / 1e6, mt, ml + mt);
+               pg_cuda_pdl_enabled() ? "on" : "off", k.attn ? (k.l2o ? "full, O to L2" : "full") : "gemv only", ml,
+               1000.0 * ml / L, bytes_layers / ml / 1e6, mt, ml + mt);
     }
-    with_attn = true;
+    with_attn = true, l2o = false;
     pg_cuda_gemv_kernel_set(-1);
     pg_cuda_gemv_preload_set(0);
     pg_cuda_pdl_set(-1);

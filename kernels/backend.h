@@ -294,6 +294,12 @@ typedef struct pg_backend_ops {
     // [x.rows][max(x.cols, w.rows)] for the normalised rows or the product.
     int (*linear)(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *norm, float eps,
                   const pg_bweight *w, const pg_bweight *bias, bool accumulate, pg_tensor scratch);
+    // A hint, never a change to any result: a step of `rows` rows will read
+    // w soon, after work that leaves memory bandwidth idle (RoPE and
+    // attention before O at batch 1); the backend may start moving w closer
+    // (CUDA: into L2 under PAGED_CUDA_L2_PREFETCH=1, kernels/cuda/l2_prefetch.cu).
+    // NULL: no such thing (CPU).
+    int (*prefetch)(pg_backend *b, const pg_bweight *w, int64_t rows);
     // h[i] = silu(g) * u where [g | u] = RMSNorm(x[i]) * norm . w^T, w the
     // fused [gate | up] weight [2 ffn][hidden]. scratch_xn [x.rows][hidden],
     // scratch_gu [x.rows][2 ffn].

@@ -119,6 +119,10 @@ int pg_layer_attention_with(const pg_model *m, int32_t l, pg_bkv *kv, const pg_f
     } else {
         PG_TRY(be->ops->linear(be, v->qkv, v->x, L->attn_norm, c->rms_eps, L->qkv, L->qkv_bias, false, v->xn));
     }
+    // O is the next weight read, after RoPE and attention, which leave the
+    // memory idle at small batches: the backend may start moving it now (a
+    // hint: backend.h prefetch).
+    if (be->ops->prefetch) PG_TRY(be->ops->prefetch(be, L->o, v->n));
     if (L->q_norm) {
         PG_TRY(be->ops->head_rmsnorm(be, v->q, sh->n_heads, L->q_norm, c->rms_eps));
         PG_TRY(be->ops->head_rmsnorm(be, v->k, sh->n_kv_heads, L->k_norm, c->rms_eps));

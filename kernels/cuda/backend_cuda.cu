@@ -305,6 +305,11 @@ extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
         c->fp8_cutlass = fcenv && fcenv[0] ? atoi(fcenv) != 0 : false;
         const char *fvenv = getenv("PAGED_CUDA_FP8_GEMV");
         c->fp8_gemv = fvenv && fvenv[0] ? atoi(fvenv) != 0 : true;
+        const char *l2env = getenv("PAGED_CUDA_L2_PREFETCH");
+        c->l2_prefetch = l2env && l2env[0] ? atoi(l2env) != 0 : false;
+        if (c->l2_prefetch)
+            PG_LOGI("cuda: O's weight goes to the L2 before RoPE and attention in GEMV steps "
+                    "(PAGED_CUDA_L2_PREFETCH=1)");
     }
     if (pg_cuda_device_describe(c->desc, sizeof c->desc) < 0) snprintf(c->desc, sizeof c->desc, "cuda");
     {

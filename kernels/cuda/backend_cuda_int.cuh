@@ -65,6 +65,10 @@ struct CudaCtx {
     // PAGED_CUDA_FP8_GEMV=0 takes qgemv.cu's, for comparison.
     bool fp8_gemm, fp8_fast, fp8_cutlass, fp8_gemv;
     Fp8Ready fp8_ready;
+    // PAGED_CUDA_L2_PREFETCH=1: the prefetch op (the model's hint before
+    // RoPE and attention) issues O's weight to the L2 in steps the GEMV
+    // runs (l2_prefetch.cu); off by default until measured.
+    bool l2_prefetch;
     float *upload_f32;        // device staging for weight conversion: allocated at the first
     float *upload_host;       //   weight that needs it, with its host twin (pinned)
     int32_t *pairs_dev;       // copy-on-write pairs staging

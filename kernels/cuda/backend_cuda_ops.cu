@@ -266,6 +266,18 @@ static int cu_linear(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight
     return 0;
 }
 
+// The model's hint that w is read soon (backend.h): under
+// PAGED_CUDA_L2_PREFETCH=1 its bytes go to the L2 when the step is one the
+// GEMV runs (few rows: the product streams weights, and what runs before
+// it leaves HBM idle). An offloaded weight's slot may not hold it yet.
+static int cu_prefetch(pg_backend *b, const pg_bweight *w, int64_t rows) {
+    CudaCtx *c = ctx_of(b);
+    const CudaWeight *cw = (const CudaWeight *)w;
+    const int64_t small = is_quant(w->dtype) ? c->qgemv_rows : c->gemv_rows;
+    if (!c->l2_prefetch || rows > small || cw->offloaded || !cw->data) return 0;
+    return pg_cuda_l2_prefetch(cw->data, cw->pack ? cw->pack : w->bytes, c->stream);
+}
+
 // h = silu(gate) * up of RMSNorm(x) * norm through the fused [gate|up]
 // weight: one GEMV for small batches, else add_rmsnorm, the GEMM into gu
 // and silu_mul.
@@ -496,6 +508,7 @@ const pg_backend_ops pg_cuda_ops_table = {
     .gather = cu_gather,
     .rmsnorm = cu_rmsnorm,
     .linear = cu_linear,
+    .prefetch = cu_prefetch,
     .gate_up_silu = cu_gate_up_silu,
     .silu_mul = NULL,   // only LoRA steps use it, and LoRA has no CUDA kernel yet
     .gate_up_gelu = cu_gate_up_gelu,

@@ -509,6 +509,17 @@ int pg_cuda_gemv_kernel_set(int kind);
 // setting.
 int pg_cuda_gemv_preload_set(int on);
 
+// --- L2 prefetch (l2_prefetch.cu) ----------------------------------------------------------
+
+// Asks the L2 to fetch [p, p + bytes) (cp.async.bulk.prefetch.L2, sm_90; a
+// hint: nothing is written or waited for), then waits for the kernel before
+// it on the stream, so the chain's order holds for the kernel after it. A
+// PDL launch of one CTA: issued after a product, it starts while that
+// product runs, and the bytes stream in while the next kernels (RoPE,
+// attention at batch 1) leave HBM idle. Ends inside 16-byte boundaries are
+// left out. bytes == 0 launches nothing. Below sm_90 only the wait runs.
+int pg_cuda_l2_prefetch(const void *p, size_t bytes, void *stream);
+
 // --- quantized weights: FP8 e4m3 per row, int4 groups (qgemv.cu) -------------------------
 //
 // Weights in paged's own types as the host stores them (kernels/dtype.h,

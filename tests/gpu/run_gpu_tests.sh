@@ -29,7 +29,8 @@
 #      of each text (16 characters, a few tokens) and reports how much
 #      agrees; check 2 is the exact one.
 #      3b: the fp8 KV cache against bf16; 3c: --async-scheduling on against
-#      off, which must give identical texts.
+#      off, which must give identical texts; 3d: PAGED_CUDA_L2_PREFETCH=1
+#      (O's weight to the L2 before attention) against off, identical too.
 #   4. paged serve --device cuda driven with curl: /health, a completion,
 #      /metrics (all six device memory categories, weights and KV > 0, the
 #      total) and the start-up graph capture's log line.
@@ -296,6 +297,29 @@ else
     echo "PASS: async scheduling (identical texts $same_a)"
 fi
 note "generate async vs sync (cuda, one sequence at a time): identical $same_a"
+
+# --- 3d. O's weight to the L2 before attention (a hint: the same texts) ----------------------
+PAGED_CUDA_L2_PREFETCH=1 "$PAGED" generate --model $m64 --device cuda --max-num-seqs 1 --async-scheduling off \
+    --prompts-file $prompts >/tmp/paged-gen-l2.jsonl 2>/tmp/paged-gen-l2.log
+rc_l=$?
+echo "== generate: PAGED_CUDA_L2_PREFETCH=1 vs off"
+same_l=$(python3 - <<'PY'
+import json
+a = [json.loads(l) for l in open("/tmp/paged-gen-sync.jsonl")]
+b = [json.loads(l) for l in open("/tmp/paged-gen-l2.jsonl")]
+same = sum(1 for x, y in zip(a, b) if "error" not in y and x.get("text") == y.get("text")
+           and x.get("completion_tokens") == y.get("completion_tokens"))
+print(f"{same}/{len(a)}" if len(a) == len(b) == 8 else f"0/{len(a)}")
+PY
+)
+if [ $rc_l -ne 0 ] || [ "$same_l" != "8/8" ] || ! grep -q "PAGED_CUDA_L2_PREFETCH=1" /tmp/paged-gen-l2.log; then
+    echo "FAIL: L2 prefetch (exit $rc_l, identical $same_l)"
+    tail -5 /tmp/paged-gen-l2.log
+    fail=1
+else
+    echo "PASS: L2 prefetch (identical texts $same_l)"
+fi
+note "generate PAGED_CUDA_L2_PREFETCH=1 vs off (cuda, one sequence at a time): identical $same_l"
 
 # --- 3b. fp8 e4m3 KV cache: the same prompts against the bf16-cache run ---------------------
 # fp8 rounding flips some greedy picks of a random model: require half of the

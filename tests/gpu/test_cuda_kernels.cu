@@ -1831,6 +1831,29 @@ static void qgemv_tests(pg_cuda_gemm *g, DBuf &ws, Rng &r) {
 
 // --- PDL: the decode chain with and without programmatic dependent launch ---------------
 
+// pg_cuda_l2_prefetch's arguments: a null range refused, empty and
+// sub-16-byte ranges launch nothing, odd ends accepted (aligned inward), and
+// a prefetch leaves the bytes as they were.
+static void test_l2_prefetch_args() {
+    const char *name = "l2 prefetch: arguments, odd ends, bytes unchanged";
+    if (!selected(name)) return;
+    std::vector<uint16_t> h(1 << 20);
+    for (size_t i = 0; i < h.size(); i++) h[i] = (uint16_t)(i * 2654435761u >> 7);
+    DBuf d;
+    d.up(h);
+    CK(cudaDeviceSynchronize());
+    bool ok = pg_cuda_l2_prefetch(nullptr, 64, nullptr) == PG_EINVAL;
+    ok &= pg_cuda_l2_prefetch(nullptr, 0, nullptr) == 0;
+    ok &= pg_cuda_l2_prefetch((char *)d.p + 3, 10, nullptr) == 0;       // no whole 16 bytes: nothing
+    ok &= pg_cuda_l2_prefetch((char *)d.p + 3, h.size() * 2 - 7, nullptr) == 0;
+    ok &= pg_cuda_l2_prefetch(d.p, h.size() * 2, nullptr) == 0;
+    CK(cudaDeviceSynchronize());
+    std::vector<uint16_t> back(h.size());
+    CK(cudaMemcpy(back.data(), d.p, back.size() * 2, cudaMemcpyDeviceToHost));
+    ok &= back == h;
+    report_bool(name, ok, ok ? "" : "a refusal, a launch error or changed bytes");
+}
+
 // A batch-1/2 decode step as the model runs it at m <= 2 (embed, then per
 // layer gemv_rmsnorm QKV -> rope_kv_write -> decode attention (split, fused
 // reduce) -> gemv O accumulate -> gemv_rmsnorm_silu gate/up -> gemv down
@@ -1843,12 +1866,14 @@ static void qgemv_tests(pg_cuda_gemm *g, DBuf &ws, Rng &r) {
 // bit-identical: PDL changes only when kernels start, never what they read.
 // The reference run is the register GEMV (kind 0) without PDL; the checked
 // run uses GEMV kind `kind`, PDL on, and the weights-before-wait promise
-// when `preload` (the weights are uploaded and synchronized before).
-static void test_pdl_chain(Rng &r, int kind, int preload) {
+// when `preload` (the weights are uploaded and synchronized before), and
+// with `l2o` O's weight issued to the L2 after QKV (pg_cuda_l2_prefetch, a
+// PDL kernel in the middle of the chain: its wait must keep RoPE after QKV).
+static void test_pdl_chain(Rng &r, int kind, int preload, int l2o = 0) {
     char name[160];
     snprintf(name, sizeof name,
-             "pdl chain: embed, norm+QKV, RoPE, attention, O, norm+gate/up, down x 4 layers, 50 reps, gemv kind %d%s",
-             kind, preload ? " preload" : "");
+             "pdl chain: embed, norm+QKV, RoPE, attention, O, norm+gate/up, down x 4 layers, 50 reps, gemv kind %d%s%s",
+             kind, preload ? " preload" : "", l2o ? " + O to L2" : "");
     if (!selected(name)) return;
     pg_cuda_pdl_set(1);
     const bool can = pg_cuda_pdl_enabled() != 0;
@@ -1893,10 +1918,11 @@ static void test_pdl_chain(Rng &r, int kind, int preload) {
     struct Out {
         std::vector<uint16_t> x, attn, logits, kc, vc;
     };
-    auto run = [&](int m, Out &o) {
+    auto run = [&](int m, Out &o, bool prefetch) {
         PK(pg_cuda_embed(dx.p, demb.p, dtok.as<int32_t>(), m, H, 64, st));
         for (int l = 0; l < L; l++) {
             PK(pg_cuda_gemv_rmsnorm_bf16(dqkv.p, QKV, dx.p, H, dnw.p, eps, dwqkv.p, m, QKV, H, st));
+            if (prefetch) PK(pg_cuda_l2_prefetch(dwo.p, wo.size() * 2, st));
             uint16_t *q = dqkv.as<uint16_t>();
             PK(pg_cuda_rope_kv_write(q, QKV, q + QD, QKV, q + QD + KVD, QKV, dpos.as<int32_t>(),
                                      dslots.as<int32_t>(), m, NH, dinv.as<float>(), dkc.p, dvc.p, kvs, st));
@@ -1942,13 +1968,13 @@ static void test_pdl_chain(Rng &r, int kind, int preload) {
         pg_cuda_pdl_set(0);
         pg_cuda_gemv_kernel_set(0);
         pg_cuda_gemv_preload_set(0);
-        run(m, off);
+        run(m, off, false);
         dkc.up(kc), dvc.up(vc);
         CK(cudaDeviceSynchronize());
         pg_cuda_pdl_set(1);
         pg_cuda_gemv_kernel_set(kind);
         pg_cuda_gemv_preload_set(preload);
-        run(m, on);
+        run(m, on, l2o != 0);
         const bool same = off.x == on.x && off.attn == on.attn && off.logits == on.logits && off.kc == on.kc &&
                           off.vc == on.vc;
         bool finite = true;
@@ -2219,11 +2245,13 @@ int main(int argc, char **argv) {
     printf("PDL (programmatic dependent launch): %s\n", pg_cuda_pdl_enabled() ? "on" : "off");
     {
         // Each GEMV kind against the register kernel without PDL, bit for bit.
-        const int cases[][2] = {{0, 0}, {1, 0}, {1, 1}, {2, 0}, {2, 1}, {3, 1}, {4, 1}};
+        const int cases[][3] = {{0, 0, 0}, {1, 0, 0}, {1, 1, 0}, {2, 0, 0}, {2, 1, 0},
+                                {3, 1, 0}, {4, 1, 0}, {1, 1, 1}, {2, 1, 1}};
         for (auto &c : cases) {
             Rng rp(20251202); // its own stream: the other cases keep their inputs
-            test_pdl_chain(rp, c[0], c[1]);
+            test_pdl_chain(rp, c[0], c[1], c[2]);
         }
+        test_l2_prefetch_args();
     }
     decode_tests(r);
     prefill_tests(r);

@@ -1,0 +1,41 @@
+#!/bin/bash
+# Device call B (written in session 17, whose device loans were paused; for
+# the next session): the one-pass CUTLASS W8A8 kernel's configurations.
+#   1. test_cuda_fp8_gemm whole (every configuration on the CUTLASS cases,
+#      swizzle/raster knobs, refusals; cuBLASLt path, GEMV, quantizers);
+#   2. bench_cuda_gemm_fp8 --sweep (every config x swizzle x raster against
+#      cuBLASLt + rescale, Llama-3-8B matrices, m 64..8192; ~70 s) and
+#      torch's _scaled_mm (rowwise) on the same shapes, same machine;
+#   3. the runner with FP8 weights, W8A8 against the CPU's W8A8
+#      (--cpu-matmul quant, PAGED_CUDA_QGEMV=0: every step W8A8) for cuBLASLt
+#      and for the CUTLASS kernel, and against the exact CPU (the
+#      run_gpu_tests check) for both.
+# Pack: .gpucarry/o1.tar.xz (tools/pack_gpu.sh at the commit that adds this).
+set -u
+. bench/gpu_call_lib.sh
+call_init cB
+unpack ${PACK:-o1}
+G=build/gpu-pack
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
+timeout 150 $G/test_cuda_fp8_gemm > $R/fp8_gemm.log 2>&1; echo "test_cuda_fp8_gemm rc=$? at $(el)s: $(tail -1 $R/fp8_gemm.log)"
+grep -m8 FAIL $R/fp8_gemm.log
+save
+timeout 200 $G/bench_cuda_gemm_fp8 --sweep --json $R/sweep.json > $R/sweep.log 2>&1; echo "sweep rc=$? at $(el)s"
+grep -E "^(qkv|o|gate_up|down|sweep)" $R/sweep.log | head -40
+save
+timeout 120 python3 bench/cuda/scaled_mm_peer.py --json $R/torch.json > $R/torch.log 2>&1; echo "torch peer rc=$? at $(el)s"
+tail -20 $R/torch.log
+save
+m64=/tmp/paged-m64
+python3 tests/gpu/make_random_model.py $m64 --hidden 512 --heads 8 --kv-heads 2 --layers 4 --ffn 1536 \
+    --vocab 1000 --dtype bf16 > /dev/null
+for cut in 0 1; do
+    PAGED_CUDA_FP8_CUTLASS=$cut PAGED_CUDA_QGEMV=0 timeout 60 $G/test_cuda_runner $m64 --quantization fp8 \
+        --cpu-matmul quant --json $R/runner_q_c$cut.json > $R/runner_q_c$cut.log 2>&1
+    echo "runner fp8 W8A8 vs cpu quant, cutlass=$cut rc=$? at $(el)s: $(tail -1 $R/runner_q_c$cut.log)"
+    PAGED_CUDA_FP8_CUTLASS=$cut timeout 60 $G/test_cuda_runner $m64 --quantization fp8 --tol 0.1 \
+        --json $R/runner_x_c$cut.json > $R/runner_x_c$cut.log 2>&1
+    echo "runner fp8 default vs cpu exact, cutlass=$cut rc=$? at $(el)s: $(tail -1 $R/runner_x_c$cut.log)"
+    save
+done
+echo "done at $(el)s"
