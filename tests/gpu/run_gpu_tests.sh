@@ -139,6 +139,20 @@ run() {
 summary=""
 note() { summary="$summary$1\n"; }
 
+# The whole greedy texts of two `paged generate` outputs (JSONL), as
+# "same/n": a result with an error or another token count differs; "0/n"
+# unless both hold 8 results.
+same_texts() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+same = sum(1 for x, y in zip(a, b) if "error" not in x and "error" not in y and x.get("text") == y.get("text")
+           and x.get("completion_tokens") == y.get("completion_tokens"))
+print(f"{same}/{len(a)}" if len(a) == len(b) == 8 else f"0/{len(a)}")
+PY
+}
+
 # --- 1. kernels -------------------------------------------------------------------------
 if [ $skip_kernels = 0 ]; then
     run kernels build/gpu/test_cuda_kernels "$@"
@@ -280,15 +294,7 @@ rc_a=$?
     >/tmp/paged-gen-sync.jsonl 2>/tmp/paged-gen-sync.log
 rc_s=$?
 echo "== generate: async on vs off"
-same_a=$(python3 - <<'PY'
-import json
-a = [json.loads(l) for l in open("/tmp/paged-gen-sync.jsonl")]
-b = [json.loads(l) for l in open("/tmp/paged-gen-async.jsonl")]
-same = sum(1 for x, y in zip(a, b) if "error" not in y and x.get("text") == y.get("text")
-           and x.get("completion_tokens") == y.get("completion_tokens"))
-print(f"{same}/{len(a)}" if len(a) == len(b) == 8 else f"0/{len(a)}")
-PY
-)
+same_a=$(same_texts /tmp/paged-gen-sync.jsonl /tmp/paged-gen-async.jsonl)
 if [ $rc_a -ne 0 ] || [ $rc_s -ne 0 ] || [ "$same_a" != "8/8" ] || ! grep -q "async scheduling on" /tmp/paged-gen-async.log; then
     echo "FAIL: async scheduling (exit $rc_a/$rc_s, identical $same_a)"
     tail -5 /tmp/paged-gen-async.log
@@ -303,15 +309,7 @@ PAGED_CUDA_L2_PREFETCH=1 "$PAGED" generate --model $m64 --device cuda --max-num-
     --prompts-file $prompts >/tmp/paged-gen-l2.jsonl 2>/tmp/paged-gen-l2.log
 rc_l=$?
 echo "== generate: PAGED_CUDA_L2_PREFETCH=1 vs off"
-same_l=$(python3 - <<'PY'
-import json
-a = [json.loads(l) for l in open("/tmp/paged-gen-sync.jsonl")]
-b = [json.loads(l) for l in open("/tmp/paged-gen-l2.jsonl")]
-same = sum(1 for x, y in zip(a, b) if "error" not in y and x.get("text") == y.get("text")
-           and x.get("completion_tokens") == y.get("completion_tokens"))
-print(f"{same}/{len(a)}" if len(a) == len(b) == 8 else f"0/{len(a)}")
-PY
-)
+same_l=$(same_texts /tmp/paged-gen-sync.jsonl /tmp/paged-gen-l2.jsonl)
 if [ $rc_l -ne 0 ] || [ "$same_l" != "8/8" ] || ! grep -q "PAGED_CUDA_L2_PREFETCH=1" /tmp/paged-gen-l2.log; then
     echo "FAIL: L2 prefetch (exit $rc_l, identical $same_l)"
     tail -5 /tmp/paged-gen-l2.log
@@ -458,15 +456,7 @@ n_gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 NCCL_NVLS_ENABLE=0 "$PAGED" generate --model $m64 --device cuda --max-num-seqs 1 --async-scheduling on -tp 1 --tp-comm nccl \
     --prompts-file $prompts >/tmp/paged-gen-nccl1.jsonl 2>/tmp/paged-gen-nccl1.log
 rc=$?
-same_n=$(python3 - <<'PY'
-import json
-a = [json.loads(l) for l in open("/tmp/paged-gen-async.jsonl")]
-b = [json.loads(l) for l in open("/tmp/paged-gen-nccl1.jsonl")]
-same = sum(1 for x, y in zip(a, b) if "error" not in y and x.get("text") == y.get("text")
-           and x.get("completion_tokens") == y.get("completion_tokens"))
-print(f"{same}/{len(a)}" if len(a) == len(b) == 8 else f"0/{len(a)}")
-PY
-)
+same_n=$(same_texts /tmp/paged-gen-async.jsonl /tmp/paged-gen-nccl1.jsonl)
 if [ $rc -ne 0 ] || [ "$same_n" != "8/8" ]; then
     echo "FAIL: -tp 1 through NCCL (exit $rc, identical $same_n)"
     tail -5 /tmp/paged-gen-nccl1.log
@@ -492,14 +482,7 @@ rc1=$?
 NCCL_NVLS_ENABLE=0 "$PAGED" generate --model $m64 --device cuda --max-num-seqs 1 --async-scheduling on -tp 1 \
     --tp-comm nccl --prompts-file /tmp/paged-prompts-topk.jsonl >/tmp/paged-gen-topk-nccl.jsonl 2>/tmp/paged-gen-topk-nccl.log
 rc2=$?
-same_k=$(python3 - <<'PY'
-import json
-a = [json.loads(l) for l in open("/tmp/paged-gen-topk.jsonl")]
-b = [json.loads(l) for l in open("/tmp/paged-gen-topk-nccl.jsonl")]
-same = sum(1 for x, y in zip(a, b) if "error" not in x and "error" not in y and x.get("text") == y.get("text"))
-print(f"{same}/{len(a)}" if len(a) == len(b) == 8 else f"0/{len(a)}")
-PY
-)
+same_k=$(same_texts /tmp/paged-gen-topk.jsonl /tmp/paged-gen-topk-nccl.jsonl)
 if [ $rc1 -ne 0 ] || [ $rc2 -ne 0 ] || [ "$same_k" != "8/8" ]; then
     echo "FAIL: seeded top-k through the NCCL top-k exchange (exit $rc1/$rc2, identical $same_k)"
     tail -5 /tmp/paged-gen-topk-nccl.log

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Session 17, device call A: session 16's unmeasured call E (the WC template
+# Device call A (written in session 17, whose device loans were paused; for
+# the next session): session 16's unmeasured call E (the WC template
 # flag's plain kernels against session 15's, same machine: kernel test cases,
 # bench_cuda_attention --quick new/old, llama3-8b-shape W2 400 x 1000/1000 fp8 KV
 # new/old), then the W1 baseline with FP8 weights (--quantization fp8 at load,

@@ -10,11 +10,12 @@
 #      (--cpu-matmul quant, PAGED_CUDA_QGEMV=0: every step W8A8) for cuBLASLt
 #      and for the CUTLASS kernel, and against the exact CPU (the
 #      run_gpu_tests check) for both.
-# Pack: .gpucarry/o1.tar.xz (tools/pack_gpu.sh at the commit that adds this).
+# Pack: .gpucarry/o3.tar.xz (tools/pack_gpu.sh's programs at e1b3539, recompressed:
+# docs/gpu_checklist.md).
 set -u
 . bench/gpu_call_lib.sh
 call_init cB
-unpack ${PACK:-o1}
+unpack ${PACK:-o3}
 G=build/gpu-pack
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
 timeout 150 $G/test_cuda_fp8_gemm > $R/fp8_gemm.log 2>&1; echo "test_cuda_fp8_gemm rc=$? at $(el)s: $(tail -1 $R/fp8_gemm.log)"
