@@ -1,5 +1,5 @@
 // kernels/comm/comm.h - the communicator of a tensor-parallel group: all-reduce,
-// all-gather, broadcast and barrier over the ranks' buffers (C ABI).
+// all-gather, all-to-all, broadcast and barrier over the ranks' buffers (C ABI).
 //
 // Three implementations of one table:
 //   cpu   in-process, one communicator per rank thread over shared memory
@@ -42,6 +42,15 @@ struct pg_comm {
     // recv[r * bytes, (r + 1) * bytes) = rank r's send[0, bytes) for every
     // rank r (recv holds size * bytes; send may be recv + rank * bytes).
     int (*all_gather)(pg_comm *c, const void *send, void *recv, size_t bytes);
+    // All-to-all with per-pair sizes: this rank sends send[soff[d], soff[d] + sbytes[d]) to
+    // every rank d (itself included) and receives rank s's piece for it into
+    // recv[roff[s], roff[s] + rbytes[s]) for every rank s. rbytes[s] must equal what rank s
+    // sends to this one (callers exchange the sizes first, e.g. with all_gather); sizes may
+    // be 0. The pieces in recv must not overlap each other or send. Arrays of `size` entries
+    // in host memory; the data in the communicator's memory (host for cpu and tcp, device
+    // for nccl: grouped ncclSend/ncclRecv on the stream).
+    int (*all_to_all_v)(pg_comm *c, const void *send, const size_t *sbytes, const size_t *soff, void *recv,
+                        const size_t *rbytes, const size_t *roff);
     // buf[0, bytes) of rank `root` to every rank.
     int (*broadcast)(pg_comm *c, void *buf, size_t bytes, int32_t root);
     // Returns when every rank has called it (nccl: when the stream's work

@@ -9,6 +9,9 @@
 //      ranks' buffers directly;
 //   3. a second barrier, so no rank returns (and reuses its buffer or its
 //      slot) while another still reads it.
+// all_to_all_v publishes each rank's size and offset arrays with its send
+// buffer; every rank checks all pairs' sizes agree, then copies the pieces
+// addressed to it out of the other ranks' send buffers.
 // all_reduce_sum splits the elements into n contiguous slices; rank r sums
 // slice r over all ranks' buffers in rank order 0..n-1 in f32, rounds once,
 // and writes the result into every rank's buffer. Each element is computed
@@ -61,6 +64,9 @@ typedef struct {
     size_t bytes;
     void *buf;
     const void *send;
+    // all_to_all_v's size and offset arrays (the caller's, `n` entries):
+    // read by the other ranks between the barriers like the buffers.
+    const size_t *sbytes, *soff, *rbytes;
 } slot;
 
 typedef struct {
@@ -277,6 +283,46 @@ static int cpu_all_gather(pg_comm *c, const void *send, void *recv, size_t bytes
     return leave(c, OP_ALL_GATHER);
 }
 
+// Every rank checks every pair (not only the pieces it receives), so all
+// ranks find the same first mismatch and abort the group with one reason,
+// as enter() does for calls that differ.
+static int check_a2a_sizes(pg_comm *c) {
+    group *g = ((rank_ctx *)c->ctx)->g;
+    for (int s = 0; s < g->n; s++)
+        for (int d = 0; d < g->n; d++) {
+            size_t sent = g->slots[s].sbytes[d], expected = g->slots[d].rbytes[s];
+            if (sent == expected) continue;
+            char why[200];
+            snprintf(why, sizeof why, "%s sizes differ: rank %d sends %zu bytes to rank %d, which expects %zu from it",
+                     pg_comm_op_name(OP_ALL_TO_ALL), s, sent, d, expected);
+            group_abort(g, why);
+            barrier(g, c->rank, OP_ALL_TO_ALL, false); // others still read the slots
+            return aborted_err(g, c->rank, OP_ALL_TO_ALL);
+        }
+    return 0;
+}
+
+static int cpu_all_to_all_v(pg_comm *c, const void *send, const size_t *sbytes, const size_t *soff, void *recv,
+                            const size_t *rbytes, const size_t *roff) {
+    if (!sbytes || !soff || !rbytes || !roff) return bad_call(c, OP_ALL_TO_ALL, "no size or offset array");
+    group *g = ((rank_ctx *)c->ctx)->g;
+    for (int r = 0; r < g->n; r++) {
+        if (sbytes[r] > 0 && !send) return bad_call(c, OP_ALL_TO_ALL, "no send buffer");
+        if (rbytes[r] > 0 && !recv) return bad_call(c, OP_ALL_TO_ALL, "no receive buffer");
+    }
+    PG_TRY(enter(c, (slot){.op = OP_ALL_TO_ALL, .send = send, .sbytes = sbytes, .soff = soff, .rbytes = rbytes}));
+    PG_TRY(check_a2a_sizes(c));
+    // Each rank pulls the pieces addressed to it into its own recv, which
+    // no other rank touches; the second barrier keeps every send buffer
+    // alive until the last rank has read from it.
+    for (int s = 0; s < g->n; s++) {
+        const slot *from = &g->slots[s];
+        size_t len = from->sbytes[c->rank];
+        if (len) memcpy((char *)recv + roff[s], (const char *)from->send + from->soff[c->rank], len);
+    }
+    return leave(c, OP_ALL_TO_ALL);
+}
+
 static int cpu_broadcast(pg_comm *c, void *buf, size_t bytes, int32_t root) {
     if (root < 0 || root >= c->size) return bad_call(c, OP_BROADCAST, "a root outside the group");
     if (bytes > 0 && !buf) return bad_call(c, OP_BROADCAST, "no buffer");
@@ -339,6 +385,7 @@ int pg_comm_cpu_create_group(int32_t n, pg_comm **out) {
                        .ctx = rc,
                        .all_reduce_sum = cpu_all_reduce_sum,
                        .all_gather = cpu_all_gather,
+                       .all_to_all_v = cpu_all_to_all_v,
                        .broadcast = cpu_broadcast,
                        .barrier = cpu_barrier,
                        .abort = cpu_abort,

@@ -45,6 +45,8 @@ struct NcclApi {
     ncclResult_t (*AllReduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
     ncclResult_t (*AllGather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
     ncclResult_t (*Broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*Send)(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*Recv)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
     ncclResult_t (*GroupStart)();
     ncclResult_t (*GroupEnd)();
     const char *(*GetErrorString)(ncclResult_t);
@@ -77,6 +79,7 @@ void load_nccl() {
         {(void **)&g_nccl.AllReduce, "ncclAllReduce"},       {(void **)&g_nccl.AllGather, "ncclAllGather"},
         {(void **)&g_nccl.Broadcast, "ncclBroadcast"},       {(void **)&g_nccl.GroupStart, "ncclGroupStart"},
         {(void **)&g_nccl.GroupEnd, "ncclGroupEnd"},         {(void **)&g_nccl.GetErrorString, "ncclGetErrorString"},
+        {(void **)&g_nccl.Send, "ncclSend"},                 {(void **)&g_nccl.Recv, "ncclRecv"},
     };
     for (auto &s : syms)
         if (!(*s.slot = dlsym(h, s.name))) {
@@ -149,6 +152,43 @@ int nccl_all_gather(pg_comm *c, const void *send, void *recv, size_t bytes) {
     return 0;
 }
 
+// Every peer's send and receive inside one group, so NCCL schedules them
+// together (a rank's sends and receives in separate calls would each wait
+// for the other side's matching call: a deadlock for a pair). The group
+// is always ended, also after a failed enqueue, so NCCL's group depth
+// stays balanced for the next collective.
+int nccl_all_to_all_v(pg_comm *c, const void *send, const size_t *sbytes, const size_t *soff, void *recv,
+                      const size_t *rbytes, const size_t *roff) {
+    PG_ARG(sbytes && soff && rbytes && roff, "nccl all_to_all_v: no size or offset array");
+    NcclComm *n = nc(c);
+    PG_TRY(check_live(n, "all_to_all_v"));
+    const int me = c->rank;
+    PG_ARG(sbytes[me] == rbytes[me], "nccl all_to_all_v: rank %d sends itself %zu bytes but expects %zu", me,
+           sbytes[me], rbytes[me]);
+    if (sbytes[me])
+        PG_CUDA_TRY(cudaMemcpyAsync((char *)recv + roff[me], (const char *)send + soff[me], sbytes[me],
+                                    cudaMemcpyDeviceToDevice, n->stream));
+    NCCL_TRY(g_nccl.GroupStart());
+    ncclResult_t r = ncclSuccess;
+    const char *what = "";
+    for (int p = 0; p < c->size && r == ncclSuccess; p++) {
+        if (p == me) continue;
+        if (sbytes[p]) {
+            r = g_nccl.Send((const char *)send + soff[p], sbytes[p], ncclChar, p, n->comm, n->stream);
+            what = "ncclSend";
+        }
+        if (r == ncclSuccess && rbytes[p]) {
+            r = g_nccl.Recv((char *)recv + roff[p], rbytes[p], ncclChar, p, n->comm, n->stream);
+            what = "ncclRecv";
+        }
+    }
+    ncclResult_t e = g_nccl.GroupEnd();
+    if (r != ncclSuccess)
+        return pg_err_set(PG_EIO, "nccl: all_to_all_v: %s: %s", what, g_nccl.GetErrorString(r));
+    if (e != ncclSuccess) return pg_err_set(PG_EIO, "nccl: all_to_all_v: ncclGroupEnd: %s", g_nccl.GetErrorString(e));
+    return 0;
+}
+
 int nccl_broadcast(pg_comm *c, void *buf, size_t bytes, int32_t root) {
     PG_ARG(root >= 0 && root < c->size, "nccl broadcast: root %d of %d", root, c->size);
     if (bytes == 0) return 0;
@@ -202,8 +242,9 @@ void nccl_destroy(pg_comm *c) {
 int wrap(pg_backend *be, int32_t rank, int32_t size, ncclComm_t comm, pg_comm **out) {
     NcclComm *n = (NcclComm *)calloc(1, sizeof *n);
     if (!n) return pg_err_set(PG_ENOMEM, "nccl: out of host memory");
-    n->base = pg_comm{"nccl", rank, size, n, nccl_all_reduce, nccl_all_gather, nccl_broadcast, nccl_barrier,
-                      nccl_abort, nccl_destroy};
+    // (In the order of struct pg_comm's members.)
+    n->base = pg_comm{"nccl", rank, size, n, nccl_all_reduce, nccl_all_gather, nccl_all_to_all_v,
+                      nccl_broadcast, nccl_barrier, nccl_abort, nccl_destroy};
     n->comm = comm;
     pthread_mutex_init(&n->mu, nullptr);
     n->stream = (cudaStream_t)pg_cuda_backend_stream(be);

@@ -4,7 +4,7 @@
 // the messages that say which calls disagreed. Internal to kernels/.
 #pragma once
 
-enum { OP_ALL_REDUCE = 1, OP_ALL_GATHER, OP_BROADCAST, OP_BARRIER };
+enum { OP_ALL_REDUCE = 1, OP_ALL_GATHER, OP_BROADCAST, OP_BARRIER, OP_ALL_TO_ALL };
 
 static inline const char *pg_comm_op_name(int op) {
     switch (op) {
@@ -12,6 +12,7 @@ static inline const char *pg_comm_op_name(int op) {
     case OP_ALL_GATHER: return "all_gather";
     case OP_BROADCAST: return "broadcast";
     case OP_BARRIER: return "barrier";
+    case OP_ALL_TO_ALL: return "all_to_all_v";
     default: return "an unknown collective";
     }
 }

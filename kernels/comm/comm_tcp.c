@@ -15,6 +15,16 @@
 // rounds once, exactly as kernels/comm/comm_cpu.c does, and sends the sum
 // back), so rank 0's scratch memory stays bounded whatever the size.
 //
+// all_to_all_v goes through rank 0 too: every peer sends its header with
+// its size table (what it sends to and expects from each rank); rank 0
+// checks every pair (rank s sends rank d what d expects from s, or every
+// rank fails naming both and both sizes), answers, and then relays the
+// pieces one at a time in (source, destination) order through a
+// CHUNK_BYTES buffer. That order is each peer's send order (by
+// destination) and each peer's receive order (by source), and a peer
+// sends and receives at once (polling its one socket), so neither side of
+// a large piece waits on a full socket buffer for the other.
+//
 // Failure: any socket error or a mismatch breaks the communicator; rank 0
 // tells the peers still waiting for its answer why (an error header and a
 // message), then shuts every socket down, so no rank waits forever. Every
@@ -152,6 +162,8 @@ static void frame_describe(char *out, size_t cap, const frame *f) {
     else if (f->op == OP_BROADCAST)
         snprintf(out, cap, "%s #%u (%llu bytes from rank %d)", pg_comm_op_name(f->op), f->seq, (unsigned long long)f->bytes,
                  f->root);
+    else if (f->op == OP_ALL_TO_ALL) // (bytes is the size table's: per-pair sizes are checked apart)
+        snprintf(out, cap, "%s #%u", pg_comm_op_name(f->op), f->seq);
     else
         snprintf(out, cap, "%s #%u (%llu bytes)", pg_comm_op_name(f->op), f->seq, (unsigned long long)f->bytes);
 }
@@ -383,13 +395,17 @@ static int root_answer(tcp_ctx *t, const frame *self, int r, bool with_header, c
     return rc < 0 ? peer_io_fail(t, self, r, rc) : 0;
 }
 
+// Rank 0's scratch for all_reduce_sum and all_to_all_v, at the first use.
+static int root_scratch(tcp_ctx *t) {
+    if (t->scratch && t->acc) return 0;
+    if (!t->scratch) t->scratch = malloc(CHUNK_BYTES);
+    if (!t->acc) t->acc = malloc(CHUNK_BYTES / 2 * sizeof(float));
+    return t->scratch && t->acc ? 0 : fail(t, PG_ENOMEM, "out of memory for rank 0's scratch");
+}
+
 static int root_all_reduce(tcp_ctx *t, const frame *self, void *buf, int64_t count) {
     PG_TRY(root_headers(t, self));
-    if (!t->scratch) {
-        t->scratch = malloc(CHUNK_BYTES);
-        t->acc = malloc(CHUNK_BYTES / 2 * sizeof(float));
-        if (!t->scratch || !t->acc) return fail(t, PG_ENOMEM, "out of memory for the all_reduce scratch");
-    }
+    PG_TRY(root_scratch(t));
     bool bf16 = self->dtype == PG_DTYPE_BF16;
     size_t esz = bf16 ? 2 : 4;
     int64_t chunk = CHUNK_BYTES / esz;
@@ -440,6 +456,129 @@ static int root_broadcast(tcp_ctx *t, const frame *self, void *buf, size_t bytes
     }
     for (int r = 1; r < t->size; r++) PG_TRY(root_answer(t, self, r, true, buf, r == root ? 0 : bytes));
     return 0;
+}
+
+// ---------------------------------------------------------------- all_to_all_v
+
+// A rank's size table on the wire: u64 bytes it sends to rank d, u64
+// bytes it expects from rank d, for d = 0..n-1.
+#define A2A_ENTRY_BYTES 16
+
+static void a2a_table_encode(uint8_t *p, int n, const size_t *sbytes, const size_t *rbytes) {
+    for (int d = 0; d < n; d++) {
+        put64(p + A2A_ENTRY_BYTES * d, sbytes[d]);
+        put64(p + A2A_ENTRY_BYTES * d + 8, rbytes[d]);
+    }
+}
+
+// A piece rank 0 relays from peer s to peer d, a chunk at a time through its
+// scratch buffer.
+static int root_relay(tcp_ctx *t, const frame *self, int s, int d, size_t len) {
+    for (size_t off = 0; off < len;) {
+        size_t m = len - off < CHUNK_BYTES ? len - off : CHUNK_BYTES;
+        int rc = read_idle(t->fds[s], t->scratch, m, t->wait_ms);
+        if (rc < 0) return peer_io_fail(t, self, s, rc);
+        rc = write_buf(t->fds[d], t->scratch, m, NULL, 0);
+        if (rc < 0) return peer_io_fail(t, self, d, rc);
+        off += m;
+    }
+    return 0;
+}
+
+// Sizes: tab[s * n + d] is what rank s sends to rank d (u64 pairs: sent,
+// expected by s from d). Every pair is checked before any data moves.
+static int root_a2a_sizes(tcp_ctx *t, const frame *self, uint64_t (*tab)[2], uint8_t *wire, const size_t *sbytes,
+                          const size_t *rbytes) {
+    int n = t->size;
+    for (int d = 0; d < n; d++) tab[d][0] = sbytes[d], tab[d][1] = rbytes[d];
+    for (int s = 1; s < n; s++) {
+        int rc = read_idle(t->fds[s], wire, (size_t)n * A2A_ENTRY_BYTES, t->wait_ms);
+        if (rc < 0) return root_read_fail(t, self, s, rc, false);
+        for (int d = 0; d < n; d++) {
+            tab[s * n + d][0] = get64(wire + A2A_ENTRY_BYTES * d);
+            tab[s * n + d][1] = get64(wire + A2A_ENTRY_BYTES * d + 8);
+        }
+    }
+    for (int s = 0; s < n; s++)
+        for (int d = 0; d < n; d++) {
+            uint64_t sent = tab[s * n + d][0], expected = tab[d * n + s][1];
+            if (sent == expected) continue;
+            char why[MAX_WHY];
+            snprintf(why, sizeof why,
+                     "%s #%u sizes differ: rank %d sends %llu bytes to rank %d, which expects %llu from it",
+                     pg_comm_op_name(self->op), self->seq, s, (unsigned long long)sent, d,
+                     (unsigned long long)expected);
+            return root_fail(t, PG_EINVAL, self, why);
+        }
+    return 0;
+}
+
+static int root_all_to_all_v(tcp_ctx *t, const frame *self, const void *send, const size_t *sbytes,
+                             const size_t *soff, void *recv, const size_t *rbytes, const size_t *roff) {
+    PG_TRY(root_headers(t, self));
+    int n = t->size;
+    uint64_t(*tab)[2] = malloc(sizeof *tab * (size_t)n * (size_t)n);
+    uint8_t *wire = malloc((size_t)n * A2A_ENTRY_BYTES);
+    int rc = tab && wire ? root_scratch(t) : root_fail(t, PG_ENOMEM, self, "out of memory for the size tables");
+    if (rc == 0) rc = root_a2a_sizes(t, self, tab, wire, sbytes, rbytes);
+    for (int r = 1; r < n && rc == 0; r++) rc = root_answer(t, self, r, true, NULL, 0);
+    // (source, destination) order: peer s sends its pieces by destination,
+    // peer d takes its pieces by source, so each read and write below is
+    // the next thing on its socket.
+    for (int s = 0; s < n && rc == 0; s++)
+        for (int d = 0; d < n && rc == 0; d++) {
+            size_t len = (size_t)tab[s * n + d][0];
+            if (len == 0 || (s == d && s != 0)) continue; // a peer's own piece stays with it
+            if (s == 0 && d == 0) {
+                memcpy((char *)recv + roff[0], (const char *)send + soff[0], len);
+            } else if (s == 0) {
+                int w = write_buf(t->fds[d], (const char *)send + soff[d], len, NULL, 0);
+                if (w < 0) rc = peer_io_fail(t, self, d, w);
+            } else if (d == 0) {
+                int r = read_idle(t->fds[s], (char *)recv + roff[s], len, t->wait_ms);
+                if (r < 0) rc = peer_io_fail(t, self, s, r);
+            } else {
+                rc = root_relay(t, self, s, d, len);
+            }
+        }
+    free(tab);
+    free(wire);
+    return rc;
+}
+
+static bool io_retry(int e) { return e == EINTR || e == EAGAIN || e == EWOULDBLOCK; }
+
+// A peer, after rank 0's answer: sends its pieces (by destination) and
+// takes its pieces (by source) at once on its socket, so a large piece
+// each way cannot leave both ends blocked in send. Bounded by wait_ms
+// without progress either way.
+static int peer_a2a_exchange(tcp_ctx *t, const frame *self, const char *out, const size_t *sbytes,
+                             const size_t *soff, char *in, const size_t *rbytes, const size_t *roff) {
+    const int me = t->rank, n = t->size, fd = t->fds[0];
+    if (sbytes[me]) memcpy(in + roff[me], out + soff[me], sbytes[me]);
+    int sd = 0, rs = 0;          // the piece being sent (to rank sd) and received (from rank rs)
+    size_t sdone = 0, rdone = 0; // its bytes done
+    for (;;) {
+        while (sd < n && (sd == me || sdone == sbytes[sd])) sd++, sdone = 0;
+        while (rs < n && (rs == me || rdone == rbytes[rs])) rs++, rdone = 0;
+        if (sd == n && rs == n) return 0;
+        struct pollfd p = {.fd = fd, .events = (short)((rs < n ? POLLIN : 0) | (sd < n ? POLLOUT : 0))};
+        int pr = poll(&p, 1, t->wait_ms);
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr < 0) return peer_io_fail(t, self, 0, -errno);
+        if (pr == 0) return peer_io_fail(t, self, 0, rs < n ? -ETIMEDOUT : -EAGAIN);
+        if (rs < n && (p.revents & (POLLIN | POLLHUP | POLLERR))) {
+            ssize_t k = recv(fd, in + roff[rs] + rdone, rbytes[rs] - rdone, MSG_DONTWAIT);
+            if (k == 0) return peer_io_fail(t, self, 0, -ENOTCONN);
+            if (k < 0 && !io_retry(errno)) return peer_io_fail(t, self, 0, -errno);
+            if (k > 0) rdone += (size_t)k;
+        }
+        if (sd < n && (p.revents & (POLLOUT | POLLHUP | POLLERR))) {
+            ssize_t k = send(fd, out + soff[sd] + sdone, sbytes[sd] - sdone, MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (k < 0 && !io_retry(errno)) return peer_io_fail(t, self, 0, -errno);
+            if (k > 0) sdone += (size_t)k;
+        }
+    }
 }
 
 // ---------------------------------------------------------------- peers
@@ -563,6 +702,37 @@ static int tcp_all_gather(pg_comm *c, const void *send, void *recv, size_t bytes
     PG_TRY(peer_send(t, &f, true, send, bytes));
     PG_TRY(peer_answer(t, &f));
     return peer_recv(t, &f, recv, bytes * (size_t)t->size);
+}
+
+static int tcp_all_to_all_v(pg_comm *c, const void *send, const size_t *sbytes, const size_t *soff, void *recv,
+                            const size_t *rbytes, const size_t *roff) {
+    tcp_ctx *t = c->ctx;
+    frame f;
+    PG_TRY(begin(c, &f, OP_ALL_TO_ALL));
+    if (!sbytes || !soff || !rbytes || !roff) return bad_call(t, f.op, "no size or offset array");
+    for (int r = 0; r < t->size; r++) {
+        if (sbytes[r] > 0 && !send) return bad_call(t, f.op, "no send buffer");
+        if (rbytes[r] > 0 && !recv) return bad_call(t, f.op, "no receive buffer");
+    }
+    // The payload with the header is the size table, the same length on
+    // every rank; the pieces follow rank 0's answer.
+    f.bytes = (uint64_t)t->size * A2A_ENTRY_BYTES;
+    if (t->size == 1) {
+        char what[160];
+        snprintf(what, sizeof what, "%zu bytes to send to itself but %zu to receive", sbytes[0], rbytes[0]);
+        if (sbytes[0] != rbytes[0]) return bad_call(t, f.op, what);
+        if (sbytes[0]) memcpy((char *)recv + roff[0], (const char *)send + soff[0], sbytes[0]);
+        return 0;
+    }
+    if (t->rank == 0) return root_all_to_all_v(t, &f, send, sbytes, soff, recv, rbytes, roff);
+    uint8_t *wire = malloc((size_t)f.bytes);
+    if (!wire) return fail(t, PG_ENOMEM, "out of memory for the all_to_all_v size table");
+    a2a_table_encode(wire, t->size, sbytes, rbytes);
+    int rc = peer_send(t, &f, true, wire, (size_t)f.bytes);
+    free(wire);
+    PG_TRY(rc);
+    PG_TRY(peer_answer(t, &f));
+    return peer_a2a_exchange(t, &f, send, sbytes, soff, recv, rbytes, roff);
 }
 
 static int tcp_broadcast(pg_comm *c, void *buf, size_t bytes, int32_t root) {
@@ -926,6 +1096,7 @@ int pg_comm_tcp_create(const pg_comm_tcp_opts *o, pg_comm **out) {
                    .ctx = t,
                    .all_reduce_sum = tcp_all_reduce_sum,
                    .all_gather = tcp_all_gather,
+                   .all_to_all_v = tcp_all_to_all_v,
                    .broadcast = tcp_broadcast,
                    .barrier = tcp_barrier,
                    .abort = tcp_abort,
