@@ -15,7 +15,7 @@ Conventions the generator relies on (docs/build.md):
       AddressSanitizer + UBSan as build/asan/tests/test_* (`ninja asan`)
   server/main.c -> build/paged, and build/asan/paged (ASan + UBSan, `ninja asan`),
       and build/tsan/paged (ThreadSanitizer, `ninja tsan`)
-  TSAN_UNIT_TESTS (tests/unit/test_comm.c) -> also build/tsan/tests/test_*
+  TSAN_UNIT_TESTS (tests/unit/test_comm*.c) -> also build/tsan/tests/test_*
       under ThreadSanitizer (`ninja tsan`; tests/run_all.py runs them as tsan:*)
   tests/fuzz/fuzz_*.c -> build/fuzz/fuzz_* (standalone replay + mutation
       driver, gcc) and build/fuzz/libfuzzer_* (clang -fsanitize=fuzzer,
@@ -66,7 +66,7 @@ LLHTTP_SRCS = ["api.c", "http.c", "llhttp.c"]
 # Unit tests that also run under ThreadSanitizer (build/tsan/tests/test_*):
 # the ones whose subject is threads meeting each other. Few, since every one
 # costs a TSan build of its objects and CI time.
-TSAN_UNIT_TESTS = ["tests/unit/test_comm.c"]
+TSAN_UNIT_TESTS = ["tests/unit/test_comm.c", "tests/unit/test_comm_a2a.c"]
 # Files compiled into the binary as C arrays (tools/embed.py): source, symbol.
 EMBEDS = [("server/webui/index.html", "paged_webui_index_html"),
           ("server/openapi.json", "paged_openapi_json")]
