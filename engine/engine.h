@@ -74,6 +74,8 @@ typedef struct pg_engine_config {
     int32_t tensor_parallel;     // ranks (0 or 1: none); engine/dist/executor.h
     bool expert_parallel;        // --enable-expert-parallel: whole experts per rank (docs/moe.md);
                                  //   ignored, with a log line, for a model without experts
+    bool moe_alltoall;           // --all2all-backend alltoall: expert parallelism's combine by
+                                 //   all-to-all (engine/model/moe_a2a.c); false: the all-reduce
     const char *tp_comm;         // NULL or "auto" (nccl on CUDA, cpu on the CPU), "cpu", "nccl"
     int32_t nnodes, node_rank;   // tensor parallelism across nodes (engine/dist/remote.h)
     const char *master_addr;     //   node 0's address (default 127.0.0.1)

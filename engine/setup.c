@@ -113,7 +113,7 @@ static void executor_config(const pg_engine_config *cfg, pg_model_load_opts *mo,
                                                                                  : pg_engine_lora_slots(cfg),
                                .lora_slots = pg_engine_lora_slots(cfg),
                                .max_lora_rank = pg_engine_max_lora_rank(cfg),
-                               .expert_parallel = cfg->expert_parallel};
+                               .expert_parallel = cfg->expert_parallel, .moe_alltoall = cfg->moe_alltoall};
     *ec = (pg_executor_config){.tp = cfg->tensor_parallel > 1 ? cfg->tensor_parallel : 1, .device = pg_engine_config_device(cfg),
                                .n_threads = cfg->n_threads, .matmul_mode = cfg->matmul_mode, .comm = cfg->tp_comm,
                                .nnodes = cfg->nnodes, .node_rank = cfg->node_rank,
@@ -400,6 +400,10 @@ int eng_setup(pg_engine *e) {
     if (tp > 1) log_tensor_parallel(cfg, &e->model->cfg, &e->model->shard);
     if (cfg->expert_parallel && e->model->cfg.n_experts <= 0)
         PG_LOGI("--enable-expert-parallel: the model has no experts; ignored (as vLLM does)");
+    if (cfg->moe_alltoall)
+        PG_LOGI("--all2all-backend alltoall: %s", e->model->shard.moe_alltoall
+                                                      ? "each row's expert shares go to the rank owning the row"
+                                                      : "no experts or one rank; nothing to exchange");
     // Every rank's memory (rank 0's below stands for the rest on one node).
     for (int32_t r = 1; r < tp && be->caps->measures_memory; r++) {
         pg_runner_mem m;

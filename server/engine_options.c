@@ -41,6 +41,10 @@ const char *pg_engine_options_help =
     "                                of a mixture-of-experts model instead of a slice of\n"
     "                                every expert (attention stays split by heads); ignored,\n"
     "                                with a log line, for a model without experts\n"
+    "  --all2all-backend allreduce|alltoall  how expert parallelism combines the experts'\n"
+    "                                shares: the all-reduce every layer ends with (default),\n"
+    "                                or each row's shares to the rank owning it by all-to-all\n"
+    "                                (fewer bytes where top_k < ranks; cpu/tcp only for now)\n"
     "  --tp-comm auto|cpu|nccl       the ranks' communicator (auto: nccl on GPUs, the\n"
     "                                in-process one on the CPU)\n"
     "  --nnodes N --node-rank R      tensor parallelism over N nodes (-tp / N ranks each):\n"
@@ -276,6 +280,13 @@ int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
     }
     if (!strcmp(f, "--enable-expert-parallel")) {
         c->expert_parallel = true;
+        return 1;
+    }
+    if (!strcmp(f, "--all2all-backend")) {
+        NEED_VALUE();
+        if (strcmp(v, "allreduce") && strcmp(v, "alltoall"))
+            return pg_err_set(PG_EINVAL, "%s: '%s' (allreduce or alltoall)", f, v);
+        c->moe_alltoall = !strcmp(v, "alltoall");
         return 1;
     }
     INT_FLAG("--nnodes", 1, 64, c->nnodes)

@@ -183,6 +183,7 @@ int pg_layer_ffn_geglu(const pg_model *m, int32_t l, const pg_step_views *v) {
 // column slice of each, or under expert parallelism its whole experts,
 // the others NULL) goes to the stream as a row-parallel product's does.
 int pg_layer_ffn_moe(const pg_model *m, int32_t l, const pg_step_views *v) {
+    if (m->shard.moe_alltoall) return pg_layer_ffn_moe_alltoall(m, l, v);
     const pg_model_layer *L = &m->layers[l];
     const pg_model_config *c = &m->cfg;
     const bool residual = m->shard.rank == 0;

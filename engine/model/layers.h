@@ -42,6 +42,14 @@ void pg_step_views_make(const pg_model *m, const pg_fwd_buffers *bufs, const pg_
 // product; rank 0 also kept the stream): a no-op without tensor parallelism.
 int pg_layer_all_reduce(const pg_model *m, pg_tensor x);
 
+// Expert parallelism's combine by all-to-all (engine/model/moe_a2a.c): x +=
+// the step's MoE output, each row's shares sent to the rank owning the row,
+// then the rows back to every rank; bit for bit pg_layer_ffn_moe's result.
+// init makes the model's (empty) buffers; free releases them.
+int pg_layer_ffn_moe_alltoall(const pg_model *m, int32_t l, const pg_step_views *v);
+int pg_moe_a2a_init(pg_model *m);
+void pg_moe_a2a_free(pg_model *m);
+
 // Vocabulary-parallel embedding: x = emb[tokens] from this rank's rows
 // (zero for tokens outside them), summed across ranks.
 int pg_layer_embed(const pg_model *m, pg_tensor x, const int32_t *tokens);

@@ -52,6 +52,8 @@ typedef struct pg_model_shard {
     int32_t exp0, n_exp;         // the experts held [exp0, exp0 + n_exp) (without EP: all)
     bool expert_parallel;        // --enable-expert-parallel on a model with experts: whole
                                  //   experts per rank, not column slices (docs/moe.md)
+    bool moe_alltoall;           // --all2all-backend alltoall: expert parallelism's shares
+                                 //   combined by all-to-all (engine/model/moe_a2a.c)
     int32_t vocab, vocab0;       // vocabulary rows [vocab0, vocab0 + vocab)
     bool comm;                   // the forward's collectives run (size > 1, or a
                                  //   communicator named for one rank)
@@ -151,6 +153,7 @@ typedef struct pg_model {
     int32_t layer_dtypes[4]; // layer 0's Q|K|V, O, gate|up, down types (int4: g128 or g64 by shape)
     int64_t layer_bytes[4];  // one layer's Q|K|V, O, gate|up, down in backend memory (rank's shard)
     pg_model_lora lora;      // LoRA adapters (n_slots 0: none)
+    struct pg_moe_a2a *moe_a2a; // the all-to-all combine's host buffers (shard.moe_alltoall; else NULL)
     // fp8 KV: the checkpoint's K and V scales per layer, host [n_layers][2]
     // (one value per tensor, as vLLM's k_scale / v_scale); NULL when the
     // checkpoint has none (the runner then calibrates: engine/runner/runner_kv_scales.c).
@@ -189,6 +192,11 @@ typedef struct pg_model_load_opts {
     // --enable-expert-parallel: under tensor parallelism each rank holds
     // (and reads) only its block of whole experts (pg_model_shard_plan).
     bool expert_parallel;
+    // --all2all-backend alltoall: with expert_parallel, each row's expert
+    // shares go only to the rank that owns the row, by all-to-all, instead
+    // of the all-reduce of every row (docs/moe.md); the cpu and tcp
+    // communicators only (host memory). Refused without expert_parallel.
+    bool moe_alltoall;
 } pg_model_load_opts;
 
 // --quantization (vLLM's flag): the layers' linear weights quantized at

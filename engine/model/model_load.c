@@ -35,6 +35,7 @@
 #include "engine/model/int4_ckpt.h"
 #include "engine/model/family.h"
 #include "engine/model/layer_tensors_int.h"
+#include "engine/model/layers.h"
 #include "engine/model/model.h"
 #include "engine/model/model_source_int.h"
 #include "formats/safetensors.h"
@@ -549,6 +550,24 @@ done:
     return rc;
 }
 
+// --all2all-backend alltoall (engine/model/moe_a2a.c): expert parallelism
+// over a communicator in host memory. Nothing to do for a model without
+// experts or one rank (as --enable-expert-parallel is ignored there); else
+// one line naming what is missing.
+static int moe_alltoall_check(pg_model *m, const pg_model_load_opts *o, pg_backend *be) {
+    if (m->cfg.n_experts <= 0 || !o->comm || o->comm->size < 2) return 0;
+    if (!m->shard.expert_parallel)
+        return pg_err_set(PG_EINVAL, "--all2all-backend alltoall: needs --enable-expert-parallel on a model "
+                                     "with experts (this one: %d experts, expert parallel %s)",
+                          m->cfg.n_experts, o->expert_parallel ? "asked" : "not asked");
+    if (strcmp(be->name, "cpu") || !strcmp(o->comm->name, "nccl"))
+        return pg_err_set(PG_EUNSUPP, "--all2all-backend alltoall: runs on the cpu device with the cpu or tcp "
+                                      "communicator for now (here: %s device, %s communicator)",
+                          be->name, o->comm->name);
+    m->shard.moe_alltoall = true;
+    return pg_moe_a2a_init(m);
+}
+
 int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
     *out = NULL;
     pg_model *m = pg_xcalloc(1, sizeof *m);
@@ -586,6 +605,7 @@ int pg_model_load(const pg_model_load_opts *o, pg_backend *be, pg_model **out) {
                                   &m->shard)) < 0)
         goto fail;
     m->shard.comm = o->comm != NULL;
+    if (o->moe_alltoall && (rc = moe_alltoall_check(m, o, be)) < 0) goto fail;
     m->layers = pg_xcalloc((size_t)c->n_layers, sizeof(pg_model_layer));
     loader ld = {.m = m, .o = o};
     // Weights are read from the mapping here (the pages come in as the
@@ -709,6 +729,7 @@ void pg_model_free(pg_model *m) {
         }
     pg_model_offload_free(m);
     pg_model_lora_free(m);
+    pg_moe_a2a_free(m);
     if (m->lm_head && m->lm_head != m->tok_emb) be->store->weight_free(be, m->lm_head);
     if (m->tok_emb) be->store->weight_free(be, m->tok_emb);
     if (m->final_norm) be->store->weight_free(be, m->final_norm);

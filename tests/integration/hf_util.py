@@ -49,7 +49,7 @@ def hf_logits(model, ids):
     return out.logits[0, -1].double().numpy()
 
 
-def dump(args, *seqs, tp=1, threads=2, ep=False, timeout=300):
+def dump(args, *seqs, tp=1, threads=2, ep=False, a2a=False, timeout=300):
     """Runs dump_logits --mode exact on `args` (the model and its flags) for
     the sequences `seqs`, each a list of token ids or an (adapter, ids) pair
     (written ADAPTER:ids); tp / threads None leave --tp / --threads out.
@@ -61,6 +61,8 @@ def dump(args, *seqs, tp=1, threads=2, ep=False, timeout=300):
         cmd += ["--threads", str(threads)]
     if ep:
         cmd += ["--ep"]
+    if a2a:
+        cmd += ["--a2a"]
     for s in seqs:
         cmd.append(f"{s[0]}:{','.join(map(str, s[1]))}" if isinstance(s, tuple) else ",".join(map(str, s)))
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

@@ -24,7 +24,10 @@ Face transformers on the CPU.
    1e-5 of the largest logit, same argmax; so do --tp 2 and --tp 4 with
    expert parallelism (dump_logits --ep, --enable-expert-parallel: each
    rank n_experts / tp whole experts, the others never read), on the
-   checkpoints and on random weights of the Qwen3-MoE shape.
+   checkpoints and on random weights of the Qwen3-MoE shape; and expert
+   parallelism with its combine by all-to-all (dump_logits --a2a,
+   --all2all-backend alltoall: each row's shares to the rank owning the
+   row) gives the all-reduce combine's logits bit for bit.
 4. `paged plan` of the Qwen3-30B-A3B shape (tests/gpu/qwen3-30b-a3b-shape.json,
    dummy weights, an H200's 141 GB): 30.5 B parameters, 3.35 B active
    (Qwen's published 30.5 B / 3.3 B), weights = 2 bytes x every parameter;
@@ -37,7 +40,7 @@ Face transformers on the CPU.
    the other never looks it up); mlp_only_layers naming a layer the model
    does not have;
    an expert width that --tp does not divide; experts that --tp does not
-   divide under expert parallelism.
+   divide under expert parallelism; --a2a without --ep.
 6. --cpu-offload-gb (engine/model/model_offload.c): a layer's router and
    experts travel with it; the logits with one layer and with every layer
    offloaded equal those without bit for bit (the CPU backend runs each op
@@ -210,6 +213,15 @@ def main():
                 print(f"{name:17s} {what:10s} vs --tp 1: max diff {err:.1e} of the largest logit")
                 if not (err < 1e-5 and hu.same_argmax(b, a)):
                     failed.append(("tp", name, tp, ep, err))
+                if ep:
+                    # The all-to-all combine adds the same shares in the
+                    # same order as the all-reduce: the same logits, bit for bit.
+                    _, c = hu.paged_logits([dirs[name]], ids, tp=tp, ep=True, a2a=True)
+                    same = bool(np.array_equal(c, b))
+                    print(f"{name:17s} {what + ' --a2a':16s} vs {what}: {'identical' if same else 'DIFFERENT'} "
+                          f"(max diff {hu.max_diff(c, b):.1e})")
+                    if not same:
+                        failed.append(("a2a", name, tp, hu.max_diff(c, b)))
         # Random weights: a rank's experts have the values they have at --tp 1
         # (the loader keys each expert's values by its id, not by load order).
         dummy = ["--dummy", os.path.join(dirs["qwen3moe"], "config.json")]
@@ -291,6 +303,8 @@ def main():
         json.dump(cfg, open(odd, "w"))
         refused(["--dummy", odd, "--ep"], ["--enable-expert-parallel", "tensor parallel size 8", "12 experts"],
                 "--tp 8 --ep, 12 experts", tp=8)
+        refused([dirs["mixtral"], "--a2a"], ["--all2all-backend alltoall", "--enable-expert-parallel"],
+                "--tp 2 --a2a without --ep", tp=2)
 
         # 6. --cpu-offload-gb with experts: 1e-6 GiB moves the first layer, 100 every layer.
         for name in ("mixtral", "qwen3moe-sparse2", "qwen3moe-mlponly"):

@@ -32,7 +32,10 @@ compute what one rank computes.
    processes (node 0 serves HTTP and schedules; nodes 1 and 2 follow, the
    collectives over the tcp communicator) answer completions through the
    real server with the same greedy text as one process at --tp 1; the
-   followers exit 0 when node 0 stops; a follower with other flags is
+   followers exit 0 when node 0 stops; a dummy Mixtral under expert
+   parallelism (-tp 2 --enable-expert-parallel) with the all-to-all
+   combine (--all2all-backend alltoall) answers as with the all-reduce,
+   in one process and as two over tcp; a follower with other flags is
    refused by name; a follower that dies fails node 0's engine (a 500 for
    the request in flight, exit code 70) instead of leaving it hanging.
    Two nodes of two ranks each (--tp 4 --nnodes 2, a dummy model whose 8
@@ -331,6 +334,55 @@ def check_nodes():
     print(f"  3 processes: masked requests equal one process's ({got_masked[0]!r}, {got_masked[1]})")
 
 
+def check_nodes_moe_alltoall():
+    """Expert parallelism's combine by all-to-all (--all2all-backend
+    alltoall, engine/model/moe_a2a.c) over the tcp communicator of two
+    processes, and over the in-process one: a dummy Mixtral (8 experts, top
+    2) answers as one process with the default all-reduce combine does."""
+    su.require_model_and_binary()
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = dict(BASE, architectures=["MixtralForCausalLM"], model_type="mixtral", num_key_value_heads=4,
+                   intermediate_size=128, num_local_experts=8, num_experts_per_tok=2)
+        write_config(tmp, cfg)
+        moe = ["--load-format", "dummy", "--hf-config", os.path.join(tmp, "config.json"), "--matmul-mode", "exact",
+               "-tp", "2", "--enable-expert-parallel"]
+        texts = {}
+        for what, extra in (("all-reduce, one process", []), ("all-to-all, one process", ["--all2all-backend",
+                                                                                           "alltoall"])):
+            with su.Server(*moe, *extra) as srv:
+                texts[what] = [complete(srv.port, p)[1]["choices"][0]["text"] for p in NODE_PROMPTS]
+                if extra:
+                    assert "each row's expert shares go to the rank owning the row" in srv.log(), srv.log()[-2000:]
+        port = su.free_port()
+        followers = []
+        node = moe[:-3] + ["--enable-expert-parallel", "--all2all-backend", "alltoall"]
+        try:
+            srv = su.Server(*node, "-tp", "2", "--nnodes", "2", "--node-rank", "0", "--master-port", str(port))
+            spawn = lambda: [(subprocess.Popen(  # noqa: E731
+                [su.binary(), "serve", "--model", su.MODEL, *node, "-tp", "2", "--nnodes", "2", "--node-rank", "1",
+                 "--master-port", str(port)], stdout=open(os.path.join(tmp, "node1.log"), "w+"),
+                stderr=subprocess.STDOUT), open(os.path.join(tmp, "node1.log")))]
+            start_leader(srv, followers, spawn)
+            try:
+                texts["all-to-all, two processes (tcp)"] = [complete(srv.port, p)[1]["choices"][0]["text"]
+                                                            for p in NODE_PROMPTS]
+                assert "each row's expert shares go to the rank owning the row" in srv.log(), srv.log()[-2000:]
+            finally:
+                srv.stop()
+            srv.check_clean_exit()
+            for (p, log) in followers:
+                assert p.wait(30) == 0, (p.returncode, open(log.name).read()[-2000:])
+        finally:
+            for p, _ in followers:
+                if p.poll() is None:
+                    p.kill()
+    ref = texts["all-reduce, one process"]
+    for what, got in texts.items():
+        print(f"  MoE -tp 2 --enable-expert-parallel, {what}: {sum(a == b for a, b in zip(ref, got))}/{len(ref)} "
+              "greedy texts equal the all-reduce's")
+        assert got == ref, (what, list(zip(ref, got)))
+
+
 def check_node_refused():
     su.require_model_and_binary()
     port = su.free_port()
@@ -531,6 +583,8 @@ def main():
         ("--tp 2/4/8 logits equal --tp 1 within 1e-5 (dummy and safetensors weights)", check_logits),
         ("default model: --tp 3 greedy text equals --tp 1; per-rank memory metrics", check_default_model),
         ("--tp 3 over 3 processes (--nnodes 3) answers as one process does", check_nodes),
+        ("MoE expert parallelism: the all-to-all combine, in one process and over 2 nodes (tcp), answers as "
+         "the all-reduce does", check_nodes_moe_alltoall),
         ("a follower with other flags is refused by name", check_node_refused),
         ("a follower that dies fails node 0's engine: 500, exit 70", check_node_dies),
         ("a local rank that fails before its collective fails the group at once: 500, exit 70",

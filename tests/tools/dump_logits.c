@@ -4,7 +4,7 @@
 // tensor-parallel sizes (tests/integration/test_tensor_parallel.py).
 //
 //   build/tests/tools/dump_logits MODEL|--dummy CONFIG.json [--mode exact|quant|default]
-//       [--tp N [--ep]] [--threads N] [--quantization fp8|int4|awq|gptq|none] [--cpu-offload-gb G]
+//       [--tp N [--ep [--a2a]]] [--threads N] [--quantization fp8|int4|awq|gptq|none] [--cpu-offload-gb G]
 //       [--lora DIR ...] [A:]ID,ID,... [[A:]ID,ID,... ...]
 //
 // Prints one JSON line per prompt: {"vocab": V, "logits": [...]} for its
@@ -13,7 +13,8 @@
 // so one batch can mix adapters (tests/integration/test_lora.py).
 // --dummy: random weights of that config's shape (the same values at every
 // --tp). --tp N: N ranks on the in-process communicator (engine/dist/executor.h);
-// --ep: with expert parallelism (--enable-expert-parallel: whole experts per rank).
+// --ep: with expert parallelism (--enable-expert-parallel: whole experts per rank);
+// --a2a: its combine by all-to-all (--all2all-backend alltoall).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +30,7 @@ int main(int argc, char **argv) {
     pg_matmul_mode mode = PG_MATMUL_EXACT;
     int tp = 1, threads = 0, quant = 0;
     int64_t offload = 0;
-    bool ep = false;
+    bool ep = false, a2a = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--mode") && i + 1 < argc) {
             if (pg_matmul_mode_parse(argv[++i], &mode) < 0) return fprintf(stderr, "%s\n", pg_err_msg()), 2;
@@ -41,6 +42,8 @@ int main(int argc, char **argv) {
             tp = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--ep")) {
             ep = true;
+        } else if (!strcmp(argv[i], "--a2a")) {
+            a2a = true;
         } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
             threads = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--dummy") && i + 1 < argc) {
@@ -54,7 +57,8 @@ int main(int argc, char **argv) {
         }
     }
     if ((!model_path && !dummy) || n_prompts == 0) {
-        fprintf(stderr, "usage: dump_logits MODEL|--dummy CONFIG [--mode exact|quant|default] [--tp N [--ep]] "
+        fprintf(stderr, "usage: dump_logits MODEL|--dummy CONFIG [--mode exact|quant|default] "
+                        "[--tp N [--ep [--a2a]]] "
                         "[--threads N] [--quantization Q] [--cpu-offload-gb G] [--lora DIR ...] "
                         "[A:]ID,ID,... ...\n");
         return 2;
@@ -76,7 +80,7 @@ int main(int argc, char **argv) {
     pg_model_load_opts mo = {.path = model_path, .dummy = dummy != NULL, .hf_config = dummy,
                              .dummy_seed = 0x5eedull, .dummy_std = 0.02f, .quantization = quant,
                              .cpu_offload_bytes = offload, .lora_dirs = lora_dirs, .n_lora = n_lora,
-                             .expert_parallel = ep};
+                             .expert_parallel = ep, .moe_alltoall = a2a};
     pg_executor_config ec = {.tp = tp, .device = "cpu", .n_threads = threads, .matmul_mode = mode};
     pg_executor *ex;
     if (pg_executor_create(&ec, &mo, &ex) < 0) return fprintf(stderr, "%s\n", pg_err_msg()), 1;
