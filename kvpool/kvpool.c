@@ -391,6 +391,10 @@ int32_t kvp_group_window(const kvp_pool *p, int32_t g) {
 int64_t kvp_blocks_for(const kvp_pool *p, int64_t n_tokens, int32_t chunk) {
     return kvp_config_blocks_for(&p->cfg, n_tokens, chunk);
 }
+int64_t kvp_group_blocks_for(const kvp_pool *p, int32_t g, int64_t n_tokens, int32_t chunk) {
+    PG_CHECK(g >= 0 && g < kvp_num_groups(p));
+    return kvp_config_group_blocks_for(&p->cfg, g, n_tokens, chunk);
+}
 int32_t kvp_num_free(const kvp_pool *p) { return p->n_free; }
 int32_t kvp_num_host_free(const kvp_pool *p) { return p->n_host_free; }
 int32_t kvp_num_host_blocks(const kvp_pool *p) { return p->n_host; }

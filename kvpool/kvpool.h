@@ -165,6 +165,9 @@ int32_t kvp_group_window(const kvp_pool *p, int32_t g);
 int64_t kvp_blocks_for(const kvp_pool *p, int64_t n_tokens, int32_t chunk);
 // The same for a pool of config `c`, before one exists (sizing, plans).
 int64_t kvp_config_blocks_for(const kvp_config *c, int64_t n_tokens, int32_t chunk);
+// Group g's share of kvp_blocks_for (the plain pool: g = 0, its only group).
+int64_t kvp_group_blocks_for(const kvp_pool *p, int32_t g, int64_t n_tokens, int32_t chunk);
+int64_t kvp_config_group_blocks_for(const kvp_config *c, int32_t g, int64_t n_tokens, int32_t chunk);
 // Usable device blocks: num_blocks - 1.
 int32_t kvp_num_usable(const kvp_pool *p);
 // Device blocks allocatable now, including evictable cached blocks.

@@ -452,16 +452,20 @@ void sched_destroy(sched *s) {
 
 // KV blocks r needs at its longest: the shared prompt blocks once, then
 // every sequence's own up to prompt + max_tokens - 1 positions (the last
-// sampled token is never run). With layer groups each sequence counts
-// every group's share in full (kvp_blocks_for: a windowed group holds its
-// window and a step's tokens), so parallel samples are over-counted.
+// sampled token is never run). With layer groups, per group: a
+// full-attention group as the plain pool (the n sequences fork from the
+// prompt and share its full blocks); a windowed group holds its window and
+// a step's tokens (kvp_group_blocks_for), counted for every sequence, since
+// at the longest those are past the prompt and each sequence's own.
 static int64_t blocks_needed(const sched *s, int32_t n_prompt, int32_t max_tokens, int32_t n) {
     const int32_t bs = s->bs, len = n_prompt + max_tokens - 1;
-    if (kvp_num_groups(s->pool) > 1 || kvp_group_window(s->pool, 0) > 0)
-        return (int64_t)n * kvp_blocks_for(s->pool, len, s->cfg.max_num_batched_tokens);
-    int64_t shared = (n_prompt - 1) / bs;
-    int64_t per_seq = cdiv(len, bs) - shared;
-    return shared + (int64_t)n * per_seq;
+    const int64_t shared = (n_prompt - 1) / bs;
+    int64_t need = 0;
+    for (int32_t g = 0; g < kvp_num_groups(s->pool); g++) {
+        const int64_t held = kvp_group_blocks_for(s->pool, g, len, s->cfg.max_num_batched_tokens);
+        need += kvp_group_window(s->pool, g) > 0 ? (int64_t)n * held : shared + (int64_t)n * (held - shared);
+    }
+    return need;
 }
 
 // Validates `in` against limits that do not change; 0 or PG_EINVAL.

@@ -170,6 +170,28 @@ static int drain(harness *h, int32_t token) {
 // ---------------------------------------------------------------------------
 // Admission
 
+// KV layer groups (a full group and a window of 8 positions; 4-token
+// blocks, steps of 32 tokens): n = 3 samples of a 65-token prompt with 64
+// new tokens (128 positions at the longest). The full group holds 32 blocks
+// a sequence, of which the prompt's 16 full ones are shared (16 + 3 * 16);
+// the windowed one 11 a sequence ((8 - 1 + 32) / 4 + 1, its own): 97 in
+// all, where counting every group whole per sequence said 3 * 43 = 129.
+static void test_admission_groups_share_prompt_blocks(void **state) {
+    (void)state;
+    sched_config c;
+    base_config(&c);
+    c.kv_groups = 2;
+    c.kv_group_window[1] = 8;
+    c.num_blocks = 98; // 97 usable
+    harness *h = h_new(&c);
+    assert_int_equal(h_add(h, 1, (req_opts){.n_prompt = 65, .max_tokens = 64, .n = 3}), 0);
+    // One more new token each: 129 positions, one more full block each (33
+    // a sequence), 100 blocks: refused, naming them.
+    assert_int_equal(h_add(h, 2, (req_opts){.n_prompt = 65, .max_tokens = 65, .n = 3}), PG_EINVAL);
+    assert_non_null(strstr(pg_err_msg(), "needs 100 KV blocks"));
+    h_free(h);
+}
+
 static void test_config_validation(void **state) {
     (void)state;
     sched_config c;
@@ -1292,6 +1314,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_validation),
         cmocka_unit_test(test_admission_rejects_what_never_fits),
+        cmocka_unit_test(test_admission_groups_share_prompt_blocks),
         cmocka_unit_test(test_admission_chunked_prefill_off_limit),
         cmocka_unit_test(test_step_update_protocol),
         cmocka_unit_test(test_chunked_prefill_splits_prompt),

@@ -346,13 +346,22 @@ static bool expect_reject(const sim *m, const sim_req *q) {
     const sched_config *c = &m->cfg->sc;
     if (q->n_prompt + q->sp.max_tokens > c->max_model_len) return true;
     int64_t need = blocks_needed(c->block_size, q->n_prompt, q->sp.max_tokens, q->sp.n);
-    if (c->kv_groups > 1) { // every sample's every group in full (scheduler/sched.c)
+    if (c->kv_groups > 1) {
+        // Per group (scheduler/sched.c): a full group shares the prompt's
+        // full blocks among the samples; a windowed one holds its window
+        // and a step's tokens for each sample. Admitted requests must then
+        // run to the end here, so this is no under-count.
         kvp_config kc;
         kvp_config_default(&kc);
         kc.block_size = c->block_size;
         kc.n_groups = c->kv_groups;
         memcpy(kc.group_window, c->kv_group_window, sizeof kc.group_window);
-        need = q->sp.n * kvp_config_blocks_for(&kc, q->n_prompt + q->sp.max_tokens - 1, c->max_num_batched_tokens);
+        const int64_t len = q->n_prompt + q->sp.max_tokens - 1, shared = (q->n_prompt - 1) / c->block_size;
+        need = 0;
+        for (int32_t g = 0; g < c->kv_groups; g++) {
+            const int64_t held = kvp_config_group_blocks_for(&kc, g, len, c->max_num_batched_tokens);
+            need += c->kv_group_window[g] > 0 ? q->sp.n * held : shared + q->sp.n * (held - shared);
+        }
     }
     if (need > c->num_blocks - 1) return true;
     if (!c->enable_chunked_prefill &&
