@@ -302,7 +302,8 @@ extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
         const char *faenv = getenv("PAGED_CUDA_FP8_FAST");
         c->fp8_fast = faenv && faenv[0] ? atoi(faenv) != 0 : false;
         const char *fcenv = getenv("PAGED_CUDA_FP8_CUTLASS");
-        c->fp8_cutlass = fcenv && fcenv[0] ? atoi(fcenv) != 0 : false;
+        c->fp8_cutlass = fcenv && fcenv[0] ? atoi(fcenv) : 0;
+        if (c->fp8_cutlass < 0 || c->fp8_cutlass > 2) c->fp8_cutlass = 1;
         const char *fvenv = getenv("PAGED_CUDA_FP8_GEMV");
         c->fp8_gemv = fvenv && fvenv[0] ? atoi(fvenv) != 0 : true;
         const char *l2env = getenv("PAGED_CUDA_L2_PREFETCH");

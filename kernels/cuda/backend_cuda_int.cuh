@@ -58,12 +58,15 @@ struct CudaCtx {
     // PAGED_CUDA_FP8_FAST=1: cuBLASLt's fast accumulation.
     // PAGED_CUDA_FP8_CUTLASS=1: the products take the one-pass CUTLASS
     // kernel (gemm_fp8_cutlass.cu: both scales and, for O and down, the
-    // residual in its epilogue); off by default until it wins end to end.
+    // residual in its epilogue) in its default configuration; =2: in the
+    // configuration pg_cuda_gemm_fp8_cutlass_pick gives the shape; off (0)
+    // by default until it wins end to end.
     // FP8 weights in steps of at most qgemv_rows rows take gemv.cu's FP8
     // GEMV (the bf16 GEMV's ring, PDL and fused RMSNorm / SiLU; W1 3.66
     // against 3.81 ms with qgemv.cu's on an H100, docs/fp8_gemm.md);
     // PAGED_CUDA_FP8_GEMV=0 takes qgemv.cu's, for comparison.
-    bool fp8_gemm, fp8_fast, fp8_cutlass, fp8_gemv;
+    bool fp8_gemm, fp8_fast, fp8_gemv;
+    int fp8_cutlass;
     Fp8Ready fp8_ready;
     // PAGED_CUDA_L2_PREFETCH=1: the prefetch op (the model's hint before
     // RoPE and attention) issues O's weight to the L2 in steps the GEMV

@@ -137,11 +137,13 @@ static int fp8_product(CudaCtx *c, void *out, int64_t ldo, const Fp8Act &a, cons
                        int accumulate) {
     const int64_t n = w->base.rows, k = w->base.cols;
     if (c->fp8_cutlass) {
-        // The one-pass CUTLASS kernel (PAGED_CUDA_FP8_CUTLASS=1), which adds
-        // the residual in its epilogue; a shape it declines takes cuBLASLt
-        // below.
-        int rc = pg_cuda_gemm_fp8_cutlass(out, ldo, a.xq, a.xs, w->data, w->scales, rows, n, k, accumulate,
-                                          c->gemm_ws, PG_CUDA_GEMM_WORKSPACE, c->stream);
+        // The one-pass CUTLASS kernel (PAGED_CUDA_FP8_CUTLASS=1: its default
+        // configuration, 2: the one picked for the shape), which adds the
+        // residual in its epilogue; a shape it declines takes cuBLASLt below.
+        int cfg = 0, sw = 1, ra = 0;
+        if (c->fp8_cutlass == 2) pg_cuda_gemm_fp8_cutlass_pick(rows, n, &cfg, &sw, &ra);
+        int rc = pg_cuda_gemm_fp8_cutlass_cfg(cfg, sw, ra, out, ldo, a.xq, a.xs, w->data, w->scales, rows, n, k,
+                                              accumulate, c->gemm_ws, PG_CUDA_GEMM_WORKSPACE, c->stream);
         if (rc != PG_EUNSUPP) return rc;
     }
     int rc = pg_cuda_gemm_fp8(c->gemm, out, ldo, a.xq, k, a.xs, w->data, w->scales, rows, n, k, accumulate,

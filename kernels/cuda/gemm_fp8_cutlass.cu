@@ -114,3 +114,25 @@ extern "C" int pg_cuda_gemm_fp8_cutlass(void *out, int64_t ldo, const void *xq, 
     return pg_cuda_gemm_fp8_cutlass_cfg(0, 1, 0, out, ldo, xq, xscales, w, wscales, m, n, k, accumulate, workspace,
                                         workspace_bytes, stream);
 }
+
+// A first choice by shape, before the sweep's figures exist (docs/fp8_gemm.md):
+// the smaller 64 x 128 tile with one consumer warpgroup (c2) while its
+// tiles fit in one wave of the SMs, which spends less on a partial tile
+// of few tokens; past one wave the 128 x 128 cooperative tile (c0), with
+// the scheduler's widest swizzle (8) when both sides are large, so the
+// tiles running at once share their rows of A and B in L2.
+extern "C" void pg_cuda_gemm_fp8_cutlass_pick(int64_t m, int64_t n, int *cfg, int *swizzle, int *raster) {
+#ifdef PG_HAVE_CUTLASS
+    const int64_t sms = pg_fp8_cutlass_sm_count();
+#else
+    const int64_t sms = 132;
+#endif
+    const int64_t tiles64 = (m + 63) / 64 * ((n + 127) / 128);
+    *raster = 0;
+    if (tiles64 <= sms) {
+        *cfg = 2, *swizzle = 1;
+        return;
+    }
+    *cfg = 0;
+    *swizzle = m >= 4096 && n >= 4096 ? 8 : 1;
+}
