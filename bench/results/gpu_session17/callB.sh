@@ -9,7 +9,9 @@
 #   3. the runner with FP8 weights, W8A8 against the CPU's W8A8
 #      (--cpu-matmul quant, PAGED_CUDA_QGEMV=0: every step W8A8) for cuBLASLt
 #      and for the CUTLASS kernel, and against the exact CPU (the
-#      run_gpu_tests check) for both.
+#      run_gpu_tests check) for both;
+#   4. W2 with FP8 weights under cuBLASLt + rescale and CUTLASS (c0, and
+#      picked by shape: PAGED_CUDA_FP8_CUTLASS=2).
 # Pack: .gpucarry/o3.tar.xz (tools/pack_gpu.sh's programs at e1b3539, recompressed:
 # docs/gpu_checklist.md).
 set -u
@@ -37,6 +39,19 @@ for cut in 0 1; do
     PAGED_CUDA_FP8_CUTLASS=$cut timeout 60 $G/test_cuda_runner $m64 --quantization fp8 --tol 0.1 \
         --json $R/runner_x_c$cut.json > $R/runner_x_c$cut.log 2>&1
     echo "runner fp8 default vs cpu exact, cutlass=$cut rc=$? at $(el)s: $(tail -1 $R/runner_x_c$cut.log)"
+    save
+done
+# 4. W2 with FP8 weights (quantized at load) and fp8 KV, 400 x 1000/1000, 512
+#    sequences: cuBLASLt + rescale, CUTLASS c0, CUTLASS picked by shape
+#    (PAGED_CUDA_FP8_CUTLASS=0/1/2), as far as the call's time allows.
+write_prompts 128000
+head -400 /tmp/w2.jsonl > /tmp/w2_400.jsonl
+LD="--device cuda --load-format dummy --hf-config tests/gpu/llama3-8b-shape.json --quantization fp8"
+for cut in 0 2 1; do
+    [ $(el) -gt 440 ] && break
+    PAGED_CUDA_FP8_CUTLASS=$cut timeout 120 $G/paged generate $LD --kv-cache-dtype fp8 --max-num-seqs 512 \
+        --prompts-file /tmp/w2_400.jsonl > $R/w2_fp8_c$cut.out 2> $R/w2_fp8_c$cut.log
+    echo "W2 400 FP8 weights, PAGED_CUDA_FP8_CUTLASS=$cut rc=$? at $(el)s: $(summ $R/w2_fp8_c$cut.out)"
     save
 done
 echo "done at $(el)s"
