@@ -85,7 +85,7 @@ def main():
                     with su.Server(*flags, "-tp", str(n)) as srv:
                         secs, t, toks = run(srv.port, prompts, a.max_tokens)
                 else:
-                    port, followers = su.free_port(), []
+                    port, followers = su.free_port(2), []
                     node = lambda r: [su.binary(), "serve", "--model", su.MODEL, *flags, "-tp", str(n),  # noqa: E731
                                       "--nnodes", str(n), "--node-rank", str(r), "--master-port", str(port)]
                     spawn = lambda: [(subprocess.Popen(node(r), stdout=subprocess.DEVNULL,  # noqa: E731

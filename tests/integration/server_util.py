@@ -83,10 +83,29 @@ def require_openai():
     skip("the openai package is not installed (deploy/quickstart.sh setup creates .venv)")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(n=1):
+    """A port P with P .. P + n - 1 all free now (n = 2 for a --master-port:
+    its tcp data plane is P + 1). Drawn at random below the kernel's
+    ephemeral range (32768 up), so that no outgoing connection of this
+    machine (a client's, a follower's dial) takes it between this check and
+    the server's bind, which bind(0)'s ephemeral ports and an unchecked
+    P + 1 allowed."""
+    import random
+    for _ in range(200):
+        p = random.randrange(20000, 32768 - n)
+        socks = []
+        try:
+            for q in range(p, p + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", q))
+            return p
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} free consecutive ports found in 20000-32767")
 
 
 class Server:

@@ -305,7 +305,7 @@ def check_nodes():
         ref = [complete(srv.port, p)[1]["choices"][0]["text"] for p in NODE_PROMPTS]
         ref_masked = complete_masked(srv.port, NODE_PROMPTS[0])
     with tempfile.TemporaryDirectory() as tmp:
-        port = su.free_port()
+        port = su.free_port(2)  # --master-port and its data plane
         followers = []
         try:
             srv = su.Server("-tp", "3", "--nnodes", "3", "--node-rank", "0", "--master-port", str(port),
@@ -353,7 +353,7 @@ def check_nodes_moe_alltoall():
                 texts[what] = [complete(srv.port, p)[1]["choices"][0]["text"] for p in NODE_PROMPTS]
                 if extra:
                     assert "each row's expert shares go to the rank owning the row" in srv.log(), srv.log()[-2000:]
-        port = su.free_port()
+        port = su.free_port(2)  # --master-port and its data plane
         followers = []
         node = moe[:-3] + ["--enable-expert-parallel", "--all2all-backend", "alltoall"]
         try:
@@ -385,7 +385,7 @@ def check_nodes_moe_alltoall():
 
 def check_node_refused():
     su.require_model_and_binary()
-    port = su.free_port()
+    port = su.free_port(2)  # --master-port and its data plane
     # A follower that says --tp 2 to a node 0 of --tp 3: node 0 names both.
     bad = subprocess.Popen([su.binary(), "serve", "--model", su.MODEL, "-tp", "2", "--nnodes", "2", "--node-rank",
                             "1", "--master-port", str(port)], stderr=subprocess.PIPE, text=True)
@@ -400,7 +400,7 @@ def check_node_refused():
 def check_node_dies():
     su.require_model_and_binary()
     with tempfile.TemporaryDirectory() as tmp:
-        port = su.free_port()
+        port = su.free_port(2)  # --master-port and its data plane
         followers = []
         try:
             srv = su.Server("-tp", "3", "--nnodes", "3", "--node-rank", "0", "--master-port", str(port),
@@ -444,7 +444,7 @@ def check_local_rank_fails():
         # rank, rank 1 node 0's second (rank 0 waits for it on node 0, the
         # others on node 1); at -tp 2 rank 1 is node 1's only rank.
         for tp, fault_rank, stream in ((4, 3, False), (4, 1, True), (2, 1, False)):
-            port = su.free_port()
+            port = su.free_port(2)  # --master-port and its data plane
             env = dict(os.environ, PAGED_TP_FAULT_RANK=f"{fault_rank}:8")
             log = open(os.path.join(tmp, f"node1-{fault_rank}.log"), "w+")
             nodes = []
@@ -520,7 +520,7 @@ def check_node_stalls():
         write_config(tmp, cfg)
         common = ["--load-format", "dummy", "--hf-config", os.path.join(tmp, "config.json"), "-tp", "4",
                   "--nnodes", "2", "--tp-timeout", "2"]  # 2 s: a live but CPU-starved rank stays inside it
-        port = su.free_port()
+        port = su.free_port(2)  # --master-port and its data plane
         log = open(os.path.join(tmp, "node1.log"), "w+")
         nodes = []
         try:
