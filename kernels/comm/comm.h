@@ -5,7 +5,7 @@
 //   cpu   in-process, one communicator per rank thread over shared memory
 //         (kernels/comm/comm_cpu.c): sharding tested on any machine;
 //   tcp   one communicator per rank in any process on any host, over TCP
-//         sockets (kernels/comm/comm_tcp.c): the CPU data plane of multi-node
+//         sockets (kernels/comm/comm_tcp*.c): the CPU data plane of multi-node
 //         runs, and the bootstrap that hands NCCL its unique id;
 //   nccl  NCCL on the CUDA backend's compute stream (kernels/cuda/
 //         comm_nccl.cu), so CUDA graphs capture the collectives.

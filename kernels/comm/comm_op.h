@@ -1,5 +1,5 @@
 // kernels/comm/comm_op.h - what the communicator implementations share
-// (kernels/comm/comm_cpu.c, kernels/comm/comm_tcp.c): the collectives' ids, as
+// (kernels/comm/comm_cpu.c, kernels/comm/comm_tcp_*.c): the collectives' ids, as
 // they check that every rank makes the same call, and their names for
 // the messages that say which calls disagreed. Internal to kernels/.
 #pragma once

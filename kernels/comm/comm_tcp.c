@@ -1,50 +1,11 @@
 // kernels/comm/comm_tcp.c - the TCP communicator (kernels/comm/comm.h): one rank per
 // call, the ranks in any process on any host, a star through rank 0.
 //
-// Set-up: rank 0 listens and accepts size - 1 connections; each peer sends
-// a hello (its rank and the group size), and rank 0 answers every peer
-// once all have arrived (or refuses one with the reason, and fails).
-//
-// A collective: every peer sends a frame header (op, sequence number,
-// bytes, dtype, root) and its data; rank 0 reads every header first and
-// checks that all ranks call the same collective with the same sizes (a
-// different order between ranks is reported instead of mixing up data),
-// does the work and answers each peer with a header and the result.
-// all_reduce_sum goes in chunks of CHUNK_BYTES in lock step (peers send a
-// chunk, rank 0 adds the ranks' chunks in rank order 0..n-1 in f32 and
-// rounds once, exactly as kernels/comm/comm_cpu.c does, and sends the sum
-// back), so rank 0's scratch memory stays bounded whatever the size.
-//
-// all_to_all_v goes through rank 0 too: every peer sends its header with
-// its size table (what it sends to and expects from each rank); rank 0
-// checks every pair (rank s sends rank d what d expects from s, or every
-// rank fails naming both and both sizes), answers, and then relays the
-// pieces one at a time in (source, destination) order through a
-// CHUNK_BYTES buffer. That order is each peer's send order (by
-// destination) and each peer's receive order (by source), and a peer
-// sends and receives at once (polling its one socket), so neither side of
-// a large piece waits on a full socket buffer for the other.
-//
-// Failure: any socket error or a mismatch breaks the communicator; rank 0
-// tells the peers still waiting for its answer why (an error header and a
-// message), then shuts every socket down, so no rank waits forever. Every
-// later collective fails at once with the first reason. abort (any thread)
-// breaks it the same way: shutting the sockets down wakes this rank's
-// thread blocked in recv, poll or send, and the other ranks see the
-// connection close. While rank 0 waits for the peers' headers it polls
-// every peer, so a peer that goes away is noticed whichever peer it is
-// waiting for. A wait for a peer that sends nothing is bounded by
-// op_timeout_ms (a peer waits a quarter longer for rank 0 than rank 0
-// waits for each peer, so rank 0, which sees every rank, normally names the
-// silent one and tells the others).
-//
-// Wire format (little-endian):
-//   hello   u32 'PGCH' | u32 version | i32 rank | i32 size
-//   answer  u32 'PGCH' | u32 status (0 = welcome) | u32 len | len bytes why
-//   header  u32 'PGCF' | u8 op | u8 dtype | u16 status (0, or an error
-//           answer's PG_E* code negated) | u32 seq | i32 root
-//           | u64 bytes (a request: this rank's payload; an error answer:
-//           the length of the message that follows)
+// This file: set-up (rank 0 listens and accepts, a peer connects; the
+// hello and the welcome), abort, destroy and pg_comm_tcp_create. The
+// design and the wire format: kernels/comm/comm_tcp_int.h; the
+// collectives: comm_tcp_collectives.c; encoding, socket I/O and failure:
+// comm_tcp_io.c.
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -58,711 +19,16 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
-#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common/clock.h"
 #include "common/err.h"
-#include "common/half.h"
 #include "common/net.h"
 #include "kernels/comm/comm.h"
-#include "kernels/comm/comm_op.h"
-#include "kernels/dtype.h"
+#include "kernels/comm/comm_tcp_int.h"
 
-#define HELLO_MAGIC 0x48434750u // "PGCH"
-#define FRAME_MAGIC 0x46434750u // "PGCF"
-#define PROTO_VERSION 1u
-#define HELLO_BYTES 16
-#define HEADER_BYTES 24
-#define MAX_RANKS 4096
-// Payload per lock-step round of all_reduce_sum: big enough that the
-// round trip is small next to the transfer, small enough for rank 0's
-// scratch (this, plus twice as much f32 accumulator for bf16).
-#define CHUNK_BYTES (1u << 20)
-#define MAX_WHY 512
-#define DEFAULT_OP_TIMEOUT_MS 300000
-
-typedef struct {
-    uint8_t op, dtype;
-    uint16_t status;
-    uint32_t seq;
-    int32_t root;
-    uint64_t bytes;
-} frame;
-
-typedef struct {
-    int32_t rank, size;
-    char addr[300]; // "host:port" of rank 0, for messages
-    // Rank 0: fds[r] is the socket to rank r (fds[0] unused). A peer:
-    // fds[0] is its socket to rank 0.
-    int *fds;
-    // Rank 0: root_headers' poll set and which peers' headers it has read
-    // (size - 1 each; groups of up to MAX_RANKS are too big for a stack).
-    struct pollfd *pfd;
-    bool *got;
-    uint32_t seq;          // collectives called so far
-    int32_t op_timeout_ms; // rank 0's wait for each peer
-    int32_t wait_ms;       // this rank's wait for a peer: rank 0's, or a quarter more on a peer
-    // The collective's thread and abort (any thread) both break it: `mu`
-    // guards these three.
-    pthread_mutex_t mu;
-    bool broken, aborted;
-    char why[MAX_WHY]; // the reason the communicator broke
-    // Rank 0's all_reduce scratch, allocated at the first one.
-    void *scratch; // CHUNK_BYTES
-    float *acc;    // CHUNK_BYTES / 2 floats (bf16 sums)
-} tcp_ctx;
-
-// ---------------------------------------------------------------- encoding
-
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-static uint64_t get64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
-static void frame_encode(uint8_t p[HEADER_BYTES], const frame *f) {
-    put32(p, FRAME_MAGIC);
-    p[4] = f->op;
-    p[5] = f->dtype;
-    p[6] = (uint8_t)f->status;
-    p[7] = (uint8_t)(f->status >> 8);
-    put32(p + 8, f->seq);
-    put32(p + 12, (uint32_t)f->root);
-    put64(p + 16, f->bytes);
-}
-
-static bool frame_decode(const uint8_t p[HEADER_BYTES], frame *f) {
-    if (get32(p) != FRAME_MAGIC) return false;
-    f->op = p[4];
-    f->dtype = p[5];
-    f->status = (uint16_t)(p[6] | p[7] << 8);
-    f->seq = get32(p + 8);
-    f->root = (int32_t)get32(p + 12);
-    f->bytes = get64(p + 16);
-    return true;
-}
-
-static void frame_describe(char *out, size_t cap, const frame *f) {
-    if (f->op == OP_ALL_REDUCE)
-        snprintf(out, cap, "%s #%u (%llu bytes of %s)", pg_comm_op_name(f->op), f->seq, (unsigned long long)f->bytes,
-                 pg_dtype_name(f->dtype));
-    else if (f->op == OP_BROADCAST)
-        snprintf(out, cap, "%s #%u (%llu bytes from rank %d)", pg_comm_op_name(f->op), f->seq, (unsigned long long)f->bytes,
-                 f->root);
-    else if (f->op == OP_ALL_TO_ALL) // (bytes is the size table's: per-pair sizes are checked apart)
-        snprintf(out, cap, "%s #%u", pg_comm_op_name(f->op), f->seq);
-    else
-        snprintf(out, cap, "%s #%u (%llu bytes)", pg_comm_op_name(f->op), f->seq, (unsigned long long)f->bytes);
-}
-
-// ---------------------------------------------------------------- socket I/O
-
-// Writes every byte of the iovecs (partial writes and EINTR resumed).
-// 0, or -errno (EPIPE when the other side is gone).
-static int write_all(int fd, struct iovec *iov, int n) {
-    while (n > 0) {
-        struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-        ssize_t k = sendmsg(fd, &m, MSG_NOSIGNAL);
-        if (k < 0) {
-            if (errno == EINTR) continue;
-            return -errno;
-        }
-        while (n > 0 && (size_t)k >= iov->iov_len) k -= (ssize_t)iov->iov_len, iov++, n--;
-        if (n > 0) iov->iov_base = (char *)iov->iov_base + k, iov->iov_len -= (size_t)k;
-    }
-    return 0;
-}
-
-static int write_buf(int fd, const void *a, size_t na, const void *b, size_t nb) {
-    struct iovec iov[2] = {{(void *)a, na}, {(void *)b, nb}};
-    return write_all(fd, iov, nb ? 2 : 1);
-}
-
-// Reads exactly n bytes. 0, -errno, -ENOTCONN when the other side closed
-// first, or -ETIMEDOUT: past deadline_ns (< 0: none), or when nothing
-// arrives for idle_ms (< 0: no bound; a collective's peer that hangs, or a
-// host gone without closing its connections).
-static int read_bytes(int fd, void *buf, size_t n, int64_t deadline_ns, int32_t idle_ms) {
-    char *p = buf;
-    while (n > 0) {
-        int wait = idle_ms;
-        if (deadline_ns >= 0) {
-            int64_t left = deadline_ns - pg_now_ns();
-            if (left <= 0) return -ETIMEDOUT;
-            const int64_t l = left / 1000000 + 1;
-            if (wait < 0 || l < wait) wait = (int)l;
-        }
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        int pr = poll(&pfd, 1, wait);
-        if (pr < 0 && errno != EINTR) return -errno;
-        if (pr == 0 && wait == idle_ms) return -ETIMEDOUT; // idle too long (the deadline is checked above)
-        if (pr <= 0) continue;
-        ssize_t k = recv(fd, p, n, MSG_DONTWAIT);
-        if (k < 0) {
-            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-            return -errno;
-        }
-        if (k == 0) return -ENOTCONN;
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-static int read_all(int fd, void *buf, size_t n, int64_t deadline_ns) { return read_bytes(fd, buf, n, deadline_ns, -1); }
-static int read_idle(int fd, void *buf, size_t n, int32_t idle_ms) { return read_bytes(fd, buf, n, -1, idle_ms); }
-
-// What a failed transfer with a peer says after "rank N ". A timeout is
-// reported with this rank's wait (reads; writes time out through
-// SO_SNDTIMEO, set to the same wait).
-static const char *io_reason(const tcp_ctx *t, int rc) {
-    if (rc == -ENOTCONN || rc == -EPIPE || rc == -ECONNRESET) return "closed the connection";
-    static _Thread_local char buf[128];
-    if (rc == -ETIMEDOUT)
-        snprintf(buf, sizeof buf, "sent nothing for %.1f s", t->wait_ms * 1e-3);
-    else if (rc == -EAGAIN || rc == -EWOULDBLOCK)
-        snprintf(buf, sizeof buf, "took no data for %.1f s", t->wait_ms * 1e-3);
-    else
-        snprintf(buf, sizeof buf, "failed: %s", strerror(-rc));
-    return buf;
-}
-
-// ---------------------------------------------------------------- failure
-
-static void shutdown_all(tcp_ctx *t) {
-    int n = t->rank == 0 ? t->size : 1;
-    for (int r = 0; r < n; r++)
-        if (t->fds[r] >= 0) shutdown(t->fds[r], SHUT_RDWR);
-}
-
-static bool is_broken(tcp_ctx *t) {
-    pthread_mutex_lock(&t->mu);
-    bool b = t->broken;
-    pthread_mutex_unlock(&t->mu);
-    return b;
-}
-
-// Breaks the communicator with `why` (the first reason stays) and returns
-// `code` with the message set. After an abort the failure this rank's own
-// shut-down sockets caused is reported as the abort and its reason.
-static int fail(tcp_ctx *t, int code, const char *why) {
-    char first[MAX_WHY];
-    pthread_mutex_lock(&t->mu);
-    if (!t->broken) {
-        t->broken = true;
-        snprintf(t->why, sizeof t->why, "%s", why);
-        shutdown_all(t);
-    }
-    bool aborted = t->aborted;
-    memcpy(first, t->why, sizeof first);
-    pthread_mutex_unlock(&t->mu);
-    if (aborted) return pg_err_set(PG_EIO, "tcp communicator (rank %d of %d): %s", t->rank, t->size, first);
-    return pg_err_set(code, "tcp communicator (rank %d of %d): %s", t->rank, t->size, why);
-}
-
-// Rank 0, before it has answered: tells every peer why (best effort, they
-// are all waiting for an answer header), then breaks.
-static int root_fail(tcp_ctx *t, int code, const frame *self, const char *why) {
-    // (An abort racing with this may shut the sockets down first: these
-    // best-effort sends then fail, and fail() below reports the abort.)
-    if (!is_broken(t)) {
-        size_t len = strlen(why);
-        frame e = *self;
-        e.status = (uint16_t)-code; // the PG_E* code, negated
-        e.bytes = len;
-        uint8_t h[HEADER_BYTES];
-        frame_encode(h, &e);
-        for (int r = 1; r < t->size; r++) {
-            if (t->fds[r] < 0) continue;
-            struct iovec iov[2] = {{h, sizeof h}, {(void *)why, len}};
-            struct msghdr m = {.msg_iov = iov, .msg_iovlen = 2};
-            (void)!sendmsg(t->fds[r], &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-        }
-    }
-    return fail(t, code, why);
-}
-
-static int peer_io_fail(tcp_ctx *t, const frame *f, int who, int rc) {
-    char why[MAX_WHY];
-    snprintf(why, sizeof why, "%s #%u: rank %d %s", pg_comm_op_name(f->op), f->seq, who, io_reason(t, rc));
-    return fail(t, PG_EIO, why);
-}
-
-// Rank 0 failed reading rank `who`'s data: before any answer went out the
-// peers still wait for an answer header, so they are told why.
-static int root_read_fail(tcp_ctx *t, const frame *f, int who, int rc, bool answered) {
-    if (answered) return peer_io_fail(t, f, who, rc);
-    char why[MAX_WHY];
-    snprintf(why, sizeof why, "%s #%u: rank %d %s", pg_comm_op_name(f->op), f->seq, who, io_reason(t, rc));
-    return root_fail(t, PG_EIO, f, why);
-}
-
-// ---------------------------------------------------------------- rank 0
-
-// Checks peer r's header against rank 0's own call.
-static int root_check_header(tcp_ctx *t, const frame *self, int r, const uint8_t h[HEADER_BYTES]) {
-    char why[MAX_WHY];
-    frame f;
-    if (!frame_decode(h, &f)) {
-        snprintf(why, sizeof why, "%s #%u: rank %d sent a malformed frame header", pg_comm_op_name(self->op),
-                 self->seq, r);
-        return root_fail(t, PG_EIO, self, why);
-    }
-    if (f.op != self->op || f.seq != self->seq || f.bytes != self->bytes || f.dtype != self->dtype ||
-        f.root != self->root) {
-        char a[160], b[160];
-        frame_describe(a, sizeof a, self);
-        frame_describe(b, sizeof b, &f);
-        snprintf(why, sizeof why, "collectives differ between ranks: rank 0 calls %s, rank %d calls %s", a, r, b);
-        return root_fail(t, PG_EINVAL, self, why);
-    }
-    return 0;
-}
-
-// Reads every peer's header, in the order they come, and checks each
-// against rank 0's own call. Every peer is polled, those already read for
-// a hang-up only (their data may follow the header): a peer that goes
-// away fails the collective at once, not after the peer rank 0 happens to
-// be waiting for. A peer whose header has not come within op_timeout_ms
-// fails it too, named.
-static int root_headers(tcp_ctx *t, const frame *self) {
-    struct pollfd *pfd = t->pfd;
-    bool *got = t->got; // got[r - 1]: rank r's header is read
-    memset(got, 0, sizeof(bool) * (size_t)(t->size - 1));
-    int left = t->size - 1;
-    const int64_t deadline = pg_now_ns() + (int64_t)t->op_timeout_ms * 1000000;
-    char why[MAX_WHY];
-    while (left > 0) {
-        for (int r = 1; r < t->size; r++) {
-            short want = got[r - 1] ? POLLRDHUP : POLLIN | POLLRDHUP;
-            pfd[r - 1] = (struct pollfd){.fd = t->fds[r], .events = want};
-        }
-        int64_t wait = deadline - pg_now_ns();
-        int pr = wait > 0 ? poll(pfd, (nfds_t)(t->size - 1), (int)(wait / 1000000 + 1)) : 0;
-        if (pr < 0 && errno == EINTR) continue;
-        if (pr < 0) {
-            snprintf(why, sizeof why, "%s #%u: poll: %s", pg_comm_op_name(self->op), self->seq, strerror(errno));
-            return root_fail(t, PG_EIO, self, why);
-        }
-        if (pr == 0 && pg_now_ns() < deadline) continue;
-        if (pr == 0) {
-            int r = 1;
-            while (got[r - 1]) r++;
-            snprintf(why, sizeof why, "%s #%u: rank %d %s", pg_comm_op_name(self->op), self->seq, r,
-                     io_reason(t, -ETIMEDOUT));
-            return root_fail(t, PG_EIO, self, why);
-        }
-        for (int r = 1; r < t->size; r++) {
-            short ev = pfd[r - 1].revents;
-            if (!ev) continue;
-            int rc = -ENOTCONN;
-            if (!got[r - 1] && (ev & POLLIN)) {
-                uint8_t h[HEADER_BYTES];
-                rc = read_idle(t->fds[r], h, sizeof h, t->op_timeout_ms);
-                if (rc == 0) {
-                    PG_TRY(root_check_header(t, self, r, h));
-                    got[r - 1] = true;
-                    left--;
-                    continue;
-                }
-            } else if (got[r - 1] && !(ev & (POLLRDHUP | POLLHUP | POLLERR))) {
-                continue;
-            }
-            snprintf(why, sizeof why, "%s #%u: rank %d %s", pg_comm_op_name(self->op), self->seq, r, io_reason(t, rc));
-            return root_fail(t, PG_EIO, self, why);
-        }
-    }
-    return 0;
-}
-
-// Sends the answer header (first round only) and `n` bytes of data.
-static int root_answer(tcp_ctx *t, const frame *self, int r, bool with_header, const void *data, size_t n) {
-    uint8_t h[HEADER_BYTES];
-    frame_encode(h, self);
-    int rc = with_header ? write_buf(t->fds[r], h, sizeof h, data, n) : write_buf(t->fds[r], data, n, NULL, 0);
-    return rc < 0 ? peer_io_fail(t, self, r, rc) : 0;
-}
-
-// Rank 0's scratch for all_reduce_sum and all_to_all_v, at the first use.
-static int root_scratch(tcp_ctx *t) {
-    if (t->scratch && t->acc) return 0;
-    if (!t->scratch) t->scratch = malloc(CHUNK_BYTES);
-    if (!t->acc) t->acc = malloc(CHUNK_BYTES / 2 * sizeof(float));
-    return t->scratch && t->acc ? 0 : fail(t, PG_ENOMEM, "out of memory for rank 0's scratch");
-}
-
-static int root_all_reduce(tcp_ctx *t, const frame *self, void *buf, int64_t count) {
-    PG_TRY(root_headers(t, self));
-    PG_TRY(root_scratch(t));
-    bool bf16 = self->dtype == PG_DTYPE_BF16;
-    size_t esz = bf16 ? 2 : 4;
-    int64_t chunk = CHUNK_BYTES / esz;
-    int64_t off = 0;
-    do {
-        int64_t m = count - off < chunk ? count - off : chunk;
-        char *mine = (char *)buf + (size_t)off * esz;
-        // Rank order: rank 0's value, then + rank 1's, + rank 2's, ...; f32
-        // sums in place, bf16 sums in f32 and rounds once at the end.
-        if (bf16)
-            for (int64_t i = 0; i < m; i++) t->acc[i] = pg_bf16_to_f32(((const uint16_t *)mine)[i]);
-        for (int r = 1; r < t->size; r++) {
-            int rc = read_idle(t->fds[r], t->scratch, (size_t)m * esz, t->wait_ms);
-            if (rc < 0) return root_read_fail(t, self, r, rc, off > 0);
-            if (bf16) {
-                const uint16_t *x = t->scratch;
-                for (int64_t i = 0; i < m; i++) t->acc[i] += pg_bf16_to_f32(x[i]);
-            } else {
-                const float *x = t->scratch;
-                float *y = (float *)mine;
-                for (int64_t i = 0; i < m; i++) y[i] += x[i];
-            }
-        }
-        if (bf16)
-            for (int64_t i = 0; i < m; i++) ((uint16_t *)mine)[i] = pg_f32_to_bf16(t->acc[i]);
-        for (int r = 1; r < t->size; r++) PG_TRY(root_answer(t, self, r, off == 0, mine, (size_t)m * esz));
-        off += m;
-    } while (off < count);
-    return 0;
-}
-
-static int root_all_gather(tcp_ctx *t, const frame *self, const void *send, void *recv, size_t bytes) {
-    PG_TRY(root_headers(t, self));
-    if (recv != send && bytes) memmove(recv, send, bytes);
-    for (int r = 1; r < t->size; r++) {
-        int rc = read_idle(t->fds[r], (char *)recv + (size_t)r * bytes, bytes, t->wait_ms);
-        if (rc < 0) return root_read_fail(t, self, r, rc, false);
-    }
-    for (int r = 1; r < t->size; r++) PG_TRY(root_answer(t, self, r, true, recv, bytes * (size_t)t->size));
-    return 0;
-}
-
-static int root_broadcast(tcp_ctx *t, const frame *self, void *buf, size_t bytes, int32_t root) {
-    PG_TRY(root_headers(t, self));
-    if (root != 0) {
-        int rc = read_idle(t->fds[root], buf, bytes, t->wait_ms);
-        if (rc < 0) return root_read_fail(t, self, root, rc, false);
-    }
-    for (int r = 1; r < t->size; r++) PG_TRY(root_answer(t, self, r, true, buf, r == root ? 0 : bytes));
-    return 0;
-}
-
-// ---------------------------------------------------------------- all_to_all_v
-
-// A rank's size table on the wire: u64 bytes it sends to rank d, u64
-// bytes it expects from rank d, for d = 0..n-1.
-#define A2A_ENTRY_BYTES 16
-
-static void a2a_table_encode(uint8_t *p, int n, const size_t *sbytes, const size_t *rbytes) {
-    for (int d = 0; d < n; d++) {
-        put64(p + A2A_ENTRY_BYTES * d, sbytes[d]);
-        put64(p + A2A_ENTRY_BYTES * d + 8, rbytes[d]);
-    }
-}
-
-// A piece rank 0 relays from peer s to peer d, a chunk at a time through its
-// scratch buffer.
-static int root_relay(tcp_ctx *t, const frame *self, int s, int d, size_t len) {
-    for (size_t off = 0; off < len;) {
-        size_t m = len - off < CHUNK_BYTES ? len - off : CHUNK_BYTES;
-        int rc = read_idle(t->fds[s], t->scratch, m, t->wait_ms);
-        if (rc < 0) return peer_io_fail(t, self, s, rc);
-        rc = write_buf(t->fds[d], t->scratch, m, NULL, 0);
-        if (rc < 0) return peer_io_fail(t, self, d, rc);
-        off += m;
-    }
-    return 0;
-}
-
-// Sizes: tab[s * n + d] is what rank s sends to rank d (u64 pairs: sent,
-// expected by s from d). Every pair is checked before any data moves.
-static int root_a2a_sizes(tcp_ctx *t, const frame *self, uint64_t (*tab)[2], uint8_t *wire, const size_t *sbytes,
-                          const size_t *rbytes) {
-    int n = t->size;
-    for (int d = 0; d < n; d++) tab[d][0] = sbytes[d], tab[d][1] = rbytes[d];
-    for (int s = 1; s < n; s++) {
-        int rc = read_idle(t->fds[s], wire, (size_t)n * A2A_ENTRY_BYTES, t->wait_ms);
-        if (rc < 0) return root_read_fail(t, self, s, rc, false);
-        for (int d = 0; d < n; d++) {
-            tab[s * n + d][0] = get64(wire + A2A_ENTRY_BYTES * d);
-            tab[s * n + d][1] = get64(wire + A2A_ENTRY_BYTES * d + 8);
-        }
-    }
-    for (int s = 0; s < n; s++)
-        for (int d = 0; d < n; d++) {
-            uint64_t sent = tab[s * n + d][0], expected = tab[d * n + s][1];
-            if (sent == expected) continue;
-            char why[MAX_WHY];
-            snprintf(why, sizeof why,
-                     "%s #%u sizes differ: rank %d sends %llu bytes to rank %d, which expects %llu from it",
-                     pg_comm_op_name(self->op), self->seq, s, (unsigned long long)sent, d,
-                     (unsigned long long)expected);
-            return root_fail(t, PG_EINVAL, self, why);
-        }
-    return 0;
-}
-
-static int root_all_to_all_v(tcp_ctx *t, const frame *self, const void *send, const size_t *sbytes,
-                             const size_t *soff, void *recv, const size_t *rbytes, const size_t *roff) {
-    PG_TRY(root_headers(t, self));
-    int n = t->size;
-    uint64_t(*tab)[2] = malloc(sizeof *tab * (size_t)n * (size_t)n);
-    uint8_t *wire = malloc((size_t)n * A2A_ENTRY_BYTES);
-    int rc = tab && wire ? root_scratch(t) : root_fail(t, PG_ENOMEM, self, "out of memory for the size tables");
-    if (rc == 0) rc = root_a2a_sizes(t, self, tab, wire, sbytes, rbytes);
-    for (int r = 1; r < n && rc == 0; r++) rc = root_answer(t, self, r, true, NULL, 0);
-    // (source, destination) order: peer s sends its pieces by destination,
-    // peer d takes its pieces by source, so each read and write below is
-    // the next thing on its socket.
-    for (int s = 0; s < n && rc == 0; s++)
-        for (int d = 0; d < n && rc == 0; d++) {
-            size_t len = (size_t)tab[s * n + d][0];
-            if (len == 0 || (s == d && s != 0)) continue; // a peer's own piece stays with it
-            if (s == 0 && d == 0) {
-                memcpy((char *)recv + roff[0], (const char *)send + soff[0], len);
-            } else if (s == 0) {
-                int w = write_buf(t->fds[d], (const char *)send + soff[d], len, NULL, 0);
-                if (w < 0) rc = peer_io_fail(t, self, d, w);
-            } else if (d == 0) {
-                int r = read_idle(t->fds[s], (char *)recv + roff[s], len, t->wait_ms);
-                if (r < 0) rc = peer_io_fail(t, self, s, r);
-            } else {
-                rc = root_relay(t, self, s, d, len);
-            }
-        }
-    free(tab);
-    free(wire);
-    return rc;
-}
-
-static bool io_retry(int e) { return e == EINTR || e == EAGAIN || e == EWOULDBLOCK; }
-
-// A peer, after rank 0's answer: sends its pieces (by destination) and
-// takes its pieces (by source) at once on its socket, so a large piece
-// each way cannot leave both ends blocked in send. Bounded by wait_ms
-// without progress either way.
-static int peer_a2a_exchange(tcp_ctx *t, const frame *self, const char *out, const size_t *sbytes,
-                             const size_t *soff, char *in, const size_t *rbytes, const size_t *roff) {
-    const int me = t->rank, n = t->size, fd = t->fds[0];
-    if (sbytes[me]) memcpy(in + roff[me], out + soff[me], sbytes[me]);
-    int sd = 0, rs = 0;          // the piece being sent (to rank sd) and received (from rank rs)
-    size_t sdone = 0, rdone = 0; // its bytes done
-    for (;;) {
-        while (sd < n && (sd == me || sdone == sbytes[sd])) sd++, sdone = 0;
-        while (rs < n && (rs == me || rdone == rbytes[rs])) rs++, rdone = 0;
-        if (sd == n && rs == n) return 0;
-        struct pollfd p = {.fd = fd, .events = (short)((rs < n ? POLLIN : 0) | (sd < n ? POLLOUT : 0))};
-        int pr = poll(&p, 1, t->wait_ms);
-        if (pr < 0 && errno == EINTR) continue;
-        if (pr < 0) return peer_io_fail(t, self, 0, -errno);
-        if (pr == 0) return peer_io_fail(t, self, 0, rs < n ? -ETIMEDOUT : -EAGAIN);
-        if (rs < n && (p.revents & (POLLIN | POLLHUP | POLLERR))) {
-            ssize_t k = recv(fd, in + roff[rs] + rdone, rbytes[rs] - rdone, MSG_DONTWAIT);
-            if (k == 0) return peer_io_fail(t, self, 0, -ENOTCONN);
-            if (k < 0 && !io_retry(errno)) return peer_io_fail(t, self, 0, -errno);
-            if (k > 0) rdone += (size_t)k;
-        }
-        if (sd < n && (p.revents & (POLLOUT | POLLHUP | POLLERR))) {
-            ssize_t k = send(fd, out + soff[sd] + sdone, sbytes[sd] - sdone, MSG_DONTWAIT | MSG_NOSIGNAL);
-            if (k < 0 && !io_retry(errno)) return peer_io_fail(t, self, 0, -errno);
-            if (k > 0) sdone += (size_t)k;
-        }
-    }
-}
-
-// ---------------------------------------------------------------- peers
-
-static int peer_answer_header(tcp_ctx *t, const frame *self, const uint8_t h[HEADER_BYTES]);
-
-// Sends this peer's header with the first data. When rank 0 has gone, its
-// error answer (why it gave up) may already wait in the socket: that
-// reason is reported rather than "rank 0 closed the connection".
-static int peer_send(tcp_ctx *t, const frame *self, bool with_header, const void *data, size_t n) {
-    uint8_t h[HEADER_BYTES];
-    frame_encode(h, self);
-    int rc = with_header ? write_buf(t->fds[0], h, sizeof h, data, n) : write_buf(t->fds[0], data, n, NULL, 0);
-    if (rc == 0) return 0;
-    if (with_header && read_all(t->fds[0], h, sizeof h, pg_now_ns() + 200000000) == 0) {
-        int e = peer_answer_header(t, self, h);
-        if (e < 0) return e;
-    }
-    return peer_io_fail(t, self, 0, rc);
-}
-
-// Reads rank 0's answer header: an error it reports, or the same call.
-static int peer_answer(tcp_ctx *t, const frame *self) {
-    uint8_t h[HEADER_BYTES];
-    int rc = read_idle(t->fds[0], h, sizeof h, t->wait_ms);
-    if (rc < 0) return peer_io_fail(t, self, 0, rc);
-    return peer_answer_header(t, self, h);
-}
-
-static int peer_answer_header(tcp_ctx *t, const frame *self, const uint8_t h[HEADER_BYTES]) {
-    frame f;
-    char why[MAX_WHY];
-    if (!frame_decode(h, &f)) {
-        snprintf(why, sizeof why, "%s #%u: rank 0 sent a malformed frame header", pg_comm_op_name(self->op), self->seq);
-        return fail(t, PG_EIO, why);
-    }
-    if (f.status) {
-        char msg[MAX_WHY - 32] = "";
-        size_t len = f.bytes < sizeof msg - 1 ? (size_t)f.bytes : sizeof msg - 1;
-        if (read_all(t->fds[0], msg, len, pg_now_ns() + 1000000000) == 0) msg[len] = 0;
-        snprintf(why, sizeof why, "rank 0 reports: %s", msg[0] ? msg : "(no reason)");
-        return fail(t, f.status == -PG_EINVAL ? PG_EINVAL : PG_EIO, why);
-    }
-    if (f.op != self->op || f.seq != self->seq) {
-        char a[160], b[160];
-        frame_describe(a, sizeof a, self);
-        frame_describe(b, sizeof b, &f);
-        snprintf(why, sizeof why, "rank 0 answered %s to this rank's %s", b, a);
-        return fail(t, PG_EIO, why);
-    }
-    return 0;
-}
-
-static int peer_recv(tcp_ctx *t, const frame *self, void *data, size_t n) {
-    int rc = read_idle(t->fds[0], data, n, t->wait_ms);
-    return rc < 0 ? peer_io_fail(t, self, 0, rc) : 0;
-}
-
-static int peer_all_reduce(tcp_ctx *t, const frame *self, void *buf, int64_t count) {
-    size_t esz = self->dtype == PG_DTYPE_BF16 ? 2 : 4;
-    int64_t chunk = CHUNK_BYTES / esz;
-    int64_t off = 0;
-    do {
-        int64_t m = count - off < chunk ? count - off : chunk;
-        char *mine = (char *)buf + (size_t)off * esz;
-        PG_TRY(peer_send(t, self, off == 0, mine, (size_t)m * esz));
-        if (off == 0) PG_TRY(peer_answer(t, self));
-        PG_TRY(peer_recv(t, self, mine, (size_t)m * esz));
-        off += m;
-    } while (off < count);
-    return 0;
-}
-
-// ---------------------------------------------------------------- the table
-
-static int begin(pg_comm *c, frame *f, int op) {
-    tcp_ctx *t = c->ctx;
-    *f = (frame){.op = (uint8_t)op, .seq = t->seq++};
-    char why[MAX_WHY];
-    pthread_mutex_lock(&t->mu);
-    bool broken = t->broken;
-    if (broken) memcpy(why, t->why, sizeof why);
-    pthread_mutex_unlock(&t->mu);
-    if (broken)
-        return pg_err_set(PG_EIO, "tcp communicator (rank %d of %d): %s: broken earlier: %s", t->rank, t->size,
-                          pg_comm_op_name(op), why);
-    return 0;
-}
-
-// A call that is wrong on this rank alone: the others would wait for it,
-// so the communicator breaks (its sockets shut down) and they fail too.
-static int bad_call(tcp_ctx *t, int op, const char *what) {
-    char why[MAX_WHY];
-    snprintf(why, sizeof why, "%s called with %s", pg_comm_op_name(op), what);
-    return fail(t, PG_EINVAL, why);
-}
-
-static int tcp_all_reduce_sum(pg_comm *c, void *buf, int64_t count, int32_t dtype) {
-    tcp_ctx *t = c->ctx;
-    frame f;
-    PG_TRY(begin(c, &f, OP_ALL_REDUCE));
-    if (dtype != PG_DTYPE_F32 && dtype != PG_DTYPE_BF16) return bad_call(t, f.op, "an unsupported dtype");
-    if (count < 0 || (count > 0 && !buf)) return bad_call(t, f.op, "a negative count or no buffer");
-    f.dtype = (uint8_t)dtype;
-    f.bytes = (uint64_t)count * (dtype == PG_DTYPE_BF16 ? 2 : 4);
-    if (t->size == 1) return 0;
-    return t->rank == 0 ? root_all_reduce(t, &f, buf, count) : peer_all_reduce(t, &f, buf, count);
-}
-
-static int tcp_all_gather(pg_comm *c, const void *send, void *recv, size_t bytes) {
-    tcp_ctx *t = c->ctx;
-    frame f;
-    PG_TRY(begin(c, &f, OP_ALL_GATHER));
-    if (bytes > 0 && (!send || !recv)) return bad_call(t, f.op, "no buffer");
-    f.bytes = bytes;
-    if (t->size == 1) {
-        if (recv != send && bytes) memmove(recv, send, bytes);
-        return 0;
-    }
-    if (t->rank == 0) return root_all_gather(t, &f, send, recv, bytes);
-    PG_TRY(peer_send(t, &f, true, send, bytes));
-    PG_TRY(peer_answer(t, &f));
-    return peer_recv(t, &f, recv, bytes * (size_t)t->size);
-}
-
-static int tcp_all_to_all_v(pg_comm *c, const void *send, const size_t *sbytes, const size_t *soff, void *recv,
-                            const size_t *rbytes, const size_t *roff) {
-    tcp_ctx *t = c->ctx;
-    frame f;
-    PG_TRY(begin(c, &f, OP_ALL_TO_ALL));
-    if (!sbytes || !soff || !rbytes || !roff) return bad_call(t, f.op, "no size or offset array");
-    for (int r = 0; r < t->size; r++) {
-        if (sbytes[r] > 0 && !send) return bad_call(t, f.op, "no send buffer");
-        if (rbytes[r] > 0 && !recv) return bad_call(t, f.op, "no receive buffer");
-    }
-    // The payload with the header is the size table, the same length on
-    // every rank; the pieces follow rank 0's answer.
-    f.bytes = (uint64_t)t->size * A2A_ENTRY_BYTES;
-    if (t->size == 1) {
-        char what[160];
-        snprintf(what, sizeof what, "%zu bytes to send to itself but %zu to receive", sbytes[0], rbytes[0]);
-        if (sbytes[0] != rbytes[0]) return bad_call(t, f.op, what);
-        if (sbytes[0]) memcpy((char *)recv + roff[0], (const char *)send + soff[0], sbytes[0]);
-        return 0;
-    }
-    if (t->rank == 0) return root_all_to_all_v(t, &f, send, sbytes, soff, recv, rbytes, roff);
-    uint8_t *wire = malloc((size_t)f.bytes);
-    if (!wire) return fail(t, PG_ENOMEM, "out of memory for the all_to_all_v size table");
-    a2a_table_encode(wire, t->size, sbytes, rbytes);
-    int rc = peer_send(t, &f, true, wire, (size_t)f.bytes);
-    free(wire);
-    PG_TRY(rc);
-    PG_TRY(peer_answer(t, &f));
-    return peer_a2a_exchange(t, &f, send, sbytes, soff, recv, rbytes, roff);
-}
-
-static int tcp_broadcast(pg_comm *c, void *buf, size_t bytes, int32_t root) {
-    tcp_ctx *t = c->ctx;
-    frame f;
-    PG_TRY(begin(c, &f, OP_BROADCAST));
-    if (root < 0 || root >= t->size) return bad_call(t, f.op, "a root outside the group");
-    if (bytes > 0 && !buf) return bad_call(t, f.op, "no buffer");
-    f.bytes = bytes;
-    f.root = root;
-    if (t->size == 1) return 0;
-    if (t->rank == 0) return root_broadcast(t, &f, buf, bytes, root);
-    PG_TRY(peer_send(t, &f, true, buf, t->rank == root ? bytes : 0));
-    PG_TRY(peer_answer(t, &f));
-    return t->rank == root ? 0 : peer_recv(t, &f, buf, bytes);
-}
-
-static int tcp_barrier(pg_comm *c) {
-    tcp_ctx *t = c->ctx;
-    frame f;
-    PG_TRY(begin(c, &f, OP_BARRIER));
-    if (t->size == 1) return 0;
-    if (t->rank == 0) {
-        PG_TRY(root_headers(t, &f));
-        for (int r = 1; r < t->size; r++) PG_TRY(root_answer(t, &f, r, true, NULL, 0));
-        return 0;
-    }
-    PG_TRY(peer_send(t, &f, true, NULL, 0));
-    return peer_answer(t, &f);
-}
+// ---------------------------------------------------------------- the table (abort, destroy)
 
 // Any thread, while this rank's thread may be inside a collective: the
 // shut-down sockets wake it (recv and poll return, a blocked send fails),
@@ -773,7 +39,7 @@ static void tcp_abort(pg_comm *c, const char *why) {
     if (!t->broken) {
         t->broken = t->aborted = true;
         snprintf(t->why, sizeof t->why, "aborted: %s", why && *why ? why : "(no reason given)");
-        shutdown_all(t);
+        tcp_shutdown_all(t);
     }
     pthread_mutex_unlock(&t->mu);
 }
@@ -813,10 +79,10 @@ static void set_nodelay(int fd) {
 static int send_welcome(int fd, uint32_t status, const char *why) {
     uint8_t h[12];
     size_t len = why ? strlen(why) : 0;
-    put32(h, HELLO_MAGIC);
-    put32(h + 4, status);
-    put32(h + 8, (uint32_t)len);
-    return write_buf(fd, h, sizeof h, why, len);
+    tcp_put32(h, HELLO_MAGIC);
+    tcp_put32(h + 4, status);
+    tcp_put32(h + 8, (uint32_t)len);
+    return tcp_write_buf(fd, h, sizeof h, why, len);
 }
 
 static int listen_on(tcp_ctx *t, const char *host, int port) {
@@ -886,12 +152,12 @@ static int accept_peers(tcp_ctx *t, int lfd, int64_t t0, int64_t deadline) {
         uint8_t h[HELLO_BYTES];
         // Something that is not a rank (a port scan, a health check) is
         // dropped; the group keeps waiting for its ranks.
-        if (read_all(fd, h, sizeof h, deadline) < 0 || get32(h) != HELLO_MAGIC) {
+        if (tcp_read_all(fd, h, sizeof h, deadline) < 0 || tcp_get32(h) != HELLO_MAGIC) {
             close(fd);
             continue;
         }
-        uint32_t version = get32(h + 4);
-        int32_t rank = (int32_t)get32(h + 8), size = (int32_t)get32(h + 12);
+        uint32_t version = tcp_get32(h + 4);
+        int32_t rank = (int32_t)tcp_get32(h + 8), size = (int32_t)tcp_get32(h + 12);
         why[0] = 0;
         if (version != PROTO_VERSION)
             snprintf(why, sizeof why, "rank %d speaks protocol version %u, rank 0 speaks %u", rank, version,
@@ -1001,13 +267,13 @@ static int join(tcp_ctx *t, const char *host, int port, int64_t t0, int64_t dead
         return pg_err_set(PG_EIO, "tcp communicator (rank %d of %d): fcntl: %s", t->rank, t->size, strerror(errno));
     set_nodelay(fd);
     uint8_t h[HELLO_BYTES];
-    put32(h, HELLO_MAGIC);
-    put32(h + 4, PROTO_VERSION);
-    put32(h + 8, (uint32_t)t->rank);
-    put32(h + 12, (uint32_t)t->size);
-    int rc = write_buf(fd, h, sizeof h, NULL, 0);
+    tcp_put32(h, HELLO_MAGIC);
+    tcp_put32(h + 4, PROTO_VERSION);
+    tcp_put32(h + 8, (uint32_t)t->rank);
+    tcp_put32(h + 12, (uint32_t)t->size);
+    int rc = tcp_write_buf(fd, h, sizeof h, NULL, 0);
     uint8_t w[12];
-    if (rc == 0) rc = read_all(fd, w, sizeof w, deadline);
+    if (rc == 0) rc = tcp_read_all(fd, w, sizeof w, deadline);
     if (rc == -ETIMEDOUT)
         return pg_err_set(PG_EIO,
                           "tcp communicator (rank %d of %d): connected to %s but the group was not complete after "
@@ -1015,15 +281,15 @@ static int join(tcp_ctx *t, const char *host, int port, int64_t t0, int64_t dead
                           t->rank, t->size, t->addr, secs_since(t0));
     if (rc < 0)
         return pg_err_set(PG_EIO, "tcp communicator (rank %d of %d): rank 0 at %s %s before welcoming this rank",
-                          t->rank, t->size, t->addr, io_reason(t, rc));
-    if (get32(w) != HELLO_MAGIC)
+                          t->rank, t->size, t->addr, tcp_io_reason(t, rc));
+    if (tcp_get32(w) != HELLO_MAGIC)
         return pg_err_set(PG_EIO, "tcp communicator (rank %d of %d): %s is not a paged communicator", t->rank,
                           t->size, t->addr);
-    if (get32(w + 4) != 0) {
+    if (tcp_get32(w + 4) != 0) {
         char why[MAX_WHY] = "";
-        uint32_t len = get32(w + 8);
+        uint32_t len = tcp_get32(w + 8);
         size_t n = len < sizeof why - 1 ? len : sizeof why - 1;
-        if (read_all(fd, why, n, pg_now_ns() + 1000000000) == 0) why[n] = 0;
+        if (tcp_read_all(fd, why, n, pg_now_ns() + 1000000000) == 0) why[n] = 0;
         return pg_err_set(PG_EINVAL, "tcp communicator (rank %d of %d): rank 0 at %s refused this rank: %s", t->rank,
                           t->size, t->addr, why[0] ? why : "(no reason)");
     }
