@@ -20,11 +20,11 @@
 //   4. the slices go back to every rank (all_to_all_v as an all-gather of
 //      unequal slices), so every rank again has the whole stream.
 //
-// Bytes per rank: the shares, about rows x hidden x min(top_k, N) / N,
-// plus the slices' all-gather, rows x hidden x (N - 1) / N, against the
-// all-reduce's 2 x rows x hidden x (N - 1) / N: less where top_k < N
-// (Mixtral's top-2 over 8 ranks: 38% fewer), the same at top_k >= N. It
-// pays over TCP between hosts (--nnodes), where the wire is the limit.
+// Bytes per rank, in rows x hidden: the shares that leave it, about
+// min(top_k, N) / N x (N - 1) / N, plus the slices' all-gather, (N - 1) /
+// N, against the ring all-reduce's 2 (N - 1) / N: less where top_k < N
+// (Mixtral's top-2 over 8 ranks: 38% fewer), about the same at top_k >= N.
+// It pays over TCP between hosts (--nnodes), where the wire is the limit.
 //
 // Host memory only: the communicator's buffers are the backend's, so this
 // runs with the cpu and tcp communicators (CPU backend, f32 rows); the
