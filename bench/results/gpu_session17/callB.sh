@@ -12,7 +12,7 @@
 #      run_gpu_tests check) for both;
 #   4. W2 with FP8 weights under cuBLASLt + rescale and CUTLASS (c0, and
 #      picked by shape: PAGED_CUDA_FP8_CUTLASS=2).
-# Pack: .gpucarry/o3.tar.xz (tools/pack_gpu.sh's programs at 76126bd, recompressed:
+# Pack: .gpucarry/o3.tar.xz (tools/pack_gpu.sh's programs at 4f6333c, recompressed:
 # docs/gpu_checklist.md).
 set -u
 . bench/gpu_call_lib.sh
