@@ -20,9 +20,12 @@
 // weights are W8A8 for every row count (kernels/cpu/matmul.c, fp8_matmul:
 // the GPU's per-token e4m3 rule); with PAGED_CUDA_QGEMV=0 the GPU takes
 // its W8A8 product for every step too, so the two compute the same
-// products up to the order of the sums and bf16 storage, and the FP8
-// product kernels (cuBLASLt + rescale, PAGED_CUDA_FP8_CUTLASS=1's CUTLASS)
-// are checked at a bf16-level bound instead of W8A8's 0.1.
+// products up to the order of the sums and bf16 storage. That is not a
+// bf16-level check: W8A8 is not continuous in its input, and any
+// upstream difference (bf16 storage included) makes the two activation
+// roundings independent, so they differ by about sqrt(2) times W8A8's own
+// error (6.3e-2 mean on an H100; the CPU alone, from bf16-rounded vs f32
+// activations, 6.4e-2): run it with W8A8's --tol 0.1 (docs/fp8_gemm.md, Tests).
 //
 // Both execute the same hand-made plans over 24 steps: prefills of
 // several lengths in one step, a prompt chunked over four steps next to
