@@ -7,19 +7,18 @@
 //
 // On a machine with fewer cores than ranks the spinning ranks share cores,
 // so the 8-rank figures there measure the scheduler as much as the code.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "common/clock.h"
 #include "common/err.h"
 #include "kernels/comm/comm.h"
 #include "kernels/dtype.h"
+#define COMM_TEST_PORT_ONLY // no cmocka here
+#include "tests/unit/comm_test_util.h"
 
 #define MAX_N 8
 
@@ -69,16 +68,6 @@ out:
     return NULL;
 }
 
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0) return -1;
-    socklen_t len = sizeof a;
-    getsockname(fd, (struct sockaddr *)&a, &len);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 int main(int argc, char **argv) {
     int iters = argc > 1 ? atoi(argv[1]) : 200;
     if (iters < 1) iters = 1;
@@ -92,7 +81,7 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "%s\n", pg_err_msg());
                 return 1;
             }
-            int port = tcp ? free_port() : 0;
+            int port = tcp ? comm_test_free_port(1) : 0;
             for (int r = 0; r < n; r++) {
                 jobs[r] = (rank_job){.tcp = tcp, .rank = r, .n = n, .port = port, .iters = iters, .c = cs[r]};
                 pthread_create(&th[r], NULL, rank_main, &jobs[r]);

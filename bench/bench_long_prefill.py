@@ -38,13 +38,10 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+import server_util as su  # noqa: E402  (free_port)
+
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def metric(port, name, label=""):
@@ -75,7 +72,7 @@ def stream(port, prompt, max_tokens, out, key, t_send):
 
 
 def run_config(name, flags, args):
-    port = free_port()
+    port = su.free_port()
     # PAGED: another binary (the GPU machine's pack, build/gpu-pack/paged).
     cmd = [os.environ.get("PAGED", os.path.join(ROOT, "build", "paged")), "serve", "--model", args.model, "--port", str(port),
            "--max-model-len", str(args.long_len + 64), "--kv-cache-memory", args.kv_cache_memory] + flags

@@ -29,17 +29,14 @@ import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+import server_util as su  # noqa: E402  (free_port)
+
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 WORDS = ("the of and to in is was for on that with as by at from it his an were are which this be or has "
          "had not first one their its new after but who they have her she two been other when there all "
          "during into school time may years more most only over city some world would where later up such "
          "used many can state about national out known university united then made").split()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(port, path, timeout=30):
@@ -171,7 +168,7 @@ def main():
     ap.add_argument("server_args", nargs="*", help="extra paged serve flags (after --)")
     args = ap.parse_args()
 
-    port = free_port()
+    port = su.free_port()
     cmd = [os.path.join(ROOT, "build", "paged"), "serve", "--model", args.model, "--port", str(port),
            "--max-model-len", "2048", "--kv-cache-memory", "256M"] + args.server_args
     log = open("/tmp/bench_soak_server.log", "w")

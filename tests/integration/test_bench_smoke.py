@@ -14,7 +14,6 @@ passed.
 """
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,17 +22,14 @@ import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import server_util as su  # noqa: E402  (free_port)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAGED = os.environ.get("PAGED_BIN", os.path.join(ROOT, "build/paged"))
 MODEL = os.path.join(ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf")
 BENCH = os.path.join(ROOT, "bench/bench_serve.py")
 FAKE_TOKEN_S = 0.01  # the fake server's time per token
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class FakeOpenAI(BaseHTTPRequestHandler):
@@ -175,7 +171,7 @@ def test_paged(tmp):
     if not os.path.exists(PAGED) or not os.path.exists(MODEL):
         print(f"SKIP: {PAGED} or {MODEL} is missing (build, then fetch the model)")
         return 77
-    port = free_port()
+    port = su.free_port()
     log_path = os.path.join(tmp, "paged.log")
     log = open(log_path, "w")
     proc = subprocess.Popen([PAGED, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", str(port),

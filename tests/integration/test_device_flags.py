@@ -13,6 +13,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PAGED = os.environ.get("PAGED_BIN", os.path.join(ROOT, "build/paged"))
 MODEL = os.path.join(ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf")
 SHAPE = os.path.join(ROOT, "tests/gpu/llama3-8b-shape.json")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import server_util as su  # noqa: E402  (free_port)
 
 
 def generate(*args, timeout=300):
@@ -69,10 +71,8 @@ def test_dummy_weights_on_cpu():
         rc, out, err = generate("--device", "cpu", "--load-format", "dummy", "--prompt", "Hi")
         assert rc != 0 and "--hf-config" in err, err
         # The server names a dummy model after its config, not the default model file.
-        import socket, time, urllib.request
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        import time, urllib.request
+        port = su.free_port()
         srv = subprocess.Popen([PAGED, "serve", "--device", "cpu", "--load-format", "dummy", "--hf-config", cfg,
                                 "--host", "127.0.0.1", "--port", str(port)], stderr=subprocess.PIPE)
         try:

@@ -54,8 +54,10 @@ compute what one rank computes.
    the numbers: --tp 2 on the default model (9 heads), the nccl communicator
    on the CPU.
 """
+import contextlib
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -235,13 +237,25 @@ def node_cmd(rank, nnodes, port, *extra):
             str(rank), "--master-port", str(port), "--matmul-mode", "exact", *extra]
 
 
+def spawn_follower(cmd, log_path, env=None):
+    """A follower process, its output into log_path: (Popen, log file)."""
+    log = open(log_path, "w+")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log
+
+
 def start_followers(nnodes, port, tmp, *extra):
-    procs = []
-    for r in range(1, nnodes):
-        log = open(os.path.join(tmp, f"node{r}.log"), "w+")
-        procs.append((subprocess.Popen(node_cmd(r, nnodes, port, *extra), stdout=log, stderr=subprocess.STDOUT),
-                      log))
-    return procs
+    return [spawn_follower(node_cmd(r, nnodes, port, *extra), os.path.join(tmp, f"node{r}.log"))
+            for r in range(1, nnodes)]
+
+
+def follower_tails(followers):
+    """The end of each follower's log, for a failure's report."""
+    tails = []
+    for i, (p, log) in enumerate(followers):
+        log.flush()
+        with open(log.name, errors="replace") as f:
+            tails.append(f"--- node {i + 1} (exit {p.poll()}):\n{f.read()[-2000:]}")
+    return "\n".join(tails)
 
 
 def start_leader(srv, followers, spawn):
@@ -268,13 +282,43 @@ def start_leader(srv, followers, spawn):
         srv.start()
     except RuntimeError as e:
         th.join()
-        tails = []
-        for i, (p, log) in enumerate(followers):
-            log.flush()
-            tails.append(f"--- node {i + 1} (exit {p.poll()}):\n{open(log.name).read()[-2000:]}")
         srv.stop()
-        raise RuntimeError(f"{e}\n" + "\n".join(tails)) from None
+        raise RuntimeError(f"{e}\n" + follower_tails(followers)) from None
     th.join()
+
+
+@contextlib.contextmanager
+def nodes(srv, spawn, clean_exit=False):
+    """Node 0 (the su.Server srv, not started) and its followers (spawn()
+    returns [(Popen, log file)]), started by start_leader; yields the
+    followers' list. With clean_exit, a body that returns then stops node 0
+    and checks that it exited cleanly and every follower exited 0. Whatever
+    happens, node 0 is stopped and every follower still running killed
+    (after a SIGCONT, should it be stopped) and reaped; on a failure after
+    the start, the followers' logs and node 0's go to stderr."""
+    followers = []
+    try:
+        start_leader(srv, followers, spawn)  # its error names the followers' logs itself
+        try:
+            yield followers
+            if clean_exit:
+                srv.stop()
+                srv.check_clean_exit()
+                for p, log in followers:
+                    assert p.wait(30) == 0, (p.returncode, open(log.name).read()[-2000:])
+        except BaseException:
+            srv.stop()
+            sys.stderr.write(f"{follower_tails(followers)}\n--- node 0 (exit {srv.returncode}, {srv.logf.name}):\n"
+                             f"{srv.log()[-3000:]}\n")
+            raise
+    finally:
+        srv.stop()
+        for p, log in followers:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+            p.wait(30)
+            log.close()
 
 
 def complete(port, prompt, max_tokens=24):
@@ -306,25 +350,13 @@ def check_nodes():
         ref_masked = complete_masked(srv.port, NODE_PROMPTS[0])
     with tempfile.TemporaryDirectory() as tmp:
         port = su.free_port(2)  # --master-port and its data plane
-        followers = []
-        try:
-            srv = su.Server("-tp", "3", "--nnodes", "3", "--node-rank", "0", "--master-port", str(port),
-                            "--matmul-mode", "exact")
-            start_leader(srv, followers, lambda: start_followers(3, port, tmp))
-            try:
-                got = [complete(srv.port, p)[1]["choices"][0]["text"] for p in NODE_PROMPTS]
-                got_masked = complete_masked(srv.port, NODE_PROMPTS[0])
-                su.wait_idle(srv.port)
-                assert su.metric(su.metrics(srv.port), "paged:kv_cache_blocks", state="used") == 0
-            finally:
-                srv.stop()
-            srv.check_clean_exit()
-            for (p, log) in followers:
-                assert p.wait(30) == 0, (p.returncode, open(log.name).read()[-2000:])
-        finally:
-            for p, _ in followers:
-                if p.poll() is None:
-                    p.kill()
+        srv = su.Server("-tp", "3", "--nnodes", "3", "--node-rank", "0", "--master-port", str(port),
+                        "--matmul-mode", "exact")
+        with nodes(srv, lambda: start_followers(3, port, tmp), clean_exit=True):
+            got = [complete(srv.port, p)[1]["choices"][0]["text"] for p in NODE_PROMPTS]
+            got_masked = complete_masked(srv.port, NODE_PROMPTS[0])
+            su.wait_idle(srv.port)
+            assert su.metric(su.metrics(srv.port), "paged:kv_cache_blocks", state="used") == 0
     print(f"  3 processes: {sum(a == b for a, b in zip(ref, got))}/{len(ref)} greedy texts equal one process's")
     assert got == ref, list(zip(ref, got))
     # The masked requests: the same valid JSON and the same allowed tokens.
@@ -354,28 +386,15 @@ def check_nodes_moe_alltoall():
                 if extra:
                     assert "each row's expert shares go to the rank owning the row" in srv.log(), srv.log()[-2000:]
         port = su.free_port(2)  # --master-port and its data plane
-        followers = []
         node = moe[:-3] + ["--enable-expert-parallel", "--all2all-backend", "alltoall"]
-        try:
-            srv = su.Server(*node, "-tp", "2", "--nnodes", "2", "--node-rank", "0", "--master-port", str(port))
-            spawn = lambda: [(subprocess.Popen(  # noqa: E731
-                [su.binary(), "serve", "--model", su.MODEL, *node, "-tp", "2", "--nnodes", "2", "--node-rank", "1",
-                 "--master-port", str(port)], stdout=open(os.path.join(tmp, "node1.log"), "w+"),
-                stderr=subprocess.STDOUT), open(os.path.join(tmp, "node1.log")))]
-            start_leader(srv, followers, spawn)
-            try:
-                texts["all-to-all, two processes (tcp)"] = [complete(srv.port, p)[1]["choices"][0]["text"]
-                                                            for p in NODE_PROMPTS]
-                assert "each row's expert shares go to the rank owning the row" in srv.log(), srv.log()[-2000:]
-            finally:
-                srv.stop()
-            srv.check_clean_exit()
-            for (p, log) in followers:
-                assert p.wait(30) == 0, (p.returncode, open(log.name).read()[-2000:])
-        finally:
-            for p, _ in followers:
-                if p.poll() is None:
-                    p.kill()
+        srv = su.Server(*node, "-tp", "2", "--nnodes", "2", "--node-rank", "0", "--master-port", str(port))
+        spawn = lambda: [spawn_follower(  # noqa: E731
+            [su.binary(), "serve", "--model", su.MODEL, *node, "-tp", "2", "--nnodes", "2", "--node-rank", "1",
+             "--master-port", str(port)], os.path.join(tmp, "node1.log"))]
+        with nodes(srv, spawn, clean_exit=True):
+            texts["all-to-all, two processes (tcp)"] = [complete(srv.port, p)[1]["choices"][0]["text"]
+                                                        for p in NODE_PROMPTS]
+            assert "each row's expert shares go to the rank owning the row" in srv.log(), srv.log()[-2000:]
     ref = texts["all-reduce, one process"]
     for what, got in texts.items():
         print(f"  MoE -tp 2 --enable-expert-parallel, {what}: {sum(a == b for a, b in zip(ref, got))}/{len(ref)} "
@@ -401,34 +420,24 @@ def check_node_dies():
     su.require_model_and_binary()
     with tempfile.TemporaryDirectory() as tmp:
         port = su.free_port(2)  # --master-port and its data plane
-        followers = []
-        try:
-            srv = su.Server("-tp", "3", "--nnodes", "3", "--node-rank", "0", "--master-port", str(port),
-                            "--matmul-mode", "exact", "--step-timeout", "10")
-            start_leader(srv, followers, lambda: start_followers(3, port, tmp))
-            try:
-                st, _ = complete(srv.port, "Hello", 4)
-                assert st == 200
-                out = {}
-                import threading
-                t = threading.Thread(target=lambda: out.setdefault("r", complete(srv.port, "Once upon a time", 2000)))
-                t.start()
-                import time
-                time.sleep(1.0)
-                followers[1][0].kill()
-                t.join(120)
-                st, body = out["r"]
-                assert st == 500, (st, body)
-                rc = srv.wait(60)
-                assert rc == 70, (rc, srv.log()[-3000:])
-                assert "node 2" in srv.log() or "rank 2" in srv.log(), srv.log()[-3000:]
-            finally:
-                srv.stop()
-        finally:
-            for p, _ in followers:
-                if p.poll() is None:
-                    p.kill()
-                p.wait(30)
+        srv = su.Server("-tp", "3", "--nnodes", "3", "--node-rank", "0", "--master-port", str(port),
+                        "--matmul-mode", "exact", "--step-timeout", "10")
+        with nodes(srv, lambda: start_followers(3, port, tmp)) as followers:
+            st, _ = complete(srv.port, "Hello", 4)
+            assert st == 200
+            out = {}
+            import threading
+            t = threading.Thread(target=lambda: out.setdefault("r", complete(srv.port, "Once upon a time", 2000)))
+            t.start()
+            import time
+            time.sleep(1.0)
+            followers[1][0].kill()
+            t.join(120)
+            st, body = out["r"]
+            assert st == 500, (st, body)
+            rc = srv.wait(60)
+            assert rc == 70, (rc, srv.log()[-3000:])
+            assert "node 2" in srv.log() or "rank 2" in srv.log(), srv.log()[-3000:]
 
 
 def check_local_rank_fails():
@@ -446,72 +455,60 @@ def check_local_rank_fails():
         for tp, fault_rank, stream in ((4, 3, False), (4, 1, True), (2, 1, False)):
             port = su.free_port(2)  # --master-port and its data plane
             env = dict(os.environ, PAGED_TP_FAULT_RANK=f"{fault_rank}:8")
-            log = open(os.path.join(tmp, f"node1-{fault_rank}.log"), "w+")
-            nodes = []
-            spawn = lambda: [(subprocess.Popen([su.binary(), "serve", "--model", su.MODEL, *dummy, "-tp", str(tp),  # noqa: E731
-                                                "--nnodes", "2", "--node-rank", "1", "--master-port", str(port)],
-                                               stdout=log, stderr=subprocess.STDOUT, env=env), log)]
-            try:
-                # The step timeout is a safety net far above the bound asserted
-                # below: the failure must come from the abort, not the watchdog.
-                srv = su.Server(*dummy, "-tp", str(tp), "--nnodes", "2", "--node-rank", "0", "--master-port",
-                                str(port), "--step-timeout", "120", env={"PAGED_TP_FAULT_RANK": f"{fault_rank}:8"})
-                start_leader(srv, nodes, spawn)
-                follower = nodes[0][0]
-                try:
-                    st, _ = complete(srv.port, "Hello", 3)  # steps 1-3 are fine
-                    assert st == 200, st
-                    body = {"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "ignore_eos": True}
-                    out = {}
-                    t0 = time.time()
-                    if stream:
-                        t = threading.Thread(target=lambda: out.setdefault(
-                            "r", su.sse_stream(srv.port, "/v1/completions", dict(body, stream=True), timeout=60)))
-                    else:
-                        t = threading.Thread(target=lambda: out.setdefault(
-                            "r", su.post(srv.port, "/v1/completions", body, timeout=60)))
-                    t.start()
-                    t.join(60)
-                    assert not t.is_alive(), "the request in flight hangs"
-                    took = time.time() - t0
-                    if stream:
-                        st, events, done = out["r"]
-                        assert st == 200 and done and "error" in events[-1], (st, events[-3:], done)
-                    else:
-                        st, resp = out["r"]
-                        assert st == 500, (st, resp)
-                        su.error_of(resp)
-                    assert took < 15, f"the error took {took:.1f} s"
-                    # The watchdog (twice a second) turns /health to 503 until the exit.
-                    hst, deadline = None, time.time() + 10
-                    while hst != 503 and time.time() < deadline:
-                        try:
-                            hst = su.request(srv.port, "GET", "/health", timeout=5)[0]
-                        except OSError:
-                            break  # exited already
-                        time.sleep(0.05)
-                    assert hst in (503, None) or srv.proc.poll() is not None, hst
-                    rc = srv.wait(60)
-                    assert rc == 70, (rc, srv.log()[-3000:])
-                    want = f"fault injection (PAGED_TP_FAULT_RANK): rank {fault_rank} failed step 8"
-                    failed = [l for l in srv.log().splitlines() if "engine failed" in l]
-                    assert failed and want in failed[0], (want, srv.log()[-3000:])
-                    # The follower stops once node 0 is gone.
-                    follower.wait(60)
-                    print(f"  -tp {tp}, rank {fault_rank} fails ({'stream' if stream else '500'}): error after {took:.2f} s, "
-                          f"exit {rc}; {failed[0].split('engine failed: ')[-1][:110]}")
-                finally:
-                    srv.stop()
-            finally:
-                for p, _ in nodes:
-                    if p.poll() is None:
-                        p.kill()
-                    p.wait(30)
+            spawn = lambda: [spawn_follower(  # noqa: E731
+                [su.binary(), "serve", "--model", su.MODEL, *dummy, "-tp", str(tp), "--nnodes", "2", "--node-rank",
+                 "1", "--master-port", str(port)], os.path.join(tmp, f"node1-{fault_rank}.log"), env)]
+            # The step timeout is a safety net far above the bound asserted
+            # below: the failure must come from the abort, not the watchdog.
+            srv = su.Server(*dummy, "-tp", str(tp), "--nnodes", "2", "--node-rank", "0", "--master-port",
+                            str(port), "--step-timeout", "120", env={"PAGED_TP_FAULT_RANK": f"{fault_rank}:8"})
+            with nodes(srv, spawn) as followers:
+                follower = followers[0][0]
+                st, _ = complete(srv.port, "Hello", 3)  # steps 1-3 are fine
+                assert st == 200, st
+                body = {"prompt": "Once upon a time", "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+                out = {}
+                t0 = time.time()
+                if stream:
+                    t = threading.Thread(target=lambda: out.setdefault(
+                        "r", su.sse_stream(srv.port, "/v1/completions", dict(body, stream=True), timeout=60)))
+                else:
+                    t = threading.Thread(target=lambda: out.setdefault(
+                        "r", su.post(srv.port, "/v1/completions", body, timeout=60)))
+                t.start()
+                t.join(60)
+                assert not t.is_alive(), "the request in flight hangs"
+                took = time.time() - t0
+                if stream:
+                    st, events, done = out["r"]
+                    assert st == 200 and done and "error" in events[-1], (st, events[-3:], done)
+                else:
+                    st, resp = out["r"]
+                    assert st == 500, (st, resp)
+                    su.error_of(resp)
+                assert took < 15, f"the error took {took:.1f} s"
+                # The watchdog (twice a second) turns /health to 503 until the exit.
+                hst, deadline = None, time.time() + 10
+                while hst != 503 and time.time() < deadline:
+                    try:
+                        hst = su.request(srv.port, "GET", "/health", timeout=5)[0]
+                    except OSError:
+                        break  # exited already
+                    time.sleep(0.05)
+                assert hst in (503, None) or srv.proc.poll() is not None, hst
+                rc = srv.wait(60)
+                assert rc == 70, (rc, srv.log()[-3000:])
+                want = f"fault injection (PAGED_TP_FAULT_RANK): rank {fault_rank} failed step 8"
+                failed = [l for l in srv.log().splitlines() if "engine failed" in l]
+                assert failed and want in failed[0], (want, srv.log()[-3000:])
+                # The follower stops once node 0 is gone.
+                follower.wait(60)
+                print(f"  -tp {tp}, rank {fault_rank} fails ({'stream' if stream else '500'}): error after {took:.2f} s, "
+                      f"exit {rc}; {failed[0].split('engine failed: ')[-1][:110]}")
 
 
 def check_node_stalls():
     su.require_model_and_binary()
-    import signal
     import threading
     import time
     with tempfile.TemporaryDirectory() as tmp:
@@ -521,46 +518,35 @@ def check_node_stalls():
         common = ["--load-format", "dummy", "--hf-config", os.path.join(tmp, "config.json"), "-tp", "4",
                   "--nnodes", "2", "--tp-timeout", "2"]  # 2 s: a live but CPU-starved rank stays inside it
         port = su.free_port(2)  # --master-port and its data plane
-        log = open(os.path.join(tmp, "node1.log"), "w+")
-        nodes = []
-        try:
-            srv = su.Server(*common, "--node-rank", "0", "--master-port", str(port), "--step-timeout", "120")
-            start_leader(srv, nodes, lambda: [(subprocess.Popen(
-                [su.binary(), "serve", "--model", su.MODEL, *common, "--node-rank", "1", "--master-port", str(port)],
-                stdout=log, stderr=subprocess.STDOUT), log)])
-            follower = nodes[0][0]
-            try:
-                st, _ = complete(srv.port, "Hello", 3)
-                assert st == 200, st
-                # Stopped between requests: the next step's collectives wait for it.
-                follower.send_signal(signal.SIGSTOP)
-                out = {}
-                t = threading.Thread(target=lambda: out.setdefault("r", su.post(
-                    srv.port, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 200, "temperature": 0,
-                                                  "ignore_eos": True}, timeout=60)))
-                t0 = time.time()
-                t.start()
-                t.join(60)
-                assert not t.is_alive(), "the request in flight hangs"
-                took = time.time() - t0
-                st, resp = out["r"]
-                assert st == 500, (st, resp)
-                assert took < 12, f"the error took {took:.1f} s"
-                rc = srv.wait(60)
-                assert rc == 70, (rc, srv.log()[-3000:])
-                failed = [l for l in srv.log().splitlines() if "engine failed" in l]
-                assert failed and ("sent nothing for 2.0 s" in failed[0] or "sent no reply for 2.0 s" in failed[0]), \
-                    srv.log()[-3000:]
-                print(f"  follower stopped: error after {took:.2f} s, exit {rc}; "
-                      f"{failed[0].split('engine failed: ')[-1][:100]}")
-            finally:
-                srv.stop()
-        finally:
-            for p, _ in nodes:
-                p.send_signal(signal.SIGCONT)
-                if p.poll() is None:
-                    p.kill()
-                p.wait(30)
+        srv = su.Server(*common, "--node-rank", "0", "--master-port", str(port), "--step-timeout", "120")
+        spawn = lambda: [spawn_follower(  # noqa: E731
+            [su.binary(), "serve", "--model", su.MODEL, *common, "--node-rank", "1", "--master-port", str(port)],
+            os.path.join(tmp, "node1.log"))]
+        with nodes(srv, spawn) as followers:  # a stopped follower gets a SIGCONT before its SIGKILL
+            follower = followers[0][0]
+            st, _ = complete(srv.port, "Hello", 3)
+            assert st == 200, st
+            # Stopped between requests: the next step's collectives wait for it.
+            follower.send_signal(signal.SIGSTOP)
+            out = {}
+            t = threading.Thread(target=lambda: out.setdefault("r", su.post(
+                srv.port, "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 200, "temperature": 0,
+                                              "ignore_eos": True}, timeout=60)))
+            t0 = time.time()
+            t.start()
+            t.join(60)
+            assert not t.is_alive(), "the request in flight hangs"
+            took = time.time() - t0
+            st, resp = out["r"]
+            assert st == 500, (st, resp)
+            assert took < 12, f"the error took {took:.1f} s"
+            rc = srv.wait(60)
+            assert rc == 70, (rc, srv.log()[-3000:])
+            failed = [l for l in srv.log().splitlines() if "engine failed" in l]
+            assert failed and ("sent nothing for 2.0 s" in failed[0] or "sent no reply for 2.0 s" in failed[0]), \
+                srv.log()[-3000:]
+            print(f"  follower stopped: error after {took:.2f} s, exit {rc}; "
+                  f"{failed[0].split('engine failed: ')[-1][:100]}")
 
 
 def check_refused():

@@ -37,120 +37,11 @@
 #include "common/net.h"
 #include "kernels/comm/comm.h"
 #include "kernels/dtype.h"
-
-#define MAX_N 8
+#include "tests/unit/comm_test_util.h" // the rank-thread harness, free ports
 
 static bool g_quick;
 
-typedef enum { IMPL_CPU, IMPL_TCP } impl;
-static const char *impl_name(impl k) { return k == IMPL_CPU ? "cpu" : "tcp"; }
-
-// ---------------------------------------------------------------- harness
-
-// What one rank thread does once it has its communicator. Returns 0, or
-// non-zero after writing what went wrong into `err` (cmocka's asserts
-// must stay on the main thread).
-typedef struct rank_thread rank_thread;
-typedef int (*rank_fn)(rank_thread *t, pg_comm *c);
-
-struct rank_thread {
-    impl kind;
-    int rank, n;
-    int port;           // tcp
-    int claimed_size;   // tcp: the size this rank says in its hello (0: n)
-    int claimed_rank;   // tcp: -1: its own
-    int timeout_ms;     // tcp
-    int op_timeout_ms;  // tcp
-    pg_comm *c;         // cpu: made by the main thread
-    rank_fn fn;
-    void *arg;
-    int create_rc;      // tcp: pg_comm_tcp_create's result
-    int rc;             // fn's result
-    char err[1024];
-};
-
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0) return -1;
-    socklen_t len = sizeof a;
-    getsockname(fd, (struct sockaddr *)&a, &len);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
-static void *rank_main(void *p) {
-    rank_thread *t = p;
-    pg_comm *c = t->c;
-    if (t->kind == IMPL_TCP) {
-        pg_comm_tcp_opts o = {.rank = t->claimed_rank >= 0 ? t->claimed_rank : t->rank,
-                              .size = t->claimed_size ? t->claimed_size : t->n,
-                              .host = "127.0.0.1",
-                              .port = t->port,
-                              .timeout_ms = t->timeout_ms ? t->timeout_ms : 20000,
-                              .op_timeout_ms = t->op_timeout_ms};
-        t->create_rc = pg_comm_tcp_create(&o, &c);
-        if (t->create_rc < 0) {
-            snprintf(t->err, sizeof t->err, "%s", pg_err_msg());
-            t->rc = -1;
-            return NULL;
-        }
-    }
-    t->rc = t->fn ? t->fn(t, c) : 0;
-    c->destroy(c);
-    return NULL;
-}
-
-// Starts n rank threads running ts[r].fn (tcp: each makes its
-// communicator first).
-static void start_ranks(impl kind, int n, rank_thread *ts, pthread_t *th) {
-    int port = kind == IMPL_TCP ? free_port() : 0;
-    pg_comm *cs[MAX_N] = {0};
-    if (kind == IMPL_CPU) assert_int_equal(pg_comm_cpu_create_group(n, cs), 0);
-    for (int r = 0; r < n; r++) {
-        ts[r].kind = kind;
-        ts[r].rank = r;
-        ts[r].n = n;
-        ts[r].port = port;
-        ts[r].c = cs[r];
-        ts[r].err[0] = 0;
-        assert_int_equal(pthread_create(&th[r], NULL, rank_main, &ts[r]), 0);
-    }
-}
-
-// Runs fn on n rank threads, waits for all. ts[] holds the results.
-static void run_ranks_custom(impl kind, int n, rank_thread *ts) {
-    pthread_t th[MAX_N];
-    start_ranks(kind, n, ts, th);
-    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
-}
-
-static void run_ranks(impl kind, int n, rank_fn fn, void *arg) {
-    rank_thread ts[MAX_N];
-    memset(ts, 0, sizeof ts);
-    for (int r = 0; r < n; r++) ts[r].fn = fn, ts[r].arg = arg, ts[r].claimed_rank = -1;
-    run_ranks_custom(kind, n, ts);
-    for (int r = 0; r < n; r++)
-        if (ts[r].rc != 0) fail_msg("%s, %d ranks: rank %d: %s", impl_name(kind), n, r, ts[r].err);
-}
-
-static int rank_fail(rank_thread *t, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(t->err, sizeof t->err, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 // ---------------------------------------------------------------- data
-
-static uint64_t mix(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    return x ^ (x >> 33);
-}
 
 // A value with a random sign, mantissa and exponent (2^-8 .. 2^8), so the
 // order of the additions shows in the rounded sums.
@@ -515,12 +406,6 @@ typedef struct {
     double waited[MAX_N];
 } table_abort_arg;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static int call_op(pg_comm *c, int op) {
     float buf[64] = {0};
     uint8_t g[MAX_N * 8];
@@ -700,7 +585,8 @@ static void test_tcp_duplicate_rank_is_refused(void **state) {
 // meets once in thousands of tries. pg_net_self_connected must see it, and
 // pg_net_connect never returns one.
 static void test_self_connected_socket_is_recognised(void **state) {
-    int port = free_port();
+    int port = comm_test_free_port(1);
+    assert_true(port > 0);
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     assert_true(fd >= 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
@@ -724,7 +610,8 @@ static void test_self_connected_socket_is_recognised(void **state) {
 }
 
 static void test_tcp_connect_timeout_names_the_address(void **state) {
-    int port = free_port();
+    int port = comm_test_free_port(1);
+    assert_true(port > 0);
     pg_comm_tcp_opts o = {.rank = 1, .size = 2, .host = "127.0.0.1", .port = port, .timeout_ms = 300};
     pg_comm *c = (pg_comm *)1;
     struct timespec a, b;

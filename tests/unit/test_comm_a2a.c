@@ -18,8 +18,6 @@
 #include <stdint.h>
 // cmocka needs the headers above first.
 #include <cmocka.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -27,14 +25,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common/err.h"
 #include "kernels/comm/comm.h"
+#include "tests/unit/comm_test_util.h" // the rank-thread harness, free ports
 
-#define MAX_N 8
 #define POISON 0xa5
 // A piece of the "big" round (round 1): a few MB for cpu; for tcp more than
 // loopback's socket buffers hold in flight (a 4 MB send buffer and a receive
@@ -44,95 +41,7 @@
 #define BIG_PIECE_TCP ((size_t)48 << 20)
 #define ROUNDS 6
 
-typedef enum { IMPL_CPU, IMPL_TCP } impl;
-static const char *impl_name(impl k) { return k == IMPL_CPU ? "cpu" : "tcp"; }
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-// ---------------------------------------------------------------- harness
-
-// One rank thread: fn runs with its communicator (tcp: made by the thread).
-// Returns 0, or non-zero after writing what went wrong into `err`
-// (cmocka's asserts must stay on the main thread).
-typedef struct rank_thread rank_thread;
-typedef int (*rank_fn)(rank_thread *t, pg_comm *c);
-
-struct rank_thread {
-    impl kind;
-    int rank, n;
-    int port;          // tcp
-    int op_timeout_ms; // tcp
-    pg_comm *c;        // cpu: made by the main thread
-    rank_fn fn;
-    void *arg;
-    int rc;
-    char err[1024];
-};
-
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0) return -1;
-    socklen_t len = sizeof a;
-    getsockname(fd, (struct sockaddr *)&a, &len);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
-static int rank_fail(rank_thread *t, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(t->err, sizeof t->err, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
-static void *rank_main(void *p) {
-    rank_thread *t = p;
-    pg_comm *c = t->c;
-    if (t->kind == IMPL_TCP) {
-        pg_comm_tcp_opts o = {.rank = t->rank, .size = t->n, .host = "127.0.0.1", .port = t->port,
-                              .timeout_ms = 20000, .op_timeout_ms = t->op_timeout_ms};
-        if (pg_comm_tcp_create(&o, &c) < 0) {
-            t->rc = rank_fail(t, "create: %s", pg_err_msg());
-            return NULL;
-        }
-    }
-    t->rc = t->fn(t, c);
-    c->destroy(c);
-    return NULL;
-}
-
-// Runs fn on n rank threads and fails the test with the first rank's error.
-static void run_ranks(impl kind, int n, rank_fn fn, void *arg, int op_timeout_ms) {
-    rank_thread ts[MAX_N];
-    pthread_t th[MAX_N];
-    pg_comm *cs[MAX_N] = {0};
-    if (kind == IMPL_CPU) assert_int_equal(pg_comm_cpu_create_group(n, cs), 0);
-    int port = kind == IMPL_TCP ? free_port() : 0;
-    for (int r = 0; r < n; r++) {
-        ts[r] = (rank_thread){.kind = kind, .rank = r, .n = n, .port = port, .op_timeout_ms = op_timeout_ms,
-                              .c = cs[r], .fn = fn, .arg = arg};
-        assert_int_equal(pthread_create(&th[r], NULL, rank_main, &ts[r]), 0);
-    }
-    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
-    for (int r = 0; r < n; r++)
-        if (ts[r].rc) fail_msg("%s, %d ranks: rank %d: %s", impl_name(kind), n, r, ts[r].err);
-}
-
 // ---------------------------------------------------------------- the plan
-
-static uint64_t mix(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    return x ^ (x >> 33);
-}
 
 // What rank s sends rank d in round `round` of an n-rank group: every rank
 // computes the same table, so no sizes need exchanging. A quarter of the
@@ -267,13 +176,13 @@ static int do_rounds(rank_thread *t, pg_comm *c) {
 static void test_cpu_all_to_all_v_1_2_3_5_8_ranks(void **state) {
     rounds_arg ra = {.big = BIG_PIECE_CPU};
     const int ns[] = {1, 2, 3, 5, 8};
-    for (int i = 0; i < 5; i++) run_ranks(IMPL_CPU, ns[i], do_rounds, &ra, 0);
+    for (int i = 0; i < 5; i++) run_ranks(IMPL_CPU, ns[i], do_rounds, &ra);
 }
 
 static void test_tcp_all_to_all_v_2_4_ranks(void **state) {
     rounds_arg ra = {.big = BIG_PIECE_TCP};
-    run_ranks(IMPL_TCP, 2, do_rounds, &ra, 0);
-    run_ranks(IMPL_TCP, 4, do_rounds, &ra, 0);
+    run_ranks(IMPL_TCP, 2, do_rounds, &ra);
+    run_ranks(IMPL_TCP, 4, do_rounds, &ra);
 }
 
 // ---------------------------------------------------------------- failures
@@ -297,15 +206,15 @@ static int do_mismatch(rank_thread *t, pg_comm *c) {
 }
 
 static void test_cpu_size_mismatch_fails_every_rank(void **state) {
-    run_ranks(IMPL_CPU, 2, do_mismatch, NULL, 0);
-    run_ranks(IMPL_CPU, 3, do_mismatch, NULL, 0);
+    run_ranks(IMPL_CPU, 2, do_mismatch, NULL);
+    run_ranks(IMPL_CPU, 3, do_mismatch, NULL);
 }
 
 // The collective timeout is short (3 s): a mismatch that hung instead of
 // failing would end in a timeout message, not the sizes.
 static void test_tcp_size_mismatch_fails_every_rank(void **state) {
-    run_ranks(IMPL_TCP, 2, do_mismatch, NULL, 3000);
-    run_ranks(IMPL_TCP, 3, do_mismatch, NULL, 3000);
+    run_ranks_timeout(IMPL_TCP, 2, do_mismatch, NULL, 3000);
+    run_ranks_timeout(IMPL_TCP, 3, do_mismatch, NULL, 3000);
 }
 
 typedef struct {
