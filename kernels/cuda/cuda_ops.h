@@ -497,8 +497,8 @@ int pg_cuda_gemv_rmsnorm_silu_fp8(void *out, int64_t ldo, const void *x, int64_t
 // (process-wide, from the next launch; a captured graph keeps its kernel):
 // 0 the register kernel, 1-4 the ring kernels (weights staged through shared
 // memory with cp.async; docs/cuda_kernels.md, "GEMV"), -1 back to
-// PAGED_CUDA_GEMV_KERNEL or, without it, the default: kind 2 while
-// pg_cuda_gemv_preload_set(1) is in force, else kind 0. Returns the previous
+// PAGED_CUDA_GEMV_KERNEL or, without it, the default: kind 2 (kind 1 for
+// FP8 weights) while pg_cuda_gemv_preload_set(1) is in force, else kind 0. Returns the previous
 // kind (-1: the default).
 int pg_cuda_gemv_kernel_set(int kind);
 

@@ -579,8 +579,8 @@ template <int M, int MODE, int WT> int launch(const Args &a, cudaStream_t st) {
 //      half an SM, so two kernels' CTAs share one                        [m <= 2, else 1]
 // A ring that does not fit in shared memory falls back to kind 1's, and
 // that one to kind 0. The default (KIND_AUTO) is kind 2 when the caller has
-// made the weights-before-wait promise (pg_cuda_gemv_preload_set) and kind 0
-// otherwise: measured in the W1 chain (docs/cuda_kernels.md), kind 2 with
+// made the weights-before-wait promise (pg_cuda_gemv_preload_set), kind 1
+// for FP8 weights, and kind 0 otherwise: measured in the W1 chain (docs/cuda_kernels.md), kind 2 with
 // preload saves 3 us per layer, but without preload it is 3 us slower than
 // kind 0, since its deeper ring then fills only after the wait.
 constexpr int KIND_AUTO = -1, KIND_UNREAD = -2;
@@ -630,7 +630,11 @@ template <int M, int MODE, int WT, int NT, int PC, int S, int MINB> int launch_r
 template <int M, int MODE, int WT> int launch_kind(const Args &a, cudaStream_t st) {
     int rc = 0;
     int kind = gemv_kind();
-    if (kind == KIND_AUTO) kind = g_preload.load(std::memory_order_relaxed) ? 2 : 0;
+    // The default: with the preload promise, kind 2 for bf16 weights and
+    // kind 1 for FP8 (W1 with an FP8 checkpoint, H100, session 18: 3.606
+    // against 3.693 ms a token for kind 2, twice each; half the bytes a
+    // weight row, so the shallower ring is deep enough); kind 0 without it.
+    if (kind == KIND_AUTO) kind = g_preload.load(std::memory_order_relaxed) ? (WT == W_FP8 ? 1 : 2) : 0;
     if constexpr (M <= 2) { // the experimental shapes exist for m <= 2 only (compile time)
         if (kind == 2) rc = launch_ring<M, MODE, WT, 512, 4, 6, 1>(a, st);
         else if (kind == 3) rc = launch_ring<M, MODE, WT, 512, 8, 3, 1>(a, st);
