@@ -10,10 +10,12 @@
 #include "common/err.h"
 #include "common/file.h"
 #include "common/log.h"
+#include "engine/dist/node_config.h"
 #include "engine/engine_int.h"
 #include "formats/gguf.h"
 #include "engine/memplan.h"
 #include "engine/draft_model.h"
+#include "kernels/dtype.h"
 
 // Left free beside an explicit --kv-cache-memory: allocation granularity and
 // the CUDA context's growth after start-up.
@@ -122,11 +124,61 @@ static void executor_config(const pg_engine_config *cfg, pg_model_load_opts *mo,
                                .op_timeout_ms = cfg->tp_timeout_ms};
 }
 
+// What the hello of a multi-node group carries (engine/dist/node_config.h):
+// this node's model, from its headers, and the flags every node must share,
+// as start-up resolves them (a default and the value it stands for agree).
+static int node_config(const pg_engine_config *cfg, bool on_cpu, const pg_model_load_opts *mo, pg_node_config *nc) {
+    pg_model_config mc;
+    int32_t wd;
+    PG_TRY(pg_model_identity(mo, &mc, &wd));
+    memset(nc, 0, sizeof *nc);
+    pg_node_config_name(nc->arch, mc.arch);
+    pg_node_config_name(nc->weight_dtype, wd < 0 ? "random" : pg_dtype_name(wd));
+    pg_node_config_name(nc->load_format, is_dummy(cfg) ? "dummy" : "auto");
+    nc->n_layers = mc.n_layers;
+    nc->hidden = mc.hidden;
+    nc->vocab_size = mc.vocab_size;
+    nc->n_heads = mc.n_heads;
+    nc->n_kv_heads = mc.n_kv_heads;
+    nc->head_dim = mc.head_dim;
+    nc->ffn = mc.ffn;
+    nc->n_experts = mc.n_experts;
+    nc->n_experts_used = mc.n_experts_used;
+    pg_node_config_name(nc->device, on_cpu ? "cpu" : "cuda");
+    pg_node_config_name(nc->matmul_mode, on_cpu ? pg_matmul_mode_name(cfg->matmul_mode) : "");
+    pg_node_config_name(nc->quantization, pg_quantization_name(cfg->quantization));
+    nc->expert_parallel = cfg->expert_parallel && mc.n_experts > 0; // ignored without experts
+    pg_node_config_name(nc->all2all_backend, cfg->moe_alltoall ? "alltoall" : "allreduce");
+    int32_t kv;
+    PG_TRY(pg_kv_dtype_resolve(cfg, on_cpu, mc.head_dim, &kv));
+    pg_node_config_name(nc->kv_cache_dtype, kv == PG_KV_NATIVE ? "bf16" : pg_kv_dtype_name(kv));
+    if (kv == PG_KV_FP8_E4M3)
+        pg_node_config_name(nc->kv_cache_scales, cfg->kv_cache_scales == PG_KV_SCALES_ONE ? "one" : "auto");
+    nc->lora_slots = pg_engine_lora_slots(cfg);
+    nc->max_lora_rank = cfg->enable_lora ? pg_engine_max_lora_rank(cfg) : 0;
+    const sched_config sc = pg_engine_sched_limits(cfg, on_cpu);
+    nc->max_model_len = cfg->max_model_len > 0 ? cfg->max_model_len : mc.max_pos;
+    nc->block_size = sc.block_size;
+    nc->max_num_seqs = sc.max_num_seqs;
+    nc->max_num_batched_tokens = sc.max_num_batched_tokens;
+    nc->chunked_prefill = sc.enable_chunked_prefill;
+    nc->prefix_caching = sc.enable_prefix_caching;
+    nc->kv_layer_groups = !cfg->disable_kv_layer_groups;
+    if (cfg->spec.ngram)
+        snprintf(nc->speculative, sizeof nc->speculative, "ngram k=%d", cfg->spec.ngram_cfg.k);
+    else if (cfg->spec.draft)
+        snprintf(nc->speculative, sizeof nc->speculative, "draft_model k=%d", cfg->spec.draft_k);
+    return 0;
+}
+
 int pg_engine_follow(const pg_engine_config *cfg) {
     PG_ARG(cfg->nnodes > 1 && cfg->node_rank > 0, "following needs --nnodes > 1 and --node-rank > 0");
     pg_model_load_opts mo;
     pg_executor_config ec;
     executor_config(cfg, &mo, &ec);
+    pg_node_config nc;
+    PG_TRY(node_config(cfg, !wants_cuda(cfg), &mo, &nc));
+    ec.node_config = &nc;
     pg_executor *ex;
     PG_TRY(pg_executor_create(&ec, &mo, &ex));
     int rc = pg_executor_follow(ex);
@@ -207,6 +259,11 @@ int eng_setup(pg_engine *e) {
     pg_executor_config ec;
     executor_config(cfg, &mo, &ec);
     const int32_t tp = ec.tp;
+    pg_node_config nc;
+    if (ec.nnodes > 1) {
+        PG_TRY(node_config(cfg, on_cpu, &mo, &nc));
+        ec.node_config = &nc;
+    }
     PG_TRY(pg_executor_create(&ec, &mo, &e->exec));
     e->backend = pg_executor_backend(e->exec, 0);
     e->model = pg_executor_model(e->exec, 0);

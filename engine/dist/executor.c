@@ -260,7 +260,8 @@ static int nccl_rank(pg_executor *ex, int32_t rank, void *arg) {
 // of a group meet while they are made).
 static int make_node_comms(pg_executor *ex, const pg_executor_config *cfg) {
     pg_remote_opts ro = {.nnodes = ex->nnodes, .node_rank = ex->node_rank, .tp = ex->tp,
-                         .master_addr = cfg->master_addr, .master_port = cfg->master_port};
+                         .master_addr = cfg->master_addr, .master_port = cfg->master_port,
+                         .config = cfg->node_config};
     const size_t id_len = ex->on_cuda ? PG_NCCL_ID_BYTES : 0;
     if (ex->node_rank == 0) {
         if (ex->on_cuda) PG_TRY(pg_comm_nccl_unique_id(ex->nccl_id));

@@ -35,6 +35,9 @@ typedef struct pg_executor_config {
     // tcp: a collective's wait for a peer that sends nothing before it
     // fails (0 = 300 s; --tp-timeout).
     int32_t op_timeout_ms;
+    // Several nodes: what every node must share, sent in the hello and
+    // compared by node 0 (engine/dist/node_config.h); NULL: all zeros.
+    const struct pg_node_config *node_config;
 } pg_executor_config;
 
 // Makes every rank's backend and communicator and loads every rank's shard

@@ -3,7 +3,10 @@
 //
 // Wire format (host byte order: every node runs the same build, which the
 // hello checks through the sizes of the structs that cross):
-//   hello  u32 'PGNH' | i32 node_rank | i32 nnodes | i32 tp | u32 sizes[4]
+//   hello  u32 'PGNI' | u32 version | i32 node_rank | i32 nnodes | i32 tp |
+//          u32 sizes[5] | pg_node_config (engine/dist/node_config.h)
+//          (version 2; version 1, 'PGNH', had no version, sizes[4] and no
+//          configuration: node 0 refuses it as another build)
 //   answer u32 'PGNA' | i32 status | u64 len | len bytes (the blob, or why)
 //   call   u32 'PGNC' | u32 op | u64 len | payload
 //   reply  u32 'PGNR' | i32 rc | u64 len | payload (rc < 0: the message)
@@ -24,7 +27,9 @@
 
 #define HELLO_WAIT_MS 10000
 
-#define HELLO 0x484e4750u  // "PGNH"
+#define HELLO_V1 0x484e4750u // "PGNH": version 1's hello (no configuration)
+#define HELLO 0x494e4750u    // "PGNI"
+#define HELLO_VERSION 2u
 #define ANSWER 0x414e4750u // "PGNA"
 #define CALL 0x434e4750u   // "PGNC"
 #define REPLY 0x524e4750u  // "PGNR"
@@ -37,16 +42,36 @@ typedef struct {
 } frame;
 
 typedef struct {
-    uint32_t magic;
+    uint32_t magic, version;
     int32_t node_rank, nnodes, tp;
-    uint32_t sizes[4];
+    uint32_t sizes[5];
+    pg_node_config config;
 } hello;
 
-static void hello_sizes(uint32_t s[4]) {
+// Version 1's whole hello, past its magic: i32 node_rank, nnodes, tp, u32 sizes[4].
+#define HELLO_V1_REST 28
+
+static void hello_sizes(uint32_t s[5]) {
     s[0] = sizeof(pg_plan_seq);
     s[1] = sizeof(pg_sampling_params);
     s[2] = sizeof(pg_runner_config);
     s[3] = sizeof(pg_runner_mem);
+    s[4] = sizeof(pg_node_config);
+}
+
+// A hello after its magic: version 2's rest, or version 1's (read whole so
+// that it gets its answer; 1 in h->version).
+static int read_hello(int fd, hello *h) {
+    PG_TRY(pg_net_read_all(fd, &h->magic, sizeof h->magic));
+    if (h->magic == HELLO_V1) {
+        uint8_t rest[HELLO_V1_REST];
+        PG_TRY(pg_net_read_all(fd, rest, sizeof rest));
+        memcpy(&h->node_rank, rest, sizeof h->node_rank);
+        h->version = 1;
+        return 0;
+    }
+    if (h->magic != HELLO) return 0;
+    return pg_net_read_all(fd, (char *)h + sizeof h->magic, sizeof *h - sizeof h->magic);
 }
 
 static const char *addr(const pg_remote_opts *o) { return o->master_addr ? o->master_addr : "127.0.0.1"; }
@@ -85,8 +110,9 @@ int pg_remote_leader_open(const pg_remote_opts *o, const void *blob, size_t blob
     PG_TRY(pg_net_listen(o->master_addr, o->master_port, 64, &lfd));
     PG_LOGI("node 0 of %d: waiting on port %d for the other nodes", o->nnodes, o->master_port);
     int rc = 0;
-    uint32_t sizes[4];
+    uint32_t sizes[5];
     hello_sizes(sizes);
+    const pg_node_config none = {0}, *ours = o->config ? o->config : &none;
     for (int got = 0; got < o->nnodes - 1 && rc == 0;) {
         int fd;
         if ((rc = pg_net_accept(lfd, timeout, &fd)) < 0) {
@@ -97,12 +123,12 @@ int pg_remote_leader_open(const pg_remote_opts *o, const void *blob, size_t blob
         // A node says hello as soon as it connects: a connection silent for
         // HELLO_WAIT_MS (a port scanner, a stray client) is dropped rather
         // than left to block the accept loop.
-        hello h;
+        hello h = {0};
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         int pr;
         while ((pr = poll(&pfd, 1, HELLO_WAIT_MS)) < 0 && errno == EINTR) {
         }
-        if (pr <= 0 || (rc = pg_net_read_all(fd, &h, sizeof h)) < 0 || h.magic != HELLO) {
+        if (pr <= 0 || (rc = read_hello(fd, &h)) < 0 || (h.magic != HELLO && h.magic != HELLO_V1)) {
             PG_LOGW("control link: a connection that is not a paged node (%s), ignored",
                     pr <= 0 ? "no hello within 10 s" : "no paged hello");
             close(fd);
@@ -110,13 +136,17 @@ int pg_remote_leader_open(const pg_remote_opts *o, const void *blob, size_t blob
             continue;
         }
         char msg[256] = "";
-        if (h.nnodes != o->nnodes || h.tp != o->tp)
+        if (h.version != HELLO_VERSION)
+            snprintf(msg, sizeof msg, "node %d runs a different build of paged", h.node_rank);
+        else if (h.nnodes != o->nnodes || h.tp != o->tp)
             snprintf(msg, sizeof msg, "node %d runs --nnodes %d -tp %d, node 0 --nnodes %d -tp %d", h.node_rank,
                      h.nnodes, h.tp, o->nnodes, o->tp);
         else if (memcmp(h.sizes, sizes, sizeof sizes))
             snprintf(msg, sizeof msg, "node %d runs a different build of paged", h.node_rank);
         else if (h.node_rank < 1 || h.node_rank >= o->nnodes || out->fds[h.node_rank - 1] >= 0)
             snprintf(msg, sizeof msg, "node rank %d is out of range or already taken", h.node_rank);
+        else
+            pg_node_config_diff(&h.config, ours, h.node_rank, msg, sizeof msg);
         if (msg[0]) {
             send_frame(fd, ANSWER, PG_EINVAL, msg, strlen(msg));
             close(fd);
@@ -193,8 +223,10 @@ int pg_remote_follower_open(const pg_remote_opts *o, void *blob, size_t blob_len
     int fd;
     int rc = pg_net_connect(addr(o), o->master_port, timeout, &fd);
     if (rc < 0) return pg_err_wrap(rc, "node %d of %d: ", o->node_rank, o->nnodes);
-    hello h = {HELLO, o->node_rank, o->nnodes, o->tp, {0}};
+    hello h = {.magic = HELLO, .version = HELLO_VERSION, .node_rank = o->node_rank, .nnodes = o->nnodes,
+               .tp = o->tp};
     hello_sizes(h.sizes);
+    if (o->config) h.config = *o->config;
     pg_wbuf ans = {0};
     int32_t status = 0;
     if ((rc = pg_net_write_all(fd, &h, sizeof h)) < 0 || (rc = recv_frame(fd, ANSWER, &status, &ans)) < 0) {

@@ -4,9 +4,11 @@
 // nodes 1..n-1 run only their ranks (`paged serve --nnodes N --node-rank R
 // --master-addr A --master-port P`, the same model and flags). Node 0
 // listens on the master port; each other node connects and says who it is
-// (node rank, node count, tensor-parallel size and this build's id), and
+// (node rank, node count, tensor-parallel size, this build's id, and the
+// configuration every node must share: engine/dist/node_config.h), and
 // node 0 answers once all have come with a blob (the NCCL unique id on
-// GPUs). Then node 0's executor sends every call (create runners, memory,
+// GPUs), or refuses one whose hello differs from its own with a line
+// naming what differs (which the follower exits with too). Then node 0's executor sends every call (create runners, memory,
 // allocate KV, begin a step with its plan, end it, quit) to the other
 // nodes and collects one reply from each: a status, and a payload or the
 // error message. The collectives themselves do not go here: NCCL, or the
@@ -16,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/dist/node_config.h"
 #include "engine/dist/plan_wire.h"
 
 typedef struct pg_remote_opts {
@@ -23,6 +26,9 @@ typedef struct pg_remote_opts {
     const char *master_addr; // NULL: 127.0.0.1
     int32_t master_port;
     int32_t timeout_ms; // for the set-up (0: 300 s); steps wait as long as they take
+    // What must match across nodes (the hello carries it; node 0 compares);
+    // NULL: all zeros.
+    const pg_node_config *config;
 } pg_remote_opts;
 
 enum {

@@ -293,6 +293,12 @@ typedef struct pg_offload_plan {
 int pg_model_weight_plan(const pg_model_load_opts *o, int32_t rank, int32_t size, const pg_backend_caps *caps,
                          pg_model_config *cfg, int64_t *bytes, pg_offload_plan *off, int64_t *quant_max_elems);
 void pg_model_free(pg_model *m);
+// The config of o's model and the stored type of its layer 0's Q
+// projection (else of its token embedding; -1 for dummy weights or none),
+// from the headers only, as pg_model_load reads them (its errors: a missing
+// file, --quantization against the checkpoint's): what the nodes of a
+// multi-node group compare (engine/dist/node_config.h).
+int pg_model_identity(const pg_model_load_opts *o, pg_model_config *cfg, int32_t *weight_dtype);
 
 // The weights of layer L in a fixed order (norms, Q|K|V, bias, q/k norms, O,
 // FFN norm, gate|up, down, Gemma's post-norms), those it has; returns how

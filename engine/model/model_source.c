@@ -83,3 +83,22 @@ void pg_model_src_close(source *s) {
     if (s->st) pg_st_model_close(s->st);
     s->gguf = NULL, s->st = NULL;
 }
+
+int pg_model_identity(const pg_model_load_opts *o, pg_model_config *cfg, int32_t *weight_dtype) {
+    *weight_dtype = -1;
+    source s;
+    int rc = pg_model_src_open(o, &s, cfg);
+    if (rc == 0 && s.kind != SRC_DUMMY) {
+        static const char *const names[] = {"blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight",
+                                            "model.layers.0.self_attn.q_proj.qweight", "token_embd.weight",
+                                            "model.embed_tokens.weight"};
+        pg_weight w;
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+            if (pg_model_src_find(&s, names[i], &w)) {
+                *weight_dtype = w.dtype;
+                break;
+            }
+    }
+    pg_model_src_close(&s);
+    return rc;
+}
