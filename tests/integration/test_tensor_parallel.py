@@ -36,7 +36,11 @@ compute what one rank computes.
    parallelism (-tp 2 --enable-expert-parallel) with the all-to-all
    combine (--all2all-backend alltoall) answers as with the all-reduce,
    in one process and as two over tcp; a follower with other flags is
-   refused by name; a follower that dies fails node 0's engine (a 500 for
+   refused by name: -tp, and the configuration its hello carries
+   (engine/dist/node_config.h) - --enable-expert-parallel on node 0 only
+   (the dummy Mixtral), another --kv-cache-dtype, another --max-model-len:
+   both processes exit non-zero within seconds, each with the line naming
+   the field and both values; a follower that dies fails node 0's engine (a 500 for
    the request in flight, exit code 70) instead of leaving it hanging.
    Two nodes of two ranks each (--tp 4 --nnodes 2, a dummy model whose 8
    heads split 4 ways), and of one (--tp 2): one local rank fails its step
@@ -416,6 +420,57 @@ def check_node_refused():
     assert bad.returncode != 0 and "refused" in err, err[-2000:]
 
 
+def check_node_config_mismatch():
+    """A follower whose configuration differs from node 0's is refused at
+    its hello with one line naming the field and both values, which both
+    processes print; both exit non-zero within seconds (no weight read, no
+    wait for a collective)."""
+    import time
+    su.require_model_and_binary()
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = dict(BASE, architectures=["MixtralForCausalLM"], model_type="mixtral", num_key_value_heads=4,
+                   intermediate_size=128, num_local_experts=8, num_experts_per_tok=2)
+        write_config(tmp, cfg)
+        moe = ["--load-format", "dummy", "--hf-config", os.path.join(tmp, "config.json")]
+        cases = [  # node 0's flags, the follower's, the line both print
+            (moe + ["--enable-expert-parallel"], moe,
+             "node 1: --enable-expert-parallel off here, on on node 0"),
+            ([], ["--kv-cache-dtype", "f16"], "node 1: --kv-cache-dtype f16 here, f32 on node 0"),
+            (["--max-model-len", "2048"], ["--max-model-len", "1024"],
+             "node 1: --max-model-len 1024 here, 2048 on node 0"),
+        ]
+        for lead_extra, follow_extra, want in cases:
+            port = su.free_port(2)  # --master-port and its data plane
+            lead_log = open(os.path.join(tmp, "node0.log"), "w+")
+            lead = subprocess.Popen(node_cmd(0, 2, port, "--port", "0", *lead_extra), stdout=lead_log,
+                                    stderr=subprocess.STDOUT)
+            follower = None
+            try:
+                deadline = time.time() + 60
+                while time.time() < deadline and lead.poll() is None:
+                    lead_log.flush()
+                    if "waiting on port" in open(lead_log.name, errors="replace").read():
+                        break
+                    time.sleep(0.05)
+                t0 = time.time()
+                follower = subprocess.Popen(node_cmd(1, 2, port, *follow_extra), stderr=subprocess.PIPE, text=True)
+                err = follower.communicate(timeout=30)[1]
+                lead.wait(30)
+                took = time.time() - t0
+                lead_out = open(lead_log.name, errors="replace").read()
+                assert lead.returncode not in (0, None) and want in lead_out, (want, lead_out[-2000:])
+                assert follower.returncode != 0 and want in err, (want, err[-2000:])
+                assert "loaded" not in lead_out and "loaded" not in err, (lead_out[-2000:], err[-2000:])
+                assert took < 10, took
+                print(f"  refused in {took:.1f} s: {want}")
+            finally:
+                for p in (lead, follower):
+                    if p is not None and p.poll() is None:
+                        p.kill()
+                        p.wait(30)
+                lead_log.close()
+
+
 def check_node_dies():
     su.require_model_and_binary()
     with tempfile.TemporaryDirectory() as tmp:
@@ -572,6 +627,8 @@ def main():
         ("MoE expert parallelism: the all-to-all combine, in one process and over 2 nodes (tcp), answers as "
          "the all-reduce does", check_nodes_moe_alltoall),
         ("a follower with other flags is refused by name", check_node_refused),
+        ("a follower whose configuration differs is refused at its hello naming the field; both exit within "
+         "seconds", check_node_config_mismatch),
         ("a follower that dies fails node 0's engine: 500, exit 70", check_node_dies),
         ("a local rank that fails before its collective fails the group at once: 500, exit 70",
          check_local_rank_fails),
