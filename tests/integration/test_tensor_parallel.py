@@ -236,9 +236,16 @@ def check_default_model():
 NODE_PROMPTS = PROMPTS[:4]
 
 
+def serve_cmd(*args):
+    """A follower's command line: the flags su.Server gives node 0 around
+    `args` (its defaults and PAGED_EXTRA_ARGS), since every node's
+    configuration must match node 0's (engine/dist/node_config.h)."""
+    return [su.binary(), "serve", "--model", su.MODEL, *su.DEFAULT_ARGS, *args, *su.EXTRA_ARGS]
+
+
 def node_cmd(rank, nnodes, port, *extra):
-    return [su.binary(), "serve", "--model", su.MODEL, "-tp", str(nnodes), "--nnodes", str(nnodes), "--node-rank",
-            str(rank), "--master-port", str(port), "--matmul-mode", "exact", *extra]
+    return serve_cmd("-tp", str(nnodes), "--nnodes", str(nnodes), "--node-rank", str(rank), "--master-port",
+                     str(port), "--matmul-mode", "exact", *extra)
 
 
 def spawn_follower(cmd, log_path, env=None):
@@ -393,8 +400,8 @@ def check_nodes_moe_alltoall():
         node = moe[:-3] + ["--enable-expert-parallel", "--all2all-backend", "alltoall"]
         srv = su.Server(*node, "-tp", "2", "--nnodes", "2", "--node-rank", "0", "--master-port", str(port))
         spawn = lambda: [spawn_follower(  # noqa: E731
-            [su.binary(), "serve", "--model", su.MODEL, *node, "-tp", "2", "--nnodes", "2", "--node-rank", "1",
-             "--master-port", str(port)], os.path.join(tmp, "node1.log"))]
+            serve_cmd(*node, "-tp", "2", "--nnodes", "2", "--node-rank", "1", "--master-port", str(port)),
+            os.path.join(tmp, "node1.log"))]
         with nodes(srv, spawn, clean_exit=True):
             texts["all-to-all, two processes (tcp)"] = [complete(srv.port, p)[1]["choices"][0]["text"]
                                                         for p in NODE_PROMPTS]
@@ -511,8 +518,8 @@ def check_local_rank_fails():
             port = su.free_port(2)  # --master-port and its data plane
             env = dict(os.environ, PAGED_TP_FAULT_RANK=f"{fault_rank}:8")
             spawn = lambda: [spawn_follower(  # noqa: E731
-                [su.binary(), "serve", "--model", su.MODEL, *dummy, "-tp", str(tp), "--nnodes", "2", "--node-rank",
-                 "1", "--master-port", str(port)], os.path.join(tmp, f"node1-{fault_rank}.log"), env)]
+                serve_cmd(*dummy, "-tp", str(tp), "--nnodes", "2", "--node-rank", "1", "--master-port", str(port)),
+                os.path.join(tmp, f"node1-{fault_rank}.log"), env)]
             # The step timeout is a safety net far above the bound asserted
             # below: the failure must come from the abort, not the watchdog.
             srv = su.Server(*dummy, "-tp", str(tp), "--nnodes", "2", "--node-rank", "0", "--master-port",
@@ -575,7 +582,7 @@ def check_node_stalls():
         port = su.free_port(2)  # --master-port and its data plane
         srv = su.Server(*common, "--node-rank", "0", "--master-port", str(port), "--step-timeout", "120")
         spawn = lambda: [spawn_follower(  # noqa: E731
-            [su.binary(), "serve", "--model", su.MODEL, *common, "--node-rank", "1", "--master-port", str(port)],
+            serve_cmd(*common, "--node-rank", "1", "--master-port", str(port)),
             os.path.join(tmp, "node1.log"))]
         with nodes(srv, spawn) as followers:  # a stopped follower gets a SIGCONT before its SIGKILL
             follower = followers[0][0]
