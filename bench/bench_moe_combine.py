@@ -86,8 +86,10 @@ def main():
                         secs, t, toks = run(srv.port, prompts, a.max_tokens)
                 else:
                     port, followers = su.free_port(2), []
-                    node = lambda r: [su.binary(), "serve", "--model", su.MODEL, *flags, "-tp", str(n),  # noqa: E731
-                                      "--nnodes", str(n), "--node-rank", str(r), "--master-port", str(port)]
+                    # node 0's flags as su.Server makes them: the hello compares them
+                    node = lambda r: [su.binary(), "serve", "--model", su.MODEL, *su.DEFAULT_ARGS, *flags,  # noqa: E731
+                                      "-tp", str(n), "--nnodes", str(n), "--node-rank", str(r), "--master-port",
+                                      str(port), *su.EXTRA_ARGS]
                     spawn = lambda: [(subprocess.Popen(node(r), stdout=subprocess.DEVNULL,  # noqa: E731
                                                        stderr=subprocess.DEVNULL), open(os.devnull)) for r in
                                      range(1, n)]
