@@ -303,7 +303,18 @@ extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
         c->fp8_fast = faenv && faenv[0] ? atoi(faenv) != 0 : false;
         const char *fcenv = getenv("PAGED_CUDA_FP8_CUTLASS");
         c->fp8_cutlass = fcenv && fcenv[0] ? atoi(fcenv) : 0;
-        if (c->fp8_cutlass < 0 || c->fp8_cutlass > 2) c->fp8_cutlass = 1;
+        if (c->fp8_cutlass < 0 || c->fp8_cutlass > 2) c->fp8_cutlass = 2;
+        const char *fccenv = getenv("PAGED_CUDA_FP8_CUTLASS_CFG");
+        c->fp8_cutlass_cfg = fccenv && fccenv[0] ? atoi(fccenv) : 0;
+        if (c->fp8_cutlass == 1) {
+            const char *name = pg_cuda_gemm_fp8_cutlass_cfg_name(c->fp8_cutlass_cfg);
+            if (!name) {
+                PG_LOGW("cuda: PAGED_CUDA_FP8_CUTLASS_CFG=%s: no such configuration built; c0", fccenv);
+                c->fp8_cutlass_cfg = 0;
+                name = pg_cuda_gemm_fp8_cutlass_cfg_name(0);
+            }
+            PG_LOGI("cuda: FP8 products through CUTLASS %s (PAGED_CUDA_FP8_CUTLASS=1)", name ? name : "(not built)");
+        }
         const char *fvenv = getenv("PAGED_CUDA_FP8_GEMV");
         c->fp8_gemv = fvenv && fvenv[0] ? atoi(fvenv) != 0 : true;
         const char *l2env = getenv("PAGED_CUDA_L2_PREFETCH");

@@ -56,11 +56,17 @@ struct CudaCtx {
     // and the bf16 product. PAGED_CUDA_FP8_GEMM=0 turns it off (the bf16
     // path, for comparison); off for good if cuBLASLt has no algorithm.
     // PAGED_CUDA_FP8_FAST=1: cuBLASLt's fast accumulation.
-    // PAGED_CUDA_FP8_CUTLASS=1: the products take the one-pass CUTLASS
+    // PAGED_CUDA_FP8_CUTLASS=2: the products take the one-pass CUTLASS
     // kernel (gemm_fp8_cutlass.cu: both scales and, for O and down, the
-    // residual in its epilogue) in its default configuration; =2: in the
-    // configuration pg_cuda_gemm_fp8_cutlass_pick gives the shape; off (0)
-    // by default until it wins end to end.
+    // residual in its epilogue) in the configuration
+    // pg_cuda_gemm_fp8_cutlass_pick gives the shape, or cuBLASLt + rescale
+    // where the sweep found that faster (fewer than 256 rows); to become
+    // the default once one device call has run it against =0 end to end
+    // (docs/fp8_gemm.md, session 18). =1: CUTLASS in
+    // PAGED_CUDA_FP8_CUTLASS_CFG's configuration (c0 without it) for every
+    // shape, to measure one end to end; =0 (the default): cuBLASLt +
+    // rescale for every shape.
+    int fp8_cutlass_cfg;
     // FP8 weights in steps of at most qgemv_rows rows take gemv.cu's FP8
     // GEMV (the bf16 GEMV's ring, PDL and fused RMSNorm / SiLU; W1 3.66
     // against 3.81 ms with qgemv.cu's on an H100, docs/fp8_gemm.md);

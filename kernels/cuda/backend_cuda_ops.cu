@@ -137,14 +137,19 @@ static int fp8_product(CudaCtx *c, void *out, int64_t ldo, const Fp8Act &a, cons
                        int accumulate) {
     const int64_t n = w->base.rows, k = w->base.cols;
     if (c->fp8_cutlass) {
-        // The one-pass CUTLASS kernel (PAGED_CUDA_FP8_CUTLASS=1: its default
-        // configuration, 2: the one picked for the shape), which adds the
-        // residual in its epilogue; a shape it declines takes cuBLASLt below.
-        int cfg = 0, sw = 1, ra = 0;
-        if (c->fp8_cutlass == 2) pg_cuda_gemm_fp8_cutlass_pick(rows, n, &cfg, &sw, &ra);
-        int rc = pg_cuda_gemm_fp8_cutlass_cfg(cfg, sw, ra, out, ldo, a.xq, a.xs, w->data, w->scales, rows, n, k,
-                                              accumulate, c->gemm_ws, PG_CUDA_GEMM_WORKSPACE, c->stream);
-        if (rc != PG_EUNSUPP) return rc;
+        // The one-pass CUTLASS kernel, which adds the residual in its
+        // epilogue: PAGED_CUDA_FP8_CUTLASS=2 in the configuration picked for
+        // the shape, or cuBLASLt where the sweep said so; =1 in
+        // PAGED_CUDA_FP8_CUTLASS_CFG's (c0) for every shape.
+        // A shape it declines (PG_EUNSUPP: alignment, no CUTLASS built)
+        // takes cuBLASLt below.
+        int cfg = c->fp8_cutlass_cfg, sw = 1, ra = 0;
+        const bool use = c->fp8_cutlass == 1 || pg_cuda_gemm_fp8_cutlass_pick(rows, n, k, &cfg, &sw, &ra) == 0;
+        if (use) {
+            int rc = pg_cuda_gemm_fp8_cutlass_cfg(cfg, sw, ra, out, ldo, a.xq, a.xs, w->data, w->scales, rows, n, k,
+                                                  accumulate, c->gemm_ws, PG_CUDA_GEMM_WORKSPACE, c->stream);
+            if (rc != PG_EUNSUPP) return rc;
+        }
     }
     int rc = pg_cuda_gemm_fp8(c->gemm, out, ldo, a.xq, k, a.xs, w->data, w->scales, rows, n, k, accumulate,
                               c->fp8_fast, a.raw, a.raw_bytes, c->gemm_ws, PG_CUDA_GEMM_WORKSPACE, c->stream);

@@ -406,10 +406,12 @@ int pg_cuda_gemm_fp8_cutlass_cfg(int cfg, int swizzle, int raster, void *out, in
                                  const float *xscales, const void *w, const float *wscales, int64_t m, int64_t n,
                                  int64_t k, int accumulate, void *workspace, size_t workspace_bytes, void *stream);
 const char *pg_cuda_gemm_fp8_cutlass_cfg_name(int cfg);
-// The configuration, swizzle and raster PAGED_CUDA_FP8_CUTLASS=2 runs for
-// m tokens against n output channels: a rule by shape until the sweep's
-// figures replace it (gemm_fp8_cutlass.cu).
-void pg_cuda_gemm_fp8_cutlass_pick(int64_t m, int64_t n, int *cfg, int *swizzle, int *raster);
+// The configuration, swizzle and raster the model's W8A8 products run for
+// m tokens, n output channels and a reduction of k (PAGED_CUDA_FP8_CUTLASS=2):
+// the winners of bench_cuda_gemm_fp8 --sweep
+// (gemm_fp8_cutlass.cu, docs/fp8_gemm.md). Returns 0 with *cfg set, or -1
+// where cuBLASLt + rescale won (the caller takes pg_cuda_gemm_fp8).
+int pg_cuda_gemm_fp8_cutlass_pick(int64_t m, int64_t n, int64_t k, int *cfg, int *swizzle, int *raster);
 
 // The W8A8 epilogue (act_quant.cu): out[i][j] = bf16(raw[i][j] * xscales[i]
 // * wscales[j]) (f32 products in that order; + out[i][j] when

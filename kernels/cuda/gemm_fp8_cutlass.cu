@@ -22,7 +22,7 @@
 // The kernel itself is a template over its configuration
 // (gemm_fp8_cutlass.cuh); this file instantiates c0 and dispatches; the
 // others (other tiles, clusters, one consumer warpgroup for few tokens, the
-// swapped product) live in gemm_fp8_cutlass_c1.cu ... c5.cu and are reached
+// swapped product, ping-pong, fast accumulation) live in gemm_fp8_cutlass_c1.cu ... c8.cu and are reached
 // through pg_cuda_gemm_fp8_cutlass_cfg, for the sweep in
 // bench/bench_cuda_gemm_fp8.cu (--sweep) and the tests.
 //
@@ -35,13 +35,16 @@
 
 // The configurations' names, in cfg order (c0 first: the default).
 // " coop": two consumer warpgroups, a persistent grid (the scheduler's
-// knobs apply); " ws": one consumer warpgroup, one CTA per tile (no knobs).
+// knobs apply); " pp": ping-pong, two consumer warpgroups on a tile each, a
+// persistent grid; " ws": one consumer warpgroup, one CTA per tile (no
+// knobs); " fast": fast accumulation (no promotion; the tests' looser bound).
 // 128 x 256 x 128 cooperative (for the wide gate/up) was tried and dropped:
 // ptxas spilled 912 bytes a thread at 168 registers (two warpgroups hold a
 // 128 x 256 f32 accumulator plus the promotion's second one).
 static const char *const cfg_names[] = {
     "c0 128x128x128 2x1 coop",   "c1 128x128x128 1x2 coop",     "c2 64x128x128 1x1 ws",
-    "c3 64x128x128 1x2 ws",      "c4 swap 128x64x128 1x1 ws",   "c5 swap 128x64x128 2x1 coop",
+    "c3 64x128x128 1x2 ws",      "c4 swap 128x64x128 1x1 ws",   "c5 swap 128x64x128 2x1 coop", "c6 64x128x128 2x1 pp",
+    "c7 128x128x128 2x1 pp fast",  "c8 128x128x128 2x1 coop fast",
 };
 static const int n_cfgs = (int)(sizeof cfg_names / sizeof cfg_names[0]);
 
@@ -57,8 +60,9 @@ using namespace pg_fp8;
 using Cfg0 = Fp8Config<Shape<_128, _128, _128>, Shape<_2, _1, _1>, KernelCoop, EpiCoop, false>;
 static int run_c0(const Fp8CutlassCall &c) { return run<Cfg0>(c); }
 
-static int (*const cfg_fns[])(const Fp8CutlassCall &) = {run_c0,            pg_fp8_cutlass_c1, pg_fp8_cutlass_c2,
-                                                          pg_fp8_cutlass_c3, pg_fp8_cutlass_c4, pg_fp8_cutlass_c5};
+static int (*const cfg_fns[])(const Fp8CutlassCall &) = {
+    run_c0, pg_fp8_cutlass_c1, pg_fp8_cutlass_c2, pg_fp8_cutlass_c3, pg_fp8_cutlass_c4,
+    pg_fp8_cutlass_c5, pg_fp8_cutlass_c6, pg_fp8_cutlass_c7, pg_fp8_cutlass_c8};
 static_assert(sizeof cfg_fns / sizeof cfg_fns[0] == sizeof cfg_names / sizeof cfg_names[0], "one name a config");
 
 extern "C" int pg_cuda_gemm_fp8_cutlass_cfg(int cfg, int swizzle, int raster, void *out, int64_t ldo, const void *xq,
@@ -115,24 +119,28 @@ extern "C" int pg_cuda_gemm_fp8_cutlass(void *out, int64_t ldo, const void *xq, 
                                         workspace_bytes, stream);
 }
 
-// A first choice by shape, before the sweep's figures exist (docs/fp8_gemm.md):
-// the smaller 64 x 128 tile with one consumer warpgroup (c2) while its
-// tiles fit in one wave of the SMs, which spends less on a partial tile
-// of few tokens; past one wave the 128 x 128 cooperative tile (c0), with
-// the scheduler's widest swizzle (8) when both sides are large, so the
-// tiles running at once share their rows of A and B in L2.
-extern "C" void pg_cuda_gemm_fp8_cutlass_pick(int64_t m, int64_t n, int *cfg, int *swizzle, int *raster) {
-#ifdef PG_HAVE_CUTLASS
-    const int64_t sms = pg_fp8_cutlass_sm_count();
-#else
-    const int64_t sms = 132;
-#endif
-    const int64_t tiles64 = (m + 63) / 64 * ((n + 127) / 128);
-    *raster = 0;
-    if (tiles64 <= sms) {
-        *cfg = 2, *swizzle = 1;
-        return;
+// The model's choice by shape, read from the sweep (bench_cuda_gemm_fp8
+// --sweep on an H100, session 18; bench/cuda/fp8_sweep_table.py prints its
+// table; docs/fp8_gemm.md). Against cuBLASLt + rescale, the Llama-3-8B
+// matrices:
+//   - m < 256: cuBLASLt (no configuration is more than 9% faster at 64-128
+//     rows, most are slower, and cuBLASLt keeps the promoted accumulation);
+//   - m >= 256: c7, vLLM's schedule (128 x 128 ping-pong, fast
+//     accumulation): 1.13-1.45x on QKV, O and gate/up at 256-8,192 rows;
+//   - except a long reduction (k >= 8,192: down): cuBLASLt below 512 rows
+//     (c7 0.89x at 256), c8 (cooperative, fast) to 2,048 rows (1.01-1.13x,
+//     where c7 gave 0.95-1.04x), c7 above (1.06-1.08x).
+// Swizzle 1 and CUTLASS's raster heuristic: the knobs' best was within 2%
+// of these at every point.
+extern "C" int pg_cuda_gemm_fp8_cutlass_pick(int64_t m, int64_t n, int64_t k, int *cfg, int *swizzle, int *raster) {
+    (void)n;
+    *swizzle = 1, *raster = 0, *cfg = 0;
+    if (m < 256) return -1;
+    if (k >= 8192) {
+        if (m < 512) return -1;
+        *cfg = m <= 2048 ? 8 : 7;
+        return 0;
     }
-    *cfg = 0;
-    *swizzle = m >= 4096 && n >= 4096 ? 8 : 1;
+    *cfg = 7;
+    return 0;
 }

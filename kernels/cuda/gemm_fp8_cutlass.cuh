@@ -5,9 +5,11 @@
 // nvcc per instantiation, so each file compiles on its own core).
 //
 // D[m][n] (row-major, ld ldo) = xs[m] * (ws[n] * sum_k xq[m][k] * w[n][k])
-// (+ D[m][n]), f32 accumulation with the mainloop's periodic promotion (the
-// FP8FastAccum schedules are not used: they keep the tensor core's own
-// accumulator throughout, less exact), one rounding to bf16.
+// (+ D[m][n]), f32 accumulation with the mainloop's periodic promotion, one
+// rounding to bf16; the configurations named "fast" (c7, c8) take the
+// FP8FastAccum schedules instead, which keep the tensor core's own
+// accumulator throughout (no promotion: less exact over long k, fewer
+// registers), as vLLM's and TensorRT-LLM's sm90 FP8 kernels do.
 //
 // A configuration (Fp8Config) fixes the tile, the cluster, the kernel and
 // epilogue schedules, and whether the product is swapped:
@@ -65,6 +67,12 @@ using KernelCoop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 using EpiCoop = cutlass::epilogue::TmaWarpSpecializedCooperative;
 using KernelWs = cutlass::gemm::KernelTmaWarpSpecialized; // one consumer warpgroup, one tile per CTA
 using EpiWs = cutlass::epilogue::TmaWarpSpecialized;
+// Ping-pong: two consumer warpgroups, each on a whole tile of its own, one's
+// math overlapping the other's epilogue; a persistent grid, the plain
+// warp-specialized epilogue.
+using KernelPp = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+using KernelPpFast = cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8FastAccum;
+using KernelCoopFast = cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8FastAccum;
 
 template <class Tile_, class Cluster_, class KSched_, class ESched_, bool Swap_> struct Fp8Config {
     using TileShape = Tile_;
@@ -203,5 +211,8 @@ int pg_fp8_cutlass_c2(const Fp8CutlassCall &c);
 int pg_fp8_cutlass_c3(const Fp8CutlassCall &c);
 int pg_fp8_cutlass_c4(const Fp8CutlassCall &c);
 int pg_fp8_cutlass_c5(const Fp8CutlassCall &c);
+int pg_fp8_cutlass_c6(const Fp8CutlassCall &c);
+int pg_fp8_cutlass_c7(const Fp8CutlassCall &c);
+int pg_fp8_cutlass_c8(const Fp8CutlassCall &c);
 
 #endif

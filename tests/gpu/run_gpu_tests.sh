@@ -196,9 +196,22 @@ done
 # exact product: the activations' e4m3 rounding (~3% rms per element) is
 # the difference, so the bound is 0.1 for the logits and 0.1 + 10% for
 # the logprobs (docs/fp8_gemm.md; session 11 measured 6.5e-2 worst, 2.6e-2
-# mean, and 8 of the logprobs past bf16's 0.1 + 2%).
-run runner-hd64-fp8-w8a8 "$RUNNER_TEST" $m64 --quantization fp8 --tol 0.1 --json "$out_dir/runner_hd64_fp8_w8a8.json"
+# mean, and 8 of the logprobs past bf16's 0.1 + 2%). A greedy flip counts
+# as hard above a CPU top-2 gap of 0.2, not 0.1: W8A8 is not continuous in
+# its input (one e4m3 code flipped upstream moves later layers' codes;
+# docs/fp8_gemm.md, Tests), and its logits move by up to ~0.15 here: session
+# 18 saw flips at gaps 0.142 and 0.143 with fast accumulation (CUTLASS c7,
+# cuBLASLt's flag) at the same mean error as without (2.62e-2 / 2.67e-2
+# against 2.64e-2).
+run runner-hd64-fp8-w8a8 "$RUNNER_TEST" $m64 --quantization fp8 --tol 0.1 --gap 0.2 \
+    --json "$out_dir/runner_hd64_fp8_w8a8.json"
 note "runner hd64 fp8 weights, W8A8: $(tail -c 300 "$out_dir/runner_hd64_fp8_w8a8.json" 2>/dev/null | tr -d '\n')"
+# The model's steps here stay under the 256 rows where the shape pick
+# (pg_cuda_gemm_fp8_cutlass_pick) leaves cuBLASLt for CUTLASS's c7 (ping-pong,
+# fast accumulation), so the same check with c7 for every product.
+run runner-hd64-fp8-w8a8-c7 env PAGED_CUDA_FP8_CUTLASS=1 PAGED_CUDA_FP8_CUTLASS_CFG=7 "$RUNNER_TEST" $m64 \
+    --quantization fp8 --tol 0.1 --gap 0.2 --json "$out_dir/runner_hd64_fp8_w8a8_c7.json"
+note "runner hd64 fp8 weights, W8A8 through CUTLASS c7: $(tail -c 300 "$out_dir/runner_hd64_fp8_w8a8_c7.json" 2>/dev/null | tr -d '\n')"
 # Mixture of experts (kernels/cuda/moe.cu against kernels/cpu/moe.c), bf16
 # weights. At the bf16 model's bound only where routing has no choice to
 # make: every expert used (top_k = n_experts; Qwen3-MoE 16 of 16 with q/k

@@ -14,7 +14,9 @@
 //     fp8_matmul) computes, up to the order of its f32 sum. The bound is
 //     8e-3 of max |y|: the raw sums are rounded to bf16, then the scaled
 //     value again (half an ulp each is up to 2^-8 = 3.9e-3 of |y|), and the
-//     f32 sums add ~1e-6; with fast accumulation 1.2e-2. Every matrix of Llama-3-8B and Llama-3-70B (fused
+//     f32 sums add ~1e-6; with fast accumulation (cuBLASLt's flag, the
+//     CUTLASS configurations named "fast") 4e-3 + 8e-5 sqrt(k), 1.4e-2 at
+//     k 14,336. Every matrix of Llama-3-8B and Llama-3-70B (fused
 //     QKV, O, fused gate/up, down), m from 9 to 4096 with odd counts,
 //     accumulation into a residual, output strides past n. Large m checks
 //     at most 48 rows spread over the batch, and every column of them.
@@ -53,7 +55,7 @@ static bool selected(const char *name) { return strstr(name, g_filter) != nullpt
 
 static void report(const char *name, double err, double bound) {
     const bool ok = err == err && err <= bound;
-    printf("%-4s %-72s max_rel %.3e (bound %.0e)\n", ok ? "ok" : "FAIL", name, err, bound);
+    printf("%-4s %-72s max_rel %.3e (bound %.2g)\n", ok ? "ok" : "FAIL", name, err, bound);
     fflush(stdout);
     ok ? g_ok++ : g_fail++;
 }
@@ -339,7 +341,14 @@ static void test_gemm(pg_cuda_gemm *g, DBuf &ws, F8Weight &W, int m, int ldo, bo
             continue;
         }
         // CUTLASS rounds once (the scaled f32 value to bf16): half an ulp.
-        report(name, err, fast ? 1.2e-2 : cutlass ? 4e-3 : 8e-3);
+        // Fast accumulation (cuBLASLt's flag, the " fast" configurations)
+        // keeps the tensor core's own accumulator, whose truncations add up
+        // along k: 4e-3 + 8e-5 sqrt(k) (H100, session 18, c7's worst over
+        // the cases: 3.4e-3 at k 576, 7.2e-3 at 4,096, 8.6e-3 at 8,192,
+        // 1.17e-2 at 14,336, 1.23e-2 at 28,672; the bound is 1.4-1.7x those).
+        const bool fast_cfg = cr.cfg >= 0 && strstr(pg_cuda_gemm_fp8_cutlass_cfg_name(cr.cfg), " fast");
+        const double fast_bound = 4e-3 + 8e-5 * sqrt((double)k);
+        report(name, err, fast || fast_cfg ? fast_bound : cutlass ? 4e-3 : 8e-3);
     }
 }
 
