@@ -28,7 +28,8 @@
 // which deploy/quickstart.sh puts in .venv where nvcc is; FLASHINFER_INC
 // overrides: tools/nvcc_or_stub.sh); otherwise a stub that exits 77.
 //
-// Usage: build/gpu/bench_fi_prefill [--quick]    exit 77 = skipped
+// Usage: build/gpu/bench_fi_prefill [--quick | --check]    exit 77 = skipped
+//   --quick: fewer repetitions; --check: step 1 alone (for compute-sanitizer)
 #include <stdio.h>
 
 #ifndef PG_HAVE_FLASHINFER
@@ -334,9 +335,12 @@ bool check() {
 } // namespace
 
 int main(int argc, char **argv) {
-    bool quick = argc > 1 && !strcmp(argv[1], "--quick");
-    char dev[256];
-    if (!gpu_announce(dev, sizeof dev)) return 77;
+    bool quick = false, check_only = false; // --check: the correctness case alone (compute-sanitizer)
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--check")) check_only = true;
+    }
+    if (!gpu_announce()) return 77;
     int major = 0;
     CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
     if (major != 9) {
@@ -344,6 +348,7 @@ int main(int argc, char **argv) {
         return 77;
     }
     const bool ok = check();
+    if (check_only) return ok ? 0 : 1;
 
     struct Shape {
         int n, len;
