@@ -29,7 +29,8 @@ Conventions the generator relies on (docs/build.md):
       other program gets the stubs ("built without CUDA")
   tests/gpu/test_*.c -> build/gpu/test_* (C programs over libpaged and the
       CUDA archive, linked like build/paged; tests/gpu/run_gpu_tests.sh)
-  tests/gpu/test_*.cu, bench/bench_cuda_*.cu -> build/gpu/* (standalone GPU
+  tests/gpu/test_*.cu, bench/bench_cuda_*.cu, bench/cuda/bench_fi_*.cu
+      -> build/gpu/* (standalone GPU
       programs: nvcc links them with the CUDA archive, common/err.o and, for
       tests, kernels/cpu/sampling.o and kernels/dtype.o, and only libcublasLt dynamically; without nvcc
       they are stubs that print "skipped" and exit 77)
@@ -96,6 +97,9 @@ def generate():
     fuzz_targets = sources("tests/fuzz", prefix="fuzz_")
     bench_srcs = sources("bench")
     gpu_prog_srcs = sources("tests/gpu", ".cu", prefix="test_") + sources("bench", ".cu", prefix="bench_cuda_")
+    # FlashInfer's sm90 prefill beside ours (issue 29): real only where
+    # tools/nvcc_or_stub.sh finds FlashInfer's headers, a stub otherwise
+    gpu_prog_srcs += sources("bench/cuda", ".cu", prefix="bench_fi_")
     gpu_c_tests = sources("tests/gpu", ".c", prefix="test_")
 
     out = []

@@ -40,6 +40,24 @@ if [ -x "$NVCC" ]; then
                 -Xcompiler -fPIC -c "$in" -o "$out"
         fi
         ;;
+    *bench_fi_*.cu)
+        # FlashInfer's header library (attention/hopper/prefill_sm90.cuh) with
+        # the CUTLASS and CCCL it bundles, from PyPI's flashinfer-python
+        # (deploy/quickstart.sh puts it in .venv; FLASHINFER_INC names its
+        # data/include folder). The flags are FlashInfer's own JIT's for sm90.
+        # Without the headers the file builds its exit-77 stub.
+        inc=${FLASHINFER_INC:-$(ls -d .venv/lib/python3*/site-packages/flashinfer/data/include 2>/dev/null | head -1)}
+        if [ -n "$inc" ] && [ -f "$inc/flashinfer/attention/hopper/prefill_sm90.cuh" ]; then
+            d=$inc/..
+            exec "$NVCC" -std=c++17 -O3 -lineinfo -I. -I"$d/cccl/cub" -I"$d/cccl/libcudacxx/include" \
+                -I"$d/cccl/thrust" -isystem "$inc" -isystem "$d/cutlass/include" \
+                -isystem "$d/cutlass/tools/util/include" -DPG_HAVE_FLASHINFER -DNDEBUG \
+                -DFLASHINFER_ENABLE_BF16 -DFLASHINFER_ENABLE_FP8_E4M3 -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED \
+                --expt-relaxed-constexpr -use_fast_math -static-global-template-stub=false -MD -MF "$out.d" \
+                -gencode arch=compute_90a,code=sm_90a -Xcompiler -fPIC -c "$in" -o "$out"
+        fi
+        echo "FlashInfer's headers not found (.venv or FLASHINFER_INC): $in builds its exit-77 stub" >&2
+        ;;
     esac
     exec "$NVCC" -std=c++17 -O3 -g -lineinfo -I. -MD -MF "$out.d" \
         -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=sm_80 \
