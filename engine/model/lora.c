@@ -120,7 +120,8 @@ int pg_model_lora_load(pg_model *m, const pg_model_load_opts *o) {
     if (n <= 0) return 0;
     pg_model_lora *lo = &m->lora;
     PG_ARG(m->be->ops->lora_apply && m->be->ops->silu_mul,
-           "LoRA adapters: the %s backend has no LoRA op yet (docs/lora.md)", m->be->name);
+           "LoRA adapters: the %s backend has no LoRA op yet (%s; docs/lora.md)", m->be->name,
+           m->be->ops->lora_apply ? "silu_mul" : "lora_apply");
     if (m->cfg.n_experts > 0 || pg_config_is_gemma(&m->cfg))
         return pg_err_set(PG_EUNSUPP, "LoRA adapters: not supported for %s models yet (Llama-family only)",
                           m->cfg.n_experts > 0 ? "mixture-of-experts" : m->cfg.arch);

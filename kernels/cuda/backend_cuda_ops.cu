@@ -469,6 +469,53 @@ static int cu_moe_ffn(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweigh
                            renorm ? 1 : 0, accumulate ? 1 : 0, ws, ws_bytes, ctx_of(b)->stream);
 }
 
+// Batched multi-adapter LoRA (lora.cu; docs/lora.md): bf16 rows and bf16
+// adapters (weight_upload makes f32 / f16 adapters bf16; FP8 / int4 ones
+// are refused by the launcher), at most PG_CUDA_LORA_MAX_SLOTS slots of
+// rank <= PG_CUDA_LORA_MAX_RANK. The slots' device pointers go to the
+// launcher, which passes them to its kernels as a parameter; the rows'
+// slots (host) are staged into the workspace the same way. Not graph-safe:
+// refused under stream capture (the runner runs LoRA steps eagerly).
+static size_t cu_lora_ws(pg_backend *b, int32_t max_rows, int32_t in_cols, int32_t out_cols, int32_t max_rank,
+                         int32_t n_slots) {
+    (void)b, (void)in_cols, (void)out_cols, (void)n_slots;
+    return pg_cuda_lora_workspace_size(max_rows, max_rank);
+}
+
+static int cu_lora_apply(pg_backend *b, pg_tensor out, pg_tensor x, const int32_t *row_slot,
+                         const pg_lora_slot *slots, int32_t n_slots, void *ws, size_t ws_bytes) {
+    PG_ARG(x.dtype == PG_DTYPE_BF16 && out.dtype == PG_DTYPE_BF16, "cuda lora_apply: needs bf16 rows");
+    PG_ARG(out.rows == x.rows, "cuda lora_apply: %lld output rows for %lld input rows", (long long)out.rows,
+           (long long)x.rows);
+    PG_ARG(n_slots >= 0 && (x.rows == 0 || (row_slot && (slots || n_slots == 0))), "cuda lora_apply: no slot table");
+    if (n_slots > PG_CUDA_LORA_MAX_SLOTS)
+        return pg_err_set(PG_EUNSUPP, "cuda lora_apply: %d adapter slots, the GPU takes at most %d", n_slots,
+                          PG_CUDA_LORA_MAX_SLOTS);
+    pg_cuda_lora_slot cs[PG_CUDA_LORA_MAX_SLOTS];
+    bool checked[PG_CUDA_LORA_MAX_SLOTS] = {false};
+    for (int32_t s = 0; s < n_slots; s++) {
+        const pg_bweight *a = slots[s].a, *bw = slots[s].b;
+        // the type the launcher judges: a's, or b's where a is bf16 and b is not
+        const int32_t dt = a && bw && a->dtype == PG_DTYPE_BF16 ? bw->dtype : a ? a->dtype : PG_DTYPE_BF16;
+        cs[s] = (pg_cuda_lora_slot){a ? wdata(a) : nullptr, bw ? wdata(bw) : nullptr,
+                                    a ? (int32_t)a->rows : 0, dt, slots[s].scale};
+    }
+    for (int64_t i = 0; i < x.rows; i++) { // the shapes of the slots the rows name (as the CPU's op)
+        const int32_t s = row_slot[i];
+        PG_ARG(s >= -1 && s < n_slots, "cuda lora_apply: row %lld names slot %d of %d", (long long)i, s, n_slots);
+        if (s < 0 || !slots[s].a || checked[s]) continue;
+        checked[s] = true;
+        const pg_bweight *a = slots[s].a, *bw = slots[s].b;
+        PG_ARG(a->cols == x.cols && a->rows >= 1, "cuda lora_apply: slot %d's A is %lldx%lld for %lld inputs", s,
+               (long long)a->rows, (long long)a->cols, (long long)x.cols);
+        PG_ARG(bw && bw->rows == out.cols && bw->cols == a->rows,
+               "cuda lora_apply: slot %d's B is %lldx%lld, wants %lldx%lld", s, bw ? (long long)bw->rows : 0LL,
+               bw ? (long long)bw->cols : 0LL, (long long)out.cols, (long long)a->rows);
+    }
+    return pg_cuda_lora_apply(out.data, out.stride, x.data, x.stride, x.rows, x.cols, out.cols, row_slot, cs,
+                              n_slots, ws, ws_bytes, ctx_of(b)->stream);
+}
+
 static int cu_sample(pg_backend *b, pg_sample_out *out, pg_tensor logits, const pg_sample_params *params,
                      const int32_t *tokens, void *ws, size_t ws_bytes) {
     return pg_cuda_sample(out, logits.data, PG_CUDA_BF16, logits.stride, (int32_t)logits.rows,
@@ -517,7 +564,7 @@ const pg_backend_ops pg_cuda_ops_table = {
     .linear = cu_linear,
     .prefetch = cu_prefetch,
     .gate_up_silu = cu_gate_up_silu,
-    .silu_mul = NULL,   // only LoRA steps use it, and LoRA has no CUDA kernel yet
+    .silu_mul = NULL, // only LoRA steps use it: left NULL (the engine refuses LoRA on CUDA) until run end to end
     .gate_up_gelu = cu_gate_up_gelu,
     .rmsnorm_add = cu_rmsnorm_add,
     .scale = cu_scale,
@@ -525,7 +572,8 @@ const pg_backend_ops pg_cuda_ops_table = {
     .attention_softcap = cu_attention_softcap,
     .moe_ffn = cu_moe_ffn,
     .moe_workspace_bytes = cu_moe_ws,
-    .lora_apply = NULL, // no SGMV kernel yet (docs/lora.md): callers check
+    .lora_apply = cu_lora_apply, // lora.cu; the engine still refuses LoRA on CUDA (no silu_mul: docs/lora.md)
+    .lora_workspace_bytes = cu_lora_ws,
     .head_rmsnorm = cu_head_rmsnorm,
     .rope_kv_write = cu_rope_kv_write,
     .attention = cu_attention,

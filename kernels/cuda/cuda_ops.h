@@ -279,6 +279,46 @@ size_t pg_cuda_moe_workspace_size(int64_t max_rows, int64_t hidden, int64_t ffn,
 int pg_cuda_moe_routing(int32_t *sel, float *w, const void *ws, int64_t m, int64_t hidden, int64_t ffn,
                         int32_t n_experts, int32_t top_k, void *stream);
 
+// --- LoRA (lora.cu; docs/lora.md) -----------------------------------------------------------
+//
+// Batched multi-adapter LoRA, Punica's BGMV shape (one CTA per row): for
+// every row i < m with s = row_slot[i] >= 0 and slots[s].a non-NULL,
+//   t = x[i] . a_s^T                      (f32, rank values, rounded to f32)
+//   out[i][j] = bf16(out[i][j] + scale_s * sum_r t[r] * b_s[j][r])   j < out_cols
+// in f32. Rows with slot -1 or an `a` NULL are not written (bit for bit),
+// nor are columns past out_cols (out is a view: ldo >= out_cols, e.g. the K
+// slice of a fused Q|K|V row; x likewise ldx >= in). out and x must not
+// overlap. a_s bf16 [rank][in], b_s bf16 [out_cols][rank], row-major.
+//
+// row_slot and slots are HOST arrays, read before the call returns: the
+// slots' pointers, ranks and scales travel as a kernel parameter (at most
+// PG_CUDA_LORA_MAX_SLOTS slots), the rows' slots are staged into ws by
+// copy kernels whose parameters carry them (no host buffer outlives the
+// call, no synchronisation). Because those values are baked into the
+// launches, the op is NOT graph-safe: under stream capture it returns
+// PG_EUNSUPP without enqueueing anything (the runner runs LoRA steps
+// eagerly: engine/runner/runner.c takes no graph when a step has LoRA
+// rows). Limits: rank <= PG_CUDA_LORA_MAX_RANK (else PG_EUNSUPP), dtype
+// PG_DTYPE_BF16 for every slot a row names (else PG_EUNSUPP: the CUDA
+// backend's weight_upload turns f32/f16 adapters into bf16; FP8/int4
+// adapters are not run), row_slot[i] in [-1, n_slots) (else PG_EINVAL).
+// Slots no row names are not looked at. Nothing to do (m == 0, every row
+// -1 or `a` NULL) returns 0 with no launch and needs no workspace.
+// ws: at least pg_cuda_lora_workspace_size(m, max rank named) bytes,
+// 4-byte aligned.
+#define PG_CUDA_LORA_MAX_SLOTS 64
+#define PG_CUDA_LORA_MAX_RANK 64
+typedef struct pg_cuda_lora_slot {
+    const void *a, *b; // device; a NULL: the adapter leaves this projection alone
+    int32_t rank;      // a's rows = b's columns
+    int32_t dtype;     // PG_DTYPE_* of a and b (both), PG_DTYPE_BF16 to run
+    float scale;
+} pg_cuda_lora_slot;
+int pg_cuda_lora_apply(void *out, int64_t ldo, const void *x, int64_t ldx, int64_t m, int64_t in,
+                       int64_t out_cols, const int32_t *row_slot, const pg_cuda_lora_slot *slots,
+                       int32_t n_slots, void *ws, size_t ws_bytes, void *stream);
+size_t pg_cuda_lora_workspace_size(int64_t max_rows, int32_t max_rank);
+
 // Row gather: out[i][0:dim] = table[ids[i]][0:dim] for i < m; an id outside
 // [0, n_rows) gives a zero row. Embedding lookup, and the gather of the
 // last hidden state of each sampled sequence before the LM head.

@@ -46,6 +46,9 @@
 #   8. build/gpu/test_cuda_gemma_ops: Gemma's element-wise ops (scale,
 #      rmsnorm_add, gelu_mul, softcap) against host references, exact or
 #      within 1 bf16 ulp (as 1, takes -k).
+#   8b. build/gpu/test_cuda_lora: lora_apply's kernels (pg_cuda_lora_apply)
+#      against the CPU op's arithmetic over the same bf16 inputs (as 1,
+#      takes -k).
 #   9. Gemma 3 and Gemma 2 (make_random_model.py --gemma3 / --gemma2): the
 #      runner against the CPU, then paged generate with KV layer groups
 #      against one table for every layer (identical texts) and with fp8 KV.
@@ -66,7 +69,7 @@ if [ -f build/gpu-pack.tar.xz ] && [ ! -x build/gpu-pack/paged ]; then
 fi
 if [ -d build/gpu-pack ]; then
     mkdir -p build/gpu
-    for b in test_cuda_kernels bench_cuda_attention bench_cuda_gemv test_cuda_fp8_gemm bench_cuda_gemm_fp8 test_cuda_moe test_cuda_gemma_ops; do
+    for b in test_cuda_kernels bench_cuda_attention bench_cuda_gemv test_cuda_fp8_gemm bench_cuda_gemm_fp8 test_cuda_moe test_cuda_gemma_ops test_cuda_lora; do
         [ -x build/gpu/$b ] && ! head -c 2 build/gpu/$b | grep -q '#!' || cp build/gpu-pack/$b build/gpu/$b
     done
 fi
@@ -92,7 +95,7 @@ if [ ! -x "$RUNNER_TEST" ] || ! [ -x "$PAGED" ]; then
     exit 1
 fi
 progs="build/gpu/test_cuda_kernels build/gpu/bench_cuda_attention build/gpu/test_cuda_fp8_gemm build/gpu/test_cuda_moe
-    build/gpu/test_cuda_gemma_ops"
+    build/gpu/test_cuda_gemma_ops build/gpu/test_cuda_lora"
 [ $skip_kernels = 1 ] && progs=""
 for b in $progs; do
     [ -x "$b" ] && ! head -c 2 "$b" | grep -q '#!' || need_build=1
@@ -557,6 +560,13 @@ if [ $skip_kernels = 0 ]; then
     f0=$fail
     run gemma_ops build/gpu/test_cuda_gemma_ops "$@"
     note "gemma ops (scale, rmsnorm_add, gelu_mul, softcap vs host, <= 1 ulp): $([ $fail = $f0 ] && echo pass || echo FAIL)"
+fi
+
+# --- 8b. LoRA (kernels/cuda/lora.cu against kernels/cpu/lora.c's arithmetic) -----------------
+if [ $skip_kernels = 0 ]; then
+    f0=$fail
+    run lora build/gpu/test_cuda_lora "$@"
+    note "lora_apply (ranks 1-64, mixed slots, column slices vs the CPU's sums, <= 4e-3): $([ $fail = $f0 ] && echo pass || echo FAIL)"
 fi
 
 # --- 9. Gemma 3 and Gemma 2 on CUDA ---------------------------------------------------------
