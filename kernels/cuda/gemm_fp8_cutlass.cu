@@ -126,7 +126,8 @@ extern "C" int pg_cuda_gemm_fp8_cutlass(void *out, int64_t ldo, const void *xq, 
 //   - m < 256: cuBLASLt (no configuration is more than 9% faster at 64-128
 //     rows, most are slower, and cuBLASLt keeps the promoted accumulation);
 //   - m >= 256: c7, vLLM's schedule (128 x 128 ping-pong, fast
-//     accumulation): 1.13-1.45x on QKV, O and gate/up at 256-8,192 rows;
+//     accumulation): on QKV, O and gate/up 1.04-1.25x at 256 rows and
+//     1.14-1.45x at 512-8,192;
 //   - except a long reduction (k >= 8,192: down): cuBLASLt below 512 rows
 //     (c7 0.89x at 256), c8 (cooperative, fast) to 2,048 rows (1.01-1.13x,
 //     where c7 gave 0.95-1.04x), c7 above (1.06-1.08x).
