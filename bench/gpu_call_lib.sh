@@ -6,9 +6,13 @@
 #   save               the results folder as $OUT/NAME.tgz (call it after
 #                      every stage: a call cut short keeps what it saved)
 #   unpack PACK [DIR]  .gpucarry/PACK.tar.xz into build/ (or DIR)
+#   gpu_name           the GPU's name and memory, printed and kept in
+#                      $R/gpu.txt (which card gave the numbers)
 #   write_prompts VOCAB  /tmp/w1.jsonl (1 x 128 in / 256 out) and
 #                      /tmp/w2.jsonl (1000 x 1000 in / 1000 out), random ids
 #                      below VOCAB, greedy, ignore_eos (docs/benchmarks.md)
+#   w2_prompts N       /tmp/w2_N.jsonl: the first N of write_prompts' W2
+#                      requests (call write_prompts first)
 #   summ FILE          one line from `paged generate`'s JSONL output:
 #                      requests, tokens, seconds, output tok/s, errors, TPOT
 call_init() {
@@ -20,6 +24,7 @@ call_init() {
 el() { echo $(( $(date +%s) - T0 )); }
 save() { tar -C /tmp -czf "$OUT/$CALL.tgz" "$CALL"; }
 unpack() { tar -C "${2:-build}" -xJf ".gpucarry/$1.tar.xz" || { echo "unpack $1 failed"; exit 1; }; }
+gpu_name() { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$R/gpu.txt"; }
 write_prompts() {
     python3 - "$1" <<'PY'
 import json, random, sys
@@ -35,6 +40,9 @@ with open('/tmp/w2.jsonl', 'w') as f:
                           "temperature": 0, "ignore_eos": True}), file=f)
 PY
 }
+# A prefix of the W2 file rather than a second generator, so a run of N
+# requests is the first N of the full workload's.
+w2_prompts() { head -n "$1" /tmp/w2.jsonl > "/tmp/w2_$1.jsonl"; }
 summ() {
     python3 -c "
 import json,sys

@@ -15,7 +15,7 @@ set -u
 call_init cG
 unpack ${PACK:-o5}
 G=build/gpu-pack P=$PWD/build/gpu-pack/paged
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
+gpu_name
 timeout 100 $G/test_cuda_fp8_gemm > $R/fp8_gemm.log 2>&1; echo "test_cuda_fp8_gemm rc=$? at $(el)s: $(tail -1 $R/fp8_gemm.log)"
 grep -m8 FAIL $R/fp8_gemm.log | cut -c1-200
 save
@@ -31,7 +31,7 @@ save
 timeout 200 python3 tests/gpu/make_fp8_model.py tests/gpu/llama3-8b-shape.json /tmp/fp8-8b > $R/make_fp8.log 2>&1
 echo "fp8 checkpoint rc=$? at $(el)s"
 write_prompts 128000
-head -400 /tmp/w2.jsonl > /tmp/w2_400.jsonl
+w2_prompts 400
 LD="--device cuda --model /tmp/fp8-8b"
 i=0
 for v in "PAGED_CUDA_FP8_CUTLASS=2" "PAGED_CUDA_FP8_CUTLASS=0" "PAGED_CUDA_FP8_CUTLASS=2" "PAGED_CUDA_FP8_CUTLASS=0"; do

@@ -11,7 +11,7 @@ set -u
 . bench/gpu_call_lib.sh
 call_init cH
 unpack ${PACK:-fi1}
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $R/gpu.txt
+gpu_name
 timeout 240 build/gpu-pack/bench_fi_prefill > $R/fi_prefill.txt 2>&1; echo "bench_fi_prefill rc=$? at $(el)s"
 tail -30 $R/fi_prefill.txt
 save
