@@ -45,33 +45,45 @@ static void test_equal(void **state) {
     assert_int_equal(pg_node_config_diff(&z1, &z2, 3, msg, sizeof msg), 0);
 }
 
+// One field of the follower's configuration changed from base(), and the
+// line that names it: a name field (`name` set) or an int32 one (`num`), at
+// its offset, so each case is one row.
+typedef struct {
+    size_t off;
+    const char *name;
+    int32_t num;
+    int32_t node;
+    const char *want;
+} one_field;
+
+static const one_field one_field_cases[] = {
+    {offsetof(pg_node_config, all2all_backend), "alltoall", 0, 1,
+     "node 1: --all2all-backend alltoall here, allreduce on node 0"},
+    {offsetof(pg_node_config, expert_parallel), NULL, 0, 2,
+     "node 2: --enable-expert-parallel off here, on on node 0"},
+    {offsetof(pg_node_config, max_model_len), NULL, 512, 1,
+     "node 1: --max-model-len 512 here, 2048 on node 0"},
+    {offsetof(pg_node_config, speculative), "ngram k=5", 0, 1,
+     "node 1: --speculative-config ngram k=5 here, none on node 0"},
+    {offsetof(pg_node_config, n_layers), NULL, 30, 1,
+     "node 1: the model's layers 30 here, 2 on node 0"},
+};
+
 static void test_names_the_field(void **state) {
     (void)state;
-    pg_node_config ours = base(), theirs = base();
+    pg_node_config ours = base();
     char msg[256];
-    pg_node_config_name(theirs.all2all_backend, "alltoall");
-    assert_int_equal(pg_node_config_diff(&theirs, &ours, 1, msg, sizeof msg), 1);
-    assert_string_equal(msg, "node 1: --all2all-backend alltoall here, allreduce on node 0");
-
-    theirs = base();
-    theirs.expert_parallel = 0;
-    assert_int_equal(pg_node_config_diff(&theirs, &ours, 2, msg, sizeof msg), 1);
-    assert_string_equal(msg, "node 2: --enable-expert-parallel off here, on on node 0");
-
-    theirs = base();
-    theirs.max_model_len = 512;
-    assert_int_equal(pg_node_config_diff(&theirs, &ours, 1, msg, sizeof msg), 1);
-    assert_string_equal(msg, "node 1: --max-model-len 512 here, 2048 on node 0");
-
-    theirs = base();
-    pg_node_config_name(theirs.speculative, "ngram k=5");
-    assert_int_equal(pg_node_config_diff(&theirs, &ours, 1, msg, sizeof msg), 1);
-    assert_string_equal(msg, "node 1: --speculative-config ngram k=5 here, none on node 0");
-
-    theirs = base();
-    theirs.n_layers = 30;
-    assert_int_equal(pg_node_config_diff(&theirs, &ours, 1, msg, sizeof msg), 1);
-    assert_string_equal(msg, "node 1: the model's layers 30 here, 2 on node 0");
+    for (size_t i = 0; i < sizeof one_field_cases / sizeof one_field_cases[0]; i++) {
+        const one_field *c = &one_field_cases[i];
+        pg_node_config theirs = base();
+        char *field = (char *)&theirs + c->off;
+        if (c->name)
+            pg_node_config_name(field, c->name);
+        else
+            memcpy(field, &c->num, sizeof c->num);
+        assert_int_equal(pg_node_config_diff(&theirs, &ours, c->node, msg, sizeof msg), 1);
+        assert_string_equal(msg, c->want);
+    }
 }
 
 // Several differences: the first in the struct's order (the model before the flags).
