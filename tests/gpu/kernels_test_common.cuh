@@ -1,16 +1,22 @@
 // tests/gpu/kernels_test_common.cuh - the shared host side of the kernel
 // tests: fp8 e4m3 encode/decode on the host (e4m3_to_f, f_to_e4m3,
 // e4m3_order), the paged KV cache fixture (Paged) and the fp64 attention
-// reference ref_attend that the decode and prefill cases check against.
-// Part of tests/gpu/test_cuda_kernels.cu, not a header of its own: the
-// driver #includes it once, in order, where this code used to be, and it
-// uses what the driver and the headers before it define.
+// reference ref_attend that the decode and prefill cases check against, and
+// the FP8 weights with per-channel scales and their fp64 reference
+// (make_fp8_weight, e4m3_dot) that the quantized GEMV / GEMM cases share.
+// Part of tests/gpu/test_cuda_kernels.cu and tests/gpu/test_cuda_fp8_gemm.cu,
+// not a header of its own: each driver #includes it once, after
+// tests/gpu/gpu_util.h and kernels/dtype.h, whose names it uses. Its
+// functions are static inline so that a driver that uses only some of them
+// builds without unused-function warnings.
 #pragma once
+
+#include <numeric> // std::iota (Paged)
 
 // --- fp8 e4m3 on the host ----------------------------------------------------------------
 
 // e4m3 (bias 7, no infinities, 0x7F/0xFF NaN, max 448) -> float, exact.
-static float e4m3_to_f(uint8_t b) {
+static inline float e4m3_to_f(uint8_t b) {
     const int e = (b >> 3) & 15, m = b & 7;
     if (e == 15 && m == 7) return NAN;
     float v = e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + (float)m / 8.0f, e - 7);
@@ -18,7 +24,7 @@ static float e4m3_to_f(uint8_t b) {
 }
 // float -> e4m3, round to nearest even, saturating to +-448 (NaN -> 0x7F),
 // as the device's cvt.rn.satfinite.e4m3x2.f32.
-static uint8_t f_to_e4m3(float f) {
+static inline uint8_t f_to_e4m3(float f) {
     if (f != f) return 0x7F;
     const uint8_t sign = signbit(f) ? 0x80 : 0;
     const float a = fabsf(f);
@@ -35,7 +41,7 @@ static uint8_t f_to_e4m3(float f) {
     return sign | (uint8_t)(code > 0x7E ? 0x7E : code);
 }
 // Signed order of an e4m3 code (-0 and +0 both 0): neighbours differ by 1.
-static int e4m3_order(uint8_t b) { return (b & 0x80) ? -(int)(b & 0x7F) : (int)(b & 0x7F); }
+static inline int e4m3_order(uint8_t b) { return (b & 0x80) ? -(int)(b & 0x7F) : (int)(b & 0x7F); }
 
 // --- paged KV fixture ----------------------------------------------------------------
 
@@ -135,7 +141,8 @@ struct Paged {
 // fp64 causal attention of one query row over keys [0, n_keys), or in a
 // sliding-window layer (pc.window) over its last pc.window keys; scores
 // soft-capped when pc.softcap > 0.
-static void ref_attend(const Paged &pc, int s, int kvh, const uint16_t *q, int n_keys, double scale, double *out) {
+static inline void ref_attend(const Paged &pc, int s, int kvh, const uint16_t *q, int n_keys, double scale,
+                              double *out) {
     const int hd = pc.hd;
     const int first = pc.window > 0 ? std::max(0, n_keys - pc.window) : 0;
     std::vector<double> sc(n_keys);
@@ -157,4 +164,55 @@ static void ref_attend(const Paged &pc, int s, int kvh, const uint16_t *q, int n
         for (int e = 0; e < hd; e++) out[e] += p * bf2f(vr[e]);
     }
     for (int e = 0; e < hd; e++) out[e] *= pc.vscale(kvh) / l;
+}
+
+// --- FP8 e4m3 weights with per-channel scales ------------------------------------------
+
+// Row `row` of a random weight before quantization: rows of different ranges
+// (0.02 to 0.14), and one column in 61 eight times larger, an outlier that
+// sets the row's scale. Seeded per row, so rows can be made in parallel.
+static inline void random_weight_row(float *w, int64_t row, int k, uint64_t seed) {
+    Rng rr(seed + (uint64_t)row);
+    const float mag = 0.02f * (float)(1 + row % 7); // rows of different ranges
+    for (int j = 0; j < k; j++) w[j] = rr.sym() * mag * (j % 61 == row % 61 ? 8.0f : 1.0f);
+}
+
+// An FP8 weight [n][k] with one f32 scale per output channel (row): random
+// rows quantized on the host with pg_quantize_row_fp8 (kernels/dtype.c, the
+// bytes the CPU backend runs) into q and scales, then uploaded to dq and ds.
+static inline void make_fp8_weight(int n, int k, uint64_t seed, std::vector<uint8_t> &q, std::vector<float> &scales,
+                                   DBuf &dq, DBuf &ds) {
+    q.assign((size_t)n * k, 0);
+    scales.assign((size_t)n, 0.0f);
+    parallel_for(n, [&](int64_t row) {
+        std::vector<float> w((size_t)k);
+        random_weight_row(w.data(), row, k, seed);
+        pg_quantize_row_fp8(w.data(), k, &q[(size_t)row * k], &scales[(size_t)row]);
+    });
+    dq.up(q);
+    ds.up(scales);
+}
+
+// Each e4m3 code's value (pg_fp8_e4m3_to_f32), a table for the references'
+// inner loops: the weights of one case take billions of lookups.
+static inline const float *e4m3_values() {
+    static const std::vector<float> t = [] {
+        std::vector<float> v(256);
+        for (int c = 0; c < 256; c++) v[(size_t)c] = pg_fp8_e4m3_to_f32((uint8_t)c);
+        return v;
+    }();
+    return t.data();
+}
+
+// The fp64 reference's sum over k of x times an e4m3 row's values, before
+// any scale; x as bf16 bits, f32 or f64 (the scales are applied by the
+// caller, in its own order).
+static inline double ref_f64(uint16_t bf16) { return (double)bf2f(bf16); }
+static inline double ref_f64(float f) { return (double)f; }
+static inline double ref_f64(double d) { return d; }
+template <typename X> static inline double e4m3_dot(const X *x, const uint8_t *w, int k) {
+    const float *val = e4m3_values();
+    double s = 0;
+    for (int t = 0; t < k; t++) s += ref_f64(x[t]) * (double)val[w[t]];
+    return s;
 }

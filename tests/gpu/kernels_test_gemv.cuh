@@ -324,30 +324,28 @@ struct QWeight {
     QWeight &get() {
         if (!q.empty()) return *this;
         rb = pg_dtype_row_bytes(dtype, k);
-        const bool f8 = qdtype_fp8(dtype);
-        const int G = f8 ? 0 : pg_dtype_block_elems(dtype);
-        q.assign((size_t)n * rb, 0);
         deq.resize((size_t)n * k);
-        if (f8) scales.resize((size_t)n);
-        parallel_for(n, [&](int64_t row) {
-            Rng rr(seed + (uint64_t)row);
-            std::vector<float> w((size_t)k);
-            const float mag = 0.02f * (float)(1 + row % 7); // rows of different ranges
-            for (int j = 0; j < k; j++) w[(size_t)j] = rr.sym() * mag * (j % 61 == row % 61 ? 8.0f : 1.0f);
-            uint8_t *qr = &q[(size_t)row * rb];
-            if (f8) {
-                pg_quantize_row_fp8(w.data(), k, qr, &scales[(size_t)row]);
-            } else {
+        if (qdtype_fp8(dtype)) {
+            make_fp8_weight(n, k, seed, q, scales, dq, ds); // kernels_test_common.cuh; rb == k
+        } else {
+            // The same random rows as fp8's, to int4 groups.
+            const int G = pg_dtype_block_elems(dtype);
+            q.assign((size_t)n * rb, 0);
+            parallel_for(n, [&](int64_t row) {
+                std::vector<float> w((size_t)k);
+                random_weight_row(w.data(), row, k, seed);
+                uint8_t *qr = &q[(size_t)row * rb];
                 pg_quantize_row_int4(w.data(), k, G, qr);
                 // GPTQ v1's real zero 0 arrives as z = 16: a whole byte.
                 const size_t bb = pg_dtype_block_bytes(dtype);
                 for (int b = 0; b < k / G; b++)
                     if ((row + b) % 5 == 0) qr[(size_t)b * bb + 2] = 16;
-            }
-            pg_dequantize_row(dtype, qr, &deq[(size_t)row * k], k);
+            });
+            dq.up(q);
+        }
+        parallel_for(n, [&](int64_t row) {
+            pg_dequantize_row(dtype, &q[(size_t)row * rb], &deq[(size_t)row * k], k);
         });
-        dq.up(q);
-        if (f8) ds.up(scales);
         return *this;
     }
     const float *dscales() const { return qdtype_fp8(dtype) ? ds.as<float>() : nullptr; }
@@ -402,10 +400,8 @@ static void test_qgemv(QWeight &wt, int m, int ldx, int ldo, bool acc, Rng &r) {
     }
     parallel_for((int64_t)m * n, [&](int64_t t) {
         const int i = (int)(t / n), j = (int)(t % n);
-        const uint8_t *xr = &xq[(size_t)i * k];
-        const float *wr = &W.deq[(size_t)j * k];
-        double s = 0;
-        for (int e = 0; e < k; e++) s += (double)pg_fp8_e4m3_to_f32(xr[e]) * (double)wr[e];
+        // x's e4m3 codes times the weight's values: the same products, summed in the same order.
+        const double s = e4m3_dot(&W.deq[(size_t)j * k], &xq[(size_t)i * k], k);
         ref8[(size_t)t] = s * W.scale(j) * (double)xs[(size_t)i];
     });
     char nm[200];

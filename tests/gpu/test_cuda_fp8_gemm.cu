@@ -48,6 +48,7 @@ extern "C" {
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/dtype.h"
 }
+#include "tests/gpu/kernels_test_common.cuh" // make_fp8_weight, e4m3_values, e4m3_dot
 
 static const char *g_filter = "";
 static int g_fail = 0, g_ok = 0;
@@ -193,26 +194,15 @@ static void test_silu_mul_quant(int m, int ffn, Rng &r) {
     if (hdiff) g_fail++;
 }
 
-// An FP8 weight [n][k] quantized per row on the host, and on the device.
+// An FP8 weight [n][k] quantized per row on the host, and on the device
+// (kernels_test_common.cuh's make_fp8_weight).
 struct F8Weight {
     int n, k;
     std::vector<uint8_t> q;
     std::vector<float> scales;
     DBuf dq, ds;
-    F8Weight(int n_, int k_, uint64_t seed) : n(n_), k(k_), q((size_t)n_ * k_), scales((size_t)n_) {
-        parallel_for(n, [&](int64_t row) {
-            Rng rr(seed + (uint64_t)row);
-            std::vector<float> w((size_t)k);
-            const float mag = 0.02f * (float)(1 + row % 7); // rows of different ranges
-            for (int j = 0; j < k; j++) w[(size_t)j] = rr.sym() * mag * (j % 61 == row % 61 ? 8.0f : 1.0f);
-            pg_quantize_row_fp8(w.data(), k, &q[(size_t)row * k], &scales[(size_t)row]);
-        });
-        dq.up(q);
-        ds.up(scales);
-    }
+    F8Weight(int n_, int k_, uint64_t seed) : n(n_), k(k_) { make_fp8_weight(n, k, seed, q, scales, dq, ds); }
 };
-
-static float e4m3_table[256];
 
 // The one-pass kernel's configurations past the default call
 // (pg_cuda_gemm_fp8_cutlass_cfg) on every CUTLASS case: each configuration
@@ -281,20 +271,19 @@ static void test_gemm(pg_cuda_gemm *g, DBuf &ws, F8Weight &W, int m, int ldo, bo
     for (int i = 0; i < nr; i++) rows.push_back(nr == 1 ? 0 : (int)((int64_t)i * (m - 1) / (nr - 1)));
     std::vector<std::vector<float>> xd(rows.size(), std::vector<float>((size_t)k));
     std::vector<float> xsc(rows.size());
+    const float *e4m3 = e4m3_values();
     for (size_t a = 0; a < rows.size(); a++) {
         std::vector<float> row((size_t)k);
         std::vector<uint8_t> q((size_t)k);
         for (int t = 0; t < k; t++) row[(size_t)t] = bf2f(x[(size_t)rows[a] * k + t]);
         pg_quantize_row_fp8(row.data(), k, q.data(), &xsc[a]);
-        for (int t = 0; t < k; t++) xd[a][(size_t)t] = e4m3_table[q[(size_t)t]];
+        for (int t = 0; t < k; t++) xd[a][(size_t)t] = e4m3[q[(size_t)t]];
     }
     std::vector<double> ref(rows.size() * (size_t)n), out(rows.size() * (size_t)n);
     parallel_for((int64_t)n, [&](int64_t j) {
         const uint8_t *wr = &W.q[(size_t)j * k];
         for (size_t a = 0; a < rows.size(); a++) {
-            const float *xr = xd[a].data();
-            double s = 0;
-            for (int t = 0; t < k; t++) s += (double)xr[t] * (double)e4m3_table[wr[t]];
+            const double s = e4m3_dot(xd[a].data(), wr, k);
             const size_t o = (size_t)rows[a] * ldo + (size_t)j;
             ref[a * n + (size_t)j] = s * (double)xsc[a] * (double)W.scales[(size_t)j] + (acc ? bf2f(o0[o]) : 0.0);
         }
@@ -452,9 +441,7 @@ static void test_gemv(F8Weight &W, int m, int ldx, int ldo, bool acc, Rng &r) {
     parallel_for((int64_t)m * n, [&](int64_t t) {
         const int i = (int)(t / n), j = (int)(t % n);
         const uint16_t *xr = &x[(size_t)i * ldx];
-        const uint8_t *wr = &W.q[(size_t)j * k];
-        double s = 0;
-        for (int e = 0; e < k; e++) s += (double)bf2f(xr[e]) * (double)e4m3_table[wr[e]];
+        const double s = e4m3_dot(xr, &W.q[(size_t)j * k], k);
         ref[(size_t)t] = s * W.scales[(size_t)j] + (acc ? (double)bf2f(o0[(size_t)i * ldo + j]) : 0.0);
     });
     const bool outside_ok = gemv_out(go, o0, m, n, ldo, out);
@@ -502,12 +489,7 @@ static void test_gemv_norm(F8Weight &W, int m, int ldx, int ldo, bool silu, Rng 
     parallel_for((int64_t)m * n, [&](int64_t t) {
         const int i = (int)(t / n), j = (int)(t % n);
         const double *xr = &xn[(size_t)i * k];
-        auto dot = [&](int row) {
-            const uint8_t *wr = &W.q[(size_t)row * k];
-            double s = 0;
-            for (int e = 0; e < k; e++) s += xr[e] * (double)e4m3_table[wr[e]];
-            return s * W.scales[(size_t)row];
-        };
+        auto dot = [&](int row) { return e4m3_dot(xr, &W.q[(size_t)row * k], k) * W.scales[(size_t)row]; };
         const double g = dot(j);
         ref[(size_t)t] = silu ? g / (1.0 + exp(-g)) * dot(n + j) : g;
     });
@@ -595,7 +577,6 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "-k") && i + 1 < argc) g_filter = argv[++i];
     if (!gpu_announce()) return 77;
-    for (int v = 0; v < 256; v++) e4m3_table[v] = pg_fp8_e4m3_to_f32((uint8_t)v);
     Rng r(20261205);
 
     test_quant(7, 4096, 4096, 4096, 0, r);
