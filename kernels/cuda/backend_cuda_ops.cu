@@ -333,9 +333,8 @@ static int cu_gate_up_silu(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bwe
 // h[i][j] = silu(gu[i][j]) * gu[i][ffn + j] (backend.h): gate_up_silu's
 // activation alone, for the LoRA FFN, which adds the gate and up adapters'
 // products into gu first (engine/model/layers.c). Contiguous bf16 rows, as
-// the CPU's op wants contiguous f32 ones (one row may have any stride).
-// pg_cuda_silu_mul is the kernel gate_up_silu's GEMM path ends with, so a
-// LoRA step's rows without an adapter get those bits.
+// the CPU's op wants contiguous f32 ones (one row may have any stride):
+// pg_cuda_silu_mul, the kernel gate_up_silu's GEMM path ends with.
 static int cu_silu_mul(pg_backend *b, pg_tensor h, pg_tensor gu) {
     CudaCtx *c = ctx_of(b);
     PG_ARG(h.dtype == PG_DTYPE_BF16 && gu.dtype == PG_DTYPE_BF16 && (h.rows <= 1 || h.stride == h.cols) &&

@@ -221,10 +221,14 @@ note "runner hd64 fp8 weights, W8A8 through CUTLASS c7: $(tail -c 300 "$out_dir/
 # rsLoRA on o/gate/up of layers 0 and 2, f32; rank 4 on q/v/down through a
 # regex target, bf16), sequences asking for each and for none in every
 # step: the GPU's lora_apply and silu_mul (eager steps, no graph) against
-# the CPU's, at bf16's bound; then over FP8 weights with W8A8's bounds.
+# the CPU's, at bf16's bound; then over FP8 weights, weight-only at bf16's
+# bound and W8A8 (the default for steps over 8 rows) at its bounds.
 lora_dirs=$(python3 tests/gpu/make_lora_adapters.py $m64 /tmp/paged-m64-lora) || fail=1
 run runner-hd64-lora "$RUNNER_TEST" $m64 --lora "$lora_dirs" --json "$out_dir/runner_hd64_lora.json"
 note "runner hd64 LoRA (3 adapters + none): $(tail -c 300 "$out_dir/runner_hd64_lora.json" 2>/dev/null | tr -d '\n')"
+run runner-hd64-lora-fp8 env PAGED_CUDA_FP8_GEMM=0 "$RUNNER_TEST" $m64 --lora "$lora_dirs" --quantization fp8 \
+    --json "$out_dir/runner_hd64_lora_fp8_wo.json"
+note "runner hd64 LoRA over fp8 weights, weight-only: $(tail -c 300 "$out_dir/runner_hd64_lora_fp8_wo.json" 2>/dev/null | tr -d '\n')"
 run runner-hd64-lora-fp8-w8a8 "$RUNNER_TEST" $m64 --lora "$lora_dirs" --quantization fp8 --tol 0.1 --gap 0.2 \
     --json "$out_dir/runner_hd64_lora_fp8.json"
 note "runner hd64 LoRA over fp8 weights, W8A8: $(tail -c 300 "$out_dir/runner_hd64_lora_fp8.json" 2>/dev/null | tr -d '\n')"
