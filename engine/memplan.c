@@ -272,7 +272,7 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
                                                             mc->n_experts_used)
                                : 0;
         // The lora_apply workspace, as the runner sizes it (engine/runner/runner.c):
-        // the backend's lora_workspace_bytes for max_tokens rows at the rank cap.
+        // the backend's lora_workspace_bytes for max_tokens rows at --max-lora-rank.
         const int32_t lw = pg_model_lora_width(mc, &sh), lrank = pg_engine_max_lora_rank(cfg);
         const size_t lora = p->lora_slots <= 0 ? 0
                             : cuda ? pg_cuda_lora_workspace_size(max_tokens, lrank)
