@@ -271,12 +271,12 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
                                ? pg_cpu_moe_workspace_bytes(NULL, max_tokens, mc->hidden, sh.moe_ffn, mc->n_experts,
                                                             mc->n_experts_used)
                                : 0;
-        // The CPU's lora_apply workspace, as the runner sizes it (engine/runner/runner.c).
-        const int32_t lw = pg_model_lora_width(mc, &sh);
-        const size_t lora = !cuda && p->lora_slots > 0
-                                ? pg_cpu_lora_workspace_bytes(NULL, max_tokens, lw, lw, pg_engine_max_lora_rank(cfg),
-                                                              p->lora_slots)
-                                : 0;
+        // The lora_apply workspace, as the runner sizes it (engine/runner/runner.c):
+        // the backend's lora_workspace_bytes for max_tokens rows at --max-lora-rank.
+        const int32_t lw = pg_model_lora_width(mc, &sh), lrank = pg_engine_max_lora_rank(cfg);
+        const size_t lora = p->lora_slots <= 0 ? 0
+                            : cuda ? pg_cuda_lora_workspace_size(max_tokens, lrank)
+                                   : pg_cpu_lora_workspace_bytes(NULL, max_tokens, lw, lw, lrank, p->lora_slots);
         const pg_runner_ws_sizes sizes = {.attn = attn, .sample = samp, .moe = moe, .lora = lora};
         pg_runner_workspace_plan(mc, &sh, &rc, cuda ? PG_DTYPE_BF16 : PG_DTYPE_F32, &sizes, &wp);
         k->workspace_buffers = (int64_t)wp.bytes;

@@ -307,8 +307,9 @@ typedef struct pg_backend_ops {
                         const pg_bweight *w, pg_tensor scratch_xn, pg_tensor scratch_gu);
     // h[i][j] = silu(gu[i][j]) * gu[i][ffn + j] for j < ffn = h.cols: the
     // activation of gate_up_silu alone, for callers that add to the gate
-    // and up products first (LoRA, docs/lora.md). NULL where not yet
-    // written (CUDA for now): callers check.
+    // and up products first (LoRA, docs/lora.md). h and gu contiguous
+    // (a single row may have any stride). NULL in a backend without it:
+    // callers check (the engine refuses LoRA there).
     int (*silu_mul)(pg_backend *b, pg_tensor h, pg_tensor gu);
     // Gemma's GeGLU: as gate_up_silu with h[i] = gelu_tanh(g) * u, gelu_tanh
     // the tanh approximation (PyTorch's approximate="tanh"). NULL in a
@@ -368,7 +369,9 @@ typedef struct pg_backend_ops {
     // b [out.cols][rank], of any type linear runs.
     // row_slot: host [x.rows] in [-1, n_slots). Slots no row names cost
     // nothing. workspace: lora_workspace_bytes for at least x.rows rows.
-    // NULL in a backend without LoRA (CUDA for now): callers check.
+    // NULL in a backend without LoRA: callers check. CUDA: bf16 rows and
+    // adapters, and not under graph capture (PG_EUNSUPP; the runner runs
+    // steps with LoRA rows eagerly: kernels/cuda/cuda_ops.h).
     int (*lora_apply)(pg_backend *b, pg_tensor out, pg_tensor x, const int32_t *row_slot,
                       const pg_lora_slot *slots, int32_t n_slots, void *workspace, size_t workspace_bytes);
     // Bytes lora_apply wants for up to max_rows rows, n_slots slots of rank

@@ -330,6 +330,24 @@ static int cu_gate_up_silu(pg_backend *b, pg_tensor h, pg_tensor x, const pg_bwe
     return pg_cuda_silu_mul(h.data, sgu.data, rows, ffn, c->stream);
 }
 
+// h[i][j] = silu(gu[i][j]) * gu[i][ffn + j] (backend.h): gate_up_silu's
+// activation alone, for the LoRA FFN, which adds the gate and up adapters'
+// products into gu first (engine/model/layers.c). Contiguous bf16 rows, as
+// the CPU's op wants contiguous f32 ones (one row may have any stride):
+// pg_cuda_silu_mul, the kernel gate_up_silu's GEMM path ends with.
+static int cu_silu_mul(pg_backend *b, pg_tensor h, pg_tensor gu) {
+    CudaCtx *c = ctx_of(b);
+    PG_ARG(h.dtype == PG_DTYPE_BF16 && gu.dtype == PG_DTYPE_BF16 && (h.rows <= 1 || h.stride == h.cols) &&
+               (gu.rows <= 1 || gu.stride == gu.cols),
+           "cuda silu_mul: needs contiguous bf16 rows");
+    PG_ARG(gu.rows == h.rows && gu.cols == 2 * h.cols, "cuda silu_mul: %lldx%lld from %lldx%lld", (long long)h.rows,
+           (long long)h.cols, (long long)gu.rows, (long long)gu.cols);
+    // h is rewritten: quantized rows an FP8 gate_up_silu left for the down
+    // projection (fp8_ready) are no longer h's.
+    c->fp8_ready = Fp8Ready{};
+    return pg_cuda_silu_mul(h.data, gu.data, h.rows, h.cols, c->stream);
+}
+
 static int cu_head_rmsnorm(pg_backend *b, pg_tensor x, int32_t n_heads, const pg_bweight *w, float eps) {
     return pg_cuda_head_rmsnorm(x.data, x.stride, n_heads, (int32_t)w->cols, wdata(w), eps, x.rows,
                                 ctx_of(b)->stream);
@@ -564,7 +582,7 @@ const pg_backend_ops pg_cuda_ops_table = {
     .linear = cu_linear,
     .prefetch = cu_prefetch,
     .gate_up_silu = cu_gate_up_silu,
-    .silu_mul = NULL, // only LoRA steps use it: left NULL (the engine refuses LoRA on CUDA) until run end to end
+    .silu_mul = cu_silu_mul, // the LoRA FFN (engine/model/layers.c)
     .gate_up_gelu = cu_gate_up_gelu,
     .rmsnorm_add = cu_rmsnorm_add,
     .scale = cu_scale,
@@ -572,7 +590,7 @@ const pg_backend_ops pg_cuda_ops_table = {
     .attention_softcap = cu_attention_softcap,
     .moe_ffn = cu_moe_ffn,
     .moe_workspace_bytes = cu_moe_ws,
-    .lora_apply = cu_lora_apply, // lora.cu; the engine still refuses LoRA on CUDA (no silu_mul: docs/lora.md)
+    .lora_apply = cu_lora_apply, // lora.cu
     .lora_workspace_bytes = cu_lora_ws,
     .head_rmsnorm = cu_head_rmsnorm,
     .rope_kv_write = cu_rope_kv_write,

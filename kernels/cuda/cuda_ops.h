@@ -317,7 +317,13 @@ typedef struct pg_cuda_lora_slot {
 int pg_cuda_lora_apply(void *out, int64_t ldo, const void *x, int64_t ldx, int64_t m, int64_t in,
                        int64_t out_cols, const int32_t *row_slot, const pg_cuda_lora_slot *slots,
                        int32_t n_slots, void *ws, size_t ws_bytes, void *stream);
-size_t pg_cuda_lora_workspace_size(int64_t max_rows, int32_t max_rank);
+// The rows' slots (bytes, rounded up to 256) then the shrink's [m][rank]
+// floats. Inline and free of CUDA so the memory planner (engine/memplan.c)
+// sizes it without a GPU, as pg_cuda_sample_workspace_size.
+static inline size_t pg_cuda_lora_workspace_size(int64_t max_rows, int32_t max_rank) {
+    if (max_rows <= 0 || max_rank <= 0) return 0;
+    return ((size_t)max_rows + 255) / 256 * 256 + (size_t)max_rows * (size_t)max_rank * sizeof(float);
+}
 
 // Row gather: out[i][0:dim] = table[ids[i]][0:dim] for i < m; an id outside
 // [0, n_rows) gives a zero row. Embedding lookup, and the gather of the

@@ -120,11 +120,6 @@ __global__ void __launch_bounds__(THREADS) lora_expand_kernel(bf16 *out, int64_t
 
 } // namespace
 
-size_t pg_cuda_lora_workspace_size(int64_t max_rows, int32_t max_rank) {
-    if (max_rows <= 0 || max_rank <= 0) return 0;
-    return up256((size_t)max_rows) + (size_t)max_rows * (size_t)max_rank * sizeof(float);
-}
-
 int pg_cuda_lora_apply(void *out, int64_t ldo, const void *x, int64_t ldx, int64_t m, int64_t in, int64_t out_cols,
                        const int32_t *row_slot, const pg_cuda_lora_slot *slots, int32_t n_slots, void *ws,
                        size_t ws_bytes, void *stream) {

@@ -20,7 +20,8 @@
 #      --cpu-offload-gb, both swap paths (PAGED_CUDA_SWAP=memcpy|kernel) and
 #      FP8 / int4 weights (--quantization); then mixture-of-experts models
 #      (make_random_model.py --moe): Qwen3-MoE (128 experts, top 8) and
-#      Mixtral (8 experts, top 2).
+#      Mixtral (8 experts, top 2); and with three random LoRA adapters
+#      (make_lora_adapters.py, --lora), bf16 and FP8 weights.
 #   3. paged generate --device cuda against --device cpu: greedy texts of
 #      8 prompts through the whole engine (scheduler, runner, sampler). bf16
 #      against f32 flips a greedy pick wherever the top two logits are
@@ -215,6 +216,22 @@ note "runner hd64 fp8 weights, W8A8: $(tail -c 300 "$out_dir/runner_hd64_fp8_w8a
 run runner-hd64-fp8-w8a8-c7 env PAGED_CUDA_FP8_CUTLASS=1 PAGED_CUDA_FP8_CUTLASS_CFG=7 "$RUNNER_TEST" $m64 \
     --quantization fp8 --tol 0.1 --gap 0.2 --json "$out_dir/runner_hd64_fp8_w8a8_c7.json"
 note "runner hd64 fp8 weights, W8A8 through CUTLASS c7: $(tail -c 300 "$out_dir/runner_hd64_fp8_w8a8_c7.json" 2>/dev/null | tr -d '\n')"
+# LoRA end to end (docs/lora.md, "On CUDA"): three random PEFT adapters
+# (make_lora_adapters.py: rank 8 on all seven projections, bf16; rank 16
+# rsLoRA on o/gate/up of layers 0 and 2, f32; rank 4 on q/v/down through a
+# regex target, bf16), sequences asking for each and for none in every
+# step: the GPU's lora_apply and silu_mul (eager steps, no graph) against
+# the CPU's, at bf16's bound; then over FP8 weights, weight-only at bf16's
+# bound and W8A8 (the default for steps over 8 rows) at its bounds.
+lora_dirs=$(python3 tests/gpu/make_lora_adapters.py $m64 /tmp/paged-m64-lora) || fail=1
+run runner-hd64-lora "$RUNNER_TEST" $m64 --lora "$lora_dirs" --json "$out_dir/runner_hd64_lora.json"
+note "runner hd64 LoRA (3 adapters + none): $(tail -c 300 "$out_dir/runner_hd64_lora.json" 2>/dev/null | tr -d '\n')"
+run runner-hd64-lora-fp8 env PAGED_CUDA_FP8_GEMM=0 "$RUNNER_TEST" $m64 --lora "$lora_dirs" --quantization fp8 \
+    --json "$out_dir/runner_hd64_lora_fp8_wo.json"
+note "runner hd64 LoRA over fp8 weights, weight-only: $(tail -c 300 "$out_dir/runner_hd64_lora_fp8_wo.json" 2>/dev/null | tr -d '\n')"
+run runner-hd64-lora-fp8-w8a8 "$RUNNER_TEST" $m64 --lora "$lora_dirs" --quantization fp8 --tol 0.1 --gap 0.2 \
+    --json "$out_dir/runner_hd64_lora_fp8.json"
+note "runner hd64 LoRA over fp8 weights, W8A8: $(tail -c 300 "$out_dir/runner_hd64_lora_fp8.json" 2>/dev/null | tr -d '\n')"
 # Mixture of experts (kernels/cuda/moe.cu against kernels/cpu/moe.c), bf16
 # weights. At the bf16 model's bound only where routing has no choice to
 # make: every expert used (top_k = n_experts; Qwen3-MoE 16 of 16 with q/k

@@ -3,7 +3,7 @@
 // step by step (in the spirit of llama.cpp's test-backend-ops).
 //
 //   build/gpu/test_cuda_runner MODEL_DIR [--tol 2e-2] [--gap 0.1] [--json FILE] [--cpu-offload-gb G]
-//       [--quantization fp8|int4] [--cpu-matmul exact|quant]
+//       [--quantization fp8|int4] [--cpu-matmul exact|quant] [--lora DIR[,DIR...]]
 //
 // --cpu-offload-gb: the GPU model's first layers live in pinned host memory
 // and stream through two device slots (engine/model/model_offload.c), graphs
@@ -26,6 +26,13 @@
 // roundings independent, so they differ by about sqrt(2) times W8A8's own
 // error (6.3e-2 mean on an H100; the CPU alone, from bf16-rounded vs f32
 // activations, 6.4e-2): run it with W8A8's --tol 0.1 (docs/fp8_gemm.md, Tests).
+// --lora: both models load the PEFT adapters named (engine/model/lora.c,
+// one slot each; tests/gpu/make_lora_adapters.py writes some) and sequence
+// k (A B C D F = 0..4; E, forked from B, as B) asks for adapter
+// k % (n + 1) (0: none), so steps mix rows of every adapter with rows of
+// none; the GPU runs such steps eagerly (no graph: its lora_apply refuses
+// capture), the CPU its own lora_apply. Same checks and bounds
+// (docs/lora.md, "On CUDA").
 //
 // Both execute the same hand-made plans over 24 steps: prefills of
 // several lengths in one step, a prompt chunked over four steps next to
@@ -122,6 +129,10 @@ static float sampler_gap(const seq *s, const float *logits, int32_t V, float *tm
 
 int main(int argc, char **argv) {
     const char *dir = NULL, *json = NULL;
+    enum { MAX_LORA = 8 };
+    const char *lora_dirs[MAX_LORA];
+    int32_t n_lora = 0;
+    char *lora_arg = NULL;
     double tol = 2e-2, offload_gb = 0, hard_gap = 0.1;
     int quant = 0;
     pg_matmul_mode cpu_mode = PG_MATMUL_EXACT;
@@ -136,6 +147,13 @@ int main(int argc, char **argv) {
             if (pg_quantization_parse(argv[++i], &quant) < 0) return fprintf(stderr, "%s\n", pg_err_msg()), 2;
         } else if (!strcmp(argv[i], "--cpu-matmul") && i + 1 < argc) {
             if (pg_matmul_mode_parse(argv[++i], &cpu_mode) < 0) return fprintf(stderr, "%s\n", pg_err_msg()), 2;
+        } else if (!strcmp(argv[i], "--lora") && i + 1 < argc) {
+            lora_arg = strdup(argv[++i]);
+            for (char *save = NULL, *t = strtok_r(lora_arg, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                if (n_lora == MAX_LORA) return fprintf(stderr, "--lora: at most %d adapters\n", MAX_LORA), 2;
+                lora_dirs[n_lora++] = t;
+            }
+            if (n_lora == 0) return fprintf(stderr, "--lora: no adapter directory\n"), 2;
         } else if (!strcmp(argv[i], "--json") && i + 1 < argc)
             json = argv[++i];
         else
@@ -143,7 +161,7 @@ int main(int argc, char **argv) {
     }
     if (!dir) {
         fprintf(stderr, "usage: test_cuda_runner MODEL_DIR [--tol T] [--gap G] [--json FILE] [--cpu-offload-gb G]\n"
-                        "       [--quantization fp8|int4] [--cpu-matmul exact|quant]\n");
+                        "       [--quantization fp8|int4] [--cpu-matmul exact|quant] [--lora DIR[,DIR...]]\n");
         return 2;
     }
     char why[160];
@@ -155,8 +173,9 @@ int main(int argc, char **argv) {
     if (pg_backend_cpu_create(0, cpu_mode, &cbe) < 0 || pg_backend_cuda_create(0, &gbe) < 0)
         return fprintf(stderr, "FAIL: backends: %s\n", pg_err_msg()), 1;
     pg_model *cmodel, *gmodel;
-    pg_model_load_opts mo = {.path = dir, .quantization = quant},
-                       gmo = {.path = dir, .quantization = quant, .cpu_offload_bytes = (int64_t)(offload_gb * (1 << 30))};
+    pg_model_load_opts mo = {.path = dir, .quantization = quant, .lora_dirs = lora_dirs, .n_lora = n_lora},
+                       gmo = {.path = dir, .quantization = quant, .cpu_offload_bytes = (int64_t)(offload_gb * (1 << 30)),
+                              .lora_dirs = lora_dirs, .n_lora = n_lora};
     if (pg_model_load(&mo, cbe, &cmodel) < 0 || pg_model_load(&gmo, gbe, &gmodel) < 0) {
         fprintf(stderr, "FAIL: load %s: %s\n", dir, pg_err_msg());
         return 1;
@@ -171,6 +190,9 @@ int main(int argc, char **argv) {
                "host-to-device %.1f GB/s\n",
                gmodel->offload.n_layers, c->n_layers, gmodel->offload.host_bytes / 1048576.0,
                gmodel->offload.slot_bytes / 1048576.0, gmodel->offload.h2d_gbps);
+    for (int32_t i = 0; i < n_lora; i++)
+        printf("lora %d: %s (sequences A..F numbered 0..4 with k %% %d == %d; E as B)\n", i + 1, lora_dirs[i],
+               n_lora + 1, i + 1);
 
     pg_runner *cpu, *gpu;
     pg_runner_config rc = {.block_size = BS,
@@ -271,7 +293,8 @@ int main(int argc, char **argv) {
                                   .n_generated = s->n_generated,
                                   .rng_seed = 1234 + (uint64_t)k,
                                   .mask_eos = s->mask_eos,
-                                  .eos_id = s->mask_eos ? 3 : -1};
+                                  .eos_id = s->mask_eos ? 3 : -1,
+                                  .lora_id = (k == E ? B : k) % (n_lora + 1)}; // a fork keeps B's
             idx[n++] = k;
             n_tokens += nt;
         }
@@ -360,10 +383,10 @@ int main(int argc, char **argv) {
         if (f) {
             fprintf(
                 f,
-                "{\"model\": \"%s\", \"head_dim\": %d, \"steps\": %d, \"worst_rel_err\": %.4e, "
+                "{\"model\": \"%s\", \"head_dim\": %d, \"lora_adapters\": %d, \"steps\": %d, \"worst_rel_err\": %.4e, "
                 "\"mean_rel_err\": %.4e, \"rows\": %d, \"tol\": %.1e, \"token_mismatches\": %d, "
                 "\"hard_token_mismatches\": %d, \"logprob_mismatches\": %d, \"pass\": %s}\n",
-                dir, c->head_dim, N_STEPS, worst, n_err ? sum_err / n_err : 0, n_err, tol,
+                dir, c->head_dim, n_lora, N_STEPS, worst, n_err ? sum_err / n_err : 0, n_err, tol,
                 mismatches, hard_mismatches, lp_bad,
                 (!failed && tok_ok && err_ok && lp_ok) ? "true" : "false");
             fclose(f);
@@ -372,6 +395,7 @@ int main(int argc, char **argv) {
     free(glog);
     free(clog);
     free(gap_tmp);
+    free(lora_arg);
     pg_runner_free(gpu);
     pg_runner_free(cpu);
     pg_model_free(gmodel);

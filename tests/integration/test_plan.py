@@ -269,6 +269,30 @@ def test_gpu_does_not_fit():
           f"KV {off[0]['plan']['kv_tokens']} tokens")
 
 
+def test_gpu_lora_workspace():
+    # --enable-lora adds the lora_apply workspace the runner carves
+    # (engine/runner/runner.c lora_ws_bytes): on CUDA the backend's
+    # pg_cuda_lora_workspace_size, the rows' slots (bytes, to 256) and the
+    # shrink's [rows][max rank] floats, for max_num_batched_tokens rows;
+    # nothing else moves (no adapter named: no weights).
+    base = ["--device", "cuda", "--device-memory", "141G", "--load-format", "dummy", "--hf-config", SHAPE]
+    _, a = plan_json(*base, model=False)
+    for rank in (16, 64):
+        _, b = plan_json(*base, "--enable-lora", "--max-loras", "4", "--max-lora-rank", str(rank), model=False)
+        t = b["plan"]["max_num_batched_tokens"]
+        want = -(-t // 256) * 256 + t * rank * 4
+        ra, rb = a["plan"]["ranks"][0], b["plan"]["ranks"][0]
+        grown = rb["workspace_buffers_bytes"] - ra["workspace_buffers_bytes"]
+        print(f"  cuda, --max-lora-rank {rank}: LoRA workspace {grown} B for {t} rows (want {want})")
+        assert grown == want, (grown, want, t)
+        assert rb["workspace_extra_bytes"] == ra["workspace_extra_bytes"] and rb["lora_bytes"] == 0, (ra, rb)
+        assert rb["weights_bytes"] == ra["weights_bytes"], (ra, rb)
+    # The CPU's own figure (kernels/cpu/lora.c) still counts.
+    _, c0 = plan_json()
+    _, c1 = plan_json("--enable-lora")
+    assert c1["plan"]["ranks"][0]["workspace_buffers_bytes"] > c0["plan"]["ranks"][0]["workspace_buffers_bytes"]
+
+
 def test_draft_model():
     # A draft model (--speculative-config draft_model) counts on rank 0 before
     # the KV budget: on a GPU its bytes come out of the KV cache's blocks.
