@@ -9,6 +9,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "engine/draft_replay.h"
 #include "engine/runner/runner.h"
 #include "kvpool/kvpool.h"
 #include "scheduler/sched.h"
@@ -38,6 +39,7 @@ struct pg_draft {
     pg_sampling_params sp; // greedy, no logprobs
     int64_t proposals, positions, steps;
     bool warned;
+    pg_replay *replay;     // the replay draft's recording, or NULL
 };
 
 // Sequences in one draft step: the scheduler's speculation backoff (no
@@ -89,6 +91,9 @@ int pg_draft_create(const pg_draft_config *c, pg_backend *be, pg_draft **out) {
                         d->model->cfg.vocab_size, c->vocab_size);
         goto fail;
     }
+    const pg_replay_config rp = {.path = c->replay_path, .error_rate = c->replay_error_rate,
+                                 .seed = c->replay_seed, .vocab_size = c->vocab_size};
+    if (c->replay_path && c->replay_path[0] && (rc = pg_replay_load(&rp, &d->replay)) < 0) goto fail;
     if ((rc = pg_runner_create(d->model, &rc_cfg, &d->runner)) < 0) goto fail;
     const int32_t blocks = pg_draft_kv_blocks(c);
     if ((rc = pg_runner_alloc_kv(d->runner, blocks, 0)) < 0) goto fail;
@@ -116,6 +121,7 @@ void pg_draft_free(pg_draft *d) {
     pg_runner_free(d->runner);
     kvp_destroy(d->pool);
     pg_model_free(d->model);
+    pg_replay_free(d->replay);
     kvp_moves_fini(&d->copies);
     free(d->mv);
     free(d->buf);
@@ -129,6 +135,10 @@ void pg_draft_counts(const pg_draft *d, int64_t *proposals, int64_t *positions, 
     *proposals = d->proposals;
     *positions = d->positions;
     *steps = d->steps;
+}
+
+pg_replay *pg_draft_replay(pg_draft *d) {
+    return d->replay;
 }
 
 
@@ -241,13 +251,15 @@ void pg_draft_propose_batch(pg_draft *d, sched_propose_item *items, int32_t n) {
             it->got = s->got;
             if (s->got == 0) continue;
             memcpy(it->out, s->buf + s->n, sizeof(int32_t) * (size_t)s->got);
+            // After the draft's passes, so their cost is the real draft's.
+            pg_replay_apply(d->replay, it->history, it->n, it->n_prompt, it->out, it->got);
             d->proposals++;
         }
     }
 }
 
 int32_t pg_draft_propose(pg_draft *d, const int32_t *history, int32_t n, int32_t limit, int32_t *out) {
-    sched_propose_item it = {history, n, limit, out, 0};
+    sched_propose_item it = {history, n, limit, out, 0, 0};
     pg_draft_propose_batch(d, &it, 1);
     return it.got;
 }

@@ -36,6 +36,11 @@ typedef struct pg_draft_config {
     int32_t kv_dtype;         // the target's KV type (PG_KV_*; 0: the backend's native)
     int32_t max_seqs;         // sequences in one draft step: the speculation backoff's
                               //   max_running_seqs (0: SCHED_SPEC_DEFAULT_MAX_SEQS)
+    // The replay draft (engine/draft_replay.h; a measuring tool): with a
+    // file, the proposals are rewritten with its recorded tokens.
+    const char *replay_path;  // NULL or "": off
+    double replay_error_rate; // a replayed token is made wrong with this probability
+    uint64_t replay_seed;
 } pg_draft_config;
 
 // What the draft allocates, for `paged plan` as for pg_draft_create: its
@@ -48,7 +53,7 @@ int32_t pg_draft_kv_blocks(const pg_draft_config *c);
 
 // Loads the draft model on backend `be` (the target's) and sizes its
 // runner and KV; PG_EINVAL naming the file when its vocabulary differs
-// from the target's.
+// from the target's, or naming the replay file when it cannot be used.
 int pg_draft_create(const pg_draft_config *c, pg_backend *be, pg_draft **out);
 void pg_draft_free(pg_draft *d);
 
@@ -66,3 +71,5 @@ int32_t pg_draft_propose(pg_draft *d, const int32_t *history, int32_t n, int32_t
 // that took (fewer than positions when sequences share steps): tests read
 // them.
 void pg_draft_counts(const pg_draft *d, int64_t *proposals, int64_t *positions, int64_t *steps);
+// The replay draft's file, or NULL when it is off.
+struct pg_replay *pg_draft_replay(pg_draft *d);

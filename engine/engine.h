@@ -29,6 +29,9 @@ typedef struct pg_spec_options {
     bool draft;               // method "draft_model" (engine/draft_model.h); false: off
     int32_t draft_k;          // its num_speculative_tokens (<= PG_MAX_DRAFT)
     char draft_model[1024];   // its "model": a GGUF file or Hugging Face directory
+    char replay[1024];        // its "replay": the replay draft's JSONL file ("": off; engine/draft_replay.h)
+    double replay_error_rate; // its "replay_error_rate" (0 .. 1)
+    uint64_t replay_seed;     // its "replay_seed"
     int32_t max_running_seqs; // backoff, vLLM's disable_by_batch_size (0: SCHED_SPEC_DEFAULT_MAX_SEQS)
 } pg_spec_options;
 

@@ -15,6 +15,7 @@
 #include "formats/gguf.h"
 #include "engine/memplan.h"
 #include "engine/draft_model.h"
+#include "engine/draft_replay.h"
 #include "kernels/dtype.h"
 
 // Left free beside an explicit --kv-cache-memory: allocation granularity and
@@ -301,7 +302,9 @@ int eng_setup(pg_engine *e) {
         // gets what they leave (not in `paged plan` yet).
         const pg_draft_config dc = {.model_path = cfg->spec.draft_model, .k = cfg->spec.draft_k,
                                     .max_model_len = e->max_model_len, .vocab_size = mc->vocab_size,
-                                    .kv_dtype = kv_dtype, .max_seqs = cfg->spec.max_running_seqs};
+                                    .kv_dtype = kv_dtype, .max_seqs = cfg->spec.max_running_seqs,
+                                    .replay_path = cfg->spec.replay, .replay_error_rate = cfg->spec.replay_error_rate,
+                                    .replay_seed = cfg->spec.replay_seed};
         PG_TRY(pg_draft_create(&dc, be, &e->draft));
     }
     PG_TRY(pg_executor_mem_refresh(e->exec));
@@ -419,6 +422,15 @@ int eng_setup(pg_engine *e) {
         PG_LOGI("speculative decoding: draft model %s, %d tokens, up to %d running sequences", cfg->spec.draft_model,
                 cfg->spec.draft_k,
                 cfg->spec.max_running_seqs > 0 ? cfg->spec.max_running_seqs : SCHED_SPEC_DEFAULT_MAX_SEQS);
+        const pg_replay *rp = pg_draft_replay(e->draft);
+        if (rp) {
+            int32_t n_req;
+            int64_t n_tok;
+            pg_replay_size(rp, &n_req, &n_tok);
+            PG_LOGI("speculative decoding: replaying %s (%d requests, %lld tokens), error rate %g, seed %llu "
+                    "(a measuring tool: docs/speculative_decoding.md)", cfg->spec.replay, n_req, (long long)n_tok,
+                    cfg->spec.replay_error_rate, (unsigned long long)cfg->spec.replay_seed);
+        }
     }
     PG_TRY(sched_create(&sc, &e->sched));
     e->cfg.sched = sc;

@@ -91,6 +91,8 @@ typedef struct sched_propose_item {
     int32_t limit;
     int32_t *out;
     int32_t got;
+    int32_t n_prompt; // history[0 .. n_prompt) is the prompt (0: not said): the
+                      //   replay draft matches requests by it (engine/draft_replay.h)
 } sched_propose_item;
 typedef void (*sched_propose_batch_fn)(void *ctx, sched_propose_item *items, int32_t n_items);
 

@@ -157,7 +157,8 @@ void spec_batch_fill(sched *s) {
         const pg_plan_seq *ps = &s->pseqs[k];
         if (ps->n_draft <= 0) continue;
         seq *q = s->pref[k];
-        s->spec_items[n] = (sched_propose_item){q->hist, q->n_hist, ps->n_draft, q->draft + 1, 0};
+        s->spec_items[n] = (sched_propose_item){q->hist, q->n_hist, ps->n_draft, q->draft + 1, 0,
+                                                q->rq->n_prompt};
         s->spec_entry[n++] = k;
     }
     if (n == 0) return;

@@ -74,6 +74,8 @@ typedef struct {
     int64_t id;
     char *out;
     size_t out_len, out_cap;
+    int32_t *toks;           // the output token ids ("output_ids": the replay draft's input)
+    int n_toks, toks_cap;
     pg_detok detok;
     const char *finish;
     sched_usage usage;
@@ -89,6 +91,20 @@ static void append(job *j, const char *s, int n) {
     memcpy(j->out + j->out_len, s, (size_t)n);
     j->out_len += (size_t)n;
     j->out[j->out_len] = 0;
+}
+
+static void append_token(job *j, int32_t t) {
+    if (j->n_toks == j->toks_cap) {
+        j->toks_cap = j->toks_cap ? 2 * j->toks_cap : 64;
+        j->toks = pg_xrealloc(j->toks, sizeof(int32_t) * (size_t)j->toks_cap);
+    }
+    j->toks[j->n_toks++] = t;
+}
+
+static cJSON *ids_array(const int32_t *ids, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+    return a;
 }
 
 static int encode_job(pg_engine *e, job *j, const char *system) {
@@ -225,6 +241,10 @@ static void print_json_result(const job *j, int index) {
     } else {
         cJSON_AddStringToObject(o, "text", j->out ? j->out : "");
         cJSON_AddStringToObject(o, "finish_reason", j->finish);
+        // The token ids too: a greedy run's lines are the replay draft's
+        // file (engine/draft_replay.h), matched by prompt ids.
+        cJSON_AddItemToObject(o, "prompt_ids", ids_array(j->ids, j->n_ids));
+        cJSON_AddItemToObject(o, "output_ids", ids_array(j->toks, j->n_toks));
     }
     cJSON_AddNumberToObject(o, "prompt_tokens", j->n_ids);
     cJSON_AddNumberToObject(o, "completion_tokens", j->usage.completion_tokens);
@@ -241,6 +261,19 @@ static void print_json_result(const job *j, int index) {
     puts(s);
     free(s);
     cJSON_Delete(o);
+}
+
+// Speculative decoding's counters (the /metrics spec_decode ones), on
+// stderr when anything was drafted: benchmarks and tests read the
+// acceptance from this line.
+static void print_spec_counts(pg_engine *e) {
+    pg_engine_stats st;
+    pg_engine_stats_get(e, &st);
+    const sched_stats *s = &st.sched;
+    if (s->n_spec_draft_tokens <= 0) return;
+    fprintf(stderr, "[speculative decoding: %lld drafts, %lld draft tokens, %lld accepted (%.4f)]\n",
+            (long long)s->n_spec_drafts, (long long)s->n_spec_draft_tokens, (long long)s->n_spec_accepted,
+            (double)s->n_spec_accepted / (double)s->n_spec_draft_tokens);
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -367,6 +400,7 @@ int cmd_generate(int argc, char **argv) {
             job *j = ge->user;
             if (!j) continue;
             if (ge->ev.has_token) {
+                append_token(j, ge->ev.out.token);
                 int m = pg_detok_feed(&j->detok, ge->ev.out.token, piece, max_piece);
                 if (m > 0) {
                     append(j, piece, m);
@@ -414,8 +448,10 @@ int cmd_generate(int argc, char **argv) {
             if (jobs[i].error[0]) rc = 1;
         }
     }
+    print_spec_counts(e);
     pg_engine_destroy(e);
     for (int i = 0; i < n_jobs; i++) {
+        free(jobs[i].toks);
         free(jobs[i].text);
         free(jobs[i].ids);
         free(jobs[i].out);

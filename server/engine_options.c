@@ -121,7 +121,10 @@ const char *pg_engine_options_help =
     "                                bias, logprobs, structured outputs); \"disable_by_batch_size\": N: none above\n"
     "                                N running sequences, default " STR(SCHED_SPEC_DEFAULT_MAX_SEQS) ");\n"
     "                                '{\"method\": \"draft_model\", \"model\": PATH, \"num_speculative_tokens\": 4}'\n"
-    "                                (a smaller model of the same vocabulary guesses greedily)\n";
+    "                                (a smaller model of the same vocabulary guesses greedily);\n"
+    "                                with \"replay\": FILE, \"replay_error_rate\": R, \"replay_seed\": S its\n"
+    "                                proposals are an earlier greedy run's outputs (generate's\n"
+    "                                JSON lines), each wrong with probability R: a benchmark tool\n";
 
 // An integer member of --speculative-config: *dst keeps its value when absent.
 static int spec_int(const cJSON *o, const char *key, int32_t lo, int32_t hi, int32_t *dst) {
@@ -134,10 +137,36 @@ static int spec_int(const cJSON *o, const char *key, int32_t lo, int32_t hi, int
     return 1;
 }
 
+// The replay draft's keys of method "draft_model" (engine/draft_replay.h, a
+// measuring tool): "replay" (the file; read when the engine starts, which
+// names it if it is unusable), "replay_error_rate" (0 .. 1, default 0) and
+// "replay_seed" (default 0); the last two only with the first.
+static int spec_replay_config(pg_spec_options *sp, const cJSON *o) {
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, "replay");
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(o, "replay_error_rate");
+    const cJSON *seed = cJSON_GetObjectItemCaseSensitive(o, "replay_seed");
+    if (!f) {
+        if (r || seed) return pg_err_set(PG_EINVAL, "--speculative-config: replay_error_rate and replay_seed need \"replay\"");
+        return 1;
+    }
+    if (!cJSON_IsString(f) || !f->valuestring[0] || strlen(f->valuestring) >= sizeof sp->replay)
+        return pg_err_set(PG_EINVAL, "--speculative-config: \"replay\" must be a file path");
+    if (r && !(cJSON_IsNumber(r) && r->valuedouble >= 0 && r->valuedouble <= 1))
+        return pg_err_set(PG_EINVAL, "--speculative-config: replay_error_rate must be a number in [0, 1]");
+    if (seed && !(cJSON_IsNumber(seed) && seed->valuedouble >= 0 && seed->valuedouble <= 9007199254740992.0 &&
+                  seed->valuedouble == floor(seed->valuedouble)))
+        return pg_err_set(PG_EINVAL, "--speculative-config: replay_seed must be a non-negative integer");
+    snprintf(sp->replay, sizeof sp->replay, "%s", f->valuestring);
+    sp->replay_error_rate = r ? r->valuedouble : 0;
+    sp->replay_seed = seed ? (uint64_t)seed->valuedouble : 0;
+    return 1;
+}
+
 // --speculative-config's method "draft_model": model (a path) and
 // num_speculative_tokens required, disable_by_batch_size; other keys refused.
 static int spec_draft_config(pg_spec_options *sp, const cJSON *o) {
-    static const char *const keys[] = {"method", "model", "num_speculative_tokens", "disable_by_batch_size"};
+    static const char *const keys[] = {"method", "model", "num_speculative_tokens", "disable_by_batch_size",
+                                       "replay", "replay_error_rate", "replay_seed"};
     for (const cJSON *it = o->child; it; it = it->next) {
         bool known = false;
         for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) known |= !strcmp(it->string, keys[k]);
@@ -153,7 +182,7 @@ static int spec_draft_config(pg_spec_options *sp, const cJSON *o) {
     if (rc < 0 || (rc = spec_int(o, "disable_by_batch_size", 1, 65536, &backoff)) < 0) return rc;
     *sp = (pg_spec_options){.draft = true, .draft_k = k, .max_running_seqs = backoff};
     snprintf(sp->draft_model, sizeof sp->draft_model, "%s", m->valuestring);
-    return 1;
+    return spec_replay_config(sp, o);
 }
 
 // --speculative-config (vLLM's JSON): method "ngram" with

@@ -72,7 +72,7 @@ static void test_batch_same_as_single(void **state) {
         const int64_t pos_single = pos1 - pos0;
         steps_single = st1 - st0;
         sched_propose_item items[N_SEQ];
-        for (int32_t s = 0; s < N_SEQ; s++) items[s] = (sched_propose_item){hist[s], len[s], K, got[s], -1};
+        for (int32_t s = 0; s < N_SEQ; s++) items[s] = (sched_propose_item){hist[s], len[s], K, got[s], -1, 0};
         pg_draft_counts(batch, &p0, &pos0, &st0);
         pg_draft_propose_batch(batch, items, N_SEQ);
         pg_draft_counts(batch, &p1, &pos1, &st1);
@@ -125,7 +125,7 @@ static void test_batch_out_of_blocks(void **state) {
     for (int32_t s = 0; s < N_SEQ; s++) history(hist[s], len[s], s);
     int32_t out[N_SEQ][K];
     sched_propose_item items[N_SEQ];
-    for (int32_t s = 0; s < N_SEQ; s++) items[s] = (sched_propose_item){hist[s], len[s], K, out[s], -1};
+    for (int32_t s = 0; s < N_SEQ; s++) items[s] = (sched_propose_item){hist[s], len[s], K, out[s], -1, 0};
     pg_draft_propose_batch(d, items, N_SEQ);
     assert_int_equal(items[0].got, K);
     assert_int_equal(items[1].got, 0);
