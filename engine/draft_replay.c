@@ -4,6 +4,7 @@
 #include "engine/draft_replay.h"
 
 #include <cjson/cJSON.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
