@@ -37,7 +37,10 @@
 # MAX_TOKENS, KS, RATES, SEED, VOCAB (default: --hf-config's vocab_size
 # capped at 128000 as run_gpu_bench.sh does, else 49152, the default
 # model's), SPEC_EXTRA (more keys of the speculative config, e.g.
-# '"disable_by_batch_size": 256' for batches above 8).
+# '"disable_by_batch_size": 256' for batches above 8), RECORD_K (record
+# from a replayed run at R = 0 with that k instead of the plain run: where
+# the verify step and the plain decode step break near-ties differently,
+# docs/speculative_decoding.md; `same` then still compares with plain).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 if [ $# -lt 1 ]; then
@@ -86,10 +89,19 @@ run() {
 }
 
 run greedy || { echo "the plain greedy run failed (exit $?): $out/greedy.log" >&2; exit 1; }
+recording=$out/greedy.jsonl
+if [ -n "${RECORD_K:-}" ]; then
+    # The recording from a replayed run (R = 0, k RECORD_K): its tokens come
+    # from the verify step's shape, where the plain run's decode steps may
+    # break near-ties the other way (random weights on a GPU).
+    spec="{\"method\": \"draft_model\", \"model\": \"$draft\", \"num_speculative_tokens\": $RECORD_K, \"replay\": \"$recording\"${SPEC_EXTRA:+, $SPEC_EXTRA}}"
+    run record --speculative-config "$spec" || { echo "the recording run failed: $out/record.log" >&2; exit 1; }
+    recording=$out/record.jsonl
+fi
 names=()
 for k in $ks; do
     for r in $rates; do
-        spec="{\"method\": \"draft_model\", \"model\": \"$draft\", \"num_speculative_tokens\": $k, \"replay\": \"$out/greedy.jsonl\", \"replay_error_rate\": $r, \"replay_seed\": $seed${SPEC_EXTRA:+, $SPEC_EXTRA}}"
+        spec="{\"method\": \"draft_model\", \"model\": \"$draft\", \"num_speculative_tokens\": $k, \"replay\": \"$recording\", \"replay_error_rate\": $r, \"replay_seed\": $seed${SPEC_EXTRA:+, $SPEC_EXTRA}}"
         run "k${k}_r$r" --speculative-config "$spec" || echo "k $k, rate $r: exit $?" >&2
         names+=("k${k}_r$r")
     done
