@@ -232,9 +232,9 @@ note "runner hd64 LoRA over fp8 weights, weight-only: $(tail -c 300 "$out_dir/ru
 # W8A8 under LoRA is reported, not counted (session 19, H100): its logits
 # stay within W8A8's bound (worst 9.1e-2 of 0.1) but one greedy pick flips
 # at a CPU top-2 gap of 0.204, over the 0.2 this check counts (the flips
-# seen without LoRA were at 0.14); against the CPU in its W8A8 mode
-# (--cpu-matmul quant) it is further off (mean 6.1e-2, 3 flips over 0.2),
-# which W8A8's discontinuity alone does not explain. Open in docs/lora.md.
+# seen without LoRA were at 0.14): W8A8's discontinuity under the larger
+# activations these adapters make (against the CPU's own W8A8 mode it is
+# further off, as without LoRA: docs/lora.md, "End to end").
 echo "== runner-hd64-lora-fp8-w8a8 (reported, not counted)"
 "$RUNNER_TEST" $m64 --lora "$lora_dirs" --quantization fp8 --tol 0.1 --gap 0.2 \
     --json "$out_dir/runner_hd64_lora_fp8.json"
