@@ -114,14 +114,16 @@ static size_t cuda_attn_ws(int32_t max_seqs, int32_t nh, int32_t nkv, int32_t hd
     if (max_seqs <= 0 || nh <= 0 || nkv <= 0 || nh % nkv) return 0;
     size_t exact;
     if (pg_backend_cuda_attn_workspace(max_seqs, nh, nkv, hd, len, &exact)) return exact;
+    // FlashInfer's prefill plan (PAGED_CUDA_PREFILL=flashinfer), as the backend adds it.
+    const size_t fi = pg_cuda_fi_prefill_requested() ? pg_cuda_fi_prefill_ws_bytes(nh) : 0;
     const int64_t group = nh / nkv;
     const int64_t tiles = ((int64_t)len + PG_CUDA_DECODE_TILE_KEYS - 1) / PG_CUDA_DECODE_TILE_KEYS;
     const int64_t splits = tiles < PG_CUDA_DECODE_MAX_SPLITS ? tiles : PG_CUDA_DECODE_MAX_SPLITS;
-    if (splits < 2) return 0;
+    if (splits < 2) return fi;
     int64_t items = (int64_t)2 * H200_SMS * 4 * group; // (sequence, head, split) triples of two waves
     const int64_t cap = (int64_t)max_seqs * nh * splits;
     if (items > cap) items = cap;
-    return pg_cuda_decode_split_ws_bytes(items, hd);
+    return pg_cuda_decode_split_ws_bytes(items, hd) + fi;
 }
 
 // The graph reserve (the runner's function), each graph at the probe's

@@ -85,6 +85,11 @@ typedef struct pg_attn_batch {
     int32_t max_prefill_q;       // bounds the queries of a prefill sequence
     void *workspace;             // attn_workspace_bytes() for the step's limits
     size_t workspace_bytes;
+    // Host copies of start_pos and cu_q, valid while the step's forward is
+    // issued, or NULL: a kernel planned on the host (CUDA's FlashInfer
+    // prefill, PAGED_CUDA_PREFILL=flashinfer) reads them; without them
+    // the backend runs its own kernel.
+    const int32_t *host_start_pos, *host_cu_q;
 } pg_attn_batch;
 
 // Rows [row0, row0 + rows) x columns [col0, col0 + cols) of a virtual

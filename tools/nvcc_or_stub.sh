@@ -40,12 +40,13 @@ if [ -x "$NVCC" ]; then
                 -Xcompiler -fPIC -c "$in" -o "$out"
         fi
         ;;
-    *bench_fi_*.cu)
+    *bench_fi_*.cu | *_flashinfer.cu)
         # FlashInfer's header library (attention/hopper/prefill_sm90.cuh) with
         # the CUTLASS and CCCL it bundles, from PyPI's flashinfer-python
         # (deploy/quickstart.sh puts it in .venv; FLASHINFER_INC names its
         # data/include folder). The flags are FlashInfer's own JIT's for sm90.
-        # Without the headers the file builds its exit-77 stub.
+        # Without the headers the file builds its stub (the benchmark exits
+        # 77; kernels/cuda/prefill_flashinfer.cu answers PG_EUNSUPP).
         inc=${FLASHINFER_INC:-$(ls -d .venv/lib/python3*/site-packages/flashinfer/data/include 2>/dev/null | head -1)}
         if [ -n "$inc" ] && [ -f "$inc/flashinfer/attention/hopper/prefill_sm90.cuh" ]; then
             d=$inc/..
@@ -56,7 +57,7 @@ if [ -x "$NVCC" ]; then
                 --expt-relaxed-constexpr -use_fast_math -static-global-template-stub=false -MD -MF "$out.d" \
                 -gencode arch=compute_90a,code=sm_90a -Xcompiler -fPIC -c "$in" -o "$out"
         fi
-        echo "FlashInfer's headers not found (.venv or FLASHINFER_INC): $in builds its exit-77 stub" >&2
+        echo "FlashInfer's headers not found (.venv or FLASHINFER_INC): $in builds its stub" >&2
         ;;
     esac
     exec "$NVCC" -std=c++17 -O3 -g -lineinfo -I. -MD -MF "$out.d" \

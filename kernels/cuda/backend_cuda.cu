@@ -189,6 +189,7 @@ static void cu_destroy(pg_backend *b) {
         if (c->stream) cudaStreamSynchronize(c->stream);
         if (c->copy_stream) cudaStreamSynchronize(c->copy_stream);
         pg_cuda_gemm_destroy(c->gemm);
+        pg_cuda_fi_prefill_destroy(c->fi_prefill);
         cudaFree(c->gemm_ws);
         cudaFree(c->upload_f32);
         cudaFree(c->qscratch);
@@ -225,6 +226,12 @@ extern "C" int pg_backend_cuda_attn_workspace(int32_t max_seqs, int32_t n_heads,
                                               int32_t head_dim, int32_t max_len, size_t *bytes) {
     if (pg_cuda_device_count() <= 0) return 0;
     *bytes = pg_cuda_decode_workspace_size(max_seqs, n_heads, n_kv_heads, head_dim, max_len);
+    // The backend's cu_attn_ws adds the same where it made the kernel's state.
+    int major = 0, dev = 0;
+    if (pg_cuda_fi_prefill_requested() && pg_cuda_fi_prefill_built() && cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major == 9)
+        *bytes += pg_cuda_fi_prefill_ws_bytes(n_heads);
+    (void)cudaGetLastError();
     return 1;
 }
 
@@ -328,6 +335,12 @@ extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
         if (c->l2_prefetch)
             PG_LOGI("cuda: O's weight goes to the L2 before RoPE and attention in GEMV steps "
                     "(PAGED_CUDA_L2_PREFETCH=1)");
+    }
+    if (pg_cuda_fi_prefill_requested()) {
+        if (pg_cuda_fi_prefill_create(&c->fi_prefill) < 0)
+            PG_LOGW("cuda: PAGED_CUDA_PREFILL=flashinfer: %s; our prefill kernel runs", pg_err_msg());
+        else
+            PG_LOGI("cuda: prefill attention through FlashInfer's sm90 kernel (PAGED_CUDA_PREFILL=flashinfer)");
     }
     if (pg_cuda_device_describe(c->desc, sizeof c->desc) < 0) snprintf(c->desc, sizeof c->desc, "cuda");
     {

@@ -61,11 +61,10 @@ struct CudaCtx {
     // residual in its epilogue) in the configuration
     // pg_cuda_gemm_fp8_cutlass_pick gives the shape, or cuBLASLt + rescale
     // where the sweep found that faster (fewer than 256 rows); to become
-    // the default once one device call has run it against =0 end to end
-    // (docs/fp8_gemm.md, session 18). =1: CUTLASS in
+    // the default since session 19 (docs/fp8_gemm.md). =1: CUTLASS in
     // PAGED_CUDA_FP8_CUTLASS_CFG's configuration (c0 without it) for every
-    // shape, to measure one end to end; =0 (the default): cuBLASLt +
-    // rescale for every shape.
+    // shape, to measure one end to end; =0: cuBLASLt + rescale for every
+    // shape.
     int fp8_cutlass_cfg;
     // FP8 weights in steps of at most qgemv_rows rows take gemv.cu's FP8
     // GEMV (the bf16 GEMV's ring, PDL and fused RMSNorm / SiLU; W1 3.66
@@ -78,6 +77,11 @@ struct CudaCtx {
     // RoPE and attention) issues O's weight to the L2 in steps the GEMV
     // runs (l2_prefetch.cu); off by default until measured.
     bool l2_prefetch;
+    // PAGED_CUDA_PREFILL=flashinfer: prefill chunks through FlashInfer's
+    // sm90 kernel (prefill_flashinfer.cu), its plan's device image at the
+    // head of the attention workspace; NULL (the default, or where it
+    // cannot run): our pg_cuda_paged_prefill_attention.
+    pg_cuda_fi_prefill *fi_prefill;
     float *upload_f32;        // device staging for weight conversion: allocated at the first
     float *upload_host;       //   weight that needs it, with its host twin (pinned)
     int32_t *pairs_dev;       // copy-on-write pairs staging

@@ -3,9 +3,11 @@
 // compute stream (GEMV or cuBLASLt, attention, the sampler).
 #include "kernels/cuda/backend_cuda_int.cuh"
 
+// The decode kernel's split-K partials, after FlashInfer's plan image
+// where its prefill is on (cu_attention_softcap carves it off the head).
 static size_t cu_attn_ws(pg_backend *b, int32_t max_seqs, int32_t nh, int32_t nkv, int32_t hd, int32_t len) {
-    (void)b;
-    return pg_cuda_decode_workspace_size(max_seqs, nh, nkv, hd, len);
+    return pg_cuda_decode_workspace_size(max_seqs, nh, nkv, hd, len) +
+           (ctx_of(b)->fi_prefill ? pg_cuda_fi_prefill_ws_bytes(nh) : 0);
 }
 
 static size_t cu_sample_ws(pg_backend *b, int32_t max_seqs, int32_t vocab) {
@@ -363,8 +365,10 @@ static int cu_rope_kv_write(pg_backend *b, pg_tensor q, pg_tensor k, pg_tensor v
 }
 
 // Decode sequences (rows [0, n_decode)) through the split-K decode kernel,
-// prefill chunks through the varlen prefill kernel; a sliding window and a
-// soft-cap travel in the shape (cuda_ops.h).
+// prefill chunks through the varlen prefill kernel (FlashInfer's with
+// PAGED_CUDA_PREFILL=flashinfer where it runs the case: its plan's image
+// takes the head of the workspace, the decode kernel the rest); a sliding
+// window and a soft-cap travel in the shape (cuda_ops.h).
 static int cu_attention_softcap(pg_backend *b, pg_tensor out, pg_tensor q, const pg_attn_batch *ab,
                                 const void *k_cache, const void *v_cache, pg_kv_shape shape, int32_t n_heads,
                                 float scale, int32_t window, float softcap) {
@@ -374,11 +378,22 @@ static int cu_attention_softcap(pg_backend *b, pg_tensor out, pg_tensor q, const
     const int32_t n_dec = ab->n_decode, n_pre = ab->n_seqs - ab->n_decode;
     const int64_t q_dim = (int64_t)n_heads * shape.head_dim;
     PG_ARG(out.stride == q_dim, "cuda attention: the output rows must be contiguous");
+    char *dec_ws = (char *)ab->workspace;
+    size_t dec_ws_bytes = ab->workspace_bytes;
+    const size_t fi_bytes = c->fi_prefill ? pg_cuda_fi_prefill_ws_bytes(n_heads) : 0;
+    const bool fi_room = fi_bytes && dec_ws && dec_ws_bytes >= fi_bytes;
+    if (fi_room) dec_ws += fi_bytes, dec_ws_bytes -= fi_bytes;
     if (n_dec > 0)
         PG_TRY(pg_cuda_paged_decode_attention(out.data, q.data, q.stride, k_cache, v_cache, shape,
                                               ab->block_tables, ab->bt_stride, ab->seq_lens, n_dec, n_heads,
-                                              scale, ab->max_decode_ctx, ab->workspace, ab->workspace_bytes,
-                                              c->stream));
+                                              scale, ab->max_decode_ctx, dec_ws, dec_ws_bytes, c->stream));
+    if (n_pre > 0 && fi_room && ab->host_cu_q && ab->host_start_pos) {
+        int rc = pg_cuda_fi_prefill_run(
+            c->fi_prefill, (bf16 *)out.data + (size_t)n_dec * q_dim, (const bf16 *)q.data + (size_t)n_dec * q.stride,
+            q.stride, k_cache, v_cache, shape, ab->block_tables + (size_t)n_dec * ab->bt_stride, ab->bt_stride,
+            ab->host_cu_q, ab->host_start_pos + n_dec, n_pre, n_heads, scale, ab->workspace, fi_bytes, c->stream);
+        if (rc != PG_EUNSUPP) return rc;
+    }
     if (n_pre > 0)
         PG_TRY(pg_cuda_paged_prefill_attention(
             (bf16 *)out.data + (size_t)n_dec * q_dim, (const bf16 *)q.data + (size_t)n_dec * q.stride,

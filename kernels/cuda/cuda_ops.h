@@ -41,8 +41,11 @@
 //                sequence's length are never read)
 // Query head h reads KV head h / (n_heads / n_kv_heads).
 #pragma once
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h> // getenv (pg_cuda_fi_prefill_requested)
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" { // the project's C headers carry no guards of their own
@@ -152,6 +155,44 @@ int pg_cuda_paged_prefill_attention_v(int version, void *out, const void *q, int
                                       const int32_t *block_tables, int32_t bt_stride,
                                       const int32_t *cu_q, const int32_t *start_pos, int32_t n_seqs,
                                       int32_t n_heads, float scale, int32_t max_q_len, void *stream);
+
+// FlashInfer's sm90 paged prefill (prefill_flashinfer.cu; FA3-style) as the
+// prefill half of the attention op, behind PAGED_CUDA_PREFILL=flashinfer
+// (pg_cuda_fi_prefill_requested; docs/cuda_kernels.md). The same contract as
+// pg_cuda_paged_prefill_attention over the same cache, but its plan is made
+// on the host: host_cu_q [n_seqs + 1] and host_start_pos [n_seqs] are host
+// copies of the device arrays (block_tables stays device). ws: the first
+// pg_cuda_fi_prefill_ws_bytes(n_heads) bytes hold the plan's device image
+// (stream-ordered, kept for every call of one step). PG_EUNSUPP, with
+// nothing launched, for what this build does not run (no FlashInfer headers,
+// a KV type other than bf16, a window or a soft-cap, head_dim other than 64
+// or 128, stream capture, no host arrays or workspace): the caller runs
+// pg_cuda_paged_prefill_attention instead.
+#define PG_CUDA_FI_MAX_WORKS_PER_HEAD 4096
+typedef struct pg_cuda_fi_prefill pg_cuda_fi_prefill;
+bool pg_cuda_fi_prefill_built(void);
+// PG_EUNSUPP without the headers or on a device other than compute 9.x.
+int pg_cuda_fi_prefill_create(pg_cuda_fi_prefill **out);
+void pg_cuda_fi_prefill_destroy(pg_cuda_fi_prefill *fi);
+int pg_cuda_fi_prefill_run(pg_cuda_fi_prefill *fi, void *out, const void *q, int64_t q_stride,
+                           const void *k_cache, const void *v_cache, pg_kv_shape kv,
+                           const int32_t *block_tables, int32_t bt_stride, const int32_t *host_cu_q,
+                           const int32_t *host_start_pos, int32_t n_seqs, int32_t n_heads, float scale,
+                           void *ws, size_t ws_bytes, void *stream);
+// The plan's device image: seven int32 arrays of up to 4,096 work items a
+// query head, the per-SM index (at most 1,024 SMs) and FlashInfer's 16-byte
+// alignments, rounded to 256. Inline and free of CUDA, so the memory
+// planner sizes it without a GPU (3.7 MB at 32 heads).
+static inline size_t pg_cuda_fi_prefill_ws_bytes(int32_t n_heads) {
+    if (n_heads <= 0) return 0;
+    const size_t b = (size_t)7 * 4 * PG_CUDA_FI_MAX_WORKS_PER_HEAD * (size_t)n_heads + 4 * 1025 + 8 * 16;
+    return (b + 255) / 256 * 256;
+}
+// PAGED_CUDA_PREFILL=flashinfer (anything else, or unset: our kernel).
+static inline bool pg_cuda_fi_prefill_requested(void) {
+    const char *e = getenv("PAGED_CUDA_PREFILL");
+    return e && !strcmp(e, "flashinfer");
+}
 
 // --- element-wise -------------------------------------------------------------------
 

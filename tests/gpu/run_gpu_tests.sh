@@ -53,6 +53,9 @@
 #   9. Gemma 3 and Gemma 2 (make_random_model.py --gemma3 / --gemma2): the
 #      runner against the CPU, then paged generate with KV layer groups
 #      against one table for every layer (identical texts) and with fp8 KV.
+#  10. FlashInfer's sm90 prefill (PAGED_CUDA_PREFILL=flashinfer): the kernel
+#      through pg_cuda_fi_prefill_run against an fp32 reference
+#      (bench_fi_prefill --check), then check 2's runner comparison with it.
 # Programs come from build/gpu-pack/ (tools/pack_gpu.sh; its .tar.xz is
 # unpacked here when only the archive was carried), else build/.
 # Logs and JSON go to $OUT (the device tool's folder) or /tmp/paged-gpu.
@@ -660,6 +663,36 @@ PY
     fi
     note "generate $(basename $d) cuda, KV layer groups vs one table: identical $same_g (fp8 KV exit $rc_f)"
 done
+
+# --- 10. FlashInfer's sm90 prefill (PAGED_CUDA_PREFILL=flashinfer) ----------------------------
+# The kernel on our cache against an fp32 host reference (bench_fi_prefill
+# --check: every case through pg_cuda_fi_prefill_run), then the runner
+# against the CPU on both models with it; its log must say it ran (a silent
+# fallback to our kernel would pass without testing it). Not on a device
+# other than compute 9.x, or a build without FlashInfer's headers (skipped).
+FI_BENCH=build/gpu/bench_fi_prefill
+[ -x build/gpu-pack/bench_fi_prefill ] && FI_BENCH=build/gpu-pack/bench_fi_prefill
+if [ -x "$FI_BENCH" ] && [ $skip_kernels = 0 ]; then
+    run flashinfer-prefill-kernel "$FI_BENCH" --check
+fi
+cc_major=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | cut -d. -f1)
+if [ "$cc_major" = 9 ] && [ -x "$FI_BENCH" ] && "$FI_BENCH" --check >/dev/null 2>&1; then
+    for m in "$m64" "$m128 --tol 3e-2"; do
+        # shellcheck disable=SC2086
+        PAGED_CUDA_PREFILL=flashinfer "$RUNNER_TEST" $m >/tmp/paged-fi-runner.log 2>&1
+        rc_fi=$?
+        if [ $rc_fi -ne 0 ] || ! grep -q "FlashInfer prefill ran" /tmp/paged-fi-runner.log; then
+            echo "FAIL: runner with FlashInfer's prefill on ${m%% *} (exit $rc_fi; it ran: $(grep -c 'FlashInfer prefill ran' /tmp/paged-fi-runner.log))"
+            tail -3 /tmp/paged-fi-runner.log
+            fail=1
+        else
+            echo "PASS: runner with FlashInfer's prefill on ${m%% *}: $(tail -1 /tmp/paged-fi-runner.log | cut -c1-160)"
+        fi
+        note "runner ${m%% *} flashinfer prefill: exit $rc_fi"
+    done
+else
+    echo "skipped: FlashInfer's prefill in the runner (compute capability ${cc_major:-?}, or not built with its headers)"
+fi
 
 echo "== summary"
 printf "%b" "$summary"
