@@ -360,7 +360,8 @@ def generate():
         w(f"build {o}: nvcc {s} | tools/nvcc_or_stub.sh")
         # the quantizers / dequantizers the quantized-weight cases and
         # benchmarks take their data from (and qgemv.cu's type names)
-        support = [obj("common/err.c", "rel"), obj("kernels/dtype.c", "rel")]
+        # (and the log, which the library's FlashInfer prefill writes to)
+        support = [obj("common/err.c", "rel"), obj("common/log.c", "rel"), obj("kernels/dtype.c", "rel")]
         if s.startswith("tests/"):
             support += [obj("kernels/cpu/sampling.c", "rel")]  # the CPU sampler
         b = f"build/gpu/{name}"

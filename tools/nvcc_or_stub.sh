@@ -40,13 +40,13 @@ if [ -x "$NVCC" ]; then
                 -Xcompiler -fPIC -c "$in" -o "$out"
         fi
         ;;
-    *bench_fi_*.cu | *_flashinfer.cu)
+    *_flashinfer.cu)
         # FlashInfer's header library (attention/hopper/prefill_sm90.cuh) with
         # the CUTLASS and CCCL it bundles, from PyPI's flashinfer-python
         # (deploy/quickstart.sh puts it in .venv; FLASHINFER_INC names its
         # data/include folder). The flags are FlashInfer's own JIT's for sm90.
-        # Without the headers the file builds its stub (the benchmark exits
-        # 77; kernels/cuda/prefill_flashinfer.cu answers PG_EUNSUPP).
+        # Without the headers the file builds its stub, which answers
+        # PG_EUNSUPP (and bench/cuda/bench_fi_prefill exits 77).
         inc=${FLASHINFER_INC:-$(ls -d .venv/lib/python3*/site-packages/flashinfer/data/include 2>/dev/null | head -1)}
         if [ -n "$inc" ] && [ -f "$inc/flashinfer/attention/hopper/prefill_sm90.cuh" ]; then
             d=$inc/..
