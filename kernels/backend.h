@@ -121,6 +121,15 @@ typedef struct pg_lora_slot {
     float scale; // lora_alpha / r, or / sqrt(r) with rsLoRA
 } pg_lora_slot;
 
+// lora_apply's argument checks, one rule for every backend ("who" names the
+// op in messages: "cpu lora_apply"): out has x's rows; each row's slot is
+// in [-1, n_slots); each slot a row names with an A has A [rank >= 1][x
+// cols] and B [out cols][rank]. Slots no row names are not looked at.
+// *max_rank: the largest rank named (0: no row has work). PG_EINVAL with
+// the row or slot otherwise.
+int pg_lora_check(const char *who, pg_tensor out, pg_tensor x, const int32_t *row_slot, const pg_lora_slot *slots,
+                  int32_t n_slots, int64_t *max_rank);
+
 typedef struct pg_backend pg_backend;
 
 // What a kind of backend can do, known without making one: `paged plan`

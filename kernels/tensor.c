@@ -65,3 +65,24 @@ int pg_rand_windows_rows(const pg_rand_window *w, int n, const char *who, int64_
     }
     return 0;
 }
+
+int pg_lora_check(const char *who, pg_tensor out, pg_tensor x, const int32_t *row_slot, const pg_lora_slot *slots,
+                  int32_t n_slots, int64_t *max_rank) {
+    *max_rank = 0;
+    PG_ARG(out.rows == x.rows, "%s: %lld output rows for %lld input rows", who, (long long)out.rows,
+           (long long)x.rows);
+    PG_ARG(n_slots >= 0 && (x.rows == 0 || (row_slot && (slots || n_slots == 0))), "%s: no slot table", who);
+    for (int64_t i = 0; i < x.rows; i++) {
+        const int32_t s = row_slot[i];
+        PG_ARG(s >= -1 && s < n_slots, "%s: row %lld names slot %d of %d", who, (long long)i, s, n_slots);
+        if (s < 0 || !slots[s].a) continue;
+        const pg_bweight *a = slots[s].a, *bw = slots[s].b;
+        PG_ARG(a->cols == x.cols && a->rows >= 1, "%s: slot %d's A is %lldx%lld for %lld inputs", who, s,
+               (long long)a->rows, (long long)a->cols, (long long)x.cols);
+        PG_ARG(bw && bw->rows == out.cols && bw->cols == a->rows, "%s: slot %d's B is %lldx%lld, wants %lldx%lld",
+               who, s, bw ? (long long)bw->rows : 0LL, bw ? (long long)bw->cols : 0LL, (long long)out.cols,
+               (long long)a->rows);
+        if (a->rows > *max_rank) *max_rank = a->rows;
+    }
+    return 0;
+}

@@ -46,25 +46,6 @@ size_t pg_cpu_lora_workspace_bytes(pg_backend *b, int32_t max_rows, int32_t in_c
     return lora_ws_carve(&(lora_ws){0}, NULL, max_rows, in_cols, out_cols, max_rank, n_slots);
 }
 
-// Checks every slot a row names and returns the largest rank among them.
-static int check_slots(pg_tensor out, pg_tensor x, const int32_t *row_slot, const pg_lora_slot *slots,
-                       int32_t n_slots, int64_t *max_rank) {
-    *max_rank = 0;
-    for (int64_t i = 0; i < x.rows; i++) {
-        const int32_t s = row_slot[i];
-        PG_ARG(s >= -1 && s < n_slots, "cpu lora_apply: row %lld names slot %d of %d", (long long)i, s, n_slots);
-        if (s < 0 || !slots[s].a) continue;
-        const pg_bweight *a = slots[s].a, *bw = slots[s].b;
-        PG_ARG(a->cols == x.cols && a->rows >= 1, "cpu lora_apply: slot %d's A is %lldx%lld for %lld inputs", s,
-               (long long)a->rows, (long long)a->cols, (long long)x.cols);
-        PG_ARG(bw && bw->rows == out.cols && bw->cols == a->rows,
-               "cpu lora_apply: slot %d's B is %lldx%lld, wants %lldx%lld", s, bw ? (long long)bw->rows : 0LL,
-               bw ? (long long)bw->cols : 0LL, (long long)out.cols, (long long)a->rows);
-        *max_rank = a->rows > *max_rank ? a->rows : *max_rank;
-    }
-    return 0;
-}
-
 // Sorts the rows that have work by slot; rows of slot -1 or of a slot
 // without A are left out.
 static void sort_rows(lora_ws *w, const int32_t *row_slot, const pg_lora_slot *slots, int64_t m,
@@ -83,11 +64,8 @@ int pg_cpu_lora_apply(pg_backend *b, pg_tensor out, pg_tensor x, const int32_t *
     pg_cpu_ctx *c = pg_cpu(b);
     const int64_t m = x.rows, in = x.cols, oc = out.cols;
     PG_ARG(x.dtype == PG_DTYPE_F32 && out.dtype == PG_DTYPE_F32, "cpu lora_apply: needs f32 rows");
-    PG_ARG(out.rows == m, "cpu lora_apply: %lld output rows for %lld input rows", (long long)out.rows,
-           (long long)m);
-    PG_ARG(n_slots >= 0 && (m == 0 || (row_slot && (slots || n_slots == 0))), "cpu lora_apply: no slot table");
     int64_t max_rank;
-    PG_TRY(check_slots(out, x, row_slot, slots, n_slots, &max_rank));
+    PG_TRY(pg_lora_check("cpu lora_apply", out, x, row_slot, slots, n_slots, &max_rank));
     if (m == 0 || max_rank == 0) return 0; // no row has an adapter here
     lora_ws w;
     const size_t need = lora_ws_carve(&w, NULL, m, in, oc, max_rank, n_slots);

@@ -518,32 +518,18 @@ static size_t cu_lora_ws(pg_backend *b, int32_t max_rows, int32_t in_cols, int32
 static int cu_lora_apply(pg_backend *b, pg_tensor out, pg_tensor x, const int32_t *row_slot,
                          const pg_lora_slot *slots, int32_t n_slots, void *ws, size_t ws_bytes) {
     PG_ARG(x.dtype == PG_DTYPE_BF16 && out.dtype == PG_DTYPE_BF16, "cuda lora_apply: needs bf16 rows");
-    PG_ARG(out.rows == x.rows, "cuda lora_apply: %lld output rows for %lld input rows", (long long)out.rows,
-           (long long)x.rows);
-    PG_ARG(n_slots >= 0 && (x.rows == 0 || (row_slot && (slots || n_slots == 0))), "cuda lora_apply: no slot table");
+    int64_t max_rank;
+    PG_TRY(pg_lora_check("cuda lora_apply", out, x, row_slot, slots, n_slots, &max_rank));
     if (n_slots > PG_CUDA_LORA_MAX_SLOTS)
         return pg_err_set(PG_EUNSUPP, "cuda lora_apply: %d adapter slots, the GPU takes at most %d", n_slots,
                           PG_CUDA_LORA_MAX_SLOTS);
     pg_cuda_lora_slot cs[PG_CUDA_LORA_MAX_SLOTS];
-    bool checked[PG_CUDA_LORA_MAX_SLOTS] = {false};
     for (int32_t s = 0; s < n_slots; s++) {
         const pg_bweight *a = slots[s].a, *bw = slots[s].b;
         // the type the launcher judges: a's, or b's where a is bf16 and b is not
         const int32_t dt = a && bw && a->dtype == PG_DTYPE_BF16 ? bw->dtype : a ? a->dtype : PG_DTYPE_BF16;
         cs[s] = (pg_cuda_lora_slot){a ? wdata(a) : nullptr, bw ? wdata(bw) : nullptr,
                                     a ? (int32_t)a->rows : 0, dt, slots[s].scale};
-    }
-    for (int64_t i = 0; i < x.rows; i++) { // the shapes of the slots the rows name (as the CPU's op)
-        const int32_t s = row_slot[i];
-        PG_ARG(s >= -1 && s < n_slots, "cuda lora_apply: row %lld names slot %d of %d", (long long)i, s, n_slots);
-        if (s < 0 || !slots[s].a || checked[s]) continue;
-        checked[s] = true;
-        const pg_bweight *a = slots[s].a, *bw = slots[s].b;
-        PG_ARG(a->cols == x.cols && a->rows >= 1, "cuda lora_apply: slot %d's A is %lldx%lld for %lld inputs", s,
-               (long long)a->rows, (long long)a->cols, (long long)x.cols);
-        PG_ARG(bw && bw->rows == out.cols && bw->cols == a->rows,
-               "cuda lora_apply: slot %d's B is %lldx%lld, wants %lldx%lld", s, bw ? (long long)bw->rows : 0LL,
-               bw ? (long long)bw->cols : 0LL, (long long)out.cols, (long long)a->rows);
     }
     return pg_cuda_lora_apply(out.data, out.stride, x.data, x.stride, x.rows, x.cols, out.cols, row_slot, cs,
                               n_slots, ws, ws_bytes, ctx_of(b)->stream);
