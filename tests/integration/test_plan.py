@@ -26,14 +26,15 @@ KV_LINE = re.compile(r"KV cache on cpu.*? (\d+) blocks x (\d+) tokens = (\d+) to
 MEM_LINE = re.compile(r"memory( per rank)?: weights ([\d.]+) MiB \+ KV cache ([\d.]+) MiB \+ workspace ([\d.]+) MiB")
 
 
-def plan(*args, model=True):
+def plan(*args, model=True, env=None):
     cmd = [PAGED, "plan"] + (["--model", MODEL] if model else []) + list(args)
-    p = subprocess.run(cmd, capture_output=True, timeout=120, cwd=ROOT)
+    p = subprocess.run(cmd, capture_output=True, timeout=120, cwd=ROOT,
+                       env=dict(os.environ, **env) if env else None)
     return p.returncode, p.stdout.decode(), p.stderr.decode()
 
 
-def plan_json(*args, model=True):
-    rc, out, err = plan("--json", *args, model=model)
+def plan_json(*args, model=True, env=None):
+    rc, out, err = plan("--json", *args, model=model, env=env)
     assert rc in (0, 1), (rc, out, err)
     return rc, json.loads(out)
 
@@ -291,6 +292,28 @@ def test_gpu_lora_workspace():
     _, c0 = plan_json()
     _, c1 = plan_json("--enable-lora")
     assert c1["plan"]["ranks"][0]["workspace_buffers_bytes"] > c0["plan"]["ranks"][0]["workspace_buffers_bytes"]
+
+
+def test_gpu_flashinfer_prefill_workspace():
+    # PAGED_CUDA_PREFILL=flashinfer: FlashInfer's plan image at the head of
+    # the attention workspace (kernels/cuda/cuda_ops.h,
+    # pg_cuda_fi_prefill_ws_bytes): seven int32 arrays of 4,096 work items a
+    # query head, the per-SM index and alignments, to 256 bytes; nothing else
+    # moves. Planned here without a GPU, as `paged plan` does for one.
+    base = ["--device", "cuda", "--device-memory", "141G", "--load-format", "dummy", "--hf-config", SHAPE]
+    with open(SHAPE) as f:
+        nh = json.load(f)["num_attention_heads"]
+    want = -(-(7 * 4 * 4096 * nh + 4 * 1025 + 8 * 16) // 256) * 256
+    for tp in (1, 2):
+        _, a = plan_json(*base, "-tp", str(tp), model=False)
+        _, b = plan_json(*base, "-tp", str(tp), model=False, env={"PAGED_CUDA_PREFILL": "flashinfer"})
+        ra, rb = a["plan"]["ranks"][0], b["plan"]["ranks"][0]
+        grown = rb["workspace_buffers_bytes"] - ra["workspace_buffers_bytes"]
+        w = -(-(7 * 4 * 4096 * (nh // tp) + 4 * 1025 + 8 * 16) // 256) * 256
+        print(f"  cuda -tp {tp}, PAGED_CUDA_PREFILL=flashinfer: attention workspace +{grown} B (want {w})")
+        assert grown == w, (grown, w)
+        assert rb["weights_bytes"] == ra["weights_bytes"] and rb["workspace_extra_bytes"] == ra["workspace_extra_bytes"]
+    assert want == 3674368  # 3.7 MB at 32 heads (docs/cuda_kernels.md)
 
 
 def test_draft_model():
