@@ -16,8 +16,9 @@
 //    lengths, chunks after cached context (chunked prefill, prefix-cache
 //    hits), several sequences in one launch, head_dim 64 and 128, GQA groups
 //    1, 4 and 8, a 32,768-token prompt and a 4,096-token chunk after 28,672
-//    cached (rows sampled: every 61st and the last of each sequence), and
-//    the kept plan: the same batch again with new K/V values. Exit 1 on a
+//    cached (rows sampled: every 61st and the last of each sequence),
+//    sliding windows and soft-capped scores (Mistral, Gemma 2/3), and the
+//    kept plan: the same batch again with new K/V values. Exit 1 on a
 //    failure.
 // 2. Timing on the issue's shapes (all of the prompt new, head_dim 128,
 //    32 query / 8 KV heads): 1 x 4096, 2 x 8192, 8 x 4096, 1 x 32768;
@@ -39,6 +40,8 @@ constexpr int BS = 16;
 
 struct Heads {
     int h, kv, hd;
+    int window = 0;       // > 0: the query at p sees keys (p - window, p]
+    float softcap = 0.0f; // > 0: scores s -> softcap * tanh(s / softcap)
 };
 
 // A batch: sequence s has q_len[s] new tokens after start[s] cached ones.
@@ -100,7 +103,12 @@ void setup(Setup &S, Heads hs, const Batch &b, uint64_t seed) {
     S.ws.alloc(pg_cuda_fi_prefill_ws_bytes(hs.h));
 }
 
-pg_kv_shape shape_of(const Setup &S) { return pg_kv_shape{S.n_blocks, BS, S.hs.kv, S.hs.hd, PG_KV_BF16}; }
+pg_kv_shape shape_of(const Setup &S) {
+    pg_kv_shape sh = {S.n_blocks, BS, S.hs.kv, S.hs.hd, PG_KV_BF16};
+    sh.window = S.hs.window;
+    sh.softcap = S.hs.softcap;
+    return sh;
+}
 
 int run_fi(pg_cuda_fi_prefill *fi, Setup &S) {
     return pg_cuda_fi_prefill_run(fi, S.out_fi.p, S.q.p, (int64_t)S.hs.h * S.hs.hd, S.kc.p, S.vc.p, shape_of(S),
@@ -152,17 +160,19 @@ std::vector<float> reference(const Setup &S, const std::vector<uint16_t> &hq, co
         int s = 0;
         while (t >= S.cu[s + 1]) s++;
         const int pos = S.sp[s] + (t - S.cu[s]);
+        const int j0 = S.hs.window > 0 ? std::max(0, pos - S.hs.window + 1) : 0;
         std::vector<float> sc(pos + 1), acc(HD, 0.0f);
         float mx = -INFINITY;
-        for (int j = 0; j <= pos; j++) {
+        for (int j = j0; j <= pos; j++) {
             const size_t slot = (size_t)S.bt[(size_t)s * S.bt_stride + j / BS] * BS + j % BS;
             float d = 0;
             for (int e = 0; e < HD; e++) d += bf2f(hq[((size_t)t * H + h) * HD + e]) * bf2f(hk[(slot * KV + kvh) * HD + e]);
             sc[j] = d * scale;
+            if (S.hs.softcap > 0.0f) sc[j] = S.hs.softcap * tanhf(sc[j] / S.hs.softcap);
             mx = std::max(mx, sc[j]);
         }
         float sum = 0;
-        for (int j = 0; j <= pos; j++) {
+        for (int j = j0; j <= pos; j++) {
             const float w = expf(sc[j] - mx);
             sum += w;
             const size_t slot = (size_t)S.bt[(size_t)s * S.bt_stride + j / BS] * BS + j % BS;
@@ -220,6 +230,7 @@ bool check_case(pg_cuda_fi_prefill *fi, const Case &c, uint64_t seed, bool again
 
 bool check(pg_cuda_fi_prefill *fi) {
     const Heads l8{32, 8, 128}, g1{8, 8, 128}, g4{4, 1, 128}, h64{8, 2, 64};
+    const Heads w128{32, 8, 128, 100}, wc64{8, 2, 64, 32, 30.0f}, c128{16, 8, 128, 0, 20.0f};
     const Case cases[] = {
         {"300 + 77 new, 50 after 150 (32/8 hd128)", l8, {{300, 77, 50}, {0, 0, 150}}},
         {"1 token; 1 after 1000; 17 (32/8 hd128)", l8, {{1, 1, 17}, {0, 1000, 0}}},
@@ -229,6 +240,9 @@ bool check(pg_cuda_fi_prefill *fi) {
         {"2048 after 6144, 1000 (8/2 hd64)", h64, {{2048, 1000}, {6144, 0}}},
         {"4096 after 28672 cached (32/8 hd128)", l8, {{4096}, {28672}}},
         {"32768 new (32/8 hd128)", l8, {{32768}, {0}}},
+        {"window 100: 300 new, 200 after 500 (32/8 hd128)", w128, {{300, 200}, {0, 500}}},
+        {"window 32, soft-cap 30: 129 after 15, 77 (8/2 hd64)", wc64, {{129, 77}, {15, 0}}},
+        {"soft-cap 20: 1000 after 24, 5 (16/8 hd128)", c128, {{1000, 5}, {24, 3}}},
     };
     bool ok = true;
     uint64_t seed = 11;

@@ -163,10 +163,11 @@ int pg_cuda_paged_prefill_attention_v(int version, void *out, const void *q, int
 // on the host: host_cu_q [n_seqs + 1] and host_start_pos [n_seqs] are host
 // copies of the device arrays (block_tables stays device). ws: the first
 // pg_cuda_fi_prefill_ws_bytes(n_heads) bytes hold the plan's device image
-// (stream-ordered, kept for every call of one step). PG_EUNSUPP, with
+// (stream-ordered, kept for every call of one step). kv.window and
+// kv.softcap as pg_cuda_paged_prefill_attention takes them. PG_EUNSUPP, with
 // nothing launched, for what this build does not run (no FlashInfer headers,
-// a KV type other than bf16, a window or a soft-cap, head_dim other than 64
-// or 128, stream capture, no host arrays or workspace): the caller runs
+// a KV type other than bf16, head_dim other than 64 or 128, stream capture,
+// no host arrays or workspace): the caller runs
 // pg_cuda_paged_prefill_attention instead.
 #define PG_CUDA_FI_MAX_WORKS_PER_HEAD 4096
 typedef struct pg_cuda_fi_prefill pg_cuda_fi_prefill;

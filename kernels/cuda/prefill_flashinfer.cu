@@ -128,13 +128,25 @@ struct PagedParams {
     bool causal;
 };
 
-template <int HD>
+// One instantiation per head_dim, window (LEFT_SLIDING_WINDOW) and
+// variant (StandardAttention, or LogitsSoftCap for Gemma 2's soft-capped
+// scores), each with both SAME_SCHEDULE_FOR_ALL_HEADS values (the plan picks).
+template <int HD, bool WIN, typename Variant>
 cudaError_t launch(PagedParams &p, bool same_schedule, cudaStream_t st) {
     if (same_schedule)
-        return BatchPrefillWithPagedKVCacheDispatched<HD, HD, MaskMode::kCausal, false, true, StandardAttention,
-                                                      PagedParams>(p, /*enable_pdl=*/false, st);
-    return BatchPrefillWithPagedKVCacheDispatched<HD, HD, MaskMode::kCausal, false, false, StandardAttention,
-                                                  PagedParams>(p, /*enable_pdl=*/false, st);
+        return BatchPrefillWithPagedKVCacheDispatched<HD, HD, MaskMode::kCausal, WIN, true, Variant, PagedParams>(
+            p, /*enable_pdl=*/false, st);
+    return BatchPrefillWithPagedKVCacheDispatched<HD, HD, MaskMode::kCausal, WIN, false, Variant, PagedParams>(
+        p, /*enable_pdl=*/false, st);
+}
+
+template <int HD>
+cudaError_t launch_hd(PagedParams &p, bool window, bool softcap, bool same_schedule, cudaStream_t st) {
+    if (window)
+        return softcap ? launch<HD, true, LogitsSoftCap>(p, same_schedule, st)
+                       : launch<HD, true, StandardAttention>(p, same_schedule, st);
+    return softcap ? launch<HD, false, LogitsSoftCap>(p, same_schedule, st)
+                   : launch<HD, false, StandardAttention>(p, same_schedule, st);
 }
 
 } // namespace
@@ -221,8 +233,8 @@ extern "C" int pg_cuda_fi_prefill_run(pg_cuda_fi_prefill *fi, void *out, const v
                                       const int32_t *host_start_pos, int32_t n_seqs, int32_t n_heads, float scale,
                                       void *ws, size_t ws_bytes, void *stream) {
     // What this build instantiates; the caller runs our kernel otherwise.
-    if (!fi || !host_cu_q || !host_start_pos || kv.dtype != PG_KV_BF16 || kv.window > 0 || kv.softcap > 0.0f ||
-        (kv.head_dim != 64 && kv.head_dim != 128) || n_heads % kv.n_kv_heads || n_seqs <= 0)
+    if (!fi || !host_cu_q || !host_start_pos || kv.dtype != PG_KV_BF16 || (kv.head_dim != 64 && kv.head_dim != 128) ||
+        n_heads % kv.n_kv_heads || n_seqs <= 0)
         return PG_EUNSUPP;
     const size_t region = pg_cuda_fi_prefill_ws_bytes(n_heads);
     if (!ws || ws_bytes < region) return PG_EUNSUPP;
@@ -314,7 +326,12 @@ extern "C" int pg_cuda_fi_prefill_run(pg_cuda_fi_prefill *fi, void *out, const v
     p.num_kv_heads = (int)nkv;
     p.group_size = n_heads / (int)nkv;
     p.page_size = kv.block_size;
-    p.window_left = -1;
+    // Our window w: the query at position p sees keys (p - w, p]; FlashInfer
+    // keeps keys >= p - window_left. Keys it loads before a window (its
+    // tiles are 64-96 keys) come from blocks the table may already have
+    // dropped to the null block 0, which is zeroed at allocation and never
+    // written, so the masked product reads finite values.
+    p.window_left = kv.window > 0 ? kv.window - 1 : -1;
     p.causal = true;
     p.head_dim = (int)hd;
     char *ib = (char *)ws;
@@ -329,12 +346,12 @@ extern "C" int pg_cuda_fi_prefill_run(pg_cuda_fi_prefill *fi, void *out, const v
     p.batch_indices = (int32_t *)(ib + pl.batch_indices_offset);
     p.kv_indices = (int32_t *)block_tables;
     p.additional_params.sm_scale = scale;
-    p.additional_params.logits_soft_cap = 0.0;
+    p.additional_params.logits_soft_cap = kv.softcap > 0.0f ? kv.softcap : 0.0; // s -> cap * tanh(s / cap)
     p.additional_params.scale_v_scalar = 1.0;
     cudaError_t e;
     try {
-        e = kv.head_dim == 64 ? launch<64>(p, pl.same_schedule_for_all_heads, st)
-                              : launch<128>(p, pl.same_schedule_for_all_heads, st);
+        const bool win = kv.window > 0, cap = kv.softcap > 0.0f, same = pl.same_schedule_for_all_heads;
+        e = kv.head_dim == 64 ? launch_hd<64>(p, win, cap, same, st) : launch_hd<128>(p, win, cap, same, st);
     } catch (const std::exception &ex) {
         return pg_err_set(PG_EIO, "cuda prefill (flashinfer): %s", ex.what());
     }
@@ -344,8 +361,8 @@ extern "C" int pg_cuda_fi_prefill_run(pg_cuda_fi_prefill *fi, void *out, const v
     }
     if (!fi->announced) {
         fi->announced = true;
-        PG_LOGI("cuda: FlashInfer prefill ran (first launch: %d sequences, %d query rows, head_dim %d)", n_seqs,
-                total, kv.head_dim);
+        PG_LOGI("cuda: FlashInfer prefill ran (first launch: %d sequences, %d query rows, head_dim %d, window %d, "
+                "soft-cap %g)", n_seqs, total, kv.head_dim, kv.window, (double)kv.softcap);
     }
     return 0;
 }

@@ -55,7 +55,8 @@
 #      against one table for every layer (identical texts) and with fp8 KV.
 #  10. FlashInfer's sm90 prefill (PAGED_CUDA_PREFILL=flashinfer): the kernel
 #      through pg_cuda_fi_prefill_run against an fp32 reference
-#      (bench_fi_prefill --check), then check 2's runner comparison with it.
+#      (bench_fi_prefill --check), then check 2's and check 9's runner
+#      comparisons with it, and check 9's layer groups against one table.
 # Programs come from build/gpu-pack/ (tools/pack_gpu.sh; its .tar.xz is
 # unpacked here when only the archive was carried), else build/.
 # Logs and JSON go to $OUT (the device tool's folder) or /tmp/paged-gpu.
@@ -667,8 +668,9 @@ done
 # --- 10. FlashInfer's sm90 prefill (PAGED_CUDA_PREFILL=flashinfer) ----------------------------
 # The kernel on our cache against an fp32 host reference (bench_fi_prefill
 # --check: every case through pg_cuda_fi_prefill_run), then the runner
-# against the CPU on both models with it; its log must say it ran (a silent
-# fallback to our kernel would pass without testing it). Not on a device
+# against the CPU with it on check 2's and check 9's models (windows,
+# soft-caps); its log must say it ran (a silent fallback to our kernel
+# would pass without testing it). Not on a device
 # other than compute 9.x, or a build without FlashInfer's headers (skipped).
 FI_BENCH=build/gpu/bench_fi_prefill
 [ -x build/gpu-pack/bench_fi_prefill ] && FI_BENCH=build/gpu-pack/bench_fi_prefill
@@ -677,7 +679,8 @@ if [ -x "$FI_BENCH" ] && [ $skip_kernels = 0 ]; then
 fi
 cc_major=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | cut -d. -f1)
 if [ "$cc_major" = 9 ] && [ -x "$FI_BENCH" ] && "$FI_BENCH" --check >/dev/null 2>&1; then
-    for m in "$m64" "$m128 --tol 3e-2"; do
+    # check 2's models, and check 9's Gemma models (windows, soft-caps)
+    for m in "$m64" "$m128 --tol 3e-2" "$g3" "$g2" "$g3h --gap 0.2"; do
         # shellcheck disable=SC2086
         PAGED_CUDA_PREFILL=flashinfer "$RUNNER_TEST" $m >/tmp/paged-fi-runner.log 2>&1
         rc_fi=$?
@@ -690,6 +693,30 @@ if [ "$cc_major" = 9 ] && [ -x "$FI_BENCH" ] && "$FI_BENCH" --check >/dev/null 2
         fi
         note "runner ${m%% *} flashinfer prefill: exit $rc_fi"
     done
+    # Check 9's layer-groups comparison with it: a windowed group's dropped
+    # blocks are the null block in its table, which FlashInfer's tiles
+    # before a window may load (masked), so the texts must stay identical.
+    PAGED_CUDA_PREFILL=flashinfer "$PAGED" generate --model $g3 --device cuda --prompts-file $gp \
+        >/tmp/paged-fg.jsonl 2>/tmp/paged-fg.log
+    rc_g=$?
+    PAGED_CUDA_PREFILL=flashinfer "$PAGED" generate --model $g3 --device cuda --disable-hybrid-kv-cache-manager \
+        --prompts-file $gp >/tmp/paged-fp.jsonl 2>/tmp/paged-fp.log
+    rc_p=$?
+    same_f=$(python3 - <<'PY'
+import json
+a = [json.loads(l) for l in open("/tmp/paged-fg.jsonl")]
+b = [json.loads(l) for l in open("/tmp/paged-fp.jsonl")]
+ok = all("error" not in x for x in a + b) and len(a) == len(b) == 8
+print(f"{sum(1 for x, y in zip(a, b) if x.get('text') == y.get('text'))}/{len(a)}" if ok else "0/8 (errors)")
+PY
+)
+    if [ $rc_g -ne 0 ] || [ $rc_p -ne 0 ] || [ "$same_f" != "8/8" ] || ! grep -q "FlashInfer prefill ran" /tmp/paged-fg.log; then
+        echo "FAIL: $g3 layer groups with FlashInfer's prefill (exit $rc_g/$rc_p, identical to one table $same_f)"
+        fail=1
+    else
+        echo "PASS: $g3 layer groups with FlashInfer's prefill (identical to one table $same_f)"
+    fi
+    note "generate $(basename $g3) cuda flashinfer prefill, KV layer groups vs one table: identical $same_f"
 else
     echo "skipped: FlashInfer's prefill in the runner (compute capability ${cc_major:-?}, or not built with its headers)"
 fi
