@@ -7,7 +7,7 @@
 #
 # 1. a plain greedy `paged generate` of N (default 1) prompts of random ids
 #    (PROMPT_LEN, default 128, below VOCAB) x MAX_TOKENS (default 256,
-#    ignore_eos) writes its outputs (greedy.jsonl: prompt_ids, output_ids);
+#    ignore_eos, --record-ids) writes its outputs (greedy.jsonl: prompt_ids, output_ids);
 # 2. the same with --speculative-config draft_model DRAFT replaying them,
 #    for every k in KS (default "1 2 4 8") and error rate in RATES (default
 #    "0 0.5"; seed SEED, default 1).
@@ -88,14 +88,14 @@ run() {
     return $rc
 }
 
-run greedy || { echo "the plain greedy run failed (exit $?): $out/greedy.log" >&2; exit 1; }
+run greedy --record-ids || { echo "the plain greedy run failed (exit $?): $out/greedy.log" >&2; exit 1; }
 recording=$out/greedy.jsonl
 if [ -n "${RECORD_K:-}" ]; then
     # The recording from a replayed run (R = 0, k RECORD_K): its tokens come
     # from the verify step's shape, where the plain run's decode steps may
     # break near-ties the other way (random weights on a GPU).
     spec="{\"method\": \"draft_model\", \"model\": \"$draft\", \"num_speculative_tokens\": $RECORD_K, \"replay\": \"$recording\"${SPEC_EXTRA:+, $SPEC_EXTRA}}"
-    run record --speculative-config "$spec" || { echo "the recording run failed: $out/record.log" >&2; exit 1; }
+    run record --record-ids --speculative-config "$spec" || { echo "the recording run failed: $out/record.log" >&2; exit 1; }
     recording=$out/record.jsonl
 fi
 names=()

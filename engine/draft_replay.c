@@ -73,7 +73,7 @@ static int parse_line(pg_replay *r, const char *path, int lineno, const char *li
         if (!p || !out) {
             rc = pg_err_set(PG_EINVAL,
                             "replay file %s: line %d has no \"prompt_ids\" and \"output_ids\" (write it with "
-                            "paged generate --prompts-file)", path, lineno);
+                            "paged generate --prompts-file --record-ids)", path, lineno);
         } else if (append_ids(r, p, true, &e.n_prompt) < 0 || append_ids(r, out, false, &e.n_out) < 0) {
             rc = pg_err_set(PG_EINVAL, "replay file %s: line %d: \"prompt_ids\" and \"output_ids\" must be lists "
                             "of token ids below the vocabulary's %d (a non-empty prompt)", path, lineno, r->vocab);

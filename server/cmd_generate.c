@@ -33,7 +33,10 @@ static const char *usage =
     "  --top-p P, --top-k K, --min-p P\n"
     "  --repetition-penalty R, --presence-penalty P, --frequency-penalty F\n"
     "  --seed S                      same seed, same text\n"
-    "  --ignore-eos                  generate max-tokens whatever the model says\n";
+    "  --ignore-eos                  generate max-tokens whatever the model says\n"
+    "  --record-ids                  --prompts-file: each result line also carries \"prompt_ids\"\n"
+    "                                (the prompt as the engine saw it), making the output a\n"
+    "                                replay draft's recording; \"output_ids\" are always there\n";
 
 // --- waiting for events ---------------------------------------------------------
 
@@ -232,7 +235,7 @@ static int read_prompts(const char *path, const job *proto, job **jobs, int *n_j
 
 // --- the command --------------------------------------------------------------------
 
-static void print_json_result(const job *j, int index) {
+static void print_json_result(const job *j, int index, bool record_ids) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "index", index);
     cJSON_AddStringToObject(o, "prompt", j->text);
@@ -241,9 +244,11 @@ static void print_json_result(const job *j, int index) {
     } else {
         cJSON_AddStringToObject(o, "text", j->out ? j->out : "");
         cJSON_AddStringToObject(o, "finish_reason", j->finish);
-        // The token ids too: a greedy run's lines are the replay draft's
-        // file (engine/draft_replay.h), matched by prompt ids.
-        cJSON_AddItemToObject(o, "prompt_ids", ids_array(j->ids, j->n_ids));
+        // The token ids too; with --record-ids the prompt's, so that a
+        // greedy run's lines are the replay draft's file (engine/
+        // draft_replay.h, matched by prompt ids). Not by default: a long
+        // prompt's ids are most of a line (800 KB for 131,000 tokens).
+        if (record_ids) cJSON_AddItemToObject(o, "prompt_ids", ids_array(j->ids, j->n_ids));
         cJSON_AddItemToObject(o, "output_ids", ids_array(j->toks, j->n_toks));
     }
     cJSON_AddNumberToObject(o, "prompt_tokens", j->n_ids);
@@ -286,6 +291,7 @@ int cmd_generate(int argc, char **argv) {
     proto.sp.max_tokens = 128;
     proto.sp.temperature = 0.8f;
     const char *prompt = NULL, *prompts_file = NULL, *system = NULL;
+    bool record_ids = false;
     for (int i = 0; i < argc; i++) {
         const char *f = argv[i];
         int r = pg_engine_option(&cfg, argc, argv, &i);
@@ -301,6 +307,8 @@ int cmd_generate(int argc, char **argv) {
             proto.chat = true;
         } else if (!strcmp(f, "--ignore-eos")) {
             proto.sp.ignore_eos = true;
+        } else if (!strcmp(f, "--record-ids")) {
+            record_ids = true;
         } else if (!v) {
             pg_err_set(PG_EINVAL, "unknown flag or missing value: %s", f);
             goto bad_flag;
@@ -444,7 +452,7 @@ int cmd_generate(int argc, char **argv) {
         }
     } else {
         for (int i = 0; i < n_jobs; i++) {
-            print_json_result(&jobs[i], i);
+            print_json_result(&jobs[i], i, record_ids);
             if (jobs[i].error[0]) rc = 1;
         }
     }

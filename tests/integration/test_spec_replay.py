@@ -3,7 +3,8 @@
 replay draft") end to end with `paged generate` on the default model, which
 is also the draft model:
 
-1. a greedy run writes its outputs ("prompt_ids", "output_ids" per line);
+1. a greedy run writes its outputs (--record-ids: "prompt_ids", "output_ids"
+   per line);
 2. the replayed run with replay_error_rate 0 gives the identical texts and
    ids, and acceptance 1.0 (every draft token accepted, from the engine's
    spec_decode counters that generate prints on stderr);
@@ -41,9 +42,11 @@ ARGS = ["--max-model-len", "1024", "--kv-cache-memory", "128M", "--temperature",
 COUNTS = re.compile(r"\[speculative decoding: (\d+) drafts, (\d+) draft tokens, (\d+) accepted")
 
 
-def generate(prompts_file, spec=None):
-    """(returncode, result lines, stderr) of paged generate --prompts-file."""
+def generate(prompts_file, spec=None, record=False):
+    """(returncode, result lines, stderr) of paged generate --prompts-file [--record-ids]."""
     cmd = [su.binary(), "generate", "--model", su.MODEL, "--prompts-file", prompts_file, *ARGS]
+    if record:
+        cmd.append("--record-ids")
     if spec is not None:
         cmd += ["--speculative-config", json.dumps(spec)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -87,7 +90,7 @@ def run(work):
             f.write(json.dumps({"prompt": p}) + "\n")
 
     # 1. The recording.
-    rc, greedy, err = generate(prompts)
+    rc, greedy, err = generate(prompts, record=True)
     assert rc == 0, err
     assert all(len(g["output_ids"]) == MAX_TOKENS and g["prompt_ids"] for g in greedy), greedy
     recording = os.path.join(work, "greedy.jsonl")
@@ -135,7 +138,15 @@ def run(work):
     with open(bad, "w") as f:
         f.write(json.dumps(greedy[0]) + "\n{\"prompt_ids\": [1, 2\n")
     missing = os.path.join(work, "missing.jsonl")
-    for path, reason in ((missing, "No such file or directory"), (bad, "line 2 is not a JSON object")):
+    # A run's output without --record-ids has "output_ids" but no "prompt_ids".
+    plain = os.path.join(work, "plain.jsonl")
+    with open(plain, "w") as f:
+        for g in got:
+            assert "output_ids" in g and "prompt_ids" not in g, g
+            f.write(json.dumps(g) + "\n")
+    for path, reason in ((missing, "No such file or directory"), (bad, "line 2 is not a JSON object"),
+                         (plain, "line 1 has no \"prompt_ids\" and \"output_ids\" (write it with paged generate "
+                                 "--prompts-file --record-ids)")):
         rc, _, err = generate(prompts, replay_spec(path, 0))
         lines = error_lines(err)
         print(f"refused: {lines}")
