@@ -15,6 +15,17 @@
 #                      requests (call write_prompts first)
 #   summ FILE          one line from `paged generate`'s JSONL output:
 #                      requests, tokens, seconds, output tok/s, errors, TPOT
+#   long_prompt N VOCAB  /tmp/long_N.jsonl: one prompt of N random ids
+#                      below VOCAB, max_tokens 1, greedy (time to first token)
+#   ttft FILE          "ttft_ms T output_ids [...]" of a generate output's
+#                      first line
+#   serve_up LOG ARGS... `$P serve ARGS --port 18400` (environment as
+#                      exported), output to LOG, waits for /health;
+#                      SERVE_PID
+#   serve_down         SIGTERM to it, and waits
+#   w4 NAME [ARGS...]  served W4 through bench/bench_serve.py (1,000 in /
+#                      256 out, 200 clients, 60 s, drain 30 s, seed 4) against
+#                      the server up: $R/NAME.txt and .json; ARGS override
 call_init() {
     CALL=$1
     T0=$(date +%s)
@@ -51,4 +62,39 @@ t=max(r.get('total_ms',0) for r in rows)/1e3; n=sum(r.get('completion_tokens',0)
 e=sum(1 for r in rows if 'error' in r)
 tp=[r['tpot_ms'] for r in rows if r.get('tpot_ms')]
 print(len(rows),'requests',n,'tokens',round(t,3),'s',round(n/t),'output tok/s', e,'errors', 'tpot_ms', round(sum(tp)/len(tp),4) if tp else '-')" "$1" 2>&1
+}
+long_prompt() {
+    python3 - "$1" "$2" <<'PY'
+import json, random, sys
+n, vocab = int(sys.argv[1]), int(sys.argv[2])
+r = random.Random(7)
+with open(f"/tmp/long_{n}.jsonl", "w") as f:
+    print(json.dumps({"prompt_ids": [r.randrange(0, vocab) for _ in range(n)], "max_tokens": 1,
+                      "temperature": 0, "ignore_eos": True}), file=f)
+PY
+}
+ttft() {
+    python3 -c "
+import json,sys
+r=json.loads(open(sys.argv[1]).readline()); print('ttft_ms', round(r.get('ttft_ms',-1),1), r.get('output_ids'), r.get('error',''))" "$1" 2>&1
+}
+serve_up() {
+    local log=$1
+    shift
+    "$P" serve "$@" --port 18400 > "$log" 2>&1 &
+    SERVE_PID=$!
+    for _ in $(seq 1 900); do curl -sf localhost:18400/health > /dev/null && return 0; sleep 0.2; done
+    echo "serve_up: no /health after 180 s ($log)"
+    return 1
+}
+serve_down() { kill -TERM "$SERVE_PID"; wait "$SERVE_PID"; }
+w4() {
+    local name=$1
+    shift
+    timeout 130 python3 bench/bench_serve.py --port 18400 --warmup 0 --seed 4 --input-len 1000 --output-len 256 \
+        --concurrency 200 --num-prompts 1616 --max-seconds 60 --drain-seconds 30 --progress-seconds 0 \
+        --out "$R/$name.json" "$@" > "$R/$name.txt" 2>&1
+    local rc=$?
+    rm -f "$R/$name.json.requests"
+    return $rc
 }
