@@ -45,6 +45,7 @@ typedef struct pg_engine_config {
     int32_t kv_blocks;           // overrides kv_cache_bytes when > 0
     int64_t swap_bytes;          // host KV blocks: swap space + host tier (-1 = default, 0 = none)
     bool no_host_kv_cache;       // host blocks for swap preemption only (no host tier)
+    bool host_kv_reused_only;    // --host-kv-offload reused: the tier copies only blocks hit since cached
     // KV layer groups off (vLLM's --disable-hybrid-kv-cache-manager): every
     // layer in one block table, sliding-window layers keeping every block.
     bool disable_kv_layer_groups;

@@ -378,6 +378,7 @@ int eng_setup(pg_engine *e) {
     // them (engine/memplan.c says why the CPU has none by default).
     int32_t host_blocks = pg_host_kv_blocks(cfg, !on_cpu, e->kv_blocks, per_block, pg_host_ram_bytes());
     sc.enable_host_kv_cache = host_blocks > 0 && sc.enable_prefix_caching && !cfg->no_host_kv_cache;
+    sc.host_kv_reused_only = cfg->host_kv_reused_only;
     // A pool that cannot hold one sequence of the full model length is a
     // configuration error, reported with what would fit.
     const int32_t need = pg_engine_kv_blocks_needed(e->max_model_len, &sc);
@@ -498,8 +499,11 @@ int eng_setup(pg_engine *e) {
             be->name, tp > 1 ? " (each rank: its heads of every block)" : "", e->kv_blocks - 1, sc.block_size, (long long)(e->kv_blocks - 1) * sc.block_size,
             gm.kv / G, kv_type, per_block, host_blocks, gm.host_swap / G,
             host_blocks == 0                ? "none"
-            : sc.enable_host_kv_cache       ? (sc.preemption_mode == SCHED_PREEMPT_SWAP ? "swap space and host KV tier"
-                                                                                       : "host KV tier")
+            : sc.enable_host_kv_cache       ? (sc.preemption_mode == SCHED_PREEMPT_SWAP
+                                                   ? (sc.host_kv_reused_only ? "swap space and host KV tier (reused blocks)"
+                                                                             : "swap space and host KV tier")
+                                                   : (sc.host_kv_reused_only ? "host KV tier (reused blocks)"
+                                                                             : "host KV tier"))
                                             : "swap space",
             e->max_model_len);
     if (lay.n_groups > 1 || lay.window[0] > 0) {

@@ -222,6 +222,7 @@ static void offload(kvp_pool *p, int32_t b) {
         return;
     }
     if (p->n_host_free == 0) return; // every host block is held: forget it
+    if (p->cfg.host_tier_reused_only && !p->blocks[b].reused) return; // never hit: not worth the copy
     hb = kvpi_host_alloc(p);
     held_push(p, hb); // its ref: written by this plan
     p->hblocks[hb].hashed = true;
@@ -242,6 +243,7 @@ int32_t kvpi_block_alloc(kvp_pool *p) {
         if (p->tier) offload(p, b);
         map_remove(&p->map, x->hash);
         x->hashed = false;
+        x->reused = false;
         p->n_cached_free--;
         p->evictions++;
     }
@@ -589,6 +591,7 @@ int kvp_grow(kvp_pool *p, const kvp_grow_item *items, int32_t n, kvp_moves *copi
                 int32_t b = kvpi_map_find(&p->map, key);
                 if (b > 0) {
                     block_incref(p, b);
+                    p->blocks[b].reused = true;
                     *e = b;
                 } else {
                     int32_t h = kvpi_map_find(&p->hmap, key);

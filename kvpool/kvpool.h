@@ -68,6 +68,11 @@ typedef struct kvp_config {
     int32_t block_size;         // tokens per block (default 16)
     bool enable_prefix_caching; // default true
     bool enable_host_tier;      // evicted cached blocks go to free host blocks (default false)
+    // With the host tier: offload only blocks a lookup has hit since they
+    // were cached (SGLang's write_through_selective), so traffic whose
+    // prefixes never repeat costs no copy (docs/engine.md); default false:
+    // every evicted cached block.
+    bool host_tier_reused_only;
     // Layer groups (see the top): block tables per sequence (0 counts as 1;
     // negative or above KVP_MAX_GROUPS is PG_EINVAL) and each one's window
     // in positions (0: the group sees every earlier key, its blocks are
@@ -291,6 +296,14 @@ int32_t kvp_swap_out_cost(const kvp_pool *p, kvp_table *const *tables, int32_t n
 // (device, host) move per distinct block to `moves`, drops the device refs
 // (tail first) and leaves the tables swapped with the same sharing.
 // PG_ENOSPC (nothing changed) when the host has too few free blocks.
+// The plan's order contract: a plan's moves run swap-outs (with the host
+// tier's offloads), then swap-ins (with its loads), then copies, then the
+// forward; so within one plan a table must not be swapped out or released
+// after it was grown with copy-on-write copies, swapped in or filled from
+// the host tier, and no block such a move reads may be freed for reuse.
+// The scheduler keeps it by preempting only the tail of the running list
+// before that tail grows, and admitting (which never preempts) last
+// (tests/unit/test_kvpool.c, test_tier_random_plans_against_model).
 int kvp_swap_out(kvp_pool *p, kvp_table *const *tables, int32_t n, kvp_moves *moves);
 
 // Device blocks needed to swap `tables` back in.

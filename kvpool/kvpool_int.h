@@ -13,6 +13,7 @@ typedef struct blk {
     int32_t prev; // free-list links, valid while ref == 0 (not block 0)
     int32_t next;
     bool hashed; // `hash` is in the prefix-cache map, pointing here
+    bool reused; // device only: a lookup adopted it since it was cached (host_tier_reused_only)
     kvp_hash hash;
 } blk;
 

@@ -394,6 +394,7 @@ int sched_create(const sched_config *cfg, sched **out) {
     kc.block_size = cfg->block_size;
     kc.enable_prefix_caching = cfg->enable_prefix_caching;
     kc.enable_host_tier = cfg->enable_host_kv_cache;
+    kc.host_tier_reused_only = cfg->host_kv_reused_only;
     kc.n_groups = cfg->kv_groups;
     memcpy(kc.group_window, cfg->kv_group_window, sizeof kc.group_window);
     kvp_pool *pool;

@@ -86,6 +86,9 @@ const char *pg_engine_options_help =
     "                                the prefix cache's host tier (default: 4 GiB bounded by\n"
     "                                10% of RAM on a GPU; none on the CPU; 0 = none)\n"
     "  --no-host-kv-cache            host blocks for swap preemption only (no host tier)\n"
+    "  --host-kv-offload all|reused  which evicted prefix blocks the host tier copies: every\n"
+    "                                one (default), or those a request reused since they were\n"
+    "                                cached (SGLang's write_through_selective)\n"
     "  --disable-hybrid-kv-cache-manager  one block table for every layer: sliding-window\n"
     "                                layers keep all their blocks (default: they keep their\n"
     "                                window's; docs/kv_layer_groups.md)\n"
@@ -422,6 +425,13 @@ int pg_engine_option(pg_engine_config *c, int argc, char **argv, int *i) {
     }
     if (!strcmp(f, "--no-host-kv-cache")) {
         c->no_host_kv_cache = true;
+        return 1;
+    }
+    if (!strcmp(f, "--host-kv-offload")) {
+        NEED_VALUE();
+        if (strcmp(v, "all") && strcmp(v, "reused"))
+            return pg_err_set(PG_EINVAL, "--host-kv-offload must be all or reused");
+        c->host_kv_reused_only = !strcmp(v, "reused");
         return 1;
     }
     if (!strcmp(f, "--disable-hybrid-kv-cache-manager")) {

@@ -8,6 +8,8 @@ cached_tokens reports the cached tokens), its greedy output is identical to
 the first, and its time to first token (median of 3, each after a fresh
 eviction) is compared with the same run on a server without the host tier,
 which recomputes the prefix. At the end no block is in use, device or host.
+With --host-kv-offload reused the prefix is not copied on its first
+eviction (no request reused it), and is after a request reused it.
 
 PAGED_HKV_MIN_SPEEDUP (default 2) is the least TTFT ratio accepted."""
 import os
@@ -112,7 +114,46 @@ def run(host_tier):
         return statistics.median(times), first["choices"][0]["text"], n_prompt, cached
 
 
+def cached_tokens(body):
+    return (body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+
+
+def run_reused():
+    """--host-kv-offload reused: evicted blocks go to the host only once a
+    request reused them (SGLang's write_through_selective)."""
+    args = ARGS + HOST_TIER + ["--host-kv-offload", "reused"]
+    with su.Server(*args, default_args=False, ready_timeout=180) as srv:
+        port = srv.port
+        assert "host KV tier (reused blocks)" in srv.log(), srv.log()
+        first = complete(port, PROMPT)
+        n_prompt = first["usage"]["prompt_tokens"]
+        evict(port)  # the prefix, never reused, is forgotten: no copy
+        m0 = su.metrics(port)
+        assert su.metric(m0, "paged:kv_host_offloads_total") == 0
+        again = complete(port, PROMPT)  # recomputed
+        assert cached_tokens(again) == 0 and again["choices"][0]["text"] == first["choices"][0]["text"]
+        third = complete(port, PROMPT)  # a device hit: the prefix is reused now
+        assert cached_tokens(third) >= n_prompt - 32, third["usage"]
+        evict(port)  # copied on eviction this time
+        m1 = su.metrics(port)
+        assert su.metric(m1, "paged:kv_host_offloads_total") >= (n_prompt - 32) // 16
+        fourth = complete(port, PROMPT)
+        m2 = su.metrics(port)
+        host_hits = su.metric(m2, "paged:prefix_cache_host_hits_total") - \
+            su.metric(m1, "paged:prefix_cache_host_hits_total")
+        assert cached_tokens(fourth) >= n_prompt - 32 and host_hits >= cached_tokens(fourth) - 16, \
+            (fourth["usage"], host_hits)
+        assert fourth["choices"][0]["text"] == first["choices"][0]["text"]
+        m = su.wait_idle(port)
+        assert su.metric(m, "paged:kv_cache_blocks", state="used") == 0
+        assert su.metric(m, "paged:host_kv_cache_blocks", state="used") == 0
+        print(f"--host-kv-offload reused: no copy of the unreused prefix; after its reuse "
+              f"{int(su.metric(m1, 'paged:kv_host_offloads_total'))} blocks copied, {int(host_hits)} tokens "
+              f"loaded back", flush=True)
+
+
 def main():
+    run_reused()
     t_host, text_host, n_prompt, cached = run(True)
     t_re, text_re, _, _ = run(False)
     assert text_host == text_re, (text_host, text_re)

@@ -335,7 +335,8 @@ def test_draft_model():
 
 def test_bad_flags():
     for args in (["--plan-seq-len", "0"], ["--plan-seq-len"], ["--device-memory", "lots"], ["--bogus"],
-                 ["--device", "cpu", "--device-memory", "141G"], ["--kv-cache-dtype", "fp9"]):
+                 ["--device", "cpu", "--device-memory", "141G"], ["--kv-cache-dtype", "fp9"],
+                 ["--host-kv-offload", "sometimes"], ["--host-kv-offload"]):
         rc, out, err = plan(*args)
         lines = [l for l in err.splitlines() if l.strip()]
         assert rc == 2 and len(lines) == 1 and lines[0].startswith("paged plan: "), (args, rc, out, err)
@@ -344,6 +345,8 @@ def test_bad_flags():
                         "--kv-cache-dtype", "fp8_e4m3_scaled", model=False)
     lines = [l for l in err.splitlines() if l.strip()]
     assert rc == 2 and len(lines) == 1 and "fp8_e4m3_scaled is CPU-only" in err, (rc, out, err)
+    rc, out, err = plan("--host-kv-offload", "sometimes")
+    assert "--host-kv-offload must be all or reused" in err, err
     rc, out, err = plan("--device", "cuda")
     if not subprocess.run(["sh", "-c", "nvidia-smi -L 2>/dev/null | grep -q GPU"]).returncode == 0:
         assert rc == 2 and "--device-memory" in err, err

@@ -813,17 +813,22 @@ static void test_random_ops_keep_invariants(void **state) {
 // ---------------------------------------------------------------------------
 // Host tier
 
-static kvp_pool *make_tier_pool(int32_t n_blocks, int32_t n_host, int32_t bs) {
+static kvp_pool *make_tier_pool_policy(int32_t n_blocks, int32_t n_host, int32_t bs, bool reused_only) {
     kvp_config c;
     kvp_config_default(&c);
     c.num_blocks = n_blocks;
     c.num_host_blocks = n_host;
     c.block_size = bs;
     c.enable_host_tier = true;
+    c.host_tier_reused_only = reused_only;
     kvp_pool *p = NULL;
     assert_int_equal(kvp_create(&c, &p), 0);
     assert_true(kvp_host_tier(p));
     return p;
+}
+
+static kvp_pool *make_tier_pool(int32_t n_blocks, int32_t n_host, int32_t bs) {
+    return make_tier_pool_policy(n_blocks, n_host, bs, false);
 }
 
 // A cached device block that allocation evicts is copied to a host block
@@ -872,6 +877,73 @@ static void test_tier_eviction_offloads_to_host(void **state) {
     kvp_table_release(p, &b);
     kvp_table_fini(&a);
     kvp_table_fini(&b);
+    kvp_moves_fini(&cp);
+    kvp_moves_fini(&out);
+    kvp_moves_fini(&in);
+    kvp_destroy(p);
+}
+
+// host_tier_reused_only (--host-kv-offload reused): an evicted cached block
+// that no lookup adopted since it was cached is forgotten, not copied; once
+// a request has reused it, its eviction offloads it as before.
+static void test_tier_reused_only(void **state) {
+    (void)state;
+    kvp_pool *p = make_tier_pool_policy(5, 4, 4, true);
+    kvp_moves cp = {0}, out = {0}, in = {0};
+    kvp_table a, b, a2, c, d;
+    kvp_table_init(&a);
+    kvp_table_init(&b);
+    kvp_table_init(&a2);
+    kvp_table_init(&c);
+    kvp_table_init(&d);
+    int32_t ta[9];
+    seq_tokens(ta, 9, 100);
+    kvp_stats st;
+    // Cached, never reused: evicted without a copy.
+    grow(p, &a, 9, &cp);
+    kvp_table_commit(p, &a, ta, 9); // 2 full blocks cached
+    kvp_table_release(p, &a);
+    grow(p, &b, 16, &cp); // every device block: evicts both
+    kvp_take_tier_moves(p, &out, &in);
+    assert_int_equal(out.n + in.n, 0);
+    kvp_stats_get(p, &st);
+    assert_int_equal(st.evictions, 2);
+    assert_int_equal(st.offloads, 0);
+    assert_int_equal(st.num_host_cached, 0);
+    kvp_release_holds(p);
+    kvp_table_release(p, &b);
+    // Cached again, then reused by a lookup: its eviction copies it.
+    grow(p, &a2, 9, &cp);
+    kvp_table_commit(p, &a2, ta, 9);
+    int32_t hits = kvp_table_lookup(p, &c, ta, 9);
+    assert_int_equal(hits, 2);
+    kvp_grow_item it = {&c, hits, 1};
+    assert_int_equal(kvp_grow(p, &it, 1, &cp), 0);
+    kvp_table *ts[] = {&a2, &c};
+    check_pool(p, ts, 2);
+    kvp_table_release(p, &a2);
+    kvp_table_release(p, &c);
+    grow(p, &d, 16, &cp); // evicts the two reused blocks
+    kvp_take_tier_moves(p, &out, &in);
+    assert_int_equal(out.n, 2);
+    assert_int_equal(in.n, 0);
+    kvp_stats_get(p, &st);
+    assert_int_equal(st.evictions, 4);
+    assert_int_equal(st.offloads, 2);
+    assert_int_equal(st.num_host_cached, 2);
+    kvp_release_holds(p);
+    kvp_table *td[] = {&d};
+    check_pool(p, td, 1);
+    kvp_table probe;
+    kvp_table_init(&probe);
+    assert_int_equal(kvp_table_lookup(p, &probe, ta, 9), 2); // on the host now
+    kvp_table_fini(&probe);
+    kvp_table_release(p, &d);
+    kvp_table_fini(&a);
+    kvp_table_fini(&b);
+    kvp_table_fini(&a2);
+    kvp_table_fini(&c);
+    kvp_table_fini(&d);
     kvp_moves_fini(&cp);
     kvp_moves_fini(&out);
     kvp_moves_fini(&in);
@@ -1080,10 +1152,9 @@ static void test_tier_swap_takes_host_cache(void **state) {
 // copies) and then the "forward" checks that every computed block of every
 // table holds the content its tokens call for, and writes the new ones.
 // Ref counts, free counts and the maps are checked after every plan.
-static void test_tier_random_plans_against_model(void **state) {
-    (void)state;
+static void tier_random_plans(bool reused_only, uint64_t seed0) {
     enum { NT = 10, MAXTOK = 48, BS = 4, NB = 20, NH = 10 };
-    kvp_pool *p = make_tier_pool(NB, NH, BS);
+    kvp_pool *p = make_tier_pool_policy(NB, NH, BS, reused_only);
     kvp_moves cp = {0}, out = {0}, in = {0};
     kvp_table t[NT];
     kvp_table *ts[NT];
@@ -1093,16 +1164,34 @@ static void test_tier_random_plans_against_model(void **state) {
         ts[i] = &t[i];
         for (int j = 0; j < MAXTOK; j++) tok[i][j] = (i % 3) * 1000 + j;
     }
-    uint64_t rng = 7;
+    uint64_t rng = seed0;
     int64_t hits_total = 0;
     for (int plan = 0; plan < 4000; plan++) {
         kvp_release_holds(p);
         cp.n = out.n = in.n = 0;
-        int n_ops = 1 + (int)(rng_next(&rng) % 4);
+        // The scheduler's order within a plan (scheduler/sched.c): the
+        // tail of the running list is preempted (released or swapped out)
+        // before it has grown this plan, the running tables grow (with
+        // copy-on-write copies of tails their own forks share), then
+        // admissions (swap-ins, lookups that may load from the host tier)
+        // follow, which never preempt. So no block a plan loads or copies
+        // into or out of is swapped out, released or reallocated by the same
+        // plan, whose moves run swap-outs, swap-ins, then copies
+        // (kvpool.h, kvp_swap_out). Here: releases and swap-outs first, then
+        // growth and forks, then admissions; a table grown, forked or
+        // loaded in this plan is not released or swapped out in it.
+        bool touched[NT] = {false};
+        int n_ops = 1 + (int)(rng_next(&rng) % 4), ops[4][2];
         for (int k = 0; k < n_ops; k++) {
-            int i = (int)(rng_next(&rng) % NT);
+            ops[k][0] = (int)(rng_next(&rng) % NT);
+            ops[k][1] = (int)(rng_next(&rng) % 6);
+        }
+        for (int k = 0; k < 3 * n_ops; k++) {
+            int i = ops[k % n_ops][0], op = ops[k % n_ops][1];
             kvp_table *x = &t[i];
-            switch (rng_next(&rng) % 6) {
+            const int phase = op == 2 || op == 4 ? 0 : op == 5 || (op <= 1 && x->n_blocks == 0) ? 2 : 1;
+            if (phase != k / n_ops) continue;
+            switch (op) {
             case 0:
             case 1: { // grow, with a lookup when empty
                 if (x->swapped) break;
@@ -1110,13 +1199,17 @@ static void test_tier_random_plans_against_model(void **state) {
                 if (x->n_tokens + n > MAXTOK) break;
                 int32_t hits = x->n_blocks ? 0 : kvp_table_lookup(p, x, tok[i], x->n_tokens + n);
                 kvp_grow_item it = {x, hits, x->n_tokens + n - hits * BS - x->n_tokens};
-                if (kvp_grow(p, &it, 1, &cp) == 0 && hits) {
-                    computed[i] = hits * BS;
-                    hits_total += hits;
+                if (kvp_grow(p, &it, 1, &cp) == 0) {
+                    touched[i] = true;
+                    if (hits) {
+                        computed[i] = hits * BS;
+                        hits_total += hits;
+                    }
                 }
                 break;
             }
             case 2:
+                if (touched[i]) break;
                 kvp_table_release(p, x);
                 computed[i] = 0;
                 break;
@@ -1125,14 +1218,15 @@ static void test_tier_random_plans_against_model(void **state) {
                 if (j != i && t[j].n_blocks == 0 && j % 3 == i % 3) {
                     kvp_table_fork(p, x, &t[j], x->n_tokens);
                     computed[j] = computed[i];
+                    touched[j] = true;
                 }
                 break;
             }
             case 4:
-                if (x->n_blocks && !x->swapped) (void)kvp_swap_out(p, &x, 1, &out);
+                if (x->n_blocks && !x->swapped && !touched[i]) (void)kvp_swap_out(p, &x, 1, &out);
                 break;
             case 5:
-                if (x->n_blocks && x->swapped) (void)kvp_swap_in(p, &x, 1, &in);
+                if (x->n_blocks && x->swapped && kvp_swap_in(p, &x, 1, &in) == 0) touched[i] = true;
                 break;
             }
         }
@@ -1165,6 +1259,9 @@ static void test_tier_random_plans_against_model(void **state) {
     check_pool(p, ts, 0);
     kvp_stats st;
     kvp_stats_get(p, &st);
+    print_message("tier random plans%s: %lld hits, %lld host-hit tokens, %lld offloads, %lld evictions, %lld host "
+                  "evictions\n", reused_only ? " (reused only)" : "", (long long)hits_total, (long long)st.host_hits,
+                  (long long)st.offloads, (long long)st.evictions, (long long)st.host_evictions);
     assert_true(hits_total > 200 && st.host_hits > 100 && st.offloads > 100 && st.host_evictions > 20);
     assert_int_equal(st.num_free, NB - 1);
     assert_int_equal(st.num_host_used, 0);
@@ -1173,6 +1270,20 @@ static void test_tier_random_plans_against_model(void **state) {
     kvp_moves_fini(&out);
     kvp_moves_fini(&in);
     kvp_destroy(p);
+}
+
+static void test_tier_random_plans_against_model(void **state) {
+    (void)state;
+    // 214 and 106 are walks that broke the plan-order contract before the
+    // ops followed the scheduler's phases.
+    for (uint64_t seed = 0; seed < 3; seed++) tier_random_plans(false, (uint64_t[]){7, 214, 106}[seed]);
+}
+
+// The same walk with --host-kv-offload reused: fewer offloads, the same
+// contents wherever a host hit loads a block.
+static void test_tier_reused_only_random_plans_against_model(void **state) {
+    (void)state;
+    for (uint64_t seed = 0; seed < 3; seed++) tier_random_plans(true, (uint64_t[]){7, 214, 106}[seed]);
 }
 
 // ---------------------------------------------------------------------------
@@ -1736,10 +1847,12 @@ int main(void) {
         cmocka_unit_test(test_stats_usage),
         cmocka_unit_test(test_random_ops_keep_invariants),
         cmocka_unit_test(test_tier_eviction_offloads_to_host),
+        cmocka_unit_test(test_tier_reused_only),
         cmocka_unit_test(test_tier_lookup_hits_host_and_loads),
         cmocka_unit_test(test_tier_host_lru_eviction_when_full),
         cmocka_unit_test(test_tier_swap_takes_host_cache),
         cmocka_unit_test(test_tier_random_plans_against_model),
+        cmocka_unit_test(test_tier_reused_only_random_plans_against_model),
         cmocka_unit_test(test_groups_rows_slide_fork_swap),
         cmocka_unit_test(test_groups_prefix_hits),
         cmocka_unit_test(test_groups_blocks_for),
