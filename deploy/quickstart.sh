@@ -82,8 +82,9 @@ setup_venv() {
         "$VENV/bin/python3" -c "import cutlass_library" 2>/dev/null ||
             "$VENV/bin/pip" install -q --disable-pip-version-check nvidia-cutlass
         # flashinfer-python: FlashInfer's header library (its sm90 prefill),
-        # for kernels/cuda/prefill_flashinfer.cu (PAGED_CUDA_PREFILL=flashinfer;
-        # issue 29; the build finds flashinfer/data/include here). --no-deps: the headers are all the
+        # for kernels/cuda/prefill_flashinfer.cu and prefill_fp8_flashinfer.cu
+        # (the prefill attention on Hopper; issue 29; the build finds
+        # flashinfer/data/include here). --no-deps: the headers are all the
         # build reads, and the package's Python dependencies (torch among
         # them) are not needed for that.
         [ -f "$(ls -d "$VENV"/lib/python3*/site-packages/flashinfer/data/include 2>/dev/null | head -1)/flashinfer/attention/hopper/prefill_sm90.cuh" ] ||

@@ -114,7 +114,8 @@ static size_t cuda_attn_ws(int32_t max_seqs, int32_t nh, int32_t nkv, int32_t hd
     if (max_seqs <= 0 || nh <= 0 || nkv <= 0 || nh % nkv) return 0;
     size_t exact;
     if (pg_backend_cuda_attn_workspace(max_seqs, nh, nkv, hd, len, &exact)) return exact;
-    // FlashInfer's prefill plan (PAGED_CUDA_PREFILL=flashinfer), as the backend adds it.
+    // FlashInfer's prefill plan image, as the backend adds it on a Hopper GPU
+    // (the default; PAGED_CUDA_PREFILL=paged adds none).
     const size_t fi = pg_cuda_fi_prefill_requested() ? pg_cuda_fi_prefill_ws_bytes(nh) : 0;
     const int64_t group = nh / nkv;
     const int64_t tiles = ((int64_t)len + PG_CUDA_DECODE_TILE_KEYS - 1) / PG_CUDA_DECODE_TILE_KEYS;

@@ -87,8 +87,8 @@ typedef struct pg_attn_batch {
     size_t workspace_bytes;
     // Host copies of start_pos and cu_q, valid while the step's forward is
     // issued, or NULL: a kernel planned on the host (CUDA's FlashInfer
-    // prefill, PAGED_CUDA_PREFILL=flashinfer) reads them; without them
-    // the backend runs its own kernel.
+    // prefill, the default on Hopper) reads them; without them the
+    // backend runs its own kernel.
     const int32_t *host_start_pos, *host_cu_q;
 } pg_attn_batch;
 
@@ -407,7 +407,8 @@ typedef struct pg_backend_ops {
     // head h reads KV head h / (n_heads / n_kv_heads). window > 0: sliding
     // window attention (Gemma's local layers), the query at position p sees
     // the keys at positions (p - window, p] only; 0: every earlier key.
-    // (CUDA refuses window > 0 for now.)
+    // q is the layer's to spend: a backend may overwrite its rows (CUDA's
+    // FlashInfer fp8 prefill writes the prefill rows' e4m3 codes in place).
     int (*attention)(pg_backend *b, pg_tensor out, pg_tensor q, const pg_attn_batch *ab,
                      const void *k_cache, const void *v_cache, pg_kv_shape shape, int32_t n_heads,
                      float scale, int32_t window);

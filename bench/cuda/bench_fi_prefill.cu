@@ -32,6 +32,8 @@
 #include <chrono>
 
 #include "tests/gpu/gpu_util.h"
+#include "kernels/dtype.h"                    // (kernels_test_common.cuh's FP8 weight maker)
+#include "tests/gpu/kernels_test_common.cuh" // e4m3 on the host
 #include "bench/bench_cuda_util.cuh"
 
 namespace {
@@ -42,6 +44,7 @@ struct Heads {
     int h, kv, hd;
     int window = 0;       // > 0: the query at p sees keys (p - window, p]
     float softcap = 0.0f; // > 0: scores s -> softcap * tanh(s / softcap)
+    bool f8 = false;      // fp8 e4m3 cache with per-head scales (PAGED_CUDA_FI_FP8's kernel)
 };
 
 // A batch: sequence s has q_len[s] new tokens after start[s] cached ones.
@@ -61,7 +64,7 @@ struct Setup {
     Batch b;
     int n_blocks = 0, bt_stride = 0, max_q = 0;
     std::vector<int32_t> bt, cu, sp; // padded block tables, cu_q, start_pos (host copies too)
-    DBuf kc, vc, q, out_fi, out_pg, dbt, dcu, dsp, ws;
+    DBuf kc, vc, q, out_fi, out_pg, dbt, dcu, dsp, ws, scales;
     size_t kv_elems = 0, q_elems = 0;
 };
 
@@ -92,8 +95,12 @@ void setup(Setup &S, Heads hs, const Batch &b, uint64_t seed) {
     }
     S.kv_elems = (size_t)S.n_blocks * BS * hs.kv * hs.hd;
     S.q_elems = (size_t)b.tokens() * hs.h * hs.hd;
-    S.kc.alloc(S.kv_elems * 2);
-    S.vc.alloc(S.kv_elems * 2);
+    S.kc.alloc(S.kv_elems * (hs.f8 ? 1 : 2));
+    S.vc.alloc(S.kv_elems * (hs.f8 ? 1 : 2));
+    // fp8: K's then V's scale per KV head, unequal so a head mixed up shows
+    std::vector<float> sc(2 * (size_t)hs.kv);
+    for (int i = 0; i < 2 * hs.kv; i++) sc[i] = (0.5f + 0.25f * (float)(i % 5)) / 448.0f;
+    S.scales.up(sc);
     S.q.alloc(S.q_elems * 2);
     S.out_fi.alloc(S.q_elems * 2);
     S.out_pg.alloc(S.q_elems * 2);
@@ -104,7 +111,8 @@ void setup(Setup &S, Heads hs, const Batch &b, uint64_t seed) {
 }
 
 pg_kv_shape shape_of(const Setup &S) {
-    pg_kv_shape sh = {S.n_blocks, BS, S.hs.kv, S.hs.hd, PG_KV_BF16};
+    pg_kv_shape sh = {S.n_blocks, BS, S.hs.kv, S.hs.hd, S.hs.f8 ? PG_KV_FP8_E4M3 : PG_KV_BF16};
+    if (S.hs.f8) sh.scales = S.scales.as<float>();
     sh.window = S.hs.window;
     sh.softcap = S.hs.softcap;
     return sh;
@@ -150,8 +158,8 @@ double rel_err(const std::vector<uint16_t> &out, const std::vector<float> &ref, 
 }
 
 // The fp32 reference for the checked rows, through the block tables.
-std::vector<float> reference(const Setup &S, const std::vector<uint16_t> &hq, const std::vector<uint16_t> &hk,
-                             const std::vector<uint16_t> &hv, const std::vector<int> &rows) {
+std::vector<float> reference(const Setup &S, const std::vector<uint16_t> &hq, const std::vector<float> &hk,
+                             const std::vector<float> &hv, const std::vector<int> &rows) {
     const int H = S.hs.h, KV = S.hs.kv, HD = S.hs.hd;
     std::vector<float> ref(S.q_elems, 0.0f);
     const float scale = 1.0f / sqrtf((float)HD);
@@ -166,7 +174,7 @@ std::vector<float> reference(const Setup &S, const std::vector<uint16_t> &hq, co
         for (int j = j0; j <= pos; j++) {
             const size_t slot = (size_t)S.bt[(size_t)s * S.bt_stride + j / BS] * BS + j % BS;
             float d = 0;
-            for (int e = 0; e < HD; e++) d += bf2f(hq[((size_t)t * H + h) * HD + e]) * bf2f(hk[(slot * KV + kvh) * HD + e]);
+            for (int e = 0; e < HD; e++) d += bf2f(hq[((size_t)t * H + h) * HD + e]) * hk[(slot * KV + kvh) * HD + e];
             sc[j] = d * scale;
             if (S.hs.softcap > 0.0f) sc[j] = S.hs.softcap * tanhf(sc[j] / S.hs.softcap);
             mx = std::max(mx, sc[j]);
@@ -176,7 +184,7 @@ std::vector<float> reference(const Setup &S, const std::vector<uint16_t> &hq, co
             const float w = expf(sc[j] - mx);
             sum += w;
             const size_t slot = (size_t)S.bt[(size_t)s * S.bt_stride + j / BS] * BS + j % BS;
-            for (int e = 0; e < HD; e++) acc[e] += w * bf2f(hv[(slot * KV + kvh) * HD + e]);
+            for (int e = 0; e < HD; e++) acc[e] += w * hv[(slot * KV + kvh) * HD + e];
         }
         for (int e = 0; e < HD; e++) ref[((size_t)t * H + h) * HD + e] = acc[e] / sum;
     });
@@ -189,27 +197,63 @@ struct Case {
     Batch b;
 };
 
+// The cache's values as the kernels read them (K then V, floats): bf16
+// uniform in [-1, 1); fp8, codes of uniform [-1, 1) / scale (about 1.6% on
+// e4m3 subnormals), read back as scale * code. Uploads the cache.
+void fill_cache(Setup &S, Rng &r, std::vector<float> &kf, std::vector<float> &vf) {
+    kf.resize(S.kv_elems);
+    vf.resize(S.kv_elems);
+    if (!S.hs.f8) {
+        std::vector<uint16_t> hk(S.kv_elems), hv(S.kv_elems);
+        fill_bf16(hk, r, 1.0f);
+        fill_bf16(hv, r, 1.0f);
+        for (size_t i = 0; i < S.kv_elems; i++) kf[i] = bf2f(hk[i]), vf[i] = bf2f(hv[i]);
+        S.kc.up(hk);
+        S.vc.up(hv);
+        return;
+    }
+    std::vector<float> sc(2 * (size_t)S.hs.kv);
+    CK(cudaMemcpy(sc.data(), S.scales.p, sc.size() * 4, cudaMemcpyDeviceToHost));
+    std::vector<uint8_t> k8(S.kv_elems), v8(S.kv_elems);
+    for (size_t i = 0; i < S.kv_elems; i++) {
+        const int kvh = (int)(i / S.hs.hd % S.hs.kv);
+        const float sk = sc[kvh], sv = sc[S.hs.kv + kvh];
+        k8[i] = f_to_e4m3(r.sym() / sk);
+        v8[i] = f_to_e4m3(r.sym() / sv);
+        kf[i] = sk * e4m3_to_f(k8[i]);
+        vf[i] = sv * e4m3_to_f(v8[i]);
+    }
+    S.kc.up(k8);
+    S.vc.up(v8);
+}
+
+// The bound on ‖out − ref‖ / ‖ref‖: 1e-2 for bf16 arithmetic (ours on
+// either cache, FlashInfer on bf16); FlashInfer's fp8 kernel multiplies
+// e4m3 Q (a dynamic scale per head) and e4m3 P, each rounded to 3 mantissa
+// bits (up to 2^-4 relative, about 2.5% rms), so its outputs carry about
+// 3% from those roundings alone: bound 6e-2.
+double bound_fi(const Heads &hs) { return hs.f8 ? 6e-2 : 1e-2; }
+
 // One case: both kernels against the reference; `again` runs FlashInfer a
-// second time on the same batch (the kept plan) with new K/V values.
+// second time on the same batch (the kept plan) with new K/V values. Ours
+// runs first: FlashInfer's fp8 path quantizes Q in place.
 bool check_case(pg_cuda_fi_prefill *fi, const Case &c, uint64_t seed, bool again) {
     Setup S;
     setup(S, c.hs, c.b, seed);
-    std::vector<uint16_t> hk(S.kv_elems), hv(S.kv_elems), hq(S.q_elems);
+    std::vector<uint16_t> hq(S.q_elems);
+    std::vector<float> kf, vf;
     Rng r(seed * 7 + 1);
     const std::vector<int> rows = rows_checked(S);
     const int row_elems = c.hs.h * c.hs.hd;
     bool ok = true;
     for (int round = 0; round < (again ? 2 : 1); round++) {
-        fill_bf16(hk, r, 1.0f);
-        fill_bf16(hv, r, 1.0f);
+        fill_cache(S, r, kf, vf);
         fill_bf16(hq, r, 2.0f);
-        S.kc.up(hk);
-        S.vc.up(hv);
         S.q.up(hq);
         CK(cudaMemset(S.out_fi.p, 0xff, S.q_elems * 2)); // bf16 NaN
         CK(cudaMemset(S.out_pg.p, 0xff, S.q_elems * 2));
-        const int rc = run_fi(fi, S);
         run_pg(S);
+        const int rc = run_fi(fi, S);
         CK(cudaDeviceSynchronize());
         if (rc < 0) {
             printf("check %-44s FAIL: pg_cuda_fi_prefill_run %d: %s\n", c.name, rc, pg_err_msg());
@@ -218,9 +262,9 @@ bool check_case(pg_cuda_fi_prefill *fi, const Case &c, uint64_t seed, bool again
         std::vector<uint16_t> ofi(S.q_elems), opg(S.q_elems);
         S.out_fi.down(ofi);
         S.out_pg.down(opg);
-        const std::vector<float> ref = reference(S, hq, hk, hv, rows);
+        const std::vector<float> ref = reference(S, hq, kf, vf, rows);
         const double efi = rel_err(ofi, ref, rows, row_elems), epg = rel_err(opg, ref, rows, row_elems);
-        const bool pass = efi < 1e-2 && epg < 1e-2;
+        const bool pass = rc == 0 && efi < bound_fi(c.hs) && epg < 1e-2;
         printf("check %-44s %s rows %6zu: flashinfer %.2e, ours %.2e: %s\n", c.name, round ? "(kept plan)" : "           ",
                rows.size(), efi, epg, pass ? "ok" : "FAIL");
         ok = ok && pass;
@@ -231,6 +275,8 @@ bool check_case(pg_cuda_fi_prefill *fi, const Case &c, uint64_t seed, bool again
 bool check(pg_cuda_fi_prefill *fi) {
     const Heads l8{32, 8, 128}, g1{8, 8, 128}, g4{4, 1, 128}, h64{8, 2, 64};
     const Heads w128{32, 8, 128, 100}, wc64{8, 2, 64, 32, 30.0f}, c128{16, 8, 128, 0, 20.0f};
+    const Heads f8{32, 8, 128, 0, 0.0f, true}, f8g1{8, 8, 128, 0, 0.0f, true}, f8h64{8, 2, 64, 0, 0.0f, true};
+    const Heads f8w{32, 8, 128, 100, 0.0f, true};
     const Case cases[] = {
         {"300 + 77 new, 50 after 150 (32/8 hd128)", l8, {{300, 77, 50}, {0, 0, 150}}},
         {"1 token; 1 after 1000; 17 (32/8 hd128)", l8, {{1, 1, 17}, {0, 1000, 0}}},
@@ -243,11 +289,17 @@ bool check(pg_cuda_fi_prefill *fi) {
         {"window 100: 300 new, 200 after 500 (32/8 hd128)", w128, {{300, 200}, {0, 500}}},
         {"window 32, soft-cap 30: 129 after 15, 77 (8/2 hd64)", wc64, {{129, 77}, {15, 0}}},
         {"soft-cap 20: 1000 after 24, 5 (16/8 hd128)", c128, {{1000, 5}, {24, 3}}},
+        {"fp8: 300 + 77 new, 50 after 150 (32/8 hd128)", f8, {{300, 77, 50}, {0, 0, 150}}},
+        {"fp8: 1 token; 1 after 1000; 17 (32/8 hd128)", f8, {{1, 1, 17}, {0, 1000, 0}}},
+        {"fp8: 129 after 15; 2048 after 16 (8/8 hd128)", f8g1, {{129, 2048}, {15, 16}}},
+        {"fp8: 1; 33; 500 after 70; 193 (8/2 hd64)", f8h64, {{1, 33, 500, 193}, {0, 0, 70, 0}}},
+        {"fp8: 4096 after 28672 cached (32/8 hd128)", f8, {{4096}, {28672}}},
+        {"fp8: window 100: 300 new, 200 after 500 (32/8 hd128)", f8w, {{300, 200}, {0, 500}}},
     };
     bool ok = true;
     uint64_t seed = 11;
     for (const Case &c : cases) {
-        ok = check_case(fi, c, seed, &c == &cases[0]) && ok;
+        ok = check_case(fi, c, seed, &c == &cases[0] || (c.hs.f8 && !cases[&c - cases - 1].hs.f8)) && ok;
         seed++;
     }
     return ok;
@@ -266,6 +318,7 @@ int main(int argc, char **argv) {
         return 77;
     }
     if (!gpu_announce()) return 77;
+    setenv("PAGED_CUDA_FI_FP8", "1", 1); // the fp8 cases run FlashInfer's fp8 kernel
     pg_cuda_fi_prefill *fi = nullptr;
     if (pg_cuda_fi_prefill_create(&fi) < 0) {
         printf("skipped: %s\n", pg_err_msg());
@@ -281,9 +334,10 @@ int main(int argc, char **argv) {
     struct Shape {
         int n, len;
     } shapes[] = {{1, 4096}, {2, 8192}, {8, 4096}, {1, 32768}};
-    const Heads hs{32, 8, 128};
-    printf("causal prefill, head_dim %d, %d q heads / %d KV heads, bf16, page %d, all of the prompt new\n", hs.hd, hs.h,
-           hs.kv, BS);
+    for (int f8 = 0; f8 < 2; f8++) {
+    const Heads hs{32, 8, 128, 0, 0.0f, f8 != 0};
+    printf("causal prefill, head_dim %d, %d q heads / %d KV heads, %s KV, page %d, all of the prompt new%s\n", hs.hd,
+           hs.h, hs.kv, f8 ? "fp8 e4m3" : "bf16", BS, f8 ? " (flashinfer: Q quantized in place, in the time)" : "");
     printf("%-12s %14s %14s %10s %14s\n", "shape", "flashinfer", "ours (v2)", "fi/ours", "fi 1st call ms");
     for (const Shape &sh : shapes) {
         Batch b;
@@ -293,8 +347,17 @@ int main(int argc, char **argv) {
         }
         Setup S;
         setup(S, hs, b, 100 + sh.n);
-        fill_random(S.kc.p, S.kv_elems, 101, 1.0f);
-        fill_random(S.vc.p, S.kv_elems, 102, 1.0f);
+        // fp8: codes of uniform [-1, 1) / scale, as the checks make them
+        if (f8) {
+            std::vector<uint8_t> k8(S.kv_elems);
+            Rng r8(101);
+            for (auto &b8 : k8) b8 = f_to_e4m3(r8.sym() * 448.0f);
+            S.kc.up(k8);
+            S.vc.up(k8);
+        } else {
+            fill_random(S.kc.p, S.kv_elems, 101, 1.0f);
+            fill_random(S.vc.p, S.kv_elems, 102, 1.0f);
+        }
         fill_random(S.q.p, S.q_elems, 103, 2.0f);
         CK(cudaDeviceSynchronize());
         auto t0 = std::chrono::steady_clock::now();
@@ -310,6 +373,7 @@ int main(int argc, char **argv) {
         snprintf(name, sizeof name, "%d x %d", sh.n, sh.len);
         printf("%-12s %9.1f TF/s %9.1f TF/s %9.2fx %14.3f\n", name, flops / ms_fi * 1e-9, flops / ms_pg * 1e-9,
                ms_pg / ms_fi, first_ms);
+    }
     }
     pg_cuda_fi_prefill_destroy(fi);
     return ok ? 0 : 1;

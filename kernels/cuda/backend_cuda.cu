@@ -227,11 +227,8 @@ extern "C" int pg_backend_cuda_attn_workspace(int32_t max_seqs, int32_t n_heads,
     if (pg_cuda_device_count() <= 0) return 0;
     *bytes = pg_cuda_decode_workspace_size(max_seqs, n_heads, n_kv_heads, head_dim, max_len);
     // The backend's cu_attn_ws adds the same where it made the kernel's state.
-    int major = 0, dev = 0;
-    if (pg_cuda_fi_prefill_requested() && pg_cuda_fi_prefill_built() && cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major == 9)
+    if (pg_cuda_fi_prefill_requested() && pg_cuda_fi_prefill_available())
         *bytes += pg_cuda_fi_prefill_ws_bytes(n_heads);
-    (void)cudaGetLastError();
     return 1;
 }
 
@@ -336,11 +333,22 @@ extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
             PG_LOGI("cuda: O's weight goes to the L2 before RoPE and attention in GEMV steps "
                     "(PAGED_CUDA_L2_PREFETCH=1)");
     }
-    if (pg_cuda_fi_prefill_requested()) {
-        if (pg_cuda_fi_prefill_create(&c->fi_prefill) < 0)
-            PG_LOGW("cuda: PAGED_CUDA_PREFILL=flashinfer: %s; our prefill kernel runs", pg_err_msg());
-        else
-            PG_LOGI("cuda: prefill attention through FlashInfer's sm90 kernel (PAGED_CUDA_PREFILL=flashinfer)");
+    {
+        // FlashInfer's prefill is the default where it runs; asked for by
+        // name where it cannot, the start-up says why in a warning.
+        const char *pf = getenv("PAGED_CUDA_PREFILL");
+        const bool named = pf && !strcmp(pf, "flashinfer");
+        if (pf && pf[0] && !named && strcmp(pf, "paged"))
+            PG_LOGW("cuda: PAGED_CUDA_PREFILL=%s: expected flashinfer or paged; flashinfer where it runs", pf);
+        if (!pg_cuda_fi_prefill_requested())
+            PG_LOGI("cuda: prefill attention through paged's kernel (PAGED_CUDA_PREFILL=paged)");
+        else if (pg_cuda_fi_prefill_create(&c->fi_prefill) < 0) {
+            if (named) PG_LOGW("cuda: PAGED_CUDA_PREFILL=flashinfer: %s; paged's prefill kernel runs", pg_err_msg());
+            else PG_LOGI("cuda: prefill attention through paged's kernel (FlashInfer's: %s)", pg_err_msg());
+        } else
+            PG_LOGI("cuda: prefill attention through FlashInfer's sm90 kernel (%s; paged's for head_dim 256; "
+                    "PAGED_CUDA_PREFILL=paged for paged's everywhere)",
+                    pg_cuda_fi_fp8_requested() ? "fp8 KV too: PAGED_CUDA_FI_FP8=1" : "bf16 KV; paged's for fp8");
     }
     if (pg_cuda_device_describe(c->desc, sizeof c->desc) < 0) snprintf(c->desc, sizeof c->desc, "cuda");
     {

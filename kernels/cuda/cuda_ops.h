@@ -157,22 +157,28 @@ int pg_cuda_paged_prefill_attention_v(int version, void *out, const void *q, int
                                       int32_t n_heads, float scale, int32_t max_q_len, void *stream);
 
 // FlashInfer's sm90 paged prefill (prefill_flashinfer.cu; FA3-style) as the
-// prefill half of the attention op, behind PAGED_CUDA_PREFILL=flashinfer
-// (pg_cuda_fi_prefill_requested; docs/cuda_kernels.md). The same contract as
-// pg_cuda_paged_prefill_attention over the same cache, but its plan is made
-// on the host: host_cu_q [n_seqs + 1] and host_start_pos [n_seqs] are host
-// copies of the device arrays (block_tables stays device). ws: the first
-// pg_cuda_fi_prefill_ws_bytes(n_heads) bytes hold the plan's device image
-// (stream-ordered, kept for every call of one step). kv.window and
-// kv.softcap as pg_cuda_paged_prefill_attention takes them. PG_EUNSUPP, with
-// nothing launched, for what this build does not run (no FlashInfer headers,
-// a KV type other than bf16, head_dim other than 64 or 128, stream capture,
-// no host arrays or workspace): the caller runs
-// pg_cuda_paged_prefill_attention instead.
+// prefill half of the attention op: the default where it runs (a build with
+// FlashInfer's headers, a compute 9.x device), PAGED_CUDA_PREFILL=paged
+// selects ours (pg_cuda_fi_prefill_requested; docs/cuda_kernels.md). The
+// same contract as pg_cuda_paged_prefill_attention over the same cache, but
+// its plan is made on the host: host_cu_q [n_seqs + 1] and host_start_pos
+// [n_seqs] are host copies of the device arrays (block_tables stays device).
+// ws: the first pg_cuda_fi_prefill_ws_bytes(n_heads) bytes hold the plan's
+// device image (stream-ordered, kept for every call of one step). kv.window
+// and kv.softcap as pg_cuda_paged_prefill_attention takes them. PG_EUNSUPP,
+// with nothing launched, for what this build does not run (no FlashInfer
+// headers, fp8 KV without PAGED_CUDA_FI_FP8=1 or with a soft-cap, head_dim
+// other than 64 or 128, stream capture, no host arrays or workspace): the
+// caller runs pg_cuda_paged_prefill_attention instead. fp8 KV: q's prefill
+// rows are overwritten (their e4m3 codes, in place; the layer reads q no
+// more after attention).
 #define PG_CUDA_FI_MAX_WORKS_PER_HEAD 4096
 typedef struct pg_cuda_fi_prefill pg_cuda_fi_prefill;
 bool pg_cuda_fi_prefill_built(void);
-// PG_EUNSUPP without the headers or on a device other than compute 9.x.
+// Built with the headers and the current device is compute 9.x: the one
+// test of "FlashInfer can run here" (create, and the workspace it adds).
+bool pg_cuda_fi_prefill_available(void);
+// PG_EUNSUPP where pg_cuda_fi_prefill_available() is false.
 int pg_cuda_fi_prefill_create(pg_cuda_fi_prefill **out);
 void pg_cuda_fi_prefill_destroy(pg_cuda_fi_prefill *fi);
 int pg_cuda_fi_prefill_run(pg_cuda_fi_prefill *fi, void *out, const void *q, int64_t q_stride,
@@ -182,17 +188,34 @@ int pg_cuda_fi_prefill_run(pg_cuda_fi_prefill *fi, void *out, const void *q, int
                            void *ws, size_t ws_bytes, void *stream);
 // The plan's device image: seven int32 arrays of up to 4,096 work items a
 // query head, the per-SM index (at most 1,024 SMs) and FlashInfer's 16-byte
-// alignments, rounded to 256. Inline and free of CUDA, so the memory
-// planner sizes it without a GPU (3.7 MB at 32 heads).
-static inline size_t pg_cuda_fi_prefill_ws_bytes(int32_t n_heads) {
+// alignments, rounded to 256.
+static inline size_t pg_cuda_fi_prefill_plan_bytes(int32_t n_heads) {
     if (n_heads <= 0) return 0;
     const size_t b = (size_t)7 * 4 * PG_CUDA_FI_MAX_WORKS_PER_HEAD * (size_t)n_heads + 4 * 1025 + 8 * 16;
     return (b + 255) / 256 * 256;
 }
-// PAGED_CUDA_PREFILL=flashinfer (anything else, or unset: our kernel).
+// The workspace head FlashInfer's prefill takes: the plan image, then (fp8
+// KV) Q's per-head scales and their reduction, 2 x n_heads floats rounded
+// to 256. Inline and free of CUDA, so the memory planner sizes it without
+// a GPU (3.7 MB at 32 heads).
+static inline size_t pg_cuda_fi_prefill_ws_bytes(int32_t n_heads) {
+    if (n_heads <= 0) return 0;
+    return pg_cuda_fi_prefill_plan_bytes(n_heads) + ((size_t)8 * (size_t)n_heads + 255) / 256 * 256;
+}
+// PAGED_CUDA_FI_FP8=1: fp8 e4m3 KV caches' prefill through FlashInfer's fp8
+// kernel too (Q quantized to e4m3 in place, a dynamic scale per head;
+// prefill_fp8_flashinfer.cu); otherwise they keep paged's kernel.
+static inline bool pg_cuda_fi_fp8_requested(void) {
+    const char *e = getenv("PAGED_CUDA_FI_FP8");
+    return e && atoi(e) != 0;
+}
+// PAGED_CUDA_PREFILL: unset, empty or "flashinfer" asks for FlashInfer's
+// kernel (the default since session 21), "paged" for ours; the backend
+// warns of any other value and keeps the default. Free of CUDA (the
+// planner's estimate without a GPU counts the plan image when asked).
 static inline bool pg_cuda_fi_prefill_requested(void) {
     const char *e = getenv("PAGED_CUDA_PREFILL");
-    return e && !strcmp(e, "flashinfer");
+    return !e || strcmp(e, "paged") != 0;
 }
 
 // --- element-wise -------------------------------------------------------------------

@@ -1,7 +1,10 @@
 // kernels/cuda/prefill_flashinfer.cu - FlashInfer's sm90 paged prefill
 // (FA3-style: wgmma, TMA for Q, producer/consumer warp specialization) as
 // the prefill kernel of the attention op, over our paged KV cache in place
-// (issue 29; docs/cuda_kernels.md, "FlashInfer's prefill in the runner").
+// (issue 29; docs/cuda_kernels.md, "FlashInfer's prefill in the runner"):
+// the default on compute 9.x since session 21 (PAGED_CUDA_PREFILL=paged
+// selects ours). bf16 caches here; fp8 caches, behind PAGED_CUDA_FI_FP8=1,
+// in prefill_fp8_flashinfer.cu after the same plan.
 //
 // Why a library: bench/cuda/bench_fi_prefill measured this kernel at
 // 1.89-2.17x our pg_cuda_paged_prefill_attention (v2) on an H100, with the
@@ -23,7 +26,7 @@
 // called once per layer with the same batch, and a plan is kept while its
 // inputs (the host copies of cu_q and start_pos, the shape) do not change.
 // It writes a pinned host image and copies it into the first
-// pg_cuda_fi_prefill_ws_bytes of the attention workspace on the compute
+// pg_cuda_fi_prefill_plan_bytes of the attention workspace on the compute
 // stream, so the copy is ordered after the previous step's kernels that
 // read the last plan. Two host images alternate; an event per image says
 // when its copy has left, before the host writes it again.
@@ -38,6 +41,7 @@ extern "C" {
 #ifndef PG_HAVE_FLASHINFER
 
 extern "C" bool pg_cuda_fi_prefill_built(void) { return false; }
+extern "C" bool pg_cuda_fi_prefill_available(void) { return false; }
 extern "C" int pg_cuda_fi_prefill_create(pg_cuda_fi_prefill **out) {
     *out = nullptr;
     return pg_err_set(PG_EUNSUPP, "cuda: built without FlashInfer's headers (pip install flashinfer-python)");
@@ -67,86 +71,58 @@ extern "C" int pg_cuda_fi_prefill_run(pg_cuda_fi_prefill *fi, void *out, const v
 #include <flashinfer/attention/scheduler.cuh>
 #include <flashinfer/cutlass_utils.cuh>
 
+#include "kernels/cuda/prefill_flashinfer_int.cuh"
+
 using namespace flashinfer;
 
 namespace {
 
-// What FlashInfer's batch_prefill_sm90_customize_config.jinja generates for
-// bf16 Q/K/V/O, int32 ids and its default (no fp8) variant: the kernel
-// reads these fields by name.
-struct PagedParams {
-    using DTypeQ = cutlass::bfloat16_t;
-    using DTypeKV = cutlass::bfloat16_t;
-    using DTypeO = cutlass::bfloat16_t;
-    using IdType = int32_t;
-    DTypeQ *q_ptr;
-    DTypeKV *k_ptr;
-    DTypeKV *v_ptr;
-    DTypeO *o_ptr;
-    float *lse_ptr;
-
-    IdType *qo_tile_indices;
-    IdType *qo_indptr;
-    IdType *kv_indptr;
-    IdType *kv_indices;
-    IdType *qo_lens;
-    IdType *kv_lens;
-    IdType *head_indices;
-    IdType *work_indptr;
-    IdType *batch_indices;
-
-    struct AdditionalParams {
-        uint32_t *maybe_prefix_len_ptr;
-        uint16_t *maybe_token_pos_in_items_ptr;
-        uint16_t *maybe_max_item_len_ptr;
-        float *maybe_scale_v;
-        double logits_soft_cap;
-        double sm_scale;
-        double scale_v_scalar;
-        int64_t token_pos_in_items_len;
-    } additional_params;
-
-    int64_t q_stride_n;
-    int64_t k_stride_n;
-    int64_t v_stride_n;
-    int64_t o_stride_n;
-    int64_t q_stride_h;
-    int64_t k_stride_h;
-    int64_t v_stride_h;
-    int64_t o_stride_h;
-    int64_t nnz_qo;
-    int64_t k_page_stride;
-    int64_t v_page_stride;
-
-    int head_dim;
-    int num_qo_heads;
-    int num_kv_heads;
-    int group_size;
-    int page_size;
-    int window_left;
-
-    bool causal;
+// additional_params of FlashInfer's bf16 config (no fp8) and its default
+// variants: the kernel reads these fields by name.
+struct Bf16Extra {
+    uint32_t *maybe_prefix_len_ptr;
+    uint16_t *maybe_token_pos_in_items_ptr;
+    uint16_t *maybe_max_item_len_ptr;
+    float *maybe_scale_v;
+    double logits_soft_cap;
+    double sm_scale;
+    double scale_v_scalar;
+    int64_t token_pos_in_items_len;
 };
+using Bf16Params = pg_fi::PagedParams<cutlass::bfloat16_t, cutlass::bfloat16_t, Bf16Extra>;
 
 // One instantiation per head_dim, window (LEFT_SLIDING_WINDOW) and
 // variant (StandardAttention, or LogitsSoftCap for Gemma 2's soft-capped
 // scores), each with both SAME_SCHEDULE_FOR_ALL_HEADS values (the plan picks).
 template <int HD, bool WIN, typename Variant>
-cudaError_t launch(PagedParams &p, bool same_schedule, cudaStream_t st) {
+cudaError_t launch(Bf16Params &p, bool same_schedule, cudaStream_t st) {
     if (same_schedule)
-        return BatchPrefillWithPagedKVCacheDispatched<HD, HD, MaskMode::kCausal, WIN, true, Variant, PagedParams>(
+        return BatchPrefillWithPagedKVCacheDispatched<HD, HD, MaskMode::kCausal, WIN, true, Variant, Bf16Params>(
             p, /*enable_pdl=*/false, st);
-    return BatchPrefillWithPagedKVCacheDispatched<HD, HD, MaskMode::kCausal, WIN, false, Variant, PagedParams>(
+    return BatchPrefillWithPagedKVCacheDispatched<HD, HD, MaskMode::kCausal, WIN, false, Variant, Bf16Params>(
         p, /*enable_pdl=*/false, st);
 }
 
 template <int HD>
-cudaError_t launch_hd(PagedParams &p, bool window, bool softcap, bool same_schedule, cudaStream_t st) {
+cudaError_t launch_hd(Bf16Params &p, bool window, bool softcap, bool same_schedule, cudaStream_t st) {
     if (window)
         return softcap ? launch<HD, true, LogitsSoftCap>(p, same_schedule, st)
                        : launch<HD, true, StandardAttention>(p, same_schedule, st);
     return softcap ? launch<HD, false, LogitsSoftCap>(p, same_schedule, st)
                    : launch<HD, false, StandardAttention>(p, same_schedule, st);
+}
+
+cudaError_t launch_bf16(const pg_fi::Launch &l, cudaStream_t st) {
+    Bf16Params p;
+    memset(&p, 0, sizeof p);
+    pg_fi::fill_common(p, l);
+    p.q_stride_n = l.q_stride; // the fused QKV row's stride
+    p.additional_params.sm_scale = l.scale;
+    p.additional_params.logits_soft_cap = l.softcap > 0.0f ? l.softcap : 0.0; // s -> cap * tanh(s / cap)
+    p.additional_params.scale_v_scalar = 1.0;
+    const bool win = l.window > 0, cap = l.softcap > 0.0f;
+    return l.head_dim == 64 ? launch_hd<64>(p, win, cap, l.same_schedule, st)
+                            : launch_hd<128>(p, win, cap, l.same_schedule, st);
 }
 
 } // namespace
@@ -164,24 +140,29 @@ struct pg_cuda_fi_prefill {
     std::vector<int32_t> key; // n_seqs, bt_stride, n_heads, n_kv, head_dim, block_size, cu_q..., start_pos...
     void *plan_dev;           // the device image the plan was copied to
     std::vector<int32_t> qo_indptr, kv_indptr, kv_len;
-    bool announced; // the first launch is logged (tests/gpu/run_gpu_tests.sh looks for it)
+    bool fp8;       // PAGED_CUDA_FI_FP8=1: fp8 KV through FlashInfer's fp8 kernel
+    bool announced; // the first launch of each kind is logged (tests/gpu/run_gpu_tests.sh looks for it)
+    bool announced_fp8;
 };
 
 extern "C" bool pg_cuda_fi_prefill_built(void) { return true; }
 
+extern "C" bool pg_cuda_fi_prefill_available(void) {
+    int major = 0, dev = 0;
+    const bool ok = cudaGetDevice(&dev) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                    major == 9;
+    (void)cudaGetLastError();
+    return ok;
+}
+
 extern "C" int pg_cuda_fi_prefill_create(pg_cuda_fi_prefill **out) {
     *out = nullptr;
-    int major = 0, dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return pg_err_set(PG_EIO, "cuda: FlashInfer prefill: no device");
-    }
-    if (major != 9)
-        return pg_err_set(PG_EUNSUPP, "cuda: FlashInfer's sm90 prefill needs compute capability 9.x (this is %d.x)",
-                          major);
+    if (!pg_cuda_fi_prefill_available())
+        return pg_err_set(PG_EUNSUPP, "cuda: FlashInfer's sm90 prefill needs a compute capability 9.x device");
     pg_cuda_fi_prefill *fi = new (std::nothrow) pg_cuda_fi_prefill();
     if (!fi) return pg_err_set(PG_ENOMEM, "cuda: FlashInfer prefill: out of host memory");
+    fi->fp8 = pg_cuda_fi_fp8_requested();
     for (int i = 0; i < 2; i++) {
         if (cudaEventCreateWithFlags(&fi->copied[i], cudaEventDisableTiming) != cudaSuccess) {
             (void)cudaGetLastError();
@@ -233,11 +214,13 @@ extern "C" int pg_cuda_fi_prefill_run(pg_cuda_fi_prefill *fi, void *out, const v
                                       const int32_t *host_start_pos, int32_t n_seqs, int32_t n_heads, float scale,
                                       void *ws, size_t ws_bytes, void *stream) {
     // What this build instantiates; the caller runs our kernel otherwise.
-    if (!fi || !host_cu_q || !host_start_pos || kv.dtype != PG_KV_BF16 || (kv.head_dim != 64 && kv.head_dim != 128) ||
-        n_heads % kv.n_kv_heads || n_seqs <= 0)
+    const bool f8 = kv.dtype == PG_KV_FP8_E4M3;
+    if (!fi || !host_cu_q || !host_start_pos || (kv.dtype != PG_KV_BF16 && !(f8 && fi->fp8)) ||
+        (kv.head_dim != 64 && kv.head_dim != 128) || n_heads % kv.n_kv_heads || n_seqs <= 0 ||
+        (f8 && !pg_fi::fp8_supports(kv.head_dim, n_heads, kv.softcap)))
         return PG_EUNSUPP;
-    const size_t region = pg_cuda_fi_prefill_ws_bytes(n_heads);
-    if (!ws || ws_bytes < region) return PG_EUNSUPP;
+    const size_t region = pg_cuda_fi_prefill_plan_bytes(n_heads);
+    if (!ws || ws_bytes < pg_cuda_fi_prefill_ws_bytes(n_heads)) return PG_EUNSUPP;
     cudaStream_t st = (cudaStream_t)stream;
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(st, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) {
@@ -256,13 +239,15 @@ extern "C" int pg_cuda_fi_prefill_run(pg_cuda_fi_prefill *fi, void *out, const v
         if (per_head > (int64_t)PG_CUDA_FI_MAX_WORKS_PER_HEAD * n_heads) return PG_EUNSUPP;
     }
 
-    // The plan: kept while its inputs are the same (every layer of a step).
-    std::vector<int32_t> key;
-    key.reserve(8 + 2 * (size_t)n_seqs);
-    key.insert(key.end(), {n_seqs, bt_stride, n_heads, kv.n_kv_heads, kv.head_dim, kv.block_size});
-    key.insert(key.end(), host_cu_q, host_cu_q + n_seqs + 1);
-    key.insert(key.end(), host_start_pos, host_start_pos + n_seqs);
-    if (!fi->have_plan || fi->plan_dev != ws || key != fi->key) {
+    // The plan: kept while its inputs are the same (every layer of a step),
+    // compared in place (no key is built on the per-layer path).
+    const int32_t head[6] = {n_seqs, bt_stride, n_heads, kv.n_kv_heads, kv.head_dim, kv.block_size};
+    const size_t nk = 6 + 2 * (size_t)n_seqs + 1;
+    const bool same = fi->have_plan && fi->plan_dev == ws && fi->key.size() == nk &&
+                      !memcmp(fi->key.data(), head, sizeof head) &&
+                      !memcmp(fi->key.data() + 6, host_cu_q, sizeof(int32_t) * ((size_t)n_seqs + 1)) &&
+                      !memcmp(fi->key.data() + 7 + n_seqs, host_start_pos, sizeof(int32_t) * (size_t)n_seqs);
+    if (!same) {
         PG_TRY(ensure_host(fi, region));
         const int i = fi->next;
         fi->next ^= 1;
@@ -301,57 +286,45 @@ extern "C" int pg_cuda_fi_prefill_run(pg_cuda_fi_prefill *fi, void *out, const v
             (void)cudaGetLastError();
             return pg_err_set(PG_EIO, "cuda prefill (flashinfer): event");
         }
-        fi->key.swap(key);
+        fi->key.assign(head, head + 6);
+        fi->key.insert(fi->key.end(), host_cu_q, host_cu_q + n_seqs + 1);
+        fi->key.insert(fi->key.end(), host_start_pos, host_start_pos + n_seqs);
         fi->plan_dev = ws;
         fi->have_plan = true;
     }
 
-    PagedParams p;
-    memset(&p, 0, sizeof p);
-    const int64_t hd = kv.head_dim, nkv = kv.n_kv_heads;
-    p.q_ptr = (cutlass::bfloat16_t *)q;
-    p.k_ptr = (cutlass::bfloat16_t *)k_cache;
-    p.v_ptr = (cutlass::bfloat16_t *)v_cache;
-    p.o_ptr = (cutlass::bfloat16_t *)out;
-    p.lse_ptr = nullptr;
-    p.q_stride_n = q_stride; // the fused QKV row's stride
-    p.q_stride_h = hd;
-    p.o_stride_n = (int64_t)n_heads * hd;
-    p.o_stride_h = hd;
-    p.k_stride_n = p.v_stride_n = nkv * hd;
-    p.k_stride_h = p.v_stride_h = hd;
-    p.k_page_stride = p.v_page_stride = (int64_t)kv.block_size * nkv * hd;
-    p.nnz_qo = total;
-    p.num_qo_heads = n_heads;
-    p.num_kv_heads = (int)nkv;
-    p.group_size = n_heads / (int)nkv;
-    p.page_size = kv.block_size;
-    // Our window w: the query at position p sees keys (p - w, p]; FlashInfer
-    // keeps keys >= p - window_left. Keys it loads before a window (its
-    // tiles are 64-96 keys) come from blocks the table may already have
-    // dropped to the null block 0, which is zeroed at allocation and never
-    // written, so the masked product reads finite values.
-    p.window_left = kv.window > 0 ? kv.window - 1 : -1;
-    p.causal = true;
-    p.head_dim = (int)hd;
-    char *ib = (char *)ws;
     const PrefillPlanSM90Info &pl = fi->plan;
-    p.qo_tile_indices = (int32_t *)(ib + pl.qo_tile_indices_offset);
-    p.qo_indptr = (int32_t *)(ib + pl.qo_indptr_offset);
-    p.kv_indptr = (int32_t *)(ib + pl.kv_indptr_offset);
-    p.qo_lens = (int32_t *)(ib + pl.qo_len_offset);
-    p.kv_lens = (int32_t *)(ib + pl.kv_len_offset);
-    p.head_indices = (int32_t *)(ib + pl.head_indices_offset);
-    p.work_indptr = (int32_t *)(ib + pl.work_indptr_offset);
-    p.batch_indices = (int32_t *)(ib + pl.batch_indices_offset);
-    p.kv_indices = (int32_t *)block_tables;
-    p.additional_params.sm_scale = scale;
-    p.additional_params.logits_soft_cap = kv.softcap > 0.0f ? kv.softcap : 0.0; // s -> cap * tanh(s / cap)
-    p.additional_params.scale_v_scalar = 1.0;
+    pg_fi::Launch l;
+    l.out = out;
+    l.q = q;
+    l.q_stride = q_stride;
+    l.k_cache = k_cache;
+    l.v_cache = v_cache;
+    l.block_tables = block_tables;
+    l.rows = total;
+    l.n_heads = n_heads;
+    l.n_kv = kv.n_kv_heads;
+    l.head_dim = kv.head_dim;
+    l.block_size = kv.block_size;
+    l.window = kv.window;
+    l.softcap = kv.softcap;
+    l.scale = scale;
+    l.kv_scales = f8 ? kv.scales : nullptr;
+    l.q_scales = (float *)((char *)ws + region);
+    l.q_amax = l.q_scales + n_heads;
+    l.plan = (char *)ws;
+    l.qo_tile_indices_off = pl.qo_tile_indices_offset;
+    l.qo_indptr_off = pl.qo_indptr_offset;
+    l.kv_indptr_off = pl.kv_indptr_offset;
+    l.qo_len_off = pl.qo_len_offset;
+    l.kv_len_off = pl.kv_len_offset;
+    l.head_indices_off = pl.head_indices_offset;
+    l.work_indptr_off = pl.work_indptr_offset;
+    l.batch_indices_off = pl.batch_indices_offset;
+    l.same_schedule = pl.same_schedule_for_all_heads;
     cudaError_t e;
     try {
-        const bool win = kv.window > 0, cap = kv.softcap > 0.0f, same = pl.same_schedule_for_all_heads;
-        e = kv.head_dim == 64 ? launch_hd<64>(p, win, cap, same, st) : launch_hd<128>(p, win, cap, same, st);
+        e = f8 ? pg_fi::launch_fp8(l, st) : launch_bf16(l, st);
     } catch (const std::exception &ex) {
         return pg_err_set(PG_EIO, "cuda prefill (flashinfer): %s", ex.what());
     }
@@ -359,10 +332,11 @@ extern "C" int pg_cuda_fi_prefill_run(pg_cuda_fi_prefill *fi, void *out, const v
         (void)cudaGetLastError();
         return pg_err_set(PG_EIO, "cuda prefill (flashinfer): %s", cudaGetErrorString(e));
     }
-    if (!fi->announced) {
-        fi->announced = true;
-        PG_LOGI("cuda: FlashInfer prefill ran (first launch: %d sequences, %d query rows, head_dim %d, window %d, "
-                "soft-cap %g)", n_seqs, total, kv.head_dim, kv.window, (double)kv.softcap);
+    bool &said = f8 ? fi->announced_fp8 : fi->announced;
+    if (!said) {
+        said = true;
+        PG_LOGI("cuda: FlashInfer prefill ran (first %s launch: %d sequences, %d query rows, head_dim %d, window %d, "
+                "soft-cap %g)", f8 ? "fp8 KV" : "bf16 KV", n_seqs, total, kv.head_dim, kv.window, (double)kv.softcap);
     }
     return 0;
 }

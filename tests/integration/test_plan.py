@@ -295,25 +295,33 @@ def test_gpu_lora_workspace():
 
 
 def test_gpu_flashinfer_prefill_workspace():
-    # PAGED_CUDA_PREFILL=flashinfer: FlashInfer's plan image at the head of
-    # the attention workspace (kernels/cuda/cuda_ops.h,
+    # FlashInfer's prefill (the default on Hopper since session 21): its plan
+    # image at the head of the attention workspace (kernels/cuda/cuda_ops.h,
     # pg_cuda_fi_prefill_ws_bytes): seven int32 arrays of 4,096 work items a
-    # query head, the per-SM index and alignments, to 256 bytes; nothing else
-    # moves. Planned here without a GPU, as `paged plan` does for one.
+    # query head, the per-SM index and alignments, to 256 bytes, then the
+    # fp8 path's Q scales (256 bytes at up to 32 heads); nothing else moves. PAGED_CUDA_PREFILL=paged (our kernel) counts none, and naming
+    # the default changes nothing. Planned here without a GPU, as `paged plan`
+    # does for one.
     base = ["--device", "cuda", "--device-memory", "141G", "--load-format", "dummy", "--hf-config", SHAPE]
     with open(SHAPE) as f:
         nh = json.load(f)["num_attention_heads"]
-    want = -(-(7 * 4 * 4096 * nh + 4 * 1025 + 8 * 16) // 256) * 256
+    def fi_ws(h):  # the plan image, then Q's fp8 scales and their reduction (2 x h floats)
+        return -(-(7 * 4 * 4096 * h + 4 * 1025 + 8 * 16) // 256) * 256 + -(-(8 * h) // 256) * 256
+
+    want = fi_ws(nh)
     for tp in (1, 2):
-        _, a = plan_json(*base, "-tp", str(tp), model=False)
-        _, b = plan_json(*base, "-tp", str(tp), model=False, env={"PAGED_CUDA_PREFILL": "flashinfer"})
+        _, a = plan_json(*base, "-tp", str(tp), model=False, env={"PAGED_CUDA_PREFILL": "paged"})
+        _, b = plan_json(*base, "-tp", str(tp), model=False)
+        _, c = plan_json(*base, "-tp", str(tp), model=False, env={"PAGED_CUDA_PREFILL": "flashinfer"})
         ra, rb = a["plan"]["ranks"][0], b["plan"]["ranks"][0]
         grown = rb["workspace_buffers_bytes"] - ra["workspace_buffers_bytes"]
-        w = -(-(7 * 4 * 4096 * (nh // tp) + 4 * 1025 + 8 * 16) // 256) * 256
-        print(f"  cuda -tp {tp}, PAGED_CUDA_PREFILL=flashinfer: attention workspace +{grown} B (want {w})")
+        w = fi_ws(nh // tp)
+        print(f"  cuda -tp {tp}, FlashInfer's prefill (default) against PAGED_CUDA_PREFILL=paged: "
+              f"attention workspace +{grown} B (want {w})")
         assert grown == w, (grown, w)
         assert rb["weights_bytes"] == ra["weights_bytes"] and rb["workspace_extra_bytes"] == ra["workspace_extra_bytes"]
-    assert want == 3674368  # 3.7 MB at 32 heads (docs/cuda_kernels.md)
+        assert c["plan"]["ranks"][0] == rb, (c["plan"]["ranks"][0], rb)
+    assert want == 3674624  # 3.7 MB at 32 heads (docs/cuda_kernels.md)
 
 
 def test_draft_model():

@@ -1,0 +1,4 @@
+# Session 21's inline device call (run's command, verbatim), after callD.sh:
+# call E, the LoRA W8A8 runner check with the rms band (test_cuda_runner
+# --gap-sigmas 4), FlashInfer's prefill and paged's; carry s21, s21r.
+. bench/gpu_call_lib.sh; call_init cE; [ -x build/gpu-pack/paged ] || unpack s21; unpack s21r; m64=/tmp/paged-m64; [ -d $m64 ] || python3 tests/gpu/make_random_model.py $m64 --hidden 512 --heads 8 --kv-heads 2 --layers 4 --ffn 1536 --vocab 1000 --dtype bf16 >/dev/null; L=$(python3 tests/gpu/make_lora_adapters.py $m64 /tmp/paged-m64-lora); for pf in flashinfer paged; do PAGED_CUDA_PREFILL=$pf build/gpu-pack/test_cuda_runner $m64 --lora "$L" --quantization fp8 --tol 0.1 --gap 0.2 --gap-sigmas 4 > $R/lora_w8a8_$pf.log 2>&1; echo "lora W8A8 $pf rc=$? $(tail -1 $R/lora_w8a8_$pf.log | cut -c1-170)"; grep -o "\[[A-F]: cpu [^]]*\]" $R/lora_w8a8_$pf.log | tr '\n' ' '; echo; done; save
