@@ -348,7 +348,7 @@ extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
         } else
             PG_LOGI("cuda: prefill attention through FlashInfer's sm90 kernel (%s; paged's for head_dim 256; "
                     "PAGED_CUDA_PREFILL=paged for paged's everywhere)",
-                    pg_cuda_fi_fp8_requested() ? "fp8 KV too: PAGED_CUDA_FI_FP8=1" : "bf16 KV; paged's for fp8");
+                    pg_cuda_fi_fp8_requested() ? "bf16 and fp8 KV" : "bf16 KV; paged's for fp8: PAGED_CUDA_FI_FP8=0");
     }
     if (pg_cuda_device_describe(c->desc, sizeof c->desc) < 0) snprintf(c->desc, sizeof c->desc, "cuda");
     {

@@ -167,7 +167,7 @@ int pg_cuda_paged_prefill_attention_v(int version, void *out, const void *q, int
 // device image (stream-ordered, kept for every call of one step). kv.window
 // and kv.softcap as pg_cuda_paged_prefill_attention takes them. PG_EUNSUPP,
 // with nothing launched, for what this build does not run (no FlashInfer
-// headers, fp8 KV without PAGED_CUDA_FI_FP8=1 or with a soft-cap, head_dim
+// headers, fp8 KV with PAGED_CUDA_FI_FP8=0 or with a soft-cap, head_dim
 // other than 64 or 128, stream capture, no host arrays or workspace): the
 // caller runs pg_cuda_paged_prefill_attention instead. fp8 KV: q's prefill
 // rows are overwritten (their e4m3 codes, in place; the layer reads q no
@@ -202,12 +202,13 @@ static inline size_t pg_cuda_fi_prefill_ws_bytes(int32_t n_heads) {
     if (n_heads <= 0) return 0;
     return pg_cuda_fi_prefill_plan_bytes(n_heads) + ((size_t)8 * (size_t)n_heads + 255) / 256 * 256;
 }
-// PAGED_CUDA_FI_FP8=1: fp8 e4m3 KV caches' prefill through FlashInfer's fp8
-// kernel too (Q quantized to e4m3 in place, a dynamic scale per head;
-// prefill_fp8_flashinfer.cu); otherwise they keep paged's kernel.
+// fp8 e4m3 KV caches' prefill through FlashInfer's fp8 kernel too (Q
+// quantized to e4m3 in place, a dynamic scale per head;
+// prefill_fp8_flashinfer.cu): the default since session 21;
+// PAGED_CUDA_FI_FP8=0 keeps paged's kernel for them.
 static inline bool pg_cuda_fi_fp8_requested(void) {
     const char *e = getenv("PAGED_CUDA_FI_FP8");
-    return e && atoi(e) != 0;
+    return !e || !e[0] || atoi(e) != 0;
 }
 // PAGED_CUDA_PREFILL: unset, empty or "flashinfer" asks for FlashInfer's
 // kernel (the default since session 21), "paged" for ours; the backend

@@ -3,7 +3,7 @@
 // the prefill kernel of the attention op, over our paged KV cache in place
 // (issue 29; docs/cuda_kernels.md, "FlashInfer's prefill in the runner"):
 // the default on compute 9.x since session 21 (PAGED_CUDA_PREFILL=paged
-// selects ours). bf16 caches here; fp8 caches, behind PAGED_CUDA_FI_FP8=1,
+// selects ours). bf16 caches here; fp8 caches (PAGED_CUDA_FI_FP8=0: ours)
 // in prefill_fp8_flashinfer.cu after the same plan.
 //
 // Why a library: bench/cuda/bench_fi_prefill measured this kernel at
@@ -140,7 +140,7 @@ struct pg_cuda_fi_prefill {
     std::vector<int32_t> key; // n_seqs, bt_stride, n_heads, n_kv, head_dim, block_size, cu_q..., start_pos...
     void *plan_dev;           // the device image the plan was copied to
     std::vector<int32_t> qo_indptr, kv_indptr, kv_len;
-    bool fp8;       // PAGED_CUDA_FI_FP8=1: fp8 KV through FlashInfer's fp8 kernel
+    bool fp8;       // fp8 KV through FlashInfer's fp8 kernel (PAGED_CUDA_FI_FP8=0: not)
     bool announced; // the first launch of each kind is logged (tests/gpu/run_gpu_tests.sh looks for it)
     bool announced_fp8;
 };

@@ -1,7 +1,8 @@
 // kernels/cuda/prefill_fp8_flashinfer.cu - FlashInfer's sm90 fp8 paged
 // prefill over our fp8 e4m3 KV cache (issue 29, step 3; docs/cuda_kernels.md,
 // "fp8 KV through FlashInfer"): the half of prefill_flashinfer.cu that runs
-// when the cache is e4m3, behind PAGED_CUDA_FI_FP8=1 until it is measured.
+// when the cache is e4m3: the default since session 21 (PAGED_CUDA_FI_FP8=0
+// keeps paged's kernel for fp8 caches).
 //
 // FlashInfer's fp8 kernel (FA3's) multiplies e4m3 by e4m3 on the tensor
 // cores, so Q must be e4m3 too. vLLM quantizes Q for it with a static scale

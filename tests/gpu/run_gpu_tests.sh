@@ -57,9 +57,11 @@
 #      through pg_cuda_fi_prefill_run against an fp32 reference
 #      (bench_fi_prefill --check), then check 2's and check 9's runner
 #      comparisons with it (its log must say it ran) and with paged's
-#      kernel (PAGED_CUDA_PREFILL=paged, the fallback for fp8 KV and
-#      head_dim 256), check 3b's fp8 KV run through FlashInfer's fp8 kernel
-#      (PAGED_CUDA_FI_FP8=1), and check 9's layer groups against one table.
+#      kernel (PAGED_CUDA_PREFILL=paged, the fallback for soft-capped fp8 and
+#      head_dim 256); with an fp8 cache, the runner against the CPU and
+#      check 3b's generate through FlashInfer's fp8 kernel (the default)
+#      and ours (PAGED_CUDA_FI_FP8=0); check 9's layer groups against one
+#      table.
 # Programs come from build/gpu-pack/ (tools/pack_gpu.sh; its .tar.xz is
 # unpacked here when only the archive was carried), else build/.
 # Logs and JSON go to $OUT (the device tool's folder) or /tmp/paged-gpu.
@@ -716,11 +718,34 @@ if [ $fi_ok = 1 ]; then
             note "runner ${m%% *} $pf prefill: exit $rc_fi"
         done
     done
-    # fp8 KV through FlashInfer's fp8 kernel (PAGED_CUDA_FI_FP8=1, e4m3 Q):
-    # check 3b's generate against the bf16-cache run, with 3b's bound (half
-    # the texts share their first 16 characters), and its log must say the
-    # fp8 kernel ran; the agreement with 3b's own fp8 run is reported.
-    PAGED_CUDA_FI_FP8=1 "$PAGED" generate --model $m64 --device cuda --kv-cache-dtype fp8 --prompts-file $prompts \
+    # fp8 KV: FlashInfer's fp8 kernel (e4m3 Q and P; the default since
+    # session 21) and ours (PAGED_CUDA_FI_FP8=0), the runner against the
+    # CPU with an fp8 cache in both (each calibrates its own scales, so
+    # the cache's rounding differs here and there as well as the kernels'
+    # arithmetic): session 21's H100 gave worst 3.3e-2 (ours) and 3.5e-2
+    # (FlashInfer's) on the Llama model, 5.2e-2 and 5.9e-2 on Gemma 3, so
+    # W8A8's bounds (0.1, a flip hard past 0.2 and the row's 4-sigma band).
+    for m in "$m64" "$g3"; do
+        for f8 in 1 0; do
+            PAGED_CUDA_FI_FP8=$f8 "$RUNNER_TEST" $m --kv-cache-dtype fp8 --tol 0.1 --gap 0.2 --gap-sigmas 4 \
+                >/tmp/paged-fi8-runner.log 2>&1
+            rc_fi=$?
+            ran=$(grep -c 'FlashInfer prefill ran (first fp8 KV' /tmp/paged-fi8-runner.log)
+            if [ $rc_fi -ne 0 ] || { [ $f8 = 1 ] && [ "$ran" = 0 ]; } || { [ $f8 = 0 ] && [ "$ran" != 0 ]; }; then
+                echo "FAIL: runner fp8 KV, PAGED_CUDA_FI_FP8=$f8, on ${m%% *} (exit $rc_fi; FlashInfer's fp8 ran: $ran)"
+                tail -3 /tmp/paged-fi8-runner.log
+                fail=1
+            else
+                echo "PASS: runner fp8 KV, PAGED_CUDA_FI_FP8=$f8, on ${m%% *}: $(tail -1 /tmp/paged-fi8-runner.log | cut -c1-160)"
+            fi
+            note "runner ${m%% *} fp8 KV, PAGED_CUDA_FI_FP8=$f8: exit $rc_fi"
+        done
+    done
+    # End to end: check 3b's fp8 generate ran FlashInfer's fp8 kernel (the
+    # default), and the same with ours (PAGED_CUDA_FI_FP8=0) keeps 3b's
+    # bound against the bf16-cache run (half the texts share their first
+    # 16 characters); the agreement of the two fp8 runs is reported.
+    PAGED_CUDA_FI_FP8=0 "$PAGED" generate --model $m64 --device cuda --kv-cache-dtype fp8 --prompts-file $prompts \
         >/tmp/paged-gen-fi8.jsonl 2>/tmp/paged-gen-fi8.log
     rc_f8=$?
     same_f8=$(python3 - <<'PY'
@@ -731,18 +756,19 @@ b = [json.loads(l) for l in open("/tmp/paged-gen-fi8.jsonl")]
 err = sum(1 for y in b if "error" in y)
 ok = sum(1 for x, y in zip(a, b) if x.get("text", "")[:16] == y.get("text", "")[:16] and "error" not in y)
 same_p = sum(1 for x, y in zip(p, b) if x.get("text") == y.get("text"))
-print(f"{ok}/{len(a)} (errors {err}; identical to paged's fp8 run {same_p}/{len(p)})"
+print(f"{ok}/{len(a)} (errors {err}; identical to 3b's fp8 run {same_p}/{len(p)})"
       if len(a) == len(b) == 8 and err == 0 else f"0/{len(a)} (gave {len(b)} results, {err} errors)")
 PY
 )
-    if [ $rc_f8 -ne 0 ] || [ "${same_f8%%/*}" -lt 4 ] || ! grep -q 'FlashInfer prefill ran (first fp8 KV' /tmp/paged-gen-fi8.log; then
-        echo "FAIL: generate fp8 KV with FlashInfer's fp8 prefill (exit $rc_f8, agreement with bf16 $same_f8)"
+    if [ $rc_f8 -ne 0 ] || [ "${same_f8%%/*}" -lt 4 ] || grep -q 'FlashInfer prefill ran (first fp8 KV' /tmp/paged-gen-fi8.log ||
+        ! grep -q 'FlashInfer prefill ran (first fp8 KV' /tmp/paged-gen-fp8.log; then
+        echo "FAIL: generate fp8 KV with paged's prefill (exit $rc_f8, agreement with bf16 $same_f8; 3b ran FlashInfer's fp8: $(grep -c 'first fp8 KV' /tmp/paged-gen-fp8.log))"
         tail -3 /tmp/paged-gen-fi8.log
         fail=1
     else
-        echo "PASS: generate fp8 KV with FlashInfer's fp8 prefill (same first 16 characters as bf16: $same_f8)"
+        echo "PASS: generate fp8 KV with paged's prefill (same first 16 characters as bf16: $same_f8); 3b's ran FlashInfer's fp8"
     fi
-    note "generate cuda fp8 KV, FlashInfer fp8 prefill vs bf16 KV: same first 16 characters $same_f8 (exit $rc_f8)"
+    note "generate cuda fp8 KV, PAGED_CUDA_FI_FP8=0 vs bf16 KV: same first 16 characters $same_f8 (exit $rc_f8)"
     # Check 9's layer-groups comparison with it: a windowed group's dropped
     # blocks are the null block in its table, which FlashInfer's tiles
     # before a window may load (masked), so the texts must stay identical.

@@ -4,7 +4,13 @@
 //
 //   build/gpu/test_cuda_runner MODEL_DIR [--tol 2e-2] [--gap 0.1] [--gap-sigmas K] [--json FILE]
 //       [--cpu-offload-gb G] [--quantization fp8|int4] [--cpu-matmul exact|quant] [--lora DIR[,DIR...]]
+//       [--kv-cache-dtype bf16|fp8] [--kv-cache-scales auto|one]
 //
+// --kv-cache-dtype fp8 [--kv-cache-scales auto|one]: both runners keep an
+// fp8 e4m3 cache (scales calibrated at start-up by each, or 1.0), so the
+// difference is the CUDA kernels' arithmetic over it (ours converts the
+// codes to bf16, as with PAGED_CUDA_FI_FP8=0; FlashInfer's fp8 prefill, the
+// default, multiplies e4m3 Q and P too).
 // --gap-sigmas K (0, off): a greedy flip counts as hard only past both --gap
 // and K standard deviations of the difference of two logits' errors in its
 // row (sqrt(2) x the row's rms logit error), for W8A8, whose errors are
@@ -139,6 +145,7 @@ int main(int argc, char **argv) {
     char *lora_arg = NULL;
     double tol = 2e-2, offload_gb = 0, hard_gap = 0.1, gap_sigmas = 0;
     int quant = 0;
+    int32_t kv_dtype = PG_KV_BF16, kv_scales = PG_KV_SCALES_AUTO;
     pg_matmul_mode cpu_mode = PG_MATMUL_EXACT;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--gap") && i + 1 < argc)
@@ -151,6 +158,12 @@ int main(int argc, char **argv) {
             offload_gb = atof(argv[++i]);
         else if (!strcmp(argv[i], "--quantization") && i + 1 < argc) {
             if (pg_quantization_parse(argv[++i], &quant) < 0) return fprintf(stderr, "%s\n", pg_err_msg()), 2;
+        } else if (!strcmp(argv[i], "--kv-cache-dtype") && i + 1 < argc) {
+            if (strcmp(argv[++i], "fp8") && strcmp(argv[i], "bf16"))
+                return fprintf(stderr, "--kv-cache-dtype: bf16 or fp8, not '%s'\n", argv[i]), 2;
+            kv_dtype = strcmp(argv[i], "fp8") ? PG_KV_BF16 : PG_KV_FP8_E4M3;
+        } else if (!strcmp(argv[i], "--kv-cache-scales") && i + 1 < argc) {
+            if (pg_kv_scales_parse(argv[++i], &kv_scales) < 0) return fprintf(stderr, "%s\n", pg_err_msg()), 2;
         } else if (!strcmp(argv[i], "--cpu-matmul") && i + 1 < argc) {
             if (pg_matmul_mode_parse(argv[++i], &cpu_mode) < 0) return fprintf(stderr, "%s\n", pg_err_msg()), 2;
         } else if (!strcmp(argv[i], "--lora") && i + 1 < argc) {
@@ -167,7 +180,7 @@ int main(int argc, char **argv) {
     }
     if (!dir) {
         fprintf(stderr, "usage: test_cuda_runner MODEL_DIR [--tol T] [--gap G] [--gap-sigmas K] [--json FILE]\n"
-                        "       [--cpu-offload-gb G]\n"
+                        "       [--cpu-offload-gb G] [--kv-cache-dtype bf16|fp8] [--kv-cache-scales auto|one]\n"
                         "       [--quantization fp8|int4] [--cpu-matmul exact|quant] [--lora DIR[,DIR...]]\n");
         return 2;
     }
@@ -206,7 +219,8 @@ int main(int argc, char **argv) {
                            .max_num_seqs = MAX_SEQS,
                            .max_num_batched_tokens = MAX_TOKENS,
                            .max_model_len = MAX_LEN,
-                           .kv_dtype = PG_KV_BF16,
+                           .kv_dtype = kv_dtype,
+                           .kv_scales = kv_scales,
                            .graphs = PG_GRAPHS_STARTUP};
     if (pg_runner_create(cmodel, &rc, &cpu) < 0 || pg_runner_alloc_kv(cpu, N_BLOCKS, N_HOST) < 0)
         return fprintf(stderr, "FAIL: cpu runner: %s\n", pg_err_msg()), 1;

@@ -724,8 +724,10 @@ static uint64_t rng_next(uint64_t *s) {
 
 // Random grow / commit / fork / release / swap on a tiny pool, checking
 // ref counts against owners and the free list / cache map after each op.
-static void test_random_ops_keep_invariants(void **state) {
-    (void)state;
+// One random walk of single-operation plans (grow with lookups, commit,
+// fork, release, swap out, swap in) from `seed`, every invariant checked
+// after each operation.
+static void random_ops_walk(uint64_t seed) {
     enum { NT = 12, MAXTOK = 64 };
     kvp_pool *p = make_pool(24, 12, 4, true);
     kvp_moves cp = {0}, mv = {0};
@@ -738,7 +740,7 @@ static void test_random_ops_keep_invariants(void **state) {
         ts[i] = &t[i];
         for (int j = 0; j < MAXTOK; j++) tok[i][j] = (i % 3) * 1000 + j; // 3 shared contents
     }
-    uint64_t rng = 42;
+    uint64_t rng = seed;
     int64_t n_hits = 0, n_cow = 0, n_swaps = 0;
     for (int step = 0; step < 20000; step++) {
         int i = (int)(rng_next(&rng) % NT);
@@ -801,13 +803,28 @@ static void test_random_ops_keep_invariants(void **state) {
     }
     kvp_stats st;
     kvp_stats_get(p, &st);
-    // The walk did reach the interesting paths.
-    assert_true(n_hits > 100 && n_cow > 20 && n_swaps > 100 && st.evictions > 100);
+    // The walk did reach the interesting paths (copies on write are the
+    // rarest: seed 1078 of a 1,000-seed sweep made 20).
+    if (!(n_hits > 100 && n_cow > 5 && n_swaps > 100 && st.evictions > 100))
+        fail_msg("seed %llu: %lld hits, %lld copies on write, %lld swaps, %lld evictions", (unsigned long long)seed,
+                 (long long)n_hits, (long long)n_cow, (long long)n_swaps, (long long)st.evictions);
     assert_int_equal(st.num_free, 23);
     assert_int_equal(st.num_host_free, 12);
     kvp_moves_fini(&cp);
     kvp_moves_fini(&mv);
     kvp_destroy(p);
+}
+
+// Three seeds, not one: a walk's order of operations is what finds a
+// defect (the tier's random-plans test passed with its one seed for a
+// session while others broke it); PG_TEST_SEEDS=N sweeps N more by hand
+// (1,000 passed in session 21, 18 s).
+static void test_random_ops_keep_invariants(void **state) {
+    (void)state;
+    const uint64_t seeds[] = {42, 7, 20261206};
+    for (size_t i = 0; i < sizeof seeds / sizeof seeds[0]; i++) random_ops_walk(seeds[i]);
+    const char *more = getenv("PG_TEST_SEEDS");
+    for (int i = 0; more && i < atoi(more); i++) random_ops_walk(1000 + (uint64_t)i);
 }
 
 // ---------------------------------------------------------------------------
