@@ -26,6 +26,11 @@
 #   w4 NAME [ARGS...]  served W4 through bench/bench_serve.py (1,000 in /
 #                      256 out, 200 clients, 60 s, drain 30 s, seed 4) against
 #                      the server up: $R/NAME.txt and .json; ARGS override
+#   ttft_http NAME LEN COUNT  time to first token through HTTP against the
+#                      server up: COUNT requests of LEN random ids, one
+#                      client, 1 token out; prints its TTFT row
+#                      ($R/NAME.txt, .json; session 21's calls B and C
+#                      wrote this loop out by hand)
 call_init() {
     CALL=$1
     T0=$(date +%s)
@@ -96,5 +101,14 @@ w4() {
         --out "$R/$name.json" "$@" > "$R/$name.txt" 2>&1
     local rc=$?
     rm -f "$R/$name.json.requests"
+    return $rc
+}
+ttft_http() {
+    local name=$1 len=$2 cnt=$3
+    timeout 100 python3 bench/bench_serve.py --port 18400 --warmup 0 --seed 5 --concurrency 1 --num-prompts "$cnt" \
+        --input-len "$len" --output-len 1 --out "$R/$name.json" --progress-seconds 0 > "$R/$name.txt" 2>&1
+    local rc=$?
+    rm -f "$R/$name.json.requests"
+    echo "TTFT HTTP $len x $cnt ($name) rc=$rc at $(el)s: $(grep -E '^ *TTFT' "$R/$name.txt" | head -1)"
     return $rc
 }
