@@ -452,9 +452,15 @@ int eng_setup(pg_engine *e) {
     if (mc->n_experts > 0) {
         int64_t total, active;
         pg_config_params(mc, &total, &active);
-        PG_LOGI("mixture of experts: %d experts of FFN %d per MoE layer, %d used per token; %.3g B parameters, "
-                "%.3g B active per token", mc->n_experts, mc->moe_ffn, mc->n_experts_used, total / 1e9,
-                active / 1e9);
+        // The experts' type as the backend runs them (the first expert this
+        // rank holds): the model line names only the attention's.
+        const pg_bweight *ew = NULL;
+        for (int32_t l = 0; l < mc->n_layers && !ew; l++)
+            for (int32_t x = 0; e->model->layers[l].exp_gate_up && x < mc->n_experts && !ew; x++)
+                ew = e->model->layers[l].exp_gate_up[x];
+        PG_LOGI("mixture of experts: %d experts of FFN %d per MoE layer, %d used per token, %s; %.3g B parameters, "
+                "%.3g B active per token", mc->n_experts, mc->moe_ffn, mc->n_experts_used,
+                ew ? pg_dtype_name(ew->dtype) : "none on this rank", total / 1e9, active / 1e9);
     }
     if (e->model->quantization != PG_QUANT_NONE) {
         const int64_t *lb = e->model->layer_bytes;

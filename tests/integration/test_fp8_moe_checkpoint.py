@@ -13,7 +13,8 @@ one model.safetensors). Checked:
     norms (Qwen3's q_norm / k_norm too), embedding and LM head are bf16;
     config.json says quant_method "fp8";
   - `paged generate --device cpu --matmul-mode exact` loads it: the start-up
-    log names the FP8 layers ("safetensors fp8_e4m3") and the experts, and
+    log names the FP8 layers ("safetensors fp8_e4m3") and the experts with
+    their type (the MoE line's "fp8_e4m3"), and
     greedy output has the requested token count for every prompt;
   - the reference: the same weights dequantized (e4m3 x scale, exactly
     representable in float32) written as a float32 checkpoint. Its greedy
@@ -187,7 +188,9 @@ def main():
             dequantized(fp8, ref)
 
             rows, log = generate(fp8, tmp)
-            want = [f"({arch}, safetensors fp8_e4m3)", "mixture of experts: 8 experts"]
+            # The experts' own type is named on the MoE line (engine/setup.c).
+            want = [f"({arch}, safetensors fp8_e4m3)", "mixture of experts: 8 experts",
+                    "2 used per token, fp8_e4m3;"]
             missing = [w for w in want if w not in log]
             if missing:
                 print(f"  log does not say {missing}:\n{log[-2000:]}")
