@@ -147,6 +147,30 @@ static void test_limits(void **state) {
     rc = render(deep, NULL, NULL, &out);
     assert_true(rc < 0);
     assert_non_null(strstr(pg_err_msg(), "nested too deeply"));
+    // Left-deep chains are tree levels too (fuzz_jinja found "{{a" + ".b" *
+    // 20000 + "}}" overrunning the C stack): each kind is refused cleanly,
+    // and 100 links still render.
+    static const char *const links[] = {".b", "|string", "+1", "*1", " and 1", " or 1", "[0]"};
+    for (size_t c = 0; c < sizeof links / sizeof links[0]; c++) {
+        const size_t n = strlen(links[c]);
+        for (int count = 100; count <= 20000; count += 19900) {
+            char *t = malloc(16 + n * (size_t)count);
+            size_t o = (size_t)sprintf(t, "{{ 1");
+            for (int i = 0; i < count; i++) memcpy(t + o, links[c], n), o += n;
+            strcpy(t + o, " }}");
+            rc = render(t, NULL, NULL, &out);
+            if (count == 20000) {
+                assert_true(rc < 0);
+                assert_non_null(strstr(pg_err_msg(), "nested too deeply"));
+            } else if (c != 0 && c != 6) { // 1.b and 1[0] are undefined / errors at run time, not in the parser
+                assert_int_equal(rc, 0);
+                free(out);
+            } else if (rc == 0) {
+                free(out);
+            }
+            free(t);
+        }
+    }
 }
 
 int main(void) {

@@ -89,6 +89,17 @@ static void enter(jparse *p) {
     if (++p->depth > MAX_NEST) jp_fail(p, cur(p)->line, "template nested too deeply");
 }
 
+// One more level of a left-deep chain (a.b.c, x|f|g, 1+1+1, a and b and
+// c): each link is a tree level that evaluation and its checks recurse
+// through, so it counts against MAX_NEST like a nested expression; the
+// chain's function gives its links back (p->depth -= links) when it
+// returns. Unbounded chains overran the C stack (fuzz_jinja, session 21:
+// "{{a" + ".b" * 20000 + "}}").
+static void chain_link(jparse *p, int *links) {
+    enter(p);
+    (*links)++;
+}
+
 static jnode *parse_expr(jparse *p);
 static jnode *parse_or(jparse *p);
 static jnode *parse_unary(jparse *p, bool with_filter);
@@ -156,8 +167,10 @@ static jnode *parse_subscript(jparse *p, jnode *obj) {
 }
 
 static jnode *parse_postfix(jparse *p, jnode *e) {
+    int links = 0;
     for (;;) {
         int line = cur(p)->line;
+        if (is_op(p, ".") || is_op(p, "[") || is_op(p, "(")) chain_link(p, &links);
         if (is_op(p, ".")) {
             adv(p);
             jtok *t = cur(p);
@@ -185,6 +198,7 @@ static jnode *parse_postfix(jparse *p, jnode *e) {
             parse_call_args(p, n);
             e = n;
         } else {
+            p->depth -= links;
             return e;
         }
     }
@@ -220,7 +234,9 @@ static jnode *parse_test(jparse *p, jnode *operand) {
 }
 
 static jnode *parse_filter_expr(jparse *p, jnode *e) {
+    int links = 0;
     for (;;) {
+        if (is_op(p, "|") || is_name(p, "is") || is_op(p, "(")) chain_link(p, &links);
         if (accept_op(p, "|"))
             e = parse_filter(p, e);
         else if (accept_name(p, "is"))
@@ -230,8 +246,10 @@ static jnode *parse_filter_expr(jparse *p, jnode *e) {
             n->a = e;
             parse_call_args(p, n);
             e = n;
-        } else
+        } else {
+            p->depth -= links;
             return e;
+        }
     }
 }
 
@@ -351,16 +369,20 @@ static jnode *binop(jparse *p, jop op, jnode *a, jnode *b, int line) {
 
 static jnode *parse_pow(jparse *p) {
     jnode *a = parse_unary(p, true);
+    int links = 0;
     while (is_op(p, "**")) {
         int line = cur(p)->line;
+        chain_link(p, &links);
         adv(p);
         a = binop(p, OP_POW, a, parse_unary(p, true), line);
     }
+    p->depth -= links;
     return a;
 }
 
 static jnode *parse_math2(jparse *p) {
     jnode *a = parse_pow(p);
+    int links = 0;
     for (;;) {
         int line = cur(p)->line;
         jop op;
@@ -368,7 +390,11 @@ static jnode *parse_math2(jparse *p) {
         else if (is_op(p, "/")) op = OP_DIV;
         else if (is_op(p, "//")) op = OP_FDIV;
         else if (is_op(p, "%")) op = OP_MOD;
-        else return a;
+        else {
+            p->depth -= links;
+            return a;
+        }
+        chain_link(p, &links);
         adv(p);
         a = binop(p, op, a, parse_pow(p), line);
     }
@@ -389,12 +415,17 @@ static jnode *parse_concat(jparse *p) {
 
 static jnode *parse_math1(jparse *p) {
     jnode *a = parse_concat(p);
+    int links = 0;
     for (;;) {
         int line = cur(p)->line;
         jop op;
         if (is_op(p, "+")) op = OP_ADD;
         else if (is_op(p, "-")) op = OP_SUB;
-        else return a;
+        else {
+            p->depth -= links;
+            return a;
+        }
+        chain_link(p, &links);
         adv(p);
         a = binop(p, op, a, parse_concat(p), line);
     }
@@ -403,6 +434,7 @@ static jnode *parse_math1(jparse *p) {
 // Comparisons; a chain a < b < c becomes (a < b) and (b < c).
 static jnode *parse_compare(jparse *p) {
     jnode *a = parse_math1(p), *result = NULL;
+    int links = 0;
     for (;;) {
         int line = cur(p)->line;
         jop op;
@@ -416,8 +448,11 @@ static jnode *parse_compare(jparse *p) {
         else if (is_name(p, "not") && tok_is(peek(p, 1), TK_NAME, "in")) {
             adv(p);
             op = OP_NOTIN;
-        } else
+        } else {
+            p->depth -= links;
             return result ? result : a;
+        }
+        chain_link(p, &links);
         adv(p);
         jnode *b = parse_math1(p);
         jnode *c = node(p, E_CMP, line);
@@ -450,32 +485,40 @@ static jnode *parse_not(jparse *p) {
 
 static jnode *parse_and(jparse *p) {
     jnode *a = parse_not(p);
+    int links = 0;
     while (is_name(p, "and")) {
+        chain_link(p, &links);
         jnode *n = node(p, E_AND, cur(p)->line);
         adv(p);
         n->a = a;
         n->b = parse_not(p);
         a = n;
     }
+    p->depth -= links;
     return a;
 }
 
 static jnode *parse_or(jparse *p) {
     jnode *a = parse_and(p);
+    int links = 0;
     while (is_name(p, "or")) {
+        chain_link(p, &links);
         jnode *n = node(p, E_OR, cur(p)->line);
         adv(p);
         n->a = a;
         n->b = parse_and(p);
         a = n;
     }
+    p->depth -= links;
     return a;
 }
 
 static jnode *parse_expr(jparse *p) {
     enter(p);
     jnode *a = parse_or(p);
+    int links = 0;
     while (is_name(p, "if")) {
+        chain_link(p, &links);
         jnode *n = node(p, E_COND, cur(p)->line);
         adv(p);
         n->c = parse_or(p);
@@ -483,7 +526,7 @@ static jnode *parse_expr(jparse *p) {
         if (accept_name(p, "else")) n->b = parse_expr(p);
         a = n;
     }
-    p->depth--;
+    p->depth -= 1 + links;
     return a;
 }
 
@@ -577,7 +620,13 @@ static jnode *parse_for(jparse *p, int line) {
 // blocks, block sets): "name(args) | name2 ...".
 static jnode *parse_filter_chain(jparse *p) {
     jnode *e = parse_filter(p, NULL);
-    while (accept_op(p, "|")) e = parse_filter(p, e);
+    int links = 0;
+    while (is_op(p, "|")) {
+        chain_link(p, &links);
+        adv(p);
+        e = parse_filter(p, e);
+    }
+    p->depth -= links;
     return e;
 }
 
