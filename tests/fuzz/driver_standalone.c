@@ -98,9 +98,15 @@ static void on_fatal_signal(int sig) {
 }
 
 static void install_crash_handlers(void) {
-    if (__sanitizer_set_death_callback) __sanitizer_set_death_callback(dump_crash_input);
-    // With a sanitizer these are mostly preempted by its own handlers, which
-    // end in the death callback above; without one, these catch the crash.
+    // With a sanitizer its own handlers report the crash (a stack overflow
+    // too: they run on an alternate stack) and end in the death callback;
+    // ours would replace them (sigaction after its start-up), and a stack
+    // overflow then killed the process with no report at all (a CI run of
+    // fuzz_jinja, session 21). Without one, these catch the crash.
+    if (__sanitizer_set_death_callback) {
+        __sanitizer_set_death_callback(dump_crash_input);
+        return;
+    }
     int sigs[] = {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL};
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
         struct sigaction sa;
