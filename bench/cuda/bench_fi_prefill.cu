@@ -14,20 +14,21 @@
 //    kernels, bound 1e-2 relative (‖out − ref‖ / ‖ref‖ over the rows
 //    checked), outputs poisoned (bf16 NaN) first: single tokens, odd
 //    lengths, chunks after cached context (chunked prefill, prefix-cache
-//    hits), several sequences in one launch, head_dim 64 and 128, GQA groups
-//    1, 4 and 8, a 32,768-token prompt and a 4,096-token chunk after 28,672
+//    hits), several sequences in one launch, head_dim 64, 128 and 256 (Gemma
+//    3 270M-12B's heads, windows of 512 and 1024), GQA groups 1, 2, 4 and 8, a 32,768-token prompt and a 4,096-token chunk after 28,672
 //    cached (rows sampled: every 61st and the last of each sequence),
 //    sliding windows and soft-capped scores (Mistral, Gemma 2/3), and the
 //    kept plan: the same batch again with new K/V values. Exit 1 on a
 //    failure.
 // 2. Timing on the issue's shapes (all of the prompt new, head_dim 128,
-//    32 query / 8 KV heads): 1 x 4096, 2 x 8192, 8 x 4096, 1 x 32768;
+//    32 query / 8 KV heads, or --heads H/KV/D): 1 x 4096, 2 x 8192, 8 x
+//    4096, 1 x 32768;
 //    TFLOP/s with causal FLOPs 2 * 2 * heads * head_dim * sum L(L+1)/2.
 //    The first FlashInfer call of a shape makes the plan: its host time
 //    (plan + launch) is printed apart; the timed calls reuse the plan, as
 //    every layer after the first of a step does.
 //
-// Usage: build/gpu/bench_fi_prefill [--quick | --check | --no-check] [--block-size N]
+// Usage: build/gpu/bench_fi_prefill [--quick | --check | --no-check] [--block-size N] [--heads H/KV/D]
 //   exit 77 = skipped (no FlashInfer in the build, or a device other than
 //   compute 9.x). --block-size: the timing's KV block (page) size, 16 by
 //   default (the checks always run at 16); --no-check: the timing alone.
@@ -279,6 +280,9 @@ bool check(pg_cuda_fi_prefill *fi) {
     const Heads w128{32, 8, 128, 100}, wc64{8, 2, 64, 32, 30.0f}, c128{16, 8, 128, 0, 20.0f};
     const Heads f8{32, 8, 128, 0, 0.0f, true}, f8g1{8, 8, 128, 0, 0.0f, true}, f8h64{8, 2, 64, 0, 0.0f, true};
     const Heads f8w{32, 8, 128, 100, 0.0f, true};
+    // head_dim 256: Gemma 3 270M / 1B (4/1, window 512), 12B (16/8, window 1024).
+    const Heads g270{4, 1, 256}, g12{16, 8, 256}, g270w{4, 1, 256, 512}, g12w{16, 8, 256, 1024};
+    const Heads f8g270{4, 1, 256, 0, 0.0f, true}, f8g12w{16, 8, 256, 1024, 0.0f, true};
     const Case cases[] = {
         {"300 + 77 new, 50 after 150 (32/8 hd128)", l8, {{300, 77, 50}, {0, 0, 150}}},
         {"1 token; 1 after 1000; 17 (32/8 hd128)", l8, {{1, 1, 17}, {0, 1000, 0}}},
@@ -291,12 +295,19 @@ bool check(pg_cuda_fi_prefill *fi) {
         {"window 100: 300 new, 200 after 500 (32/8 hd128)", w128, {{300, 200}, {0, 500}}},
         {"window 32, soft-cap 30: 129 after 15, 77 (8/2 hd64)", wc64, {{129, 77}, {15, 0}}},
         {"soft-cap 20: 1000 after 24, 5 (16/8 hd128)", c128, {{1000, 5}, {24, 3}}},
+        {"5 sequences, odd lengths (4/1 hd256)", g270, {{7, 250, 1, 513, 64}, {0, 33, 400, 0, 999}}},
+        {"300 + 77 new, 50 after 150 (16/8 hd256)", g12, {{300, 77, 50}, {0, 0, 150}}},
+        {"2048 after 6144, 1000 (16/8 hd256)", g12, {{2048, 1000}, {6144, 0}}},
+        {"window 512: 1300 new, 200 after 900 (4/1 hd256)", g270w, {{1300, 200}, {0, 900}}},
+        {"window 1024: 2000 new, 1 after 3000 (16/8 hd256)", g12w, {{2000, 1}, {0, 3000}}},
         {"fp8: 300 + 77 new, 50 after 150 (32/8 hd128)", f8, {{300, 77, 50}, {0, 0, 150}}},
         {"fp8: 1 token; 1 after 1000; 17 (32/8 hd128)", f8, {{1, 1, 17}, {0, 1000, 0}}},
         {"fp8: 129 after 15; 2048 after 16 (8/8 hd128)", f8g1, {{129, 2048}, {15, 16}}},
         {"fp8: 1; 33; 500 after 70; 193 (8/2 hd64)", f8h64, {{1, 33, 500, 193}, {0, 0, 70, 0}}},
         {"fp8: 4096 after 28672 cached (32/8 hd128)", f8, {{4096}, {28672}}},
         {"fp8: window 100: 300 new, 200 after 500 (32/8 hd128)", f8w, {{300, 200}, {0, 500}}},
+        {"fp8: 5 sequences, odd lengths (4/1 hd256)", f8g270, {{7, 250, 1, 513, 64}, {0, 33, 400, 0, 999}}},
+        {"fp8: window 1024: 2000 new, 1 after 3000 (16/8 hd256)", f8g12w, {{2000, 1}, {0, 3000}}},
     };
     bool ok = true;
     uint64_t seed = 11;
@@ -311,12 +322,19 @@ bool check(pg_cuda_fi_prefill *fi) {
 
 int main(int argc, char **argv) {
     bool quick = false, check_only = false, no_check = false; // --check: the correctness cases alone
-    int block_size = 16;
+    int block_size = 16, th = 32, tkv = 8, thd = 128; // the timing's heads (--heads H/KV/D)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = true;
         else if (!strcmp(argv[i], "--check")) check_only = true;
         else if (!strcmp(argv[i], "--no-check")) no_check = true;
         else if (!strcmp(argv[i], "--block-size") && i + 1 < argc) block_size = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--heads") && i + 1 < argc) {
+            if (sscanf(argv[++i], "%d/%d/%d", &th, &tkv, &thd) != 3 || th < 1 || tkv < 1 || th % tkv ||
+                (thd != 64 && thd != 128 && thd != 256)) {
+                fprintf(stderr, "--heads H/KV/D: query heads, KV heads dividing them, head_dim 64, 128 or 256\n");
+                return 2;
+            }
+        }
     }
     if (block_size < 1 || block_size > 1024 || (block_size & (block_size - 1))) {
         fprintf(stderr, "--block-size: a power of two from 1 to 1024\n");
@@ -345,10 +363,11 @@ int main(int argc, char **argv) {
         int n, len;
     } shapes[] = {{1, 4096}, {2, 8192}, {8, 4096}, {1, 32768}};
     for (int f8 = 0; f8 < 2; f8++) {
-    const Heads hs{32, 8, 128, 0, 0.0f, f8 != 0};
+    const Heads hs{th, tkv, thd, 0, 0.0f, f8 != 0};
     printf("causal prefill, head_dim %d, %d q heads / %d KV heads, %s KV, page %d, all of the prompt new%s\n", hs.hd,
            hs.h, hs.kv, f8 ? "fp8 e4m3" : "bf16", BS, f8 ? " (flashinfer: Q quantized in place, in the time)" : "");
-    printf("%-12s %14s %14s %10s %14s\n", "shape", "flashinfer", "ours (v2)", "fi/ours", "fi 1st call ms");
+    printf("%-12s %14s %14s %10s %14s\n", "shape", "flashinfer", hs.hd > 128 ? "ours (v1)" : "ours (v2)", "fi/ours",
+           "fi 1st call ms");
     for (const Shape &sh : shapes) {
         Batch b;
         for (int s = 0; s < sh.n; s++) {

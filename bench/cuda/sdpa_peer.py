@@ -9,7 +9,9 @@ is forced with torch.nn.attention.sdpa_kernel; median of 10 timed calls after
 2 * 2 * heads * head_dim * sum L(L+1)/2, the same count as bench_fi_prefill.
 
 Needs torch with CUDA (the GPU host has it); prints one table.
-  python3 bench/cuda/sdpa_peer.py
+  python3 bench/cuda/sdpa_peer.py [--heads H/KV/D]
+--heads: other query heads, KV heads and head_dim (bench_fi_prefill's flag
+of the same name; 16/8/256 is Gemma 3 12B's).
 """
 import statistics
 import sys
@@ -39,6 +41,12 @@ def time_ms(fn, warm=3, reps=10):
 
 
 def main():
+    global H, KV, HD
+    if len(sys.argv) == 3 and sys.argv[1] == "--heads":
+        H, KV, HD = (int(x) for x in sys.argv[2].split("/"))
+    elif len(sys.argv) > 1:
+        print("usage: sdpa_peer.py [--heads H/KV/D]", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("skipped: no CUDA device for torch")
         return 77

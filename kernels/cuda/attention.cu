@@ -34,6 +34,9 @@
 //       true. 16-byte cp.async loads carry 16 elements into a raw byte
 //       stage; each thread converts the chunks it loaded to bf16 (exact)
 //       into one bf16 tile in the layout above, and the math is unchanged.
+//   head_dim 64, 128 and 256 (Gemma 3 270M-12B) in every kernel but
+//       prefill v2, whose 32 rows a warp would hold 256 output floats a
+//       thread at 256: the default prefill there is v1.
 //   sliding windows and soft-capping (Mistral, Gemma 2/3; pg_kv_shape.window
 //       and .softcap) in every kernel: a CTA starts at the tile of its first
 //       row's window (splits divide the tiles from there), keys before a
@@ -126,7 +129,7 @@ __global__ void __launch_bounds__(NTHREADS, attn_min_blocks(NT)) paged_attn_mma_
     constexpr int KSTEPS = HD / 16;
     constexpr int ONT = HD / 8;  // n-tiles of the output
     constexpr int STAGES = attn_stages(NT, F8);
-    static_assert(HD == 64 || HD == 128, "head_dim");
+    static_assert(HD == 64 || HD == 128 || HD == 256, "head_dim");
     static_assert(KT * CPR % NTHREADS == 0, "tile load");
     extern __shared__ __align__(128) unsigned char smem_raw[];
     bf16 *smem = reinterpret_cast<bf16 *>(smem_raw);
@@ -422,6 +425,11 @@ __host__ __device__ constexpr int pf2_smem_bytes() {
               : (128 + 2 * 2 * KT) * HD * (int)sizeof(bf16);
 }
 
+// Head dims v2 is built for: its 32 rows a warp hold 2 x HD/8 output tiles
+// in registers (256 floats a thread at head_dim 256, more than a thread
+// has), so head_dim 256 runs v1 (16 rows a warp).
+constexpr int PF2_MAX_HD = 128;
+
 template <int HD, bool F8, bool WC>
 __global__ void __launch_bounds__(NTHREADS, 1) paged_prefill_v2_kernel(const AttnParams p) {
     constexpr int CPR = HD / 8;
@@ -635,14 +643,22 @@ template <int HD, bool F8 = false, bool WC = false> int decode_ctas_per_sm() {
 }
 
 
+int decode_ctas_per_sm_of(int head_dim, bool f8) {
+    switch (head_dim) {
+    case 64: return f8 ? decode_ctas_per_sm<64, true>() : decode_ctas_per_sm<64, false>();
+    case 128: return f8 ? decode_ctas_per_sm<128, true>() : decode_ctas_per_sm<128, false>();
+    default: return f8 ? decode_ctas_per_sm<256, true>() : decode_ctas_per_sm<256, false>();
+    }
+}
+
 int check_common(const void *out, const void *q, const void *k_cache, const void *v_cache,
                  pg_kv_shape kv, const int32_t *block_tables, int32_t n_seqs, int32_t n_heads,
                  int64_t q_stride) {
     PG_ARG(out && q && k_cache && v_cache && block_tables, "attention: null pointer");
     PG_ARG(n_seqs >= 0 && n_heads > 0 && kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0,
            "attention: %d query heads over %d KV heads", n_heads, kv.n_kv_heads);
-    if (kv.head_dim != 64 && kv.head_dim != 128)
-        return pg_err_set(PG_EUNSUPP, "attention: head_dim %d (built: 64, 128)", kv.head_dim);
+    if (kv.head_dim != 64 && kv.head_dim != 128 && kv.head_dim != 256)
+        return pg_err_set(PG_EUNSUPP, "attention: head_dim %d (built: 64, 128, 256)", kv.head_dim);
     PG_ARG(kv.window >= 0 && kv.softcap >= 0.0f, "attention: window %d, softcap %g", kv.window, (double)kv.softcap);
     if (log2_exact(kv.block_size) < 3)
         return pg_err_set(PG_EUNSUPP, "attention: block_size %d (a power of two >= 8)", kv.block_size);
@@ -696,24 +712,28 @@ int launch_prefill_v2(void *out, const void *q, int64_t q_stride, const void *k_
                       pg_kv_shape kv, const int32_t *block_tables, int32_t bt_stride, const int32_t *cu_q,
                       const int32_t *start_pos, int32_t n_seqs, int32_t n_heads, float scale, int32_t max_q_len,
                       cudaStream_t st) {
-    static std::atomic<uint64_t> done{0};
-    int dev = 0;
-    PG_CUDA_TRY(cudaGetDevice(&dev));
-    if (!(done.load(std::memory_order_acquire) & (1ull << (dev & 63)))) {
-        PG_CUDA_TRY(cudaFuncSetAttribute(paged_prefill_v2_kernel<HD, F8, WC>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, pf2_smem_bytes<HD, F8>()));
-        done.fetch_or(1ull << (dev & 63), std::memory_order_release);
+    if constexpr (HD > PF2_MAX_HD) {
+        return pg_err_set(PG_EUNSUPP, "prefill attention v2: head_dim %d (at most %d; v1 takes it)", HD, PF2_MAX_HD);
+    } else {
+        static std::atomic<uint64_t> done{0};
+        int dev = 0;
+        PG_CUDA_TRY(cudaGetDevice(&dev));
+        if (!(done.load(std::memory_order_acquire) & (1ull << (dev & 63)))) {
+            PG_CUDA_TRY(cudaFuncSetAttribute(paged_prefill_v2_kernel<HD, F8, WC>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, pf2_smem_bytes<HD, F8>()));
+            done.fetch_or(1ull << (dev & 63), std::memory_order_release);
+        }
+        const int G = n_heads / kv.n_kv_heads;
+        AttnParams p = attn_params(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride, n_heads, scale);
+        p.cu_q = cu_q;
+        p.start_pos = start_pos;
+        const int64_t row_tiles = ((int64_t)max_q_len * G + 127) / 128;
+        PG_ARG(row_tiles <= 65535, "prefill attention: max_q_len %d too large for one launch", max_q_len);
+        dim3 grid((unsigned)(n_seqs * kv.n_kv_heads), (unsigned)row_tiles, 1);
+        paged_prefill_v2_kernel<HD, F8, WC><<<grid, NTHREADS, pf2_smem_bytes<HD, F8>(), st>>>(p);
+        PG_CUDA_LAUNCHED("paged_prefill_v2_kernel");
+        return 0;
     }
-    const int G = n_heads / kv.n_kv_heads;
-    AttnParams p = attn_params(out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride, n_heads, scale);
-    p.cu_q = cu_q;
-    p.start_pos = start_pos;
-    const int64_t row_tiles = ((int64_t)max_q_len * G + 127) / 128;
-    PG_ARG(row_tiles <= 65535, "prefill attention: max_q_len %d too large for one launch", max_q_len);
-    dim3 grid((unsigned)(n_seqs * kv.n_kv_heads), (unsigned)row_tiles, 1);
-    paged_prefill_v2_kernel<HD, F8, WC><<<grid, NTHREADS, pf2_smem_bytes<HD, F8>(), st>>>(p);
-    PG_CUDA_LAUNCHED("paged_prefill_v2_kernel");
-    return 0;
 }
 
 } // namespace
@@ -725,10 +745,13 @@ int launch_prefill_v2(void *out, const void *q, int64_t q_stride, const void *k_
 // Calls fn<HD, F8, WC>(args...) for the shape's head_dim, KV dtype and
 // whether it has a window or a soft-cap (check_common has limited the first
 // two to what is built).
+#define PG_ATTN_DISPATCH_HD(fn, kv, F8, WC, ...)                                                   \
+    ((kv).head_dim == 64    ? fn<64, F8, WC>(__VA_ARGS__)                                          \
+     : (kv).head_dim == 128 ? fn<128, F8, WC>(__VA_ARGS__)                                         \
+                            : fn<256, F8, WC>(__VA_ARGS__))
 #define PG_ATTN_DISPATCH_WC(fn, kv, WC, ...)                                                       \
-    ((kv).dtype == PG_KV_FP8_E4M3                                                                  \
-         ? ((kv).head_dim == 64 ? fn<64, true, WC>(__VA_ARGS__) : fn<128, true, WC>(__VA_ARGS__))  \
-         : ((kv).head_dim == 64 ? fn<64, false, WC>(__VA_ARGS__) : fn<128, false, WC>(__VA_ARGS__)))
+    ((kv).dtype == PG_KV_FP8_E4M3 ? PG_ATTN_DISPATCH_HD(fn, kv, true, WC, __VA_ARGS__)             \
+                                  : PG_ATTN_DISPATCH_HD(fn, kv, false, WC, __VA_ARGS__))
 #define PG_ATTN_DISPATCH(fn, kv, ...)                                                              \
     (((kv).window > 0 || (kv).softcap > 0.0f) ? PG_ATTN_DISPATCH_WC(fn, kv, true, __VA_ARGS__)     \
                                               : PG_ATTN_DISPATCH_WC(fn, kv, false, __VA_ARGS__))
@@ -780,8 +803,7 @@ extern "C" size_t pg_cuda_decode_workspace_size(int32_t max_seqs, int32_t n_head
     // Both KV dtypes and both split kernels (v2, v4; their plans differ), so
     // one size serves whatever the dispatcher picks.
     for (int f8 = 0; f8 < 2; f8++) {
-        const int cps = head_dim == 64 ? (f8 ? decode_ctas_per_sm<64, true>() : decode_ctas_per_sm<64, false>())
-                                       : (f8 ? decode_ctas_per_sm<128, true>() : decode_ctas_per_sm<128, false>());
+        const int cps = decode_ctas_per_sm_of(head_dim, f8 != 0);
         for (int n = 1; n <= max_seqs; n++) {
             SplitPlan pl = plan_decode(n, n_kv_heads, row_tiles, G, max_seq_len, sms, cps, f8 != 0);
             if (pl.n_splits > 1) {
@@ -825,7 +847,7 @@ extern "C" int pg_cuda_paged_prefill_attention(void *out, const void *q, int64_t
                                                const int32_t *block_tables, int32_t bt_stride,
                                                const int32_t *cu_q, const int32_t *start_pos, int32_t n_seqs,
                                                int32_t n_heads, float scale, int32_t max_q_len, void *stream) {
-    return pg_cuda_paged_prefill_attention_v(PREFILL_DEFAULT_VERSION, out, q, q_stride, k_cache, v_cache, kv,
-                                             block_tables, bt_stride, cu_q, start_pos, n_seqs, n_heads, scale,
-                                             max_q_len, stream);
+    const int version = kv.head_dim > PF2_MAX_HD ? 1 : PREFILL_DEFAULT_VERSION; // v2 is built up to 128
+    return pg_cuda_paged_prefill_attention_v(version, out, q, q_stride, k_cache, v_cache, kv, block_tables, bt_stride,
+                                             cu_q, start_pos, n_seqs, n_heads, scale, max_q_len, stream);
 }

@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(NTHREADS) paged_decode_kn_kernel(const AttnPar
     constexpr int MT = HD / 16;                // 16-dim chunks: S^T k-steps, O^T m-tiles
     constexpr int STAGES = kn_stages(F8);
     constexpr int STAGE = kn_stage_bytes<HD, F8>();
-    static_assert(HD == 64 || HD == 128, "head_dim");
+    static_assert(HD == 64 || HD == 128 || HD == 256, "head_dim");
     static_assert(KT * CPR % NTHREADS == 0 && KT == 16 * (NTHREADS / 32), "tile load, 16 keys per warp");
     extern __shared__ __align__(128) unsigned char smem_raw[];
     // PDL: q, the KV cache, lengths and block tables may be earlier kernels'
@@ -428,8 +428,11 @@ template <int HD, bool F8, bool WC = false> int kn_ctas_per_sm() {
 }
 
 int kn_ctas_per_sm_of(int head_dim, bool f8) {
-    return head_dim == 64 ? (f8 ? kn_ctas_per_sm<64, true>() : kn_ctas_per_sm<64, false>())
-                          : (f8 ? kn_ctas_per_sm<128, true>() : kn_ctas_per_sm<128, false>());
+    switch (head_dim) {
+    case 64: return f8 ? kn_ctas_per_sm<64, true>() : kn_ctas_per_sm<64, false>();
+    case 128: return f8 ? kn_ctas_per_sm<128, true>() : kn_ctas_per_sm<128, false>();
+    default: return f8 ? kn_ctas_per_sm<256, true>() : kn_ctas_per_sm<256, false>();
+    }
 }
 
 template <int HD, bool F8, bool WC>

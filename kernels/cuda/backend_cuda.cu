@@ -336,17 +336,18 @@ extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
     {
         // FlashInfer's prefill is the default where it runs; asked for by
         // name where it cannot, the start-up says why in a warning.
-        const char *pf = getenv("PAGED_CUDA_PREFILL");
-        const bool named = pf && !strcmp(pf, "flashinfer");
-        if (pf && pf[0] && !named && strcmp(pf, "paged"))
-            PG_LOGW("cuda: PAGED_CUDA_PREFILL=%s: expected flashinfer or paged; flashinfer where it runs", pf);
-        if (!pg_cuda_fi_prefill_requested())
+        const pg_cuda_prefill_choice pf = pg_cuda_prefill_env();
+        const bool named = pf == PG_CUDA_PREFILL_NAMED_FLASHINFER;
+        if (pf == PG_CUDA_PREFILL_OTHER)
+            PG_LOGW("cuda: PAGED_CUDA_PREFILL=%s: expected flashinfer or paged; flashinfer where it runs",
+                    getenv("PAGED_CUDA_PREFILL"));
+        if (pf == PG_CUDA_PREFILL_PAGED)
             PG_LOGI("cuda: prefill attention through paged's kernel (PAGED_CUDA_PREFILL=paged)");
         else if (pg_cuda_fi_prefill_create(&c->fi_prefill) < 0) {
             if (named) PG_LOGW("cuda: PAGED_CUDA_PREFILL=flashinfer: %s; paged's prefill kernel runs", pg_err_msg());
             else PG_LOGI("cuda: prefill attention through paged's kernel (FlashInfer's: %s)", pg_err_msg());
         } else
-            PG_LOGI("cuda: prefill attention through FlashInfer's sm90 kernel (%s; paged's for head_dim 256; "
+            PG_LOGI("cuda: prefill attention through FlashInfer's sm90 kernel (%s; "
                     "PAGED_CUDA_PREFILL=paged for paged's everywhere)",
                     pg_cuda_fi_fp8_requested() ? "bf16 and fp8 KV" : "bf16 KV; paged's for fp8: PAGED_CUDA_FI_FP8=0");
     }

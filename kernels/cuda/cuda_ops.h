@@ -168,7 +168,7 @@ int pg_cuda_paged_prefill_attention_v(int version, void *out, const void *q, int
 // and kv.softcap as pg_cuda_paged_prefill_attention takes them. PG_EUNSUPP,
 // with nothing launched, for what this build does not run (no FlashInfer
 // headers, fp8 KV with PAGED_CUDA_FI_FP8=0 or with a soft-cap, head_dim
-// other than 64 or 128, stream capture, no host arrays or workspace): the
+// other than 64, 128 or 256, stream capture, no host arrays or workspace): the
 // caller runs pg_cuda_paged_prefill_attention instead. fp8 KV: q's prefill
 // rows are overwritten (their e4m3 codes, in place; the layer reads q no
 // more after attention).
@@ -210,14 +210,24 @@ static inline bool pg_cuda_fi_fp8_requested(void) {
     const char *e = getenv("PAGED_CUDA_FI_FP8");
     return !e || !e[0] || atoi(e) != 0;
 }
-// PAGED_CUDA_PREFILL: unset, empty or "flashinfer" asks for FlashInfer's
-// kernel (the default since session 21), "paged" for ours; the backend
-// warns of any other value and keeps the default. Free of CUDA (the
-// planner's estimate without a GPU counts the plan image when asked).
-static inline bool pg_cuda_fi_prefill_requested(void) {
+// PAGED_CUDA_PREFILL, read in one place: unset or empty (DEFAULT) and
+// "flashinfer" (NAMED_FLASHINFER) ask for FlashInfer's kernel (the default
+// since session 21), "paged" for ours; the backend warns of any other value
+// (OTHER) and keeps the default. Free of CUDA (the planner's estimate
+// without a GPU counts the plan image when asked).
+typedef enum {
+    PG_CUDA_PREFILL_DEFAULT,
+    PG_CUDA_PREFILL_NAMED_FLASHINFER,
+    PG_CUDA_PREFILL_PAGED,
+    PG_CUDA_PREFILL_OTHER,
+} pg_cuda_prefill_choice;
+static inline pg_cuda_prefill_choice pg_cuda_prefill_env(void) {
     const char *e = getenv("PAGED_CUDA_PREFILL");
-    return !e || strcmp(e, "paged") != 0;
+    if (!e || !e[0]) return PG_CUDA_PREFILL_DEFAULT;
+    if (!strcmp(e, "flashinfer")) return PG_CUDA_PREFILL_NAMED_FLASHINFER;
+    return strcmp(e, "paged") ? PG_CUDA_PREFILL_OTHER : PG_CUDA_PREFILL_PAGED;
 }
+static inline bool pg_cuda_fi_prefill_requested(void) { return pg_cuda_prefill_env() != PG_CUDA_PREFILL_PAGED; }
 
 // --- element-wise -------------------------------------------------------------------
 

@@ -121,8 +121,11 @@ cudaError_t launch_bf16(const pg_fi::Launch &l, cudaStream_t st) {
     p.additional_params.logits_soft_cap = l.softcap > 0.0f ? l.softcap : 0.0; // s -> cap * tanh(s / cap)
     p.additional_params.scale_v_scalar = 1.0;
     const bool win = l.window > 0, cap = l.softcap > 0.0f;
-    return l.head_dim == 64 ? launch_hd<64>(p, win, cap, l.same_schedule, st)
-                            : launch_hd<128>(p, win, cap, l.same_schedule, st);
+    switch (l.head_dim) {
+    case 64: return launch_hd<64>(p, win, cap, l.same_schedule, st);
+    case 128: return launch_hd<128>(p, win, cap, l.same_schedule, st);
+    default: return launch_hd<256>(p, win, cap, l.same_schedule, st); // Gemma 3 270M-12B
+    }
 }
 
 } // namespace
@@ -216,7 +219,7 @@ extern "C" int pg_cuda_fi_prefill_run(pg_cuda_fi_prefill *fi, void *out, const v
     // What this build instantiates; the caller runs our kernel otherwise.
     const bool f8 = kv.dtype == PG_KV_FP8_E4M3;
     if (!fi || !host_cu_q || !host_start_pos || (kv.dtype != PG_KV_BF16 && !(f8 && fi->fp8)) ||
-        (kv.head_dim != 64 && kv.head_dim != 128) || n_heads % kv.n_kv_heads || n_seqs <= 0 ||
+        (kv.head_dim != 64 && kv.head_dim != 128 && kv.head_dim != 256) || n_heads % kv.n_kv_heads || n_seqs <= 0 ||
         (f8 && !pg_fi::fp8_supports(kv.head_dim, n_heads, kv.softcap)))
         return PG_EUNSUPP;
     const size_t region = pg_cuda_fi_prefill_plan_bytes(n_heads);
@@ -228,7 +231,7 @@ extern "C" int pg_cuda_fi_prefill_run(pg_cuda_fi_prefill *fi, void *out, const v
         return PG_EUNSUPP; // the host plan would not be replayed
     }
     const int32_t total = host_cu_q[n_seqs];
-    // The plan's work items: one per 128-row (192 at head_dim 64) query
+    // The plan's work items: one per 128-row (192 at head_dim 64; 128 at 256) query
     // tile of each sequence, per head unless there are more than 4,096 a
     // head (then one schedule for all heads). The region holds 4,096 a
     // head; a step with more (over 500k query rows) runs our kernel.

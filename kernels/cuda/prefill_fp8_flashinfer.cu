@@ -116,7 +116,8 @@ template <int HD, bool WIN> cudaError_t launch_kernel(Fp8Params &p, bool same, c
 } // namespace
 
 bool fp8_supports(int32_t head_dim, int32_t n_heads, float softcap) {
-    return (head_dim == 64 || head_dim == 128) && softcap <= 0.0f && (int64_t)n_heads * head_dim <= QMAX_ELEMS;
+    return (head_dim == 64 || head_dim == 128 || head_dim == 256) && softcap <= 0.0f &&
+           (int64_t)n_heads * head_dim <= QMAX_ELEMS;
 }
 
 cudaError_t launch_fp8(const Launch &l, cudaStream_t st) {
@@ -140,9 +141,13 @@ cudaError_t launch_fp8(const Launch &l, cudaStream_t st) {
     p.additional_params.sm_scale = l.scale;
     p.additional_params.scale_q_scalar = p.additional_params.scale_k_scalar = p.additional_params.scale_v_scalar = 1.0;
     const bool win = l.window > 0;
-    if (l.head_dim == 64) return win ? launch_kernel<64, true>(p, l.same_schedule, st)
-                                     : launch_kernel<64, false>(p, l.same_schedule, st);
-    return win ? launch_kernel<128, true>(p, l.same_schedule, st) : launch_kernel<128, false>(p, l.same_schedule, st);
+    switch (l.head_dim) {
+    case 64: return win ? launch_kernel<64, true>(p, l.same_schedule, st) : launch_kernel<64, false>(p, l.same_schedule, st);
+    case 128:
+        return win ? launch_kernel<128, true>(p, l.same_schedule, st) : launch_kernel<128, false>(p, l.same_schedule, st);
+    default:
+        return win ? launch_kernel<256, true>(p, l.same_schedule, st) : launch_kernel<256, false>(p, l.same_schedule, st);
+    }
 }
 
 } // namespace pg_fi

@@ -60,16 +60,32 @@ static void test_prefill(const PrefillCase &c, Rng &r, bool f8 = false, bool sca
     });
     std::vector<uint16_t> out((size_t)T * H * hd);
     std::vector<double> o(out.size());
-    for (int version = 1; version <= 2; version++) {
+    // v2 holds 32 rows' outputs a warp and is built up to head_dim 128: it
+    // refuses 256, which v1 takes, and the default (version 0 here) picks.
+    for (int version = 0; version <= 2; version++) {
+        char nm[200];
+        snprintf(nm, sizeof nm, version ? "%s v%d" : "%s default", name, version);
         CK(cudaMemset(dout.p, 0xFF, dout.n));
-        PK(pg_cuda_paged_prefill_attention_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(),
-                                             pc.dbt.as<int32_t>(), pc.bt_stride, dcu.as<int32_t>(),
-                                             dsp.as<int32_t>(), n, H, (float)scale, max_q, nullptr));
+        if (version == 2 && hd > 128) {
+            int rc = pg_cuda_paged_prefill_attention_v(2, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(),
+                                                       pc.dbt.as<int32_t>(), pc.bt_stride, dcu.as<int32_t>(),
+                                                       dsp.as<int32_t>(), n, H, (float)scale, max_q, nullptr);
+            report_bool(nm, rc == PG_EUNSUPP, rc == PG_EUNSUPP ? "refuses head_dim 256: PG_EUNSUPP" : "wrong return code");
+            continue;
+        }
+        if (version == 0) {
+            if (hd <= 128) continue; // the default is v2, run below
+            PK(pg_cuda_paged_prefill_attention(dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(),
+                                               pc.dbt.as<int32_t>(), pc.bt_stride, dcu.as<int32_t>(),
+                                               dsp.as<int32_t>(), n, H, (float)scale, max_q, nullptr));
+        } else {
+            PK(pg_cuda_paged_prefill_attention_v(version, dout.p, dq.p, q_stride, pc.dk.p, pc.dv.p, pc.shape(),
+                                                 pc.dbt.as<int32_t>(), pc.bt_stride, dcu.as<int32_t>(),
+                                                 dsp.as<int32_t>(), n, H, (float)scale, max_q, nullptr));
+        }
         CK(cudaDeviceSynchronize());
         dout.down(out);
         for (size_t i = 0; i < out.size(); i++) o[i] = bf2f(out[i]);
-        char nm[200];
-        snprintf(nm, sizeof nm, "%s v%d", name, version);
         report(nm, rel_err(o, ref), 1e-2);
     }
 }
@@ -125,6 +141,47 @@ static void window_tests(Rng &r) {
     for (int f8 = 0; f8 < 2; f8++)
         for (auto &c : pre)
             for (auto &w : pw) test_prefill(c, r, f8 != 0, false, w.window, w.cap);
+}
+
+// Head dimension 256 (Gemma 3 270M, 1B, 4B, 12B) through every library
+// kernel: decode v4 (groups <= 8) and v2 (larger groups, and the explicit
+// version), prefill v1 (the default there; v2 refuses it), bf16, fp8 and
+// scaled fp8 caches, with and without sliding windows and soft-caps. The
+// shapes are the released models' heads: 4/1 (270M, 1B), 8/4 (4B), 16/8
+// (12B), and a group of 16 for v2.
+static void hd256_tests(Rng &r) {
+    struct W { int window; float cap; };
+    const std::vector<DecodeCase> dec = {
+        {"hd256 len1", {1}, 4, 1, 256, 16, 1.0f},
+        {"hd256 edges", {1, 15, 16, 17, 63, 64, 65, 127, 129, 200}, 4, 1, 256, 16, 2.0f},
+        {"hd256 gqa2", rand_lens(r, 9, 1, 3000), 16, 8, 256, 16, 2.0f},
+        {"hd256 gqa2", rand_lens(r, 5, 1, 2000), 8, 4, 256, 32, 3.0f},
+        {"hd256 gqa16", rand_lens(r, 4, 1, 900), 16, 1, 256, 16, 2.0f}, // v2 (group > 8)
+        {"hd256 batch64", rand_lens(r, 64, 1, 600), 4, 1, 256, 16, 2.0f},
+        {"hd256 long", {20011, 33001, 5000}, 8, 4, 256, 16, 4.0f}, // splits
+        {"hd256 sharp", rand_lens(r, 4, 1000, 3000), 4, 1, 256, 16, 12.0f},
+    };
+    for (int f8 = 0; f8 < 3; f8++)
+        for (auto &c : dec) test_decode(c, r, f8 > 0, f8 == 2);
+    const std::vector<PrefillCase> pre = {
+        {"hd256 single", {1}, {0}, 4, 1, 256, 16},
+        {"hd256 mixed", {1, 17, 64, 100, 1, 65, 300}, {0, 0, 0, 37, 500, 15, 1000}, 4, 1, 256, 16},
+        {"hd256 gqa2", {40, 130, 2}, {16, 0, 1000}, 16, 8, 256, 32},
+        {"hd256 long", {512, 256}, {0, 3000}, 8, 4, 256, 16},
+        {"hd256 gqa16", {20, 9}, {0, 300}, 16, 1, 256, 16},
+        {"hd256 decode-mix", {1, 1, 1, 128, 1}, {4000, 17, 64, 512, 1}, 4, 1, 256, 16},
+    };
+    for (int f8 = 0; f8 < 3; f8++)
+        for (auto &c : pre) test_prefill(c, r, f8 > 0, f8 == 2);
+    // Gemma 3's windows: 512 (270M), 1024 (1B-27B); and the edges.
+    const std::vector<W> dw = {{1, 0}, {100, 0}, {512, 0}, {1024, 0}, {0, 5.0f}, {512, 2.0f}};
+    for (int f8 = 0; f8 < 2; f8++)
+        for (int i : {1, 2, 4, 6})
+            for (auto &w : dw) test_decode(dec[i], r, f8 != 0, false, w.window, w.cap);
+    const std::vector<W> pw = {{1, 0}, {100, 0}, {512, 0}, {0, 3.0f}, {100, 2.0f}};
+    for (int f8 = 0; f8 < 2; f8++)
+        for (int i : {1, 2, 3, 5})
+            for (auto &w : pw) test_prefill(pre[i], r, f8 != 0, false, w.window, w.cap);
 }
 
 // --- RoPE + KV write -------------------------------------------------------------------

@@ -46,7 +46,7 @@ one base 1e4). The layers are local but every --global-every-th (default
 --pattern spells them out instead, one letter a layer (L local, G global).
 Gemma 2 has the soft-caps (--attn-softcap, default 50, --final-softcap,
 default 30; 0 writes null: none); small values (5) make them matter.
---head-dim defaults to 64 and must be 64 or 128 (the CUDA attention
+--head-dim defaults to 64 and must be 64, 128 or 256 (the CUDA attention
 kernels'). Gemma's norms compute x * (1 + w), so w is N(0, 0.1) (paged's
 loader adds the 1 for Hugging Face files). Gemma scales the embeddings by
 sqrt(hidden), so they are N(0, 9/hidden) when tied (the LM head's scale
@@ -141,8 +141,8 @@ def main():
         a.final_softcap = 30.0 if a.final_softcap is None else a.final_softcap
     if gemma:
         a.head_dim = a.head_dim or 64
-        if a.head_dim not in (64, 128):
-            ap.error(f"--head-dim {a.head_dim}: Gemma's random models use 64 or 128 (the CUDA attention kernels')")
+        if a.head_dim not in (64, 128, 256):
+            ap.error(f"--head-dim {a.head_dim}: Gemma's random models use 64, 128 or 256 (the CUDA attention kernels')")
         if a.window < 1:
             ap.error(f"--window {a.window}")
         every = a.global_every or (6 if a.gemma3 else 2)

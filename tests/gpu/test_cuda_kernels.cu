@@ -77,6 +77,10 @@ int main(int argc, char **argv) {
         Rng rw(20261205); // its own stream: the other cases keep their inputs
         window_tests(rw);
     }
+    {
+        Rng rh(20261206); // its own stream: the other cases keep their inputs
+        hd256_tests(rh);
+    }
 
     test_rope(37, 32, 8, 128, 16, false, r);
     test_rope(64, 32, 8, 128, 16, true, r);

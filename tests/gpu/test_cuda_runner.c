@@ -67,6 +67,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "engine/memplan.h"
 #include "engine/model/model.h"
 #include "engine/runner/runner.h"
 
@@ -159,9 +160,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--quantization") && i + 1 < argc) {
             if (pg_quantization_parse(argv[++i], &quant) < 0) return fprintf(stderr, "%s\n", pg_err_msg()), 2;
         } else if (!strcmp(argv[i], "--kv-cache-dtype") && i + 1 < argc) {
-            if (strcmp(argv[++i], "fp8") && strcmp(argv[i], "bf16"))
+            // The engine's names and rules (engine/memplan.c), less auto:
+            // the runner takes the cache's type as given.
+            if (pg_kv_dtype_parse(argv[++i], false, &kv_dtype) < 0) return fprintf(stderr, "%s\n", pg_err_msg()), 2;
+            if (kv_dtype != PG_KV_BF16 && kv_dtype != PG_KV_FP8_E4M3)
                 return fprintf(stderr, "--kv-cache-dtype: bf16 or fp8, not '%s'\n", argv[i]), 2;
-            kv_dtype = strcmp(argv[i], "fp8") ? PG_KV_BF16 : PG_KV_FP8_E4M3;
         } else if (!strcmp(argv[i], "--kv-cache-scales") && i + 1 < argc) {
             if (pg_kv_scales_parse(argv[++i], &kv_scales) < 0) return fprintf(stderr, "%s\n", pg_err_msg()), 2;
         } else if (!strcmp(argv[i], "--cpu-matmul") && i + 1 < argc) {
