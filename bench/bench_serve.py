@@ -265,11 +265,12 @@ def make_specs(args, n, rng):
     return specs
 
 
-def build_body(args, il, ol, prompt):
+def build_body(args, il, ol, prompt, i=0):
     body = {"max_tokens": ol, "stream": True, "stream_options": {"include_usage": True},
             "temperature": args.temperature}
-    if args.model:
-        body["model"] = args.model
+    if args.model:  # a comma-separated list: request i names the (i mod n)-th (LoRA adapters, say)
+        models = args.model.split(",")
+        body["model"] = models[i % len(models)]
     if args.top_p is not None:
         body["top_p"] = args.top_p
     if not args.no_ignore_eos:
@@ -311,7 +312,7 @@ class Result:
 
 async def run_one(client, args, url, headers, i, il, ol, prompt, t0):
     r = Result(i, il, ol)
-    body = build_body(args, il, ol, prompt)
+    body = build_body(args, il, ol, prompt, i)
     chat = args.api == "chat"
     st = time.perf_counter()
     r.start = st - t0
@@ -658,7 +659,8 @@ def parse_args(argv=None):
     g.add_argument("--api", choices=("completions", "chat"), default="completions",
                    help="/v1/completions (token-id prompts) or /v1/chat/completions (text only)")
     g.add_argument("--endpoint", help="path (default /v1/completions or /v1/chat/completions)")
-    g.add_argument("--model", help="model name to send (default: the first of GET /v1/models, else none)")
+    g.add_argument("--model", help="model name to send (default: the first of GET /v1/models, else none); "
+                   "A,B,...: request i sends the (i mod n)-th, e.g. requests spread over LoRA adapters")
     g.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="Bearer token ($OPENAI_API_KEY)")
     g.add_argument("--http", choices=("auto", "aiohttp", "stdlib"), default="auto",
                    help="HTTP client: aiohttp when installed, else the standard library (default %(default)s)")

@@ -19,6 +19,16 @@ their paths comma-separated on stdout (test_cuda_runner's --lora):
   r4:  rank 4, alpha 8, target_modules the regular expression
        ".*\\.(q_proj|v_proj|down_proj)", bf16
 
+  tests/gpu/make_lora_adapters.py MODEL_DIR|CONFIG.json OUT_DIR --many N [--rank 16]
+
+writes N adapters instead, OUT_DIR/a0 ... a{N-1}, each of rank R (alpha R,
+all seven projections, every layer, bf16: issue 33's served figures), the
+same weights hard-linked N times (they load into separate slots all the
+same; one set of random weights keeps 64 adapters of llama3-8b-shape to
+one write of 84 MB), and prints "a0=PATH a1=PATH ..." (--lora-modules).
+A config file (tests/gpu/llama3-8b-shape.json) stands for a model
+directory: the adapters need only the base's shapes.
+
 PEFT starts lora_B at zero (an adapter that does nothing); here A is
 N(0, 1/in) and B N(0, g^2 / r) with g chosen so scale * g = 0.5: for rows
 of unit size (the normed rows q/k/v and gate/up read) an adapter adds
@@ -91,13 +101,34 @@ def main():
     ap.add_argument("model_dir")
     ap.add_argument("out_dir")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--many", type=int, default=0, help="N adapters of --rank on every projection")
+    ap.add_argument("--rank", type=int, default=16)
     a = ap.parse_args()
-    with open(os.path.join(a.model_dir, "config.json")) as f:
+    config_path = a.model_dir if os.path.isfile(a.model_dir) else os.path.join(a.model_dir, "config.json")
+    with open(config_path) as f:
         cfg = json.load(f)
     if cfg.get("model_type", "llama") not in ("llama", "mistral", "qwen2", "qwen3"):
         sys.exit(f"{a.model_dir}: model_type {cfg.get('model_type')}: LoRA is Llama-family only (docs/lora.md)")
-    cfg["_dir"] = a.model_dir
+    cfg["_dir"] = os.path.dirname(os.path.abspath(config_path))
     rng = np.random.default_rng(a.seed)
+    if a.many > 0:
+        if a.rank < 1 or a.rank > 64:
+            sys.exit(f"--rank {a.rank}: 1 to 64 (the CUDA op's ranks)")
+        spec = (a.rank, a.rank, list(MODULES), list(MODULES), None, False, "bf16")
+        first = os.path.join(a.out_dir, "a0")
+        write_adapter(first, cfg, spec, rng)
+        pairs = [f"a0={first}"]
+        for i in range(1, a.many):
+            p = os.path.join(a.out_dir, f"a{i}")
+            os.makedirs(p, exist_ok=True)
+            for fn in ("adapter_config.json", "adapter_model.safetensors"):
+                if os.path.exists(os.path.join(p, fn)):
+                    os.remove(os.path.join(p, fn))
+                os.link(os.path.join(first, fn), os.path.join(p, fn))
+            pairs.append(f"a{i}={p}")
+        print(f"{a.many} adapters of rank {a.rank} on {', '.join(MODULES)}: {a.out_dir}", file=sys.stderr)
+        print(" ".join(pairs))
+        return
     paths = []
     for name, spec in ADAPTERS.items():
         p = os.path.join(a.out_dir, name)

@@ -34,6 +34,8 @@ FAKE_TOKEN_S = 0.01  # the fake server's time per token
 
 class FakeOpenAI(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    models_seen = {}  # model name -> requests (the --model A,B spread)
+    seen_lock = threading.Lock()
 
     def log_message(self, *a):
         pass
@@ -60,7 +62,9 @@ class FakeOpenAI(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(body)
             return
-        assert req["stream"] and req["ignore_eos"] and req["model"] == "fake-model", req
+        assert req["stream"] and req["ignore_eos"] and req["model"] in ("fake-model", "fake-lora"), req
+        with FakeOpenAI.seen_lock:
+            FakeOpenAI.models_seen[req["model"]] = FakeOpenAI.models_seen.get(req["model"], 0) + 1
         n_in = len(req["prompt"]) if isinstance(req["prompt"], list) else len(req["prompt"].split())
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -146,7 +150,14 @@ def test_fake_server(tmp):
         assert rc == 0, log
         for suffix in ("_r50", "_rinf"):
             check_result(json.load(open(os.path.join(tmp, f"fake_rate{suffix}.json"))))
-        print("fake server: errors, rate sweep: ok")
+        # --model A,B: request i names the (i mod 2)-th, so 8 requests are 4 and 4.
+        FakeOpenAI.models_seen.clear()
+        out = os.path.join(tmp, "fake_models.json")
+        rc, log = bench(port, out, "--warmup", "0", "--model", "fake-model,fake-lora", "--http", "stdlib")
+        assert rc == 0, log
+        check_result(json.load(open(out)))
+        assert FakeOpenAI.models_seen == {"fake-model": 4, "fake-lora": 4}, FakeOpenAI.models_seen
+        print("fake server: errors, rate sweep, models spread: ok")
     finally:
         srv.shutdown()
 
