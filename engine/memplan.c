@@ -235,6 +235,7 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
     const pg_model_config *mc = &p->mc;
     PG_TRY(plan_lora(cfg, p));
     PG_TRY(pg_kv_dtype_resolve(cfg, !cuda, mc->head_dim, &p->kv_dtype));
+    if (cuda) PG_TRY(pg_cuda_head_dim_check(mc->head_dim)); // start-up's refusal, said before loading
     p->kv_fp8 = p->kv_dtype == PG_KV_FP8_E4M3;
 
     // The limits start-up runs with (engine/setup.c).

@@ -347,12 +347,6 @@ static void cu_kv_free(pg_backend *b, pg_bkv *bkv) {
     free(kv);
 }
 
-// PAGED_CUDA_HD256=1: KV caches (so models) of head_dim 256 on CUDA.
-static bool hd256_enabled(void) {
-    const char *e = getenv("PAGED_CUDA_HD256");
-    return e && atoi(e) != 0;
-}
-
 static int cu_kv_create(pg_backend *b, int32_t n_layers, pg_kv_shape s, int32_t n_host_blocks,
                         pg_bkv **out) {
     *out = nullptr;
@@ -365,18 +359,7 @@ static int cu_kv_create(pg_backend *b, int32_t n_layers, pg_kv_shape s, int32_t 
                           pg_kv_dtype_name(s.dtype));
     PG_ARG(s.block_size >= 8 && (s.block_size & (s.block_size - 1)) == 0,
            "cuda KV cache: block size %d (a power of two >= 8)", s.block_size);
-    if (s.head_dim != 64 && s.head_dim != 128 && s.head_dim != 256)
-        return pg_err_set(PG_EUNSUPP,
-                          "cuda: head_dim %d (the CUDA attention kernels are built for 64, 128 and 256)",
-                          s.head_dim);
-    // head_dim 256 (Gemma 3 270M-12B) is built and its tests are written
-    // (test_cuda_kernels -k hd256, run_gpu_tests.sh checks 9 and 10), but
-    // session 22 had no device time to run them: until they pass on a GPU
-    // it runs only when asked for (docs/gemma3.md, "On the GPU").
-    if (s.head_dim == 256 && !hd256_enabled())
-        return pg_err_set(PG_EUNSUPP,
-                          "cuda: head_dim 256: its kernels have not yet been checked on a GPU; "
-                          "PAGED_CUDA_HD256=1 runs them (docs/gemma3.md)");
+    PG_TRY(pg_cuda_head_dim_check(s.head_dim)); // 64, 128; 256 behind PAGED_CUDA_HD256=1
     PG_CUDA_TRY(cudaSetDevice(c->device));
     CudaKv *kv = (CudaKv *)calloc(1, sizeof *kv);
     if (!kv) return pg_err_set(PG_ENOMEM, "cuda KV cache: out of host memory");
