@@ -91,18 +91,45 @@ static void check_output(const char *out, size_t n) {
     for (int i = 9; i < 12; i++) CHECK(out[i] >= '0' && out[i] <= '9');
 }
 
+// Connects fd (non-blocking) to the server and waits until the connection
+// is up: 0, or -1 with errno. A blocking connect() fails with EINTR when a
+// signal arrives during it, and libFuzzer's -timeout=N sets a SIGALRM timer
+// every N/2 + 1 s: tests/fuzz/run_long.sh's -timeout=30 failed one run in
+// about a million inputs that way, and -timeout=1 reproduces it in
+// seconds. Non-blocking, the connect goes on whatever signals come.
+static int connect_server(int fd, const struct sockaddr_in *a) {
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    int rc;
+    // Short of ephemeral ports (another process's TIME_WAITs): wait a bit.
+    for (int tries = 0; (rc = connect(fd, (const struct sockaddr *)a, sizeof *a)) != 0 && errno == EADDRNOTAVAIL &&
+                        tries < 200; tries++)
+        usleep(10000);
+    if (rc == 0) return 0;
+    if (errno != EINPROGRESS && errno != EINTR) return -1;
+    // The kernel completes a loopback handshake itself (the listener's
+    // backlog, not our loop, takes it): wait for writable, up to 5 s.
+    struct pollfd p = {fd, POLLOUT, 0};
+    for (int ms = 0; ms < 5000; ms++) {
+        int n = poll(&p, 1, 1);
+        if (n > 0) break;
+        if (n < 0 && errno != EINTR) return -1;
+    }
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0) return -1;
+    if (err == 0 && !(p.revents & POLLOUT)) err = ETIMEDOUT;
+    if (err) errno = err;
+    return err ? -1 : 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     CHECK(fd >= 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    // Short of ephemeral ports (another process's TIME_WAITs): wait a bit.
-    int rc;
-    for (int tries = 0; (rc = connect(fd, (struct sockaddr *)&a, sizeof a)) != 0 && errno == EADDRNOTAVAIL &&
-                        tries < 200; tries++)
-        usleep(10000);
+    int rc = connect_server(fd, &a);
+    if (rc != 0) fprintf(stderr, "fuzz_http: connect: %s (errno %d)\n", strerror(errno), errno);
     CHECK(rc == 0);
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     static char out[1 << 20];
