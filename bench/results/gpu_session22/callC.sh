@@ -1,5 +1,5 @@
 #!/bin/bash
-# Device call C (session 22): the old build (session 21's, HEAD 3d0cdac)
+# Device call C (session 22): the old build (session 21's at 9e5e386, pack s22's paged)
 # against this one on llama3-8b-shape (head_dim 128: the kernels there did
 # not change, only the head_dim dispatch around them), one machine:
 #   1. W1 (1 x 128 in / 256 out), old new old new;
