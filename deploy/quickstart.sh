@@ -39,9 +39,10 @@ TEST_PACKAGES=(prometheus wrk openssl podman mmdebstrap runc chromium chromium-d
 command -v kubectl >/dev/null 2>&1 || TEST_PACKAGES+=(kubernetes-client)
 
 # Every step that reaches a registry is retried: a CI run once ended in
-# set-up (exit 1 after 67 s, before any test was built), which only a
-# registry's failure explains; pip's own --retries covers a dropped
-# connection, not an error answer or a broken download.
+# set-up (exit 1 after 67 s, before any test was built, no log kept), which
+# a registry's failure would explain (so would a full disk: the machine had
+# 4.7 GB free then); pip's own --retries covers a dropped connection, not an
+# error answer or a broken download.
 retry() {
     local n=1
     until "$@"; do
