@@ -657,7 +657,7 @@ int check_common(const void *out, const void *q, const void *k_cache, const void
     PG_ARG(out && q && k_cache && v_cache && block_tables, "attention: null pointer");
     PG_ARG(n_seqs >= 0 && n_heads > 0 && kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0,
            "attention: %d query heads over %d KV heads", n_heads, kv.n_kv_heads);
-    if (kv.head_dim != 64 && kv.head_dim != 128 && kv.head_dim != 256)
+    if (!pg_cuda_head_dim_ok(kv.head_dim))
         return pg_err_set(PG_EUNSUPP, "attention: head_dim %d (built: 64, 128, 256)", kv.head_dim);
     PG_ARG(kv.window >= 0 && kv.softcap >= 0.0f, "attention: window %d, softcap %g", kv.window, (double)kv.softcap);
     if (log2_exact(kv.block_size) < 3)

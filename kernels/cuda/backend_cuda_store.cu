@@ -359,7 +359,7 @@ static int cu_kv_create(pg_backend *b, int32_t n_layers, pg_kv_shape s, int32_t 
                           pg_kv_dtype_name(s.dtype));
     PG_ARG(s.block_size >= 8 && (s.block_size & (s.block_size - 1)) == 0,
            "cuda KV cache: block size %d (a power of two >= 8)", s.block_size);
-    PG_TRY(pg_cuda_head_dim_check(s.head_dim)); // 64, 128; 256 behind PAGED_CUDA_HD256=1
+    PG_TRY(pg_cuda_head_dim_check(s.head_dim)); // 64, 128, 256
     PG_CUDA_TRY(cudaSetDevice(c->device));
     CudaKv *kv = (CudaKv *)calloc(1, sizeof *kv);
     if (!kv) return pg_err_set(PG_ENOMEM, "cuda KV cache: out of host memory");

@@ -229,19 +229,19 @@ static inline pg_cuda_prefill_choice pg_cuda_prefill_env(void) {
 }
 static inline bool pg_cuda_fi_prefill_requested(void) { return pg_cuda_prefill_env() != PG_CUDA_PREFILL_PAGED; }
 
-// The head dims the CUDA attention kernels are built for: 64 and 128, and
-// 256 (Gemma 3 270M-12B) only with PAGED_CUDA_HD256=1 until its checks
-// have run on a GPU (session 22 wrote them with no device time;
-// docs/gemma3.md). 0, or PG_EUNSUPP with the reason: the backend's KV cache
-// and `paged plan` (engine/memplan.c) ask the same question. Free of CUDA.
+// The head dims the CUDA attention kernels are built for: 64, 128 and 256
+// (Gemma 3 270M-12B; checked on an H100 in session 23: docs/gemma3.md).
+// One predicate for every kernel's argument check (attention.cu,
+// prefill_flashinfer.cu, prefill_fp8_flashinfer.cu) and one refusal for the
+// backend's KV cache and `paged plan` (engine/memplan.c), which ask the
+// same question before loading. Free of CUDA.
+static inline bool pg_cuda_head_dim_ok(int32_t head_dim) {
+    return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
 static inline int pg_cuda_head_dim_check(int32_t head_dim) {
-    if (head_dim != 64 && head_dim != 128 && head_dim != 256)
+    if (!pg_cuda_head_dim_ok(head_dim))
         return pg_err_set(PG_EUNSUPP, "cuda: head_dim %d (the CUDA attention kernels are built for 64, 128 and 256)",
                           head_dim);
-    const char *e = getenv("PAGED_CUDA_HD256");
-    if (head_dim == 256 && !(e && atoi(e) != 0))
-        return pg_err_set(PG_EUNSUPP, "cuda: head_dim 256: its kernels have not yet been checked on a GPU; "
-                                      "PAGED_CUDA_HD256=1 runs them (docs/gemma3.md)");
     return 0;
 }
 

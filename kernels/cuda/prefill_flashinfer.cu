@@ -219,7 +219,7 @@ extern "C" int pg_cuda_fi_prefill_run(pg_cuda_fi_prefill *fi, void *out, const v
     // What this build instantiates; the caller runs our kernel otherwise.
     const bool f8 = kv.dtype == PG_KV_FP8_E4M3;
     if (!fi || !host_cu_q || !host_start_pos || (kv.dtype != PG_KV_BF16 && !(f8 && fi->fp8)) ||
-        (kv.head_dim != 64 && kv.head_dim != 128 && kv.head_dim != 256) || n_heads % kv.n_kv_heads || n_seqs <= 0 ||
+        !pg_cuda_head_dim_ok(kv.head_dim) || n_heads % kv.n_kv_heads || n_seqs <= 0 ||
         (f8 && !pg_fi::fp8_supports(kv.head_dim, n_heads, kv.softcap)))
         return PG_EUNSUPP;
     const size_t region = pg_cuda_fi_prefill_plan_bytes(n_heads);

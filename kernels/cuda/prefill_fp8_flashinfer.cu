@@ -116,7 +116,7 @@ template <int HD, bool WIN> cudaError_t launch_kernel(Fp8Params &p, bool same, c
 } // namespace
 
 bool fp8_supports(int32_t head_dim, int32_t n_heads, float softcap) {
-    return (head_dim == 64 || head_dim == 128 || head_dim == 256) && softcap <= 0.0f &&
+    return pg_cuda_head_dim_ok(head_dim) && softcap <= 0.0f &&
            (int64_t)n_heads * head_dim <= QMAX_ELEMS;
 }
 

@@ -638,9 +638,8 @@ note "runner gemma 3 hd128: $(tail -c 300 "$out_dir/runner_gemma3_hd128.json" 2>
 # decode v4 at 256, FlashInfer's prefill at 256 on compute 9.x (check 10
 # also runs ours, prefill v1: v2 is built up to 128), the same gap rule as
 # at 128.
-# Behind PAGED_CUDA_HD256=1 until these checks pass on a GPU (session 22
-# wrote them with no device time); exported for check 10's runs too.
-export PAGED_CUDA_HD256=1
+# Passed on an H100 in session 23 (bench/results/gpu_session23); runs by
+# default since (the PAGED_CUDA_HD256 flag is gone).
 g3w=/tmp/paged-gemma3-hd256
 python3 tests/gpu/make_random_model.py $g3w --gemma3 $GM --heads 4 --kv-heads 1 --head-dim 256 > /dev/null || fail=1
 run runner-gemma3-hd256 "$RUNNER_TEST" $g3w --gap 0.2 --json "$out_dir/runner_gemma3_hd256.json"

@@ -238,18 +238,15 @@ def test_gpu_gemma3_27b_layer_groups():
 
 
 def test_gpu_head_dim():
-    # The plan says what start-up would refuse on CUDA: a head_dim the
-    # attention kernels are not built for, and 256 (Gemma 3 270M-12B)
-    # without PAGED_CUDA_HD256=1 (its GPU checks have not run yet), each in
-    # one line; with the flag the 12B shape plans as any other (KV layer
-    # groups: 4x the sequences of 32K of one table).
+    # The plan says what start-up would refuse on CUDA, in one line: a
+    # head_dim the attention kernels are not built for. 256 (Gemma 3
+    # 270M-12B) plans as any other since its GPU checks passed (session 23;
+    # the flag that held it back is gone, so setting it changes nothing):
+    # the 12B shape's KV layer groups give 4x the sequences of 32K of one
+    # table.
     shape12 = os.path.join(ROOT, "tests/gpu/gemma3-12b-shape.json")
     base = ["--device", "cuda", "--device-memory", "80G", "--load-format", "dummy", "--plan-seq-len", "32768"]
-    env_off = {"PAGED_CUDA_HD256": "0"}
-    rc, out, err = plan(*base, "--hf-config", shape12, model=False, env=env_off)
-    lines = [l for l in err.splitlines() if l.strip()]
-    assert rc == 2 and len(lines) == 1 and "head_dim 256" in err and "PAGED_CUDA_HD256=1" in err, (rc, out, err)
-    rc, g = plan_json(*base, "--hf-config", shape12, model=False, env={"PAGED_CUDA_HD256": "1"})
+    rc, g = plan_json(*base, "--hf-config", shape12, model=False, env={"PAGED_CUDA_HD256": "0"})
     gp = g["plan"]
     assert rc == 0 and gp["fits"] and gp["kv_groups"] == 6 and gp["sequences"] >= 8, gp
     with tempfile.TemporaryDirectory() as d:
@@ -257,10 +254,10 @@ def test_gpu_head_dim():
         cfg["head_dim"] = 96  # 32 heads of 96 over hidden 4096: a shape no CUDA kernel is built for
         p96 = os.path.join(d, "hd96.json")
         json.dump(cfg, open(p96, "w"))
-        rc, out, err = plan(*base, "--hf-config", p96, model=False, env={"PAGED_CUDA_HD256": "1"})
+        rc, out, err = plan(*base, "--hf-config", p96, model=False)
         lines = [l for l in err.splitlines() if l.strip()]
         assert rc == 2 and len(lines) == 1 and "head_dim 96" in err and "64, 128 and 256" in err, (rc, out, err)
-    print(f"  gemma3-12b shape: refused without PAGED_CUDA_HD256=1; with it {gp['sequences']} sequences of 32K")
+    print(f"  gemma3-12b shape: {gp['sequences']} sequences of 32K on CUDA; head_dim 96 refused in one line")
 
 
 def test_gpu_does_not_fit():
