@@ -279,7 +279,7 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
         // the backend's lora_workspace_bytes for max_tokens rows at --max-lora-rank.
         const int32_t lw = pg_model_lora_width(mc, &sh), lrank = pg_engine_max_lora_rank(cfg);
         const size_t lora = p->lora_slots <= 0 ? 0
-                            : cuda ? pg_cuda_lora_workspace_size(max_tokens, lrank)
+                            : cuda ? pg_cuda_lora_workspace_size(max_tokens, lw, lrank)
                                    : pg_cpu_lora_workspace_bytes(NULL, max_tokens, lw, lw, lrank, p->lora_slots);
         const pg_runner_ws_sizes sizes = {.attn = attn, .sample = samp, .moe = moe, .lora = lora};
         pg_runner_workspace_plan(mc, &sh, &rc, cuda ? PG_DTYPE_BF16 : PG_DTYPE_F32, &sizes, &wp);

@@ -207,6 +207,7 @@ static void cu_destroy(pg_backend *b) {
         for (int i = 0; c->prof_ev && i < PG_PROF_MARKS; i++)
             if (c->prof_ev[i]) cudaEventDestroy(c->prof_ev[i]);
         free(c->prof_ev);
+        free(c->lora_staged);
         for (int i = 0; i < 2; i++)
             if (c->ev_in[i]) cudaEventDestroy(c->ev_in[i]);
         if (c->stream) cudaStreamDestroy(c->stream);

@@ -94,6 +94,15 @@ struct CudaCtx {
     cudaEvent_t ev_swap[2];
     int swap_slot, swap_mode;
     char desc[160];
+    // LoRA (cu_lora_apply): the rows' slots last staged into lora_ws for
+    // lora_m rows (host copy, int8): every projection of a step names the
+    // same rows, so the step stages them once (pg_cuda_lora_stage) and the
+    // projections find them there. The workspace is LoRA's alone
+    // (engine/runner/runner.c), so what it holds stays valid until the
+    // next stage.
+    const void *lora_ws;
+    int64_t lora_m, lora_cap;
+    int8_t *lora_staged;
     // PAGED_CUDA_FAULT=N (tests): the N-th step's work ends with a kernel
     // that traps, a real device error (sticky: the context is lost), so the
     // watchdog path is exercised on the GPU as a failing card would.

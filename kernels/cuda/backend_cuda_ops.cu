@@ -506,13 +506,39 @@ static int cu_moe_ffn(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweigh
 // adapters (weight_upload makes f32 / f16 adapters bf16; FP8 / int4 ones
 // are refused by the launcher), at most PG_CUDA_LORA_MAX_SLOTS slots of
 // rank <= PG_CUDA_LORA_MAX_RANK. The slots' device pointers go to the
-// launcher, which passes them to its kernels as a parameter; the rows'
-// slots (host) are staged into the workspace the same way. Not graph-safe:
+// launcher, which passes them to its kernels as a parameter. In the
+// grouped shape (PAGED_CUDA_LORA_SGMV=1) the rows' slots (host) are staged
+// and sorted into the workspace once for all the projections of a step: a
+// call whose rows equal the last staged ones (same workspace, same count,
+// same bytes) skips the staging; BGMV (the default) stages in every call.
+// Not graph-safe:
 // refused under stream capture (the runner runs LoRA steps eagerly).
 static size_t cu_lora_ws(pg_backend *b, int32_t max_rows, int32_t in_cols, int32_t out_cols, int32_t max_rank,
                          int32_t n_slots) {
-    (void)b, (void)in_cols, (void)out_cols, (void)n_slots;
-    return pg_cuda_lora_workspace_size(max_rows, max_rank);
+    (void)b, (void)out_cols, (void)n_slots;
+    return pg_cuda_lora_workspace_size(max_rows, in_cols, max_rank);
+}
+
+// Stages row_slot unless the workspace holds it already; 1 when it does
+// (then or now), the launcher's `staged`.
+static int lora_stage_once(CudaCtx *c, const int32_t *row_slot, int64_t m, int32_t n_slots, void *ws,
+                           size_t ws_bytes) {
+    if (m > c->lora_cap) {
+        int8_t *p = (int8_t *)realloc(c->lora_staged, (size_t)m);
+        if (!p) return pg_err_set(PG_ENOMEM, "cuda lora_apply: %lld bytes of staged slots", (long long)m);
+        c->lora_staged = p, c->lora_cap = m;
+    }
+    bool same = c->lora_ws == ws && c->lora_m == m;
+    for (int64_t i = 0; i < m; i++) {
+        const int8_t v = (int8_t)(row_slot[i] < -1 ? -2 : row_slot[i] > 127 ? 127 : row_slot[i]);
+        same = same && c->lora_staged[i] == v;
+        c->lora_staged[i] = v;
+    }
+    if (same) return 1;
+    c->lora_ws = nullptr; // invalid until the stage is enqueued
+    PG_TRY(pg_cuda_lora_stage(row_slot, m, n_slots, ws, ws_bytes, c->stream));
+    c->lora_ws = ws, c->lora_m = m;
+    return 1;
 }
 
 static int cu_lora_apply(pg_backend *b, pg_tensor out, pg_tensor x, const int32_t *row_slot,
@@ -523,6 +549,7 @@ static int cu_lora_apply(pg_backend *b, pg_tensor out, pg_tensor x, const int32_
     if (n_slots > PG_CUDA_LORA_MAX_SLOTS)
         return pg_err_set(PG_EUNSUPP, "cuda lora_apply: %d adapter slots, the GPU takes at most %d", n_slots,
                           PG_CUDA_LORA_MAX_SLOTS);
+    if (max_rank == 0 || x.rows == 0) return 0; // no row has an adapter here: nothing staged, nothing run
     pg_cuda_lora_slot cs[PG_CUDA_LORA_MAX_SLOTS];
     for (int32_t s = 0; s < n_slots; s++) {
         const pg_bweight *a = slots[s].a, *bw = slots[s].b;
@@ -531,8 +558,11 @@ static int cu_lora_apply(pg_backend *b, pg_tensor out, pg_tensor x, const int32_
         cs[s] = (pg_cuda_lora_slot){a ? wdata(a) : nullptr, bw ? wdata(bw) : nullptr,
                                     a ? (int32_t)a->rows : 0, dt, slots[s].scale};
     }
+    CudaCtx *c = ctx_of(b);
+    const int staged = pg_cuda_lora_grouped() ? lora_stage_once(c, row_slot, x.rows, n_slots, ws, ws_bytes) : 0;
+    if (staged < 0) return staged;
     return pg_cuda_lora_apply(out.data, out.stride, x.data, x.stride, x.rows, x.cols, out.cols, row_slot, cs,
-                              n_slots, ws, ws_bytes, ctx_of(b)->stream);
+                              n_slots, ws, ws_bytes, staged, c->stream);
 }
 
 static int cu_sample(pg_backend *b, pg_sample_out *out, pg_tensor logits, const pg_sample_params *params,

@@ -373,48 +373,82 @@ int pg_cuda_moe_routing(int32_t *sel, float *w, const void *ws, int64_t m, int64
 
 // --- LoRA (lora.cu; docs/lora.md) -----------------------------------------------------------
 //
-// Batched multi-adapter LoRA, Punica's BGMV shape (one CTA per row): for
-// every row i < m with s = row_slot[i] >= 0 and slots[s].a non-NULL,
+// Batched multi-adapter LoRA, in Punica's BGMV shape (one CTA per row) or,
+// with PAGED_CUDA_LORA_SGMV=1, grouped by adapter (SGMV's idea; slower as
+// written: lora.cu, docs/lora.md): for every row i < m with
+// s = row_slot[i] >= 0 and slots[s].a non-NULL,
 //   t = x[i] . a_s^T                      (f32, rank values, rounded to f32)
 //   out[i][j] = bf16(out[i][j] + scale_s * sum_r t[r] * b_s[j][r])   j < out_cols
 // in f32. Rows with slot -1 or an `a` NULL are not written (bit for bit),
 // nor are columns past out_cols (out is a view: ldo >= out_cols, e.g. the K
 // slice of a fused Q|K|V row; x likewise ldx >= in). out and x must not
-// overlap. a_s bf16 [rank][in], b_s bf16 [out_cols][rank], row-major.
+// overlap. a_s bf16 [rank][in], b_s bf16 [out_cols][rank], row-major. A
+// row's values depend only on that row and its adapter, in a fixed order:
+// the same bits in any batch.
+//
+// Staging: the rows' slots are copied into ws and sorted there by slot
+// into tiles of up to PG_CUDA_LORA_TILE_ROWS rows of one adapter (which
+// the grouped shape's CTAs take, sharing each load of the adapter's
+// matrices between a tile's rows). pg_cuda_lora_stage does it
+// for a row_slot array; in the grouped shape pg_cuda_lora_apply with
+// staged = 1 trusts that ws holds the staging of the same row_slot (every
+// projection of a step has the same rows: the CUDA backend stages once a
+// step), with staged = 0 it stages itself.
 //
 // row_slot and slots are HOST arrays, read before the call returns: the
 // slots' pointers, ranks and scales travel as a kernel parameter (at most
-// PG_CUDA_LORA_MAX_SLOTS slots), the rows' slots are staged into ws by
-// copy kernels whose parameters carry them (no host buffer outlives the
-// call, no synchronisation). Because those values are baked into the
-// launches, the op is NOT graph-safe: under stream capture it returns
-// PG_EUNSUPP without enqueueing anything (the runner runs LoRA steps
-// eagerly: engine/runner/runner.c takes no graph when a step has LoRA
-// rows). Limits: rank <= PG_CUDA_LORA_MAX_RANK (else PG_EUNSUPP), dtype
+// PG_CUDA_LORA_MAX_SLOTS slots), the rows' slots are staged by copy kernels
+// whose parameters carry them (no host buffer outlives the call, no
+// synchronisation). Because those values are baked into the launches,
+// neither call is graph-safe: under stream capture both return PG_EUNSUPP
+// without enqueueing anything (the runner runs LoRA steps eagerly:
+// engine/runner/runner.c takes no graph when a step has LoRA rows).
+// Limits: rank <= PG_CUDA_LORA_MAX_RANK (else PG_EUNSUPP), dtype
 // PG_DTYPE_BF16 for every slot a row names (else PG_EUNSUPP: the CUDA
 // backend's weight_upload turns f32/f16 adapters into bf16; FP8/int4
 // adapters are not run), row_slot[i] in [-1, n_slots) (else PG_EINVAL).
 // Slots no row names are not looked at. Nothing to do (m == 0, every row
 // -1 or `a` NULL) returns 0 with no launch and needs no workspace.
-// ws: at least pg_cuda_lora_workspace_size(m, max rank named) bytes,
+// ws: at least pg_cuda_lora_workspace_size(m, in, max rank named) bytes,
 // 4-byte aligned.
 #define PG_CUDA_LORA_MAX_SLOTS 64
 #define PG_CUDA_LORA_MAX_RANK 64
+#define PG_CUDA_LORA_TILE_ROWS 32 // rows of one adapter sharing each weight load
+#define PG_CUDA_LORA_KSPLIT 2048  // the shrink's k per CTA; the expand sums the parts
 typedef struct pg_cuda_lora_slot {
     const void *a, *b; // device; a NULL: the adapter leaves this projection alone
     int32_t rank;      // a's rows = b's columns
     int32_t dtype;     // PG_DTYPE_* of a and b (both), PG_DTYPE_BF16 to run
     float scale;
 } pg_cuda_lora_slot;
+int pg_cuda_lora_stage(const int32_t *row_slot, int64_t m, int32_t n_slots, void *ws, size_t ws_bytes,
+                       void *stream);
 int pg_cuda_lora_apply(void *out, int64_t ldo, const void *x, int64_t ldx, int64_t m, int64_t in,
                        int64_t out_cols, const int32_t *row_slot, const pg_cuda_lora_slot *slots,
-                       int32_t n_slots, void *ws, size_t ws_bytes, void *stream);
-// The rows' slots (bytes, rounded up to 256) then the shrink's [m][rank]
-// floats. Inline and free of CUDA so the memory planner (engine/memplan.c)
-// sizes it without a GPU, as pg_cuda_sample_workspace_size.
-static inline size_t pg_cuda_lora_workspace_size(int64_t max_rows, int32_t max_rank) {
-    if (max_rows <= 0 || max_rank <= 0) return 0;
-    return ((size_t)max_rows + 255) / 256 * 256 + (size_t)max_rows * (size_t)max_rank * sizeof(float);
+                       int32_t n_slots, void *ws, size_t ws_bytes, int staged, void *stream);
+// PAGED_CUDA_LORA_SGMV=1: the grouped shape (read at each call). Only the
+// grouped shape uses what pg_cuda_lora_stage wrote; BGMV stages its rows in
+// every call (-1 where the slot has no `a` for the projection) and ignores
+// `staged`.
+static inline bool pg_cuda_lora_grouped(void) {
+    const char *e = getenv("PAGED_CUDA_LORA_SGMV");
+    return e && atoi(e) != 0;
+}
+// Layout: the rows' slots (int8), the sorted rows (int32), the tiles (8
+// bytes each, at most one per TILE_ROWS rows plus one per slot), each
+// rounded up to 256 bytes, then the shrink's f32 parts [k splits][m][rank].
+// Inline and free of CUDA so the memory planner (engine/memplan.c) sizes it
+// without a GPU, as pg_cuda_sample_workspace_size.
+static inline size_t pg_cuda_lora_stage_size(int64_t max_rows) {
+    if (max_rows <= 0) return 0;
+    const size_t m = (size_t)max_rows;
+    const size_t tiles = (m + PG_CUDA_LORA_TILE_ROWS - 1) / PG_CUDA_LORA_TILE_ROWS + PG_CUDA_LORA_MAX_SLOTS;
+    return (m + 255) / 256 * 256 + (4 * m + 255) / 256 * 256 + (8 * tiles + 255) / 256 * 256;
+}
+static inline size_t pg_cuda_lora_workspace_size(int64_t max_rows, int64_t max_in, int32_t max_rank) {
+    if (max_rows <= 0 || max_rank <= 0 || max_in <= 0) return 0;
+    const size_t splits = ((size_t)max_in + PG_CUDA_LORA_KSPLIT - 1) / PG_CUDA_LORA_KSPLIT;
+    return pg_cuda_lora_stage_size(max_rows) + splits * (size_t)max_rows * (size_t)max_rank * sizeof(float);
 }
 
 // Row gather: out[i][0:dim] = table[ids[i]][0:dim] for i < m; an id outside

@@ -13,7 +13,11 @@
 // into columns 64..96 of 128 (a column slice, 16-byte paths), 96 -> 40 with
 // x rows 101 apart and out columns 3..43 of 70 (unaligned: scalar paths),
 // 4096 -> 1024 into the K slice (columns 4096..5120) of a Llama-8B Q|K|V row
-// of 6144, 1024 -> 2816 into the up half of a gate|up row of 5632.
+// of 6144, 1024 -> 2816 into the up half of a gate|up row of 5632, 5000 ->
+// 300 (three k splits of the grouped shrink, the last one short). "lora
+// staged": one stage for two projections, and each row alone against the
+// batch, bit for bit. Every case runs for both shapes of the kernels: BGMV
+// (the default) and the grouped one (PAGED_CUDA_LORA_SGMV=1).
 //
 // Bound: |gpu - ref| <= 4e-3 * max_j |ref[i][j]| for every adapter row i.
 // The inputs are the same bf16 values on both sides, so their rounding
@@ -33,6 +37,7 @@
 // contract); rows all -1 need no workspace and write nothing.
 //
 // Usage: build/gpu/test_cuda_lora [-k FILTER]   exit 0 pass, 1 fail, 77 no GPU.
+#include <stdlib.h>
 #include <string.h>
 
 #include <memory>
@@ -46,6 +51,7 @@ extern "C" {
 }
 
 static const char *g_filter = "";
+static const char *g_shape = "bgmv"; // the kernels' shape under test: PAGED_CUDA_LORA_SGMV=0 / 1
 static int g_fail = 0, g_ok = 0;
 static bool selected(const char *name) { return strstr(name, g_filter) != nullptr; }
 
@@ -96,7 +102,7 @@ constexpr uint16_t POISON = 0x7fa5; // a NaN no kernel writes
 
 static void run_case(const Shape &sh, const Adapters &ad, int64_t m, uint64_t seed) {
     char name[160];
-    snprintf(name, sizeof name, "lora %s m=%lld", sh.name, (long long)m);
+    snprintf(name, sizeof name, "lora %s %s m=%lld", g_shape, sh.name, (long long)m);
     if (!selected(name)) return;
     Rng r(seed);
     std::vector<int32_t> slot((size_t)m);
@@ -113,10 +119,10 @@ static void run_case(const Shape &sh, const Adapters &ad, int64_t m, uint64_t se
     dout.up(o);
     pg_cuda_lora_slot tab[N_SLOTS];
     ad.table(tab);
-    const size_t wsb = pg_cuda_lora_workspace_size(m, 64);
+    const size_t wsb = pg_cuda_lora_workspace_size(m, sh.in, 64);
     DBuf ws(wsb);
     uint16_t *out0 = dout.as<uint16_t>() + GUARD * sh.ldo + sh.col0;
-    PK(pg_cuda_lora_apply(out0, sh.ldo, dx.p, sh.ldx, m, sh.in, sh.out, slot.data(), tab, N_SLOTS, ws.p, wsb,
+    PK(pg_cuda_lora_apply(out0, sh.ldo, dx.p, sh.ldx, m, sh.in, sh.out, slot.data(), tab, N_SLOTS, ws.p, wsb, 0,
                           nullptr));
     CK(cudaDeviceSynchronize());
     std::vector<uint16_t> go(o.size()), gx(x.size());
@@ -178,6 +184,60 @@ static void run_case(const Shape &sh, const Adapters &ad, int64_t m, uint64_t se
     report(name, ok, detail);
 }
 
+// Staged once, applied for two projections (the backend's way: one stage a
+// step): the same bits as staging in the call; a table whose slot 1 has
+// no `a` leaves slot 1's rows alone and writes the others' as before; and
+// each row alone (m = 1) gets the bits it got in the batch.
+static void staged_case() {
+    char name[64];
+    snprintf(name, sizeof name, "lora %s staged", g_shape);
+    if (!selected(name)) return;
+    const Shape sh = {"4096->1024", 4096, 1024, 4096, 1024, 0};
+    const Adapters ad(sh.in, sh.out, 4242);
+    const int64_t m = 100;
+    Rng r(77);
+    std::vector<int32_t> slot((size_t)m);
+    for (auto &v : slot) v = r.below(5) - 1; // -1..3
+    std::vector<uint16_t> x((size_t)(m * sh.ldx)), o((size_t)(m * sh.ldo));
+    for (auto &v : x) v = f2bf((float)r.normal());
+    for (auto &v : o) v = f2bf((float)r.normal());
+    pg_cuda_lora_slot tab[N_SLOTS], tab2[N_SLOTS];
+    ad.table(tab);
+    memcpy(tab2, tab, sizeof tab);
+    tab2[1].a = nullptr;
+    const size_t wsb = pg_cuda_lora_workspace_size(m, sh.in, 64);
+    DBuf dx, d1, d2, d3, d4, ws(wsb);
+    dx.up(x), d1.up(o), d2.up(o), d3.up(o), d4.up(o);
+    auto apply = [&](DBuf &d, const pg_cuda_lora_slot *t, int staged) {
+        return pg_cuda_lora_apply(d.p, sh.ldo, dx.p, sh.ldx, m, sh.in, sh.out, slot.data(), t, N_SLOTS, ws.p, wsb,
+                                  staged, nullptr);
+    };
+    PK(apply(d1, tab, 0));
+    PK(pg_cuda_lora_stage(slot.data(), m, N_SLOTS, ws.p, wsb, nullptr));
+    PK(apply(d2, tab, 1));
+    PK(apply(d3, tab2, 1));
+    for (int64_t i = 0; i < m; i++) // each row alone, into d4's row
+        PK(pg_cuda_lora_apply(d4.as<uint16_t>() + i * sh.ldo, sh.ldo, dx.as<uint16_t>() + i * sh.ldx, sh.ldx, 1,
+                              sh.in, sh.out, &slot[(size_t)i], tab, N_SLOTS, ws.p, wsb, 0, nullptr));
+    CK(cudaDeviceSynchronize());
+    std::vector<uint16_t> g1(o.size()), g2(o.size()), g3(o.size()), g4(o.size());
+    d1.down(g1), d2.down(g2), d3.down(g3), d4.down(g4);
+    int64_t diff_staged = 0, diff_null = 0, diff_alone = 0, moved = 0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < sh.ldo; j++) {
+            const size_t at = (size_t)(i * sh.ldo + j);
+            diff_staged += g1[at] != g2[at];
+            diff_null += g3[at] != (slot[(size_t)i] == 1 ? o[at] : g1[at]);
+            diff_alone += g4[at] != g1[at];
+            moved += g1[at] != o[at];
+        }
+    char detail[200];
+    snprintf(detail, sizeof detail, "differ: staged %lld, slot 1 without a %lld, rows alone %lld (of %lld; %lld moved)",
+             (long long)diff_staged, (long long)diff_null, (long long)diff_alone, (long long)(m * sh.ldo),
+             (long long)moved);
+    report(name, diff_staged == 0 && diff_null == 0 && diff_alone == 0 && moved > m * sh.ldo / 4, detail);
+}
+
 static void refusals() {
     if (!selected("lora refusals")) return;
     const Adapters ad(64, 32, 99);
@@ -187,10 +247,10 @@ static void refusals() {
     DBuf x(m * 64 * 2), o(m * ldo * 2);
     CK(cudaMemset(x.p, 0, x.n));
     CK(cudaMemset(o.p, 0x5a, o.n));
-    const size_t need = pg_cuda_lora_workspace_size(m, 64);
+    const size_t need = pg_cuda_lora_workspace_size(m, 64, 64);
     DBuf ws(need);
     auto call = [&](const int32_t *rs, const pg_cuda_lora_slot *t, int32_t n, void *w, size_t wb, void *stream) {
-        return pg_cuda_lora_apply(o.p, ldo, x.p, 64, m, 64, 32, rs, t, n, w, wb, stream);
+        return pg_cuda_lora_apply(o.p, ldo, x.p, 64, m, 64, 32, rs, t, n, w, wb, 0, stream);
     };
     const int32_t good[m] = {0, 1, -1, 2, 3, 4, -1, 0};
     int32_t bad_hi[m], bad_lo[m];
@@ -208,6 +268,7 @@ static void refusals() {
     CK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
     CK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeRelaxed));
     const int rc_cap = call(good, tab, N_SLOTS, ws.p, need, cs);
+    const int rc_cap_stage = pg_cuda_lora_stage(good, m, N_SLOTS, ws.p, need, cs);
     cudaGraph_t g;
     CK(cudaStreamEndCapture(cs, &g));
     CK(cudaGraphDestroy(g));
@@ -220,10 +281,13 @@ static void refusals() {
         {"f32 adapter", call(good, f32, N_SLOTS, ws.p, need, nullptr), PG_EUNSUPP},
         {"65 slots", call(good, many.data(), PG_CUDA_LORA_MAX_SLOTS + 1, ws.p, need, nullptr), PG_EUNSUPP},
         {"no workspace", call(good, tab, N_SLOTS, nullptr, 0, nullptr), PG_EINVAL},
-        {"small workspace", call(good, tab, N_SLOTS, ws.p, pg_cuda_lora_workspace_size(m, 16), nullptr), PG_EINVAL},
+        {"small workspace", call(good, tab, N_SLOTS, ws.p, pg_cuda_lora_workspace_size(m, 64, 16), nullptr), PG_EINVAL},
         {"under capture", rc_cap, PG_EUNSUPP},
+        {"stage under capture", rc_cap_stage, PG_EUNSUPP},
+        {"stage: slot out of range", pg_cuda_lora_stage(bad_hi, m, N_SLOTS, ws.p, need, nullptr), PG_EINVAL},
+        {"stage: small workspace", pg_cuda_lora_stage(good, m, N_SLOTS, ws.p, 16, nullptr), PG_EINVAL},
         {"rows all -1 / a NULL (no workspace)", call(none, tab, N_SLOTS, nullptr, 0, nullptr), 0},
-        {"m = 0", pg_cuda_lora_apply(o.p, ldo, x.p, 64, 0, 64, 32, nullptr, nullptr, 0, nullptr, 0, nullptr), 0},
+        {"m = 0", pg_cuda_lora_apply(o.p, ldo, x.p, 64, 0, 64, 32, nullptr, nullptr, 0, nullptr, 0, 0, nullptr), 0},
     };
     std::string detail;
     const bool ok = refusals_ok(o, c, detail);
@@ -239,13 +303,20 @@ int main(int argc, char **argv) {
         {"96->40 x ld 101, cols 3..43 of 70", 96, 40, 101, 70, 3},
         {"4096->1024 K slice of 6144", 4096, 1024, 4096, 6144, 4096},
         {"1024->2816 up half of 5632", 1024, 2816, 1024, 5632, 2816},
+        {"5000->300 (3 k splits, the last short)", 5000, 300, 5000, 300, 0},
     };
     const int64_t ms[] = {1, 2, 3, 5, 6, 8, 17, 64, 100, 255, 511, 512};
-    uint64_t seed = 1;
-    for (const Shape &sh : shapes) {
-        const Adapters ad(sh.in, sh.out, 1000 + seed);
-        for (int64_t m : ms) run_case(sh, ad, m, seed++);
+    for (const char *shape : {"bgmv", "sgmv"}) { // the default, then the grouped kernels
+        g_shape = shape;
+        setenv("PAGED_CUDA_LORA_SGMV", strcmp(shape, "sgmv") ? "0" : "1", 1);
+        uint64_t seed = 1;
+        for (const Shape &sh : shapes) {
+            const Adapters ad(sh.in, sh.out, 1000 + seed);
+            for (int64_t m : ms) run_case(sh, ad, m, seed++);
+        }
+        staged_case();
     }
+    unsetenv("PAGED_CUDA_LORA_SGMV");
     refusals();
     CK(cudaDeviceSynchronize());
     printf("%s: %d passed, %d failed\n", g_fail ? "FAIL" : "PASS", g_ok, g_fail);

@@ -297,15 +297,22 @@ def test_gpu_does_not_fit():
 def test_gpu_lora_workspace():
     # --enable-lora adds the lora_apply workspace the runner carves
     # (engine/runner/runner.c lora_ws_bytes): on CUDA the backend's
-    # pg_cuda_lora_workspace_size, the rows' slots (bytes, to 256) and the
-    # shrink's [rows][max rank] floats, for max_num_batched_tokens rows;
+    # pg_cuda_lora_workspace_size (kernels/cuda/cuda_ops.h) for
+    # max_num_batched_tokens rows: the staged slots (bytes), the rows sorted
+    # by slot (int32), the tiles (8 bytes, one per 32 rows plus one per
+    # slot), each to 256, then the shrink's parts, one [rows][max rank] of
+    # floats per 2,048 columns of the widest input (the FFN's 14,336: 7);
     # nothing else moves (no adapter named: no weights).
     base = ["--device", "cuda", "--device-memory", "141G", "--load-format", "dummy", "--hf-config", SHAPE]
+    cfg = json.load(open(SHAPE))
+    width = max(cfg["hidden_size"], cfg["intermediate_size"], cfg["num_attention_heads"] * cfg.get(
+        "head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]))
+    up = lambda v: -(-v // 256) * 256
     _, a = plan_json(*base, model=False)
     for rank in (16, 64):
         _, b = plan_json(*base, "--enable-lora", "--max-loras", "4", "--max-lora-rank", str(rank), model=False)
         t = b["plan"]["max_num_batched_tokens"]
-        want = -(-t // 256) * 256 + t * rank * 4
+        want = up(t) + up(4 * t) + up(8 * (-(-t // 32) + 64)) + -(-width // 2048) * t * rank * 4
         ra, rb = a["plan"]["ranks"][0], b["plan"]["ranks"][0]
         grown = rb["workspace_buffers_bytes"] - ra["workspace_buffers_bytes"]
         print(f"  cuda, --max-lora-rank {rank}: LoRA workspace {grown} B for {t} rows (want {want})")

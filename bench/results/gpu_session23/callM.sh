@@ -1,0 +1,53 @@
+#!/bin/bash
+# Device call M (session 23; issue 33), after call L found the grouped
+# kernels slower: BGMV is the default again, now with the rows staged once
+# a step (raw slots; a row whose slot has no `a` for a projection leaves
+# in the kernel), the grouped kernels behind PAGED_CUDA_LORA_SGMV=1.
+#   1. test_cuda_lora: every case for both shapes, the staged path and
+#      each row alone bit for bit;
+#   2. test_cuda_runner --lora: three adapters + none against the CPU (the
+#      default shape);
+#   3. llama3-8b-shape dummy weights through HTTP, session 22's build
+#      (paged_old: BGMV staged every call) and this one in the same call:
+#      W1 naming one rank-16 adapter, served W4 at 100 clients over 8
+#      adapters, 30 s windows (the budget left).
+# Packs: .gpucarry/s26.tar.xz (paged, test_cuda_runner, test_cuda_lora,
+# lib), .gpucarry/s25old.tar.xz (gpu-pack/paged_old).
+set -u
+. bench/gpu_call_lib.sh
+call_init cM
+[ -x build/gpu-pack/paged ] || unpack s26
+[ -x build/gpu-pack/paged_old ] || unpack s25old
+K=$PWD/build/gpu-pack
+gpu_name
+timeout 120 $K/test_cuda_lora > $R/lora_kernels.txt 2>&1
+echo "test_cuda_lora rc=$? at $(el)s: $(tail -1 $R/lora_kernels.txt)"
+grep -E "^FAIL|staged" $R/lora_kernels.txt | head -12
+m64=/tmp/paged-m64
+python3 tests/gpu/make_random_model.py $m64 --hidden 512 --heads 8 --kv-heads 2 --layers 4 --ffn 1536 \
+    --vocab 1000 --dtype bf16 > /dev/null
+lora_dirs=$(python3 tests/gpu/make_lora_adapters.py $m64 /tmp/paged-m64-lora)
+timeout 120 $K/test_cuda_runner $m64 --lora "$lora_dirs" > $R/runner_lora.txt 2>&1
+echo "runner LoRA rc=$? at $(el)s: $(tail -1 $R/runner_lora.txt | cut -c1-200)"
+save
+mods=$(python3 tests/gpu/make_lora_adapters.py tests/gpu/llama3-8b-shape.json /tmp/lora8b --many 8 2> $R/lora_make.txt)
+[ -n "$mods" ] || { echo "adapters not written: $(cat $R/lora_make.txt)"; exit 1; }
+names8=$(echo $mods | tr ' ' '\n' | cut -d= -f1 | paste -sd,)
+LD="--device cuda --load-format dummy --hf-config tests/gpu/llama3-8b-shape.json"
+LORA="--enable-lora --max-loras 8 --max-lora-rank 16 --lora-modules $mods"
+for run in new old; do
+    [ $(el) -gt 200 ] && { echo "stopped before $run at $(el)s"; break; }
+    [ $run = new ] && P=$K/paged || P=$K/paged_old
+    # shellcheck disable=SC2086
+    serve_up $R/serve_$run.log $LD $LORA || continue
+    timeout 60 python3 bench/bench_serve.py --port 18400 --warmup 1 --seed 3 --concurrency 1 --num-prompts 3 \
+        --input-len 128 --output-len 256 --progress-seconds 0 --model a0 --out $R/w1_$run.json > $R/w1_$run.txt 2>&1
+    echo "W1 HTTP $run rc=$? at $(el)s: $(grep -E "^ *TPOT" $R/w1_$run.txt | head -1)"
+    w4 w4_$run --concurrency 100 --model $names8 --max-seconds 30 --drain-seconds 15
+    echo "W4 100 clients 30 s $run rc=$? at $(el)s: $(grep -m1 'output' $R/w4_$run.txt)"
+    grep -E '^ *(TTFT|TPOT)' $R/w4_$run.txt | head -2
+    serve_down
+    rm -f $R/*.json.requests
+    save
+done
+echo "done at $(el)s"
