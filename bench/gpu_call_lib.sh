@@ -31,6 +31,8 @@
 #                      client, 1 token out; prints its TTFT row
 #                      ($R/NAME.txt, .json; session 21's calls B and C
 #                      wrote this loop out by hand)
+#   w1_http NAME [ARGS...]  W1 through HTTP against the server up (one
+#                      client, 3 x 128 in / 256 out): prints its TPOT row
 call_init() {
     CALL=$1
     T0=$(date +%s)
@@ -110,5 +112,19 @@ ttft_http() {
     local rc=$?
     rm -f "$R/$name.json.requests"
     echo "TTFT HTTP $len x $cnt ($name) rc=$rc at $(el)s: $(grep -E '^ *TTFT' "$R/$name.txt" | head -1)"
+    return $rc
+}
+# W1 through HTTP against the server up: one client, 3 x 128 in / 256 out
+# after one warm-up request; prints its TPOT row ($R/NAME.txt, .json).
+# ARGS go to bench_serve.py (e.g. --model a0 for a LoRA adapter). Session
+# 22's callD.sh and session 23's callL.sh wrote it out by hand.
+w1_http() { # NAME [ARGS...]
+    local name=$1
+    shift
+    timeout 60 python3 bench/bench_serve.py --port 18400 --warmup 1 --seed 3 --concurrency 1 --num-prompts 3 \
+        --input-len 128 --output-len 256 --progress-seconds 0 --out "$R/$name.json" "$@" > "$R/$name.txt" 2>&1
+    local rc=$?
+    rm -f "$R/$name.json.requests"
+    echo "W1 HTTP $name rc=$rc at $(el)s: $(grep -E '^ *TPOT' "$R/$name.txt" | head -1)"
     return $rc
 }

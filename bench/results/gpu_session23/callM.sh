@@ -40,9 +40,7 @@ for run in new old; do
     [ $run = new ] && P=$K/paged || P=$K/paged_old
     # shellcheck disable=SC2086
     serve_up $R/serve_$run.log $LD $LORA || continue
-    timeout 60 python3 bench/bench_serve.py --port 18400 --warmup 1 --seed 3 --concurrency 1 --num-prompts 3 \
-        --input-len 128 --output-len 256 --progress-seconds 0 --model a0 --out $R/w1_$run.json > $R/w1_$run.txt 2>&1
-    echo "W1 HTTP $run rc=$? at $(el)s: $(grep -E "^ *TPOT" $R/w1_$run.txt | head -1)"
+    w1_http w1_$run --model a0
     w4 w4_$run --concurrency 100 --model $names8 --max-seconds 30 --drain-seconds 15
     echo "W4 100 clients 30 s $run rc=$? at $(el)s: $(grep -m1 'output' $R/w4_$run.txt)"
     grep -E '^ *(TTFT|TPOT)' $R/w4_$run.txt | head -2
