@@ -1,18 +1,19 @@
 #!/bin/bash
-# Device call M (session 23; issue 33), after call L found the grouped
-# kernels slower: BGMV is the default again, now with the rows staged once
-# a step (raw slots; a row whose slot has no `a` for a projection leaves
-# in the kernel), the grouped kernels behind PAGED_CUDA_LORA_SGMV=1.
+# Device call M (session 23; issue 33), written after call L found the
+# grouped kernels slower: BGMV is the default again (staged in every call,
+# as before), the grouped kernels behind PAGED_CUDA_LORA_SGMV=1.
 #   1. test_cuda_lora: every case for both shapes, the staged path and
 #      each row alone bit for bit;
 #   2. test_cuda_runner --lora: three adapters + none against the CPU (the
 #      default shape);
 #   3. llama3-8b-shape dummy weights through HTTP, session 22's build
-#      (paged_old: BGMV staged every call) and this one in the same call:
-#      W1 naming one rank-16 adapter, served W4 at 100 clients over 8
-#      adapters, 30 s windows (the budget left).
+#      (paged_old) and this one in the same call: W1 naming one rank-16
+#      adapter, served W4 at 100 clients over 8 adapters, 30 s windows.
 # Packs: .gpucarry/s26.tar.xz (paged, test_cuda_runner, test_cuda_lora,
-# lib), .gpucarry/s25old.tar.xz (gpu-pack/paged_old).
+# lib; build it from the commit to measure: sh tools/pack_gpu.sh, then
+# tar -cf - gpu-pack/{paged,test_cuda_runner,test_cuda_lora,lib} in
+# build/ | xz -T1 --lzma2=preset=6,dict=256MiB), .gpucarry/s25old.tar.xz
+# (session 22's paged alone as gpu-pack/paged_old).
 set -u
 . bench/gpu_call_lib.sh
 call_init cM
