@@ -33,6 +33,9 @@
 #                      wrote this loop out by hand)
 #   w1_http NAME [ARGS...]  W1 through HTTP against the server up (one
 #                      client, 3 x 128 in / 256 out): prints its TPOT row
+#   lora_checks K [SGMV...]  test_cuda_lora, then test_cuda_runner --lora
+#                      for each PAGED_CUDA_LORA_SGMV value (default 0), the
+#                      programs in folder K
 call_init() {
     CALL=$1
     T0=$(date +%s)
@@ -127,4 +130,22 @@ w1_http() { # NAME [ARGS...]
     rm -f "$R/$name.json.requests"
     echo "W1 HTTP $name rc=$rc at $(el)s: $(grep -E '^ *TPOT' "$R/$name.txt" | head -1)"
     return $rc
+}
+# LoRA's GPU checks with the programs in folder K: test_cuda_lora (every
+# case for both shapes of the kernels), then test_cuda_runner --lora (three
+# random adapters + none against the CPU, tests/gpu/make_lora_adapters.py)
+# once for each PAGED_CUDA_LORA_SGMV value given (default: 0).
+lora_checks() { # K [SGMV...]
+    local k=$1 m64=/tmp/paged-m64 dirs sg
+    shift
+    timeout 120 "$k/test_cuda_lora" > "$R/lora_kernels.txt" 2>&1
+    echo "test_cuda_lora rc=$? at $(el)s: $(tail -1 "$R/lora_kernels.txt")"
+    grep -E "^FAIL|staged" "$R/lora_kernels.txt" | head -12
+    python3 tests/gpu/make_random_model.py $m64 --hidden 512 --heads 8 --kv-heads 2 --layers 4 --ffn 1536 \
+        --vocab 1000 --dtype bf16 > /dev/null
+    dirs=$(python3 tests/gpu/make_lora_adapters.py $m64 /tmp/paged-m64-lora)
+    for sg in "${@:-0}"; do
+        PAGED_CUDA_LORA_SGMV=$sg timeout 120 "$k/test_cuda_runner" $m64 --lora "$dirs" > "$R/runner_lora_$sg.txt" 2>&1
+        echo "runner LoRA SGMV=$sg rc=$? at $(el)s: $(tail -1 "$R/runner_lora_$sg.txt" | cut -c1-200)"
+    done
 }

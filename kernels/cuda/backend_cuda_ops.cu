@@ -530,7 +530,7 @@ static int lora_stage_once(CudaCtx *c, const int32_t *row_slot, int64_t m, int32
     }
     bool same = c->lora_ws == ws && c->lora_m == m;
     for (int64_t i = 0; i < m; i++) {
-        const int8_t v = (int8_t)(row_slot[i] < -1 ? -2 : row_slot[i] > 127 ? 127 : row_slot[i]);
+        const int8_t v = (int8_t)row_slot[i]; // -1 .. n_slots - 1 (pg_lora_check)
         same = same && c->lora_staged[i] == v;
         c->lora_staged[i] = v;
     }

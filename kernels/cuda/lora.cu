@@ -305,6 +305,24 @@ __global__ void __launch_bounds__(THREADS) bgmv_expand_kernel(bf16 *out, int64_t
     *o = __float2bfloat16(__bfloat162float(*o) + tab.scale[s] * acc);
 }
 
+// The rows' slots into rs (int8) by copy kernels whose parameters carry
+// STAGE of them each. With `slots`, a row whose slot has no `a` is staged
+// as -1 (BGMV's per-projection staging); without, the slots as they are
+// (the grouped shape's, shared by every projection of a step).
+int stage_rows(int8_t *rs, const int32_t *row_slot, int64_t m, const pg_cuda_lora_slot *slots, cudaStream_t st) {
+    LoraStage stage;
+    for (int64_t i0 = 0; i0 < m; i0 += STAGE) {
+        const int n = (int)(m - i0 < STAGE ? m - i0 : STAGE);
+        for (int k = 0; k < n; k++) {
+            const int32_t s = row_slot[i0 + k];
+            stage.s[k] = (int8_t)(slots && s >= 0 && !slots[s].a ? -1 : s);
+        }
+        lora_stage_kernel<<<1, THREADS, 0, st>>>(rs + i0, stage, n);
+        PG_CUDA_LAUNCHED("lora_stage_kernel");
+    }
+    return 0;
+}
+
 int refuse_capture(cudaStream_t st, const char *what) {
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     PG_CUDA_TRY(cudaStreamIsCapturing(st, &cap));
@@ -346,13 +364,7 @@ int pg_cuda_lora_stage(const int32_t *row_slot, int64_t m, int32_t n_slots, void
     cudaStream_t st = pg_stream(stream);
     PG_TRY(refuse_capture(st, "lora_stage"));
     const Layout l = layout_of(ws, m);
-    LoraStage stage;
-    for (int64_t i0 = 0; i0 < m; i0 += STAGE) {
-        const int n = (int)(m - i0 < STAGE ? m - i0 : STAGE);
-        for (int k = 0; k < n; k++) stage.s[k] = (int8_t)row_slot[i0 + k];
-        lora_stage_kernel<<<1, THREADS, 0, st>>>(l.rs + i0, stage, n);
-        PG_CUDA_LAUNCHED("lora_stage_kernel");
-    }
+    PG_TRY(stage_rows(l.rs, row_slot, m, nullptr, st));
     lora_route_kernel<<<1, ROUTE_THREADS, 0, st>>>(l.rs, (int)m, l.perm, l.tiles);
     PG_CUDA_LAUNCHED("lora_route_kernel");
     return 0;
@@ -410,16 +422,7 @@ int pg_cuda_lora_apply(void *out, int64_t ldo, const void *x, int64_t ldx, int64
     if (!pg_cuda_lora_grouped()) {
         // BGMV, staged in every call as before session 23 (`staged` is not
         // looked at): -1 for rows whose slot has no `a` here.
-        LoraStage stage;
-        for (int64_t i0 = 0; i0 < m; i0 += STAGE) {
-            const int n = (int)(m - i0 < STAGE ? m - i0 : STAGE);
-            for (int k = 0; k < n; k++) {
-                const int32_t s = row_slot[i0 + k];
-                stage.s[k] = (int8_t)(s >= 0 && slots[s].a ? s : -1);
-            }
-            lora_stage_kernel<<<1, THREADS, 0, st>>>(l.rs + i0, stage, n);
-            PG_CUDA_LAUNCHED("lora_stage_kernel");
-        }
+        PG_TRY(stage_rows(l.rs, row_slot, m, slots, st));
         bgmv_shrink_kernel<<<(unsigned)m, THREADS, 0, st>>>(l.parts, max_rank, xb, ldx, in, l.rs, tab);
         PG_CUDA_LAUNCHED("bgmv_shrink_kernel");
         const dim3 grid((unsigned)m, (unsigned)pg_ceil_div(out_cols, THREADS));

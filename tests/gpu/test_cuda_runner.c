@@ -365,6 +365,10 @@ int main(int argc, char **argv) {
                 num += d * d;
                 den += (double)cl[v] * cl[v];
             }
+            // --gap-sigmas K: K times the spread of the difference of two
+            // logits' errors (sqrt(2) x this row's rms error), for the flip
+            // and logprob rules below.
+            const double band = gap_sigmas * sqrt(2.0 * num / V);
             if (ct != gt) {
                 // --gap-sigmas K: a flip is hard only where the gap is also
                 // past K times the spread of the difference of two logits'
@@ -372,7 +376,6 @@ int main(int argc, char **argv) {
                 // spread over the whole row, so a flip inside that band is
                 // what its error bound allows, not a defect.
                 const float gap = sampler_gap(s, cl, V, gap_tmp);
-                const double band = gap_sigmas * sqrt(2.0 * num / V);
                 mismatches++;
                 if (gap > hard_gap && gap > band) hard_mismatches++;
                 printf(" [%s: cpu %d gpu %d, gap %.3f", s->name, ct, gt, gap);
@@ -395,8 +398,7 @@ int main(int argc, char **argv) {
                 // log-sum-exp, so its error is of the order of the
                 // difference of two logits' errors, what the band bounds.
                 const pg_seq_output *a = &co.outs[j], *g = &go.outs[j];
-                const float lp_band = gap_sigmas > 0 ? (float)(gap_sigmas * sqrt(2.0 * num / V)) : 0.0f;
-#define LP_OFF(x, y) (fabsf((x) - (y)) > 0.1f + lp_band + (float)tol * fabsf(x))
+#define LP_OFF(x, y) (fabsf((x) - (y)) > 0.1f + (float)band + (float)tol * fabsf(x))
                 if (a->n_top != g->n_top || LP_OFF(a->logprob, g->logprob)) {
                     lp_bad++;
                     printf(" [%s logprob: cpu %.3f gpu %.3f, %d/%d top]", s->name, a->logprob, g->logprob,

@@ -21,15 +21,7 @@ call_init cM
 [ -x build/gpu-pack/paged_old ] || unpack s25old
 K=$PWD/build/gpu-pack
 gpu_name
-timeout 120 $K/test_cuda_lora > $R/lora_kernels.txt 2>&1
-echo "test_cuda_lora rc=$? at $(el)s: $(tail -1 $R/lora_kernels.txt)"
-grep -E "^FAIL|staged" $R/lora_kernels.txt | head -12
-m64=/tmp/paged-m64
-python3 tests/gpu/make_random_model.py $m64 --hidden 512 --heads 8 --kv-heads 2 --layers 4 --ffn 1536 \
-    --vocab 1000 --dtype bf16 > /dev/null
-lora_dirs=$(python3 tests/gpu/make_lora_adapters.py $m64 /tmp/paged-m64-lora)
-timeout 120 $K/test_cuda_runner $m64 --lora "$lora_dirs" > $R/runner_lora.txt 2>&1
-echo "runner LoRA rc=$? at $(el)s: $(tail -1 $R/runner_lora.txt | cut -c1-200)"
+lora_checks $K
 save
 mods=$(python3 tests/gpu/make_lora_adapters.py tests/gpu/llama3-8b-shape.json /tmp/lora8b --many 8 2> $R/lora_make.txt)
 [ -n "$mods" ] || { echo "adapters not written: $(cat $R/lora_make.txt)"; exit 1; }
