@@ -130,10 +130,13 @@ static size_t cuda_attn_ws(int32_t max_seqs, int32_t nh, int32_t nkv, int32_t hd
 // The graph reserve (the runner's function), each graph at the probe's
 // floor; none where graphs are off (the runner's reader of the mode and of
 // PAGED_CUDA_GRAPHS).
-static int cuda_graph_reserve(const pg_engine_config *cfg, int32_t max_seqs, int32_t max_len, int64_t *out) {
+static int cuda_graph_reserve(const pg_engine_config *cfg, int32_t max_seqs, int32_t max_len, bool lora,
+                              int64_t *out) {
     pg_graph_mode mode;
     PG_TRY(pg_graph_mode_parse(cfg->cuda_graphs, &mode));
-    *out = pg_runner_graphs_wanted(mode) ? pg_runner_graph_reserve(max_seqs, max_len, PG_RUNNER_GRAPH_MIN_BYTES) : 0;
+    *out = pg_runner_graphs_wanted(mode)
+               ? pg_runner_graph_reserve(max_seqs, max_len, PG_RUNNER_GRAPH_MIN_BYTES, lora ? 2 : 1)
+               : 0;
     return 0;
 }
 
@@ -292,7 +295,12 @@ int pg_memplan_compute(const pg_memplan_in *in, pg_memplan *p) {
         if (r == 0) p->experts_per_rank = mc->n_experts > 0 ? sh.n_exp : 0;
         if (r == 0) p->per_block = kv_block_bytes(cuda, p->kv_dtype, mc, lay.n_slots, sh.n_kv_heads, p->block_size);
         if (!cuda) continue;
-        PG_TRY(cuda_graph_reserve(cfg, max_seqs, p->max_model_len, &k->graphs));
+        if (p->lora_slots > 0) { // the slot table the decode graphs' LoRA reads (engine/model/lora.c)
+            const int64_t tb = (int64_t)sizeof(pg_lora_dev_slot) * mc->n_layers * PG_LORA_MODULES * p->lora_slots;
+            k->lora += tb;
+            k->weights += tb;
+        }
+        PG_TRY(cuda_graph_reserve(cfg, max_seqs, p->max_model_len, p->lora_slots > 0, &k->graphs));
         k->other = in->device_other >= 0 ? in->device_other : CUDA_OTHER_ESTIMATE;
         k->reserved = in->device_total - (int64_t)(p->util * (double)in->device_total);
         // Start-up's budget (engine/setup.c) of what this rank would have in use.

@@ -121,6 +121,16 @@ typedef struct pg_lora_slot {
     float scale; // lora_alpha / r, or / sqrt(r) with rsLoRA
 } pg_lora_slot;
 
+// One entry of a slot table in backend memory (lora_table_write,
+// lora_apply_dev): a slot's pair in the backend's own addressing. The
+// engine sizes and addresses tables of them, never reads one.
+typedef struct pg_lora_dev_slot {
+    const void *a, *b; // NULL a: the slot leaves this projection alone
+    int32_t rank;
+    float scale;
+} pg_lora_dev_slot;
+#define PG_LORA_DEV_MAX_PROJ 3
+
 // lora_apply's argument checks, one rule for every backend ("who" names the
 // op in messages: "cpu lora_apply"): out has x's rows; each row's slot is
 // in [-1, n_slots); each slot a row names with an A has A [rank >= 1][x
@@ -384,14 +394,36 @@ typedef struct pg_backend_ops {
     // row_slot: host [x.rows] in [-1, n_slots). Slots no row names cost
     // nothing. workspace: lora_workspace_bytes for at least x.rows rows.
     // NULL in a backend without LoRA: callers check. CUDA: bf16 rows and
-    // adapters, and not under graph capture (PG_EUNSUPP; the runner runs
-    // steps with LoRA rows eagerly: kernels/cuda/cuda_ops.h).
+    // adapters, and not under graph capture (PG_EUNSUPP; graph steps take
+    // lora_apply_dev below: kernels/cuda/cuda_ops.h).
     int (*lora_apply)(pg_backend *b, pg_tensor out, pg_tensor x, const int32_t *row_slot,
                       const pg_lora_slot *slots, int32_t n_slots, void *workspace, size_t workspace_bytes);
     // Bytes lora_apply wants for up to max_rows rows, n_slots slots of rank
     // <= max_rank, in_cols -> out_cols; NULL with lora_apply.
     size_t (*lora_workspace_bytes)(pg_backend *b, int32_t max_rows, int32_t in_cols, int32_t out_cols,
                                    int32_t max_rank, int32_t n_slots);
+    // Graph-safe LoRA (docs/lora.md "Graph-safe LoRA"; NULL in a backend
+    // without graphs: the CPU's). lora_apply's product for n_proj (1 to
+    // PG_LORA_DEV_MAX_PROJ) projections that read the same x and write
+    // adjacent column ranges of out (projection p: cols[p] columns after
+    // those of projections < p; Q|K|V, gate|up), with every value a graph
+    // would bake in kept in backend memory: row_slot [x.rows] and each
+    // tables[p] (n_slots entries that lora_table_write wrote) are backend
+    // memory, read when the work runs, so a captured graph serves any mix
+    // of slots and any adapter loaded after the capture. max_rank: the
+    // largest rank a slot may hold (the workspace and the launches depend
+    // on it alone). norm: the adapters read rmsnorm(x, norm, eps) instead
+    // of x (the norm a fused base product applied; NULL: x as it is), so
+    // the normed rows need not be written out. workspace:
+    // lora_workspace_bytes for at least x.rows rows.
+    int (*lora_apply_dev)(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *norm, float eps,
+                          const int32_t *row_slot, const pg_lora_dev_slot *const *tables, const int64_t *cols,
+                          int32_t n_proj, int32_t max_rank, void *workspace, size_t workspace_bytes);
+    // Writes n host slots into the backend table dst (n entries) in the
+    // form lora_apply_dev reads, after the work queued so far (which may
+    // read the old entries) has finished; not under capture. The adapters
+    // must be of a type lora_apply_dev runs (else PG_EUNSUPP naming it).
+    int (*lora_table_write)(pg_backend *b, pg_lora_dev_slot *dst, const pg_lora_slot *src, int64_t n);
     // Per-head RMSNorm in place (Qwen3's q/k norm): each of the n_heads
     // head_dim-wide column groups of every row of x, weight w [head_dim].
     int (*head_rmsnorm)(pg_backend *b, pg_tensor x, int32_t n_heads, const pg_bweight *w, float eps);

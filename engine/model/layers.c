@@ -26,16 +26,33 @@ void pg_step_views_make(const pg_model *m, const pg_fwd_buffers *bufs, const pg_
     v->moe_ws = bufs->moe_ws;
     v->moe_ws_bytes = bufs->moe_ws_bytes;
     v->lora_rows = m->lora.n_slots > 0 ? s->lora_rows : NULL;
+    v->lora_rows_dev = v->lora_rows && m->lora.dev_table ? s->lora_rows_dev : NULL;
     v->lora_ws = bufs->lora_ws;
     v->lora_ws_bytes = bufs->lora_ws_bytes;
 }
 
-// LoRA of projection `module` of layer l over the step's rows: out += each
-// row's adapter's scale * (in . A^T) . B^T (rows without one untouched).
-static int layer_lora(const pg_model *m, const pg_step_views *v, int32_t l, int module, pg_tensor out, pg_tensor in) {
+// LoRA of the n projections module, module + 1, ... of layer l, which read
+// `in` and write adjacent column ranges of out (cols[p] each: Q|K|V,
+// gate|up, or one), over the step's rows: each row's adapter adds scale *
+// (in . A^T) . B^T (rows without one untouched). With the rows in backend
+// memory (a graph step) one graph-safe launch pair covers the n, and reads
+// rmsnorm(in, norm) when norm is given; else one lora_apply each (norm
+// must be NULL: the caller normed `in`).
+static int layer_lora(const pg_model *m, const pg_step_views *v, int32_t l, int module, int n, const int64_t *cols,
+                      pg_tensor out, pg_tensor in, const pg_bweight *norm) {
     const pg_model_lora *lo = &m->lora;
-    return m->be->ops->lora_apply(m->be, out, in, v->lora_rows, pg_model_lora_slots(lo, l, module), lo->n_slots,
-                                  v->lora_ws, v->lora_ws_bytes);
+    if (v->lora_rows_dev) {
+        const pg_lora_dev_slot *tabs[PG_LORA_DEV_MAX_PROJ];
+        for (int p = 0; p < n; p++) tabs[p] = pg_model_lora_dev_slots(lo, l, module + p);
+        return m->be->ops->lora_apply_dev(m->be, out, in, norm, m->cfg.rms_eps, v->lora_rows_dev, tabs, cols, n,
+                                          lo->max_rank, v->lora_ws, v->lora_ws_bytes);
+    }
+    PG_ARG(!norm, "LoRA: a fused norm needs the graph-safe op");
+    for (int p = 0, c0 = 0; p < n; c0 += (int)cols[p], p++)
+        PG_TRY(m->be->ops->lora_apply(m->be, pg_tensor_view(out, 0, out.rows, c0, cols[p]), in, v->lora_rows,
+                                      pg_model_lora_slots(lo, l, module + p), lo->n_slots, v->lora_ws,
+                                      v->lora_ws_bytes));
+    return 0;
 }
 
 int pg_layer_all_reduce(const pg_model *m, pg_tensor x) {
@@ -57,7 +74,7 @@ static int row_linear(const pg_model *m, const pg_step_views *v, int32_t l, int 
     // the all-reduce then sums stream and parts.
     const bool residual = m->shard.rank == 0;
     PG_TRY(m->be->ops->linear(m->be, x, in, NULL, 0.0f, w, NULL, residual, scratch));
-    if (v && v->lora_rows) PG_TRY(layer_lora(m, v, l, module, x, in));
+    if (v && v->lora_rows) PG_TRY(layer_lora(m, v, l, module, 1, &x.cols, x, in, NULL));
     return pg_layer_all_reduce(m, x);
 }
 
@@ -107,15 +124,19 @@ int pg_layer_attention_with(const pg_model *m, int32_t l, pg_bkv *kv, const pg_f
     const pg_model_shard *sh = &m->shard;
     const pg_model_layer *L = &m->layers[l];
     pg_backend *be = m->be;
-    if (v->lora_rows) {
+    const int64_t qkv_cols[3] = {v->q.cols, v->k.cols, v->v.cols};
+    if (v->lora_rows_dev) {
+        // A graph step: the product keeps its fused norm, and the adapters'
+        // shrink applies the same norm to x as it reads it.
+        PG_TRY(be->ops->linear(be, v->qkv, v->x, L->attn_norm, c->rms_eps, L->qkv, L->qkv_bias, false, v->xn));
+        PG_TRY(layer_lora(m, v, l, PG_LORA_Q, 3, qkv_cols, v->qkv, v->x, L->attn_norm));
+    } else if (v->lora_rows) {
         // The adapters read the normed rows too: the norm into xn first,
         // then the product without one (which, neither normalising nor
         // accumulating, writes straight into qkv: the scratch is not used).
         PG_TRY(be->ops->rmsnorm(be, v->xn, v->x, L->attn_norm, c->rms_eps));
         PG_TRY(be->ops->linear(be, v->qkv, v->xn, NULL, 0.0f, L->qkv, L->qkv_bias, false, v->gu));
-        PG_TRY(layer_lora(m, v, l, PG_LORA_Q, v->q, v->xn));
-        PG_TRY(layer_lora(m, v, l, PG_LORA_K, v->k, v->xn));
-        PG_TRY(layer_lora(m, v, l, PG_LORA_V, v->v, v->xn));
+        PG_TRY(layer_lora(m, v, l, PG_LORA_Q, 3, qkv_cols, v->qkv, v->xn, NULL));
     } else {
         PG_TRY(be->ops->linear(be, v->qkv, v->x, L->attn_norm, c->rms_eps, L->qkv, L->qkv_bias, false, v->xn));
     }
@@ -160,12 +181,18 @@ int pg_layer_ffn_swiglu(const pg_model *m, int32_t l, const pg_step_views *v) {
     const pg_model_layer *L = &m->layers[l];
     pg_backend *be = m->be;
     if (v->lora_rows) {
-        // gate and up take their adapters' products before the activation.
-        const int64_t f = m->shard.ffn;
-        PG_TRY(be->ops->rmsnorm(be, v->xn, v->x, L->ffn_norm, m->cfg.rms_eps));
-        PG_TRY(be->ops->linear(be, v->gu, v->xn, NULL, 0.0f, L->gate_up, NULL, false, v->qkv)); // scratch unused
-        PG_TRY(layer_lora(m, v, l, PG_LORA_GATE, pg_tensor_view(v->gu, 0, v->n, 0, f), v->xn));
-        PG_TRY(layer_lora(m, v, l, PG_LORA_UP, pg_tensor_view(v->gu, 0, v->n, f, f), v->xn));
+        // gate and up take their adapters' products before the activation;
+        // a graph step keeps the product's fused norm (the adapters' shrink
+        // applies it too), an eager one norms into xn first.
+        const int64_t f = m->shard.ffn, cols[2] = {f, f};
+        if (v->lora_rows_dev) {
+            PG_TRY(be->ops->linear(be, v->gu, v->x, L->ffn_norm, m->cfg.rms_eps, L->gate_up, NULL, false, v->xn));
+            PG_TRY(layer_lora(m, v, l, PG_LORA_GATE, 2, cols, v->gu, v->x, L->ffn_norm));
+        } else {
+            PG_TRY(be->ops->rmsnorm(be, v->xn, v->x, L->ffn_norm, m->cfg.rms_eps));
+            PG_TRY(be->ops->linear(be, v->gu, v->xn, NULL, 0.0f, L->gate_up, NULL, false, v->qkv)); // scratch unused
+            PG_TRY(layer_lora(m, v, l, PG_LORA_GATE, 2, cols, v->gu, v->xn, NULL));
+        }
         PG_TRY(be->ops->silu_mul(be, v->h, v->gu));
     } else {
         PG_TRY(be->ops->gate_up_silu(be, v->h, v->x, L->ffn_norm, m->cfg.rms_eps, L->gate_up, v->xn, v->gu));

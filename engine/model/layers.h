@@ -32,6 +32,7 @@ typedef struct pg_step_views {
     // has one, and every helper runs its plain fused form), and the
     // lora_apply workspace.
     const int32_t *lora_rows;
+    const int32_t *lora_rows_dev; // the same in backend memory (graph steps): lora_apply_dev; else NULL
     void *lora_ws;
     size_t lora_ws_bytes;
 } pg_step_views;

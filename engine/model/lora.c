@@ -104,14 +104,29 @@ static int place_adapter(pg_model *m, int32_t s) {
     return 0;
 }
 
+// The whole host table into the backend's (when it keeps one): every
+// (layer, module, slot) entry, after the steps that read the old ones.
+static int dev_table_write(pg_model *m) {
+    pg_model_lora *lo = &m->lora;
+    if (!lo->dev_table) return 0;
+    return m->be->ops->lora_table_write(m->be, lo->dev_table, lo->table,
+                                        (int64_t)m->cfg.n_layers * PG_LORA_MODULES * lo->n_slots);
+}
+
 int pg_model_lora_set(pg_model *m, int32_t slot, const char *dir) {
     pg_model_lora *lo = &m->lora;
     PG_ARG(slot >= 0 && slot < lo->n_slots, "LoRA slot %d of %d", slot, lo->n_slots);
+    // The backend's table forgets the slot before its weights are freed.
     slot_clear(m, slot);
-    if (!dir) return 0;
-    int rc = pg_lora_adapter_load(dir, &m->cfg, lo->max_rank, &lo->res[slot].adapter);
+    int rc = dev_table_write(m);
+    if (rc < 0 || !dir) return rc;
+    rc = pg_lora_adapter_load(dir, &m->cfg, lo->max_rank, &lo->res[slot].adapter);
     if (rc == 0 && (rc = place_adapter(m, slot)) < 0) pg_err_wrap(rc, "%s: ", dir);
-    if (rc < 0) slot_clear(m, slot);
+    if (rc == 0 && (rc = dev_table_write(m)) < 0) pg_err_wrap(rc, "%s: ", dir);
+    if (rc < 0) {
+        slot_clear(m, slot);
+        (void)dev_table_write(m); // the entries it may have written go too
+    }
     return rc;
 }
 
@@ -129,6 +144,11 @@ int pg_model_lora_load(pg_model *m, const pg_model_load_opts *o) {
     lo->table = pg_xcalloc((size_t)m->cfg.n_layers * PG_LORA_MODULES * (size_t)n, sizeof(pg_lora_slot));
     lo->res = pg_xcalloc((size_t)n, sizeof *lo->res);
     lo->n_slots = n;
+    if (m->be->ops->lora_apply_dev && m->be->ops->lora_table_write) {
+        const size_t bytes = sizeof(pg_lora_dev_slot) * (size_t)m->cfg.n_layers * PG_LORA_MODULES * (size_t)n;
+        PG_TRY(m->be->dev->alloc(m->be, bytes, (void **)&lo->dev_table));
+        PG_TRY(dev_table_write(m)); // every entry empty
+    }
     for (int32_t i = 0; i < o->n_lora; i++) PG_TRY(pg_model_lora_set(m, i, o->lora_dirs[i]));
     return 0;
 }
@@ -136,6 +156,7 @@ int pg_model_lora_load(pg_model *m, const pg_model_load_opts *o) {
 void pg_model_lora_free(pg_model *m) {
     pg_model_lora *lo = &m->lora;
     for (int32_t i = 0; lo->res && i < lo->n_slots; i++) slot_clear(m, i);
+    if (lo->dev_table) m->be->dev->free(m->be, lo->dev_table);
     free(lo->res);
     free(lo->table);
     memset(lo, 0, sizeof *lo);

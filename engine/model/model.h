@@ -108,11 +108,20 @@ typedef struct pg_model_lora {
     int32_t max_rank;     // the largest rank a slot may take (the workspace is sized for it)
     pg_lora_slot *table;  // [n_layers][PG_LORA_MODULES][n_slots]; .a NULL: the slot leaves the module alone
     struct pg_lora_slot_res *res; // [n_slots] what each slot holds (lora.c)
+    // The same table in backend memory, in the form lora_apply_dev reads
+    // (rewritten whole whenever a slot changes), where the backend has that
+    // op (CUDA: the decode graphs' LoRA); NULL elsewhere.
+    pg_lora_dev_slot *dev_table;
 } pg_model_lora;
 
 // Layer l's table for module `module` (PG_LORA_MODULES of them), n_slots entries.
 static inline const pg_lora_slot *pg_model_lora_slots(const pg_model_lora *lo, int32_t l, int module) {
     return lo->table + ((size_t)l * PG_LORA_MODULES + (size_t)module) * (size_t)lo->n_slots;
+}
+
+// The same in the backend's table.
+static inline const pg_lora_dev_slot *pg_model_lora_dev_slots(const pg_model_lora *lo, int32_t l, int module) {
+    return lo->dev_table + ((size_t)l * PG_LORA_MODULES + (size_t)module) * (size_t)lo->n_slots;
 }
 
 struct pg_model;
@@ -368,6 +377,11 @@ typedef struct pg_fwd_step {
     // LoRA: host [n_tokens] each row's adapter slot (-1: none); NULL when
     // no row of the step has one (the forward is then the plain one).
     const int32_t *lora_rows;
+    // The same rows in backend memory when the runner uploaded them (a
+    // decode graph's step, engine/runner/runner_graphs.c): the forward then
+    // runs the graph-safe op (lora_apply_dev) over the model's backend
+    // table. NULL: lora_apply over the host rows.
+    const int32_t *lora_rows_dev;
     // KV layer groups (pg_kv_layout, above): slots and attn.block_tables
     // hold a copy per group, [n_groups][n_tokens] and
     // [n_groups][n_seqs][bt_stride]; layer l uses group group[l]'s and the

@@ -63,6 +63,7 @@ static size_t input_capacity(const pg_model_config *mc, const pg_runner_config *
     n += 2 * (T * 4 + 16) + G * T * 4 + 16;                // tokens, pos, slots (per KV group)
     n += G * S * max_bt * 4 + 16;                          // block tables (per KV group)
     n += 3 * (S * 4 + 16) + 4 + 16;                        // seq_lens, start_pos, cu_q (+1)
+    n += T * 4 + 16;                                       // LoRA rows for the graph-safe op (queue_step)
     n += S * 4 + 16;                                       // sample rows
     n += S * sizeof(pg_sample_params) + 16;                // params
     n += S * ((size_t)len + PG_MAX_STOP_IDS + 1) * 4 + 16; // histories and ban lists
@@ -319,6 +320,10 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
     r->feed = xmalloc_n(2 * S, 4);
     runner_spec_alloc(r);
     if ((rc = runner_graphs_setup(r)) < 0) goto fail;
+    {
+        const char *e = getenv("PAGED_LORA_DEV_EAGER");
+        r->lora_dev_eager = model->lora.dev_table && e && atoi(e) != 0;
+    }
     // The profiling forward, where the backend can measure what it takes
     // (lazily loaded kernels, library plans, graph memory); elsewhere the
     // workspace is what was allocated.
@@ -560,9 +565,18 @@ static int queue_step(pg_runner *r, const step_desc *s) {
     pg_backend *be = r->be;
     step_desc padded;
     int32_t slot = -1;
-    // A graph holds the plain forward: a step with LoRA rows runs eagerly.
-    const bool g = !s->lora_rows && runner_graph_step(r, s, &padded, &slot);
+    // Decode steps replay a graph: with LoRA rows one of the LoRA set's
+    // (runner_graphs.c), when the backend has graph-safe LoRA.
+    const bool g = runner_graph_step(r, s, &padded, &slot);
     const step_desc *run = g ? &padded : s;
+    // PAGED_LORA_DEV_EAGER=1 (under measurement, docs/lora.md): eager steps
+    // with LoRA rows take the graph-safe op too.
+    step_desc dev_rows;
+    if (!g && s->lora_rows && r->lora_dev_eager) {
+        dev_rows = *s;
+        dev_rows.lora_on_dev = true;
+        run = &dev_rows;
+    }
     dev_in d;
     PG_TRY(runner_pack(r, run, &d));
     // Tokens sampled by the step before (async scheduling), straight from

@@ -49,9 +49,11 @@ bool pg_runner_graphs_wanted(pg_graph_mode mode);
 #define PG_RUNNER_GRAPH_MIN_BYTES ((int64_t)1 << 20)
 // The device bytes the KV budget leaves for the decode graphs of a runner
 // with these limits (max_seqs as pg_runner_ws_limits caps it): every
-// (batch, context) bucket at `per_graph` bytes, times 1.5, plus 16 MiB.
+// (batch, context) bucket at `per_graph` bytes, times 1.5, plus 16 MiB,
+// for `sets` sets of buckets (2 with LoRA adapters: the plain graphs and
+// those with the adapters' kernels in, runner_graphs.c).
 // The runner passes its probe's measure, `paged plan` the floor above.
-int64_t pg_runner_graph_reserve(int32_t max_seqs, int32_t max_model_len, int64_t per_graph);
+int64_t pg_runner_graph_reserve(int32_t max_seqs, int32_t max_model_len, int64_t per_graph, int32_t sets);
 
 // The scales of an fp8 KV cache (engine/runner/runner_kv_scales.c): auto = the
 // checkpoint's k_scale / v_scale, else calibrated at start-up per layer and

@@ -13,6 +13,14 @@
 // device addresses. With KV layer groups the slots and block tables hold a
 // copy per group ([G][B] and [G][B][stride], runner_int.h's layout), padded
 // the same way in every group. Design and measurements: docs/cuda_runner.md.
+//
+// With LoRA adapters on a backend with graph-safe LoRA (lora_apply_dev;
+// the model keeps its slot table in backend memory) a second set of
+// buckets holds the forward with the adapters' kernels in: a decode step
+// with an adapter row replays that set's graph (captured on first use),
+// the rows' slots uploaded with the other inputs (pad rows: -1), and a
+// step of base-model rows only replays the plain set as before
+// (docs/lora.md "Graph-safe LoRA").
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -50,10 +58,10 @@ static void graph_buckets(int32_t max_seqs, int32_t max_model_len, int32_t bb[RU
     cb[(*nc)++] = max_model_len;
 }
 
-int64_t pg_runner_graph_reserve(int32_t max_seqs, int32_t max_model_len, int64_t per_graph) {
+int64_t pg_runner_graph_reserve(int32_t max_seqs, int32_t max_model_len, int64_t per_graph, int32_t sets) {
     int32_t bb[RUNNER_MAX_BBUCKETS], cb[RUNNER_MAX_CBUCKETS], nb, nc;
     graph_buckets(max_seqs, max_model_len, bb, &nb, cb, &nc);
-    const int64_t n_all = (int64_t)nb * nc;
+    const int64_t n_all = (int64_t)nb * nc * (sets > 1 ? sets : 1);
     return per_graph * n_all + per_graph * n_all / 2 + ((int64_t)16 << 20);
 }
 
@@ -64,9 +72,13 @@ int runner_graphs_setup(pg_runner *r) {
     const size_t G = (size_t)r->kv_layout.n_groups;
     graph_buckets(S, r->cfg.max_model_len, r->bbuckets, &r->n_bbuckets, r->cbuckets, &r->n_cbuckets);
     r->g_max_bt = (r->cfg.max_model_len + bs - 1) / bs;
-    const size_t ng = (size_t)r->n_bbuckets * (size_t)r->n_cbuckets;
+    // PAGED_LORA_GRAPHS=0: LoRA decode steps run eagerly, as before session 24.
+    const char *lg = getenv("PAGED_LORA_GRAPHS");
+    r->n_graph_sets = r->model->lora.dev_table && !(lg && lg[0] == '0') ? 2 : 1;
+    const size_t ng = (size_t)r->n_bbuckets * (size_t)r->n_cbuckets * (size_t)r->n_graph_sets;
     r->graph_exec = pg_xcalloc(ng, sizeof(void *));
     r->graph_state = pg_xcalloc(ng, 1);
+    r->g_lora = pg_xcalloc((size_t)S, 4);
     r->g_tok = pg_xcalloc((size_t)S, 4), r->g_pos = pg_xcalloc((size_t)S, 4);
     r->g_slots = pg_xcalloc((size_t)S * G, 4), r->g_lens = pg_xcalloc((size_t)S, 4);
     r->g_start = pg_xcalloc((size_t)S, 4);
@@ -75,17 +87,19 @@ int runner_graphs_setup(pg_runner *r) {
 }
 
 void runner_graphs_free(pg_runner *r) {
-    for (int32_t i = 0; r->graph_state && i < r->n_bbuckets * r->n_cbuckets; i++)
+    for (int32_t i = 0; r->graph_state && i < r->n_bbuckets * r->n_cbuckets * r->n_graph_sets; i++)
         if (r->graph_state[i] == 1) r->be->dev->graph_free(r->be, r->graph_exec[i]);
     free(r->graph_exec), free(r->graph_state);
     free(r->g_tok), free(r->g_pos), free(r->g_slots), free(r->g_lens), free(r->g_start), free(r->g_bt);
+    free(r->g_lora);
 }
 
-// Pad rows [from, B): one key of the null block, no KV write (in every group).
+// Pad rows [from, B): one key of the null block, no KV write (in every
+// group), no adapter.
 static void pad_rows(pg_runner *r, int32_t from, int32_t B, int32_t stride) {
     const int32_t G = r->kv_layout.n_groups;
     for (int32_t i = from; i < B; i++) {
-        r->g_tok[i] = 0, r->g_pos[i] = 0, r->g_lens[i] = 1, r->g_start[i] = 0;
+        r->g_tok[i] = 0, r->g_pos[i] = 0, r->g_lens[i] = 1, r->g_start[i] = 0, r->g_lora[i] = -1;
         for (int32_t g = 0; g < G; g++) {
             r->g_slots[(size_t)g * B + i] = -1;
             r->g_bt[((size_t)g * B + i) * stride] = 0;
@@ -106,6 +120,9 @@ static void padded_desc(pg_runner *r, const step_desc *s, int32_t B, int32_t C, 
     ps->block_tables = r->g_bt, ps->bt_stride = stride;
     ps->kv_groups = r->kv_layout.n_groups;
     ps->max_decode_ctx = C;
+    // The LoRA set's steps: the rows' slots go to the device with the rest.
+    ps->lora_rows = s && s->lora_rows ? r->g_lora : NULL;
+    ps->lora_on_dev = ps->lora_rows != NULL;
     if (!s) {
         ps->cu_q = &zero;
         ps->sample_tokens = r->g_tok; // n_sample 0: nothing sampled
@@ -120,7 +137,9 @@ bool runner_graph_step(pg_runner *r, const step_desc *s, step_desc *ps, int32_t 
     while (ci < r->n_cbuckets - 1 && r->cbuckets[ci] < s->max_decode_ctx) ci++;
     const int32_t B = r->bbuckets[bi], C = r->cbuckets[ci], bs = r->cfg.block_size;
     if (B < s->n_seqs || C < s->max_decode_ctx) return false;
-    *slot = bi * r->n_cbuckets + ci;
+    // Steps with adapter rows take the LoRA set (when there is one).
+    if (s->lora_rows && r->n_graph_sets < 2) return false;
+    *slot = bi * r->n_cbuckets + ci + (s->lora_rows ? r->n_bbuckets * r->n_cbuckets : 0);
     if (r->graph_state[*slot] < 0) return false;
     const int32_t stride = (C + bs - 1) / bs, n = s->n_seqs;
     if (stride < s->bt_stride) return false;
@@ -128,6 +147,7 @@ bool runner_graph_step(pg_runner *r, const step_desc *s, step_desc *ps, int32_t 
     memcpy(r->g_pos, s->pos, sizeof(int32_t) * (size_t)n);
     memcpy(r->g_lens, s->seq_lens, sizeof(int32_t) * (size_t)n);
     memcpy(r->g_start, s->start_pos, sizeof(int32_t) * (size_t)n);
+    if (s->lora_rows) memcpy(r->g_lora, s->lora_rows, sizeof(int32_t) * (size_t)n);
     for (int32_t g = 0; g < r->kv_layout.n_groups; g++) { // the step's [G][n] -> the bucket's [G][B]
         memcpy(r->g_slots + (size_t)g * B, s->slots + (size_t)g * n, sizeof(int32_t) * (size_t)n);
         for (int32_t i = 0; i < n; i++)
@@ -196,7 +216,7 @@ void runner_graph_capture(pg_runner *r, const step_desc *ps, const dev_in *d, in
 void runner_graphs_probe(pg_runner *r) {
     enum { N_PROBE = 8 };
     pg_backend *be = r->be;
-    const int64_t n_all = (int64_t)r->n_bbuckets * r->n_cbuckets;
+    const int64_t n_all = (int64_t)r->n_bbuckets * r->n_cbuckets * r->n_graph_sets;
     int64_t per = (int64_t)8 << 20, f0 = 0, f1 = 0, t = 0;
     void *ex[N_PROBE] = {0};
     int n_ok = 0, rc;
@@ -220,7 +240,7 @@ void runner_graphs_probe(pg_runner *r) {
     // 0.5 MiB per graph where 90 captures took 0.93 MiB each. Hence a floor of
     // 1 MiB per graph and a 1.5x margin (pg_runner_graph_reserve).
     if (per < PG_RUNNER_GRAPH_MIN_BYTES) per = PG_RUNNER_GRAPH_MIN_BYTES;
-    r->graph_reserve = pg_runner_graph_reserve(r->max_seqs, r->cfg.max_model_len, per);
+    r->graph_reserve = pg_runner_graph_reserve(r->max_seqs, r->cfg.max_model_len, per, r->n_graph_sets);
     PG_LOGI("%s graphs: %.2f MiB per graph measured; %.1f MiB reserved for %lld buckets", be->name,
             (double)per / (1 << 20), (double)r->graph_reserve / (1 << 20), (long long)n_all);
 }

@@ -32,11 +32,12 @@ typedef struct step_desc {
     int32_t n_feed;                      // async: [n_feed][2] (row, index among the
     const int32_t *feed;                 //   previous step's samples)
     const int32_t *lora_rows;            // host [n_tokens] adapter slots (-1: none); NULL: no LoRA row
+    bool lora_on_dev;                    // upload lora_rows: the forward runs the graph-safe LoRA op
 } step_desc;
 
 // The same arrays after the upload, in backend memory.
 typedef struct dev_in {
-    const int32_t *tok, *pos, *slots, *bt, *lens, *start, *cu, *rows, *stok, *feed;
+    const int32_t *tok, *pos, *slots, *bt, *lens, *start, *cu, *lora, *rows, *stok, *feed; // lora: NULL unless uploaded
     const pg_sample_params *params;
 } dev_in;
 
@@ -125,12 +126,15 @@ struct pg_runner {
     int64_t graph_reserve; // bytes planned for every bucket's graph
     int32_t bbuckets[RUNNER_MAX_BBUCKETS], n_bbuckets; // 1, 2, 4, ... < max_seqs, max_seqs
     int32_t cbuckets[RUNNER_MAX_CBUCKETS], n_cbuckets; // 256, 512, ... < max_model_len, max_model_len
+    int32_t n_graph_sets; // 1, or 2 with graph-safe LoRA: [set][n_bbuckets][n_cbuckets]
+    bool lora_dev_eager;  // PAGED_LORA_DEV_EAGER=1: eager LoRA steps take lora_apply_dev too
     void **graph_exec;
     int8_t *graph_state; // 0 none yet, 1 ready, -1 capture failed (stays eager)
     int64_t graph_bytes;
     int32_t n_graphs;
     // Padded host copies of a decode step: [max_seqs], g_bt [max_seqs][g_max_bt].
     int32_t *g_tok, *g_pos, *g_slots, *g_lens, *g_start, *g_bt;
+    int32_t *g_lora; // [max_seqs] the rows' adapter slots (-1: none, and pad rows)
     int32_t g_max_bt;
 };
 

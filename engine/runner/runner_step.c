@@ -46,6 +46,9 @@ int runner_pack(pg_runner *r, const step_desc *s, dev_in *d) {
     d->lens = put(&pk, s->seq_lens, sizeof(int32_t) * (size_t)s->n_seqs);
     d->start = put(&pk, s->start_pos, sizeof(int32_t) * (size_t)s->n_seqs);
     d->cu = put(&pk, s->cu_q, sizeof(int32_t) * (size_t)(n_pre + 1));
+    // The graph-safe LoRA op's rows, before everything sized by the samples
+    // (a graph of the LoRA set reads them at this address).
+    d->lora = s->lora_on_dev ? put(&pk, s->lora_rows, sizeof(int32_t) * (size_t)n) : NULL;
     d->rows = put(&pk, s->sample_rows, sizeof(int32_t) * (size_t)s->n_sample);
     d->params = put(&pk, s->params, sizeof(pg_sample_params) * (size_t)s->n_sample);
     d->stok = put(&pk, s->sample_tokens, sizeof(int32_t) * (size_t)s->n_sample_tokens);
@@ -81,6 +84,7 @@ pg_fwd_step runner_fwd_step(const pg_runner *r, const step_desc *s, const dev_in
         .n_logits = s->n_sample,
         .logit_rows = d->rows,
         .lora_rows = s->lora_rows,
+        .lora_rows_dev = d->lora,
         .kv_layout = r->kv_layout.n_groups > 1 ? &r->kv_layout : NULL,
     };
 }

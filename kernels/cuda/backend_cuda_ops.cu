@@ -1,6 +1,9 @@
 // kernels/cuda/backend_cuda_ops.cu - the CUDA backend's ops
 // (kernels/backend.h pg_backend_ops): a step's compute as launches on the
 // compute stream (GEMV or cuBLASLt, attention, the sampler).
+#include <stddef.h>
+#include <stdlib.h>
+
 #include "kernels/cuda/backend_cuda_int.cuh"
 
 // The decode kernel's split-K partials, after FlashInfer's plan image
@@ -511,8 +514,8 @@ static int cu_moe_ffn(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweigh
 // and sorted into the workspace once for all the projections of a step: a
 // call whose rows equal the last staged ones (same workspace, same count,
 // same bytes) skips the staging; BGMV (the default) stages in every call.
-// Not graph-safe:
-// refused under stream capture (the runner runs LoRA steps eagerly).
+// Not graph-safe: refused under stream capture (graph steps take
+// cu_lora_apply_dev below).
 static size_t cu_lora_ws(pg_backend *b, int32_t max_rows, int32_t in_cols, int32_t out_cols, int32_t max_rank,
                          int32_t n_slots) {
     (void)b, (void)out_cols, (void)n_slots;
@@ -563,6 +566,58 @@ static int cu_lora_apply(pg_backend *b, pg_tensor out, pg_tensor x, const int32_
     if (staged < 0) return staged;
     return pg_cuda_lora_apply(out.data, out.stride, x.data, x.stride, x.rows, x.cols, out.cols, row_slot, cs,
                               n_slots, ws, ws_bytes, staged, c->stream);
+}
+
+// Graph-safe LoRA (lora_graph.cu): the engine's table entries are the
+// launcher's, field for field.
+static_assert(sizeof(pg_lora_dev_slot) == sizeof(pg_cuda_lora_dev_slot) &&
+                  offsetof(pg_lora_dev_slot, b) == offsetof(pg_cuda_lora_dev_slot, b) &&
+                  offsetof(pg_lora_dev_slot, rank) == offsetof(pg_cuda_lora_dev_slot, rank) &&
+                  offsetof(pg_lora_dev_slot, scale) == offsetof(pg_cuda_lora_dev_slot, scale),
+              "one slot-table entry layout");
+static_assert(PG_LORA_DEV_MAX_PROJ == PG_CUDA_LORA_MAX_PROJ, "one projection limit");
+
+static int cu_lora_apply_dev(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *norm, float eps,
+                             const int32_t *row_slot, const pg_lora_dev_slot *const *tables, const int64_t *cols,
+                             int32_t n_proj, int32_t max_rank, void *ws, size_t ws_bytes) {
+    PG_ARG(x.dtype == PG_DTYPE_BF16 && out.dtype == PG_DTYPE_BF16, "cuda lora_apply_dev: needs bf16 rows");
+    PG_ARG(out.rows == x.rows, "cuda lora_apply_dev: %lld output rows for %lld", (long long)out.rows,
+           (long long)x.rows);
+    int64_t total = 0;
+    for (int32_t p = 0; p < n_proj && p < PG_LORA_DEV_MAX_PROJ; p++) total += cols[p];
+    PG_ARG(total == out.cols, "cuda lora_apply_dev: the projections' %lld columns, out has %lld", (long long)total,
+           (long long)out.cols);
+    PG_ARG(!norm || (norm->dtype == PG_DTYPE_BF16 && norm->rows * norm->cols == x.cols),
+           "cuda lora_apply_dev: the norm weight is not bf16 [%lld]", (long long)x.cols);
+    return pg_cuda_lora_apply_dev(out.data, out.stride, x.data, x.stride, x.rows, x.cols, norm ? wdata(norm) : nullptr,
+                                  eps, cols, n_proj, row_slot,
+                                  (const pg_cuda_lora_dev_slot *const *)tables, max_rank, ws, ws_bytes,
+                                  ctx_of(b)->stream);
+}
+
+// The entries go through a host copy in the launcher's form; bf16 adapters
+// only (what the kernels read), checked here, at load.
+static int cu_lora_table_write(pg_backend *b, pg_lora_dev_slot *dst, const pg_lora_slot *src, int64_t n) {
+    PG_ARG(n >= 0 && (n == 0 || (dst && src)), "cuda lora_table_write: %lld entries", (long long)n);
+    pg_cuda_lora_dev_slot *h = (pg_cuda_lora_dev_slot *)calloc((size_t)(n ? n : 1), sizeof *h);
+    if (!h) return pg_err_set(PG_ENOMEM, "cuda lora_table_write: %lld entries", (long long)n);
+    int rc = 0;
+    for (int64_t i = 0; i < n && rc == 0; i++) {
+        const pg_bweight *a = src[i].a, *bw = src[i].b;
+        if (!a) continue;
+        if (!bw || a->dtype != PG_DTYPE_BF16 || bw->dtype != PG_DTYPE_BF16 || a->rows < 1 ||
+            a->rows > PG_CUDA_LORA_MAX_RANK) {
+            rc = pg_err_set(PG_EUNSUPP, "cuda lora_table_write: entry %lld: %s adapter of rank %lld; the GPU runs "
+                                        "bf16 adapters of rank 1 to %d", (long long)i,
+                            pg_dtype_name(bw && a->dtype == PG_DTYPE_BF16 ? bw->dtype : a->dtype),
+                            (long long)a->rows, PG_CUDA_LORA_MAX_RANK);
+            break;
+        }
+        h[i] = (pg_cuda_lora_dev_slot){wdata(a), wdata(bw), (int32_t)a->rows, src[i].scale};
+    }
+    if (rc == 0) rc = pg_cuda_lora_table_write((pg_cuda_lora_dev_slot *)dst, h, n, ctx_of(b)->stream);
+    free(h);
+    return rc;
 }
 
 static int cu_sample(pg_backend *b, pg_sample_out *out, pg_tensor logits, const pg_sample_params *params,
@@ -623,6 +678,8 @@ const pg_backend_ops pg_cuda_ops_table = {
     .moe_workspace_bytes = cu_moe_ws,
     .lora_apply = cu_lora_apply, // lora.cu
     .lora_workspace_bytes = cu_lora_ws,
+    .lora_apply_dev = cu_lora_apply_dev, // lora_graph.cu
+    .lora_table_write = cu_lora_table_write,
     .head_rmsnorm = cu_head_rmsnorm,
     .rope_kv_write = cu_rope_kv_write,
     .attention = cu_attention,

@@ -401,8 +401,8 @@ int pg_cuda_moe_routing(int32_t *sel, float *w, const void *ws, int64_t m, int64
 // whose parameters carry them (no host buffer outlives the call, no
 // synchronisation). Because those values are baked into the launches,
 // neither call is graph-safe: under stream capture both return PG_EUNSUPP
-// without enqueueing anything (the runner runs LoRA steps eagerly:
-// engine/runner/runner.c takes no graph when a step has LoRA rows).
+// without enqueueing anything (graph steps take pg_cuda_lora_apply_dev,
+// below; the runner runs the others eagerly).
 // Limits: rank <= PG_CUDA_LORA_MAX_RANK (else PG_EUNSUPP), dtype
 // PG_DTYPE_BF16 for every slot a row names (else PG_EUNSUPP: the CUDA
 // backend's weight_upload turns f32/f16 adapters into bf16; FP8/int4
@@ -415,6 +415,7 @@ int pg_cuda_moe_routing(int32_t *sel, float *w, const void *ws, int64_t m, int64
 #define PG_CUDA_LORA_MAX_RANK 64
 #define PG_CUDA_LORA_TILE_ROWS 32 // rows of one adapter sharing each weight load
 #define PG_CUDA_LORA_KSPLIT 2048  // the shrink's k per CTA; the expand sums the parts
+#define PG_CUDA_LORA_MAX_PROJ 3   // projections of one pg_cuda_lora_apply_dev (below)
 typedef struct pg_cuda_lora_slot {
     const void *a, *b; // device; a NULL: the adapter leaves this projection alone
     int32_t rank;      // a's rows = b's columns
@@ -445,11 +446,71 @@ static inline size_t pg_cuda_lora_stage_size(int64_t max_rows) {
     const size_t tiles = (m + PG_CUDA_LORA_TILE_ROWS - 1) / PG_CUDA_LORA_TILE_ROWS + PG_CUDA_LORA_MAX_SLOTS;
     return (m + 255) / 256 * 256 + (4 * m + 255) / 256 * 256 + (8 * tiles + 255) / 256 * 256;
 }
+// pg_cuda_lora_apply_dev's (below): its shrink's parts, [chunks of
+// PG_CUDA_LORA_DEV_KCHUNK columns][rows][projections][max rank] floats,
+// then a float per row (the inverse RMS).
+#define PG_CUDA_LORA_DEV_KCHUNK 1024
+static inline size_t pg_cuda_lora_dev_workspace_size(int64_t rows, int64_t in, int32_t n_proj, int32_t max_rank) {
+    if (rows <= 0 || in <= 0) return 0;
+    const size_t chunks = ((size_t)in + PG_CUDA_LORA_DEV_KCHUNK - 1) / PG_CUDA_LORA_DEV_KCHUNK;
+    return (chunks * (size_t)rows * (size_t)n_proj * (size_t)max_rank + (size_t)rows) * sizeof(float);
+}
+// Enough for both ops over rows of up to max_in columns: the stage, then
+// the larger of the grouped shrink's parts and the graph-safe op's for
+// PG_CUDA_LORA_MAX_PROJ projections (the latter, always).
 static inline size_t pg_cuda_lora_workspace_size(int64_t max_rows, int64_t max_in, int32_t max_rank) {
     if (max_rows <= 0 || max_rank <= 0 || max_in <= 0) return 0;
-    const size_t splits = ((size_t)max_in + PG_CUDA_LORA_KSPLIT - 1) / PG_CUDA_LORA_KSPLIT;
-    return pg_cuda_lora_stage_size(max_rows) + splits * (size_t)max_rows * (size_t)max_rank * sizeof(float);
+    return pg_cuda_lora_stage_size(max_rows) +
+           pg_cuda_lora_dev_workspace_size(max_rows, max_in, PG_CUDA_LORA_MAX_PROJ, max_rank);
 }
+
+// Graph-safe LoRA (lora_graph.cu; docs/lora.md "Graph-safe LoRA"): the
+// batched product above with every value a launch would bake in kept in
+// device memory instead, so that a captured graph serves any mix of
+// adapters and any adapter loaded later:
+//   - row_slot_dev: DEVICE int32 [m], each row's slot (-1: none; a
+//     graph bucket's pad rows are -1); the runner uploads it with the
+//     step's other inputs;
+//   - tables[p]: DEVICE arrays of n_slots pg_cuda_lora_dev_slot, one per
+//     projection p < n_proj (engine/model/lora.c writes them with
+//     pg_cuda_lora_table_write whenever a slot changes); a slot's entry
+//     with a NULL `a` leaves that projection alone; the host array of the
+//     n_proj pointers travels by value.
+// Up to PG_CUDA_LORA_MAX_PROJ projections that read the same x and write
+// adjacent column ranges of out run in one shrink and one expand launch:
+// projection p owns out's columns [c0_p, c0_p + cols[p]) with c0_0 = 0
+// (Q|K|V: q_dim, kv_dim, kv_dim; gate|up: ffn, ffn). For each row i with
+// s = row_slot_dev[i] >= 0 and tables[p][s].a non-NULL:
+//   xn = x[i] * norm_w * rsqrt(mean(x[i]^2) + eps)   (norm_w bf16 [in]; NULL: xn = x[i])
+//   t = xn . a^T (f32), out[i][c0_p + j] = bf16(out + scale * t . b[j]),
+// in f32 (the norm is the RMSNorm a fused base product applied to x, so
+// the caller need not write the normed rows out: the shrink reads x and
+// w, and one of its CTAs per row takes the sum of squares). The shrink
+// runs in chunks of PG_CUDA_LORA_DEV_KCHUNK columns, one CTA each, whose
+// parts the expand sums in order. Sums in a fixed order: a row's values
+// depend only on it and its adapter; they differ from pg_cuda_lora_apply's
+// by the order of the shrink's f32 sums. max_rank: the
+// largest rank any slot may hold (--max-lora-rank; the kernels' t stride
+// and grid do not depend on which adapters the rows name); an entry of a
+// larger rank is cut to max_rank (the loader refuses such adapters).
+// Nothing here reads host memory after the call or synchronises: safe
+// under stream capture. ws: at least pg_cuda_lora_dev_workspace_size(m,
+// in, n_proj, max_rank) bytes (pg_cuda_lora_workspace_size(m, in,
+// max_rank) is enough), 4-byte aligned.
+typedef struct pg_cuda_lora_dev_slot {
+    const void *a, *b; // device bf16; a NULL: this projection is left alone
+    int32_t rank;
+    float scale;
+} pg_cuda_lora_dev_slot;
+int pg_cuda_lora_apply_dev(void *out, int64_t ldo, const void *x, int64_t ldx, int64_t m, int64_t in,
+                           const void *norm_w, float eps, const int64_t *cols, int32_t n_proj,
+                           const int32_t *row_slot_dev, const pg_cuda_lora_dev_slot *const *tables, int32_t max_rank,
+                           void *ws, size_t ws_bytes, void *stream);
+// Writes n host entries to the device table dst, after the work queued on
+// `stream` so far (steps that read the old entries) has finished: a
+// synchronous copy, for adapter loads and evictions, never under capture.
+int pg_cuda_lora_table_write(pg_cuda_lora_dev_slot *dst, const pg_cuda_lora_dev_slot *src, int64_t n,
+                             void *stream);
 
 // Row gather: out[i][0:dim] = table[ids[i]][0:dim] for i < m; an id outside
 // [0, n_rows) gives a zero row. Embedding lookup, and the gather of the

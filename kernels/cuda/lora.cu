@@ -40,7 +40,9 @@
 // and its slot, summed in a fixed order: the same bits for any batch.
 //
 // Not graph-safe (the staged slots and the table are values baked into the
-// launches): under stream capture the launchers refuse (PG_EUNSUPP).
+// launches): under stream capture the launchers refuse (PG_EUNSUPP). The
+// decode graphs take lora_graph.cu's op, whose rows and table live in
+// device memory.
 #include <limits.h>
 #include <stdlib.h>
 

@@ -35,6 +35,10 @@
 // adapters, more than PG_CUDA_LORA_MAX_SLOTS slots, no or a too small
 // workspace, and any call under stream capture (not graph-safe, by
 // contract); rows all -1 need no workspace and write nothing.
+// "lora graph": the graph-safe op (pg_cuda_lora_apply_dev) against the
+// fp64 reference (with the fused RMSNorm), and its replays from one
+// captured graph over two slot patterns and a rewritten table bit for bit
+// against its eager runs (graph_case below).
 //
 // Usage: build/gpu/test_cuda_lora [-k FILTER]   exit 0 pass, 1 fail, 77 no GPU.
 #include <stdlib.h>
@@ -238,6 +242,247 @@ static void staged_case() {
     report(name, diff_staged == 0 && diff_null == 0 && diff_alone == 0 && moved > m * sh.ldo / 4, detail);
 }
 
+// Graph-safe LoRA (pg_cuda_lora_apply_dev, kernels/cuda/lora_graph.cu).
+// dev_ref: the fp64 reference of one call over projections side by side,
+// checked as run_case checks: |gpu - ref| <= BOUND of each adapter row's
+// largest |ref|, and every bit outside the adapter rows' projection
+// columns unchanged. src[p][s]: the adapter slot whose pair (and scale)
+// slot s holds for projection p, -1: none. nw: the norm weight or empty.
+struct DevRef {
+    double worst = 0, dmax = 0, rmax = 0;
+    int64_t changed = 0;
+};
+static DevRef dev_ref(const std::vector<uint16_t> &o, const std::vector<uint16_t> &g, const std::vector<uint16_t> &x,
+                      int64_t ldx, int64_t in, const std::vector<uint16_t> &nw, float eps, const int32_t *pat,
+                      int64_t m, int np, const int64_t *cols, int64_t ldo, int64_t col0,
+                      const std::vector<std::unique_ptr<Adapters>> &ad, const int (*src)[N_SLOTS]) {
+    DevRef d;
+    std::vector<uint8_t> mine((size_t)(m * ldo), 0);
+    for (int64_t i = 0; i < m; i++) {
+        const int s = pat[i];
+        if (s < 0) continue;
+        std::vector<double> xn((size_t)in);
+        double ss = 0;
+        for (int64_t k = 0; k < in; k++) ss += (double)bf2f(x[(size_t)(i * ldx + k)]) * bf2f(x[(size_t)(i * ldx + k)]);
+        const double inv = nw.empty() ? 1.0 : 1.0 / sqrt(ss / (double)in + (double)eps);
+        for (int64_t k = 0; k < in; k++)
+            xn[(size_t)k] = (double)bf2f(x[(size_t)(i * ldx + k)]) * inv * (nw.empty() ? 1.0 : bf2f(nw[(size_t)k]));
+        for (int p = 0, c0 = (int)col0; p < np; c0 += (int)cols[p], p++) {
+            const int a_s = src[p][s];
+            if (a_s < 0 || !k_rank[a_s]) continue;
+            const Adapters &A = *ad[(size_t)p];
+            const int R = k_rank[a_s];
+            std::vector<double> t((size_t)R);
+            for (int q = 0; q < R; q++) {
+                double acc = 0;
+                for (int64_t k = 0; k < in; k++) acc += xn[(size_t)k] * bf2f(A.a[a_s][(size_t)(q * in + k)]);
+                t[(size_t)q] = (double)(float)acc;
+            }
+            double err = 0, rmax = 0, dmax = 0;
+            for (int64_t j = 0; j < cols[p]; j++) {
+                double y = 0;
+                for (int q = 0; q < R; q++) y += t[(size_t)q] * bf2f(A.b[a_s][(size_t)(j * R + q)]);
+                const size_t at = (size_t)(i * ldo + c0 + j);
+                mine[at] = 1;
+                const double ref = (double)bf2f(o[at]) + (double)k_scale[a_s] * y, gv = bf2f(g[at]);
+                err = std::max(err, std::isnan(gv) ? INFINITY : fabs(gv - ref));
+                rmax = std::max(rmax, fabs(ref));
+                dmax = std::max(dmax, fabs((double)k_scale[a_s] * y));
+            }
+            d.worst = std::max(d.worst, err / rmax);
+            d.rmax = std::max(d.rmax, rmax);
+            d.dmax = std::max(d.dmax, dmax);
+        }
+    }
+    for (size_t at = 0; at < o.size(); at++) d.changed += !mine[at] && g[at] != o[at];
+    return d;
+}
+
+// Three projections side by side (a Q|K|V row of 4096 -> 2048 | 512 | 512,
+// 16 columns past them that nothing may touch; projection K's table has no
+// `a` in slot 1, as an adapter on q and v only), the rows' slots and the
+// tables in device memory, the adapters reading rmsnorm(x, w): run
+// eagerly against the fp64 reference for two slot patterns and after slot
+// 0's entries were rewritten (slot 2's pairs: an adapter loaded later);
+// one graph captured once and replayed over the same three, bit for bit
+// against the eager runs (the rows rewritten in device memory between
+// replays, as the runner's upload does); the unaligned 96 -> 40 shape
+// (scalar paths) as one projection without a norm, at rank 8 and 64
+// launches (max_rank 8 cuts slot 3's rank 64 to 8: by contract, the
+// loader refuses such adapters; the reference is checked at 64 only).
+// Then its refusals.
+static void graph_case() {
+    if (!selected("lora graph")) return;
+    constexpr int NP = 3;
+    const int64_t in = 4096, cols[NP] = {2048, 512, 512}, ldo = 3072 + 16, m = 8;
+    const float eps = 1e-5f;
+    std::vector<std::unique_ptr<Adapters>> ad;
+    for (int p = 0; p < NP; p++) ad.emplace_back(new Adapters(in, cols[p], 7000 + p));
+    int src[NP][N_SLOTS], src2[NP][N_SLOTS];
+    pg_cuda_lora_dev_slot dev[NP][N_SLOTS];
+    auto fill = [&](const int (*sr)[N_SLOTS]) {
+        for (int p = 0; p < NP; p++)
+            for (int s = 0; s < N_SLOTS; s++) {
+                const int a = sr[p][s];
+                const Adapters &A = *ad[(size_t)p];
+                dev[p][s] = a >= 0 && k_rank[a] ? pg_cuda_lora_dev_slot{A.da[a]->p, A.db[a]->p, k_rank[a], k_scale[a]}
+                                                : pg_cuda_lora_dev_slot{nullptr, nullptr, 0, 1.0f};
+            }
+    };
+    for (int p = 0; p < NP; p++)
+        for (int s = 0; s < N_SLOTS; s++) src[p][s] = p == 1 && s == 1 ? -1 : s;
+    for (int p = 0; p < NP; p++)
+        for (int s = 0; s < N_SLOTS; s++) src2[p][s] = s == 0 ? src[p][2] : src[p][s];
+    std::vector<std::unique_ptr<DBuf>> dtab;
+    for (int p = 0; p < NP; p++) dtab.emplace_back(new DBuf(sizeof dev[p]));
+    auto write_tables = [&](const int (*sr)[N_SLOTS]) {
+        fill(sr);
+        for (int p = 0; p < NP; p++)
+            PK(pg_cuda_lora_table_write((pg_cuda_lora_dev_slot *)dtab[(size_t)p]->p, dev[p], N_SLOTS, nullptr));
+    };
+    write_tables(src);
+    const pg_cuda_lora_dev_slot *tabs[NP] = {(const pg_cuda_lora_dev_slot *)dtab[0]->p,
+                                             (const pg_cuda_lora_dev_slot *)dtab[1]->p,
+                                             (const pg_cuda_lora_dev_slot *)dtab[2]->p};
+    Rng r(31);
+    std::vector<uint16_t> x((size_t)(m * in)), o((size_t)(m * ldo)), nw((size_t)in);
+    for (auto &v : x) v = f2bf((float)(3.0 * r.normal())); // rms 3: the norm matters
+    for (auto &v : o) v = f2bf((float)r.normal());
+    for (auto &v : nw) v = f2bf((float)(1.0 + 0.2 * r.normal()));
+    const int32_t pat_a[m] = {0, 1, -1, 2, 3, 4, 5, 1}, pat_b[m] = {3, -1, 1, 1, 0, 2, -1, 0};
+    const size_t wsb = pg_cuda_lora_workspace_size(m, in, 64);
+    DBuf dx, dnw, dgo, rows(m * 4), ws(wsb);
+    dx.up(x), dnw.up(nw);
+    auto dev_call = [&](cudaStream_t st) {
+        return pg_cuda_lora_apply_dev(dgo.p, ldo, dx.p, in, m, in, dnw.p, eps, cols, NP, (const int32_t *)rows.p, tabs,
+                                      64, ws.p, wsb, st);
+    };
+    auto got = [&]() {
+        CK(cudaDeviceSynchronize());
+        std::vector<uint16_t> g(o.size());
+        dgo.down(g);
+        return g;
+    };
+    auto set_rows = [&](const int32_t *pat) { CK(cudaMemcpy(rows.p, pat, m * 4, cudaMemcpyHostToDevice)); };
+    auto eager = [&](const int32_t *pat) {
+        dgo.up(o), set_rows(pat);
+        PK(dev_call(nullptr));
+        return got();
+    };
+    auto differ = [&](const std::vector<uint16_t> &a, const std::vector<uint16_t> &b) {
+        int64_t d = 0;
+        for (size_t i = 0; i < a.size(); i++) d += a[i] != b[i];
+        return d;
+    };
+    const std::vector<uint16_t> ga = eager(pat_a), gb = eager(pat_b);
+    const DevRef ra = dev_ref(o, ga, x, in, in, nw, eps, pat_a, m, NP, cols, ldo, 0, ad, src);
+    const DevRef rb = dev_ref(o, gb, x, in, in, nw, eps, pat_b, m, NP, cols, ldo, 0, ad, src);
+    // One capture, replayed over both patterns.
+    cudaStream_t cs;
+    CK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    CK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeRelaxed));
+    const int rc_cap = dev_call(cs);
+    const int rc_tw = pg_cuda_lora_table_write((pg_cuda_lora_dev_slot *)dtab[0]->p, dev[0], N_SLOTS, cs);
+    cudaGraph_t graph;
+    CK(cudaStreamEndCapture(cs, &graph));
+    cudaGraphExec_t exec;
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    auto replay = [&](const int32_t *pat) {
+        dgo.up(o), set_rows(pat);
+        CK(cudaGraphLaunch(exec, cs));
+        CK(cudaStreamSynchronize(cs));
+        return got();
+    };
+    const int64_t d_ga = differ(replay(pat_a), ga), d_gb = differ(replay(pat_b), gb);
+    // Slot 0 now holds slot 2's pairs in every projection: the same graph.
+    write_tables(src2);
+    const std::vector<uint16_t> gc = eager(pat_b);
+    const DevRef rc = dev_ref(o, gc, x, in, in, nw, eps, pat_b, m, NP, cols, ldo, 0, ad, src2);
+    const int64_t d_gc = differ(replay(pat_b), gc), moved = differ(gc, gb);
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    CK(cudaStreamDestroy(cs));
+    const bool moved_ok = ra.dmax > 0.1 * ra.rmax && rb.dmax > 0.1 * rb.rmax && moved > 0;
+    char detail[320];
+    snprintf(detail, sizeof detail, "max_rel %.3e / %.3e / %.3e (bound %.0e), bits changed outside %lld; replays "
+             "differ %lld / %lld / %lld; capture %d, table write in capture %d", ra.worst, rb.worst, rc.worst, BOUND,
+             (long long)(ra.changed + rb.changed + rc.changed), (long long)d_ga, (long long)d_gb, (long long)d_gc,
+             rc_cap, rc_tw);
+    report("lora graph: Q|K|V with the norm, eager / replayed / new table",
+           ra.worst <= BOUND && rb.worst <= BOUND && rc.worst <= BOUND && ra.changed + rb.changed + rc.changed == 0 &&
+               d_ga == 0 && d_gb == 0 && d_gc == 0 && moved_ok && rc_cap == 0 && rc_tw == PG_EUNSUPP,
+           detail);
+
+    // The unaligned shape as one projection, no norm.
+    {
+        const Shape sh = {"96->40 x ld 101, cols 3..43 of 70", 96, 40, 101, 70, 3};
+        std::vector<std::unique_ptr<Adapters>> au;
+        au.emplace_back(new Adapters(sh.in, sh.out, 555));
+        int su[1][N_SLOTS];
+        pg_cuda_lora_dev_slot du[N_SLOTS];
+        for (int s = 0; s < N_SLOTS; s++) {
+            su[0][s] = s;
+            du[s] = k_rank[s] ? pg_cuda_lora_dev_slot{au[0]->da[s]->p, au[0]->db[s]->p, k_rank[s], k_scale[s]}
+                              : pg_cuda_lora_dev_slot{nullptr, nullptr, 0, 1.0f};
+        }
+        DBuf dtu(sizeof du), ux, uo, urows(m * 4);
+        PK(pg_cuda_lora_table_write((pg_cuda_lora_dev_slot *)dtu.p, du, N_SLOTS, nullptr));
+        std::vector<uint16_t> xu((size_t)(m * sh.ldx)), ou((size_t)(m * sh.ldo)), gu(ou.size()), none;
+        for (auto &v : xu) v = f2bf((float)r.normal());
+        for (auto &v : ou) v = f2bf((float)r.normal());
+        ux.up(xu), uo.up(ou);
+        CK(cudaMemcpy(urows.p, pat_a, m * 4, cudaMemcpyHostToDevice));
+        const pg_cuda_lora_dev_slot *tu = (const pg_cuda_lora_dev_slot *)dtu.p;
+        PK(pg_cuda_lora_apply_dev(uo.as<uint16_t>() + sh.col0, sh.ldo, ux.p, sh.ldx, m, sh.in, nullptr, 0.0f, &sh.out,
+                                  1, (const int32_t *)urows.p, &tu, 64, ws.p, wsb, nullptr));
+        CK(cudaDeviceSynchronize());
+        uo.down(gu);
+        const DevRef ru = dev_ref(ou, gu, xu, sh.ldx, sh.in, none, 0.0f, pat_a, m, 1, &sh.out, sh.ldo, sh.col0, au, su);
+        // rank 8 launches: slot 3 (rank 64) cut to 8 by contract; nothing past the columns or rows moves.
+        uo.up(ou);
+        PK(pg_cuda_lora_apply_dev(uo.as<uint16_t>() + sh.col0, sh.ldo, ux.p, sh.ldx, m, sh.in, nullptr, 0.0f, &sh.out,
+                                  1, (const int32_t *)urows.p, &tu, 8, ws.p, wsb, nullptr));
+        CK(cudaDeviceSynchronize());
+        std::vector<uint16_t> g8(ou.size());
+        uo.down(g8);
+        int64_t outside8 = 0;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < sh.ldo; j++) {
+                const bool view = pat_a[i] >= 0 && k_rank[pat_a[i]] && j >= sh.col0 && j < sh.col0 + sh.out;
+                outside8 += !view && g8[(size_t)(i * sh.ldo + j)] != ou[(size_t)(i * sh.ldo + j)];
+            }
+        snprintf(detail, sizeof detail, "max_rel %.3e (bound %.0e), delta/ref %.2f, bits changed outside %lld (rank-8 "
+                 "launch %lld)", ru.worst, BOUND, ru.rmax > 0 ? ru.dmax / ru.rmax : 0.0, (long long)ru.changed,
+                 (long long)outside8);
+        report("lora graph: 96->40 unaligned, one projection",
+               ru.worst <= BOUND && ru.changed == 0 && ru.dmax > 0.1 * ru.rmax && outside8 == 0, detail);
+    }
+
+    // Refusals of the dev op write nothing.
+    CK(cudaMemset(dgo.p, 0x5a, dgo.n));
+    set_rows(pat_a);
+    const int64_t four[4] = {1024, 1024, 512, 512};
+    const int64_t wide[NP] = {2048, 512, 512 + 17};
+    const pg_cuda_lora_dev_slot *tabs_null[NP] = {tabs[0], nullptr, tabs[2]};
+    auto dev_with = [&](const int64_t *c, int32_t n, const pg_cuda_lora_dev_slot *const *t, int32_t rank, size_t wb) {
+        return pg_cuda_lora_apply_dev(dgo.p, ldo, dx.p, in, m, in, dnw.p, eps, c, n, (const int32_t *)rows.p, t, rank,
+                                      ws.p, wb, nullptr);
+    };
+    const Refusal c[] = {
+        {"dev: 0 projections", dev_with(cols, 0, tabs, 64, wsb), PG_EINVAL},
+        {"dev: 4 projections", dev_with(four, 4, tabs, 64, wsb), PG_EINVAL},
+        {"dev: max rank 65", dev_with(cols, NP, tabs, 65, wsb), PG_EINVAL},
+        {"dev: a NULL table", dev_with(cols, NP, tabs_null, 64, wsb), PG_EINVAL},
+        {"dev: columns past ldo", dev_with(wide, NP, tabs, 64, wsb), PG_EINVAL},
+        {"dev: small workspace", dev_with(cols, NP, tabs, 64, pg_cuda_lora_workspace_size(m, in, 64) / 4), PG_EINVAL},
+        {"dev: m = 0", pg_cuda_lora_apply_dev(dgo.p, ldo, dx.p, in, 0, in, nullptr, 0.0f, cols, NP, nullptr, tabs, 64,
+                                              nullptr, 0, nullptr), 0},
+    };
+    std::string rdetail;
+    const bool rok = refusals_ok(dgo, c, rdetail);
+    report("lora graph: refusals", rok, rdetail.c_str());
+}
+
 static void refusals() {
     if (!selected("lora refusals")) return;
     const Adapters ad(64, 32, 99);
@@ -317,6 +562,7 @@ int main(int argc, char **argv) {
         staged_case();
     }
     unsetenv("PAGED_CUDA_LORA_SGMV");
+    graph_case();
     refusals();
     CK(cudaDeviceSynchronize());
     printf("%s: %d passed, %d failed\n", g_fail ? "FAIL" : "PASS", g_ok, g_fail);

@@ -40,9 +40,12 @@
 // one slot each; tests/gpu/make_lora_adapters.py writes some) and sequence
 // k (A B C D F = 0..4; E, forked from B, as B) asks for adapter
 // k % (n + 1) (0: none), so steps mix rows of every adapter with rows of
-// none; the GPU runs such steps eagerly (no graph: its lora_apply refuses
-// capture), the CPU its own lora_apply. Same checks and bounds
-// (docs/lora.md, "On CUDA").
+// none; the GPU runs its steps that mix prefill rows in eagerly (lora_apply
+// over the host rows) and its decode-only steps (4 to 23) as replays of
+// the LoRA set's graphs (lora_apply_dev over the rows and the slot table
+// in device memory, engine/runner/runner_graphs.c), the CPU its own
+// lora_apply. Same checks and bounds (docs/lora.md, "On CUDA" and
+// "Graph-safe LoRA").
 //
 // Both execute the same hand-made plans over 24 steps: prefills of
 // several lengths in one step, a prompt chunked over four steps next to
@@ -238,6 +241,7 @@ int main(int argc, char **argv) {
            ms.device, ms.weights / 1048576.0, ms.workspace / 1048576.0,
            ms.workspace_buffers / 1048576.0, ms.kv / 1048576.0, ms.n_graphs,
            ms.graphs / 1048576.0, ms.graphs_reserved / 1048576.0, ms.other / 1048576.0);
+    const int32_t graphs0 = ms.n_graphs;
 
     // A 37, B 16, C 5 (repetition penalty, swapped at step 10), D 100 (chunked, EOS/stop ids
     // banned), F 700 (chunked over 4 steps: split-K decode afterwards), E forked from B at step 12.
@@ -420,6 +424,15 @@ int main(int argc, char **argv) {
         printf("\n");
         for (int i = 0; i < n; i++) S[idx[i]].computed += ps[i].n_tokens;
     }
+    // With adapters, the decode-only steps replayed graphs of the LoRA set,
+    // captured on their first use (engine/runner/runner_graphs.c): a
+    // capture that failed would have left them eager, unchecked here.
+    pg_runner_mem_get(gpu, &ms);
+    const bool graphs_ok = !n_lora || !pg_runner_graphs_wanted(PG_GRAPHS_STARTUP) || ms.n_graphs > graphs0;
+    printf("graphs: %d after the steps, %d at start-up%s%s\n", ms.n_graphs, graphs0,
+           n_lora ? " (those since: the LoRA set's, captured on first use)" : "",
+           graphs_ok ? "" : "; FAIL: no LoRA graph was captured");
+    if (!graphs_ok) failed = 1;
     bool tok_ok = hard_mismatches == 0, err_ok = worst <= tol, lp_ok = lp_bad == 0;
     printf("%s: worst logits rel. error %.2e (mean %.2e over %d rows, bound %.1e); token "
            "mismatches %d (%d with a CPU top-2 gap > %g); logprob mismatches %d\n",

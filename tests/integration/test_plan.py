@@ -300,9 +300,11 @@ def test_gpu_lora_workspace():
     # pg_cuda_lora_workspace_size (kernels/cuda/cuda_ops.h) for
     # max_num_batched_tokens rows: the staged slots (bytes), the rows sorted
     # by slot (int32), the tiles (8 bytes, one per 32 rows plus one per
-    # slot), each to 256, then the shrink's parts, one [rows][max rank] of
-    # floats per 2,048 columns of the widest input (the FFN's 14,336: 7);
-    # nothing else moves (no adapter named: no weights).
+    # slot), each to 256, then the graph-safe op's shrink parts (which
+    # cover the grouped shrink's too): one [rows][max rank] of floats per
+    # 1,024 columns of the widest input (the FFN's 14,336: 14) for each of
+    # three projections, and a float per row; the slot table and the graph
+    # reserve move too (below).
     base = ["--device", "cuda", "--device-memory", "141G", "--load-format", "dummy", "--hf-config", SHAPE]
     cfg = json.load(open(SHAPE))
     width = max(cfg["hidden_size"], cfg["intermediate_size"], cfg["num_attention_heads"] * cfg.get(
@@ -312,13 +314,21 @@ def test_gpu_lora_workspace():
     for rank in (16, 64):
         _, b = plan_json(*base, "--enable-lora", "--max-loras", "4", "--max-lora-rank", str(rank), model=False)
         t = b["plan"]["max_num_batched_tokens"]
-        want = up(t) + up(4 * t) + up(8 * (-(-t // 32) + 64)) + -(-width // 2048) * t * rank * 4
+        want = up(t) + up(4 * t) + up(8 * (-(-t // 32) + 64)) + (3 * -(-width // 1024) * t * rank + t) * 4
         ra, rb = a["plan"]["ranks"][0], b["plan"]["ranks"][0]
         grown = rb["workspace_buffers_bytes"] - ra["workspace_buffers_bytes"]
         print(f"  cuda, --max-lora-rank {rank}: LoRA workspace {grown} B for {t} rows (want {want})")
         assert grown == want, (grown, want, t)
-        assert rb["workspace_extra_bytes"] == ra["workspace_extra_bytes"] and rb["lora_bytes"] == 0, (ra, rb)
-        assert rb["weights_bytes"] == ra["weights_bytes"], (ra, rb)
+        # No adapter named: no adapter weights, only the slot table in device
+        # memory that the decode graphs' LoRA reads (engine/model/lora.c): 24
+        # bytes per (layer, projection, slot).
+        table = cfg["num_hidden_layers"] * 7 * 4 * 24
+        assert rb["workspace_extra_bytes"] == ra["workspace_extra_bytes"] and rb["lora_bytes"] == table, (ra, rb)
+        assert rb["weights_bytes"] == ra["weights_bytes"] + table, (ra, rb)
+        # Graphs: a second set of buckets with the adapters' kernels in
+        # (engine/runner/runner_graphs.c), so twice the reserve past its 16 MiB.
+        mib16 = 16 << 20
+        assert rb["graphs_bytes"] - mib16 == 2 * (ra["graphs_bytes"] - mib16), (ra, rb)
     # The CPU's own figure (kernels/cpu/lora.c) still counts.
     _, c0 = plan_json()
     _, c1 = plan_json("--enable-lora")

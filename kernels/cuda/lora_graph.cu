@@ -1,0 +1,280 @@
+// kernels/cuda/lora_graph.cu - graph-safe batched LoRA (cuda_ops.h
+// pg_cuda_lora_apply_dev / pg_cuda_lora_table_write; docs/lora.md
+// "Graph-safe LoRA"): lora.cu's BGMV arithmetic with the rows' slots and
+// the slot tables in device memory, so a captured decode graph serves any
+// mix of adapters, and adapters loaded after the capture.
+//
+//   shrink  grid (rows, projections, chunks of KCHUNK columns): a CTA's
+//           threads take one 8-column piece of x each, for all the ranks at
+//           once (one load of x, `rank` independent loads of A: the chunk
+//           of A is in flight in one round trip, where lora.cu's BGMV has
+//           one CTA walk a row's whole A a rank a warp), then the block
+//           sums its threads' parts in a fixed order into parts[chunk];
+//           with a norm weight w the pieces are x * w, and CTA (row, 0, 0)
+//           also takes the row's inverse RMS, rsqrt(mean(x^2) + eps): the
+//           RMSNorm the base product fused, applied by the expand
+//   expand  grid (rows, columns / 256) over the projections' columns side
+//           by side: t[i][p] = the chunks' parts summed in order (times the
+//           inverse RMS); each thread finds its projection by column and
+//           writes bf16(out + scale * t[i][p] . b[j]), t in shared memory
+//
+// Q, K and V read the same normed rows and write adjacent columns of the
+// Q|K|V output, as gate and up do of gate|up: one shrink and one expand
+// launch cover all of them, so a Llama layer's LoRA is 8 launches (QKV,
+// O, gate|up, down) where lora.cu's BGMV takes 21.
+//
+// The grid depends only on the rows and the columns: a row whose slot is
+// -1, or whose slot's entry has no `a` for a projection, leaves at once
+// (the shrink's CTA; the expand's threads of that projection). Every sum
+// runs in a fixed order: a row's values depend only on the row and its
+// adapter (the same bits in any batch, eager or replayed); they differ
+// from lora.cu's BGMV by the order of the shrink's f32 sums.
+#include <limits.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace {
+
+constexpr int THREADS = 256;  // the expand's
+constexpr int STHREADS = 128; // the shrink's: one 8-column piece each per chunk
+constexpr int KCHUNK = PG_CUDA_LORA_DEV_KCHUNK;
+constexpr int NPROJ = PG_CUDA_LORA_MAX_PROJ;
+
+using DevSlot = pg_cuda_lora_dev_slot;
+
+// The projections of one launch: their tables and first columns (c0[n]:
+// every column).
+struct Proj {
+    const DevSlot *tab[NPROJ];
+    int64_t c0[NPROJ + 1];
+    int n;
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// A row's inverse RMS over all `in` columns of x into rms[i] (block-wide;
+// every thread of the block calls it).
+__device__ __forceinline__ void row_rms(float *rms, int64_t i, const bf16 *xr, int64_t in, float eps, bool vec,
+                                        float (*red)[PG_CUDA_LORA_MAX_RANK + 1]) {
+    float ss = 0.f;
+    if (vec) {
+        for (int64_t k = (int64_t)threadIdx.x * 8; k < in; k += STHREADS * 8) {
+            float xf[8];
+            pg_unpack8(*reinterpret_cast<const uint4 *>(xr + k), xf);
+#pragma unroll
+            for (int q = 0; q < 8; q++) ss = fmaf(xf[q], xf[q], ss);
+        }
+    } else {
+        for (int64_t k = threadIdx.x; k < in; k += STHREADS) {
+            const float v = __bfloat162float(xr[k]);
+            ss = fmaf(v, v, ss);
+        }
+    }
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5][0] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < STHREADS / 32; w++) v += red[w][0];
+        rms[i] = rsqrtf(v / (float)in + eps);
+    }
+    __syncthreads(); // red is reused
+}
+
+// parts[((c * m + i) * n + p) * tstride + r] = (x[i] * w)[chunk c] . a[r][chunk c]
+// for r < min(rank, tstride): grid (rows, projections, chunks of KCHUNK
+// columns), RP the launch's max rank rounded up to 8, 16, 32 or 64. With
+// a norm, CTA (i, 0, 0) also writes the row's inverse RMS to rms[i] (the
+// expand applies it: the chunks see only their columns).
+template <int RP>
+__global__ void __launch_bounds__(STHREADS) lora_dev_shrink_kernel(float *parts, float *rms, int tstride,
+                                                                   const bf16 *x, int64_t ldx, int64_t in, int64_t m,
+                                                                   const bf16 *nw, float eps, const int32_t *rows,
+                                                                   const Proj pj) {
+    constexpr int WARPS = STHREADS / 32;
+    __shared__ float red[WARPS][PG_CUDA_LORA_MAX_RANK + 1];
+    const int64_t i = blockIdx.x;
+    const int p = blockIdx.y, c = blockIdx.z;
+    const int s = rows[i];
+    if (s < 0) return;
+    const bf16 *xr = x + i * ldx;
+    const bool xvec = (in & 7) == 0 &&
+                      ((reinterpret_cast<uintptr_t>(xr) | reinterpret_cast<uintptr_t>(nw)) & 15) == 0;
+    if (nw && p == 0 && c == 0) row_rms(rms, i, xr, in, eps, xvec, red);
+    const DevSlot e = pj.tab[p][s];
+    if (!e.a) return;
+    const int rank = e.rank < tstride ? e.rank : tstride;
+    const bf16 *a = (const bf16 *)e.a;
+    const int64_t k0 = (int64_t)c * KCHUNK, k1 = k0 + KCHUNK < in ? k0 + KCHUNK : in;
+    float acc[RP];
+#pragma unroll
+    for (int r = 0; r < RP; r++) acc[r] = 0.f;
+    // Every rank's loads of a piece are independent: all in flight at once.
+    if (xvec && (reinterpret_cast<uintptr_t>(a) & 15) == 0) {
+        for (int64_t k = k0 + (int64_t)threadIdx.x * 8; k < k1; k += STHREADS * 8) {
+            float xf[8];
+            pg_unpack8(*reinterpret_cast<const uint4 *>(xr + k), xf);
+            if (nw) {
+                float wf[8];
+                pg_unpack8(*reinterpret_cast<const uint4 *>(nw + k), wf);
+#pragma unroll
+                for (int q = 0; q < 8; q++) xf[q] *= wf[q];
+            }
+#pragma unroll
+            for (int r = 0; r < RP; r++)
+                if (r < rank) {
+                    float af[8];
+                    pg_unpack8(*reinterpret_cast<const uint4 *>(a + (int64_t)r * in + k), af);
+#pragma unroll
+                    for (int q = 0; q < 8; q++) acc[r] = fmaf(xf[q], af[q], acc[r]);
+                }
+        }
+    } else {
+        for (int64_t k = k0 + threadIdx.x; k < k1; k += STHREADS) {
+            float xv = __bfloat162float(xr[k]);
+            if (nw) xv *= __bfloat162float(nw[k]);
+#pragma unroll
+            for (int r = 0; r < RP; r++)
+                if (r < rank) acc[r] = fmaf(xv, __bfloat162float(a[(int64_t)r * in + k]), acc[r]);
+        }
+    }
+    // The block's sums: each warp's by shuffles, then the warps' in order.
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < RP; r++)
+        if (r < rank) {
+            const float v = warp_sum(acc[r]);
+            if (lane == 0) red[warp][r] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x >= rank) return;
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) v += red[w][threadIdx.x];
+    parts[(((int64_t)c * m + i) * pj.n + p) * tstride + threadIdx.x] = v;
+}
+
+// out[i][j] += scale_p * t[i][p] . b_p[j - c0_p] for the column j of each
+// thread, p its projection; t[i][p] the chunks' parts summed in order,
+// times the row's inverse RMS with a norm.
+__global__ void __launch_bounds__(THREADS) lora_dev_expand_kernel(bf16 *out, int64_t ldo, const float *parts,
+                                                                  const float *rms, int chunks, int64_t m,
+                                                                  int tstride, const int32_t *rows, const Proj pj) {
+    __shared__ float ts[NPROJ][PG_CUDA_LORA_MAX_RANK];
+    __shared__ DevSlot es[NPROJ];
+    const int64_t i = blockIdx.x;
+    const int s = rows[i];
+    if (s < 0) return;
+    if (threadIdx.x < pj.n) es[threadIdx.x] = pj.tab[threadIdx.x][s];
+    __syncthreads();
+    for (int q = threadIdx.x; q < pj.n * tstride; q += THREADS) {
+        const int p = q / tstride, r = q % tstride;
+        const int rank = es[p].rank < tstride ? es[p].rank : tstride;
+        float v = 0.f;
+        if (es[p].a && r < rank) {
+            for (int c = 0; c < chunks; c++) v += parts[(((int64_t)c * m + i) * pj.n + p) * tstride + r];
+            if (rms) v *= rms[i];
+        }
+        ts[p][r] = v;
+    }
+    __syncthreads();
+    const int64_t j = (int64_t)blockIdx.y * THREADS + threadIdx.x;
+    if (j >= pj.c0[pj.n]) return;
+    int p = 0;
+    while (p + 1 < pj.n && j >= pj.c0[p + 1]) p++;
+    const DevSlot e = es[p];
+    if (!e.a) return;
+    const int rank = e.rank < tstride ? e.rank : tstride;
+    const bf16 *br = (const bf16 *)e.b + (j - pj.c0[p]) * e.rank;
+    const float *tp = ts[p];
+    float acc = 0.f;
+    if ((rank & 7) == 0 && (reinterpret_cast<uintptr_t>(br) & 15) == 0) {
+        for (int r = 0; r < rank; r += 8) {
+            float bf[8];
+            pg_unpack8(*reinterpret_cast<const uint4 *>(br + r), bf);
+#pragma unroll
+            for (int q = 0; q < 8; q++) acc = fmaf(tp[r + q], bf[q], acc);
+        }
+    } else {
+        for (int r = 0; r < rank; r++) acc = fmaf(tp[r], __bfloat162float(br[r]), acc);
+    }
+    bf16 *o = out + i * ldo + j;
+    *o = __float2bfloat16(__bfloat162float(*o) + e.scale * acc);
+}
+
+} // namespace
+
+template <int RP>
+void shrink(float *parts, float *rms, int tstride, const bf16 *x, int64_t ldx, int64_t in, const bf16 *nw, float eps,
+            const int32_t *rows, const Proj &pj, int64_t m, int chunks, cudaStream_t st) {
+    lora_dev_shrink_kernel<RP><<<dim3((unsigned)m, (unsigned)pj.n, (unsigned)chunks), STHREADS, 0, st>>>(
+        parts, rms, tstride, x, ldx, in, m, nw, eps, rows, pj);
+}
+
+int pg_cuda_lora_apply_dev(void *out, int64_t ldo, const void *x, int64_t ldx, int64_t m, int64_t in,
+                           const void *norm_w, float eps, const int64_t *cols, int32_t n_proj,
+                           const int32_t *row_slot_dev, const pg_cuda_lora_dev_slot *const *tables, int32_t max_rank,
+                           void *ws, size_t ws_bytes, void *stream) {
+    PG_ARG(n_proj >= 1 && n_proj <= NPROJ && cols && tables, "cuda lora_apply_dev: %d projections (1 to %d)",
+           n_proj, NPROJ);
+    PG_ARG(max_rank >= 1 && max_rank <= PG_CUDA_LORA_MAX_RANK, "cuda lora_apply_dev: max rank %d (1 to %d)",
+           max_rank, PG_CUDA_LORA_MAX_RANK);
+    Proj pj;
+    memset(&pj, 0, sizeof pj);
+    pj.n = n_proj;
+    for (int p = 0; p < n_proj; p++) {
+        PG_ARG(cols[p] >= 1 && tables[p], "cuda lora_apply_dev: projection %d: %lld columns, table %s", p,
+               (long long)cols[p], tables[p] ? "set" : "NULL");
+        pj.tab[p] = tables[p];
+        pj.c0[p + 1] = pj.c0[p] + cols[p];
+    }
+    const int64_t total = pj.c0[n_proj];
+    PG_ARG(m >= 0 && m <= INT_MAX && in >= 1 && ldx >= in && ldo >= total && total <= (int64_t)65535 * THREADS,
+           "cuda lora_apply_dev: %lld rows of %lld -> %lld, strides %lld / %lld", (long long)m, (long long)in,
+           (long long)total, (long long)ldx, (long long)ldo);
+    if (m == 0) return 0;
+    PG_ARG(out && x && row_slot_dev, "cuda lora_apply_dev: null rows or slots");
+    const int chunks = pg_ceil_div(in, KCHUNK);
+    const size_t need = pg_cuda_lora_dev_workspace_size(m, in, n_proj, max_rank);
+    PG_ARG(ws && ws_bytes >= need && ((uintptr_t)ws & 3) == 0,
+           "cuda lora_apply_dev: workspace %zu bytes, %lld rows x %d projections of %lld columns at rank %d want %zu "
+           "(4-byte aligned)", ws_bytes, (long long)m, n_proj, (long long)in, max_rank, need);
+    cudaStream_t st = pg_stream(stream);
+    float *parts = (float *)ws, *rms = parts + (size_t)chunks * (size_t)m * (size_t)n_proj * (size_t)max_rank;
+    const bf16 *xb = (const bf16 *)x, *nw = (const bf16 *)norm_w;
+    if (max_rank <= 8)
+        shrink<8>(parts, rms, max_rank, xb, ldx, in, nw, eps, row_slot_dev, pj, m, chunks, st);
+    else if (max_rank <= 16)
+        shrink<16>(parts, rms, max_rank, xb, ldx, in, nw, eps, row_slot_dev, pj, m, chunks, st);
+    else if (max_rank <= 32)
+        shrink<32>(parts, rms, max_rank, xb, ldx, in, nw, eps, row_slot_dev, pj, m, chunks, st);
+    else
+        shrink<64>(parts, rms, max_rank, xb, ldx, in, nw, eps, row_slot_dev, pj, m, chunks, st);
+    PG_CUDA_LAUNCHED("lora_dev_shrink_kernel");
+    const dim3 grid((unsigned)m, (unsigned)pg_ceil_div(total, THREADS));
+    lora_dev_expand_kernel<<<grid, THREADS, 0, st>>>((bf16 *)out, ldo, parts, nw ? rms : nullptr, chunks, m,
+                                                     max_rank, row_slot_dev, pj);
+    PG_CUDA_LAUNCHED("lora_dev_expand_kernel");
+    return 0;
+}
+
+int pg_cuda_lora_table_write(pg_cuda_lora_dev_slot *dst, const pg_cuda_lora_dev_slot *src, int64_t n,
+                             void *stream) {
+    PG_ARG(n >= 0 && (n == 0 || (dst && src)), "cuda lora_table_write: %lld entries", (long long)n);
+    if (n == 0) return 0;
+    cudaStream_t st = pg_stream(stream);
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    PG_CUDA_TRY(cudaStreamIsCapturing(st, &cap));
+    if (cap != cudaStreamCaptureStatusNone)
+        return pg_err_set(PG_EUNSUPP, "cuda lora_table_write: not under stream capture (adapters load between "
+                                      "steps)");
+    // The steps queued so far may read the old entries: let them finish.
+    PG_CUDA_TRY(cudaStreamSynchronize(st));
+    PG_CUDA_TRY(cudaMemcpy(dst, src, sizeof *src * (size_t)n, cudaMemcpyHostToDevice));
+    return 0;
+}
