@@ -116,7 +116,10 @@ static int dev_table_write(pg_model *m) {
 int pg_model_lora_set(pg_model *m, int32_t slot, const char *dir) {
     pg_model_lora *lo = &m->lora;
     PG_ARG(slot >= 0 && slot < lo->n_slots, "LoRA slot %d of %d", slot, lo->n_slots);
-    // The backend's table forgets the slot before its weights are freed.
+    // slot_clear frees the slot's weights before the backend's table
+    // forgets them; nothing reads them in between: the free waits for the
+    // queued steps (cudaFree synchronises), and the table is rewritten
+    // before the next step is queued.
     slot_clear(m, slot);
     int rc = dev_table_write(m);
     if (rc < 0 || !dir) return rc;
