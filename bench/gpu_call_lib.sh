@@ -36,6 +36,11 @@
 #   lora_checks K [SGMV...]  test_cuda_lora, then test_cuda_runner --lora
 #                      for each PAGED_CUDA_LORA_SGMV value (default 0), the
 #                      programs in folder K
+#   lora_serve_runs K N RUN...  the llama3-8b shape served with N random
+#                      rank-16 adapters (a0..), for each RUN (new: K/paged,
+#                      old: K/paged_old): W1 without and with adapter a0,
+#                      then W4 (100 clients over all N, 30 s); the loop
+#                      session 24's callP-callS.sh wrote out by hand
 call_init() {
     CALL=$1
     T0=$(date +%s)
@@ -147,5 +152,33 @@ lora_checks() { # K [SGMV...]
     for sg in "${@:-0}"; do
         PAGED_CUDA_LORA_SGMV=$sg timeout 120 "$k/test_cuda_runner" $m64 --lora "$dirs" > "$R/runner_lora_$sg.txt" 2>&1
         echo "runner LoRA SGMV=$sg rc=$? at $(el)s: $(tail -1 "$R/runner_lora_$sg.txt" | cut -c1-200)"
+    done
+}
+# The llama3-8b shape served with N random rank-16 adapters, for each RUN
+# (new: K/paged, old: K/paged_old; none starts past 420 s): W1 with no
+# adapter and with a0 (w1base_RUN, w1_RUN), then W4 at 100 clients over
+# all N adapters for 30 s (w4_RUN), saving after each run.
+lora_serve_runs() { # K N RUN...
+    local k=$1 n=$2 mods names run
+    shift 2
+    mods=$(python3 tests/gpu/make_lora_adapters.py tests/gpu/llama3-8b-shape.json /tmp/lora8b --many "$n" 2> "$R/lora_make.txt")
+    [ -n "$mods" ] || { echo "adapters not written: $(cat "$R/lora_make.txt")"; return 1; }
+    names=$(echo "$mods" | tr ' ' '\n' | cut -d= -f1 | paste -sd,)
+    for run in "$@"; do
+        [ "$(el)" -gt 420 ] && { echo "stopped before $run at $(el)s"; break; }
+        P=$k/paged
+        [ "$run" = old ] && P=$k/paged_old
+        # shellcheck disable=SC2086
+        serve_up "$R/serve_$run.log" --device cuda --load-format dummy --hf-config tests/gpu/llama3-8b-shape.json \
+            --enable-lora --max-loras "$n" --max-lora-rank 16 --lora-modules $mods || continue
+        grep -E "graphs" "$R/serve_$run.log" | head -2
+        w1_http "w1base_$run"
+        w1_http "w1_$run" --model a0
+        w4 "w4_$run" --concurrency 100 --model "$names" --max-seconds 30 --drain-seconds 15
+        echo "W4 100 clients 30 s $run rc=$? at $(el)s: $(grep -m1 'output' "$R/w4_$run.txt")"
+        grep -E '^ *(TTFT|TPOT)' "$R/w4_$run.txt" | head -2
+        serve_down
+        rm -f "$R"/*.json.requests
+        save
     done
 }

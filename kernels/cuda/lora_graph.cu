@@ -18,6 +18,12 @@
 //           inverse RMS); each thread finds its projection by column and
 //           writes bf16(out + scale * t[i][p] . b[j]), t in shared memory
 //
+// Both kernels launch with programmatic dependent launch: before the wait
+// a CTA reads only what no kernel of the step writes (its row's slot, the
+// table entry) and asks the L2 for its chunk of A (shrink) or its row of B
+// (expand), so those fetches overlap the kernel before (session 25: W1
+// with an adapter 7.92 -> 7.08 ms on an H100).
+//
 // Q, K and V read the same normed rows and write adjacent columns of the
 // Q|K|V output, as gate and up do of gate|up: one shrink and one expand
 // launch cover all of them, so a Llama layer's LoRA is 8 launches (QKV,
@@ -56,12 +62,21 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// Asks the L2 for `bytes` (a multiple of 16) at p (16-byte aligned): a
+// hint, no register kept (sm_90's bulk prefetch; nothing before).
+__device__ __forceinline__ void l2_prefetch(const void *p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
 // A row's inverse RMS over all `in` columns of x into rms[i] (block-wide;
 // every thread of the block calls it).
 __device__ __forceinline__ void row_rms(float *rms, int64_t i, const bf16 *xr, int64_t in, float eps, bool vec,
                                         float (*red)[PG_CUDA_LORA_MAX_RANK + 1]) {
     float ss = 0.f;
     if (vec) {
+#pragma unroll 4
         for (int64_t k = (int64_t)threadIdx.x * 8; k < in; k += STHREADS * 8) {
             float xf[8];
             pg_unpack8(*reinterpret_cast<const uint4 *>(xr + k), xf);
@@ -100,22 +115,31 @@ __global__ void __launch_bounds__(STHREADS) lora_dev_shrink_kernel(float *parts,
     __shared__ float red[WARPS][PG_CUDA_LORA_MAX_RANK + 1];
     const int64_t i = blockIdx.x;
     const int p = blockIdx.y, c = blockIdx.z;
+    // Before the PDL wait, only what no kernel of the step writes (the rows'
+    // slots and the tables, uploaded before it; the adapters): this CTA's
+    // chunk of A goes to the L2 while the kernel before (the base product)
+    // still runs.
     const int s = rows[i];
+    DevSlot e = {};
+    if (s >= 0) e = pj.tab[p][s];
+    const int rank = e.rank < tstride ? e.rank : tstride;
+    const bf16 *a = (const bf16 *)e.a;
+    const int64_t k0 = (int64_t)c * KCHUNK, k1 = k0 + KCHUNK < in ? k0 + KCHUNK : in;
+    const bool avec = (in & 7) == 0 && (reinterpret_cast<uintptr_t>(a) & 15) == 0;
+    if (a && avec && threadIdx.x < rank) l2_prefetch(a + (int64_t)threadIdx.x * in + k0, (uint32_t)(k1 - k0) * 2);
+    pg_pdl_wait();
+    pg_pdl_trigger();
     if (s < 0) return;
     const bf16 *xr = x + i * ldx;
     const bool xvec = (in & 7) == 0 &&
                       ((reinterpret_cast<uintptr_t>(xr) | reinterpret_cast<uintptr_t>(nw)) & 15) == 0;
     if (nw && p == 0 && c == 0) row_rms(rms, i, xr, in, eps, xvec, red);
-    const DevSlot e = pj.tab[p][s];
-    if (!e.a) return;
-    const int rank = e.rank < tstride ? e.rank : tstride;
-    const bf16 *a = (const bf16 *)e.a;
-    const int64_t k0 = (int64_t)c * KCHUNK, k1 = k0 + KCHUNK < in ? k0 + KCHUNK : in;
+    if (!a) return;
     float acc[RP];
 #pragma unroll
     for (int r = 0; r < RP; r++) acc[r] = 0.f;
     // Every rank's loads of a piece are independent: all in flight at once.
-    if (xvec && (reinterpret_cast<uintptr_t>(a) & 15) == 0) {
+    if (xvec && avec) {
         for (int64_t k = k0 + (int64_t)threadIdx.x * 8; k < k1; k += STHREADS * 8) {
             float xf[8];
             pg_unpack8(*reinterpret_cast<const uint4 *>(xr + k), xf);
@@ -168,29 +192,45 @@ __global__ void __launch_bounds__(THREADS) lora_dev_expand_kernel(bf16 *out, int
     __shared__ float ts[NPROJ][PG_CUDA_LORA_MAX_RANK];
     __shared__ DevSlot es[NPROJ];
     const int64_t i = blockIdx.x;
+    // Before the PDL wait, as in the shrink: the slots, the tables and this
+    // thread's row of B (to the L2) while the shrink runs.
     const int s = rows[i];
-    if (s < 0) return;
-    if (threadIdx.x < pj.n) es[threadIdx.x] = pj.tab[threadIdx.x][s];
-    __syncthreads();
-    for (int q = threadIdx.x; q < pj.n * tstride; q += THREADS) {
-        const int p = q / tstride, r = q % tstride;
-        const int rank = es[p].rank < tstride ? es[p].rank : tstride;
-        float v = 0.f;
-        if (es[p].a && r < rank) {
-            for (int c = 0; c < chunks; c++) v += parts[(((int64_t)c * m + i) * pj.n + p) * tstride + r];
-            if (rms) v *= rms[i];
-        }
-        ts[p][r] = v;
-    }
+    if (threadIdx.x < pj.n) es[threadIdx.x] = s >= 0 ? pj.tab[threadIdx.x][s] : DevSlot{};
     __syncthreads();
     const int64_t j = (int64_t)blockIdx.y * THREADS + threadIdx.x;
-    if (j >= pj.c0[pj.n]) return;
     int p = 0;
     while (p + 1 < pj.n && j >= pj.c0[p + 1]) p++;
     const DevSlot e = es[p];
-    if (!e.a) return;
+    const bool mine = s >= 0 && j < pj.c0[pj.n] && e.a;
+    const bf16 *br = mine ? (const bf16 *)e.b + (j - pj.c0[p]) * e.rank : nullptr;
+    if (br && ((e.rank & 7) | (reinterpret_cast<uintptr_t>(br) & 15)) == 0) l2_prefetch(br, (uint32_t)e.rank * 2);
+    pg_pdl_wait();
+    pg_pdl_trigger();
+    if (s < 0) return;
+    for (int q = threadIdx.x; q < pj.n * tstride; q += THREADS) {
+        const int pq = q / tstride, r = q % tstride;
+        const int rank = es[pq].rank < tstride ? es[pq].rank : tstride;
+        float v = 0.f;
+        if (es[pq].a && r < rank) {
+            // The chunks' parts in order; four loads in flight at a time.
+            const float *pp = parts + (i * pj.n + pq) * tstride + r;
+            const int64_t cs = m * pj.n * tstride; // one chunk's stride
+            int c = 0;
+            for (; c + 4 <= chunks; c += 4) {
+                const float v0 = pp[c * cs], v1 = pp[(c + 1) * cs], v2 = pp[(c + 2) * cs], v3 = pp[(c + 3) * cs];
+                v += v0;
+                v += v1;
+                v += v2;
+                v += v3;
+            }
+            for (; c < chunks; c++) v += pp[c * cs];
+            if (rms) v *= rms[i];
+        }
+        ts[pq][r] = v;
+    }
+    __syncthreads();
+    if (!mine) return;
     const int rank = e.rank < tstride ? e.rank : tstride;
-    const bf16 *br = (const bf16 *)e.b + (j - pj.c0[p]) * e.rank;
     const float *tp = ts[p];
     float acc = 0.f;
     if ((rank & 7) == 0 && (reinterpret_cast<uintptr_t>(br) & 15) == 0) {
@@ -210,10 +250,10 @@ __global__ void __launch_bounds__(THREADS) lora_dev_expand_kernel(bf16 *out, int
 } // namespace
 
 template <int RP>
-void shrink(float *parts, float *rms, int tstride, const bf16 *x, int64_t ldx, int64_t in, const bf16 *nw, float eps,
+cudaError_t shrink(float *parts, float *rms, int tstride, const bf16 *x, int64_t ldx, int64_t in, const bf16 *nw, float eps,
             const int32_t *rows, const Proj &pj, int64_t m, int chunks, cudaStream_t st) {
-    lora_dev_shrink_kernel<RP><<<dim3((unsigned)m, (unsigned)pj.n, (unsigned)chunks), STHREADS, 0, st>>>(
-        parts, rms, tstride, x, ldx, in, m, nw, eps, rows, pj);
+    return pg_launch_pdl(lora_dev_shrink_kernel<RP>, dim3((unsigned)m, (unsigned)pj.n, (unsigned)chunks),
+                         dim3(STHREADS), 0, st, parts, rms, tstride, x, ldx, in, m, nw, eps, rows, pj);
 }
 
 int pg_cuda_lora_apply_dev(void *out, int64_t ldo, const void *x, int64_t ldx, int64_t m, int64_t in,
@@ -247,19 +287,20 @@ int pg_cuda_lora_apply_dev(void *out, int64_t ldo, const void *x, int64_t ldx, i
     cudaStream_t st = pg_stream(stream);
     float *parts = (float *)ws, *rms = parts + (size_t)chunks * (size_t)m * (size_t)n_proj * (size_t)max_rank;
     const bf16 *xb = (const bf16 *)x, *nw = (const bf16 *)norm_w;
+    cudaError_t le;
     if (max_rank <= 8)
-        shrink<8>(parts, rms, max_rank, xb, ldx, in, nw, eps, row_slot_dev, pj, m, chunks, st);
+        le = shrink<8>(parts, rms, max_rank, xb, ldx, in, nw, eps, row_slot_dev, pj, m, chunks, st);
     else if (max_rank <= 16)
-        shrink<16>(parts, rms, max_rank, xb, ldx, in, nw, eps, row_slot_dev, pj, m, chunks, st);
+        le = shrink<16>(parts, rms, max_rank, xb, ldx, in, nw, eps, row_slot_dev, pj, m, chunks, st);
     else if (max_rank <= 32)
-        shrink<32>(parts, rms, max_rank, xb, ldx, in, nw, eps, row_slot_dev, pj, m, chunks, st);
+        le = shrink<32>(parts, rms, max_rank, xb, ldx, in, nw, eps, row_slot_dev, pj, m, chunks, st);
     else
-        shrink<64>(parts, rms, max_rank, xb, ldx, in, nw, eps, row_slot_dev, pj, m, chunks, st);
-    PG_CUDA_LAUNCHED("lora_dev_shrink_kernel");
+        le = shrink<64>(parts, rms, max_rank, xb, ldx, in, nw, eps, row_slot_dev, pj, m, chunks, st);
+    PG_CUDA_TRY(le);
     const dim3 grid((unsigned)m, (unsigned)pg_ceil_div(total, THREADS));
-    lora_dev_expand_kernel<<<grid, THREADS, 0, st>>>((bf16 *)out, ldo, parts, nw ? rms : nullptr, chunks, m,
-                                                     max_rank, row_slot_dev, pj);
-    PG_CUDA_LAUNCHED("lora_dev_expand_kernel");
+    PG_CUDA_TRY(pg_launch_pdl(lora_dev_expand_kernel, grid, dim3(THREADS), 0, st, (bf16 *)out, ldo,
+                              (const float *)parts, (const float *)(nw ? rms : nullptr), chunks, m, (int)max_rank,
+                              row_slot_dev, pj));
     return 0;
 }
 
