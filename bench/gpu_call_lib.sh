@@ -33,14 +33,17 @@
 #                      wrote this loop out by hand)
 #   w1_http NAME [ARGS...]  W1 through HTTP against the server up (one
 #                      client, 3 x 128 in / 256 out): prints its TPOT row
-#   lora_checks K [SGMV...]  test_cuda_lora, then test_cuda_runner --lora
+#   lora_checks K [SGMV...]  test_cuda_lora (its graph cases again with
+#                      PAGED_CUDA_LORA_DEV_TILES=1), then test_cuda_runner --lora
 #                      for each PAGED_CUDA_LORA_SGMV value (default 0), the
 #                      programs in folder K
 #   lora_serve_runs K N RUN...  the llama3-8b shape served with N random
 #                      rank-16 adapters (a0..), for each RUN (new: K/paged,
-#                      old: K/paged_old): W1 without and with adapter a0,
-#                      then W4 (100 clients over all N, 30 s); the loop
-#                      session 24's callP-callS.sh wrote out by hand
+#                      old: K/paged_old, dev: K/paged with
+#                      PAGED_LORA_DEV_EAGER=1, base: K/paged, its W4 naming
+#                      no adapter): W1 without and with adapter a0, then W4
+#                      (100 clients over all N, 30 s); the loop session
+#                      24's callP-callS.sh wrote out by hand
 call_init() {
     CALL=$1
     T0=$(date +%s)
@@ -146,6 +149,9 @@ lora_checks() { # K [SGMV...]
     timeout 120 "$k/test_cuda_lora" > "$R/lora_kernels.txt" 2>&1
     echo "test_cuda_lora rc=$? at $(el)s: $(tail -1 "$R/lora_kernels.txt")"
     grep -E "^FAIL|staged" "$R/lora_kernels.txt" | head -12
+    PAGED_CUDA_LORA_DEV_TILES=1 timeout 120 "$k/test_cuda_lora" -k "lora graph" > "$R/lora_kernels_tiles.txt" 2>&1
+    echo "test_cuda_lora -k 'lora graph', DEV_TILES=1 rc=$? at $(el)s: $(tail -1 "$R/lora_kernels_tiles.txt")"
+    grep -E "^FAIL|tiles on" "$R/lora_kernels_tiles.txt" | head -6
     python3 tests/gpu/make_random_model.py $m64 --hidden 512 --heads 8 --kv-heads 2 --layers 4 --ffn 1536 \
         --vocab 1000 --dtype bf16 > /dev/null
     dirs=$(python3 tests/gpu/make_lora_adapters.py $m64 /tmp/paged-m64-lora)
@@ -155,9 +161,11 @@ lora_checks() { # K [SGMV...]
     done
 }
 # The llama3-8b shape served with N random rank-16 adapters, for each RUN
-# (new: K/paged, old: K/paged_old; none starts past 420 s): W1 with no
-# adapter and with a0 (w1base_RUN, w1_RUN), then W4 at 100 clients over
-# all N adapters for 30 s (w4_RUN), saving after each run.
+# (new: K/paged, old: K/paged_old, dev: K/paged with PAGED_LORA_DEV_EAGER=1,
+# base: K/paged with W4 naming no adapter; none starts past 420 s): W1
+# with no adapter and with a0 (w1base_RUN, w1_RUN), then (unless
+# LORA_W4=0) W4 at 100 clients over all N adapters for 30 s (w4_RUN),
+# saving after each run.
 lora_serve_runs() { # K N RUN...
     local k=$1 n=$2 mods names run
     shift 2
@@ -168,17 +176,23 @@ lora_serve_runs() { # K N RUN...
         [ "$(el)" -gt 420 ] && { echo "stopped before $run at $(el)s"; break; }
         P=$k/paged
         [ "$run" = old ] && P=$k/paged_old
+        local wm=(--model "$names")
+        [ "$run" = base ] && wm=()
+        if [ "$run" = dev ]; then export PAGED_LORA_DEV_EAGER=1; else unset PAGED_LORA_DEV_EAGER; fi
         # shellcheck disable=SC2086
         serve_up "$R/serve_$run.log" --device cuda --load-format dummy --hf-config tests/gpu/llama3-8b-shape.json \
             --enable-lora --max-loras "$n" --max-lora-rank 16 --lora-modules $mods || continue
         grep -E "graphs" "$R/serve_$run.log" | head -2
         w1_http "w1base_$run"
         w1_http "w1_$run" --model a0
-        w4 "w4_$run" --concurrency 100 --model "$names" --max-seconds 30 --drain-seconds 15
-        echo "W4 100 clients 30 s $run rc=$? at $(el)s: $(grep -m1 'output' "$R/w4_$run.txt")"
-        grep -E '^ *(TTFT|TPOT)' "$R/w4_$run.txt" | head -2
+        if [ "${LORA_W4:-1}" != 0 ]; then
+            w4 "w4_$run" --concurrency 100 "${wm[@]}" --max-seconds 30 --drain-seconds 15
+            echo "W4 100 clients 30 s $run rc=$? at $(el)s: $(grep -m1 'output' "$R/w4_$run.txt")"
+            grep -E '^ *(TTFT|TPOT)' "$R/w4_$run.txt" | head -2
+        fi
         serve_down
         rm -f "$R"/*.json.requests
         save
     done
+    unset PAGED_LORA_DEV_EAGER
 }

@@ -29,6 +29,12 @@
 // launch cover all of them, so a Llama layer's LoRA is 8 launches (QKV,
 // O, gate|up, down) where lora.cu's BGMV takes 21.
 //
+// A CTA runs one row, or with PAGED_CUDA_LORA_DEV_TILES=1 (session 25,
+// measured no faster: docs/lora.md) past 8 rows a tile of 2-16 consecutive
+// rows one after another (rows_per_cta), with the same arithmetic as
+// alone: a prefill chunk's rows share one adapter, so its chunk of A and
+// rows of B come from the L2 once a tile and from the L1 after.
+//
 // The grid depends only on the rows and the columns: a row whose slot is
 // -1, or whose slot's entry has no `a` for a projection, leaves at once
 // (the shrink's CTA; the expand's threads of that projection). Every sum
@@ -36,6 +42,7 @@
 // adapter (the same bits in any batch, eager or replayed); they differ
 // from lora.cu's BGMV by the order of the shrink's f32 sums.
 #include <limits.h>
+#include <stdlib.h>
 
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -101,40 +108,38 @@ __device__ __forceinline__ void row_rms(float *rms, int64_t i, const bf16 *xr, i
     __syncthreads(); // red is reused
 }
 
-// parts[((c * m + i) * n + p) * tstride + r] = (x[i] * w)[chunk c] . a[r][chunk c]
-// for r < min(rank, tstride): grid (rows, projections, chunks of KCHUNK
-// columns), RP the launch's max rank rounded up to 8, 16, 32 or 64. With
-// a norm, CTA (i, 0, 0) also writes the row's inverse RMS to rms[i] (the
-// expand applies it: the chunks see only their columns).
-template <int RP>
-__global__ void __launch_bounds__(STHREADS) lora_dev_shrink_kernel(float *parts, float *rms, int tstride,
-                                                                   const bf16 *x, int64_t ldx, int64_t in, int64_t m,
-                                                                   const bf16 *nw, float eps, const int32_t *rows,
-                                                                   const Proj pj) {
-    constexpr int WARPS = STHREADS / 32;
-    __shared__ float red[WARPS][PG_CUDA_LORA_MAX_RANK + 1];
-    const int64_t i = blockIdx.x;
-    const int p = blockIdx.y, c = blockIdx.z;
-    // Before the PDL wait, only what no kernel of the step writes (the rows'
-    // slots and the tables, uploaded before it; the adapters): this CTA's
-    // chunk of A goes to the L2 while the kernel before (the base product)
-    // still runs.
-    const int s = rows[i];
-    DevSlot e = {};
-    if (s >= 0) e = pj.tab[p][s];
+// The L2 prefetch of a shrink CTA's chunk c of A (entry e): a rank a thread.
+__device__ __forceinline__ void prefetch_a(const DevSlot &e, int tstride, int64_t in, int c) {
     const int rank = e.rank < tstride ? e.rank : tstride;
     const bf16 *a = (const bf16 *)e.a;
     const int64_t k0 = (int64_t)c * KCHUNK, k1 = k0 + KCHUNK < in ? k0 + KCHUNK : in;
-    const bool avec = (in & 7) == 0 && (reinterpret_cast<uintptr_t>(a) & 15) == 0;
-    if (a && avec && threadIdx.x < rank) l2_prefetch(a + (int64_t)threadIdx.x * in + k0, (uint32_t)(k1 - k0) * 2);
-    pg_pdl_wait();
-    pg_pdl_trigger();
-    if (s < 0) return;
+    if (a && (in & 7) == 0 && (reinterpret_cast<uintptr_t>(a) & 15) == 0 && (int)threadIdx.x < rank)
+        l2_prefetch(a + (int64_t)threadIdx.x * in + k0, (uint32_t)(k1 - k0) * 2);
+}
+
+// One row's part of the shrink (every thread of the block calls it, for
+// a row whose slot s >= 0, e = the slot's entry for projection p):
+// parts[((c * m + i) * n + p) * tstride + r] = (x[i] * w)[chunk c] .
+// a[r][chunk c] for r < min(rank, tstride), and with
+// a norm, for CTAs of (p, c) = (0, 0), the row's inverse RMS to rms[i] (the
+// expand applies it: the chunks see only their columns). The same
+// arithmetic in the same order whichever CTA and tile run the row. Ends
+// with the block synchronised (red is reused by the next row).
+template <int RP>
+__device__ __forceinline__ void shrink_row(float *parts, float *rms, int tstride, const bf16 *x, int64_t ldx,
+                                           int64_t in, int64_t m, const bf16 *nw, float eps, const Proj &pj,
+                                           int64_t i, const DevSlot &e, int p, int c,
+                                           float (*red)[PG_CUDA_LORA_MAX_RANK + 1]) {
+    constexpr int WARPS = STHREADS / 32;
     const bf16 *xr = x + i * ldx;
     const bool xvec = (in & 7) == 0 &&
                       ((reinterpret_cast<uintptr_t>(xr) | reinterpret_cast<uintptr_t>(nw)) & 15) == 0;
     if (nw && p == 0 && c == 0) row_rms(rms, i, xr, in, eps, xvec, red);
-    if (!a) return;
+    if (!e.a) return;
+    const int rank = e.rank < tstride ? e.rank : tstride;
+    const bf16 *a = (const bf16 *)e.a;
+    const int64_t k0 = (int64_t)c * KCHUNK, k1 = k0 + KCHUNK < in ? k0 + KCHUNK : in;
+    const bool avec = (in & 7) == 0 && (reinterpret_cast<uintptr_t>(a) & 15) == 0;
     float acc[RP];
 #pragma unroll
     for (int r = 0; r < RP; r++) acc[r] = 0.f;
@@ -176,16 +181,112 @@ __global__ void __launch_bounds__(STHREADS) lora_dev_shrink_kernel(float *parts,
             if (lane == 0) red[warp][r] = v;
         }
     __syncthreads();
-    if (threadIdx.x >= rank) return;
-    float v = 0.f;
+    if (threadIdx.x < rank) {
+        float v = 0.f;
 #pragma unroll
-    for (int w = 0; w < WARPS; w++) v += red[w][threadIdx.x];
-    parts[(((int64_t)c * m + i) * pj.n + p) * tstride + threadIdx.x] = v;
+        for (int w = 0; w < WARPS; w++) v += red[w][threadIdx.x];
+        parts[(((int64_t)c * m + i) * pj.n + p) * tstride + threadIdx.x] = v;
+    }
+    __syncthreads();
 }
 
-// out[i][j] += scale_p * t[i][p] . b_p[j - c0_p] for the column j of each
-// thread, p its projection; t[i][p] the chunks' parts summed in order,
-// times the row's inverse RMS with a norm.
+// The shrink, a CTA a row: grid (rows, projections, chunks of KCHUNK
+// columns), RP the launch's max rank rounded up to 8, 16, 32 or 64.
+template <int RP>
+__global__ void __launch_bounds__(STHREADS) lora_dev_shrink_kernel(float *parts, float *rms, int tstride,
+                                                                   const bf16 *x, int64_t ldx, int64_t in, int64_t m,
+                                                                   const bf16 *nw, float eps, const int32_t *rows,
+                                                                   const Proj pj) {
+    __shared__ float red[STHREADS / 32][PG_CUDA_LORA_MAX_RANK + 1];
+    const int64_t i = blockIdx.x;
+    const int p = blockIdx.y, c = blockIdx.z;
+    // Before the PDL wait, only what no kernel of the step writes (the rows'
+    // slots and the tables, uploaded before it; the adapters): this CTA's
+    // chunk of A goes to the L2 while the kernel before (the base product)
+    // still runs.
+    const int s = rows[i];
+    const DevSlot e = s >= 0 ? pj.tab[p][s] : DevSlot{};
+    prefetch_a(e, tstride, in, c);
+    pg_pdl_wait();
+    pg_pdl_trigger();
+    if (s >= 0) shrink_row<RP>(parts, rms, tstride, x, ldx, in, m, nw, eps, pj, i, e, p, c, red);
+}
+
+// The shrink over tiles (PAGED_CUDA_LORA_DEV_TILES=1): grid (tiles of
+// `tile` consecutive rows, projections, chunks); a CTA runs its rows one
+// after another (shrink_row, the same arithmetic as a CTA a row): rows of
+// one adapter find the chunk of A in the L1 after the first, so a prefill
+// chunk's rows read A from the L2 once a tile instead of once a row.
+template <int RP>
+__global__ void __launch_bounds__(STHREADS) lora_dev_shrink_tiles_kernel(float *parts, float *rms, int tstride,
+                                                                         const bf16 *x, int64_t ldx, int64_t in,
+                                                                         int64_t m, int tile, const bf16 *nw,
+                                                                         float eps, const int32_t *rows,
+                                                                         const Proj pj) {
+    __shared__ float red[STHREADS / 32][PG_CUDA_LORA_MAX_RANK + 1];
+    const int64_t i0 = (int64_t)blockIdx.x * tile, i1 = i0 + tile < m ? i0 + tile : m;
+    const int p = blockIdx.y, c = blockIdx.z;
+    {
+        const int s = rows[i0]; // the first row's chunk of A, as above
+        prefetch_a(s >= 0 ? pj.tab[p][s] : DevSlot{}, tstride, in, c);
+    }
+    pg_pdl_wait();
+    pg_pdl_trigger();
+    for (int64_t i = i0; i < i1; i++) {
+        const int s = rows[i];
+        if (s >= 0) shrink_row<RP>(parts, rms, tstride, x, ldx, in, m, nw, eps, pj, i, pj.tab[p][s], p, c, red);
+    }
+}
+
+// t[i][p] for every projection p of row i into ts: the chunks' parts
+// summed in order, times the row's inverse RMS with a norm (the block's
+// threads together; es: the row's entries).
+__device__ __forceinline__ void expand_t(float (*ts)[PG_CUDA_LORA_MAX_RANK], const DevSlot *es, const float *parts,
+                                         const float *rms, int chunks, int64_t m, int tstride, int64_t i,
+                                         const Proj &pj) {
+    const int64_t cs = m * pj.n * tstride; // one chunk's stride
+    for (int q = threadIdx.x; q < pj.n * tstride; q += THREADS) {
+        const int pq = q / tstride, r = q % tstride;
+        const int rank = es[pq].rank < tstride ? es[pq].rank : tstride;
+        float v = 0.f;
+        if (es[pq].a && r < rank) {
+            // The chunks' parts in order; four loads in flight at a time.
+            const float *pp = parts + (i * pj.n + pq) * tstride + r;
+            int c = 0;
+            for (; c + 4 <= chunks; c += 4) {
+                const float v0 = pp[c * cs], v1 = pp[(c + 1) * cs], v2 = pp[(c + 2) * cs], v3 = pp[(c + 3) * cs];
+                v += v0;
+                v += v1;
+                v += v2;
+                v += v3;
+            }
+            for (; c < chunks; c++) v += pp[c * cs];
+            if (rms) v *= rms[i];
+        }
+        ts[pq][r] = v;
+    }
+}
+
+// out[i][j] = bf16(out[i][j] + e.scale * tp . br) (br: column j's row of B).
+__device__ __forceinline__ void expand_col(bf16 *o, const DevSlot &e, const bf16 *br, const float *tp, int tstride) {
+    const int rank = e.rank < tstride ? e.rank : tstride;
+    float acc = 0.f;
+    if ((rank & 7) == 0 && (reinterpret_cast<uintptr_t>(br) & 15) == 0) {
+        for (int r = 0; r < rank; r += 8) {
+            float bf[8];
+            pg_unpack8(*reinterpret_cast<const uint4 *>(br + r), bf);
+#pragma unroll
+            for (int q = 0; q < 8; q++) acc = fmaf(tp[r + q], bf[q], acc);
+        }
+    } else {
+        for (int r = 0; r < rank; r++) acc = fmaf(tp[r], __bfloat162float(br[r]), acc);
+    }
+    *o = __float2bfloat16(__bfloat162float(*o) + e.scale * acc);
+}
+
+// The expand, a CTA a row: grid (rows, columns / THREADS) over the
+// projections' columns side by side; out[i][j] += scale_p * t[i][p] .
+// b_p[j - c0_p] for the column j of each thread, p its projection.
 __global__ void __launch_bounds__(THREADS) lora_dev_expand_kernel(bf16 *out, int64_t ldo, const float *parts,
                                                                   const float *rms, int chunks, int64_t m,
                                                                   int tstride, const int32_t *rows, const Proj pj) {
@@ -207,44 +308,64 @@ __global__ void __launch_bounds__(THREADS) lora_dev_expand_kernel(bf16 *out, int
     pg_pdl_wait();
     pg_pdl_trigger();
     if (s < 0) return;
-    for (int q = threadIdx.x; q < pj.n * tstride; q += THREADS) {
-        const int pq = q / tstride, r = q % tstride;
-        const int rank = es[pq].rank < tstride ? es[pq].rank : tstride;
-        float v = 0.f;
-        if (es[pq].a && r < rank) {
-            // The chunks' parts in order; four loads in flight at a time.
-            const float *pp = parts + (i * pj.n + pq) * tstride + r;
-            const int64_t cs = m * pj.n * tstride; // one chunk's stride
-            int c = 0;
-            for (; c + 4 <= chunks; c += 4) {
-                const float v0 = pp[c * cs], v1 = pp[(c + 1) * cs], v2 = pp[(c + 2) * cs], v3 = pp[(c + 3) * cs];
-                v += v0;
-                v += v1;
-                v += v2;
-                v += v3;
-            }
-            for (; c < chunks; c++) v += pp[c * cs];
-            if (rms) v *= rms[i];
-        }
-        ts[pq][r] = v;
-    }
+    expand_t(ts, es, parts, rms, chunks, m, tstride, i, pj);
     __syncthreads();
-    if (!mine) return;
-    const int rank = e.rank < tstride ? e.rank : tstride;
-    const float *tp = ts[p];
-    float acc = 0.f;
-    if ((rank & 7) == 0 && (reinterpret_cast<uintptr_t>(br) & 15) == 0) {
-        for (int r = 0; r < rank; r += 8) {
-            float bf[8];
-            pg_unpack8(*reinterpret_cast<const uint4 *>(br + r), bf);
-#pragma unroll
-            for (int q = 0; q < 8; q++) acc = fmaf(tp[r + q], bf[q], acc);
-        }
-    } else {
-        for (int r = 0; r < rank; r++) acc = fmaf(tp[r], __bfloat162float(br[r]), acc);
+    if (mine) expand_col(out + i * ldo + j, e, br, ts[p], tstride);
+}
+
+// The expand over tiles (PAGED_CUDA_LORA_DEV_TILES=1): grid (tiles of
+// `tile` consecutive rows, columns / THREADS); a CTA runs its rows one
+// after another, and a thread's row of B stays in the L1 while its rows
+// share an adapter.
+__global__ void __launch_bounds__(THREADS) lora_dev_expand_tiles_kernel(bf16 *out, int64_t ldo, const float *parts,
+                                                                        const float *rms, int chunks, int64_t m,
+                                                                        int tile, int tstride, const int32_t *rows,
+                                                                        const Proj pj) {
+    __shared__ float ts[NPROJ][PG_CUDA_LORA_MAX_RANK];
+    __shared__ DevSlot es[NPROJ];
+    const int64_t i0 = (int64_t)blockIdx.x * tile, i1 = i0 + tile < m ? i0 + tile : m;
+    const int64_t j = (int64_t)blockIdx.y * THREADS + threadIdx.x;
+    int p = 0;
+    while (p + 1 < pj.n && j >= pj.c0[p + 1]) p++;
+    const bool incols = j < pj.c0[pj.n];
+    {
+        // The first row's row of B for this thread, as above.
+        const int s = rows[i0];
+        const DevSlot e = s >= 0 && incols ? pj.tab[p][s] : DevSlot{};
+        const bf16 *br = e.a ? (const bf16 *)e.b + (j - pj.c0[p]) * e.rank : nullptr;
+        if (br && ((e.rank & 7) | (reinterpret_cast<uintptr_t>(br) & 15)) == 0) l2_prefetch(br, (uint32_t)e.rank * 2);
     }
-    bf16 *o = out + i * ldo + j;
-    *o = __float2bfloat16(__bfloat162float(*o) + e.scale * acc);
+    pg_pdl_wait();
+    pg_pdl_trigger();
+    for (int64_t i = i0; i < i1; i++) {
+        const int s = rows[i];
+        if (s < 0) continue;
+        if (threadIdx.x < pj.n) es[threadIdx.x] = pj.tab[threadIdx.x][s];
+        __syncthreads();
+        expand_t(ts, es, parts, rms, chunks, m, tstride, i, pj);
+        __syncthreads();
+        const DevSlot e = es[p];
+        if (incols && e.a) expand_col(out + i * ldo + j, e, (const bf16 *)e.b + (j - pj.c0[p]) * e.rank, ts[p], tstride);
+        __syncthreads(); // es and ts belong to the next row
+    }
+}
+
+// Rows a CTA runs, by the step's row count (graph-safe: m alone decides).
+// A CTA a row unless PAGED_CUDA_LORA_DEV_TILES=1 (read once; session 25
+// measured tiles no faster, docs/lora.md). With tiles: up to 8 rows
+// (single-stream and small decode buckets) still a CTA a row, those steps
+// are launch-bound and want every SM; past that about 128 tiles, 2 to 16
+// rows each, so a prefill chunk of one adapter reads each chunk of A and
+// row of B from the L2 once a tile.
+int rows_per_cta(int64_t m) {
+    static int tiles = -1;
+    if (tiles < 0) {
+        const char *e = getenv("PAGED_CUDA_LORA_DEV_TILES");
+        tiles = e && atoi(e) != 0;
+    }
+    if (!tiles || m <= 8) return 1;
+    const int64_t t = m / 128;
+    return t < 2 ? 2 : t > 16 ? 16 : (int)t;
 }
 
 } // namespace
@@ -252,8 +373,13 @@ __global__ void __launch_bounds__(THREADS) lora_dev_expand_kernel(bf16 *out, int
 template <int RP>
 cudaError_t shrink(float *parts, float *rms, int tstride, const bf16 *x, int64_t ldx, int64_t in, const bf16 *nw, float eps,
             const int32_t *rows, const Proj &pj, int64_t m, int chunks, cudaStream_t st) {
-    return pg_launch_pdl(lora_dev_shrink_kernel<RP>, dim3((unsigned)m, (unsigned)pj.n, (unsigned)chunks),
-                         dim3(STHREADS), 0, st, parts, rms, tstride, x, ldx, in, m, nw, eps, rows, pj);
+    const int tile = rows_per_cta(m);
+    if (tile == 1)
+        return pg_launch_pdl(lora_dev_shrink_kernel<RP>, dim3((unsigned)m, (unsigned)pj.n, (unsigned)chunks),
+                             dim3(STHREADS), 0, st, parts, rms, tstride, x, ldx, in, m, nw, eps, rows, pj);
+    return pg_launch_pdl(lora_dev_shrink_tiles_kernel<RP>, dim3((unsigned)pg_ceil_div(m, tile), (unsigned)pj.n,
+                         (unsigned)chunks), dim3(STHREADS), 0, st, parts, rms, tstride, x, ldx, in, m, tile, nw, eps,
+                         rows, pj);
 }
 
 int pg_cuda_lora_apply_dev(void *out, int64_t ldo, const void *x, int64_t ldx, int64_t m, int64_t in,
@@ -297,10 +423,16 @@ int pg_cuda_lora_apply_dev(void *out, int64_t ldo, const void *x, int64_t ldx, i
     else
         le = shrink<64>(parts, rms, max_rank, xb, ldx, in, nw, eps, row_slot_dev, pj, m, chunks, st);
     PG_CUDA_TRY(le);
-    const dim3 grid((unsigned)m, (unsigned)pg_ceil_div(total, THREADS));
-    PG_CUDA_TRY(pg_launch_pdl(lora_dev_expand_kernel, grid, dim3(THREADS), 0, st, (bf16 *)out, ldo,
-                              (const float *)parts, (const float *)(nw ? rms : nullptr), chunks, m, (int)max_rank,
-                              row_slot_dev, pj));
+    const int tile = rows_per_cta(m);
+    const dim3 grid((unsigned)pg_ceil_div(m, tile), (unsigned)pg_ceil_div(total, THREADS));
+    const float *rms_or_null = nw ? rms : nullptr;
+    if (tile == 1)
+        PG_CUDA_TRY(pg_launch_pdl(lora_dev_expand_kernel, grid, dim3(THREADS), 0, st, (bf16 *)out, ldo,
+                                  (const float *)parts, rms_or_null, chunks, m, (int)max_rank, row_slot_dev, pj));
+    else
+        PG_CUDA_TRY(pg_launch_pdl(lora_dev_expand_tiles_kernel, grid, dim3(THREADS), 0, st, (bf16 *)out, ldo,
+                                  (const float *)parts, rms_or_null, chunks, m, tile, (int)max_rank, row_slot_dev,
+                                  pj));
     return 0;
 }
 

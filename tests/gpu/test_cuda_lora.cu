@@ -38,7 +38,9 @@
 // "lora graph": the graph-safe op (pg_cuda_lora_apply_dev) against the
 // fp64 reference (with the fused RMSNorm), and its replays from one
 // captured graph over two slot patterns and a rewritten table bit for bit
-// against its eager runs (graph_case below).
+// against its eager runs (graph_case below); past 8 rows, where a CTA runs
+// a tile of rows, the same checks and each row alone against the batch bit
+// for bit (graph_tiles_case).
 //
 // Usage: build/gpu/test_cuda_lora [-k FILTER]   exit 0 pass, 1 fail, 77 no GPU.
 #include <stdlib.h>
@@ -483,6 +485,119 @@ static void graph_case() {
     report("lora graph: refusals", rok, rdetail.c_str());
 }
 
+// "lora graph: m 2100 / 300": steps past 8 rows, where with
+// PAGED_CUDA_LORA_DEV_TILES=1 a CTA runs 2-16 consecutive rows one after
+// another (lora_graph.cu rows_per_cta; the flag is read once, so the GPU
+// checks run this program again with it: bench/gpu_call_lib.sh
+// lora_checks). m = 2,100 (tiles of 16, the last of 4) with the slots in
+// runs of 1-300 rows, as a prefill chunk of one adapter sits beside decode
+// rows, and m = 300 (tiles of 2) with a slot drawn for every row: each
+// against the fp64 reference, 24 of its rows run alone (m = 1: a CTA a
+// row) bit for bit against the batch, and m = 300 captured once and
+// replayed bit for bit.
+static void graph_tiles_case() {
+    if (!selected("lora graph")) return;
+    constexpr int NP = 3;
+    const int64_t in = 4096, cols[NP] = {2048, 512, 512}, ldo = 3072 + 16, mmax = 2100;
+    const float eps = 1e-5f;
+    std::vector<std::unique_ptr<Adapters>> ad;
+    for (int p = 0; p < NP; p++) ad.emplace_back(new Adapters(in, cols[p], 7100 + p));
+    int src[NP][N_SLOTS];
+    pg_cuda_lora_dev_slot dev[NP][N_SLOTS];
+    std::vector<std::unique_ptr<DBuf>> dtab;
+    const pg_cuda_lora_dev_slot *tabs[NP];
+    for (int p = 0; p < NP; p++) {
+        const Adapters &A = *ad[(size_t)p];
+        for (int s = 0; s < N_SLOTS; s++) {
+            src[p][s] = p == 1 && s == 1 ? -1 : s; // K without `a` in slot 1
+            const int a = src[p][s];
+            dev[p][s] = a >= 0 && k_rank[a] ? pg_cuda_lora_dev_slot{A.da[a]->p, A.db[a]->p, k_rank[a], k_scale[a]}
+                                            : pg_cuda_lora_dev_slot{nullptr, nullptr, 0, 1.0f};
+        }
+        dtab.emplace_back(new DBuf(sizeof dev[p]));
+        PK(pg_cuda_lora_table_write((pg_cuda_lora_dev_slot *)dtab[(size_t)p]->p, dev[p], N_SLOTS, nullptr));
+        tabs[p] = (const pg_cuda_lora_dev_slot *)dtab[(size_t)p]->p;
+    }
+    Rng r(41);
+    std::vector<uint16_t> x((size_t)(mmax * in)), o((size_t)(mmax * ldo)), nw((size_t)in);
+    for (auto &v : x) v = f2bf((float)(3.0 * r.normal()));
+    for (auto &v : o) v = f2bf((float)r.normal());
+    for (auto &v : nw) v = f2bf((float)(1.0 + 0.2 * r.normal()));
+    const size_t wsb = pg_cuda_lora_workspace_size(mmax, in, 64);
+    DBuf dx, dnw, dgo, rows(mmax * 4), ws(wsb);
+    dx.up(x), dnw.up(nw);
+    for (const int64_t m : {mmax, (int64_t)300}) {
+        std::vector<int32_t> pat((size_t)m);
+        if (m == mmax) {
+            for (int64_t i = 0; i < m;) {
+                const int64_t len = 1 + r.below(300);
+                const int s = r.below(N_SLOTS + 1) - 1;
+                for (int64_t k = 0; k < len && i < m; k++) pat[(size_t)i++] = s;
+            }
+        } else {
+            for (auto &v : pat) v = r.below(N_SLOTS + 1) - 1;
+        }
+        CK(cudaMemcpy(rows.p, pat.data(), (size_t)m * 4, cudaMemcpyHostToDevice));
+        const std::vector<uint16_t> om(o.begin(), o.begin() + m * ldo);
+        auto call = [&](int64_t i0, int64_t mm, cudaStream_t st) {
+            return pg_cuda_lora_apply_dev(dgo.as<uint16_t>() + i0 * ldo, ldo, dx.as<uint16_t>() + i0 * in, in, mm, in,
+                                          dnw.p, eps, cols, NP, rows.as<int32_t>() + i0, tabs, 64, ws.p, wsb, st);
+        };
+        auto got = [&]() {
+            CK(cudaDeviceSynchronize());
+            std::vector<uint16_t> g(om.size());
+            dgo.down(g);
+            return g;
+        };
+        dgo.up(om);
+        PK(call(0, m, nullptr));
+        const std::vector<uint16_t> g = got();
+        const DevRef rf = dev_ref(om, g, x, in, in, nw, eps, pat.data(), m, NP, cols, ldo, 0, ad, src);
+        // 24 rows alone, each from the untouched output.
+        dgo.up(om);
+        std::vector<int64_t> alone;
+        for (int q = 0; q < 24; q++) alone.push_back((int64_t)q * m / 24 + r.below((int)(m / 24)));
+        for (int64_t i : alone) PK(call(i, 1, nullptr));
+        const std::vector<uint16_t> g1 = got();
+        int64_t d_alone = 0, n_adapter = 0;
+        for (int64_t i : alone) {
+            n_adapter += pat[(size_t)i] >= 0;
+            for (int64_t j = 0; j < ldo; j++) d_alone += g1[(size_t)(i * ldo + j)] != g[(size_t)(i * ldo + j)];
+        }
+        // m = 300 captured once, replayed.
+        int64_t d_replay = -1;
+        if (m != mmax) {
+            cudaStream_t cs;
+            CK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+            CK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeRelaxed));
+            const int rc_cap = call(0, m, cs);
+            cudaGraph_t graph;
+            CK(cudaStreamEndCapture(cs, &graph));
+            cudaGraphExec_t exec;
+            CK(cudaGraphInstantiate(&exec, graph, 0));
+            dgo.up(om);
+            CK(cudaGraphLaunch(exec, cs));
+            CK(cudaStreamSynchronize(cs));
+            const std::vector<uint16_t> gr = got();
+            d_replay = rc_cap ? -2 : 0;
+            for (size_t k = 0; k < gr.size() && !rc_cap; k++) d_replay += gr[k] != g[k];
+            CK(cudaGraphExecDestroy(exec));
+            CK(cudaGraphDestroy(graph));
+            CK(cudaStreamDestroy(cs));
+        }
+        const bool moved = rf.dmax > 0.1 * rf.rmax;
+        char name[96], detail[320];
+        const char *tiles = getenv("PAGED_CUDA_LORA_DEV_TILES");
+        snprintf(name, sizeof name, "lora graph: m %lld (%s), tiles %s", (long long)m,
+                 m == mmax ? "slots in runs" : "a slot a row", tiles && atoi(tiles) ? "on" : "off");
+        snprintf(detail, sizeof detail, "max_rel %.3e (bound %.0e), bits changed outside %lld; 24 rows alone (%lld "
+                 "with an adapter) differ %lld; replay differs %lld", rf.worst, BOUND, (long long)rf.changed,
+                 (long long)n_adapter, (long long)d_alone, (long long)d_replay);
+        report(name, rf.worst <= BOUND && rf.changed == 0 && moved && n_adapter > 0 && d_alone == 0 &&
+                         (m == mmax || d_replay == 0), detail);
+    }
+}
+
 static void refusals() {
     if (!selected("lora refusals")) return;
     const Adapters ad(64, 32, 99);
@@ -563,6 +678,7 @@ int main(int argc, char **argv) {
     }
     unsetenv("PAGED_CUDA_LORA_SGMV");
     graph_case();
+    graph_tiles_case();
     refusals();
     CK(cudaDeviceSynchronize());
     printf("%s: %d passed, %d failed\n", g_fail ? "FAIL" : "PASS", g_ok, g_fail);
