@@ -29,11 +29,11 @@
 // launch cover all of them, so a Llama layer's LoRA is 8 launches (QKV,
 // O, gate|up, down) where lora.cu's BGMV takes 21.
 //
-// A CTA runs one row, or with PAGED_CUDA_LORA_DEV_TILES=1 (session 25,
-// measured no faster: docs/lora.md) past 8 rows a tile of 2-16 consecutive
-// rows one after another (rows_per_cta), with the same arithmetic as
-// alone: a prefill chunk's rows share one adapter, so its chunk of A and
-// rows of B come from the L2 once a tile and from the L1 after.
+// A CTA runs one row, or with PAGED_CUDA_LORA_DEV_TILES=1 past 8 rows a
+// tile of rows (docs/lora.md "Tiles of rows"): the shrink's 64 / rank
+// rows of one adapter at once, their pieces of A loaded once; the
+// expand's 16 rows, their t in one pass, then a column's rows one after
+// another. A row's arithmetic is the same in either: its bits too.
 //
 // The grid depends only on the rows and the columns: a row whose slot is
 // -1, or whose slot's entry has no `a` for a projection, leaves at once
@@ -212,29 +212,107 @@ __global__ void __launch_bounds__(STHREADS) lora_dev_shrink_kernel(float *parts,
     if (s >= 0) shrink_row<RP>(parts, rms, tstride, x, ldx, in, m, nw, eps, pj, i, e, p, c, red);
 }
 
-// The shrink over tiles (PAGED_CUDA_LORA_DEV_TILES=1): grid (tiles of
-// `tile` consecutive rows, projections, chunks); a CTA runs its rows one
-// after another (shrink_row, the same arithmetic as a CTA a row): rows of
-// one adapter find the chunk of A in the L1 after the first, so a prefill
-// chunk's rows read A from the L2 once a tile instead of once a row.
+// The shrink over tiles (PAGED_CUDA_LORA_DEV_TILES=1): grid (tiles of T
+// consecutive rows, projections, chunks), T = 64 / RP (8 rows at rank 8,
+// 4 at 16, 2 at 32, 1 at 64: T x RP accumulators a thread). When the
+// tile's rows with an adapter all name one slot (a prefill chunk's rows
+// do), each thread loads its piece of A once for all T rows and keeps T x
+// RP sums in registers; each (row, rank) sum takes the same FMAs in the
+// same order as shrink_row's, and the block reduces them the same way, so
+// a row's bits are those of a CTA a row. A tile of mixed slots runs its
+// rows one after another (shrink_row).
 template <int RP>
 __global__ void __launch_bounds__(STHREADS) lora_dev_shrink_tiles_kernel(float *parts, float *rms, int tstride,
                                                                          const bf16 *x, int64_t ldx, int64_t in,
-                                                                         int64_t m, int tile, const bf16 *nw,
-                                                                         float eps, const int32_t *rows,
-                                                                         const Proj pj) {
-    __shared__ float red[STHREADS / 32][PG_CUDA_LORA_MAX_RANK + 1];
-    const int64_t i0 = (int64_t)blockIdx.x * tile, i1 = i0 + tile < m ? i0 + tile : m;
+                                                                         int64_t m, const bf16 *nw, float eps,
+                                                                         const int32_t *rows, const Proj pj) {
+    constexpr int T = 64 / RP;
+    constexpr int WARPS = STHREADS / 32;
+    __shared__ float red[WARPS][PG_CUDA_LORA_MAX_RANK + 1];
+    const int64_t i0 = (int64_t)blockIdx.x * T;
     const int p = blockIdx.y, c = blockIdx.z;
-    {
-        const int s = rows[i0]; // the first row's chunk of A, as above
-        prefetch_a(s >= 0 ? pj.tab[p][s] : DevSlot{}, tstride, in, c);
+    int sl[T], s0 = -1;
+    bool uniform = true;
+#pragma unroll
+    for (int t = 0; t < T; t++) {
+        sl[t] = i0 + t < m ? rows[i0 + t] : -1;
+        if (sl[t] >= 0) {
+            if (s0 < 0) s0 = sl[t];
+            uniform = uniform && sl[t] == s0;
+        }
     }
+    const DevSlot e0 = s0 >= 0 ? pj.tab[p][s0] : DevSlot{};
+    prefetch_a(e0, tstride, in, c);
     pg_pdl_wait();
     pg_pdl_trigger();
-    for (int64_t i = i0; i < i1; i++) {
-        const int s = rows[i];
-        if (s >= 0) shrink_row<RP>(parts, rms, tstride, x, ldx, in, m, nw, eps, pj, i, pj.tab[p][s], p, c, red);
+    if (s0 < 0) return;
+    const int64_t k0 = (int64_t)c * KCHUNK, k1 = k0 + KCHUNK < in ? k0 + KCHUNK : in;
+    const bf16 *a = (const bf16 *)e0.a;
+    bool vec = (in & 7) == 0 && (ldx & 7) == 0 &&
+               ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(nw) | reinterpret_cast<uintptr_t>(a)) &
+                15) == 0;
+    if (!uniform || !vec) {
+        for (int t = 0; t < T; t++)
+            if (sl[t] >= 0)
+                shrink_row<RP>(parts, rms, tstride, x, ldx, in, m, nw, eps, pj, i0 + t, pj.tab[p][sl[t]], p, c, red);
+        return;
+    }
+    if (nw && p == 0 && c == 0)
+        for (int t = 0; t < T; t++)
+            if (sl[t] >= 0) row_rms(rms, i0 + t, x + (i0 + t) * ldx, in, eps, true, red);
+    if (!a) return;
+    const int rank = e0.rank < tstride ? e0.rank : tstride;
+    float acc[T][RP];
+#pragma unroll
+    for (int t = 0; t < T; t++)
+#pragma unroll
+        for (int r = 0; r < RP; r++) acc[t][r] = 0.f;
+    for (int64_t k = k0 + (int64_t)threadIdx.x * 8; k < k1; k += STHREADS * 8) {
+        float xf[T][8];
+        float wf[8];
+        if (nw) pg_unpack8(*reinterpret_cast<const uint4 *>(nw + k), wf);
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            if (sl[t] >= 0) {
+                pg_unpack8(*reinterpret_cast<const uint4 *>(x + (i0 + t) * ldx + k), xf[t]);
+                if (nw) {
+#pragma unroll
+                    for (int q = 0; q < 8; q++) xf[t][q] *= wf[q];
+                }
+            } else {
+#pragma unroll
+                for (int q = 0; q < 8; q++) xf[t][q] = 0.f;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < RP; r++)
+            if (r < rank) {
+                float af[8];
+                pg_unpack8(*reinterpret_cast<const uint4 *>(a + (int64_t)r * in + k), af);
+#pragma unroll
+                for (int t = 0; t < T; t++)
+#pragma unroll
+                    for (int q = 0; q < 8; q++) acc[t][r] = fmaf(xf[t][q], af[q], acc[t][r]);
+            }
+    }
+    // The block's sums as shrink_row's: each warp's by shuffles, then the
+    // warps' in order; (t, r) at t * RP + r (T * RP = 64 fits red's row).
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int t = 0; t < T; t++)
+#pragma unroll
+        for (int r = 0; r < RP; r++)
+            if (r < rank) {
+                const float v = warp_sum(acc[t][r]);
+                if (lane == 0) red[warp][t * RP + r] = v;
+            }
+    __syncthreads();
+    const int q = threadIdx.x, t = q / RP, r = q % RP;
+    if (q < T * RP && r < rank && sl[t] >= 0) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++) v += red[w][q];
+        parts[(((int64_t)c * m + i0 + t) * pj.n + p) * tstride + r] = v;
     }
 }
 
@@ -314,58 +392,81 @@ __global__ void __launch_bounds__(THREADS) lora_dev_expand_kernel(bf16 *out, int
 }
 
 // The expand over tiles (PAGED_CUDA_LORA_DEV_TILES=1): grid (tiles of
-// `tile` consecutive rows, columns / THREADS); a CTA runs its rows one
-// after another, and a thread's row of B stays in the L1 while its rows
-// share an adapter.
+// ETILE consecutive rows, columns / THREADS). The tile's t, every row's
+// and projection's, in one pass into shared memory, then each thread runs
+// down the tile's rows for its column (expand_col, the arithmetic of a CTA
+// a row); its row of B stays in the L1 while the rows share an adapter.
+constexpr int ETILE = 16;
 __global__ void __launch_bounds__(THREADS) lora_dev_expand_tiles_kernel(bf16 *out, int64_t ldo, const float *parts,
                                                                         const float *rms, int chunks, int64_t m,
-                                                                        int tile, int tstride, const int32_t *rows,
+                                                                        int tstride, const int32_t *rows,
                                                                         const Proj pj) {
-    __shared__ float ts[NPROJ][PG_CUDA_LORA_MAX_RANK];
-    __shared__ DevSlot es[NPROJ];
-    const int64_t i0 = (int64_t)blockIdx.x * tile, i1 = i0 + tile < m ? i0 + tile : m;
+    __shared__ float ts[ETILE][NPROJ][PG_CUDA_LORA_MAX_RANK];
+    __shared__ DevSlot es[ETILE][NPROJ];
+    __shared__ int sl[ETILE];
+    const int64_t i0 = (int64_t)blockIdx.x * ETILE;
+    const int nt = (int)(i0 + ETILE < m ? ETILE : m - i0);
     const int64_t j = (int64_t)blockIdx.y * THREADS + threadIdx.x;
     int p = 0;
     while (p + 1 < pj.n && j >= pj.c0[p + 1]) p++;
     const bool incols = j < pj.c0[pj.n];
+    if (threadIdx.x < ETILE) sl[threadIdx.x] = (int)threadIdx.x < nt ? rows[i0 + threadIdx.x] : -1;
+    __syncthreads();
+    for (int q = threadIdx.x; q < ETILE * pj.n; q += THREADS) {
+        const int t = q / pj.n, pq = q % pj.n;
+        es[t][pq] = sl[t] >= 0 ? pj.tab[pq][sl[t]] : DevSlot{};
+    }
+    __syncthreads();
     {
-        // The first row's row of B for this thread, as above.
-        const int s = rows[i0];
-        const DevSlot e = s >= 0 && incols ? pj.tab[p][s] : DevSlot{};
+        // The first row's row of B for this thread (to the L2), as above.
+        const DevSlot e = incols ? es[0][p] : DevSlot{};
         const bf16 *br = e.a ? (const bf16 *)e.b + (j - pj.c0[p]) * e.rank : nullptr;
         if (br && ((e.rank & 7) | (reinterpret_cast<uintptr_t>(br) & 15)) == 0) l2_prefetch(br, (uint32_t)e.rank * 2);
     }
     pg_pdl_wait();
     pg_pdl_trigger();
-    for (int64_t i = i0; i < i1; i++) {
-        const int s = rows[i];
-        if (s < 0) continue;
-        if (threadIdx.x < pj.n) es[threadIdx.x] = pj.tab[threadIdx.x][s];
-        __syncthreads();
-        expand_t(ts, es, parts, rms, chunks, m, tstride, i, pj);
-        __syncthreads();
-        const DevSlot e = es[p];
-        if (incols && e.a) expand_col(out + i * ldo + j, e, (const bf16 *)e.b + (j - pj.c0[p]) * e.rank, ts[p], tstride);
-        __syncthreads(); // es and ts belong to the next row
+    const int64_t cs = m * pj.n * tstride; // one chunk's stride
+    for (int q = threadIdx.x; q < nt * pj.n * tstride; q += THREADS) {
+        const int t = q / (pj.n * tstride), pq = (q / tstride) % pj.n, r = q % tstride;
+        const DevSlot &e = es[t][pq];
+        const int rank = e.rank < tstride ? e.rank : tstride;
+        float v = 0.f;
+        if (sl[t] >= 0 && e.a && r < rank) {
+            // The chunks' parts in order, as expand_t.
+            const float *pp = parts + ((i0 + t) * pj.n + pq) * tstride + r;
+            int c = 0;
+            for (; c + 4 <= chunks; c += 4) {
+                const float v0 = pp[c * cs], v1 = pp[(c + 1) * cs], v2 = pp[(c + 2) * cs], v3 = pp[(c + 3) * cs];
+                v += v0;
+                v += v1;
+                v += v2;
+                v += v3;
+            }
+            for (; c < chunks; c++) v += pp[c * cs];
+            if (rms) v *= rms[i0 + t];
+        }
+        ts[t][pq][r] = v;
+    }
+    __syncthreads();
+    if (!incols) return;
+    for (int t = 0; t < nt; t++) {
+        const DevSlot &e = es[t][p];
+        if (sl[t] >= 0 && e.a)
+            expand_col(out + (i0 + t) * ldo + j, e, (const bf16 *)e.b + (j - pj.c0[p]) * e.rank, ts[t][p], tstride);
     }
 }
 
-// Rows a CTA runs, by the step's row count (graph-safe: m alone decides).
-// A CTA a row unless PAGED_CUDA_LORA_DEV_TILES=1 (read once; session 25
-// measured tiles no faster, docs/lora.md). With tiles: up to 8 rows
-// (single-stream and small decode buckets) still a CTA a row, those steps
-// are launch-bound and want every SM; past that about 128 tiles, 2 to 16
-// rows each, so a prefill chunk of one adapter reads each chunk of A and
-// row of B from the L2 once a tile.
-int rows_per_cta(int64_t m) {
+// Whether the tiled kernels run (PAGED_CUDA_LORA_DEV_TILES=1, read once;
+// graph-safe: then m alone decides): past 8 rows. Up to 8 rows
+// (single-stream and small decode buckets) a CTA a row, as without:
+// those steps are launch-bound and want every SM.
+bool use_tiles(int64_t m) {
     static int tiles = -1;
     if (tiles < 0) {
         const char *e = getenv("PAGED_CUDA_LORA_DEV_TILES");
         tiles = e && atoi(e) != 0;
     }
-    if (!tiles || m <= 8) return 1;
-    const int64_t t = m / 128;
-    return t < 2 ? 2 : t > 16 ? 16 : (int)t;
+    return tiles && m > 8;
 }
 
 } // namespace
@@ -373,13 +474,12 @@ int rows_per_cta(int64_t m) {
 template <int RP>
 cudaError_t shrink(float *parts, float *rms, int tstride, const bf16 *x, int64_t ldx, int64_t in, const bf16 *nw, float eps,
             const int32_t *rows, const Proj &pj, int64_t m, int chunks, cudaStream_t st) {
-    const int tile = rows_per_cta(m);
-    if (tile == 1)
+    if (!use_tiles(m))
         return pg_launch_pdl(lora_dev_shrink_kernel<RP>, dim3((unsigned)m, (unsigned)pj.n, (unsigned)chunks),
                              dim3(STHREADS), 0, st, parts, rms, tstride, x, ldx, in, m, nw, eps, rows, pj);
-    return pg_launch_pdl(lora_dev_shrink_tiles_kernel<RP>, dim3((unsigned)pg_ceil_div(m, tile), (unsigned)pj.n,
-                         (unsigned)chunks), dim3(STHREADS), 0, st, parts, rms, tstride, x, ldx, in, m, tile, nw, eps,
-                         rows, pj);
+    return pg_launch_pdl(lora_dev_shrink_tiles_kernel<RP>, dim3((unsigned)pg_ceil_div(m, 64 / RP), (unsigned)pj.n,
+                         (unsigned)chunks), dim3(STHREADS), 0, st, parts, rms, tstride, x, ldx, in, m, nw, eps, rows,
+                         pj);
 }
 
 int pg_cuda_lora_apply_dev(void *out, int64_t ldo, const void *x, int64_t ldx, int64_t m, int64_t in,
@@ -423,16 +523,16 @@ int pg_cuda_lora_apply_dev(void *out, int64_t ldo, const void *x, int64_t ldx, i
     else
         le = shrink<64>(parts, rms, max_rank, xb, ldx, in, nw, eps, row_slot_dev, pj, m, chunks, st);
     PG_CUDA_TRY(le);
-    const int tile = rows_per_cta(m);
-    const dim3 grid((unsigned)pg_ceil_div(m, tile), (unsigned)pg_ceil_div(total, THREADS));
+    const unsigned col_blocks = (unsigned)pg_ceil_div(total, THREADS);
     const float *rms_or_null = nw ? rms : nullptr;
-    if (tile == 1)
-        PG_CUDA_TRY(pg_launch_pdl(lora_dev_expand_kernel, grid, dim3(THREADS), 0, st, (bf16 *)out, ldo,
-                                  (const float *)parts, rms_or_null, chunks, m, (int)max_rank, row_slot_dev, pj));
+    if (!use_tiles(m))
+        PG_CUDA_TRY(pg_launch_pdl(lora_dev_expand_kernel, dim3((unsigned)m, col_blocks), dim3(THREADS), 0, st,
+                                  (bf16 *)out, ldo, (const float *)parts, rms_or_null, chunks, m, (int)max_rank,
+                                  row_slot_dev, pj));
     else
-        PG_CUDA_TRY(pg_launch_pdl(lora_dev_expand_tiles_kernel, grid, dim3(THREADS), 0, st, (bf16 *)out, ldo,
-                                  (const float *)parts, rms_or_null, chunks, m, tile, (int)max_rank, row_slot_dev,
-                                  pj));
+        PG_CUDA_TRY(pg_launch_pdl(lora_dev_expand_tiles_kernel, dim3((unsigned)pg_ceil_div(m, ETILE), col_blocks),
+                                  dim3(THREADS), 0, st, (bf16 *)out, ldo, (const float *)parts, rms_or_null, chunks,
+                                  m, (int)max_rank, row_slot_dev, pj));
     return 0;
 }
 

@@ -486,15 +486,16 @@ static void graph_case() {
 }
 
 // "lora graph: m 2100 / 300": steps past 8 rows, where with
-// PAGED_CUDA_LORA_DEV_TILES=1 a CTA runs 2-16 consecutive rows one after
-// another (lora_graph.cu rows_per_cta; the flag is read once, so the GPU
-// checks run this program again with it: bench/gpu_call_lib.sh
-// lora_checks). m = 2,100 (tiles of 16, the last of 4) with the slots in
-// runs of 1-300 rows, as a prefill chunk of one adapter sits beside decode
-// rows, and m = 300 (tiles of 2) with a slot drawn for every row: each
-// against the fp64 reference, 24 of its rows run alone (m = 1: a CTA a
-// row) bit for bit against the batch, and m = 300 captured once and
-// replayed bit for bit.
+// PAGED_CUDA_LORA_DEV_TILES=1 a CTA takes a tile of rows (lora_graph.cu:
+// the shrink 64 / max rank rows of one slot at once, the expand 16; the
+// flag is read once, so the GPU checks run this program again with it:
+// bench/gpu_call_lib.sh lora_checks). m = 2,100 with the slots in runs of
+// 1-300 rows, as a prefill chunk of one adapter sits beside decode rows,
+// at max ranks 64, 16 and 8 (shrink tiles of 1, 4 and 8 rows; slots of a
+// larger rank not named), and m = 300 with a slot drawn for every row
+// (mixed tiles, a row at a time): each against the fp64 reference, 24 of
+// its rows run alone (m = 1: a CTA a row) bit for bit against the batch,
+// and m = 300 captured once and replayed bit for bit.
 static void graph_tiles_case() {
     if (!selected("lora graph")) return;
     constexpr int NP = 3;
@@ -526,22 +527,32 @@ static void graph_tiles_case() {
     const size_t wsb = pg_cuda_lora_workspace_size(mmax, in, 64);
     DBuf dx, dnw, dgo, rows(mmax * 4), ws(wsb);
     dx.up(x), dnw.up(nw);
-    for (const int64_t m : {mmax, (int64_t)300}) {
+    struct Run {
+        int64_t m;
+        int32_t max_rank; // the launch's; slots of a larger rank are not named
+    };
+    for (const Run run : {Run{mmax, 64}, Run{mmax, 16}, Run{mmax, 8}, Run{300, 16}}) {
+        const int64_t m = run.m;
+        const int32_t mr = run.max_rank;
+        auto draw = [&]() {
+            const int s = r.below(N_SLOTS + 1) - 1;
+            return s >= 0 && k_rank[s] > mr ? 1 : s; // slot 1: rank 8
+        };
         std::vector<int32_t> pat((size_t)m);
         if (m == mmax) {
             for (int64_t i = 0; i < m;) {
                 const int64_t len = 1 + r.below(300);
-                const int s = r.below(N_SLOTS + 1) - 1;
+                const int s = draw();
                 for (int64_t k = 0; k < len && i < m; k++) pat[(size_t)i++] = s;
             }
         } else {
-            for (auto &v : pat) v = r.below(N_SLOTS + 1) - 1;
+            for (auto &v : pat) v = draw();
         }
         CK(cudaMemcpy(rows.p, pat.data(), (size_t)m * 4, cudaMemcpyHostToDevice));
         const std::vector<uint16_t> om(o.begin(), o.begin() + m * ldo);
         auto call = [&](int64_t i0, int64_t mm, cudaStream_t st) {
             return pg_cuda_lora_apply_dev(dgo.as<uint16_t>() + i0 * ldo, ldo, dx.as<uint16_t>() + i0 * in, in, mm, in,
-                                          dnw.p, eps, cols, NP, rows.as<int32_t>() + i0, tabs, 64, ws.p, wsb, st);
+                                          dnw.p, eps, cols, NP, rows.as<int32_t>() + i0, tabs, mr, ws.p, wsb, st);
         };
         auto got = [&]() {
             CK(cudaDeviceSynchronize());
@@ -588,8 +599,8 @@ static void graph_tiles_case() {
         const bool moved = rf.dmax > 0.1 * rf.rmax;
         char name[96], detail[320];
         const char *tiles = getenv("PAGED_CUDA_LORA_DEV_TILES");
-        snprintf(name, sizeof name, "lora graph: m %lld (%s), tiles %s", (long long)m,
-                 m == mmax ? "slots in runs" : "a slot a row", tiles && atoi(tiles) ? "on" : "off");
+        snprintf(name, sizeof name, "lora graph: m %lld (%s), max rank %d, tiles %s", (long long)m,
+                 m == mmax ? "slots in runs" : "a slot a row", mr, tiles && atoi(tiles) ? "on" : "off");
         snprintf(detail, sizeof detail, "max_rel %.3e (bound %.0e), bits changed outside %lld; 24 rows alone (%lld "
                  "with an adapter) differ %lld; replay differs %lld", rf.worst, BOUND, (long long)rf.changed,
                  (long long)n_adapter, (long long)d_alone, (long long)d_replay);
