@@ -40,8 +40,9 @@
 #   lora_serve_runs K N RUN...  the llama3-8b shape served with N random
 #                      rank-16 adapters (a0..), for each RUN (new: K/paged,
 #                      old: K/paged_old, dev: K/paged with
-#                      PAGED_LORA_DEV_EAGER=1, base: K/paged, its W4 naming
-#                      no adapter): W1 without and with adapter a0, then W4
+#                      PAGED_LORA_DEV_EAGER=1, runs: K/paged with
+#                      PAGED_CUDA_LORA_GEMM_RUNS=16, base: K/paged, its W4
+#                      naming no adapter): W1 without and with adapter a0, then W4
 #                      (100 clients over all N, 30 s); the loop session
 #                      24's callP-callS.sh wrote out by hand
 call_init() {
@@ -162,7 +163,9 @@ lora_checks() { # K [SGMV...]
 }
 # The llama3-8b shape served with N random rank-16 adapters, for each RUN
 # (new: K/paged, old: K/paged_old, dev: K/paged with PAGED_LORA_DEV_EAGER=1,
-# base: K/paged with W4 naming no adapter; none starts past 420 s): W1
+# runs: K/paged with PAGED_CUDA_LORA_GEMM_RUNS=16 (session 25's
+# lora_gemm_runs.patch), base: K/paged with W4 naming no adapter; none
+# starts past 420 s): W1
 # with no adapter and with a0 (w1base_RUN, w1_RUN), then (unless
 # LORA_W4=0) W4 at 100 clients over all N adapters for 30 s (w4_RUN),
 # saving after each run.
@@ -179,6 +182,7 @@ lora_serve_runs() { # K N RUN...
         local wm=(--model "$names")
         [ "$run" = base ] && wm=()
         if [ "$run" = dev ]; then export PAGED_LORA_DEV_EAGER=1; else unset PAGED_LORA_DEV_EAGER; fi
+        if [ "$run" = runs ]; then export PAGED_CUDA_LORA_GEMM_RUNS=16; else unset PAGED_CUDA_LORA_GEMM_RUNS; fi
         # shellcheck disable=SC2086
         serve_up "$R/serve_$run.log" --device cuda --load-format dummy --hf-config tests/gpu/llama3-8b-shape.json \
             --enable-lora --max-loras "$n" --max-lora-rank 16 --lora-modules $mods || continue
@@ -194,5 +198,5 @@ lora_serve_runs() { # K N RUN...
         rm -f "$R"/*.json.requests
         save
     done
-    unset PAGED_LORA_DEV_EAGER
+    unset PAGED_LORA_DEV_EAGER PAGED_CUDA_LORA_GEMM_RUNS
 }

@@ -12,7 +12,7 @@
 #      graph-safe op's tiles off, then on;
 #   1. test_cuda_lora (with "lora runs"), the LoRA runner check plain and
 #      with PAGED_CUDA_LORA_GEMM_RUNS=16;
-#   2. served llama3-8b shape, 8 rank-16 adapters, W4 100 clients 30 s:
+#   2. lora_serve_runs: served llama3-8b shape, 8 rank-16 adapters, W4 100 clients 30 s:
 #      runs through cuBLASLt (runs), the default BGMV (new), naming no
 #      adapter (base), each with W1 with and without an adapter.
 # The target: W4 with adapters >= 0.85x of base (0.55x now).
@@ -21,7 +21,6 @@ set -u
 call_init cG
 [ -x build/gpu-pack/paged ] || unpack s35
 K=$PWD/build/gpu-pack
-P=$K/paged
 gpu_name
 timeout 90 "$K/bench_cuda_lora" > "$R/bench_lora.txt" 2>&1
 echo "bench_cuda_lora rc=$? at $(el)s"
@@ -36,23 +35,5 @@ PAGED_CUDA_LORA_GEMM_RUNS=16 timeout 60 "$K/test_cuda_runner" /tmp/paged-m64 \
     --lora "$(ls -d /tmp/paged-m64-lora/* | paste -sd,)" > "$R/runner_lora_runs.txt" 2>&1
 echo "runner LoRA GEMM_RUNS=16 rc=$? at $(el)s: $(tail -1 "$R/runner_lora_runs.txt" | cut -c1-200)"
 save
-mods=$(python3 tests/gpu/make_lora_adapters.py tests/gpu/llama3-8b-shape.json /tmp/lora8b --many 8 2> "$R/lora_make.txt")
-names=$(echo "$mods" | tr ' ' '\n' | cut -d= -f1 | paste -sd,)
-for run in runs new base; do
-    [ "$(el)" -gt 420 ] && { echo "stopped before $run at $(el)s"; break; }
-    wm=(--model "$names")
-    [ $run = base ] && wm=()
-    if [ $run = runs ]; then export PAGED_CUDA_LORA_GEMM_RUNS=16; else unset PAGED_CUDA_LORA_GEMM_RUNS; fi
-    # shellcheck disable=SC2086
-    serve_up "$R/serve_$run.log" --device cuda --load-format dummy --hf-config tests/gpu/llama3-8b-shape.json \
-        --enable-lora --max-loras 8 --max-lora-rank 16 --lora-modules $mods || continue
-    w1_http "w1base_$run"
-    w1_http "w1_$run" --model a0
-    w4 "w4_$run" --concurrency 100 "${wm[@]}" --max-seconds 30 --drain-seconds 15
-    echo "W4 100 clients 30 s $run rc=$? at $(el)s: $(grep -m1 'output' "$R/w4_$run.txt")"
-    grep -E '^ *(TTFT|TPOT)' "$R/w4_$run.txt" | head -2
-    serve_down
-    rm -f "$R"/*.json.requests
-    save
-done
+lora_serve_runs "$K" 8 runs new base
 echo "done at $(el)s"
