@@ -39,9 +39,11 @@
 #                      programs in folder K
 #   lora_serve_runs K N RUN...  the llama3-8b shape served with N random
 #                      rank-16 adapters (a0..), for each RUN (new: K/paged,
-#                      old: K/paged_old, dev: K/paged with
+#                      old: K/paged_old, oldruns: it with
+#                      PAGED_CUDA_LORA_GEMM_RUNS=16, dev: K/paged with
 #                      PAGED_LORA_DEV_EAGER=1, runs: K/paged with
-#                      PAGED_CUDA_LORA_GEMM_RUNS=16, base: K/paged, its W4
+#                      PAGED_CUDA_LORA_GEMM_RUNS=16, bgmv: with =0,
+#                      base: K/paged, its W4
 #                      naming no adapter): W1 without and with adapter a0, then W4
 #                      (100 clients over all N, 30 s); the loop session
 #                      24's callP-callS.sh wrote out by hand
@@ -143,7 +145,8 @@ w1_http() { # NAME [ARGS...]
 # LoRA's GPU checks with the programs in folder K: test_cuda_lora (every
 # case for both shapes of the kernels), then test_cuda_runner --lora (three
 # random adapters + none against the CPU, tests/gpu/make_lora_adapters.py)
-# once for each PAGED_CUDA_LORA_SGMV value given (default: 0).
+# once for each PAGED_CUDA_LORA_SGMV value given (default: 0), and once with
+# BGMV alone in eager steps.
 lora_checks() { # K [SGMV...]
     local k=$1 m64=/tmp/paged-m64 dirs sg
     shift
@@ -160,11 +163,15 @@ lora_checks() { # K [SGMV...]
         PAGED_CUDA_LORA_SGMV=$sg timeout 120 "$k/test_cuda_runner" $m64 --lora "$dirs" > "$R/runner_lora_$sg.txt" 2>&1
         echo "runner LoRA SGMV=$sg rc=$? at $(el)s: $(tail -1 "$R/runner_lora_$sg.txt" | cut -c1-200)"
     done
+    PAGED_CUDA_LORA_GEMM_RUNS=0 timeout 120 "$k/test_cuda_runner" $m64 --lora "$dirs" > "$R/runner_lora_bgmv.txt" 2>&1
+    echo "runner LoRA GEMM_RUNS=0 (BGMV alone) rc=$? at $(el)s: $(tail -1 "$R/runner_lora_bgmv.txt" | cut -c1-200)"
 }
 # The llama3-8b shape served with N random rank-16 adapters, for each RUN
-# (new: K/paged, old: K/paged_old, dev: K/paged with PAGED_LORA_DEV_EAGER=1,
-# runs: K/paged with PAGED_CUDA_LORA_GEMM_RUNS=16 (session 25's
-# lora_gemm_runs.patch), base: K/paged with W4 naming no adapter; none
+# (new: K/paged, old: K/paged_old, oldruns: K/paged_old with
+# PAGED_CUDA_LORA_GEMM_RUNS=16, dev: K/paged with PAGED_LORA_DEV_EAGER=1,
+# runs: K/paged with PAGED_CUDA_LORA_GEMM_RUNS=16 (the default since
+# session 26), bgmv: K/paged with PAGED_CUDA_LORA_GEMM_RUNS=0 (eager steps
+# through BGMV alone), base: K/paged with W4 naming no adapter; none
 # starts past 420 s): W1
 # with no adapter and with a0 (w1base_RUN, w1_RUN), then (unless
 # LORA_W4=0) W4 at 100 clients over all N adapters for 30 s (w4_RUN),
@@ -178,11 +185,15 @@ lora_serve_runs() { # K N RUN...
     for run in "$@"; do
         [ "$(el)" -gt 420 ] && { echo "stopped before $run at $(el)s"; break; }
         P=$k/paged
-        [ "$run" = old ] && P=$k/paged_old
+        case $run in old | oldruns) P=$k/paged_old ;; esac
         local wm=(--model "$names")
         [ "$run" = base ] && wm=()
         if [ "$run" = dev ]; then export PAGED_LORA_DEV_EAGER=1; else unset PAGED_LORA_DEV_EAGER; fi
-        if [ "$run" = runs ]; then export PAGED_CUDA_LORA_GEMM_RUNS=16; else unset PAGED_CUDA_LORA_GEMM_RUNS; fi
+        case $run in
+        runs | oldruns) export PAGED_CUDA_LORA_GEMM_RUNS=16 ;;
+        bgmv) export PAGED_CUDA_LORA_GEMM_RUNS=0 ;;
+        *) unset PAGED_CUDA_LORA_GEMM_RUNS ;;
+        esac
         # shellcheck disable=SC2086
         serve_up "$R/serve_$run.log" --device cuda --load-format dummy --hf-config tests/gpu/llama3-8b-shape.json \
             --enable-lora --max-loras "$n" --max-lora-rank 16 --lora-modules $mods || continue

@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 python3 tools/gen_build.py
 ninja -j2 build/paged build/gpu/test_cuda_runner build/gpu/test_cuda_kernels build/gpu/bench_cuda_attention \
     build/gpu/bench_cuda_gemv build/gpu/test_cuda_fp8_gemm build/gpu/bench_cuda_gemm_fp8 build/gpu/test_cuda_moe \
-    build/gpu/test_cuda_gemma_ops build/gpu/test_cuda_lora build/gpu/bench_fi_prefill build/bench/bench_structured
+    build/gpu/test_cuda_gemma_ops build/gpu/test_cuda_lora build/gpu/bench_cuda_lora build/gpu/bench_fi_prefill build/bench/bench_structured
 cudalib=build/rel/libpaged_cuda.a
 if ! nm "$cudalib" 2>/dev/null | grep -q ' T pg_backend_cuda_create'; then
     echo "pack_gpu: $cudalib holds no CUDA objects (no nvcc?); nothing to pack" >&2
@@ -48,7 +48,7 @@ link test_cuda_runner build/rel/obj/tests/gpu/test_cuda_runner.o
 # of docs/structured_outputs.md is measured there).
 link bench_structured build/rel/obj/bench/bench_structured.o
 cp build/gpu/test_cuda_kernels build/gpu/bench_cuda_attention build/gpu/bench_cuda_gemv build/gpu/test_cuda_fp8_gemm \
-    build/gpu/bench_cuda_gemm_fp8 build/gpu/test_cuda_moe build/gpu/test_cuda_gemma_ops build/gpu/test_cuda_lora \
+    build/gpu/bench_cuda_gemm_fp8 build/gpu/test_cuda_moe build/gpu/test_cuda_gemma_ops build/gpu/test_cuda_lora build/gpu/bench_cuda_lora \
     build/gpu/bench_fi_prefill "$out/"
 
 # Shared libraries beyond what every Linux with CUDA has.

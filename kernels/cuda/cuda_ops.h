@@ -435,6 +435,23 @@ static inline bool pg_cuda_lora_grouped(void) {
     const char *e = getenv("PAGED_CUDA_LORA_SGMV");
     return e && atoi(e) != 0;
 }
+// Long runs of one adapter through cuBLASLt (lora_runs.cu; docs/lora.md
+// "Runs of one adapter through cuBLASLt"; the backend's eager lora_apply
+// takes it with min_run 16, PAGED_CUDA_LORA_GEMM_RUNS=N): every run of at least min_run consecutive
+// rows naming one slot whose a and b are bf16, rank a multiple of 8 (and
+// in, out_cols, the strides multiples of 8, the pointers 16-byte aligned)
+// gets t = bf16(x . a^T), t = bf16(scale * t), out = bf16(out + t . b^T)
+// by two pg_cuda_gemm_bf16 calls on g; the other rows go to
+// pg_cuda_lora_apply (staged = 0) with the run rows set to -1. Run rows
+// differ from BGMV's by t's two bf16 roundings (BGMV keeps t in f32).
+// Eager only (PG_EUNSUPP under stream capture). ws: as pg_cuda_lora_apply's,
+// and room for a run's t [len][rank] bf16 after the staging region (a
+// run that does not fit goes to pg_cuda_lora_apply).
+struct pg_cuda_gemm; // the GEMM section, below
+int pg_cuda_lora_apply_runs(struct pg_cuda_gemm *g, void *gemm_ws, size_t gemm_ws_bytes, int64_t min_run, void *out,
+                            int64_t ldo, const void *x, int64_t ldx, int64_t m, int64_t in, int64_t out_cols,
+                            const int32_t *row_slot, const pg_cuda_lora_slot *slots, int32_t n_slots, void *ws,
+                            size_t ws_bytes, void *stream);
 // Layout: the rows' slots (int8), the sorted rows (int32), the tiles (8
 // bytes each, at most one per TILE_ROWS rows plus one per slot), each
 // rounded up to 256 bytes, then the shrink's f32 parts [k splits][m][rank].

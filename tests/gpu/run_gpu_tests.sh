@@ -239,6 +239,11 @@ note "runner hd64 fp8 weights, W8A8 through CUTLASS c7: $(tail -c 300 "$out_dir/
 lora_dirs=$(python3 tests/gpu/make_lora_adapters.py $m64 /tmp/paged-m64-lora) || fail=1
 run runner-hd64-lora "$RUNNER_TEST" $m64 --lora "$lora_dirs" --json "$out_dir/runner_hd64_lora.json"
 note "runner hd64 LoRA (3 adapters + none): $(tail -c 300 "$out_dir/runner_hd64_lora.json" 2>/dev/null | tr -d '\n')"
+# The eager steps' prefill chunks go through cuBLASLt by default (runs of
+# 16 rows of one adapter, kernels/cuda/lora_runs.cu); BGMV alone as well.
+run runner-hd64-lora-bgmv env PAGED_CUDA_LORA_GEMM_RUNS=0 "$RUNNER_TEST" $m64 --lora "$lora_dirs" \
+    --json "$out_dir/runner_hd64_lora_bgmv.json"
+note "runner hd64 LoRA, BGMV alone: $(tail -c 300 "$out_dir/runner_hd64_lora_bgmv.json" 2>/dev/null | tr -d '\n')"
 run runner-hd64-lora-fp8 env PAGED_CUDA_FP8_GEMM=0 "$RUNNER_TEST" $m64 --lora "$lora_dirs" --quantization fp8 \
     --json "$out_dir/runner_hd64_lora_fp8_wo.json"
 note "runner hd64 LoRA over fp8 weights, weight-only: $(tail -c 300 "$out_dir/runner_hd64_lora_fp8_wo.json" 2>/dev/null | tr -d '\n')"

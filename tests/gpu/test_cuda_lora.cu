@@ -40,7 +40,8 @@
 // captured graph over two slot patterns and a rewritten table bit for bit
 // against its eager runs (graph_case below); past 8 rows, where a CTA runs
 // a tile of rows, the same checks and each row alone against the batch bit
-// for bit (graph_tiles_case).
+// for bit (graph_tiles_case). "lora runs": pg_cuda_lora_apply_runs
+// (runs of one adapter through cuBLASLt) against the reference and BGMV.
 //
 // Usage: build/gpu/test_cuda_lora [-k FILTER]   exit 0 pass, 1 fail, 77 no GPU.
 #include <stdlib.h>
@@ -609,6 +610,100 @@ static void graph_tiles_case() {
     }
 }
 
+// "lora runs": pg_cuda_lora_apply_runs (lora_runs.cu), runs of one
+// adapter through cuBLASLt. 4096 -> 1024 into the K slice of a 6144-wide
+// Q|K|V row, m = 700 in runs of 1-200 rows of a slot drawn from -1..5
+// (slot 0 has rank 1 and slot 4 no `a`: never a run), min_run 16: the run
+// rows against the fp64 reference within RUNS_BOUND, the other rows bit
+// for bit as pg_cuda_lora_apply alone writes them, nothing outside the
+// adapter rows' view touched. RUNS_BOUND: t is rounded to bf16 twice
+// (cuBLASLt's output, then scale * t), 2^-8 of each t value at worst; over
+// rank terms that is about 2e-3 of a typical delta and 7e-3 at the tail of
+// 1,024 columns, a third of that against a row's largest |ref|, plus the
+// output's half ulp (2e-3): about 5e-3 at worst, and a wrong slot, scale
+// or row is off by O(1).
+constexpr double RUNS_BOUND = 1e-2;
+static void runs_case() {
+    if (!selected("lora runs")) return;
+    const Shape sh = {"4096->1024 K slice of 6144", 4096, 1024, 4096, 6144, 4096};
+    const int64_t m = 700, min_run = 16;
+    std::vector<std::unique_ptr<Adapters>> ad;
+    ad.emplace_back(new Adapters(sh.in, sh.out, 8100));
+    int src[1][N_SLOTS];
+    for (int q = 0; q < N_SLOTS; q++) src[0][q] = q;
+    pg_cuda_lora_slot tab[N_SLOTS];
+    ad[0]->table(tab);
+    Rng r(51);
+    std::vector<int32_t> pat((size_t)m);
+    for (int64_t i = 0; i < m;) {
+        const int64_t len = 1 + r.below(200);
+        const int q = r.below(N_SLOTS + 1) - 1;
+        for (int64_t k = 0; k < len && i < m; k++) pat[(size_t)i++] = q;
+    }
+    std::vector<uint16_t> x((size_t)(m * sh.ldx)), o((size_t)(m * sh.ldo)), none;
+    for (auto &v : x) v = f2bf((float)r.normal());
+    for (auto &v : o) v = f2bf((float)r.normal());
+    const size_t wsb = pg_cuda_lora_workspace_size(m, sh.in, 64);
+    DBuf dx, dout, ws(wsb), gws(PG_CUDA_GEMM_WORKSPACE);
+    dx.up(x);
+    pg_cuda_gemm *g = nullptr;
+    PK(pg_cuda_gemm_create(&g));
+    auto got = [&]() {
+        CK(cudaDeviceSynchronize());
+        std::vector<uint16_t> v(o.size());
+        dout.down(v);
+        return v;
+    };
+    dout.up(o);
+    PK(pg_cuda_lora_apply_runs(g, gws.p, gws.n, min_run, dout.as<uint16_t>() + sh.col0, sh.ldo, dx.p, sh.ldx, m,
+                               sh.in, sh.out, pat.data(), tab, N_SLOTS, ws.p, wsb, nullptr));
+    const std::vector<uint16_t> gr = got();
+    dout.up(o);
+    PK(pg_cuda_lora_apply(dout.as<uint16_t>() + sh.col0, sh.ldo, dx.p, sh.ldx, m, sh.in, sh.out, pat.data(), tab,
+                          N_SLOTS, ws.p, wsb, 0, nullptr));
+    const std::vector<uint16_t> gb = got();
+    pg_cuda_gemm_destroy(g);
+    // Which rows were runs: the rule of lora_runs.cu over this pattern.
+    std::vector<uint8_t> in_run((size_t)m, 0);
+    int64_t run_rows = 0, rest_rows = 0;
+    for (int64_t i = 0; i < m;) {
+        int64_t j = i + 1;
+        while (j < m && pat[(size_t)j] == pat[(size_t)i]) j++;
+        const int q = pat[(size_t)i];
+        const bool run = q >= 0 && k_rank[q] >= 8 && k_rank[q] % 8 == 0 && j - i >= min_run;
+        for (int64_t k = i; k < j; k++) in_run[(size_t)k] = run;
+        if (run) run_rows += j - i;
+        else if (q >= 0 && k_rank[q]) rest_rows += j - i;
+        i = j;
+    }
+    std::vector<int32_t> pat_runs(pat); // the run rows alone, for the reference
+    for (int64_t i = 0; i < m; i++)
+        if (!in_run[(size_t)i]) pat_runs[(size_t)i] = -1;
+    const DevRef rr = dev_ref(o, gr, x, sh.ldx, sh.in, none, 0.0f, pat_runs.data(), m, 1, &sh.out, sh.ldo, sh.col0,
+                              ad, src);
+    int64_t rest_differ = 0;
+    for (int64_t i = 0; i < m; i++)
+        if (!in_run[(size_t)i])
+            for (int64_t j = 0; j < sh.ldo; j++) rest_differ += gr[(size_t)(i * sh.ldo + j)] != gb[(size_t)(i * sh.ldo + j)];
+    // (rr.changed counts the rest rows' views too, which BGMV moved: count
+    // what lies outside every adapter row's view instead.)
+    int64_t outside = 0;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < sh.ldo; j++) {
+            const int q = pat[(size_t)i];
+            const bool view = q >= 0 && k_rank[q] && j >= sh.col0 && j < sh.col0 + sh.out;
+            outside += !view && gr[(size_t)(i * sh.ldo + j)] != o[(size_t)(i * sh.ldo + j)];
+        }
+    char detail[320];
+    snprintf(detail, sizeof detail, "run rows %lld: max_rel %.3e (bound %.0e), delta/ref %.2f; other adapter rows "
+             "%lld: differ from BGMV %lld; bits changed outside %lld", (long long)run_rows, rr.worst, RUNS_BOUND,
+             rr.rmax > 0 ? rr.dmax / rr.rmax : 0.0, (long long)rest_rows, (long long)rest_differ, (long long)outside);
+    report("lora runs: cuBLASLt for runs of one adapter, BGMV for the rest",
+           run_rows >= 100 && rest_rows > 0 && rr.worst <= RUNS_BOUND && rr.dmax > 0.1 * rr.rmax && rest_differ == 0 &&
+               outside == 0,
+           detail);
+}
+
 static void refusals() {
     if (!selected("lora refusals")) return;
     const Adapters ad(64, 32, 99);
@@ -690,6 +785,7 @@ int main(int argc, char **argv) {
     unsetenv("PAGED_CUDA_LORA_SGMV");
     graph_case();
     graph_tiles_case();
+    runs_case();
     refusals();
     CK(cudaDeviceSynchronize());
     printf("%s: %d passed, %d failed\n", g_fail ? "FAIL" : "PASS", g_ok, g_fail);
