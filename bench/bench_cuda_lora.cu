@@ -1,7 +1,6 @@
 // bench/bench_cuda_lora.cu - the CUDA LoRA ops of one llama3-8b layer over
 // the batch size: BGMV (pg_cuda_lora_apply, the eager default), the
-// graph-safe op (pg_cuda_lora_apply_dev: a CTA a row, or its tiles when
-// run with PAGED_CUDA_LORA_DEV_TILES=1, which is read once a process) and
+// graph-safe op (pg_cuda_lora_apply_dev, a CTA a row) and
 // runs of one adapter through cuBLASLt (pg_cuda_lora_apply_runs, min run
 // 16), for rank-16 adapters in 8 slots.
 //
@@ -73,8 +72,7 @@ int main(int argc, char **argv) {
             for (char *t = strtok(argv[++i], ","); t; t = strtok(nullptr, ",")) ms.push_back(atoll(t));
         }
     if (!gpu_announce()) return 77;
-    const char *tiles = getenv("PAGED_CUDA_LORA_DEV_TILES");
-    printf("rank %d, %d slots; graph-safe op tiles %s\n", RANK, SLOTS, tiles && atoi(tiles) ? "on" : "off");
+    printf("rank %d, %d slots\n", RANK, SLOTS);
     int64_t mmax = 1, inmax = 1, ldomax = 1;
     for (int64_t m : ms) mmax = std::max(mmax, m);
     std::vector<std::vector<std::unique_ptr<Proj>>> projs;

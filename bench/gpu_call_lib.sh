@@ -33,9 +33,9 @@
 #                      wrote this loop out by hand)
 #   w1_http NAME [ARGS...]  W1 through HTTP against the server up (one
 #                      client, 3 x 128 in / 256 out): prints its TPOT row
-#   lora_checks K [SGMV...]  test_cuda_lora (its graph cases again with
-#                      PAGED_CUDA_LORA_DEV_TILES=1), then test_cuda_runner --lora
-#                      for each PAGED_CUDA_LORA_SGMV value (default 0), the
+#   lora_checks K [SGMV...]  test_cuda_lora, then test_cuda_runner --lora
+#                      for each PAGED_CUDA_LORA_SGMV value (default 0) and
+#                      with BGMV alone (PAGED_CUDA_LORA_GEMM_RUNS=0), the
 #                      programs in folder K
 #   lora_serve_runs K N RUN...  the llama3-8b shape served with N random
 #                      rank-16 adapters (a0..), for each RUN (new: K/paged,
@@ -153,9 +153,6 @@ lora_checks() { # K [SGMV...]
     timeout 120 "$k/test_cuda_lora" > "$R/lora_kernels.txt" 2>&1
     echo "test_cuda_lora rc=$? at $(el)s: $(tail -1 "$R/lora_kernels.txt")"
     grep -E "^FAIL|staged" "$R/lora_kernels.txt" | head -12
-    PAGED_CUDA_LORA_DEV_TILES=1 timeout 120 "$k/test_cuda_lora" -k "lora graph" > "$R/lora_kernels_tiles.txt" 2>&1
-    echo "test_cuda_lora -k 'lora graph', DEV_TILES=1 rc=$? at $(el)s: $(tail -1 "$R/lora_kernels_tiles.txt")"
-    grep -E "^FAIL|tiles on" "$R/lora_kernels_tiles.txt" | head -6
     python3 tests/gpu/make_random_model.py $m64 --hidden 512 --heads 8 --kv-heads 2 --layers 4 --ffn 1536 \
         --vocab 1000 --dtype bf16 > /dev/null
     dirs=$(python3 tests/gpu/make_lora_adapters.py $m64 /tmp/paged-m64-lora)

@@ -29,11 +29,13 @@
 // launch cover all of them, so a Llama layer's LoRA is 8 launches (QKV,
 // O, gate|up, down) where lora.cu's BGMV takes 21.
 //
-// A CTA runs one row, or with PAGED_CUDA_LORA_DEV_TILES=1 past 8 rows a
-// tile of rows (docs/lora.md "Tiles of rows"): the shrink's 64 / rank
-// rows of one adapter at once, their pieces of A loaded once; the
-// expand's 16 rows, their t in one pass, then a column's rows one after
-// another. A row's arithmetic is the same in either: its bits too.
+// A CTA a row at every batch size: fewer, wider CTAs (session 25's tiles,
+// session 26's warp-a-row shrink and 8-columns-a-thread expand, bit for
+// bit the same sums) lost 1.1-4x, as a step's LoRA is a few dependent
+// round trips to memory a CTA and wants every CTA in flight at once
+// (docs/lora.md "Fewer, wider CTAs"). Each warp's sums go through
+// scatter_sum, a reduce-scatter with warp_sum's pairs of lanes (so its
+// bits) at a fifth of the shuffles.
 //
 // The grid depends only on the rows and the columns: a row whose slot is
 // -1, or whose slot's entry has no `a` for a projection, leaves at once
@@ -69,6 +71,43 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// The warp's sums of each of v's RP values (RP 8, 16, 32 or 64), spread
+// over the lanes: on return lane l holds in v[0 .. Scatter<RP>::N) the sums
+// of the values Scatter<RP>::rank(l, q). Each sum is warp_sum's bit for
+// bit: the same pairs of lanes (l, l ^ o) are added at each stage o = 16
+// .. 1, and a float sum is the same either way round; but a stage
+// exchanges only the half of the values the lane gives away (16 values: 8
+// + 4 + 2 + 1 + 1 shuffles where warp_sum on each takes 80).
+template <int RP> struct Scatter {
+    static_assert(RP == 8 || RP == 16 || RP == 32 || RP == 64, "ranks 8, 16, 32, 64");
+    static constexpr int N = RP >= 32 ? RP / 32 : 1;             // values a lane keeps
+    static constexpr int SH = RP >= 32 ? 0 : (RP == 16 ? 1 : 2); // lanes sharing a value: 1 << SH
+    __device__ static int rank(int lane, int q) { return (lane >> SH) * N + q; }
+    __device__ static bool writer(int lane) { return (lane & ((1 << SH) - 1)) == 0; }
+};
+template <int N, int O> struct ScatterStage {
+    __device__ __forceinline__ static void run(float *v, int lane) {
+        if constexpr (O > 0) {
+            if constexpr (N > 1) {
+                // The upper half stays with the lanes whose bit O is set.
+                const bool hi = (lane & O) != 0;
+#pragma unroll
+                for (int q = 0; q < N / 2; q++) {
+                    const float give = hi ? v[q] : v[q + N / 2], keep = hi ? v[q + N / 2] : v[q];
+                    v[q] = keep + __shfl_xor_sync(0xffffffffu, give, O);
+                }
+                ScatterStage<N / 2, O / 2>::run(v, lane);
+            } else {
+                v[0] += __shfl_xor_sync(0xffffffffu, v[0], O);
+                ScatterStage<1, O / 2>::run(v, lane);
+            }
+        }
+    }
+};
+template <int RP> __device__ __forceinline__ void scatter_sum(float (&v)[RP], int lane) {
+    ScatterStage<RP, 16>::run(v, lane);
+}
+
 // Asks the L2 for `bytes` (a multiple of 16) at p (16-byte aligned): a
 // hint, no register kept (sm_90's bulk prefetch; nothing before).
 __device__ __forceinline__ void l2_prefetch(const void *p, uint32_t bytes) {
@@ -77,26 +116,32 @@ __device__ __forceinline__ void l2_prefetch(const void *p, uint32_t bytes) {
 #endif
 }
 
-// A row's inverse RMS over all `in` columns of x into rms[i] (block-wide;
-// every thread of the block calls it).
-__device__ __forceinline__ void row_rms(float *rms, int64_t i, const bf16 *xr, int64_t in, float eps, bool vec,
-                                        float (*red)[PG_CUDA_LORA_MAX_RANK + 1]) {
+// Thread vt's sum of squares of a row (of STHREADS threads over all `in`
+// columns of xr): row_rms's loop.
+__device__ __forceinline__ float rms_piece(int vt, const bf16 *xr, int64_t in, bool vec) {
     float ss = 0.f;
     if (vec) {
 #pragma unroll 4
-        for (int64_t k = (int64_t)threadIdx.x * 8; k < in; k += STHREADS * 8) {
+        for (int64_t k = (int64_t)vt * 8; k < in; k += STHREADS * 8) {
             float xf[8];
             pg_unpack8(*reinterpret_cast<const uint4 *>(xr + k), xf);
 #pragma unroll
             for (int q = 0; q < 8; q++) ss = fmaf(xf[q], xf[q], ss);
         }
     } else {
-        for (int64_t k = threadIdx.x; k < in; k += STHREADS) {
+        for (int64_t k = vt; k < in; k += STHREADS) {
             const float v = __bfloat162float(xr[k]);
             ss = fmaf(v, v, ss);
         }
     }
-    ss = warp_sum(ss);
+    return ss;
+}
+
+// A row's inverse RMS over all `in` columns of x into rms[i] (block-wide;
+// every thread of the block calls it).
+__device__ __forceinline__ void row_rms(float *rms, int64_t i, const bf16 *xr, int64_t in, float eps, bool vec,
+                                        float (*red)[PG_CUDA_LORA_MAX_RANK + 1]) {
+    const float ss = warp_sum(rms_piece(threadIdx.x, xr, in, vec));
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5][0] = ss;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -108,44 +153,27 @@ __device__ __forceinline__ void row_rms(float *rms, int64_t i, const bf16 *xr, i
     __syncthreads(); // red is reused
 }
 
-// The L2 prefetch of a shrink CTA's chunk c of A (entry e): a rank a thread.
-__device__ __forceinline__ void prefetch_a(const DevSlot &e, int tstride, int64_t in, int c) {
+// The L2 prefetch of a shrink's chunk c of A (entry e): ranks t, t + nt, ...
+__device__ __forceinline__ void prefetch_a(const DevSlot &e, int tstride, int64_t in, int c, int t, int nt) {
     const int rank = e.rank < tstride ? e.rank : tstride;
     const bf16 *a = (const bf16 *)e.a;
     const int64_t k0 = (int64_t)c * KCHUNK, k1 = k0 + KCHUNK < in ? k0 + KCHUNK : in;
-    if (a && (in & 7) == 0 && (reinterpret_cast<uintptr_t>(a) & 15) == 0 && (int)threadIdx.x < rank)
-        l2_prefetch(a + (int64_t)threadIdx.x * in + k0, (uint32_t)(k1 - k0) * 2);
+    if (a && (in & 7) == 0 && (reinterpret_cast<uintptr_t>(a) & 15) == 0)
+        for (int r = t; r < rank; r += nt) l2_prefetch(a + (int64_t)r * in + k0, (uint32_t)(k1 - k0) * 2);
 }
 
-// One row's part of the shrink (every thread of the block calls it, for
-// a row whose slot s >= 0, e = the slot's entry for projection p):
-// parts[((c * m + i) * n + p) * tstride + r] = (x[i] * w)[chunk c] .
-// a[r][chunk c] for r < min(rank, tstride), and with
-// a norm, for CTAs of (p, c) = (0, 0), the row's inverse RMS to rms[i] (the
-// expand applies it: the chunks see only their columns). The same
-// arithmetic in the same order whichever CTA and tile run the row. Ends
-// with the block synchronised (red is reused by the next row).
+// Thread vt's part of a row's shrink over chunk [k0, k1) (of STHREADS
+// threads: the 8-column pieces vt * 8 apart by STHREADS * 8, or columns
+// with vec false): acc[r] = (x * w)[its columns] . a[r][its columns] for r
+// < rank, 0 past it. Every rank's loads of a piece are independent: all in
+// flight at once.
 template <int RP>
-__device__ __forceinline__ void shrink_row(float *parts, float *rms, int tstride, const bf16 *x, int64_t ldx,
-                                           int64_t in, int64_t m, const bf16 *nw, float eps, const Proj &pj,
-                                           int64_t i, const DevSlot &e, int p, int c,
-                                           float (*red)[PG_CUDA_LORA_MAX_RANK + 1]) {
-    constexpr int WARPS = STHREADS / 32;
-    const bf16 *xr = x + i * ldx;
-    const bool xvec = (in & 7) == 0 &&
-                      ((reinterpret_cast<uintptr_t>(xr) | reinterpret_cast<uintptr_t>(nw)) & 15) == 0;
-    if (nw && p == 0 && c == 0) row_rms(rms, i, xr, in, eps, xvec, red);
-    if (!e.a) return;
-    const int rank = e.rank < tstride ? e.rank : tstride;
-    const bf16 *a = (const bf16 *)e.a;
-    const int64_t k0 = (int64_t)c * KCHUNK, k1 = k0 + KCHUNK < in ? k0 + KCHUNK : in;
-    const bool avec = (in & 7) == 0 && (reinterpret_cast<uintptr_t>(a) & 15) == 0;
-    float acc[RP];
+__device__ __forceinline__ void piece_sums(float (&acc)[RP], int vt, const bf16 *xr, const bf16 *nw, const bf16 *a,
+                                           int rank, int64_t in, int64_t k0, int64_t k1, bool vec) {
 #pragma unroll
     for (int r = 0; r < RP; r++) acc[r] = 0.f;
-    // Every rank's loads of a piece are independent: all in flight at once.
-    if (xvec && avec) {
-        for (int64_t k = k0 + (int64_t)threadIdx.x * 8; k < k1; k += STHREADS * 8) {
+    if (vec) {
+        for (int64_t k = k0 + (int64_t)vt * 8; k < k1; k += STHREADS * 8) {
             float xf[8];
             pg_unpack8(*reinterpret_cast<const uint4 *>(xr + k), xf);
             if (nw) {
@@ -164,7 +192,7 @@ __device__ __forceinline__ void shrink_row(float *parts, float *rms, int tstride
                 }
         }
     } else {
-        for (int64_t k = k0 + threadIdx.x; k < k1; k += STHREADS) {
+        for (int64_t k = k0 + vt; k < k1; k += STHREADS) {
             float xv = __bfloat162float(xr[k]);
             if (nw) xv *= __bfloat162float(nw[k]);
 #pragma unroll
@@ -172,14 +200,43 @@ __device__ __forceinline__ void shrink_row(float *parts, float *rms, int tstride
                 if (r < rank) acc[r] = fmaf(xv, __bfloat162float(a[(int64_t)r * in + k]), acc[r]);
         }
     }
-    // The block's sums: each warp's by shuffles, then the warps' in order.
+}
+
+// Whether x's row and the norm weight take 16-byte loads (x's pieces);
+// a's are checked per entry.
+__device__ __forceinline__ bool vec_ok(const bf16 *xr, const bf16 *nw, int64_t in) {
+    return (in & 7) == 0 && ((reinterpret_cast<uintptr_t>(xr) | reinterpret_cast<uintptr_t>(nw)) & 15) == 0;
+}
+
+// One row's part of the shrink (every thread of the block calls it, for
+// a row whose slot s >= 0, e = the slot's entry for projection p):
+// parts[((c * m + i) * n + p) * tstride + r] = (x[i] * w)[chunk c] .
+// a[r][chunk c] for r < min(rank, tstride), and with
+// a norm, for CTAs of (p, c) = (0, 0), the row's inverse RMS to rms[i] (the
+// expand applies it: the chunks see only their columns). The block's sums:
+// each warp's (scatter_sum), then the warps' in order. Ends with the block
+// synchronised (red is reused by the next row).
+template <int RP>
+__device__ __forceinline__ void shrink_row(float *parts, float *rms, int tstride, const bf16 *x, int64_t ldx,
+                                           int64_t in, int64_t m, const bf16 *nw, float eps, const Proj &pj,
+                                           int64_t i, const DevSlot &e, int p, int c,
+                                           float (*red)[PG_CUDA_LORA_MAX_RANK + 1]) {
+    constexpr int WARPS = STHREADS / 32;
+    const bf16 *xr = x + i * ldx;
+    const bool xvec = vec_ok(xr, nw, in);
+    if (nw && p == 0 && c == 0) row_rms(rms, i, xr, in, eps, xvec, red);
+    if (!e.a) return;
+    const int rank = e.rank < tstride ? e.rank : tstride;
+    const bf16 *a = (const bf16 *)e.a;
+    const int64_t k0 = (int64_t)c * KCHUNK, k1 = k0 + KCHUNK < in ? k0 + KCHUNK : in;
+    const bool avec = (in & 7) == 0 && (reinterpret_cast<uintptr_t>(a) & 15) == 0;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float acc[RP];
+    piece_sums<RP>(acc, threadIdx.x, xr, nw, a, rank, in, k0, k1, xvec && avec);
+    scatter_sum<RP>(acc, lane);
+    if (Scatter<RP>::writer(lane))
 #pragma unroll
-    for (int r = 0; r < RP; r++)
-        if (r < rank) {
-            const float v = warp_sum(acc[r]);
-            if (lane == 0) red[warp][r] = v;
-        }
+        for (int q = 0; q < Scatter<RP>::N; q++) red[warp][Scatter<RP>::rank(lane, q)] = acc[q];
     __syncthreads();
     if (threadIdx.x < rank) {
         float v = 0.f;
@@ -206,144 +263,46 @@ __global__ void __launch_bounds__(STHREADS) lora_dev_shrink_kernel(float *parts,
     // still runs.
     const int s = rows[i];
     const DevSlot e = s >= 0 ? pj.tab[p][s] : DevSlot{};
-    prefetch_a(e, tstride, in, c);
+    prefetch_a(e, tstride, in, c, threadIdx.x, STHREADS);
     pg_pdl_wait();
     pg_pdl_trigger();
     if (s >= 0) shrink_row<RP>(parts, rms, tstride, x, ldx, in, m, nw, eps, pj, i, e, p, c, red);
 }
 
-// The shrink over tiles (PAGED_CUDA_LORA_DEV_TILES=1): grid (tiles of T
-// consecutive rows, projections, chunks), T = 64 / RP (8 rows at rank 8,
-// 4 at 16, 2 at 32, 1 at 64: T x RP accumulators a thread). When the
-// tile's rows with an adapter all name one slot (a prefill chunk's rows
-// do), each thread loads its piece of A once for all T rows and keeps T x
-// RP sums in registers; each (row, rank) sum takes the same FMAs in the
-// same order as shrink_row's, and the block reduces them the same way, so
-// a row's bits are those of a CTA a row. A tile of mixed slots runs its
-// rows one after another (shrink_row).
-template <int RP>
-__global__ void __launch_bounds__(STHREADS) lora_dev_shrink_tiles_kernel(float *parts, float *rms, int tstride,
-                                                                         const bf16 *x, int64_t ldx, int64_t in,
-                                                                         int64_t m, const bf16 *nw, float eps,
-                                                                         const int32_t *rows, const Proj pj) {
-    constexpr int T = 64 / RP;
-    constexpr int WARPS = STHREADS / 32;
-    __shared__ float red[WARPS][PG_CUDA_LORA_MAX_RANK + 1];
-    const int64_t i0 = (int64_t)blockIdx.x * T;
-    const int p = blockIdx.y, c = blockIdx.z;
-    int sl[T], s0 = -1;
-    bool uniform = true;
-#pragma unroll
-    for (int t = 0; t < T; t++) {
-        sl[t] = i0 + t < m ? rows[i0 + t] : -1;
-        if (sl[t] >= 0) {
-            if (s0 < 0) s0 = sl[t];
-            uniform = uniform && sl[t] == s0;
-        }
+// t[i][pq][r]: the chunks' parts summed in order (four loads in flight at
+// a time), times the row's inverse RMS with a norm.
+__device__ __forceinline__ float t_value(const float *parts, const float *rms, int chunks, int64_t m, int tstride,
+                                         int n, int64_t i, int pq, int r) {
+    const int64_t cs = m * n * tstride; // one chunk's stride
+    const float *pp = parts + (i * n + pq) * tstride + r;
+    float v = 0.f;
+    int c = 0;
+    for (; c + 4 <= chunks; c += 4) {
+        const float v0 = pp[c * cs], v1 = pp[(c + 1) * cs], v2 = pp[(c + 2) * cs], v3 = pp[(c + 3) * cs];
+        v += v0;
+        v += v1;
+        v += v2;
+        v += v3;
     }
-    const DevSlot e0 = s0 >= 0 ? pj.tab[p][s0] : DevSlot{};
-    prefetch_a(e0, tstride, in, c);
-    pg_pdl_wait();
-    pg_pdl_trigger();
-    if (s0 < 0) return;
-    const int64_t k0 = (int64_t)c * KCHUNK, k1 = k0 + KCHUNK < in ? k0 + KCHUNK : in;
-    const bf16 *a = (const bf16 *)e0.a;
-    bool vec = (in & 7) == 0 && (ldx & 7) == 0 &&
-               ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(nw) | reinterpret_cast<uintptr_t>(a)) &
-                15) == 0;
-    if (!uniform || !vec) {
-        for (int t = 0; t < T; t++)
-            if (sl[t] >= 0)
-                shrink_row<RP>(parts, rms, tstride, x, ldx, in, m, nw, eps, pj, i0 + t, pj.tab[p][sl[t]], p, c, red);
-        return;
-    }
-    if (nw && p == 0 && c == 0)
-        for (int t = 0; t < T; t++)
-            if (sl[t] >= 0) row_rms(rms, i0 + t, x + (i0 + t) * ldx, in, eps, true, red);
-    if (!a) return;
-    const int rank = e0.rank < tstride ? e0.rank : tstride;
-    float acc[T][RP];
-#pragma unroll
-    for (int t = 0; t < T; t++)
-#pragma unroll
-        for (int r = 0; r < RP; r++) acc[t][r] = 0.f;
-    for (int64_t k = k0 + (int64_t)threadIdx.x * 8; k < k1; k += STHREADS * 8) {
-        float xf[T][8];
-        float wf[8];
-        if (nw) pg_unpack8(*reinterpret_cast<const uint4 *>(nw + k), wf);
-#pragma unroll
-        for (int t = 0; t < T; t++) {
-            if (sl[t] >= 0) {
-                pg_unpack8(*reinterpret_cast<const uint4 *>(x + (i0 + t) * ldx + k), xf[t]);
-                if (nw) {
-#pragma unroll
-                    for (int q = 0; q < 8; q++) xf[t][q] *= wf[q];
-                }
-            } else {
-#pragma unroll
-                for (int q = 0; q < 8; q++) xf[t][q] = 0.f;
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < RP; r++)
-            if (r < rank) {
-                float af[8];
-                pg_unpack8(*reinterpret_cast<const uint4 *>(a + (int64_t)r * in + k), af);
-#pragma unroll
-                for (int t = 0; t < T; t++)
-#pragma unroll
-                    for (int q = 0; q < 8; q++) acc[t][r] = fmaf(xf[t][q], af[q], acc[t][r]);
-            }
-    }
-    // The block's sums as shrink_row's: each warp's by shuffles, then the
-    // warps' in order; (t, r) at t * RP + r (T * RP = 64 fits red's row).
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-#pragma unroll
-    for (int t = 0; t < T; t++)
-#pragma unroll
-        for (int r = 0; r < RP; r++)
-            if (r < rank) {
-                const float v = warp_sum(acc[t][r]);
-                if (lane == 0) red[warp][t * RP + r] = v;
-            }
-    __syncthreads();
-    const int q = threadIdx.x, t = q / RP, r = q % RP;
-    if (q < T * RP && r < rank && sl[t] >= 0) {
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < WARPS; w++) v += red[w][q];
-        parts[(((int64_t)c * m + i0 + t) * pj.n + p) * tstride + r] = v;
-    }
+    for (; c < chunks; c++) v += pp[c * cs];
+    if (rms) v *= rms[i];
+    return v;
 }
 
-// t[i][p] for every projection p of row i into ts: the chunks' parts
-// summed in order, times the row's inverse RMS with a norm (the block's
-// threads together; es: the row's entries).
+// t[i][p] for every projection p of row i into ts (the block's threads
+// together; es: the row's entries).
 __device__ __forceinline__ void expand_t(float (*ts)[PG_CUDA_LORA_MAX_RANK], const DevSlot *es, const float *parts,
                                          const float *rms, int chunks, int64_t m, int tstride, int64_t i,
                                          const Proj &pj) {
-    const int64_t cs = m * pj.n * tstride; // one chunk's stride
     for (int q = threadIdx.x; q < pj.n * tstride; q += THREADS) {
         const int pq = q / tstride, r = q % tstride;
         const int rank = es[pq].rank < tstride ? es[pq].rank : tstride;
-        float v = 0.f;
-        if (es[pq].a && r < rank) {
-            // The chunks' parts in order; four loads in flight at a time.
-            const float *pp = parts + (i * pj.n + pq) * tstride + r;
-            int c = 0;
-            for (; c + 4 <= chunks; c += 4) {
-                const float v0 = pp[c * cs], v1 = pp[(c + 1) * cs], v2 = pp[(c + 2) * cs], v3 = pp[(c + 3) * cs];
-                v += v0;
-                v += v1;
-                v += v2;
-                v += v3;
-            }
-            for (; c < chunks; c++) v += pp[c * cs];
-            if (rms) v *= rms[i];
-        }
-        ts[pq][r] = v;
+        ts[pq][r] = es[pq].a && r < rank ? t_value(parts, rms, chunks, m, tstride, pj.n, i, pq, r) : 0.f;
     }
 }
+
+// out = bf16(out + scale * acc): every expand's last step.
+__device__ __forceinline__ float expand_add(float o, float scale, float acc) { return fmaf(scale, acc, o); }
 
 // out[i][j] = bf16(out[i][j] + e.scale * tp . br) (br: column j's row of B).
 __device__ __forceinline__ void expand_col(bf16 *o, const DevSlot &e, const bf16 *br, const float *tp, int tstride) {
@@ -359,7 +318,7 @@ __device__ __forceinline__ void expand_col(bf16 *o, const DevSlot &e, const bf16
     } else {
         for (int r = 0; r < rank; r++) acc = fmaf(tp[r], __bfloat162float(br[r]), acc);
     }
-    *o = __float2bfloat16(__bfloat162float(*o) + e.scale * acc);
+    *o = __float2bfloat16(expand_add(__bfloat162float(*o), e.scale, acc));
 }
 
 // The expand, a CTA a row: grid (rows, columns / THREADS) over the
@@ -391,95 +350,13 @@ __global__ void __launch_bounds__(THREADS) lora_dev_expand_kernel(bf16 *out, int
     if (mine) expand_col(out + i * ldo + j, e, br, ts[p], tstride);
 }
 
-// The expand over tiles (PAGED_CUDA_LORA_DEV_TILES=1): grid (tiles of
-// ETILE consecutive rows, columns / THREADS). The tile's t, every row's
-// and projection's, in one pass into shared memory, then each thread runs
-// down the tile's rows for its column (expand_col, the arithmetic of a CTA
-// a row); its row of B stays in the L1 while the rows share an adapter.
-constexpr int ETILE = 16;
-__global__ void __launch_bounds__(THREADS) lora_dev_expand_tiles_kernel(bf16 *out, int64_t ldo, const float *parts,
-                                                                        const float *rms, int chunks, int64_t m,
-                                                                        int tstride, const int32_t *rows,
-                                                                        const Proj pj) {
-    __shared__ float ts[ETILE][NPROJ][PG_CUDA_LORA_MAX_RANK];
-    __shared__ DevSlot es[ETILE][NPROJ];
-    __shared__ int sl[ETILE];
-    const int64_t i0 = (int64_t)blockIdx.x * ETILE;
-    const int nt = (int)(i0 + ETILE < m ? ETILE : m - i0);
-    const int64_t j = (int64_t)blockIdx.y * THREADS + threadIdx.x;
-    int p = 0;
-    while (p + 1 < pj.n && j >= pj.c0[p + 1]) p++;
-    const bool incols = j < pj.c0[pj.n];
-    if (threadIdx.x < ETILE) sl[threadIdx.x] = (int)threadIdx.x < nt ? rows[i0 + threadIdx.x] : -1;
-    __syncthreads();
-    for (int q = threadIdx.x; q < ETILE * pj.n; q += THREADS) {
-        const int t = q / pj.n, pq = q % pj.n;
-        es[t][pq] = sl[t] >= 0 ? pj.tab[pq][sl[t]] : DevSlot{};
-    }
-    __syncthreads();
-    {
-        // The first row's row of B for this thread (to the L2), as above.
-        const DevSlot e = incols ? es[0][p] : DevSlot{};
-        const bf16 *br = e.a ? (const bf16 *)e.b + (j - pj.c0[p]) * e.rank : nullptr;
-        if (br && ((e.rank & 7) | (reinterpret_cast<uintptr_t>(br) & 15)) == 0) l2_prefetch(br, (uint32_t)e.rank * 2);
-    }
-    pg_pdl_wait();
-    pg_pdl_trigger();
-    const int64_t cs = m * pj.n * tstride; // one chunk's stride
-    for (int q = threadIdx.x; q < nt * pj.n * tstride; q += THREADS) {
-        const int t = q / (pj.n * tstride), pq = (q / tstride) % pj.n, r = q % tstride;
-        const DevSlot &e = es[t][pq];
-        const int rank = e.rank < tstride ? e.rank : tstride;
-        float v = 0.f;
-        if (sl[t] >= 0 && e.a && r < rank) {
-            // The chunks' parts in order, as expand_t.
-            const float *pp = parts + ((i0 + t) * pj.n + pq) * tstride + r;
-            int c = 0;
-            for (; c + 4 <= chunks; c += 4) {
-                const float v0 = pp[c * cs], v1 = pp[(c + 1) * cs], v2 = pp[(c + 2) * cs], v3 = pp[(c + 3) * cs];
-                v += v0;
-                v += v1;
-                v += v2;
-                v += v3;
-            }
-            for (; c < chunks; c++) v += pp[c * cs];
-            if (rms) v *= rms[i0 + t];
-        }
-        ts[t][pq][r] = v;
-    }
-    __syncthreads();
-    if (!incols) return;
-    for (int t = 0; t < nt; t++) {
-        const DevSlot &e = es[t][p];
-        if (sl[t] >= 0 && e.a)
-            expand_col(out + (i0 + t) * ldo + j, e, (const bf16 *)e.b + (j - pj.c0[p]) * e.rank, ts[t][p], tstride);
-    }
-}
-
-// Whether the tiled kernels run (PAGED_CUDA_LORA_DEV_TILES=1, read once;
-// graph-safe: then m alone decides): past 8 rows. Up to 8 rows
-// (single-stream and small decode buckets) a CTA a row, as without:
-// those steps are launch-bound and want every SM.
-bool use_tiles(int64_t m) {
-    static int tiles = -1;
-    if (tiles < 0) {
-        const char *e = getenv("PAGED_CUDA_LORA_DEV_TILES");
-        tiles = e && atoi(e) != 0;
-    }
-    return tiles && m > 8;
-}
-
 } // namespace
 
 template <int RP>
-cudaError_t shrink(float *parts, float *rms, int tstride, const bf16 *x, int64_t ldx, int64_t in, const bf16 *nw, float eps,
-            const int32_t *rows, const Proj &pj, int64_t m, int chunks, cudaStream_t st) {
-    if (!use_tiles(m))
-        return pg_launch_pdl(lora_dev_shrink_kernel<RP>, dim3((unsigned)m, (unsigned)pj.n, (unsigned)chunks),
-                             dim3(STHREADS), 0, st, parts, rms, tstride, x, ldx, in, m, nw, eps, rows, pj);
-    return pg_launch_pdl(lora_dev_shrink_tiles_kernel<RP>, dim3((unsigned)pg_ceil_div(m, 64 / RP), (unsigned)pj.n,
-                         (unsigned)chunks), dim3(STHREADS), 0, st, parts, rms, tstride, x, ldx, in, m, nw, eps, rows,
-                         pj);
+cudaError_t shrink(float *parts, float *rms, int tstride, const bf16 *x, int64_t ldx, int64_t in, const bf16 *nw,
+                   float eps, const int32_t *rows, const Proj &pj, int64_t m, int chunks, cudaStream_t st) {
+    return pg_launch_pdl(lora_dev_shrink_kernel<RP>, dim3((unsigned)m, (unsigned)pj.n, (unsigned)chunks),
+                         dim3(STHREADS), 0, st, parts, rms, tstride, x, ldx, in, m, nw, eps, rows, pj);
 }
 
 int pg_cuda_lora_apply_dev(void *out, int64_t ldo, const void *x, int64_t ldx, int64_t m, int64_t in,
@@ -525,14 +402,9 @@ int pg_cuda_lora_apply_dev(void *out, int64_t ldo, const void *x, int64_t ldx, i
     PG_CUDA_TRY(le);
     const unsigned col_blocks = (unsigned)pg_ceil_div(total, THREADS);
     const float *rms_or_null = nw ? rms : nullptr;
-    if (!use_tiles(m))
-        PG_CUDA_TRY(pg_launch_pdl(lora_dev_expand_kernel, dim3((unsigned)m, col_blocks), dim3(THREADS), 0, st,
-                                  (bf16 *)out, ldo, (const float *)parts, rms_or_null, chunks, m, (int)max_rank,
-                                  row_slot_dev, pj));
-    else
-        PG_CUDA_TRY(pg_launch_pdl(lora_dev_expand_tiles_kernel, dim3((unsigned)pg_ceil_div(m, ETILE), col_blocks),
-                                  dim3(THREADS), 0, st, (bf16 *)out, ldo, (const float *)parts, rms_or_null, chunks,
-                                  m, (int)max_rank, row_slot_dev, pj));
+    PG_CUDA_TRY(pg_launch_pdl(lora_dev_expand_kernel, dim3((unsigned)m, col_blocks), dim3(THREADS), 0, st,
+                              (bf16 *)out, ldo, (const float *)parts, rms_or_null, chunks, m, (int)max_rank,
+                              row_slot_dev, pj));
     return 0;
 }
 

@@ -40,7 +40,7 @@
 // captured graph over two slot patterns and a rewritten table bit for bit
 // against its eager runs (graph_case below); past 8 rows, where a CTA runs
 // a tile of rows, the same checks and each row alone against the batch bit
-// for bit (graph_tiles_case). "lora runs": pg_cuda_lora_apply_runs
+// for bit (graph_rows_case). "lora runs": pg_cuda_lora_apply_runs
 // (runs of one adapter through cuBLASLt) against the reference and BGMV.
 //
 // Usage: build/gpu/test_cuda_lora [-k FILTER]   exit 0 pass, 1 fail, 77 no GPU.
@@ -486,18 +486,16 @@ static void graph_case() {
     report("lora graph: refusals", rok, rdetail.c_str());
 }
 
-// "lora graph: m 2100 / 300": steps past 8 rows, where with
-// PAGED_CUDA_LORA_DEV_TILES=1 a CTA takes a tile of rows (lora_graph.cu:
-// the shrink 64 / max rank rows of one slot at once, the expand 16; the
-// flag is read once, so the GPU checks run this program again with it:
-// bench/gpu_call_lib.sh lora_checks). m = 2,100 with the slots in runs of
-// 1-300 rows, as a prefill chunk of one adapter sits beside decode rows,
-// at max ranks 64, 16 and 8 (shrink tiles of 1, 4 and 8 rows; slots of a
-// larger rank not named), and m = 300 with a slot drawn for every row
-// (mixed tiles, a row at a time): each against the fp64 reference, 24 of
-// its rows run alone (m = 1: a CTA a row) bit for bit against the batch,
-// and m = 300 captured once and replayed bit for bit.
-static void graph_tiles_case() {
+// "lora graph: m 2100 / 300": steps past 8 rows (the eager steps' sizes
+// with PAGED_LORA_DEV_EAGER=1, and the larger decode buckets). m = 2,100
+// with the slots in runs of 1-300 rows, as a prefill chunk of one adapter
+// sits beside decode rows, at max ranks 64, 16 and 8 (each rank template;
+// slots of a larger rank not named), and m = 300 with a slot drawn for
+// every row: each against the fp64 reference, 24 of its rows run alone
+// (m = 1) bit for bit against the batch, and m = 300 captured once and
+// replayed bit for bit. Then m = 40 on an unaligned shape (the scalar
+// paths), every row alone against the batch.
+static void graph_rows_case() {
     if (!selected("lora graph")) return;
     constexpr int NP = 3;
     const int64_t in = 4096, cols[NP] = {2048, 512, 512}, ldo = 3072 + 16, mmax = 2100;
@@ -599,14 +597,65 @@ static void graph_tiles_case() {
         }
         const bool moved = rf.dmax > 0.1 * rf.rmax;
         char name[96], detail[320];
-        const char *tiles = getenv("PAGED_CUDA_LORA_DEV_TILES");
-        snprintf(name, sizeof name, "lora graph: m %lld (%s), max rank %d, tiles %s", (long long)m,
-                 m == mmax ? "slots in runs" : "a slot a row", mr, tiles && atoi(tiles) ? "on" : "off");
+        snprintf(name, sizeof name, "lora graph: m %lld (%s), max rank %d", (long long)m,
+                 m == mmax ? "slots in runs" : "a slot a row", mr);
         snprintf(detail, sizeof detail, "max_rel %.3e (bound %.0e), bits changed outside %lld; 24 rows alone (%lld "
                  "with an adapter) differ %lld; replay differs %lld", rf.worst, BOUND, (long long)rf.changed,
                  (long long)n_adapter, (long long)d_alone, (long long)d_replay);
         report(name, rf.worst <= BOUND && rf.changed == 0 && moved && n_adapter > 0 && d_alone == 0 &&
                          (m == mmax || d_replay == 0), detail);
+    }
+
+    // Past 8 rows on an unaligned shape: x's rows 101 apart (the shrink's
+    // pieces a column at a time on odd rows), out from column 3 of 70, one
+    // projection, no norm, max rank 64: against the reference, and every
+    // row alone bit for bit against the batch.
+    {
+        const int64_t mu = 40, uin = 96, uout = 40, uldx = 101, uldo = 70, ucol0 = 3;
+        std::vector<std::unique_ptr<Adapters>> au;
+        au.emplace_back(new Adapters(uin, uout, 556));
+        int su[1][N_SLOTS];
+        pg_cuda_lora_dev_slot du[N_SLOTS];
+        for (int s = 0; s < N_SLOTS; s++) {
+            su[0][s] = s;
+            du[s] = k_rank[s] ? pg_cuda_lora_dev_slot{au[0]->da[s]->p, au[0]->db[s]->p, k_rank[s], k_scale[s]}
+                              : pg_cuda_lora_dev_slot{nullptr, nullptr, 0, 1.0f};
+        }
+        DBuf dtu(sizeof du), ux, uo, urows(mu * 4);
+        PK(pg_cuda_lora_table_write((pg_cuda_lora_dev_slot *)dtu.p, du, N_SLOTS, nullptr));
+        const pg_cuda_lora_dev_slot *tu = (const pg_cuda_lora_dev_slot *)dtu.p;
+        std::vector<int32_t> pu((size_t)mu);
+        for (auto &v : pu) v = r.below(N_SLOTS + 1) - 1;
+        std::vector<uint16_t> xu((size_t)(mu * uldx)), ou((size_t)(mu * uldo)), none;
+        for (auto &v : xu) v = f2bf((float)r.normal());
+        for (auto &v : ou) v = f2bf((float)r.normal());
+        ux.up(xu);
+        CK(cudaMemcpy(urows.p, pu.data(), (size_t)mu * 4, cudaMemcpyHostToDevice));
+        auto callu = [&](int64_t i0, int64_t mm) {
+            PK(pg_cuda_lora_apply_dev(uo.as<uint16_t>() + i0 * uldo + ucol0, uldo, ux.as<uint16_t>() + i0 * uldx,
+                                      uldx, mm, uin, nullptr, 0.0f, &uout, 1, urows.as<int32_t>() + i0, &tu, 64,
+                                      ws.p, wsb, nullptr));
+        };
+        auto gotu = [&]() {
+            CK(cudaDeviceSynchronize());
+            std::vector<uint16_t> g(ou.size());
+            uo.down(g);
+            return g;
+        };
+        uo.up(ou);
+        callu(0, mu);
+        const std::vector<uint16_t> gb = gotu();
+        const DevRef ru = dev_ref(ou, gb, xu, uldx, uin, none, 0.0f, pu.data(), mu, 1, &uout, uldo, ucol0, au, su);
+        uo.up(ou);
+        for (int64_t i = 0; i < mu; i++) callu(i, 1);
+        const std::vector<uint16_t> g1 = gotu();
+        int64_t d_alone = 0;
+        for (size_t k = 0; k < g1.size(); k++) d_alone += g1[k] != gb[k];
+        char detail[200];
+        snprintf(detail, sizeof detail, "max_rel %.3e (bound %.0e), bits changed outside %lld; rows alone differ %lld",
+                 ru.worst, BOUND, (long long)ru.changed, (long long)d_alone);
+        report("lora graph: m 40 unaligned 96->40", ru.worst <= BOUND && ru.changed == 0 && ru.dmax > 0.1 * ru.rmax &&
+                                                     d_alone == 0, detail);
     }
 }
 
@@ -784,7 +833,7 @@ int main(int argc, char **argv) {
     }
     unsetenv("PAGED_CUDA_LORA_SGMV");
     graph_case();
-    graph_tiles_case();
+    graph_rows_case();
     runs_case();
     refusals();
     CK(cudaDeviceSynchronize());
