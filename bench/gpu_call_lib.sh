@@ -33,7 +33,8 @@
 #                      wrote this loop out by hand)
 #   w1_http NAME [ARGS...]  W1 through HTTP against the server up (one
 #                      client, 3 x 128 in / 256 out): prints its TPOT row
-#   lora_checks K [SGMV...]  test_cuda_lora, then test_cuda_runner --lora
+#   lora_checks K [SGMV...]  test_cuda_lora (its graph cases again with
+#                      PAGED_CUDA_LORA_EXPAND_COLS=1), then test_cuda_runner --lora
 #                      for each PAGED_CUDA_LORA_SGMV value (default 0) and
 #                      with BGMV alone (PAGED_CUDA_LORA_GEMM_RUNS=0), the
 #                      programs in folder K
@@ -43,6 +44,7 @@
 #                      PAGED_CUDA_LORA_GEMM_RUNS=16, dev: K/paged with
 #                      PAGED_LORA_DEV_EAGER=1, runs: K/paged with
 #                      PAGED_CUDA_LORA_GEMM_RUNS=16, bgmv: with =0,
+#                      cols1 / cols2: PAGED_CUDA_LORA_EXPAND_COLS=1 / 2,
 #                      base: K/paged, its W4
 #                      naming no adapter): W1 without and with adapter a0, then W4
 #                      (100 clients over all N, 30 s); the loop session
@@ -153,6 +155,8 @@ lora_checks() { # K [SGMV...]
     timeout 120 "$k/test_cuda_lora" > "$R/lora_kernels.txt" 2>&1
     echo "test_cuda_lora rc=$? at $(el)s: $(tail -1 "$R/lora_kernels.txt")"
     grep -E "^FAIL|staged" "$R/lora_kernels.txt" | head -12
+    PAGED_CUDA_LORA_EXPAND_COLS=1 timeout 120 "$k/test_cuda_lora" -k "lora graph" > "$R/lora_kernels_cols1.txt" 2>&1
+    echo "test_cuda_lora -k 'lora graph', EXPAND_COLS=1 rc=$? at $(el)s: $(tail -1 "$R/lora_kernels_cols1.txt")"
     python3 tests/gpu/make_random_model.py $m64 --hidden 512 --heads 8 --kv-heads 2 --layers 4 --ffn 1536 \
         --vocab 1000 --dtype bf16 > /dev/null
     dirs=$(python3 tests/gpu/make_lora_adapters.py $m64 /tmp/paged-m64-lora)
@@ -168,7 +172,10 @@ lora_checks() { # K [SGMV...]
 # PAGED_CUDA_LORA_GEMM_RUNS=16, dev: K/paged with PAGED_LORA_DEV_EAGER=1,
 # runs: K/paged with PAGED_CUDA_LORA_GEMM_RUNS=16 (the default since
 # session 26), bgmv: K/paged with PAGED_CUDA_LORA_GEMM_RUNS=0 (eager steps
-# through BGMV alone), base: K/paged with W4 naming no adapter; none
+# through BGMV alone), cols1 / cols2: K/paged with
+# PAGED_CUDA_LORA_EXPAND_COLS=1 / 2 (the graph-safe expand one / two
+# columns a thread; 2 is the default since session 26), base: K/paged with
+# W4 naming no adapter; none
 # starts past 420 s): W1
 # with no adapter and with a0 (w1base_RUN, w1_RUN), then (unless
 # LORA_W4=0) W4 at 100 clients over all N adapters for 30 s (w4_RUN),
@@ -186,6 +193,7 @@ lora_serve_runs() { # K N RUN...
         local wm=(--model "$names")
         [ "$run" = base ] && wm=()
         if [ "$run" = dev ]; then export PAGED_LORA_DEV_EAGER=1; else unset PAGED_LORA_DEV_EAGER; fi
+        case $run in cols1 | cols2) export PAGED_CUDA_LORA_EXPAND_COLS=${run#cols} ;; *) unset PAGED_CUDA_LORA_EXPAND_COLS ;; esac
         case $run in
         runs | oldruns) export PAGED_CUDA_LORA_GEMM_RUNS=16 ;;
         bgmv) export PAGED_CUDA_LORA_GEMM_RUNS=0 ;;
@@ -206,5 +214,5 @@ lora_serve_runs() { # K N RUN...
         rm -f "$R"/*.json.requests
         save
     done
-    unset PAGED_LORA_DEV_EAGER PAGED_CUDA_LORA_GEMM_RUNS
+    unset PAGED_LORA_DEV_EAGER PAGED_CUDA_LORA_GEMM_RUNS PAGED_CUDA_LORA_EXPAND_COLS
 }

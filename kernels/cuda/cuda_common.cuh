@@ -48,6 +48,10 @@ int pg_cuda_sm_count(void);
 //   - pg_pdl_trigger() after pg_pdl_wait() (so the next kernel starts only
 //     once the one before this one has completed); it only lets the next
 //     grid be scheduled and promises nothing about memory.
+// So what kernels two or more launches back wrote is complete once a kernel
+// starts: a kernel may read it before its wait where its contract says the
+// kernel right before it never writes it (lora_graph.cu's shrink reads x,
+// its expand out; cuda_ops.h pg_cuda_lora_apply_dev).
 // Without the launch attribute (PDL off, or sm < 90) both are no-ops. The
 // attribute only relaxes the order against an immediately preceding kernel
 // (not a copy, memset or event wait); a kernel launched without it (cuBLASLt,

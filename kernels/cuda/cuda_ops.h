@@ -511,7 +511,10 @@ static inline size_t pg_cuda_lora_workspace_size(int64_t max_rows, int64_t max_i
 // and grid do not depend on which adapters the rows name); an entry of a
 // larger rank is cut to max_rank (the loader refuses such adapters).
 // Nothing here reads host memory after the call or synchronises: safe
-// under stream capture. ws: at least pg_cuda_lora_dev_workspace_size(m,
+// under stream capture. Launched with PDL, the shrink reads x (and the
+// rows, tables, adapters and norm) before it waits for the kernel queued
+// right before it: that kernel must not write x (the base product before
+// it writes out, never x; lora_graph.cu). ws: at least pg_cuda_lora_dev_workspace_size(m,
 // in, n_proj, max_rank) bytes (pg_cuda_lora_workspace_size(m, in,
 // max_rank) is enough), 4-byte aligned.
 typedef struct pg_cuda_lora_dev_slot {

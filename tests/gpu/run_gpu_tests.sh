@@ -49,7 +49,8 @@
 #      within 1 bf16 ulp (as 1, takes -k).
 #   8b. build/gpu/test_cuda_lora: lora_apply's kernels (pg_cuda_lora_apply)
 #      against the CPU op's arithmetic over the same bf16 inputs (as 1,
-#      takes -k), the graph-safe op and the runs through cuBLASLt too.
+#      takes -k), the graph-safe op and the runs through cuBLASLt too; the
+#      graph cases again with the expand one column a thread.
 #   9. Gemma 3 and Gemma 2 (make_random_model.py --gemma3 / --gemma2): the
 #      runner against the CPU, then paged generate with KV layer groups
 #      against one table for every layer (identical texts) and with fp8 KV.
@@ -606,6 +607,8 @@ fi
 if [ $skip_kernels = 0 ]; then
     f0=$fail
     run lora build/gpu/test_cuda_lora "$@"
+    # The graph-safe expand one column a thread (two by default).
+    PAGED_CUDA_LORA_EXPAND_COLS=1 run lora_cols1 build/gpu/test_cuda_lora -k "lora graph"
     note "lora_apply (ranks 1-64, mixed slots, column slices vs the CPU's sums, <= 4e-3): $([ $fail = $f0 ] && echo pass || echo FAIL)"
 fi
 
