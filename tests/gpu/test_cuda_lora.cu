@@ -102,6 +102,12 @@ struct Adapters {
             t[s] = k_rank[s] ? pg_cuda_lora_slot{da[s]->p, db[s]->p, k_rank[s], PG_DTYPE_BF16, k_scale[s]}
                              : pg_cuda_lora_slot{nullptr, nullptr, 0, PG_DTYPE_BF16, 1.0f};
     }
+    // The same slots as the graph-safe op's table entries (host side).
+    void dev_table(pg_cuda_lora_dev_slot *t) const {
+        for (int s = 0; s < N_SLOTS; s++)
+            t[s] = k_rank[s] ? pg_cuda_lora_dev_slot{da[s]->p, db[s]->p, k_rank[s], k_scale[s]}
+                             : pg_cuda_lora_dev_slot{nullptr, nullptr, 0, 1.0f};
+    }
 };
 
 constexpr int GUARD = 2; // poisoned rows before and after the output
@@ -423,11 +429,8 @@ static void graph_case() {
         au.emplace_back(new Adapters(sh.in, sh.out, 555));
         int su[1][N_SLOTS];
         pg_cuda_lora_dev_slot du[N_SLOTS];
-        for (int s = 0; s < N_SLOTS; s++) {
-            su[0][s] = s;
-            du[s] = k_rank[s] ? pg_cuda_lora_dev_slot{au[0]->da[s]->p, au[0]->db[s]->p, k_rank[s], k_scale[s]}
-                              : pg_cuda_lora_dev_slot{nullptr, nullptr, 0, 1.0f};
-        }
+        for (int s = 0; s < N_SLOTS; s++) su[0][s] = s;
+        au[0]->dev_table(du);
         DBuf dtu(sizeof du), ux, uo, urows(m * 4);
         PK(pg_cuda_lora_table_write((pg_cuda_lora_dev_slot *)dtu.p, du, N_SLOTS, nullptr));
         std::vector<uint16_t> xu((size_t)(m * sh.ldx)), ou((size_t)(m * sh.ldo)), gu(ou.size()), none;
@@ -616,11 +619,8 @@ static void graph_rows_case() {
         au.emplace_back(new Adapters(uin, uout, 556));
         int su[1][N_SLOTS];
         pg_cuda_lora_dev_slot du[N_SLOTS];
-        for (int s = 0; s < N_SLOTS; s++) {
-            su[0][s] = s;
-            du[s] = k_rank[s] ? pg_cuda_lora_dev_slot{au[0]->da[s]->p, au[0]->db[s]->p, k_rank[s], k_scale[s]}
-                              : pg_cuda_lora_dev_slot{nullptr, nullptr, 0, 1.0f};
-        }
+        for (int s = 0; s < N_SLOTS; s++) su[0][s] = s;
+        au[0]->dev_table(du);
         DBuf dtu(sizeof du), ux, uo, urows(mu * 4);
         PK(pg_cuda_lora_table_write((pg_cuda_lora_dev_slot *)dtu.p, du, N_SLOTS, nullptr));
         const pg_cuda_lora_dev_slot *tu = (const pg_cuda_lora_dev_slot *)dtu.p;
