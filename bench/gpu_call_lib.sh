@@ -45,6 +45,8 @@
 #                      PAGED_LORA_DEV_EAGER=1, runs: K/paged with
 #                      PAGED_CUDA_LORA_GEMM_RUNS=16, bgmv: with =0,
 #                      cols1 / cols2: PAGED_CUDA_LORA_EXPAND_COLS=1 / 2,
+#                      tiles: PAGED_CUDA_LORA_TILES=${LORA_TILES:-16},
+#                      tilesdev: that and PAGED_LORA_DEV_EAGER=1,
 #                      base: K/paged, its W4
 #                      naming no adapter): W1 without and with adapter a0, then W4
 #                      (100 clients over all N, 30 s); the loop session
@@ -157,6 +159,7 @@ lora_checks() { # K [SGMV...]
     grep -E "^FAIL|staged" "$R/lora_kernels.txt" | head -12
     PAGED_CUDA_LORA_EXPAND_COLS=1 timeout 120 "$k/test_cuda_lora" -k "lora graph" > "$R/lora_kernels_cols1.txt" 2>&1
     echo "test_cuda_lora -k 'lora graph', EXPAND_COLS=1 rc=$? at $(el)s: $(tail -1 "$R/lora_kernels_cols1.txt")"
+    grep -E "^FAIL" "$R/lora_kernels_cols1.txt" | head -6
     python3 tests/gpu/make_random_model.py $m64 --hidden 512 --heads 8 --kv-heads 2 --layers 4 --ffn 1536 \
         --vocab 1000 --dtype bf16 > /dev/null
     dirs=$(python3 tests/gpu/make_lora_adapters.py $m64 /tmp/paged-m64-lora)
@@ -166,6 +169,13 @@ lora_checks() { # K [SGMV...]
     done
     PAGED_CUDA_LORA_GEMM_RUNS=0 timeout 120 "$k/test_cuda_runner" $m64 --lora "$dirs" > "$R/runner_lora_bgmv.txt" 2>&1
     echo "runner LoRA GEMM_RUNS=0 (BGMV alone) rc=$? at $(el)s: $(tail -1 "$R/runner_lora_bgmv.txt" | cut -c1-200)"
+    # The graph-safe op in tiles of one adapter at every size, in the graphs
+    # and (PAGED_LORA_DEV_EAGER=1) in the eager steps too.
+    PAGED_CUDA_LORA_TILES=1 timeout 120 "$k/test_cuda_runner" $m64 --lora "$dirs" > "$R/runner_lora_tiles.txt" 2>&1
+    echo "runner LoRA TILES=1 rc=$? at $(el)s: $(tail -1 "$R/runner_lora_tiles.txt" | cut -c1-200)"
+    PAGED_CUDA_LORA_TILES=1 PAGED_LORA_DEV_EAGER=1 timeout 120 "$k/test_cuda_runner" $m64 --lora "$dirs" \
+        > "$R/runner_lora_tilesdev.txt" 2>&1
+    echo "runner LoRA TILES=1 DEV_EAGER=1 rc=$? at $(el)s: $(tail -1 "$R/runner_lora_tilesdev.txt" | cut -c1-200)"
 }
 # The llama3-8b shape served with N random rank-16 adapters, for each RUN
 # (new: K/paged, old: K/paged_old, oldruns: K/paged_old with
@@ -174,7 +184,10 @@ lora_checks() { # K [SGMV...]
 # session 26), bgmv: K/paged with PAGED_CUDA_LORA_GEMM_RUNS=0 (eager steps
 # through BGMV alone), cols1 / cols2: K/paged with
 # PAGED_CUDA_LORA_EXPAND_COLS=1 / 2 (the graph-safe expand one / two
-# columns a thread; 2 is the default since session 26), base: K/paged with
+# columns a thread; 2 is the default since session 26), tiles: K/paged
+# with PAGED_CUDA_LORA_TILES=${LORA_TILES:-16} (the graph-safe op in tiles
+# of one adapter from that many rows), tilesdev: that and
+# PAGED_LORA_DEV_EAGER=1 (eager steps through it too), base: K/paged with
 # W4 naming no adapter; none
 # starts past 420 s): W1
 # with no adapter and with a0 (w1base_RUN, w1_RUN), then (unless
@@ -192,7 +205,8 @@ lora_serve_runs() { # K N RUN...
         case $run in old | oldruns) P=$k/paged_old ;; esac
         local wm=(--model "$names")
         [ "$run" = base ] && wm=()
-        if [ "$run" = dev ]; then export PAGED_LORA_DEV_EAGER=1; else unset PAGED_LORA_DEV_EAGER; fi
+        case $run in dev | tilesdev) export PAGED_LORA_DEV_EAGER=1 ;; *) unset PAGED_LORA_DEV_EAGER ;; esac
+        case $run in tiles | tilesdev) export PAGED_CUDA_LORA_TILES=${LORA_TILES:-16} ;; *) unset PAGED_CUDA_LORA_TILES ;; esac
         case $run in cols1 | cols2) export PAGED_CUDA_LORA_EXPAND_COLS=${run#cols} ;; *) unset PAGED_CUDA_LORA_EXPAND_COLS ;; esac
         case $run in
         runs | oldruns) export PAGED_CUDA_LORA_GEMM_RUNS=16 ;;
@@ -214,5 +228,5 @@ lora_serve_runs() { # K N RUN...
         rm -f "$R"/*.json.requests
         save
     done
-    unset PAGED_LORA_DEV_EAGER PAGED_CUDA_LORA_GEMM_RUNS PAGED_CUDA_LORA_EXPAND_COLS
+    unset PAGED_LORA_DEV_EAGER PAGED_CUDA_LORA_GEMM_RUNS PAGED_CUDA_LORA_EXPAND_COLS PAGED_CUDA_LORA_TILES
 }

@@ -408,7 +408,8 @@ typedef struct pg_backend_ops {
     // adjacent column ranges of out (projection p: cols[p] columns after
     // those of projections < p; Q|K|V, gate|up), with every value a graph
     // would bake in kept in backend memory: row_slot [x.rows] and each
-    // tables[p] (n_slots entries that lora_table_write wrote) are backend
+    // tables[p] (n_slots entries that lora_table_write wrote; rows name
+    // slots below n_slots) are backend
     // memory, read when the work runs, so a captured graph serves any mix
     // of slots and any adapter loaded after the capture. max_rank: the
     // largest rank a slot may hold (the workspace and the launches depend
@@ -417,8 +418,9 @@ typedef struct pg_backend_ops {
     // the normed rows need not be written out. workspace:
     // lora_workspace_bytes for at least x.rows rows.
     int (*lora_apply_dev)(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *norm, float eps,
-                          const int32_t *row_slot, const pg_lora_dev_slot *const *tables, const int64_t *cols,
-                          int32_t n_proj, int32_t max_rank, void *workspace, size_t workspace_bytes);
+                          const int32_t *row_slot, const pg_lora_dev_slot *const *tables, int32_t n_slots,
+                          const int64_t *cols, int32_t n_proj, int32_t max_rank, void *workspace,
+                          size_t workspace_bytes);
     // Writes n host slots into the backend table dst (n entries) in the
     // form lora_apply_dev reads, after the work queued so far (which may
     // read the old entries) has finished; not under capture. The adapters

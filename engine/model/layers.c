@@ -44,8 +44,8 @@ static int layer_lora(const pg_model *m, const pg_step_views *v, int32_t l, int 
     if (v->lora_rows_dev) {
         const pg_lora_dev_slot *tabs[PG_LORA_DEV_MAX_PROJ];
         for (int p = 0; p < n; p++) tabs[p] = pg_model_lora_dev_slots(lo, l, module + p);
-        return m->be->ops->lora_apply_dev(m->be, out, in, norm, m->cfg.rms_eps, v->lora_rows_dev, tabs, cols, n,
-                                          lo->max_rank, v->lora_ws, v->lora_ws_bytes);
+        return m->be->ops->lora_apply_dev(m->be, out, in, norm, m->cfg.rms_eps, v->lora_rows_dev, tabs, lo->n_slots,
+                                          cols, n, lo->max_rank, v->lora_ws, v->lora_ws_bytes);
     }
     PG_ARG(!norm, "LoRA: a fused norm needs the graph-safe op");
     for (int p = 0, c0 = 0; p < n; c0 += (int)cols[p], p++)

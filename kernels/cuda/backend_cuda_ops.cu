@@ -599,8 +599,8 @@ static_assert(sizeof(pg_lora_dev_slot) == sizeof(pg_cuda_lora_dev_slot) &&
 static_assert(PG_LORA_DEV_MAX_PROJ == PG_CUDA_LORA_MAX_PROJ, "one projection limit");
 
 static int cu_lora_apply_dev(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *norm, float eps,
-                             const int32_t *row_slot, const pg_lora_dev_slot *const *tables, const int64_t *cols,
-                             int32_t n_proj, int32_t max_rank, void *ws, size_t ws_bytes) {
+                             const int32_t *row_slot, const pg_lora_dev_slot *const *tables, int32_t n_slots,
+                             const int64_t *cols, int32_t n_proj, int32_t max_rank, void *ws, size_t ws_bytes) {
     PG_ARG(x.dtype == PG_DTYPE_BF16 && out.dtype == PG_DTYPE_BF16, "cuda lora_apply_dev: needs bf16 rows");
     PG_ARG(out.rows == x.rows, "cuda lora_apply_dev: %lld output rows for %lld", (long long)out.rows,
            (long long)x.rows);
@@ -612,7 +612,7 @@ static int cu_lora_apply_dev(pg_backend *b, pg_tensor out, pg_tensor x, const pg
            "cuda lora_apply_dev: the norm weight is not bf16 [%lld]", (long long)x.cols);
     return pg_cuda_lora_apply_dev(out.data, out.stride, x.data, x.stride, x.rows, x.cols, norm ? wdata(norm) : nullptr,
                                   eps, cols, n_proj, row_slot,
-                                  (const pg_cuda_lora_dev_slot *const *)tables, max_rank, ws, ws_bytes,
+                                  (const pg_cuda_lora_dev_slot *const *)tables, n_slots, max_rank, ws, ws_bytes,
                                   ctx_of(b)->stream);
 }
 

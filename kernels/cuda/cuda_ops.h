@@ -488,11 +488,12 @@ static inline size_t pg_cuda_lora_workspace_size(int64_t max_rows, int64_t max_i
 //   - row_slot_dev: DEVICE int32 [m], each row's slot (-1: none; a
 //     graph bucket's pad rows are -1); the runner uploads it with the
 //     step's other inputs;
-//   - tables[p]: DEVICE arrays of n_slots pg_cuda_lora_dev_slot, one per
-//     projection p < n_proj (engine/model/lora.c writes them with
-//     pg_cuda_lora_table_write whenever a slot changes); a slot's entry
-//     with a NULL `a` leaves that projection alone; the host array of the
-//     n_proj pointers travels by value.
+//   - tables[p]: DEVICE arrays of n_slots (1 to PG_CUDA_LORA_MAX_SLOTS)
+//     pg_cuda_lora_dev_slot, one per projection p < n_proj
+//     (engine/model/lora.c writes them with pg_cuda_lora_table_write
+//     whenever a slot changes); a slot's entry with a NULL `a` leaves that
+//     projection alone; the host array of the n_proj pointers travels by
+//     value.
 // Up to PG_CUDA_LORA_MAX_PROJ projections that read the same x and write
 // adjacent column ranges of out run in one shrink and one expand launch:
 // projection p owns out's columns [c0_p, c0_p + cols[p]) with c0_0 = 0
@@ -524,8 +525,18 @@ typedef struct pg_cuda_lora_dev_slot {
 } pg_cuda_lora_dev_slot;
 int pg_cuda_lora_apply_dev(void *out, int64_t ldo, const void *x, int64_t ldx, int64_t m, int64_t in,
                            const void *norm_w, float eps, const int64_t *cols, int32_t n_proj,
-                           const int32_t *row_slot_dev, const pg_cuda_lora_dev_slot *const *tables, int32_t max_rank,
-                           void *ws, size_t ws_bytes, void *stream);
+                           const int32_t *row_slot_dev, const pg_cuda_lora_dev_slot *const *tables, int32_t n_slots,
+                           int32_t max_rank, void *ws, size_t ws_bytes, void *stream);
+// Calls of at least this many rows take the tiled shape (lora_tiles.cu;
+// docs/lora.md "Tiles of one adapter on the tensor cores"): the rows
+// grouped by slot into tiles of 16 on the device, each tile's shrink on the
+// tensor cores (mma.sync, bf16 in, f32 sums; with a norm, x * w split into
+// bf16 hi + lo) and its expand reading each row of B once for the tile.
+// The same contract, workspace and values within the same bound (sums in
+// another order: a row's bits depend on the shape, not on the batch).
+// PAGED_CUDA_LORA_TILES=N sets it at the first call, 0 (never) by default;
+// set >= 0 changes it, < 0 only reads it. Returns the value before.
+int64_t pg_cuda_lora_dev_tile_rows(int64_t set);
 // Writes n host entries to the device table dst, after the work queued on
 // `stream` so far (steps that read the old entries) has finished: a
 // synchronous copy, for adapter loads and evictions, never under capture.

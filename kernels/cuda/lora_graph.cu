@@ -42,6 +42,11 @@
 // round trips to memory a CTA and wants every CTA in flight at once
 // (docs/lora.md "Fewer, wider CTAs").
 //
+// From pg_cuda_lora_dev_tile_rows() rows (PAGED_CUDA_LORA_TILES=N; 0,
+// never, by default) a call takes lora_tiles.cu's shape instead: the rows
+// grouped by slot into tiles of 16 on the device, a tile's shrink on the
+// tensor cores, each load of A and B shared by the tile's rows.
+//
 // The grid depends only on the rows and the columns: a row whose slot is
 // -1, or whose slot's entry has no `a` for a projection, leaves at once
 // (the shrink's CTA; the expand's threads of that projection). Every sum
@@ -51,7 +56,7 @@
 #include <limits.h>
 #include <stdlib.h>
 
-#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/lora_int.cuh"
 
 namespace {
 
@@ -61,14 +66,7 @@ constexpr int KCHUNK = PG_CUDA_LORA_DEV_KCHUNK;
 constexpr int NPROJ = PG_CUDA_LORA_MAX_PROJ;
 
 using DevSlot = pg_cuda_lora_dev_slot;
-
-// The projections of one launch: their tables and first columns (c0[n]:
-// every column).
-struct Proj {
-    const DevSlot *tab[NPROJ];
-    int64_t c0[NPROJ + 1];
-    int n;
-};
+using Proj = pg_lora_proj;
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -113,9 +111,10 @@ template <int RP> __device__ __forceinline__ void scatter_sum(float (&v)[RP], in
     ScatterStage<RP, 16>::run(v, lane);
 }
 
-// Thread vt's sum of squares of a row (of STHREADS threads over all `in`
+// This thread's sum of squares of a row (of STHREADS threads over all `in`
 // columns of xr): row_rms's loop.
-__device__ __forceinline__ float rms_piece(int vt, const bf16 *xr, int64_t in, bool vec) {
+__device__ __forceinline__ float rms_piece(const bf16 *xr, int64_t in, bool vec) {
+    const int vt = threadIdx.x;
     float ss = 0.f;
     if (vec) {
 #pragma unroll 4
@@ -138,7 +137,7 @@ __device__ __forceinline__ float rms_piece(int vt, const bf16 *xr, int64_t in, b
 // every thread of the block calls it; ends with the block synchronised).
 __device__ __forceinline__ float row_rms(const bf16 *xr, int64_t in, float eps, bool vec,
                                          float (*red)[PG_CUDA_LORA_MAX_RANK + 1]) {
-    const float ss = warp_sum(rms_piece(threadIdx.x, xr, in, vec));
+    const float ss = warp_sum(rms_piece(xr, in, vec));
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5][0] = ss;
     __syncthreads();
     float v = 0.f;
@@ -151,14 +150,15 @@ __device__ __forceinline__ float row_rms(const bf16 *xr, int64_t in, float eps, 
     return v;
 }
 
-// Thread vt's part of a row's shrink over chunk [k0, k1) (of STHREADS
-// threads: the 8-column pieces vt * 8 apart by STHREADS * 8, or columns
+// This thread's (vt's) part of a row's shrink over chunk [k0, k1) (of
+// STHREADS threads: the 8-column pieces vt * 8 apart by STHREADS * 8, or columns
 // with vec false): acc[r] = (x * w)[its columns] . a[r][its columns] for r
 // < rank, 0 past it. Every rank's loads of a piece are independent: all in
 // flight at once.
 template <int RP>
-__device__ __forceinline__ void piece_sums(float (&acc)[RP], int vt, const bf16 *xr, const bf16 *nw, const bf16 *a,
-                                           int rank, int64_t in, int64_t k0, int64_t k1, bool vec) {
+__device__ __forceinline__ void piece_sums(float (&acc)[RP], const bf16 *xr, const bf16 *nw, const bf16 *a, int rank,
+                                           int64_t in, int64_t k0, int64_t k1, bool vec) {
+    const int vt = threadIdx.x;
 #pragma unroll
     for (int r = 0; r < RP; r++) acc[r] = 0.f;
     if (vec) {
@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(STHREADS) lora_dev_shrink_kernel(float *parts,
             const bool avec = (in & 7) == 0 && (reinterpret_cast<uintptr_t>(a) & 15) == 0;
             const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
             float acc[RP];
-            piece_sums<RP>(acc, threadIdx.x, xr, nw, a, rank, in, k0, k1, xvec && avec);
+            piece_sums<RP>(acc, xr, nw, a, rank, in, k0, k1, xvec && avec);
             scatter_sum<RP>(acc, lane);
             if (Scatter<RP>::writer(lane))
 #pragma unroll
@@ -253,26 +253,6 @@ __global__ void __launch_bounds__(STHREADS) lora_dev_shrink_kernel(float *parts,
     if (threadIdx.x < rank) parts[(((int64_t)c * m + i) * pj.n + p) * tstride + threadIdx.x] = v;
 }
 
-// t[i][pq][r]: the chunks' parts summed in order (four loads in flight at
-// a time), times the row's inverse RMS with a norm.
-__device__ __forceinline__ float t_value(const float *parts, const float *rms, int chunks, int64_t m, int tstride,
-                                         int n, int64_t i, int pq, int r) {
-    const int64_t cs = m * n * tstride; // one chunk's stride
-    const float *pp = parts + (i * n + pq) * tstride + r;
-    float v = 0.f;
-    int c = 0;
-    for (; c + 4 <= chunks; c += 4) {
-        const float v0 = pp[c * cs], v1 = pp[(c + 1) * cs], v2 = pp[(c + 2) * cs], v3 = pp[(c + 3) * cs];
-        v += v0;
-        v += v1;
-        v += v2;
-        v += v3;
-    }
-    for (; c < chunks; c++) v += pp[c * cs];
-    if (rms) v *= rms[i];
-    return v;
-}
-
 // t[i][p] for every projection p of row i into ts (the block's threads
 // together; es: the row's entries).
 __device__ __forceinline__ void expand_t(float (*ts)[PG_CUDA_LORA_MAX_RANK], const DevSlot *es, const float *parts,
@@ -281,7 +261,7 @@ __device__ __forceinline__ void expand_t(float (*ts)[PG_CUDA_LORA_MAX_RANK], con
     for (int q = threadIdx.x; q < pj.n * tstride; q += THREADS) {
         const int pq = q / tstride, r = q % tstride;
         const int rank = es[pq].rank < tstride ? es[pq].rank : tstride;
-        ts[pq][r] = es[pq].a && r < rank ? t_value(parts, rms, chunks, m, tstride, pj.n, i, pq, r) : 0.f;
+        ts[pq][r] = es[pq].a && r < rank ? pg_lora_t_value(parts, rms, chunks, m, tstride, pj.n, i, pq, r) : 0.f;
     }
 }
 
@@ -381,18 +361,28 @@ int expand_cols() {
     return n;
 }
 
+// Rows from which a call takes lora_tiles.cu's tiles of one adapter
+// (PAGED_CUDA_LORA_TILES=N, read once; 0: never, the default until it is
+// measured to win; pg_cuda_lora_dev_tile_rows changes it).
+int64_t g_tile_rows = -1;
+int64_t tile_rows() {
+    if (g_tile_rows < 0) {
+        const char *e = getenv("PAGED_CUDA_LORA_TILES");
+        g_tile_rows = e && atoll(e) > 0 ? atoll(e) : 0;
+    }
+    return g_tile_rows;
+}
+
 // The launch's two kernels, RP the max rank rounded up to 8, 16, 32 or 64.
 template <int RP>
 cudaError_t launch(bf16 *out, int64_t ldo, float *parts, float *rms, int tstride, const bf16 *x, int64_t ldx,
                    int64_t in, const bf16 *nw, float eps, const int32_t *rows, const Proj &pj, int64_t m, int chunks,
-                   unsigned col_blocks, cudaStream_t st) {
+                   unsigned col_blocks, bool even, cudaStream_t st) {
     cudaError_t e = pg_launch_pdl(lora_dev_shrink_kernel<RP>, dim3((unsigned)m, (unsigned)pj.n, (unsigned)chunks),
                                   dim3(STHREADS), 0, st, parts, rms, tstride, x, ldx, in, m, nw, eps, rows, pj);
     if (e != cudaSuccess) return e;
     const float *rms_or_null = nw ? rms : nullptr;
-    bool even = (ldo & 1) == 0 && ((uintptr_t)out & 3) == 0;
-    for (int p = 0; p < pj.n; p++) even = even && (pj.c0[p + 1] & 1) == 0;
-    if (expand_cols() == 2 && even)
+    if (even)
         return pg_launch_pdl(lora_dev_expand_kernel<RP, 2>, dim3((unsigned)m, (col_blocks + 1) / 2), dim3(THREADS), 0,
                              st, out, ldo, (const float *)parts, rms_or_null, chunks, m, tstride, rows, pj);
     return pg_launch_pdl(lora_dev_expand_kernel<RP, 1>, dim3((unsigned)m, col_blocks), dim3(THREADS), 0, st, out, ldo,
@@ -403,8 +393,10 @@ cudaError_t launch(bf16 *out, int64_t ldo, float *parts, float *rms, int tstride
 
 int pg_cuda_lora_apply_dev(void *out, int64_t ldo, const void *x, int64_t ldx, int64_t m, int64_t in,
                            const void *norm_w, float eps, const int64_t *cols, int32_t n_proj,
-                           const int32_t *row_slot_dev, const pg_cuda_lora_dev_slot *const *tables, int32_t max_rank,
-                           void *ws, size_t ws_bytes, void *stream) {
+                           const int32_t *row_slot_dev, const pg_cuda_lora_dev_slot *const *tables, int32_t n_slots,
+                           int32_t max_rank, void *ws, size_t ws_bytes, void *stream) {
+    PG_ARG(n_slots >= 1 && n_slots <= PG_CUDA_LORA_MAX_SLOTS, "cuda lora_apply_dev: %d slots (1 to %d)", n_slots,
+           PG_CUDA_LORA_MAX_SLOTS);
     PG_ARG(n_proj >= 1 && n_proj <= NPROJ && cols && tables, "cuda lora_apply_dev: %d projections (1 to %d)",
            n_proj, NPROJ);
     PG_ARG(max_rank >= 1 && max_rank <= PG_CUDA_LORA_MAX_RANK, "cuda lora_apply_dev: max rank %d (1 to %d)",
@@ -434,20 +426,34 @@ int pg_cuda_lora_apply_dev(void *out, int64_t ldo, const void *x, int64_t ldx, i
     const bf16 *xb = (const bf16 *)x, *nw = (const bf16 *)norm_w;
     const unsigned col_blocks = (unsigned)pg_ceil_div(total, THREADS);
     bf16 *ob = (bf16 *)out;
+    // Two columns a thread in the expand when every projection starts at
+    // an even column and out takes 4-byte accesses.
+    bool even = expand_cols() == 2 && (ldo & 1) == 0 && ((uintptr_t)out & 3) == 0;
+    for (int p = 0; p < pj.n; p++) even = even && (pj.c0[p + 1] & 1) == 0;
     cudaError_t le;
-    if (max_rank <= 8)
-        le = launch<8>(ob, ldo, parts, rms, max_rank, xb, ldx, in, nw, eps, row_slot_dev, pj, m, chunks, col_blocks, st);
+    if (tile_rows() > 0 && m >= tile_rows())
+        le = pg_lora_tiles_launch(ob, ldo, parts, rms, max_rank, xb, ldx, in, nw, eps, row_slot_dev, pj, m, n_slots,
+                                  chunks, even, st);
+    else if (max_rank <= 8)
+        le = launch<8>(ob, ldo, parts, rms, max_rank, xb, ldx, in, nw, eps, row_slot_dev, pj, m, chunks, col_blocks,
+                       even, st);
     else if (max_rank <= 16)
         le = launch<16>(ob, ldo, parts, rms, max_rank, xb, ldx, in, nw, eps, row_slot_dev, pj, m, chunks, col_blocks,
-                        st);
+                        even, st);
     else if (max_rank <= 32)
         le = launch<32>(ob, ldo, parts, rms, max_rank, xb, ldx, in, nw, eps, row_slot_dev, pj, m, chunks, col_blocks,
-                        st);
+                        even, st);
     else
         le = launch<64>(ob, ldo, parts, rms, max_rank, xb, ldx, in, nw, eps, row_slot_dev, pj, m, chunks, col_blocks,
-                        st);
+                        even, st);
     PG_CUDA_TRY(le);
     return 0;
+}
+
+int64_t pg_cuda_lora_dev_tile_rows(int64_t set) {
+    const int64_t was = tile_rows();
+    if (set >= 0) g_tile_rows = set;
+    return was;
 }
 
 int pg_cuda_lora_table_write(pg_cuda_lora_dev_slot *dst, const pg_cuda_lora_dev_slot *src, int64_t n,

@@ -245,6 +245,11 @@ note "runner hd64 LoRA (3 adapters + none): $(tail -c 300 "$out_dir/runner_hd64_
 run runner-hd64-lora-bgmv env PAGED_CUDA_LORA_GEMM_RUNS=0 "$RUNNER_TEST" $m64 --lora "$lora_dirs" \
     --json "$out_dir/runner_hd64_lora_bgmv.json"
 note "runner hd64 LoRA, BGMV alone: $(tail -c 300 "$out_dir/runner_hd64_lora_bgmv.json" 2>/dev/null | tr -d '\n')"
+# The graph-safe op in tiles of one adapter (kernels/cuda/lora_tiles.cu) at
+# every size, in the graphs and, with PAGED_LORA_DEV_EAGER=1, the eager steps.
+run runner-hd64-lora-tiles env PAGED_CUDA_LORA_TILES=1 PAGED_LORA_DEV_EAGER=1 "$RUNNER_TEST" $m64 --lora \
+    "$lora_dirs" --json "$out_dir/runner_hd64_lora_tiles.json"
+note "runner hd64 LoRA, tiles: $(tail -c 300 "$out_dir/runner_hd64_lora_tiles.json" 2>/dev/null | tr -d '\n')"
 run runner-hd64-lora-fp8 env PAGED_CUDA_FP8_GEMM=0 "$RUNNER_TEST" $m64 --lora "$lora_dirs" --quantization fp8 \
     --json "$out_dir/runner_hd64_lora_fp8_wo.json"
 note "runner hd64 LoRA over fp8 weights, weight-only: $(tail -c 300 "$out_dir/runner_hd64_lora_fp8_wo.json" 2>/dev/null | tr -d '\n')"

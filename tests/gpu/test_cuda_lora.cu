@@ -40,7 +40,9 @@
 // captured graph over two slot patterns and a rewritten table bit for bit
 // against its eager runs (graph_case below); past 8 rows, where a CTA runs
 // a tile of rows, the same checks and each row alone against the batch bit
-// for bit (graph_rows_case). "lora runs": pg_cuda_lora_apply_runs
+// for bit (graph_rows_case); both cases run twice, a CTA a row and then in
+// tiles of one adapter at every m (" [tiles]", lora_tiles.cu). "lora
+// runs": pg_cuda_lora_apply_runs
 // (runs of one adapter through cuBLASLt) against the reference and BGMV.
 //
 // Usage: build/gpu/test_cuda_lora [-k FILTER]   exit 0 pass, 1 fail, 77 no GPU.
@@ -59,11 +61,12 @@ extern "C" {
 
 static const char *g_filter = "";
 static const char *g_shape = "bgmv"; // the kernels' shape under test: PAGED_CUDA_LORA_SGMV=0 / 1
+static const char *g_tag = ""; // " [tiles]" while the graph cases run the tiled shape
 static int g_fail = 0, g_ok = 0;
 static bool selected(const char *name) { return strstr(name, g_filter) != nullptr; }
 
 static void report(const char *name, bool ok, const char *detail) {
-    printf("%-4s %-58s %s\n", ok ? "ok" : "FAIL", name, detail);
+    printf("%-4s %-58s %s\n", ok ? "ok" : "FAIL", (std::string(name) + g_tag).c_str(), detail);
     fflush(stdout);
     ok ? g_ok++ : g_fail++;
 }
@@ -364,7 +367,7 @@ static void graph_case() {
     dx.up(x), dnw.up(nw);
     auto dev_call = [&](cudaStream_t st) {
         return pg_cuda_lora_apply_dev(dgo.p, ldo, dx.p, in, m, in, dnw.p, eps, cols, NP, (const int32_t *)rows.p, tabs,
-                                      64, ws.p, wsb, st);
+                                      N_SLOTS, 64, ws.p, wsb, st);
     };
     auto got = [&]() {
         CK(cudaDeviceSynchronize());
@@ -440,14 +443,14 @@ static void graph_case() {
         CK(cudaMemcpy(urows.p, pat_a, m * 4, cudaMemcpyHostToDevice));
         const pg_cuda_lora_dev_slot *tu = (const pg_cuda_lora_dev_slot *)dtu.p;
         PK(pg_cuda_lora_apply_dev(uo.as<uint16_t>() + sh.col0, sh.ldo, ux.p, sh.ldx, m, sh.in, nullptr, 0.0f, &sh.out,
-                                  1, (const int32_t *)urows.p, &tu, 64, ws.p, wsb, nullptr));
+                                  1, (const int32_t *)urows.p, &tu, N_SLOTS, 64, ws.p, wsb, nullptr));
         CK(cudaDeviceSynchronize());
         uo.down(gu);
         const DevRef ru = dev_ref(ou, gu, xu, sh.ldx, sh.in, none, 0.0f, pat_a, m, 1, &sh.out, sh.ldo, sh.col0, au, su);
         // rank 8 launches: slot 3 (rank 64) cut to 8 by contract; nothing past the columns or rows moves.
         uo.up(ou);
         PK(pg_cuda_lora_apply_dev(uo.as<uint16_t>() + sh.col0, sh.ldo, ux.p, sh.ldx, m, sh.in, nullptr, 0.0f, &sh.out,
-                                  1, (const int32_t *)urows.p, &tu, 8, ws.p, wsb, nullptr));
+                                  1, (const int32_t *)urows.p, &tu, N_SLOTS, 8, ws.p, wsb, nullptr));
         CK(cudaDeviceSynchronize());
         std::vector<uint16_t> g8(ou.size());
         uo.down(g8);
@@ -470,9 +473,10 @@ static void graph_case() {
     const int64_t four[4] = {1024, 1024, 512, 512};
     const int64_t wide[NP] = {2048, 512, 512 + 17};
     const pg_cuda_lora_dev_slot *tabs_null[NP] = {tabs[0], nullptr, tabs[2]};
-    auto dev_with = [&](const int64_t *c, int32_t n, const pg_cuda_lora_dev_slot *const *t, int32_t rank, size_t wb) {
-        return pg_cuda_lora_apply_dev(dgo.p, ldo, dx.p, in, m, in, dnw.p, eps, c, n, (const int32_t *)rows.p, t, rank,
-                                      ws.p, wb, nullptr);
+    auto dev_with = [&](const int64_t *c, int32_t n, const pg_cuda_lora_dev_slot *const *t, int32_t rank, size_t wb,
+                        int32_t n_slots = N_SLOTS) {
+        return pg_cuda_lora_apply_dev(dgo.p, ldo, dx.p, in, m, in, dnw.p, eps, c, n, (const int32_t *)rows.p, t,
+                                      n_slots, rank, ws.p, wb, nullptr);
     };
     const Refusal c[] = {
         {"dev: 0 projections", dev_with(cols, 0, tabs, 64, wsb), PG_EINVAL},
@@ -480,9 +484,11 @@ static void graph_case() {
         {"dev: max rank 65", dev_with(cols, NP, tabs, 65, wsb), PG_EINVAL},
         {"dev: a NULL table", dev_with(cols, NP, tabs_null, 64, wsb), PG_EINVAL},
         {"dev: columns past ldo", dev_with(wide, NP, tabs, 64, wsb), PG_EINVAL},
+        {"dev: 0 slots", dev_with(cols, NP, tabs, 64, wsb, 0), PG_EINVAL},
+        {"dev: 65 slots", dev_with(cols, NP, tabs, 64, wsb, PG_CUDA_LORA_MAX_SLOTS + 1), PG_EINVAL},
         {"dev: small workspace", dev_with(cols, NP, tabs, 64, pg_cuda_lora_workspace_size(m, in, 64) / 4), PG_EINVAL},
-        {"dev: m = 0", pg_cuda_lora_apply_dev(dgo.p, ldo, dx.p, in, 0, in, nullptr, 0.0f, cols, NP, nullptr, tabs, 64,
-                                              nullptr, 0, nullptr), 0},
+        {"dev: m = 0", pg_cuda_lora_apply_dev(dgo.p, ldo, dx.p, in, 0, in, nullptr, 0.0f, cols, NP, nullptr, tabs,
+                                              N_SLOTS, 64, nullptr, 0, nullptr), 0},
     };
     std::string rdetail;
     const bool rok = refusals_ok(dgo, c, rdetail);
@@ -554,7 +560,8 @@ static void graph_rows_case() {
         const std::vector<uint16_t> om(o.begin(), o.begin() + m * ldo);
         auto call = [&](int64_t i0, int64_t mm, cudaStream_t st) {
             return pg_cuda_lora_apply_dev(dgo.as<uint16_t>() + i0 * ldo, ldo, dx.as<uint16_t>() + i0 * in, in, mm, in,
-                                          dnw.p, eps, cols, NP, rows.as<int32_t>() + i0, tabs, mr, ws.p, wsb, st);
+                                          dnw.p, eps, cols, NP, rows.as<int32_t>() + i0, tabs, N_SLOTS, mr, ws.p, wsb,
+                                          st);
         };
         auto got = [&]() {
             CK(cudaDeviceSynchronize());
@@ -633,8 +640,8 @@ static void graph_rows_case() {
         CK(cudaMemcpy(urows.p, pu.data(), (size_t)mu * 4, cudaMemcpyHostToDevice));
         auto callu = [&](int64_t i0, int64_t mm) {
             PK(pg_cuda_lora_apply_dev(uo.as<uint16_t>() + i0 * uldo + ucol0, uldo, ux.as<uint16_t>() + i0 * uldx,
-                                      uldx, mm, uin, nullptr, 0.0f, &uout, 1, urows.as<int32_t>() + i0, &tu, 64,
-                                      ws.p, wsb, nullptr));
+                                      uldx, mm, uin, nullptr, 0.0f, &uout, 1, urows.as<int32_t>() + i0, &tu,
+                                      N_SLOTS, 64, ws.p, wsb, nullptr));
         };
         auto gotu = [&]() {
             CK(cudaDeviceSynchronize());
@@ -832,8 +839,17 @@ int main(int argc, char **argv) {
         staged_case();
     }
     unsetenv("PAGED_CUDA_LORA_SGMV");
-    graph_case();
-    graph_rows_case();
+    // The graph-safe op in both shapes: a CTA a row (tile rows 0), then
+    // tiles of one adapter at every size (1: rows alone take them too, so
+    // the alone-against-the-batch checks compare tiles with tiles).
+    for (const int64_t tiles : {0, 1}) {
+        pg_cuda_lora_dev_tile_rows(tiles);
+        g_tag = tiles ? " [tiles]" : "";
+        graph_case();
+        graph_rows_case();
+    }
+    pg_cuda_lora_dev_tile_rows(0);
+    g_tag = "";
     runs_case();
     refusals();
     CK(cudaDeviceSynchronize());
