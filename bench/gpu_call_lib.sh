@@ -189,7 +189,7 @@ lora_checks() { # K [SGMV...]
 # of one adapter from that many rows), tilesdev: that and
 # PAGED_LORA_DEV_EAGER=1 (eager steps through it too), base: K/paged with
 # W4 naming no adapter; none
-# starts past 420 s): W1
+# starts past LORA_STOP seconds, 420 by default): W1
 # with no adapter and with a0 (w1base_RUN, w1_RUN), then (unless
 # LORA_W4=0) W4 at 100 clients over all N adapters for 30 s (w4_RUN),
 # saving after each run.
@@ -200,7 +200,7 @@ lora_serve_runs() { # K N RUN...
     [ -n "$mods" ] || { echo "adapters not written: $(cat "$R/lora_make.txt")"; return 1; }
     names=$(echo "$mods" | tr ' ' '\n' | cut -d= -f1 | paste -sd,)
     for run in "$@"; do
-        [ "$(el)" -gt 420 ] && { echo "stopped before $run at $(el)s"; break; }
+        [ "$(el)" -gt "${LORA_STOP:-420}" ] && { echo "stopped before $run at $(el)s"; break; }
         P=$k/paged
         case $run in old | oldruns) P=$k/paged_old ;; esac
         local wm=(--model "$names")

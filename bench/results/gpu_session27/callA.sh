@@ -7,8 +7,8 @@
 # tiles in the graphs and the eager steps; then one layer's LoRA by batch
 # size (bench_cuda_lora: dev = a CTA a row, tiles); then the served
 # llama3-8b shape with 8 rank-16 adapters: tiles from 16 rows, the new
-# build's default (a CTA a row), the base (no adapter named), HEAD's
-# build, and tiles in the eager steps too.
+# build's default (a CTA a row), the base (no adapter named), tiles in the
+# eager steps too, and HEAD's build, as time allows.
 set -u
 . bench/gpu_call_lib.sh
 call_init cA
@@ -21,5 +21,5 @@ timeout 150 "$K/bench_cuda_lora" --m 8,16,32,64,92,128,256,1024 > "$R/bench_lora
 echo "bench_cuda_lora rc=$? at $(el)s"
 grep -E "^(group|layer)" "$R/bench_lora.txt"
 save
-lora_serve_runs "$K" 8 tiles new base old tilesdev
+LORA_STOP=${LORA_STOP:-400} lora_serve_runs "$K" 8 tiles new base tilesdev old
 echo "done at $(el)s"
