@@ -231,8 +231,8 @@ __global__ void __launch_bounds__(STHREADS) lora_tile_shrink_kernel(float *parts
                                                                     const int32_t *rows, int n_slots,
                                                                     const pg_lora_proj pj) {
     constexpr int NF = RP / 8;                  // n8 fragments of the rank
-    constexpr int NV = TR * RP / STHREADS;      // values a thread stores (at least 1: RP >= 16 ... see below)
-    constexpr int NVS = NV > 0 ? NV : 1;
+    constexpr int NV = TR * RP / STHREADS; // sums a thread adds up and stores: 0 at rank 8, where
+    constexpr int NVS = NV > 0 ? NV : 1;    // the first 128 threads store one each
     __shared__ Route rt;
     __shared__ float red[SWARPS][TR][RP];
     const int p = blockIdx.y, c = blockIdx.z;
