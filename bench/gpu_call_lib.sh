@@ -2,6 +2,8 @@
 # bench/results/gpu_session*/call*.sh; the device tool runs them in the
 # repository root with $OUT set):
 #   call_init NAME     results folder /tmp/NAME, timer, build/ made
+#   call_begin NAME PACK  call_init, PACK unpacked unless build/gpu-pack/paged
+#                      is there, K=build/gpu-pack, gpu_name
 #   el                 seconds since call_init
 #   save               the results folder as $OUT/NAME.tgz (call it after
 #                      every stage: a call cut short keeps what it saved)
@@ -58,6 +60,15 @@ call_init() {
     mkdir -p "$R" build
 }
 el() { echo $(( $(date +%s) - T0 )); }
+# call_init NAME, the pack .gpucarry/PACK.tar.xz unpacked into build/ unless
+# a pack is there already, K its folder, and gpu_name: every call script's
+# first lines.
+call_begin() { # NAME PACK
+    call_init "$1"
+    [ -x build/gpu-pack/paged ] || unpack "$2"
+    K=$PWD/build/gpu-pack
+    gpu_name
+}
 save() { tar -C /tmp -czf "$OUT/$CALL.tgz" "$CALL"; }
 unpack() { tar -C "${2:-build}" -xJf ".gpucarry/$1.tar.xz" || { echo "unpack $1 failed"; exit 1; }; }
 gpu_name() { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$R/gpu.txt"; }
