@@ -322,30 +322,7 @@ __global__ void __launch_bounds__(THREADS) lora_dev_expand_kernel(bf16 *out, int
     expand_t(ts, es, parts, rms, chunks, m, tstride, i, pj);
     __syncthreads();
     if (!mine) return;
-    const float *tp = ts[p];
-    float acc[CW];
-#pragma unroll
-    for (int c = 0; c < CW; c++) {
-        acc[c] = 0.f;
-        if (bvec) {
-#pragma unroll
-            for (int q = 0; q < NB; q++)
-                if (q * 8 < rank) {
-                    float bf[8];
-                    pg_unpack8(bv[c][q], bf);
-#pragma unroll
-                    for (int u = 0; u < 8; u++) acc[c] = fmaf(tp[q * 8 + u], bf[u], acc[c]);
-                }
-        } else {
-            for (int r = 0; r < rank; r++) acc[c] = fmaf(tp[r], __bfloat162float(br[c * e.rank + r]), acc[c]);
-        }
-    }
-    if (CW == 1) {
-        out[i * ldo + j] = __float2bfloat16(fmaf(e.scale, acc[0], ov[0]));
-    } else {
-        *reinterpret_cast<__nv_bfloat162 *>(out + i * ldo + j) =
-            __floats2bfloat162_rn(fmaf(e.scale, acc[0], ov[0]), fmaf(e.scale, acc[CW - 1], ov[CW - 1]));
-    }
+    pg_lora_expand_store<CW, NB>(out + i * ldo + j, ts[p], bv, br, e.rank, rank, bvec, e.scale, ov);
 }
 
 // Columns a thread of the expand: 2 where the shapes allow (session 26,

@@ -35,6 +35,40 @@ __device__ __forceinline__ float pg_lora_t_value(const float *parts, const float
     return v;
 }
 
+// The expand's tail for one row and CW adjacent columns (both shapes):
+// acc = t . B over the rank (from the 16-byte pieces bv when bvec, else
+// from B's row br element by element), then out = ov + scale * acc in bf16,
+// one 4-byte store for CW 2. brs: B's row stride (the adapter's rank);
+// rank: how much of it t holds.
+template <int CW, int NB>
+__device__ __forceinline__ void pg_lora_expand_store(bf16 *o, const float *tp, const uint4 (&bv)[CW][NB],
+                                                     const bf16 *br, int brs, int rank, bool bvec, float scale,
+                                                     const float (&ov)[CW]) {
+    float acc[CW];
+#pragma unroll
+    for (int c = 0; c < CW; c++) {
+        acc[c] = 0.f;
+        if (bvec) {
+#pragma unroll
+            for (int q = 0; q < NB; q++)
+                if (q * 8 < rank) {
+                    float bf[8];
+                    pg_unpack8(bv[c][q], bf);
+#pragma unroll
+                    for (int u = 0; u < 8; u++) acc[c] = fmaf(tp[q * 8 + u], bf[u], acc[c]);
+                }
+        } else {
+            for (int r = 0; r < rank; r++) acc[c] = fmaf(tp[r], __bfloat162float(br[c * brs + r]), acc[c]);
+        }
+    }
+    if (CW == 1) {
+        *o = __float2bfloat16(fmaf(scale, acc[0], ov[0]));
+    } else {
+        *reinterpret_cast<__nv_bfloat162 *>(o) =
+            __floats2bfloat162_rn(fmaf(scale, acc[0], ov[0]), fmaf(scale, acc[CW - 1], ov[CW - 1]));
+    }
+}
+
 // lora_tiles.cu's shrink and expand over m rows (the tiled shape of
 // pg_cuda_lora_apply_dev; the arguments are that function's, checked, with
 // the workspace split into parts and rms as lora_graph.cu splits it, and

@@ -394,31 +394,8 @@ __global__ void __launch_bounds__(ETHREADS) lora_tile_expand_kernel(bf16 *out, i
 #pragma unroll
     for (int rq = 0; rq < TR; rq++) {
         if (rq >= cnt) break;
-        const float *tp = ts[rq][p];
-        float acc[CW];
-#pragma unroll
-        for (int u = 0; u < CW; u++) {
-            acc[u] = 0.f;
-            if (bvec) {
-#pragma unroll
-                for (int b = 0; b < NB; b++)
-                    if (b * 8 < rank) {
-                        float bf[8];
-                        pg_unpack8(bv[u][b], bf);
-#pragma unroll
-                        for (int v = 0; v < 8; v++) acc[u] = fmaf(tp[b * 8 + v], bf[v], acc[u]);
-                    }
-            } else {
-                for (int r = 0; r < rank; r++) acc[u] = fmaf(tp[r], __bfloat162float(br[u * e.rank + r]), acc[u]);
-            }
-        }
-        bf16 *o = out + (int64_t)rt.trow[rq] * ldo + j;
-        if (CW == 1) {
-            *o = __float2bfloat16(fmaf(e.scale, acc[0], ov[rq][0]));
-        } else {
-            *reinterpret_cast<__nv_bfloat162 *>(o) =
-                __floats2bfloat162_rn(fmaf(e.scale, acc[0], ov[rq][0]), fmaf(e.scale, acc[CW - 1], ov[rq][CW - 1]));
-        }
+        pg_lora_expand_store<CW, NB>(out + (int64_t)rt.trow[rq] * ldo + j, ts[rq][p], bv, br, e.rank, rank, bvec,
+                                     e.scale, ov[rq]);
     }
 }
 
