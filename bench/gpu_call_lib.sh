@@ -187,6 +187,11 @@ lora_checks() { # K [SGMV...]
     PAGED_CUDA_LORA_TILES=1 PAGED_LORA_DEV_EAGER=1 timeout 120 "$k/test_cuda_runner" $m64 --lora "$dirs" \
         > "$R/runner_lora_tilesdev.txt" 2>&1
     echo "runner LoRA TILES=1 DEV_EAGER=1 rc=$? at $(el)s: $(tail -1 "$R/runner_lora_tilesdev.txt" | cut -c1-200)"
+    # Split eager steps: decode rows through the tiles, prefill chunks
+    # through lora_apply (PAGED_LORA_SPLIT=1).
+    PAGED_CUDA_LORA_TILES=1 PAGED_LORA_SPLIT=1 timeout 120 "$k/test_cuda_runner" $m64 --lora "$dirs" \
+        > "$R/runner_lora_split.txt" 2>&1
+    echo "runner LoRA TILES=1 SPLIT=1 rc=$? at $(el)s: $(tail -1 "$R/runner_lora_split.txt" | cut -c1-200)"
 }
 # The llama3-8b shape served with N random rank-16 adapters, for each RUN
 # (new: K/paged, old: K/paged_old, oldruns: K/paged_old with
@@ -198,7 +203,8 @@ lora_checks() { # K [SGMV...]
 # columns a thread; 2 is the default since session 26), tiles: K/paged
 # with PAGED_CUDA_LORA_TILES=${LORA_TILES:-16} (the graph-safe op in tiles
 # of one adapter from that many rows), tilesdev: that and
-# PAGED_LORA_DEV_EAGER=1 (eager steps through it too), base: K/paged with
+# PAGED_LORA_DEV_EAGER=1 (eager steps through it too), split: tiles and
+# PAGED_LORA_SPLIT=1 (eager steps' decode rows through it), base: K/paged with
 # W4 naming no adapter; none
 # starts past LORA_STOP seconds, 420 by default): W1
 # with no adapter and with a0 (w1base_RUN, w1_RUN), then (unless
@@ -217,7 +223,8 @@ lora_serve_runs() { # K N RUN...
         local wm=(--model "$names")
         [ "$run" = base ] && wm=()
         case $run in dev | tilesdev) export PAGED_LORA_DEV_EAGER=1 ;; *) unset PAGED_LORA_DEV_EAGER ;; esac
-        case $run in tiles | tilesdev) export PAGED_CUDA_LORA_TILES=${LORA_TILES:-16} ;; *) unset PAGED_CUDA_LORA_TILES ;; esac
+        case $run in tiles | tilesdev | split) export PAGED_CUDA_LORA_TILES=${LORA_TILES:-16} ;; *) unset PAGED_CUDA_LORA_TILES ;; esac
+        case $run in split) export PAGED_LORA_SPLIT=1 ;; *) unset PAGED_LORA_SPLIT ;; esac
         case $run in cols1 | cols2) export PAGED_CUDA_LORA_EXPAND_COLS=${run#cols} ;; *) unset PAGED_CUDA_LORA_EXPAND_COLS ;; esac
         case $run in
         runs | oldruns) export PAGED_CUDA_LORA_GEMM_RUNS=16 ;;
@@ -239,5 +246,6 @@ lora_serve_runs() { # K N RUN...
         rm -f "$R"/*.json.requests
         save
     done
-    unset PAGED_LORA_DEV_EAGER PAGED_CUDA_LORA_GEMM_RUNS PAGED_CUDA_LORA_EXPAND_COLS PAGED_CUDA_LORA_TILES
+    unset PAGED_LORA_DEV_EAGER PAGED_CUDA_LORA_GEMM_RUNS PAGED_CUDA_LORA_EXPAND_COLS PAGED_CUDA_LORA_TILES \
+        PAGED_LORA_SPLIT
 }

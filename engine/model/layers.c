@@ -27,6 +27,7 @@ void pg_step_views_make(const pg_model *m, const pg_fwd_buffers *bufs, const pg_
     v->moe_ws_bytes = bufs->moe_ws_bytes;
     v->lora_rows = m->lora.n_slots > 0 ? s->lora_rows : NULL;
     v->lora_rows_dev = v->lora_rows && m->lora.dev_table ? s->lora_rows_dev : NULL;
+    v->lora_split = v->lora_rows_dev && s->lora_dev_rows > 0 && s->lora_dev_rows < n ? s->lora_dev_rows : 0;
     v->lora_ws = bufs->lora_ws;
     v->lora_ws_bytes = bufs->lora_ws_bytes;
 }
@@ -37,19 +38,29 @@ void pg_step_views_make(const pg_model *m, const pg_fwd_buffers *bufs, const pg_
 // (in . A^T) . B^T (rows without one untouched). With the rows in backend
 // memory (a graph step) one graph-safe launch pair covers the n, and reads
 // rmsnorm(in, norm) when norm is given; else one lora_apply each (norm
-// must be NULL: the caller normed `in`).
+// must be NULL: the caller normed `in`). A split step (v->lora_split) runs
+// its first rows the graph-safe way and the rest by lora_apply.
 static int layer_lora(const pg_model *m, const pg_step_views *v, int32_t l, int module, int n, const int64_t *cols,
                       pg_tensor out, pg_tensor in, const pg_bweight *norm) {
     const pg_model_lora *lo = &m->lora;
+    int64_t r0 = 0; // the first row lora_apply takes
     if (v->lora_rows_dev) {
+        PG_ARG(!norm || !v->lora_split, "LoRA: a split step takes normed rows");
         const pg_lora_dev_slot *tabs[PG_LORA_DEV_MAX_PROJ];
         for (int p = 0; p < n; p++) tabs[p] = pg_model_lora_dev_slots(lo, l, module + p);
-        return m->be->ops->lora_apply_dev(m->be, out, in, norm, m->cfg.rms_eps, v->lora_rows_dev, tabs, lo->n_slots,
-                                          cols, n, lo->max_rank, v->lora_ws, v->lora_ws_bytes);
+        const int64_t nd = v->lora_split ? v->lora_split : out.rows;
+        PG_TRY(m->be->ops->lora_apply_dev(m->be, pg_tensor_view(out, 0, nd, 0, out.cols),
+                                          pg_tensor_view(in, 0, nd, 0, in.cols), norm, m->cfg.rms_eps,
+                                          v->lora_rows_dev, tabs, lo->n_slots, cols, n, lo->max_rank, v->lora_ws,
+                                          v->lora_ws_bytes));
+        if (!v->lora_split) return 0;
+        r0 = nd;
     }
     PG_ARG(!norm, "LoRA: a fused norm needs the graph-safe op");
+    const int64_t rows = out.rows - r0;
+    const pg_tensor x = pg_tensor_view(in, r0, rows, 0, in.cols);
     for (int p = 0, c0 = 0; p < n; c0 += (int)cols[p], p++)
-        PG_TRY(m->be->ops->lora_apply(m->be, pg_tensor_view(out, 0, out.rows, c0, cols[p]), in, v->lora_rows,
+        PG_TRY(m->be->ops->lora_apply(m->be, pg_tensor_view(out, r0, rows, c0, cols[p]), x, v->lora_rows + r0,
                                       pg_model_lora_slots(lo, l, module + p), lo->n_slots, v->lora_ws,
                                       v->lora_ws_bytes));
     return 0;
@@ -125,7 +136,7 @@ int pg_layer_attention_with(const pg_model *m, int32_t l, pg_bkv *kv, const pg_f
     const pg_model_layer *L = &m->layers[l];
     pg_backend *be = m->be;
     const int64_t qkv_cols[3] = {v->q.cols, v->k.cols, v->v.cols};
-    if (v->lora_rows_dev) {
+    if (v->lora_rows_dev && !v->lora_split) {
         // A graph step: the product keeps its fused norm, and the adapters'
         // shrink applies the same norm to x as it reads it.
         PG_TRY(be->ops->linear(be, v->qkv, v->x, L->attn_norm, c->rms_eps, L->qkv, L->qkv_bias, false, v->xn));
@@ -185,7 +196,7 @@ int pg_layer_ffn_swiglu(const pg_model *m, int32_t l, const pg_step_views *v) {
         // a graph step keeps the product's fused norm (the adapters' shrink
         // applies it too), an eager one norms into xn first.
         const int64_t f = m->shard.ffn, cols[2] = {f, f};
-        if (v->lora_rows_dev) {
+        if (v->lora_rows_dev && !v->lora_split) {
             PG_TRY(be->ops->linear(be, v->gu, v->x, L->ffn_norm, m->cfg.rms_eps, L->gate_up, NULL, false, v->xn));
             PG_TRY(layer_lora(m, v, l, PG_LORA_GATE, 2, cols, v->gu, v->x, L->ffn_norm));
         } else {

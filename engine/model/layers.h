@@ -33,6 +33,10 @@ typedef struct pg_step_views {
     // lora_apply workspace.
     const int32_t *lora_rows;
     const int32_t *lora_rows_dev; // the same in backend memory (graph steps): lora_apply_dev; else NULL
+    // > 0: a split eager step (pg_fwd_step lora_dev_rows): rows [0,
+    // lora_split) through lora_apply_dev, the rest through lora_apply, both
+    // over the normed rows (no fused norm).
+    int64_t lora_split;
     void *lora_ws;
     size_t lora_ws_bytes;
 } pg_step_views;

@@ -382,6 +382,11 @@ typedef struct pg_fwd_step {
     // runs the graph-safe op (lora_apply_dev) over the model's backend
     // table. NULL: lora_apply over the host rows.
     const int32_t *lora_rows_dev;
+    // With lora_rows_dev, 0 < lora_dev_rows < n_tokens splits the step: rows
+    // [0, lora_dev_rows) (an eager step's decode rows) take lora_apply_dev,
+    // the rest lora_apply over the host rows (its long runs of one adapter
+    // through the backend's dense products). 0: every row the graph-safe op.
+    int32_t lora_dev_rows;
     // KV layer groups (pg_kv_layout, above): slots and attn.block_tables
     // hold a copy per group, [n_groups][n_tokens] and
     // [n_groups][n_seqs][bt_stride]; layer l uses group group[l]'s and the

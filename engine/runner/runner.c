@@ -323,6 +323,8 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
     {
         const char *e = getenv("PAGED_LORA_DEV_EAGER");
         r->lora_dev_eager = model->lora.dev_table && e && atoi(e) != 0;
+        e = getenv("PAGED_LORA_SPLIT");
+        r->lora_split = model->lora.dev_table && e && atoi(e) != 0;
     }
     // The profiling forward, where the backend can measure what it takes
     // (lazily loaded kernels, library plans, graph memory); elsewhere the
@@ -569,12 +571,15 @@ static int queue_step(pg_runner *r, const step_desc *s) {
     // (runner_graphs.c), when the backend has graph-safe LoRA.
     const bool g = runner_graph_step(r, s, &padded, &slot);
     const step_desc *run = g ? &padded : s;
-    // PAGED_LORA_DEV_EAGER=1 (under measurement, docs/lora.md): eager steps
-    // with LoRA rows take the graph-safe op too.
+    // Under measurement (docs/lora.md): PAGED_LORA_DEV_EAGER=1, eager steps
+    // with LoRA rows take the graph-safe op too; PAGED_LORA_SPLIT=1, their
+    // decode rows (rows 0 .. n_decode - 1) do, and the prefill chunks after
+    // them keep lora_apply (runs of one adapter through dense products).
     step_desc dev_rows;
-    if (!g && s->lora_rows && r->lora_dev_eager) {
+    if (!g && s->lora_rows && (r->lora_dev_eager || (r->lora_split && s->n_decode > 0))) {
         dev_rows = *s;
         dev_rows.lora_on_dev = true;
+        dev_rows.lora_dev_rows = r->lora_dev_eager ? 0 : s->n_decode;
         run = &dev_rows;
     }
     dev_in d;

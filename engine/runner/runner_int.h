@@ -33,6 +33,7 @@ typedef struct step_desc {
     const int32_t *feed;                 //   previous step's samples)
     const int32_t *lora_rows;            // host [n_tokens] adapter slots (-1: none); NULL: no LoRA row
     bool lora_on_dev;                    // upload lora_rows: the forward runs the graph-safe LoRA op
+    int32_t lora_dev_rows;               // with lora_on_dev: pg_fwd_step's split (0: every row)
 } step_desc;
 
 // The same arrays after the upload, in backend memory.
@@ -128,6 +129,7 @@ struct pg_runner {
     int32_t cbuckets[RUNNER_MAX_CBUCKETS], n_cbuckets; // 256, 512, ... < max_model_len, max_model_len
     int32_t n_graph_sets; // 1, or 2 with graph-safe LoRA: [set][n_bbuckets][n_cbuckets]
     bool lora_dev_eager;  // PAGED_LORA_DEV_EAGER=1: eager LoRA steps take lora_apply_dev too
+    bool lora_split;      // PAGED_LORA_SPLIT=1: an eager step's decode rows take it, the rest lora_apply
     void **graph_exec;
     int8_t *graph_state; // 0 none yet, 1 ready, -1 capture failed (stays eager)
     int64_t graph_bytes;

@@ -85,6 +85,7 @@ pg_fwd_step runner_fwd_step(const pg_runner *r, const step_desc *s, const dev_in
         .logit_rows = d->rows,
         .lora_rows = s->lora_rows,
         .lora_rows_dev = d->lora,
+        .lora_dev_rows = d->lora ? s->lora_dev_rows : 0,
         .kv_layout = r->kv_layout.n_groups > 1 ? &r->kv_layout : NULL,
     };
 }

@@ -250,6 +250,11 @@ note "runner hd64 LoRA, BGMV alone: $(tail -c 300 "$out_dir/runner_hd64_lora_bgm
 run runner-hd64-lora-tiles env PAGED_CUDA_LORA_TILES=1 PAGED_LORA_DEV_EAGER=1 "$RUNNER_TEST" $m64 --lora \
     "$lora_dirs" --json "$out_dir/runner_hd64_lora_tiles.json"
 note "runner hd64 LoRA, tiles: $(tail -c 300 "$out_dir/runner_hd64_lora_tiles.json" 2>/dev/null | tr -d '\n')"
+# Split eager steps (PAGED_LORA_SPLIT=1): the decode rows through the tiles,
+# the prefill chunks through lora_apply.
+run runner-hd64-lora-split env PAGED_CUDA_LORA_TILES=1 PAGED_LORA_SPLIT=1 "$RUNNER_TEST" $m64 --lora \
+    "$lora_dirs" --json "$out_dir/runner_hd64_lora_split.json"
+note "runner hd64 LoRA, split: $(tail -c 300 "$out_dir/runner_hd64_lora_split.json" 2>/dev/null | tr -d '\n')"
 run runner-hd64-lora-fp8 env PAGED_CUDA_FP8_GEMM=0 "$RUNNER_TEST" $m64 --lora "$lora_dirs" --quantization fp8 \
     --json "$out_dir/runner_hd64_lora_fp8_wo.json"
 note "runner hd64 LoRA over fp8 weights, weight-only: $(tail -c 300 "$out_dir/runner_hd64_lora_fp8_wo.json" 2>/dev/null | tr -d '\n')"

@@ -11,7 +11,7 @@
 # eager steps too, and HEAD's build, as time allows.
 set -u
 . bench/gpu_call_lib.sh
-call_begin cA s39
+call_begin cA "${PACK:-s39}"
 lora_checks "$K"
 save
 timeout 150 "$K/bench_cuda_lora" --m 8,16,32,64,92,128,256,1024 > "$R/bench_lora.txt" 2>&1

@@ -8,7 +8,7 @@
 # least that says whether the tiles are right and faster.
 set -u
 . bench/gpu_call_lib.sh
-call_begin cB s39
+call_begin cB "${PACK:-s39}"
 timeout 100 "$K/test_cuda_lora" -k "lora graph" > "$R/lora_graph.txt" 2>&1
 echo "test_cuda_lora -k 'lora graph' rc=$? at $(el)s: $(tail -1 "$R/lora_graph.txt")"
 grep -E "^FAIL" "$R/lora_graph.txt" | head -8
