@@ -7,7 +7,7 @@
 set -u
 . bench/gpu_call_lib.sh
 call_begin cC "${PACK:-s41}"
-timeout 60 "$K/test_cuda_lora" > "$R/lora_kernels.txt" 2>&1
+timeout 75 "$K/test_cuda_lora" > "$R/lora_kernels.txt" 2>&1
 echo "test_cuda_lora rc=$? at $(el)s: $(tail -1 "$R/lora_kernels.txt")"
 grep -E "^FAIL" "$R/lora_kernels.txt" | head -12
 m64=/tmp/paged-m64
