@@ -402,8 +402,8 @@ typedef struct pg_backend_ops {
     // <= max_rank, in_cols -> out_cols; NULL with lora_apply.
     size_t (*lora_workspace_bytes)(pg_backend *b, int32_t max_rows, int32_t in_cols, int32_t out_cols,
                                    int32_t max_rank, int32_t n_slots);
-    // Graph-safe LoRA (docs/lora.md "Graph-safe LoRA"; NULL in a backend
-    // without graphs: the CPU's). lora_apply's product for n_proj (1 to
+    // Graph-safe LoRA (docs/lora.md "Graph-safe LoRA"; the CPU's is the
+    // reference: the norm, then lora_apply). lora_apply's product for n_proj (1 to
     // PG_LORA_DEV_MAX_PROJ) projections that read the same x and write
     // adjacent column ranges of out (projection p: cols[p] columns after
     // those of projections < p; Q|K|V, gate|up), with every value a graph

@@ -325,6 +325,10 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
         r->lora_dev_eager = model->lora.dev_table && e && atoi(e) != 0;
         e = getenv("PAGED_LORA_SPLIT");
         r->lora_split = model->lora.dev_table && e && atoi(e) != 0;
+        if (r->lora_dev_eager || r->lora_split)
+            PG_LOGI("LoRA: %s through the graph-safe op (%s=1)",
+                    r->lora_dev_eager ? "eager steps" : "eager steps' decode rows",
+                    r->lora_dev_eager ? "PAGED_LORA_DEV_EAGER" : "PAGED_LORA_SPLIT");
     }
     // The profiling forward, where the backend can measure what it takes
     // (lazily loaded kernels, library plans, graph memory); elsewhere the

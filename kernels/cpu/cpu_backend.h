@@ -110,6 +110,13 @@ int pg_cpu_lora_apply(pg_backend *b, pg_tensor out, pg_tensor x, const int32_t *
                       const pg_lora_slot *slots, int32_t n_slots, void *workspace, size_t workspace_bytes);
 size_t pg_cpu_lora_workspace_bytes(pg_backend *b, int32_t max_rows, int32_t in_cols, int32_t out_cols,
                                    int32_t max_rank, int32_t n_slots);
+// The graph-safe op's contract (backend.h lora_apply_dev, lora_table_write;
+// kernels/cpu/lora.c): the reference the dev-row paths are checked against.
+int pg_cpu_lora_table_write(pg_backend *b, pg_lora_dev_slot *dst, const pg_lora_slot *src, int64_t n);
+int pg_cpu_lora_apply_dev(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *norm, float eps,
+                          const int32_t *row_slot, const pg_lora_dev_slot *const *tables, int32_t n_slots,
+                          const int64_t *cols, int32_t n_proj, int32_t max_rank, void *workspace,
+                          size_t workspace_bytes);
 // out[m][dim] = x * rsqrt(mean(x^2) + eps) * weight; out may alias x.
 void pg_cpu_rmsnorm(pg_cpu_ctx *c, float *out, const float *x, const float *weight, int64_t m,
                     int64_t dim, float eps);

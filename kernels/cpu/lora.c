@@ -12,6 +12,7 @@
 // names cost nothing. Every output row gets at most one slot's addition,
 // and each product's elements do not depend on how its weight rows were
 // split among threads: the result is the same for any thread count.
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/err.h"
@@ -91,4 +92,56 @@ int pg_cpu_lora_apply(pg_backend *b, pg_tensor out, pg_tensor x, const int32_t *
         }
     }
     return 0;
+}
+
+// The graph-safe op's contract on the CPU (backend.h lora_apply_dev): the
+// reference that the engine's dev-row paths (graph steps, and on the GPU
+// PAGED_LORA_DEV_EAGER / PAGED_LORA_SPLIT) are checked against here. The
+// table's entries hold the slot's pg_bweight pointers (this backend's
+// addressing, so any type lora_apply takes runs); the op is the norm, then
+// lora_apply over each projection's column range.
+int pg_cpu_lora_table_write(pg_backend *b, pg_lora_dev_slot *dst, const pg_lora_slot *src, int64_t n) {
+    (void)b;
+    PG_ARG(n >= 0 && (n == 0 || (dst && src)), "cpu lora_table_write: %lld entries", (long long)n);
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = (pg_lora_dev_slot){.a = src[i].a, .b = src[i].b, .rank = src[i].a ? (int32_t)src[i].a->rows : 0,
+                                    .scale = src[i].scale};
+    return 0;
+}
+
+int pg_cpu_lora_apply_dev(pg_backend *b, pg_tensor out, pg_tensor x, const pg_bweight *norm, float eps,
+                          const int32_t *row_slot, const pg_lora_dev_slot *const *tables, int32_t n_slots,
+                          const int64_t *cols, int32_t n_proj, int32_t max_rank, void *workspace,
+                          size_t workspace_bytes) {
+    PG_ARG(n_proj >= 1 && n_proj <= PG_LORA_DEV_MAX_PROJ && cols && tables && n_slots >= 1 && max_rank >= 1,
+           "cpu lora_apply_dev: %d projections, %d slots, max rank %d", n_proj, n_slots, max_rank);
+    PG_ARG(out.rows == x.rows && x.dtype == PG_DTYPE_F32, "cpu lora_apply_dev: %lld output rows for %lld f32 rows",
+           (long long)out.rows, (long long)x.rows);
+    int64_t total = 0;
+    for (int32_t p = 0; p < n_proj; p++) total += cols[p];
+    PG_ARG(total == out.cols, "cpu lora_apply_dev: the projections' %lld columns, out has %lld", (long long)total,
+           (long long)out.cols);
+    if (x.rows == 0) return 0;
+    // The slots of one projection, then (with a norm: the fused base
+    // product's) the normed rows after them.
+    const size_t sb = sizeof(pg_lora_slot) * (size_t)n_slots;
+    char *scratch = malloc(sb + (norm ? sizeof(float) * (size_t)(x.rows * x.cols) : 0));
+    if (!scratch) return pg_err_set(PG_ENOMEM, "cpu lora_apply_dev: %lld rows of %lld", (long long)x.rows,
+                                    (long long)x.cols);
+    pg_lora_slot *slots = (pg_lora_slot *)scratch;
+    pg_tensor xin = x;
+    int rc = 0;
+    if (norm) {
+        xin = (pg_tensor){.data = scratch + sb, .dtype = PG_DTYPE_F32, .rows = x.rows, .cols = x.cols,
+                          .stride = x.cols};
+        rc = b->ops->rmsnorm(b, xin, x, norm, eps);
+    }
+    for (int32_t p = 0, c0 = 0; p < n_proj && rc == 0; c0 += (int)cols[p], p++) {
+        for (int32_t s = 0; s < n_slots; s++)
+            slots[s] = (pg_lora_slot){.a = tables[p][s].a, .b = tables[p][s].b, .scale = tables[p][s].scale};
+        rc = pg_cpu_lora_apply(b, pg_tensor_view(out, 0, out.rows, c0, cols[p]), xin, row_slot, slots, n_slots,
+                               workspace, workspace_bytes);
+    }
+    free(scratch);
+    return rc;
 }
