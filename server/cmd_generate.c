@@ -25,7 +25,8 @@ static const char *usage =
     "  --prompt TEXT                 the prompt (streamed completion on stdout)\n"
     "  --prompts-file FILE           one prompt per line, or JSON lines with \"prompt\"\n"
     "                                (or \"prompt_ids\": token ids, as benchmarks send) and\n"
-    "                                per-prompt sampling fields; all run concurrently\n"
+    "                                per-prompt sampling fields (\"model\": an adapter of\n"
+    "                                --lora-modules); all run concurrently\n"
     "  --chat                        apply the model's chat template (a user message)\n"
     "  --system TEXT                 system message for --chat\n"
     "  --max-tokens N                tokens to generate (default 128)\n"
@@ -69,6 +70,7 @@ static int wait_events(pg_engine *e, waiter *w, pg_gen_event *buf, int cap) {
 
 typedef struct {
     char *text;              // prompt as given
+    char *model;             // "model": the LoRA adapter served as this name (NULL: the base)
     pg_sampling_params sp;
     bool chat;
     int32_t *ids;
@@ -193,6 +195,13 @@ static int parse_json_prompt(const char *line, job *j) {
     }
     if ((it = cJSON_GetObjectItemCaseSensitive(o, "ignore_eos"))) j->sp.ignore_eos = cJSON_IsTrue(it);
     if ((it = cJSON_GetObjectItemCaseSensitive(o, "chat"))) j->chat = cJSON_IsTrue(it);
+    if ((it = cJSON_GetObjectItemCaseSensitive(o, "model"))) {
+        if (!cJSON_IsString(it) || !it->valuestring[0]) {
+            rc = pg_err_set(PG_EINVAL, "\"model\" must name an adapter of --lora-modules");
+            goto out;
+        }
+        j->model = pg_xstrdup(it->valuestring);
+    }
 out:
     cJSON_Delete(o);
     return rc;
@@ -393,7 +402,14 @@ int cmd_generate(int argc, char **argv) {
             j->done = true;
             continue;
         }
-        pg_gen_request req = {.prompt = j->ids, .n_prompt = j->n_ids, .sp = j->sp, .user = j};
+        const int64_t lora = j->model ? pg_engine_lora_find(e, j->model) : 0;
+        if (j->model && lora == 0) {
+            snprintf(j->error, sizeof j->error, "no LoRA adapter is served as \"%s\" (--enable-lora --lora-modules)",
+                     j->model);
+            j->done = true;
+            continue;
+        }
+        pg_gen_request req = {.prompt = j->ids, .n_prompt = j->n_ids, .sp = j->sp, .user = j, .lora_id = lora};
         j->id = pg_engine_submit(e, &req);
         remaining++;
     }
@@ -461,6 +477,7 @@ int cmd_generate(int argc, char **argv) {
     for (int i = 0; i < n_jobs; i++) {
         free(jobs[i].toks);
         free(jobs[i].text);
+        free(jobs[i].model);
         free(jobs[i].ids);
         free(jobs[i].out);
     }
