@@ -5,6 +5,9 @@
 # graphs, in the eager steps' decode rows (split) and in whole eager steps;
 # one layer's LoRA by batch size; served W1/W4 with 8 rank-16 adapters:
 # tiles, tiles + split, the default (a CTA a row), the base (none named).
+# The shortest cut (about 240 s, what the last device minutes allow):
+#   LORA_STOP=130 LORA_RUNS="tiles new" BENCH_M=16,92,256 bash callB.sh
+# and LORA_STOP=0 for the checks and the bench alone.
 set -u
 . bench/gpu_call_lib.sh
 call_begin cB "${PACK:-s41}"
@@ -22,7 +25,7 @@ for env in "PAGED_CUDA_LORA_TILES=1" "PAGED_CUDA_LORA_TILES=1 PAGED_LORA_SPLIT=1
     echo "runner LoRA $env rc=$? at $(el)s: $(tail -1 "$R/runner_$tag.txt" | cut -c1-220)"
 done
 save
-timeout 60 "$K/bench_cuda_lora" --m 16,92,256,1024 > "$R/bench_lora.txt" 2>&1
+timeout 60 "$K/bench_cuda_lora" --m "${BENCH_M:-16,92,256,1024}" > "$R/bench_lora.txt" 2>&1
 echo "bench_cuda_lora rc=$? at $(el)s"
 grep -E "^(group|layer)" "$R/bench_lora.txt"
 save
