@@ -192,7 +192,13 @@ static void on_drain_tick(uv_timer_t *t) {
         gen_abort_all(a);
         s->abort_deadline_ms = now + 5000;
     }
-    if (s->aborted && (now >= s->abort_deadline_ms || a->n_jobs == 0)) finish(s);
+    // After the abort the jobs end at once, but their last events and the
+    // terminating chunk are still queued on the connections (flushed in the
+    // loop's idle phase, after this timer): closing now would cut a stream
+    // short of its [DONE] at a chunk boundary, which clients read as a clean
+    // end. The connections close themselves once written (draining), so wait
+    // for that above, up to the abort deadline.
+    if (s->aborted && now >= s->abort_deadline_ms) finish(s);
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
