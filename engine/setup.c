@@ -379,6 +379,10 @@ int eng_setup(pg_engine *e) {
     int32_t host_blocks = pg_host_kv_blocks(cfg, !on_cpu, e->kv_blocks, per_block, pg_host_ram_bytes());
     sc.enable_host_kv_cache = host_blocks > 0 && sc.enable_prefix_caching && !cfg->no_host_kv_cache;
     sc.host_kv_reused_only = cfg->host_kv_reused_only;
+    // PAGED_KV_OFFLOAD_AHEAD=1 (experimental, docs/engine.md "Copy ahead"):
+    // the tier copies the blocks next in line for eviction a plan early.
+    const char *ahead = getenv("PAGED_KV_OFFLOAD_AHEAD");
+    sc.host_kv_ahead = sc.enable_host_kv_cache && ahead && !strcmp(ahead, "1");
     // A pool that cannot hold one sequence of the full model length is a
     // configuration error, reported with what would fit.
     const int32_t need = pg_engine_kv_blocks_needed(e->max_model_len, &sc);
@@ -512,6 +516,8 @@ int eng_setup(pg_engine *e) {
                                                                              : "host KV tier"))
                                             : "swap space",
             e->max_model_len);
+    if (sc.host_kv_ahead)
+        PG_LOGI("host KV tier: copying the blocks next in line for eviction a plan early (PAGED_KV_OFFLOAD_AHEAD=1)");
     if (lay.n_groups > 1 || lay.window[0] > 0) {
         char groups[160] = "";
         for (int32_t g = 0, n = 0; g < lay.n_groups && n < (int)sizeof groups - 24; g++)

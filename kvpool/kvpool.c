@@ -207,29 +207,37 @@ void kvpi_host_decref(kvp_pool *p, int32_t h) {
     }
 }
 
-// Device block b (hashed, ref 0) is being evicted: with the host tier and
-// host room, its content goes to a host block first, findable there by its
-// hash. The move is a swap-out of this plan, so it runs before anything of
-// the plan writes b.
-static void offload(kvp_pool *p, int32_t b) {
+// Copies device block b (hashed, not on the host) to a host block, findable
+// there by its hash; the move is one of this plan's swap-outs, so it runs
+// before anything of the plan writes b. False (nothing done) when every host
+// block is held, or with host_tier_reused_only for a block never hit.
+bool kvpi_offload_copy(kvp_pool *p, int32_t b) {
     kvp_hash h = p->blocks[b].hash;
-    int32_t hb = kvpi_map_find(&p->hmap, h);
-    if (hb >= 0) { // the host has it already (it came from there): refresh its LRU place
-        if (p->hblocks[hb].ref == 0) {
-            fl_unlink(p->hblocks, hb);
-            fl_push_tail(p->hblocks, p->n_host, hb);
-        }
-        return;
-    }
-    if (p->n_host_free == 0) return; // every host block is held: forget it
-    if (p->cfg.host_tier_reused_only && !p->blocks[b].reused) return; // never hit: not worth the copy
-    hb = kvpi_host_alloc(p);
+    if (p->n_host_free == 0) return false; // every host block is held: forget it
+    if (p->cfg.host_tier_reused_only && !p->blocks[b].reused) return false; // never hit: not worth the copy
+    int32_t hb = kvpi_host_alloc(p);
     held_push(p, hb); // its ref: written by this plan
     p->hblocks[hb].hashed = true;
     p->hblocks[hb].hash = h;
     map_insert(&p->hmap, h, hb);
     kvpi_moves_push(&p->tier_out, b, hb);
     p->offloads++;
+    return true;
+}
+
+// Device block b (hashed, ref 0) is being evicted: with the host tier and
+// host room, its content goes to a host block first, unless the host has it
+// already (it came from there, or was copied ahead).
+static void offload(kvp_pool *p, int32_t b) {
+    int32_t hb = kvpi_map_find(&p->hmap, p->blocks[b].hash);
+    if (hb >= 0) { // refresh its LRU place
+        if (p->hblocks[hb].ref == 0) {
+            fl_unlink(p->hblocks, hb);
+            fl_push_tail(p->hblocks, p->n_host, hb);
+        }
+        return;
+    }
+    kvpi_offload_copy(p, b);
 }
 
 // Pops the free-list head (evicting its cached hash) with ref 1.
@@ -238,6 +246,7 @@ int32_t kvpi_block_alloc(kvp_pool *p) {
     PG_CHECK(b != p->n);
     fl_unlink(p->blocks, b);
     p->n_free--;
+    p->plan_allocs++;
     blk *x = &p->blocks[b];
     if (x->hashed) {
         if (p->tier) offload(p, b);
@@ -445,6 +454,7 @@ void kvp_stats_get(const kvp_pool *p, kvp_stats *o) {
     o->evictions = p->evictions;
     o->host_hits = p->host_hits;
     o->offloads = p->offloads;
+    o->offloads_ahead = p->offloads_ahead;
     o->host_evictions = p->host_evictions;
 }
 

@@ -73,6 +73,14 @@ typedef struct kvp_config {
     // prefixes never repeat costs no copy (docs/engine.md); default false:
     // every evicted cached block.
     bool host_tier_reused_only;
+    // With the host tier: copy ahead. When a plan is taken
+    // (kvp_take_tier_moves), the cached blocks among the next 2 x (blocks
+    // that plan allocated) the free list would hand out get their host copy
+    // then, as offloads of that plan, so evicting them in a later plan costs
+    // no copy. Nothing of the plan that copies them writes them, so a runner
+    // may overlap those copies with the plan's forward as long as the next
+    // plan's work waits for them (docs/engine.md "Copy ahead"). Default false.
+    bool host_tier_ahead;
     // Layer groups (see the top): block tables per sequence (0 counts as 1;
     // negative or above KVP_MAX_GROUPS is PG_EINVAL) and each one's window
     // in positions (0: the group sees every earlier key, its blocks are
@@ -143,7 +151,8 @@ typedef struct kvp_stats {
     int64_t evictions;      // cached device blocks handed out again
     int64_t host_hits;      // of prefix_hits, tokens loaded from the host tier (a
                             //   block's tokens count once however many groups load)
-    int64_t offloads;       // evicted device blocks copied to the host tier
+    int64_t offloads;       // device blocks copied to the host tier (on eviction or ahead of it)
+    int64_t offloads_ahead; // of offloads, copied ahead of eviction (host_tier_ahead)
     int64_t host_evictions; // host-cached blocks handed out again
 } kvp_stats;
 
@@ -322,8 +331,12 @@ int kvp_swap_in(kvp_pool *p, kvp_table *const *tables, int32_t n, kvp_moves *mov
 // offloads (device, host) to `swap_out`, host-hit loads (host, device) to
 // `swap_in`. The runner performs swap-outs, then swap-ins, then copies,
 // then the forward: an evicted device block is read before anything writes
-// it, a loaded one is written before the forward reads it.
-void kvp_take_tier_moves(kvp_pool *p, kvp_moves *swap_out, kvp_moves *swap_in);
+// it, a loaded one is written before the forward reads it. With
+// host_tier_ahead it first adds the copies ahead, last in `swap_out`, and
+// returns how many (else 0): their device blocks sit in the free list and
+// nothing of this plan writes them, so those copies may run at any time
+// before the next plan's moves (kvp_config.host_tier_ahead).
+int32_t kvp_take_tier_moves(kvp_pool *p, kvp_moves *swap_out, kvp_moves *swap_in);
 
 // Drops the holds of the plan made since the last call: its host blocks
 // become free (cached ones at the host LRU's tail). Call before planning

@@ -55,6 +55,8 @@ struct kvp_pool {
     unsigned char *hbuf;   // [16 + 4 * bs] hash input: parent hash, token ids
     int64_t prefix_queries, prefix_hits, evictions;
     int64_t host_hits, offloads, host_evictions;
+    int64_t offloads_ahead; // of offloads, copied ahead (kvp_config.host_tier_ahead)
+    int32_t plan_allocs;    // device blocks handed out since the last kvp_take_tier_moves
 };
 
 // Group g's prefix-cache key for a block of token hash h: group 0 keeps h
@@ -86,6 +88,10 @@ void kvpi_moves_push(kvp_moves *m, int32_t from, int32_t to);
 int32_t kvpi_block_alloc(kvp_pool *p);
 // Drops an owner of device block b; at ref 0 it joins the free list.
 void kvpi_block_decref(kvp_pool *p, int32_t b);
+// Copies hashed device block b to a fresh host block under its hash (an
+// offload: a move in tier_out, the host block held by the plan). False when
+// no host block is free or the reused-only rule skips b.
+bool kvpi_offload_copy(kvp_pool *p, int32_t b);
 // Pops the host free-list head (evicting its host-cached hash) with ref 1.
 int32_t kvpi_host_alloc(kvp_pool *p);
 // Drops an owner of host block h (with the host tier the last ref goes to

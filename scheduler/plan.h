@@ -133,6 +133,11 @@ typedef struct pg_batch_plan {
     // Moves to perform before the forward, in this order: swap-out
     // (device -> host), swap-in (host -> device), copies (device -> device).
     int32_t n_swap_out, n_swap_in, n_copies;
+    // The last n_swap_out_ahead swap-outs are the host tier's copies ahead
+    // of eviction (kvpool.h, kvp_take_tier_moves): nothing of this plan
+    // writes their device or host blocks, so they may run at any time
+    // after the earlier plans' work and before the next plan's moves.
+    int32_t n_swap_out_ahead;
     const pg_block_move *swap_out;
     const pg_block_move *swap_in;
     const pg_block_move *copies;

@@ -317,8 +317,11 @@ int sched_step(sched *s, const pg_batch_plan **out) {
     spec_batch_fill(s); // propose_batch: every provisional draft at once
 
     // The host tier's offloads and loads join the swaps: the same ordering
-    // (swap-out, swap-in, copies, forward) makes them safe.
-    kvp_take_tier_moves(s->pool, &s->swap_out, &s->swap_in);
+    // (swap-out, swap-in, copies, forward) makes them safe. Copies ahead
+    // (PAGED_KV_OFFLOAD_AHEAD) come last among the swap-outs, counted by
+    // n_swap_out_ahead; the runner runs them with the others for now
+    // (docs/engine.md "Copy ahead").
+    const int32_t n_ahead = kvp_take_tier_moves(s->pool, &s->swap_out, &s->swap_in);
     int32_t n_mv = s->swap_out.n + s->swap_in.n + s->copies.n;
     s->mv = grow_array(s->mv, &s->mv_cap, n_mv, sizeof(pg_block_move));
     copy_moves(s->mv, &s->swap_out);
@@ -327,6 +330,7 @@ int sched_step(sched *s, const pg_batch_plan **out) {
     pg_batch_plan *p = &s->plan;
     p->seqs = s->pseqs;
     p->n_swap_out = s->swap_out.n;
+    p->n_swap_out_ahead = n_ahead;
     p->n_swap_in = s->swap_in.n;
     p->n_copies = s->copies.n;
     p->swap_out = s->mv;
@@ -395,6 +399,7 @@ int sched_create(const sched_config *cfg, sched **out) {
     kc.enable_prefix_caching = cfg->enable_prefix_caching;
     kc.enable_host_tier = cfg->enable_host_kv_cache;
     kc.host_tier_reused_only = cfg->host_kv_reused_only;
+    kc.host_tier_ahead = cfg->host_kv_ahead;
     kc.n_groups = cfg->kv_groups;
     memcpy(kc.group_window, cfg->kv_group_window, sizeof kc.group_window);
     kvp_pool *pool;

@@ -119,6 +119,7 @@ typedef struct sched_config {
     bool enable_prefix_caching;           // true
     bool enable_host_kv_cache;            // false; host tier: evicted prefix blocks kept in host blocks
     bool host_kv_reused_only;             // false; the tier keeps only blocks hit since cached
+    bool host_kv_ahead;                   // false; the tier copies blocks ahead of eviction (kvp_config.host_tier_ahead)
     int32_t max_num_batched_tokens;       // token budget per step (2048)
     int32_t max_num_seqs;                 // sequences per step, and live sequences running (256)
     int32_t max_model_len;                // prompt + max_tokens limit (required, > 0)

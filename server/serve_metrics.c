@@ -88,7 +88,8 @@ void srv_metrics_init(srv_metrics *m, const char *model_name, int32_t max_model_
     m->prefix_queries = one(met_counter(r, "paged:prefix_cache_queries_total", "Prefix cache queries, in tokens.", L), mn);
     m->prefix_hits = one(met_counter(r, "paged:prefix_cache_hits_total", "Prefix cache hits, in tokens (device and host tier).", L), mn);
     m->prefix_host_hits = one(met_counter(r, "paged:prefix_cache_host_hits_total", "Of the prefix cache hits, tokens loaded from the host tier.", L), mn);
-    m->host_offloads = one(met_counter(r, "paged:kv_host_offloads_total", "Cached device KV blocks copied to the host tier on eviction.", L), mn);
+    m->host_offloads = one(met_counter(r, "paged:kv_host_offloads_total", "Cached device KV blocks copied to the host tier (on eviction, or ahead of it).", L), mn);
+    m->host_offloads_ahead = one(met_counter(r, "paged:kv_host_offloads_ahead_total", "Of the host tier's copies, those made a plan ahead of eviction (PAGED_KV_OFFLOAD_AHEAD=1).", L), mn);
     m->spec_drafts = one(met_counter(r, "paged:spec_decode_num_drafts_total", "Speculative decoding: drafts verified.", L), mn);
     m->spec_draft_tokens = one(met_counter(r, "paged:spec_decode_num_draft_tokens_total", "Speculative decoding: draft tokens verified.", L), mn);
     m->spec_accepted = one(met_counter(r, "paged:spec_decode_num_accepted_tokens_total", "Speculative decoding: draft tokens accepted.", L), mn);
@@ -194,6 +195,7 @@ void srv_metrics_refresh(srv_metrics *m, const pg_engine_stats *st, int n_connec
     met_set(m->prefix_hits, (double)s->kv.prefix_hits);
     met_set(m->prefix_host_hits, (double)s->kv.host_hits);
     met_set(m->host_offloads, (double)s->kv.offloads);
+    met_set(m->host_offloads_ahead, (double)s->kv.offloads_ahead);
     met_set(m->spec_drafts, (double)s->n_spec_drafts);
     met_set(m->spec_draft_tokens, (double)s->n_spec_draft_tokens);
     met_set(m->spec_accepted, (double)s->n_spec_accepted);

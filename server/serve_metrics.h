@@ -23,7 +23,7 @@ typedef struct srv_metrics {
     met_child *connections, *jobs;
     // counters
     met_child *prompt_tokens, *generation_tokens, *preemptions, *prefix_queries, *prefix_hits;
-    met_child *prefix_host_hits, *host_offloads;
+    met_child *prefix_host_hits, *host_offloads, *host_offloads_ahead;
     // Speculative decoding (vLLM's spec_decode counters); per position a
     // child per draft position, labelled 0 .. PG_MAX_DRAFT - 1.
     met_child *spec_drafts, *spec_draft_tokens, *spec_accepted;

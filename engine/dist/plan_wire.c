@@ -61,6 +61,7 @@ void pg_plan_encode(pg_wbuf *b, const pg_batch_plan *p) {
     put_i32(b, p->n_swap_out);
     put_i32(b, p->n_swap_in);
     put_i32(b, p->n_copies);
+    put_i32(b, p->n_swap_out_ahead);
     pg_wbuf_put(b, p->swap_out, sizeof(pg_block_move) * (size_t)p->n_swap_out);
     pg_wbuf_put(b, p->swap_in, sizeof(pg_block_move) * (size_t)p->n_swap_in);
     pg_wbuf_put(b, p->copies, sizeof(pg_block_move) * (size_t)p->n_copies);
@@ -150,8 +151,9 @@ static int decode_pass(const uint8_t *data, size_t len, char *arena, size_t *siz
         s.history = get_i32(&r) ? hist : NULL;
         if (seqs) seqs[i] = s;
     }
-    const int32_t n_out = get_i32(&r), n_in = get_i32(&r), n_cp = get_i32(&r);
-    if (n_out < 0 || n_in < 0 || n_cp < 0) return pg_err_set(PG_EFORMAT, "plan: bad move counts");
+    const int32_t n_out = get_i32(&r), n_in = get_i32(&r), n_cp = get_i32(&r), n_ahead = get_i32(&r);
+    if (n_out < 0 || n_in < 0 || n_cp < 0 || n_ahead < 0 || n_ahead > n_out)
+        return pg_err_set(PG_EFORMAT, "plan: bad move counts");
     const pg_block_move *so = copy_out(&r, sizeof(pg_block_move) * (size_t)n_out, arena, &off);
     const pg_block_move *si = copy_out(&r, sizeof(pg_block_move) * (size_t)n_in, arena, &off);
     const pg_block_move *cp = copy_out(&r, sizeof(pg_block_move) * (size_t)n_cp, arena, &off);
@@ -168,6 +170,7 @@ static int decode_pass(const uint8_t *data, size_t len, char *arena, size_t *siz
     if (out) {
         out->plan = (pg_batch_plan){.n_seqs = n_seqs, .seqs = seqs, .n_tokens = n_tokens,
                                     .n_swap_out = n_out, .n_swap_in = n_in, .n_copies = n_cp,
+                                    .n_swap_out_ahead = n_ahead,
                                     .swap_out = so, .swap_in = si, .copies = cp, .mask_words = words,
                                     .kv_groups = groups};
     }

@@ -9,7 +9,10 @@ the first, and its time to first token (median of 3, each after a fresh
 eviction) is compared with the same run on a server without the host tier,
 which recomputes the prefix. At the end no block is in use, device or host.
 With --host-kv-offload reused the prefix is not copied on its first
-eviction (no request reused it), and is after a request reused it.
+eviction (no request reused it), and is after a request reused it. With
+PAGED_KV_OFFLOAD_AHEAD=1 the tier copies blocks a plan before their
+eviction: most copies are made ahead, and the prefix comes back from the
+host with the same output.
 
 PAGED_HKV_MIN_SPEEDUP (default 2) is the least TTFT ratio accepted."""
 import os
@@ -91,6 +94,7 @@ def run(host_tier):
         if host_tier:
             assert cached >= n_prompt - 32 and host_hits >= cached - 16, (cached, host_hits, n_prompt)
             assert su.metric(m1, "paged:kv_host_offloads_total") > 0
+            assert su.metric(m1, "paged:kv_host_offloads_ahead_total") == 0  # not unless asked
         else:
             assert cached == 0 and host_hits == 0, (cached, host_hits)
         times, texts = [], set()
@@ -152,8 +156,39 @@ def run_reused():
               f"loaded back", flush=True)
 
 
+def run_ahead():
+    """PAGED_KV_OFFLOAD_AHEAD=1: the blocks next in line for eviction are
+    copied a plan early; the evicted prefix still loads back intact."""
+    with su.Server(*(ARGS + HOST_TIER), env={"PAGED_KV_OFFLOAD_AHEAD": "1"}, default_args=False,
+                   ready_timeout=180) as srv:
+        port = srv.port
+        assert "copying the blocks next in line for eviction a plan early" in srv.log(), srv.log()
+        first = complete(port, PROMPT)
+        n_prompt = first["usage"]["prompt_tokens"]
+        evict(port)
+        m0 = su.metrics(port)
+        again = complete(port, PROMPT)
+        m1 = su.metrics(port)
+        host_hits = su.metric(m1, "paged:prefix_cache_host_hits_total") - \
+            su.metric(m0, "paged:prefix_cache_host_hits_total")
+        assert again["choices"][0]["text"] == first["choices"][0]["text"], (again, first)
+        assert cached_tokens(again) >= n_prompt - 32 and host_hits >= cached_tokens(again) - 16, \
+            (again["usage"], host_hits)
+        copies = su.metric(m0, "paged:kv_host_offloads_total")
+        ahead = su.metric(m0, "paged:kv_host_offloads_ahead_total")
+        # The prefix's ~120 blocks are evicted over a few plans of 512
+        # tokens: all but the first plan's find their copy made already.
+        assert copies >= (n_prompt - 32) // 16 and ahead >= copies / 2, (copies, ahead)
+        m = su.wait_idle(port)
+        assert su.metric(m, "paged:kv_cache_blocks", state="used") == 0
+        assert su.metric(m, "paged:host_kv_cache_blocks", state="used") == 0
+        print(f"PAGED_KV_OFFLOAD_AHEAD=1: {int(ahead)} of {int(copies)} copies made ahead of eviction, "
+              f"{int(host_hits)} tokens loaded back", flush=True)
+
+
 def main():
     run_reused()
+    run_ahead()
     t_host, text_host, n_prompt, cached = run(True)
     t_re, text_re, _, _ = run(False)
     assert text_host == text_re, (text_host, text_re)

@@ -830,7 +830,8 @@ static void test_random_ops_keep_invariants(void **state) {
 // ---------------------------------------------------------------------------
 // Host tier
 
-static kvp_pool *make_tier_pool_policy(int32_t n_blocks, int32_t n_host, int32_t bs, bool reused_only) {
+static kvp_pool *make_tier_pool_ahead(int32_t n_blocks, int32_t n_host, int32_t bs, bool reused_only,
+                                      bool ahead) {
     kvp_config c;
     kvp_config_default(&c);
     c.num_blocks = n_blocks;
@@ -838,10 +839,15 @@ static kvp_pool *make_tier_pool_policy(int32_t n_blocks, int32_t n_host, int32_t
     c.block_size = bs;
     c.enable_host_tier = true;
     c.host_tier_reused_only = reused_only;
+    c.host_tier_ahead = ahead;
     kvp_pool *p = NULL;
     assert_int_equal(kvp_create(&c, &p), 0);
     assert_true(kvp_host_tier(p));
     return p;
+}
+
+static kvp_pool *make_tier_pool_policy(int32_t n_blocks, int32_t n_host, int32_t bs, bool reused_only) {
+    return make_tier_pool_ahead(n_blocks, n_host, bs, reused_only, false);
 }
 
 static kvp_pool *make_tier_pool(int32_t n_blocks, int32_t n_host, int32_t bs) {
@@ -1169,9 +1175,13 @@ static void test_tier_swap_takes_host_cache(void **state) {
 // copies) and then the "forward" checks that every computed block of every
 // table holds the content its tokens call for, and writes the new ones.
 // Ref counts, free counts and the maps are checked after every plan.
-static void tier_random_plans(bool reused_only, uint64_t seed0) {
+// ahead: host_tier_ahead, whose copies (the last `n_ahead` of the plan's
+// swap-outs) may run at any time between the plan's first move and the
+// next plan's: here first in some plans, after the forward's writes in
+// others.
+static void tier_random_plans(bool reused_only, bool ahead, uint64_t seed0) {
     enum { NT = 10, MAXTOK = 48, BS = 4, NB = 20, NH = 10 };
-    kvp_pool *p = make_tier_pool_policy(NB, NH, BS, reused_only);
+    kvp_pool *p = make_tier_pool_ahead(NB, NH, BS, reused_only, ahead);
     kvp_moves cp = {0}, out = {0}, in = {0};
     kvp_table t[NT];
     kvp_table *ts[NT];
@@ -1247,8 +1257,11 @@ static void tier_random_plans(bool reused_only, uint64_t seed0) {
                 break;
             }
         }
-        kvp_take_tier_moves(p, &out, &in);
-        for (int32_t m = 0; m < out.n; m++) host[out.v[m].to] = dev[out.v[m].from];
+        int32_t n_ahead = kvp_take_tier_moves(p, &out, &in), n_out = out.n - n_ahead;
+        if (!ahead) assert_int_equal(n_ahead, 0);
+        bool ahead_last = rng_next(&rng) % 2;
+        for (int32_t m = n_out; !ahead_last && m < out.n; m++) host[out.v[m].to] = dev[out.v[m].from];
+        for (int32_t m = 0; m < n_out; m++) host[out.v[m].to] = dev[out.v[m].from];
         for (int32_t m = 0; m < in.n; m++) dev[in.v[m].to] = host[in.v[m].from];
         for (int32_t m = 0; m < cp.n; m++) dev[cp.v[m].to] = dev[cp.v[m].from];
         for (int i = 0; i < NT; i++) {
@@ -1266,6 +1279,7 @@ static void tier_random_plans(bool reused_only, uint64_t seed0) {
             kvp_table_commit(p, x, tok[i], x->n_tokens);
             computed[i] = x->n_tokens;
         }
+        for (int32_t m = n_out; ahead_last && m < out.n; m++) host[out.v[m].to] = dev[out.v[m].from];
         check_pool(p, ts, NT);
     }
     for (int i = 0; i < NT; i++) {
@@ -1276,10 +1290,15 @@ static void tier_random_plans(bool reused_only, uint64_t seed0) {
     check_pool(p, ts, 0);
     kvp_stats st;
     kvp_stats_get(p, &st);
-    print_message("tier random plans%s: %lld hits, %lld host-hit tokens, %lld offloads, %lld evictions, %lld host "
-                  "evictions\n", reused_only ? " (reused only)" : "", (long long)hits_total, (long long)st.host_hits,
-                  (long long)st.offloads, (long long)st.evictions, (long long)st.host_evictions);
+    print_message("tier random plans%s%s: %lld hits, %lld host-hit tokens, %lld offloads (%lld ahead), %lld "
+                  "evictions, %lld host evictions\n", reused_only ? " (reused only)" : "", ahead ? " (ahead)" : "",
+                  (long long)hits_total, (long long)st.host_hits, (long long)st.offloads,
+                  (long long)st.offloads_ahead, (long long)st.evictions, (long long)st.host_evictions);
     assert_true(hits_total > 200 && st.host_hits > 100 && st.offloads > 100 && st.host_evictions > 20);
+    if (ahead)
+        assert_true(st.offloads_ahead > st.offloads / 4);
+    else
+        assert_int_equal(st.offloads_ahead, 0);
     assert_int_equal(st.num_free, NB - 1);
     assert_int_equal(st.num_host_used, 0);
     assert_int_equal(st.num_host_free, NH);
@@ -1293,32 +1312,48 @@ static void test_tier_random_plans_against_model(void **state) {
     (void)state;
     // 214 and 106 are walks that broke the plan-order contract before the
     // ops followed the scheduler's phases.
-    for (uint64_t seed = 0; seed < 3; seed++) tier_random_plans(false, (uint64_t[]){7, 214, 106}[seed]);
+    for (uint64_t seed = 0; seed < 3; seed++) tier_random_plans(false, false, (uint64_t[]){7, 214, 106}[seed]);
 }
 
 // The same walk with --host-kv-offload reused: fewer offloads, the same
 // contents wherever a host hit loads a block.
 static void test_tier_reused_only_random_plans_against_model(void **state) {
     (void)state;
-    for (uint64_t seed = 0; seed < 3; seed++) tier_random_plans(true, (uint64_t[]){7, 214, 106}[seed]);
+    for (uint64_t seed = 0; seed < 3; seed++) tier_random_plans(true, false, (uint64_t[]){7, 214, 106}[seed]);
+}
+
+// The same walks with host_tier_ahead (both policies): the copies ahead,
+// run first or after the forward, never copy a block that changes later.
+static void test_tier_ahead_random_plans_against_model(void **state) {
+    (void)state;
+    for (uint64_t seed = 0; seed < 3; seed++) {
+        tier_random_plans(false, true, (uint64_t[]){7, 214, 106}[seed]);
+        tier_random_plans(true, true, (uint64_t[]){7, 214, 106}[seed]);
+    }
 }
 
 // ---------------------------------------------------------------------------
 // Layer groups
 
-static kvp_pool *make_group_pool(int32_t n_blocks, int32_t n_host, int32_t bs, int32_t n_groups,
-                                 const int32_t *win, bool tier) {
+static kvp_pool *make_group_pool_ahead(int32_t n_blocks, int32_t n_host, int32_t bs, int32_t n_groups,
+                                       const int32_t *win, bool tier, bool ahead) {
     kvp_config c;
     kvp_config_default(&c);
     c.num_blocks = n_blocks;
     c.num_host_blocks = n_host;
     c.block_size = bs;
     c.enable_host_tier = tier;
+    c.host_tier_ahead = ahead;
     c.n_groups = n_groups;
     for (int32_t g = 0; g < n_groups; g++) c.group_window[g] = win[g];
     kvp_pool *p = NULL;
     if (kvp_create(&c, &p) != 0) fail_msg("%s", pg_err_msg());
     return p;
+}
+
+static kvp_pool *make_group_pool(int32_t n_blocks, int32_t n_host, int32_t bs, int32_t n_groups,
+                                 const int32_t *win, bool tier) {
+    return make_group_pool_ahead(n_blocks, n_host, bs, n_groups, win, tier, false);
 }
 
 // Checks the pool against the owners kvp_table_count_owners counts, and the
@@ -1654,6 +1689,7 @@ typedef struct group_stress {
     int32_t num_blocks, num_host;
     bool tier;
     uint64_t seed;
+    bool ahead; // host_tier_ahead (with tier)
 } group_stress;
 
 static int32_t content_of(int cls, int32_t row, int32_t g) { return cls * 100000 + row * 100 + g + 1; }
@@ -1668,7 +1704,7 @@ static int32_t content_of(int cls, int32_t row, int32_t g) { return cls * 100000
 // free at once, and a swap-out of the same plan (run first) may write it.
 static void run_group_stress(const group_stress *s, int64_t *n_hits, int64_t *n_slid) {
     enum { NT = 10, MAXTOK = 48, BS = 4, PLANS = 20000 };
-    kvp_pool *p = make_group_pool(s->num_blocks, s->num_host, BS, s->n_groups, s->win, s->tier);
+    kvp_pool *p = make_group_pool_ahead(s->num_blocks, s->num_host, BS, s->n_groups, s->win, s->tier, s->ahead);
     const int32_t G = s->n_groups, NB = s->num_blocks, NH = s->num_host;
     kvp_moves cp = {0}, out = {0}, in = {0};
     kvp_table t[NT];
@@ -1777,8 +1813,11 @@ static void run_group_stress(const group_stress *s, int64_t *n_hits, int64_t *n_
             check_groups(p, ts, NT);
         }
         // The runner: swap-outs, swap-ins, copies; then the forward.
-        kvp_take_tier_moves(p, &out, &in);
-        for (int32_t m = 0; m < out.n; m++) host[out.v[m].to] = dev[out.v[m].from];
+        int32_t n_ahead = kvp_take_tier_moves(p, &out, &in), n_out = out.n - n_ahead;
+        if (!s->ahead) assert_int_equal(n_ahead, 0);
+        bool ahead_last = rng_next(&rng) % 2;
+        for (int32_t m = n_out; !ahead_last && m < out.n; m++) host[out.v[m].to] = dev[out.v[m].from];
+        for (int32_t m = 0; m < n_out; m++) host[out.v[m].to] = dev[out.v[m].from];
         for (int32_t m = 0; m < in.n; m++) dev[in.v[m].to] = host[in.v[m].from];
         for (int32_t m = 0; m < cp.n; m++) dev[cp.v[m].to] = dev[cp.v[m].from];
         for (int i = 0; i < NT; i++) {
@@ -1801,6 +1840,7 @@ static void run_group_stress(const group_stress *s, int64_t *n_hits, int64_t *n_
             kvp_table_commit(p, x, tok[i], x->n_tokens);
             computed[i] = x->n_tokens;
         }
+        for (int32_t m = n_out; ahead_last && m < out.n; m++) host[out.v[m].to] = dev[out.v[m].from];
         check_groups(p, ts, NT);
     }
     for (int i = 0; i < NT; i++) kvp_table_release(p, &t[i]);
@@ -1808,6 +1848,10 @@ static void run_group_stress(const group_stress *s, int64_t *n_hits, int64_t *n_
     check_groups(p, ts, NT);
     assert_int_equal(kvp_num_free(p), NB - 1);
     assert_int_equal(kvp_num_host_free(p), NH);
+    kvp_stats st;
+    kvp_stats_get(p, &st);
+    if (s->ahead && st.offloads_ahead < 50)
+        fail_msg("seed %d: %lld copies ahead", (int)s->seed, (long long)st.offloads_ahead);
     for (int i = 0; i < NT; i++) kvp_table_fini(&t[i]);
     free(dev);
     free(host);
@@ -1820,15 +1864,20 @@ static void run_group_stress(const group_stress *s, int64_t *n_hits, int64_t *n_
 static void test_groups_random_plans(void **state) {
     (void)state;
     const group_stress cfgs[] = {
-        {1, {0}, 24, 0, false, 1},                  // the plain pool
-        {1, {0}, 24, 12, true, 2},                  // the plain pool, host tier
-        {2, {0, 6}, 40, 0, false, 3},               // full + sliding window
-        {2, {0, 6}, 40, 16, false, 4},              // ... with swap space
-        {2, {0, 9}, 40, 16, true, 5},               // ... with the host tier
-        {6, {0, 6, 6, 6, 6, 6}, 110, 40, false, 6}, // Gemma-like: 1 full, 5 windowed
-        {6, {0, 6, 6, 6, 6, 6}, 110, 40, true, 7},
-        {1, {6}, 16, 0, false, 8}, // every layer windowed (Mistral-like)
-        {1, {6}, 16, 8, true, 9},
+        {1, {0}, 24, 0, false, 1, false},                  // the plain pool
+        {1, {0}, 24, 12, true, 2, false},                  // the plain pool, host tier
+        {2, {0, 6}, 40, 0, false, 3, false},               // full + sliding window
+        {2, {0, 6}, 40, 16, false, 4, false},              // ... with swap space
+        {2, {0, 9}, 40, 16, true, 5, false},               // ... with the host tier
+        {6, {0, 6, 6, 6, 6, 6}, 110, 40, false, 6, false}, // Gemma-like: 1 full, 5 windowed
+        {6, {0, 6, 6, 6, 6, 6}, 110, 40, true, 7, false},
+        {1, {6}, 16, 0, false, 8, false}, // every layer windowed (Mistral-like)
+        {1, {6}, 16, 8, true, 9, false},
+        // The host tier copying ahead (kvp_config.host_tier_ahead).
+        {1, {0}, 24, 12, true, 10, true},
+        {2, {0, 9}, 40, 16, true, 11, true},
+        {6, {0, 6, 6, 6, 6, 6}, 110, 40, true, 12, true},
+        {1, {6}, 16, 8, true, 13, true},
     };
     for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
         int64_t n_hits = 0, n_slid = 0;
@@ -1870,6 +1919,7 @@ int main(void) {
         cmocka_unit_test(test_tier_swap_takes_host_cache),
         cmocka_unit_test(test_tier_random_plans_against_model),
         cmocka_unit_test(test_tier_reused_only_random_plans_against_model),
+        cmocka_unit_test(test_tier_ahead_random_plans_against_model),
         cmocka_unit_test(test_groups_rows_slide_fork_swap),
         cmocka_unit_test(test_groups_prefix_hits),
         cmocka_unit_test(test_groups_blocks_for),

@@ -182,12 +182,24 @@ static kv_slot *slot(runner *rn, const pg_plan_seq *ps, int32_t pos, int32_t g) 
     return &rn->dev[(size_t)b * (size_t)rn->bs + (size_t)(pos % rn->bs)];
 }
 
-static void runner_execute(runner *rn, const pg_batch_plan *p, int64_t step, pg_step_output *out) {
-    for (int32_t i = 0; i < p->n_swap_out; i++) {
+static void swap_out_range(runner *rn, const pg_batch_plan *p, int32_t from, int32_t to) {
+    for (int32_t i = from; i < to; i++) {
         assert_true(p->swap_out[i].from > 0 && p->swap_out[i].from < rn->n_blocks);
         assert_true(p->swap_out[i].to >= 0 && p->swap_out[i].to < rn->n_host);
         copy_block(rn->host, p->swap_out[i].to, rn->dev, p->swap_out[i].from, rn->bs);
     }
+}
+
+static void runner_execute(runner *rn, const pg_batch_plan *p, int64_t step, pg_step_output *out) {
+    // The host tier's copies ahead (the last n_swap_out_ahead swap-outs)
+    // may run at any time before the next plan's moves: first in even
+    // steps, after the forward's writes in odd ones (as a copy stream
+    // beside the forward would, at either end).
+    const int32_t n_own = p->n_swap_out - p->n_swap_out_ahead;
+    const bool ahead_last = step & 1;
+    assert_true(p->n_swap_out_ahead >= 0 && n_own >= 0);
+    if (!ahead_last) swap_out_range(rn, p, n_own, p->n_swap_out);
+    swap_out_range(rn, p, 0, n_own);
     for (int32_t i = 0; i < p->n_swap_in; i++) {
         assert_true(p->swap_in[i].from >= 0 && p->swap_in[i].from < rn->n_host);
         assert_true(p->swap_in[i].to > 0 && p->swap_in[i].to < rn->n_blocks);
@@ -255,6 +267,7 @@ static void runner_execute(runner *rn, const pg_batch_plan *p, int64_t step, pg_
         o->token = draw(h, ps->rng_seed, ps->n_generated, ps->mask_eos, ps->eos_id, ps->sp);
         o->logprob = -1.0f;
     }
+    if (ahead_last) swap_out_range(rn, p, n_own, p->n_swap_out);
 }
 
 // ---------------------------------------------------------------------------
@@ -878,8 +891,32 @@ static void test_sim_groups_async_swap_priority(void **state) {
     assert_true(r.st.n_swap_in_blocks > 100);
 }
 
+// The host tier copying ahead (PAGED_KV_OFFLOAD_AHEAD): the fake runner
+// runs the copies ahead before the plan's moves or after its forward, under
+// async scheduling, with swap preemption sharing the host blocks, and with
+// layer groups.
+static void test_sim_async_host_tier_ahead(void **state) {
+    (void)state;
+    for (int variant = 0; variant < 2; variant++) {
+        sim_config c;
+        base(&c, variant ? "groups async swap host tier ahead" : "async host tier ahead", 23 + variant);
+        if (variant) groups(&c);
+        c.async = true;
+        c.sc.preemption_mode = variant ? SCHED_PREEMPT_SWAP : SCHED_PREEMPT_RECOMPUTE;
+        c.sc.enable_host_kv_cache = true;
+        c.sc.host_kv_ahead = true;
+        sim_result r = {0};
+        run_sim(&c, &r);
+        print_result(&c, &r);
+        print_message("  offloads %lld (%lld ahead), host hits %lld tokens\n", (long long)r.st.kv.offloads,
+                      (long long)r.st.kv.offloads_ahead, (long long)r.st.kv.host_hits);
+        assert_true(r.st.kv.offloads_ahead > 100 && r.st.kv.host_hits > 100);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sim_async_host_tier_ahead),
         cmocka_unit_test(test_sim_groups_recompute_fcfs),
         cmocka_unit_test(test_sim_groups_async_swap_priority),
         cmocka_unit_test(test_sim_async_recompute_fcfs),
