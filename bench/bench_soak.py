@@ -8,14 +8,25 @@ Traffic: --clients closed-loop clients; each request is a completion or a
 chat, streamed or not (half and half), with a random prompt of 5-300 words
 and 4-64 output tokens; --disconnect of them leave early (streams after a
 few events, others right after sending). Every answer is checked (200 with
-the right shape, or 503 when a queue is full).
+the right shape, or 503 when a queue is full). With --input-len and
+--output-len the requests are W4-shaped instead (issue 30's GPU soak): a
+completion of that many random token ids, exactly --output-len tokens out
+(ignore_eos), streamed or not.
 
   bench/bench_soak.py --duration 600 --out bench/results/cpu_soak.json --plot bench/results/cpu_soak.png
+  # issue 30's soak on a GPU (docs/gpu_checklist.md): W4 at 200 clients, a third leaving early
+  bench/bench_soak.py --binary build/gpu-pack/paged --no-cpu-defaults --duration 540 --clients 200 \
+      --disconnect 0.33 --input-len 1000 --output-len 256 --vocab-size 128000 --interval 10 --out /tmp/soak.json -- \
+      --load-format dummy --hf-config tests/gpu/llama3-8b-shape.json --max-model-len 8192
 
-Starts build/paged serve itself (extra flags after --); the server's pid
-is what is sampled. Standard library, plus matplotlib for the plot.
-Exit code 1 when a request got a wrong answer, the server died, or it was
-not idle (no KV block held, nothing running) after the traffic stopped.
+Starts the server itself (extra flags after --; the default model with
+--max-model-len 2048 and --kv-cache-memory 256M unless given, none of them
+with --no-cpu-defaults); the server's pid is what is sampled,
+and its /metrics: device memory (free, other) on a GPU, KV and host KV
+blocks. Standard library, plus matplotlib for the plot. Exit code 1 when a
+request got a wrong answer or no answer at all (every request started ends
+counted once), the server died, or it was not idle (no KV block held on
+the device or the host, nothing running) after the traffic stopped.
 """
 import argparse
 import http.client
@@ -61,6 +72,12 @@ def parse_metrics(text):
             out[name] = out.get(name, 0.0) + float(v)
         if name == "paged:kv_cache_blocks" and 'state="used"' in k:
             out["kv_blocks_used"] = float(v)
+        if name == "paged:host_kv_cache_blocks" and 'state="used"' in k:
+            out["host_kv_blocks_used"] = float(v)
+        if name == "paged:device_memory_bytes" and 'device="cpu"' not in k:
+            for cat in ("free", "other"):
+                if f'category="{cat}"' in k:
+                    out[f"device_{cat}_mib"] = out.get(f"device_{cat}_mib", 0.0) + float(v) / 2**20
     return out
 
 
@@ -78,6 +95,11 @@ class Stats:
         self.lock = threading.Lock()
         self.counts = {}
         self.bad = []
+        self.started = 0
+
+    def start(self):
+        with self.lock:
+            self.started += 1
 
     def add(self, key):
         with self.lock:
@@ -88,18 +110,26 @@ class Stats:
             self.bad.append(msg)
 
 
-def one_request(port, rnd, stats, disconnect_p):
-    chat = rnd.random() < 0.5
+def one_request(port, rnd, stats, disconnect_p, shape=None):
+    """One request; shape = (input_len, output_len, vocab) for W4-shaped ones."""
+    stats.start()
+    chat = shape is None and rnd.random() < 0.5
     stream = rnd.random() < 0.5
     leave = rnd.random() < disconnect_p
-    text = " ".join(rnd.choice(WORDS) for _ in range(rnd.randint(5, 300)))
-    body = {"max_tokens": rnd.randint(4, 64), "temperature": rnd.choice([0, 0.8]), "stream": stream}
-    if chat:
-        body["messages"] = [{"role": "user", "content": text}]
-        path = "/v1/chat/completions"
-    else:
-        body["prompt"] = text
+    if shape:
+        n_in, n_out, vocab = shape
+        body = {"prompt": [rnd.randrange(vocab) for _ in range(n_in)], "max_tokens": n_out,
+                "ignore_eos": True, "temperature": 0, "stream": stream}
         path = "/v1/completions"
+    else:
+        text = " ".join(rnd.choice(WORDS) for _ in range(rnd.randint(5, 300)))
+        body = {"max_tokens": rnd.randint(4, 64), "temperature": rnd.choice([0, 0.8]), "stream": stream}
+        if chat:
+            body["messages"] = [{"role": "user", "content": text}]
+            path = "/v1/chat/completions"
+        else:
+            body["prompt"] = text
+            path = "/v1/completions"
     kind = ("chat" if chat else "cmpl") + ("-stream" if stream else "") + ("-leave" if leave else "")
     data = json.dumps(body).encode()
     if leave and not stream:
@@ -125,6 +155,9 @@ def one_request(port, rnd, stats, disconnect_p):
             j = json.loads(r.read())
             if not j.get("choices"):
                 stats.fail(f"{kind}: no choices: {j}")
+                return
+            if shape and j.get("usage", {}).get("completion_tokens") != shape[1]:
+                stats.fail(f"{kind}: {j.get('usage')} for max_tokens {shape[1]} with ignore_eos")
                 return
         else:
             n, done = 0, False
@@ -163,14 +196,26 @@ def main():
     ap.add_argument("--disconnect", type=float, default=0.15, help="share of requests that leave early")
     ap.add_argument("--interval", type=float, default=5, help="seconds between samples")
     ap.add_argument("--model", default=MODEL)
+    ap.add_argument("--binary", default=os.path.join(ROOT, "build", "paged"), help="the paged binary")
+    ap.add_argument("--no-cpu-defaults", action="store_true",
+                    help="pass neither --model nor the CPU's --max-model-len 2048 / --kv-cache-memory 256M")
+    ap.add_argument("--input-len", type=int, default=0, help="W4-shaped requests: prompt token ids")
+    ap.add_argument("--output-len", type=int, default=0, help="W4-shaped requests: output tokens (ignore_eos)")
+    ap.add_argument("--vocab-size", type=int, default=32000, help="random prompt ids are below this")
     ap.add_argument("--out", help="JSON with every sample and the summary")
     ap.add_argument("--plot", help="PNG of the samples")
     ap.add_argument("server_args", nargs="*", help="extra paged serve flags (after --)")
     args = ap.parse_args()
 
     port = su.free_port()
-    cmd = [os.path.join(ROOT, "build", "paged"), "serve", "--model", args.model, "--port", str(port),
-           "--max-model-len", "2048", "--kv-cache-memory", "256M"] + args.server_args
+    cmd = [args.binary, "serve", "--port", str(port)]
+    if not args.no_cpu_defaults:
+        cmd += ["--model", args.model]
+        for flag, default in (("--max-model-len", "2048"), ("--kv-cache-memory", "256M")):
+            if not any(a == flag or a.startswith(flag + "=") for a in args.server_args):
+                cmd += [flag, default]
+    cmd += args.server_args
+    shape = (args.input_len, args.output_len, args.vocab_size) if args.input_len > 0 and args.output_len > 0 else None
     log = open("/tmp/bench_soak_server.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.time() + 120
@@ -192,7 +237,7 @@ def main():
     def client(i):
         rnd = random.Random(1000 + i)
         while not stop.is_set():
-            one_request(port, rnd, stats, args.disconnect)
+            one_request(port, rnd, stats, args.disconnect, shape)
 
     samples = []
 
@@ -208,6 +253,8 @@ def main():
                         "running": m.get("paged:num_requests_running", 0.0),
                         "waiting": m.get("paged:num_requests_waiting", 0.0),
                         "connections": m.get("paged:http_connections", 0.0),
+                        "host_kv_blocks_used": m.get("host_kv_blocks_used", 0.0),
+                        "device_free_mib": m.get("device_free_mib"), "device_other_mib": m.get("device_other_mib"),
                         "requests_done": done, "failures": len(stats.bad)})
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(args.clients)]
@@ -234,10 +281,13 @@ def main():
         while time.time() < end:
             sample()
             s = samples[-1]
-            if s["running"] == 0 and s["waiting"] == 0 and s["kv_blocks_used"] == 0:
+            if s["running"] == 0 and s["waiting"] == 0 and s["kv_blocks_used"] == 0 and \
+                    s["host_kv_blocks_used"] == 0:
                 idle = s
                 break
             time.sleep(1)
+    with stats.lock:
+        lost = stats.started - sum(stats.counts.values()) - len(stats.bad)
     ts = [s["t"] for s in samples]
     q = max(1, len(samples) // 4)
     head, tail = samples[:q], samples[-q:]
@@ -261,8 +311,25 @@ def main():
         "fds_max": max(s["fds"] for s in samples), "fds_after": idle["fds"] if idle else None,
         "kv_usage_mean": mean(samples, "kv_usage"), "kv_usage_max": max(s["kv_usage"] for s in samples),
         "running_mean": mean(samples, "running"), "running_max": max(s["running"] for s in samples),
+        "host_kv_blocks_used_max": max(s["host_kv_blocks_used"] for s in samples),
+        # Every request started ended counted once (an answer checked, a 503,
+        # a planned early leave, or a failure); a client thread still stuck
+        # after the traffic stopped leaves its request here.
+        "requests_started": stats.started, "requests_lost": lost,
         "server_cmd": " ".join(cmd),
     }
+    dev = [s for s in samples if s["device_free_mib"] is not None]
+    if dev:  # a GPU: its memory must stay flat too (free = total - everything the process holds)
+        dq = max(1, len(dev) // 4)
+        summary.update({
+            "device_free_mib_first_quarter": mean(dev[:dq], "device_free_mib"),
+            "device_free_mib_last_quarter": mean(dev[-dq:], "device_free_mib"),
+            "device_free_mib_min": min(s["device_free_mib"] for s in dev),
+            "device_other_mib_first_quarter": mean(dev[:dq], "device_other_mib"),
+            "device_other_mib_last_quarter": mean(dev[-dq:], "device_other_mib"),
+            "device_other_mib_slope_per_hour_second_half": slope_per_hour(
+                [s["t"] for s in dev[len(dev) // 2:]], [s["device_other_mib"] for s in dev[len(dev) // 2:]]),
+        })
     print("--- soak summary ---")
     print(f"{summary['duration_s']:.0f} s, {args.clients} clients, {sum(stats.counts.values())} requests "
           f"{summary['requests']}, failures {len(stats.bad)}")
@@ -274,6 +341,13 @@ def main():
           f"max {summary['fds_max']}, after {summary['fds_after']}")
     print(f"KV usage mean {summary['kv_usage_mean']:.2f} max {summary['kv_usage_max']:.2f}; running mean "
           f"{summary['running_mean']:.1f} max {summary['running_max']:.0f}; idle after: {summary['idle_after']}")
+    print(f"requests started {stats.started}, lost {lost}; host KV blocks used at most "
+          f"{summary['host_kv_blocks_used_max']:.0f}")
+    if dev:
+        print(f"device MiB: free first quarter {summary['device_free_mib_first_quarter']:.0f}, last quarter "
+              f"{summary['device_free_mib_last_quarter']:.0f}, min {summary['device_free_mib_min']:.0f}; other "
+              f"{summary['device_other_mib_first_quarter']:.0f} -> {summary['device_other_mib_last_quarter']:.0f} "
+              f"({summary['device_other_mib_slope_per_hour_second_half']:+.1f} MiB/h over the second half)")
     for b in stats.bad[:5]:
         print("failure:", b)
     proc.terminate()
@@ -304,7 +378,7 @@ def main():
             fig.savefig(args.plot, dpi=80)
         except ImportError:
             print("bench_soak: matplotlib missing, no plot", file=sys.stderr)
-    good = ok and idle is not None and not stats.bad and rc == 0
+    good = ok and idle is not None and not stats.bad and lost == 0 and rc == 0
     return 0 if good else 1
 
 
