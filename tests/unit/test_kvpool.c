@@ -1259,7 +1259,8 @@ static void tier_random_plans(bool reused_only, bool ahead, uint64_t seed0) {
         }
         int32_t n_ahead = kvp_take_tier_moves(p, &out, &in), n_out = out.n - n_ahead;
         if (!ahead) assert_int_equal(n_ahead, 0);
-        bool ahead_last = rng_next(&rng) % 2;
+        // Drawn only when copying ahead: the other walks stay the ones their seeds name.
+        bool ahead_last = ahead && rng_next(&rng) % 2;
         for (int32_t m = n_out; !ahead_last && m < out.n; m++) host[out.v[m].to] = dev[out.v[m].from];
         for (int32_t m = 0; m < n_out; m++) host[out.v[m].to] = dev[out.v[m].from];
         for (int32_t m = 0; m < in.n; m++) dev[in.v[m].to] = host[in.v[m].from];
@@ -1815,7 +1816,8 @@ static void run_group_stress(const group_stress *s, int64_t *n_hits, int64_t *n_
         // The runner: swap-outs, swap-ins, copies; then the forward.
         int32_t n_ahead = kvp_take_tier_moves(p, &out, &in), n_out = out.n - n_ahead;
         if (!s->ahead) assert_int_equal(n_ahead, 0);
-        bool ahead_last = rng_next(&rng) % 2;
+        // Drawn only when copying ahead: the other walks stay the ones their seeds name.
+        bool ahead_last = s->ahead && rng_next(&rng) % 2;
         for (int32_t m = n_out; !ahead_last && m < out.n; m++) host[out.v[m].to] = dev[out.v[m].from];
         for (int32_t m = 0; m < n_out; m++) host[out.v[m].to] = dev[out.v[m].from];
         for (int32_t m = 0; m < in.n; m++) dev[in.v[m].to] = host[in.v[m].from];
