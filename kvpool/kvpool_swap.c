@@ -117,24 +117,26 @@ static void moves_append(kvp_moves *dst, kvp_moves *src) {
 // of the device free list, the next the plans will hand out, their host copy
 // now. Allocation pops the head, so a plan that allocates about as many as
 // this one finds them copied; a block hit again before its eviction keeps
-// its place on the device and the copy stays cached on the host.
-static void offload_ahead(kvp_pool *p, int32_t n) {
-    int32_t seen = 0;
+// its place on the device and the copy stays cached on the host. Returns
+// how many it copied.
+static int32_t offload_ahead(kvp_pool *p, int32_t n) {
+    int32_t seen = 0, copied = 0;
     for (int32_t b = p->blocks[p->n].next; b != p->n && seen < n && p->n_host_free > 0;
          b = p->blocks[b].next, seen++) {
         const blk *x = &p->blocks[b];
         if (!x->hashed || kvpi_map_find(&p->hmap, x->hash) >= 0) continue;
-        if (kvpi_offload_copy(p, b)) p->offloads_ahead++;
+        copied += kvpi_offload_copy(p, b);
     }
+    p->offloads_ahead += copied;
+    return copied;
 }
 
 int32_t kvp_take_tier_moves(kvp_pool *p, kvp_moves *swap_out, kvp_moves *swap_in) {
-    const int64_t before = p->offloads_ahead;
-    if (p->tier && p->cfg.host_tier_ahead) offload_ahead(p, 2 * p->plan_allocs);
+    const int32_t n_ahead = p->tier && p->cfg.host_tier_ahead ? offload_ahead(p, 2 * p->plan_allocs) : 0;
     p->plan_allocs = 0;
     moves_append(swap_out, &p->tier_out);
     moves_append(swap_in, &p->tier_in);
-    return (int32_t)(p->offloads_ahead - before);
+    return n_ahead;
 }
 
 void kvp_release_holds(kvp_pool *p) {
