@@ -291,6 +291,14 @@ typedef struct pg_backend_store {
     // pair's source). pairs: host int32 [n][2].
     int (*kv_swap)(pg_backend *b, pg_bkv *kv, const int32_t *pairs, int32_t n, bool to_host);
     int (*kv_copy)(pg_backend *b, pg_bkv *kv, const int32_t *pairs, int32_t n);
+    // Device -> host block copies that nothing of the step being queued
+    // reads or writes (the host tier's copies ahead, scheduler/plan.h
+    // n_swap_out_ahead): ordered after the work queued so far, they may run
+    // beside the work queued next; work queued after kv_swap_join waits for
+    // them. Both NULL where a backend has nothing to overlap (the runner
+    // then runs them as kv_swap).
+    int (*kv_swap_ahead)(pg_backend *b, pg_bkv *kv, const int32_t *pairs, int32_t n);
+    int (*kv_swap_join)(pg_backend *b);
 } pg_backend_store;
 
 typedef struct pg_backend_ops {

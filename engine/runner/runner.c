@@ -616,8 +616,15 @@ int pg_runner_begin(pg_runner *r, const pg_batch_plan *p) {
     PG_ARG(r->kv, "runner: no KV cache (alloc_kv first)");
 
     // Block moves first: swap-out, swap-in (ordered after the compute work
-    // queued so far), then copy-on-write copies.
-    if (p->n_swap_out) PG_TRY(be->store->kv_swap(be, r->kv, (const int32_t *)p->swap_out, p->n_swap_out, true));
+    // queued so far), then copy-on-write copies. The host tier's copies
+    // ahead (the last n_swap_out_ahead swap-outs) touch nothing of this
+    // step: where the backend can, they run beside it, and the next step
+    // waits for them (kv_swap_join below).
+    const bool ahead = p->n_swap_out_ahead > 0 && be->store->kv_swap_ahead;
+    const int32_t n_out = ahead ? p->n_swap_out - p->n_swap_out_ahead : p->n_swap_out;
+    if (ahead)
+        PG_TRY(be->store->kv_swap_ahead(be, r->kv, (const int32_t *)(p->swap_out + n_out), p->n_swap_out_ahead));
+    if (n_out) PG_TRY(be->store->kv_swap(be, r->kv, (const int32_t *)p->swap_out, n_out, true));
     if (p->n_swap_in) PG_TRY(be->store->kv_swap(be, r->kv, (const int32_t *)p->swap_in, p->n_swap_in, false));
     if (p->n_copies) PG_TRY(be->store->kv_copy(be, r->kv, (const int32_t *)p->copies, p->n_copies));
 
@@ -722,6 +729,9 @@ int pg_runner_begin(pg_runner *r, const pg_batch_plan *p) {
         PG_TRY(queue_step(r, &st));
     }
     PG_TRY(be->dev->record(be, buf));
+    // After the step's own event: its outputs do not wait for the copies
+    // ahead, the next step's work does.
+    if (ahead) PG_TRY(be->store->kv_swap_join(be));
     r->n_sampled[buf] = ns;
     r->open[r->n_open].buf = buf;
     r->open[r->n_open].n_sample = ns;

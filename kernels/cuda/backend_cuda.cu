@@ -188,6 +188,7 @@ static void cu_destroy(pg_backend *b) {
         cudaSetDevice(c->device);
         if (c->stream) cudaStreamSynchronize(c->stream);
         if (c->copy_stream) cudaStreamSynchronize(c->copy_stream);
+        if (c->ahead_stream) cudaStreamSynchronize(c->ahead_stream);
         pg_cuda_gemm_destroy(c->gemm);
         pg_cuda_fi_prefill_destroy(c->fi_prefill);
         cudaFree(c->gemm_ws);
@@ -204,6 +205,8 @@ static void cu_destroy(pg_backend *b) {
             if (c->ev_done[i]) cudaEventDestroy(c->ev_done[i]);
         if (c->ev_compute) cudaEventDestroy(c->ev_compute);
         if (c->ev_copy) cudaEventDestroy(c->ev_copy);
+        if (c->ev_ahead_from) cudaEventDestroy(c->ev_ahead_from);
+        if (c->ev_ahead) cudaEventDestroy(c->ev_ahead);
         for (int i = 0; c->prof_ev && i < PG_PROF_MARKS; i++)
             if (c->prof_ev[i]) cudaEventDestroy(c->prof_ev[i]);
         free(c->prof_ev);
@@ -212,6 +215,7 @@ static void cu_destroy(pg_backend *b) {
             if (c->ev_in[i]) cudaEventDestroy(c->ev_in[i]);
         if (c->stream) cudaStreamDestroy(c->stream);
         if (c->copy_stream) cudaStreamDestroy(c->copy_stream);
+        if (c->ahead_stream) cudaStreamDestroy(c->ahead_stream);
         free(c);
     }
     free(b);
@@ -270,6 +274,9 @@ extern "C" int pg_backend_cuda_create(int device, pg_backend **out) {
     cudaError_t e;
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (e = cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaStreamCreateWithFlags(&c->ahead_stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&c->ev_ahead_from, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&c->ev_ahead, cudaEventDisableTiming)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&c->ev_compute, cudaEventDisableTiming)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&c->ev_copy, cudaEventDisableTiming)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&c->ev_done[0], cudaEventDisableTiming)) != cudaSuccess ||

@@ -32,6 +32,13 @@ struct CudaCtx {
     cudaStream_t stream;      // compute
     cudaStream_t copy_stream; // swaps
     cudaEvent_t ev_compute, ev_copy, ev_done[2];
+    // The host tier's copies ahead (cu_kv_swap_ahead): a stream of their
+    // own (the copy stream may hold a weight stream-in the step waits for),
+    // started after ev_ahead_from on the compute stream; cu_kv_swap_join
+    // makes the compute stream wait for ev_ahead.
+    cudaStream_t ahead_stream;
+    cudaEvent_t ev_ahead_from, ev_ahead;
+    bool ahead_pending;
     cudaEvent_t *prof_ev; // [PG_PROF_MARKS] timer_mark's events, each created on first use
     cudaEvent_t ev_in[2]; // stream_in's copies (weight offload), one per slot
     pg_cuda_gemm *gemm;

@@ -335,8 +335,8 @@ static size_t cu_kv_block_bytes(pg_backend *b, int32_t n_layers, pg_kv_shape s) 
 }
 
 static void cu_kv_free(pg_backend *b, pg_bkv *bkv) {
-    (void)b;
     if (!bkv) return;
+    cudaStreamSynchronize(ctx_of(b)->ahead_stream); // copies ahead still reading it
     CudaKv *kv = (CudaKv *)bkv;
     cudaFree(kv->mem);
     cudaFree(kv->ptrs_dev);
@@ -448,9 +448,8 @@ fail:
 // the SMs reading or writing the mapped host mirror over PCIe.
 // PAGED_CUDA_SWAP=kernel|memcpy forces one way (the comparison);
 // auto takes the kernel when there are more than 4 runs.
-static int swap_by_memcpy(CudaCtx *c, CudaKv *kv, const int32_t *pairs, int32_t n, bool to_host) {
-    PG_CUDA_TRY(cudaEventRecord(c->ev_compute, c->stream));
-    PG_CUDA_TRY(cudaStreamWaitEvent(c->copy_stream, c->ev_compute, 0));
+// One cudaMemcpyAsync per run of consecutive pairs, layer and K/V, on `st`.
+static int memcpy_runs(CudaKv *kv, const int32_t *pairs, int32_t n, bool to_host, cudaStream_t st) {
     const int32_t L2 = 2 * kv->base.n_layers;
     const size_t bb = kv->block_bytes, host_layer = (size_t)kv->base.n_host_blocks * bb;
     for (int32_t i = 0; i < n;) {
@@ -463,19 +462,27 @@ static int swap_by_memcpy(CudaCtx *c, CudaKv *kv, const int32_t *pairs, int32_t 
             char *host = kv->host + (size_t)t * host_layer;
             if (to_host)
                 PG_CUDA_TRY(cudaMemcpyAsync(host + (size_t)to * bb, dev + (size_t)from * bb, (size_t)run * bb,
-                                            cudaMemcpyDeviceToHost, c->copy_stream));
+                                            cudaMemcpyDeviceToHost, st));
             else
                 PG_CUDA_TRY(cudaMemcpyAsync(dev + (size_t)to * bb, host + (size_t)from * bb, (size_t)run * bb,
-                                            cudaMemcpyHostToDevice, c->copy_stream));
+                                            cudaMemcpyHostToDevice, st));
         }
         i += run;
     }
+    return 0;
+}
+
+static int swap_by_memcpy(CudaCtx *c, CudaKv *kv, const int32_t *pairs, int32_t n, bool to_host) {
+    PG_CUDA_TRY(cudaEventRecord(c->ev_compute, c->stream));
+    PG_CUDA_TRY(cudaStreamWaitEvent(c->copy_stream, c->ev_compute, 0));
+    PG_TRY(memcpy_runs(kv, pairs, n, to_host, c->copy_stream));
     PG_CUDA_TRY(cudaEventRecord(c->ev_copy, c->copy_stream));
     PG_CUDA_TRY(cudaStreamWaitEvent(c->stream, c->ev_copy, 0));
     return 0;
 }
 
-static int swap_by_kernel(CudaCtx *c, CudaKv *kv, const int32_t *pairs, int32_t n, bool to_host) {
+// move_blocks launches on `st` (the compute stream, or the copies ahead's).
+static int swap_by_kernel(CudaCtx *c, CudaKv *kv, const int32_t *pairs, int32_t n, bool to_host, cudaStream_t st) {
     const void *const *src = (const void *const *)(to_host ? kv->ptrs_dev : kv->host_ptrs_dev);
     void *const *dst = to_host ? kv->host_ptrs_dev : kv->ptrs_dev;
     for (int32_t done = 0; done < n;) {
@@ -486,12 +493,18 @@ static int swap_by_kernel(CudaCtx *c, CudaKv *kv, const int32_t *pairs, int32_t 
         memcpy(c->swap_pairs[slot], pairs + 2 * (size_t)done, (size_t)chunk * 8);
         int32_t *dpairs = nullptr;
         PG_CUDA_TRY(cudaHostGetDevicePointer((void **)&dpairs, c->swap_pairs[slot], 0));
-        PG_TRY(pg_cuda_move_blocks(src, dst, 2 * kv->base.n_layers, dpairs, chunk, (int64_t)kv->block_bytes,
-                                   c->stream));
-        PG_CUDA_TRY(cudaEventRecord(c->ev_swap[slot], c->stream));
+        PG_TRY(pg_cuda_move_blocks(src, dst, 2 * kv->base.n_layers, dpairs, chunk, (int64_t)kv->block_bytes, st));
+        PG_CUDA_TRY(cudaEventRecord(c->ev_swap[slot], st));
         done += chunk;
     }
     return 0;
+}
+
+static bool swap_takes_kernel(const CudaCtx *c, const int32_t *pairs, int32_t n) {
+    int32_t runs = 0;
+    for (int32_t i = 0; i < n; i++)
+        runs += i == 0 || pairs[2 * i] != pairs[2 * i - 2] + 1 || pairs[2 * i + 1] != pairs[2 * i - 1] + 1;
+    return c->swap_mode == SWAP_KERNEL || (c->swap_mode == SWAP_AUTO && runs > 4);
 }
 
 static int cu_kv_swap(pg_backend *b, pg_bkv *bkv, const int32_t *pairs, int32_t n, bool to_host) {
@@ -499,11 +512,33 @@ static int cu_kv_swap(pg_backend *b, pg_bkv *bkv, const int32_t *pairs, int32_t 
     CudaKv *kv = (CudaKv *)bkv;
     if (n == 0) return 0;
     PG_ARG(kv->host, "cuda: swap requested but there is no swap space");
-    int32_t runs = 0;
-    for (int32_t i = 0; i < n; i++)
-        runs += i == 0 || pairs[2 * i] != pairs[2 * i - 2] + 1 || pairs[2 * i + 1] != pairs[2 * i - 1] + 1;
-    const bool kernel = c->swap_mode == SWAP_KERNEL || (c->swap_mode == SWAP_AUTO && runs > 4);
-    return kernel ? swap_by_kernel(c, kv, pairs, n, to_host) : swap_by_memcpy(c, kv, pairs, n, to_host);
+    return swap_takes_kernel(c, pairs, n) ? swap_by_kernel(c, kv, pairs, n, to_host, c->stream)
+                                          : swap_by_memcpy(c, kv, pairs, n, to_host);
+}
+
+// The host tier's copies ahead (backend.h): on ahead_stream after the
+// compute work queued so far, beside the step queued next (a few
+// move_blocks CTAs or the copy engine, PCIe-bound either way); the
+// compute stream waits for them at cu_kv_swap_join, after the step.
+static int cu_kv_swap_ahead(pg_backend *b, pg_bkv *bkv, const int32_t *pairs, int32_t n) {
+    CudaCtx *c = ctx_of(b);
+    CudaKv *kv = (CudaKv *)bkv;
+    if (n == 0) return 0;
+    PG_ARG(kv->host, "cuda: swap requested but there is no swap space");
+    PG_CUDA_TRY(cudaEventRecord(c->ev_ahead_from, c->stream));
+    PG_CUDA_TRY(cudaStreamWaitEvent(c->ahead_stream, c->ev_ahead_from, 0));
+    c->ahead_pending = true;
+    return swap_takes_kernel(c, pairs, n) ? swap_by_kernel(c, kv, pairs, n, true, c->ahead_stream)
+                                          : memcpy_runs(kv, pairs, n, true, c->ahead_stream);
+}
+
+static int cu_kv_swap_join(pg_backend *b) {
+    CudaCtx *c = ctx_of(b);
+    if (!c->ahead_pending) return 0;
+    c->ahead_pending = false;
+    PG_CUDA_TRY(cudaEventRecord(c->ev_ahead, c->ahead_stream));
+    PG_CUDA_TRY(cudaStreamWaitEvent(c->stream, c->ev_ahead, 0));
+    return 0;
 }
 
 // Copy-on-write: every layer's K and V of each pair in one launch per chunk
@@ -541,5 +576,7 @@ const pg_backend_store pg_cuda_store_table = {
     .kv_free = cu_kv_free,
     .kv_swap = cu_kv_swap,
     .kv_copy = cu_kv_copy,
+    .kv_swap_ahead = cu_kv_swap_ahead,
+    .kv_swap_join = cu_kv_swap_join,
 };
 

@@ -51,7 +51,8 @@
 // several lengths in one step, a prompt chunked over four steps next to
 // decode tokens (so each step mixes decode and prefill rows), a context
 // long enough for split-K decode, a swap-out + swap-in of one sequence to
-// other device blocks, a fork whose partial block is copied on write, a
+// other device blocks, a copy ahead (plan.h n_swap_out_ahead: on CUDA
+// beside the step, kv_swap_ahead) loaded back the next step, a fork whose partial block is copied on write, a
 // repetition penalty, banned ids, and logprobs. Each step's input token is
 // the CPU's pick (teacher forcing), so one near-tie cannot derail the rest.
 // Checks per sampled sequence: the GPU's token equals the CPU's (where the
@@ -267,13 +268,22 @@ int main(int argc, char **argv) {
     float *gap_tmp = malloc(sizeof(float) * (size_t)V);
     double worst = 0, sum_err = 0;
     int n_err = 0, mismatches = 0, hard_mismatches = 0, lp_bad = 0, failed = 0;
-    int32_t host_next = 1;
+    int32_t host_next = 1, ahead_host = -1;
     for (int step = 0; step < N_STEPS && !failed; step++) {
         pg_plan_seq ps[NS];
         int32_t idx[NS];
         int n = 0, n_tokens = 0;
         pg_block_move swap_out[8], swap_in[8], copies[2];
-        int n_out = 0, n_in = 0, n_cp = 0;
+        int n_out = 0, n_in = 0, n_cp = 0, n_ahead = 0;
+        if (step == 14) { // B's first (full) block as a host tier's copy ahead: this step only reads it
+            swap_out[n_out++] = (pg_block_move){S[B].bt[0], ahead_host = host_next++};
+            n_ahead = 1;
+        }
+        if (step == 15) { // ... loaded back into a fresh block, which this step reads: the copy must be done
+            int32_t fresh = next_block++;
+            swap_in[n_in++] = (pg_block_move){ahead_host, fresh};
+            S[B].bt[0] = fresh;
+        }
         if (step == 10) { // C's blocks to host and back to fresh device blocks
             int32_t nb = (S[C].computed + BS - 1) / BS;
             for (int32_t b = 0; b < nb; b++) {
@@ -332,6 +342,7 @@ int main(int argc, char **argv) {
                               .n_swap_out = n_out,
                               .n_swap_in = n_in,
                               .n_copies = n_cp,
+                              .n_swap_out_ahead = n_ahead,
                               .swap_out = swap_out,
                               .swap_in = swap_in,
                               .copies = copies};
