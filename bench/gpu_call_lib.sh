@@ -204,12 +204,14 @@ lora_checks() { # K [SGMV...]
 # with PAGED_CUDA_LORA_TILES=${LORA_TILES:-16} (the graph-safe op in tiles
 # of one adapter from that many rows), tilesdev: that and
 # PAGED_LORA_DEV_EAGER=1 (eager steps through it too), split: tiles and
-# PAGED_LORA_SPLIT=1 (eager steps' decode rows through it), base: K/paged with
-# W4 naming no adapter; none
+# PAGED_LORA_SPLIT=1 (eager steps' decode rows through it; the default on
+# CUDA since session 31), nosplit: PAGED_LORA_SPLIT=0, base: K/paged with
+# W4 naming no adapter, nolora: K/paged served without --enable-lora (the
+# issue's "no LoRA" of the same call), W4 naming no adapter; none
 # starts past LORA_STOP seconds, 420 by default): W1
 # with no adapter and with a0 (w1base_RUN, w1_RUN), then (unless
 # LORA_W4=0) W4 at 100 clients over all N adapters for 30 s (w4_RUN),
-# saving after each run.
+# saving after each run; LORA_TAG=S appends S to every file's RUN.
 lora_serve_runs() { # K N RUN...
     local k=$1 n=$2 mods names run
     shift 2
@@ -220,27 +222,28 @@ lora_serve_runs() { # K N RUN...
         [ "$(el)" -gt "${LORA_STOP:-420}" ] && { echo "stopped before $run at $(el)s"; break; }
         P=$k/paged
         case $run in old | oldruns) P=$k/paged_old ;; esac
-        local wm=(--model "$names")
-        [ "$run" = base ] && wm=()
+        # shellcheck disable=SC2206
+        local wm=(--model "$names") lf=(--enable-lora --max-loras "$n" --max-lora-rank 16 --lora-modules $mods)
+        case $run in base | nolora) wm=() ;; esac
+        [ "$run" = nolora ] && lf=()
         case $run in dev | tilesdev) export PAGED_LORA_DEV_EAGER=1 ;; *) unset PAGED_LORA_DEV_EAGER ;; esac
         case $run in tiles | tilesdev | split) export PAGED_CUDA_LORA_TILES=${LORA_TILES:-16} ;; *) unset PAGED_CUDA_LORA_TILES ;; esac
-        case $run in split) export PAGED_LORA_SPLIT=1 ;; *) unset PAGED_LORA_SPLIT ;; esac
+        case $run in split) export PAGED_LORA_SPLIT=1 ;; nosplit) export PAGED_LORA_SPLIT=0 ;; *) unset PAGED_LORA_SPLIT ;; esac
         case $run in cols1 | cols2) export PAGED_CUDA_LORA_EXPAND_COLS=${run#cols} ;; *) unset PAGED_CUDA_LORA_EXPAND_COLS ;; esac
         case $run in
         runs | oldruns) export PAGED_CUDA_LORA_GEMM_RUNS=16 ;;
         bgmv) export PAGED_CUDA_LORA_GEMM_RUNS=0 ;;
         *) unset PAGED_CUDA_LORA_GEMM_RUNS ;;
         esac
-        # shellcheck disable=SC2086
-        serve_up "$R/serve_$run.log" --device cuda --load-format dummy --hf-config tests/gpu/llama3-8b-shape.json \
-            --enable-lora --max-loras "$n" --max-lora-rank 16 --lora-modules $mods || continue
-        grep -E "graphs" "$R/serve_$run.log" | head -2
-        w1_http "w1base_$run"
-        w1_http "w1_$run" --model a0
+        serve_up "$R/serve_$run${LORA_TAG:-}.log" --device cuda --load-format dummy --hf-config tests/gpu/llama3-8b-shape.json \
+            "${lf[@]}" || continue
+        grep -E "graphs|LoRA:" "$R/serve_$run${LORA_TAG:-}.log" | head -3
+        w1_http "w1base_$run${LORA_TAG:-}"
+        [ "$run" = nolora ] || w1_http "w1_$run${LORA_TAG:-}" --model a0
         if [ "${LORA_W4:-1}" != 0 ]; then
-            w4 "w4_$run" --concurrency 100 "${wm[@]}" --max-seconds 30 --drain-seconds 15
-            echo "W4 100 clients 30 s $run rc=$? at $(el)s: $(grep -m1 'output' "$R/w4_$run.txt")"
-            grep -E '^ *(TTFT|TPOT)' "$R/w4_$run.txt" | head -2
+            w4 "w4_$run${LORA_TAG:-}" --concurrency 100 "${wm[@]}" --max-seconds 30 --drain-seconds 15
+            echo "W4 100 clients 30 s $run${LORA_TAG:-} rc=$? at $(el)s: $(grep -m1 'output' "$R/w4_$run${LORA_TAG:-}.txt")"
+            grep -E '^ *(TTFT|TPOT)' "$R/w4_$run${LORA_TAG:-}.txt" | head -2
         fi
         serve_down
         rm -f "$R"/*.json.requests

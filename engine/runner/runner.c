@@ -323,12 +323,20 @@ int pg_runner_create(const pg_model *model, const pg_runner_config *cfg, pg_runn
     {
         const char *e = getenv("PAGED_LORA_DEV_EAGER");
         r->lora_dev_eager = model->lora.dev_table && e && atoi(e) != 0;
+        // The split is the default where the backend has graphs (CUDA: the
+        // graph-safe op's tiles beat BGMV on an eager step's decode rows,
+        // +1.4% served W4 with 8 adapters on an H100, docs/lora.md "Split
+        // eager steps"); on the CPU the graph-safe op is only the reference,
+        // so there it stays off unless asked for. PAGED_LORA_SPLIT=0|1 says.
         e = getenv("PAGED_LORA_SPLIT");
-        r->lora_split = model->lora.dev_table && e && atoi(e) != 0;
+        const bool split_default = be->caps->has_graphs;
+        r->lora_split = model->lora.dev_table && (e && *e ? atoi(e) != 0 : split_default);
         if (r->lora_dev_eager || r->lora_split)
-            PG_LOGI("LoRA: %s through the graph-safe op (%s=1)",
+            PG_LOGI("LoRA: %s through the graph-safe op (%s)",
                     r->lora_dev_eager ? "eager steps" : "eager steps' decode rows",
-                    r->lora_dev_eager ? "PAGED_LORA_DEV_EAGER" : "PAGED_LORA_SPLIT");
+                    r->lora_dev_eager ? "PAGED_LORA_DEV_EAGER=1"
+                    : e && *e          ? "PAGED_LORA_SPLIT=1"
+                                       : "the default with graphs; PAGED_LORA_SPLIT=0 turns it off");
     }
     // The profiling forward, where the backend can measure what it takes
     // (lazily loaded kernels, library plans, graph memory); elsewhere the
@@ -575,10 +583,11 @@ static int queue_step(pg_runner *r, const step_desc *s) {
     // (runner_graphs.c), when the backend has graph-safe LoRA.
     const bool g = runner_graph_step(r, s, &padded, &slot);
     const step_desc *run = g ? &padded : s;
-    // Under measurement (docs/lora.md): PAGED_LORA_DEV_EAGER=1, eager steps
-    // with LoRA rows take the graph-safe op too; PAGED_LORA_SPLIT=1, their
-    // decode rows (rows 0 .. n_decode - 1) do, and the prefill chunks after
-    // them keep lora_apply (runs of one adapter through dense products).
+    // docs/lora.md: with the split (the default on CUDA, PAGED_LORA_SPLIT)
+    // an eager step's decode rows (rows 0 .. n_decode - 1) take the
+    // graph-safe op, and the prefill chunks after them keep lora_apply
+    // (runs of one adapter through dense products); under measurement,
+    // PAGED_LORA_DEV_EAGER=1: eager steps' LoRA rows all take it.
     step_desc dev_rows;
     if (!g && s->lora_rows && (r->lora_dev_eager || (r->lora_split && s->n_decode > 0))) {
         dev_rows = *s;

@@ -129,7 +129,7 @@ struct pg_runner {
     int32_t cbuckets[RUNNER_MAX_CBUCKETS], n_cbuckets; // 256, 512, ... < max_model_len, max_model_len
     int32_t n_graph_sets; // 1, or 2 with graph-safe LoRA: [set][n_bbuckets][n_cbuckets]
     bool lora_dev_eager;  // PAGED_LORA_DEV_EAGER=1: eager LoRA steps take lora_apply_dev too
-    bool lora_split;      // PAGED_LORA_SPLIT=1: an eager step's decode rows take it, the rest lora_apply
+    bool lora_split;      // an eager step's decode rows take it, the rest lora_apply (CUDA's default; PAGED_LORA_SPLIT)
     void **graph_exec;
     int8_t *graph_state; // 0 none yet, 1 ready, -1 capture failed (stays eager)
     int64_t graph_bytes;
