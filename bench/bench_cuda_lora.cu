@@ -1,9 +1,10 @@
 // bench/bench_cuda_lora.cu - the CUDA LoRA ops of one llama3-8b layer over
 // the batch size: BGMV (pg_cuda_lora_apply, the eager default), the
-// graph-safe op (pg_cuda_lora_apply_dev) a CTA a row ("dev") and in tiles
+// graph-safe op (pg_cuda_lora_apply_dev) a CTA a row ("dev"), in tiles
 // of one adapter on the tensor cores ("tiles": pg_cuda_lora_dev_tile_rows
-// 1), and runs of one adapter through cuBLASLt (pg_cuda_lora_apply_runs, min run
-// 16), for rank-16 adapters in 8 slots.
+// 1) and in one fused kernel a call ("fused": pg_cuda_lora_dev_fused_rows
+// 1 << 30, lora_fused.cu), and runs of one adapter through cuBLASLt
+// (pg_cuda_lora_apply_runs, min run 16), for rank-16 adapters in 8 slots.
 //
 // Groups, as a layer calls them: Q|K|V (4096 -> 4096 | 1024 | 1024, the
 // graph-safe op with the RMSNorm fused), O (4096 -> 4096), gate|up (4096 ->
@@ -12,7 +13,9 @@
 // one adapter) and "mixed" (row i names slot i % 8: decode rows of 8
 // adapters). Each figure is the median over 5 timings of 10 back-to-back
 // eager calls (CUDA events; BGMV and runs are not graph-safe), in us a
-// call of the group; "layer" sums the four groups.
+// call of the group; "layer" sums the four groups. "fused" is meant for
+// a few rows (PAGED_CUDA_LORA_FUSED=N): every CTA reads its projection's
+// whole A, so its figures at large m show the crossover, not a shape to run.
 //
 // Usage: build/gpu/bench_cuda_lora [--m 1,8,64,256,1024,2048]   exit 77 = no CUDA device.
 #include <stdlib.h>
@@ -96,13 +99,14 @@ int main(int argc, char **argv) {
     DBuf ws(wsb), gws(PG_CUDA_GEMM_WORKSPACE);
     pg_cuda_gemm *gm = nullptr;
     PK(pg_cuda_gemm_create(&gm));
-    printf("%-8s %6s %-6s %10s %10s %10s %10s\n", "group", "m", "rows", "bgmv us", "dev us", "tiles us", "runs us");
+    printf("%-8s %6s %-6s %10s %10s %10s %10s %10s\n", "group", "m", "rows", "bgmv us", "dev us", "tiles us",
+           "fused us", "runs us");
     for (int64_t m : ms)
         for (const char *pat : {"one", "mixed"}) {
             std::vector<int32_t> rows((size_t)m);
             for (int64_t i = 0; i < m; i++) rows[(size_t)i] = strcmp(pat, "one") ? (int32_t)(i % SLOTS) : 0;
             CK(cudaMemcpy(rows_dev.p, rows.data(), (size_t)m * 4, cudaMemcpyHostToDevice));
-            double lay[4] = {0, 0, 0, 0};
+            double lay[5] = {0, 0, 0, 0, 0};
             for (size_t gi = 0; gi < sizeof GROUPS / sizeof GROUPS[0]; gi++) {
                 const Group &g = GROUPS[gi];
                 int64_t ldo = 0;
@@ -120,22 +124,25 @@ int main(int argc, char **argv) {
                     PK(pg_cuda_lora_apply_dev(o, ldo, x.p, g.in, m, g.in, g.norm ? nw.p : nullptr, 1e-5f, g.cols, g.n,
                                               rows_dev.as<int32_t>(), tabs, SLOTS, RANK, ws.p, wsb, nullptr));
                 };
-                const int64_t was = pg_cuda_lora_dev_tile_rows(0);
+                const int64_t was = pg_cuda_lora_dev_tile_rows(0), fused_was = pg_cuda_lora_dev_fused_rows(0);
                 const double t_dev = time_ms(3, 5, 10, dev);
                 pg_cuda_lora_dev_tile_rows(1);
                 const double t_tiles = time_ms(3, 5, 10, dev);
+                pg_cuda_lora_dev_fused_rows((int64_t)1 << 30); // before the tiles: every call
+                const double t_fused = time_ms(3, 5, 10, dev);
                 pg_cuda_lora_dev_tile_rows(was);
+                pg_cuda_lora_dev_fused_rows(fused_was);
                 const double t_runs = time_ms(3, 5, 10, [&](int) {
                     for (int p = 0, c0 = 0; p < g.n; c0 += (int)g.cols[p], p++)
                         PK(pg_cuda_lora_apply_runs(gm, gws.p, gws.n, 16, o + c0, ldo, x.p, g.in, m, g.in, g.cols[p],
                                                    rows.data(), pr[(size_t)p]->host, SLOTS, ws.p, wsb, nullptr));
                 });
-                lay[0] += t_bgmv, lay[1] += t_dev, lay[2] += t_tiles, lay[3] += t_runs;
-                printf("%-8s %6lld %-6s %10.1f %10.1f %10.1f %10.1f\n", g.name, (long long)m, pat, t_bgmv * 1e3,
-                       t_dev * 1e3, t_tiles * 1e3, t_runs * 1e3);
+                lay[0] += t_bgmv, lay[1] += t_dev, lay[2] += t_tiles, lay[3] += t_fused, lay[4] += t_runs;
+                printf("%-8s %6lld %-6s %10.1f %10.1f %10.1f %10.1f %10.1f\n", g.name, (long long)m, pat,
+                       t_bgmv * 1e3, t_dev * 1e3, t_tiles * 1e3, t_fused * 1e3, t_runs * 1e3);
             }
-            printf("%-8s %6lld %-6s %10.1f %10.1f %10.1f %10.1f\n", "layer", (long long)m, pat, lay[0] * 1e3,
-                   lay[1] * 1e3, lay[2] * 1e3, lay[3] * 1e3);
+            printf("%-8s %6lld %-6s %10.1f %10.1f %10.1f %10.1f %10.1f\n", "layer", (long long)m, pat, lay[0] * 1e3,
+                   lay[1] * 1e3, lay[2] * 1e3, lay[3] * 1e3, lay[4] * 1e3);
             fflush(stdout);
         }
     pg_cuda_gemm_destroy(gm);

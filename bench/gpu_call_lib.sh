@@ -207,7 +207,9 @@ lora_checks() { # K [SGMV...]
 # PAGED_LORA_SPLIT=1 (eager steps' decode rows through it; the default on
 # CUDA since session 31), nosplit: PAGED_LORA_SPLIT=0, base: K/paged with
 # W4 naming no adapter, nolora: K/paged served without --enable-lora (the
-# issue's "no LoRA" of the same call), W4 naming no adapter; none
+# issue's "no LoRA" of the same call), W4 naming no adapter, fused:
+# PAGED_CUDA_LORA_FUSED=${LORA_FUSED:-8} (calls of at most that many rows
+# in one kernel, lora_fused.cu); none
 # starts past LORA_STOP seconds, 420 by default): W1
 # with no adapter and with a0 (w1base_RUN, w1_RUN), then (unless
 # LORA_W4=0) W4 at 100 clients over all N adapters for 30 s (w4_RUN),
@@ -230,6 +232,7 @@ lora_serve_runs() { # K N RUN...
         case $run in tiles | tilesdev | split) export PAGED_CUDA_LORA_TILES=${LORA_TILES:-16} ;; *) unset PAGED_CUDA_LORA_TILES ;; esac
         case $run in split) export PAGED_LORA_SPLIT=1 ;; nosplit) export PAGED_LORA_SPLIT=0 ;; *) unset PAGED_LORA_SPLIT ;; esac
         case $run in cols1 | cols2) export PAGED_CUDA_LORA_EXPAND_COLS=${run#cols} ;; *) unset PAGED_CUDA_LORA_EXPAND_COLS ;; esac
+        case $run in fused) export PAGED_CUDA_LORA_FUSED=${LORA_FUSED:-8} ;; *) unset PAGED_CUDA_LORA_FUSED ;; esac
         case $run in
         runs | oldruns) export PAGED_CUDA_LORA_GEMM_RUNS=16 ;;
         bgmv) export PAGED_CUDA_LORA_GEMM_RUNS=0 ;;
@@ -250,5 +253,5 @@ lora_serve_runs() { # K N RUN...
         save
     done
     unset PAGED_LORA_DEV_EAGER PAGED_CUDA_LORA_GEMM_RUNS PAGED_CUDA_LORA_EXPAND_COLS PAGED_CUDA_LORA_TILES \
-        PAGED_LORA_SPLIT
+        PAGED_LORA_SPLIT PAGED_CUDA_LORA_FUSED
 }

@@ -534,9 +534,20 @@ int pg_cuda_lora_apply_dev(void *out, int64_t ldo, const void *x, int64_t ldx, i
 // bf16 hi + lo) and its expand reading each row of B once for the tile.
 // The same contract, workspace and values within the same bound (sums in
 // another order: a row's bits depend on the shape, not on the batch).
-// PAGED_CUDA_LORA_TILES=N sets it at the first call, 0 (never) by default;
-// set >= 0 changes it, < 0 only reads it. Returns the value before.
+// PAGED_CUDA_LORA_TILES=N sets it at the first call (16 by default; 0:
+// never); set >= 0 changes it, < 0 only reads it. Returns the value before.
 int64_t pg_cuda_lora_dev_tile_rows(int64_t set);
+// Calls of at most this many rows take the fused shape instead, checked
+// before the tiles (lora_fused.cu; docs/lora.md "One launch a group for
+// small steps"): one kernel, no workspace read or written, each CTA of the
+// expand computing the t values of its row itself (all of x against its
+// projections' whole A, before its PDL wait), then, after the wait, adding
+// t . b to out. The same contract (the workspace is still checked) and
+// values within the same bound; sums in another fixed order (a row's bits
+// depend on the shape, not on the batch). PAGED_CUDA_LORA_FUSED=N sets it
+// at the first call, 0 (never) by default; set >= 0 changes it, < 0 only
+// reads it. Returns the value before.
+int64_t pg_cuda_lora_dev_fused_rows(int64_t set);
 // Writes n host entries to the device table dst, after the work queued on
 // `stream` so far (steps that read the old entries) has finished: a
 // synchronous copy, for adapter loads and evictions, never under capture.

@@ -24,12 +24,13 @@
 // can before the wait (session 26): the shrink everything but its stores,
 // as it reads only x (which the base product right before it does not
 // write), the adapters and the tables; the expand its rows of B and its
-// elements of out. Each warp's sums go through scatter_sum, a
-// reduce-scatter with warp_sum's pairs of lanes (so its bits) at a fifth
-// of the shuffles. Session 26, call J on an H100, against call G's build:
-// W1 with an adapter 7.248 -> 7.051 ms (no adapter 5.871); one layer's
-// LoRA at 64 rows of 8 adapters 95.5 us with one column a thread, 75.1
-// with two (docs/lora.md "Before the wait, two columns a thread").
+// elements of out. Each warp's sums go through pg_lora_scatter_sum
+// (lora_int.cuh), a reduce-scatter with pg_lora_warp_sum's pairs of lanes
+// (so its bits) at a fifth of the shuffles. Session 26, call J on an H100,
+// against call G's build: W1 with an adapter 7.248 -> 7.051 ms (no adapter
+// 5.871); one layer's LoRA at 64 rows of 8 adapters 95.5 us with one
+// column a thread, 75.1 with two (docs/lora.md "Before the wait, two
+// columns a thread").
 //
 // Q, K and V read the same normed rows and write adjacent columns of the
 // Q|K|V output, as gate and up do of gate|up: one shrink and one expand
@@ -45,7 +46,10 @@
 // From pg_cuda_lora_dev_tile_rows() rows (PAGED_CUDA_LORA_TILES=N, 16 by
 // default; 0, never) a call takes lora_tiles.cu's shape instead: the rows
 // grouped by slot into tiles of 16 on the device, a tile's shrink on the
-// tensor cores, each load of A and B shared by the tile's rows.
+// tensor cores, each load of A and B shared by the tile's rows. Calls of
+// at most pg_cuda_lora_dev_fused_rows() rows (PAGED_CUDA_LORA_FUSED=N, 0 by
+// default: never) take lora_fused.cu's one kernel before either: each
+// expand CTA computes the t it needs itself, before the PDL wait.
 //
 // The grid depends only on the rows and the columns: a row whose slot is
 // -1, or whose slot's entry has no `a` for a projection, leaves at once
@@ -68,49 +72,6 @@ constexpr int NPROJ = PG_CUDA_LORA_MAX_PROJ;
 using DevSlot = pg_cuda_lora_dev_slot;
 using Proj = pg_lora_proj;
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-// The warp's sums of each of v's RP values (RP 8, 16, 32 or 64), spread
-// over the lanes: on return lane l holds in v[0 .. Scatter<RP>::N) the sums
-// of the values Scatter<RP>::rank(l, q). Each sum is warp_sum's bit for
-// bit: the same pairs of lanes (l, l ^ o) are added at each stage o = 16
-// .. 1, and a float sum is the same either way round; but a stage
-// exchanges only the half of the values the lane gives away (16 values: 8
-// + 4 + 2 + 1 + 1 shuffles where warp_sum on each takes 80).
-template <int RP> struct Scatter {
-    static_assert(RP == 8 || RP == 16 || RP == 32 || RP == 64, "ranks 8, 16, 32, 64");
-    static constexpr int N = RP >= 32 ? RP / 32 : 1;             // values a lane keeps
-    static constexpr int SH = RP >= 32 ? 0 : (RP == 16 ? 1 : 2); // lanes sharing a value: 1 << SH
-    __device__ static int rank(int lane, int q) { return (lane >> SH) * N + q; }
-    __device__ static bool writer(int lane) { return (lane & ((1 << SH) - 1)) == 0; }
-};
-template <int N, int O> struct ScatterStage {
-    __device__ __forceinline__ static void run(float *v, int lane) {
-        if constexpr (O > 0) {
-            if constexpr (N > 1) {
-                // The upper half stays with the lanes whose bit O is set.
-                const bool hi = (lane & O) != 0;
-#pragma unroll
-                for (int q = 0; q < N / 2; q++) {
-                    const float give = hi ? v[q] : v[q + N / 2], keep = hi ? v[q + N / 2] : v[q];
-                    v[q] = keep + __shfl_xor_sync(0xffffffffu, give, O);
-                }
-                ScatterStage<N / 2, O / 2>::run(v, lane);
-            } else {
-                v[0] += __shfl_xor_sync(0xffffffffu, v[0], O);
-                ScatterStage<1, O / 2>::run(v, lane);
-            }
-        }
-    }
-};
-template <int RP> __device__ __forceinline__ void scatter_sum(float (&v)[RP], int lane) {
-    ScatterStage<RP, 16>::run(v, lane);
-}
-
 // This thread's sum of squares of a row (of STHREADS threads over all `in`
 // columns of xr): row_rms's loop.
 __device__ __forceinline__ float rms_piece(const bf16 *xr, int64_t in, bool vec) {
@@ -120,7 +81,7 @@ __device__ __forceinline__ float rms_piece(const bf16 *xr, int64_t in, bool vec)
 #pragma unroll 4
         for (int64_t k = (int64_t)vt * 8; k < in; k += STHREADS * 8) {
             float xf[8];
-            pg_unpack8(*reinterpret_cast<const uint4 *>(xr + k), xf);
+            pg_unpack8(pg_lora_ld16(xr + k), xf);
 #pragma unroll
             for (int q = 0; q < 8; q++) ss = fmaf(xf[q], xf[q], ss);
         }
@@ -137,7 +98,7 @@ __device__ __forceinline__ float rms_piece(const bf16 *xr, int64_t in, bool vec)
 // every thread of the block calls it; ends with the block synchronised).
 __device__ __forceinline__ float row_rms(const bf16 *xr, int64_t in, float eps, bool vec,
                                          float (*red)[PG_CUDA_LORA_MAX_RANK + 1]) {
-    const float ss = warp_sum(rms_piece(xr, in, vec));
+    const float ss = pg_lora_warp_sum(rms_piece(xr, in, vec));
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5][0] = ss;
     __syncthreads();
     float v = 0.f;
@@ -164,21 +125,14 @@ __device__ __forceinline__ void piece_sums(float (&acc)[RP], const bf16 *xr, con
     if (vec) {
         for (int64_t k = k0 + (int64_t)vt * 8; k < k1; k += STHREADS * 8) {
             float xf[8];
-            pg_unpack8(*reinterpret_cast<const uint4 *>(xr + k), xf);
+            pg_unpack8(pg_lora_ld16(xr + k), xf);
             if (nw) {
                 float wf[8];
-                pg_unpack8(*reinterpret_cast<const uint4 *>(nw + k), wf);
+                pg_unpack8(pg_lora_ld16(nw + k), wf);
 #pragma unroll
                 for (int q = 0; q < 8; q++) xf[q] *= wf[q];
             }
-#pragma unroll
-            for (int r = 0; r < RP; r++)
-                if (r < rank) {
-                    float af[8];
-                    pg_unpack8(*reinterpret_cast<const uint4 *>(a + (int64_t)r * in + k), af);
-#pragma unroll
-                    for (int q = 0; q < 8; q++) acc[r] = fmaf(xf[q], af[q], acc[r]);
-                }
+            pg_lora_piece_fma<RP>(acc, xf, a, in, k, rank);
         }
     } else {
         for (int64_t k = k0 + vt; k < k1; k += STHREADS) {
@@ -191,19 +145,13 @@ __device__ __forceinline__ void piece_sums(float (&acc)[RP], const bf16 *xr, con
     }
 }
 
-// Whether x's row and the norm weight take 16-byte loads (x's pieces);
-// a's are checked per entry.
-__device__ __forceinline__ bool vec_ok(const bf16 *xr, const bf16 *nw, int64_t in) {
-    return (in & 7) == 0 && ((reinterpret_cast<uintptr_t>(xr) | reinterpret_cast<uintptr_t>(nw)) & 15) == 0;
-}
-
 // The shrink, a CTA a row: grid (rows, projections, chunks of KCHUNK
 // columns), RP the launch's max rank rounded up to 8, 16, 32 or 64:
 // parts[((c * m + i) * n + p) * tstride + r] = (x[i] * w)[chunk c] .
 // a[r][chunk c] for r < min(rank, tstride), and with a norm, for CTAs of
 // (p, c) = (0, 0), the row's inverse RMS to rms[i] (the expand applies it:
 // the chunks see only their columns). The block's sums: each warp's
-// (scatter_sum), then the warps' in order.
+// (pg_lora_scatter_sum), then the warps' in order.
 //
 // Everything but the stores runs before the PDL wait: the rows' slots and
 // the tables (uploaded before the step), the adapters, and x, which the
@@ -228,7 +176,7 @@ __global__ void __launch_bounds__(STHREADS) lora_dev_shrink_kernel(float *parts,
     float inv_rms = 0.f, v = 0.f;
     if (s >= 0) { // the whole block alike
         const bf16 *xr = x + i * ldx;
-        const bool xvec = vec_ok(xr, nw, in);
+        const bool xvec = pg_lora_vec_ok(xr, nw, in);
         if (with_rms) inv_rms = row_rms(xr, in, eps, xvec, red);
         if (with_t) {
             const bf16 *a = (const bf16 *)e.a;
@@ -237,10 +185,11 @@ __global__ void __launch_bounds__(STHREADS) lora_dev_shrink_kernel(float *parts,
             const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
             float acc[RP];
             piece_sums<RP>(acc, xr, nw, a, rank, in, k0, k1, xvec && avec);
-            scatter_sum<RP>(acc, lane);
-            if (Scatter<RP>::writer(lane))
+            pg_lora_scatter_sum<RP>(acc, lane);
+            using Sc = pg_lora_scatter<RP>;
+            if (Sc::writer(lane))
 #pragma unroll
-                for (int q = 0; q < Scatter<RP>::N; q++) red[warp][Scatter<RP>::rank(lane, q)] = acc[q];
+                for (int q = 0; q < Sc::N; q++) red[warp][Sc::rank(lane, q)] = acc[q];
             __syncthreads();
             if (threadIdx.x < rank)
 #pragma unroll
@@ -353,6 +302,18 @@ int64_t tile_rows() {
     return g_tile_rows;
 }
 
+// Rows up to which a call takes lora_fused.cu's one kernel
+// (PAGED_CUDA_LORA_FUSED=N, read once; 0: never, the default;
+// pg_cuda_lora_dev_fused_rows changes it). Checked before the tiles.
+int64_t g_fused_rows = -1;
+int64_t fused_rows() {
+    if (g_fused_rows < 0) {
+        const char *e = getenv("PAGED_CUDA_LORA_FUSED");
+        g_fused_rows = e && atoll(e) > 0 ? atoll(e) : 0;
+    }
+    return g_fused_rows;
+}
+
 // The launch's two kernels, RP the max rank rounded up to 8, 16, 32 or 64.
 template <int RP>
 cudaError_t launch(bf16 *out, int64_t ldo, float *parts, float *rms, int tstride, const bf16 *x, int64_t ldx,
@@ -411,7 +372,9 @@ int pg_cuda_lora_apply_dev(void *out, int64_t ldo, const void *x, int64_t ldx, i
     bool even = expand_cols() == 2 && (ldo & 1) == 0 && ((uintptr_t)out & 3) == 0;
     for (int p = 0; p < pj.n; p++) even = even && (pj.c0[p + 1] & 1) == 0;
     cudaError_t le;
-    if (tile_rows() > 0 && m >= tile_rows())
+    if (fused_rows() > 0 && m <= fused_rows())
+        le = pg_lora_fused_launch(ob, ldo, xb, ldx, in, nw, eps, max_rank, row_slot_dev, pj, m, even, st);
+    else if (tile_rows() > 0 && m >= tile_rows())
         le = pg_lora_tiles_launch(ob, ldo, parts, rms, max_rank, xb, ldx, in, nw, eps, row_slot_dev, pj, m, n_slots,
                                   chunks, even, st);
     else if (max_rank <= 8)
@@ -433,6 +396,12 @@ int pg_cuda_lora_apply_dev(void *out, int64_t ldo, const void *x, int64_t ldx, i
 int64_t pg_cuda_lora_dev_tile_rows(int64_t set) {
     const int64_t was = tile_rows();
     if (set >= 0) g_tile_rows = set;
+    return was;
+}
+
+int64_t pg_cuda_lora_dev_fused_rows(int64_t set) {
+    const int64_t was = fused_rows();
+    if (set >= 0) g_fused_rows = set;
     return was;
 }
 

@@ -40,10 +40,12 @@
 // captured graph over two slot patterns and a rewritten table bit for bit
 // against its eager runs (graph_case below); past 8 rows, where a CTA runs
 // a tile of rows, the same checks and each row alone against the batch bit
-// for bit (graph_rows_case); both cases run twice, a CTA a row and then in
-// tiles of one adapter at every m (" [tiles]", lora_tiles.cu). "lora
-// runs": pg_cuda_lora_apply_runs
-// (runs of one adapter through cuBLASLt) against the reference and BGMV.
+// for bit (graph_rows_case); both cases run three times: a CTA a row, in
+// tiles of one adapter at every m (" [tiles]", lora_tiles.cu), and in one
+// fused kernel a call at every m (" [fused]", lora_fused.cu: each CTA
+// computes its row's t itself; the captured graphs of that pass hold the
+// fused kernel too). "lora runs": pg_cuda_lora_apply_runs (runs of one
+// adapter through cuBLASLt) against the reference and BGMV.
 //
 // Usage: build/gpu/test_cuda_lora [-k FILTER]   exit 0 pass, 1 fail, 77 no GPU.
 #include <stdlib.h>
@@ -61,7 +63,7 @@ extern "C" {
 
 static const char *g_filter = "";
 static const char *g_shape = "bgmv"; // the kernels' shape under test: PAGED_CUDA_LORA_SGMV=0 / 1
-static const char *g_tag = ""; // " [tiles]" while the graph cases run the tiled shape
+static const char *g_tag = ""; // " [tiles]" / " [fused]" while the graph cases run those shapes
 static int g_fail = 0, g_ok = 0;
 static bool selected(const char *name) { return strstr(name, g_filter) != nullptr; }
 
@@ -839,16 +841,26 @@ int main(int argc, char **argv) {
         staged_case();
     }
     unsetenv("PAGED_CUDA_LORA_SGMV");
-    // The graph-safe op in both shapes: a CTA a row (tile rows 0), then
-    // tiles of one adapter at every size (1: rows alone take them too, so
-    // the alone-against-the-batch checks compare tiles with tiles).
-    for (const int64_t tiles : {0, 1}) {
-        pg_cuda_lora_dev_tile_rows(tiles);
-        g_tag = tiles ? " [tiles]" : "";
+    // The graph-safe op in its three shapes: a CTA a row (tile rows 0,
+    // fused rows 0), then tiles of one adapter at every size (1: rows alone
+    // take them too, so the alone-against-the-batch checks compare tiles
+    // with tiles), then the fused kernel at every size (fused rows 1 << 30:
+    // checked before the tiles, so it takes every call, alone or batched,
+    // eager or captured).
+    struct Pass {
+        int64_t tiles, fused;
+        const char *tag;
+    };
+    const int64_t tiles_was = pg_cuda_lora_dev_tile_rows(-1), fused_was = pg_cuda_lora_dev_fused_rows(-1);
+    for (const Pass ps : {Pass{0, 0, ""}, Pass{1, 0, " [tiles]"}, Pass{0, (int64_t)1 << 30, " [fused]"}}) {
+        pg_cuda_lora_dev_tile_rows(ps.tiles);
+        pg_cuda_lora_dev_fused_rows(ps.fused);
+        g_tag = ps.tag;
         graph_case();
         graph_rows_case();
     }
-    pg_cuda_lora_dev_tile_rows(0);
+    pg_cuda_lora_dev_tile_rows(tiles_was);
+    pg_cuda_lora_dev_fused_rows(fused_was);
     g_tag = "";
     runs_case();
     refusals();
