@@ -534,7 +534,7 @@ int pg_cuda_lora_apply_dev(void *out, int64_t ldo, const void *x, int64_t ldx, i
 // bf16 hi + lo) and its expand reading each row of B once for the tile.
 // The same contract, workspace and values within the same bound (sums in
 // another order: a row's bits depend on the shape, not on the batch).
-// PAGED_CUDA_LORA_TILES=N sets it at the first call (16 by default; 0:
+// PAGED_CUDA_LORA_TILES=N sets it at the first call (48 by default; 0:
 // never); set >= 0 changes it, < 0 only reads it. Returns the value before.
 int64_t pg_cuda_lora_dev_tile_rows(int64_t set);
 // Calls of at most this many rows take the fused shape instead, checked

@@ -43,7 +43,7 @@
 // round trips to memory a CTA and wants every CTA in flight at once
 // (docs/lora.md "Fewer, wider CTAs").
 //
-// From pg_cuda_lora_dev_tile_rows() rows (PAGED_CUDA_LORA_TILES=N, 16 by
+// From pg_cuda_lora_dev_tile_rows() rows (PAGED_CUDA_LORA_TILES=N, 48 by
 // default; 0, never) a call takes lora_tiles.cu's shape instead: the rows
 // grouped by slot into tiles of 16 on the device, a tile's shrink on the
 // tensor cores, each load of A and B shared by the tile's rows. Calls of
@@ -289,15 +289,16 @@ int expand_cols() {
 
 // Rows from which a call takes lora_tiles.cu's tiles of one adapter
 // (PAGED_CUDA_LORA_TILES=N, read once; 0: never; pg_cuda_lora_dev_tile_rows
-// changes it). 16 by default since session 30 (H100, call D: served W4
-// with 8 adapters 3,324 against 3,268 output tok/s a CTA a row; one
-// layer's op 74.8 against 103.7 us at 92 rows of one adapter, 105 against
-// 232 at 256; at 16 rows of one adapter 61.7 against 39.9: docs/lora.md).
+// changes it). 48 by default since session 31 (H100, call B, with the
+// shrink's loads fixed, one layer's op: below 32 rows a CTA a row wins for
+// any mix, from 64 the tiles do; at 48 rows the tiles lose 13% for one
+// adapter and win 20% for eight: docs/lora.md "The tiles' threshold").
+// 16 in session 30, when served W4 with 8 adapters gained 1.7% with them.
 int64_t g_tile_rows = -1;
 int64_t tile_rows() {
     if (g_tile_rows < 0) {
         const char *e = getenv("PAGED_CUDA_LORA_TILES");
-        g_tile_rows = !e ? 16 : atoll(e) > 0 ? atoll(e) : 0;
+        g_tile_rows = !e ? 48 : atoll(e) > 0 ? atoll(e) : 0;
     }
     return g_tile_rows;
 }
