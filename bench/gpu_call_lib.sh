@@ -35,6 +35,8 @@
 #                      wrote this loop out by hand)
 #   w1_http NAME [ARGS...]  W1 through HTTP against the server up (one
 #                      client, 3 x 128 in / 256 out): prints its TPOT row
+#   ncu_summary FILE   ncu --csv (gpu__time_duration.sum) as a line per
+#                      kernel and grid: launches, median, min (us)
 #   lora_checks K [SGMV...]  test_cuda_lora (its graph cases again with
 #                      PAGED_CUDA_LORA_EXPAND_COLS=1), then test_cuda_runner --lora
 #                      for each PAGED_CUDA_LORA_SGMV value (default 0) and
@@ -156,6 +158,32 @@ w1_http() { # NAME [ARGS...]
     rm -f "$R/$name.json.requests"
     echo "W1 HTTP $name rc=$rc at $(el)s: $(grep -E '^ *TPOT' "$R/$name.txt" | head -1)"
     return $rc
+}
+# ncu's --csv output of `--metrics gpu__time_duration.sum` (FILE) as one
+# line per (kernel, grid): launches, median and min in us, in the order
+# first seen. Session 31's call A printed "void" for every name (it cut
+# the demangled name at "<"); this takes the name before the template or
+# argument list.
+ncu_summary() { # FILE
+    python3 - "$1" <<'PY'
+import collections, csv, re, statistics, sys
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+if not rows:
+    sys.exit(print("ncu: no rows"))
+h = rows[0]
+ki, mi, vi, idi, gi = (h.index(c) for c in ("Kernel Name", "Metric Name", "Metric Value", "ID", "Grid Size"))
+per = collections.defaultdict(dict)
+for r in rows[1:]:
+    m = re.search(r"(\w+)\s*[<(]", r[ki].replace("void ", "", 1))
+    per[r[idi]].update({r[mi]: r[vi], "k": m.group(1) if m else r[ki][:40], "g": r[gi]})
+d = collections.OrderedDict()
+for i in sorted(per, key=int):
+    v = per[i]
+    if "gpu__time_duration.sum" in v:
+        d.setdefault((v["k"], v["g"]), []).append(float(v["gpu__time_duration.sum"].replace(",", "")) / 1e3)
+for (k, g), ts in d.items():
+    print(f"{k:32s} grid {g:14s} n {len(ts):4d} median {statistics.median(ts):7.2f} us  min {min(ts):7.2f}")
+PY
 }
 # LoRA's GPU checks with the programs in folder K: test_cuda_lora (every
 # case for both shapes of the kernels), then test_cuda_runner --lora (three

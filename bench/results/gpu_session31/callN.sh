@@ -10,7 +10,8 @@
 #      silu": the fused expand bit for bit against the expand, then
 #      silu_mul, eager and replayed); test_cuda_runner --lora against the
 #      CPU with PAGED_CUDA_LORA_EXPAND_SILU=0 and =1;
-#   2. no bench_cuda_lora (nothing new in it);
+#   2. ncu of the graph-safe op at one row (bench_cuda_lora --m 1): each
+#      shrink and expand launch alone, after the shrink's load fix;
 #   3. served llama3-8b-shape with 8 rank-16 adapters: W1 (a0 and none)
 #      with the default (new) and with PAGED_CUDA_LORA_EXPAND_SILU=1 (silu).
 # Pack: .gpucarry/${PACK:-s46}.tar.xz (this build with the patch).
@@ -31,6 +32,16 @@ for si in 0 1; do
         > "$R/runner_lora_silu$si.txt" 2>&1
     echo "runner LoRA EXPAND_SILU=$si rc=$? at $(el)s: $(tail -1 "$R/runner_lora_silu$si.txt" | cut -c1-200)"
 done
+save
+# The shrink's loads fixed (981d5ca): each launch alone at one row (call A,
+# before it: shrink 12.0-12.5 us, expand 5.7-6.1).
+NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+if [ -n "$NCU" ]; then
+    timeout 100 "$NCU" --kernel-name regex:'lora_dev_(shrink|expand)' --launch-count 300 \
+        --metrics gpu__time_duration.sum --csv "$K/bench_cuda_lora" --m 1 > "$R/ncu_lora_m1.csv" 2> "$R/ncu.err"
+    echo "ncu rc=$? at $(el)s"
+    ncu_summary "$R/ncu_lora_m1.csv"
+fi
 save
 LORA_W4=0 LORA_STOP=${LORA_STOP:-300} lora_serve_runs "$K" 8 new silu
 echo "done at $(el)s"
