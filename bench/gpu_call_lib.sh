@@ -37,6 +37,8 @@
 #                      client, 3 x 128 in / 256 out): prints its TPOT row
 #   ncu_summary FILE   ncu --csv (gpu__time_duration.sum) as a line per
 #                      kernel and grid: launches, median, min (us)
+#   m64_lora           the small random model /tmp/paged-m64 and three
+#                      adapters for it; prints test_cuda_runner's --lora
 #   lora_checks K [SGMV...]  test_cuda_lora (its graph cases again with
 #                      PAGED_CUDA_LORA_EXPAND_COLS=1), then test_cuda_runner --lora
 #                      for each PAGED_CUDA_LORA_SGMV value (default 0) and
@@ -185,6 +187,15 @@ for (k, g), ts in d.items():
     print(f"{k:32s} grid {g:14s} n {len(ts):4d} median {statistics.median(ts):7.2f} us  min {min(ts):7.2f}")
 PY
 }
+# The small random model every GPU check runs (/tmp/paged-m64: hidden 512,
+# 4 layers, bf16) and test_cuda_runner --lora's three random adapters for
+# it: prints the adapters' folders (the runner's --lora argument). Call
+# scripts wrote these two lines out each time.
+m64_lora() {
+    python3 tests/gpu/make_random_model.py /tmp/paged-m64 --hidden 512 --heads 8 --kv-heads 2 --layers 4 \
+        --ffn 1536 --vocab 1000 --dtype bf16 > /dev/null
+    python3 tests/gpu/make_lora_adapters.py /tmp/paged-m64 /tmp/paged-m64-lora
+}
 # LoRA's GPU checks with the programs in folder K: test_cuda_lora (every
 # case for both shapes of the kernels), then test_cuda_runner --lora (three
 # random adapters + none against the CPU, tests/gpu/make_lora_adapters.py)
@@ -199,9 +210,7 @@ lora_checks() { # K [SGMV...]
     PAGED_CUDA_LORA_EXPAND_COLS=1 timeout 120 "$k/test_cuda_lora" -k "lora graph" > "$R/lora_kernels_cols1.txt" 2>&1
     echo "test_cuda_lora -k 'lora graph', EXPAND_COLS=1 rc=$? at $(el)s: $(tail -1 "$R/lora_kernels_cols1.txt")"
     grep -E "^FAIL" "$R/lora_kernels_cols1.txt" | head -6
-    python3 tests/gpu/make_random_model.py $m64 --hidden 512 --heads 8 --kv-heads 2 --layers 4 --ffn 1536 \
-        --vocab 1000 --dtype bf16 > /dev/null
-    dirs=$(python3 tests/gpu/make_lora_adapters.py $m64 /tmp/paged-m64-lora)
+    dirs=$(m64_lora)
     for sg in "${@:-0}"; do
         PAGED_CUDA_LORA_SGMV=$sg timeout 120 "$k/test_cuda_runner" $m64 --lora "$dirs" > "$R/runner_lora_$sg.txt" 2>&1
         echo "runner LoRA SGMV=$sg rc=$? at $(el)s: $(tail -1 "$R/runner_lora_$sg.txt" | cut -c1-200)"

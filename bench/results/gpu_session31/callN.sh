@@ -20,13 +20,11 @@ set -u
 call_begin cN "${PACK:-s46}"
 
 m64=/tmp/paged-m64
-python3 tests/gpu/make_random_model.py $m64 --hidden 512 --heads 8 --kv-heads 2 --layers 4 --ffn 1536 \
-    --vocab 1000 --dtype bf16 > /dev/null
 timeout 120 "$K/test_cuda_lora" -k "lora graph" > "$R/lora_kernels.txt" 2>&1
 echo "test_cuda_lora -k 'lora graph' rc=$? at $(el)s: $(tail -1 "$R/lora_kernels.txt")"
 grep -E "^FAIL" "$R/lora_kernels.txt" | head -8
 grep -E "lora graph silu" "$R/lora_kernels.txt" | head -4
-dirs=$(python3 tests/gpu/make_lora_adapters.py $m64 /tmp/paged-m64-lora)
+dirs=$(m64_lora)
 for si in 0 1; do
     PAGED_CUDA_LORA_EXPAND_SILU=$si timeout 60 "$K/test_cuda_runner" $m64 --lora "$dirs" \
         > "$R/runner_lora_silu$si.txt" 2>&1
